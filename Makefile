@@ -1,0 +1,43 @@
+# The README's two commands: `make demo` and `make test`. Both create .venv from nothing.
+# torch is the CPU wheel pinned to 2.13.0 (on the build machines' disk); it is installed
+# first and on its own so that nothing can pull another torch build.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+
+.PHONY: demo test test-kernels-cudasim test-kernels-boundscheck asv-check docs clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e .
+	touch $@
+
+$(VENV)/.test-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[test,bench,plot,docs]'
+	touch $@ $(VENV)/.demo-installed
+
+demo: $(VENV)/.demo-installed
+	$(BIN)/posenc demo
+
+test: $(VENV)/.test-installed
+	$(BIN)/python -m pytest
+	$(MAKE) test-kernels-cudasim test-kernels-boundscheck asv-check
+
+# The kernel suite again, in fresh processes: CUDA kernels on the numba CUDA simulator,
+# then every Numba kernel with bounds checking compiled in.
+test-kernels-cudasim: $(VENV)/.test-installed
+	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -m kernels -p no:cacheprovider tests
+
+test-kernels-boundscheck: $(VENV)/.test-installed
+	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(CURDIR)/.venv/numba-boundscheck-cache $(BIN)/python -m pytest -q -m kernels -p no:cacheprovider tests
+
+asv-check: $(VENV)/.test-installed
+	cd asv_benchmarks && ../$(BIN)/asv check -E existing:$(CURDIR)/$(BIN)/python
+
+clean:
+	rm -rf $(VENV) .pytest_cache asv_benchmarks/.asv

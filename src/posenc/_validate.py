@@ -1,0 +1,157 @@
+"""Argument checks shared by every public function.
+
+Each check raises ``ValueError`` or ``TypeError`` with a message that names the argument,
+the value received and what was expected, before anything is computed.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+from . import _compat
+from ._xp import is_integer, is_real_floating
+
+
+def _show(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def integer(name, value, *, minimum=None):
+    """``value`` as a Python int; ``bool`` and non-integral numbers are rejected."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer, got {_show(value)} ({type(value).__name__})")
+    value = int(value)
+    if minimum is not None and value < minimum:
+        what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
+        raise ValueError(f"{name} must be {what}, got {value}")
+    return value
+
+
+def even_dim(name, value):
+    """A positive even integer (feature sizes that hold (cos, sin) pairs)."""
+    value = integer(name, value, minimum=1)
+    if value % 2:
+        raise ValueError(f"{name} must be a positive even integer, got {value}")
+    return value
+
+
+def real(name, value, *, positive=False, minimum=None, below=None):
+    """A finite real Python number, optionally > 0, >= ``minimum``, < ``below``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {_show(value)} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value}")
+    if positive and value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if below is not None and value >= below:
+        raise ValueError(f"{name} must be < {below}, got {value}")
+    return value
+
+
+def choice(name, value, choices):
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, got {_show(value)}")
+    return value
+
+
+def is_array(value) -> bool:
+    """An array of a supported namespace (NumPy scalars count as numbers, not arrays)."""
+    return _compat.is_array_api_obj(value) and not isinstance(value, numbers.Number)
+
+
+def array(name, value):
+    """``value`` must be an array of a supported namespace."""
+    if not is_array(value):
+        raise TypeError(f"{name} must be an array (NumPy, CuPy, PyTorch, JAX, Dask, array-api-strict), got {type(value).__name__}")
+    return value
+
+
+def float_array(name, value, xp):
+    array(name, value)
+    if not is_real_floating(xp, value.dtype):
+        raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32, float64), got {value.dtype}")
+    return value
+
+
+def integer_array(name, value, xp):
+    array(name, value)
+    if not is_integer(xp, value.dtype):
+        raise TypeError(f"{name} must have an integer dtype, got {value.dtype}")
+    return value
+
+
+def ndim(name, value, *, minimum=None, exactly=None):
+    if exactly is not None and value.ndim != exactly:
+        raise ValueError(f"{name} must have {exactly} dimension(s), got shape {tuple(value.shape)}")
+    if minimum is not None and value.ndim < minimum:
+        raise ValueError(f"{name} must have at least {minimum} dimension(s), got shape {tuple(value.shape)}")
+    return value
+
+
+def _is_eager(value) -> bool:
+    return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
+
+
+def _is_tracer(value) -> bool:
+    try:
+        import jax
+
+        return isinstance(value, jax.core.Tracer)
+    except ImportError:  # pragma: no cover - jax arrays imply jax
+        return False
+
+
+def positions(name, value, xp):
+    """Integer positions, or float positions that are all finite (checked when eager)."""
+    array(name, value)
+    if is_integer(xp, value.dtype):
+        return value
+    if not is_real_floating(xp, value.dtype):
+        raise TypeError(f"{name} must have an integer or real floating dtype, got {value.dtype}")
+    if _is_eager(value) and not bool(xp.all(xp.isfinite(value))):
+        raise ValueError(f"{name} must be finite, got non-finite values (nan or inf)")
+    return value
+
+
+def broadcast_shape(name, shape, target):
+    """``shape`` must broadcast to ``target`` without changing it."""
+    shape, target = tuple(shape), tuple(target)
+    ok = len(shape) <= len(target) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+    if not ok:
+        raise ValueError(f"{name} of shape {shape} does not broadcast against shape {target}")
+
+
+def out(value, *, shape, dtype, xp, device):
+    """A caller's ``out`` buffer: right shape, dtype, namespace and device."""
+    array("out", value)
+    if _compat.array_namespace(value) is not xp:
+        raise TypeError(f"out must be an array of the same namespace as the inputs ({xp.__name__}), got {type(value).__name__}")
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(value.shape)}")
+    if value.dtype != dtype:
+        raise ValueError(f"out must have dtype {dtype}, got {value.dtype}")
+    if device is not None and _compat.device(value) != device:
+        raise ValueError(f"out must be on device {device}, got {_compat.device(value)}")
+    return value
+
+
+def _memory_limit() -> int:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
+        return 2**40
+
+
+def allocatable(name, shape, itemsize):
+    """A result of ``shape`` must fit in this machine's memory (``ValueError`` otherwise)."""
+    count = math.prod(int(s) for s in shape)
+    if count * itemsize > _memory_limit():
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, more than this machine's memory"
+        )

@@ -1,0 +1,210 @@
+"""Namespace, device and dtype handling shared by every public function.
+
+A public function resolves its namespace here, computes in the dtype chosen here and
+casts back here, so the rules of the API contract ("any array in, same kind of array out",
+"dtype in = dtype out", float16/bfloat16 computed in float32) live in one place.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from . import _compat
+
+
+def default_namespace():
+    """The namespace used when no array argument says otherwise (NumPy)."""
+    from array_api_compat import numpy as np_compat
+
+    return np_compat
+
+
+def namespace(*arrays, xp=None):
+    """The Array-API namespace of ``arrays`` (``None`` and Python scalars are skipped).
+
+    Arrays of two different kinds in one call raise ``TypeError``; with no array at all
+    the default namespace (NumPy) is returned.
+    """
+    if xp is not None:
+        return xp
+    found = [a for a in arrays if a is not None and not isinstance(a, (bool, int, float, complex))]
+    if not found:
+        return default_namespace()
+    try:
+        return _compat.array_namespace(*found)
+    except TypeError as exc:
+        kinds = sorted({f"{type(a).__module__}.{type(a).__qualname__}" for a in found})
+        raise TypeError(
+            f"arrays of different kinds in one call: {', '.join(kinds)}; "
+            "pass arrays of a single namespace (convert with that library's asarray)"
+        ) from exc
+
+
+def device_of(*arrays):
+    """The common device of ``arrays`` (``None`` when there is no array).
+
+    Two arrays on different devices raise ``ValueError``.
+    """
+    devices = []
+    for a in arrays:
+        if a is None or isinstance(a, (bool, int, float, complex)):
+            continue
+        d = _compat.device(a)
+        if all(d != e for e in devices):
+            devices.append(d)
+    if len(devices) > 1:
+        raise ValueError(f"arrays on different devices in one call: {devices}; move them to one device first")
+    return devices[0] if devices else None
+
+
+def broadcast_shapes(*shapes) -> tuple:
+    """NumPy's broadcasting rule on shape tuples (``ValueError`` when they do not broadcast)."""
+    ndim = max((len(s) for s in shapes), default=0)
+    result = []
+    for axis in range(-ndim, 0):
+        sizes = {int(s[axis]) for s in shapes if len(s) >= -axis} - {1}
+        if len(sizes) > 1:
+            raise ValueError(f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast together")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def is_real_floating(xp, dtype) -> bool:
+    return xp.isdtype(dtype, "real floating")
+
+
+def is_integer(xp, dtype) -> bool:
+    return xp.isdtype(dtype, "integral")
+
+
+def has_float64(xp, device=None) -> bool:
+    """Whether ``xp`` can hold float64 on ``device`` (not so for JAX without x64, MPS, ...)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is None:
+        return True
+    try:
+        return "float64" in info().dtypes(device=device, kind="real floating")
+    except (TypeError, ValueError):
+        return "float64" in info().dtypes(kind="real floating")
+
+
+def index_dtype(xp, device=None):
+    """The namespace's default index dtype (int64, or int32 for JAX without x64)."""
+    info = getattr(xp, "__array_namespace_info__", None)
+    return info().default_dtypes(device=device)["indexing"] if info is not None else xp.int64
+
+
+def widest_float(xp, device=None):
+    """float64 where the namespace/device has it, else float32."""
+    return xp.float64 if has_float64(xp, device) else xp.float32
+
+
+def compute_dtype(xp, dtype):
+    """The dtype to compute in for a result of ``dtype``: 16-bit floats compute in float32."""
+    if dtype == xp.float32 or dtype == getattr(xp, "float64", None):
+        return dtype
+    return xp.float32
+
+
+def result_dtype(xp, dtype):
+    """The float dtype of a result built from nothing: ``dtype`` or float32 by default."""
+    if dtype is None:
+        return xp.float32
+    if not is_real_floating(xp, dtype):
+        raise TypeError(f"dtype must be a real floating dtype, got {dtype!r}")
+    return dtype
+
+
+def cast(xp, array, dtype):
+    """``array`` as ``dtype`` (no copy when it already is)."""
+    if array.dtype == dtype:
+        return array
+    return xp.astype(array, dtype)
+
+
+@lru_cache(maxsize=None)
+def _split_chunks_cache(values: tuple, nchunks: int):
+    return _split_float64(values, nchunks)
+
+
+def _split_float64(values, nchunks):
+    """Split float64 numbers into ``nchunks`` float32-exact numbers of 12 significant bits.
+
+    ``sum(chunks) == value`` to 12*nchunks bits; any product of two 12-bit numbers is exact
+    in float32, which is what the split angle reduction below relies on.
+    """
+    chunks = []
+    rest = [float(v) for v in values]
+    for _ in range(nchunks):
+        chunk = []
+        for i, r in enumerate(rest):
+            if r == 0.0:
+                chunk.append(0.0)
+                continue
+            e = math.frexp(r)[1]
+            q = math.ldexp(round(math.ldexp(r, 12 - e)), e - 12)
+            chunk.append(q)
+            rest[i] = r - q
+        chunks.append(tuple(chunk))
+    return chunks
+
+
+def _split_positions(xp, positions):
+    """Exact 12-bit float32 chunks of integer or float32 ``positions``."""
+    if is_integer(xp, positions.dtype):
+        hi = positions // 2**24
+        rest = positions - hi * 2**24
+        return [
+            xp.astype(hi, xp.float32) * 2.0**24,
+            xp.astype(rest // 4096, xp.float32) * 4096.0,
+            xp.astype(rest % 4096, xp.float32),
+        ]
+    p = xp.astype(positions, xp.float32)
+    # Veltkamp split of a 24-bit significand into two 12-bit halves.
+    t = p * 4097.0
+    hi = t - (t - p)
+    return [hi, p - hi]
+
+
+def _two_sum(a, b):
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def cos_sin(positions, freqs, *, xp, device=None):
+    """``cos`` and ``sin`` of ``positions[..., None] * freqs`` with exact angle reduction.
+
+    ``freqs`` is a host sequence (or NumPy array) of float64 frequencies. Where ``xp`` has
+    float64 on ``device`` the angles are float64 products. Elsewhere (JAX without x64, MPS,
+    ...) the angle in turns, ``p * f / (2*pi)``, is a sum of exact float32 products of
+    12-bit chunks of the position and of ``f / (2*pi)``, reduced modulo 1 term by term with
+    compensated summation, so a position of 2**24 - 1 keeps the accuracy of position 10.
+    Returns float64 or float32 arrays of shape ``positions.shape + (len(freqs),)``.
+    """
+    freqs = tuple(float(f) for f in freqs)
+    if has_float64(xp, device):
+        f = xp.asarray(freqs, dtype=xp.float64, device=device)
+        angle = xp.astype(positions, xp.float64)[..., None] * f
+        return xp.cos(angle), xp.sin(angle)
+    turns = tuple(f / (2.0 * math.pi) for f in freqs)
+    g_chunks = [xp.asarray(c, dtype=xp.float32, device=device) for c in _split_chunks_cache(turns, 4)]
+    p_chunks = [c[..., None] for c in _split_positions(xp, positions)]
+    total = None
+    comp = None
+    for pc in p_chunks:
+        for gc in g_chunks:
+            term = pc * gc
+            term = term - xp.round(term)
+            if total is None:
+                total, comp = term, xp.zeros_like(term)
+            else:
+                total, err = _two_sum(total, term)
+                comp = comp + err
+                k = xp.round(total)
+                total = total - k
+    r = total + comp
+    r = r - xp.round(r)
+    angle = r * (2.0 * math.pi)
+    return xp.cos(angle), xp.sin(angle)

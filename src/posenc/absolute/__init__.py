@@ -1,0 +1,10 @@
+"""Absolute position encodings: sinusoidal, learned (hierarchical), FLOATER, complex, conv."""
+
+from .apply import apply_absolute
+from .complex_order import complex_order
+from .conv import conv_positions
+from .floater import floater
+from .learned import hierarchical_extend
+from .sinusoidal import sinusoidal
+
+__all__ = ["apply_absolute", "complex_order", "conv_positions", "floater", "hierarchical_extend", "sinusoidal"]

@@ -1,0 +1,98 @@
+"""FLOATER: positions as the solution of a continuous dynamical system."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import cast, device_of, namespace, result_dtype, widest_float
+from .sinusoidal import inverse_frequencies
+
+
+def _rotation_dynamics(freqs, xp, device, dtype):
+    w = xp.asarray(freqs, dtype=dtype, device=device)
+
+    def dynamics(p, t):
+        pairs = xp.reshape(p, (-1, 2))
+        sin, cos = pairs[:, 0], pairs[:, 1]
+        return xp.reshape(xp.stack([w * cos, -w * sin], axis=-1), (-1,))
+
+    return dynamics
+
+
+def _rk4_step(f, p, t, h):
+    k1 = f(p, t)
+    k2 = f(p + (h / 2) * k1, t + h / 2)
+    k3 = f(p + (h / 2) * k2, t + h / 2)
+    k4 = f(p + h * k3, t + h)
+    return p + (h / 6) * (k1 + 2 * k2 + 2 * k3 + k4)
+
+
+def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=32, base=10000.0, xp=None, device=None, dtype=None):
+    r"""FLOATER position encodings (Liu et al., "Learning to Encode Position for
+    Transformer with Continuous Dynamical Model", ICML 2020).
+
+    Integrates :math:`dp/dt = h(p, t)` with the classical fourth-order Runge-Kutta method,
+    ``substeps`` RK4 steps per ``step``, and returns :math:`p` at ``t = 0, step, 2*step,
+    ...``. The default dynamics is the rotation :math:`\dot p_{2i} = \omega_i p_{2i+1},
+    \dot p_{2i+1} = -\omega_i p_{2i}` with :math:`\omega_i = \text{base}^{-2i/d}`, whose
+    solution from :math:`p_0 = (0, 1, 0, 1, \dots)` is the interleaved sinusoid: FLOATER
+    then reproduces ``sinusoidal(length, dim)``.
+
+    Parameters
+    ----------
+    length : int
+        Number of positions.
+    dim : int
+        Feature size (even for the default dynamics).
+    dynamics : callable ``(p, t) -> dp/dt``, optional
+        Takes and returns ``[dim]`` arrays of the result's namespace (a neural ODE's
+        right-hand side in the paper).
+    p0 : array ``[dim]``, optional
+        The initial state (default: the sinusoid at ``t=0``).
+    step : float
+        Time between two positions.
+    substeps : int
+        RK4 steps per position.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> f = pe.floater(16, 8)
+    >>> bool(np.abs(f - pe.sinusoidal(16, 8)).max() < 1e-4)
+    True
+    """
+    length = check.integer("length", length, minimum=0)
+    dim = check.integer("dim", dim, minimum=1)
+    step = check.real("step", step, positive=True)
+    substeps = check.integer("substeps", substeps, minimum=1)
+    base = check.real("base", base, positive=True)
+    if dynamics is not None and not callable(dynamics):
+        raise TypeError(f"dynamics must be callable (p, t) -> dp/dt, got {type(dynamics).__name__}")
+    if p0 is not None:
+        xp = namespace(p0, xp=xp)
+        check.float_array("p0", p0, xp)
+        if tuple(p0.shape) != (dim,):
+            raise ValueError(f"p0 must have shape ({dim},), got {tuple(p0.shape)}")
+        device = device_of(p0)
+    else:
+        xp = namespace(xp=xp)
+    out_dtype = result_dtype(xp, dtype if dtype is not None or p0 is None else p0.dtype)
+    work = widest_float(xp, device)
+    if (dynamics is None or p0 is None) and dim % 2:
+        raise ValueError(f"dim must be a positive even integer unless both dynamics and p0 are given, got {dim}")
+    if dynamics is None:
+        dynamics = _rotation_dynamics(inverse_frequencies(dim, base), xp, device, work)
+    if p0 is None:
+        p = xp.reshape(xp.stack([xp.zeros(dim // 2, dtype=work, device=device), xp.ones(dim // 2, dtype=work, device=device)], axis=-1), (dim,))
+    else:
+        p = cast(xp, p0, work)
+    h = step / substeps
+    rows = []
+    t = 0.0
+    for _ in range(length):
+        rows.append(p)
+        for _ in range(substeps):
+            p = _rk4_step(dynamics, p, t, h)
+            t += h
+    if not rows:
+        return xp.zeros((0, dim), dtype=out_dtype, device=device)
+    return cast(xp, xp.stack(rows, axis=0), out_dtype)

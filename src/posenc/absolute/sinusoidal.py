@@ -1,0 +1,78 @@
+"""Fixed sinusoidal encoding (Vaswani et al., 2017)."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
+
+LAYOUTS = ("interleaved", "split")
+
+
+def inverse_frequencies(dim: int, base: float) -> list[float]:
+    """Host float64 frequencies ``base**(-2i/dim)`` for ``i < dim/2``."""
+    return [base ** (-(2.0 * i) / dim) for i in range(dim // 2)]
+
+
+def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, device=None, dtype=None):
+    r"""Sinusoidal position encoding.
+
+    .. math::
+
+        p_{k, 2i} = \sin(k\,\omega_i), \quad p_{k, 2i+1} = \cos(k\,\omega_i), \quad
+        \omega_i = \text{base}^{-2i/d}
+
+    (``layout="interleaved"``, Vaswani et al., "Attention Is All You Need", 2017). With
+    ``layout="split"`` the sines fill the first half of the features and the cosines the
+    second half (the order of RoFormer, Marian and fairseq).
+
+    Parameters
+    ----------
+    positions : int or array
+        An int ``n`` means positions ``arange(n)``; an array (integer or float, any shape)
+        gives the positions themselves.
+    dim : int
+        Number of features, a positive even integer.
+    base : float
+        Wavelength base (10000 in the paper).
+    layout : {"interleaved", "split"}
+    xp, device, dtype
+        Namespace, device and float dtype of the result when ``positions`` is an int
+        (NumPy, float32 by default). For a position array they follow the array; a float
+        position array keeps its dtype unless ``dtype`` is given.
+
+    Returns
+    -------
+    array of shape ``positions.shape + (dim,)``
+        Angles are computed in float64 (or an exact split reduction where float64 is
+        missing) and rounded once to the output dtype.
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> p = pe.sinusoidal(3, 4)
+    >>> p.shape, p.dtype
+    ((3, 4), dtype('float32'))
+    >>> p[1].round(4).tolist()
+    [0.8415, 0.5403, 0.01, 1.0]
+    """
+    dim = check.even_dim("dim", dim)
+    base = check.real("base", base, positive=True)
+    layout = check.choice("layout", layout, LAYOUTS)
+    if check.is_array(positions):
+        xp = namespace(positions, xp=xp)
+        device = device_of(positions)
+        pos = check.positions("positions", positions, xp)
+        out_dtype = dtype if dtype is not None else (pos.dtype if is_real_floating(xp, pos.dtype) else xp.float32)
+        out_dtype = result_dtype(xp, out_dtype)
+    else:
+        xp = namespace(xp=xp)
+        n = check.integer("positions", positions, minimum=0)
+        out_dtype = result_dtype(xp, dtype)
+        check.allocatable("sinusoidal", (n, dim), 8)
+        pos = xp.arange(n, device=device)
+    cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)
+    if layout == "interleaved":
+        table = xp.reshape(xp.stack([sin, cos], axis=-1), (*pos.shape, dim))
+    else:
+        table = xp.concat([sin, cos], axis=-1)
+    return cast(xp, table, out_dtype)

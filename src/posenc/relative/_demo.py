@@ -1,0 +1,1 @@
+"""Demo steps for the relative family (see ``posenc._demo``)."""

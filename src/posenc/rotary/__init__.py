@@ -1,0 +1,3 @@
+"""Rotary position embeddings (RoPE), scalings and relatives."""
+
+__all__: list[str] = []

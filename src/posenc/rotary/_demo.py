@@ -1,0 +1,1 @@
+"""Demo steps for the rotary family (see ``posenc._demo``)."""

@@ -1,0 +1,70 @@
+"""Backend selection and the kernel registry."""
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from posenc import _dispatch
+
+
+def test_set_and_use_backend():
+    assert pe.get_backend() == "auto"
+    with pe.use_backend("reference"):
+        assert pe.get_backend() == "reference"
+    assert pe.get_backend() == "auto"
+    pe.set_backend("reference")
+    try:
+        assert pe.get_backend() == "reference"
+    finally:
+        pe.set_backend("auto")
+
+
+def test_use_backend_is_per_thread():
+    seen = []
+    with pe.use_backend("reference"):
+        t = threading.Thread(target=lambda: seen.append(pe.get_backend()))
+        t.start()
+        t.join()
+    assert seen == ["auto"]
+
+
+def test_unknown_backend():
+    with pytest.raises(ValueError, match="backend"):
+        pe.set_backend("fortran")
+    with pytest.raises(ValueError, match="backend"):
+        with pe.use_backend("gpu"):
+            pass
+
+
+def test_environment_variable_forces_reference():
+    code = "import posenc; print(posenc.get_backend())"
+    env = {"POSENC_BACKEND": "reference", "PATH": ""}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip() == "reference"
+
+
+def test_registry_selects_first_accepting_kernel_and_reference_backend():
+    op = "test_registry_op"
+    _dispatch.reference(op)(lambda x: ("reference", x))
+    kernel = _dispatch.register(op, f"{op}.fake", accepts=lambda x: x > 0, loader="builtins:abs", samples=lambda rng: [])
+    try:
+        assert _dispatch.call(op, -3) == ("reference", -3)
+        assert _dispatch.call(op, 3) == 3
+        with pe.use_backend("reference"):
+            assert _dispatch.call(op, 3) == ("reference", 3)
+    finally:
+        _dispatch._kernels.pop(op)
+        _dispatch._references.pop(op)
+    assert kernel.load() is abs
+
+
+def test_mixed_devices_rejected():
+    strict = pytest.importorskip("array_api_strict")
+    a = strict.asarray(np.zeros((4, 2)), device=strict.Device("CPU_DEVICE"))
+    b = strict.asarray(np.zeros((4, 2)), device=strict.Device("device1"))
+    with pytest.raises(ValueError, match="devices"):
+        pe.apply_absolute(a, b)
