@@ -1,0 +1,1 @@
+"""Registrations of the Toeplitz bias kernels (ops ``toeplitz_expand/gather/scatter``)."""

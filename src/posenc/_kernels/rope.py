@@ -1,0 +1,1 @@
+"""Registrations of the rotary kernels (ops ``rope_rotate`` and ``rope_apply``)."""

@@ -1,0 +1,71 @@
+"""Toeplitz operations: the hot loops of every relative bias, as references.
+
+A relative bias or index depends on ``i - j`` only. With ``q_len + k_len - 1`` distances
+``rel = offset + i - j`` running from ``offset - (k_len - 1)`` to ``offset + q_len - 1``,
+entry ``t = i - j + k_len - 1`` of a per-distance vector belongs to ``(i, j)``. Buckets are
+computed once per distance (``O(L)``); these three ops then expand, gather or
+scatter-add in one pass. Kernels register against them.
+"""
+
+from __future__ import annotations
+
+from .._dispatch import reference
+from .._xp import device_of, namespace
+
+
+def _distance_index(xp, q_len, k_len, device):
+    """``t[i, j] = i - j + k_len - 1``, the per-distance vector entry of ``(i, j)``."""
+    i = xp.arange(q_len, device=device)[:, None]
+    j = xp.arange(k_len, device=device)[None, :]
+    return i - j + (k_len - 1)
+
+
+def _write(out, result):
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+@reference("toeplitz_expand")
+def toeplitz_expand(vec, q_len, k_len, *, out=None):
+    """``bias[..., i, j] = vec[..., i - j + k_len - 1]``: ``[..., q+k-1] -> [..., q, k]``."""
+    xp = namespace(vec)
+    t = _distance_index(xp, q_len, k_len, device_of(vec))
+    flat = xp.take(vec, xp.reshape(t, (-1,)), axis=-1)
+    return _write(out, xp.reshape(flat, (*vec.shape[:-1], q_len, k_len)))
+
+
+@reference("toeplitz_gather")
+def toeplitz_gather(scores, index, k_len, *, out=None):
+    """``out[..., i, j] = scores[..., i, index[i - j + k_len - 1]]``.
+
+    ``scores``: ``[..., q_len, m]`` (queries projected on a table of ``m`` relative
+    embeddings); ``index``: integer ``[q_len + k_len - 1]`` with values in ``[0, m)``.
+    Shaw's and DeBERTa's position terms without a ``[q, k, d]`` tensor.
+    """
+    xp = namespace(scores, index)
+    q_len = scores.shape[-2]
+    t = _distance_index(xp, q_len, k_len, device_of(scores))
+    idx = xp.take(index, xp.reshape(t, (-1,)), axis=0)
+    rows = xp.reshape(xp.broadcast_to(xp.arange(q_len, device=device_of(scores))[:, None], (q_len, k_len)), (-1,))
+    flat = xp.reshape(scores, (*scores.shape[:-2], q_len * scores.shape[-1]))
+    picked = xp.take(flat, rows * scores.shape[-1] + idx, axis=-1)
+    return _write(out, xp.reshape(picked, (*scores.shape[:-2], q_len, k_len)))
+
+
+@reference("toeplitz_scatter")
+def toeplitz_scatter(weights, index, m, *, out=None):
+    """``out[..., i, c] = sum over j with index[i - j + k_len - 1] == c of weights[..., i, j]``.
+
+    ``weights``: ``[..., q_len, k_len]``; result ``[..., q_len, m]``: the attention mass
+    each query puts on each of ``m`` relative embeddings (Shaw's value term is this times
+    the value table).
+    """
+    xp = namespace(weights, index)
+    q_len, k_len = weights.shape[-2], weights.shape[-1]
+    t = _distance_index(xp, q_len, k_len, device_of(weights))
+    idx = xp.take(index, xp.reshape(t, (-1,)), axis=0)
+    onehot = xp.astype(xp.reshape(idx, (q_len, k_len))[..., None] == xp.arange(m, device=device_of(weights)), weights.dtype)
+    result = xp.sum(weights[..., None] * onehot, axis=-2)
+    return _write(out, result)

@@ -1,0 +1,82 @@
+"""The two rotary hot loops, as references the kernels optimise.
+
+``rotate_positions`` (op ``"rope_rotate"``) is ``rope``'s core: angles from positions and
+host float64 frequencies, computed in float64 (or the exact split reduction), applied to
+the first ``2*len(inv_freq)`` channels. ``rotate_cos_sin`` (op ``"rope_apply"``) is
+``apply_rope``'s core: the same rotation from caller-given ``cos``/``sin``.
+
+Both take already validated arguments; the public functions in ``rotary`` validate.
+"""
+
+from __future__ import annotations
+
+from .._dispatch import reference
+from .._xp import cast, cos_sin, device_of, namespace, widest_float
+
+
+def _pairs(xp, x, rotary_dim, layout):
+    """The two halves ``(a, b)`` of every rotated pair, and the pass-through channels."""
+    if layout == "half":
+        a, b = x[..., : rotary_dim // 2], x[..., rotary_dim // 2 : rotary_dim]
+    else:
+        a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
+    return a, b, x[..., rotary_dim:]
+
+
+def _join(xp, ra, rb, rest, layout):
+    if layout == "half":
+        rotated = xp.concat([ra, rb], axis=-1)
+    else:
+        rotated = xp.reshape(xp.stack([ra, rb], axis=-1), (*ra.shape[:-1], 2 * ra.shape[-1]))
+    return xp.concat([rotated, rest], axis=-1) if rest.shape[-1] else rotated
+
+
+def _write(xp, result, out):
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def _rotate(xp, x, c, s, layout, scale, out):
+    """``(a*c - b*s, b*c + a*s) * scale`` on the rotated pairs, rest passed through."""
+    rotary_dim = 2 * c.shape[-1]
+    a, b, rest = _pairs(xp, x, rotary_dim, layout)
+    a, b = cast(xp, a, c.dtype), cast(xp, b, c.dtype)
+    if scale != 1.0:
+        c, s = c * scale, s * scale
+    ra = cast(xp, a * c - b * s, x.dtype)
+    rb = cast(xp, b * c + a * s, x.dtype)
+    return _write(xp, _join(xp, ra, rb, rest, layout), out)
+
+
+@reference("rope_rotate")
+def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
+    """Rotate the first ``2*len(inv_freq)`` channels of ``x`` by ``positions * inv_freq``.
+
+    ``x``: ``[..., d]`` real floating; ``positions``: integer or float array broadcasting
+    against ``x.shape[:-1]``; ``inv_freq``: host float64 NumPy array ``[r/2]``;
+    ``layout``: ``"half"`` or ``"interleaved"``; ``inverse``: rotate by ``-angle``;
+    ``scale``: multiplies the rotated channels (a scaling's attention scale); ``out``:
+    ``None``, ``x`` itself or a buffer like ``x``.
+    """
+    xp = namespace(x, positions)
+    c, s = cos_sin(positions, inv_freq, xp=xp, device=device_of(x))
+    if inverse:
+        s = -s
+    return _rotate(xp, x, c, s, layout, scale, out)
+
+
+@reference("rope_apply")
+def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
+    """Rotate the first ``cos.shape[-1]`` channels of ``x`` with caller-given ``cos``/``sin``.
+
+    ``cos``/``sin``: ``[..., r]`` in the layout's order (each angle twice), broadcasting
+    against ``x.shape[:-1] + (r,)``. Computed in float64 where available.
+    """
+    xp = namespace(x, cos, sin)
+    work = widest_float(xp, device_of(x))
+    rotary_dim = cos.shape[-1]
+    c, _, _ = _pairs(xp, cos, rotary_dim, layout)
+    s, _, _ = _pairs(xp, sin, rotary_dim, layout)
+    return _rotate(xp, x, cast(xp, c, work), cast(xp, s, work), layout, 1.0, out)
