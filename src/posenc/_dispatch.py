@@ -7,8 +7,12 @@ implementation of exactly the same signature, registered with
   imports numba or a framework;
 * ``loader``: ``"module:function"``, imported on first use, so numba loads only when a
   kernel really runs;
-* ``samples(rng)``: argument sets the kernel accepts, used by the test that compares every
-  registered kernel with its reference.
+* ``samples(rng)``: host (NumPy or torch CPU) argument sets, used by the test that compares
+  every registered kernel with its reference;
+* ``to_device(args, kwargs)`` (device kernels only): the same arguments as the kernel
+  takes them (device arrays), so the reference runs on the host samples and the kernel on
+  their device copies;
+* ``rtol``: tolerances by dtype name where the default few-ulp ones do not fit.
 
 ``call(op, *args, **kwargs)`` runs the first kernel that accepts the arguments, or the
 reference when none does or the backend is ``"reference"``.
@@ -31,6 +35,7 @@ class Kernel:
     loader: str
     samples: Callable
     rtol: dict = field(default_factory=dict)
+    to_device: Callable | None = None
     _impl: Callable | None = field(default=None, repr=False)
 
     def load(self) -> Callable:
@@ -54,9 +59,9 @@ def reference(op: str):
     return wrap
 
 
-def register(op, name, *, accepts, loader, samples, rtol=None):
+def register(op, name, *, accepts, loader, samples, rtol=None, to_device=None):
     """Register a kernel ``name`` for reference ``op``."""
-    kernel = Kernel(op, name, accepts, loader, samples, dict(rtol or {}))
+    kernel = Kernel(op, name, accepts, loader, samples, dict(rtol or {}), to_device)
     _kernels.setdefault(op, []).append(kernel)
     return kernel
 
