@@ -26,7 +26,7 @@ def conv_positions(x, kernel):
     >>> import numpy as np, posenc as pe
     >>> x = np.eye(3)
     >>> pe.conv_positions(x, np.array([[1.0] * 3, [0.0] * 3, [2.0] * 3])).tolist()
-    [[1.0, 1.0, 0.0], [2.0, 1.0, 1.0], [0.0, 2.0, 1.0]]
+    [[1.0, 2.0, 0.0], [1.0, 1.0, 2.0], [0.0, 1.0, 1.0]]
     """
     xp = namespace(x, kernel)
     device = device_of(x, kernel)

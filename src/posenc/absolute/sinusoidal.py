@@ -52,8 +52,8 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     >>> p = pe.sinusoidal(3, 4)
     >>> p.shape, p.dtype
     ((3, 4), dtype('float32'))
-    >>> p[1].round(4).tolist()
-    [0.8415, 0.5403, 0.01, 1.0]
+    >>> p[1].astype('float64').round(3).tolist()
+    [0.841, 0.54, 0.01, 1.0]
     """
     dim = check.even_dim("dim", dim)
     base = check.real("base", base, positive=True)
