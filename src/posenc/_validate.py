@@ -10,6 +10,11 @@ import math
 import numbers
 import os
 
+try:
+    import resource
+except ImportError:  # pragma: no cover - Windows
+    resource = None
+
 from . import _compat
 from ._xp import is_integer, is_real_floating
 
@@ -142,10 +147,24 @@ def out(value, *, shape, dtype, xp, device):
 
 
 def _memory_limit() -> int:
+    """Bytes a result may take: the smaller of free memory and this process's address-space cap."""
+    limits = []
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # pragma: no cover - non-POSIX
-        return 2**40
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    limits.append(int(line.split()[1]) * 1024)
+    except OSError:  # pragma: no cover - not Linux
+        pass
+    if not limits:  # pragma: no cover - not Linux
+        try:
+            limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+        except (ValueError, OSError, AttributeError):
+            limits.append(2**40)
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS) if resource is not None else (-1, -1)
+    if soft > 0:
+        limits.append(soft)
+    return min(limits)
 
 
 def allocatable(name, shape, itemsize):
@@ -153,5 +172,6 @@ def allocatable(name, shape, itemsize):
     count = math.prod(int(s) for s in shape)
     if count * itemsize > _memory_limit():
         raise ValueError(
-            f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, more than this machine's memory"
+            f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, "
+            "more than the memory available to this process"
         )

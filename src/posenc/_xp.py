@@ -111,8 +111,12 @@ def result_dtype(xp, dtype):
     """The float dtype of a result built from nothing: ``dtype`` or float32 by default."""
     if dtype is None:
         return xp.float32
-    if not is_real_floating(xp, dtype):
-        raise TypeError(f"dtype must be a real floating dtype, got {dtype!r}")
+    try:
+        ok = is_real_floating(xp, dtype)
+    except (TypeError, ValueError, AttributeError):
+        ok = False
+    if not ok:
+        raise TypeError(f"dtype must be a real floating dtype of {xp.__name__}, got {dtype!r}")
     return dtype
 
 

@@ -58,12 +58,14 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     dim = check.even_dim("dim", dim)
     base = check.real("base", base, positive=True)
     layout = check.choice("layout", layout, LAYOUTS)
+    check.allocatable("frequency table for dim", (dim // 2,), 128)
     if check.is_array(positions):
         xp = namespace(positions, xp=xp)
         device = device_of(positions)
         pos = check.positions("positions", positions, xp)
         out_dtype = dtype if dtype is not None else (pos.dtype if is_real_floating(xp, pos.dtype) else xp.float32)
         out_dtype = result_dtype(xp, out_dtype)
+        check.allocatable("sinusoidal", (*pos.shape, dim), 8)
     else:
         xp = namespace(xp=xp)
         n = check.integer("positions", positions, minimum=0)
