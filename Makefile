@@ -26,7 +26,7 @@ demo: $(VENV)/.demo-installed
 
 test: $(VENV)/.test-installed
 	$(BIN)/python -m pytest
-	$(MAKE) test-kernels-cudasim test-kernels-boundscheck asv-check
+	$(MAKE) test-kernels-cudasim test-kernels-boundscheck asv-check docs
 
 # The kernel suite again, in fresh processes: CUDA kernels on the numba CUDA simulator,
 # then every Numba kernel with bounds checking compiled in.
@@ -38,6 +38,10 @@ test-kernels-boundscheck: $(VENV)/.test-installed
 
 asv-check: $(VENV)/.test-installed
 	cd asv_benchmarks && ../$(BIN)/asv check -E existing:$(CURDIR)/$(BIN)/python
+
+# The docs site (mkdocs, API reference from the docstrings), warnings as errors.
+docs: $(VENV)/.test-installed
+	$(BIN)/mkdocs build --strict -q -d $(VENV)/site
 
 clean:
 	rm -rf $(VENV) .pytest_cache asv_benchmarks/.asv
