@@ -1,0 +1,6 @@
+"""PyTorch adapters: custom ops with gradients through the kernels, nn.Modules, flex attention.
+
+Importing this module imports torch; ``import posenc`` alone does not.
+"""
+
+from . import _ops  # noqa: F401  (registers the posenc:: custom ops)
