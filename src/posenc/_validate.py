@@ -103,6 +103,11 @@ def _is_eager(value) -> bool:
     return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
 
 
+def is_eager(value) -> bool:
+    """Whether ``value``'s contents can be read now (not a Dask array, not a JAX tracer)."""
+    return _is_eager(value)
+
+
 def _is_tracer(value) -> bool:
     try:
         import jax

@@ -1,0 +1,237 @@
+r"""Rotary position embedding: ``cos``/``sin`` tables, applying them, and the one-call ``rope``.
+
+RoPE (Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021)
+rotates every pair of channels :math:`(a_i, b_i)` of a query or key at position ``m`` by
+:math:`m\,\theta_i`:
+
+.. math:: (a_i, b_i) \mapsto (a_i\cos m\theta_i - b_i \sin m\theta_i,\;
+          b_i \cos m\theta_i + a_i \sin m\theta_i)
+
+so that :math:`\langle R_m q, R_n k\rangle` depends on ``m - n`` only (the relative
+position ``rel = query - key`` of the library's sign convention).
+"""
+
+from __future__ import annotations
+
+from .. import _dispatch
+from .. import _validate as check
+from .._xp import cast, cos_sin, device_of, index_dtype, is_real_floating, namespace, result_dtype
+from . import _args
+from .frequencies import host_frequencies
+from .scaling import check_scaling, check_seq_len
+
+
+def duplicate(xp, half_table, layout):
+    """``[..., n] -> [..., 2n]`` in the layout's order: ``[f0..fn, f0..fn]`` or ``[f0, f0, f1, f1, ...]``."""
+    if layout == "half":
+        return xp.concat([half_table, half_table], axis=-1)
+    stacked = xp.stack([half_table, half_table], axis=-1)
+    return xp.reshape(stacked, (*half_table.shape[:-1], 2 * half_table.shape[-1]))
+
+
+def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
+    r"""``cos`` and ``sin`` of the rotary angles :math:`m\,\theta_i`, duplicated for every pair.
+
+    Parameters
+    ----------
+    positions : array
+        Integer or float positions, any shape (e.g. ``[batch, seq]`` position ids).
+    inv_freq : array or sequence ``[r/2]``
+        Frequencies :math:`\theta_i`, e.g. from :func:`rope_frequencies`; a host (NumPy)
+        array is fine for positions of any namespace.
+    layout : {"half", "interleaved"}
+        ``"half"``: ``[c_0 .. c_{n-1}, c_0 .. c_{n-1}]`` (GPT-NeoX, LLaMA);
+        ``"interleaved"``: ``[c_0, c_0, c_1, c_1, ...]`` (RoFormer, GPT-J).
+    dtype : float dtype, optional
+        Of the result; by default the dtype of float positions, float32 for integer ones.
+    scale : float
+        Multiplies both tables (a scaling's ``attention_scale``, as Hugging Face does).
+
+    Returns
+    -------
+    cos, sin : arrays ``positions.shape + (r,)``
+        Angles in float64 (or the exact split reduction where the namespace has no
+        float64), rounded once to ``dtype``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> cos, sin = pe.rope_cos_sin(np.arange(3.0), [1.0, 0.5], layout="interleaved")
+    >>> cos.shape, cos.dtype
+    ((3, 4), dtype('float64'))
+    >>> sin[2].round(4).tolist()
+    [0.9093, 0.9093, 0.8415, 0.8415]
+    """
+    check.array("positions", positions)
+    xp = namespace(positions)
+    device = device_of(positions)
+    check.positions("positions", positions, xp)
+    layout = _args.layout("layout", layout)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq)
+    scale = check.real("scale", scale)
+    if dtype is None:
+        dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
+    dtype = result_dtype(xp, dtype)
+    check.allocatable("rope_cos_sin", (*positions.shape, 2 * freqs.size), 8)
+    c, s = cos_sin(positions, freqs, xp=xp, device=device)
+    if scale != 1.0:
+        c, s = c * scale, s * scale
+    return cast(xp, duplicate(xp, c, layout), dtype), cast(xp, duplicate(xp, s, layout), dtype)
+
+
+def apply_rope(x, cos, sin, *, layout="half", out=None):
+    r"""Rotate the channels of ``x`` with precomputed ``cos`` and ``sin``.
+
+    The first ``r = cos.shape[-1]`` channels are rotated, the rest pass through (partial
+    rotary, GPT-NeoX / Phi style). ``layout="half"`` pairs ``(x[i], x[i + r/2])``: the
+    result is LLaMA's ``x * cos + rotate_half(x) * sin``; ``layout="interleaved"`` pairs
+    ``(x[2i], x[2i+1])`` (RoFormer, GPT-J). Each pair ``(a, b)`` becomes
+    ``(a*cos - b*sin, b*cos + a*sin)``, a rotation by ``+angle``.
+
+    Parameters
+    ----------
+    x : array ``[..., d]``, real floating
+    cos, sin : arrays ``[..., r]`` with ``r <= d`` even, as :func:`rope_cos_sin` makes them;
+        they broadcast against ``x.shape[:-1] + (r,)`` (e.g. ``[seq, r]`` for
+        ``x`` of shape ``[batch, heads, seq, d]``).
+    layout : {"half", "interleaved"}
+    out : array like ``x``, optional
+        Written with the result and returned; ``out=x`` rotates in place.
+
+    Returns
+    -------
+    array like ``x`` (same dtype). The rotation runs in float64 where available.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> cos, sin = pe.rope_cos_sin(np.array([1]), [np.pi / 2])
+    >>> pe.apply_rope(np.array([[1.0, 0.0]]), cos, sin).round(6).tolist()
+    [[0.0, 1.0]]
+    """
+    xp = namespace(x, cos, sin)
+    device_of(x, cos, sin)
+    check.float_array("x", x, xp)
+    check.ndim("x", x, minimum=1)
+    check.float_array("cos", cos, xp)
+    check.float_array("sin", sin, xp)
+    check.ndim("cos", cos, minimum=1)
+    if tuple(cos.shape) != tuple(sin.shape):
+        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    width = int(cos.shape[-1])
+    if width % 2 or width == 0:
+        raise ValueError(f"cos.shape[-1] (the rotary dimension) must be a positive even integer, got {width}")
+    if width > x.shape[-1]:
+        raise ValueError(f"cos.shape[-1] (the rotary dimension) must be <= x.shape[-1] = {x.shape[-1]}, got {width}")
+    check.broadcast_shape("cos", cos.shape, (*x.shape[:-1], width))
+    layout = _args.layout("layout", layout)
+    _args.out_like(out, x, xp)
+    return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
+
+
+def default_positions(xp, x, seq_axis, offset, device):
+    """``offset + arange(L)`` along ``seq_axis``, shaped to broadcast against ``x.shape[:-1]``."""
+    batch_ndim = x.ndim - 1
+    axis = seq_axis % x.ndim
+    length = int(x.shape[axis])
+    pos = xp.arange(offset, offset + length, dtype=index_dtype(xp, device), device=device)
+    return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(batch_ndim)))
+
+
+def rope(
+    x,
+    positions=None,
+    *,
+    base=10000.0,
+    scaling=None,
+    layout="half",
+    rotary_dim=None,
+    offset=0,
+    seq_axis=-2,
+    inverse=False,
+    seq_len=None,
+    out=None,
+):
+    r"""Rotary position embedding in one call: angles from positions, computed in the kernel.
+
+    Rotates pair ``i`` of the first ``rotary_dim`` channels of a token at position ``m`` by
+    :math:`m\,\theta_i` and multiplies the rotated channels by the scaling's attention
+    scale (see :func:`apply_rope` for the pairing of each ``layout``).
+
+    Parameters
+    ----------
+    x : array ``[..., d]``, real floating (queries or keys, e.g. ``[batch, heads, seq, d]``)
+    positions : array, optional
+        Integer or finite float positions broadcasting against ``x.shape[:-1]`` (per-token
+        ids for KV-cache decoding, packed batches: :func:`positions_from_cu_seqlens`,
+        padding: :func:`positions_from_mask`). Default: ``arange(L)`` along ``seq_axis``.
+    base : float
+    scaling : posenc.scaling object, optional
+    layout : {"half", "interleaved"}
+    rotary_dim : int, optional
+        Channels rotated (default ``d``); the others pass through unchanged.
+    offset : int
+        Added to the positions (the number of cached tokens when decoding).
+    seq_axis : int
+        Axis of ``x`` that the default positions run along (not the feature axis).
+    inverse : bool
+        Undo the embedding: rotate by ``-angle`` and divide by the attention scale, so
+        ``rope(rope(x), inverse=True) == x``. (With attention scale 1 this is also the
+        transpose, i.e. the backward pass.)
+    seq_len : int, optional
+        The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to. Default: the
+        largest position + 1 when the positions can be read now (NumPy, torch, eager
+        JAX, array-api-strict), else (Dask, ``jax.jit``) the scaling's
+        ``original_max_position``, i.e. unscaled frequencies and LongRoPE's short factors:
+        pass it explicitly there.
+    out : array like ``x``, optional
+        ``out=x`` rotates in place (not for JAX).
+
+    Returns
+    -------
+    array like ``x`` (same dtype); angles in float64 (or the exact split reduction where
+    the namespace/device has no float64), the rotation in float64 where available.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = np.ones((1, 3, 4))                            # [heads, seq, dim]
+    >>> pe.rope(q)[0, 1].round(4).tolist()               # position 1
+    [-0.3012, 0.99, 1.3818, 1.0099]
+    >>> bool(np.allclose(pe.rope(pe.rope(q, offset=5), offset=5, inverse=True), q, atol=1e-6))
+    True
+    """
+    xp = namespace(x, positions)
+    device = device_of(x, positions)
+    check.float_array("x", x, xp)
+    check.ndim("x", x, minimum=1)
+    base = check.real("base", base, positive=True)
+    check_scaling(scaling)
+    layout = _args.layout("layout", layout)
+    width = int(x.shape[-1])
+    rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
+    offset = check.integer("offset", offset)
+    if not isinstance(inverse, bool):
+        raise TypeError(f"inverse must be a bool, got {inverse!r}")
+    seq_len = check_seq_len(seq_len)
+    if positions is None:
+        check.ndim("x", x, minimum=2)
+        seq_axis = check.integer("seq_axis", seq_axis)
+        if not -x.ndim <= seq_axis < x.ndim or seq_axis % x.ndim == x.ndim - 1:
+            raise ValueError(
+                f"seq_axis must name an axis of x other than the feature axis (x has shape {tuple(x.shape)}), got {seq_axis}"
+            )
+        positions = default_positions(xp, x, seq_axis, offset, device)
+    else:
+        _args.positions_against("positions", positions, xp, tuple(x.shape[:-1]))
+        if offset:
+            positions = positions + offset
+    _args.out_like(out, x, xp)
+    if seq_len is None and scaling is not None and scaling.uses_seq_len:
+        seq_len = _args.eager_max(xp, positions)
+    inv_freq, scale = host_frequencies(rdim, base, scaling, seq_len)
+    if inverse:
+        scale = 1.0 / scale
+    return _dispatch.call(
+        "rope_rotate", x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out
+    )

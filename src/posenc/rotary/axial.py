@@ -1,0 +1,96 @@
+"""Axial (2-D / N-D) RoPE for image and video tokens."""
+
+from __future__ import annotations
+
+from .. import _dispatch
+from .. import _validate as check
+from .._xp import device_of, namespace
+from . import _args
+from ._rotate import _write
+from .scaling import default_inv_freq
+
+
+def _axes_dims(axes_dims, n_axes, width):
+    if axes_dims is None:
+        per_axis = (width // n_axes) // 2 * 2
+        if per_axis == 0:
+            raise ValueError(f"x.shape[-1] = {width} is too small to give {n_axes} axes an even number (>= 2) of channels")
+        return (per_axis,) * n_axes
+    if isinstance(axes_dims, (str, bytes)) or not hasattr(axes_dims, "__len__"):
+        raise TypeError(f"axes_dims must be a sequence of positive even integers, got {type(axes_dims).__name__}")
+    dims = tuple(check.even_dim(f"axes_dims[{i}]", d) for i, d in enumerate(axes_dims))
+    if len(dims) != n_axes:
+        raise ValueError(f"axes_dims must have one entry per axis of grid (grid.shape[-1] = {n_axes}), got {len(dims)}")
+    if sum(dims) > width:
+        raise ValueError(f"axes_dims must sum to at most x.shape[-1] = {width}, got {dims} (sum {sum(dims)})")
+    return dims
+
+
+def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=False, out=None):
+    r"""Axial RoPE: each axis of a token grid rotates its own block of channels.
+
+    A token at integer (or float) coordinates :math:`(p_0, \dots, p_{A-1})` has its
+    channels split into consecutive blocks of ``axes_dims[a]`` channels; block ``a`` is a
+    1-D RoPE (:func:`rope`) of dimension ``axes_dims[a]`` at position :math:`p_a`, with
+    frequencies :math:`\text{base}^{-2i/\text{axes\_dims}[a]}`. Channels after the last
+    block pass through. The score of two tokens then depends only on their coordinate
+    differences, axis by axis (relative in 2-D for images, 3-D for video: the layout of
+    FLUX / EVA-style axial RoPE; Heo et al., "Rotary Position Embedding for Vision
+    Transformer", 2024).
+
+    Parameters
+    ----------
+    x : array ``[..., d]``, real floating (e.g. ``[batch, heads, H*W, d]``)
+    grid : array ``[..., A]``
+        Coordinates of each token (e.g. ``[H*W, 2]`` rows and columns); ``grid[..., a]``
+        broadcasts against ``x.shape[:-1]``.
+    base : float
+    axes_dims : sequence of A positive even ints, optional
+        Channels per axis; default ``d // A`` rounded down to even for every axis.
+    layout : {"half", "interleaved"}
+        Pairing inside each block, as in :func:`apply_rope`.
+    inverse : bool
+        Rotate by ``-angle`` (undo).
+    out : array like ``x``, optional
+
+    Returns
+    -------
+    array like ``x``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> rows, cols = np.meshgrid(np.arange(2), np.arange(3), indexing="ij")
+    >>> grid = np.stack([rows.ravel(), cols.ravel()], axis=-1)      # [6 tokens, 2 axes]
+    >>> x = np.ones((6, 8))
+    >>> y = pe.axial_rope(x, grid)                                     # 4 channels per axis
+    >>> bool(np.allclose(y[:, :4], pe.rope(x[:, :4], grid[:, 0])))
+    True
+    """
+    xp = namespace(x, grid)
+    device_of(x, grid)
+    check.float_array("x", x, xp)
+    check.ndim("x", x, minimum=1)
+    check.array("grid", grid)
+    check.ndim("grid", grid, minimum=1)
+    n_axes = int(grid.shape[-1])
+    if n_axes < 1:
+        raise ValueError(f"grid must have at least one axis of coordinates (grid.shape[-1] >= 1), got shape {tuple(grid.shape)}")
+    check.positions("grid", grid, xp)
+    check.broadcast_shape("grid[..., a]", grid.shape[:-1], tuple(x.shape[:-1]))
+    base = check.real("base", base, positive=True)
+    width = int(x.shape[-1])
+    dims = _axes_dims(axes_dims, n_axes, width)
+    layout = _args.layout("layout", layout)
+    if not isinstance(inverse, bool):
+        raise TypeError(f"inverse must be a bool, got {inverse!r}")
+    _args.out_like(out, x, xp)
+    blocks, start = [], 0
+    for a, d in enumerate(dims):
+        block = x[..., start : start + d]
+        blocks.append(_dispatch.call("rope_rotate", block, grid[..., a], default_inv_freq(d, base), layout=layout, inverse=inverse))
+        start += d
+    if start < width:
+        blocks.append(x[..., start:])
+    result = xp.concat(blocks, axis=-1) if len(blocks) > 1 else blocks[0]
+    return _write(xp, result, out)

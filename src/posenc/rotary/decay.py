@@ -1,0 +1,63 @@
+"""RoPE's long-range decay bound (RoFormer, section 3.4.3)."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
+from .scaling import default_inv_freq
+
+
+def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None):
+    r"""The upper bound of RoPE's attention score as a function of relative distance.
+
+    With :math:`h_i = q_{[2i:2i+1]} k^*_{[2i:2i+1]}`, Abel summation bounds the rotated
+    score by :math:`\max_i |h_{i+1} - h_i| \sum_j |S_j|` (Su et al., RoFormer, 2021), where
+
+    .. math:: S_j = \sum_{i=0}^{j-1} e^{\,\mathrm{i}\,m\theta_i}, \qquad
+              \text{decay}(m) = \frac{2}{d} \sum_{j=1}^{d/2} |S_j|
+
+    and :math:`\theta_i = \text{base}^{-2i/d}`. At ``m = 0``, :math:`|S_j| = j` and the
+    value is :math:`(d/2 + 1)/2`; it falls off (with oscillations) as ``|m|`` grows.
+
+    Parameters
+    ----------
+    distances : int or array
+        An int ``n`` means distances ``arange(n)``; an array gives the distances ``m``.
+    dim : int
+        Rotary dimension, positive and even.
+    base : float
+    xp, device, dtype
+        Namespace, device and float dtype when ``distances`` is an int (NumPy, float32 by
+        default); for an array they follow it (float arrays keep their dtype).
+
+    Returns
+    -------
+    array ``distances.shape``. Angles in float64 (or the exact split reduction).
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.rope_decay(np.array([0.0, 10.0, 100.0]), 128).round(2).tolist()
+    [32.5, 17.95, 10.23]
+    """
+    dim = check.even_dim("dim", dim)
+    base = check.real("base", base, positive=True)
+    if check.is_array(distances):
+        xp = namespace(distances, xp=xp)
+        device = device_of(distances)
+        check.positions("distances", distances, xp)
+        out_dtype = dtype if dtype is not None else (distances.dtype if is_real_floating(xp, distances.dtype) else xp.float32)
+        out_dtype = result_dtype(xp, out_dtype)
+        m = distances
+    else:
+        xp = namespace(xp=xp)
+        n = check.integer("distances", distances, minimum=0)
+        out_dtype = result_dtype(xp, dtype)
+        check.allocatable("rope_decay", (n, dim // 2), 8)
+        m = xp.arange(n, device=device)
+    check.allocatable("rope_decay", (*m.shape, dim // 2), 8)
+    c, s = cos_sin(m, default_inv_freq(dim, base), xp=xp, device=device)
+    partial_re = xp.cumulative_sum(c, axis=-1)
+    partial_im = xp.cumulative_sum(s, axis=-1)
+    bound = xp.sum(xp.sqrt(partial_re**2 + partial_im**2), axis=-1) * (2.0 / dim)
+    return cast(xp, bound, out_dtype)

@@ -1,0 +1,143 @@
+"""Moving rotated keys and checkpoints between positions, frequency sets and layouts."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from .. import _dispatch
+from .. import _validate as check
+from .._xp import device_of, index_dtype, namespace, widest_float
+from . import _args
+from ._rotate import _join, _pairs
+
+
+def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
+    r"""Re-rotate already rotated keys (a KV cache) instead of recomputing them.
+
+    Rotations compose, :math:`R_{m+\delta} = R_\delta R_m`, so a cached key rotated at
+    position ``m`` becomes the key at ``m + delta`` by one more rotation by ``delta``
+    (a context shift: drop the first tokens of a cache with ``delta = -n_dropped``). With
+    ``new_inv_freq``, ``delta`` is the position ``m`` each key was rotated at and the
+    key moves from frequencies :math:`\theta` to :math:`\theta'`: pair ``i`` is rotated
+    by :math:`m(\theta'_i - \theta_i)` (a LongRoPE short-to-long switch, a dynamic-NTK
+    base change). Attention scales are not touched.
+
+    Parameters
+    ----------
+    x : array ``[..., d]``, real floating, already rotated with ``inv_freq``
+    delta : int or array
+        Shift in positions (broadcasting against ``x.shape[:-1]``), or the positions
+        the keys sit at when ``new_inv_freq`` is given.
+    inv_freq : array or sequence ``[r/2]``, ``r <= d``
+    layout : {"half", "interleaved"}
+    new_inv_freq : array or sequence ``[r/2]``, optional
+
+    Returns
+    -------
+    array like ``x``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> k = np.random.default_rng(0).standard_normal((4, 8))
+    >>> inv_freq, _ = pe.rope_frequencies(8)
+    >>> at_10 = pe.rope(k, np.full(4, 10))
+    >>> bool(np.allclose(pe.rerotate(at_10, 5, inv_freq), pe.rope(k, np.full(4, 15))))
+    True
+    """
+    xp = namespace(x, delta if check.is_array(delta) else None)
+    check.float_array("x", x, xp)
+    check.ndim("x", x, minimum=1)
+    device = device_of(x, delta if check.is_array(delta) else None)
+    if not check.is_array(delta):
+        delta = _scalar_array(xp, "delta", delta, device)
+    _args.positions_against("delta", delta, xp, tuple(x.shape[:-1]))
+    layout = _args.layout("layout", layout)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq)
+    if 2 * freqs.size > x.shape[-1]:
+        raise ValueError(f"inv_freq has {freqs.size} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
+    if new_inv_freq is not None:
+        new = _args.host_inv_freq("new_inv_freq", new_inv_freq)
+        if new.shape != freqs.shape:
+            raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
+        freqs = new - freqs
+    return _dispatch.call("rope_rotate", x, delta, freqs, layout=layout)
+
+
+def _scalar_array(xp, name, value, device):
+    """A Python int or real number as a 0-d array (index dtype or the widest float)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return xp.asarray(int(value), dtype=index_dtype(xp, device), device=device)
+    value = check.real(name, value)
+    return xp.asarray(value, dtype=widest_float(xp, device), device=device)
+
+
+def convert_layout(x, src, dst, *, rotary_dim=None):
+    """Reorder the rotary channels of ``x`` from layout ``src`` to layout ``dst``.
+
+    ``"interleaved"`` keeps pair ``i`` in channels ``(2i, 2i+1)``, ``"half"`` in
+    ``(i, i + r/2)``. Rotating converted activations equals converting rotated ones:
+    ``rope(convert_layout(x, "half", "interleaved"), layout="interleaved") ==
+    convert_layout(rope(x, layout="half"), "half", "interleaved")``. Channels after
+    ``rotary_dim`` (default: all) pass through.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.convert_layout(np.arange(6.0), "half", "interleaved").tolist()
+    [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
+    """
+    xp = namespace(x)
+    check.array("x", x)
+    check.ndim("x", x, minimum=1)
+    src = _args.layout("src", src)
+    dst = _args.layout("dst", dst)
+    width = int(x.shape[-1])
+    rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
+    if src == dst:
+        return x
+    a, b, rest = _pairs(xp, x, rdim, src)
+    return _join(xp, a, b, rest, dst)
+
+
+def _row_permutation(head_dim, rotary_dim, src, dst):
+    """Host index ``p`` with ``converted[..., j] = x[..., p[j]]`` for one head."""
+    index = np.arange(head_dim)
+    n = rotary_dim // 2
+    pair_a = index[:n] if src == "half" else index[0:rotary_dim:2]
+    pair_b = index[n:rotary_dim] if src == "half" else index[1:rotary_dim:2]
+    rotated = np.concatenate([pair_a, pair_b]) if dst == "half" else np.stack([pair_a, pair_b], axis=-1).reshape(-1)
+    return np.concatenate([rotated, index[rotary_dim:]])
+
+
+def permute_qk_weight(w, src, dst, *, head_dim, rotary_dim=None):
+    """Permute the output rows of a q or k projection from layout ``src`` to ``dst``.
+
+    ``w`` is ``[heads * head_dim, ...]`` (a ``Linear`` weight ``[out, in]`` or its bias
+    ``[out]``); the rows of each head are reordered as :func:`convert_layout` reorders
+    features, so ``x @ permuted.T == convert_layout(x @ w.T)`` and a checkpoint trained
+    with one layout gives the same attention scores with the other (Meta's interleaved
+    LLaMA weights -> Hugging Face's half layout is ``src="interleaved", dst="half"``).
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> w = np.arange(8.0)[:, None]                       # 2 heads of 4 rows
+    >>> pe.permute_qk_weight(w, "interleaved", "half", head_dim=4)[:, 0].tolist()
+    [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]
+    """
+    xp = namespace(w)
+    check.array("w", w)
+    check.ndim("w", w, minimum=1)
+    src = _args.layout("src", src)
+    dst = _args.layout("dst", dst)
+    head_dim = check.even_dim("head_dim", head_dim)
+    rows = int(w.shape[0])
+    if rows % head_dim:
+        raise ValueError(f"w.shape[0] must be a multiple of head_dim = {head_dim}, got shape {tuple(w.shape)}")
+    rdim = _args.rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
+    per_head = _row_permutation(head_dim, rdim, src, dst)
+    index = (np.arange(rows // head_dim)[:, None] * head_dim + per_head).reshape(-1)
+    return xp.take(w, xp.asarray(index.tolist(), device=device_of(w)), axis=0)

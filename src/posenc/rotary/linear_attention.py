@@ -1,0 +1,103 @@
+"""Linear attention with RoPE in the numerator (RoFormer, section 3.3)."""
+
+from __future__ import annotations
+
+from .. import _dispatch
+from .. import _validate as check
+from .._xp import cast, compute_dtype, device_of, namespace
+from . import _args
+from .scaling import default_inv_freq
+
+FEATURE_MAPS = ("elu",)
+
+
+def _elu_plus_one(xp, x):
+    negative_part = xp.where(x > 0, xp.zeros_like(x), x)
+    return xp.where(x > 0, x + 1.0, xp.exp(negative_part))
+
+
+def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", feature_map="elu", causal=False):
+    r"""Linear attention (Katharopoulos et al., 2020), optionally with RoPE (Su et al., 2021).
+
+    .. math::
+
+        o_i = \frac{\sum_j [R_i\,\phi(q_i)]^\top [R_j\,\phi(k_j)]\, v_j}
+                   {\sum_j \phi(q_i)^\top \phi(k_j)}, \qquad \phi(x) = \mathrm{elu}(x) + 1
+
+    RoPE rotates :math:`\phi(q), \phi(k)` in the numerator only: the denominator stays
+    positive (RoFormer eq. 29). Both sums are computed as :math:`\phi(Q)(\phi(K)^\top V)`
+    (``causal=False``) or with running sums of :math:`\phi(k_j)\, v_j^\top` over
+    :math:`j \le i` (``causal=True``), never an ``n x n`` matrix: ``O(n)`` in sequence length
+    (``O(n d d_v)`` memory when causal).
+
+    Parameters
+    ----------
+    q : array ``[..., n, d]``; k : array ``[..., m, d]``; v : array ``[..., m, d_v]``
+        Real floating, one namespace; ``d`` even when ``positions`` is given.
+    positions : array or (array, array), optional
+        Token positions: one array broadcasting against both ``q.shape[:-1]`` and
+        ``k.shape[:-1]`` (self-attention), or ``(query_positions, key_positions)``.
+        ``None``: no RoPE.
+    base : float
+    layout : {"half", "interleaved"}
+    feature_map : "elu" or callable
+        :math:`\phi`; a callable maps an array to a non-negative array of the same shape.
+    causal : bool
+        Query ``i`` attends to keys ``j <= i`` (needs ``n == m``).
+
+    Returns
+    -------
+    array ``[..., n, d_v]`` of ``q``'s dtype (computed in float32 for 16-bit inputs).
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = k = np.zeros((3, 4)); v = np.arange(6.0).reshape(3, 2)
+    >>> pe.linear_attention(q, k, v, causal=True).tolist()  # phi = 1: running means of v
+    [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0]]
+    """
+    xp = namespace(q, k, v, *(positions if isinstance(positions, tuple) else (positions,)))
+    device_of(q, k, v)
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        check.float_array(name, a, xp)
+        check.ndim(name, a, minimum=2)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same feature size, got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length (axis -2), got {tuple(k.shape)} and {tuple(v.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {causal!r}")
+    if causal and q.shape[-2] != k.shape[-2]:
+        raise ValueError(f"causal=True needs as many queries as keys, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if callable(feature_map):
+        phi = feature_map
+    else:
+        check.choice("feature_map", feature_map, FEATURE_MAPS)
+        phi = lambda a: _elu_plus_one(xp, a)  # noqa: E731
+    base = check.real("base", base, positive=True)
+    layout = _args.layout("layout", layout)
+    if positions is not None:
+        if isinstance(positions, tuple) and len(positions) != 2:
+            raise ValueError(f"positions must be an array or a (query_positions, key_positions) pair, got {len(positions)} items")
+        q_pos, k_pos = positions if isinstance(positions, tuple) else (positions, positions)
+        _args.positions_against("positions", q_pos, xp, tuple(q.shape[:-1]))
+        _args.positions_against("positions", k_pos, xp, tuple(k.shape[:-1]))
+        check.even_dim("q.shape[-1]", int(q.shape[-1]))
+    work = compute_dtype(xp, q.dtype)
+    fq, fk = phi(cast(xp, q, work)), phi(cast(xp, k, work))
+    vw = cast(xp, v, work)
+    if positions is None:
+        rq, rk = fq, fk
+    else:
+        inv_freq = default_inv_freq(int(q.shape[-1]), base)
+        rq = _dispatch.call("rope_rotate", fq, q_pos, inv_freq, layout=layout)
+        rk = _dispatch.call("rope_rotate", fk, k_pos, inv_freq, layout=layout)
+    if causal:
+        # kv[..., i, :, :] = sum_{j <= i} rk_j v_j^T ; z[..., i, :] = sum_{j <= i} fk_j
+        kv = xp.cumulative_sum(rk[..., :, None] * vw[..., None, :], axis=-3)
+        numerator = xp.sum(rq[..., :, None] * kv, axis=-2)
+        denominator = xp.sum(fq * xp.cumulative_sum(fk, axis=-2), axis=-1)
+    else:
+        numerator = xp.matmul(rq, xp.matmul(xp.matrix_transpose(rk), vw))
+        denominator = xp.sum(fq * xp.sum(fk, axis=-2)[..., None, :], axis=-1)
+    return cast(xp, numerator / denominator[..., None], q.dtype)

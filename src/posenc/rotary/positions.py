@@ -1,0 +1,85 @@
+"""Per-token positions for padded and packed batches (inputs of ``rope`` and the biases)."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import device_of, index_dtype, namespace
+
+
+def positions_from_mask(mask, *, start=0):
+    """Positions of the tokens of a padding mask; padding gets position 0.
+
+    ``positions = start + cumsum(mask) - 1`` on tokens and 0 on padding, along the last
+    axis, so left- and right-padded rows both number their tokens ``start, start + 1,
+    ...`` (fairseq's ``make_positions``, BLOOM's and Hugging Face ``generate``'s cumsum).
+
+    Parameters
+    ----------
+    mask : array ``[..., seq]`` of bool or integers (non-zero = token)
+    start : int
+        Position of each row's first token.
+
+    Returns
+    -------
+    integer array like ``mask`` (the namespace's index dtype).
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.positions_from_mask(np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])).tolist()
+    [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0]]
+    """
+    xp = namespace(mask)
+    check.array("mask", mask)
+    check.ndim("mask", mask, minimum=1)
+    if not (mask.dtype == xp.bool or xp.isdtype(mask.dtype, "integral")):
+        raise TypeError(f"mask must have a bool or integer dtype, got {mask.dtype}")
+    start = check.integer("start", start)
+    itype = index_dtype(xp, device_of(mask))
+    token = mask if mask.dtype == xp.bool else mask != 0
+    count = xp.cumulative_sum(xp.astype(token, itype), axis=-1)
+    return xp.where(token, count - 1 + start, xp.zeros_like(count))
+
+
+def positions_from_cu_seqlens(cu_seqlens, total):
+    """Positions of a packed batch: they restart at 0 at every document boundary.
+
+    ``cu_seqlens = [0, l0, l0 + l1, ..., total]`` (FlashAttention's varlen convention);
+    token ``t`` of document ``k`` (``cu_seqlens[k] <= t < cu_seqlens[k+1]``) gets
+    ``t - cu_seqlens[k]``. ``total`` is the static number of tokens (the result's
+    length), so this also runs lazily and under ``jax.jit``.
+
+    Parameters
+    ----------
+    cu_seqlens : integer array ``[n_docs + 1]``, non-decreasing, from 0 to ``total``
+        (checked when its values can be read now).
+    total : int >= 0
+
+    Returns
+    -------
+    integer array ``[total]`` (the namespace of ``cu_seqlens``).
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.positions_from_cu_seqlens(np.array([0, 3, 5, 9]), 9).tolist()
+    [0, 1, 2, 0, 1, 0, 1, 2, 3]
+    """
+    xp = namespace(cu_seqlens)
+    check.integer_array("cu_seqlens", cu_seqlens, xp)
+    check.ndim("cu_seqlens", cu_seqlens, exactly=1)
+    if cu_seqlens.shape[0] < 1:
+        raise ValueError("cu_seqlens must hold at least one boundary (0)")
+    total = check.integer("total", total, minimum=0)
+    if check.is_eager(cu_seqlens):
+        first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
+        if first != 0 or last != total or not bool(xp.all(cu_seqlens[1:] >= cu_seqlens[:-1])):
+            raise ValueError(
+                f"cu_seqlens must be non-decreasing from 0 to total = {total}, got values from {first} to {last}"
+            )
+    device = device_of(cu_seqlens)
+    itype = index_dtype(xp, device)
+    cu = xp.astype(cu_seqlens, itype)
+    tokens = xp.arange(total, dtype=itype, device=device)
+    document = xp.searchsorted(cu, tokens, side="right") - 1
+    return tokens - xp.take(cu, document, axis=0)

@@ -1,0 +1,63 @@
+"""xPos: RoPE with an exponential decay of the score in the relative distance."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _validate as check
+from .._xp import cast, device_of, is_real_floating, namespace, result_dtype, widest_float
+from . import _args
+from .apply import duplicate
+
+
+def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
+    r"""xPos scale factors :math:`\zeta_i^{\,m / \gamma}` for tokens at positions ``m``.
+
+    .. math:: \zeta_i = \frac{2i/d + 0.4}{1.4} \in [0.29, 1), \quad i < d/2, \qquad
+              \gamma = \text{scale\_base}
+
+    (Sun et al., "A Length-Extrapolatable Transformer", 2022). After RoPE, queries are
+    multiplied by the scale and keys divided by it, so the score of query ``m`` and key
+    ``n`` gains the factor :math:`\zeta_i^{(m - n)/\gamma}` per pair: it decays with the
+    relative distance ``rel = m - n > 0``. Because :math:`\zeta^{\pm m/\gamma}` under- or
+    overflows for large ``|m|``, xPos implementations center the positions (torchscale
+    uses ``-L/2 .. L/2``); only the difference ``m - n`` matters.
+
+    Parameters
+    ----------
+    positions : array (integer or float, any shape)
+    dim : int
+        Rotary dimension, positive and even.
+    scale_base : float
+        :math:`\gamma` (512 in the paper).
+    layout : {"half", "interleaved"}
+        Order of the duplicated factors, as in :func:`rope_cos_sin`.
+    dtype : float dtype, optional
+        Default: the dtype of float positions, float32 for integer ones.
+
+    Returns
+    -------
+    array ``positions.shape + (dim,)``: multiply rotated queries by it, divide rotated keys.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.xpos_scale(np.array([0.0, 512.0]), 4).round(4).tolist()
+    [[1.0, 1.0, 1.0, 1.0], [0.2857, 0.6429, 0.2857, 0.6429]]
+    """
+    check.array("positions", positions)
+    xp = namespace(positions)
+    device = device_of(positions)
+    check.positions("positions", positions, xp)
+    dim = check.even_dim("dim", dim)
+    scale_base = check.real("scale_base", scale_base, positive=True)
+    layout = _args.layout("layout", layout)
+    if dtype is None:
+        dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
+    dtype = result_dtype(xp, dtype)
+    check.allocatable("xpos_scale", (*positions.shape, dim), 8)
+    work = widest_float(xp, device)
+    zeta = (np.arange(0, dim, 2) / dim + 0.4) / 1.4
+    log_zeta = xp.asarray(np.log(zeta).tolist(), dtype=work, device=device)
+    exponent = cast(xp, positions, work)[..., None] / scale_base
+    return cast(xp, duplicate(xp, xp.exp(exponent * log_zeta), layout), dtype)

@@ -1,0 +1,300 @@
+"""Every RoPE scaling against Hugging Face transformers' own initialisers (the oracle).
+
+The HF functions (``transformers.modeling_rope_utils.ROPE_INIT_FUNCTIONS`` and LLaMA's
+default) are called on a real ``LlamaConfig`` built from the same ``rope_parameters``
+dict that ``pe.scaling.from_hf`` reads, over many parameter sets drawn by hypothesis.
+HF computes in float32, we compute in float64: ``inv_freq`` is compared with a relative
+tolerance of a few float32 ulps, amplified by ``ln(base)`` because HF rounds the exponent
+``2i/d`` to float32 before ``base**``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import posenc as pe
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+hypothesis = pytest.importorskip("hypothesis")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb  # noqa: E402
+
+MANY = settings(max_examples=60, deadline=None, derandomize=True)
+
+head_dims = st.sampled_from([8, 16, 32, 64, 80, 96, 128, 256])
+bases = st.one_of(st.sampled_from([10000.0, 500000.0, 1e6, 5e6]), st.floats(100.0, 1e7))
+fractions = st.sampled_from([1.0, 1.0, 0.5, 0.25, 0.75])
+factors = st.one_of(st.sampled_from([1.0, 2.0, 4.0, 8.0, 32.0]), st.floats(0.5, 64.0))
+originals = st.sampled_from([256, 512, 2048, 4096, 8192, 32768])
+
+
+def hf_config(rope_parameters, head_dim, max_position_embeddings):
+    return LlamaConfig(
+        hidden_size=4 * head_dim,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        max_position_embeddings=max_position_embeddings,
+        rope_parameters=dict(rope_parameters),
+    )
+
+
+def hf_frequencies(rope_parameters, head_dim, max_position_embeddings, seq_len=None):
+    config = hf_config(rope_parameters, head_dim, max_position_embeddings)
+    rope_type = config.rope_parameters["rope_type"]
+    if rope_type == "default":
+        inv_freq, scale = LlamaRotaryEmbedding.compute_default_rope_parameters(config)
+    else:
+        inv_freq, scale = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
+    return inv_freq.double().numpy(), float(scale)
+
+
+def ours(rope_parameters, head_dim, max_position_embeddings, seq_len=None):
+    cfg = pe.scaling.from_hf(rope_parameters, head_dim=head_dim, max_position_embeddings=max_position_embeddings)
+    inv_freq, scale = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling, seq_len=seq_len)
+    return inv_freq, scale
+
+
+def assert_matches_hf(rope_parameters, head_dim, max_position_embeddings, seq_len=None):
+    want, want_scale = hf_frequencies(rope_parameters, head_dim, max_position_embeddings, seq_len)
+    got, got_scale = ours(rope_parameters, head_dim, max_position_embeddings, seq_len)
+    base = rope_parameters.get("rope_theta", 10000.0)
+    rtol = 2.0**-23 * (4 + math.log(base))
+    assert got.dtype == np.float64 and got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=0)
+    assert got_scale == pytest.approx(want_scale, rel=1e-12)
+
+
+def rotary_fraction_ok(head_dim, fraction):
+    rotary = int(head_dim * fraction)
+    return rotary >= 4 and rotary % 2 == 0
+
+
+@MANY
+@given(head_dim=head_dims, base=bases)
+def test_default_matches_hf(head_dim, base):
+    assert_matches_hf({"rope_type": "default", "rope_theta": base}, head_dim, 2048)
+
+
+@MANY
+@given(head_dim=head_dims, base=bases, fraction=fractions, factor=factors)
+def test_linear_matches_hf(head_dim, base, fraction, factor):
+    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
+    params = {"rope_type": "linear", "factor": factor, "rope_theta": base, "partial_rotary_factor": fraction}
+    assert_matches_hf(params, head_dim, 4096)
+
+
+@MANY
+@given(
+    head_dim=head_dims,
+    base=bases,
+    fraction=fractions,
+    factor=factors,
+    max_pos=originals,
+    seq_len=st.one_of(st.none(), st.integers(0, 300_000)),
+)
+def test_dynamic_ntk_matches_hf(head_dim, base, fraction, factor, max_pos, seq_len):
+    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
+    params = {"rope_type": "dynamic", "factor": factor, "rope_theta": base, "partial_rotary_factor": fraction}
+    assert_matches_hf(params, head_dim, max_pos, seq_len)
+
+
+@MANY
+@given(
+    head_dim=head_dims,
+    base=bases,
+    fraction=fractions,
+    factor=factors,
+    original=originals,
+    beta_fast=st.one_of(st.none(), st.floats(1.0, 64.0)),
+    beta_slow=st.one_of(st.none(), st.floats(0.25, 4.0)),
+    mscale=st.sampled_from([None, 0.0, 0.707, 1.0, 1.5]),
+    mscale_all_dim=st.sampled_from([None, 0.0, 0.707, 1.0]),
+    attention_factor=st.one_of(st.none(), st.floats(0.5, 2.0)),
+    truncate=st.sampled_from([None, True, False]),
+)
+def test_yarn_matches_hf(head_dim, base, fraction, factor, original, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate):
+    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
+    params = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original, "rope_theta": base}
+    params["partial_rotary_factor"] = fraction
+    for key, value in [
+        ("beta_fast", beta_fast),
+        ("beta_slow", beta_slow),
+        ("mscale", mscale),
+        ("mscale_all_dim", mscale_all_dim),
+        ("attention_factor", attention_factor),
+        ("truncate", truncate),
+    ]:
+        if value is not None:
+            params[key] = value
+    assert_matches_hf(params, head_dim, int(original * max(factor, 1.0)))
+
+
+@pytest.mark.parametrize("max_pos", [8192, 163840])
+def test_yarn_without_factor_uses_the_length_ratio(max_pos):
+    # DeepSeek-V3 style configs: factor from max_position_embeddings / original.
+    params = {"rope_type": "yarn", "factor": None, "original_max_position_embeddings": 4096, "rope_theta": 10000.0}
+    params.update(mscale=1.0, mscale_all_dim=1.0, beta_fast=32, beta_slow=1)
+    assert_matches_hf(params, 64, max_pos)
+
+
+@MANY
+@given(
+    data=st.data(),
+    head_dim=head_dims,
+    base=bases,
+    fraction=fractions,
+    original=originals,
+    factor=st.one_of(st.none(), factors),
+    attention_factor=st.one_of(st.none(), st.floats(0.5, 2.0)),
+    max_factor=st.sampled_from([1, 2, 32]),
+)
+def test_longrope_matches_hf(data, head_dim, base, fraction, original, factor, attention_factor, max_factor):
+    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
+    half = int(head_dim * fraction) // 2
+    lists = st.lists(st.floats(1.0, 64.0), min_size=half, max_size=half)
+    params = {
+        "rope_type": "longrope",
+        "short_factor": data.draw(lists),
+        "long_factor": data.draw(lists),
+        "original_max_position_embeddings": original,
+        "rope_theta": base,
+        "partial_rotary_factor": fraction,
+        "factor": factor,
+    }
+    if attention_factor is not None:
+        params["attention_factor"] = attention_factor
+    seq_len = data.draw(st.one_of(st.none(), st.integers(0, 2 * original), st.sampled_from([original, original + 1])))
+    assert_matches_hf(params, head_dim, original * max_factor, seq_len)
+
+
+@MANY
+@given(
+    head_dim=head_dims,
+    base=bases,
+    fraction=fractions,
+    factor=factors,
+    original=originals,
+    low=st.floats(0.25, 2.0),
+    gap=st.floats(0.25, 8.0),
+)
+def test_llama3_matches_hf(head_dim, base, fraction, factor, original, low, gap):
+    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
+    params = {
+        "rope_type": "llama3",
+        "factor": factor,
+        "low_freq_factor": low,
+        "high_freq_factor": low + gap,
+        "original_max_position_embeddings": original,
+        "rope_theta": base,
+        "partial_rotary_factor": fraction,
+    }
+    assert_matches_hf(params, head_dim, original * 16)
+
+
+def test_llama_3_1_release_config():
+    params = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+    }
+    assert_matches_hf(params, 128, 131072)
+
+
+@pytest.mark.parametrize(
+    "legacy, modern",
+    [
+        ({"type": "linear", "factor": 2.0}, {"rope_type": "linear", "factor": 2.0}),
+        ({"type": "dynamic", "factor": 4.0}, {"rope_type": "dynamic", "factor": 4.0}),
+        (
+            {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+            {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048},
+        ),
+    ],
+)
+def test_legacy_rope_scaling_dict_with_top_level_theta(legacy, modern):
+    old = pe.scaling.from_hf(legacy, head_dim=64, max_position_embeddings=8192, rope_theta=1e6, partial_rotary_factor=0.5)
+    new = pe.scaling.from_hf({**modern, "rope_theta": 1e6, "partial_rotary_factor": 0.5}, head_dim=64, max_position_embeddings=8192)
+    assert old == new and old.base == 1e6 and old.rotary_dim == 32
+    config = LlamaConfig(
+        hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=8192, rope_scaling=dict(legacy), rope_theta=1e6
+    )
+    config.rope_parameters["partial_rotary_factor"] = 0.5
+    want, _ = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None)
+    got, _ = pe.rope_frequencies(old.rotary_dim, base=old.base, scaling=old.scaling)
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=2e-6)
+
+
+def test_ntk_alpha_is_the_ntk_aware_base_change():
+    # No HF rope_type of its own: the formula of bloc97's NTK-aware scaled RoPE.
+    for dim, base, alpha in [(128, 10000.0, 8.0), (64, 500000.0, 2.0), (4, 10.0, 3.0)]:
+        new_base = base * alpha ** (dim / (dim - 2))
+        want = np.array([1.0 / new_base ** (2 * i / dim) for i in range(dim // 2)])
+        got, scale = pe.rope_frequencies(dim, base=base, scaling=pe.scaling.NTK(alpha))
+        np.testing.assert_allclose(got, want, rtol=1e-14)
+        assert scale == 1.0
+        # the lowest frequency is stretched by exactly alpha, the highest kept
+        plain, _ = pe.rope_frequencies(dim, base=base)
+        assert got[0] == plain[0] and got[-1] * alpha == pytest.approx(plain[-1], rel=1e-13)
+
+
+def test_dynamic_ntk_equals_ntk_at_the_grown_length():
+    dyn = pe.scaling.DynamicNTK(4.0, 2048)
+    alpha = 4.0 * 8192 / 2048 - 3.0
+    np.testing.assert_allclose(
+        pe.rope_frequencies(64, scaling=dyn, seq_len=8192)[0], pe.rope_frequencies(64, scaling=pe.scaling.NTK(alpha))[0], rtol=1e-14
+    )
+    np.testing.assert_array_equal(pe.rope_frequencies(64, scaling=dyn, seq_len=100)[0], pe.rope_frequencies(64)[0])
+
+
+def test_classes_equal_from_hf():
+    cfg = pe.scaling.from_hf(
+        {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "mscale": 1.0, "mscale_all_dim": 1.0},
+        head_dim=64,
+    )
+    assert cfg.scaling == pe.scaling.YaRN(40.0, 4096, mscale=1.0, mscale_all_dim=1.0)
+    assert cfg.scaling.attention_scale() == 1.0
+    assert pe.scaling.from_hf(None, head_dim=64) == pe.scaling.HFRope(None, 10000.0, 64, 1.0)
+
+
+# --- the whole pipeline: HF's rotary embedding + apply_rotary_pos_emb vs rope --------
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"rope_type": "default", "rope_theta": 10000.0},
+        {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+        {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 512, "rope_theta": 10000.0},
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 64, "rope_theta": 500000.0},
+    ],
+    ids=lambda p: p["rope_type"],
+)
+def test_rope_equals_hf_llama_rotary_pipeline(params, rng):
+    head_dim, seq = 32, 48
+    config = hf_config(params, head_dim, 4096)
+    emb = LlamaRotaryEmbedding(config)
+    position_ids = torch.arange(seq)[None]
+    q = torch.from_numpy(rng.standard_normal((1, 2, seq, head_dim)).astype(np.float32))
+    k = torch.from_numpy(rng.standard_normal((1, 2, seq, head_dim)).astype(np.float32))
+    cos, sin = emb(q, position_ids)
+    want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+    cfg = pe.scaling.from_hf(params, head_dim=head_dim, max_position_embeddings=4096)
+    got_q = pe.rope(q, base=cfg.base, scaling=cfg.scaling)
+    got_k = pe.rope(k, base=cfg.base, scaling=cfg.scaling)
+    # HF rounds angles to float32: a few float32 ulps of the largest angle (47 rad).
+    np.testing.assert_allclose(got_q.numpy(), want_q.numpy(), atol=2e-5, rtol=0)
+    np.testing.assert_allclose(got_k.numpy(), want_k.numpy(), atol=2e-5, rtol=0)
+    # with HF's own cos/sin, apply_rope is HF's apply_rotary_pos_emb up to rounding
+    np.testing.assert_allclose(pe.apply_rope(q, cos[:, None], sin[:, None]).numpy(), want_q.numpy(), atol=1e-6, rtol=1e-6)
