@@ -38,3 +38,48 @@ def relative_positions(q_len, k_len, *, offset=0, xp=None, device=None, dtype=No
     qpos = xp.arange(offset, offset + q_len, dtype=dtype, device=device)
     kpos = xp.arange(k_len, dtype=dtype, device=device)
     return qpos[:, None] - kpos[None, :]
+
+
+def distances(q_len, k_len, offset, *, xp, device=None):
+    """The ``q_len + k_len - 1`` distinct relative positions, in per-distance vector order.
+
+    Entry ``t`` is ``offset + t - (k_len - 1)``, the ``rel`` of every ``(i, j)`` with
+    ``i - j + k_len - 1 == t`` (see ``_toeplitz``); empty when either length is 0.
+    Arguments are already validated.
+    """
+    count = q_len + k_len - 1 if q_len and k_len else 0
+    start = offset - (k_len - 1)
+    return xp.arange(start, start + count, dtype=index_dtype(xp, device), device=device)
+
+
+def clip_relative(rel, max_distance):
+    r"""Shaw / NEZHA table index of relative positions: ``clip(rel, -K, K) + K``.
+
+    .. math::
+
+        \mathrm{idx}(i, j) = \min(\max(\mathrm{rel}_{ij}, -K), K) + K \in [0, 2K]
+
+    Shaw, Uszkoreit and Vaswani, "Self-Attention with Relative Position
+    Representations" (2018): relative embeddings are learned for distances up to ``K``
+    and shared beyond. ``rel = query - key`` (a key in the past has ``rel > 0``), so row
+    ``K + r`` of a ``[2K + 1, d]`` table belongs to distance ``r``.
+
+    Parameters
+    ----------
+    rel : integer array, any shape
+    max_distance : int >= 0, the clipping distance ``K``
+
+    Returns
+    -------
+    integer array like ``rel`` with values in ``[0, 2K]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.clip_relative(np.arange(-4, 5), 2).tolist()
+    [0, 0, 0, 1, 2, 3, 4, 4, 4]
+    """
+    xp = namespace(rel)
+    check.integer_array("rel", rel, xp)
+    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    return xp.clip(rel, -max_distance, max_distance) + max_distance

@@ -1,0 +1,61 @@
+"""Argument checks shared by the relative attention logits."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import broadcast_shapes, compute_dtype
+
+
+def query_key(q, k, xp, *, names=("q", "k")):
+    """``q [..., q_len, d]`` and ``k [..., k_len, d]``: float, same ``d``, batch dims broadcast.
+
+    Returns ``(q_len, k_len, batch_shape)``.
+    """
+    for name, a in zip(names, (q, k)):
+        check.float_array(name, a, xp)
+        check.ndim(name, a, minimum=2)
+    if int(q.shape[-1]) != int(k.shape[-1]):
+        raise ValueError(
+            f"{names[0]} and {names[1]} must have the same head dimension (last axis), got {q.shape[-1]} and {k.shape[-1]}"
+        )
+    try:
+        batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))
+    except ValueError:
+        raise ValueError(
+            f"{names[0]} of shape {tuple(q.shape)} and {names[1]} of shape {tuple(k.shape)} "
+            "must have broadcasting leading (batch, head) dimensions"
+        ) from None
+    return int(q.shape[-2]), int(k.shape[-2]), batch
+
+
+def like_query(name, a, q, xp):
+    """A float array (``u``, ``v``, ``b``, ...) broadcasting against ``q`` without changing its shape."""
+    check.float_array(name, a, xp)
+    check.broadcast_shape(name, a.shape, q.shape)
+    return a
+
+
+def table(name, a, xp, *, rows, dim, batch):
+    """A float table ``[..., rows, dim]`` whose leading dims broadcast against ``batch``."""
+    check.float_array(name, a, xp)
+    check.ndim(name, a, minimum=2)
+    if (rows is not None and int(a.shape[-2]) != rows) or int(a.shape[-1]) != dim:
+        want = f"[..., {rows if rows is not None else 'n'}, {dim}]"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(a.shape)}")
+    try:
+        broadcast_shapes(tuple(a.shape[:-2]), tuple(batch))
+    except ValueError:
+        raise ValueError(f"{name} of shape {tuple(a.shape)} does not broadcast against the batch dimensions {tuple(batch)}") from None
+    return a
+
+
+def dtypes(xp, *arrays):
+    """``(result dtype, compute dtype)`` of float inputs: their promoted dtype, 16-bit computed in float32."""
+    dtype = xp.result_type(*arrays)
+    return dtype, compute_dtype(xp, dtype)
+
+
+def logits_shape(batch, q_len, k_len):
+    shape = (*batch, q_len, k_len)
+    check.allocatable("logits", shape, 8)
+    return shape

@@ -1,0 +1,302 @@
+"""Relative attention biases (T5, ALiBi, Shaw scalar, DeBERTa buckets) via their per-distance vector.
+
+Every bias here depends on ``rel = query - key`` only, so it is a function of the
+``q_len + k_len - 1`` distances: the per-distance vector ``[heads, q_len + k_len - 1]``
+is computed in ``O(L)`` (buckets once per distance) and ``toeplitz_expand`` (a kernel
+where one accepts the arguments) writes the ``[heads, q_len, k_len]`` bias from it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import _validate as check
+from .._dispatch import call
+from .._xp import cast, compute_dtype, device_of, namespace, result_dtype
+from .buckets import deberta_bucket, deberta_bucket_options, t5_bucket, t5_bucket_options
+from .indices import clip_relative, distances
+
+KINDS = ("t5", "alibi", "shaw", "deberta")
+
+
+def alibi_slopes(num_heads, *, xp=None, device=None, dtype=None):
+    r"""ALiBi head slopes (Press, Smith and Lewis, "Train Short, Test Long", 2022).
+
+    For ``n`` a power of two the slopes are the geometric sequence
+    :math:`m_h = 2^{-8h/n}`, ``h = 1..n``. Otherwise the ``p`` slopes of the largest
+    power of two ``p < n`` come first, followed by every other slope of ``2p`` heads,
+    :math:`2^{-4(2h-1)/p}`, ``h = 1..n-p`` (the paper's recipe, as BLOOM builds it).
+
+    Parameters
+    ----------
+    num_heads : int >= 1
+    xp, device, dtype : namespace (NumPy), device and float dtype (float32) of the result
+
+    Returns
+    -------
+    array ``[num_heads]``. Every slope is an exact power of two's root computed in
+    float64 and rounded once.
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> pe.alibi_slopes(4).tolist()
+    [0.25, 0.0625, 0.015625, 0.00390625]
+    >>> [round(s, 4) for s in pe.alibi_slopes(6).tolist()]
+    [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]
+    """
+    num_heads = check.integer("num_heads", num_heads, minimum=1)
+    xp = namespace(xp=xp)
+    dtype = result_dtype(xp, dtype)
+    power = 2 ** int(math.floor(math.log2(num_heads)))
+    slopes = [2.0 ** (-8.0 * h / power) for h in range(1, power + 1)]
+    slopes += [2.0 ** (-4.0 * (2 * h - 1) / power) for h in range(1, num_heads - power + 1)]
+    return xp.asarray(slopes, dtype=dtype, device=device)
+
+
+def _table(name, table, xp, rows):
+    check.float_array(name, table, xp)
+    check.ndim(name, table, exactly=2)
+    if rows is not None and int(table.shape[0]) != rows:
+        raise ValueError(f"{name} must have {rows} rows ([{rows}, heads]), got shape {tuple(table.shape)}")
+    if int(table.shape[1]) < 1:
+        raise ValueError(f"{name} must have at least one head column, got shape {tuple(table.shape)}")
+    return table
+
+
+def _lookup(xp, table, index):
+    """``vec[h, t] = table[index[t], h]``: ``[heads, len(index)]``, rows contiguous."""
+    return xp.take(xp.matrix_transpose(table), index, axis=1)
+
+
+def _t5_vector(xp, table, dist, *, bidirectional=True, max_distance=128):
+    _table("table", table, xp, None)
+    num_buckets, max_distance, bidirectional = t5_bucket_options(int(table.shape[0]), max_distance, bidirectional)
+    return _lookup(xp, table, t5_bucket(dist, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance))
+
+
+def _alibi_vector(xp, slopes, dist, *, symmetric=False):
+    check.float_array("slopes", slopes, xp)
+    check.ndim("slopes", slopes, exactly=1)
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    work = compute_dtype(xp, slopes.dtype)
+    # Negate the integer distance, not the product: a zero distance gives +0.0, not -0.0.
+    d = xp.astype(-xp.abs(dist) if symmetric else -dist, work)
+    return cast(xp, cast(xp, slopes, work)[:, None] * d[None, :], slopes.dtype)
+
+
+def _shaw_vector(xp, table, dist, *, max_distance):
+    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    _table("table", table, xp, 2 * max_distance + 1)
+    return _lookup(xp, table, clip_relative(dist, max_distance))
+
+
+def deberta_index(dist, max_distance, bucket_size, max_position):
+    """DeBERTa's table row ``delta = clip(bucket(rel) + K, 0, 2K - 1)`` of each distance."""
+    xp = namespace(dist)
+    if bucket_size is not None:
+        dist = deberta_bucket(dist, bucket_size=bucket_size, max_position=max_position)
+    return xp.clip(dist + max_distance, 0, 2 * max_distance - 1)
+
+
+def deberta_options(max_distance, bucket_size, max_position):
+    """Validated DeBERTa options; ``max_position`` defaults to 512 when bucketing."""
+    max_distance = check.integer("max_distance", max_distance, minimum=1)
+    if bucket_size is None:
+        if max_position is not None:
+            raise ValueError(f"max_position={max_position!r} only applies with bucket_size; pass bucket_size too")
+        return max_distance, None, None
+    bucket_size, max_position = deberta_bucket_options(bucket_size, 512 if max_position is None else max_position)
+    return max_distance, bucket_size, max_position
+
+
+def _deberta_vector(xp, table, dist, *, max_distance, bucket_size=None, max_position=None):
+    max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
+    _table("table", table, xp, 2 * max_distance)
+    return _lookup(xp, table, deberta_index(dist, max_distance, bucket_size, max_position))
+
+
+_BUILDERS = {"t5": _t5_vector, "alibi": _alibi_vector, "shaw": _shaw_vector, "deberta": _deberta_vector}
+_OPTIONS = {
+    "t5": ("bidirectional", "max_distance"),
+    "alibi": ("symmetric",),
+    "shaw": ("max_distance",),
+    "deberta": ("max_distance", "bucket_size", "max_position"),
+}
+
+
+def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
+    r"""Per-distance vector of a relative bias: ``[heads, q_len + k_len - 1]``.
+
+    Entry ``t`` holds the bias of every ``(i, j)`` with ``i - j + k_len - 1 == t``, i.e.
+    of the distance ``rel = offset + t - (k_len - 1)`` (``rel = query - key``); the
+    ``[heads, q_len, k_len]`` bias is ``bias[h, i, j] = vec[h, i - j + k_len - 1]``
+    (:func:`relative_bias` expands it). Buckets are computed once per distance, ``O(L)``.
+
+    ========= ======================================== ===================================
+    kind      params                                   vec[h, t] for distance r; options
+    ========= ======================================== ===================================
+    "t5"      table ``[num_buckets, heads]``           ``table[t5_bucket(r), h]``;
+                                                       ``bidirectional=True, max_distance=128``
+    "alibi"   slopes ``[heads]``                       ``-slopes[h] * r`` (``|r|`` with
+                                                       ``symmetric=True``)
+    "shaw"    table ``[2K + 1, heads]``                ``table[clip(r, -K, K) + K, h]``;
+                                                       ``max_distance=K`` (required)
+    "deberta" table ``[2K, heads]``                    ``table[clip(b(r) + K, 0, 2K - 1), h]``,
+                                                       ``b = deberta_bucket`` when
+                                                       ``bucket_size`` is given;
+                                                       ``max_distance=K`` (required),
+                                                       ``bucket_size=None``,
+                                                       ``max_position=None`` (512)
+    ========= ======================================== ===================================
+
+    "shaw" is Shaw et al.'s relative embedding with one scalar per head (a learned
+    clipped-distance bias); "deberta" is the same lookup with DeBERTa's index.
+
+    Parameters
+    ----------
+    kind : {"t5", "alibi", "shaw", "deberta"}
+    params : float array (table or slopes, see above)
+    q_len, k_len : int >= 0
+    offset : int, first query position (keys start at 0)
+    **options : the kind's options above; any other keyword raises ``TypeError``
+
+    Returns
+    -------
+    array ``[heads, q_len + k_len - 1]`` of ``params``' dtype and namespace.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.relative_bias_vector("alibi", np.array([0.5]), 2, 3).tolist()
+    [[1.0, 0.5, 0.0, -0.5]]
+    >>> table = np.arange(5.0)[:, None]           # Shaw scalar table, K = 2
+    >>> pe.relative_bias_vector("shaw", table, 2, 4, max_distance=2).tolist()
+    [[0.0, 0.0, 1.0, 2.0, 3.0]]
+    """
+    kind = check.choice("kind", kind, KINDS)
+    unknown = sorted(set(options) - set(_OPTIONS[kind]))
+    if unknown:
+        raise TypeError(f"relative_bias_vector(kind={kind!r}) takes options {', '.join(_OPTIONS[kind])}; got {', '.join(unknown)}")
+    xp = namespace(params)
+    check.array("slopes" if kind == "alibi" else "table", params)
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    offset = check.integer("offset", offset)
+    dist = distances(q_len, k_len, offset, xp=xp, device=device_of(params))
+    return _BUILDERS[kind](xp, params, dist, **options)
+
+
+def expand_bias(vec, q_len, k_len, *, out=None):
+    r"""The ``[..., q_len, k_len]`` bias of a per-distance vector: ``bias[..., i, j] = vec[..., i - j + k_len - 1]``.
+
+    ``vec`` is ``[..., q_len + k_len - 1]`` (as :func:`relative_bias_vector` returns it);
+    the expansion is a Toeplitz matrix per leading index, written by a fast kernel where
+    one accepts the arguments.
+
+    Parameters
+    ----------
+    vec : array ``[..., q_len + k_len - 1]``
+    q_len, k_len : int >= 0
+    out : array ``[..., q_len, k_len]`` of ``vec``'s dtype, optional; written in place
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> vec = np.arange(-2, 2)                    # the distances themselves
+    >>> bool((pe.expand_bias(vec, 2, 3) == pe.relative_positions(2, 3)).all())
+    True
+    """
+    check.array("vec", vec)
+    xp = namespace(vec, out)
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    check.ndim("vec", vec, minimum=1)
+    want = q_len + k_len - 1 if q_len and k_len else 0
+    if int(vec.shape[-1]) != want:
+        raise ValueError(f"vec must have q_len + k_len - 1 = {want} entries on its last axis, got shape {tuple(vec.shape)}")
+    shape = (*vec.shape[:-1], q_len, k_len)
+    if out is None:
+        check.allocatable("bias", shape, 8)
+    else:
+        check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec))
+    return call("toeplitz_expand", vec, q_len, k_len, out=out)
+
+
+def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, **options):
+    """The ``[heads, q_len, k_len]`` bias of :func:`relative_bias_vector`'s kinds.
+
+    ``bias[h, i, j] = relative_bias_vector(kind, params, q_len, k_len, offset=offset,
+    **options)[h, i - j + k_len - 1]``; ``out`` as in :func:`expand_bias`.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.relative_bias("shaw", np.arange(5.0)[:, None], 2, 3, max_distance=2)[0].tolist()
+    [[2.0, 1.0, 0.0], [3.0, 2.0, 1.0]]
+    """
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    vec = relative_bias_vector(kind, params, q_len, k_len, offset=offset, **options)
+    return expand_bias(vec, q_len, k_len, out=out)
+
+
+def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=0, out=None):
+    r"""T5 relative attention bias ``[heads, q_len, k_len]``.
+
+    .. math:: B_{h,i,j} = T[\,\mathrm{bucket}(\mathrm{rel}_{ij}),\, h\,],
+              \quad \mathrm{rel}_{ij} = (\mathrm{offset} + i) - j
+
+    with :func:`t5_bucket` (``num_buckets = table.shape[0]``). Raffel et al. (2020): a
+    learned scalar per head and bucket, added to the logits; the T5 encoder uses
+    ``bidirectional=True``, the decoder ``False``. Hot loop: the per-distance vector is
+    expanded by ``toeplitz_expand``.
+
+    Parameters
+    ----------
+    table : float array ``[num_buckets, heads]``
+    q_len, k_len : int >= 0
+    bidirectional, max_distance : as in :func:`t5_bucket`
+    offset : int, first query position (``k_len - 1`` to decode one token after a cache)
+    out : array ``[heads, q_len, k_len]`` of ``table``'s dtype, optional
+
+    Returns
+    -------
+    array ``[heads, q_len, k_len]``, ``table``'s dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> table = np.arange(32.0)[:, None]          # bias = bucket number, one head
+    >>> pe.t5_bias(table, 3, 3)[0].tolist()
+    [[0.0, 17.0, 18.0], [1.0, 0.0, 17.0], [2.0, 1.0, 0.0]]
+    """
+    return relative_bias("t5", table, q_len, k_len, offset=offset, out=out, bidirectional=bidirectional, max_distance=max_distance)
+
+
+def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None):
+    r"""ALiBi linear bias ``[heads, q_len, k_len]``: ``-slope[h] * rel[i, j]``.
+
+    .. math:: B_{h,i,j} = -m_h\,\mathrm{rel}_{ij} \quad(\text{or } -m_h\,|\mathrm{rel}_{ij}|
+              \text{ with } \texttt{symmetric=True})
+
+    Press et al. (2022). With causal masking (keys in the past, ``rel >= 0``) the bias is
+    ``-m_h * (i - j) <= 0``; ``symmetric=True`` penalises distance in both directions
+    (encoder use). Hot loop: ``toeplitz_expand`` of the per-distance vector.
+
+    Parameters
+    ----------
+    slopes : float array ``[heads]`` (e.g. :func:`alibi_slopes`)
+    q_len, k_len : int >= 0
+    offset : int, first query position
+    symmetric : bool
+    out : array ``[heads, q_len, k_len]`` of ``slopes``' dtype, optional
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> pe.alibi_bias(pe.alibi_slopes(2), 2, 3, offset=1)[0].tolist()
+    [[-0.0625, 0.0, 0.0625], [-0.125, -0.0625, 0.0]]
+    """
+    return relative_bias("alibi", slopes, q_len, k_len, offset=offset, out=out, symmetric=symmetric)

@@ -1,0 +1,174 @@
+"""Bucketed relative positions: T5's and DeBERTa-v2's log-spaced buckets."""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _validate as check
+from .._xp import device_of, namespace, widest_float
+
+
+def t5_bucket_options(num_buckets, max_distance, bidirectional):
+    """Validated ``(num_buckets, max_distance, bidirectional)`` of a T5 bucket map."""
+    num_buckets = check.integer("num_buckets", num_buckets, minimum=2)
+    if not isinstance(bidirectional, bool):
+        raise TypeError(f"bidirectional must be True or False, got {bidirectional!r}")
+    if bidirectional and (num_buckets % 2 or num_buckets < 4):
+        raise ValueError(f"num_buckets must be an even integer >= 4 when bidirectional=True, got {num_buckets}")
+    max_distance = check.integer("max_distance", max_distance, minimum=1)
+    if max_distance <= num_buckets // 2:
+        raise ValueError(f"max_distance must be > num_buckets / 2 = {num_buckets // 2}, got {max_distance}")
+    return num_buckets, max_distance, bidirectional
+
+
+@lru_cache(maxsize=64)
+def _t5_thresholds(side_buckets: int, max_distance: int) -> tuple[int, ...]:
+    """Smallest distance of each log-spaced T5 bucket ``exact + 1 .. side_buckets - 1``.
+
+    The original maps a distance ``n >= exact`` (``exact = side_buckets // 2``) to
+    ``exact + int(log(n / exact) / log(max_distance / exact) * (side_buckets - exact))``
+    in float32 (Mesh TensorFlow, then Hugging Face). That map is non-decreasing in ``n``,
+    so it is fully described by the distance where each bucket starts; evaluating it here
+    once, with the original's float32 arithmetic, makes the bucket exact integer
+    arithmetic on every namespace and device (no float64 needed, none of float32 ``log``'s
+    platform differences).
+    """
+    exact = side_buckets // 2
+    f32 = np.float32
+    denominator = f32(math.log(max_distance / exact))
+
+    def bucket(n):
+        with np.errstate(divide="ignore"):
+            return exact + int(np.log(f32(n) / f32(exact)) / denominator * f32(side_buckets - exact))
+
+    starts = []
+    for b in range(exact + 1, side_buckets):
+        n = max(exact, math.floor(exact * (max_distance / exact) ** ((b - exact) / (side_buckets - exact))) - 2)
+        while bucket(n) < b:
+            n += 1
+        while n > exact and bucket(n - 1) >= b:
+            n -= 1
+        starts.append(n)
+    return tuple(starts)
+
+
+def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
+    r"""T5's relative position bucket of ``rel = query - key``.
+
+    Distances below ``exact`` get a bucket each; larger ones share log-spaced buckets up
+    to ``max_distance``, beyond which they all fall in the last bucket:
+
+    .. math::
+
+        b(n) = \begin{cases} n & n < e \\
+        \min\!\left(e + \left\lfloor \dfrac{\ln(n/e)}{\ln(D/e)}\,(N - e)\right\rfloor,\; N - 1\right)
+        & n \ge e \end{cases}
+
+    with ``N`` buckets per direction, ``e = N // 2``, ``D = max_distance``. With
+    ``bidirectional=True`` there are ``N = num_buckets // 2`` buckets per direction,
+    ``n = |rel|``, and keys after the query (``rel < 0``) use buckets ``N .. 2N - 1``;
+    with ``bidirectional=False``, ``N = num_buckets``, ``n = max(rel, 0)`` (a causal model
+    never sees future keys). Raffel et al., "Exploring the Limits of Transfer Learning with
+    a Unified Text-to-Text Transformer" (2020), Mesh TensorFlow's
+    ``_relative_position_bucket``.
+
+    The original takes ``key - query``; here ``rel`` is ``query - key`` (the library's
+    convention), so ``t5_bucket(rel) == original(-rel)`` exactly. Buckets are computed in
+    integer arithmetic from the bucket boundaries of the original's float32 formula.
+
+    Parameters
+    ----------
+    rel : integer array, any shape
+    bidirectional : bool
+    num_buckets : int >= 2 (even and >= 4 when bidirectional)
+    max_distance : int > num_buckets / 2
+
+    Returns
+    -------
+    integer array like ``rel`` with values in ``[0, num_buckets)``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.t5_bucket(np.arange(0, 31, 3)).tolist()
+    [0, 3, 6, 8, 9, 9, 10, 10, 11, 11, 11]
+    >>> pe.t5_bucket(np.array([-1, -20, 500])).tolist()
+    [17, 26, 15]
+    """
+    xp = namespace(rel)
+    check.integer_array("rel", rel, xp)
+    num_buckets, max_distance, bidirectional = t5_bucket_options(num_buckets, max_distance, bidirectional)
+    side = num_buckets // 2 if bidirectional else num_buckets
+    exact = side // 2
+    if bidirectional:
+        n = xp.abs(rel)
+        base = xp.where(rel < 0, xp.asarray(side, dtype=rel.dtype, device=device_of(rel)), xp.zeros_like(rel))
+    else:
+        n = xp.clip(rel, 0, None)
+        base = xp.zeros_like(rel)
+    largest = xp.iinfo(rel.dtype).max
+    logarithmic = xp.full_like(rel, exact)
+    for start in _t5_thresholds(side, max_distance):
+        if start <= largest:
+            logarithmic = logarithmic + xp.astype(n >= start, rel.dtype)
+    return base + xp.where(n < exact, n, logarithmic)
+
+
+def deberta_bucket_options(bucket_size, max_position):
+    bucket_size = check.integer("bucket_size", bucket_size, minimum=2)
+    max_position = check.integer("max_position", max_position, minimum=1)
+    if max_position - 1 <= bucket_size // 2:
+        raise ValueError(f"max_position must be > bucket_size // 2 + 1 = {bucket_size // 2 + 1}, got {max_position}")
+    return bucket_size, max_position
+
+
+def deberta_bucket(rel, *, bucket_size=256, max_position=512):
+    r"""DeBERTa-v2's log bucket of ``rel = query - key``.
+
+    Identity for ``|rel| <= m`` (``m = bucket_size // 2``), log-spaced and signed beyond:
+
+    .. math::
+
+        b(r) = \begin{cases} r & |r| \le m \\
+        \operatorname{sign}(r)\left(m + \left\lceil \dfrac{\ln(|r|/m)}{\ln((P-1)/m)}\,(m-1)
+        \right\rceil\right) & |r| > m \end{cases}
+
+    with ``P = max_position``; ``b(P - 1) = 2m - 1`` and larger distances keep growing
+    slowly (DeBERTa clips the result when it indexes its table, see ``deberta_logits``).
+    He et al., "DeBERTa: Decoding-enhanced BERT with Disentangled Attention" (2021), the
+    released v2/v3 code (``make_log_bucket_position``), which also takes
+    ``query - key``. Logs are computed in float64 where the namespace has it (float32
+    otherwise); the original computes them in float32, which can move a distance far
+    beyond ``max_position`` to a neighbouring bucket, never one that a table index
+    clipped to ``2 * bucket_size`` rows can tell apart.
+
+    Parameters
+    ----------
+    rel : integer array, any shape
+    bucket_size : int >= 2
+    max_position : int > bucket_size // 2 + 1
+
+    Returns
+    -------
+    integer array like ``rel``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.deberta_bucket(np.array([0, 3, -4, 5, 9, 15, -15]), bucket_size=8, max_position=16).tolist()
+    [0, 3, -4, 5, 6, 7, -7]
+    """
+    xp = namespace(rel)
+    check.integer_array("rel", rel, xp)
+    bucket_size, max_position = deberta_bucket_options(bucket_size, max_position)
+    mid = bucket_size // 2
+    work = widest_float(xp, device_of(rel))
+    magnitude = xp.abs(rel)
+    # Distances inside the identity zone are replaced by m before the log (never used).
+    safe = xp.astype(xp.where(magnitude > mid, magnitude, xp.full_like(magnitude, mid)), work)
+    steps = xp.ceil(xp.log(safe / mid) / math.log((max_position - 1) / mid) * (mid - 1))
+    logarithmic = xp.astype(steps, rel.dtype) + mid
+    return xp.where(magnitude <= mid, rel, xp.where(rel < 0, -logarithmic, logarithmic))

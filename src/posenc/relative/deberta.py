@@ -1,0 +1,77 @@
+"""DeBERTa's disentangled attention, as the released code computes it."""
+
+from __future__ import annotations
+
+import math
+
+from .. import _validate as check
+from .._dispatch import call
+from .._xp import cast, device_of, namespace
+from . import _args
+from .biases import deberta_index, deberta_options
+from .indices import distances
+
+
+def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, offset=0):
+    r"""DeBERTa disentangled attention logits (content-to-content, -position, position-to-content).
+
+    .. math::
+
+        A_{ij} = \frac{q_i \cdot k_j + q_i \cdot P^K_{\delta(i,j)} + k_j \cdot P^Q_{\delta(i,j)}}{\sqrt{3d}},
+        \qquad \delta(i, j) = \mathrm{clip}(b(\mathrm{rel}_{ij}) + K,\; 0,\; 2K - 1)
+
+    with ``rel = query - key`` (query positions ``offset + arange(q_len)``) and ``b`` the
+    identity, or :func:`deberta_bucket` when ``bucket_size`` is given (DeBERTa-v2/v3).
+    He et al., "DeBERTa: Decoding-enhanced BERT with Disentangled Attention" (2021).
+    ``pos_k = P^K`` and ``pos_q = P^Q`` are the relative embeddings already projected by
+    the key and query projections (``[..., heads, 2K, d]``, ``K`` = the released code's
+    ``att_span``).
+
+    This is the released code's arithmetic (``disentangled_attention_bias``, the numbers
+    the checkpoints were trained with). The paper's Eq. (4) writes the
+    position-to-content term as :math:`k_j \cdot P^Q_{\delta(j,i)}`, the distance seen from
+    the key; the released code indexes it with the same :math:`\delta(i, j)` as the
+    content-to-position term (it gathers ``k @ pos_q.T`` at ``clip(-rel[j, i] + K)`` and
+    transposes), which is what is computed here. Both position terms are ``O(L)``
+    projections gathered per distance (``toeplitz_gather``); no ``[q, k, d]`` tensor.
+
+    Parameters
+    ----------
+    q : float array ``[..., heads, q_len, d]``
+    k : float array ``[..., heads, k_len, d]``
+    pos_q, pos_k : float arrays ``[..., heads, 2K, d]`` (leading dims broadcast)
+    max_distance : int >= 1, ``K``
+    bucket_size : int >= 2, optional; log-bucket the distances first
+    max_position : int, optional (512 by default when ``bucket_size`` is given)
+    offset : int, first query position
+
+    Returns
+    -------
+    array ``[..., heads, q_len, k_len]``, already divided by ``sqrt(3 d)``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q, k = np.ones((1, 2, 3)), np.zeros((1, 2, 3))
+    >>> pos_k = np.repeat(np.arange(4.0)[:, None], 3, axis=1)[None]   # K = 2: rows delta 0..3
+    >>> pe.deberta_logits(q, k, pos_k, pos_k, max_distance=2).tolist()
+    [[[2.0, 1.0], [3.0, 2.0]]]
+    """
+    xp = namespace(q, k, pos_q, pos_k)
+    device_of(q, k, pos_q, pos_k)
+    q_len, k_len, batch = _args.query_key(q, k, xp)
+    max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
+    offset = check.integer("offset", offset)
+    dim = int(q.shape[-1])
+    for name, table in (("pos_q", pos_q), ("pos_k", pos_k)):
+        _args.table(name, table, xp, rows=2 * max_distance, dim=dim, batch=batch)
+    dtype, work = _args.dtypes(xp, q, k, pos_q, pos_k)
+    _args.logits_shape(batch, q_len, k_len)
+    q, k, pos_q, pos_k = (cast(xp, a, work) for a in (q, k, pos_q, pos_k))
+    delta = deberta_index(distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance, bucket_size, max_position)
+    content_to_position = call("toeplitz_gather", q @ xp.matrix_transpose(pos_k), delta, k_len)
+    # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
+    # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
+    position_to_content = xp.matrix_transpose(call("toeplitz_gather", k @ xp.matrix_transpose(pos_q), xp.flip(delta), q_len))
+    total = q @ xp.matrix_transpose(k) + content_to_position + position_to_content
+    return cast(xp, total / math.sqrt(3 * dim), dtype)

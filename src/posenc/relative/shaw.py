@@ -1,0 +1,164 @@
+"""Shaw et al.'s relative position representations, and NEZHA's fixed sinusoidal table."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._dispatch import call
+from .._xp import broadcast_shapes, cast, device_of, namespace, result_dtype
+from ..absolute.sinusoidal import sinusoidal
+from . import _args
+from .indices import clip_relative, distances
+
+FORMS = ("released", "paper")
+
+
+def shaw_logits(q, k, table_k, *, max_distance, offset=0):
+    r"""Attention logits with Shaw et al.'s relative key embeddings (unscaled).
+
+    .. math::
+
+        e_{ij} = q_i \cdot \left(k_j + a^K_{\mathrm{clip}(\mathrm{rel}_{ij}, -K, K) + K}\right)
+
+    Shaw, Uszkoreit and Vaswani, "Self-Attention with Relative Position Representations"
+    (2018), with ``rel = query - key`` (query positions ``offset + arange(q_len)``). The
+    position term is computed as ``q @ table_k.T`` (``[..., q_len, 2K + 1]``) gathered
+    per distance (``toeplitz_gather``), never as a ``[q_len, k_len, d]`` tensor. Divide by
+    ``sqrt(d)`` yourself (or pass ``scale`` to :func:`posenc.attention` with the logits
+    as ``bias`` and zero content); NEZHA is this with :func:`nezha_table`.
+
+    Parameters
+    ----------
+    q : float array ``[..., heads, q_len, d]``
+    k : float array ``[..., heads, k_len, d]``
+    table_k : float array ``[2K + 1, d]`` (or with leading dims broadcasting against the batch)
+    max_distance : int >= 0, the clipping distance ``K``
+    offset : int, first query position
+
+    Returns
+    -------
+    array ``[..., heads, q_len, k_len]`` in the inputs' promoted dtype.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q, k = np.ones((1, 2, 2)), np.zeros((1, 3, 2))
+    >>> table = np.arange(10.0).reshape(5, 2)     # K = 2: rows for rel -2..2
+    >>> pe.shaw_logits(q, k, table, max_distance=2)[0].tolist()
+    [[9.0, 5.0, 1.0], [13.0, 9.0, 5.0]]
+    """
+    xp = namespace(q, k, table_k)
+    device_of(q, k, table_k)
+    q_len, k_len, batch = _args.query_key(q, k, xp)
+    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    offset = check.integer("offset", offset)
+    _args.table("table_k", table_k, xp, rows=2 * max_distance + 1, dim=int(q.shape[-1]), batch=batch)
+    dtype, work = _args.dtypes(xp, q, k, table_k)
+    _args.logits_shape(batch, q_len, k_len)
+    q, k, table_k = (cast(xp, a, work) for a in (q, k, table_k))
+    scores = q @ xp.matrix_transpose(table_k)
+    index = clip_relative(distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance)
+    position = call("toeplitz_gather", scores, index, k_len)
+    return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
+
+
+def shaw_output(weights, v, table_v, *, max_distance, offset=0):
+    r"""Attention output with Shaw et al.'s relative value embeddings.
+
+    .. math::
+
+        z_i = \sum_j w_{ij} \left(v_j + a^V_{\mathrm{clip}(\mathrm{rel}_{ij}, -K, K) + K}\right)
+
+    (Shaw et al., 2018; ``rel = query - key``). Computed as ``weights @ v`` plus the
+    attention mass each query puts on each of the ``2K + 1`` table rows
+    (``toeplitz_scatter``, ``[..., q_len, 2K + 1]``) times ``table_v``: no
+    ``[q_len, k_len, d]`` tensor.
+
+    Parameters
+    ----------
+    weights : float array ``[..., heads, q_len, k_len]`` (attention probabilities)
+    v : float array ``[..., heads, k_len, d_v]``
+    table_v : float array ``[2K + 1, d_v]`` (or with leading dims broadcasting against the batch)
+    max_distance : int >= 0
+    offset : int, first query position
+
+    Returns
+    -------
+    array ``[..., heads, q_len, d_v]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> w = np.full((1, 2, 2), 0.5)
+    >>> table = np.array([[-1.0], [0.0], [1.0]])  # K = 1: rows for rel -1, 0, 1
+    >>> pe.shaw_output(w, np.zeros((1, 2, 1)), table, max_distance=1)[0].tolist()
+    [[-0.5], [0.5]]
+    """
+    xp = namespace(weights, v, table_v)
+    device_of(weights, v, table_v)
+    for name, a in (("weights", weights), ("v", v)):
+        check.float_array(name, a, xp)
+        check.ndim(name, a, minimum=2)
+    q_len, k_len = int(weights.shape[-2]), int(weights.shape[-1])
+    if int(v.shape[-2]) != k_len:
+        raise ValueError(f"v must have k_len = weights.shape[-1] = {k_len} rows (axis -2), got shape {tuple(v.shape)}")
+    try:
+        batch = broadcast_shapes(tuple(weights.shape[:-2]), tuple(v.shape[:-2]))
+    except ValueError:
+        raise ValueError(f"weights {tuple(weights.shape)} and v {tuple(v.shape)} must have broadcasting leading dimensions") from None
+    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    offset = check.integer("offset", offset)
+    _args.table("table_v", table_v, xp, rows=2 * max_distance + 1, dim=int(v.shape[-1]), batch=batch)
+    dtype, work = _args.dtypes(xp, weights, v, table_v)
+    check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
+    weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
+    index = clip_relative(distances(q_len, k_len, offset, xp=xp, device=device_of(v)), max_distance)
+    mass = call("toeplitz_scatter", weights, index, 2 * max_distance + 1)
+    return cast(xp, weights @ v + mass @ table_v, dtype)
+
+
+def nezha_table(max_distance, dim, *, base=10000.0, form="released", xp=None, device=None, dtype=None):
+    r"""NEZHA's functional (fixed sinusoidal) relative table, ``[2K + 1, dim]``.
+
+    NEZHA (Wei et al., "NEZHA: Neural Contextualized Representation for Chinese Language
+    Understanding", 2019) is Shaw et al.'s attention with a fixed table instead of a
+    learned one; pass this table as ``table_k`` to :func:`shaw_logits` and as
+    ``table_v`` to :func:`shaw_output`. Row ``c`` belongs to ``rel = c - K`` (the
+    :func:`clip_relative` index, ``rel = query - key``); ``s(x)`` below is the interleaved
+    sinusoid :func:`posenc.sinusoidal` of ``x`` (``s(x)[2i] = sin(x w_i)``,
+    ``s(x)[2i+1] = cos(x w_i)``, ``w_i = base**(-2i/dim)``).
+
+    - ``form="released"`` (default): the table NEZHA's checkpoints were trained with. The
+      released code indexes its table by ``clip(key - query, -K, K) + K`` and puts the
+      sinusoid of that *index* (0..2K) in each row, so row ``c`` here is ``s(2K - c)``
+      = ``s(K - rel)``.
+    - ``form="paper"``: the paper's formula, the sinusoid of the signed distance
+      ``j - i``: row ``c`` is ``s(K - c) = s(-rel)``.
+
+    The two differ by a shift of ``K`` in the angle, which changes the numbers (not the
+    model class); use ``"released"`` to reproduce NEZHA checkpoints.
+
+    Parameters
+    ----------
+    max_distance : int >= 0, ``K`` (NEZHA uses 64 or 127)
+    dim : positive even int, the head dimension
+    base : float
+    form : {"released", "paper"}
+    xp, device, dtype : namespace (NumPy), device and float dtype (float32) of the result
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> t = pe.nezha_table(2, 4)
+    >>> t.shape
+    (5, 4)
+    >>> bool((t[::-1] == pe.sinusoidal(5, 4)).all())    # released: sinusoid of NEZHA's index
+    True
+    """
+    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    dim = check.even_dim("dim", dim)
+    form = check.choice("form", form, FORMS)
+    xp = namespace(xp=xp)
+    dtype = result_dtype(xp, dtype)
+    rows = xp.arange(2 * max_distance + 1, device=device)
+    angle_positions = 2 * max_distance - rows if form == "released" else max_distance - rows
+    return sinusoidal(angle_positions, dim, base=base, dtype=dtype)

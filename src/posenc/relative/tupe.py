@@ -1,0 +1,95 @@
+"""TUPE: untied content and position correlations."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from .. import _validate as check
+from .._xp import broadcast_shapes, cast, device_of, namespace
+from . import _args
+
+
+def _cls_value(name, value, xp, batch, work, device):
+    """A [CLS] replacement value: a real number or a float array broadcasting against the batch (e.g. ``[heads]``)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return xp.asarray(check.real(name, value), dtype=work, device=device)
+    check.float_array(name, value, xp)
+    try:
+        broadcast_shapes(tuple(value.shape), tuple(batch))
+    except ValueError:
+        raise ValueError(f"{name} of shape {tuple(value.shape)} does not broadcast against the batch dimensions {tuple(batch)}") from None
+    return cast(xp, value, work)[..., None, None]
+
+
+def tupe_logits(q, k, p, uq, uk, *, bias=None, cls=None):
+    r"""TUPE logits: content and absolute-position correlations computed apart.
+
+    .. math::
+
+        A_{ij} = \frac{q_i \cdot k_j}{\sqrt{2d}} + \frac{(p_i U^Q) \cdot (p_j U^K)}{\sqrt{2d}} + B_{ij}
+
+    Ke, He and Liu, "Rethinking Positional Encoding in Language Pre-training" (2021):
+    the positional embedding ``p`` is no longer added to the tokens but gets its own
+    projections ``U^Q, U^K``; ``bias`` adds a relative term (TUPE-R, e.g. a
+    :func:`t5_bias`). With ``cls=(to_others, from_others)`` the ``[CLS]`` token (position
+    0) is untied from positions: the positional term (the middle one, scaled) of row 0 is
+    replaced by ``to_others`` and that of column 0, rows ``i > 0``, by ``from_others``
+    (the paper's :math:`\theta_1, \theta_2`). Query positions are ``arange(q_len)``, key
+    positions ``arange(k_len)``.
+
+    Parameters
+    ----------
+    q : float array ``[..., heads, q_len, d]``
+    k : float array ``[..., heads, k_len, d]``
+    p : float array ``[n, d_p]`` (or with leading dims broadcasting against the batch),
+        ``n >= max(q_len, k_len)``: absolute positional embeddings
+    uq, uk : float arrays ``[..., heads, d_p, e]``: positional query / key projections
+    bias : float array broadcasting against ``[..., heads, q_len, k_len]``, optional
+    cls : pair of real numbers or float arrays broadcasting against ``[..., heads]``, optional
+
+    Returns
+    -------
+    array ``[..., heads, q_len, k_len]`` (``d = q.shape[-1]``).
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = k = np.zeros((1, 2, 2))
+    >>> p, u = np.eye(2), np.eye(2)[None]
+    >>> pe.tupe_logits(q, k, p, u, u).tolist()                  # (p_i . p_j) / 2
+    [[[0.5, 0.0], [0.0, 0.5]]]
+    >>> pe.tupe_logits(q, k, p, u, u, cls=(1.0, -1.0)).tolist()
+    [[[1.0, 1.0], [-1.0, 0.5]]]
+    """
+    xp = namespace(q, k, p, uq, uk, bias)
+    device_of(q, k, p, uq, uk, bias)
+    q_len, k_len, batch = _args.query_key(q, k, xp)
+    check.float_array("p", p, xp)
+    check.ndim("p", p, minimum=2)
+    if int(p.shape[-2]) < max(q_len, k_len):
+        raise ValueError(f"p must have at least max(q_len, k_len) = {max(q_len, k_len)} rows, got shape {tuple(p.shape)}")
+    for name, u in (("uq", uq), ("uk", uk)):
+        _args.table(name, u, xp, rows=int(p.shape[-1]), dim=int(uq.shape[-1]), batch=batch)
+    arrays = [q, k, p, uq, uk]
+    shape = _args.logits_shape(batch, q_len, k_len)
+    if bias is not None:
+        check.float_array("bias", bias, xp)
+        check.broadcast_shape("bias", bias.shape, shape)
+        arrays.append(bias)
+    if cls is not None and not (isinstance(cls, (tuple, list)) and len(cls) == 2):
+        raise TypeError(f"cls must be a pair (to_others, from_others), got {type(cls).__name__}")
+    dtype, work = _args.dtypes(xp, *arrays)
+    q, k, p, uq, uk = (cast(xp, a, work) for a in (q, k, p, uq, uk))
+    scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
+    position = (p[..., :q_len, :] @ uq) @ xp.matrix_transpose(p[..., :k_len, :] @ uk) * scale
+    if cls is not None:
+        device = device_of(q)
+        to_others, from_others = (_cls_value(n, v, xp, batch, work, device) for n, v in zip(("cls[0]", "cls[1]"), cls))
+        row = xp.arange(q_len, device=device)[:, None]
+        col = xp.arange(k_len, device=device)[None, :]
+        position = xp.where(row == 0, to_others, xp.where(col == 0, from_others, position))
+    logits = q @ xp.matrix_transpose(k) * scale + position
+    if bias is not None:
+        logits = logits + cast(xp, bias, work)
+    return cast(xp, logits, dtype)

@@ -1,0 +1,226 @@
+"""Transformer-XL / XLNet relative attention, its relative shift, XLNet segments and TENER."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._dispatch import call
+from .._xp import broadcast_shapes, cast, device_of, namespace
+from ..absolute.sinusoidal import LAYOUTS, sinusoidal
+from . import _args
+from .indices import distances
+
+
+def rel_shift(x):
+    r"""Transformer-XL's relative shift of ``x [..., q_len, n]``.
+
+    Pads a zero column in front, reads the ``[..., q_len, n + 1]`` buffer as
+    ``[..., n + 1, q_len]``, drops the first row and reads the rest as ``[..., q_len, n]``
+    again (Dai et al., "Transformer-XL", 2019, ``_rel_shift`` of the released code, here
+    with the two sequence axes last). The effect: ``out[..., i, j] = x[..., i, j + q_len - 1 - i]``
+    where that index lies in ``[0, n)``; a zero at ``j = i - q_len``, other entries wrap
+    to the next row (they are the masked future in the causal use). With ``x[i, c]``
+    the score of query ``i`` against the relative embedding of distance ``n - 1 - c``
+    and ``n = k_len`` keys ending at the last query, ``out[i, j]`` is the score of
+    distance ``rel[i, j] = (k_len - q_len + i) - j``.
+
+    XLNet's ``rel_shift_bnij`` drops the first row without padding; it equals
+    ``rel_shift(x[..., 1:])[..., :k_len]``.
+
+    Parameters
+    ----------
+    x : array ``[..., q_len, n]``
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.rel_shift(np.array([[1, 2, 3], [4, 5, 6]])).tolist()
+    [[2, 3, 0], [4, 5, 6]]
+    """
+    check.array("x", x)
+    xp = namespace(x)
+    check.ndim("x", x, minimum=2)
+    q_len, n = int(x.shape[-2]), int(x.shape[-1])
+    zero = xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x))
+    padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], n + 1, q_len))
+    return xp.reshape(padded[..., 1:, :], tuple(x.shape))
+
+
+def xl_logits(q, k, r, u, v):
+    r"""Transformer-XL / XLNet relative attention logits (unscaled).
+
+    .. math::
+
+        A_{ij} = q_i \cdot k_j + q_i \cdot r_{i-j} + u \cdot k_j + v \cdot r_{i-j}
+               = (q_i + u) \cdot k_j + (q_i + v) \cdot r_{i-j}
+
+    Dai et al., "Transformer-XL" (2019), Eq. (3) with ``W_{k,R} R`` already projected into
+    ``r``; XLNet (Yang et al., 2019) is the same with bidirectional ``r``. The queries are
+    the last ``q_len`` positions of the keys (memory first), so ``i - j`` is
+    ``rel[i, j] = (k_len - q_len + i) - j``. Row ``c`` of ``r`` is the distance
+    ``k_len - 1 - c``: ``n_rel = k_len`` rows for distances ``k_len - 1 .. 0`` (causal;
+    the logits of future keys, ``rel < 0``, are then unspecified and must be masked) or
+    ``k_len + q_len`` rows for ``k_len - 1 .. -q_len`` (bidirectional). The position
+    term is ``(q + v) @ r.T`` gathered per distance (``toeplitz_gather``), the same
+    numbers as Transformer-XL's :func:`rel_shift` without the shift's wrap-around.
+
+    Parameters
+    ----------
+    q : float array ``[..., heads, q_len, d]``
+    k : float array ``[..., heads, k_len, d]``, ``k_len >= q_len``
+    r : float array ``[..., heads, n_rel, d]``, ``n_rel >= k_len`` (leading dims broadcast)
+    u, v : float arrays broadcasting against ``q`` (e.g. ``[heads, 1, d]``)
+
+    Returns
+    -------
+    array ``[..., heads, q_len, k_len]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q, k, u, v = np.ones((1, 2, 1)), np.zeros((1, 3, 1)), np.zeros((1, 1, 1)), np.zeros((1, 1, 1))
+    >>> r = np.array([[[2.0], [1.0], [0.0]]])     # r[c] = distance k_len - 1 - c
+    >>> pe.xl_logits(q, k, r, u, v)[0, :, :2].tolist()   # (the masked future left out)
+    [[1.0, 0.0], [2.0, 1.0]]
+    """
+    xp = namespace(q, k, r, u, v)
+    device_of(q, k, r, u, v)
+    q_len, k_len, batch = _args.query_key(q, k, xp)
+    if q_len > k_len:
+        raise ValueError(f"q_len must be <= k_len (queries are the last keys), got q_len={q_len}, k_len={k_len}")
+    _args.table("r", r, xp, rows=None, dim=int(q.shape[-1]), batch=batch)
+    n_rel = int(r.shape[-2])
+    if n_rel < k_len:
+        raise ValueError(f"r must have at least k_len = {k_len} rows (distances k_len-1 .. 0), got shape {tuple(r.shape)}")
+    _args.like_query("u", u, q, xp)
+    _args.like_query("v", v, q, xp)
+    dtype, work = _args.dtypes(xp, q, k, r, u, v)
+    _args.logits_shape(batch, q_len, k_len)
+    q, k, r, u, v = (cast(xp, a, work) for a in (q, k, r, u, v))
+    rel = distances(q_len, k_len, k_len - q_len, xp=xp, device=device_of(q))
+    row = xp.clip(k_len - 1 - rel, 0, n_rel - 1)
+    position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(r), row, k_len)
+    return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
+
+
+def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
+    r"""TENER's direction-aware relative attention logits (unscaled).
+
+    .. math::
+
+        A_{ij} = q_i \cdot k_j + q_i \cdot R_{i-j} + u \cdot k_j + v \cdot R_{i-j},
+        \qquad R_t = \mathrm{sinusoidal}(t)
+
+    Yan et al., "TENER: Adapting Transformer Encoder for Named Entity Recognition"
+    (2019): the Transformer-XL form with a fixed, unprojected sinusoid of the *signed*
+    distance ``t = rel[i, j] = (offset + i) - j``; ``sin`` is odd, so ``R_t`` tells left
+    from right. TENER leaves the logits unscaled (no ``1/sqrt(d)``). ``R`` is built for
+    the ``q_len + k_len - 1`` distances only and gathered per distance.
+
+    Parameters
+    ----------
+    q : float array ``[..., heads, q_len, d]``, ``d`` even
+    k : float array ``[..., heads, k_len, d]``
+    u, v : float arrays broadcasting against ``q``
+    base : float, sinusoid base
+    offset : int, first query position
+    layout : {"interleaved", "split"}, the sinusoid's feature order (:func:`posenc.sinusoidal`);
+        TENER's released code uses ``"split"``
+
+    Returns
+    -------
+    array ``[..., heads, q_len, k_len]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = np.array([[[0.0, 1.0]]])              # picks the cosine feature of R
+    >>> zero = np.zeros((1, 1, 2))
+    >>> pe.tener_logits(q, np.zeros((1, 2, 2)), zero, zero).round(4).tolist()
+    [[[1.0, 0.5403]]]
+    """
+    xp = namespace(q, k, u, v)
+    device_of(q, k, u, v)
+    q_len, k_len, batch = _args.query_key(q, k, xp)
+    dim = int(q.shape[-1])
+    if dim % 2:
+        raise ValueError(f"q and k must have an even head dimension (sinusoid pairs), got {dim}")
+    _args.like_query("u", u, q, xp)
+    _args.like_query("v", v, q, xp)
+    base = check.real("base", base, positive=True)
+    offset = check.integer("offset", offset)
+    layout = check.choice("layout", layout, LAYOUTS)
+    dtype, work = _args.dtypes(xp, q, k, u, v)
+    _args.logits_shape(batch, q_len, k_len)
+    q, k, u, v = (cast(xp, a, work) for a in (q, k, u, v))
+    rel = distances(q_len, k_len, offset, xp=xp, device=device_of(q))
+    table = sinusoidal(rel, dim, base=base, layout=layout, dtype=work)
+    every = xp.arange(int(rel.shape[0]), device=device_of(q))
+    position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(table), every, k_len)
+    return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
+
+
+def segment_logits(q, seg_q, seg_k, s_same, s_diff, b):
+    r"""XLNet's relative segment term (unscaled).
+
+    .. math::
+
+        a_{ij} = (q_i + b) \cdot s_{ij}, \qquad
+        s_{ij} = \begin{cases} s_+ & \mathrm{seg}_i = \mathrm{seg}_j \\ s_- & \text{otherwise}\end{cases}
+
+    Yang et al., "XLNet" (2019), Sec. 2.5: only whether two tokens share a segment is
+    encoded, not which segments they are. Added to the logits of :func:`xl_logits`.
+
+    Parameters
+    ----------
+    q : float array ``[..., heads, q_len, d]``
+    seg_q : integer array ``[..., q_len]``, segment ids of the queries; its leading dims
+        broadcast against ``q.shape[:-3]`` (the batch, no head axis)
+    seg_k : integer array ``[..., k_len]``, segment ids of the keys
+    s_same, s_diff, b : float arrays broadcasting against ``q`` (e.g. ``[heads, 1, d]``)
+
+    Returns
+    -------
+    array ``[..., heads, q_len, k_len]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = np.ones((1, 2, 1))
+    >>> one = np.ones((1, 1, 1))
+    >>> pe.segment_logits(q, np.array([0, 1]), np.array([0, 0, 1]), 2 * one, -one, 0 * one)[0].tolist()
+    [[2.0, 2.0, -1.0], [-1.0, -1.0, 2.0]]
+    """
+    xp = namespace(q, seg_q, seg_k, s_same, s_diff, b)
+    device_of(q, seg_q, seg_k, s_same, s_diff, b)
+    check.float_array("q", q, xp)
+    check.ndim("q", q, minimum=2)
+    for name, a in (("seg_q", seg_q), ("seg_k", seg_k)):
+        check.integer_array(name, a, xp)
+        check.ndim(name, a, minimum=1)
+    q_len, k_len = int(q.shape[-2]), int(seg_k.shape[-1])
+    if int(seg_q.shape[-1]) != q_len:
+        raise ValueError(f"seg_q must have q_len = {q_len} entries on its last axis, got shape {tuple(seg_q.shape)}")
+    for name, a in (("s_same", s_same), ("s_diff", s_diff), ("b", b)):
+        _args.like_query(name, a, q, xp)
+    head_axis = 1 if q.ndim >= 3 else 0
+    mask_shape = _segment_batch(seg_q.shape[:-1], seg_k.shape[:-1], q.shape[: q.ndim - 2 - head_axis])
+    shape = (*broadcast_shapes((*mask_shape, *(1,) * head_axis), tuple(q.shape[:-2])), q_len, k_len)
+    check.allocatable("logits", shape, 8)
+    dtype, work = _args.dtypes(xp, q, s_same, s_diff, b)
+    q, s_same, s_diff, b = (cast(xp, a, work) for a in (q, s_same, s_diff, b))
+    same = seg_q[..., :, None] == seg_k[..., None, :]
+    if head_axis:
+        same = same[..., None, :, :]
+    with_same = xp.sum((q + b) * s_same, axis=-1)[..., None]
+    with_diff = xp.sum((q + b) * s_diff, axis=-1)[..., None]
+    return cast(xp, xp.where(same, with_same, with_diff), dtype)
+
+
+def _segment_batch(seg_q_batch, seg_k_batch, q_batch):
+    try:
+        return broadcast_shapes(tuple(seg_q_batch), tuple(seg_k_batch), tuple(q_batch))
+    except ValueError:
+        raise ValueError(
+            f"the leading dims of seg_q {tuple(seg_q_batch)}, seg_k {tuple(seg_k_batch)} and the batch of q "
+            f"{tuple(q_batch)} must broadcast together"
+        ) from None
