@@ -1,0 +1,44 @@
+"""Relative biases as ``score_mod`` callables for ``torch.nn.attention.flex_attention``."""
+
+from __future__ import annotations
+
+import posenc as pe
+
+KINDS = ("t5", "alibi", "shaw", "deberta", "vector")
+
+
+def score_mod(kind: str, params, q_len: int, k_len: int, *, offset: int = 0, **options):
+    """A flex-attention ``score_mod`` adding a relative bias, without a ``[q, k]`` tensor.
+
+    ``score_mod(kind, params, q_len, k_len, offset=0, **options)`` builds the per-distance
+    vector ``vec [heads, q_len + k_len - 1]`` (:func:`posenc.relative_bias_vector` with the
+    same ``kind``, ``params`` and options; or ``kind="vector"`` with ``params`` the vector
+    itself) and returns ``f(score, b, h, q_idx, kv_idx) = score + vec[h, q_idx - kv_idx +
+    k_len - 1]``: memory ``O(heads * L)`` instead of ``O(heads * L^2)``, and gradients flow
+    to ``params`` through the captured vector.
+
+    Examples
+    --------
+    >>> import torch, posenc as pe
+    >>> from posenc.torch import score_mod
+    >>> mod = score_mod("alibi", torch.from_numpy(pe.alibi_slopes(2)), 3, 3)
+    >>> float(mod(torch.tensor(0.0), 0, 1, torch.tensor(2), torch.tensor(0)))
+    -0.125
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
+    if kind == "vector":
+        if options:
+            raise TypeError(f"score_mod('vector') takes no options, got {', '.join(sorted(options))}")
+        vec = params
+        want = q_len + k_len - 1
+        if vec.ndim != 2 or vec.shape[-1] != want:
+            raise ValueError(f"params must be a vector [heads, q_len + k_len - 1 = {want}], got shape {tuple(vec.shape)}")
+    else:
+        vec = pe.relative_bias_vector(kind, params, q_len, k_len, offset=offset, **options)
+    shift = k_len - 1
+
+    def mod(score, b, h, q_idx, kv_idx):
+        return score + vec[h, q_idx - kv_idx + shift]
+
+    return mod

@@ -1,0 +1,143 @@
+"""posenc.torch modules and score_mod: same numbers as the functions, gradients through kernels."""
+
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import posenc as pe  # noqa: E402
+from posenc.torch import (  # noqa: E402
+    ALiBi,
+    DeBERTaRelative,
+    LearnedEmbedding,
+    RotaryEmbedding,
+    ShawRelative,
+    SinusoidalEmbedding,
+    T5RelativeBias,
+    score_mod,
+)
+
+
+def test_sinusoidal_embedding():
+    m = SinusoidalEmbedding(16, layout="split")
+    pos = torch.arange(10)
+    torch.testing.assert_close(m(pos), torch.from_numpy(pe.sinusoidal(10, 16, layout="split")))
+
+
+def test_learned_embedding_extend_keeps_trained_rows():
+    m = LearnedEmbedding(8, 4)
+    trained = m.weight.detach().clone()
+    m.extend(40)
+    assert m.weight.shape == (40, 4) and m.weight.requires_grad
+    torch.testing.assert_close(m.weight[:8].detach(), trained, rtol=0, atol=0)
+    m(torch.arange(40)).sum().backward()
+    assert m.weight.grad.shape == (40, 4)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rotary_embedding_matches_rope_and_gradcheck(layout):
+    m = RotaryEmbedding(8, layout=layout, rotary_dim=6, scaling=pe.scaling.YaRN(4.0, 64))
+    q = torch.randn(2, 3, 5, 8, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    rq, rk = m(q, k, offset=7)
+    with torch.no_grad():
+        expected = pe.rope(q.detach(), layout=layout, rotary_dim=6, offset=7, scaling=pe.scaling.YaRN(4.0, 64))
+    torch.testing.assert_close(rq.detach(), expected)
+    assert torch.autograd.gradcheck(lambda x: m.rotate(x, offset=7), (q,))
+
+
+def test_rotary_embedding_from_hf_and_compile_fullgraph():
+    m = RotaryEmbedding.from_hf({"rope_type": "llama3", "factor": 8.0, "rope_theta": 500000.0, "original_max_position_embeddings": 8192,
+                                 "low_freq_factor": 1.0, "high_freq_factor": 4.0}, head_dim=16)
+    q = torch.randn(1, 2, 7, 16)
+    compiled = torch.compile(lambda a: m(a, a), fullgraph=True, backend="aot_eager")
+    torch.testing.assert_close(compiled(q)[0], m(q, q)[0])
+
+
+def test_t5_bias_module_gradient_is_bucketed_scatter_add():
+    m = T5RelativeBias(3, num_buckets=8, max_distance=16, bidirectional=False).double()
+    bias = m(5, 7, offset=2)
+    torch.testing.assert_close(bias.detach(), torch.from_numpy(pe.t5_bias(m.table.detach().numpy(), 5, 7, bidirectional=False, max_distance=16, offset=2)))
+    weight = torch.randn_like(bias)
+    (bias * weight).sum().backward()
+    buckets = pe.t5_bucket(pe.relative_positions(5, 7, offset=2), bidirectional=False, num_buckets=8, max_distance=16)
+    expected = np.zeros((8, 3))
+    for h in range(3):
+        np.add.at(expected[:, h], buckets.ravel(), weight[h].numpy().ravel())
+    np.testing.assert_allclose(m.table.grad.numpy(), expected, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda t: pe.t5_bias(t, 4, 6, max_distance=16), (m.table.detach().requires_grad_(),))
+
+
+def test_alibi_module():
+    m = ALiBi(6)
+    torch.testing.assert_close(m(3, 5, offset=2), torch.from_numpy(pe.alibi_bias(pe.alibi_slopes(6), 3, 5, offset=2)))
+
+
+def test_shaw_module_matches_naive_and_gradcheck():
+    torch.manual_seed(0)
+    m = ShawRelative(4, max_distance=2).double()
+    q, k, v = (torch.randn(1, 2, 5, 4, dtype=torch.float64) for _ in range(3))
+    out = m(q, k, v, causal=True)
+    idx = pe.clip_relative(pe.relative_positions(5, 5), 2)
+    ak, av = m.table_k.detach()[idx], m.table_v.detach()[idx]  # [q, k, d] only in the test
+    logits = (torch.einsum("bhqd,bhkd->bhqk", q, k) + torch.einsum("bhqd,qkd->bhqk", q, ak)) / math.sqrt(4)
+    logits = logits.masked_fill(torch.from_numpy(pe.relative_positions(5, 5) < 0), float("-inf"))
+    w = torch.softmax(logits, -1)
+    expected = w @ v + torch.einsum("bhqk,qkd->bhqd", w, av)
+    torch.testing.assert_close(out.detach(), expected)
+    assert torch.autograd.gradcheck(lambda tk, tv: ShawRelative.forward(_with(m, tk, tv), q, k, v), (m.table_k, m.table_v))
+
+
+def _with(module, table_k, table_v):
+    clone = ShawRelative(4, max_distance=module.max_distance)
+    clone.table_k, clone.table_v = table_k, table_v
+    return clone
+
+
+def test_deberta_module_matches_function_and_has_grads():
+    m = DeBERTaRelative(2, 4, max_distance=3).double()
+    q, k = torch.randn(2, 6, 4, dtype=torch.float64), torch.randn(2, 6, 4, dtype=torch.float64)
+    out = m(q, k)
+    torch.testing.assert_close(out.detach(), pe.deberta_logits(q, k, m.pos_q.detach(), m.pos_k.detach(), max_distance=3))
+    out.sum().backward()
+    assert m.pos_q.grad.abs().sum() > 0 and m.pos_k.grad.abs().sum() > 0
+
+
+# flex_attention in eager mode runs its math reference and warns that it is not compiled.
+@pytest.mark.filterwarnings("ignore:.*flex_attention.*:UserWarning")
+@pytest.mark.parametrize("kind, params, options", [
+    ("t5", lambda: torch.randn(32, 2), {}),
+    ("alibi", lambda: torch.from_numpy(pe.alibi_slopes(2)), {"symmetric": True}),
+    ("shaw", lambda: torch.randn(7, 2), {"max_distance": 3}),
+])
+def test_score_mod_equals_materialised_bias(kind, params, options):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    p = params()
+    q, k, v = (torch.randn(1, 2, 6, 8) for _ in range(3))
+    out = flex_attention(q, k, v, score_mod=score_mod(kind, p, 6, 6, offset=0, **options))
+    bias = pe.relative_bias(kind, p, 6, 6, **options)
+    torch.testing.assert_close(out, pe.attention(q, k, v, bias=bias), rtol=1e-5, atol=1e-5)
+
+
+def test_score_mod_bad_input():
+    with pytest.raises(ValueError, match="kind"):
+        score_mod("rotary", torch.ones(2), 3, 3)
+    with pytest.raises(ValueError, match="params"):
+        score_mod("vector", torch.ones(2, 4), 3, 3)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RotaryEmbedding(8, rotary_dim=10),
+    lambda: RotaryEmbedding(8, layout="zigzag"),
+    lambda: T5RelativeBias(0),
+    lambda: ALiBi(2.5),
+    lambda: ShawRelative(4, max_distance=-1),
+    lambda: LearnedEmbedding(0, 4),
+    lambda: DeBERTaRelative(2, 4, max_distance=0),
+])
+def test_module_bad_arguments(make):
+    with pytest.raises(ValueError):
+        make()
