@@ -326,3 +326,74 @@ def test_rope_rejects_mixed_namespaces_and_foreign_out():
         pe.rope(torch.zeros(2, 3, 8), np.arange(3))
     with pytest.raises(TypeError, match="out"):
         pe.rope(torch.zeros(2, 3, 8), out=np.zeros((2, 3, 8), dtype=np.float32))
+
+
+def test_frequencies_of_another_namespace_are_rejected():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="inv_freq"):
+        pe.rope_cos_sin(np.arange(3), torch.ones(2, dtype=torch.float64))
+    with pytest.raises(TypeError, match="new_inv_freq"):
+        pe.rerotate(np.zeros((3, 4)), 1, np.ones(2), new_inv_freq=torch.ones(2))
+
+
+S = pe.scaling
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: S.Linear(0.0), ValueError, "factor"),
+        (lambda: S.Linear(-2.0), ValueError, "factor"),
+        (lambda: S.Linear("2"), TypeError, "factor"),
+        (lambda: S.NTK(0.0), ValueError, "alpha"),
+        (lambda: S.NTK(float("inf")), ValueError, "alpha"),
+        (lambda: S.DynamicNTK(-1.0, 2048), ValueError, "factor"),
+        (lambda: S.DynamicNTK(2.0, 0), ValueError, "original_max_position"),
+        (lambda: S.DynamicNTK(2.0, 2048.5), TypeError, "original_max_position"),
+        (lambda: S.YaRN(0.0, 4096), ValueError, "factor"),
+        (lambda: S.YaRN(4.0, 4096, beta_fast=0.0), ValueError, "beta_fast"),
+        (lambda: S.YaRN(4.0, 4096, beta_slow=-1.0), ValueError, "beta_slow"),
+        (lambda: S.YaRN(4.0, 4096, attention_factor=0.0), ValueError, "attention_factor"),
+        (lambda: S.YaRN(4.0, 4096, mscale=float("nan")), ValueError, "mscale"),
+        (lambda: S.YaRN(4.0, 4096, truncate="yes"), TypeError, "truncate"),
+        (lambda: S.LongRoPE([], [], 4096), ValueError, "short_factor"),
+        (lambda: S.LongRoPE([1.0, 2.0], [1.0], 4096), ValueError, "long_factor"),
+        (lambda: S.LongRoPE([1.0, -2.0], [1.0, 1.0], 4096), ValueError, r"short_factor\[1\]"),
+        (lambda: S.LongRoPE([1.0, 2.0], [0.0, 1.0], 4096), ValueError, r"long_factor\[0\]"),
+        (lambda: S.LongRoPE("12", [1.0, 1.0], 4096), TypeError, "short_factor"),
+        (lambda: S.LongRoPE([1.0], [1.0], 4096, factor=0.0), ValueError, "factor"),
+        (lambda: S.Llama3(0.0, 8192), ValueError, "factor"),
+        (lambda: S.Llama3(8.0, 8192, low_freq_factor=4.0, high_freq_factor=1.0), ValueError, "high_freq_factor"),
+        (lambda: S.Llama3(8.0, 8192, low_freq_factor=0.0), ValueError, "low_freq_factor"),
+        (lambda: S.from_hf({"rope_type": "proportional"}, head_dim=64), ValueError, "rope_type"),
+        (lambda: S.from_hf({"type": "ntk-by-parts"}, head_dim=64), ValueError, "rope_type"),
+        (lambda: S.from_hf("linear", head_dim=64), TypeError, "rope_parameters"),
+        (lambda: S.from_hf({"rope_type": "linear"}, head_dim=64), ValueError, "factor"),
+        (lambda: S.from_hf({"rope_type": "linear", "factor": -1.0}, head_dim=64), ValueError, "factor"),
+        (lambda: S.from_hf({"rope_type": "dynamic", "factor": 2.0}, head_dim=64), ValueError, "max_position_embeddings"),
+        (lambda: S.from_hf({"rope_type": "yarn", "factor": 2.0}, head_dim=64), ValueError, "original_max_position"),
+        (lambda: S.from_hf({"rope_type": "default", "partial_rotary_factor": 0.3}, head_dim=10), ValueError, "partial_rotary_factor"),
+        (lambda: S.from_hf({"rope_type": "default", "partial_rotary_factor": 1.5}, head_dim=64), ValueError, "partial_rotary_factor"),
+        (lambda: S.from_hf({"rope_type": "default", "rope_theta": 0.0}, head_dim=64), ValueError, "rope_theta"),
+        (lambda: S.from_hf({}, head_dim=0), ValueError, "head_dim"),
+        (
+            lambda: S.from_hf(
+                {"rope_type": "longrope", "short_factor": [1.0] * 3, "long_factor": [1.0] * 3, "original_max_position_embeddings": 8, "factor": 2.0},
+                head_dim=8,
+            ),
+            ValueError,
+            "short_factor",
+        ),
+    ],
+)
+def test_scaling_bad_input(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_scalings_are_frozen_and_hashable():
+    yarn = S.YaRN(4, 4096)
+    assert yarn.factor == 4.0 and isinstance(yarn.factor, float)
+    with pytest.raises(AttributeError):
+        yarn.factor = 2.0
+    assert len({yarn, S.YaRN(4.0, 4096), S.LongRoPE(np.ones(2), [1, 1], 8)}) == 2

@@ -67,7 +67,7 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     device = device_of(positions)
     check.positions("positions", positions, xp)
     layout = _args.layout("layout", layout)
-    freqs = _args.host_inv_freq("inv_freq", inv_freq)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
     scale = check.real("scale", scale)
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32

@@ -56,11 +56,11 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
         delta = _scalar_array(xp, "delta", delta, device)
     _args.positions_against("delta", delta, xp, tuple(x.shape[:-1]))
     layout = _args.layout("layout", layout)
-    freqs = _args.host_inv_freq("inv_freq", inv_freq)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
     if 2 * freqs.size > x.shape[-1]:
         raise ValueError(f"inv_freq has {freqs.size} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
     if new_inv_freq is not None:
-        new = _args.host_inv_freq("new_inv_freq", new_inv_freq)
+        new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
         if new.shape != freqs.shape:
             raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
         freqs = new - freqs
