@@ -16,9 +16,15 @@ def layout(name, value):
     return check.choice(name, value, LAYOUTS)
 
 
-def host_inv_freq(name, value):
-    """``value`` (NumPy array, sequence or eager array of any namespace) as float64 NumPy ``[n]``."""
+def host_inv_freq(name, value, xp):
+    """``value`` as float64 NumPy ``[n]``: a NumPy array or sequence (host values), or an
+    eager array of the namespace ``xp`` of the other arguments."""
     if check.is_array(value) and not _compat.is_numpy_array(value):
+        if _compat.array_namespace(value) is not xp:
+            raise TypeError(
+                f"{name} must be a NumPy array, a sequence, or an array of the same namespace as the other "
+                f"arguments ({xp.__name__}), got {type(value).__name__}"
+            )
         if _compat.is_dask_array(value):
             value = value.compute()
         else:

@@ -67,7 +67,7 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     device = device_of(positions)
     check.positions("positions", positions, xp)
     layout = _args.layout("layout", layout)
-    freqs = _args.host_inv_freq("inv_freq", inv_freq)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
     scale = check.real("scale", scale)
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
@@ -109,6 +109,8 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     >>> pe.apply_rope(np.array([[1.0, 0.0]]), cos, sin).round(6).tolist()
     [[0.0, 1.0]]
     """
+    for name, a in (("x", x), ("cos", cos), ("sin", sin)):
+        check.array(name, a)
     xp = namespace(x, cos, sin)
     device_of(x, cos, sin)
     check.float_array("x", x, xp)
@@ -201,6 +203,9 @@ def rope(
     >>> bool(np.allclose(pe.rope(pe.rope(q, offset=5), offset=5, inverse=True), q, atol=1e-6))
     True
     """
+    check.array("x", x)
+    if positions is not None:
+        check.array("positions", positions)
     xp = namespace(x, positions)
     device = device_of(x, positions)
     check.float_array("x", x, xp)

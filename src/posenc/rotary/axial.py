@@ -67,6 +67,8 @@ def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=
     >>> bool(np.allclose(y[:, :4], pe.rope(x[:, :4], grid[:, 0])))
     True
     """
+    check.array("x", x)
+    check.array("grid", grid)
     xp = namespace(x, grid)
     device_of(x, grid)
     check.float_array("x", x, xp)

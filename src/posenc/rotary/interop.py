@@ -47,6 +47,7 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
     >>> bool(np.allclose(pe.rerotate(at_10, 5, inv_freq), pe.rope(k, np.full(4, 15))))
     True
     """
+    check.array("x", x)
     xp = namespace(x, delta if check.is_array(delta) else None)
     check.float_array("x", x, xp)
     check.ndim("x", x, minimum=1)
@@ -55,11 +56,11 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
         delta = _scalar_array(xp, "delta", delta, device)
     _args.positions_against("delta", delta, xp, tuple(x.shape[:-1]))
     layout = _args.layout("layout", layout)
-    freqs = _args.host_inv_freq("inv_freq", inv_freq)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
     if 2 * freqs.size > x.shape[-1]:
         raise ValueError(f"inv_freq has {freqs.size} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
     if new_inv_freq is not None:
-        new = _args.host_inv_freq("new_inv_freq", new_inv_freq)
+        new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
         if new.shape != freqs.shape:
             raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
         freqs = new - freqs
@@ -89,8 +90,8 @@ def convert_layout(x, src, dst, *, rotary_dim=None):
     >>> pe.convert_layout(np.arange(6.0), "half", "interleaved").tolist()
     [0.0, 3.0, 1.0, 4.0, 2.0, 5.0]
     """
-    xp = namespace(x)
     check.array("x", x)
+    xp = namespace(x)
     check.ndim("x", x, minimum=1)
     src = _args.layout("src", src)
     dst = _args.layout("dst", dst)
@@ -128,8 +129,8 @@ def permute_qk_weight(w, src, dst, *, head_dim, rotary_dim=None):
     >>> pe.permute_qk_weight(w, "interleaved", "half", head_dim=4)[:, 0].tolist()
     [0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]
     """
-    xp = namespace(w)
     check.array("w", w)
+    xp = namespace(w)
     check.ndim("w", w, minimum=1)
     src = _args.layout("src", src)
     dst = _args.layout("dst", dst)

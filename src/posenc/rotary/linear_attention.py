@@ -56,6 +56,8 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     >>> pe.linear_attention(q, k, v, causal=True).tolist()  # phi = 1: running means of v
     [[0.0, 1.0], [1.0, 2.0], [2.0, 3.0]]
     """
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        check.array(name, a)
     xp = namespace(q, k, v, *(positions if isinstance(positions, tuple) else (positions,)))
     device_of(q, k, v)
     for name, a in (("q", q), ("k", k), ("v", v)):
@@ -69,11 +71,12 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal=True needs as many queries as keys, got q {tuple(q.shape)} and k {tuple(k.shape)}")
-    if callable(feature_map):
-        phi = feature_map
-    else:
+    if not callable(feature_map):
         check.choice("feature_map", feature_map, FEATURE_MAPS)
-        phi = lambda a: _elu_plus_one(xp, a)  # noqa: E731
+
+    def phi(a):
+        return feature_map(a) if callable(feature_map) else _elu_plus_one(xp, a)
+
     base = check.real("base", base, positive=True)
     layout = _args.layout("layout", layout)
     if positions is not None:

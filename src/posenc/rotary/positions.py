@@ -29,8 +29,8 @@ def positions_from_mask(mask, *, start=0):
     >>> pe.positions_from_mask(np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0]])).tolist()
     [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0]]
     """
-    xp = namespace(mask)
     check.array("mask", mask)
+    xp = namespace(mask)
     check.ndim("mask", mask, minimum=1)
     if not (mask.dtype == xp.bool or xp.isdtype(mask.dtype, "integral")):
         raise TypeError(f"mask must have a bool or integer dtype, got {mask.dtype}")
@@ -65,6 +65,7 @@ def positions_from_cu_seqlens(cu_seqlens, total):
     >>> pe.positions_from_cu_seqlens(np.array([0, 3, 5, 9]), 9).tolist()
     [0, 1, 2, 0, 1, 0, 1, 2, 3]
     """
+    check.array("cu_seqlens", cu_seqlens)
     xp = namespace(cu_seqlens)
     check.integer_array("cu_seqlens", cu_seqlens, xp)
     check.ndim("cu_seqlens", cu_seqlens, exactly=1)

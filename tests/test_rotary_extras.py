@@ -1,0 +1,385 @@
+"""Rotary relatives: re-rotation, layout conversion, positions, decay, linear attention,
+xPos and axial RoPE, each against a direct transcription of its definition."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from arrays import assert_close
+
+FLOATS = ["float32", "float64"]
+
+
+# --- rerotate ---------------------------------------------------------------------------
+
+
+def test_rerotate_shifts_a_cache(backend, rng):
+    x = backend.asarray(rng.standard_normal((2, 5, 16)), dtype="float32")
+    pos = backend.asarray(np.arange(5))
+    inv_freq, _ = pe.rope_frequencies(16)
+    cached = pe.rope(x, pos)
+    shifted = pe.rerotate(cached, -3, inv_freq)  # drop three tokens from the front
+    want = backend.to_numpy(pe.rope(x, backend.asarray(np.arange(5) - 3)))
+    assert_close(shifted, want, backend=backend, dtype="float32", atol=2e-6)
+
+
+def test_rerotate_moves_keys_to_a_new_frequency_set(backend, rng):
+    dyn = pe.scaling.DynamicNTK(4.0, 64)
+    old, _ = pe.rope_frequencies(16, scaling=dyn, seq_len=10)
+    new, _ = pe.rope_frequencies(16, scaling=dyn, seq_len=1000)
+    x = backend.asarray(rng.standard_normal((7, 16)))
+    pos = backend.asarray(np.arange(300, 307))
+    cached = pe.rope(x, pos, scaling=dyn, seq_len=10)
+    moved = pe.rerotate(cached, pos, old, new_inv_freq=new)
+    want = backend.to_numpy(pe.rope(x, pos, scaling=dyn, seq_len=1000))
+    assert_close(moved, want, backend=backend, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"delta": 1, "inv_freq": np.ones(5)}, ValueError, "inv_freq"),
+        ({"delta": np.arange(3), "inv_freq": np.ones(2)}, ValueError, "delta"),
+        ({"delta": "1", "inv_freq": np.ones(2)}, TypeError, "delta"),
+        ({"delta": 1, "inv_freq": np.ones(2), "new_inv_freq": np.ones(3)}, ValueError, "new_inv_freq"),
+        ({"delta": 1, "inv_freq": np.ones(2), "layout": "pairs"}, ValueError, "layout"),
+    ],
+)
+def test_rerotate_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pe.rerotate(np.zeros((4, 8)), **kwargs)
+
+
+def test_rerotate_rejects_integer_keys():
+    with pytest.raises(TypeError, match="x"):
+        pe.rerotate(np.zeros((4, 8), dtype=np.int64), 1, np.ones(2))
+
+
+# --- convert_layout / permute_qk_weight ------------------------------------------------------
+
+
+@pytest.mark.parametrize("src, dst", [("half", "interleaved"), ("interleaved", "half")])
+def test_rotating_converted_equals_converting_rotated(backend, rng, src, dst):
+    x = backend.asarray(rng.standard_normal((3, 6, 12)), dtype="float32")
+    converted_then_rotated = pe.rope(pe.convert_layout(x, src, dst, rotary_dim=8), layout=dst, rotary_dim=8)
+    rotated_then_converted = pe.convert_layout(pe.rope(x, layout=src, rotary_dim=8), src, dst, rotary_dim=8)
+    assert_close(converted_then_rotated, backend.to_numpy(rotated_then_converted), backend=backend, dtype="float32")
+    back = pe.convert_layout(pe.convert_layout(x, src, dst), dst, src)
+    assert_close(back, backend.to_numpy(x), backend=backend, rtol=0, atol=0)
+
+
+def test_permute_qk_weight_matches_the_llama_conversion_script(rng):
+    # Meta (interleaved) -> HF (half): w.view(heads, d/2, 2, in).transpose(1, 2).reshape(out, in)
+    heads, head_dim, hidden = 3, 8, 5
+    w = rng.standard_normal((heads * head_dim, hidden))
+    want = w.reshape(heads, head_dim // 2, 2, hidden).transpose(0, 2, 1, 3).reshape(heads * head_dim, hidden)
+    np.testing.assert_array_equal(pe.permute_qk_weight(w, "interleaved", "half", head_dim=head_dim), want)
+    np.testing.assert_array_equal(pe.permute_qk_weight(want, "half", "interleaved", head_dim=head_dim), w)
+
+
+def test_permuted_weights_give_the_same_attention_scores(backend, rng):
+    heads, head_dim, hidden, seq = 2, 8, 6, 5
+    wq, wk = (rng.standard_normal((heads * head_dim, hidden)) for _ in range(2))
+    tokens = backend.asarray(rng.standard_normal((seq, hidden)))
+    xp = backend.xp
+
+    def scores(wq, wk, layout):
+        q = xp.reshape(tokens @ xp.matrix_transpose(wq), (seq, heads, head_dim))
+        k = xp.reshape(tokens @ xp.matrix_transpose(wk), (seq, heads, head_dim))
+        q, k = pe.rope(q, seq_axis=0, layout=layout), pe.rope(k, seq_axis=0, layout=layout)
+        return xp.sum(q[:, None, ...] * k[None, ...], axis=-1)  # [q_seq, k_seq, heads]
+
+    half = scores(backend.asarray(wq), backend.asarray(wk), "half")
+    pq = pe.permute_qk_weight(backend.asarray(wq), "half", "interleaved", head_dim=head_dim)
+    pk = pe.permute_qk_weight(backend.asarray(wk), "half", "interleaved", head_dim=head_dim)
+    interleaved = scores(pq, pk, "interleaved")
+    assert_close(interleaved, backend.to_numpy(half), backend=backend, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: pe.convert_layout(np.zeros((2, 6)), "half", "neox"), ValueError, "dst"),
+        (lambda: pe.convert_layout(np.zeros((2, 6)), "gptj", "half"), ValueError, "src"),
+        (lambda: pe.convert_layout(np.zeros((2, 6)), "half", "interleaved", rotary_dim=8), ValueError, "rotary_dim"),
+        (lambda: pe.convert_layout(np.zeros((2, 7)), "half", "interleaved"), ValueError, "rotary_dim"),
+        (lambda: pe.convert_layout([1.0, 2.0], "half", "interleaved"), TypeError, "x"),
+        (lambda: pe.permute_qk_weight(np.zeros((10, 3)), "half", "interleaved", head_dim=4), ValueError, "head_dim"),
+        (lambda: pe.permute_qk_weight(np.zeros((8, 3)), "half", "interleaved", head_dim=3), ValueError, "head_dim"),
+        (lambda: pe.permute_qk_weight(np.zeros((8, 3)), "half", "interleaved", head_dim=4, rotary_dim=6), ValueError, "rotary_dim"),
+    ],
+)
+def test_layout_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# --- positions ----------------------------------------------------------------------------
+
+
+def test_positions_from_mask_left_and_right_padding(backend):
+    mask = np.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 0, 1, 0, 1]])
+    want = np.zeros(mask.shape, dtype=np.int64)
+    for b, row in enumerate(mask):  # transcription: count tokens, padding at 0
+        count = 0
+        for t, m in enumerate(row):
+            if m:
+                want[b, t] = 2 + count
+                count += 1
+    for m in (backend.asarray(mask), backend.asarray(mask.astype(bool))):
+        got = pe.positions_from_mask(m, start=2)
+        assert backend.xp.isdtype(got.dtype, "integral")
+        np.testing.assert_array_equal(backend.to_numpy(got), want)
+
+
+def test_positions_from_cu_seqlens(backend):
+    cu = np.array([0, 3, 3, 7, 8])
+    want = np.concatenate([np.arange(n) for n in np.diff(cu)])
+    got = pe.positions_from_cu_seqlens(backend.asarray(cu), 8)
+    np.testing.assert_array_equal(backend.to_numpy(got), want)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: pe.positions_from_mask(np.ones((2, 3), dtype=np.float32)), TypeError, "mask"),
+        (lambda: pe.positions_from_mask([[1, 1]]), TypeError, "mask"),
+        (lambda: pe.positions_from_mask(np.ones(3, dtype=bool), start=0.5), TypeError, "start"),
+        (lambda: pe.positions_from_cu_seqlens(np.array([0, 3, 5]), 6), ValueError, "cu_seqlens"),
+        (lambda: pe.positions_from_cu_seqlens(np.array([1, 3, 5]), 5), ValueError, "cu_seqlens"),
+        (lambda: pe.positions_from_cu_seqlens(np.array([0, 4, 3, 5]), 5), ValueError, "cu_seqlens"),
+        (lambda: pe.positions_from_cu_seqlens(np.array([0.0, 5.0]), 5), TypeError, "cu_seqlens"),
+        (lambda: pe.positions_from_cu_seqlens(np.array([[0, 5]]), 5), ValueError, "cu_seqlens"),
+        (lambda: pe.positions_from_cu_seqlens(np.array([0, 5]), -1), ValueError, "total"),
+    ],
+)
+def test_positions_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# --- rope_decay -----------------------------------------------------------------------------
+
+
+def decay_formula(distances, dim, base=10000.0):
+    theta = base ** (-2.0 * np.arange(dim // 2) / dim)
+    out = []
+    for m in np.asarray(distances, dtype=np.float64).ravel():
+        partial = np.cumsum(np.exp(1j * m * theta))  # S_1 .. S_{d/2}
+        out.append(2.0 / dim * np.abs(partial).sum())
+    return np.array(out).reshape(np.shape(distances))
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_rope_decay_matches_formula(backend, dtype):
+    m = np.array([0.0, 1.0, 5.5, 64.0, 1000.0])
+    got = pe.rope_decay(backend.asarray(m, dtype=dtype), 64)
+    assert_close(got, decay_formula(m, 64), backend=backend, dtype=dtype, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dim", [2, 8, 128])
+def test_rope_decay_at_distance_zero(dim):
+    assert float(pe.rope_decay(1, dim, dtype=np.float64)[0]) == pytest.approx((dim / 2 + 1) / 2, rel=1e-14)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error",
+    [({"distances": 4, "dim": 7}, ValueError), ({"distances": -1, "dim": 8}, ValueError), ({"distances": 2.5, "dim": 8}, TypeError),
+     ({"distances": np.array([np.nan]), "dim": 8}, ValueError), ({"distances": 4, "dim": 8, "base": 0.0}, ValueError)],
+)
+def test_rope_decay_bad_input(kwargs, error):
+    with pytest.raises(error, match="distances|dim|base"):
+        pe.rope_decay(**kwargs)
+
+
+# --- linear_attention ------------------------------------------------------------------------
+
+
+def linear_attention_formula(q, k, v, qpos=None, kpos=None, causal=False):
+    """Naive O(n^2) transcription of RoFormer eq. 29 with phi = elu + 1."""
+    def phi(a):
+        return np.where(a > 0, a + 1.0, np.exp(np.minimum(a, 0.0)))
+
+    fq, fk = phi(q), phi(k)
+    if qpos is not None:
+        inv = 10000.0 ** (-2.0 * np.arange(q.shape[-1] // 2) / q.shape[-1])
+
+        def rot(a, pos):
+            ang = pos[:, None] * inv
+            c, s = np.concatenate([np.cos(ang)] * 2, -1), np.concatenate([np.sin(ang)] * 2, -1)
+            h = a.shape[-1] // 2
+            return a * c + np.concatenate([-a[..., h:], a[..., :h]], -1) * s
+
+        rq, rk = rot(fq, qpos), rot(fk, kpos)
+    else:
+        rq, rk = fq, fk
+    n, m = q.shape[-2], k.shape[-2]
+    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
+    for i in range(n):
+        num = np.zeros(q.shape[:-2] + (v.shape[-1],))
+        den = np.zeros(q.shape[:-2])
+        for j in range(m):
+            if causal and j > i:
+                continue
+            num += np.sum(rq[..., i, :] * rk[..., j, :], -1)[..., None] * v[..., j, :]
+            den += np.sum(fq[..., i, :] * fk[..., j, :], -1)
+        out[..., i, :] = num / den[..., None]
+    return out
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("with_rope", [False, True])
+def test_linear_attention_matches_naive(backend, rng, causal, with_rope):
+    q, k, v = (rng.standard_normal((2, 6, 8)) for _ in range(3))
+    pos = np.arange(6) + 3
+    got = pe.linear_attention(
+        backend.asarray(q, dtype="float32"),
+        backend.asarray(k, dtype="float32"),
+        backend.asarray(v, dtype="float32"),
+        positions=backend.asarray(pos) if with_rope else None,
+        causal=causal,
+    )
+    want = linear_attention_formula(q, k, v, pos if with_rope else None, pos if with_rope else None, causal)
+    assert_close(got, want, backend=backend, dtype="float32", atol=2e-5, rtol=2e-5)
+
+
+def test_linear_attention_cross_positions_and_callable_feature_map(rng):
+    q, k, v = rng.standard_normal((4, 8)), rng.standard_normal((6, 8)), rng.standard_normal((6, 3))
+    qpos, kpos = np.arange(4) + 2, np.arange(6)
+    got = pe.linear_attention(q, k, v, positions=(qpos, kpos))
+    np.testing.assert_allclose(got, linear_attention_formula(q, k, v, qpos, kpos), atol=1e-12)
+    relu1 = pe.linear_attention(q, k, v, feature_map=lambda a: np.maximum(a, 0.0) + 1.0)
+    fq, fk = np.maximum(q, 0) + 1, np.maximum(k, 0) + 1
+    np.testing.assert_allclose(relu1, (fq @ fk.T @ v) / (fq @ fk.sum(0))[:, None], atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"k": np.zeros((5, 4))}, ValueError, "q and k"),
+        ({"v": np.zeros((4, 2))}, ValueError, "k and v"),
+        ({"causal": True, "q": np.zeros((3, 8))}, ValueError, "causal"),
+        ({"causal": "yes"}, TypeError, "causal"),
+        ({"feature_map": "softmax"}, ValueError, "feature_map"),
+        ({"positions": np.arange(4)}, ValueError, "positions"),
+        ({"positions": (np.arange(5),)}, ValueError, "positions"),
+        ({"layout": "twist", "positions": np.arange(5)}, ValueError, "layout"),
+        ({"q": np.zeros((5, 8), dtype=np.int32)}, TypeError, "q"),
+    ],
+)
+def test_linear_attention_bad_input(kwargs, error, match):
+    args = {"q": np.zeros((5, 8)), "k": np.zeros((5, 8)), "v": np.zeros((5, 2))}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        pe.linear_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
+
+
+# --- xPos -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_xpos_scale_matches_torchscale_formula(backend, layout):
+    dim, pos = 16, np.array([-300, -1, 0, 7, 511])
+    zeta = (np.arange(0, dim, 2) + 0.4 * dim) / (1.4 * dim)  # torchscale's XPOS buffer
+    scale = zeta[None, :] ** (pos[:, None] / 512)
+    want = np.concatenate([scale, scale], -1) if layout == "half" else np.repeat(scale, 2, axis=-1)
+    got = pe.xpos_scale(backend.asarray(pos), dim, layout=layout)
+    assert_close(got, want, backend=backend, dtype="float32")
+
+
+def test_xpos_scores_decay_with_relative_distance_only(rng):
+    q, k = rng.standard_normal((2, 16))
+
+    def score(m, n):
+        qm = pe.rope(q, np.array(float(m))) * pe.xpos_scale(np.array(float(m)), 16)
+        kn = pe.rope(k, np.array(float(n))) / pe.xpos_scale(np.array(float(n)), 16)
+        return float(qm @ kn)
+
+    assert score(10, 4) == pytest.approx(score(110, 104), rel=1e-9)
+    # per pair the factor is zeta_i ** ((m - n) / 512)
+    zeta = (np.arange(8) * 2 / 16 + 0.4) / 1.4
+    x = np.zeros(16); x[0] = 1.0
+    got = float((x * pe.xpos_scale(np.array(40.0), 16)) @ (x / pe.xpos_scale(np.array(0.0), 16)))
+    assert got == pytest.approx(zeta[0] ** (40 / 512), rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        (lambda: pe.xpos_scale(np.arange(3), 5), ValueError, "dim"),
+        (lambda: pe.xpos_scale(np.arange(3), 4, scale_base=0), ValueError, "scale_base"),
+        (lambda: pe.xpos_scale(3, 4), TypeError, "positions"),
+        (lambda: pe.xpos_scale(np.array([np.inf]), 4), ValueError, "positions"),
+    ],
+)
+def test_xpos_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+# --- axial RoPE -------------------------------------------------------------------------------
+
+
+def _grid(h, w):
+    rows, cols = np.meshgrid(np.arange(h), np.arange(w), indexing="ij")
+    return np.stack([rows.ravel(), cols.ravel()], axis=-1)
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_axial_rope_is_1d_rope_per_axis(backend, rng, layout):
+    grid = _grid(3, 4)
+    x_np = rng.standard_normal((2, 12, 14))
+    x = backend.asarray(x_np, dtype="float32")
+    got = pe.axial_rope(x, backend.asarray(grid), axes_dims=(8, 4), layout=layout, base=100.0)
+    xr = backend.to_numpy(x)
+    parts = [
+        backend.to_numpy(pe.rope(backend.asarray(xr[..., :8]), backend.asarray(grid[:, 0]), layout=layout, base=100.0)),
+        backend.to_numpy(pe.rope(backend.asarray(xr[..., 8:12]), backend.asarray(grid[:, 1]), layout=layout, base=100.0)),
+        xr[..., 12:],
+    ]
+    assert_close(got, np.concatenate(parts, -1), backend=backend, dtype="float32")
+
+
+def test_axial_rope_scores_are_relative_per_axis(rng):
+    q, k = rng.standard_normal((2, 12))
+
+    def score(pq, pk):
+        return float(pe.axial_rope(q, np.array(pq)) @ pe.axial_rope(k, np.array(pk)))
+
+    assert score([3, 5], [1, 2]) == pytest.approx(score([13, 7], [11, 4]), rel=1e-10)
+    assert score([3, 5], [1, 2]) != pytest.approx(score([3, 6], [1, 2]), rel=1e-6)
+    y = pe.axial_rope(q, np.array([2, 7]))
+    back = pe.axial_rope(y, np.array([2, 7]), inverse=True)
+    np.testing.assert_allclose(back, q, atol=1e-12)
+
+
+def test_axial_rope_video_grid_and_out(rng):
+    grid = np.stack(np.meshgrid(np.arange(2), np.arange(2), np.arange(3), indexing="ij"), -1).reshape(-1, 3)
+    x = rng.standard_normal((4, 12, 12))  # [heads, tokens, d]: 4 channels per axis
+    out = np.empty_like(x)
+    result = pe.axial_rope(x, grid, out=out)
+    assert result is out
+    np.testing.assert_allclose(out[..., 4:8], pe.rope(x[..., 4:8], grid[:, 1]), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"grid": np.zeros((5, 2), dtype=np.int64)}, ValueError, "grid"),
+        ({"grid": np.zeros((6, 0), dtype=np.int64)}, ValueError, "grid"),
+        ({"grid": np.full((6, 2), np.nan)}, ValueError, "grid"),
+        ({"axes_dims": (4, 4, 4)}, ValueError, "axes_dims"),
+        ({"axes_dims": (8, 6)}, ValueError, "axes_dims"),
+        ({"axes_dims": (3, 4)}, ValueError, "axes_dims"),
+        ({"axes_dims": 4}, TypeError, "axes_dims"),
+        ({"layout": "diagonal"}, ValueError, "layout"),
+        ({"out": np.zeros((6, 8), dtype=np.float32)}, ValueError, "out"),
+    ],
+)
+def test_axial_rope_bad_input(kwargs, error, match):
+    args = {"grid": _grid(2, 3)}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        pe.axial_rope(np.zeros((6, 8)), **args)
