@@ -41,8 +41,9 @@ def rel_shift(x):
     check.ndim("x", x, minimum=2)
     q_len, n = int(x.shape[-2]), int(x.shape[-1])
     zero = xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x))
-    padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], n + 1, q_len))
-    return xp.reshape(padded[..., 1:, :], tuple(x.shape))
+    padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], q_len * (n + 1)))
+    # Dropping the first row of the [n + 1, q_len] view is dropping the first q_len elements.
+    return xp.reshape(padded[..., q_len:], tuple(x.shape))
 
 
 def xl_logits(q, k, r, u, v):
