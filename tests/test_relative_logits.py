@@ -475,3 +475,32 @@ def test_tupe_bad_input():
         pe.tupe_logits(q, q, p, u, u, cls=(np.zeros(3), 0.0))
     with pytest.raises(ValueError, match="head dimension"):
         pe.tupe_logits(q, np.zeros((2, 3, 5)), p, u, u)
+
+
+# --- traceable references: jax.jit and lazy dask -------------------------------------------
+
+
+def test_relative_functions_trace_under_jax_jit(rng):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    q, k, r, u, v = (jnp.asarray(rng.standard_normal(s), dtype=jnp.float32) for s in ((H, Q, D), (H, K, D), (H, K, D), (H, 1, D), (H, 1, D)))
+    table = jnp.asarray(rng.standard_normal((32, H)), dtype=jnp.float32)
+    calls = {
+        "t5_bias": (lambda t: pe.t5_bias(t, Q, K, offset=2), (table,)),
+        "shaw_logits": (lambda a, b, t: pe.shaw_logits(a, b, t, max_distance=2), (q, k, r[0, :5])),
+        "xl_logits": (pe.xl_logits, (q, k, r, u, v)),
+        "deberta_logits": (lambda a, b, p: pe.deberta_logits(a, b, p, p, max_distance=3, bucket_size=4, max_position=8), (q, k, r[:, :6])),
+        "tener_logits": (pe.tener_logits, (q, k, u, v)),
+    }
+    for name, (fn, args) in calls.items():
+        np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_relative_functions_stay_lazy_on_dask(rng):
+    da = pytest.importorskip("dask.array")
+    q, k, t = (da.from_array(rng.standard_normal(s), chunks=2) for s in ((H, Q, D), (H, K, D), (5, D)))
+    out = pe.shaw_logits(q, k, t, max_distance=2)
+    assert isinstance(out, da.Array)
+    np.testing.assert_allclose(out.compute(), naive_shaw_logits(q.compute(), k.compute(), t.compute(), 2), atol=1e-12)
+    bias = pe.t5_bias(da.from_array(rng.standard_normal((32, H)), chunks=8), Q, K)
+    assert isinstance(bias, da.Array)
