@@ -1,6 +1,6 @@
 """Relative position encodings: indices, buckets, biases and relative attention logits."""
 
-from . import _toeplitz  # noqa: F401  (registers the Toeplitz references)
+from . import _toeplitz  # noqa: F401  (registers the Toeplitz references the biases call)
 from .biases import alibi_bias, alibi_slopes, expand_bias, relative_bias, relative_bias_vector, t5_bias
 from .buckets import deberta_bucket, t5_bucket
 from .deberta import deberta_logits

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, compute_dtype
+from .._xp import broadcast_shapes, compute_dtype, device_of, namespace
 
 
 def query_key(q, k, xp, *, names=("q", "k")):
@@ -59,3 +59,16 @@ def logits_shape(batch, q_len, k_len):
     shape = (*batch, q_len, k_len)
     check.allocatable("logits", shape, 8)
     return shape
+
+
+def namespace_of(**arrays):
+    """The namespace of named array arguments (``None`` skipped), each checked to be an array first.
+
+    Also checks that they share one device.
+    """
+    given = {name: a for name, a in arrays.items() if a is not None}
+    for name, a in given.items():
+        check.array(name, a)
+    values = list(given.values())
+    device_of(*values)
+    return namespace(*values)

@@ -14,6 +14,7 @@ from .. import _validate as check
 from .._dispatch import call
 from .._xp import cast, compute_dtype, device_of, namespace, result_dtype
 from .buckets import deberta_bucket, deberta_bucket_options, t5_bucket, t5_bucket_options
+from . import _args
 from .indices import clip_relative, distances
 
 KINDS = ("t5", "alibi", "shaw", "deberta")
@@ -179,8 +180,8 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     unknown = sorted(set(options) - set(_OPTIONS[kind]))
     if unknown:
         raise TypeError(f"relative_bias_vector(kind={kind!r}) takes options {', '.join(_OPTIONS[kind])}; got {', '.join(unknown)}")
-    xp = namespace(params)
     check.array("slopes" if kind == "alibi" else "table", params)
+    xp = namespace(params)
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     offset = check.integer("offset", offset)
@@ -208,8 +209,7 @@ def expand_bias(vec, q_len, k_len, *, out=None):
     >>> bool((pe.expand_bias(vec, 2, 3) == pe.relative_positions(2, 3)).all())
     True
     """
-    check.array("vec", vec)
-    xp = namespace(vec, out)
+    xp = _args.namespace_of(vec=vec, out=out)
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     check.ndim("vec", vec, minimum=1)

@@ -98,6 +98,7 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
     >>> pe.t5_bucket(np.array([-1, -20, 500])).tolist()
     [17, 26, 15]
     """
+    check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
     num_buckets, max_distance, bidirectional = t5_bucket_options(num_buckets, max_distance, bidirectional)
@@ -161,6 +162,7 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     >>> pe.deberta_bucket(np.array([0, 3, -4, 5, 9, 15, -15]), bucket_size=8, max_position=16).tolist()
     [0, 3, -4, 5, 6, 7, -7]
     """
+    check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
     bucket_size, max_position = deberta_bucket_options(bucket_size, max_position)
@@ -169,6 +171,9 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     magnitude = xp.abs(rel)
     # Distances inside the identity zone are replaced by m before the log (never used).
     safe = xp.astype(xp.where(magnitude > mid, magnitude, xp.full_like(magnitude, mid)), work)
-    steps = xp.ceil(xp.log(safe / mid) / math.log((max_position - 1) / mid) * (mid - 1))
+    # The log of the same rounded ratio as the numerator's, so |rel| = max_position - 1
+    # gives exactly 1 (bucket 2m - 1) in float32 too, as in the original.
+    span = xp.log(xp.asarray((max_position - 1) / mid, dtype=work, device=device_of(rel)))
+    steps = xp.ceil(xp.log(safe / mid) / span * (mid - 1))
     logarithmic = xp.astype(steps, rel.dtype) + mid
     return xp.where(magnitude <= mid, rel, xp.where(rel < 0, -logarithmic, logarithmic))

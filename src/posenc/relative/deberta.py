@@ -57,8 +57,7 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
     >>> pe.deberta_logits(q, k, pos_k, pos_k, max_distance=2).tolist()
     [[[2.0, 1.0], [3.0, 2.0]]]
     """
-    xp = namespace(q, k, pos_q, pos_k)
-    device_of(q, k, pos_q, pos_k)
+    xp = _args.namespace_of(q=q, k=k, pos_q=pos_q, pos_k=pos_k)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
     offset = check.integer("offset", offset)

@@ -79,6 +79,7 @@ def clip_relative(rel, max_distance):
     >>> pe.clip_relative(np.arange(-4, 5), 2).tolist()
     [0, 0, 0, 1, 2, 3, 4, 4, 4]
     """
+    check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
     max_distance = check.integer("max_distance", max_distance, minimum=0)

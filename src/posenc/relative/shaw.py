@@ -46,8 +46,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
     >>> pe.shaw_logits(q, k, table, max_distance=2)[0].tolist()
     [[9.0, 5.0, 1.0], [13.0, 9.0, 5.0]]
     """
-    xp = namespace(q, k, table_k)
-    device_of(q, k, table_k)
+    xp = _args.namespace_of(q=q, k=k, table_k=table_k)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     max_distance = check.integer("max_distance", max_distance, minimum=0)
     offset = check.integer("offset", offset)
@@ -93,8 +92,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     >>> pe.shaw_output(w, np.zeros((1, 2, 1)), table, max_distance=1)[0].tolist()
     [[-0.5], [0.5]]
     """
-    xp = namespace(weights, v, table_v)
-    device_of(weights, v, table_v)
+    xp = _args.namespace_of(weights=weights, v=v, table_v=table_v)
     for name, a in (("weights", weights), ("v", v)):
         check.float_array(name, a, xp)
         check.ndim(name, a, minimum=2)

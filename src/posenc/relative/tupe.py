@@ -62,8 +62,7 @@ def tupe_logits(q, k, p, uq, uk, *, bias=None, cls=None):
     >>> pe.tupe_logits(q, k, p, u, u, cls=(1.0, -1.0)).tolist()
     [[[1.0, 1.0], [-1.0, 0.5]]]
     """
-    xp = namespace(q, k, p, uq, uk, bias)
-    device_of(q, k, p, uq, uk, bias)
+    xp = _args.namespace_of(q=q, k=k, p=p, uq=uq, uk=uk, bias=bias)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)

@@ -41,8 +41,9 @@ def rel_shift(x):
     check.ndim("x", x, minimum=2)
     q_len, n = int(x.shape[-2]), int(x.shape[-1])
     zero = xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x))
-    padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], n + 1, q_len))
-    return xp.reshape(padded[..., 1:, :], tuple(x.shape))
+    padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], q_len * (n + 1)))
+    # Dropping the first row of the [n + 1, q_len] view is dropping the first q_len elements.
+    return xp.reshape(padded[..., q_len:], tuple(x.shape))
 
 
 def xl_logits(q, k, r, u, v):
@@ -82,8 +83,7 @@ def xl_logits(q, k, r, u, v):
     >>> pe.xl_logits(q, k, r, u, v)[0, :, :2].tolist()   # (the masked future left out)
     [[1.0, 0.0], [2.0, 1.0]]
     """
-    xp = namespace(q, k, r, u, v)
-    device_of(q, k, r, u, v)
+    xp = _args.namespace_of(q=q, k=k, r=r, u=u, v=v)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     if q_len > k_len:
         raise ValueError(f"q_len must be <= k_len (queries are the last keys), got q_len={q_len}, k_len={k_len}")
@@ -138,8 +138,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
     >>> pe.tener_logits(q, np.zeros((1, 2, 2)), zero, zero).round(4).tolist()
     [[[1.0, 0.5403]]]
     """
-    xp = namespace(q, k, u, v)
-    device_of(q, k, u, v)
+    xp = _args.namespace_of(q=q, k=k, u=u, v=v)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     dim = int(q.shape[-1])
     if dim % 2:
@@ -190,8 +189,7 @@ def segment_logits(q, seg_q, seg_k, s_same, s_diff, b):
     >>> pe.segment_logits(q, np.array([0, 1]), np.array([0, 0, 1]), 2 * one, -one, 0 * one)[0].tolist()
     [[2.0, 2.0, -1.0], [-1.0, -1.0, 2.0]]
     """
-    xp = namespace(q, seg_q, seg_k, s_same, s_diff, b)
-    device_of(q, seg_q, seg_k, s_same, s_diff, b)
+    xp = _args.namespace_of(q=q, seg_q=seg_q, seg_k=seg_k, s_same=s_same, s_diff=s_diff, b=b)
     check.float_array("q", q, xp)
     check.ndim("q", q, minimum=2)
     for name, a in (("seg_q", seg_q), ("seg_k", seg_k)):

@@ -1,0 +1,506 @@
+"""Relative attention logits against naive O(L^2 d) float64 transcriptions and original code."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from arrays import assert_close
+
+DTYPES = ["float16", "bfloat16", "float32", "float64"]
+# Results are sums of d products computed in float32 (16-bit inputs) then rounded once.
+TOL = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-5, "float64": 1e-12}
+
+H, Q, K, D = 2, 5, 7, 4  # heads, q_len, k_len, head dim
+
+
+def rel_matrix(q_len, k_len, offset=0):
+    return (offset + np.arange(q_len))[:, None] - np.arange(k_len)[None, :]
+
+
+def sinusoid(t, dim, base=10000.0):
+    """Interleaved sinusoid of (signed, float) positions t: [..., dim]."""
+    angle = np.asarray(t, dtype=np.float64)[..., None] / base ** (2 * np.arange(dim // 2) / dim)
+    out = np.empty(angle.shape[:-1] + (dim,))
+    out[..., 0::2], out[..., 1::2] = np.sin(angle), np.cos(angle)
+    return out
+
+
+def hf_deberta_bucket(rel, bucket_size, max_position):
+    torch = pytest.importorskip("torch")
+    deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
+    return deberta.make_log_bucket_position(torch.as_tensor(rel), bucket_size, max_position).numpy().astype(np.int64)
+
+
+# --- naive transcriptions of each paper's formula (loops over i, j: O(L^2 d)) -----------------
+
+
+def naive_shaw_logits(q, k, table, kmax, offset=0):
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            a = table[np.clip(offset + i - j, -kmax, kmax) + kmax]
+            out[..., i, j] = np.sum(q[..., i, :] * (k[..., j, :] + a), axis=-1)
+    return out
+
+
+def naive_shaw_output(w, v, table, kmax, offset=0):
+    out = np.zeros(w.shape[:-1] + (v.shape[-1],))
+    for i in range(w.shape[-2]):
+        for j in range(w.shape[-1]):
+            a = table[np.clip(offset + i - j, -kmax, kmax) + kmax]
+            out[..., i, :] += w[..., i, j, None] * (v[..., j, :] + a)
+    return out
+
+
+def naive_xl(q, k, r, u, v):
+    """Transformer-XL Eq. (3) terms (a)-(d); r[c] is distance k_len - 1 - c; NaN where r has no row."""
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    out = np.full(np.broadcast_shapes(q.shape[:-1], k.shape[:-2] + (1,)) + (k_len,), np.nan)
+    for i in range(q_len):
+        for j in range(k_len):
+            c = k_len - 1 - ((k_len - q_len + i) - j)
+            if 0 <= c < r.shape[-2]:
+                qi, kj, rd = q[..., i, :], k[..., j, :], r[..., c, :]
+                terms = qi * kj + qi * rd + u[..., 0, :] * kj + v[..., 0, :] * rd
+                out[..., i, j] = np.sum(terms, axis=-1)
+    return out
+
+
+def naive_tener(q, k, u, v, base=10000.0, offset=0):
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            r = sinusoid(offset + i - j, q.shape[-1], base)
+            qi, kj = q[..., i, :], k[..., j, :]
+            out[..., i, j] = np.sum(qi * kj + qi * r + u[..., 0, :] * kj + v[..., 0, :] * r, axis=-1)
+    return out
+
+
+def naive_segment(q, seg_q, seg_k, s_same, s_diff, b):
+    out = np.zeros(q.shape[:-1] + (seg_k.shape[-1],))
+    for i in range(q.shape[-2]):
+        for j in range(seg_k.shape[-1]):
+            s = s_same if seg_q[i] == seg_k[j] else s_diff
+            out[..., i, j] = np.sum((q[..., i, :] + b[..., 0, :]) * s[..., 0, :], axis=-1)
+    return out
+
+
+def naive_deberta(q, k, pos_q, pos_k, kmax, bucket=None, offset=0):
+    """Released DeBERTa: c2p q_i.P^K[delta(i,j)], p2c k_j.P^Q[delta(i,j)], over sqrt(3d)."""
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            rel = offset + i - j
+            if bucket is not None:
+                rel = int(hf_deberta_bucket(np.array([rel]), *bucket)[0])
+            delta = min(max(rel + kmax, 0), 2 * kmax - 1)
+            qi, kj = q[..., i, :], k[..., j, :]
+            out[..., i, j] = np.sum(qi * kj + qi * pos_k[..., delta, :] + kj * pos_q[..., delta, :], axis=-1)
+    return out / math.sqrt(3 * q.shape[-1])
+
+
+def naive_tupe(q, k, p, uq, uk, bias=None, cls=None):
+    d = q.shape[-1]
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            position = np.sum((p[i] @ uq) * (p[j] @ uk), axis=-1) / math.sqrt(2 * d)
+            if cls is not None and i == 0:
+                position = cls[0] + 0 * position
+            elif cls is not None and j == 0:
+                position = cls[1] + 0 * position
+            out[..., i, j] = np.sum(q[..., i, :] * k[..., j, :], axis=-1) / math.sqrt(2 * d) + position
+    return out if bias is None else out + bias
+
+
+# --- each function on every backend and dtype ------------------------------------------------
+
+
+def _inputs(rng, backend, dtype, *shapes):
+    arrays = [backend.asarray(rng.standard_normal(s), dtype=dtype) for s in shapes]
+    return arrays, [backend.to_numpy(a).astype(np.float64) for a in arrays]
+
+
+def case_shaw_logits(rng, backend, dtype):
+    (q, k, t), (q64, k64, t64) = _inputs(rng, backend, dtype, (3, H, Q, D), (3, H, K, D), (7, D))
+    return pe.shaw_logits(q, k, t, max_distance=3, offset=2), naive_shaw_logits(q64, k64, t64, 3, offset=2)
+
+
+def case_shaw_output(rng, backend, dtype):
+    (w, v, t), (w64, v64, t64) = _inputs(rng, backend, dtype, (H, Q, K), (H, K, 3), (5, 3))
+    return pe.shaw_output(w, v, t, max_distance=2, offset=1), naive_shaw_output(w64, v64, t64, 2, offset=1)
+
+
+def case_xl_logits(rng, backend, dtype):
+    arrays, (q, k, r, u, v) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (H, K + Q, D), (H, 1, D), (H, 1, D))
+    return pe.xl_logits(*arrays), naive_xl(q, k, r, u, v)
+
+
+def case_tener_logits(rng, backend, dtype):
+    arrays, (q, k, u, v) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (H, 1, D), (H, 1, D))
+    return pe.tener_logits(*arrays, base=100.0, offset=1), naive_tener(q, k, u, v, base=100.0, offset=1)
+
+
+def case_segment_logits(rng, backend, dtype):
+    (q, s1, s2, b), (q64, s164, s264, b64) = _inputs(rng, backend, dtype, (H, Q, D), (H, 1, D), (H, 1, D), (H, 1, D))
+    seg_q, seg_k = np.array([0, 0, 1, 1, 1]), np.array([0, 0, 0, 1, 1, 1, 1])
+    out = pe.segment_logits(q, backend.asarray(seg_q), backend.asarray(seg_k), s1, s2, b)
+    return out, naive_segment(q64, seg_q, seg_k, s164, s264, b64)
+
+
+def case_deberta_logits(rng, backend, dtype):
+    arrays, (q, k, pq, pk) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (H, 6, D), (H, 6, D))
+    return pe.deberta_logits(*arrays, max_distance=3, offset=1), naive_deberta(q, k, pq, pk, 3, offset=1)
+
+
+def case_tupe_logits(rng, backend, dtype):
+    arrays, (q, k, p, uq, uk, bias) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (K, 3), (H, 3, D), (H, 3, D), (H, Q, K))
+    return pe.tupe_logits(*arrays[:5], bias=arrays[5]), naive_tupe(q, k, p, uq, uk, bias=bias)
+
+
+CASES = {f.__name__[5:]: f for f in (case_shaw_logits, case_shaw_output, case_xl_logits, case_tener_logits, case_segment_logits, case_deberta_logits, case_tupe_logits)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_logits_match_naive_formula(backend, rng, name, dtype):
+    got, expected = CASES[name](rng, backend, dtype)
+    valid = ~np.isnan(expected)  # xl_logits: distances r has no row for
+    expected = np.where(valid, expected, 0.0)
+    got_np = np.where(valid, backend.to_numpy(got).astype(np.float64), 0.0)
+    assert_close(got, got_np, backend=backend, dtype=dtype, shape=expected.shape, rtol=0, atol=0)
+    np.testing.assert_allclose(got_np, expected, rtol=TOL[dtype], atol=TOL[dtype])
+
+
+# --- Shaw / NEZHA -------------------------------------------------------------------------------
+
+
+def naive_shaw_logits_per_table(q, k, table, kmax, offset):
+    out = np.zeros(np.broadcast_shapes(q.shape[:-1], k.shape[:-2] + (1,)) + (k.shape[-2],))
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            a = table[..., np.clip(offset + i - j, -kmax, kmax) + kmax, :]
+            out[..., i, j] = np.sum(q[..., i, :] * (k[..., j, :] + a), axis=-1)
+    return out
+
+
+def test_shaw_logits_per_head_tables_broadcast_over_batch(rng):
+    q, k = rng.standard_normal((2, 3, 4, 6)), rng.standard_normal((1, 3, 9, 6))
+    table = rng.standard_normal((3, 5, 6))  # one table per head
+    expected = naive_shaw_logits_per_table(q, k, table, 2, 5)
+    np.testing.assert_allclose(pe.shaw_logits(q, k, table, max_distance=2, offset=5), expected, atol=1e-12)
+
+
+def test_nezha_released_table_reproduces_the_released_lookup(rng):
+    # NEZHA's code: distance_mat = key - query, index = clip(distance_mat, -K, K) + K, and
+    # row c of its table is the interleaved sinusoid of c itself.
+    kmax, dim, n = 3, 8, 9
+    released_table = sinusoid(np.arange(2 * kmax + 1), dim)
+    index = np.clip(np.arange(n)[None, :] - np.arange(n)[:, None], -kmax, kmax) + kmax
+    q, k = rng.standard_normal((2, n, dim)), rng.standard_normal((2, n, dim))
+    expected = q @ k.transpose(0, 2, 1) + np.einsum("hid,ijd->hij", q, released_table[index])
+    got = pe.shaw_logits(q, k, pe.nezha_table(kmax, dim, dtype=np.float64), max_distance=kmax)
+    np.testing.assert_allclose(got, expected, atol=1e-12)
+
+
+def test_nezha_paper_table_is_the_sinusoid_of_key_minus_query():
+    kmax, dim = 4, 6
+    table = pe.nezha_table(kmax, dim, form="paper", dtype=np.float64)
+    rel = np.arange(-kmax, kmax + 1)  # row c is rel = c - K = query - key
+    np.testing.assert_allclose(table, sinusoid(-rel, dim), atol=1e-15)
+
+
+def test_nezha_table_namespace(backend):
+    t = pe.nezha_table(2, 4, xp=backend.xp, dtype=backend.dtype("float32"))
+    assert_close(t, sinusoid(np.arange(4, -1, -1), 4), backend=backend, dtype="float32")
+
+
+@pytest.mark.parametrize(
+    "args, kwargs, error, match",
+    [((-1, 4), {}, ValueError, "max_distance"), ((2, 3), {}, ValueError, "dim"), ((2, 4), {"form": "x"}, ValueError, "form"), ((2.0, 4), {}, TypeError, "max_distance")],
+)
+def test_nezha_table_bad_input(args, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pe.nezha_table(*args, **kwargs)
+
+
+def test_shaw_output_against_explicit_attention(rng):
+    # The documented use: softmax of shaw_logits, then shaw_output with the value table.
+    q, k, v = rng.standard_normal((2, 4, 6)), rng.standard_normal((2, 6, 6)), rng.standard_normal((2, 6, 3))
+    tk, tv = rng.standard_normal((5, 6)), rng.standard_normal((5, 3))
+    logits = pe.shaw_logits(q, k, tk, max_distance=2, offset=2) / math.sqrt(6)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(pe.shaw_output(w, v, tv, max_distance=2, offset=2), naive_shaw_output(w, v, tv, 2, offset=2), atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "shapes, kwargs, error, match",
+    [
+        (((2, 3, 4), (2, 5, 6), (5, 4)), {"max_distance": 2}, ValueError, "head dimension"),
+        (((2, 3, 4), (2, 5, 4), (4, 4)), {"max_distance": 2}, ValueError, "table_k"),
+        (((2, 3, 4), (2, 5, 4), (5, 3)), {"max_distance": 2}, ValueError, "table_k"),
+        (((2, 3, 4), (3, 5, 4), (5, 4)), {"max_distance": 2}, ValueError, "batch"),
+        (((2, 3, 4), (2, 5, 4), (5, 4)), {"max_distance": -2}, ValueError, "max_distance"),
+        (((2, 3, 4), (2, 5, 4), (5, 4)), {"max_distance": 2, "offset": 0.5}, TypeError, "offset"),
+        (((4,), (2, 5, 4), (5, 4)), {"max_distance": 2}, ValueError, "q"),
+    ],
+)
+def test_shaw_logits_bad_input(shapes, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pe.shaw_logits(*(np.zeros(s) for s in shapes), **kwargs)
+
+
+def test_shaw_bad_types_and_sizes():
+    with pytest.raises(TypeError, match="table_k"):
+        pe.shaw_logits(np.zeros((3, 4)), np.zeros((5, 4)), np.zeros((5, 4), dtype=np.int64), max_distance=2)
+    with pytest.raises(TypeError, match="q"):
+        pe.shaw_logits([[0.0]], np.zeros((5, 1)), np.zeros((5, 1)), max_distance=2)
+    with pytest.raises(ValueError, match="memory"):
+        big = np.broadcast_to(np.zeros((1, 1)), (10**6, 1))  # a view: nothing allocated
+        pe.shaw_logits(big, big, np.zeros((5, 1)), max_distance=2)
+    with pytest.raises(ValueError, match="v"):
+        pe.shaw_output(np.zeros((3, 5)), np.zeros((4, 2)), np.zeros((5, 2)), max_distance=2)
+    with pytest.raises(ValueError, match="table_v"):
+        pe.shaw_output(np.zeros((3, 5)), np.zeros((5, 2)), np.zeros((5, 3)), max_distance=2)
+    with pytest.raises(TypeError, match="weights"):
+        pe.shaw_output(np.zeros((3, 5), dtype=np.int64), np.zeros((5, 2)), np.zeros((5, 2)), max_distance=2)
+
+
+# --- Transformer-XL / XLNet ------------------------------------------------------------------
+
+
+def txl_rel_shift(x):
+    """Transcription of Transformer-XL's ``_rel_shift`` (layout [q_len, n, batch, heads])."""
+    zero_pad = np.zeros((x.shape[0], 1) + x.shape[2:], dtype=x.dtype)
+    x_padded = np.concatenate([zero_pad, x], axis=1)
+    x_padded = x_padded.reshape((x.shape[1] + 1, x.shape[0]) + x.shape[2:])
+    return x_padded[1:].reshape(x.shape)
+
+
+def test_rel_shift_equals_transformer_xl(backend, rng):
+    x = rng.standard_normal((2, 3, 5, 8))  # [batch, heads, q_len, n]
+    expected = np.transpose(txl_rel_shift(np.transpose(x, (2, 3, 0, 1))), (2, 3, 0, 1))
+    out = pe.rel_shift(backend.asarray(x, dtype="float32"))
+    assert_close(out, expected.astype(np.float32), backend=backend, dtype="float32", rtol=0, atol=0)
+
+
+def test_rel_shift_matches_xlnet_rel_shift_bnij(rng):
+    torch = pytest.importorskip("torch")
+    xlnet = pytest.importorskip("transformers.models.xlnet.modeling_xlnet")
+    q_len, k_len = 4, 6
+    x = torch.as_tensor(rng.standard_normal((2, 3, q_len, k_len + q_len)))
+    want = xlnet.XLNetRelativeAttention.rel_shift_bnij(x, klen=k_len)
+    torch.testing.assert_close(pe.rel_shift(x[..., 1:])[..., :k_len], want, rtol=0, atol=0)
+
+
+def test_xl_logits_equals_transformer_xl_with_memory(rng):
+    # AC + rel_shift(BD) with r for distances k_len-1..0, as Transformer-XL computes it.
+    q_len, k_len = 4, 9
+    q, k, r = rng.standard_normal((3, q_len, 8)), rng.standard_normal((3, k_len, 8)), rng.standard_normal((3, k_len, 8))
+    u, v = rng.standard_normal((3, 1, 8)), rng.standard_normal((3, 1, 8))
+    ac = (q + u) @ k.transpose(0, 2, 1)
+    bd = pe.rel_shift((q + v) @ r.transpose(0, 2, 1))
+    past = rel_matrix(q_len, k_len, k_len - q_len) >= 0
+    got = pe.xl_logits(q, k, r, u, v)
+    np.testing.assert_allclose(np.where(past, got, 0.0), np.where(past, ac + bd, 0.0), atol=1e-12)
+
+
+def test_xl_logits_equals_xlnet_bidirectional(rng):
+    torch = pytest.importorskip("torch")
+    xlnet = pytest.importorskip("transformers.models.xlnet.modeling_xlnet")
+    q_len, k_len = 5, 8
+    q, k = rng.standard_normal((2, 3, q_len, 4)), rng.standard_normal((2, 3, k_len, 4))
+    r_xlnet = rng.standard_normal((3, k_len + q_len, 4))  # XLNet: distances k_len .. -q_len + 1
+    u, v = rng.standard_normal((3, 1, 4)), rng.standard_normal((3, 1, 4))
+    bd = xlnet.XLNetRelativeAttention.rel_shift_bnij(torch.as_tensor((q + v) @ r_xlnet.swapaxes(-1, -2)), klen=k_len).numpy()
+    expected = (q + u) @ k.swapaxes(-1, -2) + bd
+    ours_r = np.concatenate([r_xlnet[:, 1:], rng.standard_normal((3, 1, 4))], axis=1)  # k_len-1 .. -q_len
+    np.testing.assert_allclose(pe.xl_logits(q, k, ours_r, u, v), expected, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    "shapes, error, match",
+    [
+        (((2, 6, 4), (2, 5, 4), (2, 5, 4), (2, 1, 4), (2, 1, 4)), ValueError, "q_len"),
+        (((2, 3, 4), (2, 5, 4), (2, 4, 4), (2, 1, 4), (2, 1, 4)), ValueError, "r"),
+        (((2, 3, 4), (2, 5, 4), (2, 5, 3), (2, 1, 4), (2, 1, 4)), ValueError, "r"),
+        (((2, 3, 4), (2, 5, 4), (2, 5, 4), (3, 1, 4), (2, 1, 4)), ValueError, "u"),
+        (((2, 3, 4), (2, 5, 4), (2, 5, 4), (2, 1, 4), (2, 1, 5)), ValueError, "v"),
+        (((2, 3, 4), (2, 5, 3), (2, 5, 4), (2, 1, 4), (2, 1, 4)), ValueError, "head dimension"),
+    ],
+)
+def test_xl_logits_bad_input(shapes, error, match):
+    with pytest.raises(error, match=match):
+        pe.xl_logits(*(np.zeros(s) for s in shapes))
+
+
+def test_rel_shift_bad_input():
+    with pytest.raises(ValueError, match="x"):
+        pe.rel_shift(np.zeros(3))
+    with pytest.raises(TypeError, match="x"):
+        pe.rel_shift([[1.0]])
+
+
+def xlnet_segment_term(q, seg_q, seg_k, seg_embed, r_s_bias):
+    """Transcription of XLNet's segment term: one-hot of 'different segment', then two einsums."""
+    seg_mat = np.eye(2)[(seg_q[:, None] != seg_k[None, :]).astype(int)]  # [i, j, 2]
+    ef = np.einsum("nid,snd->nis", q + r_s_bias, seg_embed)
+    return np.einsum("ijs,nis->nij", seg_mat, ef)
+
+
+def test_segment_logits_equals_xlnet(rng):
+    q = rng.standard_normal((3, 5, 4))
+    seg_embed, bias = rng.standard_normal((2, 3, 4)), rng.standard_normal((3, 1, 4))
+    seg_q, seg_k = np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 2, 2, 2])
+    got = pe.segment_logits(q, seg_q, seg_k, seg_embed[0][:, None], seg_embed[1][:, None], bias)
+    np.testing.assert_allclose(got, xlnet_segment_term(q, seg_q, seg_k, seg_embed, bias), atol=1e-12)
+
+
+def test_segment_logits_batched_segments(rng):
+    q = rng.standard_normal((2, 3, 4, 5))
+    seg_q, seg_k = np.array([[0, 0, 1, 1], [0, 1, 1, 1]]), np.array([[0, 1, 1], [1, 1, 0]])
+    s1, s2, b = (rng.standard_normal((3, 1, 5)) for _ in range(3))
+    got = pe.segment_logits(q, seg_q, seg_k, s1, s2, b)
+    for n in range(2):
+        np.testing.assert_allclose(got[n], naive_segment(q[n], seg_q[n], seg_k[n], s1, s2, b), atol=1e-12)
+
+
+def test_segment_logits_bad_input():
+    q, s = np.zeros((2, 3, 4)), np.zeros((2, 1, 4))
+    with pytest.raises(TypeError, match="seg_q"):
+        pe.segment_logits(q, np.zeros(3), np.zeros(5, dtype=int), s, s, s)
+    with pytest.raises(ValueError, match="seg_q"):
+        pe.segment_logits(q, np.zeros(4, dtype=int), np.zeros(5, dtype=int), s, s, s)
+    with pytest.raises(ValueError, match="s_diff"):
+        pe.segment_logits(q, np.zeros(3, dtype=int), np.zeros(5, dtype=int), s, np.zeros((2, 1, 3)), s)
+    with pytest.raises(ValueError, match="seg_q"):
+        pe.segment_logits(q[None].repeat(2, 0), np.zeros((3, 3), dtype=int), np.zeros((2, 5), dtype=int), s, s, s)
+
+
+def test_tener_direction_aware_and_bad_input(rng):
+    q, k = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 3, 4))
+    u = v = np.zeros((1, 1, 4))
+    split = pe.tener_logits(q, k, u, v, layout="split")
+    r = sinusoid(rel_matrix(3, 3), 4)[..., [0, 2, 1, 3]]  # split: sines first
+    np.testing.assert_allclose(split[0], np.einsum("id,ijd->ij", q[0], r) + q[0] @ k[0].T, atol=1e-12)
+    with pytest.raises(ValueError, match="even"):
+        pe.tener_logits(np.zeros((2, 3)), np.zeros((2, 3)), np.zeros((1, 3)), np.zeros((1, 3)))
+    with pytest.raises(ValueError, match="base"):
+        pe.tener_logits(q, k, u, v, base=0.0)
+    with pytest.raises(ValueError, match="layout"):
+        pe.tener_logits(q, k, u, v, layout="zigzag")
+    with pytest.raises(ValueError, match="u"):
+        pe.tener_logits(q, k, np.zeros((2, 1, 4)), v)
+
+
+# --- DeBERTa --------------------------------------------------------------------------------------
+
+
+def test_deberta_logits_bucketed_matches_naive(rng):
+    q, k = rng.standard_normal((2, 30, 4)), rng.standard_normal((2, 30, 4))
+    pq, pk = rng.standard_normal((2, 8, 4)), rng.standard_normal((2, 8, 4))
+    got = pe.deberta_logits(q, k, pq, pk, max_distance=4, bucket_size=4, max_position=12)
+    np.testing.assert_allclose(got, naive_deberta(q, k, pq, pk, 4, bucket=(4, 12)), atol=1e-12)
+
+
+@pytest.mark.parametrize("buckets, max_relative", [(-1, 6), (8, 32)])
+def test_deberta_logits_equal_released_code(rng, buckets, max_relative):
+    torch = pytest.importorskip("torch")
+    deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
+    config = deberta.DebertaV2Config(
+        hidden_size=16, num_attention_heads=2, relative_attention=True, pos_att_type=["p2c", "c2p"],
+        position_buckets=buckets, max_relative_positions=max_relative, share_att_key=False,
+    )
+    attention = deberta.DisentangledSelfAttention(config).double().eval()
+    span = buckets if buckets > 0 else max_relative
+    hidden = torch.as_tensor(rng.standard_normal((3, 40, 16)))
+    rel_embeddings = torch.as_tensor(rng.standard_normal((2 * span, 16)))
+    with torch.no_grad():
+        split = lambda x: attention.transpose_for_scores(x, 2)  # noqa: E731  ([batch*heads, L, d])
+        q, k = split(attention.query_proj(hidden)), split(attention.key_proj(hidden))
+        scale = math.sqrt(q.shape[-1] * 3)
+        want = q @ k.transpose(-1, -2) / scale + attention.disentangled_attention_bias(q, k, None, rel_embeddings, 3)
+        pos_k = split(attention.pos_key_proj(rel_embeddings[None]))
+        pos_q = split(attention.pos_query_proj(rel_embeddings[None]))
+        bucket = {"bucket_size": buckets, "max_position": max_relative} if buckets > 0 else {}
+        got = pe.deberta_logits(q.view(3, 2, 40, 8), k.view(3, 2, 40, 8), pos_q, pos_k, max_distance=span, **bucket)
+    torch.testing.assert_close(got, want.view(3, 2, 40, 40), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "pos_rows, kwargs, error, match",
+    [
+        (6, {"max_distance": 2}, ValueError, "pos_q"),
+        (4, {"max_distance": 0}, ValueError, "max_distance"),
+        (4, {"max_distance": 2, "bucket_size": 1}, ValueError, "bucket_size"),
+        (4, {"max_distance": 2, "max_position": 10}, ValueError, "max_position"),
+        (4, {"max_distance": 2.5}, TypeError, "max_distance"),
+    ],
+)
+def test_deberta_logits_bad_input(pos_rows, kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pe.deberta_logits(np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((2, pos_rows, 4)), np.zeros((2, 4, 4)), **kwargs)
+
+
+# --- TUPE -----------------------------------------------------------------------------------------
+
+
+def test_tupe_cls_untying(rng):
+    q, k = rng.standard_normal((3, 6, 4)), rng.standard_normal((3, 6, 4))
+    p, uq, uk = rng.standard_normal((8, 5)), rng.standard_normal((3, 5, 4)), rng.standard_normal((3, 5, 4))
+    theta = (np.array([1.0, 2.0, 3.0]), -0.5)
+    got = pe.tupe_logits(q, k, p, uq, uk, cls=theta)
+    for h in range(3):
+        want = naive_tupe(q[h], k[h], p, uq[h], uk[h], cls=(theta[0][h], theta[1]))
+        np.testing.assert_allclose(got[h], want, atol=1e-12)
+
+
+def test_tupe_bad_input():
+    q = np.zeros((2, 3, 4))
+    p, u = np.zeros((3, 5)), np.zeros((2, 5, 4))
+    with pytest.raises(ValueError, match="p"):
+        pe.tupe_logits(q, q, np.zeros((2, 5)), u, u)
+    with pytest.raises(ValueError, match="uq"):
+        pe.tupe_logits(q, q, p, np.zeros((2, 4, 4)), u)
+    with pytest.raises(ValueError, match="bias"):
+        pe.tupe_logits(q, q, p, u, u, bias=np.zeros((3, 3, 3)))
+    with pytest.raises(TypeError, match="cls"):
+        pe.tupe_logits(q, q, p, u, u, cls=1.0)
+    with pytest.raises(ValueError, match=r"cls\[0\]"):
+        pe.tupe_logits(q, q, p, u, u, cls=(np.zeros(3), 0.0))
+    with pytest.raises(ValueError, match="head dimension"):
+        pe.tupe_logits(q, np.zeros((2, 3, 5)), p, u, u)
+
+
+# --- traceable references: jax.jit and lazy dask -------------------------------------------
+
+
+def test_relative_functions_trace_under_jax_jit(rng):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    q, k, r, u, v = (jnp.asarray(rng.standard_normal(s), dtype=jnp.float32) for s in ((H, Q, D), (H, K, D), (H, K, D), (H, 1, D), (H, 1, D)))
+    table = jnp.asarray(rng.standard_normal((32, H)), dtype=jnp.float32)
+    calls = {
+        "t5_bias": (lambda t: pe.t5_bias(t, Q, K, offset=2), (table,)),
+        "shaw_logits": (lambda a, b, t: pe.shaw_logits(a, b, t, max_distance=2), (q, k, r[0, :5])),
+        "xl_logits": (pe.xl_logits, (q, k, r, u, v)),
+        "deberta_logits": (lambda a, b, p: pe.deberta_logits(a, b, p, p, max_distance=3, bucket_size=4, max_position=8), (q, k, r[:, :6])),
+        "tener_logits": (pe.tener_logits, (q, k, u, v)),
+    }
+    for name, (fn, args) in calls.items():
+        np.testing.assert_allclose(np.asarray(jax.jit(fn)(*args)), np.asarray(fn(*args)), rtol=1e-5, atol=1e-5, err_msg=name)
+
+
+def test_relative_functions_stay_lazy_on_dask(rng):
+    da = pytest.importorskip("dask.array")
+    q, k, t = (da.from_array(rng.standard_normal(s), chunks=2) for s in ((H, Q, D), (H, K, D), (5, D)))
+    out = pe.shaw_logits(q, k, t, max_distance=2)
+    assert isinstance(out, da.Array)
+    np.testing.assert_allclose(out.compute(), naive_shaw_logits(q.compute(), k.compute(), t.compute(), 2), atol=1e-12)
+    bias = pe.t5_bias(da.from_array(rng.standard_normal((32, H)), chunks=8), Q, K)
+    assert isinstance(bias, da.Array)
