@@ -47,6 +47,7 @@ def alibi_slopes(num_heads, *, xp=None, device=None, dtype=None):
     [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]
     """
     num_heads = check.integer("num_heads", num_heads, minimum=1)
+    check.allocatable("alibi_slopes", (num_heads,), 64)
     xp = namespace(xp=xp)
     dtype = result_dtype(xp, dtype)
     power = 2 ** int(math.floor(math.log2(num_heads)))
