@@ -22,7 +22,7 @@ def score_mod(kind: str, params, q_len: int, k_len: int, *, offset: int = 0, **o
     >>> import torch, posenc as pe
     >>> from posenc.torch import score_mod
     >>> mod = score_mod("alibi", torch.from_numpy(pe.alibi_slopes(2)), 3, 3)
-    >>> float(mod(torch.tensor(0.0), 0, 1, torch.tensor(2), torch.tensor(0)))
+    >>> float(mod(torch.tensor(0.0), 0, 0, torch.tensor(2), torch.tensor(0)))   # -slope[0] * (2 - 0)
     -0.125
     """
     if kind not in KINDS:
