@@ -15,12 +15,20 @@ payloads (bit-exact copies; ``scatter`` widens them to float32 to sum).
 
 from __future__ import annotations
 
+import contextlib
+
 import numba
 import numpy as np
 from numba import njit, prange
 
 from . import _bias_bits, _bias_checks
 from ._bias_arrays import batched, dtype_name, empty_like_kind, host_payload
+
+# Output bytes per thread. The ops are memory-bound: on the 2-core build machine one thread
+# already writes at ``ndarray.fill``'s bandwidth (16 x 2048 x 2048 float32 expand: 18 ms on
+# one thread, 20-41 ms on two when other processes share the cores, fill 15 ms), so a second
+# thread only joins for outputs of a GiB or more.
+_BYTES_PER_THREAD = 1 << 29
 
 _float16_to_float32 = njit(cache=True)(_bias_bits.float16_to_float32)
 _float32_to_float16 = njit(cache=True)(_bias_bits.float32_to_float16)
@@ -101,6 +109,17 @@ def _scatter_16(weights, rev_index, bfloat16, acc, out):
                 dst[c] = _float32_to_bfloat16(total[c]) if bfloat16 else _float32_to_float16(total[c])
 
 
+@contextlib.contextmanager
+def _threads_for(nbytes):
+    """Run the enclosed kernels on ``nbytes / _BYTES_PER_THREAD`` threads (at least one)."""
+    previous = numba.get_num_threads()
+    numba.set_num_threads(max(1, min(previous, nbytes // _BYTES_PER_THREAD)))
+    try:
+        yield
+    finally:
+        numba.set_num_threads(previous)
+
+
 def _reversed_index(index, m):
     """``index[::-1]`` as contiguous intp, after checking its values lie in ``[0, m)``."""
     index = host_payload(index)
@@ -117,7 +136,9 @@ def toeplitz_expand(vec, q_len, k_len, *, out=None):
         return result
     payload = host_payload(vec)
     rev = np.ascontiguousarray(payload[..., ::-1])
-    batched(_expand, [rev, host_payload(result)], vec.ndim - 1)
+    out_payload = host_payload(result)
+    with _threads_for(out_payload.nbytes):
+        batched(_expand, [rev, out_payload], vec.ndim - 1)
     return result
 
 
@@ -128,7 +149,9 @@ def toeplitz_gather(scores, index, k_len, *, out=None):
     if 0 in shape:
         return result
     rev_index = _reversed_index(index, scores.shape[-1])
-    batched(lambda s, o: _gather(s, rev_index, o), [host_payload(scores), host_payload(result)], scores.ndim - 2)
+    out_payload = host_payload(result)
+    with _threads_for(out_payload.nbytes):
+        batched(lambda s, o: _gather(s, rev_index, o), [host_payload(scores), out_payload], scores.ndim - 2)
     return result
 
 
@@ -150,5 +173,7 @@ def toeplitz_scatter(weights, index, m, *, out=None):
         else:
             _scatter(w, rev_index, acc, o)
 
-    batched(launch, [host_payload(weights), host_payload(result)], weights.ndim - 2)
+    weights_payload = host_payload(weights)
+    with _threads_for(weights_payload.nbytes):
+        batched(launch, [weights_payload, host_payload(result)], weights.ndim - 2)
     return result
