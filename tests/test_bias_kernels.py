@@ -218,6 +218,35 @@ def test_scatter_rounds_16_bit_sums_once():
     assert got.dtype == torch.bfloat16 and float(got[0, 0]) == 258.0
 
 
+def test_16_bit_conversions_are_exact_and_round_to_nearest_even():
+    from posenc._kernels import bias_cpu
+
+    every = np.arange(2**16, dtype=np.uint16)
+    as_half = every.view(np.float16).astype(np.float32)
+    as_brain = (every.astype(np.uint32) << 16).view(np.float32)
+    half = np.array([bias_cpu._float16_to_float32(h) for h in every.tolist()], dtype=np.float32)
+    brain = np.array([bias_cpu._bfloat16_to_float32(h) for h in every.tolist()], dtype=np.float32)
+    np.testing.assert_array_equal(half, as_half)  # NaNs compare equal by position
+    np.testing.assert_array_equal(brain, as_brain)
+    rng = np.random.default_rng(7)
+    x = np.concatenate([
+        rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        (rng.standard_normal(20000) * np.exp(rng.uniform(-20, 12, 20000))).astype(np.float32),
+        np.float32([65504.0, 65519.0, 65520.0, 2.0**-25, 2.0**-24 * 1.5, 2.0**-24 * 2.5, -0.0, np.inf, 1 + 2.0**-11]),
+    ])
+    finite = ~np.isnan(x)
+    with np.errstate(over="ignore"):
+        want_half = x[finite].astype(np.float16).view(np.uint16)
+    want_brain = torch.from_numpy(x[finite]).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    got_half = np.array([bias_cpu._float32_to_float16(v) for v in x[finite].tolist()], dtype=np.uint16)
+    got_brain = np.array([bias_cpu._float32_to_bfloat16(v) for v in x[finite].tolist()], dtype=np.uint16)
+    np.testing.assert_array_equal(got_half, want_half)
+    np.testing.assert_array_equal(got_brain, want_brain)
+    for nan in x[~finite][:50].tolist():
+        assert np.isnan(np.uint16(bias_cpu._float32_to_float16(nan)).view(np.float16))
+        assert (bias_cpu._float32_to_bfloat16(nan) & 0x7FC0) == 0x7FC0
+
+
 def test_expand_peak_memory_is_the_output():
     vec = np.random.default_rng(0).standard_normal((16, 2 * 256 - 1)).astype(np.float32)
     CPU["toeplitz_expand"](vec, 256, 256)  # compile outside the measurement

@@ -83,9 +83,9 @@ def device_payload(a):
     return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
-def empty_like_kind(like, shape, dtype=None):
+def empty_like_kind(like, shape):
     """An uninitialised result of ``shape`` of the same kind, dtype and device as ``like``."""
-    dtype = like.dtype if dtype is None else dtype
+    dtype = like.dtype
     which = kind(like)
     if which in ("torch-cpu", "torch-cuda"):
         import torch
