@@ -17,6 +17,11 @@ def _distances(q_len, k_len):
     return max(q_len + k_len - 1, 0)
 
 
+def _distances_match(n, q_len, k_len):
+    """A per-distance vector has ``q_len + k_len - 1`` entries; an empty bias may also have none."""
+    return n == _distances(q_len, k_len) or (n == 0 and q_len * k_len == 0)
+
+
 def _ndim(name, a, minimum):
     if a.ndim < minimum:
         raise ValueError(f"{name} must have at least {minimum} dimension(s), got shape {tuple(a.shape)}")
@@ -26,7 +31,7 @@ def _index(index, q_len, k_len):
     if dtype_name(index.dtype) not in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64"):
         raise TypeError(f"index must have an integer dtype, got {index.dtype}")
     want = _distances(q_len, k_len)
-    if tuple(index.shape) != (want,):
+    if index.ndim != 1 or not _distances_match(int(index.shape[0]), q_len, k_len):
         raise ValueError(f"index must have shape ({want},) (q_len + k_len - 1 distances), got {tuple(index.shape)}")
 
 
@@ -57,7 +62,7 @@ def expand(vec, q_len, k_len, result):
     _ndim("vec", vec, 1)
     vec_shape = tuple(vec.shape)  # the CUDA simulator's shapes reject negative indices
     want = _distances(q_len, k_len)
-    if vec_shape[-1] != want:
+    if not _distances_match(vec_shape[-1], q_len, k_len):
         raise ValueError(f"vec must have {want} entries (q_len + k_len - 1) on its last axis, got shape {vec_shape}")
     shape = (*vec_shape[:-1], q_len, k_len)
     out(result, vec, shape)
