@@ -64,6 +64,8 @@ CASES = {
     "rope unknown layout": (lambda: pe.rope(X, layout="quarter"), ValueError, "layout"),
     "rope out wrong dtype": (lambda: pe.rope(X, out=np.zeros(X.shape)), ValueError, "out"),
     "rope out other namespace": (lambda: pe.rope(X, out=_torch_zeros(*X.shape)), TypeError, "out"),
+    "rope out overlaps x": (lambda: pe.rope(X, out=X[:, ::-1]), ValueError, "overlaps"),
+    "rope torch out overlaps x": (lambda: _overlapping_torch_rope(), ValueError, "overlaps"),
     "apply_rope cos/sin mismatch": (lambda: pe.apply_rope(X, np.ones((5, 6)), np.ones((5, 4))), ValueError, "sin"),
     "rope_frequencies odd dim": (lambda: pe.rope_frequencies(7), ValueError, "dim"),
     "linear scaling factor 0": (lambda: pe.scaling.Linear(0.0), ValueError, "factor"),
@@ -81,6 +83,11 @@ CASES = {
     "attention bias shape": (lambda: pe.attention(Q, K, K, bias=np.zeros((3, 4, 6))), ValueError, "bias"),
     "set_backend unknown": (lambda: pe.set_backend("cuda"), ValueError, "backend"),
 }
+
+
+def _overlapping_torch_rope():
+    t = _torch_zeros(2, 6, 8)
+    return pe.rope(t[:, :5], out=t[:, 1:])
 
 
 def _torch_zeros(*shape):

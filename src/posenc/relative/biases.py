@@ -221,7 +221,7 @@ def expand_bias(vec, q_len, k_len, *, out=None):
     if out is None:
         check.allocatable("bias", shape, 8)
     else:
-        check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec))
+        check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec), inputs=(("vec", vec),))
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 
