@@ -52,6 +52,17 @@ def numpy_view(a):
     return a
 
 
+def positions_view(p):
+    """Positions as a NumPy array (torch 16-bit floats, which NumPy lacks, as float64)."""
+    if _compat.is_torch_array(p):
+        if p.dtype.itemsize == 2 and p.dtype.is_floating_point:
+            import torch
+
+            return p.detach().to(torch.float64).numpy()
+        return p.detach().numpy()
+    return np.asarray(p)
+
+
 def empty_like(a):
     """A new uninitialised array like ``a`` (torch tensors are allocated by torch)."""
     if _compat.is_torch_array(a):
@@ -72,7 +83,7 @@ def same_view(a, b) -> bool:
 
 def writes_each_element_once(a) -> bool:
     """No two indices of ``a`` share memory (no stride 0 over an axis longer than one)."""
-    return all(st != 0 or n <= 1 for n, st in zip(a.shape, a.strides))
+    return a.size == 0 or all(st != 0 or n <= 1 for n, st in zip(a.shape, a.strides))
 
 
 def strided(a, shape, strides):
