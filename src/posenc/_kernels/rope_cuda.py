@@ -89,7 +89,7 @@ def _views(xd, od, per_position, in_place):
     arrays = [xd, od, *per_position]
     strides = [_device.element_strides(a)[: len(batch)] for a in arrays]
     plan = _layout.plan(batch, strides, shared=range(2, len(arrays)))
-    shape, dim = plan.shape(), xd.shape[-1]
+    shape, dim = plan.shape(), tuple(xd.shape)[-1]
     x4 = _device.strided(xd, shape + (dim,), plan.strides(0) + (_device.element_strides(xd)[-1],))
     o4 = x4 if in_place else _device.strided(od, shape + (dim,), plan.strides(1) + (_device.element_strides(od)[-1],))
     per = []
@@ -102,17 +102,18 @@ def _views(xd, od, per_position, in_place):
     return plan, x4, o4, per
 
 
-def _broadcast(a, shape, *, step=1):
+def _broadcast(a, shape, *, step=None):
     """Device array ``a`` broadcast to ``shape`` (stride 0 along new or unit axes).
 
-    ``step``: take every ``step``-th element of the last axis (``shape[-1]`` of them).
+    ``step``: the last axis keeps its first ``shape[-1]`` elements ``step`` apart.
     """
     lead = len(shape) - a.ndim
     strides = [0] * lead
     for axis, (n, st) in enumerate(zip(a.shape, _device.element_strides(a))):
         want = shape[lead + axis]
-        last = axis == a.ndim - 1
-        if last and step != 1 and n >= step * want:
+        if axis == a.ndim - 1 and step is not None:
+            if n < step * (want - 1) + 1:
+                raise ValueError(f"array of shape {tuple(a.shape)} has fewer than {want} pairs (kernel launcher check)")
             strides.append(st * step)
         elif n == want or n == 1:
             strides.append(st if n == want else 0)
@@ -145,7 +146,7 @@ def _launch(kernel, x, xd, per_position, args, half, out):
         od = _device.as_numba(temporary)
     plan, x4, o4, per = _views(xd, od, per_position, in_place)
     stream, device = _device.stream_and_device(x)
-    columns = half + (0 if in_place else xd.shape[-1] - 2 * half)
+    columns = half + (0 if in_place else tuple(xd.shape)[-1] - 2 * half)
     rows = plan.g.size * plan.s.size
     if rows and columns and plan.h.size:
         blocks = (rows * columns + _THREADS - 1) // _THREADS
@@ -165,7 +166,7 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     """numba.cuda ``rope_rotate`` (see ``posenc.rotary._rotate.rotate_positions``)."""
     xd = _device.as_numba(x)
     inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > xd.shape[-1]:
+    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > tuple(xd.shape)[-1]:
         raise ValueError(f"inv_freq of shape {inv_freq.shape} does not fit x of shape {tuple(xd.shape)} (kernel launcher check)")
     pd = _broadcast(_device.as_numba(positions, bits16=False), tuple(xd.shape[:-1]))
     stream, device = _device.stream_and_device(x)
@@ -179,8 +180,8 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
 def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     """numba.cuda ``rope_apply`` (see ``posenc.rotary._rotate.rotate_cos_sin``)."""
     xd = _device.as_numba(x)
-    rotary_dim = cos.shape[-1]
-    if rotary_dim % 2 or rotary_dim > xd.shape[-1] or tuple(sin.shape) != tuple(cos.shape) or sin.dtype != cos.dtype:
+    rotary_dim = tuple(cos.shape)[-1]
+    if rotary_dim % 2 or rotary_dim > tuple(xd.shape)[-1] or tuple(sin.shape) != tuple(cos.shape) or sin.dtype != cos.dtype:
         raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not fit x of shape {tuple(xd.shape)} (kernel launcher check)")
     half = rotary_dim // 2
     # Each angle appears twice in the layout's order; the kernel reads it once per pair:
