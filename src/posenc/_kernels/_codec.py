@@ -53,20 +53,19 @@ def store(row, index, value, kind):
     if kind == FLOAT:
         row[index] = value
         return
-    # float32 bits rounded to odd: toward zero, last bit set when inexact.
+    # float32 bits rounded to odd: toward zero, last bit set when inexact. Written with
+    # selects rather than branches so that the kernels' row loops vectorise.
     f = np.float32(value)
-    bits = np.uint32(f.view(np.uint32))
     back = np.float64(f)
-    if back != value and value == value:
-        if abs(back) > abs(value):
-            bits = np.uint32(bits - np.uint32(1))
-        bits = np.uint32(bits | np.uint32(1))
+    inexact = np.uint32(1) if back != value else np.uint32(0)  # also for nan, harmlessly
+    too_far = np.uint32(1) if abs(back) > abs(value) else np.uint32(0)
+    bits = np.uint32((np.uint32(f.view(np.uint32)) - too_far) | inexact)
     if kind == BFLOAT16:
-        if bits & np.uint32(0x7FFFFFFF) > np.uint32(0x7F800000):  # nan: keep it quiet
-            row[index] = np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
-        else:
-            rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
-            row[index] = np.uint16((bits + rounding) >> np.uint32(16))
+        rounding = np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1))
+        rounded = np.uint16((bits + rounding) >> np.uint32(16))
+        quiet_nan = np.uint16((bits >> np.uint32(16)) | np.uint32(0x40))
+        is_nan = bits & np.uint32(0x7FFFFFFF) > np.uint32(0x7F800000)
+        row[index] = quiet_nan if is_nan else rounded
         return
     sign = (bits >> np.uint32(16)) & np.uint32(0x8000)
     magnitude = bits & np.uint32(0x7FFFFFFF)

@@ -90,8 +90,7 @@ def _cos_sin(angle):
 
 
 @njit(cache=True, inline="always")
-def _rotate_row(x, cos, sin, interleaved, kind, copy_rest, out):
-    """Rotate one row of ``x`` into ``out`` (which may be ``x``)."""
+def _rotate_pairs(x, cos, sin, interleaved, kind, out):
     half = cos.shape[0]
     if interleaved:
         for i in range(half):
@@ -105,8 +104,20 @@ def _rotate_row(x, cos, sin, interleaved, kind, copy_rest, out):
             b = _load(x[i + half], kind)
             _store(out, i, a * cos[i] - b * sin[i], kind)
             _store(out, i + half, b * cos[i] + a * sin[i], kind)
+
+
+@njit(cache=True, inline="always")
+def _rotate_row(x, cos, sin, interleaved, kind, copy_rest, out):
+    """Rotate one row of ``x`` into ``out`` (which may be ``x``)."""
+    # A constant ``kind`` per call, so each inlined loop keeps only its own conversions.
+    if kind == _codec.FLOAT:
+        _rotate_pairs(x, cos, sin, interleaved, _codec.FLOAT, out)
+    elif kind == _codec.BFLOAT16:
+        _rotate_pairs(x, cos, sin, interleaved, _codec.BFLOAT16, out)
+    else:
+        _rotate_pairs(x, cos, sin, interleaved, _codec.FLOAT16, out)
     if copy_rest:
-        for j in range(2 * half, x.shape[0]):
+        for j in range(2 * cos.shape[0], x.shape[0]):
             out[j] = x[j]
 
 
