@@ -30,12 +30,17 @@ NUMPY_DTYPES = ("float16", "float32", "float64")
 TORCH_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
+def kernel(name):
+    (found,) = [k for k in _dispatch.kernels() if k.name == name]
+    return found.load()
+
+
 def cpu_rotate():
-    return _dispatch.kernels("rope_rotate")[0].load()
+    return kernel("rope_rotate.numba_cpu")
 
 
 def cpu_apply():
-    return _dispatch.kernels("rope_apply")[0].load()
+    return kernel("rope_apply.numba_cpu")
 
 
 def to_numpy(a):

@@ -12,13 +12,14 @@ units of the output (``tracemalloc``, which sees NumPy's allocations).
 
 from __future__ import annotations
 
-import math
 import tracemalloc
 
 import numpy as np
 
 import posenc as pe
 from posenc import _dispatch
+
+from posenc._bench import t5_original_torch
 
 from .common import Benchmark, best_time, require
 
@@ -33,68 +34,17 @@ def _distances(q_len, k_len):
     return np.arange(q_len + k_len - 1) - (k_len - 1)
 
 
-def t5_bucket_numpy(rel, num_buckets=NUM_BUCKETS, max_distance=MAX_DISTANCE):
-    """Bidirectional T5 bucket of posenc's ``rel = query - key`` (T5 itself buckets ``key - query``)."""
-    bucket_fn = getattr(pe, "t5_bucket", None)
-    if bucket_fn is not None:
-        return np.asarray(bucket_fn(rel, num_buckets=num_buckets, max_distance=max_distance))
-    n = -rel
-    half = num_buckets // 2
-    exact = half // 2
-    base = (n > 0) * half
-    n = np.abs(n)
-    # Distances below ``exact`` take the other branch of ``where``; 1 keeps their log finite.
-    scaled = np.log(np.maximum(n, 1).astype(np.float32) / exact) / math.log(max_distance / exact) * (half - exact)
-    large = np.minimum(exact + scaled.astype(np.int64, copy=False), half - 1)
-    return base + np.where(n < exact, n, large)
-
-
-def t5_vector(table, q_len, k_len):
-    """``[heads, q + k - 1]``: the learned bias of every distance."""
-    return np.ascontiguousarray(table[t5_bucket_numpy(_distances(q_len, k_len))].T)
-
-
 def posenc_t5(table, q_len, k_len, out=None):
-    return _dispatch.call("toeplitz_expand", t5_vector(table, q_len, k_len), q_len, k_len, out=out)
-
-
-def t5_bucket_torch(torch, relative_position, num_buckets=NUM_BUCKETS, max_distance=MAX_DISTANCE):
-    """T5's bidirectional bucket of ``relative_position = key - query``, as its code computes it."""
-    num_buckets //= 2
-    buckets = (relative_position > 0).to(torch.long) * num_buckets
-    relative_position = torch.abs(relative_position)
-    max_exact = num_buckets // 2
-    is_small = relative_position < max_exact
-    large = max_exact + (
-        torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
-    ).to(torch.long)
-    large = torch.min(large, torch.full_like(large, num_buckets - 1))
-    return buckets + torch.where(is_small, relative_position, large)
-
-
-def t5_original_torch(torch, embedding, q_len, k_len):
-    """T5's ``compute_bias``: bucket the ``[q, k]`` matrix, look up, permute to ``[heads, q, k]``."""
-    context = torch.arange(q_len, dtype=torch.long)[:, None]
-    memory = torch.arange(k_len, dtype=torch.long)[None, :]
-    buckets = t5_bucket_torch(torch, memory - context)
-    return embedding(buckets).permute(2, 0, 1).contiguous()
-
-
-def alibi_vector(slopes, q_len, k_len):
-    return -slopes[:, None] * _distances(q_len, k_len).astype(np.float32)
+    return pe.t5_bias(table, q_len, k_len, max_distance=MAX_DISTANCE, out=out)
 
 
 def posenc_alibi(slopes, q_len, k_len, out=None):
-    return _dispatch.call("toeplitz_expand", alibi_vector(slopes, q_len, k_len), q_len, k_len, out=out)
+    return pe.alibi_bias(slopes, q_len, k_len, out=out)
 
 
 def alibi_naive_numpy(slopes, q_len, k_len):
     rel = np.arange(q_len, dtype=np.float32)[:, None] - np.arange(k_len, dtype=np.float32)[None, :]
     return -slopes[:, None, None] * rel
-
-
-def geometric_slopes(heads):
-    return (2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)).astype(np.float32)
 
 
 def peak_over(nbytes, fn):
@@ -151,21 +101,6 @@ class T5Bias(Benchmark):
     track_t5_peak_memory_over_output.unit = "x output"
 
 
-class T5BiasPublic(Benchmark):
-    """``pe.t5_bias`` end to end (skipped where the public function is not there)."""
-
-    params = [LENGTHS]
-    param_names = ["length"]
-
-    def make(self, n):
-        if getattr(pe, "t5_bias", None) is None:
-            raise NotImplementedError("posenc has no t5_bias")
-        self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
-
-    def time_t5_bias_public(self, n):
-        pe.t5_bias(self.table, n, n)
-
-
 class AlibiBias(Benchmark):
     """16-head ALiBi bias ``[16, L, L]`` float32."""
 
@@ -174,7 +109,7 @@ class AlibiBias(Benchmark):
 
     def make(self, n):
         self.torch = require("torch")
-        self.slopes = geometric_slopes(HEADS)
+        self.slopes = pe.alibi_slopes(HEADS)
         self.slopes_torch = self.torch.from_numpy(self.slopes)
         self.out = np.empty((HEADS, n, n), dtype=np.float32)
 
@@ -211,21 +146,6 @@ class AlibiBias(Benchmark):
     track_alibi_naive_peak_memory_over_output.unit = "x output"
 
 
-class AlibiBiasPublic(Benchmark):
-    """``pe.alibi_bias`` end to end (skipped where the public function is not there)."""
-
-    params = [LENGTHS]
-    param_names = ["length"]
-
-    def make(self, n):
-        if getattr(pe, "alibi_bias", None) is None:
-            raise NotImplementedError("posenc has no alibi_bias")
-        self.slopes = geometric_slopes(HEADS)
-
-    def time_alibi_bias_public(self, n):
-        pe.alibi_bias(self.slopes, n, n)
-
-
 class BiasPeakMemory:
     """Peak resident memory of one bias, in a process that did nothing else large.
 
@@ -243,7 +163,7 @@ class BiasPeakMemory:
         self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
         self.embedding = self.torch.nn.Embedding(NUM_BUCKETS, HEADS)
         self.embedding.requires_grad_(False)
-        self.slopes = geometric_slopes(HEADS)
+        self.slopes = pe.alibi_slopes(HEADS)
         posenc_t5(self.table, 4, 4)
 
     def peakmem_t5_posenc(self, n):
@@ -310,7 +230,7 @@ def _report(lengths=(512, 2048, 4096), repeat=7):
     embedding = torch.nn.Embedding(NUM_BUCKETS, HEADS)
     embedding.requires_grad_(False)
     embedding.weight.copy_(torch.from_numpy(table))
-    slopes = geometric_slopes(HEADS)
+    slopes = pe.alibi_slopes(HEADS)
     print("| L | op | posenc | posenc out= | baseline | fill | speedup vs baseline | out= / fill bandwidth | peak / output |")
     print("|---|---|---|---|---|---|---|---|---|")
     for n in lengths:

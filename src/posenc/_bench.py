@@ -103,30 +103,32 @@ def t5_rows(heads, length, repeat, progress):
     return _measure(op, cases, nbytes, fill, "numpy plain formula", repeat, progress)
 
 
+def t5_bucket_torch(torch, relative_position, num_buckets=32, max_distance=128):
+    """T5's bidirectional bucket of ``relative_position = key - query``, as its code computes it."""
+    num_buckets //= 2
+    buckets = (relative_position > 0).to(torch.long) * num_buckets
+    relative_position = torch.abs(relative_position)
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    large = max_exact + (
+        torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative_position, large)
+
+
+def t5_original_torch(torch, embedding, q_len, k_len):
+    """T5's ``compute_bias``: bucket the ``[q, k]`` matrix, look up, permute to ``[heads, q, k]``."""
+    context = torch.arange(q_len, dtype=torch.long)[:, None]
+    memory = torch.arange(k_len, dtype=torch.long)[None, :]
+    return embedding(t5_bucket_torch(torch, memory - context)).permute(2, 0, 1).contiguous()
+
+
 def _torch_t5(table, length):
     import torch
 
-    emb = torch.nn.Embedding.from_pretrained(torch.from_numpy(table))
-
-    def bucket(relative_position, num_buckets=32, max_distance=128):
-        # Transcription of T5's bidirectional bucket on key - query (the original's input).
-        num_buckets //= 2
-        ret = (relative_position > 0).to(torch.long) * num_buckets
-        n = torch.abs(relative_position)
-        max_exact = num_buckets // 2
-        is_small = n < max_exact
-        large = max_exact + (
-            torch.log(n.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
-        ).to(torch.long)
-        large = torch.min(large, torch.full_like(large, num_buckets - 1))
-        return ret + torch.where(is_small, n, large)
-
-    def original():
-        context = torch.arange(length)[:, None]
-        memory = torch.arange(length)[None, :]
-        return emb(bucket(memory - context)).permute(2, 0, 1).contiguous()
-
-    return original
+    embedding = torch.nn.Embedding.from_pretrained(torch.from_numpy(table))
+    return lambda: t5_original_torch(torch, embedding, length, length)
 
 
 def alibi_rows(heads, length, repeat, progress):

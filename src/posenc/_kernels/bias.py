@@ -204,7 +204,7 @@ for _op, _host, _device, _rtol in (
 ):
     register(
         f"toeplitz_{_op}",
-        f"toeplitz_{_op}_numba_cpu",
+        f"toeplitz_{_op}.numba_cpu",
         accepts=_host,
         loader=f"posenc._kernels.bias_cpu:toeplitz_{_op}",
         samples=_host_samples(_op),
@@ -212,7 +212,7 @@ for _op, _host, _device, _rtol in (
     )
     register(
         f"toeplitz_{_op}",
-        f"toeplitz_{_op}_numba_cuda",
+        f"toeplitz_{_op}.numba_cuda",
         accepts=_device,
         loader=f"posenc._kernels.bias_cuda:toeplitz_{_op}",
         samples=_device_samples(_op),

@@ -1,8 +1,8 @@
 """Registrations of the rotary kernels (ops ``rope_rotate`` and ``rope_apply``).
 
-* ``rope_rotate_numba_cpu`` / ``rope_apply_numba_cpu``: NumPy arrays and torch CPU tensors
+* ``rope_rotate.numba_cpu`` / ``rope_apply.numba_cpu``: NumPy arrays and torch CPU tensors
   (float16, bfloat16 (torch), float32, float64; any strides);
-* ``rope_rotate_numba_cuda`` / ``rope_apply_numba_cuda``: CuPy arrays, torch CUDA tensors
+* ``rope_rotate.numba_cuda`` / ``rope_apply.numba_cuda``: CuPy arrays, torch CUDA tensors
   and numba device arrays (non-negative strides).
 
 ``accepts`` only looks at types, dtypes, devices and strides: it imports neither numba
@@ -273,21 +273,21 @@ def _apply_to_device(args, kwargs):
 
 register(
     "rope_rotate",
-    "rope_rotate_numba_cpu",
+    "rope_rotate.numba_cpu",
     accepts=_host_rotate_accepts,
     loader="posenc._kernels.rope_cpu:rotate_positions",
     samples=_rotate_cpu_samples,
 )
 register(
     "rope_apply",
-    "rope_apply_numba_cpu",
+    "rope_apply.numba_cpu",
     accepts=_host_apply_accepts,
     loader="posenc._kernels.rope_cpu:rotate_cos_sin",
     samples=_apply_cpu_samples,
 )
 register(
     "rope_rotate",
-    "rope_rotate_numba_cuda",
+    "rope_rotate.numba_cuda",
     accepts=_device_rotate_accepts,
     loader="posenc._kernels.rope_cuda:rotate_positions",
     samples=_rotate_cuda_samples,
@@ -295,7 +295,7 @@ register(
 )
 register(
     "rope_apply",
-    "rope_apply_numba_cuda",
+    "rope_apply.numba_cuda",
     accepts=_device_apply_accepts,
     loader="posenc._kernels.rope_cuda:rotate_cos_sin",
     samples=_apply_cuda_samples,
