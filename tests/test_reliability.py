@@ -46,8 +46,8 @@ def test_bitwise_reproducible(name):
     assert call().tobytes() == call().tobytes()
 
 
-def _run(env, out, prefix=()):
-    proc = subprocess.run([*prefix, sys.executable, str(RUNNER), str(out)], env=env, capture_output=True, text=True, timeout=600)
+def _run(env, out, prefix=(), cases=()):
+    proc = subprocess.run([*prefix, sys.executable, str(RUNNER), str(out), *cases], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, dict(np.load(out))
 
@@ -95,8 +95,9 @@ def test_read_only_package_directory(tmp_path):
     path, prefix = _read_only_view(site, tmp_path / "ro")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(PYTHONPATH=str(path), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "user-cache"))
-    log, ro = _run(env, tmp_path / "ro.npz", prefix)
+    # The Toeplitz kernels compile in seconds; the cold/warm test above covers the rotation.
+    log, ro = _run(env, tmp_path / "ro.npz", prefix, cases=("t5_bias",))
     assert f"posenc from {path}" in log and "posenc._kernels" in log, log
     assert not any(site.rglob("*.nbi")), "Numba wrote into the read-only package"
-    _, here = _run({**os.environ}, tmp_path / "here.npz")
+    _, here = _run({**os.environ}, tmp_path / "here.npz", cases=("t5_bias",))
     _same(ro, here)

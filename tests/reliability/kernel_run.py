@@ -1,6 +1,7 @@
 """Child process for the caching tests: run each kernel path once and save the results.
 
-Usage: ``python kernel_run.py OUT.npz``. Prints which implementation ran for each case.
+Usage: ``python kernel_run.py OUT.npz [CASE ...]`` (default: every case). Prints which
+implementation ran for each case.
 """
 
 import sys
@@ -23,10 +24,12 @@ def cases():
     }
 
 
-def main(path):
+def main(path, names):
     print(f"posenc from {pe.__file__}")
     results = {}
     for name, (fn, probe) in cases().items():
+        if names and name not in names:
+            continue
         results[name] = fn()
         if probe is not None:
             op, args, kwargs = probe
@@ -36,4 +39,4 @@ def main(path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])

@@ -20,18 +20,14 @@ import math
 import numpy as np
 
 from .. import _compat
+from ._device import is_numba_device_array
+from ._host import tracks_gradient
 
 FLOAT_NAMES = ("float16", "bfloat16", "float32", "float64")
 
 
 def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
-
-
-def is_numba_device_array(a) -> bool:
-    """A numba.cuda device array (also the simulator's), recognised without importing numba."""
-    module = type(a).__module__
-    return module.startswith("numba.cuda.") and module.endswith("devicearray")
 
 
 def kind(a) -> str | None:
@@ -45,15 +41,6 @@ def kind(a) -> str | None:
     if is_numba_device_array(a):
         return "numba-cuda"
     return None
-
-
-def tracks_gradient(a) -> bool:
-    """A torch tensor whose result autograd would record: kernels leave those to the reference."""
-    if not getattr(a, "requires_grad", False):
-        return False
-    import torch
-
-    return torch.is_grad_enabled()
 
 
 def host_payload(a):

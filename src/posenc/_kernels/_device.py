@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import _compat
 from . import _codec
+from ._host import tracks_gradient
 
 _KINDS = {
     "float32": _codec.FLOAT,
@@ -36,7 +37,7 @@ def is_device_array(a) -> bool:
     """A numba device array, a CuPy array or a torch CUDA tensor."""
     if is_numba_device_array(a) or _compat.is_cupy_array(a):
         return True
-    return _compat.is_torch_array(a) and a.device.type == "cuda" and not a.requires_grad
+    return _compat.is_torch_array(a) and a.device.type == "cuda" and not tracks_gradient(a)
 
 
 def library(a) -> str:

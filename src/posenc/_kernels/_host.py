@@ -32,16 +32,26 @@ def float_kind(a):
     return None
 
 
+def tracks_gradient(a) -> bool:
+    """A torch tensor whose result autograd would record (grad mode on): not for a kernel."""
+    if not getattr(a, "requires_grad", False):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def is_host_array(a) -> bool:
     """A NumPy array, or a torch CPU tensor that needs no autograd record."""
     if _compat.is_numpy_array(a):
         return True
-    return _compat.is_torch_array(a) and a.device.type == "cpu" and not a.requires_grad
+    return _compat.is_torch_array(a) and a.device.type == "cpu" and not tracks_gradient(a)
 
 
 def numpy_view(a):
     """``a`` as a NumPy array over the same memory; 16-bit floats as ``uint16`` bits."""
     if _compat.is_torch_array(a):
+        a = a.detach()
         if a.dtype.itemsize == 2 and a.dtype.is_floating_point:
             import torch
 

@@ -13,7 +13,8 @@ import numpy as np
 from .._dispatch import register
 from ..relative import _toeplitz  # noqa: F401  (registers the references)
 from . import _available
-from ._bias_arrays import FLOAT_NAMES, dtype_name, kind, tracks_gradient
+from ._bias_arrays import FLOAT_NAMES, dtype_name, kind
+from ._host import tracks_gradient
 
 _HOST = ("numpy", "torch-cpu")
 _DEVICE = ("cupy", "torch-cuda", "numba-cuda")
