@@ -19,10 +19,16 @@ from . import _dispatch
 
 
 def _write(result, out):
-    """The result, or ``out`` holding it (Dask's lazy ``out[...] = result``)."""
+    """The result, or ``out`` holding it.
+
+    Dask's ``out[...] = value`` ends by rebinding ``out`` to a new graph; its per-block
+    assignment before that grows quadratically with the number of blocks (95 s for 6400
+    blocks), so ``out`` is rebound here directly, to the result in ``out``'s chunks.
+    """
     if out is None:
         return result
-    out[...] = result
+    result = result.rechunk(out.chunks)
+    out._meta, out.dask, out._name, out._chunks = result._meta, result.dask, result.name, result.chunks
     return out
 
 
@@ -65,14 +71,14 @@ def rope_rotate_blocks(x, positions, inv_freq, *, layout="half", inverse=False, 
     return _write(result, out)
 
 
-def _expand_block(vec, *, q_len, k_len, block_info=None):
-    """The ``[..., qb, kb]`` block at rows ``i0:i1``, columns ``j0:j1`` of the expansion.
+def _expand_block(vec, rows, cols, *, k_len):
+    """The block of the expansion at rows ``rows`` and columns ``cols`` (contiguous ranges).
 
-    Entry ``(i, j)`` reads ``vec[..., i - j + k_len - 1]``; over the block that is the
-    slice ``i0 - (j1 - 1) + k_len - 1 .. (i1 - 1) - j0 + k_len - 1`` (inclusive), itself
-    expanded as a ``qb x kb`` Toeplitz matrix.
+    Entry ``(i, j)`` reads ``vec[..., i - j + k_len - 1]``; over rows ``i0 .. i1 - 1`` and
+    columns ``j0 .. j1 - 1`` that is the slice ``i0 - j1 + k_len .. i1 - j0 + k_len - 1``
+    (end excluded), itself expanded as a ``qb x kb`` Toeplitz matrix.
     """
-    (i0, i1), (j0, j1) = block_info[None]["array-location"][-2:]
+    i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
     piece = vec[..., i0 - j1 + k_len : i1 - j0 + k_len - 1]
     return _dispatch.call("toeplitz_expand", piece, i1 - i0, j1 - j0)
 
@@ -89,21 +95,30 @@ def toeplitz_expand_blocks(vec, q_len, k_len, *, out=None):
 
     Blocks are ``out``'s chunks when ``out`` is given, else :func:`bias_chunks`. The
     distance axis of ``vec`` (``O(q_len + k_len)``) is one chunk that every block of its
-    leading index reads its slice from; no task holds more than one output block.
+    leading index reads its slice from; each task learns its rows and columns from the
+    matching blocks of two lazy ``arange``s chunked like the query and key axes.
     """
     lead = vec.ndim - 1
     chunks = out.chunks if out is not None else bias_chunks(vec, q_len, k_len)
     whole = vec.rechunk({**{a: chunks[a] for a in range(lead)}, lead: -1})
-    result = da.map_blocks(
+    rows = da.arange(q_len, chunks=(chunks[lead],))
+    cols = da.arange(k_len, chunks=(chunks[lead + 1],))
+    index = tuple(range(lead))
+    i, j, t = lead, lead + 1, lead + 2
+    result = da.blockwise(
         _expand_block,
+        (*index, i, j),
         whole,
-        q_len=q_len,
-        k_len=k_len,
-        chunks=chunks,
-        drop_axis=lead,
-        new_axis=[lead, lead + 1],
+        (*index, t),
+        rows,
+        (i,),
+        cols,
+        (j,),
+        concatenate=True,
+        align_arrays=False,  # aligned above; Dask's alignment warns of the chunks this creates
         dtype=vec.dtype,
         meta=meta_from_array(whole, ndim=lead + 2),
+        k_len=k_len,
     )
     return _write(result, out)
 

@@ -244,7 +244,8 @@ def _blocked_out(vec, shape, chunks, out):
         raise ValueError("pass chunks or out, not both (a Dask out gives its own chunks)")
     from .. import _dask
 
-    return _dask.empty_blocked(vec, shape, chunks)
+    blocked = _dask.empty_blocked(vec, shape, chunks)
+    return blocked if blocked.size else None
 
 
 def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, chunks=None, **options):
