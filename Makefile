@@ -41,6 +41,7 @@ asv-check: $(VENV)/.test-installed
 
 # The docs site (mkdocs, API reference from the docstrings), warnings as errors.
 docs: $(VENV)/.test-installed
+	$(BIN)/posenc plot --out docs/figures > /dev/null
 	$(BIN)/mkdocs build --strict -q -d $(VENV)/site
 
 clean:

@@ -137,8 +137,50 @@ def broadcast_shape(name, shape, target):
         raise ValueError(f"{name} of shape {shape} does not broadcast against shape {target}")
 
 
-def out(value, *, shape, dtype, xp, device):
-    """A caller's ``out`` buffer: right shape, dtype, namespace and device."""
+def _byte_range(a):
+    """``(start, stop, strides)`` of the memory an array views, or ``None`` when unknown."""
+    if _compat.is_numpy_array(a):
+        import numpy as np
+
+        low, high = np.lib.array_utils.byte_bounds(a)
+        return low, high, a.strides
+    if _compat.is_torch_array(a):
+        size = a.element_size()
+        strides = tuple(s * size for s in a.stride())
+    elif _compat.is_cupy_array(a):
+        strides = a.strides
+        size = a.itemsize
+    else:
+        return None
+    start = a.data_ptr() if _compat.is_torch_array(a) else a.data.ptr
+    if any(n == 0 for n in a.shape):
+        return start, start, strides
+    low = start + sum((n - 1) * st for n, st in zip(a.shape, strides) if st < 0)
+    high = start + sum((n - 1) * st for n, st in zip(a.shape, strides) if st > 0) + size
+    return low, high, strides
+
+
+def separate(out_value, *inputs):
+    """``out`` must not share memory with an input unless it is exactly that input (in place)."""
+    mine = _byte_range(out_value)
+    if mine is None or mine[0] == mine[1]:
+        return
+    for name, a in inputs:
+        theirs = _byte_range(a) if a is not None and type(a) is type(out_value) else None
+        if theirs is None or theirs[0] == theirs[1]:
+            continue
+        if mine[0] < theirs[1] and theirs[0] < mine[1]:
+            exact = mine == theirs and tuple(out_value.shape) == tuple(a.shape)
+            if not exact:
+                raise ValueError(
+                    f"out overlaps the memory of {name} without being {name} itself; "
+                    f"pass out={name} to work in place, or a separate buffer"
+                )
+
+
+def out(value, *, shape, dtype, xp, device, inputs=()):
+    """A caller's ``out`` buffer: right shape, dtype, namespace and device, and not a partial
+    overlap of one of ``inputs`` (``(name, array)`` pairs; exactly an input is in place)."""
     array("out", value)
     if _compat.array_namespace(value) is not xp:
         raise TypeError(f"out must be an array of the same namespace as the inputs ({xp.__name__}), got {type(value).__name__}")
@@ -148,6 +190,7 @@ def out(value, *, shape, dtype, xp, device):
         raise ValueError(f"out must have dtype {dtype}, got {value.dtype}")
     if device is not None and _compat.device(value) != device:
         raise ValueError(f"out must be on device {device}, got {_compat.device(value)}")
+    separate(value, *inputs)
     return value
 
 

@@ -60,12 +60,21 @@ def toeplitz_scatter(weights, index, m, *, out=None):
 
     ``weights``: ``[..., q_len, k_len]``; result ``[..., q_len, m]``: the attention mass
     each query puts on each of ``m`` relative embeddings (Shaw's value term is this times
-    the value table).
+    the value table). Computed as the weights re-indexed by distance,
+    ``G[..., i, t] = weights[..., i, i - t + k_len - 1]`` (zero outside the keys), times
+    the ``[q_len + k_len - 1, m]`` one-hot matrix of ``index``: memory ``O(q (q + k))``.
     """
     xp = namespace(weights, index)
+    device = device_of(weights)
     q_len, k_len = weights.shape[-2], weights.shape[-1]
-    t = _distance_index(xp, q_len, k_len, device_of(weights))
-    idx = xp.take(index, xp.reshape(t, (-1,)), axis=0)
-    onehot = xp.astype(xp.reshape(idx, (q_len, k_len))[..., None] == xp.arange(m, device=device_of(weights)), weights.dtype)
-    result = xp.sum(weights[..., None] * onehot, axis=-2)
-    return _write(out, result)
+    if q_len == 0 or k_len == 0:
+        return _write(out, xp.zeros((*weights.shape[:-1], m), dtype=weights.dtype, device=device))
+    n = q_len + k_len - 1
+    i = xp.arange(q_len, device=device)[:, None]
+    j = i - xp.arange(n, device=device)[None, :] + (k_len - 1)
+    inside = (j >= 0) & (j < k_len)
+    flat = xp.reshape(weights, (*weights.shape[:-2], q_len * k_len))
+    picked = xp.take(flat, xp.reshape(i * k_len + xp.clip(j, 0, k_len - 1), (-1,)), axis=-1)
+    by_distance = xp.where(inside, xp.reshape(picked, (*weights.shape[:-2], q_len, n)), xp.zeros_like(weights[..., :1]))
+    onehot = xp.astype(index[:, None] == xp.arange(m, device=device)[None, :], weights.dtype)
+    return _write(out, by_distance @ onehot)

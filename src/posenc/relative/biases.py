@@ -232,7 +232,7 @@ def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     if out is None:
         check.allocatable_unless_blocked("bias", shape, 8, vec)
     else:
-        check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec))
+        check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec), inputs=(("vec", vec),))
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 

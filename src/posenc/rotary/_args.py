@@ -66,7 +66,7 @@ def out_like(out, x, xp):
         return None
     if _compat.is_jax_array(out):
         raise TypeError("out is not supported for JAX arrays (they are immutable); use the returned array")
-    return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x))
+    return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x),))
 
 
 def eager_max(xp, positions):

@@ -1,0 +1,349 @@
+"""Relative biases: the Toeplitz expand/gather kernels against the models' own formulas.
+
+Every bias is a function of ``i - j``: posenc computes its ``[heads, q + k - 1]``
+per-distance vector once (``O(L)``) and expands it with one write pass over the
+``[heads, q, k]`` output. The baselines are the formulas as the original code writes them
+(T5's bucket on the full ``[q, k]`` relative matrix, an embedding lookup and a permute;
+ALiBi's ``-slopes[:, None, None] * rel``; Shaw's ``einsum`` over ``table[idx]``), and a
+plain ``fill`` of the output's bytes, the bandwidth ceiling of any method. ``track_``
+methods give the fraction of that ceiling reached with ``out=`` and the peak memory in
+units of the output (``tracemalloc``, which sees NumPy's allocations).
+"""
+
+from __future__ import annotations
+
+import math
+import tracemalloc
+
+import numpy as np
+
+import posenc as pe
+from posenc import _dispatch
+
+from .common import Benchmark, best_time, require
+
+HEADS = 16
+NUM_BUCKETS = 32
+MAX_DISTANCE = 128
+LENGTHS = [512, 2048, 4096]
+
+
+def _distances(q_len, k_len):
+    """``rel = i - j`` of per-distance entry ``t = i - j + k_len - 1`` (posenc's sign)."""
+    return np.arange(q_len + k_len - 1) - (k_len - 1)
+
+
+def t5_bucket_numpy(rel, num_buckets=NUM_BUCKETS, max_distance=MAX_DISTANCE):
+    """Bidirectional T5 bucket of posenc's ``rel = query - key`` (T5 itself buckets ``key - query``)."""
+    bucket_fn = getattr(pe, "t5_bucket", None)
+    if bucket_fn is not None:
+        return np.asarray(bucket_fn(rel, num_buckets=num_buckets, max_distance=max_distance))
+    n = -rel
+    half = num_buckets // 2
+    exact = half // 2
+    base = (n > 0) * half
+    n = np.abs(n)
+    # Distances below ``exact`` take the other branch of ``where``; 1 keeps their log finite.
+    scaled = np.log(np.maximum(n, 1).astype(np.float32) / exact) / math.log(max_distance / exact) * (half - exact)
+    large = np.minimum(exact + scaled.astype(np.int64, copy=False), half - 1)
+    return base + np.where(n < exact, n, large)
+
+
+def t5_vector(table, q_len, k_len):
+    """``[heads, q + k - 1]``: the learned bias of every distance."""
+    return np.ascontiguousarray(table[t5_bucket_numpy(_distances(q_len, k_len))].T)
+
+
+def posenc_t5(table, q_len, k_len, out=None):
+    return _dispatch.call("toeplitz_expand", t5_vector(table, q_len, k_len), q_len, k_len, out=out)
+
+
+def t5_bucket_torch(torch, relative_position, num_buckets=NUM_BUCKETS, max_distance=MAX_DISTANCE):
+    """T5's bidirectional bucket of ``relative_position = key - query``, as its code computes it."""
+    num_buckets //= 2
+    buckets = (relative_position > 0).to(torch.long) * num_buckets
+    relative_position = torch.abs(relative_position)
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    large = max_exact + (
+        torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    large = torch.min(large, torch.full_like(large, num_buckets - 1))
+    return buckets + torch.where(is_small, relative_position, large)
+
+
+def t5_original_torch(torch, embedding, q_len, k_len):
+    """T5's ``compute_bias``: bucket the ``[q, k]`` matrix, look up, permute to ``[heads, q, k]``."""
+    context = torch.arange(q_len, dtype=torch.long)[:, None]
+    memory = torch.arange(k_len, dtype=torch.long)[None, :]
+    buckets = t5_bucket_torch(torch, memory - context)
+    return embedding(buckets).permute(2, 0, 1).contiguous()
+
+
+def alibi_vector(slopes, q_len, k_len):
+    return -slopes[:, None] * _distances(q_len, k_len).astype(np.float32)
+
+
+def posenc_alibi(slopes, q_len, k_len, out=None):
+    return _dispatch.call("toeplitz_expand", alibi_vector(slopes, q_len, k_len), q_len, k_len, out=out)
+
+
+def alibi_naive_numpy(slopes, q_len, k_len):
+    rel = np.arange(q_len, dtype=np.float32)[:, None] - np.arange(k_len, dtype=np.float32)[None, :]
+    return -slopes[:, None, None] * rel
+
+
+def geometric_slopes(heads):
+    return (2.0 ** (-8.0 * np.arange(1, heads + 1) / heads)).astype(np.float32)
+
+
+def peak_over(nbytes, fn):
+    """Peak traced allocation while ``fn`` runs, in units of ``nbytes``."""
+    tracemalloc.start()
+    try:
+        fn()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    return peak / nbytes
+
+
+class T5Bias(Benchmark):
+    """16-head T5 bias ``[16, L, L]`` float32."""
+
+    params = [LENGTHS]
+    param_names = ["length"]
+
+    def make(self, n):
+        self.torch = require("torch")
+        rng = np.random.default_rng(0)
+        self.table = rng.standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
+        self.embedding = self.torch.nn.Embedding(NUM_BUCKETS, HEADS)
+        self.embedding.requires_grad_(False)
+        self.out = np.empty((HEADS, n, n), dtype=np.float32)
+
+    def time_t5_posenc(self, n):
+        posenc_t5(self.table, n, n)
+
+    def time_t5_posenc_out(self, n):
+        posenc_t5(self.table, n, n, out=self.out)
+
+    def time_t5_original_torch(self, n):
+        t5_original_torch(self.torch, self.embedding, n, n)
+
+    def time_t5_plain_fill(self, n):
+        self.out.fill(1.0)
+
+    def track_t5_out_fraction_of_fill_bandwidth(self, n):
+        return best_time(lambda: self.out.fill(1.0)) / best_time(lambda: posenc_t5(self.table, n, n, out=self.out))
+
+    track_t5_out_fraction_of_fill_bandwidth.unit = "fraction"
+
+    def track_t5_speedup_over_original_torch(self, n):
+        original = best_time(lambda: t5_original_torch(self.torch, self.embedding, n, n), repeat=3)
+        return original / best_time(lambda: posenc_t5(self.table, n, n))
+
+    track_t5_speedup_over_original_torch.unit = "x"
+
+    def track_t5_peak_memory_over_output(self, n):
+        return peak_over(self.out.nbytes, lambda: posenc_t5(self.table, n, n))
+
+    track_t5_peak_memory_over_output.unit = "x output"
+
+
+class T5BiasPublic(Benchmark):
+    """``pe.t5_bias`` end to end (skipped where the public function is not there)."""
+
+    params = [LENGTHS]
+    param_names = ["length"]
+
+    def make(self, n):
+        if getattr(pe, "t5_bias", None) is None:
+            raise NotImplementedError("posenc has no t5_bias")
+        self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
+
+    def time_t5_bias_public(self, n):
+        pe.t5_bias(self.table, n, n)
+
+
+class AlibiBias(Benchmark):
+    """16-head ALiBi bias ``[16, L, L]`` float32."""
+
+    params = [LENGTHS]
+    param_names = ["length"]
+
+    def make(self, n):
+        self.torch = require("torch")
+        self.slopes = geometric_slopes(HEADS)
+        self.slopes_torch = self.torch.from_numpy(self.slopes)
+        self.out = np.empty((HEADS, n, n), dtype=np.float32)
+
+    def time_alibi_posenc(self, n):
+        posenc_alibi(self.slopes, n, n)
+
+    def time_alibi_posenc_out(self, n):
+        posenc_alibi(self.slopes, n, n, out=self.out)
+
+    def time_alibi_naive_numpy(self, n):
+        alibi_naive_numpy(self.slopes, n, n)
+
+    def time_alibi_naive_torch(self, n):
+        torch = self.torch
+        rel = torch.arange(n, dtype=torch.float32)[:, None] - torch.arange(n, dtype=torch.float32)[None, :]
+        -self.slopes_torch[:, None, None] * rel
+
+    def time_alibi_plain_fill(self, n):
+        self.out.fill(1.0)
+
+    def track_alibi_out_fraction_of_fill_bandwidth(self, n):
+        return best_time(lambda: self.out.fill(1.0)) / best_time(lambda: posenc_alibi(self.slopes, n, n, out=self.out))
+
+    track_alibi_out_fraction_of_fill_bandwidth.unit = "fraction"
+
+    def track_alibi_peak_memory_over_output(self, n):
+        return peak_over(self.out.nbytes, lambda: posenc_alibi(self.slopes, n, n))
+
+    track_alibi_peak_memory_over_output.unit = "x output"
+
+    def track_alibi_naive_peak_memory_over_output(self, n):
+        return peak_over(self.out.nbytes, lambda: alibi_naive_numpy(self.slopes, n, n))
+
+    track_alibi_naive_peak_memory_over_output.unit = "x output"
+
+
+class AlibiBiasPublic(Benchmark):
+    """``pe.alibi_bias`` end to end (skipped where the public function is not there)."""
+
+    params = [LENGTHS]
+    param_names = ["length"]
+
+    def make(self, n):
+        if getattr(pe, "alibi_bias", None) is None:
+            raise NotImplementedError("posenc has no alibi_bias")
+        self.slopes = geometric_slopes(HEADS)
+
+    def time_alibi_bias_public(self, n):
+        pe.alibi_bias(self.slopes, n, n)
+
+
+class BiasPeakMemory:
+    """Peak resident memory of one bias, in a process that did nothing else large.
+
+    asv's ``peakmem_`` is the process's maximum resident size, setup included, so this
+    class only warms the kernel on a tiny input. The ``[16, L, L]`` float32 output is
+    64 MiB at 1024 and 256 MiB at 2048.
+    """
+
+    params = [[1024, 2048]]
+    param_names = ["length"]
+    timeout = 120
+
+    def setup(self, n):
+        self.torch = require("torch")
+        self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
+        self.embedding = self.torch.nn.Embedding(NUM_BUCKETS, HEADS)
+        self.embedding.requires_grad_(False)
+        self.slopes = geometric_slopes(HEADS)
+        posenc_t5(self.table, 4, 4)
+
+    def peakmem_t5_posenc(self, n):
+        posenc_t5(self.table, n, n)
+
+    def peakmem_t5_original_torch(self, n):
+        t5_original_torch(self.torch, self.embedding, n, n)
+
+    def peakmem_alibi_posenc(self, n):
+        posenc_alibi(self.slopes, n, n)
+
+    def peakmem_alibi_naive_numpy(self, n):
+        alibi_naive_numpy(self.slopes, n, n)
+
+
+class ShawGather(Benchmark):
+    """Shaw's position term ``q_i . table[clip(i - j)]`` for 16 heads, ``d = 64``, ``K = 128``."""
+
+    params = [[512, 2048]]
+    param_names = ["length"]
+
+    def make(self, n):
+        torch = self.torch = require("torch")
+        gen = torch.Generator().manual_seed(0)
+        self.q = torch.randn(HEADS, n, 64, generator=gen)
+        self.table = torch.randn(2 * MAX_DISTANCE + 1, 64, generator=gen)
+        rel = torch.arange(n)[:, None] - torch.arange(n)[None, :]
+        self.idx = torch.clamp(rel, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
+        self.index = torch.clamp(torch.from_numpy(_distances(n, n)), -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
+        self.out = torch.empty(HEADS, n, n)
+
+    def _posenc(self, n, out=None):
+        scores = self.q @ self.table.T  # [heads, q, 2K + 1]: O(L) per head
+        return _dispatch.call("toeplitz_gather", scores, self.index, n, out=out)
+
+    def time_shaw_posenc_gather(self, n):
+        self._posenc(n)
+
+    def time_shaw_posenc_gather_out(self, n):
+        self._posenc(n, out=self.out)
+
+    def time_shaw_naive_einsum_torch(self, n):
+        self.torch.einsum("hqd,qkd->hqk", self.q, self.table[self.idx])
+
+    def time_shaw_plain_fill(self, n):
+        self.out.fill_(1.0)
+
+
+def _interleaved_best(fns, repeat):
+    """Best time of each of ``fns``, run in turn ``repeat`` times so load changes hit all alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for k, fn in enumerate(fns):
+            best[k] = min(best[k], best_time(fn, 1))
+    return best
+
+
+def _report(lengths=(512, 2048, 4096), repeat=7):
+    """Best-of-``repeat`` table: ``cd asv_benchmarks && python -m benchmarks.bias``."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
+    embedding = torch.nn.Embedding(NUM_BUCKETS, HEADS)
+    embedding.requires_grad_(False)
+    embedding.weight.copy_(torch.from_numpy(table))
+    slopes = geometric_slopes(HEADS)
+    print("| L | op | posenc | posenc out= | baseline | fill | speedup vs baseline | out= / fill bandwidth | peak / output |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for n in lengths:
+        out = np.empty((HEADS, n, n), dtype=np.float32)
+        posenc_t5(table, 4, 4)
+        check = min(n, 512)
+        assert np.array_equal(posenc_t5(table, check, check), t5_original_torch(torch, embedding, check, check).numpy())
+        rows = [
+            ("t5 vs original torch", lambda: posenc_t5(table, n, n), lambda: posenc_t5(table, n, n, out=out),
+             lambda: t5_original_torch(torch, embedding, n, n)),
+            ("alibi vs naive numpy", lambda: posenc_alibi(slopes, n, n), lambda: posenc_alibi(slopes, n, n, out=out),
+             lambda: alibi_naive_numpy(slopes, n, n)),
+        ]
+        for name, alloc, into, baseline in rows:
+            t_alloc, t_out, fill = _interleaved_best([alloc, into, lambda: out.fill(1.0)], repeat)
+            t_base = best_time(baseline, 3)
+            peak = peak_over(out.nbytes, alloc)
+            print(f"| {n} | {name} | {t_alloc * 1e3:.1f} ms | {t_out * 1e3:.1f} ms | {t_base * 1e3:.1f} ms | "
+                  f"{fill * 1e3:.1f} ms | {t_base / t_alloc:.1f}x | {fill / t_out:.2f} | {peak:.3f} |")
+        del out
+    for n in (512, 2048):
+        bench = ShawGather()
+        bench.make(n)
+        naive = bench.torch.einsum("hqd,qkd->hqk", bench.q, bench.table[bench.idx])
+        torch.testing.assert_close(bench._posenc(n), naive, rtol=1e-4, atol=1e-3)
+        del naive
+        t_alloc, t_out, fill = _interleaved_best(
+            [lambda: bench._posenc(n), lambda: bench._posenc(n, out=bench.out), lambda: bench.out.fill_(1.0)], repeat
+        )
+        t_base = best_time(lambda: bench.torch.einsum("hqd,qkd->hqk", bench.q, bench.table[bench.idx]), 3)
+        print(f"| {n} | shaw gather vs einsum torch | {t_alloc * 1e3:.1f} ms | {t_out * 1e3:.1f} ms | {t_base * 1e3:.1f} ms | "
+              f"{fill * 1e3:.1f} ms | {t_base / t_alloc:.1f}x | {fill / t_out:.2f} | - |")
+
+
+if __name__ == "__main__":
+    _report()

@@ -1,0 +1,402 @@
+"""The Toeplitz bias kernels against the references and an independent loop transcription.
+
+Hypothesis draws batch shapes (empty axes included), lengths (0 and 1 included), dtypes and
+memory layouts (strided and transposed views, buffers whose batch axes do not merge).
+Copies (expand, gather) must be bit-exact; scatter sums in float32/float64 and rounds once.
+The CUDA kernels run the same checks on the numba CUDA simulator (``make test`` runs this
+file again with ``NUMBA_ENABLE_CUDASIM=1``).
+"""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import posenc  # noqa: F401  (registers the kernels)
+from posenc import _dispatch, use_backend
+from posenc._kernels import _available
+from posenc.relative import _toeplitz
+
+pytestmark = pytest.mark.kernels
+
+torch = pytest.importorskip("torch")
+
+OPS = ("toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")
+CPU = {op: next(k for k in _dispatch.kernels(op) if k.name.endswith("numba_cpu")).load() for op in OPS}
+HAS_CUDA = _available.numba_cuda()
+
+
+# --- independent float64 transcriptions of the definitions --------------------------------
+
+
+def expand_loops(vec, q_len, k_len):
+    out = np.empty((*vec.shape[:-1], q_len, k_len), dtype=vec.dtype)
+    for i in range(q_len):
+        for j in range(k_len):
+            out[..., i, j] = vec[..., i - j + k_len - 1]
+    return out
+
+
+def gather_loops(scores, index, k_len):
+    q_len = scores.shape[-2]
+    out = np.empty((*scores.shape[:-1], k_len), dtype=scores.dtype)
+    for i in range(q_len):
+        for j in range(k_len):
+            out[..., i, j] = scores[..., i, index[i - j + k_len - 1]]
+    return out
+
+
+def scatter_loops(weights, index, m):
+    """float64 sums and the sums of ``|w|`` (for the rounding bound)."""
+    q_len, k_len = weights.shape[-2:]
+    total = np.zeros((*weights.shape[:-1], m))
+    magnitude = np.zeros_like(total)
+    w = weights.astype(np.float64)
+    for i in range(q_len):
+        for j in range(k_len):
+            c = index[i - j + k_len - 1]
+            total[..., i, c] += w[..., i, j]
+            magnitude[..., i, c] += abs(w[..., i, j])
+    return total, magnitude
+
+
+# --- arrays of every layout ----------------------------------------------------------------
+
+DTYPES = ("float16", "float32", "float64", "torch-float32", "torch-bfloat16", "torch-float16")
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+
+
+def as_kind(data, dtype, order, step):
+    """``data`` as a NumPy array or torch tensor of ``dtype`` with permuted, gapped memory.
+
+    The result has ``data``'s values and shape, but lives in a buffer whose axes are
+    stored in ``order`` and, with ``step=2``, every other element of the last axis: kernels
+    see transposed and strided arrays whose batch axes may not merge.
+    """
+    shape = data.shape
+    wide = (*shape[:-1], shape[-1] * step) if shape else shape
+    stored = tuple(wide[a] for a in order)
+    if dtype.startswith("torch-"):
+        torch_dtype = getattr(torch, dtype[6:])
+        view = torch.zeros(stored, dtype=torch_dtype).permute(*np.argsort(order).tolist())[..., ::step]
+        view.copy_(torch.from_numpy(np.asarray(data, dtype=np.float64)).to(torch_dtype))
+        return view
+    view = np.zeros(stored, dtype=dtype).transpose(np.argsort(order))[..., ::step]
+    view[...] = data
+    return view
+
+
+def as_index(values, kind_of):
+    if isinstance(kind_of, np.ndarray):
+        return np.asarray(values, dtype=np.int64)
+    return torch.from_numpy(np.asarray(values, dtype=np.int64))
+
+
+def to_f64(a):
+    if isinstance(a, np.ndarray):
+        return a.astype(np.float64)
+    return a.detach().to(torch.float64).numpy()
+
+
+def bits(a):
+    """Bit patterns of ``a`` (NaN payloads and signed zeros included)."""
+    if isinstance(a, np.ndarray):
+        return a.view(f"u{a.dtype.itemsize}")
+    width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return a.contiguous().view(width).numpy()
+
+
+@st.composite
+def layouts(draw, lead_ndim, trailing):
+    """Axis order and step for an array of ``lead_ndim`` batch axes and ``trailing`` more."""
+    ndim = lead_ndim + trailing
+    order = draw(st.permutations(range(ndim)))
+    return list(order), draw(st.sampled_from([1, 2]))
+
+
+@st.composite
+def problems(draw):
+    lead = tuple(draw(st.lists(st.integers(0, 3), max_size=2)))
+    q_len, k_len, m = draw(st.integers(0, 6)), draw(st.integers(0, 6)), draw(st.integers(1, 6))
+    dtype = draw(st.sampled_from(DTYPES))
+    vec_layout = draw(layouts(len(lead), 1))
+    in_layout = draw(layouts(len(lead), 2))
+    out_layout = draw(layouts(len(lead), 2))
+    index = draw(st.lists(st.integers(0, m - 1), min_size=max(q_len + k_len - 1, 0), max_size=max(q_len + k_len - 1, 0)))
+    use_out = draw(st.booleans())
+    seed = draw(st.integers(0, 2**16))
+    return lead, q_len, k_len, m, dtype, vec_layout, in_layout, out_layout, index, use_out, seed
+
+
+def _out_for(like, shape, layout, use_out):
+    if not use_out:
+        return None
+    dtype = str(like.dtype).rsplit(".", 1)[-1]
+    return as_kind(np.zeros(shape), ("torch-" + dtype) if not isinstance(like, np.ndarray) else dtype, *layout)
+
+
+# --- CPU kernels ----------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_expand_is_a_bit_exact_copy(problem):
+    lead, q_len, k_len, _, dtype, vec_layout, _, out_layout, _, use_out, seed = problem
+    rng = np.random.default_rng(seed)
+    vec = as_kind(rng.standard_normal((*lead, max(q_len + k_len - 1, 0))), dtype, *vec_layout)
+    out = _out_for(vec, (*lead, q_len, k_len), out_layout, use_out)
+    got = CPU["toeplitz_expand"](vec, q_len, k_len, out=out)
+    if out is not None:
+        assert got is out
+    want = _toeplitz.toeplitz_expand(vec, q_len, k_len)
+    assert type(got) is type(vec) and got.dtype == vec.dtype and tuple(got.shape) == (*lead, q_len, k_len)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    np.testing.assert_array_equal(to_f64(got), expand_loops(to_f64(vec), q_len, k_len))
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_gather_is_a_bit_exact_copy(problem):
+    lead, q_len, k_len, m, dtype, _, in_layout, out_layout, index, use_out, seed = problem
+    rng = np.random.default_rng(seed)
+    scores = as_kind(rng.standard_normal((*lead, q_len, m)), dtype, *in_layout)
+    index = as_index(index, scores)
+    out = _out_for(scores, (*lead, q_len, k_len), out_layout, use_out)
+    got = CPU["toeplitz_gather"](scores, index, k_len, out=out)
+    if out is not None:
+        assert got is out
+    want = _toeplitz.toeplitz_gather(scores, index, k_len)
+    assert type(got) is type(scores) and got.dtype == scores.dtype and tuple(got.shape) == (*lead, q_len, k_len)
+    np.testing.assert_array_equal(bits(got), bits(want))
+    np.testing.assert_array_equal(to_f64(got), gather_loops(to_f64(scores), np.asarray(index), k_len))
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_scatter_sums_within_one_rounding(problem):
+    lead, q_len, k_len, m, dtype, _, in_layout, out_layout, index, use_out, seed = problem
+    rng = np.random.default_rng(seed)
+    weights = as_kind(rng.standard_normal((*lead, q_len, k_len)), dtype, *in_layout)
+    index = as_index(index, weights)
+    out = _out_for(weights, (*lead, q_len, m), out_layout, use_out)
+    got = CPU["toeplitz_scatter"](weights, index, m, out=out)
+    if out is not None:
+        assert got is out
+    assert type(got) is type(weights) and got.dtype == weights.dtype and tuple(got.shape) == (*lead, q_len, m)
+    want, magnitude = scatter_loops(to_f64(weights), np.asarray(index), m)
+    name = str(weights.dtype).rsplit(".", 1)[-1]
+    # One rounding to the dtype, plus the float32 accumulation of 16-bit inputs.
+    bound = (EPS[name] + k_len * EPS["float32"] * (name in ("float16", "bfloat16"))) * magnitude + 1e-300
+    assert np.all(np.abs(to_f64(got) - want) <= bound)
+    reference = _toeplitz.toeplitz_scatter(weights, index, m)
+    # The reference sums in the input dtype: up to k_len roundings.
+    atol = (k_len + 2) * EPS[name] * max(1.0, magnitude.max(initial=0))
+    np.testing.assert_allclose(to_f64(got), to_f64(reference), rtol=0, atol=atol)
+
+
+def test_copies_keep_nan_payloads_and_signed_zeros():
+    special = np.array([np.nan, -0.0, np.inf, -np.inf, 0.0], dtype=np.float32)
+    special.view(np.uint32)[0] = 0x7FA00001  # a signalling NaN with a payload
+    got = CPU["toeplitz_expand"](special, 3, 3)
+    np.testing.assert_array_equal(got.view(np.uint32), expand_loops(special.view(np.uint32), 3, 3))
+    half = torch.from_numpy(np.array([0x7F81, 0x8000, 0x0001, 0x3F80, 0xFF80], dtype=np.uint16).view(np.int16)).view(torch.bfloat16)
+    got = CPU["toeplitz_gather"](half[None], torch.tensor([4, 0, 1, 2, 3]), 5)
+    assert torch.equal(got.view(torch.int16)[0], torch.tensor([0x3F80, 0x0001, -0x8000, 0x7F81, -0x0080], dtype=torch.int16))
+
+
+def test_scatter_rounds_16_bit_sums_once():
+    # 2049 = 2048 + 1 is not a float16; summed in float16 one by one 2048 + 1 + 1 stays 2048.
+    weights = np.array([[2048.0, 1.0, 1.0]], dtype=np.float16)
+    got = CPU["toeplitz_scatter"](weights, np.zeros(3, dtype=np.int64), 1)
+    assert got.dtype == np.float16 and float(got[0, 0]) == 2050.0
+    weights = torch.tensor([[256.0, 1.0, 1.0]], dtype=torch.bfloat16)
+    got = CPU["toeplitz_scatter"](weights, torch.zeros(3, dtype=torch.int64), 1)
+    assert got.dtype == torch.bfloat16 and float(got[0, 0]) == 258.0
+
+
+def test_16_bit_conversions_are_exact_and_round_to_nearest_even():
+    from posenc._kernels import bias_cpu
+
+    every = np.arange(2**16, dtype=np.uint16)
+    as_half = every.view(np.float16).astype(np.float32)
+    as_brain = (every.astype(np.uint32) << 16).view(np.float32)
+    half = np.array([bias_cpu._float16_to_float32(h) for h in every.tolist()], dtype=np.float32)
+    brain = np.array([bias_cpu._bfloat16_to_float32(h) for h in every.tolist()], dtype=np.float32)
+    np.testing.assert_array_equal(half, as_half)  # NaNs compare equal by position
+    np.testing.assert_array_equal(brain, as_brain)
+    rng = np.random.default_rng(7)
+    x = np.concatenate([
+        rng.integers(0, 2**32, 20000, dtype=np.uint64).astype(np.uint32).view(np.float32),
+        (rng.standard_normal(20000) * np.exp(rng.uniform(-20, 12, 20000))).astype(np.float32),
+        np.float32([65504.0, 65519.0, 65520.0, 2.0**-25, 2.0**-24 * 1.5, 2.0**-24 * 2.5, -0.0, np.inf, 1 + 2.0**-11]),
+    ])
+    finite = ~np.isnan(x)
+    with np.errstate(over="ignore"):
+        want_half = x[finite].astype(np.float16).view(np.uint16)
+    want_brain = torch.from_numpy(x[finite]).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    got_half = np.array([bias_cpu._float32_to_float16(v) for v in x[finite].tolist()], dtype=np.uint16)
+    got_brain = np.array([bias_cpu._float32_to_bfloat16(v) for v in x[finite].tolist()], dtype=np.uint16)
+    np.testing.assert_array_equal(got_half, want_half)
+    np.testing.assert_array_equal(got_brain, want_brain)
+    for nan in x[~finite][:50].tolist():
+        assert np.isnan(np.uint16(bias_cpu._float32_to_float16(nan)).view(np.float16))
+        assert (bias_cpu._float32_to_bfloat16(nan) & 0x7FC0) == 0x7FC0
+
+
+def test_expand_peak_memory_is_the_output():
+    vec = np.random.default_rng(0).standard_normal((16, 2 * 256 - 1)).astype(np.float32)
+    CPU["toeplitz_expand"](vec, 256, 256)  # compile outside the measurement
+    tracemalloc.start()
+    try:
+        out = CPU["toeplitz_expand"](vec, 256, 256)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 1.1 * out.nbytes
+    tracemalloc.start()
+    try:
+        CPU["toeplitz_expand"](vec, 256, 256, out=out)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= 0.05 * out.nbytes
+
+
+# --- dispatch --------------------------------------------------------------------------------
+
+
+def test_dispatch_picks_the_cpu_kernel_for_numpy_and_torch_cpu():
+    vec = np.zeros((2, 5), dtype=np.float32)
+    assert _dispatch.select("toeplitz_expand", vec, 3, 3) is CPU["toeplitz_expand"]
+    assert _dispatch.select("toeplitz_expand", torch.zeros(2, 5, dtype=torch.bfloat16), 3, 3) is CPU["toeplitz_expand"]
+    with use_backend("reference"):
+        assert _dispatch.select("toeplitz_expand", vec, 3, 3) is _toeplitz.toeplitz_expand
+
+
+def test_dispatch_leaves_other_arrays_and_autograd_to_the_reference():
+    index = torch.zeros(5, dtype=torch.int64)
+    weights = torch.zeros(3, 3, requires_grad=True)
+    from posenc.torch import _ops  # tensors that autograd records go through the custom op
+
+    assert _dispatch.select("toeplitz_scatter", weights, index, 2) is _ops.toeplitz_scatter
+    with torch.no_grad():
+        assert _dispatch.select("toeplitz_scatter", weights, index, 2) is CPU["toeplitz_scatter"]
+    assert _dispatch.select("toeplitz_gather", np.zeros((3, 2)), torch.zeros(5, dtype=torch.int64), 3) is _toeplitz.toeplitz_gather
+    assert _dispatch.select("toeplitz_expand", np.zeros(5, dtype=np.int64), 3, 3) is _toeplitz.toeplitz_expand
+    assert _dispatch.select("toeplitz_expand", np.zeros(5, dtype=">f4"), 3, 3) is _toeplitz.toeplitz_expand
+    jnp = pytest.importorskip("jax.numpy")
+    assert _dispatch.select("toeplitz_expand", jnp.zeros(5), 3, 3) is _toeplitz.toeplitz_expand
+
+
+# --- bad input ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "op, args, kwargs, error, words",
+    [
+        ("toeplitz_expand", (np.zeros(5), 3, 2), {}, ValueError, "vec must have 4 entries"),
+        ("toeplitz_expand", (np.zeros(5), -1, 2), {}, ValueError, "q_len must be a non-negative integer"),
+        ("toeplitz_expand", (np.zeros(5), 3.0, 3), {}, TypeError, "q_len must be an integer"),
+        ("toeplitz_expand", (np.zeros(5), 3, True), {}, TypeError, "k_len must be an integer"),
+        ("toeplitz_expand", (np.zeros(()), 1, 1), {}, ValueError, "vec must have at least 1 dimension"),
+        ("toeplitz_expand", (np.zeros(5), 3, 3), {"out": np.zeros((3, 4))}, ValueError, "out must have shape (3, 3)"),
+        ("toeplitz_expand", (np.zeros(5), 3, 3), {"out": np.zeros((3, 3), np.float32)}, ValueError, "out must have dtype float64"),
+        ("toeplitz_expand", (np.zeros(5), 3, 3), {"out": torch.zeros(3, 3, dtype=torch.float64)}, TypeError, "out must be an array of the same kind"),
+        ("toeplitz_gather", (np.zeros((3, 4)), np.zeros(5, np.int64), 2), {}, ValueError, "index must have shape (4,)"),
+        ("toeplitz_gather", (np.zeros((3, 4)), np.zeros(5, np.float64), 3), {}, TypeError, "index must have an integer dtype"),
+        ("toeplitz_gather", (np.zeros((3, 4)), np.array([0, 1, 4, 0, 0]), 3), {}, ValueError, "index values must lie in [0, 4)"),
+        ("toeplitz_gather", (np.zeros((3, 4)), np.array([0, 1, -1, 0, 0]), 3), {}, ValueError, "got values in [-1, 1]"),
+        ("toeplitz_gather", (np.zeros(4), np.zeros(4, np.int64), 1), {}, ValueError, "scores must have at least 2"),
+        ("toeplitz_scatter", (np.zeros((3, 3)), np.array([0, 1, 2, 3, 0]), 3), {}, ValueError, "index values must lie in [0, 3)"),
+        ("toeplitz_scatter", (np.zeros((3, 3)), np.zeros(5, np.int64), -2), {}, ValueError, "m must be a non-negative integer"),
+        ("toeplitz_scatter", (np.zeros((3, 3)), np.zeros(4, np.int64), 2), {}, ValueError, "index must have shape (5,)"),
+        ("toeplitz_scatter", (np.zeros((3, 3)), np.zeros(5, np.int64), 2), {"out": np.zeros((3, 3))}, ValueError, "out must have shape (3, 2)"),
+    ],
+)
+def test_bad_input_is_refused_before_any_kernel_runs(op, args, kwargs, error, words):
+    with pytest.raises(error, match=None) as info:
+        CPU[op](*args, **kwargs)
+    assert words in str(info.value)
+
+
+def test_read_only_out_is_refused():
+    out = np.zeros((3, 3))
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        CPU["toeplitz_expand"](np.zeros(5), 3, 3, out=out)
+
+
+# --- CUDA kernels (on a GPU or the numba CUDA simulator) -----------------------------------
+
+
+@pytest.fixture(scope="module")
+def cuda():
+    if not HAS_CUDA:
+        pytest.skip("no GPU and no CUDA simulator (NUMBA_ENABLE_CUDASIM=1) here")
+    from numba import cuda
+
+    return cuda
+
+
+def _gpu(op):
+    return next(k for k in _dispatch.kernels(op) if k.name.endswith("numba_cuda")).load()
+
+
+@st.composite
+def small_problems(draw):
+    """Small shapes: the simulator runs every GPU thread as a Python thread."""
+    lead = tuple(draw(st.lists(st.integers(0, 2), max_size=2)))
+    q_len, k_len, m = draw(st.integers(0, 4)), draw(st.integers(0, 4)), draw(st.integers(1, 4))
+    dtype = draw(st.sampled_from(("float16", "float32", "float64")))
+    n = max(q_len + k_len - 1, 0)
+    index = draw(st.lists(st.integers(0, m - 1), min_size=n, max_size=n))
+    return lead, q_len, k_len, m, dtype, index, draw(st.booleans()), draw(st.integers(0, 2**16))
+
+
+def _device_strided(cuda, data):
+    """A device view with a gapped last axis (``[..., ::2]`` of a wider device array)."""
+    wide = np.zeros((*data.shape[:-1], 2 * data.shape[-1]), dtype=data.dtype)
+    wide[..., ::2] = data
+    return cuda.to_device(wide)[..., ::2]
+
+
+@settings(max_examples=15, deadline=None)
+@given(small_problems())
+def test_cuda_kernels_match_the_cpu_definitions(cuda, problem):
+    lead, q_len, k_len, m, dtype, index, strided, seed = problem
+    rng = np.random.default_rng(seed)
+    put = (lambda a: _device_strided(cuda, a)) if strided else cuda.to_device
+    idx = np.asarray(index, dtype=np.int64)
+
+    vec = rng.standard_normal((*lead, max(q_len + k_len - 1, 0))).astype(dtype)
+    got = _gpu("toeplitz_expand")(put(vec), q_len, k_len).copy_to_host()
+    np.testing.assert_array_equal(got, expand_loops(vec, q_len, k_len))
+
+    scores = rng.standard_normal((*lead, q_len, m)).astype(dtype)
+    out = put(np.zeros((*lead, q_len, k_len), dtype=dtype))
+    got = _gpu("toeplitz_gather")(put(scores), cuda.to_device(idx), k_len, out=out)
+    assert got is out
+    np.testing.assert_array_equal(got.copy_to_host(), gather_loops(scores, idx, k_len))
+
+    weights = rng.standard_normal((*lead, q_len, k_len)).astype(dtype)
+    got = _gpu("toeplitz_scatter")(put(weights), cuda.to_device(idx), m).copy_to_host()
+    want, magnitude = scatter_loops(weights, idx, m)
+    accumulate = EPS["float32"] * k_len if dtype != "float64" else EPS["float64"] * k_len
+    assert np.all(np.abs(got.astype(np.float64) - want) <= (EPS[dtype] + accumulate) * magnitude + 1e-300)
+
+
+def test_cuda_bad_index_is_refused(cuda):
+    scores = cuda.to_device(np.zeros((3, 4), dtype=np.float32))
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 4\)"):
+        _gpu("toeplitz_gather")(scores, cuda.to_device(np.array([0, 1, 4, 0, 0])), 3)
+    with pytest.raises(ValueError, match=r"index must have shape \(6,\)"):
+        _gpu("toeplitz_scatter")(scores, cuda.to_device(np.zeros(3, dtype=np.int64)), 4)
+
+
+def test_dispatch_picks_the_cuda_kernel_for_device_arrays(cuda):
+    vec = cuda.to_device(np.zeros((2, 5), dtype=np.float32))
+    assert _dispatch.select("toeplitz_expand", vec, 3, 3) is _gpu("toeplitz_expand")

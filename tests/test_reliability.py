@@ -1,0 +1,102 @@
+"""Concurrency, on-disk kernel caches and reproducibility."""
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+import posenc as pe
+
+RUNNER = pathlib.Path(__file__).parent / "reliability" / "kernel_run.py"
+SRC = pathlib.Path(pe.__file__).parent
+
+
+def _calls():
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 8, 256, 64)).astype(np.float32)
+    table = rng.standard_normal((32, 8)).astype(np.float32)
+    q = rng.standard_normal((2, 8, 64, 16))
+    tk = rng.standard_normal((17, 16))
+    return {
+        "rope": lambda: pe.rope(x, offset=1000),
+        "t5_bias": lambda: pe.t5_bias(table, 300, 300, offset=5),
+        "alibi_bias": lambda: pe.alibi_bias(pe.alibi_slopes(8), 200, 260),
+        "shaw_logits": lambda: pe.shaw_logits(q, q, tk, max_distance=8),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_calls()))
+def test_same_call_from_eight_threads_is_identical(name):
+    call = _calls()[name]
+    first = call()
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda _: call(), range(8)))
+    for r in results:
+        assert r.dtype == first.dtype and r.tobytes() == first.tobytes()
+
+
+@pytest.mark.parametrize("name", sorted(_calls()))
+def test_bitwise_reproducible(name):
+    call = _calls()[name]
+    assert call().tobytes() == call().tobytes()
+
+
+def _run(env, out, prefix=()):
+    proc = subprocess.run([*prefix, sys.executable, str(RUNNER), str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, dict(np.load(out))
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+
+@pytest.mark.slow
+def test_cold_and_warm_process_agree_with_numba_cache_dir(tmp_path):
+    cache = tmp_path / "cache"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache)}
+    cold_log, cold = _run(env, tmp_path / "cold.npz")
+    assert any(cache.rglob("*.nbi")), "the cold run wrote no Numba cache index"
+    warm_log, warm = _run(env, tmp_path / "warm.npz")
+    _same(cold, warm)
+    assert "numba" in cold_log or "cpu" in cold_log, cold_log
+
+
+def _read_only_view(site, mount):
+    """A command prefix that runs the child with ``site`` visible read-only at ``mount``.
+
+    Root ignores file permissions, so as root the copy is bind-mounted read-only in a
+    private mount namespace; otherwise removing the write bits is enough.
+    """
+    if os.geteuid() != 0:
+        for path in [site, *site.rglob("*")]:
+            path.chmod(0o555 if path.is_dir() else 0o444)
+        return site, ()
+    if shutil.which("unshare") is None:
+        pytest.skip("running as root without unshare: cannot make a read-only directory")
+    mount.mkdir()
+    script = f'mount --bind "{site}" "{mount}" && mount -o remount,ro,bind "{mount}" && exec "$0" "$@"'
+    return mount, ("unshare", "-m", "sh", "-c", script)
+
+
+@pytest.mark.slow
+def test_read_only_package_directory(tmp_path):
+    # The package in a directory this process cannot write: Numba must fall back to a
+    # user cache directory instead of failing, and compute the same numbers.
+    site = tmp_path / "site"
+    shutil.copytree(SRC, site / "posenc", ignore=shutil.ignore_patterns("__pycache__"))
+    path, prefix = _read_only_view(site, tmp_path / "ro")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=str(path), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "user-cache"))
+    log, ro = _run(env, tmp_path / "ro.npz", prefix)
+    assert f"posenc from {path}" in log and "posenc._kernels" in log, log
+    assert not any(site.rglob("*.nbi")), "Numba wrote into the read-only package"
+    _, here = _run({**os.environ}, tmp_path / "here.npz")
+    _same(ro, here)
