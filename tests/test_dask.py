@@ -175,6 +175,24 @@ def test_t5_bias_blocks_are_toeplitz_slices(rng):
             np.testing.assert_array_equal(block, pe.t5_bias(table[:, :2], i1 - i0, j1 - j0, offset=offset + i0 - j0))
 
 
+def test_blocked_bias_runs_the_registry_once_per_numpy_block(rng, monkeypatch):
+    table = da.from_array(rng.standard_normal((32, 3)).astype(np.float32), chunks=(32, 2))
+    bias = _lazily(lambda: pe.t5_bias(table, 20, 30, chunks=(2, 8, 16)))
+    seen = []
+    call = _dispatch.call
+
+    def spy(op, *args, **kwargs):
+        if op == "toeplitz_expand":
+            seen.append((type(args[0]), args[0].shape, args[1:]))
+        return call(op, *args, **kwargs)
+
+    monkeypatch.setattr(_dispatch, "call", spy)
+    bias.compute(scheduler="threads")
+    # One NumPy slice of qb + kb - 1 distances per [heads, qb, kb] block.
+    want = [(np.ndarray, (h, qb + kb - 1), (qb, kb)) for h in (2, 1) for qb in (8, 8, 4) for kb in (16, 14)]
+    assert sorted(seen, key=repr) == sorted(want, key=repr)
+
+
 def test_blocked_bias_default_chunks_follow_the_table_and_dask_config(rng):
     table = da.from_array(rng.standard_normal((32, 6)), chunks=(32, 4))
     with dask.config.set({"array.chunk-size": "4KiB"}):
