@@ -8,6 +8,9 @@ checked with a scheduler callback that counts computations.
 
 from __future__ import annotations
 
+import threading
+import time
+
 import numpy as np
 import pytest
 
@@ -241,6 +244,9 @@ def test_empty_blocked_bias(rng):
     for q_len, k_len in ((0, 5), (4, 0)):
         bias = pe.t5_bias(table, q_len, k_len, chunks=(1, 2, 2))
         assert bias.shape == (2, q_len, k_len) and bias.compute().shape == (2, q_len, k_len)
+    # Empty chunks among full ones.
+    bias = pe.t5_bias(table, 3, 4, chunks=(2, (0, 3), (4, 0)))
+    np.testing.assert_array_equal(bias.compute(), pe.t5_bias(table.compute(), 3, 4))
 
 
 def test_chunks_bad_input(rng):
@@ -254,8 +260,27 @@ def test_chunks_bad_input(rng):
         pe.t5_bias(lazy, 3, 4, chunks=(1, 2))
     with pytest.raises(ValueError, match="chunks"):
         pe.alibi_bias(da.ones(2), 3, 4, chunks=(1, 2, -5))
+    with pytest.raises(ValueError, match="chunks"):
+        pe.alibi_bias(da.ones(2), 3, 4, chunks="bogus")
     with pytest.raises(ValueError, match="chunks or out"):
         pe.t5_bias(lazy, 3, 4, chunks=(1, 2, 2), out=da.zeros((2, 3, 4)))
+
+
+def test_bad_input_on_dask_raises_before_any_compute():
+    x = da.ones((5, 4), chunks=2)
+    calls = [
+        (TypeError, "different kinds", lambda: pe.rope(x, np.arange(5))),
+        (ValueError, "positions", lambda: pe.rope(x, da.arange(4))),
+        (TypeError, "out", lambda: pe.rope(x, out=np.zeros((5, 4)))),
+        (ValueError, "out", lambda: pe.rope(x, out=da.zeros((5, 2)))),
+        (TypeError, "x must have a real floating dtype", lambda: pe.rope(da.ones((5, 4), dtype=int))),
+        (ValueError, "table", lambda: pe.t5_bias(da.ones(32), 3, 3)),
+        (ValueError, "out", lambda: pe.t5_bias(da.ones((32, 2)), 3, 3, out=da.zeros((2, 3, 4)))),
+    ]
+    for error, match, call in calls:
+        with ComputeCounter() as counter, pytest.raises(error, match=match):
+            call()
+        assert counter.count == 0, match
 
 
 def test_reference_and_block_kernels_agree(rng):
@@ -294,8 +319,17 @@ def test_local_schedulers(scheduler, rng):
 def test_distributed_client(rng):
     distributed = pytest.importorskip("distributed")
     lazy, want = _workload(rng)
+    before = {t.ident for t in threading.enumerate()}
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as cluster:
         with distributed.Client(cluster) as client:
             got = client.compute(list(lazy), sync=True)
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, atol=3e-6)
+    # Closed: no thread of the cluster is left (distributed keeps one offload pool per process).
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        left = [t.name for t in threading.enumerate() if t.ident not in before and not t.name.startswith("Dask-Offload")]
+        if not left:
+            break
+        time.sleep(0.05)
+    assert not left, f"threads left running: {left}"

@@ -78,6 +78,8 @@ def _expand_block(vec, rows, cols, *, k_len):
     columns ``j0 .. j1 - 1`` that is the slice ``i0 - j1 + k_len .. i1 - j0 + k_len - 1``
     (end excluded), itself expanded as a ``qb x kb`` Toeplitz matrix.
     """
+    if not (len(rows) and len(cols)):  # an empty chunk: no distance to read
+        return _dispatch.call("toeplitz_expand", vec[..., :0], len(rows), len(cols))
     i0, i1, j0, j1 = int(rows[0]), int(rows[-1]) + 1, int(cols[0]), int(cols[-1]) + 1
     piece = vec[..., i0 - j1 + k_len : i1 - j0 + k_len - 1]
     return _dispatch.call("toeplitz_expand", piece, i1 - i0, j1 - j0)
