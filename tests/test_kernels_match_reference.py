@@ -39,8 +39,16 @@ def _copy(value):
 
 
 def _copy_args(args, kwargs):
-    # Kernels may write in place (``out=``): each implementation gets its own copies.
-    return [_copy(a) for a in args], {k: _copy(v) for k, v in kwargs.items()}
+    # Kernels may write in place (``out=``): each implementation gets its own copies,
+    # one per object, so a sample with ``out=x`` stays in place.
+    copies = {}
+
+    def copy(value):
+        if id(value) not in copies:
+            copies[id(value)] = _copy(value)
+        return copies[id(value)]
+
+    return [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}
 
 
 def _tolerance(kernel, result):

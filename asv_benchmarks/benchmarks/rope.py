@@ -1,0 +1,186 @@
+"""Rotary kernels (op ``rope_rotate``) beside the plain formula and a plain copy.
+
+posenc (allocating, ``out=``, in place) against ``x*cos + rotate_half(x)*sin`` with
+precomputed ``cos``/``sin`` in NumPy and in torch eager, and against ``np.copyto`` of the
+same bytes, the floor for a pass that reads ``x`` once and writes once. bfloat16 inputs
+are torch tensors (NumPy has no bfloat16). ``track_`` methods report the fraction of copy
+bandwidth reached and the error at positions near 2**24.
+
+``python -m benchmarks.rope`` (from ``asv_benchmarks``) prints the same comparison as a
+best-of-N table without asv.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from posenc import _dispatch
+
+from .common import Benchmark, best_time, require
+
+SHAPES = ["1x32x8192x128", "4x32x8192x128"]
+DTYPES = ["float32", "bfloat16"]
+
+
+def _shape(text):
+    return tuple(int(n) for n in text.split("x"))
+
+
+def inv_freq(dim, base=10000.0):
+    return base ** (-np.arange(0, dim, 2) / dim)
+
+
+def rope_posenc(x, positions, frequencies, out=None):
+    return _dispatch.call("rope_rotate", x, positions, frequencies, out=out)
+
+
+def rotate_half_numpy(x):
+    half = x.shape[-1] // 2
+    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+
+
+def rope_plain_numpy(x, cos, sin):
+    return x * cos + rotate_half_numpy(x) * sin
+
+
+def rope_plain_torch(x, cos, sin):
+    import torch
+
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def cos_sin_table(length, frequencies):
+    """``cos``/``sin`` ``[S, D]`` in float64, each angle twice ("half" layout)."""
+    angle = np.arange(length, dtype=np.float64)[:, None] * frequencies
+    angle = np.concatenate([angle, angle], axis=-1)
+    return np.cos(angle), np.sin(angle)
+
+
+class Inputs:
+    """``x`` (NumPy float32 or torch bfloat16), positions, buffers and the torch formula's tables."""
+
+    def __init__(self, shape, dtype):
+        torch = require("torch")
+        rng = np.random.default_rng(0)
+        data = rng.standard_normal(shape, dtype=np.float32)
+        length, dim = shape[-2], shape[-1]
+        self.frequencies = inv_freq(dim)
+        cos, sin = cos_sin_table(length, self.frequencies)
+        if dtype == "bfloat16":
+            self.x = torch.from_numpy(data).to(torch.bfloat16)
+            self.positions = torch.arange(length)
+            self.raw = self.x.view(torch.int16).numpy()  # the same bytes, for np.copyto
+            self.torch_x = self.x
+            self.torch_cos, self.torch_sin = (torch.from_numpy(t).to(torch.bfloat16) for t in (cos, sin))
+        else:
+            self.x = data
+            self.positions = np.arange(length)
+            self.raw = data
+            self.torch_x = torch.from_numpy(data)
+            self.torch_cos, self.torch_sin = (torch.from_numpy(t.astype(np.float32)) for t in (cos, sin))
+            self.numpy_cos, self.numpy_sin = cos.astype(np.float32), sin.astype(np.float32)
+        self.out = rope_posenc(self.x, self.positions, self.frequencies)
+        self.in_place = rope_posenc(self.x, self.positions, self.frequencies)
+        self.copy_target = np.empty_like(self.raw)
+
+
+class RopeRotate(Benchmark):
+    params = (SHAPES, DTYPES)
+    param_names = ["shape", "dtype"]
+
+    def make(self, shape, dtype):
+        self.inputs = Inputs(_shape(shape), dtype)
+
+    def time_rope_posenc_allocating(self, shape, dtype):
+        i = self.inputs
+        rope_posenc(i.x, i.positions, i.frequencies)
+
+    def time_rope_posenc_out(self, shape, dtype):
+        i = self.inputs
+        rope_posenc(i.x, i.positions, i.frequencies, out=i.out)
+
+    def time_rope_posenc_in_place(self, shape, dtype):
+        i = self.inputs
+        rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place)
+
+    def time_rope_plain_torch_eager(self, shape, dtype):
+        i = self.inputs
+        rope_plain_torch(i.torch_x, i.torch_cos, i.torch_sin)
+
+    def time_copyto_same_bytes(self, shape, dtype):
+        np.copyto(self.inputs.copy_target, self.inputs.raw)
+
+    def track_in_place_fraction_of_copy_bandwidth(self, shape, dtype):
+        i = self.inputs
+        copy = best_time(lambda: np.copyto(i.copy_target, i.raw))
+        rope = best_time(lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place))
+        return copy / rope
+
+    track_in_place_fraction_of_copy_bandwidth.unit = "fraction"
+
+
+class RopeRotatePlainNumpy(Benchmark):
+    """The formula in NumPy (float32 only: NumPy has no bfloat16)."""
+
+    params = (SHAPES,)
+    param_names = ["shape"]
+
+    def make(self, shape):
+        self.inputs = Inputs(_shape(shape), "float32")
+
+    def time_rope_plain_numpy(self, shape):
+        i = self.inputs
+        rope_plain_numpy(i.x, i.numpy_cos, i.numpy_sin)
+
+
+class RopePrecision:
+    """Largest error against a float64 transcription of the formula at positions near 2**24."""
+
+    def setup(self):
+        rng = np.random.default_rng(1)
+        self.x = rng.standard_normal((4, 64, 128)).astype(np.float32)
+        self.positions = 2**24 - 64 + np.arange(64)
+        self.frequencies = inv_freq(128)
+
+    def track_rope_max_abs_error_at_2_24(self):
+        got = rope_posenc(self.x, self.positions, self.frequencies)
+        angle = self.positions[:, None].astype(np.float64) * self.frequencies
+        cos, sin = np.cos(angle), np.sin(angle)
+        x = self.x.astype(np.float64)
+        a, b = x[..., :64], x[..., 64:]
+        exact = np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
+        return float(np.abs(got - exact).max())
+
+    track_rope_max_abs_error_at_2_24.unit = "abs error"
+
+
+def _table(repeat=7):
+    """Best-of-``repeat`` times of every variant, and ratios to torch eager and to copy."""
+    rows = []
+    for shape in SHAPES:
+        for dtype in DTYPES:
+            i = Inputs(_shape(shape), dtype)
+            variants = {
+                "np.copyto same bytes": lambda: np.copyto(i.copy_target, i.raw),
+                "torch eager formula": lambda: rope_plain_torch(i.torch_x, i.torch_cos, i.torch_sin),
+                "posenc allocating": lambda: rope_posenc(i.x, i.positions, i.frequencies),
+                "posenc out=": lambda: rope_posenc(i.x, i.positions, i.frequencies, out=i.out),
+                "posenc in place": lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place),
+            }
+            if dtype == "float32":
+                variants["numpy formula"] = lambda: rope_plain_numpy(i.x, i.numpy_cos, i.numpy_sin)
+            times = {name: best_time(fn, repeat) for name, fn in variants.items()}
+            for name, t in times.items():
+                rows.append(
+                    f"| {shape} | {dtype} | {name} | {t * 1e3:.1f} | "
+                    f"{times['torch eager formula'] / t:.1f}x | {times['np.copyto same bytes'] / t:.2f} |"
+                )
+            del i
+    print("| shape | dtype | variant | best ms | speed-up vs torch eager | fraction of copy bandwidth |")
+    print("|---|---|---|---|---|---|")
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    _table()

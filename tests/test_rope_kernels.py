@@ -1,0 +1,313 @@
+"""The rotary kernels (``rope_rotate``, ``rope_apply``) against their references.
+
+Hypothesis draws shapes (empty axes and length 1 included), strides (slices, negative
+steps, transposed batch axes), dtypes, layouts, partial rotary, ``inverse``, ``scale``,
+``out`` (``None``, a buffer, ``x`` itself) and positions up to 2**31, with NaN and inf
+in ``x``; every kernel result must equal the reference within one or two units in the
+last place of the dtype. CUDA kernels run here only under the numba CUDA simulator.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from posenc import _dispatch
+from posenc._kernels import _available, _codec, rope
+from posenc.rotary import _rotate
+
+pytestmark = pytest.mark.kernels
+
+torch = pytest.importorskip("torch")
+
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+NUMPY_DTYPES = ("float16", "float32", "float64")
+TORCH_DTYPES = ("bfloat16", "float16", "float32", "float64")
+
+
+def cpu_rotate():
+    return _dispatch.kernels("rope_rotate")[0].load()
+
+
+def cpu_apply():
+    return _dispatch.kernels("rope_apply")[0].load()
+
+
+def to_numpy(a):
+    if isinstance(a, torch.Tensor):
+        return (a.float() if a.dtype == torch.bfloat16 else a).numpy().astype(np.float64)
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host().astype(np.float64)
+    return np.asarray(a, dtype=np.float64)
+
+
+def assert_matches(got, want, dtype, magnitude):
+    """Equal up to two ulps of ``dtype`` (relative), or eight of ``magnitude`` (absolute: cancellation
+    in ``a*cos - b*sin`` and one-ulp differences between two libraries' cos/sin)."""
+    eps = EPS[dtype]
+    got, want = to_numpy(got), to_numpy(want)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=2 * eps, atol=8 * eps * magnitude + 1e-300)
+
+
+def make(data, dtype, library):
+    if library == "torch":
+        return torch.from_numpy(np.ascontiguousarray(data)).to(getattr(torch, dtype))
+    return np.asarray(data).astype(dtype)
+
+
+@st.composite
+def rotary_cases(draw, libraries=("numpy", "torch"), max_side=5):
+    library = draw(st.sampled_from(libraries))
+    dtype = draw(st.sampled_from(NUMPY_DTYPES if library == "numpy" else TORCH_DTYPES))
+    b, h, s = (draw(st.integers(0 if k == 2 else 1, max_side)) for k in range(3))
+    half = draw(st.integers(1, 4))
+    d = 2 * half + draw(st.integers(0, 3))
+    # x is a view into a larger buffer: steps along every axis, a negative step (NumPy
+    # only, torch has none) and the batch axes permuted.
+    steps = [draw(st.integers(1, 2)) for _ in range(4)]
+    negative = library == "numpy" and draw(st.booleans())
+    order = draw(st.permutations(range(3)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    sizes = [b, h, s, d]
+    buffer_shape = [sizes[k] * steps[k] + 1 for k in range(4)]
+    raw = rng.standard_normal([buffer_shape[k] for k in (*order, 3)])
+    if draw(st.booleans()) and raw.size:  # NaN and inf propagate like in the reference
+        flat = raw.reshape(-1)
+        flat[rng.integers(0, flat.size, 3)] = [np.nan, np.inf, -np.inf]
+    base = make(raw, dtype, library)
+    inverse_order = [order.index(k) for k in range(3)]
+    base = base.permute(*inverse_order, 3) if library == "torch" else base.transpose(*inverse_order, 3)
+    index = tuple(slice(None, sizes[k] * steps[k], steps[k]) for k in range(4))
+    x = base[index]
+    if negative:
+        x = x[:, ::-1]
+    assert tuple(x.shape) == (b, h, s, d)
+    mode = draw(st.sampled_from(["shared", "per_batch", "per_token"]))
+    large = draw(st.booleans())
+    offset = 2**31 - 2 * max_side if large else 0
+    shape = {"shared": (s,), "per_batch": (b, 1, s), "per_token": (b, h, s)}[mode]
+    pos = offset + rng.integers(0, 2 * max_side, shape)
+    pos_dtype = draw(st.sampled_from(["int64", "float64"] + ([] if large else ["int32", "float32"])))
+    positions = torch.from_numpy(pos.astype(pos_dtype)) if library == "torch" else pos.astype(pos_dtype)
+    inv_freq = 10000.0 ** (-np.arange(half) / half)
+    options = dict(
+        layout=draw(st.sampled_from(["half", "interleaved"])),
+        inverse=draw(st.booleans()),
+        scale=draw(st.sampled_from([1.0, 0.5, 1.7])),
+    )
+    out_mode = draw(st.sampled_from(["none", "buffer", "self"]))
+    return library, dtype, x, positions, inv_freq, options, out_mode
+
+
+def clone(a):
+    return a.clone() if isinstance(a, torch.Tensor) else a.copy()
+
+
+def out_for(x, out_mode):
+    if out_mode == "none":
+        return None
+    if out_mode == "self":
+        return x
+    return torch.zeros_like(x) if isinstance(x, torch.Tensor) else np.zeros_like(x)
+
+
+def finite_magnitude(x, scale):
+    values = to_numpy(x)
+    values = values[np.isfinite(values)]
+    return (np.abs(values).max() if values.size else 1.0) * scale
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=rotary_cases())
+def test_cpu_rope_rotate_matches_reference(case):
+    library, dtype, x, positions, inv_freq, options, out_mode = case
+    assert rope._host_rotate_accepts(x, positions, inv_freq, **options, out=out_for(x, out_mode))
+    with np.errstate(invalid="ignore"):  # inf - inf in NumPy's reference
+        want = _rotate.rotate_positions(clone(x), positions, inv_freq, **options)
+    before = clone(x)
+    out = out_for(x, out_mode)
+    got = cpu_rotate()(x, positions, inv_freq, **options, out=out)
+    if out is not None:
+        assert got is out
+    assert type(got) is type(x) and got.dtype == x.dtype and tuple(got.shape) == tuple(x.shape)
+    if out_mode != "self":  # the input is left alone
+        np.testing.assert_array_equal(to_numpy(x), to_numpy(before))
+    assert_matches(got, want, dtype, finite_magnitude(before, options["scale"]))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=rotary_cases(), per_token=st.booleans())
+def test_cpu_rope_apply_matches_reference(case, per_token):
+    library, dtype, x, positions, inv_freq, options, out_mode = case
+    b, h, s, d = x.shape
+    half = inv_freq.shape[0]
+    angle = np.random.default_rng(half).uniform(-20, 20, ((b, h, s) if per_token else (s,)) + (half,))
+    both = np.repeat(angle, 2, -1) if options["layout"] == "interleaved" else np.concatenate([angle, angle], -1)
+    cos, sin = make(np.cos(both), dtype, library), make(np.sin(both), dtype, library)
+    out = out_for(x, out_mode)
+    assert rope._host_apply_accepts(x, cos, sin, layout=options["layout"], out=out)
+    with np.errstate(invalid="ignore"):  # inf - inf in NumPy's reference
+        want = _rotate.rotate_cos_sin(clone(x), cos, sin, layout=options["layout"])
+    magnitude = finite_magnitude(x, 1.0)
+    got = cpu_apply()(x, cos, sin, layout=options["layout"], out=out)
+    assert_matches(got, want, dtype, magnitude)
+
+
+def test_cpu_torch_bfloat16_in_place_writes_the_tensor_itself():
+    x = torch.randn(2, 4, 16, 8).to(torch.bfloat16)
+    pointer, want = x.data_ptr(), _rotate.rotate_positions(x.clone(), torch.arange(16), np.array([1.0, 0.1, 0.01, 0.001]))
+    got = cpu_rotate()(x, torch.arange(16), np.array([1.0, 0.1, 0.01, 0.001]), out=x)
+    assert got is x and x.data_ptr() == pointer and x.dtype == torch.bfloat16
+    assert_matches(x, want, "bfloat16", 4.0)
+
+
+def test_cpu_out_overlapping_x_gets_the_reference_result():
+    buffer = np.random.default_rng(0).standard_normal((6, 8))
+    x, out = buffer[:5], buffer[1:]
+    want = _rotate.rotate_positions(x.copy(), np.arange(5), np.array([1.0, 0.5]))
+    cpu_rotate()(x, np.arange(5), np.array([1.0, 0.5]), out=out)
+    np.testing.assert_allclose(buffer[1:], want, rtol=1e-15, atol=1e-15)
+
+
+def test_dispatch_picks_the_cpu_kernels_for_host_arrays():
+    x = np.zeros((2, 3, 4))
+    assert _dispatch.select("rope_rotate", x, np.arange(3), np.ones(2)) is cpu_rotate()
+    assert _dispatch.select("rope_apply", x, np.ones((3, 4)), np.ones((3, 4))) is cpu_apply()
+
+
+def _readonly(a):
+    a.flags.writeable = False
+    return a
+
+
+DECLINED = {
+    "integer x": lambda: ((np.zeros((3, 4), np.int32), np.arange(3), np.ones(2)), {}),
+    "bool positions": lambda: ((np.zeros((3, 4)), np.ones(3, bool), np.ones(2)), {}),
+    "mixed libraries": lambda: ((np.zeros((3, 4)), torch.arange(3), np.ones(2)), {}),
+    "autograd": lambda: ((torch.zeros(3, 4, requires_grad=True), torch.arange(3), np.ones(2)), {}),
+    "read-only out": lambda: ((np.zeros((3, 4)), np.arange(3), np.ones(2)), {"out": _readonly(np.zeros((3, 4)))}),
+    "broadcast out": lambda: ((np.zeros((3, 4)), np.arange(3), np.ones(2)), {"out": np.broadcast_to(np.zeros(4), (3, 4))}),
+    "out of another dtype": lambda: ((np.zeros((3, 4)), np.arange(3), np.ones(2)), {"out": np.zeros((3, 4), np.float32)}),
+}
+
+
+@pytest.mark.parametrize("why", DECLINED)
+def test_cpu_kernel_declines_what_it_cannot_do(why):
+    args, kwargs = DECLINED[why]()
+    assert not rope._host_rotate_accepts(*args, **kwargs), why
+    assert _dispatch.select("rope_rotate", *args, **kwargs) is _rotate.rotate_positions
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: cpu_rotate()(np.zeros((3, 4)), np.arange(3), np.ones(3)), "inv_freq"),
+        (lambda: cpu_rotate()(np.zeros((3, 4)), np.arange(3), np.ones(2), out=np.zeros((3, 5))), "out"),
+        (lambda: cpu_apply()(np.zeros((3, 4)), np.ones((3, 6)), np.ones((3, 6))), "cos/sin"),
+        (lambda: cpu_apply()(np.zeros((3, 4)), np.ones((3, 3)), np.ones((3, 3))), "cos/sin"),
+        (lambda: cpu_apply()(np.zeros((3, 4)), np.ones((3, 4)), np.ones((3, 2))), "cos/sin"),
+    ],
+)
+def test_cpu_launchers_recheck_shapes(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_accepts_imports_neither_numba_nor_torch():
+    code = (
+        "import sys, numpy as np, posenc\n"
+        "from posenc._kernels import rope\n"
+        "x = np.zeros((2, 3, 4))\n"
+        "assert rope._host_rotate_accepts(x, np.arange(3), np.ones(2))\n"
+        "assert rope._host_apply_accepts(x, np.ones((3, 4)), np.ones((3, 4)))\n"
+        "assert not rope._device_rotate_accepts(x, np.arange(3), np.ones(2))\n"
+        "print(' '.join(m for m in ('numba', 'torch', 'cupy') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_codec_round_trips_every_16_bit_pattern_and_rounds_to_nearest_even():
+    bits = np.arange(2**16, dtype=np.uint32)
+    half = bits.astype(np.uint16).view(np.float16).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns
+        brain = (bits << 16).view(np.float32).astype(np.float64)
+    sample = bits[::97]
+    for kind, values in ((_codec.FLOAT16, half), (_codec.BFLOAT16, brain)):
+        loaded = np.array([_codec.load(np.uint16(b), kind) for b in sample])
+        np.testing.assert_array_equal(loaded, values[sample])
+        row = np.zeros(1, np.uint16)
+        finite = sample[np.isfinite(values[sample])]
+        for b in finite:
+            _codec.store(row, 0, values[b], kind)
+            assert values[row[0]] == values[b]
+    # Ties between neighbours go to the even one; just above a tie rounds up.
+    row = np.zeros(1, np.uint16)
+    for kind, values in ((_codec.FLOAT16, half), (_codec.BFLOAT16, brain)):
+        for lo in (0x3C00, 0x3C01, 0x0001, 0x0002):
+            a, b = values[lo], values[lo + 1]
+            _codec.store(row, 0, (a + b) / 2, kind)
+            assert row[0] == (lo if lo % 2 == 0 else lo + 1)
+            _codec.store(row, 0, np.nextafter((a + b) / 2, np.inf), kind)
+            assert row[0] == lo + 1
+
+
+def test_codec_float16_store_equals_numpy_cast():
+    rng = np.random.default_rng(7)
+    values = np.concatenate([rng.standard_normal(3000) * 10.0 ** rng.integers(-8, 6, 3000), [65519.9, 65520.0, -7e4, 1e-9]])
+    row = np.zeros(1, np.uint16)
+    with np.errstate(over="ignore"):  # NumPy warns when it rounds to inf
+        want = values.astype(np.float16).view(np.uint16)
+    for v, w in zip(values, want):
+        _codec.store(row, 0, v, _codec.FLOAT16)
+        assert row[0] == w, v
+
+
+# ------------------------------------------------------------------ CUDA (simulator)
+
+cuda_only = pytest.mark.skipif(not _available.numba_cuda(), reason="no GPU and no CUDA simulator")
+
+
+def device(a):
+    return rope._device_copy(a) if isinstance(a, np.ndarray) else a
+
+
+@cuda_only
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=rotary_cases(libraries=("numpy",), max_side=3))
+def test_cuda_rope_rotate_matches_reference(case):
+    library, dtype, x, positions, inv_freq, options, out_mode = case
+    if any(st < 0 for st in x.strides):  # the CUDA kernels take non-negative strides
+        x = x.copy()
+    with np.errstate(invalid="ignore"):  # inf - inf in NumPy's reference
+        want = _rotate.rotate_positions(x.copy(), positions, inv_freq, **options)
+    xd = device(x)
+    out = {"none": None, "self": xd, "buffer": device(np.zeros_like(x))}[out_mode]
+    assert rope._device_rotate_accepts(xd, device(positions), inv_freq, **options, out=out)
+    got = _dispatch.call("rope_rotate", xd, device(positions), inv_freq, **options, out=out)
+    assert_matches(got, want, dtype, finite_magnitude(x, options["scale"]))
+
+
+def test_cpu_cos_sin_split_of_half_pi_and_accuracy():
+    mpmath = pytest.importorskip("mpmath")
+    from posenc._kernels import rope_cpu
+
+    mpmath.mp.prec = 200
+    p1, p2, p3 = (mpmath.mpf(v) for v in (rope_cpu._P1, rope_cpu._P2, rope_cpu._P3))
+    assert abs(p1 + p2 + p3 - mpmath.pi / 2) < mpmath.mpf(2) ** -120
+    for part in (rope_cpu._P1, rope_cpu._P2):  # 33 significant bits: n * part is exact
+        mantissa, _ = np.frexp(part)
+        assert float(mantissa * 2**33) == int(mantissa * 2**33)
+    rng = np.random.default_rng(3)
+    angles = np.concatenate([rng.uniform(-rope_cpu.FAST_ANGLE_LIMIT, rope_cpu.FAST_ANGLE_LIMIT, 300), rng.uniform(-4, 4, 300)])
+    for angle in angles:
+        cos, sin = rope_cpu._cos_sin.py_func(angle)
+        exact = mpmath.mpf(float(angle))
+        assert abs(cos - float(mpmath.cos(exact))) <= 2**-52 and abs(sin - float(mpmath.sin(exact))) <= 2**-52
