@@ -223,3 +223,10 @@ def allocatable(name, shape, itemsize):
             f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, "
             "more than the memory available to this process"
         )
+
+
+def allocatable_unless_blocked(name, shape, itemsize, like):
+    """:func:`allocatable`, skipped when ``like`` is a Dask array: its result is built
+    block by block (and stored block by block), never whole."""
+    if not _compat.is_dask_array(like):
+        allocatable(name, shape, itemsize)

@@ -44,13 +44,16 @@ def namespace(*arrays, xp=None):
 def device_of(*arrays):
     """The common device of ``arrays`` (``None`` when there is no array).
 
-    Two arrays on different devices raise ``ValueError``.
+    Two arrays on different devices raise ``ValueError``. An array whose device is not
+    known (``None``: JAX tracers under ``jit``, ``grad`` or ``vmap``) matches any device.
     """
     devices = []
     for a in arrays:
         if a is None or isinstance(a, (bool, int, float, complex)):
             continue
         d = _compat.device(a)
+        if d is None:
+            continue
         if all(d != e for e in devices):
             devices.append(d)
     if len(devices) > 1:

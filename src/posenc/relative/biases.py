@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 
+from .. import _compat
 from .. import _validate as check
 from .._dispatch import call
 from .._xp import cast, compute_dtype, device_of, namespace, result_dtype
@@ -190,18 +191,26 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     return _BUILDERS[kind](xp, params, dist, **options)
 
 
-def expand_bias(vec, q_len, k_len, *, out=None):
+def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     r"""The ``[..., q_len, k_len]`` bias of a per-distance vector: ``bias[..., i, j] = vec[..., i - j + k_len - 1]``.
 
     ``vec`` is ``[..., q_len + k_len - 1]`` (as :func:`relative_bias_vector` returns it);
     the expansion is a Toeplitz matrix per leading index, written by a fast kernel where
     one accepts the arguments.
 
+    A Dask ``vec`` gives a lazy *blocked* bias: every block ``[..., qb, kb]`` is expanded
+    on its own from its slice of ``vec`` (see ``docs/dask.md``). Its blocks are ``chunks``
+    when given, else the leading axes are chunked like ``vec`` and the query and key axes
+    by Dask's ``"auto"`` rule (``dask.config`` ``array.chunk-size``, 128 MiB by default).
+
     Parameters
     ----------
     vec : array ``[..., q_len + k_len - 1]``
     q_len, k_len : int >= 0
     out : array ``[..., q_len, k_len]`` of ``vec``'s dtype, optional; written in place
+        (a Dask ``out`` also gives its chunks to the result)
+    chunks : Dask chunks of the ``[..., q_len, k_len]`` result, optional (Dask ``vec``
+        only, not with ``out``), e.g. ``(1, 4096, 4096)`` or ``{-1: 512}``
 
     Examples
     --------
@@ -218,18 +227,33 @@ def expand_bias(vec, q_len, k_len, *, out=None):
     if int(vec.shape[-1]) != want:
         raise ValueError(f"vec must have q_len + k_len - 1 = {want} entries on its last axis, got shape {tuple(vec.shape)}")
     shape = (*vec.shape[:-1], q_len, k_len)
+    if chunks is not None:
+        out = _blocked_out(vec, shape, chunks, out)
     if out is None:
-        check.allocatable("bias", shape, 8)
+        check.allocatable_unless_blocked("bias", shape, 8, vec)
     else:
         check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec), inputs=(("vec", vec),))
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 
-def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, **options):
+def _blocked_out(vec, shape, chunks, out):
+    """The empty Dask array whose blocks a ``chunks=`` request asks for."""
+    if not _compat.is_dask_array(vec):
+        raise TypeError(f"chunks applies to Dask arrays only (a Dask table or slopes), got {type(vec).__name__}")
+    if out is not None:
+        raise ValueError("pass chunks or out, not both (a Dask out gives its own chunks)")
+    from .. import _dask
+
+    blocked = _dask.empty_blocked(vec, shape, chunks)
+    return blocked if blocked.size else None
+
+
+def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, chunks=None, **options):
     """The ``[heads, q_len, k_len]`` bias of :func:`relative_bias_vector`'s kinds.
 
     ``bias[h, i, j] = relative_bias_vector(kind, params, q_len, k_len, offset=offset,
-    **options)[h, i - j + k_len - 1]``; ``out`` as in :func:`expand_bias`.
+    **options)[h, i - j + k_len - 1]``; ``out`` and ``chunks`` as in :func:`expand_bias`
+    (Dask ``params`` give a lazy blocked bias).
 
     Examples
     --------
@@ -240,10 +264,10 @@ def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, **options):
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     vec = relative_bias_vector(kind, params, q_len, k_len, offset=offset, **options)
-    return expand_bias(vec, q_len, k_len, out=out)
+    return expand_bias(vec, q_len, k_len, out=out, chunks=chunks)
 
 
-def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=0, out=None):
+def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=0, out=None, chunks=None):
     r"""T5 relative attention bias ``[heads, q_len, k_len]``.
 
     .. math:: B_{h,i,j} = T[\,\mathrm{bucket}(\mathrm{rel}_{ij}),\, h\,],
@@ -261,10 +285,12 @@ def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset
     bidirectional, max_distance : as in :func:`t5_bucket`
     offset : int, first query position (``k_len - 1`` to decode one token after a cache)
     out : array ``[heads, q_len, k_len]`` of ``table``'s dtype, optional
+    chunks : blocks of the result for a Dask ``table`` (see :func:`expand_bias`), optional
 
     Returns
     -------
-    array ``[heads, q_len, k_len]``, ``table``'s dtype.
+    array ``[heads, q_len, k_len]``, ``table``'s dtype. A Dask ``table`` gives a lazy
+    blocked bias, its heads chunked like the table's columns.
 
     Examples
     --------
@@ -273,10 +299,12 @@ def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset
     >>> pe.t5_bias(table, 3, 3)[0].tolist()
     [[0.0, 17.0, 18.0], [1.0, 0.0, 17.0], [2.0, 1.0, 0.0]]
     """
-    return relative_bias("t5", table, q_len, k_len, offset=offset, out=out, bidirectional=bidirectional, max_distance=max_distance)
+    return relative_bias(
+        "t5", table, q_len, k_len, offset=offset, out=out, chunks=chunks, bidirectional=bidirectional, max_distance=max_distance
+    )
 
 
-def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None):
+def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None, chunks=None):
     r"""ALiBi linear bias ``[heads, q_len, k_len]``: ``-slope[h] * rel[i, j]``.
 
     .. math:: B_{h,i,j} = -m_h\,\mathrm{rel}_{ij} \quad(\text{or } -m_h\,|\mathrm{rel}_{ij}|
@@ -293,6 +321,7 @@ def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None):
     offset : int, first query position
     symmetric : bool
     out : array ``[heads, q_len, k_len]`` of ``slopes``' dtype, optional
+    chunks : blocks of the result for Dask ``slopes`` (see :func:`expand_bias`), optional
 
     Examples
     --------
@@ -300,4 +329,4 @@ def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None):
     >>> pe.alibi_bias(pe.alibi_slopes(2), 2, 3, offset=1)[0].tolist()
     [[-0.0625, 0.0, 0.0625], [-0.125, -0.0625, 0.0]]
     """
-    return relative_bias("alibi", slopes, q_len, k_len, offset=offset, out=out, symmetric=symmetric)
+    return relative_bias("alibi", slopes, q_len, k_len, offset=offset, out=out, chunks=chunks, symmetric=symmetric)

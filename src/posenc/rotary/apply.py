@@ -72,7 +72,7 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
     dtype = result_dtype(xp, dtype)
-    check.allocatable("rope_cos_sin", (*positions.shape, 2 * freqs.size), 8)
+    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * freqs.size), 8, positions)
     c, s = cos_sin(positions, freqs, xp=xp, device=device)
     if scale != 1.0:
         c, s = c * scale, s * scale
