@@ -3,8 +3,9 @@
 Importing this package registers every kernel with ``posenc._dispatch`` without importing
 numba: each registration names its implementation as ``"module:function"``, loaded on
 first use. ``torch_autograd`` registers first (torch tensors that need gradients go
-through custom ops), then ``rope`` the rotary kernels and ``bias`` the Toeplitz kernels.
+through custom ops), then ``rope`` the rotary kernels, ``bias`` the Toeplitz kernels and
+``dask_blocks`` the per-block paths of chunked Dask arrays.
 """
 
 from . import torch_autograd  # noqa: I001  (first: it must win for tensors needing grad)
-from . import bias, rope  # noqa: F401
+from . import bias, dask_blocks, rope  # noqa: F401
