@@ -1,14 +1,13 @@
 """Array plumbing for the Toeplitz kernels: what kind an array is, zero-copy views, output buffers.
 
-The kernels see NumPy arrays (Numba CPU) or numba device arrays (numba.cuda) with the
-leading batch axes merged into one, and 16-bit floats as ``uint16`` payloads. The helpers
-here get there without copying the large arrays:
+The kernels see NumPy arrays (Numba CPU, through ``_host.numpy_view``) or numba device
+arrays (numba.cuda) with the leading batch axes merged into one, and 16-bit floats as
+``uint16`` payloads. The helpers here get there without copying the large arrays:
 
 * ``kind`` tells NumPy, torch CPU, torch CUDA, CuPy and numba device arrays apart by
   looking at types and ``sys.modules``, never importing a framework or numba;
-* ``host_payload`` / ``device_payload`` are zero-copy views (torch CPU tensors through
-  ``Tensor.numpy``, bfloat16 through an ``int16`` view; CUDA arrays through
-  ``numba.cuda.as_cuda_array``);
+* ``device_payload`` is a zero-copy numba view of a CUDA array (through
+  ``numba.cuda.as_cuda_array``; torch bfloat16 through an ``int16`` view);
 * ``merge_leading`` makes the batch axes one axis when the strides allow it; callers fall
   back to one launch per outer index otherwise.
 """
@@ -41,18 +40,6 @@ def kind(a) -> str | None:
     if is_numba_device_array(a):
         return "numba-cuda"
     return None
-
-
-def host_payload(a):
-    """A zero-copy NumPy view of a NumPy array or torch CPU tensor; 16-bit floats as uint16."""
-    if not isinstance(a, np.ndarray):
-        a = a.detach()
-        if dtype_name(a.dtype) in ("float16", "bfloat16"):
-            import torch
-
-            return a.view(torch.int16).numpy().view(np.uint16)
-        a = a.numpy()
-    return a.view(np.uint16) if a.dtype == np.float16 else a
 
 
 def device_payload(a):

@@ -9,8 +9,8 @@ memory the output itself (or nothing new with ``out=``).
 
 Kernels take ``(inputs..., out)`` with the batch axes merged into one; launchers check the
 arguments, allocate (``torch.empty`` for torch tensors, ``numpy.empty`` otherwise), view
-torch CPU tensors as NumPy without copying, and move 16-bit floats as ``uint16``
-payloads (bit-exact copies; ``scatter`` widens them to float32 to sum).
+torch CPU tensors as NumPy without copying, and move 16-bit floats as ``uint16`` bits
+(``_codec``): copies are bit-exact; ``scatter`` sums every dtype in float64 and rounds once.
 """
 
 from __future__ import annotations
@@ -21,8 +21,9 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from . import _bias_bits, _bias_checks
-from ._bias_arrays import batched, dtype_name, empty_like_kind, host_payload
+from . import _bias_checks, _codec
+from ._bias_arrays import batched, empty_like_kind
+from ._host import float_kind, numpy_view
 
 # Output bytes per thread. The ops are memory-bound: on the 2-core build machine one thread
 # already writes at ``ndarray.fill``'s bandwidth (16 x 2048 x 2048 float32 expand: 18 ms on
@@ -30,10 +31,8 @@ from ._bias_arrays import batched, dtype_name, empty_like_kind, host_payload
 # thread only joins for outputs of a GiB or more.
 _BYTES_PER_THREAD = 1 << 29
 
-_float16_to_float32 = njit(cache=True)(_bias_bits.float16_to_float32)
-_float32_to_float16 = njit(cache=True)(_bias_bits.float32_to_float16)
-_bfloat16_to_float32 = njit(cache=True)(_bias_bits.bfloat16_to_float32)
-_float32_to_bfloat16 = njit(cache=True)(_bias_bits.float32_to_bfloat16)
+_load = njit(cache=True, inline="always")(_codec.load)
+_store = njit(cache=True, inline="always")(_codec.store)
 
 
 @njit(parallel=True, cache=True)
@@ -63,12 +62,13 @@ def _gather(scores, rev_index, out):
             dst[j] = src[idx[j]]
 
 
-@njit(parallel=True, cache=True)
-def _scatter(weights, rev_index, acc, out):
+@njit(cache=True, inline="always")
+def _scatter(weights, rev_index, kind, acc, out):
     """``out[b, i, c] = sum of weights[b, i, j] over j with rev_index[q_len - 1 - i + j] == c``.
 
-    ``acc`` holds one accumulator row per parallel chunk of rows (float64 for float32
-    and float64 weights), so no thread writes into another's row.
+    Elements are stored as ``kind`` (``_codec``), summed in float64 and rounded once.
+    ``acc`` holds one float64 accumulator row per parallel chunk of rows, so no thread
+    writes into another's row.
     """
     batch, q_len, k_len = weights.shape
     rows = batch * q_len
@@ -82,31 +82,33 @@ def _scatter(weights, rev_index, acc, out):
             w = weights[b, i]
             total[:] = 0.0
             for j in range(k_len):
-                total[idx[j]] += w[j]
+                total[idx[j]] += _load(w[j], kind)
             dst = out[b, i]
             for c in range(dst.shape[0]):
-                dst[c] = total[c]
+                _store(dst, c, total[c], kind)
+
+
+# One entry point per storage kind: ``kind`` is a constant in each inlined ``_scatter``,
+# so each compiles only its own conversions.
+@njit(parallel=True, cache=True)
+def _scatter_float(weights, rev_index, acc, out):
+    """``_scatter`` of float32 or float64 elements."""
+    _scatter(weights, rev_index, _codec.FLOAT, acc, out)
 
 
 @njit(parallel=True, cache=True)
-def _scatter_16(weights, rev_index, bfloat16, acc, out):
-    """``_scatter`` for float16 / bfloat16 payloads: summed in float32, rounded once."""
-    batch, q_len, k_len = weights.shape
-    rows = batch * q_len
-    chunks = acc.shape[0]
-    for chunk in prange(chunks):
-        total = acc[chunk]
-        for row in range(chunk * rows // chunks, (chunk + 1) * rows // chunks):
-            b = row // q_len
-            i = row - b * q_len
-            idx = rev_index[q_len - 1 - i : q_len - 1 - i + k_len]
-            w = weights[b, i]
-            total[:] = 0.0
-            for j in range(k_len):
-                total[idx[j]] += _bfloat16_to_float32(w[j]) if bfloat16 else _float16_to_float32(w[j])
-            dst = out[b, i]
-            for c in range(dst.shape[0]):
-                dst[c] = _float32_to_bfloat16(total[c]) if bfloat16 else _float32_to_float16(total[c])
+def _scatter_float16(weights, rev_index, acc, out):
+    """``_scatter`` of float16 bits."""
+    _scatter(weights, rev_index, _codec.FLOAT16, acc, out)
+
+
+@njit(parallel=True, cache=True)
+def _scatter_bfloat16(weights, rev_index, acc, out):
+    """``_scatter`` of bfloat16 bits."""
+    _scatter(weights, rev_index, _codec.BFLOAT16, acc, out)
+
+
+_SCATTER = {_codec.FLOAT: _scatter_float, _codec.FLOAT16: _scatter_float16, _codec.BFLOAT16: _scatter_bfloat16}
 
 
 @contextlib.contextmanager
@@ -122,7 +124,7 @@ def _threads_for(nbytes):
 
 def _reversed_index(index, m):
     """``index[::-1]`` as contiguous intp, after checking its values lie in ``[0, m)``."""
-    index = host_payload(index)
+    index = numpy_view(index)
     if index.size:
         _bias_checks.index_range((int(index.min()), int(index.max())), m)
     return np.ascontiguousarray(index[::-1], dtype=np.intp)
@@ -134,11 +136,10 @@ def toeplitz_expand(vec, q_len, k_len, *, out=None):
     result = empty_like_kind(vec, shape) if out is None else out
     if 0 in shape:
         return result
-    payload = host_payload(vec)
-    rev = np.ascontiguousarray(payload[..., ::-1])
-    out_payload = host_payload(result)
-    with _threads_for(out_payload.nbytes):
-        batched(_expand, [rev, out_payload], vec.ndim - 1)
+    rev = np.ascontiguousarray(numpy_view(vec)[..., ::-1])
+    out_view = numpy_view(result)
+    with _threads_for(out_view.nbytes):
+        batched(_expand, [rev, out_view], vec.ndim - 1)
     return result
 
 
@@ -149,9 +150,9 @@ def toeplitz_gather(scores, index, k_len, *, out=None):
     if 0 in shape:
         return result
     rev_index = _reversed_index(index, scores.shape[-1])
-    out_payload = host_payload(result)
-    with _threads_for(out_payload.nbytes):
-        batched(lambda s, o: _gather(s, rev_index, o), [host_payload(scores), out_payload], scores.ndim - 2)
+    out_view = numpy_view(result)
+    with _threads_for(out_view.nbytes):
+        batched(lambda s, o: _gather(s, rev_index, o), [numpy_view(scores), out_view], scores.ndim - 2)
     return result
 
 
@@ -162,18 +163,10 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     if 0 in shape:
         return result
     rev_index = _reversed_index(index, m)
-    name = dtype_name(weights.dtype)
+    kernel = _SCATTER[float_kind(weights)]
     rows = int(np.prod(shape[:-1]))
-    chunks = min(rows, 4 * numba.get_num_threads())
-    acc = np.empty((chunks, m), dtype=np.float32 if name in ("float16", "bfloat16") else np.float64)
-
-    def launch(w, o):
-        if name in ("float16", "bfloat16"):
-            _scatter_16(w, rev_index, name == "bfloat16", acc, o)
-        else:
-            _scatter(w, rev_index, acc, o)
-
-    weights_payload = host_payload(weights)
-    with _threads_for(weights_payload.nbytes):
-        batched(launch, [weights_payload, host_payload(result)], weights.ndim - 2)
+    acc = np.empty((min(rows, 4 * numba.get_num_threads()), m))
+    weights_view = numpy_view(weights)
+    with _threads_for(weights_view.nbytes):
+        batched(lambda w, o: kernel(w, rev_index, acc, o), [weights_view, numpy_view(result)], weights.ndim - 2)
     return result

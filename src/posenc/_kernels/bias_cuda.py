@@ -4,9 +4,9 @@ Same contracts as ``bias_cpu``. Expand and gather give one thread per output ele
 (``x`` along the key axis, so writes coalesce; the per-distance vector is read backwards,
 which coalesces as well). Scatter gives one block per (row, chunk of ``_CHUNK`` classes):
 the block's threads add the row's weights into a shared-memory accumulator with shared
-atomics, then write the chunk once. 16-bit floats travel as ``uint16`` payloads (torch
-has bfloat16 tensors that ``__cuda_array_interface__`` cannot describe) and scatter sums
-them in float32.
+atomics, then write the chunk once. 16-bit floats travel as ``uint16`` bits (``_codec``;
+torch has bfloat16 tensors that ``__cuda_array_interface__`` cannot describe); scatter sums
+them and float32 in float32 (native shared-memory atomics), float64 in float64, and rounds once.
 
 Kernels run on the caller's stream: torch's or CuPy's current stream through
 ``numba.cuda.external_stream``, a numba device array's own stream otherwise.
@@ -19,21 +19,14 @@ import contextlib
 import numpy as np
 from numba import cuda, float32, float64
 
-from . import _bias_bits, _bias_checks
+from . import _bias_checks, _codec
 from ._bias_arrays import batched, device_payload, dtype_name, empty_like_kind, kind
 
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)
 _MAX_GRID_Y = 65535
 
-_float16_to_float32 = cuda.jit(device=True)(_bias_bits.float16_to_float32)
-_float32_to_float16 = cuda.jit(device=True)(_bias_bits.float32_to_float16)
-_bfloat16_to_float32 = cuda.jit(device=True)(_bias_bits.bfloat16_to_float32)
-_float32_to_bfloat16 = cuda.jit(device=True)(_bias_bits.float32_to_bfloat16)
-
-
-@cuda.jit(device=True)
-def _same(x):
-    return x
+_load = cuda.jit(device=True)(_codec.load)
+_store = cuda.jit(device=True)(_codec.store)
 
 
 @cuda.jit
@@ -62,8 +55,11 @@ def _gather(scores, index, out):
             out[b, i, j] = scores[b, i, index[i + k_len - 1 - j]]
 
 
-def _make_scatter(accumulator, load, store):
-    """A scatter kernel summing ``load(weight)`` in shared ``accumulator`` and writing ``store(sum)``."""
+def _make_scatter(accumulator, storage):
+    """The scatter kernel of elements stored as ``storage`` (a ``_codec`` kind), summed in ``accumulator``.
+
+    Both are constants of the kernel, so each compiles only its own conversions.
+    """
 
     @cuda.jit
     def scatter(weights, index, out):
@@ -82,20 +78,21 @@ def _make_scatter(accumulator, load, store):
             for j in range(t, k_len, threads):
                 c = index[i + k_len - 1 - j] - first
                 if 0 <= c < count:
-                    cuda.atomic.add(total, c, load(weights[b, i, j]))
+                    cuda.atomic.add(total, c, _load(weights[b, i, j], storage))
             cuda.syncthreads()
+            row_out = out[b, i]
             for c in range(t, count, threads):
-                out[b, i, first + c] = store(total[c])
+                _store(row_out, first + c, total[c], storage)
             cuda.syncthreads()
 
     return scatter
 
 
 _SCATTER = {
-    "float16": _make_scatter(float32, _float16_to_float32, _float32_to_float16),
-    "bfloat16": _make_scatter(float32, _bfloat16_to_float32, _float32_to_bfloat16),
-    "float32": _make_scatter(float32, _same, _same),
-    "float64": _make_scatter(float64, _same, _same),
+    "float16": _make_scatter(float32, _codec.FLOAT16),
+    "bfloat16": _make_scatter(float32, _codec.BFLOAT16),
+    "float32": _make_scatter(float32, _codec.FLOAT),
+    "float64": _make_scatter(float64, _codec.FLOAT),
 }
 
 
@@ -127,54 +124,56 @@ def _index_bounds(index):
     return int(host.min()), int(host.max())
 
 
-def _grid(k_len, rows, threads_x=32, threads_y=4):
-    blocks_x = min(-(-k_len // threads_x), 1024)
-    blocks_y = min(-(-rows // threads_y), _MAX_GRID_Y)
+def _grid(shape):
+    """Grid and block of the expand and gather kernels for an output of ``shape``."""
+    threads_x, threads_y = 32, 4
+    blocks_x = min(-(-shape[-1] // threads_x), 1024)
+    blocks_y = min(-(-int(np.prod(shape[:-1])) // threads_y), _MAX_GRID_Y)
     return (blocks_x, blocks_y), (threads_x, threads_y)
+
+
+def _scatter_grid(shape, k_len):
+    """Grid (class chunks x rows) and block (warps covering the ``k_len`` keys) of scatter."""
+    grid = (-(-shape[-1] // _CHUNK), min(int(np.prod(shape[:-1])), _MAX_GRID_Y))
+    return grid, min(256, 32 * -(-k_len // 32)) or 32
+
+
+def _launch(kernel, config, values, shape, out, index=None, bound=None):
+    """The result of ``kernel[config]`` on ``values`` (and ``index``): ``out``, or a new array.
+
+    Runs on ``values``' GPU and the caller's stream, with the batch axes merged; an empty
+    result launches nothing. ``index`` values must lie in ``[0, bound)``.
+    """
+    stream, on_device = _stream_and_device(values)
+    with on_device:
+        result = empty_like_kind(values, shape) if out is None else out
+        if 0 in shape:
+            return result
+        extra = ()
+        if index is not None:
+            if index.shape[0]:
+                _bias_checks.index_range(_index_bounds(index), bound)
+            extra = (device_payload(index),)
+        grid, block = config
+        arrays = [device_payload(values), device_payload(result)]
+        batched(lambda v, o: kernel[grid, block, stream](v, *extra, o), arrays, len(shape) - 2)
+    return result
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     """numba.cuda ``toeplitz_expand``."""
     shape = _bias_checks.expand(vec, q_len, k_len, out)
-    stream, on_device = _stream_and_device(vec)
-    with on_device:
-        result = empty_like_kind(vec, shape) if out is None else out
-        if 0 in shape:
-            return result
-        grid, block = _grid(shape[-1], int(np.prod(shape[:-1])))
-        batched(lambda v, o: _expand[grid, block, stream](v, o), [device_payload(vec), device_payload(result)], vec.ndim - 1)
-    return result
+    return _launch(_expand, _grid(shape), vec, shape, out)
 
 
 def toeplitz_gather(scores, index, k_len, *, out=None):
     """numba.cuda ``toeplitz_gather``."""
     shape = _bias_checks.gather(scores, index, k_len, out)
-    stream, on_device = _stream_and_device(scores)
-    with on_device:
-        result = empty_like_kind(scores, shape) if out is None else out
-        if 0 in shape:
-            return result
-        _bias_checks.index_range(_index_bounds(index), tuple(scores.shape)[-1])
-        idx = device_payload(index)
-        grid, block = _grid(shape[-1], int(np.prod(shape[:-1])))
-        batched(lambda s, o: _gather[grid, block, stream](s, idx, o), [device_payload(scores), device_payload(result)], scores.ndim - 2)
-    return result
+    return _launch(_gather, _grid(shape), scores, shape, out, index, tuple(scores.shape)[-1])
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
     """numba.cuda ``toeplitz_scatter``."""
     shape = _bias_checks.scatter(weights, index, m, out)
-    stream, on_device = _stream_and_device(weights)
-    with on_device:
-        result = empty_like_kind(weights, shape) if out is None else out
-        if 0 in shape:
-            return result
-        if index.shape[0]:
-            _bias_checks.index_range(_index_bounds(index), m)
-        idx = device_payload(index)
-        kernel = _SCATTER[dtype_name(weights.dtype)]
-        rows = int(np.prod(shape[:-1]))
-        grid = (-(-m // _CHUNK), min(rows, _MAX_GRID_Y))
-        threads = min(256, 32 * -(-tuple(weights.shape)[-1] // 32)) or 32
-        batched(lambda w, o: kernel[grid, threads, stream](w, idx, o), [device_payload(weights), device_payload(result)], weights.ndim - 2)
-    return result
+    config = _scatter_grid(shape, tuple(weights.shape)[-1])
+    return _launch(_SCATTER[dtype_name(weights.dtype)], config, weights, shape, out, index, m)

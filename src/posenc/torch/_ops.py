@@ -102,15 +102,11 @@ def diagonal_sums(grad: Tensor) -> Tensor:
     return flat.reshape(*lead, q_len, k_len + q_len - 1).sum(dim=-2)
 
 
-def _expand_setup(ctx, inputs, output):
-    pass
-
-
 def _expand_backward(ctx, grad):
     return diagonal_sums(grad), None, None
 
 
-toeplitz_expand_op.register_autograd(_expand_backward, setup_context=_expand_setup)
+toeplitz_expand_op.register_autograd(_expand_backward)
 
 
 @torch.library.custom_op("posenc::toeplitz_gather", mutates_args=())
@@ -118,45 +114,34 @@ def toeplitz_gather_op(scores: Tensor, index: Tensor, k_len: int) -> Tensor:
     return _kernel("toeplitz_gather", scores, index, k_len)
 
 
-@toeplitz_gather_op.register_fake
-def _(scores, index, k_len):
-    return scores.new_empty((*scores.shape[:-1], k_len))
-
-
 @torch.library.custom_op("posenc::toeplitz_scatter", mutates_args=())
 def toeplitz_scatter_op(weights: Tensor, index: Tensor, m: int) -> Tensor:
     return _kernel("toeplitz_scatter", weights, index, m)
 
 
-@toeplitz_scatter_op.register_fake
-def _(weights, index, m):
-    return weights.new_empty((*weights.shape[:-1], m))
+def _last_axis_resized(x, index, n):
+    """An uninitialised tensor like ``x`` with ``n`` entries along its last axis (the fake result)."""
+    return x.new_empty((*x.shape[:-1], n))
 
 
-def _gather_setup(ctx, inputs, output):
-    scores, index, _ = inputs
-    ctx.save_for_backward(index)
-    ctx.m = scores.shape[-1]
+def _register_adjoint(op, adjoint):
+    """Fake and autograd rules of ``op(x, index, n)``: its backward is ``adjoint(grad, index, x.shape[-1])``."""
+
+    def setup(ctx, inputs, output):
+        x, index, _ = inputs
+        ctx.save_for_backward(index)
+        ctx.n = x.shape[-1]
+
+    def backward(ctx, grad):
+        (index,) = ctx.saved_tensors
+        return adjoint(grad.contiguous(), index, ctx.n), None, None
+
+    op.register_fake(_last_axis_resized)
+    op.register_autograd(backward, setup_context=setup)
 
 
-def _gather_backward(ctx, grad):
-    (index,) = ctx.saved_tensors
-    return toeplitz_scatter_op(grad.contiguous(), index, ctx.m), None, None
-
-
-def _scatter_setup(ctx, inputs, output):
-    weights, index, _ = inputs
-    ctx.save_for_backward(index)
-    ctx.k_len = weights.shape[-1]
-
-
-def _scatter_backward(ctx, grad):
-    (index,) = ctx.saved_tensors
-    return toeplitz_gather_op(grad.contiguous(), index, ctx.k_len), None, None
-
-
-toeplitz_gather_op.register_autograd(_gather_backward, setup_context=_gather_setup)
-toeplitz_scatter_op.register_autograd(_scatter_backward, setup_context=_scatter_setup)
+_register_adjoint(toeplitz_gather_op, toeplitz_scatter_op)
+_register_adjoint(toeplitz_scatter_op, toeplitz_gather_op)
 
 
 # Registry entries (``posenc._kernels.torch_autograd``): the references' signatures.
