@@ -4,8 +4,10 @@ One pass over ``x``: every element is read once and written once. ``x`` is regro
 (``_layout.plan``) as ``[G, H, S, D]`` where the positions vary over ``G`` and ``S`` and are
 shared over ``H``; ``prange`` runs over blocks of ``(g, s)`` rows, computes the block's
 float64 ``cos``/``sin`` once into a small local table and rotates every row ``h`` that
-shares them. Arithmetic is float64 throughout (the reference's), rounded once on store;
-16-bit floats travel as ``uint16`` bits (``_codec``, here ``_codec_cpu``).
+shares them. float32/float64 rows use float64 arithmetic (the reference's), rounded once
+on store. 16-bit floats travel as ``uint16`` bits (``_codec_cpu``) and are rotated in
+float32 with the errors of ``cos``, ``sin`` and the cancelling product compensated
+(``_rotate_pairs_compensated``), within one ulp of the float64 result.
 
 The kernels see ``x`` and ``out`` as flat 1-D arrays plus element offsets and strides
 (the launchers require unit stride along the channels, copying otherwise), so every row
