@@ -5,7 +5,7 @@
 the public function with every other argument fixed, so ``jax.jit(fn)`` traces arrays
 only and ``fn`` can be fed arrays of any namespace. ``CREATOR_CALLS[name](xp)`` builds an
 array from nothing in namespace ``xp``. ``CONFIG`` lists the names that are no array
-function (backend switches, the scaling classes' module).
+function (backend switches, the scaling classes' module, the kernel warm-up).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy as np
 import posenc as pe
 
 H, Q, K, D = 2, 3, 5, 4
-CONFIG = {"get_backend", "set_backend", "use_backend", "scaling"}
+CONFIG = {"get_backend", "set_backend", "use_backend", "scaling", "warmup"}
 
 
 def _f(rng, *shape):

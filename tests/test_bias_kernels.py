@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import posenc  # noqa: F401  (registers the kernels)
 from posenc import _dispatch, use_backend
-from posenc._kernels import _available
+from posenc._kernels import _arrays
 from posenc.relative import _toeplitz
 
 pytestmark = pytest.mark.kernels
@@ -27,7 +27,7 @@ torch = pytest.importorskip("torch")
 
 OPS = ("toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")
 CPU = {op: next(k for k in _dispatch.kernels(op) if k.name.endswith("numba_cpu")).load() for op in OPS}
-HAS_CUDA = _available.numba_cuda()
+HAS_CUDA = _arrays.numba_cuda()
 
 
 # --- independent float64 transcriptions of the definitions --------------------------------
@@ -220,14 +220,14 @@ def test_scatter_rounds_16_bit_sums_once():
 
 def test_16_bit_loads_are_exact_and_stores_round_to_nearest_even():
     """The scatter kernel's compiled ``_codec`` conversions, every 16-bit pattern loaded."""
-    from posenc._kernels import _codec, bias_cpu
+    from posenc._kernels import _codec, toeplitz_cpu
 
     every = np.arange(2**16, dtype=np.uint16)
     as_half = every.view(np.float16).astype(np.float64)
     with np.errstate(invalid="ignore"):  # signalling NaN patterns
         as_brain = (every.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
-    half = np.array([bias_cpu._load(h, _codec.FLOAT16) for h in every])
-    brain = np.array([bias_cpu._load(h, _codec.BFLOAT16) for h in every])
+    half = np.array([toeplitz_cpu._load(h, _codec.FLOAT16) for h in every])
+    brain = np.array([toeplitz_cpu._load(h, _codec.BFLOAT16) for h in every])
     np.testing.assert_array_equal(half, as_half)  # NaNs compare equal by position
     np.testing.assert_array_equal(brain, as_brain)
     rng = np.random.default_rng(7)
@@ -243,7 +243,7 @@ def test_16_bit_loads_are_exact_and_stores_round_to_nearest_even():
 
     def stored(v, kind):
         row = np.zeros(1, dtype=np.uint16)
-        bias_cpu._store(row, 0, v, kind)
+        toeplitz_cpu._store(row, 0, v, kind)
         return row[0]
 
     np.testing.assert_array_equal([stored(v, _codec.FLOAT16) for v in x[finite].tolist()], want_half)

@@ -50,7 +50,7 @@ def test_environment_variable_forces_reference():
 def test_registry_selects_first_accepting_kernel_and_reference_backend():
     op = "test_registry_op"
     _dispatch.reference(op)(lambda x: ("reference", x))
-    kernel = _dispatch.register(op, f"{op}.fake", accepts=lambda x: x > 0, loader="builtins:abs", samples=lambda rng: [])
+    kernel = _dispatch.register(op, f"{op}.fake", accepts=lambda a: a["x"] > 0, loader="builtins:abs")
     try:
         assert _dispatch.call(op, -3) == ("reference", -3)
         assert _dispatch.call(op, 3) == 3
@@ -59,6 +59,7 @@ def test_registry_selects_first_accepting_kernel_and_reference_backend():
     finally:
         _dispatch._kernels.pop(op)
         _dispatch._references.pop(op)
+        _dispatch._parameters.pop(op)
     assert kernel.load() is abs
 
 

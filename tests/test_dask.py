@@ -22,7 +22,6 @@ da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
 from dask.callbacks import Callback  # noqa: E402
 
-import posenc._kernels.dask_blocks  # noqa: E402, F401  (registered by posenc._kernels once merged)
 
 
 class ComputeCounter(Callback):

@@ -1,8 +1,8 @@
-"""Every registered kernel equals the reference it optimises.
+"""Every registered kernel equals the reference it optimises, on the samples of ``kernel_samples``.
 
-Kernels register ``samples(rng)``: argument sets they accept. This test picks up every
-registered kernel automatically; ``make test`` runs it again under the numba CUDA
-simulator (``NUMBA_ENABLE_CUDASIM=1``) and with ``NUMBA_BOUNDSCHECK=1``.
+This test picks up every registered kernel automatically (one without samples fails);
+``make test`` runs it again under the numba CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``)
+and with ``NUMBA_BOUNDSCHECK=1``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import posenc  # noqa: F401  (registers the kernels)
+from arrays import tolerance
+from kernel_samples import SAMPLES, on_gpu
 from posenc import _dispatch
-from posenc._kernels import _available as available
+from posenc._kernels import _arrays
 
 KERNELS = _dispatch.kernels()
 
@@ -51,32 +53,33 @@ def _copy_args(args, kwargs):
     return [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}
 
 
-def _tolerance(kernel, result):
-    name = str(result.dtype).rsplit(".", 1)[-1]
-    default = {"float16": 2e-3, "bfloat16": 1.6e-2, "float32": 2e-6, "float64": 1e-12}.get(name, 0.0)
-    return kernel.rtol.get(name, default)
+def test_every_kernel_has_samples():
+    assert sorted(k.name for k in KERNELS if k.name not in SAMPLES) == []
 
 
 @pytest.mark.kernels
 @pytest.mark.parametrize("kernel", KERNELS, ids=[k.name for k in KERNELS])
 def test_kernel_matches_reference(kernel):
+    gpu = kernel.name.endswith("numba_cuda")
+    if gpu and not _arrays.numba_cuda():
+        pytest.skip(f"{kernel.name}: no GPU and no CUDA simulator here")
+    if kernel.name.endswith("dask_blocks"):
+        pytest.importorskip("dask")
     reference = _dispatch.references()[kernel.op]
     impl = kernel.load()
-    cases = list(kernel.samples(np.random.default_rng(2024)))
-    if not cases and kernel.to_device is not None and not available.numba_cuda():
-        pytest.skip(f"{kernel.name}: no GPU and no CUDA simulator here")
-    assert cases, f"kernel {kernel.name} registered no samples"
+    cases = list(SAMPLES[kernel.name](np.random.default_rng(2024)))
+    assert cases, f"kernel {kernel.name} has no samples"
     for args, kwargs in cases:
         a_args, a_kwargs = _copy_args(args, kwargs)
         r_args, r_kwargs = _copy_args(args, kwargs)
-        if kernel.to_device is not None:
-            a_args, a_kwargs = kernel.to_device(a_args, a_kwargs)
-        assert kernel.accepts(*a_args, **a_kwargs), f"{kernel.name} does not accept its own sample {kwargs}"
+        if gpu:
+            a_args, a_kwargs = on_gpu(kernel.op, a_args, a_kwargs)
+        assert kernel.accepts_call(*a_args, **a_kwargs), f"{kernel.name} does not accept its own sample {kwargs}"
         got = impl(*a_args, **a_kwargs)
         want = reference(*r_args, **r_kwargs)
         got_np, want_np = _to_numpy(got), _to_numpy(want)
         assert got_np.shape == want_np.shape and got_np.dtype == want_np.dtype
-        tol = _tolerance(kernel, got)
+        tol = tolerance(got.dtype, kernel.op)
         np.testing.assert_allclose(got_np.astype(np.float64), want_np.astype(np.float64), rtol=tol, atol=tol, err_msg=kernel.name)
 
 

@@ -17,8 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernel_samples import kernel, on_gpu
 from posenc import _dispatch
-from posenc._kernels import _available, _codec, rope
+from posenc._kernels import _arrays, _codec
 from posenc.rotary import _rotate
 
 pytestmark = pytest.mark.kernels
@@ -30,17 +31,12 @@ NUMPY_DTYPES = ("float16", "float32", "float64")
 TORCH_DTYPES = ("bfloat16", "float16", "float32", "float64")
 
 
-def kernel(name):
-    (found,) = [k for k in _dispatch.kernels() if k.name == name]
-    return found.load()
-
-
 def cpu_rotate():
-    return kernel("rope_rotate.numba_cpu")
+    return kernel("rope_rotate.numba_cpu").load()
 
 
 def cpu_apply():
-    return kernel("rope_apply.numba_cpu")
+    return kernel("rope_apply.numba_cpu").load()
 
 
 def to_numpy(a):
@@ -133,7 +129,7 @@ def finite_magnitude(x, scale):
 @given(case=rotary_cases())
 def test_cpu_rope_rotate_matches_reference(case):
     library, dtype, x, positions, inv_freq, options, out_mode = case
-    assert rope._host_rotate_accepts(x, positions, inv_freq, **options, out=out_for(x, out_mode))
+    assert kernel("rope_rotate.numba_cpu").accepts_call(x, positions, inv_freq, **options, out=out_for(x, out_mode))
     with np.errstate(invalid="ignore"):  # inf - inf in NumPy's reference
         want = _rotate.rotate_positions(clone(x), positions, inv_freq, **options)
     before = clone(x)
@@ -157,7 +153,7 @@ def test_cpu_rope_apply_matches_reference(case, per_token):
     both = np.repeat(angle, 2, -1) if options["layout"] == "interleaved" else np.concatenate([angle, angle], -1)
     cos, sin = make(np.cos(both), dtype, library), make(np.sin(both), dtype, library)
     out = out_for(x, out_mode)
-    assert rope._host_apply_accepts(x, cos, sin, layout=options["layout"], out=out)
+    assert kernel("rope_apply.numba_cpu").accepts_call(x, cos, sin, layout=options["layout"], out=out)
     with np.errstate(invalid="ignore"):  # inf - inf in NumPy's reference
         want = _rotate.rotate_cos_sin(clone(x), cos, sin, layout=options["layout"])
     magnitude = finite_magnitude(x, 1.0)
@@ -206,7 +202,7 @@ DECLINED = {
 @pytest.mark.parametrize("why", DECLINED)
 def test_cpu_kernel_declines_what_it_cannot_do(why):
     args, kwargs = DECLINED[why]()
-    assert not rope._host_rotate_accepts(*args, **kwargs), why
+    assert not kernel("rope_rotate.numba_cpu").accepts_call(*args, **kwargs), why
     chosen = _dispatch.select("rope_rotate", *args, **kwargs)
     if why == "autograd":  # recorded by autograd: the custom op, whose backward is the kernel
         from posenc.torch import _ops
@@ -234,11 +230,12 @@ def test_cpu_launchers_recheck_shapes(call, match):
 def test_accepts_imports_neither_numba_nor_torch():
     code = (
         "import sys, numpy as np, posenc\n"
-        "from posenc._kernels import rope\n"
+        "from posenc import _dispatch\n"
         "x = np.zeros((2, 3, 4))\n"
-        "assert rope._host_rotate_accepts(x, np.arange(3), np.ones(2))\n"
-        "assert rope._host_apply_accepts(x, np.ones((3, 4)), np.ones((3, 4)))\n"
-        "assert not rope._device_rotate_accepts(x, np.arange(3), np.ones(2))\n"
+        "k = {k.name: k for k in _dispatch.kernels()}\n"
+        "assert k['rope_rotate.numba_cpu'].accepts_call(x, np.arange(3), np.ones(2))\n"
+        "assert k['rope_apply.numba_cpu'].accepts_call(x, np.ones((3, 4)), np.ones((3, 4)))\n"
+        "assert not k['rope_rotate.numba_cuda'].accepts_call(x, np.arange(3), np.ones(2))\n"
         "print(' '.join(m for m in ('numba', 'torch', 'cupy') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -283,11 +280,7 @@ def test_codec_float16_store_equals_numpy_cast():
 
 # ------------------------------------------------------------------ CUDA (simulator)
 
-cuda_only = pytest.mark.skipif(not _available.numba_cuda(), reason="no GPU and no CUDA simulator")
-
-
-def device(a):
-    return rope._device_copy(a) if isinstance(a, np.ndarray) else a
+cuda_only = pytest.mark.skipif(not _arrays.numba_cuda(), reason="no GPU and no CUDA simulator")
 
 
 @cuda_only
@@ -299,10 +292,10 @@ def test_cuda_rope_rotate_matches_reference(case):
         x = x.copy()
     with np.errstate(invalid="ignore"):  # inf - inf in NumPy's reference
         want = _rotate.rotate_positions(x.copy(), positions, inv_freq, **options)
-    xd = device(x)
-    out = {"none": None, "self": xd, "buffer": device(np.zeros_like(x))}[out_mode]
-    assert rope._device_rotate_accepts(xd, device(positions), inv_freq, **options, out=out)
-    got = _dispatch.call("rope_rotate", xd, device(positions), inv_freq, **options, out=out)
+    out = {"none": None, "self": x, "buffer": np.zeros_like(x)}[out_mode]
+    (xd, pd, inv_freq), kwargs = on_gpu("rope_rotate", [x, positions, inv_freq], dict(options, out=out))
+    assert kernel("rope_rotate.numba_cuda").accepts_call(xd, pd, inv_freq, **kwargs)
+    got = _dispatch.call("rope_rotate", xd, pd, inv_freq, **kwargs)
     assert_matches(got, want, dtype, finite_magnitude(x, options["scale"]))
 
 
@@ -330,17 +323,17 @@ def test_cpu_cos_sin_split_of_half_pi_and_accuracy():
 def test_cpu_codec_loads_every_16_bit_pattern_and_stores_float32_like_numpy_and_torch():
     from numba import njit
 
-    from posenc._kernels import _codec_cpu
+    from posenc._kernels import _codec_f32
 
     @njit
     def loads(bits, kind, out):
         for i in range(bits.shape[0]):
-            out[i] = _codec_cpu.load16(bits[i], kind)
+            out[i] = _codec_f32.from_bfloat16(bits[i]) if kind == _codec.BFLOAT16 else _codec_f32.from_float16(bits[i])
 
     @njit
     def stores(values, kind, out):
         for i in range(values.shape[0]):
-            _codec_cpu.store16(out, i, values[i], kind)
+            out[i] = _codec_f32.bfloat16_bits(values[i]) if kind == _codec.BFLOAT16 else _codec_f32.float16_bits(values[i])
 
     bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
     rng = np.random.default_rng(5)

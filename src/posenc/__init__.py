@@ -8,6 +8,7 @@ numba: they load on first use.
 
 from . import _kernels  # noqa: F401  (registers the kernels, lazily)
 from ._config import get_backend, set_backend, use_backend
+from ._kernels.warmup import warmup
 from .absolute import *  # noqa: F403
 from .absolute import __all__ as _absolute_all
 from .attention import attention
@@ -23,6 +24,7 @@ __all__ = [
     "get_backend",
     "set_backend",
     "use_backend",
+    "warmup",
     *_absolute_all,
     *_relative_all,
     *_rotary_all,

@@ -56,9 +56,25 @@ def describe(a) -> str:
     return f"{kind} {tuple(a.shape)} {str(a.dtype).replace('torch.', '')}"
 
 
+def _compiled_since(count) -> str:
+    """`` (includes compiling X once)`` when kernels built since ``BUILDS[count]`` took long enough
+    to be compiles rather than cache loads, else ``""``."""
+    from ._kernels import _family
+
+    slow = [(name, key, s) for name, key, s in _family.BUILDS[count:] if s > _COMPILE_SECONDS]
+    if not slow:
+        return ""
+    names = ", ".join(f"{name}[{', '.join(map(str, key))}]" for name, key, _ in slow)
+    return f"  (includes {sum(s for *_, s in slow):.1f} s compiling {names} once; `posenc warmup` does it ahead)"
+
+
+# A kernel build slower than this was a compile (a load from Numba's cache takes milliseconds).
+_COMPILE_SECONDS = 0.2
+
+
 def run(write=print) -> int:
     """Run every demo step on each available library; returns the number of failures."""
-    import importlib.util  # noqa: F401
+    from ._kernels import _family
 
     for family in FAMILIES:
         importlib.import_module(f"posenc.{family}._demo")
@@ -73,6 +89,7 @@ def run(write=print) -> int:
             if family != family_now:
                 write(f"-- {family} --")
                 family_now = family
+            builds = len(_family.BUILDS)
             start = time.perf_counter()
             try:
                 text = fn(arrays)
@@ -80,5 +97,5 @@ def run(write=print) -> int:
                 failures += 1
                 write(f"  FAIL {title}: {type(exc).__name__}: {exc}")
                 continue
-            write(f"  {title:<28} {text}  [{(time.perf_counter() - start) * 1e3:.1f} ms]")
+            write(f"  {title:<28} {text}  [{(time.perf_counter() - start) * 1e3:.1f} ms]{_compiled_since(builds)}")
     return failures

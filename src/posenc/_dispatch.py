@@ -1,26 +1,24 @@
 """The kernel registry: fast kernels registered against the reference they optimise.
 
-A reference is the readable Array-API definition of an operation. A kernel is a faster
-implementation of exactly the same signature, registered with
+A reference is the readable Array-API definition of an operation (``@reference(op)``).
+A kernel is a faster implementation with exactly the reference's signature, registered
+with ``register(op, name, accepts=, loader=)``:
 
-* ``accepts(*args, **kwargs)``: a cheap check (types, dtype, device, strides) that never
-  imports numba or a framework;
+* ``accepts(args)``: a cheap check (types, dtypes, devices, strides) of one call, given
+  its arguments once, by name, defaults filled in (``args["x"]``, ``args["out"]``); it
+  never imports numba or a framework;
 * ``loader``: ``"module:function"``, imported on first use, so numba loads only when a
-  kernel really runs;
-* ``samples(rng)``: host (NumPy or torch CPU) argument sets, used by the test that compares
-  every registered kernel with its reference;
-* ``to_device(args, kwargs)`` (device kernels only): the same arguments as the kernel
-  takes them (device arrays), so the reference runs on the host samples and the kernel on
-  their device copies;
-* ``rtol``: tolerances by dtype name where the default few-ulp ones do not fit.
+  kernel really runs.
 
 ``call(op, *args, **kwargs)`` runs the first kernel that accepts the arguments, or the
-reference when none does or the backend is ``"reference"``.
+reference when none does or the backend is ``"reference"``. The samples each kernel is
+tested on live with the tests (``tests/kernel_samples.py``).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -31,12 +29,13 @@ from ._config import get_backend
 class Kernel:
     op: str
     name: str
-    accepts: Callable[..., bool]
+    accepts: Callable[[dict], bool]
     loader: str
-    samples: Callable
-    rtol: dict = field(default_factory=dict)
-    to_device: Callable | None = None
     _impl: Callable | None = field(default=None, repr=False)
+
+    def accepts_call(self, *args, **kwargs) -> bool:
+        """``accepts`` of one call's arguments as written (named as ``call`` names them)."""
+        return self.accepts(_parameters[self.op].bind(args, kwargs))
 
     def load(self) -> Callable:
         if self._impl is None:
@@ -45,7 +44,37 @@ class Kernel:
         return self._impl
 
 
+@dataclass(frozen=True)
+class _Parameters:
+    """A reference's parameter names, read once, to name a call's arguments cheaply."""
+
+    op: str
+    positional: tuple
+    defaults: dict
+    required: frozenset
+
+    @classmethod
+    def of(cls, op, fn):
+        params = inspect.signature(fn).parameters.values()
+        positional = tuple(p.name for p in params if p.kind == p.POSITIONAL_OR_KEYWORD)
+        defaults = {p.name: p.default for p in params if p.default is not p.empty}
+        required = frozenset(p.name for p in params if p.default is p.empty)
+        return cls(op, positional, defaults, required)
+
+    def bind(self, args, kwargs) -> dict:
+        if len(args) > len(self.positional):
+            raise TypeError(f"{self.op} takes {len(self.positional)} positional arguments, got {len(args)}")
+        named = dict(self.defaults)
+        named.update(zip(self.positional, args))
+        named.update(kwargs)
+        missing = self.required.difference(named)
+        if missing:
+            raise TypeError(f"{self.op} is missing argument(s) {', '.join(sorted(missing))}")
+        return named
+
+
 _references: dict[str, Callable] = {}
+_parameters: dict[str, _Parameters] = {}
 _kernels: dict[str, list[Kernel]] = {}
 
 
@@ -54,14 +83,15 @@ def reference(op: str):
 
     def wrap(fn):
         _references[op] = fn
+        _parameters[op] = _Parameters.of(op, fn)
         return fn
 
     return wrap
 
 
-def register(op, name, *, accepts, loader, samples, rtol=None, to_device=None):
-    """Register a kernel ``name`` for reference ``op``."""
-    kernel = Kernel(op, name, accepts, loader, samples, dict(rtol or {}), to_device)
+def register(op, name, *, accepts, loader):
+    """Register a kernel ``name`` for reference ``op``; kernels are tried in registration order."""
+    kernel = Kernel(op, name, accepts, loader)
     _kernels.setdefault(op, []).append(kernel)
     return kernel
 
@@ -80,9 +110,12 @@ def kernels(op: str | None = None) -> list[Kernel]:
 def select(op, *args, **kwargs) -> Callable:
     """The implementation ``call`` would run for these arguments."""
     if get_backend() != "reference":
-        for kernel in _kernels.get(op, ()):
-            if kernel.accepts(*args, **kwargs):
-                return kernel.load()
+        candidates = _kernels.get(op, ())
+        if candidates:
+            named = _parameters[op].bind(args, kwargs)
+            for kernel in candidates:
+                if kernel.accepts(named):
+                    return kernel.load()
     return _references[op]
 
 

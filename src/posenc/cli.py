@@ -24,10 +24,10 @@ def cmd_info(args) -> int:
     print(f"posenc {posenc.__version__}  backend={posenc.get_backend()}")
     for dist in OPTIONAL:
         print(f"  {dist:<18} {_version(dist) or 'not installed'}")
-    from posenc._kernels import _available
+    from posenc._kernels import _arrays
 
-    print(f"  numba CPU kernels  {'usable' if _available.numba_cpu() else 'unavailable'}")
-    print(f"  numba.cuda kernels {'usable' if _available.numba_cuda() else 'no CUDA device'}")
+    print(f"  numba CPU kernels  {'usable' if _arrays.numba_cpu() else 'unavailable'}")
+    print(f"  numba.cuda kernels {'usable' if _arrays.numba_cuda() else 'no CUDA device'}")
     return 0
 
 
@@ -62,14 +62,47 @@ def cmd_plot(args) -> int:
     return 0
 
 
+def cmd_warmup(args) -> int:
+    import posenc
+
+    def progress(done, total, built):
+        width = 30
+        bar = "#" * (width * done // total)
+        print(f"\r[{bar:<{width}}] {done}/{total} {str(built):<45.45}", end="", file=sys.stderr, flush=True)
+
+    try:
+        built = posenc.warmup(args.dtype or None, gpu=args.gpu, progress=progress)
+    except ValueError as exc:
+        print(f"posenc warmup: {exc}", file=sys.stderr)
+        return 2
+    print(file=sys.stderr)
+    compiled = [b for b in built if b.seconds > 0.2]
+    seconds = sum(b.seconds for b in built)
+    print(f"{len(built)} kernel specialisations ready in {seconds:.1f} s ({len(compiled)} compiled, {len(built) - len(compiled)} loaded from Numba's cache)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from posenc import __version__
+
     parser = argparse.ArgumentParser(prog="posenc", description="Transformer positional encodings for any array.")
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions and usable backends").set_defaults(func=cmd_info)
     sub.add_parser("demo", help="run every encoding once and print what it did").set_defaults(func=cmd_demo)
     bench = sub.add_parser("bench", help="time each hot operation beside the plain formula and the memory bandwidth")
     bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats")
     bench.set_defaults(func=cmd_bench)
+    warm = sub.add_parser(
+        "warmup",
+        help="compile (or load from Numba's cache) every kernel now, e.g. when building an image",
+        description="Compiles every Numba kernel specialisation for the dtypes asked (default: all), so that no call "
+        "waits for a compile later. Compiled kernels are cached on disk (Numba's cache: __pycache__ next to posenc, "
+        "or NUMBA_CACHE_DIR), so run it once per machine or image.",
+    )
+    warm.add_argument("--dtype", action="append", choices=("float16", "bfloat16", "float32", "float64"), help="a dtype to prepare (repeatable; default: all)")
+    warm.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=None, help="also the numba.cuda kernels (default: when a GPU is usable)")
+    warm.set_defaults(func=cmd_warmup)
     plot = sub.add_parser("plot", help="write PNG figures (RoPE decay, T5 buckets, sinusoid, ALiBi, scalings, layouts)")
     plot.add_argument("--out", required=True, help="output directory")
     plot.set_defaults(func=cmd_plot)

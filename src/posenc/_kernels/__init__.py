@@ -1,11 +1,29 @@
-"""Fast kernels (Numba CPU, numba.cuda), registered against their references.
+"""Fast kernels (Numba CPU, numba.cuda, Dask blocks, torch autograd), registered against their references.
 
 Importing this package registers every kernel with ``posenc._dispatch`` without importing
-numba: each registration names its implementation as ``"module:function"``, loaded on
-first use. ``torch_autograd`` registers first (torch tensors that need gradients go
-through custom ops), then ``rope`` the rotary kernels, ``bias`` the Toeplitz kernels and
-``dask_blocks`` the per-block paths of chunked Dask arrays.
+numba, a framework or Dask: each registration names its implementation ``"module:function"``,
+loaded on first use. The registry tries kernels in registration order, which is the import
+order below: ``torch_autograd`` first (a tensor autograd records must reach the custom ops),
+then the rotary and Toeplitz kernels, then the Dask block paths.
+
+The files, one line each:
+
+* ``_arrays.py``: what an array is (library, storage, gradient tracking, strides) and how a
+  kernel sees it (host and device views, strided views, spans, allocation, the GPU stream);
+* ``_codec.py``: 16-bit floats <-> float64, for kernels computing in float64 (CPU and CUDA);
+* ``_codec_f32.py``: 16-bit floats <-> float32 and an FMA as LLVM instructions (CPU, float32);
+* ``_family.py``: one compiled specialisation per key, built on first use and announced when
+  slow, for every family below; the CPU thread runner;
+* ``_layout.py``: the one axis-merging rule, the rotary ``(G, H, S)`` plan, batch views;
+* ``rope.py``: registrations, accepts and launcher guard of ``rope_rotate`` / ``rope_apply``;
+  kernels in ``rope_cpu.py`` and ``rope_cuda.py``;
+* ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
+  ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
+* ``dask.py``: registrations and blockwise graphs of the Dask paths;
+* ``torch_autograd.py``: registrations routing tensors that need gradients to the custom ops
+  of ``posenc.torch._ops``;
+* ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 
-from . import torch_autograd  # noqa: I001  (first: it must win for tensors needing grad)
-from . import bias, dask_blocks, rope  # noqa: F401
+from . import torch_autograd  # noqa: I001  (first: it must win for tensors that need gradients)
+from . import rope, toeplitz, dask  # noqa: F401

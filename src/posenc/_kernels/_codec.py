@@ -13,9 +13,9 @@ first rounded to float32 *to odd* (truncate, then set the last bit when inexact)
 keeps enough information for the second rounding to be the correct one.
 
 The functions are plain Python on NumPy scalars, compiled by ``numba.njit`` for the CPU,
-by ``numba.cuda.jit(device=True)`` for the GPU, and run as is by the CUDA simulator.
-Every branch type-checks for every storage dtype (float branches of an integer element
-and the reverse are dead code, never executed), so one kernel serves every ``kind``.
+by ``numba.cuda.jit(device=True)`` for the GPU, and run as is by the CUDA simulator. Each
+kernel specialisation passes its storage ``kind`` as a constant, so only that branch is
+left once the compiler has folded it (every branch type-checks for every element type).
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Canonical ``(G, H, S)`` row blocks for the rotary kernels, from shapes and strides alone.
+"""How kernels walk the batch axes of their arrays: one axis-merging rule, and the rotary ``(G, H, S)`` plan.
+
+Adjacent batch axes *merge* when every array steps through them as through one axis
+(``_merged``). The Toeplitz kernels take their batch axes merged into one
+(``batch_views``); the rotary kernels regroup them as below.
 
 A rotary kernel walks the rows of ``x`` (every index of ``x.shape[:-1]``). Rows that share
 one position (or one ``cos``/``sin`` row) should share one computation of the angles, so
@@ -12,18 +16,23 @@ the batch axes are regrouped as
 Adjacent axes merge when every array steps through them as through one axis, so the
 common layouts (``[B, H, S, D]`` with positions ``[S]``, ``[B, 1, S]`` or per token) need
 no outer loop. Strides are in elements and may be negative or zero. Nothing here touches
-data: the launchers build views (NumPy ``as_strided`` or device array views) from a plan.
+data but ``batch_views``, which builds views (``_arrays.strided``).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import _arrays
+
 
 @dataclass(frozen=True)
 class Axis:
     size: int
     strides: tuple  # one stride (in elements) per array
+    dims: tuple = ()  # the original axes it stands for
 
 
 @dataclass(frozen=True)
@@ -42,12 +51,13 @@ class Plan:
 
 
 def _merged(axes):
+    """``axes`` (outer first) with each run of axes that every array steps through as one axis made one."""
     merged = []
     for axis in axes:
         if merged:
             prev = merged[-1]
             if all(p == s * axis.size for p, s in zip(prev.strides, axis.strides)):
-                merged[-1] = Axis(prev.size * axis.size, axis.strides)
+                merged[-1] = Axis(prev.size * axis.size, axis.strides, prev.dims + axis.dims)
                 continue
         merged.append(axis)
     return merged
@@ -59,8 +69,7 @@ def plan(shape, strides, *, shared):
     ``shared``: indices of the per-position arrays, whose stride must be 0 along ``H``.
     """
     count = len(strides)
-    axes = [Axis(int(n), tuple(int(st[k]) for st in strides)) for k, n in enumerate(shape) if n != 1]
-    axes = _merged(axes)
+    axes = _merged(_axes(shape, strides))
     unit = Axis(1, (0,) * count)
     candidates = [a for a in axes if all(a.strides[i] == 0 for i in shared)]
     h = max(candidates, key=lambda a: a.size, default=unit)
@@ -72,3 +81,26 @@ def plan(shape, strides, *, shared):
     g = max(rest, key=lambda a: a.size, default=unit)
     outer = tuple(a for a in rest if a is not g)
     return Plan(outer, g, h, s)
+
+
+def _axes(shape, strides):
+    """The axes of ``shape`` longer than one, with the ``strides`` of each array along them."""
+    return [Axis(int(n), tuple(int(st[k]) for st in strides), (k,)) for k, n in enumerate(shape) if n != 1]
+
+
+def batch_views(arrays, lead):
+    """Views of non-empty ``arrays`` (NumPy or numba device arrays sharing their first ``lead``
+    axes) with those axes as one: one tuple of views per index of the axes that do not
+    merge (a single tuple when every batch axis merges)."""
+    shape = tuple(int(n) for n in arrays[0].shape[:lead])
+    steps = [_arrays.element_strides(a) for a in arrays]
+    axes = _merged(_axes(shape, steps))
+    batch = axes[-1] if axes else Axis(1, (0,) * len(arrays))
+    outer = [k for axis in axes[:-1] for k in axis.dims]
+    for values in np.ndindex(*(shape[k] for k in outer)):
+        at = dict(zip(outer, values))
+        index = tuple(at.get(k, 0) for k in range(lead))
+        yield tuple(
+            _arrays.strided(a[index], (batch.size, *a.shape[lead:]), (batch.strides[n], *steps[n][lead:]))
+            for n, a in enumerate(arrays)
+        )

@@ -1,38 +1,37 @@
-"""Numba CPU kernels for the rotary ops ``rope_rotate`` and ``rope_apply``.
+"""Numba CPU kernels of the rotary ops ``rope_rotate`` and ``rope_apply``.
 
 One pass over ``x``: every element is read once and written once. ``x`` is regrouped
-(``_layout.plan``) as ``[G, H, S, D]`` where the positions vary over ``G`` and ``S`` and are
-shared over ``H``; ``prange`` runs over blocks of ``(g, s)`` rows, computes the block's
-float64 ``cos``/``sin`` once into a small local table and rotates every row ``h`` that
-shares them. float32/float64 rows use float64 arithmetic (the reference's), rounded once
-on store. 16-bit floats travel as ``uint16`` bits (``_codec_cpu``) and are rotated in
-float32 with the errors of ``cos``, ``sin`` and the cancelling product compensated
-(``_rotate_pairs_compensated``), within one ulp of the float64 result.
+(``_layout.plan``) as ``[G, H, S, D]``, the positions varying over ``G`` and ``S`` and
+shared over ``H``. A task is a block of ``(g, s)`` rows: it computes the block's ``cos``
+and ``sin`` once into a small table and rotates every row ``h`` that shares them. The
+kernels see ``x`` and ``out`` as flat 1-D arrays plus element offsets and strides (the
+launchers give them unit-stride channels, copying otherwise), so every row loop is
+unit-stride and vectorises; a row is rotated into a small buffer and then copied to
+``out``, so the in-place case (``out`` is ``x``) vectorises too.
 
-The kernels see ``x`` and ``out`` as flat 1-D arrays plus element offsets and strides
-(the launchers require unit stride along the channels, copying otherwise), so every row
-loop is unit-stride and vectorises. A row is rotated into a small local buffer and then
-copied to ``out``, so the in-place case (``out`` is ``x``) vectorises too. The storage
-``kind`` is a compile-time constant of each kernel: one specialisation per storage kind
-and dtype, compiled (or loaded from Numba's cache) on first use.
+Arithmetic: float32 and float64 rows rotate in float64 (the reference's), rounded once on
+store. float16 and bfloat16 rows travel as ``uint16`` bits and rotate in float32
+(``_codec_f32``) with the rounding errors of ``cos``, ``sin`` and the cancelling product
+compensated, within one ulp of the float64 result.
 
-The launchers take NumPy arrays and torch CPU tensors (zero-copy views), check shapes
-again (a kernel never indexes out of bounds), allocate ``out`` with the input's library,
-and choose the block size.
+Each ``(op, dtype, layout)`` is its own small kernel (``FAMILY``), compiled on first use in
+about a second, then loaded from Numba's cache. Tasks run on ``_family.run_tasks``'s
+threads. The launchers take NumPy arrays and torch CPU tensors (zero-copy views),
+allocate ``out`` in the input's library and re-check every shape a kernel indexes with.
 """
 
 from __future__ import annotations
 
-import functools
-
 import numba
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, types
 
-from . import _codec, _host, _layout
-from ._codec_cpu import fma32, load16, store16
+from . import _arrays, _family, _layout
+from .rope import SPECIALISATIONS, guard_apply, guard_rotate
+from ._codec import BFLOAT16
+from ._codec_f32 import bfloat16_bits, float16_bits, fma32, from_bfloat16, from_float16
 
-# Rows per block. Measured on [1, 32, 8192, 128] float32 (2 cores): 64 rows (32 KiB of
+# Rows per task. Measured on [1, 32, 8192, 128] float32 (2 cores): 64 rows (32 KiB of
 # x per head) run about twice as fast as 16, which jumps between heads too often.
 _BLOCK = 64
 
@@ -47,7 +46,7 @@ _ROUND = 6755399441055744.0  # 1.5 * 2**52: (t + _ROUND) - _ROUND is rint(t) for
 FAST_ANGLE_LIMIT = 2.0**19
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _cos_sin(angle):
     """``(cos, sin)`` of a float64 ``angle``, ``|angle| <= FAST_ANGLE_LIMIT``, within ~2 ulp.
 
@@ -72,210 +71,181 @@ def _cos_sin(angle):
     return cos, sin
 
 
-@njit(cache=True, inline="always")
-def _load(value, kind):
-    """The float64 value of one stored element."""
-    return np.float64(value) if kind == _codec.FLOAT else np.float64(load16(value, kind))
-
-
-@njit(cache=True, inline="always")
-def _put(table, k, i, cos, sin):
-    """Store one angle's float64 ``cos``/``sin`` in the block ``table``.
-
-    A float64 table is ``[2, rows, half]``: ``cos``, ``sin``. A float32 table (16-bit
-    storage) is ``[4, rows, half]``: each value as a float32 head and its float32 rest.
-    """
-    if table.shape[0] == 2:
-        table[0, k, i] = cos
-        table[1, k, i] = sin
-    else:
-        c = np.float32(cos)
-        s = np.float32(sin)
-        table[0, k, i] = c
-        table[1, k, i] = np.float32(cos - np.float64(c))
-        table[2, k, i] = s
-        table[3, k, i] = np.float32(sin - np.float64(s))
-
-
-@njit(cache=True, inline="always")
-def _fill_angles(positions, g, start, inv_freq, sign, scale, table):
-    """The block ``table`` of ``sign * positions[g, start + k] * inv_freq[i]``, times ``scale``."""
-    rows, half = table.shape[1], table.shape[2]
+@njit(cache=True)
+def _angles(positions, inv_freq, sign, scale, cos, sin):
+    """``cos[k, i]``, ``sin[k, i]`` of ``sign * positions[k] * inv_freq[i]``, times ``scale`` (float64)."""
     largest = 0.0
-    for k in range(rows):
-        largest = max(largest, abs(positions[g, start + k]))
+    for k in range(positions.shape[0]):
+        largest = max(largest, abs(positions[k]))
     max_freq = 0.0
-    for i in range(half):
+    for i in range(inv_freq.shape[0]):
         max_freq = max(max_freq, abs(inv_freq[i]))
     fast = largest * max_freq <= FAST_ANGLE_LIMIT
-    for k in range(rows):
-        p = positions[g, start + k]
-        for i in range(half):
-            if fast:
-                c, sn = _cos_sin(p * inv_freq[i])
-            else:
-                c, sn = np.cos(p * inv_freq[i]), np.sin(p * inv_freq[i])
-            _put(table, k, i, c * scale, sign * sn * scale)
+    for k in range(positions.shape[0]):
+        p = positions[k]
+        c_row, s_row = cos[k], sin[k]
+        if fast:
+            for i in range(inv_freq.shape[0]):
+                c, s = _cos_sin(p * inv_freq[i])
+                c_row[i] = c * scale
+                s_row[i] = sign * s * scale
+        else:
+            for i in range(inv_freq.shape[0]):
+                angle = p * inv_freq[i]
+                c_row[i] = np.cos(angle) * scale
+                s_row[i] = sign * np.sin(angle) * scale
 
 
-@njit(cache=True, inline="always")
-def _rotate_pairs(a, b, table, k, kind, ra, rb):
-    """``ra = a*cos - b*sin``, ``rb = b*cos + a*sin`` for the pairs ``(a[i], b[i])`` of row ``k``."""
-    if table.shape[0] == 2:  # float32/float64 storage: float64 arithmetic, rounded once
-        cos, sin = table[0, k], table[1, k]
-        for i in range(cos.shape[0]):
-            ai = np.float64(a[i])
-            bi = np.float64(b[i])
-            ra[i] = ai * cos[i] - bi * sin[i]
-            rb[i] = bi * cos[i] + ai * sin[i]
-    else:
-        _rotate_pairs_compensated(a, b, table[0, k], table[1, k], table[2, k], table[3, k], kind, ra, rb)
+# ---------------------------------------------------------------- float32 arithmetic, 16-bit storage
 
 
-@njit(cache=True, inline="always")
-def _rotate_pairs_compensated(a, b, ch, cl, sh, sl, kind, ra, rb):
-    """16-bit pairs in float32 with the rounding errors of ``cos = ch + cl``, ``sin = sh + sl``
-    and of the cancelling product compensated: within ``2**-23`` of the result plus
-    ``2**-45`` of the inputs' size before the one rounding to 16 bits, so the result is
-    the float64 computation's or one ulp from it, at twice float64's vector width.
-    """
-    for i in range(ch.shape[0]):
-        ai = load16(a[i], kind)
-        bi = load16(b[i], kind)
-        p = bi * sh[i]
-        q = ai * sh[i]
-        # b*sh = p + fma(b, sh, -p) and a*sh = q + fma(a, sh, -q) exactly.
-        ra_head = fma32(ai, ch[i], -p)
-        rb_head = fma32(bi, ch[i], q)
-        ra_rest = (ai * cl[i] - bi * sl[i]) - fma32(bi, sh[i], -p)
-        rb_rest = (bi * cl[i] + ai * sl[i]) + fma32(ai, sh[i], -q)
-        store16(ra, i, _corrected(ra_head, ra_rest), kind)
-        store16(rb, i, _corrected(rb_head, rb_rest), kind)
+@njit(cache=True)
+def _split(cos, sin, table):
+    """float64 ``cos``/``sin`` rows as float32 heads and rests: ``table[0..3] = cos_head, cos_rest, sin_head, sin_rest``."""
+    for k in range(cos.shape[0]):
+        for i in range(cos.shape[1]):
+            c = np.float32(cos[k, i])
+            s = np.float32(sin[k, i])
+            table[0, k, i] = c
+            table[1, k, i] = np.float32(cos[k, i] - np.float64(c))
+            table[2, k, i] = s
+            table[3, k, i] = np.float32(sin[k, i] - np.float64(s))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True)
 def _corrected(head, rest):
     """``head + rest``, or ``head`` where an infinite input made the correction NaN (inf - inf)."""
     total = head + rest
     return total if total == total else head
 
 
-@njit(cache=True, inline="always")
-def _rotate_row(row, table, k, interleaved, kind, rotated):
-    """The rotated pairs of ``row`` (angles: row ``k`` of ``table``) into ``rotated``, stored like ``row``."""
-    # Every access goes through a slice, so indices are loop counters (never negative):
-    # no wrap-around arithmetic on addresses, and the loops vectorise.
-    half = table.shape[2]
-    if interleaved:
-        _rotate_pairs(row[0 : 2 * half : 2], row[1 : 2 * half : 2], table, k, kind, rotated[0::2], rotated[1::2])
-    else:
-        _rotate_pairs(row[:half], row[half : 2 * half], table, k, kind, rotated[:half], rotated[half:])
+# ---------------------------------------------------------------- kernels
 
 
-@njit(cache=True, inline="always")
-def _rotate_block(x, xs, g, start, heads, dim, table, interleaved, kind, copy_rest, out, os):
-    """Rotate rows ``start : start + rows`` of group ``g``, every head, with the block's ``table``.
-
-    ``xs``/``os``: ``(offset, G stride, H stride, S stride)`` of ``x``/``out`` in elements.
+def _kernel_source(rotate, wide, bfloat16, interleaved):
+    """One specialisation's Python function: a closure over four constants, so Numba compiles
+    only their branches (its cache keys on them too). ``rotate``: angles from ``positions``
+    and ``inv_freq`` (op ``rope_rotate``), else from ``cos_in``/``sin_in`` (``rope_apply``;
+    the arguments of the other op are empty placeholders). ``wide``: float64 arithmetic.
     """
-    rows, half = table.shape[1], table.shape[2]
-    rotary = 2 * half
-    rotated = np.empty(rotary, out.dtype)
-    for h in range(heads):
-        for k in range(rows):
-            s = start + k
-            xo = xs[0] + g * xs[1] + h * xs[2] + s * xs[3]
-            oo = os[0] + g * os[1] + h * os[2] + s * os[3]
-            row = x[xo : xo + dim]
-            dst = out[oo : oo + dim]
-            _rotate_row(row, table, k, interleaved, kind, rotated)
-            for j in range(rotary):
-                dst[j] = rotated[j]
-            if copy_rest:
-                for j in range(rotary, dim):
-                    dst[j] = row[j]
 
-
-def _table_layout(kind):
-    """``(planes, dtype)`` of the per-block angle table for storage ``kind`` (see ``_put``)."""
-    return (2, np.float64) if kind == _codec.FLOAT else (4, np.float32)
-
-
-def _rotate_positions_kernel(kind):
-    """The ``rope_rotate`` kernel for one storage ``kind`` (a constant when compiled)."""
-    planes, table_dtype = _table_layout(kind)
-
-    def rotate_positions(x, xs, out, os, heads, dim, block, copy_rest, positions, inv_freq, interleaved, sign, scale):
-        """Rows ``(g, h, s)`` of ``x`` rotated by ``sign * positions[g, s] * inv_freq``, times ``scale``."""
-        groups, length = positions.shape
-        half = inv_freq.shape[0]
+    def kernel(x, xs, out, os, heads, dim, copy_rest, positions, inv_freq, sign, scale, cos_in, sin_in, block, first, last):
+        """Rows ``(g, h, s)`` of ``x`` (offsets and ``G, H, S`` strides ``xs``, in elements)
+        rotated into ``out`` (``os``), tasks ``first .. last - 1`` of ``block`` rows each."""
+        length = positions.shape[1] if rotate else cos_in.shape[1]
+        half = inv_freq.shape[0] if rotate else cos_in.shape[2]
+        rotary = 2 * half
         blocks = (length + block - 1) // block
-        for task in prange(groups * blocks):
+        cos, sin = np.empty((block, half)), np.empty((block, half))
+        table = np.empty((4, block, half), np.float32)
+        rotated = np.empty(rotary, out.dtype)
+        for task in range(first, last):
             g = task // blocks
             start = (task - g * blocks) * block
-            table = np.empty((planes, min(block, length - start), half), table_dtype)
-            _fill_angles(positions, g, start, inv_freq, sign, scale, table)
-            _rotate_block(x, xs, g, start, heads, dim, table, interleaved, kind, copy_rest, out, os)
+            rows = min(block, length - start)
+            if rotate:
+                _angles(positions[g, start : start + rows], inv_freq, sign, scale, cos, sin)
+            else:
+                for k in range(rows):
+                    for i in range(half):
+                        c, s = cos_in[g, start + k, i], sin_in[g, start + k, i]
+                        if wide:
+                            cos[k, i], sin[k, i] = c, s
+                        elif bfloat16:
+                            cos[k, i], sin[k, i] = from_bfloat16(c), from_bfloat16(s)
+                        else:
+                            cos[k, i], sin[k, i] = from_float16(c), from_float16(s)
+            if not wide:
+                _split(cos[:rows], sin[:rows], table)
+            for h in range(heads):
+                for k in range(rows):
+                    s = start + k
+                    xo = xs[0] + g * xs[1] + h * xs[2] + s * xs[3]
+                    oo = os[0] + g * os[1] + h * os[2] + s * os[3]
+                    row = x[xo : xo + dim]
+                    # Slices rather than offsets: indices are loop counters (no wrap-around
+                    # arithmetic), so the loops vectorise.
+                    if interleaved:
+                        a, b, ra, rb = row[0:rotary:2], row[1:rotary:2], rotated[0::2], rotated[1::2]
+                    else:
+                        a, b, ra, rb = row[:half], row[half:rotary], rotated[:half], rotated[half:]
+                    # The pair loops are written out here, not called: LLVM would not inline
+                    # them into a kernel this size, and a call per row costs as much as the row.
+                    if wide:  # float64 arithmetic, rounded once on store
+                        c, sn = cos[k], sin[k]
+                        for i in range(half):
+                            ai = np.float64(a[i])
+                            bi = np.float64(b[i])
+                            ra[i] = ai * c[i] - bi * sn[i]
+                            rb[i] = bi * c[i] + ai * sn[i]
+                    else:  # float32 with the errors of cos, sin and the cancelling product compensated
+                        ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
+                        for i in range(half):
+                            ai = from_bfloat16(a[i]) if bfloat16 else from_float16(a[i])
+                            bi = from_bfloat16(b[i]) if bfloat16 else from_float16(b[i])
+                            p = bi * sh[i]
+                            q = ai * sh[i]
+                            # b*sh = p + fma(b, sh, -p) and a*sh = q + fma(a, sh, -q) exactly.
+                            ra_value = _corrected(fma32(ai, ch[i], -p), (ai * cl[i] - bi * sl[i]) - fma32(bi, sh[i], -p))
+                            rb_value = _corrected(fma32(bi, ch[i], q), (bi * cl[i] + ai * sl[i]) + fma32(ai, sh[i], -q))
+                            ra[i] = bfloat16_bits(ra_value) if bfloat16 else float16_bits(ra_value)
+                            rb[i] = bfloat16_bits(rb_value) if bfloat16 else float16_bits(rb_value)
+                    dst = out[oo : oo + dim]
+                    for j in range(rotary):
+                        dst[j] = rotated[j]
+                    if copy_rest:
+                        for j in range(rotary, dim):
+                            dst[j] = row[j]
 
-    return rotate_positions
-
-
-def _rotate_cos_sin_kernel(kind):
-    """The ``rope_apply`` kernel for one storage ``kind`` (a constant when compiled)."""
-    planes, table_dtype = _table_layout(kind)
-
-    def rotate_cos_sin(x, xs, out, os, heads, dim, block, copy_rest, cos, sin, interleaved):
-        """Rows ``(g, h, s)`` of ``x`` rotated with ``cos[g, s]``/``sin[g, s]`` (one value per pair, stored like ``x``)."""
-        groups, length, half = cos.shape
-        blocks = (length + block - 1) // block
-        for task in prange(groups * blocks):
-            g = task // blocks
-            start = (task - g * blocks) * block
-            table = np.empty((planes, min(block, length - start), half), table_dtype)
-            for k in range(table.shape[1]):
-                for i in range(half):
-                    _put(table, k, i, _load(cos[g, start + k, i], kind), _load(sin[g, start + k, i], kind))
-            _rotate_block(x, xs, g, start, heads, dim, table, interleaved, kind, copy_rest, out, os)
-
-    return rotate_cos_sin
+    return kernel
 
 
 _OFFSETS = types.UniTuple(types.int64, 4)
 
 
-def _flat(t, *, readonly):
-    return types.Array(t, 1, "C", readonly=readonly)
-
-
-def _signature(op, storage):
-    """``op``'s kernel signature for ``storage`` (float32, float64 or uint16 elements)."""
-    t = numba.from_dtype(np.dtype(storage))
-    x, out = _flat(t, readonly=True), _flat(t, readonly=False)
-    common = (x, _OFFSETS, out, _OFFSETS, types.int64, types.int64, types.int64, types.boolean)
-    if op == "rotate":
-        positions = types.Array(types.float64, 2, "C", readonly=True)
-        inv_freq = types.Array(types.float64, 1, "C", readonly=True)
-        return types.void(*common, positions, inv_freq, types.boolean, types.float64, types.float64)
+def _signature(dtype):
+    t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
+    x = types.Array(t, 1, "C", readonly=True)
+    positions = types.Array(types.float64, 2, "C", readonly=True)
+    inv_freq = types.Array(types.float64, 1, "C", readonly=True)
     table = types.Array(t, 3, "A", readonly=True)
-    return types.void(*common, table, table, types.boolean)
+    return types.void(
+        *(x, _OFFSETS, types.Array(t, 1, "C"), _OFFSETS, types.int64, types.int64, types.boolean),
+        *(positions, inv_freq, types.float64, types.float64, table, table),
+        *(types.int64, types.int64, types.int64),
+    )
 
 
-@functools.cache
-def _kernel(op, kind, storage):
-    """The compiled kernel of ``op`` for storage ``kind`` and dtype name ``storage``."""
-    make = _rotate_positions_kernel if op == "rotate" else _rotate_cos_sin_kernel
-    return njit(_signature(op, storage), parallel=True, cache=True)(make(kind))
+def _build(op, dtype, layout):
+    source = _kernel_source(op == "rotate", dtype in ("float32", "float64"), dtype == "bfloat16", layout == "interleaved")
+    return njit(_signature(dtype), nogil=True, cache=True)(source)
 
 
-def _block(plan):
-    """Rows per task: ``_BLOCK``, fewer when that would leave a thread idle."""
-    tasks_wanted = 4 * numba.get_num_threads()
-    rows = plan.g.size * plan.s.size
-    return max(1, min(_BLOCK, rows // tasks_wanted))
+FAMILY = _family.Family(
+    "rope_cpu",
+    _build,
+    SPECIALISATIONS,
+    lambda key: {key[1]},
+)
+
+
+# ---------------------------------------------------------------- launchers
+
+# Elements of x below which one thread does the whole call (a thread's start costs about
+# what rotating this many elements does).
+_arrays.ELEMENTS_PER_THREAD = 1 << 16
+_NO_ANGLES = (np.zeros((0, 0)), np.zeros(0), 1.0, 1.0)
+_NO_TABLES = {dtype: np.zeros((0, 0, 0), storage) for dtype, storage in _arrays.ELEMENT.items()}
 
 
 def _unit_channels(a):
     return a.shape[-1] <= 1 or a.strides[-1] == a.itemsize
+
+
+def _host_x(x):
+    """``x``'s NumPy view with unit-stride channels (a contiguous copy if it has none)."""
+    xv = _arrays.host_view(x)
+    return xv if _unit_channels(xv) else np.ascontiguousarray(xv)
 
 
 def _destination(x, xv, out):
@@ -285,101 +255,78 @@ def _destination(x, xv, out):
     row, so an ``out`` that overlaps ``x`` other than exactly, or has strided channels, is
     computed aside and copied in.
     """
-    if out is None:
-        result = _host.empty_like(x)
-        ov = _host.numpy_view(result)
-    else:
-        result, ov = out, _host.numpy_view(out)
-    if _host.same_view(ov, xv) and _unit_channels(ov):
+    result = _arrays.empty(x) if out is None else out
+    ov = _arrays.host_view(result)
+    if _arrays.same_view(ov, xv) and _unit_channels(ov):
         return result, ov, True, None
     if (out is not None and np.may_share_memory(ov, xv)) or not _unit_channels(ov):
         return result, np.empty(xv.shape, xv.dtype), False, ov
     return result, ov, False, None
 
 
-def _check(name, shape, want):
-    if tuple(shape) != tuple(want):
-        raise ValueError(f"{name} has shape {tuple(shape)}, expected {tuple(want)} (kernel launcher check)")
-
-
-def _launch(op, kind, xv, ov, per_position, rest_args, in_place):
-    """Run ``op``'s kernel over the canonical blocks of ``xv``/``ov`` (unit-stride channels).
+def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
+    """Run ``op``'s kernel over the ``[G, H, S]`` blocks of ``xv`` into ``ov`` (unit-stride channels).
 
     ``per_position``: NumPy views broadcast to ``xv.shape[:-1] + (trailing...)``, shared
-    over ``H``; they are passed to the kernel as ``[G, S, trailing...]`` (positions as a
-    contiguous float64 copy, which is small), followed by ``rest_args``.
+    over ``H``, passed to the kernel as ``[G, S, trailing...]`` (positions as a contiguous
+    float64 copy, which is small).
     """
     batch, dim = xv.shape[:-1], xv.shape[-1]
     arrays = [xv, ov, *per_position]
-    strides = [_host.element_strides(a)[: len(batch)] for a in arrays]
-    plan = _layout.plan(batch, strides, shared=range(2, len(arrays)))
+    plan = _layout.plan(batch, [_arrays.element_strides(a)[: len(batch)] for a in arrays], shared=range(2, len(arrays)))
     shape = plan.shape()
     if 0 in shape or dim == 0:
         return
-    x_flat, x_offset = _host.flat_span(xv)
-    o_flat, o_offset = (x_flat, x_offset) if in_place else _host.flat_span(ov)
     per = []
     for k, a in enumerate(per_position, start=2):
         st = plan.strides(k)
         trailing = a.shape[len(batch) :]
-        keep = st[:-2] + (st[-1],)  # drop H (stride 0)
-        per.append(_host.strided(a, shape[:-2] + (shape[-1],) + trailing, keep + _host.element_strides(a)[len(batch) :]))
-    kernel = _kernel(op, kind, xv.dtype.name)
-    heads, block = plan.h.size, _block(plan)
+        keep = st[:-2] + (st[-1],)  # H dropped: its stride is 0
+        per.append(_arrays.strided(a, shape[:-2] + (shape[-1],) + trailing, keep + _arrays.element_strides(a)[len(batch) :]))
+    kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
+    x_flat, x_offset = _arrays.flat_span(xv)
+    o_flat, o_offset = (x_flat, x_offset) if in_place else _arrays.flat_span(ov)
+    heads, rows = plan.h.size, plan.g.size * plan.s.size
+    workers = min(_family.threads(), max(1, xv.size // _arrays.ELEMENTS_PER_THREAD))
+    block = max(1, min(_BLOCK, rows // (4 * workers)))
+    tasks = plan.g.size * -(-plan.s.size // block)
     x_steps, o_steps = plan.strides(0), plan.strides(1)
     for index in np.ndindex(*shape[:-3]):
         xs = (x_offset + sum(i * st for i, st in zip(index, x_steps)), *x_steps[-3:])
         os = (o_offset + sum(i * st for i, st in zip(index, o_steps)), *o_steps[-3:])
-        tables = [np.ascontiguousarray(p[index]) if op == "rotate" else p[index] for p in per]
-        kernel(x_flat, xs, o_flat, os, heads, dim, block, not in_place, *tables, *rest_args)
-
-
-def _host_x(x):
-    """``x``'s NumPy view with unit-stride channels (a contiguous copy if it has none)."""
-    xv = _host.numpy_view(x)
-    return xv if _unit_channels(xv) else np.ascontiguousarray(xv)
+        if op == "rotate":
+            arguments = (np.ascontiguousarray(per[0][index]), *angles, *tables)
+        else:
+            arguments = (*angles, per[0][index], per[1][index])
+        _family.run_tasks(kernel, (x_flat, xs, o_flat, os, heads, dim, not in_place, *arguments, block), tasks, workers)
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
-    """Numba CPU ``rope_rotate`` (see ``posenc.rotary._rotate.rotate_positions``)."""
-    kind = _host.float_kind(x)
+    """Numba CPU ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
+    inv_freq = guard_rotate(x, positions, inv_freq, out)
     xv = _host_x(x)
-    pv = _host.positions_view(positions)
-    inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > xv.shape[-1]:
-        raise ValueError(f"inv_freq of shape {inv_freq.shape} does not fit x of shape {xv.shape} (kernel launcher check)")
-    if out is not None:
-        _check("out", out.shape, xv.shape)
     # Angles are float64 products, as in the reference: positions are converted once.
-    pv = np.broadcast_to(pv.astype(np.float64, copy=False), xv.shape[:-1])
+    pv = np.broadcast_to(_arrays.host_values(positions).astype(np.float64, copy=False), xv.shape[:-1])
     result, ov, in_place, copy_back = _destination(x, xv, out)
-    sign = -1.0 if inverse else 1.0
-    rest = (inv_freq, layout == "interleaved", sign, float(scale))
-    _launch("rotate", kind, xv, ov, [pv], rest, in_place)
+    angles = (inv_freq, -1.0 if inverse else 1.0, float(scale))
+    _launch(x, "rotate", layout, xv, ov, [pv], angles, (_NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2, in_place)
     if copy_back is not None:
         np.copyto(copy_back, ov)
     return result
 
 
 def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
-    """Numba CPU ``rope_apply`` (see ``posenc.rotary._rotate.rotate_cos_sin``)."""
-    kind = _host.float_kind(x)
+    """Numba CPU ``rope_apply`` (reference: ``posenc.rotary._rotate.rotate_cos_sin``)."""
+    guard_apply(x, cos, sin, out)
     xv = _host_x(x)
     rotary_dim = cos.shape[-1]
-    if rotary_dim % 2 or rotary_dim > xv.shape[-1] or tuple(sin.shape) != tuple(cos.shape) or not cos.dtype == sin.dtype == x.dtype:
-        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not fit x of shape {xv.shape} (kernel launcher check)")
-    if out is not None:
-        _check("out", out.shape, xv.shape)
     target = xv.shape[:-1] + (rotary_dim,)
-    cv = np.broadcast_to(_host.numpy_view(cos), target)
-    sv = np.broadcast_to(_host.numpy_view(sin), target)
     # Each angle appears twice in the layout's order; the kernel reads it once per pair.
-    if layout == "half":
-        cv, sv = cv[..., : rotary_dim // 2], sv[..., : rotary_dim // 2]
-    else:
-        cv, sv = cv[..., 0::2], sv[..., 0::2]
+    pairs = slice(None, rotary_dim // 2) if layout == "half" else slice(0, None, 2)
+    cv = np.broadcast_to(_arrays.host_view(cos), target)[..., pairs]
+    sv = np.broadcast_to(_arrays.host_view(sin), target)[..., pairs]
     result, ov, in_place, copy_back = _destination(x, xv, out)
-    _launch("apply", kind, xv, ov, [cv, sv], (layout == "interleaved",), in_place)
+    _launch(x, "apply", layout, xv, ov, [cv, sv], _NO_ANGLES, (), in_place)
     if copy_back is not None:
         np.copyto(copy_back, ov)
     return result

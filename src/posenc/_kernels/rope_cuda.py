@@ -1,22 +1,27 @@
-"""numba.cuda kernels for the rotary ops ``rope_rotate`` and ``rope_apply``.
+"""numba.cuda kernels of the rotary ops ``rope_rotate`` and ``rope_apply``.
 
 Same regrouping as the CPU kernels (``_layout.plan``: ``x`` as ``[G, H, S, D]``, positions
 shared over ``H``). One thread per ``(g, s, pair)`` computes that pair's float64 angle,
-``cos`` and ``sin`` once and rotates the pair in every row ``h``; neighbouring threads
-touch neighbouring channels, so loads and stores coalesce. Extra threads copy the
-pass-through channels when ``out`` is not ``x``. Takes CuPy arrays, torch CUDA tensors
-and numba device arrays, and launches on the caller's current stream.
+``cos`` and ``sin`` once (or reads them) and rotates the pair in every row ``h``;
+neighbouring threads touch neighbouring channels, so loads and stores coalesce. Extra
+threads copy the pass-through channels when ``out`` is not ``x``. Arithmetic is float64
+(``_codec``: 16-bit floats as ``uint16`` bits, rounded once on store).
+
+Each ``(op, dtype, layout)`` is one specialisation (``FAMILY``, the same pattern as the CPU
+kernels), compiled on first use and cached. Takes CuPy arrays, torch CUDA tensors and numba
+device arrays and launches on the caller's current stream (``_arrays.launch_context``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 
+import numba
 import numpy as np
-from numba import cuda
+from numba import cuda, types
 
-from . import _codec, _device, _layout
+from . import _arrays, _codec, _family, _layout
+from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 
 _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
@@ -24,82 +29,67 @@ _store = cuda.jit(device=True, cache=True)(_codec.store)
 _THREADS = 128
 
 
-@cuda.jit(device=True, cache=True)
-def _rotate_pair(x, out, g, s, j, half, c, sn, interleaved, kind):
-    if interleaved:
-        ia, ib = 2 * j, 2 * j + 1
-    else:
-        ia, ib = j, j + half
-    for h in range(x.shape[1]):
-        a = _load(x[g, h, s, ia], kind)
-        b = _load(x[g, h, s, ib], kind)
-        row = out[g, h, s]
-        _store(row, ia, a * c - b * sn, kind)
-        _store(row, ib, b * c + a * sn, kind)
+def _kernel_source(rotate, storage, interleaved):
+    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
+
+    def kernel(x, positions, inv_freq, sign, scale, cos, sin, columns, out):
+        groups, heads, length = x.shape[0], x.shape[1], x.shape[2]
+        half = inv_freq.shape[0] if rotate else cos.shape[2]
+        t = cuda.grid(1)
+        if t >= groups * length * columns:
+            return
+        row = t // columns
+        j = t - row * columns
+        g = row // length
+        s = row - g * length
+        if j >= half:  # a pass-through channel
+            for h in range(heads):
+                out[g, h, s, j + half] = x[g, h, s, j + half]
+            return
+        if rotate:
+            angle = positions[g, s] * inv_freq[j]
+            c = math.cos(angle) * scale
+            sn = sign * math.sin(angle) * scale
+        else:
+            c = _load(cos[g, s, j], storage)
+            sn = _load(sin[g, s, j], storage)
+        ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+        for h in range(heads):
+            a = _load(x[g, h, s, ia], storage)
+            b = _load(x[g, h, s, ib], storage)
+            dst = out[g, h, s]
+            _store(dst, ia, a * c - b * sn, storage)
+            _store(dst, ib, b * c + a * sn, storage)
+
+    return kernel
 
 
-@cuda.jit(device=True, cache=True)
-def _copy_channel(x, out, g, s, column):
-    for h in range(x.shape[1]):
-        out[g, h, s, column] = x[g, h, s, column]
 
 
-@cuda.jit(cache=True)
-def rotate_positions_kernel(x, positions, inv_freq, interleaved, sign, scale, kind, columns, out):
-    length = x.shape[2]
-    half = inv_freq.shape[0]
-    t = cuda.grid(1)
-    if t >= x.shape[0] * length * columns:
-        return
-    row = t // columns
-    j = t - row * columns
-    g = row // length
-    s = row - g * length
-    if j < half:
-        angle = np.float64(positions[g, s]) * inv_freq[j]
-        c = math.cos(angle) * scale
-        sn = sign * math.sin(angle) * scale
-        _rotate_pair(x, out, g, s, j, half, c, sn, interleaved, kind)
-    else:
-        _copy_channel(x, out, g, s, j + half)
+def _build(op, dtype, layout):
+    t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
+    f64 = types.float64
+    sig = types.void(
+        types.Array(t, 4, "A"),
+        types.Array(f64, 2, "A"),
+        types.Array(f64, 1, "C"),
+        f64,
+        f64,
+        types.Array(t, 3, "A"),
+        types.Array(t, 3, "A"),
+        types.int64,
+        types.Array(t, 4, "A"),
+    )
+    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved")
+    return cuda.jit(sig, cache=True)(source)
 
 
-@cuda.jit(cache=True)
-def rotate_cos_sin_kernel(x, cos, sin, interleaved, kind, cs_kind, columns, out):
-    length = x.shape[2]
-    half = cos.shape[2]
-    t = cuda.grid(1)
-    if t >= x.shape[0] * length * columns:
-        return
-    row = t // columns
-    j = t - row * columns
-    g = row // length
-    s = row - g * length
-    if j < half:
-        c = _load(cos[g, s, j], cs_kind)
-        sn = _load(sin[g, s, j], cs_kind)
-        _rotate_pair(x, out, g, s, j, half, c, sn, interleaved, kind)
-    else:
-        _copy_channel(x, out, g, s, j + half)
-
-
-def _views(xd, od, per_position, in_place):
-    """Canonical ``[G, H, S, D]`` views of ``xd``/``od`` and ``[G, S, ...]`` ones of the rest."""
-    batch = xd.shape[:-1]
-    arrays = [xd, od, *per_position]
-    strides = [_device.element_strides(a)[: len(batch)] for a in arrays]
-    plan = _layout.plan(batch, strides, shared=range(2, len(arrays)))
-    shape, dim = plan.shape(), tuple(xd.shape)[-1]
-    x4 = _device.strided(xd, shape + (dim,), plan.strides(0) + (_device.element_strides(xd)[-1],))
-    o4 = x4 if in_place else _device.strided(od, shape + (dim,), plan.strides(1) + (_device.element_strides(od)[-1],))
-    per = []
-    for k, a in enumerate(per_position, start=2):
-        st = plan.strides(k)
-        trailing = a.shape[len(batch) :]
-        per.append(
-            _device.strided(a, shape[:-2] + (shape[-1],) + trailing, st[:-2] + (st[-1],) + _device.element_strides(a)[len(batch) :])
-        )
-    return plan, x4, o4, per
+FAMILY = _family.Family(
+    "rope_cuda",
+    _build,
+    SPECIALISATIONS,
+    lambda key: {key[1]},
+)
 
 
 def _broadcast(a, shape, *, step=None):
@@ -109,85 +99,98 @@ def _broadcast(a, shape, *, step=None):
     """
     lead = len(shape) - a.ndim
     strides = [0] * lead
-    for axis, (n, st) in enumerate(zip(a.shape, _device.element_strides(a))):
-        want = shape[lead + axis]
+    for axis, (n, st) in enumerate(zip(a.shape, _arrays.element_strides(a))):
         if axis == a.ndim - 1 and step is not None:
-            if n < step * (want - 1) + 1:
-                raise ValueError(f"array of shape {tuple(a.shape)} has fewer than {want} pairs (kernel launcher check)")
             strides.append(st * step)
-        elif n == want or n == 1:
-            strides.append(st if n == want else 0)
         else:
-            raise ValueError(f"array of shape {tuple(a.shape)} does not broadcast to {tuple(shape)} (kernel launcher check)")
-    return _device.strided(a, tuple(shape), tuple(strides))
+            strides.append(st if n == shape[lead + axis] else 0)
+    return _arrays.strided(a, tuple(shape), tuple(strides))
 
 
-def _copy_into(out, temporary):
-    lib = _device.library(out)
-    if lib == "torch":
-        out.copy_(temporary)
-    elif lib == "cupy":
-        out[...] = temporary
-    else:
-        out.copy_to_device(temporary)
-
-
-def _launch(kernel, x, xd, per_position, args, half, out):
-    """Run ``kernel`` over the canonical blocks of ``x`` into ``out`` (``None``: a new array)."""
-    result = _device.empty_like(x) if out is None else out
-    od = _device.as_numba(result)
-    if tuple(od.shape) != tuple(xd.shape):
-        raise ValueError(f"out has shape {tuple(od.shape)}, expected {tuple(xd.shape)} (kernel launcher check)")
-    in_place = _device.extent(od) == _device.extent(xd) and tuple(od.strides) == tuple(xd.strides)
-    temporary = None
-    if not in_place and _device.overlap(od, xd):
-        # Overlapping but not the same elements: compute aside, then copy in.
-        temporary = _device.empty_like(x)
-        od = _device.as_numba(temporary)
-    plan, x4, o4, per = _views(xd, od, per_position, in_place)
-    stream, device = _device.stream_and_device(x)
-    columns = half + (0 if in_place else tuple(xd.shape)[-1] - 2 * half)
-    rows = plan.g.size * plan.s.size
-    if rows and columns and plan.h.size:
-        blocks = (rows * columns + _THREADS - 1) // _THREADS
-        with _on(device):
-            for index in np.ndindex(*plan.shape()[:-3]):
-                kernel[blocks, _THREADS, stream](x4[index], *(p[index] for p in per), *args, columns, o4[index])
-    if temporary is not None:
-        _copy_into(result, temporary)
+def _launch(x, op, layout, xd, per_position, arguments, half, out):
+    """Run ``op``'s kernel over the ``[G, H, S]`` blocks of ``x`` into ``out`` (``None``: a new array)."""
+    stream, on_device = _arrays.launch_context(x)
+    with on_device:
+        result = _arrays.empty(x) if out is None else out
+        od = _arrays.device_view(result)
+        in_place = _arrays.extent(od) == _arrays.extent(xd) and tuple(od.strides) == tuple(xd.strides)
+        temporary = None
+        if not in_place and _arrays.overlap(od, xd):  # overlapping but not the same elements
+            temporary = _arrays.empty(x)
+            od = _arrays.device_view(temporary)
+        batch, dim = tuple(xd.shape[:-1]), tuple(xd.shape)[-1]
+        arrays = [xd, od, *per_position]
+        plan = _layout.plan(batch, [_arrays.element_strides(a)[: len(batch)] for a in arrays], shared=range(2, len(arrays)))
+        shape = plan.shape()
+        x4 = _arrays.strided(xd, shape + (dim,), plan.strides(0) + (_arrays.element_strides(xd)[-1],))
+        o4 = x4 if in_place else _arrays.strided(od, shape + (dim,), plan.strides(1) + (_arrays.element_strides(od)[-1],))
+        per = []
+        for k, a in enumerate(per_position, start=2):
+            st = plan.strides(k)
+            trailing = tuple(a.shape[len(batch) :])
+            keep = st[:-2] + (st[-1],)  # H dropped: its stride is 0
+            per.append(_arrays.strided(a, shape[:-2] + (shape[-1],) + trailing, keep + _arrays.element_strides(a)[len(batch) :]))
+        columns = half + (0 if in_place else dim - 2 * half)
+        rows = plan.g.size * plan.s.size
+        if rows and columns and plan.h.size:
+            kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
+            blocks = (rows * columns + _THREADS - 1) // _THREADS
+            for index in np.ndindex(*shape[:-3]):
+                views = [p[index] for p in per]
+                if op == "rotate":
+                    args = (views[0], *arguments)
+                else:
+                    args = (*arguments, *views)
+                kernel[blocks, _THREADS, stream](x4[index], *args, columns, o4[index])
+        if temporary is not None:
+            _arrays.copy_into(result, temporary)
     return result
 
 
-def _on(device):
-    return cuda.gpus[device] if device is not None else contextlib.nullcontext()
+def _no_tables(x, stream):
+    empty = cuda.device_array((0, 0, 0), dtype=_arrays.ELEMENT[_arrays.dtype_name(x.dtype)], stream=stream)
+    return empty, empty
+
+
+def _float64_positions(positions):
+    """Positions as a float64 numba device array (a small conversion on the device for torch and CuPy)."""
+    lib = _arrays.library(positions)
+    if lib == "torch":
+        import torch
+
+        positions = positions.detach().to(torch.float64)
+    elif lib == "cupy":
+        import cupy
+
+        positions = positions.astype(cupy.float64)
+    elif positions.dtype != np.float64:
+        positions = cuda.to_device(positions.copy_to_host().astype(np.float64))
+    return _arrays.device_view(positions, bits16=False)
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
-    """numba.cuda ``rope_rotate`` (see ``posenc.rotary._rotate.rotate_positions``)."""
-    xd = _device.as_numba(x)
-    inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > tuple(xd.shape)[-1]:
-        raise ValueError(f"inv_freq of shape {inv_freq.shape} does not fit x of shape {tuple(xd.shape)} (kernel launcher check)")
-    pd = _broadcast(_device.as_numba(positions, bits16=False), tuple(xd.shape[:-1]))
-    stream, device = _device.stream_and_device(x)
-    with _on(device):
+    """numba.cuda ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
+    inv_freq = guard_rotate(x, positions, inv_freq, out)
+    xd = _arrays.device_view(x)
+    stream, on_device = _arrays.launch_context(x)
+    with on_device:
+        pd = _broadcast(_float64_positions(positions), tuple(xd.shape[:-1]))
         freqs = cuda.to_device(inv_freq, stream=stream)
-    sign = -1.0 if inverse else 1.0
-    args = (freqs, layout == "interleaved", sign, float(scale), _device.float_kind(x))
-    return _launch(rotate_positions_kernel, x, xd, [pd], args, inv_freq.shape[0], out)
+        arguments = (freqs, -1.0 if inverse else 1.0, float(scale), *_no_tables(x, stream))
+    return _launch(x, "rotate", layout, xd, [pd], arguments, inv_freq.shape[0], out)
 
 
 def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
-    """numba.cuda ``rope_apply`` (see ``posenc.rotary._rotate.rotate_cos_sin``)."""
-    xd = _device.as_numba(x)
-    rotary_dim = tuple(cos.shape)[-1]
-    if rotary_dim % 2 or rotary_dim > tuple(xd.shape)[-1] or tuple(sin.shape) != tuple(cos.shape) or sin.dtype != cos.dtype:
-        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not fit x of shape {tuple(xd.shape)} (kernel launcher check)")
-    half = rotary_dim // 2
+    """numba.cuda ``rope_apply`` (reference: ``posenc.rotary._rotate.rotate_cos_sin``)."""
+    guard_apply(x, cos, sin, out)
+    xd = _arrays.device_view(x)
+    half = tuple(cos.shape)[-1] // 2
     # Each angle appears twice in the layout's order; the kernel reads it once per pair:
     # the first half of the channels ("half") or every other channel ("interleaved").
     target, step = tuple(xd.shape[:-1]) + (half,), (2 if layout == "interleaved" else 1)
-    cd = _broadcast(_device.as_numba(cos), target, step=step)
-    sd = _broadcast(_device.as_numba(sin), target, step=step)
-    args = (layout == "interleaved", _device.float_kind(x), _device.float_kind(cos))
-    return _launch(rotate_cos_sin_kernel, x, xd, [cd, sd], args, half, out)
+    cd = _broadcast(_arrays.device_view(cos), target, step=step)
+    sd = _broadcast(_arrays.device_view(sin), target, step=step)
+    stream, on_device = _arrays.launch_context(x)
+    with on_device:
+        arguments = (cuda.device_array((0, 0), np.float64, stream=stream), cuda.to_device(np.zeros(0), stream=stream), 1.0, 1.0)
+    return _launch(x, "apply", layout, xd, [cd, sd], arguments, half, out)

@@ -23,41 +23,20 @@ def _needs_grad(*arrays) -> bool:
     return any(_compat.is_torch_array(a) and a.requires_grad for a in arrays)
 
 
-def _accepts_rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
-    return out is None and _needs_grad(x)
+# The arguments that carry gradients, per op.
+_DIFFERENTIABLE = {
+    "rope_rotate": ("x",),
+    "rope_apply": ("x", "cos", "sin"),
+    "toeplitz_expand": ("vec",),
+    "toeplitz_gather": ("scores",),
+    "toeplitz_scatter": ("weights",),
+}
 
 
-def _accepts_rope_apply(x, cos, sin, *, layout="half", out=None):
-    return out is None and _needs_grad(x, cos, sin)
+def _accepts(op):
+    names = _DIFFERENTIABLE[op]
+    return lambda a: a["out"] is None and _needs_grad(*(a[n] for n in names))
 
 
-def _accepts_expand(vec, q_len, k_len, *, out=None):
-    return out is None and _needs_grad(vec)
-
-
-def _accepts_gather(scores, index, k_len, *, out=None):
-    return out is None and _needs_grad(scores)
-
-
-def _accepts_scatter(weights, index, m, *, out=None):
-    return out is None and _needs_grad(weights)
-
-
-def _samples(op):
-    def samples(rng):
-        from posenc.torch import _samples
-
-        return _samples.SAMPLES[op](rng)
-
-    return samples
-
-
-_LOADER = "posenc.torch._ops:"
-for _op, _accepts in (
-    ("rope_rotate", _accepts_rope_rotate),
-    ("rope_apply", _accepts_rope_apply),
-    ("toeplitz_expand", _accepts_expand),
-    ("toeplitz_gather", _accepts_gather),
-    ("toeplitz_scatter", _accepts_scatter),
-):
-    register(_op, f"{_op}.torch_autograd", accepts=_accepts, loader=_LOADER + _op, samples=_samples(_op))
+for _op in _DIFFERENTIABLE:
+    register(_op, f"{_op}.torch_autograd", accepts=_accepts(_op), loader=f"posenc.torch._ops:{_op}")

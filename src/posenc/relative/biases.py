@@ -242,7 +242,7 @@ def _blocked_out(vec, shape, chunks, out):
         raise TypeError(f"chunks applies to Dask arrays only (a Dask table or slopes), got {type(vec).__name__}")
     if out is not None:
         raise ValueError("pass chunks or out, not both (a Dask out gives its own chunks)")
-    from .. import _dask
+    from .._kernels import dask as _dask
 
     blocked = _dask.empty_blocked(vec, shape, chunks)
     return blocked if blocked.size else None

@@ -3,6 +3,11 @@
 Importing this module imports torch; ``import posenc`` alone does not.
 """
 
+try:
+    import torch as _torch  # noqa: F401
+except ImportError as exc:  # pragma: no cover - exercised in a venv without torch (tests/test_install.py)
+    raise ImportError("posenc.torch needs PyTorch: pip install 'posenc[torch]' (or install torch your own way first)") from exc
+
 from . import _ops  # noqa: F401  (registers the posenc:: custom ops)
 from .flex import score_mod
 from .modules import ALiBi, DeBERTaRelative, LearnedEmbedding, RotaryEmbedding, ShawRelative, SinusoidalEmbedding, T5RelativeBias

@@ -1,21 +1,25 @@
-"""Dask fast paths: the rotary and Toeplitz hot loops, run block by block.
+"""Dask: the rotary and Toeplitz hot loops run block by block (ops ``rope_rotate``, ``toeplitz_expand``).
 
-A chunked Dask array is a grid of NumPy (or CuPy) blocks. The functions here build a
-graph in which every task hands one block to the kernel registry (``_dispatch.call``),
-so the Numba or numba.cuda kernel that accepts the block does the work, block by block,
-on the threads of one machine or the workers of a ``dask.distributed`` cluster. They
-have the signatures of the references they optimise and are registered as the
-``dask_blocks`` kernels (``posenc._kernels.dask_blocks``). This module imports Dask; it
-is loaded only when a Dask array reaches one of these ops.
+A chunked Dask array is a grid of NumPy (or CuPy) blocks. The functions here build a lazy
+graph in which every task hands one block to the kernel registry (``_dispatch.call``), so
+the Numba or numba.cuda kernel that accepts the block does the work, on the threads of one
+machine or the workers of a ``dask.distributed`` cluster. They have the signatures of the
+references they optimise and are registered as the ``dask_blocks`` kernels. ``accepts``
+recognises Dask arrays through ``sys.modules``; Dask itself is imported only when a Dask
+array reaches one of these ops. Arrays of unknown chunk sizes (NaN in the shape) are left
+to the reference.
 """
 
 from __future__ import annotations
 
-import dask.array as da
-from dask.array.core import normalize_chunks
-from dask.array.utils import meta_from_array
+import math
 
-from . import _dispatch
+from .. import _compat, _dispatch
+
+
+def _known(*arrays) -> bool:
+    """Every array given (``None`` skipped) is a Dask array of known shape."""
+    return all(a is None or (_compat.is_dask_array(a) and not any(math.isnan(s) for s in a.shape)) for a in arrays)
 
 
 def _write(result, out):
@@ -30,6 +34,9 @@ def _write(result, out):
     result = result.rechunk(out.chunks)
     out._meta, out.dask, out._name, out._chunks = result._meta, result.dask, result.name, result.chunks
     return out
+
+
+# ---------------------------------------------------------------- rope_rotate
 
 
 def _rotate_block(x, positions, *, inv_freq, layout, inverse, scale):
@@ -51,6 +58,8 @@ def rope_rotate_blocks(x, positions, inv_freq, *, layout="half", inverse=False, 
     The feature axis is brought into one chunk (a rotated pair spans it); the result has
     the chunks of ``x`` along every other axis, and ``positions`` are rechunked to match.
     """
+    import dask.array as da
+
     whole = x if x.numblocks[-1] == 1 else x.rechunk({x.ndim - 1: -1})
     pos = _positions_like(positions, whole)
     index = tuple(range(x.ndim))
@@ -71,6 +80,9 @@ def rope_rotate_blocks(x, positions, inv_freq, *, layout="half", inverse=False, 
     return _write(result, out)
 
 
+# ---------------------------------------------------------------- toeplitz_expand
+
+
 def _expand_block(vec, rows, cols, *, k_len):
     """The block of the expansion at rows ``rows`` and columns ``cols`` (contiguous ranges).
 
@@ -88,6 +100,8 @@ def _expand_block(vec, rows, cols, *, k_len):
 def bias_chunks(vec, q_len, k_len):
     """Default blocks of the expanded bias: the leading (head) axes chunked like ``vec``,
     the query and key axes by Dask's ``"auto"`` rule (``array.chunk-size``, 128 MiB)."""
+    from dask.array.core import normalize_chunks
+
     lead = vec.ndim - 1
     return normalize_chunks((*vec.chunks[:lead], "auto", "auto"), shape=(*vec.shape[:lead], q_len, k_len), dtype=vec.dtype)
 
@@ -100,6 +114,9 @@ def toeplitz_expand_blocks(vec, q_len, k_len, *, out=None):
     leading index reads its slice from; each task learns its rows and columns from the
     matching blocks of two lazy ``arange``s chunked like the query and key axes.
     """
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+
     lead = vec.ndim - 1
     chunks = out.chunks if out is not None else bias_chunks(vec, q_len, k_len)
     whole = vec.rechunk({**{a: chunks[a] for a in range(lead)}, lead: -1})
@@ -128,8 +145,27 @@ def toeplitz_expand_blocks(vec, q_len, k_len, *, out=None):
 def empty_blocked(like, shape, chunks):
     """An empty Dask array of ``like``'s dtype with ``chunks`` (a ``chunks=`` request
     turned into an ``out`` buffer); ``ValueError`` naming ``chunks`` when they do not fit."""
+    import dask.array as da
+    from dask.array.core import normalize_chunks
+
     try:
         chunks = normalize_chunks(chunks, shape=shape, dtype=like.dtype)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"chunks {chunks!r} do not describe blocks of an array of shape {tuple(shape)}: {exc}") from None
     return da.empty(shape, chunks=chunks, dtype=like.dtype)
+
+
+# ---------------------------------------------------------------- registry
+
+_dispatch.register(
+    "rope_rotate",
+    "rope_rotate.dask_blocks",
+    accepts=lambda a: _compat.is_dask_array(a["x"]) and _known(a["x"], a["positions"], a["out"]),
+    loader="posenc._kernels.dask:rope_rotate_blocks",
+)
+_dispatch.register(
+    "toeplitz_expand",
+    "toeplitz_expand.dask_blocks",
+    accepts=lambda a: _compat.is_dask_array(a["vec"]) and _known(a["vec"], a["out"]) and a["q_len"] > 0 and a["k_len"] > 0,
+    loader="posenc._kernels.dask:toeplitz_expand_blocks",
+)

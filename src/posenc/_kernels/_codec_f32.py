@@ -1,21 +1,18 @@
-"""16-bit float conversions and a fused multiply-add for the Numba CPU kernels, as LLVM instructions.
+"""16-bit floats <-> float32, and a fused multiply-add, as LLVM instructions (Numba CPU kernels).
 
-Numba's own integer typing widens every ``uint32`` operation to 64 bits, which halves the
-vector width of a 16-bit row loop; these forms are a few instructions each and vectorise
-to 8 float32 lanes (x86 F16C converts ``half`` in hardware). ``load16``/``store16`` take
-the ``_codec`` storage ``kind`` (``FLOAT16`` or ``BFLOAT16``), which should be a
-compile-time constant in the calling kernel: elements are ``uint16`` bits, loaded exactly
-as float32 and stored from float32 rounded to nearest, ties to even (NaN stays NaN).
+The arithmetic of the 16-bit CPU rotation is float32; these conversions are a few
+instructions each and vectorise to 8 float32 lanes (x86 F16C converts ``half`` in
+hardware). Numba's own integer typing would widen every ``uint32`` operation to 64 bits,
+which halves the vector width of a 16-bit row loop. Elements are ``uint16`` bits, loaded
+exactly as float32 and stored from float32 rounded to nearest, ties to even (NaN stays
+NaN). ``_codec`` holds the float64 conversions the other kernels use.
 """
 
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
-
-from . import _codec
 
 _I16, _I32 = ir.IntType(16), ir.IntType(32)
 _HALF, _FLOAT = ir.HalfType(), ir.FloatType()
@@ -26,7 +23,7 @@ def _i32(value):
 
 
 @intrinsic
-def _bfloat16_to_float32(typingctx, bits):
+def from_bfloat16(typingctx, bits):
     """The float32 value of bfloat16 bits (exact: the upper half of a float32)."""
 
     def codegen(context, builder, signature, args):
@@ -36,7 +33,7 @@ def _bfloat16_to_float32(typingctx, bits):
 
 
 @intrinsic
-def _float16_to_float32(typingctx, bits):
+def from_float16(typingctx, bits):
     """The float32 value of IEEE binary16 bits (exact)."""
 
     def codegen(context, builder, signature, args):
@@ -46,7 +43,7 @@ def _float16_to_float32(typingctx, bits):
 
 
 @intrinsic
-def _float32_to_bfloat16(typingctx, value):
+def bfloat16_bits(typingctx, value):
     """The bfloat16 bits nearest to float32 ``value`` (ties to even; NaN stays a quiet NaN)."""
 
     def codegen(context, builder, signature, args):
@@ -60,7 +57,7 @@ def _float32_to_bfloat16(typingctx, value):
 
 
 @intrinsic
-def _float32_to_float16(typingctx, value):
+def float16_bits(typingctx, value):
     """The binary16 bits nearest to float32 ``value`` (ties to even; overflow to inf)."""
 
     def codegen(context, builder, signature, args):
@@ -78,20 +75,3 @@ def fma32(typingctx, a, b, c):
         return builder.call(fma, args)
 
     return types.float32(types.float32, types.float32, types.float32), codegen
-
-
-@njit(cache=True, inline="always")
-def load16(bits, kind):
-    """The float32 value of 16-bit ``bits`` of storage ``kind`` (``FLOAT16`` or ``BFLOAT16``)."""
-    if kind == _codec.BFLOAT16:
-        return _bfloat16_to_float32(np.uint16(bits))
-    return _float16_to_float32(np.uint16(bits))
-
-
-@njit(cache=True, inline="always")
-def store16(row, index, value, kind):
-    """``row[index]`` = float32 ``value`` rounded once to storage ``kind`` (``FLOAT16`` or ``BFLOAT16``)."""
-    if kind == _codec.BFLOAT16:
-        row[index] = _float32_to_bfloat16(np.float32(value))
-    else:
-        row[index] = _float32_to_float16(np.float32(value))

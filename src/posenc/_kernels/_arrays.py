@@ -1,0 +1,314 @@
+"""What an array is, and how a kernel sees it.
+
+Kernels see NumPy arrays (Numba CPU) or numba device arrays (numba.cuda), 16-bit floats as
+their ``uint16`` bits (``_codec``). The views here get there from NumPy arrays, torch
+tensors (CPU and CUDA), CuPy arrays and numba device arrays without copying the data.
+
+Words used across ``_kernels``: the *library* of an array is ``"numpy"``, ``"torch"``,
+``"cupy"`` or ``"numba"`` (a numba device array, the CUDA simulator's included); its
+*storage* is how one element is held, ``_codec.FLOAT`` (float32, float64), ``FLOAT16`` or
+``BFLOAT16``. The questions the registrations ask (``library``, ``storage``, ``on_host``,
+``on_gpu``, strides) look at types and dtypes only: they never import numba or a framework.
+Views, allocation and streams import what they need.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+from functools import lru_cache
+
+import numpy as np
+
+from .. import _compat
+from ._codec import BFLOAT16, FLOAT, FLOAT16
+
+STORAGE = {"float32": FLOAT, "float64": FLOAT, "float16": FLOAT16, "bfloat16": BFLOAT16}
+# The element type a kernel sees for each float dtype.
+ELEMENT = {"float32": np.float32, "float64": np.float64, "float16": np.uint16, "bfloat16": np.uint16}
+INTEGERS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+SIGNED = INTEGERS[:4]
+
+# ---------------------------------------------------------------- toolchains
+
+
+@lru_cache(maxsize=None)
+def numba_cpu() -> bool:
+    """numba is installed (the CPU kernels can run)."""
+    return importlib.util.find_spec("numba") is not None
+
+
+def cuda_simulator() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
+@lru_cache(maxsize=None)
+def numba_cuda() -> bool:
+    """numba.cuda is importable and a GPU is usable (or the CUDA simulator is on)."""
+    if not numba_cpu():
+        return False
+    try:
+        from numba import cuda
+    except ImportError:  # pragma: no cover - numba without its cuda target
+        return False
+    return cuda_simulator() or bool(cuda.is_available())
+
+
+# ---------------------------------------------------------------- what an array is
+
+
+def dtype_name(dtype) -> str:
+    """``"float32"`` for ``numpy.float32``, ``torch.float32`` and ``dtype('float32')`` alike."""
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def is_numba_device_array(a) -> bool:
+    return type(a).__module__.startswith("numba.cuda") and hasattr(a, "shape") and hasattr(a, "dtype")
+
+
+def library(a) -> str | None:
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    if _compat.is_torch_array(a):
+        return "torch"
+    if _compat.is_cupy_array(a):
+        return "cupy"
+    if is_numba_device_array(a):
+        return "numba"
+    return None
+
+
+def storage(a):
+    """The ``_codec`` storage of a float array a kernel can read, or ``None``."""
+    if isinstance(a, np.ndarray) and not a.dtype.isnative:
+        return None
+    return STORAGE.get(dtype_name(a.dtype))
+
+
+def tracks_gradient(a) -> bool:
+    """A torch tensor whose result autograd would record: a kernel would cut it from the graph."""
+    if not getattr(a, "requires_grad", False):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
+def on_host(a) -> bool:
+    """A NumPy array, or a torch CPU tensor autograd does not record."""
+    if isinstance(a, np.ndarray):
+        return True
+    return _compat.is_torch_array(a) and a.device.type == "cpu" and not tracks_gradient(a)
+
+
+def on_gpu(a) -> bool:
+    """A CuPy array, a numba device array, or a torch CUDA tensor autograd does not record."""
+    if _compat.is_cupy_array(a) or is_numba_device_array(a):
+        return True
+    return _compat.is_torch_array(a) and a.device.type == "cuda" and not tracks_gradient(a)
+
+
+def element_strides(a) -> tuple:
+    """Strides in elements (torch counts elements, the others bytes)."""
+    if _compat.is_torch_array(a):
+        return tuple(a.stride())
+    return tuple(st // a.dtype.itemsize for st in a.strides)
+
+
+def whole_strides(a) -> bool:
+    """Every stride is a whole number of elements (byte strides of NumPy or CuPy views need not be)."""
+    return _compat.is_torch_array(a) or all(st % a.dtype.itemsize == 0 for st in a.strides)
+
+
+def writes_each_element_once(a) -> bool:
+    """No two indices of ``a`` share memory (no stride 0 along an axis longer than one)."""
+    return 0 in a.shape or all(st != 0 or n <= 1 for n, st in zip(a.shape, element_strides(a)))
+
+
+def writeable(a) -> bool:
+    return not isinstance(a, np.ndarray) or a.flags.writeable
+
+
+# ---------------------------------------------------------------- host views
+
+
+def host_view(a):
+    """``a`` as a NumPy array over the same memory; 16-bit floats as ``uint16`` bits."""
+    if _compat.is_torch_array(a):
+        a = a.detach()
+        if a.dtype.itemsize == 2 and a.dtype.is_floating_point:
+            import torch
+
+            return a.view(torch.int16).numpy().view(np.uint16)
+        return a.numpy()
+    return a.view(np.uint16) if a.dtype == np.float16 else a
+
+
+def host_values(a):
+    """The values of a host array as NumPy (torch 16-bit floats, which NumPy lacks, as float64)."""
+    if _compat.is_torch_array(a):
+        a = a.detach()
+        if a.dtype.itemsize == 2 and a.dtype.is_floating_point:
+            import torch
+
+            return a.to(torch.float64).numpy()
+        return a.numpy()
+    return np.asarray(a)
+
+
+def same_view(a, b) -> bool:
+    """NumPy arrays ``a`` and ``b`` are the same elements in the same order."""
+    return a.shape == b.shape and a.strides == b.strides and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+
+
+def flat_span(a):
+    """``(flat, offset)``: a 1-D view of the memory NumPy array ``a`` spans, and where ``a[0, ..., 0]`` is in it.
+
+    ``a`` has at least one element and whole strides of any sign; element ``(i, j, ...)``
+    is ``flat[offset + i*s_i + j*s_j + ...]`` with ``element_strides(a)``.
+    """
+    steps = element_strides(a)
+    low = sum((n - 1) * st for n, st in zip(a.shape, steps) if st < 0)
+    high = sum((n - 1) * st for n, st in zip(a.shape, steps) if st > 0)
+    lowest = a[tuple(slice(n - 1, n) if st < 0 else slice(0, 1) for n, st in zip(a.shape, steps))]
+    return strided(lowest, (high - low + 1,), (1,)), -low
+
+
+# ---------------------------------------------------------------- device views
+
+
+def device_view(a, *, bits16=True):
+    """A numba device array over ``a``'s memory (16-bit floats as ``uint16`` bits when ``bits16``)."""
+    from numba import cuda
+
+    lib = library(a)
+    if lib == "torch":
+        a = a.detach()
+        if bits16 and a.dtype.itemsize == 2 and a.dtype.is_floating_point:
+            import torch
+
+            a = a.view(torch.int16)  # torch's __cuda_array_interface__ has no bfloat16
+        a = cuda.as_cuda_array(a, sync=False)
+    elif lib == "cupy":
+        a = cuda.as_cuda_array(a, sync=False)
+    if bits16 and (a.dtype == np.float16 or a.dtype == np.int16):
+        a = a.view(np.uint16)
+    return a
+
+
+def strided(a, shape, strides):
+    """A view of NumPy or numba device array ``a`` (from its first element) with element ``strides``."""
+    byte_strides = tuple(int(st) * a.dtype.itemsize for st in strides)
+    shape = tuple(int(n) for n in shape)
+    if isinstance(a, np.ndarray):
+        return np.lib.stride_tricks.as_strided(a, shape=shape, strides=byte_strides, writeable=a.flags.writeable)
+    if type(a).__module__.startswith("numba.cuda.simulator"):
+        return type(a)(np.lib.stride_tricks.as_strided(a._ary, shape=shape, strides=byte_strides), stream=a.stream)
+    from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+    return DeviceNDArray(shape, byte_strides, a.dtype, stream=a.stream, gpu_data=a.gpu_data)
+
+
+def extent(a):
+    """``(lowest, highest + 1)`` byte addresses that numba device array ``a`` touches."""
+    if type(a).__module__.startswith("numba.cuda.simulator"):
+        start = a._ary.__array_interface__["data"][0]
+    else:
+        start = a.device_ctypes_pointer.value or 0
+    low = high = 0
+    for n, st in zip(a.shape, a.strides):
+        if n == 0:
+            return start, start
+        if st < 0:
+            low += (n - 1) * st
+        else:
+            high += (n - 1) * st
+    return start + low, start + high + a.dtype.itemsize
+
+
+def overlap(a, b) -> bool:
+    (al, ah), (bl, bh) = extent(a), extent(b)
+    return al < bh and bl < ah
+
+
+def bounds(index):
+    """``(min, max)`` of a non-empty integer array of any library (a small synchronising reduction)."""
+    lib = library(index)
+    if lib == "numba":
+        index = index.copy_to_host()
+    elif lib == "numpy" or (lib == "torch" and index.device.type == "cpu"):
+        index = host_values(index)
+    return int(index.min()), int(index.max())
+
+
+# ---------------------------------------------------------------- allocation
+
+
+def empty(like, shape=None):
+    """A new uninitialised array of ``like``'s library, dtype and device (``like``'s shape by default).
+
+    A torch CPU tensor gets NumPy-allocated memory under a torch tensor: NumPy asks the
+    kernel for transparent huge pages on large arrays, which makes the first write 3-4x
+    faster than into torch's own allocation (faulted in 4 KiB pages). Such a tensor is not
+    resizable (``Tensor.resize_``); everything else about it is an ordinary tensor.
+    """
+    shape = tuple(like.shape) if shape is None else tuple(shape)
+    lib = library(like)
+    if lib == "numpy":
+        return np.empty(shape, like.dtype)
+    if lib == "torch":
+        import torch
+
+        if like.device.type != "cpu":
+            return torch.empty(shape, dtype=like.dtype, device=like.device)
+        if like.dtype == torch.bfloat16:
+            return torch.from_numpy(np.empty(shape, np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(np.empty(shape, dtype_name(like.dtype)))
+    if lib == "cupy":
+        import cupy
+
+        with cupy.cuda.Device(like.device.id):
+            return cupy.empty(shape, dtype=like.dtype)
+    from numba import cuda
+
+    return cuda.device_array(shape, dtype=like.dtype, stream=like.stream)
+
+
+def copy_into(out, source):
+    """``out[...] = source`` for two arrays of one GPU library."""
+    lib = library(out)
+    if lib == "torch":
+        out.copy_(source)
+    elif lib == "cupy":
+        out[...] = source
+    else:
+        out.copy_to_device(source)
+
+
+# ---------------------------------------------------------------- GPU stream and device
+
+
+def launch_context(a):
+    """``(stream, device context)`` for a kernel on GPU array ``a``: the caller's current stream.
+
+    The one stream policy of every CUDA kernel: torch's current stream on ``a``'s device,
+    CuPy's current stream, or a numba device array's own stream. Handle 0 (torch's and
+    CuPy's default) is CUDA's legacy default stream, so a kernel orders with the caller's
+    work exactly as the caller's own kernels do.
+    """
+    from numba import cuda
+
+    lib = library(a)
+    if lib == "torch":
+        import torch
+
+        handle, index = torch.cuda.current_stream(a.device).cuda_stream, a.device.index
+    elif lib == "cupy":
+        import cupy
+
+        handle, index = cupy.cuda.get_current_stream().ptr, a.device.id
+    else:
+        return a.stream or cuda.legacy_default_stream(), contextlib.nullcontext()
+    stream = cuda.external_stream(handle) if handle else cuda.legacy_default_stream()
+    return stream, cuda.gpus[index]

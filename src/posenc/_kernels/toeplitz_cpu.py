@@ -1,0 +1,157 @@
+"""Numba CPU kernels of the Toeplitz ops (references in ``posenc.relative._toeplitz``).
+
+Every output row is a slice of a per-distance vector: with ``t = i - j + k_len - 1``,
+row ``i`` reads ``vec[i + k_len - 1]`` down to ``vec[i]``. Reversing the ``O(L)`` vector
+once (``rev[s] = vec[n - 1 - s]``) turns that into the forward slice
+``rev[q_len - 1 - i : q_len - 1 - i + k_len]``, so each row is one contiguous copy and
+the whole op is one write pass over the output: no ``O(L^2)`` temporary, peak memory the
+output itself (or nothing new with ``out=``).
+
+Kernels take ``(inputs..., out, first, last)``: rows ``first .. last - 1`` of the batch
+axes merged into one (``_layout.batch_views``). Expand and gather copy bits, so they are
+specialised by element size only (float16 and bfloat16 share one kernel, bit-exact);
+scatter sums every dtype in float64 and rounds once (``_codec``). Each specialisation
+compiles on first use (``FAMILY``) and runs on ``_family.run_tasks``'s threads. Launchers
+allocate (NumPy memory, also under torch tensors) and view torch CPU tensors as NumPy
+without copying.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import njit, types
+
+from . import _arrays, _codec, _family, _layout
+from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_values, guard_scatter, kernel_key, serves
+
+# Output bytes per thread. The ops are memory-bound: on the 2-core build machine one thread
+# already writes at ``ndarray.fill``'s bandwidth (16 x 2048 x 2048 float32 expand: 18 ms on
+# one thread, 20-41 ms on two when other processes share the cores, fill 15 ms), so a second
+# thread only joins for outputs of a GiB or more.
+_BYTES_PER_THREAD = 1 << 29
+
+_load = njit(cache=True)(_codec.load)
+_store = njit(cache=True)(_codec.store)
+
+
+def _expand(rev, out, first, last):
+    """``out[b, i, j] = rev[b, q_len - 1 - i + j]`` for rows ``b * q_len + i`` in ``first .. last - 1``."""
+    q_len, k_len = out.shape[1], out.shape[2]
+    for row in range(first, last):
+        b = row // q_len
+        i = row - b * q_len
+        src = rev[b, q_len - 1 - i : q_len - 1 - i + k_len]
+        dst = out[b, i]
+        for j in range(k_len):
+            dst[j] = src[j]
+
+
+def _gather(scores, rev_index, out, first, last):
+    """``out[b, i, j] = scores[b, i, rev_index[q_len - 1 - i + j]]``."""
+    q_len, k_len = out.shape[1], out.shape[2]
+    for row in range(first, last):
+        b = row // q_len
+        i = row - b * q_len
+        idx = rev_index[q_len - 1 - i : q_len - 1 - i + k_len]
+        src = scores[b, i]
+        dst = out[b, i]
+        for j in range(k_len):
+            dst[j] = src[idx[j]]
+
+
+def _scatter_source(storage):
+    """The scatter kernel of elements held as ``storage`` (a constant of the closure)."""
+
+    def scatter(weights, rev_index, out, first, last):
+        """``out[b, i, c] = sum of weights[b, i, j] over j with rev_index[q_len - 1 - i + j] == c``,
+        summed in float64 and rounded once."""
+        q_len, k_len = weights.shape[1], weights.shape[2]
+        total = np.empty(out.shape[2])
+        for row in range(first, last):
+            b = row // q_len
+            i = row - b * q_len
+            idx = rev_index[q_len - 1 - i : q_len - 1 - i + k_len]
+            w = weights[b, i]
+            total[:] = 0.0
+            for j in range(k_len):
+                total[idx[j]] += _load(w[j], storage)
+            dst = out[b, i]
+            for c in range(dst.shape[0]):
+                _store(dst, c, total[c], storage)
+
+    return scatter
+
+
+def _build(op, name):
+    """``name``: the unsigned integer type whose bits the copies move, or the float dtype scatter sums."""
+    t = numba.from_dtype(np.dtype(name if op != "scatter" else _arrays.ELEMENT[name]))
+    values, out = types.Array(t, 3, "A", readonly=True), types.Array(t, 3, "A")
+    rows = (types.int64, types.int64)
+    if op == "expand":
+        return njit(types.void(types.Array(t, 2, "A", readonly=True), out, *rows), nogil=True, cache=True)(_expand)
+    index = types.Array(types.intp, 1, "C", readonly=True)
+    source = _gather if op == "gather" else _scatter_source(_arrays.STORAGE[name])
+    return njit(types.void(values, index, out, *rows), nogil=True, cache=True)(source)
+
+
+FAMILY = _family.Family(
+    "toeplitz_cpu",
+    _build,
+    SPECIALISATIONS,
+    serves,
+)
+
+
+def _run(op, like, values, result, lead, extra=()):
+    """``op``'s kernel on NumPy views ``values`` and ``result``, over every row of their batch axes."""
+    kernel = FAMILY[kernel_key(op, like)]
+    workers = min(_family.threads(), max(1, result.nbytes // _BYTES_PER_THREAD))
+    for values_b, result_b in _layout.batch_views([values, result], lead):
+        _family.run_tasks(kernel, (values_b, *extra, result_b), result_b.shape[0] * result_b.shape[1], workers)
+
+
+def _bits(a):
+    """``a``'s NumPy view as unsigned integers of its width (copies move bits)."""
+    view = _arrays.host_view(a)
+    return view.view(f"u{view.dtype.itemsize}")
+
+
+def _reversed_index(index, m):
+    """``index[::-1]`` as contiguous intp, after checking its values lie in ``[0, m)``."""
+    index = _arrays.host_values(index)
+    if index.size:
+        guard_index_values(index, m)
+    return np.ascontiguousarray(index[::-1], dtype=np.intp)
+
+
+def toeplitz_expand(vec, q_len, k_len, *, out=None):
+    """Numba CPU ``toeplitz_expand``: NumPy arrays and torch CPU tensors."""
+    shape = guard_expand(vec, q_len, k_len, out)
+    result = _arrays.empty(vec, shape) if out is None else out
+    if 0 in shape:
+        return result
+    _run("expand", vec, np.ascontiguousarray(_bits(vec)[..., ::-1]), _bits(result), vec.ndim - 1)
+    return result
+
+
+def toeplitz_gather(scores, index, k_len, *, out=None):
+    """Numba CPU ``toeplitz_gather``: NumPy arrays and torch CPU tensors."""
+    shape = guard_gather(scores, index, k_len, out)
+    result = _arrays.empty(scores, shape) if out is None else out
+    if 0 in shape:
+        return result
+    rev_index = _reversed_index(index, scores.shape[-1])
+    _run("gather", scores, _bits(scores), _bits(result), scores.ndim - 2, (rev_index,))
+    return result
+
+
+def toeplitz_scatter(weights, index, m, *, out=None):
+    """Numba CPU ``toeplitz_scatter``: NumPy arrays and torch CPU tensors."""
+    shape = guard_scatter(weights, index, m, out)
+    result = _arrays.empty(weights, shape) if out is None else out
+    if 0 in shape:
+        return result
+    rev_index = _reversed_index(index, m)
+    _run("scatter", weights, _arrays.host_view(weights), _arrays.host_view(result), weights.ndim - 2, (rev_index,))
+    return result
