@@ -168,6 +168,8 @@ def flat_span(a):
     ``a`` has at least one element and whole strides of any sign; element ``(i, j, ...)``
     is ``flat[offset + i*s_i + j*s_j + ...]`` with ``element_strides(a)``.
     """
+    if a.flags.c_contiguous:
+        return a.reshape(-1), 0
     steps = element_strides(a)
     low = sum((n - 1) * st for n, st in zip(a.shape, steps) if st < 0)
     high = sum((n - 1) * st for n, st in zip(a.shape, steps) if st > 0)

@@ -95,20 +95,22 @@ def _executor(workers):
 
 
 def run_tasks(kernel, args, tasks, workers):
-    """``kernel(*args, first, last)`` over ``range(tasks)`` in ``workers`` contiguous pieces.
+    """``kernel(*args, first, last)`` over ``range(tasks)`` in contiguous pieces, one per worker.
 
-    ``kernel`` is a ``nogil`` Numba function, so the pieces run at once; the calling
-    thread runs the first piece itself.
+    ``workers``: a number, or a list with the extra arguments of each worker (its scratch
+    buffers), passed after ``args``. ``kernel`` is a ``nogil`` Numba function, so the
+    pieces run at once; the calling thread runs the first piece itself.
     """
-    workers = max(1, min(workers, tasks))
-    if workers == 1:
-        kernel(*args, 0, tasks)
+    extras = [()] * workers if isinstance(workers, int) else list(workers)
+    count = max(1, min(len(extras), tasks))
+    edges = [tasks * w // count for w in range(count + 1)]
+    if count == 1:
+        kernel(*args, *extras[0], 0, tasks)
         return
-    edges = [tasks * w // workers for w in range(workers + 1)]
-    pool = _executor(workers - 1)
-    pending = [pool.submit(kernel, *args, edges[w], edges[w + 1]) for w in range(1, workers)]
+    pool = _executor(count - 1)
+    pending = [pool.submit(kernel, *args, *extras[w], edges[w], edges[w + 1]) for w in range(1, count)]
     try:
-        kernel(*args, edges[0], edges[1])
+        kernel(*args, *extras[0], edges[0], edges[1])
     finally:
         for future in pending:
             future.result()

@@ -21,22 +21,20 @@ data but ``batch_views``, which builds views (``_arrays.strided``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
 from . import _arrays
 
 
-@dataclass(frozen=True)
-class Axis:
+class Axis(NamedTuple):
     size: int
     strides: tuple  # one stride (in elements) per array
     dims: tuple = ()  # the original axes it stands for
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     outer: tuple  # Axis, ...
     g: Axis
     h: Axis

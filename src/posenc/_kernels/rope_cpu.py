@@ -22,6 +22,8 @@ allocate ``out`` in the input's library and re-check every shape a kernel indexe
 
 from __future__ import annotations
 
+import math
+
 import numba
 import numpy as np
 from numba import njit, types
@@ -46,7 +48,7 @@ _ROUND = 6755399441055744.0  # 1.5 * 2**52: (t + _ROUND) - _ROUND is rint(t) for
 FAST_ANGLE_LIMIT = 2.0**19
 
 
-@njit(cache=True)
+@njit(inline="always")
 def _cos_sin(angle):
     """``(cos, sin)`` of a float64 ``angle``, ``|angle| <= FAST_ANGLE_LIMIT``, within ~2 ulp.
 
@@ -71,55 +73,11 @@ def _cos_sin(angle):
     return cos, sin
 
 
-@njit(cache=True)
-def _angles(positions, inv_freq, sign, scale, cos, sin):
-    """``cos[k, i]``, ``sin[k, i]`` of ``sign * positions[k] * inv_freq[i]``, times ``scale`` (float64)."""
-    largest = 0.0
-    for k in range(positions.shape[0]):
-        largest = max(largest, abs(positions[k]))
-    max_freq = 0.0
-    for i in range(inv_freq.shape[0]):
-        max_freq = max(max_freq, abs(inv_freq[i]))
-    fast = largest * max_freq <= FAST_ANGLE_LIMIT
-    for k in range(positions.shape[0]):
-        p = positions[k]
-        c_row, s_row = cos[k], sin[k]
-        if fast:
-            for i in range(inv_freq.shape[0]):
-                c, s = _cos_sin(p * inv_freq[i])
-                c_row[i] = c * scale
-                s_row[i] = sign * s * scale
-        else:
-            for i in range(inv_freq.shape[0]):
-                angle = p * inv_freq[i]
-                c_row[i] = np.cos(angle) * scale
-                s_row[i] = sign * np.sin(angle) * scale
-
-
-# ---------------------------------------------------------------- float32 arithmetic, 16-bit storage
-
-
-@njit(cache=True)
-def _split(cos, sin, table):
-    """float64 ``cos``/``sin`` rows as float32 heads and rests: ``table[0..3] = cos_head, cos_rest, sin_head, sin_rest``."""
-    for k in range(cos.shape[0]):
-        for i in range(cos.shape[1]):
-            c = np.float32(cos[k, i])
-            s = np.float32(sin[k, i])
-            table[0, k, i] = c
-            table[1, k, i] = np.float32(cos[k, i] - np.float64(c))
-            table[2, k, i] = s
-            table[3, k, i] = np.float32(sin[k, i] - np.float64(s))
-
-
-@njit(cache=True)
+@njit(inline="always")
 def _corrected(head, rest):
     """``head + rest``, or ``head`` where an infinite input made the correction NaN (inf - inf)."""
     total = head + rest
     return total if total == total else head
-
-
-# ---------------------------------------------------------------- kernels
 
 
 def _kernel_source(rotate, wide, bfloat16, interleaved):
@@ -127,24 +85,51 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
     only their branches (its cache keys on them too). ``rotate``: angles from ``positions``
     and ``inv_freq`` (op ``rope_rotate``), else from ``cos_in``/``sin_in`` (``rope_apply``;
     the arguments of the other op are empty placeholders). ``wide``: float64 arithmetic.
+
+    One function, not a kernel calling helpers: every Numba function compiles through its
+    own pipeline (a fifth of a second each, cold), and LLVM would not inline a row loop
+    into a kernel this size, where a call per row costs as much as the row.
     """
 
-    def kernel(x, xs, out, os, heads, dim, copy_rest, positions, inv_freq, sign, scale, cos_in, sin_in, block, first, last):
+    def kernel(x, xs, out, os, heads, dim, copy_rest, positions, inv_freq, sign, scale, cos_in, sin_in, cos, sin, table, rotated, first, last):
         """Rows ``(g, h, s)`` of ``x`` (offsets and ``G, H, S`` strides ``xs``, in elements)
-        rotated into ``out`` (``os``), tasks ``first .. last - 1`` of ``block`` rows each."""
+        rotated into ``out`` (``os``), tasks ``first .. last - 1`` of ``len(cos)`` rows each.
+
+        Scratch, one set per thread: ``cos``, ``sin`` ``[block, half]`` (float64),
+        ``table`` ``[4, block, half]`` (float32: 16-bit rows take cos and sin as head + rest),
+        ``rotated`` ``[2 * half]`` (stored like ``out``).
+        """
         length = positions.shape[1] if rotate else cos_in.shape[1]
         half = inv_freq.shape[0] if rotate else cos_in.shape[2]
         rotary = 2 * half
+        block = cos.shape[0]
         blocks = (length + block - 1) // block
-        cos, sin = np.empty((block, half)), np.empty((block, half))
-        table = np.empty((4, block, half), np.float32)
-        rotated = np.empty(rotary, out.dtype)
+        max_freq = 0.0
+        for i in range(half if rotate else 0):
+            max_freq = max(max_freq, abs(inv_freq[i]))
         for task in range(first, last):
             g = task // blocks
             start = (task - g * blocks) * block
             rows = min(block, length - start)
+            # The block's float64 cos and sin, scaled.
             if rotate:
-                _angles(positions[g, start : start + rows], inv_freq, sign, scale, cos, sin)
+                p = positions[g, start : start + rows]
+                largest = 0.0
+                for k in range(rows):
+                    largest = max(largest, abs(p[k]))
+                fast = largest * max_freq <= FAST_ANGLE_LIMIT
+                for k in range(rows):
+                    c_row, s_row = cos[k], sin[k]
+                    if fast:
+                        for i in range(half):
+                            c, s = _cos_sin(p[k] * inv_freq[i])
+                            c_row[i] = c * scale
+                            s_row[i] = sign * s * scale
+                    else:
+                        for i in range(half):
+                            angle = p[k] * inv_freq[i]
+                            c_row[i] = math.cos(angle) * scale
+                            s_row[i] = sign * math.sin(angle) * scale
             else:
                 for k in range(rows):
                     for i in range(half):
@@ -156,7 +141,11 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
                         else:
                             cos[k, i], sin[k, i] = from_float16(c), from_float16(s)
             if not wide:
-                _split(cos[:rows], sin[:rows], table)
+                for k in range(rows):
+                    for i in range(half):
+                        c, s = np.float32(cos[k, i]), np.float32(sin[k, i])
+                        table[0, k, i], table[1, k, i] = c, np.float32(cos[k, i] - np.float64(c))
+                        table[2, k, i], table[3, k, i] = s, np.float32(sin[k, i] - np.float64(s))
             for h in range(heads):
                 for k in range(rows):
                     s = start + k
@@ -169,8 +158,6 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
                         a, b, ra, rb = row[0:rotary:2], row[1:rotary:2], rotated[0::2], rotated[1::2]
                     else:
                         a, b, ra, rb = row[:half], row[half:rotary], rotated[:half], rotated[half:]
-                    # The pair loops are written out here, not called: LLVM would not inline
-                    # them into a kernel this size, and a call per row costs as much as the row.
                     if wide:  # float64 arithmetic, rounded once on store
                         c, sn = cos[k], sin[k]
                         for i in range(half):
@@ -183,11 +170,11 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
                         for i in range(half):
                             ai = from_bfloat16(a[i]) if bfloat16 else from_float16(a[i])
                             bi = from_bfloat16(b[i]) if bfloat16 else from_float16(b[i])
-                            p = bi * sh[i]
-                            q = ai * sh[i]
-                            # b*sh = p + fma(b, sh, -p) and a*sh = q + fma(a, sh, -q) exactly.
-                            ra_value = _corrected(fma32(ai, ch[i], -p), (ai * cl[i] - bi * sl[i]) - fma32(bi, sh[i], -p))
-                            rb_value = _corrected(fma32(bi, ch[i], q), (bi * cl[i] + ai * sl[i]) + fma32(ai, sh[i], -q))
+                            p_ = bi * sh[i]
+                            q_ = ai * sh[i]
+                            # b*sh = p_ + fma(b, sh, -p_) and a*sh = q_ + fma(a, sh, -q_) exactly.
+                            ra_value = _corrected(fma32(ai, ch[i], -p_), (ai * cl[i] - bi * sl[i]) - fma32(bi, sh[i], -p_))
+                            rb_value = _corrected(fma32(bi, ch[i], q_), (bi * cl[i] + ai * sl[i]) + fma32(ai, sh[i], -q_))
                             ra[i] = bfloat16_bits(ra_value) if bfloat16 else float16_bits(ra_value)
                             rb[i] = bfloat16_bits(rb_value) if bfloat16 else float16_bits(rb_value)
                     dst = out[oo : oo + dim]
@@ -209,10 +196,12 @@ def _signature(dtype):
     positions = types.Array(types.float64, 2, "C", readonly=True)
     inv_freq = types.Array(types.float64, 1, "C", readonly=True)
     table = types.Array(t, 3, "A", readonly=True)
+    scratch = (types.Array(types.float64, 2, "C"),) * 2 + (types.Array(types.float32, 3, "C"), types.Array(t, 1, "C"))
     return types.void(
         *(x, _OFFSETS, types.Array(t, 1, "C"), _OFFSETS, types.int64, types.int64, types.boolean),
         *(positions, inv_freq, types.float64, types.float64, table, table),
-        *(types.int64, types.int64, types.int64),
+        *scratch,
+        *(types.int64, types.int64),
     )
 
 
@@ -290,6 +279,11 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
     workers = min(_family.threads(), max(1, xv.size // _arrays.ELEMENTS_PER_THREAD))
     block = max(1, min(_BLOCK, rows // (4 * workers)))
     tasks = plan.g.size * -(-plan.s.size // block)
+    half = (per_position[0].shape[-1] if op == "apply" else angles[0].shape[0]) if per_position else 0
+    scratch = [
+        (np.empty((block, half)), np.empty((block, half)), np.empty((4, block, half), np.float32), np.empty(2 * half, xv.dtype))
+        for _ in range(min(workers, tasks))
+    ]
     x_steps, o_steps = plan.strides(0), plan.strides(1)
     for index in np.ndindex(*shape[:-3]):
         xs = (x_offset + sum(i * st for i, st in zip(index, x_steps)), *x_steps[-3:])
@@ -298,7 +292,7 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
             arguments = (np.ascontiguousarray(per[0][index]), *angles, *tables)
         else:
             arguments = (*angles, per[0][index], per[1][index])
-        _family.run_tasks(kernel, (x_flat, xs, o_flat, os, heads, dim, not in_place, *arguments, block), tasks, workers)
+        _family.run_tasks(kernel, (x_flat, xs, o_flat, os, heads, dim, not in_place, *arguments), tasks, scratch)
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
