@@ -1,8 +1,11 @@
-"""How kernels walk the batch axes of their arrays: one axis-merging rule, and the rotary ``(G, H, S)`` plan.
+"""How kernels walk their arrays: one axis-merging rule, the rotary ``(G, H, S)`` plan, and the CPU threads.
 
 Adjacent batch axes *merge* when every array steps through them as through one axis
 (``_merged``). The Toeplitz kernels take their batch axes merged into one
-(``batch_views``); the rotary kernels regroup them as below.
+(``batch_views``); the rotary kernels regroup them as below. The CPU kernels are serial
+``nogil`` loops over a range of tasks (blocks of rows), and ``run_tasks`` splits the
+range over a few threads. (Numba's ``parallel=True`` compiles the same loop in several
+times the time: its parfor passes and gufunc wrapper were most of a 10 s first call.)
 
 A rotary kernel walks the rows of ``x`` (every index of ``x.shape[:-1]``). Rows that share
 one position (or one ``cos``/``sin`` row) should share one computation of the angles, so
@@ -21,6 +24,9 @@ data but ``batch_views``, which builds views (``_arrays.strided``).
 
 from __future__ import annotations
 
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 import numpy as np
@@ -102,3 +108,48 @@ def batch_views(arrays, lead):
             _arrays.strided(a[index], (batch.size, *a.shape[lead:]), (batch.strides[n], *steps[n][lead:]))
             for n, a in enumerate(arrays)
         )
+
+
+_pool = None
+_pool_lock = threading.Lock()
+
+
+def threads() -> int:
+    """Threads the CPU kernels may use: Numba's setting (``NUMBA_NUM_THREADS``,
+    ``numba.set_num_threads``), read without starting Numba's own thread pool."""
+    import numba
+
+    parallel = sys.modules.get("numba.np.ufunc.parallel")
+    if parallel is not None and parallel._is_initialized:
+        return numba.get_num_threads()
+    return numba.config.NUMBA_NUM_THREADS
+
+
+def _executor(workers):
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool._max_workers < workers:
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="posenc")
+        return _pool
+
+
+def run_tasks(kernel, args, tasks, workers):
+    """``kernel(*args, first, last)`` over ``range(tasks)`` in contiguous pieces, one per worker.
+
+    ``workers``: a number, or a list with the extra arguments of each worker (its scratch
+    buffers), passed after ``args``. ``kernel`` is a ``nogil`` Numba function, so the
+    pieces run at once; the calling thread runs the first piece itself.
+    """
+    extras = [()] * workers if isinstance(workers, int) else list(workers)
+    count = max(1, min(len(extras), tasks))
+    edges = [tasks * w // count for w in range(count + 1)]
+    if count == 1:
+        kernel(*args, *extras[0], 0, tasks)
+        return
+    pool = _executor(count - 1)
+    pending = [pool.submit(kernel, *args, *extras[w], edges[w], edges[w + 1]) for w in range(1, count)]
+    try:
+        kernel(*args, *extras[0], edges[0], edges[1])
+    finally:
+        for future in pending:
+            future.result()

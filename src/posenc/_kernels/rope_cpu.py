@@ -15,7 +15,7 @@ store. float16 and bfloat16 rows travel as ``uint16`` bits and rotate in float32
 compensated, within one ulp of the float64 result.
 
 Each ``(op, dtype, layout)`` is its own small kernel (``FAMILY``), compiled on first use in
-about a second, then loaded from Numba's cache. Tasks run on ``_family.run_tasks``'s
+about a second, then loaded from Numba's cache. Tasks run on ``_layout.run_tasks``'s
 threads. The launchers take NumPy arrays and torch CPU tensors (zero-copy views),
 allocate ``out`` in the input's library and re-check every shape a kernel indexes with.
 """
@@ -222,7 +222,7 @@ FAMILY = _family.Family(
 
 # Elements of x below which one thread does the whole call (a thread's start costs about
 # what rotating this many elements does).
-_arrays.ELEMENTS_PER_THREAD = 1 << 16
+_ELEMENTS_PER_THREAD = 1 << 16
 _NO_ANGLES = (np.zeros((0, 0)), np.zeros(0), 1.0, 1.0)
 _NO_TABLES = {dtype: np.zeros((0, 0, 0), storage) for dtype, storage in _arrays.ELEMENT.items()}
 
@@ -276,7 +276,7 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
     x_flat, x_offset = _arrays.flat_span(xv)
     o_flat, o_offset = (x_flat, x_offset) if in_place else _arrays.flat_span(ov)
     heads, rows = plan.h.size, plan.g.size * plan.s.size
-    workers = min(_family.threads(), max(1, xv.size // _arrays.ELEMENTS_PER_THREAD))
+    workers = min(_layout.threads(), max(1, xv.size // _ELEMENTS_PER_THREAD))
     block = max(1, min(_BLOCK, rows // (4 * workers)))
     tasks = plan.g.size * -(-plan.s.size // block)
     half = (per_position[0].shape[-1] if op == "apply" else angles[0].shape[0]) if per_position else 0
@@ -292,7 +292,7 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
             arguments = (np.ascontiguousarray(per[0][index]), *angles, *tables)
         else:
             arguments = (*angles, per[0][index], per[1][index])
-        _family.run_tasks(kernel, (x_flat, xs, o_flat, os, heads, dim, not in_place, *arguments), tasks, scratch)
+        _layout.run_tasks(kernel, (x_flat, xs, o_flat, os, heads, dim, not in_place, *arguments), tasks, scratch)
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):

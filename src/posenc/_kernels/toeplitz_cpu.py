@@ -11,7 +11,7 @@ Kernels take ``(inputs..., out, first, last)``: rows ``first .. last - 1`` of th
 axes merged into one (``_layout.batch_views``). Expand and gather copy bits, so they are
 specialised by element size only (float16 and bfloat16 share one kernel, bit-exact);
 scatter sums every dtype in float64 and rounds once (``_codec``). Each specialisation
-compiles on first use (``FAMILY``) and runs on ``_family.run_tasks``'s threads. Launchers
+compiles on first use (``FAMILY``) and runs on ``_layout.run_tasks``'s threads. Launchers
 allocate (NumPy memory, also under torch tensors) and view torch CPU tensors as NumPy
 without copying.
 """
@@ -106,9 +106,9 @@ FAMILY = _family.Family(
 def _run(op, like, values, result, lead, extra=()):
     """``op``'s kernel on NumPy views ``values`` and ``result``, over every row of their batch axes."""
     kernel = FAMILY[kernel_key(op, like)]
-    workers = min(_family.threads(), max(1, result.nbytes // _BYTES_PER_THREAD))
+    workers = min(_layout.threads(), max(1, result.nbytes // _BYTES_PER_THREAD))
     for values_b, result_b in _layout.batch_views([values, result], lead):
-        _family.run_tasks(kernel, (values_b, *extra, result_b), result_b.shape[0] * result_b.shape[1], workers)
+        _layout.run_tasks(kernel, (values_b, *extra, result_b), result_b.shape[0] * result_b.shape[1], workers)
 
 
 def _bits(a):

@@ -86,7 +86,7 @@ def warmup(dtypes=None, *, gpu=None, progress=None):
     done = []
     for family, key in todo:
         start = time.perf_counter()
-        family.get(key, announce=False)
+        family.ready(key, announce=False)
         done.append(Built(family.name, key, time.perf_counter() - start))
         if progress is not None:
             progress(len(done), len(todo), done[-1])

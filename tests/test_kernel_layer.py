@@ -1,0 +1,234 @@
+"""The kernel layer's own machinery: specialisations built once and announced when slow,
+``warmup``, the CPU thread runner, the GPU stream policy, and the call path of ``pe.rope``."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from posenc._kernels import _arrays, _family, _layout, warmup
+
+# ---------------------------------------------------------------- Family
+
+
+def _family_of(build, name):
+    family = _family.Family(name, build, [("a",), ("b",)], lambda key: {"float32"})
+    _family.FAMILIES.pop(name)  # keep warmup's registry to the real families
+    return family
+
+
+def test_each_key_is_built_once_even_from_many_threads():
+    calls = []
+
+    def build(key):
+        calls.append(key)
+        time.sleep(0.01)
+        return f"kernel {key}"
+
+    family = _family_of(build, "test-once")
+    threads = [threading.Thread(target=lambda: family["a"]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert family["a"] == "kernel a" and calls == ["a"]
+
+
+def test_a_slow_build_is_announced_once_and_a_fast_one_not(monkeypatch, caplog):
+    monkeypatch.setattr(_family, "NOTICE_AFTER", 0.05)
+    family = _family_of(lambda key: time.sleep(0.5) or key, "test-slow")
+    with caplog.at_level(logging.WARNING, logger="posenc"):
+        family["a"]
+        family["a"]
+    notices = [r.getMessage() for r in caplog.records if r.name == "posenc"]
+    assert len(notices) == 1 and "compiling the Numba kernel test-slow[a]" in notices[0] and "posenc warmup" in notices[0]
+    caplog.clear()
+    monkeypatch.setattr(_family, "NOTICE_AFTER", 5.0)
+    with caplog.at_level(logging.WARNING, logger="posenc"):
+        family["b"]
+    assert not caplog.records
+
+
+def test_a_cold_compile_says_so_on_stderr(tmp_path):
+    code = "import numpy as np, posenc as pe; pe.rope(np.ones((2, 3, 4), np.float64), layout='interleaved')"
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
+    cold = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "posenc: compiling the Numba kernel rope_cpu[rotate, float64, interleaved]" in cold.stderr
+    assert cold.stderr.count("posenc:") == 1
+    assert "compiling" not in warm.stderr
+
+
+def test_a_failed_build_propagates_and_is_tried_again_next_time():
+    attempts = []
+
+    def build(key):
+        attempts.append(key)
+        if len(attempts) == 1:
+            raise ZeroDivisionError("first try")
+        return "kernel"
+
+    family = _family_of(build, "test-fail")
+    with pytest.raises(ZeroDivisionError):
+        family["a"]
+    assert family["a"] == "kernel" and attempts == ["a", "a"]
+
+
+# ---------------------------------------------------------------- warmup
+
+
+def test_warmup_builds_what_the_plan_lists():
+    plan = warmup.plan("float32", gpu=False)
+    assert {f.name for f, _ in plan} == {"rope_cpu", "toeplitz_cpu"}
+    assert ("rotate", "float32", "half") in [key for f, key in plan if f.name == "rope_cpu"]
+    assert all("bfloat16" not in key for _, key in plan)
+    built = pe.warmup("float32", gpu=False)
+    assert [(b.family, b.key) for b in built] == [(f.name, key) for f, key in plan]
+    assert all(f[key] is not None for f, key in plan)
+
+
+def test_warmup_reports_progress():
+    seen = []
+    pe.warmup(["float64"], gpu=False, progress=lambda done, total, built: seen.append((done, total, str(built))))
+    assert [d for d, _, _ in seen] == list(range(1, len(seen) + 1)) and seen[-1][1] == len(seen)
+    assert "rope_cpu[rotate, float64, half]" in [s for *_, s in seen]
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(dtypes="float8"), ValueError, "dtypes must be one or more of"),
+        (dict(dtypes=[]), ValueError, "dtypes"),
+        (dict(dtypes=5), ValueError, "dtypes"),
+        (dict(gpu="yes"), TypeError, "gpu must be None, True or False"),
+        (dict(progress=3), TypeError, "progress must be a callable"),
+    ],
+)
+def test_warmup_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        pe.warmup(**kwargs)
+
+
+def test_warmup_gpu_without_a_gpu_is_refused():
+    if _arrays.numba_cuda():
+        pytest.skip("a GPU (or the CUDA simulator) is here")
+    with pytest.raises(ValueError, match="gpu=True needs numba.cuda and a CUDA GPU"):
+        pe.warmup(gpu=True)
+
+
+def test_cli_warmup():
+    from posenc import cli
+
+    out = subprocess.run([sys.executable, "-m", "posenc.cli", "warmup", "--dtype", "float32", "--no-gpu"], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "7 kernel specialisations ready" in out.stdout and "7/7" in out.stderr
+    assert "warmup" in cli.build_parser().format_help()
+    bad = subprocess.run([sys.executable, "-m", "posenc.cli", "warmup", "--dtype", "int8"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+
+
+def test_demo_marks_a_step_that_compiled(monkeypatch):
+    from posenc import _demo
+
+    monkeypatch.setattr(_family, "BUILDS", [("rope_cpu", ("rotate", "float32", "half"), 1.4), ("toeplitz_cpu", ("expand", "uint32"), 0.004)])
+    assert _demo._compiled_since(0) == "  (includes 1.4 s compiling rope_cpu[rotate, float32, half] once; `posenc warmup` does it ahead)"
+    assert _demo._compiled_since(1) == ""
+
+
+# ---------------------------------------------------------------- CPU threads
+
+
+@pytest.mark.parametrize("tasks, workers", [(0, 2), (1, 4), (7, 2), (100, 3)])
+def test_run_tasks_covers_every_task_once(tasks, workers):
+    seen = []
+    lock = threading.Lock()
+
+    def kernel(tag, first, last):
+        with lock:
+            seen.extend(range(first, last))
+
+    _layout.run_tasks(kernel, ("x",), tasks, workers)
+    assert sorted(seen) == list(range(tasks))
+
+
+def test_run_tasks_gives_each_worker_its_own_extras():
+    used = []
+    _layout.run_tasks(lambda buffer, first, last: used.append((id(buffer), first, last)), (), 10, [[1], [2]])
+    assert len({u[0] for u in used}) == 2 and sorted(u[1:] for u in used) == [(0, 5), (5, 10)]
+
+
+def test_threads_follow_numba(monkeypatch):
+    import numba
+
+    assert _layout.threads() >= 1
+    previous = numba.get_num_threads()
+    numba.set_num_threads(1)
+    try:
+        assert _layout.threads() == 1
+    finally:
+        numba.set_num_threads(previous)
+
+
+# ---------------------------------------------------------------- the call path
+
+
+def test_rope_on_a_torch_tensor_enters_few_files_and_never_climbs_out_of_kernels():
+    torch = pytest.importorskip("torch")
+    x = torch.randn(2, 4, 16, 8)
+    pe.rope(x)  # compiled or loaded before tracing
+    entered = []
+
+    def trace(frame, event, arg):
+        if event == "call":
+            path = frame.f_code.co_filename
+            if "/posenc/" in path:
+                entered.append(path.split("/posenc/", 1)[1])
+
+    sys.setprofile(trace)
+    try:
+        pe.rope(x)
+    finally:
+        sys.setprofile(None)
+    files = list(dict.fromkeys(entered))
+    assert len(files) <= 10, files
+    first_kernel = next(i for i, f in enumerate(entered) if f.startswith("_kernels/rope_cpu"))
+    assert all(f.startswith("_kernels/") for f in entered[first_kernel:]), entered[first_kernel:]
+
+
+# ---------------------------------------------------------------- the GPU stream policy
+
+
+def test_numba_device_arrays_launch_on_their_own_stream():
+    if not _arrays.numba_cuda():
+        pytest.skip("no GPU and no CUDA simulator")
+    from numba import cuda
+
+    a = cuda.to_device(np.zeros(3))
+    stream, _ = _arrays.launch_context(a)
+    assert type(stream) is type(cuda.legacy_default_stream())
+    own = cuda.stream()
+    b = cuda.to_device(np.zeros(3), stream=own)
+    assert _arrays.launch_context(b)[0] is own
+
+
+def test_torch_cuda_tensors_launch_on_torch_s_current_stream():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or not _arrays.numba_cuda() or _arrays.cuda_simulator():
+        pytest.skip("needs a CUDA GPU")
+    x = torch.zeros(4, device="cuda")
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        stream, _ = _arrays.launch_context(x)
+    assert stream.handle.value == side.cuda_stream
+    stream, _ = _arrays.launch_context(x)  # the default stream, handle 0: CUDA's legacy default stream
+    from numba import cuda
+
+    assert stream.handle.value == cuda.legacy_default_stream().handle.value
