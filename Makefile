@@ -6,7 +6,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: demo test test-kernels-cudasim test-kernels-boundscheck asv-check docs clean
+.PHONY: demo test test-gpu test-kernels-cudasim test-kernels-boundscheck asv-check docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,14 @@ test-kernels-cudasim: $(VENV)/.test-installed
 
 test-kernels-boundscheck: $(VENV)/.test-installed
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(CURDIR)/.venv/numba-boundscheck-cache $(BIN)/python -m pytest -q -m kernels -p no:cacheprovider tests
+
+# The whole suite on a GPU: CuPy arrays and torch CUDA tensors through the numba.cuda
+# kernels (not the simulator). GPU_PYTHON is an interpreter that has numba-cuda and CuPy
+# or a CUDA build of torch (.venv holds the CPU torch); without a GPU it stops at once.
+GPU_PYTHON ?= python3
+test-gpu:
+	@$(GPU_PYTHON) tests/gpu/ready.py
+	PYTHONPATH=$(CURDIR)/src POSENC_TEST_GPU=1 $(GPU_PYTHON) -m pytest -p no:cacheprovider tests
 
 asv-check: $(VENV)/.test-installed
 	cd asv_benchmarks && ../$(BIN)/asv check -E existing:$(CURDIR)/$(BIN)/python

@@ -2,18 +2,22 @@
 
 Modelled on array-api-extra's test fixture: one ``Backend`` object per array library
 creates arrays from NumPy data, converts results back, and says which dtypes it has.
+With ``POSENC_TEST_GPU=1`` (``make test-gpu``) the matrix also runs on the GPU: CuPy arrays
+and torch CUDA tensors, which reach the numba.cuda kernels.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import numpy as np
 import pytest
 from array_api_compat import array_namespace, device as device_of
 
 BACKENDS = ("numpy", "array_api_strict", "torch", "dask", "jax")
-_MODULES = {"numpy": "numpy", "array_api_strict": "array_api_strict", "torch": "torch", "dask": "dask", "jax": "jax"}
+GPU_BACKENDS = ("cupy", "torch_cuda")
+_MODULES = {"numpy": "numpy", "array_api_strict": "array_api_strict", "torch": "torch", "dask": "dask", "jax": "jax", "cupy": "cupy", "torch_cuda": "torch"}
 
 # The one tolerance table of the tests: relative and absolute tolerance for a result of
 # each dtype against a float64 transcription or another implementation (a few ulps:
@@ -31,8 +35,28 @@ def tolerance(dtype, op=None):
     return OP_TOLERANCE.get((op, name), TOLERANCE.get(name, 0.0))
 
 
+def gpu_run() -> bool:
+    """The suite runs on the GPU too (``make test-gpu`` sets ``POSENC_TEST_GPU=1``)."""
+    return os.environ.get("POSENC_TEST_GPU") == "1"
+
+
+def _usable(name) -> bool:
+    if importlib.util.find_spec(_MODULES[name]) is None:
+        return False
+    if name == "torch_cuda":
+        import torch
+
+        return torch.cuda.is_available()
+    if name == "cupy":
+        import cupy
+
+        return cupy.cuda.is_available()
+    return True
+
+
 def available_backends():
-    return [b for b in BACKENDS if importlib.util.find_spec(_MODULES[b]) is not None]
+    names = BACKENDS + (GPU_BACKENDS if gpu_run() else ())
+    return [b for b in names if _usable(b)]
 
 
 class Backend:
@@ -42,8 +66,10 @@ class Backend:
             from array_api_compat import numpy as xp
         elif name == "array_api_strict":
             import array_api_strict as xp
-        elif name == "torch":
+        elif name in ("torch", "torch_cuda"):
             from array_api_compat import torch as xp
+        elif name == "cupy":
+            from array_api_compat import cupy as xp
         elif name == "dask":
             from array_api_compat.dask import array as xp
         else:
@@ -56,7 +82,7 @@ class Backend:
     def dtype(self, name: str):
         """The namespace's dtype ``name``; skips the test where the backend lacks it."""
         if name == "bfloat16":
-            if self.name == "torch":
+            if self.name in ("torch", "torch_cuda"):
                 import torch
 
                 return torch.bfloat16
@@ -79,11 +105,16 @@ class Backend:
         data = np.asarray(data)
         if isinstance(dtype, str):
             dtype = self.dtype(dtype)
-        if self.name == "torch":
+        if self.name in ("torch", "torch_cuda"):
             import torch
 
             t = torch.from_numpy(np.ascontiguousarray(data))
-            return t.to(dtype) if dtype is not None else t
+            t = t.to(dtype) if dtype is not None else t
+            return t.cuda() if self.name == "torch_cuda" else t
+        if self.name == "cupy":
+            import cupy
+
+            return cupy.asarray(data, dtype=dtype)
         if self.name == "dask":
             import dask.array as da
 
@@ -97,7 +128,9 @@ class Backend:
         return self.xp.asarray(data, dtype=dtype)
 
     def to_numpy(self, a):
-        if self.name == "torch":
+        if self.name == "cupy":
+            return a.get()
+        if self.name in ("torch", "torch_cuda"):
             import torch
 
             a = a.detach().cpu()

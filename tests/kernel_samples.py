@@ -288,24 +288,20 @@ SAMPLES = {
 # ---------------------------------------------------------------- moving samples to the GPU
 
 
-def _device_copy(a):
-    """A device copy of NumPy array ``a`` keeping its strides where ``a`` is a view:
-    a numba device array on the CUDA simulator, a CuPy array on a GPU."""
-    base = a if a.base is None else a.base
-    if not (isinstance(base, np.ndarray) and base.dtype == a.dtype and base.flags.c_contiguous):
-        base, a = np.ascontiguousarray(a), np.ascontiguousarray(a)
-    offset = (a.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // a.itemsize
-    steps = tuple(st // a.itemsize for st in a.strides)
-    if _installed("cupy") and not _simulator():
-        import cupy
+def gpu_libraries():
+    """The GPU array libraries the CUDA kernels are tested with here: numba device arrays on
+    the CUDA simulator; CuPy arrays and torch CUDA tensors on a GPU (those installed)."""
+    if _simulator():
+        return ["numba"]
+    found = []
+    if _installed("cupy"):
+        found.append("cupy")
+    if _installed("torch"):
+        import torch
 
-        flat = cupy.asarray(base.reshape(-1))
-        return cupy.lib.stride_tricks.as_strided(flat[offset:], a.shape, tuple(st * a.itemsize for st in steps))
-    from numba import cuda
-
-    from posenc._kernels import _arrays
-
-    return _arrays.strided(cuda.to_device(base.reshape(-1))[offset:], a.shape, steps)
+        if torch.cuda.is_available():
+            found.append("torch")
+    return found or ["numba"]
 
 
 def _simulator():
@@ -314,19 +310,42 @@ def _simulator():
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+def _device_copy(a, library):
+    """A device copy of NumPy array ``a`` in ``library``, keeping ``a``'s strides where it is a view."""
+    base = a if a.base is None else a.base
+    if not (isinstance(base, np.ndarray) and base.dtype == a.dtype and base.flags.c_contiguous):
+        base = a = np.ascontiguousarray(a)
+    offset = (a.__array_interface__["data"][0] - base.__array_interface__["data"][0]) // a.itemsize
+    steps = tuple(st // a.itemsize for st in a.strides)
+    flat = base.reshape(-1)
+    if library == "cupy":
+        import cupy
+
+        return cupy.lib.stride_tricks.as_strided(cupy.asarray(flat)[offset:], a.shape, tuple(st * a.itemsize for st in steps))
+    if library == "torch":
+        import torch
+
+        return torch.from_numpy(flat).cuda().as_strided(a.shape, steps, offset)
+    from numba import cuda
+
+    from posenc._kernels import _arrays
+
+    return _arrays.strided(cuda.to_device(flat)[offset:], a.shape, steps)
+
+
 # Arguments that stay on the host by contract: rope_rotate's frequencies.
 _HOST_ARGUMENTS = {"rope_rotate": (2,)}
 
 
-def on_gpu(op, args, kwargs):
-    """The sample's host arrays as device arrays, each object once (so ``out=x`` stays in place)."""
+def on_gpu(op, args, kwargs, library="numba"):
+    """The sample's host arrays as ``library``'s device arrays, each object once (so ``out=x`` stays in place)."""
     copies = {}
 
     def move(a):
         if not isinstance(a, np.ndarray):
             return a
         if id(a) not in copies:
-            copies[id(a)] = _device_copy(a)
+            copies[id(a)] = _device_copy(a, library)
         return copies[id(a)]
 
     keep = _HOST_ARGUMENTS.get(op, ())

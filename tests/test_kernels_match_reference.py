@@ -12,7 +12,7 @@ import pytest
 
 import posenc  # noqa: F401  (registers the kernels)
 from arrays import tolerance
-from kernel_samples import SAMPLES, on_gpu
+from kernel_samples import SAMPLES, gpu_libraries, on_gpu
 from posenc import _dispatch
 from posenc._kernels import _arrays
 
@@ -57,10 +57,20 @@ def test_every_kernel_has_samples():
     assert sorted(k.name for k in KERNELS if k.name not in SAMPLES) == []
 
 
+def _cases():
+    """(kernel, GPU library or None): the CUDA kernels once per GPU array library here."""
+    for kernel in KERNELS:
+        if kernel.name.endswith("numba_cuda"):
+            for library in gpu_libraries():
+                yield pytest.param(kernel, library, id=f"{kernel.name}-{library}")
+        else:
+            yield pytest.param(kernel, None, id=kernel.name)
+
+
 @pytest.mark.kernels
-@pytest.mark.parametrize("kernel", KERNELS, ids=[k.name for k in KERNELS])
-def test_kernel_matches_reference(kernel):
-    gpu = kernel.name.endswith("numba_cuda")
+@pytest.mark.parametrize("kernel, library", list(_cases()))
+def test_kernel_matches_reference(kernel, library):
+    gpu = library is not None
     if gpu and not _arrays.numba_cuda():
         pytest.skip(f"{kernel.name}: no GPU and no CUDA simulator here")
     if kernel.name.endswith("dask_blocks"):
@@ -73,7 +83,7 @@ def test_kernel_matches_reference(kernel):
         a_args, a_kwargs = _copy_args(args, kwargs)
         r_args, r_kwargs = _copy_args(args, kwargs)
         if gpu:
-            a_args, a_kwargs = on_gpu(kernel.op, a_args, a_kwargs)
+            a_args, a_kwargs = on_gpu(kernel.op, a_args, a_kwargs, library)
         assert kernel.accepts_call(*a_args, **a_kwargs), f"{kernel.name} does not accept its own sample {kwargs}"
         got = impl(*a_args, **a_kwargs)
         want = reference(*r_args, **r_kwargs)
