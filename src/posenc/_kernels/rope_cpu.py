@@ -11,8 +11,13 @@ unit-stride and vectorises; a row is rotated into a small buffer and then copied
 
 Arithmetic: float32 and float64 rows rotate in float64 (the reference's), rounded once on
 store. float16 and bfloat16 rows travel as ``uint16`` bits and rotate in float32
-(``_codec_f32``) with the rounding errors of ``cos``, ``sin`` and the cancelling product
-compensated, within one ulp of the float64 result.
+(``_codec_f32``): ``cos = ch + cl`` and ``sin = sh + sl`` with heads of 16 significant
+bits (13 for float16) and float32 rests, so ``a*ch`` and ``b*sh`` are exact (a 16-bit
+float has 8 or 11 significant bits) and ``a*cos - b*sin = (a*ch - b*sh) + (a*cl - b*sl)``
+is two fused multiply-adds, each rounded once: an error below ``2**-23`` of the result
+plus ``2**-36`` of ``|a| + |b|`` before the one rounding to 16 bits, so the result is the
+float64 computation's or one ulp from it wherever ``a*cos - b*sin`` cancels by fewer
+than 24 bits.
 
 Each ``(op, dtype, layout)`` is its own small kernel (``FAMILY``), compiled on first use in
 about a second, then loaded from Numba's cache. Tasks run on ``_layout.run_tasks``'s
@@ -46,6 +51,11 @@ _TWO_OVER_PI = 0.6366197723675814
 _ROUND = 6755399441055744.0  # 1.5 * 2**52: (t + _ROUND) - _ROUND is rint(t) for |t| < 2**51
 # Angles up to this use the polynomial below, larger ones libm's cos/sin.
 FAST_ANGLE_LIMIT = 2.0**19
+# Veltkamp splitters: c * S - (c * S - c) is c rounded to 53 - log2(S - 1) significant
+# bits, a head whose product with a 16-bit float is exact in float32 (bfloat16 has 8
+# significant bits, float16 11).
+_SPLIT_BFLOAT16 = 2.0**37 + 1.0  # 16-bit heads
+_SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
 
 
 @njit(inline="always")
@@ -143,9 +153,12 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
             if not wide:
                 for k in range(rows):
                     for i in range(half):
-                        c, s = np.float32(cos[k, i]), np.float32(sin[k, i])
-                        table[0, k, i], table[1, k, i] = c, np.float32(cos[k, i] - np.float64(c))
-                        table[2, k, i], table[3, k, i] = s, np.float32(sin[k, i] - np.float64(s))
+                        c, s = cos[k, i], sin[k, i]
+                        split = _SPLIT_BFLOAT16 if bfloat16 else _SPLIT_FLOAT16
+                        tc, ts = c * split, s * split
+                        ch, sh = tc - (tc - c), ts - (ts - s)
+                        table[0, k, i], table[1, k, i] = np.float32(ch), np.float32(c - ch)
+                        table[2, k, i], table[3, k, i] = np.float32(sh), np.float32(s - sh)
             for h in range(heads):
                 for k in range(rows):
                     s = start + k
@@ -165,16 +178,14 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
                             bi = np.float64(b[i])
                             ra[i] = ai * c[i] - bi * sn[i]
                             rb[i] = bi * c[i] + ai * sn[i]
-                    else:  # float32 with the errors of cos, sin and the cancelling product compensated
+                    else:  # float32: exact head products, each bracket rounded once
                         ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
                         for i in range(half):
                             ai = from_bfloat16(a[i]) if bfloat16 else from_float16(a[i])
                             bi = from_bfloat16(b[i]) if bfloat16 else from_float16(b[i])
-                            p_ = bi * sh[i]
-                            q_ = ai * sh[i]
-                            # b*sh = p_ + fma(b, sh, -p_) and a*sh = q_ + fma(a, sh, -q_) exactly.
-                            ra_value = _corrected(fma32(ai, ch[i], -p_), (ai * cl[i] - bi * sl[i]) - fma32(bi, sh[i], -p_))
-                            rb_value = _corrected(fma32(bi, ch[i], q_), (bi * cl[i] + ai * sl[i]) + fma32(ai, sh[i], -q_))
+                            # a*ch, b*sh, b*ch and a*sh are exact: the heads have few bits.
+                            ra_value = _corrected(fma32(ai, ch[i], -(bi * sh[i])), fma32(ai, cl[i], -(bi * sl[i])))
+                            rb_value = _corrected(fma32(bi, ch[i], ai * sh[i]), fma32(bi, cl[i], ai * sl[i]))
                             ra[i] = bfloat16_bits(ra_value) if bfloat16 else float16_bits(ra_value)
                             rb[i] = bfloat16_bits(rb_value) if bfloat16 else float16_bits(rb_value)
                     dst = out[oo : oo + dim]
