@@ -42,6 +42,8 @@ html_theme_options = {
     "footer_start": ["copyright"],
     "footer_end": [],
 }
+# The left sidebar lists a section's pages: only the API reference has sections.
+html_sidebars = {"*": []}
 html_show_sourcelink = False
 html_static_path = []
 
