@@ -30,6 +30,8 @@ myst_heading_anchors = 3
 
 autodoc_typehints = "none"
 autodoc_member_order = "bysource"
+# nn.Module.forward's generic docstring says nothing about ours.
+autodoc_inherit_docstrings = False
 numpydoc_show_class_members = False
 numpydoc_xref_param_type = False
 
