@@ -195,7 +195,7 @@ def _pyplot():
     return plt
 
 
-def _draw_panel(plt, fig, ax, panel):
+def _draw_panel(fig, ax, panel):
     ax.set(title=panel.title, xlabel=panel.xlabel, ylabel=panel.ylabel, xscale=panel.xscale, yscale=panel.yscale)
     ax.title.set_fontsize(10)
     if panel.image is not None:
@@ -231,7 +231,7 @@ def draw(plt, figure: Figure):
     """A matplotlib figure showing ``figure``'s data."""
     fig, axes = plt.subplots(*figure.grid, figsize=figure.size, squeeze=False)
     for ax, panel in zip(axes.flat, figure.panels):
-        _draw_panel(plt, fig, ax, panel)
+        _draw_panel(fig, ax, panel)
     fig.suptitle(figure.title)
     fig.tight_layout()
     return fig
