@@ -58,7 +58,7 @@ test-kernels-boundscheck: $(VENV)/.test-installed
 ASV_ARGS ?=
 bench: $(VENV)/.bench-installed
 	cd asv_benchmarks && ../$(BIN)/asv machine --yes > /dev/null
-	cd asv_benchmarks && ../$(BIN)/asv run --quick --launch-method forkserver --show-stderr -E existing:$(CURDIR)/$(BIN)/python $(ASV_ARGS)
+	cd asv_benchmarks && ../$(BIN)/asv run --quick --show-stderr -E existing:$(CURDIR)/$(BIN)/python $(ASV_ARGS)
 
 bench-continuous: $(VENV)/.bench-installed
 	cd asv_benchmarks && ../$(BIN)/asv machine --yes > /dev/null

@@ -26,8 +26,8 @@ import numpy as np
 LARGE = os.environ.get("POSENC_ASV_LARGE", "") not in ("", "0")
 
 if importlib.util.find_spec("torch") is not None:
-    # Imported with the suite, so asv's forkserver (``make bench``) pays the ~2 s once
-    # instead of in every benchmark's process.
+    # Imported with the suite, so asv's forkserver (``launch_method`` in asv.conf.json)
+    # pays the ~2 s once instead of in every benchmark's process.
     import torch  # noqa: F401
 
 
