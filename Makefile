@@ -6,7 +6,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 
-.PHONY: demo test test-gpu test-kernels-cudasim test-kernels-boundscheck asv-check docs clean
+SITE   := site
+
+.PHONY: demo test test-gpu test-kernels-cudasim test-kernels-boundscheck asv-check docs bench bench-continuous clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -19,14 +21,26 @@ $(VENV)/.demo-installed: pyproject.toml | $(BIN)/python
 $(VENV)/.test-installed: pyproject.toml | $(BIN)/python
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test,bench,plot,docs]'
-	touch $@ $(VENV)/.demo-installed
+	touch $@ $(VENV)/.demo-installed $(VENV)/.docs-installed $(VENV)/.bench-installed
+
+$(VENV)/.docs-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[docs]'
+	touch $@
+
+$(VENV)/.bench-installed: pyproject.toml | $(BIN)/python
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[bench]'
+	touch $@
 
 demo: $(VENV)/.demo-installed
 	$(BIN)/posenc demo
 
+# The docs are built first (strictly); tests/test_docs_html.py then checks that site.
 test: $(VENV)/.test-installed
-	$(BIN)/python -m pytest
-	$(MAKE) test-kernels-cudasim test-kernels-boundscheck asv-check docs
+	$(MAKE) docs
+	POSENC_DOCS_SITE=$(CURDIR)/$(SITE) $(BIN)/python -m pytest
+	$(MAKE) test-kernels-cudasim test-kernels-boundscheck asv-check
 
 # The kernel suite again, in fresh processes: CUDA kernels on the numba CUDA simulator,
 # then every Numba kernel with bounds checking compiled in.
@@ -44,13 +58,28 @@ test-gpu:
 	@$(GPU_PYTHON) tests/gpu/ready.py
 	PYTHONPATH=$(CURDIR)/src POSENC_TEST_GPU=1 $(GPU_PYTHON) -m pytest -p no:cacheprovider tests
 
+# asv as maintainers use it. The machine file (~/.asv-machine.json) is written first, so a
+# fresh clone needs no interactive `asv machine`. `make bench`: every benchmark once, small
+# shapes, against this checkout's .venv (POSENC_ASV_LARGE=1 adds the model-sized shapes).
+# `make bench-continuous`: main against HEAD, each in its own virtualenv, rounds interleaved
+# so both commits see the same machine load, flagged only beyond a 1.5x change.
+ASV_ARGS ?=
+bench: $(VENV)/.bench-installed
+	cd asv_benchmarks && ../$(BIN)/asv machine --yes > /dev/null
+	cd asv_benchmarks && ../$(BIN)/asv run --quick --show-stderr -E existing:$(CURDIR)/$(BIN)/python $(ASV_ARGS)
+
+bench-continuous: $(VENV)/.bench-installed
+	cd asv_benchmarks && ../$(BIN)/asv machine --yes > /dev/null
+	cd asv_benchmarks && ../$(BIN)/asv continuous --factor 1.5 --interleave-rounds --show-stderr $(ASV_ARGS) main HEAD
+
 asv-check: $(VENV)/.test-installed
 	cd asv_benchmarks && ../$(BIN)/asv check -E existing:$(CURDIR)/$(BIN)/python
 
-# The docs site (mkdocs, API reference from the docstrings), warnings as errors.
-docs: $(VENV)/.test-installed
-	$(BIN)/posenc plot --out docs/figures > /dev/null
-	$(BIN)/mkdocs build --strict -q -d $(VENV)/site
+# The docs site (Sphinx: numpydoc API reference, MyST pages, MathJax served from the site,
+# figures regenerated), warnings as errors, into $(SITE)/.
+docs: $(VENV)/.docs-installed
+	$(BIN)/python -m sphinx -b html -W --keep-going -q -E docs $(SITE)
+	@echo "docs: site built in $(CURDIR)/$(SITE); open file://$(CURDIR)/$(SITE)/index.html"
 
 clean:
-	rm -rf $(VENV) .pytest_cache asv_benchmarks/.asv
+	rm -rf $(VENV) .pytest_cache asv_benchmarks/.asv $(SITE)

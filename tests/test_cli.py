@@ -41,8 +41,32 @@ def test_plot_unwritable_out_is_a_message_not_a_traceback(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     proc = run_cli("plot", "--out", str(blocker / "sub"))
-    assert proc.returncode != 0
-    assert "cannot write" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2
+    assert "is not a directory" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_plot_out_that_is_a_file_says_not_a_directory(tmp_path, capsys):
+    target = tmp_path / "figure.png"
+    target.write_text("x")
+    assert cli.main(["plot", "--out", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err == f"posenc plot: --out {str(target)!r} is not a directory\n"
+    assert target.read_text() == "x"
+
+
+def test_missing_matplotlib_is_one_line_with_one_prefix(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    assert cli.main(["plot", "--out", str(tmp_path)]) == 3
+    err = capsys.readouterr().err
+    assert err.count("posenc") == 2 and err.startswith("posenc plot: matplotlib is not installed")
+    assert err.count("\n") == 1
+
+
+def test_version():
+    import posenc
+
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout == f"posenc {posenc.__version__}\n"
 
 
 def test_unknown_subcommand():
@@ -50,8 +74,42 @@ def test_unknown_subcommand():
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "invalid choice" in proc.stderr
 
 
-def test_bench_table_on_tiny_shapes():
-    rows = _bench.rope_rows((1, 2, 16, 8), 1, lambda s: None) + _bench.t5_rows(2, 16, 1, lambda s: None)
+def tiny_bench_rows():
+    quiet = lambda s: None  # noqa: E731
+    return _bench.rope_rows((1, 2, 16, 8), 1, quiet) + _bench.t5_rows(2, 16, 1, quiet) + _bench.alibi_rows(2, 16, 1, quiet)
+
+
+def test_bench_table_explains_itself_and_leaves_meaningless_ratios_blank():
+    rows = tiny_bench_rows()
     text = _bench.table(rows)
-    assert "posenc rope" in text and "posenc t5_bias" in text and "np.copyto" in text
+    header = text.splitlines()[0].split()
+    assert " ".join(header) == " ".join(_bench.COLUMNS)
     assert all(r.seconds > 0 for r in rows)
+    cells = {(r.op, r.impl): dict(zip(_bench.COLUMNS, r.cells())) for r in rows}
+    for (op, impl), row in cells.items():
+        if "(bandwidth)" in impl:
+            assert row["of copy"] == "" and row["vs plain"] == "", impl
+        else:
+            assert row["of copy"] != "", impl
+        if impl == "numpy plain formula" or row["dtype"] != "float32":
+            assert row["vs plain"] == "", impl
+    assert cells[("rope [1, 2, 16, 8]", "posenc rope")]["vs plain"].endswith("x")
+
+
+def test_bench_counts_bytes_in_each_rows_dtype():
+    pytest.importorskip("torch")
+    rows = {r.impl: r for r in _bench.rope_rows((1, 2, 16, 8), 1, lambda s: None)}
+    elements = 1 * 2 * 16 * 8
+    assert rows["posenc rope"].nbytes == 2 * elements * 4  # read and write float32
+    assert rows["posenc rope (torch)"].dtype == "bfloat16"
+    assert rows["posenc rope (torch)"].nbytes == 2 * elements * 2  # read and write bfloat16
+    t5 = _bench.t5_rows(2, 16, 1, lambda s: None)
+    assert {r.nbytes for r in t5} == {2 * 16 * 16 * 4}  # write the float32 bias
+
+
+def test_bench_help_describes_every_column():
+    proc = run_cli("bench", "--help")
+    assert proc.returncode == 0
+    for column in _bench.COLUMNS:
+        assert f"\n{column} " in proc.stdout
+    assert "vs plain" in proc.stdout and "np.copyto" in proc.stdout

@@ -4,7 +4,7 @@ import numpy as np
 
 import posenc as pe
 
-from .common import Benchmark
+from .common import Benchmark, sizes
 
 
 def plain_sinusoidal(n, dim, base=10000.0):
@@ -17,7 +17,7 @@ def plain_sinusoidal(n, dim, base=10000.0):
 
 
 class Sinusoidal(Benchmark):
-    params = ([2048, 32768], [128, 1024])
+    params = (sizes([2048], [32768]), sizes([128], [1024]))
     param_names = ["length", "dim"]
 
     def make(self, n, dim):

@@ -21,12 +21,12 @@ from posenc import _dispatch
 
 from posenc._bench import t5_original_torch
 
-from .common import Benchmark, best_time, require
+from .common import Benchmark, best_time, require, sizes
 
 HEADS = 16
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
-LENGTHS = [512, 2048, 4096]
+LENGTHS = sizes([512], [2048, 4096])
 
 
 def _distances(q_len, k_len):
@@ -151,10 +151,10 @@ class BiasPeakMemory:
 
     asv's ``peakmem_`` is the process's maximum resident size, setup included, so this
     class only warms the kernel on a tiny input. The ``[16, L, L]`` float32 output is
-    64 MiB at 1024 and 256 MiB at 2048.
+    16 MiB at 512, 64 MiB at 1024 and 256 MiB at 2048.
     """
 
-    params = [[1024, 2048]]
+    params = [sizes([512], [1024, 2048])]
     param_names = ["length"]
     timeout = 120
 
@@ -182,7 +182,7 @@ class BiasPeakMemory:
 class ShawGather(Benchmark):
     """Shaw's position term ``q_i . table[clip(i - j)]`` for 16 heads, ``d = 64``, ``K = 128``."""
 
-    params = [[512, 2048]]
+    params = [sizes([512], [2048])]
     param_names = ["length"]
 
     def make(self, n):

@@ -1,10 +1,8 @@
 """``posenc bench``: each hot operation beside the plain formula, timed on this machine.
 
 Every row is the best of ``repeat`` runs after a warm-up call (Numba compiles on the first
-call, which is never timed). GB/s counts the bytes an ideal implementation must move (read
-``x`` and write the result for the rotation; write the bias for the biases); "of copy" is
-that rate over the rate of ``np.copyto`` (rotation) or ``ndarray.fill`` (biases) on buffers
-of the same size, the machine's practical memory bandwidth.
+call, which is never timed). ``COLUMNS`` says what each column of the table means; the
+command prints it above the table and in ``posenc bench --help``.
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import sys
+import textwrap
 import time
 from dataclasses import dataclass
 
@@ -20,21 +19,56 @@ import numpy as np
 import posenc as pe
 
 
+COLUMNS = {
+    "operation": "the op and its shape",
+    "dtype": "the dtype of the row's input and output",
+    "implementation": "who computes it: posenc (kernel unless 'reference'), the plain formula in NumPy or "
+    "torch eager, or a copy/fill of the same bytes (the bandwidth rows)",
+    "ms": "best of the repeats, milliseconds, after one warm-up call",
+    "GB/s": "bytes an ideal implementation moves, counted in the row's dtype (rope: read x and write "
+    "the result; biases: write the bias), divided by the time",
+    "of copy": "GB/s over the machine's copy bandwidth (np.copyto for rope, ndarray.fill for biases, "
+    "on buffers of the same size): 1.00 = as fast as copying the bytes; blank on the bandwidth rows",
+    "vs plain": "time of the plain NumPy formula over this row's time, same dtype only (2.0x = twice as fast); "
+    "blank where the comparison means nothing: the baseline itself, the bandwidth rows, other dtypes",
+}
+
+
+def legend() -> str:
+    width = max(map(len, COLUMNS))
+    return "\n".join(
+        textwrap.fill(text, 96, initial_indent=f"{name:<{width}}  ", subsequent_indent=" " * (width + 2))
+        for name, text in COLUMNS.items()
+    )
+
+
+@dataclass
+class Case:
+    """One implementation of an operation: ``nbytes`` moved, and whether ``vs plain`` applies."""
+
+    impl: str
+    fn: object
+    nbytes: int
+    dtype: str = "float32"
+    comparable: bool = True
+    bandwidth_row: bool = False
+
+
 @dataclass
 class Row:
     op: str
     impl: str
+    dtype: str
     seconds: float
     nbytes: int
-    baseline: str
-    plain: float | None = None
-    bandwidth: float | None = None
+    copy_rate: float | None = None
+    plain_seconds: float | None = None
 
     def cells(self):
-        rate = self.nbytes / self.seconds / 1e9
-        frac = f"{rate / (self.bandwidth / 1e9):.2f}" if self.bandwidth else ""
-        speed = f"{self.plain / self.seconds:.1f}x" if self.plain else ""
-        return [self.op, self.impl, f"{self.seconds * 1e3:.2f}", f"{rate:.1f}", frac, speed]
+        rate = self.nbytes / self.seconds
+        frac = f"{rate / self.copy_rate:.2f}" if self.copy_rate else ""
+        speed = f"{self.plain_seconds / self.seconds:.1f}x" if self.plain_seconds else ""
+        return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", f"{rate / 1e9:.1f}", frac, speed]
 
 
 def best(fn, repeat):
@@ -60,16 +94,15 @@ def rope_rows(shape, repeat, progress):
     seq, dim = shape[-2], shape[-1]
     inv_freq, _ = pe.rope_frequencies(dim)
     cos, sin = (a.astype(np.float32) for a in pe.rope_cos_sin(np.arange(seq), inv_freq))
-    nbytes = 2 * x.nbytes
+    nbytes = 2 * x.nbytes  # read x, write the result
     copy = nbytes / best(lambda: np.copyto(buf, x), repeat)
-    op = f"rope {list(shape)} f32"
     cases = [
-        ("numpy plain formula", lambda: rotate_half_formula(x, cos, sin)),
-        ("posenc rope", lambda: pe.rope(x)),
-        ("posenc rope out=", lambda: pe.rope(x, out=buf)),
-        ("posenc rope in place", lambda: pe.rope(buf, out=buf)),
-        ("posenc reference", lambda: _reference(lambda: pe.rope(x))),
-        ("np.copyto (bandwidth)", lambda: np.copyto(buf, x)),
+        Case("numpy plain formula", lambda: rotate_half_formula(x, cos, sin), nbytes),
+        Case("posenc rope", lambda: pe.rope(x), nbytes),
+        Case("posenc rope out=", lambda: pe.rope(x, out=buf), nbytes),
+        Case("posenc rope in place", lambda: pe.rope(buf, out=buf), nbytes),
+        Case("posenc reference", lambda: _reference(lambda: pe.rope(x)), nbytes),
+        Case("np.copyto (bandwidth)", lambda: np.copyto(buf, x), nbytes, comparable=False, bandwidth_row=True),
     ]
     if importlib.util.find_spec("torch") is not None:
         import torch
@@ -80,27 +113,28 @@ def rope_rows(shape, repeat, progress):
             half = dim // 2
             return tx * tc + torch.cat([-tx[..., half:], tx[..., :half]], dim=-1) * ts
 
-        cases.insert(1, ("torch eager formula", torch_eager))
-        cases.insert(5, ("posenc rope (torch bf16)", lambda b=tx.to(torch.bfloat16): pe.rope(b)))
-    return _measure(op, cases, nbytes, copy, "numpy plain formula", repeat, progress)
+        bf16 = tx.to(torch.bfloat16)
+        cases.insert(1, Case("torch eager formula", torch_eager, nbytes))
+        bf16_bytes = 2 * bf16.numel() * bf16.element_size()
+        cases.insert(5, Case("posenc rope (torch)", lambda: pe.rope(bf16), bf16_bytes, "bfloat16", comparable=False))
+    return _measure(f"rope {list(shape)}", cases, copy, repeat, progress)
 
 
 def t5_rows(heads, length, repeat, progress):
     table = np.random.default_rng(1).standard_normal((32, heads)).astype(np.float32)
     out = np.empty((heads, length, length), dtype=np.float32)
-    nbytes = out.nbytes
+    nbytes = out.nbytes  # write the bias
     fill = nbytes / best(lambda: out.fill(1.0), repeat)
-    op = f"t5_bias h={heads} L={length} f32"
     cases = [
-        ("numpy plain formula", lambda: np.transpose(table[pe.t5_bucket(pe.relative_positions(length, length))], (2, 0, 1)).copy()),
-        ("posenc t5_bias", lambda: pe.t5_bias(table, length, length)),
-        ("posenc t5_bias out=", lambda: pe.t5_bias(table, length, length, out=out)),
-        ("posenc reference", lambda: _reference(lambda: pe.t5_bias(table, length, length))),
-        ("ndarray.fill (bandwidth)", lambda: out.fill(1.0)),
+        Case("numpy plain formula", lambda: np.transpose(table[pe.t5_bucket(pe.relative_positions(length, length))], (2, 0, 1)).copy(), nbytes),
+        Case("posenc t5_bias", lambda: pe.t5_bias(table, length, length), nbytes),
+        Case("posenc t5_bias out=", lambda: pe.t5_bias(table, length, length, out=out), nbytes),
+        Case("posenc reference", lambda: _reference(lambda: pe.t5_bias(table, length, length)), nbytes),
+        Case("ndarray.fill (bandwidth)", lambda: out.fill(1.0), nbytes, comparable=False, bandwidth_row=True),
     ]
     if importlib.util.find_spec("torch") is not None:
-        cases.insert(1, ("torch T5 original", _torch_t5(table, length)))
-    return _measure(op, cases, nbytes, fill, "numpy plain formula", repeat, progress)
+        cases.insert(1, Case("torch T5 original", _torch_t5(table, length), nbytes))
+    return _measure(f"t5_bias h={heads} L={length}", cases, fill, repeat, progress)
 
 
 def t5_bucket_torch(torch, relative_position, num_buckets=32, max_distance=128):
@@ -136,13 +170,14 @@ def alibi_rows(heads, length, repeat, progress):
     out = np.empty((heads, length, length), dtype=np.float32)
     fill = out.nbytes / best(lambda: out.fill(1.0), repeat)
     rel = pe.relative_positions(length, length)
+    nbytes = out.nbytes  # write the bias
     cases = [
-        ("numpy plain formula", lambda: -slopes[:, None, None] * rel),
-        ("posenc alibi_bias", lambda: pe.alibi_bias(slopes, length, length)),
-        ("posenc alibi_bias out=", lambda: pe.alibi_bias(slopes, length, length, out=out)),
-        ("ndarray.fill (bandwidth)", lambda: out.fill(1.0)),
+        Case("numpy plain formula", lambda: -slopes[:, None, None] * rel, nbytes),
+        Case("posenc alibi_bias", lambda: pe.alibi_bias(slopes, length, length), nbytes),
+        Case("posenc alibi_bias out=", lambda: pe.alibi_bias(slopes, length, length, out=out), nbytes),
+        Case("ndarray.fill (bandwidth)", lambda: out.fill(1.0), nbytes, comparable=False, bandwidth_row=True),
     ]
-    return _measure(f"alibi_bias h={heads} L={length} f32", cases, out.nbytes, fill, "numpy plain formula", repeat, progress)
+    return _measure(f"alibi_bias h={heads} L={length}", cases, fill, repeat, progress)
 
 
 def _reference(fn):
@@ -150,23 +185,29 @@ def _reference(fn):
         return fn()
 
 
-def _measure(op, cases, nbytes, bandwidth, plain_name, repeat, progress):
+PLAIN = "numpy plain formula"
+
+
+def _measure(op, cases, copy_rate, repeat, progress):
+    """Time every case; the first, ``PLAIN``, is the baseline of ``vs plain``."""
+    assert cases[0].impl == PLAIN
     rows = []
-    for impl, fn in cases:
-        progress(f"  {op}: {impl} ...")
-        rows.append(Row(op, impl, best(fn, repeat), nbytes, "", bandwidth=bandwidth))
-    plain = next(r.seconds for r in rows if r.impl == plain_name)
-    for r in rows:
-        r.plain = plain
+    for case in cases:
+        progress(f"  {op}: {case.impl} ...")
+        rows.append(Row(op, case.impl, case.dtype, best(case.fn, repeat), case.nbytes))
+    plain = rows[0].seconds
+    for case, row in zip(cases, rows):
+        row.copy_rate = None if case.bandwidth_row else copy_rate
+        row.plain_seconds = plain if case.comparable and case.impl != PLAIN else None
     return rows
 
 
 def table(rows) -> str:
-    header = ["operation", "implementation", "ms", "GB/s", "of copy", "vs plain"]
+    header = list(COLUMNS)
     body = [r.cells() for r in rows]
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)) for cells in body]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in body]
     return "\n".join(lines)
 
 
@@ -179,4 +220,4 @@ def run(quick: bool = False, progress=lambda s: print(s, file=sys.stderr, flush=
     for length in [512] if quick else [512, 2048, 4096]:
         rows += t5_rows(16, length, repeat, progress)
     rows += alibi_rows(16, 512 if quick else 2048, repeat, progress)
-    return table(rows)
+    return f"{legend()}\n\n{table(rows)}"

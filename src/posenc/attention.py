@@ -11,6 +11,8 @@ from ._xp import broadcast_shapes, cast, compute_dtype, device_of, namespace
 def attention(q, k, v, *, bias=None, causal=False, scale=None):
     r"""Plain softmax attention, :math:`\mathrm{softmax}(q k^T \cdot s + B)\,v`.
 
+    The softmax subtracts the row maximum (stable) and runs in float32 for 16-bit inputs.
+
     Parameters
     ----------
     q : array ``[..., q_len, d]``
@@ -24,8 +26,6 @@ def attention(q, k, v, *, bias=None, causal=False, scale=None):
         (``rel[i, j] = (k_len - q_len + i) - j``; keys with ``rel < 0`` are masked).
     scale : float, optional
         Logit scale, ``1/sqrt(d)`` by default.
-
-    The softmax subtracts the row maximum (stable) and runs in float32 for 16-bit inputs.
 
     Examples
     --------

@@ -1,4 +1,8 @@
-"""The ``posenc`` command: ``info``, ``bench``, ``plot`` and ``demo``."""
+"""The ``posenc`` command: ``info``, ``bench``, ``plot`` and ``demo``.
+
+Errors are one line on stderr, ``posenc COMMAND: what went wrong``, and a non-zero exit:
+2 for a bad argument, 3 for a missing optional package.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,12 @@ def cmd_demo(args) -> int:
     return 1 if failures else 0
 
 
+def _bench_legend() -> str:
+    from posenc import _bench
+
+    return _bench.legend()
+
+
 def cmd_bench(args) -> int:
     from posenc import _bench
 
@@ -46,18 +56,37 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_plot(args) -> int:
-    from posenc import _plots
+def _error(command: str, message: str, status: int) -> int:
+    print(f"posenc {command}: {message}", file=sys.stderr)
+    return status
 
+
+def _writable_directory(path: str) -> str | None:
+    """Why ``path`` cannot be the output directory, or ``None`` once it exists and is writable."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        return f"--out {path!r} is not a directory"
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"--out {path!r}: {parent!r} is not a directory"
     try:
-        os.makedirs(args.out, exist_ok=True)
-        probe = os.path.join(args.out, ".posenc-write-test")
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, ".posenc-write-test")
         with open(probe, "w"):
             pass
         os.remove(probe)
     except OSError as exc:
-        print(f"posenc plot: cannot write to {args.out!r}: {exc.strerror or exc}", file=sys.stderr)
-        return 2
+        return f"cannot write to {path!r}: {exc.strerror or exc}"
+    return None
+
+
+def cmd_plot(args) -> int:
+    from posenc import _plots
+
+    problem = _writable_directory(args.out)
+    if problem:
+        return _error("plot", problem, 2)
     _plots.write_all(args.out)
     return 0
 
@@ -73,8 +102,7 @@ def cmd_warmup(args) -> int:
     try:
         built = posenc.warmup(args.dtype or None, gpu=args.gpu, progress=progress)
     except ValueError as exc:
-        print(f"posenc warmup: {exc}", file=sys.stderr)
-        return 2
+        return _error("warmup", str(exc), 2)
     print(file=sys.stderr)
     compiled = [b for b in built if b.seconds > 0.2]
     seconds = sum(b.seconds for b in built)
@@ -90,8 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions and usable backends").set_defaults(func=cmd_info)
     sub.add_parser("demo", help="run every encoding once and print what it did").set_defaults(func=cmd_demo)
-    bench = sub.add_parser("bench", help="time each hot operation beside the plain formula and the memory bandwidth")
-    bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats")
+    bench = sub.add_parser(
+        "bench",
+        help="time each hot operation beside the plain formula and the memory bandwidth",
+        description="Times each hot operation (rope, t5_bias, alibi_bias) in posenc beside the plain\n"
+        "formula and a copy of the same bytes, and prints a table with these columns:\n\n" + _bench_legend(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats (a few seconds)")
     bench.set_defaults(func=cmd_bench)
     warm = sub.add_parser(
         "warmup",
@@ -115,8 +149,7 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except ImportError as exc:
-        print(f"posenc {args.command}: {exc}", file=sys.stderr)
-        return 3
+        return _error(args.command, str(exc), 3)
 
 
 if __name__ == "__main__":
