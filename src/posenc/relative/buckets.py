@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _validate as check
+from .._config import trace_constant
 from .._xp import device_of, namespace, widest_float
 
 
@@ -24,8 +25,14 @@ def t5_bucket_options(num_buckets, max_distance, bidirectional):
     return num_buckets, max_distance, bidirectional
 
 
-@lru_cache(maxsize=64)
+@trace_constant
 def _t5_thresholds(side_buckets: int, max_distance: int) -> tuple[int, ...]:
+    """:func:`_t5_starts`, computed once per map (a constant for ``torch.compile``)."""
+    return _t5_starts(side_buckets, max_distance)
+
+
+@lru_cache(maxsize=64)
+def _t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
     """Smallest distance of each log-spaced T5 bucket ``exact + 1 .. side_buckets - 1``.
 
     The original maps a distance ``n >= exact`` (``exact = side_buckets // 2``) to
