@@ -139,6 +139,13 @@ def broadcast_shapes(*shapes) -> tuple:
     return tuple(result)
 
 
+def shifted(values, offset):
+    """``values + offset``; ``offset`` an int or a 0-d integer array (a traced offset)."""
+    if isinstance(offset, int) and offset == 0:
+        return values
+    return values + offset
+
+
 def is_real_floating(xp, dtype) -> bool:
     return xp.isdtype(dtype, "real floating")
 

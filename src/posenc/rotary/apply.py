@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, index_dtype, is_real_floating, namespace, result_dtype
+from .._xp import cast, cos_sin, cos_sin_of_array, device_of, index_dtype, is_real_floating, namespace, result_dtype, shifted
 from . import _args
 from .scaling import check_scaling, check_seq_len, frequency_table
 
@@ -144,13 +144,6 @@ def default_positions(xp, x, seq_axis, offset, device):
     length = int(x.shape[axis])
     pos = shifted(xp.arange(length, dtype=index_dtype(xp, device), device=device), offset)
     return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(batch_ndim)))
-
-
-def shifted(positions, offset):
-    """``positions + offset``; ``offset`` an int or a 0-d integer array (traced)."""
-    if isinstance(offset, int) and offset == 0:
-        return positions
-    return positions + offset
 
 
 def rope(
