@@ -122,7 +122,7 @@ def choice(name, value, choices):
 
 def is_array(value) -> bool:
     """An array of a supported namespace (NumPy scalars count as numbers, not arrays)."""
-    if isinstance(value, numbers.Number):
+    if value is None or isinstance(value, (numbers.Number, str, list, tuple)):
         return False
     return _is_tensor(value) or _compat.is_array_api_obj(value)
 

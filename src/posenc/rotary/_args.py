@@ -22,7 +22,7 @@ def inv_freq(name, value, xp):
     """Frequencies ``[n]``: a tuple of host float64 numbers, or, when they cannot be read
     now or carry a gradient (a traced JAX value, a torch tensor while torch compiles or one
     that requires grad), the array itself, to compute with inside the graph."""
-    if check.is_array(value) and not _compat.is_numpy_array(value):
+    if check.is_array(value) and not isinstance(value, np.ndarray):
         if namespace(value) is not xp:
             raise TypeError(
                 f"{name} must be a NumPy array, a sequence, or an array of the same namespace as the other "
@@ -47,7 +47,7 @@ def _grad_enabled():
 @trace_constant
 def _host_floats(name, value):
     """``value`` (a NumPy array, a sequence or an eager 1-D array) as a tuple of float64 numbers."""
-    if check.is_array(value) and not _compat.is_numpy_array(value):
+    if check.is_array(value) and not isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(value.shape)}")
         value = [float(value[i]) for i in range(int(value.shape[0]))]

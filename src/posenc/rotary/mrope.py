@@ -96,9 +96,9 @@ def mrope_cos_sin(positions, inv_freq, sections, *, layout="half", dtype=None, s
         if size:
             part = freqs[start : start + size]
             if isinstance(freqs, tuple):
-                c, s = cos_sin(positions[axis], part, xp=xp, device=device)
+                c, s = cos_sin(positions[axis, ...], part, xp=xp, device=device)
             else:
-                c, s = cos_sin_of_array(positions[axis], part, xp=xp, device=device)
+                c, s = cos_sin_of_array(positions[axis, ...], part, xp=xp, device=device)
             cos_parts.append(c)
             sin_parts.append(s)
         start += size

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 import numpy as np
@@ -76,13 +76,21 @@ class Scaling:
         return xp.asarray(inv_freq, dtype=widest_float(xp, device), device=device), scale
 
 
-@trace_constant
 def frequency_table(scaling, dim, base, seq_len):
     """``inv_freq`` as a tuple of float64 Python numbers and the attention scale, ``scaling``
     None for plain RoPE (host values: a constant for ``torch.compile``)."""
     if scaling is None:
+        return _table(None, (), dim, base, seq_len)
+    # The class and its field values, not the object: torch.compile may have built the
+    # object while tracing, and passes only plain values to a constant function.
+    return _table(type(scaling), tuple(getattr(scaling, f.name) for f in fields(scaling)), dim, base, seq_len)
+
+
+@trace_constant
+def _table(kind, parameters, dim, base, seq_len):
+    if kind is None:
         return tuple(default_inv_freq(dim, base).tolist()), 1.0
-    inv_freq, scale = scaling.frequencies(dim, base, seq_len)
+    inv_freq, scale = kind(*parameters).frequencies(dim, base, seq_len)
     return tuple(np.asarray(inv_freq, dtype=np.float64).tolist()), float(scale)
 
 

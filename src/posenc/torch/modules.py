@@ -149,6 +149,29 @@ class T5RelativeBias(_DistanceBias):
         self.table = nn.Parameter(torch.randn(num_buckets, _heads(num_heads)) * 0.02)
         self.max_distance, self.bidirectional = max_distance, bidirectional
 
+    @classmethod
+    def from_hf(cls, module):
+        """Wrap a transformers T5 (or mT5, UMT5, ...) attention layer's ``relative_attention_bias``.
+
+        The module's ``table`` *is* the layer's embedding weight ``[num_buckets, heads]``
+        (shared, not copied: training either trains both); ``bidirectional`` is ``not
+        module.is_decoder`` and ``max_distance`` its ``relative_attention_max_distance``.
+        """
+        embedding = getattr(module, "relative_attention_bias", None)
+        if not isinstance(embedding, nn.Embedding):
+            raise ValueError(
+                f"module must be a transformers T5 attention layer with a relative_attention_bias embedding, got {type(module).__name__}"
+            )
+        num_buckets, heads = embedding.weight.shape
+        bias = cls(
+            heads,
+            num_buckets=num_buckets,
+            max_distance=module.relative_attention_max_distance,
+            bidirectional=not module.is_decoder,
+        )
+        bias.table = embedding.weight
+        return bias
+
     def params(self):
         return self.table
 
