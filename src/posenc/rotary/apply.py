@@ -64,25 +64,39 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     >>> sin[2].round(4).tolist()
     [0.9093, 0.9093, 0.8415, 0.8415]
     """
-    check.array("positions", positions)
-    xp = namespace(positions)
-    device = device_of(positions)
-    check.positions("positions", positions, xp)
-    layout = _args.layout("layout", layout)
-    freqs = _args.inv_freq("inv_freq", inv_freq, xp)
-    scale = check.real("scale", scale)
-    if dtype is None:
-        dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-    dtype = result_dtype(xp, dtype)
-    count = len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
-    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * count), 8, positions)
-    if isinstance(freqs, tuple):
-        c, s = cos_sin(positions, freqs, xp=xp, device=device)
-    else:
-        c, s = cos_sin_of_array(positions, freqs, xp=xp, device=device)
-    if scale != 1.0:
-        c, s = c * scale, s * scale
-    return cast(xp, duplicate(xp, c, layout), dtype), cast(xp, duplicate(xp, s, layout), dtype)
+    args = TableArguments(positions, inv_freq, layout, dtype, scale)
+    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * args.pairs), 8, positions)
+    return args.tables(*args.cos_sin(positions, args.freqs))
+
+
+class TableArguments:
+    """The validated arguments of the ``cos``/``sin`` table builders (``rope_cos_sin``,
+    ``mrope_cos_sin``), and the two steps they share."""
+
+    def __init__(self, positions, inv_freq, layout, dtype, scale):
+        check.array("positions", positions)
+        self.xp = xp = namespace(positions)
+        self.device = device_of(positions)
+        check.positions("positions", positions, xp)
+        self.layout = _args.layout("layout", layout)
+        self.freqs = _args.inv_freq("inv_freq", inv_freq, xp)
+        self.pairs = len(self.freqs) if isinstance(self.freqs, tuple) else int(self.freqs.shape[0])
+        self.scale = check.real("scale", scale)
+        if dtype is None:
+            dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
+        self.dtype = result_dtype(xp, dtype)
+
+    def cos_sin(self, positions, freqs):
+        """Undoubled ``cos, sin`` of ``positions * freqs`` (host numbers or an in-graph array)."""
+        compute = cos_sin if isinstance(freqs, tuple) else cos_sin_of_array
+        return compute(positions, freqs, xp=self.xp, device=self.device)
+
+    def tables(self, c, s):
+        """Scaled, doubled in the layout's order, in the result dtype."""
+        xp = self.xp
+        if self.scale != 1.0:
+            c, s = c * self.scale, s * self.scale
+        return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
 
 
 def apply_rope(x, cos, sin, *, layout="half", out=None):

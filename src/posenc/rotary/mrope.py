@@ -12,9 +12,7 @@ from __future__ import annotations
 import numbers
 
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
-from . import _args
-from .apply import duplicate
+from .apply import TableArguments
 
 
 def _sections(sections, pairs):
@@ -72,37 +70,20 @@ def mrope_cos_sin(positions, inv_freq, sections, *, layout="half", dtype=None, s
     >>> cos.shape
     (1, 6)
     """
-    check.array("positions", positions)
-    xp = namespace(positions)
-    device = device_of(positions)
-    check.positions("positions", positions, xp)
-    layout = _args.layout("layout", layout)
-    freqs = _args.inv_freq("inv_freq", inv_freq, xp)
-    pairs = len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
-    sections = _sections(sections, pairs)
+    args = TableArguments(positions, inv_freq, layout, dtype, scale)
+    sections = _sections(sections, args.pairs)
     check.ndim("positions", positions, minimum=1)
     if int(positions.shape[0]) != len(sections):
         raise ValueError(
             f"positions must have one row per section on axis 0 ({len(sections)}), got shape {tuple(positions.shape)}"
         )
-    scale = check.real("scale", scale)
-    if dtype is None:
-        dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-    dtype = result_dtype(xp, dtype)
-    check.allocatable_unless_blocked("mrope_cos_sin", (*positions.shape[1:], 2 * pairs), 8, positions)
+    check.allocatable_unless_blocked("mrope_cos_sin", (*positions.shape[1:], 2 * args.pairs), 8, positions)
     cos_parts, sin_parts = [], []
     start = 0
     for axis, size in enumerate(sections):
         if size:
-            part = freqs[start : start + size]
-            if isinstance(freqs, tuple):
-                c, s = cos_sin(positions[axis, ...], part, xp=xp, device=device)
-            else:
-                c, s = cos_sin_of_array(positions[axis, ...], part, xp=xp, device=device)
+            c, s = args.cos_sin(positions[axis, ...], args.freqs[start : start + size])
             cos_parts.append(c)
             sin_parts.append(s)
         start += size
-    c, s = xp.concat(cos_parts, axis=-1), xp.concat(sin_parts, axis=-1)
-    if scale != 1.0:
-        c, s = c * scale, s * scale
-    return cast(xp, duplicate(xp, c, layout), dtype), cast(xp, duplicate(xp, s, layout), dtype)
+    return args.tables(args.xp.concat(cos_parts, axis=-1), args.xp.concat(sin_parts, axis=-1))
