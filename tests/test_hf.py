@@ -230,6 +230,15 @@ def test_t5_relative_bias_from_hf_shares_the_weight():
         T5RelativeBias.from_hf(model.encoder.block[1].layer[0].SelfAttention)
 
 
+@pytest.mark.parametrize("name", ["llama[yarn]", "t5", "bloom"])
+def test_patching_twice_changes_nothing(name):
+    model = build(name)
+    once = patch_hf(copy.deepcopy(model))
+    twice = patch_hf(patch_hf(copy.deepcopy(model)))
+    ids, mask = inputs()
+    torch.testing.assert_close(logits(twice, ids, mask), logits(once, ids, mask), rtol=0, atol=0)
+
+
 def test_patch_hf_refuses_other_architectures():
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -165,7 +165,7 @@ def _replace_child(model, name, new):
 
 def _patch_rotary(model):
     rotary = [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "rope_type")]
-    if not rotary:
+    if not rotary and not any(isinstance(m, HFRotaryEmbedding) for m in model.modules()):  # patched before: nothing to replace
         raise ValueError(f"{type(model).__name__} has no transformers rotary embedding module to replace")
     for name, module in rotary:
         device = next(iter(module.buffers()), torch.empty(0)).device
