@@ -96,6 +96,10 @@ ARRAY_CALLS = {
         lambda x, p: pe.rope(x, p, scaling=pe.scaling.YaRN(4.0, 16), rotary_dim=6, offset=3),
         lambda r: (_f(r, H, Q, 8), _i([5, 1_000_000, 2**23 + 11])),
     ),
+    "mrope_cos_sin": (
+        lambda p: pe.mrope_cos_sin(p, _INV_FREQ, [1, 2, 1], layout="interleaved"),
+        lambda r: (_i([[0, 3, 90_000], [0, 1, 2], [5, 0, 7]]),),
+    ),
     "axial_rope": (pe.axial_rope, lambda r: (_f(r, 6, 10), _GRID)),
     "convert_layout": (lambda x: pe.convert_layout(x, "half", "interleaved", rotary_dim=6), lambda r: (_f(r, 3, 8),)),
     "permute_qk_weight": (

@@ -48,6 +48,16 @@ CASES = {
     "alibi_slopes zero heads": (lambda: pe.alibi_slopes(0), ValueError, "num_heads"),
     "alibi_slopes float heads": (lambda: pe.alibi_slopes(4.0), TypeError, "num_heads"),
     "alibi_bias integer slopes": (lambda: pe.alibi_bias(np.ones(2, dtype=int), 3, 3), TypeError, "slopes"),
+    "alibi_bias too large": (lambda: pe.alibi_bias(np.ones(4), 2**40, 2**40), ValueError, "memory"),
+    "alibi_bias positions do not broadcast": (
+        lambda: pe.alibi_bias(SLOPES, 3, 3, query_positions=np.zeros((2, 3), dtype=int), key_positions=np.zeros((4, 3), dtype=int)),
+        ValueError,
+        "key_positions",
+    ),
+    "alibi_slopes zero max_bias": (lambda: pe.alibi_slopes(4, max_bias=0.0), ValueError, "max_bias"),
+    "deberta_logits terms not a subset": (
+        lambda: pe.deberta_logits(Q, K, np.zeros((2, 6, 8)), np.zeros((2, 6, 8)), max_distance=3, terms=("c2p", "p2p")), ValueError, "terms",
+    ),
     "relative_bias_vector unknown kind": (lambda: pe.relative_bias_vector("rotary", SLOPES, 3, 3), ValueError, "kind"),
     "shaw_logits head dim mismatch": (lambda: pe.shaw_logits(Q, np.zeros((2, 6, 7)), np.zeros((5, 8)), max_distance=2), ValueError, "k"),
     "shaw_logits table rows": (lambda: pe.shaw_logits(Q, K, np.zeros((4, 8)), max_distance=2), ValueError, "table_k"),
@@ -72,6 +82,16 @@ CASES = {
     "yarn negative factor": (lambda: pe.scaling.YaRN(-2.0, 4096), ValueError, "factor"),
     "longrope wrong list length": (lambda: pe.rope_frequencies(8, scaling=pe.scaling.LongRoPE([1.0] * 3, [1.0] * 3, 4096)), ValueError, "factor"),
     "from_hf unknown rope_type": (lambda: pe.scaling.from_hf({"rope_type": "spiral"}, head_dim=64), ValueError, "rope_type"),
+    "from_hf yarn without factor": (
+        lambda: pe.scaling.from_hf({"rope_type": "yarn", "original_max_position_embeddings": 64}, head_dim=64), ValueError, "factor",
+    ),
+    "from_hf unknown layer_type": (
+        lambda: pe.scaling.from_hf({"full_attention": {}, "sliding_attention": {}}, head_dim=64, layer_type="local"), ValueError, "layer_type",
+    ),
+    "from_hf nested without layer_type": (lambda: pe.scaling.from_hf({"full_attention": {}}, head_dim=64), ValueError, "layer_type"),
+    "mrope_cos_sin sections do not sum": (lambda: pe.mrope_cos_sin(np.zeros((3, 4), dtype=int), [1.0] * 4, [1, 1, 1]), ValueError, "sections"),
+    "rope offset 0-d float array": (lambda: pe.rope(X, offset=np.asarray(2.0)), TypeError, "offset"),
+    "rope seq_len 1-d array": (lambda: pe.rope(X, scaling=pe.scaling.DynamicNTK(2.0, 4), seq_len=np.arange(2)), TypeError, "seq_len"),
     "positions_from_mask 1-D float": (lambda: pe.positions_from_mask(np.array([0.5, 1.0])), TypeError, "mask"),
     "positions_from_cu_seqlens decreasing": (lambda: pe.positions_from_cu_seqlens(np.array([0, 5, 3]), 5), ValueError, "cu_seqlens"),
     "convert_layout same name typo": (lambda: pe.convert_layout(X, "half", "interleave"), ValueError, "dst"),

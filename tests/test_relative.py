@@ -120,6 +120,17 @@ def test_deberta_bucket_equals_original(bucket_size, max_position):
     np.testing.assert_array_equal(ours, hf_deberta_bucket(rel, bucket_size, max_position))
 
 
+# max_position <= bucket_size // 2 + 1: a negative log span, ln(0) (P = 1), a division by zero
+# (P = m + 1, whose +-inf the model casts to int64 with .long(), as here).
+@pytest.mark.parametrize("bucket_size, max_position", [(16, 9), (16, 5), (8, 4), (8, 2), (8, 1), (2, 2), (4, 1), (256, 100)])
+def test_deberta_bucket_small_max_position_as_the_released_code(bucket_size, max_position):
+    torch = pytest.importorskip("torch")
+    deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
+    rel = np.arange(-3 * bucket_size, 3 * bucket_size + 1)
+    want = deberta.make_log_bucket_position(torch.as_tensor(rel), bucket_size, max_position).long().numpy()
+    np.testing.assert_array_equal(pe.deberta_bucket(rel, bucket_size=bucket_size, max_position=max_position), want)
+
+
 def test_deberta_bucket_formula_on_every_backend(backend):
     rel = rel_matrix(6, 50, offset=20) * 5
     out = pe.deberta_bucket(backend.asarray(rel), bucket_size=16, max_position=64)
@@ -134,7 +145,6 @@ def test_deberta_bucket_formula_on_every_backend(backend):
     [
         ({"bucket_size": 1}, ValueError, "bucket_size"),
         ({"bucket_size": 8.0}, TypeError, "bucket_size"),
-        ({"bucket_size": 16, "max_position": 9}, ValueError, "max_position"),
         ({"max_position": 0}, ValueError, "max_position"),
     ],
 )
@@ -256,6 +266,69 @@ def test_alibi_bias_equals_bloom_up_to_a_per_query_constant():
     torch.testing.assert_close(ours + slopes[:, None, None] * torch.arange(length, dtype=torch.float64)[:, None], bloom_bias.expand(-1, length, -1))
 
 
+@pytest.mark.parametrize("num_heads", [1, 3, 4, 6, 12, 16, 24])
+@pytest.mark.parametrize("max_bias", [8.0, 4.0, 16.0, 2.5])
+def test_alibi_slopes_max_bias_equal_mpt(num_heads, max_bias):
+    torch = pytest.importorskip("torch")
+    mpt = pytest.importorskip("transformers.models.mpt.modeling_mpt")
+    # MPT's tensor is (key - last query) * slope for keys 0..L-1: the key one before gives -slope.
+    alibi = mpt.build_mpt_alibi_tensor(num_heads, 2, alibi_bias_max=max_bias)  # [heads, 1, 2]
+    np.testing.assert_allclose(pe.alibi_slopes(num_heads, max_bias=max_bias), -alibi[:, 0, 0].numpy(), rtol=4 * 2.0**-24)
+
+
+@pytest.mark.parametrize("max_bias", [0.0, -1.0, float("nan")])
+def test_alibi_slopes_bad_max_bias(max_bias):
+    with pytest.raises(ValueError, match="max_bias"):
+        pe.alibi_slopes(4, max_bias=max_bias)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_alibi_bias_per_token_positions_formula(backend, dtype, rng):
+    # Left-padded keys of a batch of two, queries the last 3 tokens (a cache of 5), batch axes broadcast.
+    mask = np.array([[0, 0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1, 1]])
+    keys = np.asarray(pe.positions_from_mask(mask))
+    queries = keys[:, -3:]
+    slopes = pe.alibi_slopes(4, dtype=np.float64)
+    for symmetric in (False, True):
+        out = pe.alibi_bias(backend.asarray(slopes, dtype=dtype), 3, 8, symmetric=symmetric, offset=1,
+                            query_positions=backend.asarray(queries), key_positions=backend.asarray(keys))
+        rel = (queries + 1)[:, :, None] - keys[:, None, :]
+        expected = -slopes[None, :, None, None] * (np.abs(rel) if symmetric else rel)[:, None]
+        assert_close(out, expected, backend=backend, dtype=dtype)
+    # Only the keys per token (queries at offset + arange), float positions, broadcast batch axes.
+    out = pe.alibi_bias(backend.asarray(slopes, dtype=dtype), 2, 3, offset=4, key_positions=backend.asarray(np.array([[[0.5, 1.0, 3.0]]])))
+    rel = np.array([4.0, 5.0])[:, None] - np.array([0.5, 1.0, 3.0])[None, :]
+    assert_close(out, (-slopes[:, None, None] * rel[None])[None, None], backend=backend, dtype=dtype)
+
+
+def test_alibi_bias_per_token_equals_bloom_padded():
+    # BLOOM's ALiBi for a padded batch: slope * key position from the mask, i.e. queries at 0.
+    torch = pytest.importorskip("torch")
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1, 1]])
+    heads = 6
+    want = bloom.build_alibi_tensor(mask, heads, torch.float32).view(2, heads, 1, 7)
+    keys = pe.positions_from_mask(mask)
+    got = pe.alibi_bias(pe.alibi_slopes(heads, xp=torch), 1, 7, query_positions=torch.zeros(2, 1, dtype=torch.int64), key_positions=keys)
+    real = mask.bool()[:, None, None, :].expand_as(want)
+    torch.testing.assert_close(got[real], want[real], rtol=(heads + 2) * 2.0**-24, atol=0)
+
+
+def test_sizes_are_checked_before_any_allocation():
+    # The per-distance vector of 2**41 entries would be the first allocation: refused first.
+    with pytest.raises(ValueError, match="memory"):
+        pe.alibi_bias(np.ones(4), 2**40, 2**40)
+    with pytest.raises(ValueError, match="memory"):
+        pe.relative_bias_vector("t5", np.ones((32, 4)), 2**40, 2**40)
+    with pytest.raises(ValueError, match="memory"):
+        pe.alibi_bias(np.ones(4), 2**20, 2**20, key_positions=np.zeros((2**20,), dtype=np.int64))
+    huge = np.broadcast_to(np.arange(2**21), (3, 2**21, 2**21))  # a view: nothing allocated yet
+    with pytest.raises(ValueError, match="memory"):
+        pe.rope_cos_sin(huge[0], [1.0] * 8)
+    with pytest.raises(ValueError, match="memory"):
+        pe.mrope_cos_sin(huge, [1.0] * 8, [4, 2, 2])
+
+
 @pytest.mark.parametrize(
     "slopes, kwargs, error, match",
     [
@@ -264,6 +337,11 @@ def test_alibi_bias_equals_bloom_up_to_a_per_query_constant():
         (np.ones(2), {"symmetric": "yes"}, TypeError, "symmetric"),
         (np.ones(2), {"offset": 1.5}, TypeError, "offset"),
         (np.ones(2), {"out": np.ones((2, 3))}, ValueError, "out"),
+        (np.ones(2), {"query_positions": np.zeros((2, 4), dtype=int)}, ValueError, "query_positions"),
+        (np.ones(2), {"key_positions": np.zeros((2, 3), dtype=int), "query_positions": np.zeros((3, 3), dtype=int)}, ValueError, "broadcast"),
+        (np.ones(2), {"key_positions": np.array([0.0, np.nan, 1.0])}, ValueError, "key_positions"),
+        (np.ones(2), {"key_positions": np.zeros(3, dtype=bool)}, TypeError, "key_positions"),
+        (np.ones(2), {"key_positions": np.zeros(3, dtype=int), "chunks": (1, 1, 1)}, ValueError, "chunks"),
     ],
 )
 def test_alibi_bias_bad_input(slopes, kwargs, error, match):

@@ -408,12 +408,24 @@ def test_deberta_logits_bucketed_matches_naive(rng):
     np.testing.assert_allclose(got, naive_deberta(q, k, pq, pk, 4, bucket=(4, 12)), atol=1e-12)
 
 
-@pytest.mark.parametrize("buckets, max_relative", [(-1, 6), (8, 32)])
-def test_deberta_logits_equal_released_code(rng, buckets, max_relative):
+@pytest.mark.parametrize(
+    "buckets, max_relative, terms",
+    [
+        (-1, 6, ["p2c", "c2p"]),
+        (8, 32, ["p2c", "c2p"]),
+        (8, 32, ["c2p"]),
+        (8, 32, ["p2c"]),
+        (-1, 6, []),
+        # max_position <= bucket_size // 2 + 1: a negative log span, and a division by zero (5 = 4 + 1)
+        (8, 3, ["c2p", "p2c"]),
+        (8, 5, ["c2p", "p2c"]),
+    ],
+)
+def test_deberta_logits_equal_released_code(rng, buckets, max_relative, terms):
     torch = pytest.importorskip("torch")
     deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
     config = deberta.DebertaV2Config(
-        hidden_size=16, num_attention_heads=2, relative_attention=True, pos_att_type=["p2c", "c2p"],
+        hidden_size=16, num_attention_heads=2, relative_attention=True, pos_att_type=terms,
         position_buckets=buckets, max_relative_positions=max_relative, share_att_key=False,
     )
     attention = deberta.DisentangledSelfAttention(config).double().eval()
@@ -423,12 +435,13 @@ def test_deberta_logits_equal_released_code(rng, buckets, max_relative):
     with torch.no_grad():
         split = lambda x: attention.transpose_for_scores(x, 2)  # noqa: E731  ([batch*heads, L, d])
         q, k = split(attention.query_proj(hidden)), split(attention.key_proj(hidden))
-        scale = math.sqrt(q.shape[-1] * 3)
-        want = q @ k.transpose(-1, -2) / scale + attention.disentangled_attention_bias(q, k, None, rel_embeddings, 3)
-        pos_k = split(attention.pos_key_proj(rel_embeddings[None]))
-        pos_q = split(attention.pos_query_proj(rel_embeddings[None]))
+        factor = 1 + len(terms)
+        scale = math.sqrt(q.shape[-1] * factor)
+        want = q @ k.transpose(-1, -2) / scale + attention.disentangled_attention_bias(q, k, None, rel_embeddings, factor)
+        pos_k = split(attention.pos_key_proj(rel_embeddings[None])) if "c2p" in terms else None
+        pos_q = split(attention.pos_query_proj(rel_embeddings[None])) if "p2c" in terms else None
         bucket = {"bucket_size": buckets, "max_position": max_relative} if buckets > 0 else {}
-        got = pe.deberta_logits(q.view(3, 2, 40, 8), k.view(3, 2, 40, 8), pos_q, pos_k, max_distance=span, **bucket)
+        got = pe.deberta_logits(q.view(3, 2, 40, 8), k.view(3, 2, 40, 8), pos_q, pos_k, max_distance=span, terms=terms, **bucket)
     torch.testing.assert_close(got, want.view(3, 2, 40, 40), rtol=1e-6, atol=1e-6)
 
 
@@ -440,6 +453,9 @@ def test_deberta_logits_equal_released_code(rng, buckets, max_relative):
         (4, {"max_distance": 2, "bucket_size": 1}, ValueError, "bucket_size"),
         (4, {"max_distance": 2, "max_position": 10}, ValueError, "max_position"),
         (4, {"max_distance": 2.5}, TypeError, "max_distance"),
+        (4, {"max_distance": 2, "terms": ("c2p", "p2p")}, ValueError, "terms"),
+        (4, {"max_distance": 2, "terms": ("c2p", "c2p")}, ValueError, "terms"),
+        (4, {"max_distance": 2, "terms": "c2p"}, TypeError, "terms"),
     ],
 )
 def test_deberta_logits_bad_input(pos_rows, kwargs, error, match):
@@ -504,3 +520,11 @@ def test_relative_functions_stay_lazy_on_dask(rng):
     np.testing.assert_allclose(out.compute(), naive_shaw_logits(q.compute(), k.compute(), t.compute(), 2), atol=1e-12)
     bias = pe.t5_bias(da.from_array(rng.standard_normal((32, H)), chunks=8), Q, K)
     assert isinstance(bias, da.Array)
+
+
+def test_deberta_logits_unused_table_may_be_none_needed_one_may_not():
+    q, k, table = np.ones((2, 3, 4)), np.ones((2, 5, 4)), np.ones((2, 4, 4))
+    assert pe.deberta_logits(q, k, None, table, max_distance=2, terms=("c2p",)).shape == (2, 3, 5)
+    assert pe.deberta_logits(q, k, None, None, max_distance=2, terms=()).shape == (2, 3, 5)
+    with pytest.raises(ValueError, match="pos_q"):
+        pe.deberta_logits(q, k, None, table, max_distance=2, terms=("p2c",))

@@ -383,3 +383,58 @@ def test_axial_rope_bad_input(kwargs, error, match):
     args.update(kwargs)
     with pytest.raises(error, match=match):
         pe.axial_rope(np.zeros((6, 8)), **args)
+
+
+# --- mrope_cos_sin (Qwen2-VL's multimodal RoPE) -------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_mrope_cos_sin_formula(backend, layout, rng):
+    sections = [2, 0, 3, 1]
+    ids = rng.integers(0, 5000, (4, 2, 5))
+    inv_freq = pe.rope_frequencies(12, base=1000.0)[0]
+    cos, sin = pe.mrope_cos_sin(backend.asarray(ids), inv_freq, sections, layout=layout, scale=0.5)
+    axis = np.repeat(np.arange(4), sections)  # the position axis of each frequency pair
+    angle = ids[axis, :, :].transpose(1, 2, 0) * inv_freq  # [2, 5, 6]: pair i turns with ids[axis[i]]
+    dup = (lambda t: np.concatenate([t, t], -1)) if layout == "half" else (lambda t: np.repeat(t, 2, -1))
+    assert_close(cos, 0.5 * dup(np.cos(angle)), backend=backend, dtype="float32")
+    assert_close(sin, 0.5 * dup(np.sin(angle)), backend=backend, dtype="float32")
+
+
+def test_mrope_cos_sin_of_text_tokens_is_rope_cos_sin(rng):
+    ids = np.arange(7)
+    inv_freq = pe.rope_frequencies(16)[0]
+    got = pe.mrope_cos_sin(np.stack([ids] * 3), inv_freq, [2, 3, 3], dtype=np.float64)
+    for g, w in zip(got, pe.rope_cos_sin(ids, inv_freq, dtype=np.float64)):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_mrope_cos_sin_equals_qwen2_vl(rng):
+    torch = pytest.importorskip("torch")
+    qwen2_vl = pytest.importorskip("transformers.models.qwen2_vl.modeling_qwen2_vl")
+    config = qwen2_vl.Qwen2VLTextConfig(
+        hidden_size=64, num_attention_heads=4, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 1000.0}
+    )
+    theirs = qwen2_vl.Qwen2VLRotaryEmbedding(config)
+    ids = torch.as_tensor(rng.integers(0, 200, (3, 2, 9)))  # temporal, height, width ids
+    want_cos, want_sin = theirs(torch.zeros(1), ids)
+    cos, sin = pe.mrope_cos_sin(ids, theirs.inv_freq.double().numpy(), [2, 3, 3])
+    # transformers' float32 angles: a few ulps of the largest angle (200 rad)
+    torch.testing.assert_close(cos, want_cos, atol=4e-5, rtol=0)
+    torch.testing.assert_close(sin, want_sin, atol=4e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "ids, sections, error, match",
+    [
+        (np.zeros((3, 4), dtype=int), [2, 2, 2], ValueError, "sections must sum"),
+        (np.zeros((3, 4), dtype=int), [3, 1], ValueError, "one row per section"),
+        (np.zeros((3, 4), dtype=int), [2, 2.0, 0], TypeError, r"sections\[1\]"),
+        (np.zeros((3, 4), dtype=int), [5, -1, 0], ValueError, r"sections\[1\]"),
+        (np.zeros((3, 4), dtype=int), "223", TypeError, "sections"),
+        (np.zeros((3, 4), dtype=bool), [2, 1, 1], TypeError, "positions"),
+    ],
+)
+def test_mrope_cos_sin_bad_input(ids, sections, error, match):
+    with pytest.raises(error, match=match):
+        pe.mrope_cos_sin(ids, [1.0, 0.5, 0.25, 0.1], sections)

@@ -56,6 +56,30 @@ def test_rotary_embedding_from_hf_and_compile_fullgraph():
     torch.testing.assert_close(compiled(q)[0], m(q, q)[0])
 
 
+@pytest.mark.parametrize(
+    "params, scaling",
+    [
+        ({"rope_type": "dynamic", "factor": 4.0}, pe.scaling.DynamicNTK(4.0, 32)),
+        ({"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8, "original_max_position_embeddings": 32},
+         pe.scaling.LongRoPE([1.0] * 8, [4.0] * 8, 32, factor=1.0)),
+    ],
+)
+def test_rotary_embedding_decides_length_dependent_scalings_per_call(params, scaling):
+    # Stateless: each call uses the frequencies of its own positions, exactly as pe.rope does,
+    # also after a longer call and without seq_len.
+    m = RotaryEmbedding.from_hf(params, head_dim=16, max_position_embeddings=32)
+    q = torch.randn(1, 2, 48, 16, dtype=torch.float64)
+    short = q[:, :, :20]
+    for x in (q, short, q[:, :, :40], short):
+        got, _ = m(x, x)
+        torch.testing.assert_close(got, pe.rope(x, scaling=scaling), rtol=0, atol=1e-12)
+    positions = torch.arange(30, 50)  # given positions decide too
+    torch.testing.assert_close(m.rotate(short, positions), pe.rope(short, positions, scaling=scaling), rtol=0, atol=1e-12)
+    # decoding one token at offset 47: the cache length decides, as for the prompt
+    got, _ = m(q[:, :, -1:], q[:, :, -1:], offset=47)
+    torch.testing.assert_close(got, pe.rope(q[:, :, -1:], offset=47, scaling=scaling), rtol=0, atol=1e-12)
+
+
 def test_t5_bias_module_gradient_is_bucketed_scatter_add():
     m = T5RelativeBias(3, num_buckets=8, max_distance=16, bidirectional=False).double()
     bias = m(5, 7, offset=2)

@@ -20,10 +20,25 @@ def _index(m, n):
     return torch.tensor(np.random.default_rng(0).integers(0, m, n))
 
 
+def _positions(*shape):
+    return (torch.rand(*shape, dtype=torch.float64) * 30).requires_grad_()
+
+
+def _cos_sin(shape, interleaved):
+    angles = torch.rand(*shape, 2, dtype=torch.float64) * 6
+    tables = [torch.cos(angles), torch.sin(angles)]
+    dup = [t.repeat_interleave(2, -1) if interleaved else torch.cat([t, t], -1) for t in tables]
+    return [t.detach().requires_grad_() for t in dup]
+
+
 OPCHECK_CASES = [
     (_ops.rope_rotate_op, lambda: (_x(2, 5, 6), torch.arange(5), INV, False, False, 1.0)),
     (_ops.rope_rotate_op, lambda: (_x(2, 5, 6, dtype=torch.float32), torch.arange(3, 8), INV, True, True, 0.5)),
-    (_ops.rope_apply_op, lambda: (_x(5, 6), torch.rand(5, 4, dtype=torch.float64), torch.rand(5, 4, dtype=torch.float64), False)),
+    # float positions are differentiable (broadcast [5] against [2, 5])
+    (_ops.rope_rotate_op, lambda: (_x(2, 5, 6), _positions(5), INV, False, False, 1.25)),
+    (_ops.rope_rotate_op, lambda: (_x(2, 5, 6), _positions(2, 1), INV, True, True, 0.5)),
+    (_ops.rope_apply_op, lambda: (_x(5, 6), *_cos_sin((5,), False), False)),
+    (_ops.rope_apply_op, lambda: (_x(2, 5, 6), *_cos_sin((5,), True), True)),
     (_ops.toeplitz_expand_op, lambda: (_x(3, 4 + 5 - 1), 4, 5)),
     (_ops.toeplitz_gather_op, lambda: (_x(2, 4, 7), _index(7, 4 + 5 - 1), 5)),
     (_ops.toeplitz_scatter_op, lambda: (_x(2, 4, 5), _index(7, 4 + 5 - 1), 7)),
@@ -37,10 +52,13 @@ def test_opcheck(op, make):
 
 @pytest.mark.parametrize("op, make", OPCHECK_CASES, ids=lambda v: getattr(v, "__name__", ""))
 def test_gradcheck_float64(op, make):
+    # Every floating-point tensor argument is differentiable and must get its gradient
+    # (integer tensors are indices and positions, not differentiable).
     args = make()
     if args[0].dtype != torch.float64:
         pytest.skip("gradcheck needs float64")
-    differentiable = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.requires_grad]
+    differentiable = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point]
+    assert all(args[i].requires_grad for i in differentiable), "a case must ask for every gradient"
 
     def f(*inputs):
         full = list(args)
@@ -88,3 +106,44 @@ def test_compile_fullgraph_through_ops():
     vec = torch.randn(3, 9)
     compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(x, vec), f(x, vec))
+
+
+def test_every_differentiable_argument_of_every_op_is_gradchecked():
+    covered = {}
+    for op, make in OPCHECK_CASES:
+        args = make()
+        floats = {i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point}
+        covered.setdefault(op, set()).update(floats if args[0].dtype == torch.float64 else ())
+    ops = {v for v in vars(_ops).values() if isinstance(v, torch._library.custom_ops.CustomOpDef)}
+    assert ops == set(covered)
+    expected = {_ops.rope_rotate_op: {0, 1}, _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
+                _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}}
+    assert covered == expected
+
+
+def test_learned_frequencies_get_their_gradient():
+    # cos/sin from a learned inv_freq through rope_cos_sin and apply_rope: the gradient of
+    # inv_freq equals that of a plain torch transcription of the rotation.
+    x = torch.randn(2, 7, 8, dtype=torch.float64)
+    positions = torch.arange(7)
+
+    def ours(inv_freq):
+        cos, sin = pe.rope_cos_sin(positions, inv_freq, dtype=torch.float64)
+        return (pe.apply_rope(x, cos, sin) ** 3).sum()
+
+    def naive(inv_freq):
+        angle = positions[:, None] * inv_freq
+        a, b = x[..., :4], x[..., 4:]
+        return (torch.cat([a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()], -1) ** 3).sum()
+
+    learned, reference = (torch.tensor([1.0, 0.3, 0.1, 0.02], dtype=torch.float64, requires_grad=True) for _ in range(2))
+    ours(learned).backward()
+    naive(reference).backward()
+    torch.testing.assert_close(learned.grad, reference.grad)
+    assert torch.autograd.gradcheck(ours, (reference.detach().clone().requires_grad_(),))
+
+
+def test_float_positions_get_their_gradient_through_rope():
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    positions = (torch.rand(5, dtype=torch.float64) * 50).requires_grad_()
+    assert torch.autograd.gradcheck(lambda p: pe.rope(x, p, scaling=pe.scaling.YaRN(2.0, 16)), (positions,))

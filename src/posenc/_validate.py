@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 
 try:
     import resource
@@ -16,6 +17,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
+from ._config import torch_compiling, trace_constant
 from ._xp import is_integer, is_real_floating
 
 
@@ -24,8 +26,49 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _torch():
+    """The torch module if it is loaded (a torch tensor can only exist then), else None."""
+    return sys.modules.get("torch")
+
+
+def _is_tensor(value) -> bool:
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.Tensor)
+
+
+def _zero_d_integer(name, value):
+    """``value``, an array, must be a 0-d integer array (an integer argument given as an array)."""
+    if _is_tensor(value):
+        integral = not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == _torch().bool)
+    else:
+        integral = is_integer(_compat.array_namespace(value), value.dtype)
+    if value.ndim != 0 or not integral:
+        raise TypeError(
+            f"{name} must be an integer or a 0-d integer array, got an array of shape {tuple(value.shape)} and dtype {value.dtype}"
+        )
+
+
 def integer(name, value, *, minimum=None):
-    """``value`` as a Python int; ``bool`` and non-integral numbers are rejected."""
+    """``value`` as a Python int; ``bool`` and non-integral numbers are rejected.
+
+    A 0-d integer array whose value can be read now counts as its integer. One that cannot
+    (a traced JAX value, a torch tensor while torch compiles) is refused: use
+    :func:`integer_or_traced` where a traced value can be computed with. A symbolic size
+    of ``torch.compile`` (``torch.SymInt``) is kept symbolic.
+    """
+    torch = _torch()
+    if torch is not None and isinstance(value, torch.SymInt):
+        if minimum is not None and value < minimum:
+            raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        return value
+    if is_array(value):
+        _zero_d_integer(name, value)
+        if not is_eager(value):
+            raise TypeError(
+                f"{name} must be a concrete integer here (it sets a shape), got a traced {type(value).__name__}; "
+                "pass a Python int (a static argument under jax.jit)"
+            )
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {_show(value)} ({type(value).__name__})")
     value = int(value)
@@ -33,6 +76,18 @@ def integer(name, value, *, minimum=None):
         what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
         raise ValueError(f"{name} must be {what}, got {value}")
     return value
+
+
+def integer_or_traced(name, value, *, minimum=None):
+    """An integer argument that the computation may carry as an array (an offset, a length
+    that no shape depends on): :func:`integer`, except that a 0-d integer array whose value
+    cannot be read now (a traced JAX value, a torch tensor while torch compiles, a Dask
+    scalar) is returned as it is; its range is then not checked."""
+    if is_array(value):
+        _zero_d_integer(name, value)
+        if not is_eager(value):
+            return value
+    return integer(name, value, minimum=minimum)
 
 
 def even_dim(name, value):
@@ -67,7 +122,9 @@ def choice(name, value, choices):
 
 def is_array(value) -> bool:
     """An array of a supported namespace (NumPy scalars count as numbers, not arrays)."""
-    return _compat.is_array_api_obj(value) and not isinstance(value, numbers.Number)
+    if value is None or isinstance(value, (numbers.Number, str, list, tuple)):
+        return False
+    return _is_tensor(value) or _compat.is_array_api_obj(value)
 
 
 def array(name, value):
@@ -99,13 +156,12 @@ def ndim(name, value, *, minimum=None, exactly=None):
     return value
 
 
-def _is_eager(value) -> bool:
-    return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
-
-
 def is_eager(value) -> bool:
-    """Whether ``value``'s contents can be read now (not a Dask array, not a JAX tracer)."""
-    return _is_eager(value)
+    """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
+    a torch tensor while torch compiles."""
+    if _is_tensor(value):
+        return not torch_compiling()
+    return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
 
 
 def _is_tracer(value) -> bool:
@@ -124,7 +180,7 @@ def positions(name, value, xp):
         return value
     if not is_real_floating(xp, value.dtype):
         raise TypeError(f"{name} must have an integer or real floating dtype, got {value.dtype}")
-    if _is_eager(value) and not bool(xp.all(xp.isfinite(value))):
+    if is_eager(value) and not bool(xp.all(xp.isfinite(value))):
         raise ValueError(f"{name} must be finite, got non-finite values (nan or inf)")
     return value
 
@@ -194,6 +250,7 @@ def out(value, *, shape, dtype, xp, device, inputs=()):
     return value
 
 
+@trace_constant
 def _memory_limit() -> int:
     """Bytes a result may take: the smaller of free memory and this process's address-space cap."""
     limits = []
@@ -216,8 +273,14 @@ def _memory_limit() -> int:
 
 
 def allocatable(name, shape, itemsize):
-    """A result of ``shape`` must fit in this machine's memory (``ValueError`` otherwise)."""
-    count = math.prod(int(s) for s in shape)
+    """A result of ``shape`` must fit in this machine's memory (``ValueError`` otherwise).
+
+    Checked before anything is allocated. Sizes that ``torch.compile`` keeps symbolic are
+    known only when the compiled code runs; such a shape is not checked here.
+    """
+    if not all(isinstance(s, numbers.Integral) for s in shape):
+        return
+    count = math.prod([int(s) for s in shape])
     if count * itemsize > _memory_limit():
         raise ValueError(
             f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, "
@@ -228,5 +291,5 @@ def allocatable(name, shape, itemsize):
 def allocatable_unless_blocked(name, shape, itemsize, like):
     """:func:`allocatable`, skipped when ``like`` is a Dask array: its result is built
     block by block (and stored block by block), never whole."""
-    if not _compat.is_dask_array(like):
+    if _is_tensor(like) or not _compat.is_dask_array(like):
         allocatable(name, shape, itemsize)

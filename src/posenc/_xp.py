@@ -8,29 +8,92 @@ casts back here, so the rules of the API contract ("any array in, same kind of a
 from __future__ import annotations
 
 import math
+import sys
 from functools import lru_cache
 
 from . import _compat
 
 
+def _numpy_namespace():
+    from array_api_compat import numpy as xp
+
+    return xp
+
+
+def _torch_namespace():
+    # An import statement (not importlib): torch.compile can trace it.
+    from array_api_compat import torch as xp
+
+    return xp
+
+
+def _cupy_namespace():
+    from array_api_compat import cupy as xp
+
+    return xp
+
+
+def _dask_namespace():
+    from array_api_compat.dask import array as xp
+
+    return xp
+
+
+def _jax_namespace():
+    import jax.numpy as xp
+
+    return xp
+
+
+# The namespace of each framework module a caller may pass as ``xp=``.
+_FRAMEWORK_NAMESPACES = {
+    "numpy": _numpy_namespace,
+    "torch": _torch_namespace,
+    "cupy": _cupy_namespace,
+    "dask.array": _dask_namespace,
+    "jax.numpy": _jax_namespace,
+}
+
+
 def default_namespace():
     """The namespace used when no array argument says otherwise (NumPy)."""
-    from array_api_compat import numpy as np_compat
+    return _numpy_namespace()
 
-    return np_compat
+
+def _given_namespace(xp):
+    """``xp=`` as an array-api namespace: a framework module (``numpy``, ``torch``,
+    ``jax.numpy``, ``cupy``, ``dask.array``) maps to its array-api-compat namespace; a
+    namespace (array-api-compat's, array-api-strict, ...) is used as it is."""
+    name = getattr(xp, "__name__", None)
+    if not isinstance(name, str) or not callable(getattr(xp, "asarray", None)):
+        raise TypeError(
+            "xp must be an array namespace: numpy, torch, jax.numpy, cupy, dask.array or an "
+            f"array-api-compat / array-api-strict namespace, got {type(xp).__name__}"
+        )
+    return _FRAMEWORK_NAMESPACES[name]() if name in _FRAMEWORK_NAMESPACES else xp
+
+
+def _torch_tensor_type():
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.Tensor
 
 
 def namespace(*arrays, xp=None):
     """The Array-API namespace of ``arrays`` (``None`` and Python scalars are skipped).
 
     Arrays of two different kinds in one call raise ``TypeError``; with no array at all
-    the default namespace (NumPy) is returned.
+    the default namespace (NumPy) is returned. ``xp``, when given, wins; it may be a
+    framework module (``numpy``, ``torch``, ``jax.numpy``, ``cupy``) or a namespace.
     """
     if xp is not None:
-        return xp
+        return _given_namespace(xp)
     found = [a for a in arrays if a is not None and not isinstance(a, (bool, int, float, complex))]
     if not found:
         return default_namespace()
+    tensor = _torch_tensor_type()
+    if tensor is not None and all(isinstance(a, tensor) for a in found):
+        # Said directly, so that torch.compile traces an isinstance, not array-api-compat's caches.
+        return _torch_namespace()
     try:
         return _compat.array_namespace(*found)
     except TypeError as exc:
@@ -47,11 +110,12 @@ def device_of(*arrays):
     Two arrays on different devices raise ``ValueError``. An array whose device is not
     known (``None``: JAX tracers under ``jit``, ``grad`` or ``vmap``) matches any device.
     """
+    tensor = _torch_tensor_type()
     devices = []
     for a in arrays:
         if a is None or isinstance(a, (bool, int, float, complex)):
             continue
-        d = _compat.device(a)
+        d = a.device if tensor is not None and isinstance(a, tensor) else _compat.device(a)
         if d is None:
             continue
         if all(d != e for e in devices):
@@ -63,7 +127,9 @@ def device_of(*arrays):
 
 def broadcast_shapes(*shapes) -> tuple:
     """NumPy's broadcasting rule on shape tuples (``ValueError`` when they do not broadcast)."""
-    ndim = max((len(s) for s in shapes), default=0)
+    ndim = 0
+    for s in shapes:  # plain loops: torch.compile traces them
+        ndim = max(ndim, len(s))
     result = []
     for axis in range(-ndim, 0):
         sizes = {int(s[axis]) for s in shapes if len(s) >= -axis} - {1}
@@ -71,6 +137,13 @@ def broadcast_shapes(*shapes) -> tuple:
             raise ValueError(f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast together")
         result.append(sizes.pop() if sizes else 1)
     return tuple(result)
+
+
+def shifted(values, offset):
+    """``values + offset``; ``offset`` an int or a 0-d integer array (a traced offset)."""
+    if isinstance(offset, int) and offset == 0:
+        return values
+    return values + offset
 
 
 def is_real_floating(xp, dtype) -> bool:
@@ -178,6 +251,15 @@ def _two_sum(a, b):
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
+
+
+def cos_sin_of_array(positions, freqs, *, xp, device=None):
+    """``cos`` and ``sin`` of ``positions[..., None] * freqs`` for frequencies given as an
+    array of ``xp`` (traced, or carrying a gradient): the product in the widest float of the
+    namespace/device (float64, or float32 where it has none)."""
+    work = widest_float(xp, device)
+    angle = xp.astype(positions, work)[..., None] * xp.astype(freqs, work)
+    return xp.cos(angle), xp.sin(angle)
 
 
 def cos_sin(positions, freqs, *, xp, device=None):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, namespace
+from .._xp import cast, compute_dtype, device_of, index_dtype, namespace
 
 MODES = ("add", "multiply")
 
@@ -21,7 +21,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     x : array ``[..., L, d]``, real floating
     table : array ``[n, d]`` with ``n >= offset + L``
     mode : {"add", "multiply"}
-    offset : int >= 0
+    offset : int >= 0, or a 0-d integer array (a traced offset is not range-checked)
 
     Returns
     -------
@@ -41,14 +41,18 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     check.ndim("x", x, minimum=2)
     check.ndim("table", table, exactly=2)
     mode = check.choice("mode", mode, MODES)
-    offset = check.integer("offset", offset, minimum=0)
+    offset = check.integer_or_traced("offset", offset, minimum=0)
     length, dim = int(x.shape[-2]), int(x.shape[-1])
     if int(table.shape[1]) != dim:
         raise ValueError(f"table must have {dim} columns to match x.shape[-1], got shape {tuple(table.shape)}")
-    if int(table.shape[0]) < offset + length:
-        raise ValueError(f"table has {table.shape[0]} rows, fewer than offset + L = {offset + length}")
+    if isinstance(offset, int):
+        if int(table.shape[0]) < offset + length:
+            raise ValueError(f"table has {table.shape[0]} rows, fewer than offset + L = {offset + length}")
+        rows = table[offset : offset + length, :]
+    else:
+        rows = xp.take(table, xp.arange(length, dtype=index_dtype(xp, device_of(x)), device=device_of(x)) + offset, axis=0)
     work = compute_dtype(xp, x.dtype)
-    rows = cast(xp, table[offset : offset + length, :], work)
+    rows = cast(xp, rows, work)
     xw = cast(xp, x, work)
     result = xw + rows if mode == "add" else xw * rows
     return cast(xp, result, x.dtype)

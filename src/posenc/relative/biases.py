@@ -13,7 +13,7 @@ import math
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, namespace, result_dtype
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, index_dtype, is_integer, namespace, result_dtype, shifted
 from .buckets import deberta_bucket, deberta_bucket_options, t5_bucket, t5_bucket_options
 from . import _args
 from .indices import clip_relative, distances
@@ -21,18 +21,22 @@ from .indices import clip_relative, distances
 KINDS = ("t5", "alibi", "shaw", "deberta")
 
 
-def alibi_slopes(num_heads, *, xp=None, device=None, dtype=None):
+def alibi_slopes(num_heads, *, max_bias=8.0, xp=None, device=None, dtype=None):
     r"""ALiBi head slopes (Press, Smith and Lewis, "Train Short, Test Long", 2022).
 
     For ``n`` a power of two the slopes are the geometric sequence
-    :math:`m_h = 2^{-8h/n}`, ``h = 1..n``. Otherwise the ``p`` slopes of the largest
-    power of two ``p < n`` come first, followed by every other slope of ``2p`` heads,
-    :math:`2^{-4(2h-1)/p}`, ``h = 1..n-p`` (the paper's recipe, as BLOOM builds it).
+    :math:`m_h = 2^{-B h/n}`, ``h = 1..n``, with ``B = max_bias`` (8 in the paper). Otherwise
+    the ``p`` slopes of the largest power of two ``p < n`` come first, followed by every
+    other slope of ``2p`` heads, :math:`2^{-B(2h-1)/(2p)}`, ``h = 1..n-p`` (the paper's
+    recipe, as BLOOM builds it; MPT's ``alibi_bias_max`` is ``max_bias`` and gives the same
+    slopes).
 
     Parameters
     ----------
     num_heads : int >= 1
-    xp, device, dtype : namespace (NumPy), device and float dtype (float32) of the result
+    max_bias : float > 0
+    xp, device, dtype : namespace (NumPy; the framework module works too), device and float
+        dtype (float32) of the result
 
     Returns
     -------
@@ -46,14 +50,17 @@ def alibi_slopes(num_heads, *, xp=None, device=None, dtype=None):
     [0.25, 0.0625, 0.015625, 0.00390625]
     >>> [round(s, 4) for s in pe.alibi_slopes(6).tolist()]
     [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]
+    >>> pe.alibi_slopes(4, max_bias=4.0).tolist()
+    [0.5, 0.25, 0.125, 0.0625]
     """
     num_heads = check.integer("num_heads", num_heads, minimum=1)
+    max_bias = check.real("max_bias", max_bias, positive=True)
     check.allocatable("alibi_slopes", (num_heads,), 64)
     xp = namespace(xp=xp)
     dtype = result_dtype(xp, dtype)
     power = 2 ** int(math.floor(math.log2(num_heads)))
-    slopes = [2.0 ** (-8.0 * h / power) for h in range(1, power + 1)]
-    slopes += [2.0 ** (-4.0 * (2 * h - 1) / power) for h in range(1, num_heads - power + 1)]
+    slopes = [2.0 ** (-max_bias * h / power) for h in range(1, power + 1)]
+    slopes += [2.0 ** (-max_bias * (2 * h - 1) / (2 * power)) for h in range(1, num_heads - power + 1)]
     return xp.asarray(slopes, dtype=dtype, device=device)
 
 
@@ -120,6 +127,11 @@ def _deberta_vector(xp, table, dist, *, max_distance, bucket_size=None, max_posi
     return _lookup(xp, table, deberta_index(dist, max_distance, bucket_size, max_position))
 
 
+def _heads_of(params):
+    """The head count of a table ``[rows, heads]`` or of slopes ``[heads]`` (1 for a scalar)."""
+    return int(params.shape[-1]) if params.ndim else 1
+
+
 _BUILDERS = {"t5": _t5_vector, "alibi": _alibi_vector, "shaw": _shaw_vector, "deberta": _deberta_vector}
 _OPTIONS = {
     "t5": ("bidirectional", "max_distance"),
@@ -162,7 +174,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     kind : {"t5", "alibi", "shaw", "deberta"}
     params : float array (table or slopes, see above)
     q_len, k_len : int >= 0
-    offset : int, first query position (keys start at 0)
+    offset : int or 0-d integer array (traced is fine), first query position (keys start at 0)
     **options : the kind's options above; any other keyword raises ``TypeError``
 
     Returns
@@ -186,7 +198,9 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     xp = namespace(params)
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
+    count = q_len + k_len - 1 if q_len and k_len else 0
+    check.allocatable_unless_blocked("relative_bias_vector", (_heads_of(params), count), 8, params)
     dist = distances(q_len, k_len, offset, xp=xp, device=device_of(params))
     return _BUILDERS[kind](xp, params, dist, **options)
 
@@ -263,6 +277,9 @@ def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, chunks=None
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
+    check.array("slopes" if kind == "alibi" else "table", params)
+    if out is None and chunks is None:  # the whole bias, checked before the vector is built
+        check.allocatable_unless_blocked("bias", (_heads_of(params), q_len, k_len), 8, params)
     vec = relative_bias_vector(kind, params, q_len, k_len, offset=offset, **options)
     return expand_bias(vec, q_len, k_len, out=out, chunks=chunks)
 
@@ -283,7 +300,8 @@ def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset
     table : float array ``[num_buckets, heads]``
     q_len, k_len : int >= 0
     bidirectional, max_distance : as in :func:`t5_bucket`
-    offset : int, first query position (``k_len - 1`` to decode one token after a cache)
+    offset : int or 0-d integer array (traced is fine), first query position (``k_len - 1``
+        to decode one token after a cache)
     out : array ``[heads, q_len, k_len]`` of ``table``'s dtype, optional
     chunks : blocks of the result for a Dask ``table`` (see :func:`expand_bias`), optional
 
@@ -304,7 +322,7 @@ def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset
     )
 
 
-def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None, chunks=None):
+def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, query_positions=None, key_positions=None, out=None, chunks=None):
     r"""ALiBi linear bias ``[heads, q_len, k_len]``: ``-slope[h] * rel[i, j]``.
 
     .. math:: B_{h,i,j} = -m_h\,\mathrm{rel}_{ij} \quad(\text{or } -m_h\,|\mathrm{rel}_{ij}|
@@ -314,19 +332,83 @@ def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, out=None, chu
     ``-m_h * (i - j) <= 0``; ``symmetric=True`` penalises distance in both directions
     (encoder use). Hot loop: ``toeplitz_expand`` of the per-distance vector.
 
+    With per-token positions (padded batches, packed documents: e.g.
+    :func:`positions_from_mask`), ``rel[..., i, j] = query_positions[..., i] -
+    key_positions[..., j]`` and the bias is ``[..., heads, q_len, k_len]``, ``...`` the
+    broadcast of their leading (batch) axes. A missing one of the two takes the default
+    positions (``arange``); ``offset`` is added to the query positions in every case.
+
     Parameters
     ----------
     slopes : float array ``[heads]`` (e.g. :func:`alibi_slopes`)
     q_len, k_len : int >= 0
-    offset : int, first query position
+    offset : int or 0-d integer array (traced is fine), first query position
     symmetric : bool
-    out : array ``[heads, q_len, k_len]`` of ``slopes``' dtype, optional
-    chunks : blocks of the result for Dask ``slopes`` (see :func:`expand_bias`), optional
+    query_positions : integer or float array ``[..., q_len]``, optional
+    key_positions : integer or float array ``[..., k_len]``, optional
+    out : array of the result's shape and ``slopes``' dtype, optional
+    chunks : blocks of the result for Dask ``slopes`` (see :func:`expand_bias`), optional;
+        not with per-token positions
 
     Examples
     --------
-    >>> import posenc as pe
+    >>> import numpy as np, posenc as pe
     >>> pe.alibi_bias(pe.alibi_slopes(2), 2, 3, offset=1)[0].tolist()
     [[-0.0625, 0.0, 0.0625], [-0.125, -0.0625, 0.0]]
+    >>> keys = pe.positions_from_mask(np.array([[0, 1, 1]]))    # left-padded: [[0, 0, 1]]
+    >>> pe.alibi_bias(np.array([0.5]), 1, 3, query_positions=np.array([[1]]), key_positions=keys).tolist()
+    [[[[-0.5, -0.5, 0.0]]]]
     """
-    return relative_bias("alibi", slopes, q_len, k_len, offset=offset, out=out, chunks=chunks, symmetric=symmetric)
+    if query_positions is None and key_positions is None:
+        return relative_bias("alibi", slopes, q_len, k_len, offset=offset, out=out, chunks=chunks, symmetric=symmetric)
+    return _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, key_positions, out, chunks)
+
+
+def _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, key_positions, out, chunks):
+    xp = _args.namespace_of(slopes=slopes, query_positions=query_positions, key_positions=key_positions, out=out)
+    check.float_array("slopes", slopes, xp)
+    check.ndim("slopes", slopes, exactly=1)
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    offset = check.integer_or_traced("offset", offset)
+    if not isinstance(symmetric, bool):
+        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    if chunks is not None:
+        raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions")
+    device = device_of(slopes, query_positions, key_positions)
+    given = []
+    for name, pos, length in (("query_positions", query_positions, q_len), ("key_positions", key_positions, k_len)):
+        if pos is None:
+            pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
+        else:
+            check.positions(name, pos, xp)
+            check.ndim(name, pos, minimum=1)
+            if int(pos.shape[-1]) != length:
+                want = "q_len" if name == "query_positions" else "k_len"
+                raise ValueError(f"{name} must have {want} = {length} entries on its last axis, got shape {tuple(pos.shape)}")
+        given.append(pos)
+    qpos, kpos = given
+    try:
+        batch = broadcast_shapes(tuple(qpos.shape[:-1]), tuple(kpos.shape[:-1]))
+    except ValueError:
+        raise ValueError(
+            f"query_positions of shape {tuple(qpos.shape)} and key_positions of shape {tuple(kpos.shape)} "
+            "must have leading (batch) axes that broadcast together"
+        ) from None
+    shape = (*batch, int(slopes.shape[0]), q_len, k_len)
+    if out is None:
+        check.allocatable("bias", shape, 8)
+    else:
+        check.out(out, shape=shape, dtype=slopes.dtype, xp=xp, device=device, inputs=(("slopes", slopes),))
+    work = compute_dtype(xp, slopes.dtype)
+    qpos = shifted(qpos, offset)
+    if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
+        qpos, kpos = cast(xp, qpos, work), cast(xp, kpos, work)
+    rel = qpos[..., :, None] - kpos[..., None, :]
+    # Negate the distance, not the product: a zero distance gives +0.0, not -0.0.
+    distance = xp.astype(-xp.abs(rel) if symmetric else -rel, work)
+    result = cast(xp, cast(xp, slopes, work)[:, None, None] * distance[..., None, :, :], slopes.dtype)
+    if out is None:
+        return result
+    out[...] = result
+    return out

@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _validate as check
+from .._config import trace_constant
 from .._xp import device_of, namespace, widest_float
 
 
@@ -24,8 +25,14 @@ def t5_bucket_options(num_buckets, max_distance, bidirectional):
     return num_buckets, max_distance, bidirectional
 
 
-@lru_cache(maxsize=64)
+@trace_constant
 def _t5_thresholds(side_buckets: int, max_distance: int) -> tuple[int, ...]:
+    """:func:`_t5_starts`, computed once per map (a constant for ``torch.compile``)."""
+    return _t5_starts(side_buckets, max_distance)
+
+
+@lru_cache(maxsize=64)
+def _t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
     """Smallest distance of each log-spaced T5 bucket ``exact + 1 .. side_buckets - 1``.
 
     The original maps a distance ``n >= exact`` (``exact = side_buckets // 2``) to
@@ -121,8 +128,6 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
 def deberta_bucket_options(bucket_size, max_position):
     bucket_size = check.integer("bucket_size", bucket_size, minimum=2)
     max_position = check.integer("max_position", max_position, minimum=1)
-    if max_position - 1 <= bucket_size // 2:
-        raise ValueError(f"max_position must be > bucket_size // 2 + 1 = {bucket_size // 2 + 1}, got {max_position}")
     return bucket_size, max_position
 
 
@@ -146,11 +151,18 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     beyond ``max_position`` to a neighbouring bucket, never one that a table index
     clipped to ``2 * bucket_size`` rows can tell apart.
 
+    Small ``max_position`` (``P <= m + 1``) is computed as the released code does: for
+    ``P < m + 1`` the log of ``(P-1)/m`` is negative (``-inf`` for ``P = 1``) and the
+    formula above is evaluated as it stands (buckets shrink with distance, or stay at
+    ``m`` for ``P = 1``); for ``P = m + 1`` it divides by zero, and the original's
+    ``±inf``, cast to an integer as its model does, is the most negative integer of the
+    dtype, so every distance beyond ``m`` lands on table row 0 in ``deberta_logits``.
+
     Parameters
     ----------
     rel : integer array, any shape
     bucket_size : int >= 2
-    max_position : int > bucket_size // 2 + 1
+    max_position : int >= 1
 
     Returns
     -------
@@ -161,19 +173,27 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     >>> import numpy as np, posenc as pe
     >>> pe.deberta_bucket(np.array([0, 3, -4, 5, 9, 15, -15]), bucket_size=8, max_position=16).tolist()
     [0, 3, -4, 5, 6, 7, -7]
+    >>> pe.deberta_bucket(np.array([3, 5, -9]), bucket_size=8, max_position=1).tolist()
+    [3, 4, -4]
     """
     check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
     bucket_size, max_position = deberta_bucket_options(bucket_size, max_position)
     mid = bucket_size // 2
-    work = widest_float(xp, device_of(rel))
     magnitude = xp.abs(rel)
-    # Distances inside the identity zone are replaced by m before the log (never used).
-    safe = xp.astype(xp.where(magnitude > mid, magnitude, xp.full_like(magnitude, mid)), work)
-    # The log of the same rounded ratio as the numerator's, so |rel| = max_position - 1
-    # gives exactly 1 (bucket 2m - 1) in float32 too, as in the original.
-    span = xp.log(xp.asarray((max_position - 1) / mid, dtype=work, device=device_of(rel)))
-    steps = xp.ceil(xp.log(safe / mid) / span * (mid - 1))
-    logarithmic = xp.astype(steps, rel.dtype) + mid
-    return xp.where(magnitude <= mid, rel, xp.where(rel < 0, -logarithmic, logarithmic))
+    identity = magnitude <= mid
+    if max_position - 1 == mid:
+        return xp.where(identity, rel, xp.full_like(rel, xp.iinfo(rel.dtype).min))
+    if max_position == 1:  # ln(0) = -inf: every step is ceil(-0.0) = 0
+        logarithmic = xp.full_like(rel, mid)
+    else:
+        work = widest_float(xp, device_of(rel))
+        # Distances inside the identity zone are replaced by m before the log (never used).
+        safe = xp.astype(xp.where(identity, xp.full_like(magnitude, mid), magnitude), work)
+        # The log of the same rounded ratio as the numerator's, so |rel| = max_position - 1
+        # gives exactly 1 (bucket 2m - 1) in float32 too, as in the original.
+        span = xp.log(xp.asarray((max_position - 1) / mid, dtype=work, device=device_of(rel)))
+        steps = xp.ceil(xp.log(safe / mid) / span * (mid - 1))
+        logarithmic = xp.astype(steps, rel.dtype) + mid
+    return xp.where(identity, rel, xp.where(rel < 0, -logarithmic, logarithmic))

@@ -12,7 +12,10 @@ from .biases import deberta_index, deberta_options
 from .indices import distances
 
 
-def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, offset=0):
+TERMS = ("c2p", "p2c")
+
+
+def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, terms=TERMS, offset=0):
     r"""DeBERTa disentangled attention logits (content-to-content, -position, position-to-content).
 
     .. math::
@@ -27,6 +30,12 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
     the key and query projections (``[..., heads, 2K, d]``, ``K`` = the released code's
     ``att_span``).
 
+    ``terms`` is the subset of position terms a model uses (its config's
+    ``pos_att_type``): ``"c2p"`` (content-to-position, :math:`q_i \cdot P^K`) and
+    ``"p2c"`` (position-to-content, :math:`k_j \cdot P^Q`). The scale is
+    :math:`\sqrt{(1 + \text{len(terms)})\, d}` (:math:`\sqrt{3d}` with both), as in the
+    released code; the table of an unused term may be ``None``.
+
     This is the released code's arithmetic (``disentangled_attention_bias``, the numbers
     the checkpoints were trained with). The paper's Eq. (4) writes the
     position-to-content term as :math:`k_j \cdot P^Q_{\delta(j,i)}`, the distance seen from
@@ -39,15 +48,17 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
     ----------
     q : float array ``[..., heads, q_len, d]``
     k : float array ``[..., heads, k_len, d]``
-    pos_q, pos_k : float arrays ``[..., heads, 2K, d]`` (leading dims broadcast)
+    pos_q, pos_k : float arrays ``[..., heads, 2K, d]`` (leading dims broadcast), or
+        ``None`` when their term is not in ``terms``
     max_distance : int >= 1, ``K``
     bucket_size : int >= 2, optional; log-bucket the distances first
     max_position : int, optional (512 by default when ``bucket_size`` is given)
-    offset : int, first query position
+    terms : subset of ``("c2p", "p2c")``
+    offset : int or 0-d integer array (traced is fine), first query position
 
     Returns
     -------
-    array ``[..., heads, q_len, k_len]``, already divided by ``sqrt(3 d)``.
+    array ``[..., heads, q_len, k_len]``, already divided by ``sqrt((1 + len(terms)) d)``.
 
     Examples
     --------
@@ -56,21 +67,44 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
     >>> pos_k = np.repeat(np.arange(4.0)[:, None], 3, axis=1)[None]   # K = 2: rows delta 0..3
     >>> pe.deberta_logits(q, k, pos_k, pos_k, max_distance=2).tolist()
     [[[2.0, 1.0], [3.0, 2.0]]]
+    >>> pe.deberta_logits(q, k, None, pos_k, max_distance=2, terms=("c2p",)).round(4).tolist()
+    [[[2.4495, 1.2247], [3.6742, 2.4495]]]
     """
+    terms = _terms(terms)
+    tables = {"c2p": ("pos_k", pos_k), "p2c": ("pos_q", pos_q)}
+    for term in terms:
+        name, table = tables[term]
+        if table is None:
+            raise ValueError(f"{name} is needed for the {term!r} term (terms={terms!r}), got None")
     xp = _args.namespace_of(q=q, k=k, pos_q=pos_q, pos_k=pos_k)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
     dim = int(q.shape[-1])
-    for name, table in (("pos_q", pos_q), ("pos_k", pos_k)):
+    given = [(name, table) for name, table in (("pos_q", pos_q), ("pos_k", pos_k)) if table is not None]
+    for name, table in given:
         _args.table(name, table, xp, rows=2 * max_distance, dim=dim, batch=batch)
-    dtype, work = _args.dtypes(xp, q, k, pos_q, pos_k)
+    dtype, work = _args.dtypes(xp, q, k, *(table for _, table in given))
     _args.logits_shape(batch, q_len, k_len)
-    q, k, pos_q, pos_k = (cast(xp, a, work) for a in (q, k, pos_q, pos_k))
-    delta = deberta_index(distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance, bucket_size, max_position)
-    content_to_position = call("toeplitz_gather", q @ xp.matrix_transpose(pos_k), delta, k_len)
-    # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
-    # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
-    position_to_content = xp.matrix_transpose(call("toeplitz_gather", k @ xp.matrix_transpose(pos_q), xp.flip(delta), q_len))
-    total = q @ xp.matrix_transpose(k) + content_to_position + position_to_content
-    return cast(xp, total / math.sqrt(3 * dim), dtype)
+    q, k = cast(xp, q, work), cast(xp, k, work)
+    total = q @ xp.matrix_transpose(k)
+    if terms:
+        delta = deberta_index(distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance, bucket_size, max_position)
+    if "c2p" in terms:
+        total = total + call("toeplitz_gather", q @ xp.matrix_transpose(cast(xp, pos_k, work)), delta, k_len)
+    if "p2c" in terms:
+        # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
+        # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
+        scores = k @ xp.matrix_transpose(cast(xp, pos_q, work))
+        total = total + xp.matrix_transpose(call("toeplitz_gather", scores, xp.flip(delta), q_len))
+    return cast(xp, total / math.sqrt((1 + len(terms)) * dim), dtype)
+
+
+def _terms(terms):
+    """``terms`` as a tuple in canonical order; a subset of ``("c2p", "p2c")`` without repeats."""
+    if isinstance(terms, str) or not hasattr(terms, "__iter__"):
+        raise TypeError(f"terms must be a tuple of term names, a subset of {TERMS}, got {terms!r}")
+    given = list(terms)
+    if any(t not in TERMS for t in given) or len(set(given)) != len(given):
+        raise ValueError(f"terms must be a subset of {TERMS} without repeats, got {tuple(given)!r}")
+    return tuple(t for t in TERMS if t in given)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import index_dtype, namespace
+from .._xp import index_dtype, namespace, shifted
 
 
 def relative_positions(q_len, k_len, *, offset=0, xp=None, device=None, dtype=None):
@@ -17,8 +17,8 @@ def relative_positions(q_len, k_len, *, offset=0, xp=None, device=None, dtype=No
     Parameters
     ----------
     q_len, k_len : int >= 0
-    offset : int
-    xp, device : namespace (NumPy by default) and device of the result
+    offset : int or 0-d integer array (a traced value is fine)
+    xp, device : namespace (NumPy by default; ``xp`` may be the framework module) and device
     dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it)
 
     Examples
@@ -29,15 +29,15 @@ def relative_positions(q_len, k_len, *, offset=0, xp=None, device=None, dtype=No
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
     xp = namespace(xp=xp)
     dtype = index_dtype(xp, device) if dtype is None else dtype
     if not xp.isdtype(dtype, "integral"):
         raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
     check.allocatable("relative_positions", (q_len, k_len), 8)
-    qpos = xp.arange(offset, offset + q_len, dtype=dtype, device=device)
+    qpos = xp.arange(q_len, dtype=dtype, device=device)
     kpos = xp.arange(k_len, dtype=dtype, device=device)
-    return qpos[:, None] - kpos[None, :]
+    return xp.astype(shifted(qpos[:, None] - kpos[None, :], offset), dtype)
 
 
 def distances(q_len, k_len, offset, *, xp, device=None):
@@ -45,11 +45,11 @@ def distances(q_len, k_len, offset, *, xp, device=None):
 
     Entry ``t`` is ``offset + t - (k_len - 1)``, the ``rel`` of every ``(i, j)`` with
     ``i - j + k_len - 1 == t`` (see ``_toeplitz``); empty when either length is 0.
-    Arguments are already validated.
+    Arguments are already validated; ``offset`` may be a 0-d integer array (traced).
     """
     count = q_len + k_len - 1 if q_len and k_len else 0
-    start = offset - (k_len - 1)
-    return xp.arange(start, start + count, dtype=index_dtype(xp, device), device=device)
+    return shifted(xp.arange(-(k_len - 1), count - (k_len - 1), dtype=index_dtype(xp, device), device=device), offset)
+
 
 
 def clip_relative(rel, max_distance):

@@ -32,7 +32,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
     k : float array ``[..., heads, k_len, d]``
     table_k : float array ``[2K + 1, d]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0, the clipping distance ``K``
-    offset : int, first query position
+    offset : int or 0-d integer array (traced is fine), first query position
 
     Returns
     -------
@@ -49,7 +49,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
     xp = _args.namespace_of(q=q, k=k, table_k=table_k)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     max_distance = check.integer("max_distance", max_distance, minimum=0)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
     _args.table("table_k", table_k, xp, rows=2 * max_distance + 1, dim=int(q.shape[-1]), batch=batch)
     dtype, work = _args.dtypes(xp, q, k, table_k)
     _args.logits_shape(batch, q_len, k_len)
@@ -78,7 +78,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     v : float array ``[..., heads, k_len, d_v]``
     table_v : float array ``[2K + 1, d_v]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0
-    offset : int, first query position
+    offset : int or 0-d integer array (traced is fine), first query position
 
     Returns
     -------
@@ -104,7 +104,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     except ValueError:
         raise ValueError(f"weights {tuple(weights.shape)} and v {tuple(v.shape)} must have broadcasting leading dimensions") from None
     max_distance = check.integer("max_distance", max_distance, minimum=0)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
     _args.table("table_v", table_v, xp, rows=2 * max_distance + 1, dim=int(v.shape[-1]), batch=batch)
     dtype, work = _args.dtypes(xp, weights, v, table_v)
     check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)

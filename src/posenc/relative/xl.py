@@ -122,7 +122,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
     k : float array ``[..., heads, k_len, d]``
     u, v : float arrays broadcasting against ``q``
     base : float, sinusoid base
-    offset : int, first query position
+    offset : int or 0-d integer array (traced is fine), first query position
     layout : {"interleaved", "split"}, the sinusoid's feature order (:func:`posenc.sinusoidal`);
         TENER's released code uses ``"split"``
 
@@ -146,7 +146,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
     _args.like_query("u", u, q, xp)
     _args.like_query("v", v, q, xp)
     base = check.real("base", base, positive=True)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
     layout = check.choice("layout", layout, LAYOUTS)
     dtype, work = _args.dtypes(xp, q, k, u, v)
     _args.logits_shape(batch, q_len, k_len)

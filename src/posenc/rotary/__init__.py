@@ -8,6 +8,7 @@ from .decay import rope_decay
 from .frequencies import rope_frequencies
 from .interop import convert_layout, permute_qk_weight, rerotate
 from .linear_attention import linear_attention
+from .mrope import mrope_cos_sin
 from .positions import positions_from_cu_seqlens, positions_from_mask
 from .xpos import xpos_scale
 
@@ -16,6 +17,7 @@ __all__ = [
     "axial_rope",
     "convert_layout",
     "linear_attention",
+    "mrope_cos_sin",
     "permute_qk_weight",
     "positions_from_cu_seqlens",
     "positions_from_mask",

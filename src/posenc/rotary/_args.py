@@ -8,6 +8,8 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
+from .._config import trace_constant
+from .._xp import is_integer, namespace
 
 LAYOUTS = ("half", "interleaved")
 
@@ -16,24 +18,39 @@ def layout(name, value):
     return check.choice(name, value, LAYOUTS)
 
 
-def host_inv_freq(name, value, xp):
-    """``value`` as float64 NumPy ``[n]``: a NumPy array or sequence (host values), or an
-    eager array of the namespace ``xp`` of the other arguments."""
-    if check.is_array(value) and not _compat.is_numpy_array(value):
-        if _compat.array_namespace(value) is not xp:
+def inv_freq(name, value, xp):
+    """Frequencies ``[n]``: a tuple of host float64 numbers, or, when they cannot be read
+    now or carry a gradient (a traced JAX value, a torch tensor while torch compiles or one
+    that requires grad), the array itself, to compute with inside the graph."""
+    if check.is_array(value) and not isinstance(value, np.ndarray):
+        if namespace(value) is not xp:
             raise TypeError(
                 f"{name} must be a NumPy array, a sequence, or an array of the same namespace as the other "
                 f"arguments ({xp.__name__}), got {type(value).__name__}"
             )
+        if not check.is_eager(value) or (getattr(value, "requires_grad", False) and _grad_enabled()):
+            check.float_array(name, value, xp)
+            if value.ndim != 1 or value.shape[0] == 0:
+                raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(value.shape)}")
+            return value
         if _compat.is_dask_array(value):
             value = value.compute()
-        else:
-            try:
-                value = [float(value[i]) for i in range(int(value.shape[0]))] if value.ndim == 1 else None
-            except (TypeError, ValueError) as exc:  # e.g. a jax tracer: frequencies must be concrete
-                raise TypeError(f"{name} must hold concrete values (a NumPy array or an eager array), got {type(value).__name__}") from exc
-            if value is None:
-                raise ValueError(f"{name} must be one-dimensional")
+    return _host_floats(name, value)
+
+
+def _grad_enabled():
+    import torch  # only asked about a tensor that requires grad: torch is loaded
+
+    return torch.is_grad_enabled()
+
+
+@trace_constant
+def _host_floats(name, value):
+    """``value`` (a NumPy array, a sequence or an eager 1-D array) as a tuple of float64 numbers."""
+    if check.is_array(value) and not isinstance(value, np.ndarray):
+        if value.ndim != 1:
+            raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(value.shape)}")
+        value = [float(value[i]) for i in range(int(value.shape[0]))]
     try:
         freqs = np.asarray(value, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -42,7 +59,15 @@ def host_inv_freq(name, value, xp):
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {freqs.shape}")
     if not np.all(np.isfinite(freqs)):
         raise ValueError(f"{name} must be finite, got non-finite values")
-    return freqs
+    return tuple(freqs.tolist())
+
+
+def host_inv_freq(name, value, xp):
+    """Frequencies that must be host values (a kernel takes them): float64 NumPy ``[n]``."""
+    freqs = inv_freq(name, value, xp)
+    if not isinstance(freqs, tuple):
+        raise TypeError(f"{name} must hold concrete values (a NumPy array or an eager array), got a traced {type(freqs).__name__}")
+    return np.asarray(freqs)
 
 
 def positions_against(name, positions, xp, batch_shape):
@@ -69,8 +94,12 @@ def out_like(out, x, xp):
     return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x),))
 
 
-def eager_max(xp, positions):
-    """``floor(max(positions)) + 1`` when ``positions`` can be read now, else ``None``."""
-    if not check.is_eager(positions) or math.prod(positions.shape) == 0:
+def sequence_length(xp, positions):
+    """``floor(max(positions)) + 1``: an int when the positions can be read now, else a 0-d
+    array computed with them; None for no positions."""
+    if math.prod(positions.shape) == 0:
         return None
-    return math.floor(float(xp.max(positions))) + 1
+    if check.is_eager(positions):
+        return math.floor(float(xp.max(positions))) + 1
+    top = xp.max(positions)
+    return (top if is_integer(xp, positions.dtype) else xp.floor(top)) + 1

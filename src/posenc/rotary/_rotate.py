@@ -55,7 +55,8 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     """Rotate the first ``2*len(inv_freq)`` channels of ``x`` by ``positions * inv_freq``.
 
     ``x``: ``[..., d]`` real floating; ``positions``: integer or float array broadcasting
-    against ``x.shape[:-1]``; ``inv_freq``: host float64 NumPy array ``[r/2]``;
+    against ``x.shape[:-1]``; ``inv_freq``: host float64 numbers ``[r/2]`` (a NumPy array or a
+    tuple of floats);
     ``layout``: ``"half"`` or ``"interleaved"``; ``inverse``: rotate by ``-angle``;
     ``scale``: multiplies the rotated channels (a scaling's attention scale); ``out``:
     ``None``, ``x`` itself or a buffer like ``x``.

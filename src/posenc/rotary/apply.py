@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, cos_sin, device_of, index_dtype, is_real_floating, namespace, result_dtype
+from .._xp import cast, cos_sin, cos_sin_of_array, device_of, index_dtype, is_real_floating, namespace, result_dtype, shifted
 from . import _args
-from .frequencies import host_frequencies
-from .scaling import check_scaling, check_seq_len
+from .scaling import check_scaling, check_seq_len, frequency_table
 
 
 def duplicate(xp, half_table, layout):
@@ -38,7 +37,10 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
         Integer or float positions, any shape (e.g. ``[batch, seq]`` position ids).
     inv_freq : array or sequence ``[r/2]``
         Frequencies :math:`\theta_i`, e.g. from :func:`rope_frequencies`; a host (NumPy)
-        array is fine for positions of any namespace.
+        array is fine for positions of any namespace. An array of the positions' namespace
+        that carries a gradient (learned frequencies) or is traced (``jax.jit``,
+        ``torch.compile``) is computed with in the graph: gradients reach it, and the angles
+        are then formed in the namespace's widest float.
     layout : {"half", "interleaved"}
         ``"half"``: ``[c_0 .. c_{n-1}, c_0 .. c_{n-1}]`` (GPT-NeoX, LLaMA);
         ``"interleaved"``: ``[c_0, c_0, c_1, c_1, ...]`` (RoFormer, GPT-J).
@@ -62,21 +64,39 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     >>> sin[2].round(4).tolist()
     [0.9093, 0.9093, 0.8415, 0.8415]
     """
-    check.array("positions", positions)
-    xp = namespace(positions)
-    device = device_of(positions)
-    check.positions("positions", positions, xp)
-    layout = _args.layout("layout", layout)
-    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
-    scale = check.real("scale", scale)
-    if dtype is None:
-        dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-    dtype = result_dtype(xp, dtype)
-    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * freqs.size), 8, positions)
-    c, s = cos_sin(positions, freqs, xp=xp, device=device)
-    if scale != 1.0:
-        c, s = c * scale, s * scale
-    return cast(xp, duplicate(xp, c, layout), dtype), cast(xp, duplicate(xp, s, layout), dtype)
+    args = TableArguments(positions, inv_freq, layout, dtype, scale)
+    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * args.pairs), 8, positions)
+    return args.tables(*args.cos_sin(positions, args.freqs))
+
+
+class TableArguments:
+    """The validated arguments of the ``cos``/``sin`` table builders (``rope_cos_sin``,
+    ``mrope_cos_sin``), and the two steps they share."""
+
+    def __init__(self, positions, inv_freq, layout, dtype, scale):
+        check.array("positions", positions)
+        self.xp = xp = namespace(positions)
+        self.device = device_of(positions)
+        check.positions("positions", positions, xp)
+        self.layout = _args.layout("layout", layout)
+        self.freqs = _args.inv_freq("inv_freq", inv_freq, xp)
+        self.pairs = len(self.freqs) if isinstance(self.freqs, tuple) else int(self.freqs.shape[0])
+        self.scale = check.real("scale", scale)
+        if dtype is None:
+            dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
+        self.dtype = result_dtype(xp, dtype)
+
+    def cos_sin(self, positions, freqs):
+        """Undoubled ``cos, sin`` of ``positions * freqs`` (host numbers or an in-graph array)."""
+        compute = cos_sin if isinstance(freqs, tuple) else cos_sin_of_array
+        return compute(positions, freqs, xp=self.xp, device=self.device)
+
+    def tables(self, c, s):
+        """Scaled, doubled in the layout's order, in the result dtype."""
+        xp = self.xp
+        if self.scale != 1.0:
+            c, s = c * self.scale, s * self.scale
+        return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
 
 
 def apply_rope(x, cos, sin, *, layout="half", out=None):
@@ -136,7 +156,7 @@ def default_positions(xp, x, seq_axis, offset, device):
     batch_ndim = x.ndim - 1
     axis = seq_axis % x.ndim
     length = int(x.shape[axis])
-    pos = xp.arange(offset, offset + length, dtype=index_dtype(xp, device), device=device)
+    pos = shifted(xp.arange(length, dtype=index_dtype(xp, device), device=device), offset)
     return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(batch_ndim)))
 
 
@@ -172,20 +192,22 @@ def rope(
     layout : {"half", "interleaved"}
     rotary_dim : int, optional
         Channels rotated (default ``d``); the others pass through unchanged.
-    offset : int
-        Added to the positions (the number of cached tokens when decoding).
+    offset : int or 0-d integer array
+        Added to the positions (the number of cached tokens when decoding); a traced value
+        (``jax.jit``, ``torch.compile``) is fine.
     seq_axis : int
         Axis of ``x`` that the default positions run along (not the feature axis).
     inverse : bool
         Undo the embedding: rotate by ``-angle`` and divide by the attention scale, so
         ``rope(rope(x), inverse=True) == x``. (With attention scale 1 this is also the
         transpose, i.e. the backward pass.)
-    seq_len : int, optional
+    seq_len : int or 0-d integer array, optional
         The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to. Default: the
-        largest position + 1 when the positions can be read now (NumPy, torch, eager
-        JAX, array-api-strict), else (Dask, ``jax.jit``) the scaling's
-        ``original_max_position``, i.e. unscaled frequencies and LongRoPE's short factors:
-        pass it explicitly there.
+        largest position + 1, decided per call. Where the positions (or ``seq_len``) cannot
+        be read now (``jax.jit``, ``torch.compile``, Dask) the frequencies are computed
+        from that traced length inside the computation, with the same result; the
+        rotation then takes ``cos``/``sin`` tables (``apply_rope``'s path), angles in the
+        namespace's widest float.
     out : array like ``x``, optional
         ``out=x`` rotates in place (not for JAX).
 
@@ -215,7 +237,7 @@ def rope(
     layout = _args.layout("layout", layout)
     width = int(x.shape[-1])
     rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
-    offset = check.integer("offset", offset)
+    offset = check.integer_or_traced("offset", offset)
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     seq_len = check_seq_len(seq_len)
@@ -229,14 +251,32 @@ def rope(
         positions = default_positions(xp, x, seq_axis, offset, device)
     else:
         _args.positions_against("positions", positions, xp, tuple(x.shape[:-1]))
-        if offset:
-            positions = positions + offset
+        positions = shifted(positions, offset)
     _args.out_like(out, x, xp)
-    if seq_len is None and scaling is not None and scaling.uses_seq_len:
-        seq_len = _args.eager_max(xp, positions)
-    inv_freq, scale = host_frequencies(rdim, base, scaling, seq_len)
+    if scaling is not None and scaling.uses_seq_len:
+        if seq_len is None:
+            seq_len = _args.sequence_length(xp, positions)
+        if seq_len is not None and not isinstance(seq_len, int):
+            return _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device)
+    else:
+        seq_len = None
+    inv_freq, scale = frequency_table(scaling, rdim, base, seq_len)
     if inverse:
         scale = 1.0 / scale
     return _dispatch.call(
         "rope_rotate", x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out
     )
+
+
+def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device):
+    """``rope`` for a length known only inside the computation: frequencies computed from it,
+    then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
+    if not check.is_array(seq_len):  # a symbolic size of torch.compile
+        seq_len = xp.asarray(seq_len, device=device)
+    inv_freq, scale = scaling.traced_frequencies(xp, rdim, base, seq_len, device)
+    c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
+    if inverse:
+        s, scale = -s, 1.0 / scale
+    if scale != 1.0:
+        c, s = c * scale, s * scale
+    return _dispatch.call("rope_apply", x, duplicate(xp, c, layout), duplicate(xp, s, layout), layout=layout, out=out)

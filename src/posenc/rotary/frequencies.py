@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _validate as check
-from .._xp import namespace, widest_float
-from .scaling import check_scaling, check_seq_len, default_inv_freq
-
-
-def host_frequencies(dim, base, scaling, seq_len):
-    """Validated float64 NumPy ``inv_freq`` and the attention scale (no array namespace)."""
-    if scaling is None:
-        return default_inv_freq(dim, base), 1.0
-    return scaling.frequencies(dim, base, seq_len)
+from .._xp import device_of, namespace, result_dtype, widest_float
+from .scaling import check_scaling, check_seq_len, frequency_table
 
 
 def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, device=None, dtype=None):
@@ -32,9 +27,11 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     scaling : posenc.scaling object, optional
         Context extension: ``Linear``, ``NTK``, ``DynamicNTK``, ``YaRN``, ``LongRoPE``,
         ``Llama3``.
-    seq_len : int, optional
+    seq_len : int or 0-d integer array, optional
         The current sequence length, read by ``DynamicNTK`` (base grows beyond the original
         length) and ``LongRoPE`` (long factors beyond it). ``None``: the original length.
+        A traced value (``jax.jit``, ``torch.compile``) gives ``inv_freq`` as an array of
+        its namespace, computed from it.
     xp, device, dtype
         Namespace, device and dtype of ``inv_freq``. By default a float64 NumPy array; with
         only ``xp`` given, the namespace's widest float.
@@ -58,12 +55,18 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     base = check.real("base", base, positive=True)
     check_scaling(scaling)
     seq_len = check_seq_len(seq_len)
-    inv_freq, attention_scale = host_frequencies(dim, base, scaling, seq_len)
+    if check.is_array(seq_len):
+        if scaling is None or not scaling.uses_seq_len:
+            seq_len = None
+        else:
+            xp = namespace(seq_len, xp=xp)
+            device = device if device is not None else device_of(seq_len)
+            inv_freq, attention_scale = scaling.traced_frequencies(xp, dim, base, seq_len, device)
+            return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+    inv_freq, attention_scale = frequency_table(scaling, dim, base, seq_len)
     if xp is None and device is None and dtype is None:
-        return inv_freq, float(attention_scale)
+        return np.asarray(inv_freq), float(attention_scale)
     xp = namespace(xp=xp)
-    if dtype is None:
-        dtype = widest_float(xp, device)
-    elif not xp.isdtype(dtype, "real floating"):
-        raise TypeError(f"dtype must be a real floating dtype, got {dtype!r}")
-    return xp.asarray(inv_freq.tolist(), dtype=dtype, device=device), float(attention_scale)
+    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
+    return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
+

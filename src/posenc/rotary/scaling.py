@@ -17,19 +17,30 @@ computed in float64 instead of float32. With :math:`\theta_i = b^{-2i/d}`,
 ``Llama3(s, L, ...)``     wavelength bands: keep, divide by ``s``, or blend (Llama 3.1)
 ========================  ===========================================================
 
-``from_hf`` reads a Hugging Face ``rope_parameters`` (or legacy ``rope_scaling``) dict.
+``Proportional(fraction, factor)`` is Hugging Face's ``"proportional"`` type (rotate a fraction
+of the pairs, keep the others still). ``from_hf`` reads a transformers config or its
+``rope_parameters`` (or legacy ``rope_scaling``) dict.
+
+``DynamicNTK`` and ``LongRoPE`` depend on the sequence length. Where it is a traced value
+(``jax.jit``, ``torch.compile``, lazy Dask), ``traced_frequencies`` computes the frequencies
+from it inside the computation, so the choice is still made per call.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Callable
 
 import numpy as np
 
 from .. import _validate as check
+from .._config import trace_constant
+from .._xp import widest_float
 
-__all__ = ["DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "YaRN", "from_hf"]
+__all__ = ["DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
 
 def default_inv_freq(dim: int, base: float) -> np.ndarray:
@@ -56,6 +67,36 @@ class Scaling:
 
     def frequencies(self, dim: int, base: float, seq_len: int | None = None) -> tuple[np.ndarray, float]:
         raise NotImplementedError
+
+    def traced_frequencies(self, xp, dim, base, seq_len, device=None):
+        """``(inv_freq, attention_scale)`` for a ``seq_len`` given as a 0-d array that cannot be
+        read now: ``inv_freq`` an array of ``xp`` in its widest float, computed from it.
+        Scalings that ignore the length return their constant frequencies."""
+        inv_freq, scale = frequency_table(self, dim, base, None)
+        return xp.asarray(inv_freq, dtype=widest_float(xp, device), device=device), scale
+
+
+def frequency_table(scaling, dim, base, seq_len):
+    """``inv_freq`` as a tuple of float64 Python numbers and the attention scale, ``scaling``
+    None for plain RoPE (host values: a constant for ``torch.compile``)."""
+    if scaling is None:
+        return _table(None, (), dim, base, seq_len)
+    # The class and its field values, not the object: torch.compile may have built the
+    # object while tracing, and passes only plain values to a constant function.
+    return _table(type(scaling), tuple(getattr(scaling, f.name) for f in fields(scaling)), dim, base, seq_len)
+
+
+@trace_constant
+def _table(kind, parameters, dim, base, seq_len):
+    if kind is None:
+        return tuple(default_inv_freq(dim, base).tolist()), 1.0
+    inv_freq, scale = kind(*parameters).frequencies(dim, base, seq_len)
+    return tuple(np.asarray(inv_freq, dtype=np.float64).tolist()), float(scale)
+
+
+def _exponents(xp, dim, device):
+    """``2i / dim`` for ``i < dim/2``, an array of ``xp``'s widest float."""
+    return xp.asarray([2 * i / dim for i in range(dim // 2)], dtype=widest_float(xp, device), device=device)
 
 
 @dataclass(frozen=True)
@@ -122,6 +163,14 @@ class DynamicNTK(Scaling):
         length = self.original_max_position if seq_len is None else max(seq_len, self.original_max_position)
         grow = self.factor * length / self.original_max_position - (self.factor - 1)
         return default_inv_freq(dim, base * grow ** _base_exponent_dim(dim)), 1.0
+
+    def traced_frequencies(self, xp, dim, base, seq_len, device=None):
+        # The same arithmetic as ``frequencies``, on the array.
+        work = widest_float(xp, device)
+        length = xp.maximum(xp.astype(seq_len, work), xp.asarray(float(self.original_max_position), dtype=work, device=device))
+        grow = self.factor * length / self.original_max_position - (self.factor - 1)
+        new_base = base * grow ** _base_exponent_dim(dim)
+        return 1.0 / new_base ** _exponents(xp, dim, device), 1.0
 
 
 def _yarn_mscale(scale, mscale=1.0):
@@ -248,6 +297,14 @@ class LongRoPE(Scaling):
         rescale = np.asarray(self.long_factor if long else self.short_factor, dtype=np.float64)
         return default_inv_freq(dim, base) / rescale, self.attention_scale()
 
+    def traced_frequencies(self, xp, dim, base, seq_len, device=None):
+        work = widest_float(xp, device)
+        short, scale = frequency_table(self, dim, base, None)
+        long, _ = frequency_table(self, dim, base, self.original_max_position + 1)
+        choose_long = seq_len > self.original_max_position
+        short, long = (xp.asarray(f, dtype=work, device=device) for f in (short, long))
+        return xp.where(choose_long, long, short), scale
+
 
 @dataclass(frozen=True)
 class Llama3(Scaling):
@@ -289,6 +346,31 @@ class Llama3(Scaling):
 
 
 @dataclass(frozen=True)
+class Proportional(Scaling):
+    r"""Rotate only the first pairs, at full-width frequencies; the others stay put.
+
+    :math:`\theta_i = b^{-2i/d} / s` for the first ``n = int(fraction * d // 2)`` pairs and
+    :math:`\theta_i = 0` (no rotation) for the rest, ``s = factor``; attention scale 1.
+    Unlike a partial rotary dimension, the exponent keeps the full ``d`` and the result
+    covers every pair (HF ``rope_type="proportional"``).
+    """
+
+    fraction: float
+    factor: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "fraction", check.real("fraction", self.fraction, minimum=0.0))
+        if self.fraction > 1.0:
+            raise ValueError(f"fraction must be in [0, 1], got {self.fraction}")
+        object.__setattr__(self, "factor", check.real("factor", self.factor, positive=True))
+
+    def frequencies(self, dim, base, seq_len=None):
+        rotated = int(self.fraction * dim // 2)
+        theta = default_inv_freq(dim, base)
+        return np.where(np.arange(dim // 2) < rotated, theta, 0.0) / self.factor, 1.0
+
+
+@dataclass(frozen=True)
 class HFRope:
     """What :func:`from_hf` read from a Hugging Face config.
 
@@ -310,31 +392,189 @@ class HFRope:
     partial_rotary_factor: float
 
 
-_HF_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")
+class _Reader:
+    """One flat ``rope_parameters`` dict of a config, with the config-level values it falls back on."""
+
+    def __init__(self, params, rope_type, max_position_embeddings, original_max_position_embeddings):
+        self.params, self.rope_type = params, rope_type
+        self.max_position_embeddings = max_position_embeddings
+        self.original_max_position_embeddings = original_max_position_embeddings
+
+    def need(self, key, *, none_ok=False):
+        if key not in self.params:
+            raise ValueError(f"rope_parameters for rope_type={self.rope_type!r} needs {key!r} (transformers requires it)")
+        if self.params[key] is None and not none_ok:
+            raise ValueError(f"rope_parameters[{key!r}] must be set for rope_type={self.rope_type!r}, got None")
+        return self.params[key]
+
+    def get(self, key, default=None):
+        value = self.params.get(key)
+        return default if value is None else value
+
+    def original(self):
+        """``original_max_position_embeddings``: the config's own field first (Phi-3), then the
+        parameters', then ``max_position_embeddings`` (transformers' order)."""
+        for value in (self.original_max_position_embeddings, self.params.get("original_max_position_embeddings"), self.max_position_embeddings):
+            if value is not None:
+                return value
+        raise ValueError(
+            f"rope_type={self.rope_type!r} needs rope_parameters['original_max_position_embeddings'] or max_position_embeddings"
+        )
+
+    def factor_or_ratio(self, original):
+        """``factor``, or ``max_position_embeddings / original`` where it is None (DeepSeek-V3, Phi-3)."""
+        if self.params.get("factor") is not None:
+            return self.params["factor"]
+        if self.max_position_embeddings is None:
+            raise ValueError(f"rope_type={self.rope_type!r} with factor None needs max_position_embeddings (factor = max / original)")
+        return self.max_position_embeddings / original
 
 
-def from_hf(rope_parameters, *, head_dim, max_position_embeddings=None, rope_theta=None, partial_rotary_factor=None):
+def _linear(r, rotary_dim, base):
+    return Linear(r.need("factor"))
+
+
+def _dynamic(r, rotary_dim, base):
+    factor = r.need("factor")
+    if r.max_position_embeddings is None:
+        raise ValueError("rope_type='dynamic' needs max_position_embeddings (the length the base starts growing at)")
+    return DynamicNTK(factor, r.max_position_embeddings)
+
+
+def _yarn(r, rotary_dim, base):
+    r.need("factor", none_ok=True)  # None: max_position_embeddings / original (DeepSeek-V3)
+    original = r.original()
+    return YaRN(
+        r.factor_or_ratio(original),
+        original,
+        beta_fast=r.get("beta_fast", 32.0) or 32.0,
+        beta_slow=r.get("beta_slow", 1.0) or 1.0,
+        mscale=r.get("mscale", 0.0),
+        mscale_all_dim=r.get("mscale_all_dim", 0.0),
+        attention_factor=r.params.get("attention_factor"),
+        truncate=r.get("truncate", True),
+    )
+
+
+def _longrope(r, rotary_dim, base):
+    original = r.original()
+    scaling = LongRoPE(
+        r.need("short_factor"),
+        r.need("long_factor"),
+        original,
+        factor=r.factor_or_ratio(original),
+        attention_factor=r.params.get("attention_factor"),
+    )
+    scaling.frequencies(rotary_dim, base)  # checks the list lengths now
+    return scaling
+
+
+def _llama3(r, rotary_dim, base):
+    return Llama3(r.need("factor"), r.original(), low_freq_factor=r.need("low_freq_factor"), high_freq_factor=r.need("high_freq_factor"))
+
+
+def _proportional(r, rotary_dim, base):
+    return Proportional(r.get("partial_rotary_factor", 1.0), r.get("factor", 1.0))
+
+
+@dataclass(frozen=True)
+class _HFType:
+    """How to read one ``rope_type``: the builder and the keys it reads besides the common ones."""
+
+    build: Callable | None
+    keys: tuple = ()
+    #: The rotary dimension is the whole head (the scaling zeroes the frequencies it leaves out).
+    whole_head: bool = False
+
+
+# transformers' ``rope_type``s (``ROPE_INIT_FUNCTIONS`` and the default) -> builder.
+HF_ROPE_TYPES = {
+    "default": _HFType(None),
+    "linear": _HFType(_linear, ("factor",)),
+    "dynamic": _HFType(_dynamic, ("factor",)),
+    "yarn": _HFType(
+        _yarn,
+        ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
+    ),
+    "longrope": _HFType(_longrope, ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor", "factor")),
+    "llama3": _HFType(_llama3, ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")),
+    "proportional": _HFType(_proportional, ("factor",), whole_head=True),
+}
+# Keys every type may carry; the multimodal ones are read by ``mrope_cos_sin``, not here.
+_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+
+
+def _config_fields(config):
+    """``(rope_parameters, fields)`` of a transformers config object (its text config)."""
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        params = getattr(config, "rope_scaling", None)  # transformers 4 configs
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim is None:
+        hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+        if hidden is None or heads is None:
+            raise ValueError(f"config {type(config).__name__} has neither head_dim nor hidden_size and num_attention_heads")
+        head_dim = hidden // heads
+    fields = {
+        "head_dim": head_dim,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        "rope_theta": getattr(config, "rope_theta", None),
+        "partial_rotary_factor": getattr(config, "partial_rotary_factor", None),
+        "original_max_position_embeddings": getattr(config, "original_max_position_embeddings", None),
+        "layer_types": tuple(getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None) or ()),
+    }
+    return params, fields
+
+
+def _is_nested(params, layer_types):
+    """Per-layer-type parameters: keys that name layer types, each with a dict (or None, a NoPE layer)."""
+    if not params:
+        return False
+    if layer_types:
+        return any(key in layer_types for key in params)
+    return all(isinstance(v, Mapping) or v is None for v in params.values())
+
+
+def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=None, rope_theta=None, partial_rotary_factor=None):
     """Build the scaling, base and rotary dimension of a Hugging Face RoPE config.
 
     Parameters
     ----------
-    rope_parameters : dict or None
-        ``config.rope_parameters`` (transformers v5: ``rope_type``, ``rope_theta``,
+    config : transformers ``PretrainedConfig``, dict or None
+        A config object (its text config for multimodal models; head dim, max positions,
+        ``rope_theta`` and ``partial_rotary_factor`` are read from it), or its
+        ``rope_parameters`` dict (transformers v5: ``rope_type``, ``rope_theta``,
         ``partial_rotary_factor``, ``factor``, ...) or a legacy ``rope_scaling`` dict
-        (``type`` instead of ``rope_type``). ``None`` or ``{}`` is plain RoPE.
-    head_dim : int
-        The attention head size (``config.head_dim`` or ``hidden_size // num_heads``).
+        (``type`` instead of ``rope_type``). ``None`` or ``{}`` is plain RoPE. Parameters
+        nested per layer type (``{"full_attention": {...}, "sliding_attention": {...}}``,
+        Gemma 3 style) need ``layer_type``. Every ``rope_type`` transformers ships is read
+        (``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``,
+        ``proportional``), each by its entry of ``HF_ROPE_TYPES``.
+    head_dim : int, optional
+        The attention head size; read from a config object (``head_dim`` or
+        ``hidden_size // num_attention_heads``), required with a dict.
     max_position_embeddings : int, optional
         ``config.max_position_embeddings``: needed by ``"dynamic"``, by ``"yarn"`` and
         ``"longrope"`` without ``factor``, and as the fallback of
         ``original_max_position_embeddings``, as in transformers.
+    layer_type : str, optional
+        Which entry of per-layer-type parameters to read.
     rope_theta, partial_rotary_factor : float, optional
-        Top-level config values of legacy configs; values inside ``rope_parameters`` win.
+        Top-level config values of legacy dicts; values inside the parameters win.
 
     Returns
     -------
     HFRope
         ``(scaling, base, rotary_dim, partial_rotary_factor)``.
+
+    Raises
+    ------
+    ValueError
+        A field transformers requires is missing (e.g. ``factor`` for ``"yarn"``), an
+        unknown ``rope_type`` or ``layer_type``, nested parameters without ``layer_type``.
+        Keys the type does not read give a ``UserWarning``.
 
     Examples
     --------
@@ -346,88 +586,74 @@ def from_hf(rope_parameters, *, head_dim, max_position_embeddings=None, rope_the
     Llama3(factor=8.0, original_max_position=8192, low_freq_factor=1.0, high_freq_factor=4.0)
     >>> cfg.base, cfg.rotary_dim
     (500000.0, 128)
+    >>> nested = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+    ...           "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}
+    >>> pe.scaling.from_hf(nested, head_dim=64, layer_type="full_attention").scaling
+    Linear(factor=8.0)
     """
-    if rope_parameters is None:
-        rope_parameters = {}
-    if not isinstance(rope_parameters, dict):
-        raise TypeError(f"rope_parameters must be a dict (or None), got {type(rope_parameters).__name__}")
+    fields = {"layer_types": (), "original_max_position_embeddings": None}
+    if config is None or isinstance(config, Mapping):
+        params = config
+    elif hasattr(config, "rope_parameters") or hasattr(config, "rope_scaling") or hasattr(config, "get_text_config"):
+        params, fields = _config_fields(config)
+    else:
+        raise TypeError(f"config must be a transformers PretrainedConfig, a rope_parameters dict or None, got {type(config).__name__}")
+    head_dim = head_dim if head_dim is not None else fields.get("head_dim")
+    if head_dim is None:
+        raise ValueError("head_dim is required with a rope_parameters dict (a config object gives it)")
     head_dim = check.integer("head_dim", head_dim, minimum=1)
-    if max_position_embeddings is not None:
-        max_position_embeddings = check.integer("max_position_embeddings", max_position_embeddings, minimum=1)
-    p = dict(rope_parameters)
+    for name, given in (("max_position_embeddings", max_position_embeddings), ("rope_theta", rope_theta), ("partial_rotary_factor", partial_rotary_factor)):
+        if given is None:
+            given = fields.get(name)
+        fields[name] = given
+    if fields["max_position_embeddings"] is not None:
+        fields["max_position_embeddings"] = check.integer("max_position_embeddings", fields["max_position_embeddings"], minimum=1)
+    params = dict(params or {})
+    if _is_nested(params, fields["layer_types"]):
+        labels = sorted(k for k in params if not fields["layer_types"] or k in fields["layer_types"])
+        if layer_type is None:
+            raise ValueError(f"the rope parameters are per layer type ({', '.join(labels)}); pass layer_type= one of them")
+        if layer_type not in labels:
+            raise ValueError(f"layer_type must be one of {', '.join(map(repr, labels))}, got {layer_type!r}")
+        if params[layer_type] is None:
+            raise ValueError(f"layer_type={layer_type!r} has no rotary parameters (a layer without RoPE)")
+        params = dict(params[layer_type])
+    elif layer_type is not None and layer_type not in fields["layer_types"]:
+        raise ValueError(
+            f"layer_type={layer_type!r} given, but the rope parameters are not per layer type"
+            + (f" (layer types: {', '.join(fields['layer_types'])})" if fields["layer_types"] else "")
+        )
+    return _read_flat(params, head_dim, fields)
+
+
+def _read_flat(p, head_dim, fields):
+    """:func:`from_hf` on one flat parameter dict."""
     rope_type = p.get("rope_type", p.get("type", "default"))
-    if rope_type not in _HF_TYPES:
-        raise ValueError(f"rope_parameters['rope_type'] must be one of {', '.join(map(repr, _HF_TYPES))}, got {rope_type!r}")
-    theta = p.get("rope_theta", rope_theta if rope_theta is not None else 10000.0)
+    if rope_type not in HF_ROPE_TYPES:
+        raise ValueError(
+            f"rope_parameters['rope_type'] must be one of {', '.join(map(repr, HF_ROPE_TYPES))}, got {rope_type!r}"
+        )
+    kind = HF_ROPE_TYPES[rope_type]
+    unknown = sorted(set(p) - set(_COMMON_KEYS) - set(kind.keys))
+    if unknown:
+        warnings.warn(f"rope_parameters keys {unknown} are not read for rope_type={rope_type!r}", UserWarning, stacklevel=3)
+    theta = p.get("rope_theta")
+    if theta is None:
+        theta = fields["rope_theta"] if fields["rope_theta"] is not None else 10000.0
     base = check.real("rope_theta", theta, positive=True)
-    fraction = p.get("partial_rotary_factor", partial_rotary_factor if partial_rotary_factor is not None else 1.0)
+    fraction = p.get("partial_rotary_factor")
+    if fraction is None:
+        fraction = fields["partial_rotary_factor"] if fields["partial_rotary_factor"] is not None else 1.0
     fraction = check.real("partial_rotary_factor", fraction, positive=True)
     if fraction > 1.0:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {fraction}")
-    rotary_dim = int(head_dim * fraction)
+    rotary_dim = head_dim if kind.whole_head else int(head_dim * fraction)
     if rotary_dim < 2 or rotary_dim % 2:
         raise ValueError(
             f"head_dim * partial_rotary_factor must give an even rotary dimension >= 2, got int({head_dim} * {fraction}) = {rotary_dim}"
         )
-
-    def need(key):
-        if p.get(key) is None:
-            raise ValueError(f"rope_parameters for rope_type={rope_type!r} needs {key!r}")
-        return p[key]
-
-    def original_max_position():
-        if p.get("original_max_position_embeddings") is not None:
-            return p["original_max_position_embeddings"]
-        if max_position_embeddings is None:
-            raise ValueError(
-                f"rope_type={rope_type!r} needs rope_parameters['original_max_position_embeddings'] or max_position_embeddings"
-            )
-        return max_position_embeddings
-
-    def factor_or_ratio(original):
-        if p.get("factor") is not None:
-            return p["factor"]
-        if max_position_embeddings is None:
-            raise ValueError(f"rope_type={rope_type!r} without 'factor' needs max_position_embeddings (factor = max / original)")
-        return max_position_embeddings / original
-
-    if rope_type == "default":
-        scaling = None
-    elif rope_type == "linear":
-        scaling = Linear(need("factor"))
-    elif rope_type == "dynamic":
-        if max_position_embeddings is None:
-            raise ValueError("rope_type='dynamic' needs max_position_embeddings (the length the base starts growing at)")
-        scaling = DynamicNTK(need("factor"), max_position_embeddings)
-    elif rope_type == "yarn":
-        original = original_max_position()
-        scaling = YaRN(
-            factor_or_ratio(original),
-            original,
-            beta_fast=p.get("beta_fast") or 32.0,
-            beta_slow=p.get("beta_slow") or 1.0,
-            mscale=p.get("mscale") or 0.0,
-            mscale_all_dim=p.get("mscale_all_dim") or 0.0,
-            attention_factor=p.get("attention_factor"),
-            truncate=p.get("truncate", True),
-        )
-    elif rope_type == "longrope":
-        original = original_max_position()
-        scaling = LongRoPE(
-            need("short_factor"),
-            need("long_factor"),
-            original,
-            factor=factor_or_ratio(original),
-            attention_factor=p.get("attention_factor"),
-        )
-        scaling.frequencies(rotary_dim, base)  # checks the list lengths now
-    else:
-        scaling = Llama3(
-            need("factor"),
-            original_max_position(),
-            low_freq_factor=need("low_freq_factor"),
-            high_freq_factor=need("high_freq_factor"),
-        )
+    reader = _Reader({**p, "partial_rotary_factor": fraction}, rope_type, fields["max_position_embeddings"], fields["original_max_position_embeddings"])
+    scaling = kind.build(reader, rotary_dim, base) if kind.build is not None else None
     return HFRope(scaling, base, rotary_dim, fraction)
 
 
@@ -441,4 +667,5 @@ def check_scaling(scaling):
 
 
 def check_seq_len(seq_len):
-    return None if seq_len is None else check.integer("seq_len", seq_len, minimum=0)
+    """None, a non-negative int, or a 0-d integer array that cannot be read now (traced)."""
+    return None if seq_len is None else check.integer_or_traced("seq_len", seq_len, minimum=0)

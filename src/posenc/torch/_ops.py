@@ -4,12 +4,17 @@ Each op's forward calls posenc's kernel registry with grad mode off, so a Numba 
 the reference) computes it; the backward is the same machinery run on the gradient:
 
 * ``rope_rotate``: backward is the inverse rotation (same angles, ``-sin``), same scale;
-* ``rope_apply``: backward rotates the gradient by ``(cos, -sin)``; ``cos``/``sin`` are
-  treated as constants (no gradient flows to them);
+  float ``positions`` get ``sum_i theta_i (g_b y_a - g_a y_b)`` over the pairs of each token
+  (``-theta_i`` for ``inverse``), the derivative of the angle;
+* ``rope_apply``: backward rotates the gradient by ``(cos, -sin)``; ``cos``/``sin`` get
+  ``g_a a + g_b b`` and ``g_b a - g_a b`` at the entry each pair reads (the first of its
+  two copies; the other copy is not read, its gradient is 0), summed over broadcast axes,
+  so learned frequencies train;
 * ``toeplitz_expand``: backward sums the gradient along each diagonal ``i - j`` (the
   adjoint of a Toeplitz expansion);
 * ``toeplitz_gather`` / ``toeplitz_scatter``: each is the other's adjoint.
 
+Every differentiable argument gets its gradient (``tests/test_torch_ops.py`` gradchecks each).
 The ops are opaque to ``torch.compile`` (no graph break) and pass ``torch.library.opcheck``.
 """
 
@@ -38,16 +43,43 @@ def _(x, positions, inv_freq, interleaved, inverse, scale):
     return torch.empty_like(x)
 
 
+def _pairs(t, interleaved, half):
+    """The two members ``(a, b)`` of the first ``half`` rotated pairs of ``t``."""
+    if interleaved:
+        return t[..., 0 : 2 * half : 2], t[..., 1 : 2 * half : 2]
+    return t[..., :half], t[..., half : 2 * half]
+
+
+def _first_of_pairs(values, interleaved, shape):
+    """A tensor of ``shape`` (a ``cos``/``sin`` table) holding ``values`` at the first entry of each pair, 0 at the second."""
+    zeros = torch.zeros_like(values)
+    if interleaved:
+        table = torch.stack([values, zeros], dim=-1).flatten(-2)
+    else:
+        table = torch.cat([values, zeros], dim=-1)
+    return table.sum_to_size(shape)
+
+
 def _rope_rotate_setup(ctx, inputs, output):
     _, positions, inv_freq, interleaved, inverse, scale = inputs
-    ctx.save_for_backward(positions)
+    ctx.save_for_backward(positions, output if ctx.needs_input_grad[1] else None)
     ctx.args = (inv_freq, interleaved, inverse, scale)
 
 
 def _rope_rotate_backward(ctx, grad):
-    (positions,) = ctx.saved_tensors
+    positions, output = ctx.saved_tensors
     inv_freq, interleaved, inverse, scale = ctx.args
-    return rope_rotate_op(grad.contiguous(), positions, inv_freq, interleaved, not inverse, scale), None, None, None, None, None
+    grad_x = grad_positions = None
+    if ctx.needs_input_grad[0]:
+        grad_x = rope_rotate_op(grad.contiguous(), positions, inv_freq, interleaved, not inverse, scale)
+    if ctx.needs_input_grad[1]:
+        half = len(inv_freq)
+        theta = torch.tensor(inv_freq, dtype=torch.float64, device=grad.device)
+        y_a, y_b = _pairs(output.double(), interleaved, half)
+        g_a, g_b = _pairs(grad.double(), interleaved, half)
+        per_token = ((g_b * y_a - g_a * y_b) * theta).sum(-1) * (-1.0 if inverse else 1.0)
+        grad_positions = per_token.sum_to_size(positions.shape).to(positions.dtype)
+    return grad_x, grad_positions, None, None, None, None
 
 
 rope_rotate_op.register_autograd(_rope_rotate_backward, setup_context=_rope_rotate_setup)
@@ -64,14 +96,26 @@ def _(x, cos, sin, interleaved):
 
 
 def _rope_apply_setup(ctx, inputs, output):
-    _, cos, sin, interleaved = inputs
-    ctx.save_for_backward(cos, sin)
+    x, cos, sin, interleaved = inputs
+    ctx.save_for_backward(x if ctx.needs_input_grad[1] or ctx.needs_input_grad[2] else None, cos, sin)
     ctx.interleaved = interleaved
 
 
 def _rope_apply_backward(ctx, grad):
-    cos, sin = ctx.saved_tensors
-    return rope_apply_op(grad.contiguous(), cos, -sin, ctx.interleaved), None, None, None
+    x, cos, sin = ctx.saved_tensors
+    grad_x = grad_cos = grad_sin = None
+    if ctx.needs_input_grad[0]:
+        grad_x = rope_apply_op(grad.contiguous(), cos, -sin, ctx.interleaved)
+    if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+        half = cos.shape[-1] // 2
+        work = torch.promote_types(torch.promote_types(x.dtype, cos.dtype), torch.float32)
+        a, b = _pairs(x.to(work), ctx.interleaved, half)
+        g_a, g_b = _pairs(grad.to(work), ctx.interleaved, half)
+        if ctx.needs_input_grad[1]:
+            grad_cos = _first_of_pairs(g_a * a + g_b * b, ctx.interleaved, cos.shape).to(cos.dtype)
+        if ctx.needs_input_grad[2]:
+            grad_sin = _first_of_pairs(g_b * a - g_a * b, ctx.interleaved, sin.shape).to(sin.dtype)
+    return grad_x, grad_cos, grad_sin, None
 
 
 rope_apply_op.register_autograd(_rope_apply_backward, setup_context=_rope_apply_setup)
@@ -144,25 +188,41 @@ _register_adjoint(toeplitz_gather_op, toeplitz_scatter_op)
 _register_adjoint(toeplitz_scatter_op, toeplitz_gather_op)
 
 
-# Registry entries (``posenc._kernels.torch_autograd``): the references' signatures.
+# Registry entries (``posenc._kernels.torch_autograd``): the references' signatures. While
+# torch compiles, calls with ``out`` arrive here too: the result is copied into it.
+
+
+def _written(result, out):
+    if out is None:
+        return result
+    out.copy_(result)
+    return out
 
 
 def rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
-    inv = [float(f) for f in np.asarray(inv_freq, dtype=np.float64)]
-    return rope_rotate_op(x, positions, inv, layout == "interleaved", bool(inverse), float(scale))
+    inv = [float(f) for f in inv_freq]  # host numbers (a tuple while torch compiles: no NumPy traced)
+    return _written(rope_rotate_op(x, positions, inv, layout == "interleaved", bool(inverse), float(scale)), out)
 
 
 def rope_apply(x, cos, sin, *, layout="half", out=None):
-    return rope_apply_op(x, cos, sin, layout == "interleaved")
+    return _written(rope_apply_op(x, cos, sin, layout == "interleaved"), out)
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
-    return toeplitz_expand_op(vec, int(q_len), int(k_len))
+    return _written(toeplitz_expand_op(vec, q_len, k_len), out)
 
 
 def toeplitz_gather(scores, index, k_len, *, out=None):
-    return toeplitz_gather_op(scores, index, int(k_len))
+    return _written(toeplitz_gather_op(scores, index, k_len), out)
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
-    return toeplitz_scatter_op(weights, index, int(m))
+    return _written(toeplitz_scatter_op(weights, index, m), out)
+
+
+# Bind the registry entries that load from this module now: ``torch.compile`` cannot trace the
+# import a first ``Kernel.load()`` would do (``posenc._kernels.torch_autograd`` imports this
+# module before it routes a call here while torch compiles).
+for _entry in _dispatch.kernels():
+    if _entry.loader.startswith(__name__ + ":"):
+        _entry.load()

@@ -67,12 +67,14 @@ class LearnedEmbedding(nn.Module):
 class RotaryEmbedding(nn.Module):
     """Rotary position embedding (:func:`posenc.rope`) for queries and keys.
 
-    ``forward(q, k, positions=None, offset=0) -> (q, k)`` rotates the first
-    ``rotary_dim`` channels of both (sequence axis ``-2``; ``positions`` broadcast
-    against ``x.shape[:-1]``). Frequencies are computed once on the host in float64; the
-    rotation is the ``posenc::rope_rotate`` custom op (backward: the inverse rotation),
-    so ``torch.compile(fullgraph=True)`` traces through it. Dynamic scalings
-    (``DynamicNTK``, ``LongRoPE``) recompute the frequencies when ``seq_len`` is given.
+    ``forward(q, k, positions=None, *, offset=0, seq_len=None) -> (q, k)`` rotates the first
+    ``rotary_dim`` channels of both (sequence axis ``-2``; ``positions`` broadcast against
+    ``x.shape[:-1]``). The module holds no state that depends on the input: length-dependent
+    scalings (``DynamicNTK``, ``LongRoPE``) are decided per call from the positions (the
+    largest + 1, or ``seq_len``), exactly as :func:`posenc.rope` decides them, and q and k
+    use the same frequencies. Angles are float64; on the kernel path the rotation is the
+    ``posenc::rope_rotate`` custom op (backward: the inverse rotation), so
+    ``torch.compile(fullgraph=True)`` traces through it.
     """
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scaling=None, layout: str = "half", rotary_dim: int | None = None):
@@ -84,27 +86,35 @@ class RotaryEmbedding(nn.Module):
         if layout not in ("half", "interleaved"):
             raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
         self.base, self.scaling, self.layout = base, scaling, layout
-        self._frequencies(None)
+        pe.rope_frequencies(self.rotary_dim, base=base, scaling=scaling)  # validates the arguments now
 
     @classmethod
-    def from_hf(cls, rope_parameters, *, head_dim: int, max_position_embeddings: int | None = None, layout: str = "half"):
-        """From a Hugging Face ``rope_parameters`` / ``rope_scaling`` dict (see :func:`posenc.scaling.from_hf`)."""
-        hf = pe.scaling.from_hf(rope_parameters, head_dim=head_dim, max_position_embeddings=max_position_embeddings)
-        return cls(head_dim, base=hf.base, scaling=hf.scaling, layout=layout, rotary_dim=hf.rotary_dim)
+    def from_hf(cls, config, *, head_dim: int | None = None, max_position_embeddings: int | None = None, layer_type=None, layout: str = "half"):
+        """From a transformers config or its ``rope_parameters`` dict (see :func:`posenc.scaling.from_hf`)."""
+        hf = pe.scaling.from_hf(config, head_dim=head_dim, max_position_embeddings=max_position_embeddings, layer_type=layer_type)
+        head = head_dim if head_dim is not None else _head_dim(config)
+        return cls(head if head is not None else hf.rotary_dim, base=hf.base, scaling=hf.scaling, layout=layout, rotary_dim=hf.rotary_dim)
 
-    def _frequencies(self, seq_len):
-        inv_freq, scale = pe.rope_frequencies(self.rotary_dim, base=self.base, scaling=self.scaling, seq_len=seq_len)
-        self.inv_freq, self.attention_scale = [float(f) for f in inv_freq], float(scale)
+    def _options(self):
+        return {"base": self.base, "scaling": self.scaling, "layout": self.layout, "rotary_dim": self.rotary_dim}
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset: int = 0, inverse: bool = False) -> torch.Tensor:
-        positions = _positions(x, positions, offset)
-        scale = 1.0 / self.attention_scale if inverse else self.attention_scale
-        return _ops.rope_rotate_op(x, positions, self.inv_freq, self.layout == "interleaved", inverse, scale)
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset=0, inverse: bool = False, seq_len=None) -> torch.Tensor:
+        """One tensor: :func:`posenc.rope` with this module's options."""
+        return pe.rope(x, positions, offset=offset, inverse=inverse, seq_len=seq_len, **self._options())
 
-    def forward(self, q, k, positions=None, *, offset: int = 0, seq_len: int | None = None):
-        if seq_len is not None:
-            self._frequencies(seq_len)
-        return self.rotate(q, positions, offset=offset), self.rotate(k, positions, offset=offset)
+    def forward(self, q, k, positions=None, *, offset=0, seq_len=None):
+        if seq_len is None and positions is None and self.scaling is not None and self.scaling.uses_seq_len:
+            seq_len = offset + max(q.shape[-2], k.shape[-2])  # the longer of the two decides, for both
+        return self.rotate(q, positions, offset=offset, seq_len=seq_len), self.rotate(k, positions, offset=offset, seq_len=seq_len)
+
+
+def _head_dim(config):
+    """The head size of a transformers config object (None for a dict)."""
+    if config is None or isinstance(config, dict):
+        return None
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 class _DistanceBias(nn.Module):
@@ -138,6 +148,29 @@ class T5RelativeBias(_DistanceBias):
         pe.t5_bucket(torch.zeros(1, dtype=torch.int64), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
         self.table = nn.Parameter(torch.randn(num_buckets, _heads(num_heads)) * 0.02)
         self.max_distance, self.bidirectional = max_distance, bidirectional
+
+    @classmethod
+    def from_hf(cls, module):
+        """Wrap a transformers T5 (or mT5, UMT5, ...) attention layer's ``relative_attention_bias``.
+
+        The module's ``table`` *is* the layer's embedding weight ``[num_buckets, heads]``
+        (shared, not copied: training either trains both); ``bidirectional`` is ``not
+        module.is_decoder`` and ``max_distance`` its ``relative_attention_max_distance``.
+        """
+        embedding = getattr(module, "relative_attention_bias", None)
+        if not isinstance(embedding, nn.Embedding):
+            raise ValueError(
+                f"module must be a transformers T5 attention layer with a relative_attention_bias embedding, got {type(module).__name__}"
+            )
+        num_buckets, heads = embedding.weight.shape
+        bias = cls(
+            heads,
+            num_buckets=num_buckets,
+            max_distance=module.relative_attention_max_distance,
+            bidirectional=not module.is_decoder,
+        )
+        bias.table = embedding.weight
+        return bias
 
     def params(self):
         return self.table

@@ -1,0 +1,251 @@
+"""The Hugging Face drop-in against transformers itself (tiny random models built from configs).
+
+The original model is the oracle: a patched copy must give its logits within float32
+rounding and the same greedy ``generate()`` tokens (KV cache, left-padded batch), for every
+``rope_type`` (``dynamic`` and ``longrope`` across their switch length), the LLaMA family,
+T5/mT5 and BLOOM. ``tests/hf_models.py`` builds the models; ``python tests/hf_models.py``
+prints the table.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import posenc as pe  # noqa: E402
+from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, build, compare, inputs, logits  # noqa: E402
+from posenc.torch import HFRotaryEmbedding, T5RelativeBias, patch_hf  # noqa: E402
+from posenc.torch import hf as posenc_hf  # noqa: E402
+from transformers import LlamaConfig  # noqa: E402
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
+
+# Float32 rounding of a two-layer model: transformers forms its angles in float32, posenc
+# in float64; measured differences are below 3e-6 of the largest logit.
+RELATIVE = 1e-5
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_patched_model_matches_the_original(name):
+    diff, same_tokens, patched = compare(name)
+    ids, mask = inputs()
+    scale = float(logits(patched, ids, mask).abs().max())
+    assert diff <= RELATIVE * scale, f"{name}: logits differ by {diff:.3g} (largest logit {scale:.3g})"
+    assert same_tokens, f"{name}: greedy generate() gives other tokens"
+    _assert_routed_through_posenc(patched)
+
+
+def _assert_routed_through_posenc(model):
+    """The patch took: no transformers rotary module or bias function is left in the positional path."""
+    kind = model.config.model_type
+    if kind in posenc_hf.ROTARY_MODELS:
+        rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
+        assert rotary and all(isinstance(m, HFRotaryEmbedding) for m in rotary)
+        attention = [m for m in model.modules() if "forward" in vars(m)]
+        assert attention and all(m.forward.__func__.__globals__["apply_rotary_pos_emb"] is posenc_hf.apply_rotary_pos_emb for m in attention)
+    elif kind in posenc_hf.T5_MODELS:
+        layers = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
+        assert len(layers) == 2 and all(m.compute_bias.__qualname__.startswith("_t5_compute_bias") for m in layers)
+    else:
+        assert model.transformer.build_alibi_tensor is posenc_hf.bloom_alibi_tensor
+
+
+@pytest.mark.parametrize("rope", ["dynamic", "longrope"])
+def test_length_dependent_scalings_really_switch_in_these_runs(rope):
+    # The comparison above has teeth: the runs cross the switch length, and rotary tables
+    # frozen at the short length (what a stateful module that missed the switch would use)
+    # change the logits by far more than the tolerance.
+    assert PROMPT < SWITCH < PROMPT + NEW
+    model = build(f"llama[{rope}]")
+    frozen = patch_hf(copy.deepcopy(model))
+    for module in frozen.modules():
+        if isinstance(module, HFRotaryEmbedding):
+            module.forward = _frozen_at(module, SWITCH)
+    ids, mask = inputs()
+    diff = float((logits(model, ids, mask) - logits(frozen, ids, mask)).abs()[mask.bool()].max())
+    assert diff > 1e-2
+
+
+def _frozen_at(module, seq_len):
+    def forward(x, position_ids, layer_type=None):
+        rope = module._for(layer_type)
+        inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
+        return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
+
+    return forward
+
+
+# --- HFRotaryEmbedding against the transformers rotary module --------------------------------
+
+
+def _llama_config(rope, max_position_embeddings=SWITCH, head_dim=16):
+    params = {**(LLAMA_ROPE[rope] or {"rope_type": "default"}), "rope_theta": 500.0}
+    return LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, max_position_embeddings=max_position_embeddings, rope_parameters=params)
+
+
+@pytest.mark.parametrize("rope", list(LLAMA_ROPE))
+@pytest.mark.parametrize("length", [SWITCH - 4, SWITCH, SWITCH + 1, 3 * SWITCH])
+def test_cos_sin_equal_the_transformers_module(rope, length):
+    config = _llama_config(rope)
+    theirs, ours = LlamaRotaryEmbedding(config), HFRotaryEmbedding(config)
+    x = torch.zeros(1, dtype=torch.float32)
+    position_ids = torch.stack([torch.arange(length), torch.arange(length) + 1])  # row 1 one longer
+    want_cos, want_sin = theirs(x, position_ids)
+    got_cos, got_sin = ours(x, position_ids)
+    assert got_cos.dtype == torch.float32 and got_cos.shape == want_cos.shape
+    # transformers rounds the angle p * theta to float32: a few ulps of the largest angle.
+    atol = 8 * 2.0**-24 * 3 * SWITCH
+    torch.testing.assert_close(got_cos, want_cos, atol=atol, rtol=0)
+    torch.testing.assert_close(got_sin, want_sin, atol=atol, rtol=0)
+
+
+def test_cos_sin_in_the_dtype_of_x_with_float64_angles():
+    config = _llama_config("linear")
+    position = torch.tensor([[2**20 + 3]])
+    cos, _ = HFRotaryEmbedding(config)(torch.zeros(1, dtype=torch.bfloat16), position)
+    assert cos.dtype == torch.bfloat16
+    inv_freq, _ = pe.rope_frequencies(16, base=500.0, scaling=pe.scaling.Linear(2.0))
+    exact = np.cos(float(position) * inv_freq)
+    np.testing.assert_allclose(cos[0, 0, :8].float().numpy(), exact, atol=2**-8)
+
+
+def test_module_is_stateless_across_calls():
+    # transformers' dynamic module keeps the longest length it saw until a call shorter than
+    # max_position_embeddings; ours decides every call afresh, like pe.rope.
+    config = _llama_config("dynamic")
+    ours = HFRotaryEmbedding(config)
+    x = torch.zeros(1)
+    short = torch.arange(SWITCH + 2)[None]
+    fresh = ours(x, short)
+    ours(x, torch.arange(4 * SWITCH)[None])
+    for got, want in zip(ours(x, short), fresh):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    theirs = LlamaRotaryEmbedding(config)
+    first = theirs(x, short)
+    theirs(x, torch.arange(4 * SWITCH)[None])
+    assert not torch.allclose(theirs(x, short)[1], first[1])  # the state we do not copy
+
+
+def test_nested_per_layer_type_parameters():
+    model = build("gemma3_text[nested]")
+    config = model.config
+    ours = HFRotaryEmbedding(config)
+    theirs = model.model.rotary_emb
+    x, position_ids = torch.zeros(1), torch.arange(20)[None]
+    for layer_type in ("sliding_attention", "full_attention"):
+        for got, want in zip(ours(x, position_ids, layer_type), theirs(x, position_ids, layer_type)):
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    fixed = HFRotaryEmbedding(config, layer_type="full_attention")
+    torch.testing.assert_close(fixed(x, position_ids)[1], ours(x, position_ids, "full_attention")[1])
+    with pytest.raises(ValueError, match="layer_type"):
+        ours(x, position_ids, "global_attention")
+    with pytest.raises(ValueError, match="layer_type"):
+        HFRotaryEmbedding(config, layer_type="global_attention")
+
+
+def test_hf_rotary_embedding_compiles_with_a_traced_switch():
+    config = _llama_config("longrope")
+    module = HFRotaryEmbedding(config)
+    compiled = torch.compile(module, fullgraph=True, backend="aot_eager")
+    x = torch.zeros(1)
+    for length in (SWITCH - 2, SWITCH + 3):  # short factors, then long ones, in one compiled graph
+        position_ids = torch.arange(length)[None]
+        for got, want in zip(compiled(x, position_ids), module(x, position_ids)):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+# --- from_hf on config objects --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rope", [r for r in LLAMA_ROPE if r != "default"])
+def test_from_hf_reads_a_config_object_like_transformers(rope):
+    config = _llama_config(rope)
+    read = pe.scaling.from_hf(config)
+    want, want_scale = ROPE_INIT_FUNCTIONS[config.rope_parameters["rope_type"]](config, None)
+    got, scale = pe.rope_frequencies(read.rotary_dim, base=read.base, scaling=read.scaling)
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=2.0**-23 * (4 + math.log(500.0)))
+    assert scale == pytest.approx(want_scale, rel=1e-12)
+
+
+def test_from_hf_config_object_fields_phi3():
+    model = build("phi3[partial, longrope]")
+    read = pe.scaling.from_hf(model.config)
+    assert read.rotary_dim == 8 and read.partial_rotary_factor == 0.5
+    assert read.scaling.original_max_position == SWITCH
+    # factor 4 = max_position_embeddings / original, as transformers computes it
+    assert read.scaling.attention_scale() == pytest.approx(math.sqrt(1 + math.log(4) / math.log(SWITCH)))
+
+
+@pytest.mark.parametrize(
+    "make, error, match",
+    [
+        (lambda: pe.scaling.from_hf({"rope_type": "yarn", "original_max_position_embeddings": 8}, head_dim=16), ValueError, "factor"),
+        (lambda: pe.scaling.from_hf({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8}, head_dim=16), ValueError, "low_freq_factor"),
+        (lambda: pe.scaling.from_hf({"rope_type": "longrope", "long_factor": [1.0] * 8}, head_dim=16, max_position_embeddings=8), ValueError, "short_factor"),
+        (lambda: pe.scaling.from_hf({"full_attention": {"rope_type": "default"}, "sliding_attention": {}}, head_dim=16), ValueError, "layer_type"),
+        (lambda: pe.scaling.from_hf({"full_attention": {"rope_type": "default"}}, head_dim=16, layer_type="local"), ValueError, "layer_type"),
+        (lambda: pe.scaling.from_hf({"rope_type": "default"}, head_dim=16, layer_type="full_attention"), ValueError, "layer_type"),
+        (lambda: pe.scaling.from_hf({"rope_type": "linear", "factor": 2.0}), ValueError, "head_dim"),
+        (lambda: pe.scaling.from_hf(42, head_dim=16), TypeError, "config"),
+    ],
+)
+def test_from_hf_bad_input(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
+
+
+def test_from_hf_warns_about_keys_it_does_not_read():
+    with pytest.warns(UserWarning, match="low_freq_factor"):
+        pe.scaling.from_hf({"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, head_dim=16)
+
+
+def test_proportional_rotates_only_the_first_pairs():
+    read = pe.scaling.from_hf({"rope_type": "proportional", "partial_rotary_factor": 0.25, "factor": 2.0, "rope_theta": 100.0}, head_dim=16)
+    inv_freq, _ = pe.rope_frequencies(read.rotary_dim, base=read.base, scaling=read.scaling)
+    want = np.array([100.0 ** (-2 * i / 16) / 2.0 if i < 2 else 0.0 for i in range(8)])
+    np.testing.assert_allclose(inv_freq, want, rtol=1e-15)
+
+
+# --- T5RelativeBias.from_hf and patch_hf refusals -------------------------------------------
+
+
+def test_t5_relative_bias_from_hf_shares_the_weight():
+    model = build("t5")
+    layer = model.encoder.block[0].layer[0].SelfAttention
+    bias = T5RelativeBias.from_hf(layer)
+    assert bias.table is layer.relative_attention_bias.weight
+    assert bias.bidirectional and bias.max_distance == 12
+    torch.testing.assert_close(bias(5, 7, offset=2)[None], layer.compute_bias(5, 7, past_seen_tokens=2), rtol=0, atol=0)
+    bias(5, 7).sum().backward()  # gradients reach the model's own embedding weight
+    assert layer.relative_attention_bias.weight.grad is not None
+    decoder = T5RelativeBias.from_hf(model.decoder.block[0].layer[0].SelfAttention)
+    assert not decoder.bidirectional
+    with pytest.raises(ValueError, match="relative_attention_bias"):
+        T5RelativeBias.from_hf(model.encoder.block[1].layer[0].SelfAttention)
+
+
+@pytest.mark.parametrize("name", ["llama[yarn]", "t5", "bloom"])
+def test_patching_twice_changes_nothing(name):
+    model = build(name)
+    once = patch_hf(copy.deepcopy(model))
+    twice = patch_hf(patch_hf(copy.deepcopy(model)))
+    ids, mask = inputs()
+    torch.testing.assert_close(logits(twice, ids, mask), logits(once, ids, mask), rtol=0, atol=0)
+
+
+def test_patch_hf_refuses_other_architectures():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0))
+    with pytest.raises(ValueError, match="llama.*gpt2|gpt2.*llama") as info:
+        patch_hf(gpt2)
+    for name in ("bloom", "gemma", "gpt_neox", "llama", "mistral", "mt5", "phi3", "qwen2", "qwen3", "t5"):
+        assert name in str(info.value)
+    with pytest.raises(TypeError, match="model"):
+        patch_hf({"model_type": "llama"})

@@ -1,0 +1,272 @@
+"""Every namespace form and every tracer: ``torch.compile(fullgraph=True)`` (inductor) through the
+public functions, ``jax.jit`` with traced offsets and lengths, ``xp=`` as the framework module,
+integers given as 0-d arrays. The expected values are the same calls made eagerly with
+Python ints (themselves tested against the formulas elsewhere)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from public_calls import CREATOR_CALLS
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_JAX = importlib.util.find_spec("jax") is not None
+
+# inductor imports a deprecated torch.jit helper of its own on first use.
+INDUCTOR_WARNING = "ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"
+
+
+# --- torch.compile(fullgraph=True), inductor -------------------------------------------------
+
+
+def _torch_cases():
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 6, 8, generator=g)
+    table = torch.randn(32, 3, generator=g)
+    slopes = torch.from_numpy(pe.alibi_slopes(3))
+    cos, sin = pe.rope_cos_sin(torch.arange(6), pe.rope_frequencies(8)[0])
+    offset = torch.tensor(5)
+    keys = torch.tensor([[0, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 5]])
+    return {
+        "rope": (lambda a, o: pe.rope(a, offset=o), (x, offset)),
+        "rope[positions, interleaved, partial]": (
+            lambda a, p: pe.rope(a, p, layout="interleaved", rotary_dim=4, scaling=pe.scaling.YaRN(4.0, 8)),
+            (x, torch.arange(100, 106)),
+        ),
+        "rope[dynamic, traced switch]": (lambda a, o: pe.rope(a, offset=o, scaling=pe.scaling.DynamicNTK(2.0, 8)), (x, offset)),
+        "rope[longrope, traced switch]": (
+            lambda a, o: pe.rope(a, offset=o, scaling=pe.scaling.LongRoPE([1.0] * 4, [4.0] * 4, 8, factor=4.0)),
+            (x, offset),
+        ),
+        "apply_rope": (lambda a, c, s: pe.apply_rope(a, c, s), (x, cos, sin)),
+        "rope_cos_sin": (lambda p: pe.rope_cos_sin(p, [1.0, 0.1, 0.01], layout="interleaved"), (torch.arange(6),)),
+        "rope_cos_sin[tensor inv_freq]": (lambda p, f: pe.rope_cos_sin(p, f), (torch.arange(6), torch.tensor([1.0, 0.1]))),
+        "t5_bias": (lambda t, o: pe.t5_bias(t, 6, 9, offset=o, bidirectional=False), (table, offset)),
+        "alibi_bias": (lambda s, o: pe.alibi_bias(s, 6, 9, offset=o), (slopes, offset)),
+        "alibi_bias[per-token]": (lambda s, k: pe.alibi_bias(s, 1, 6, query_positions=k[:, -1:], key_positions=k), (slopes, keys)),
+        "relative_bias": (lambda t: pe.relative_bias("deberta", t, 6, 6, max_distance=3, bucket_size=4, max_position=8), (table[:6],)),
+        "shaw_logits": (lambda a, t, o: pe.shaw_logits(a, a, t, max_distance=2, offset=o), (x, torch.randn(5, 8, generator=g), offset)),
+    }
+
+
+TORCH_CASES = [
+    "rope", "rope[positions, interleaved, partial]", "rope[dynamic, traced switch]", "rope[longrope, traced switch]",
+    "apply_rope", "rope_cos_sin", "rope_cos_sin[tensor inv_freq]", "t5_bias", "alibi_bias", "alibi_bias[per-token]",
+    "relative_bias", "shaw_logits",
+]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings(INDUCTOR_WARNING)
+@pytest.mark.parametrize("name", TORCH_CASES)
+def test_torch_compile_fullgraph_inductor(name):
+    import torch
+
+    fn, args = _torch_cases()[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor")
+    got, want = compiled(*args), fn(*args)
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings(INDUCTOR_WARNING)
+def test_torch_compile_gradients_through_the_custom_ops():
+    import torch
+
+    def loss(x, table, cos, sin):
+        rotated = pe.rope(x, offset=torch.tensor(3)) + pe.apply_rope(x, cos, sin)
+        return (rotated @ rotated.transpose(-1, -2) + pe.t5_bias(table, 6, 6)).square().sum()
+
+    def inputs():
+        g = torch.Generator().manual_seed(1)
+        angles = torch.rand(6, 4, generator=g, dtype=torch.float64) * 6
+        table = [torch.randn(2, 3, 6, 8, generator=g, dtype=torch.float64), torch.randn(32, 3, generator=g, dtype=torch.float64),
+                 torch.cat([angles.cos(), angles.cos()], -1), torch.cat([angles.sin(), angles.sin()], -1)]
+        return [t.requires_grad_() for t in table]
+
+    torch._dynamo.reset()
+    eager, compiled = inputs(), inputs()
+    loss(*eager).backward()
+    torch.compile(loss, fullgraph=True, backend="inductor")(*compiled).backward()
+    for a, b in zip(eager, compiled, strict=True):
+        assert b.grad is not None
+        torch.testing.assert_close(b.grad, a.grad, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings(INDUCTOR_WARNING)
+def test_torch_compile_new_lengths_keep_working():
+    # A second length makes torch.compile trace with symbolic sizes (automatic dynamic shapes).
+    import torch
+
+    def fn(x, table):
+        n = x.shape[-2]
+        return pe.rope(x, scaling=pe.scaling.DynamicNTK(2.0, 6)) @ x.transpose(-1, -2) + pe.t5_bias(table, n, n)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor")
+    table = torch.randn(32, 2)
+    for length in (5, 9, 13):
+        x = torch.randn(2, length, 8)
+        torch.testing.assert_close(compiled(x, table), fn(x, table), rtol=1e-5, atol=1e-5)
+
+
+# --- jax.jit with traced offsets and lengths ---------------------------------------------------
+
+
+def _jax_cases(rng):
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    x, table, slopes = f(2, 6, 8), f(32, 2), pe.alibi_slopes(2)
+    return {
+        "rope": (lambda a, o: pe.rope(a, offset=o), (x,)),
+        "rope[dynamic]": (lambda a, o: pe.rope(a, offset=o, scaling=pe.scaling.DynamicNTK(2.0, 8)), (x,)),
+        "rope[longrope, seq_len]": (
+            lambda a, o: pe.rope(a, scaling=pe.scaling.LongRoPE([1.0] * 4, [4.0] * 4, 8), seq_len=o + 6), (x,),
+        ),
+        "relative_positions": (lambda o: pe.relative_positions(3, 4, offset=o, xp=__import__("jax.numpy").numpy), ()),
+        "t5_bias": (lambda t, o: pe.t5_bias(t, 6, 9, offset=o), (table,)),
+        "alibi_bias": (lambda s, o: pe.alibi_bias(s, 6, 9, offset=o), (slopes,)),
+        "alibi_bias[per-token]": (
+            lambda s, k, o: pe.alibi_bias(s, 2, 4, offset=o, key_positions=k), (slopes, np.array([[0, 0, 1, 2]], dtype=np.int32)),
+        ),
+        "relative_bias_vector": (lambda t, o: pe.relative_bias_vector("shaw", t, 4, 5, offset=o, max_distance=2), (f(5, 2),)),
+        "shaw_logits": (lambda a, t, o: pe.shaw_logits(a, a, t, max_distance=2, offset=o), (x, f(5, 8))),
+        "shaw_output": (lambda w, v, t, o: pe.shaw_output(w, v, t, max_distance=2, offset=o), (f(2, 6, 6), x, f(5, 8))),
+        "deberta_logits": (lambda a, p, o: pe.deberta_logits(a, a, p, p, max_distance=2, offset=o), (x, f(2, 4, 8))),
+        "tener_logits": (lambda a, u, o: pe.tener_logits(a, a, u, u, offset=o), (x, f(2, 1, 8))),
+        "apply_absolute": (lambda a, t, o: pe.apply_absolute(a, t, offset=o), (x, f(20, 8))),
+        "rope_frequencies[dynamic]": (lambda o: pe.rope_frequencies(8, scaling=pe.scaling.DynamicNTK(4.0, 8), seq_len=o + 20)[0], ()),
+    }
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+@pytest.mark.parametrize("offset", [3, 9])
+@pytest.mark.parametrize("name", list(_jax_cases(np.random.default_rng(0))))
+def test_jax_jit_with_a_traced_offset(name, offset, rng):
+    import jax
+    import jax.numpy as jnp
+
+    fn, args = _jax_cases(rng)[name]
+    want = fn(*args, offset)
+    got = jax.jit(fn)(*(jnp.asarray(a) for a in args), jnp.asarray(offset))
+    assert np.asarray(got).shape == np.shape(want)
+    np.testing.assert_allclose(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+def test_jax_grad_reaches_learned_frequencies(rng):
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.asarray(rng.standard_normal((5, 8)).astype(np.float32))
+    inv_freq = jnp.asarray([1.0, 0.3, 0.1, 0.01])
+    positions = jnp.arange(5)
+
+    def ours(f):
+        cos, sin = pe.rope_cos_sin(positions, f)
+        return jnp.sum(pe.apply_rope(x, cos, sin) ** 3)
+
+    def naive(f):
+        angle = positions[:, None] * f
+        a, b = x[:, :4], x[:, 4:]
+        rotated = jnp.concatenate([a * jnp.cos(angle) - b * jnp.sin(angle), b * jnp.cos(angle) + a * jnp.sin(angle)], -1)
+        return jnp.sum(rotated**3)
+
+    np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(ours))(inv_freq)), np.asarray(jax.grad(naive)(inv_freq)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+def test_jax_traced_length_where_a_shape_needs_it_is_refused():
+    import jax
+    import jax.numpy as jnp
+
+    with pytest.raises(TypeError, match="q_len must be a concrete integer"):
+        jax.jit(lambda n: pe.t5_bias(jnp.ones((32, 2)), n, 4))(jnp.asarray(3))
+
+
+# --- xp= as the framework module ---------------------------------------------------------------
+
+
+def _framework_modules():
+    modules = [("numpy", "numpy")]
+    if HAS_TORCH:
+        modules.append(("torch", "torch"))
+    if HAS_JAX:
+        modules.append(("jax.numpy", "jax.numpy"))
+    if importlib.util.find_spec("cupy") is not None:
+        modules.append(("cupy", "cupy"))
+    return modules
+
+
+@pytest.mark.parametrize("module_name", [m for m, _ in _framework_modules()])
+@pytest.mark.parametrize("creator", sorted(CREATOR_CALLS))
+def test_xp_may_be_the_framework_module(module_name, creator):
+    import importlib
+
+    from array_api_compat import array_namespace
+
+    module = importlib.import_module(module_name)
+    namespace = array_namespace(module.asarray([1.0]))
+    by_module, by_namespace = CREATOR_CALLS[creator](module), CREATOR_CALLS[creator](namespace)
+    assert type(by_module) is type(by_namespace) and by_module.dtype == by_namespace.dtype
+    np.testing.assert_array_equal(np.asarray(by_module), np.asarray(by_namespace))
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_xp_torch_with_torch_dtypes():
+    import torch
+
+    assert pe.alibi_slopes(6, xp=torch, dtype=torch.float64).dtype == torch.float64
+    assert pe.rope_frequencies(8, xp=torch, dtype=torch.float64)[0].dtype == torch.float64
+    assert pe.sinusoidal(4, 8, xp=torch, dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert pe.relative_positions(2, 3, xp=torch, dtype=torch.int32).dtype == torch.int32
+    torch.testing.assert_close(pe.relative_positions(2, 3, offset=1, xp=torch), torch.tensor([[1, 0, -1], [2, 1, 0]]))
+
+
+@pytest.mark.parametrize("xp", ["numpy", 3, object()])
+def test_xp_that_is_no_namespace(xp):
+    with pytest.raises(TypeError, match="xp must be an array namespace"):
+        pe.alibi_slopes(4, xp=xp)
+
+
+# --- integers as 0-d arrays -------------------------------------------------------------------
+
+
+def _zero_d(kind, value):
+    if kind == "numpy":
+        return np.asarray(value)
+    import torch
+
+    return torch.tensor(value)
+
+
+@pytest.mark.parametrize("kind", ["numpy"] + (["torch"] if HAS_TORCH else []))
+def test_zero_d_integer_arrays_count_as_their_integer(kind, rng):
+    x = rng.standard_normal((2, 5, 8))
+    table = rng.standard_normal((32, 2))
+    dyn = pe.scaling.DynamicNTK(2.0, 4)
+    z = lambda v: _zero_d(kind, v)  # noqa: E731
+    np.testing.assert_array_equal(pe.rope(x, offset=z(7)), pe.rope(x, offset=7))
+    np.testing.assert_array_equal(pe.rope(x, scaling=dyn, seq_len=z(40)), pe.rope(x, scaling=dyn, seq_len=40))
+    np.testing.assert_array_equal(pe.t5_bias(table, z(3), z(4), offset=z(2)), pe.t5_bias(table, 3, 4, offset=2))
+    np.testing.assert_array_equal(pe.relative_positions(z(2), 3, offset=z(-1)), pe.relative_positions(2, 3, offset=-1))
+    np.testing.assert_array_equal(pe.rope_frequencies(8, scaling=dyn, seq_len=z(9))[0], pe.rope_frequencies(8, scaling=dyn, seq_len=9)[0])
+
+
+@pytest.mark.parametrize(
+    "value, error",
+    [(np.asarray(2.0), TypeError), (np.arange(2), TypeError), (np.asarray(True), TypeError), (np.asarray(-1), ValueError)],
+)
+def test_zero_d_integer_arrays_bad_input(value, error):
+    with pytest.raises(error, match="q_len"):
+        pe.t5_bias(np.zeros((32, 2)), value, 4)
