@@ -19,7 +19,7 @@ import numpy as np
 import posenc as pe
 from posenc import _dispatch
 
-from posenc._bench import t5_original_torch
+from posenc._oracles import t5_compute_bias
 
 from .common import Benchmark, best_time, require, sizes
 
@@ -78,8 +78,8 @@ class T5Bias(Benchmark):
     def time_t5_posenc_out(self, n):
         posenc_t5(self.table, n, n, out=self.out)
 
-    def time_t5_original_torch(self, n):
-        t5_original_torch(self.torch, self.embedding, n, n)
+    def time_t5_compute_bias(self, n):
+        t5_compute_bias(self.torch, self.embedding, n, n)
 
     def time_t5_plain_fill(self, n):
         self.out.fill(1.0)
@@ -90,7 +90,7 @@ class T5Bias(Benchmark):
     track_t5_out_fraction_of_fill_bandwidth.unit = "fraction"
 
     def track_t5_speedup_over_original_torch(self, n):
-        original = best_time(lambda: t5_original_torch(self.torch, self.embedding, n, n), repeat=3)
+        original = best_time(lambda: t5_compute_bias(self.torch, self.embedding, n, n), repeat=3)
         return original / best_time(lambda: posenc_t5(self.table, n, n))
 
     track_t5_speedup_over_original_torch.unit = "x"
@@ -169,8 +169,8 @@ class BiasPeakMemory:
     def peakmem_t5_posenc(self, n):
         posenc_t5(self.table, n, n)
 
-    def peakmem_t5_original_torch(self, n):
-        t5_original_torch(self.torch, self.embedding, n, n)
+    def peakmem_t5_compute_bias(self, n):
+        t5_compute_bias(self.torch, self.embedding, n, n)
 
     def peakmem_alibi_posenc(self, n):
         posenc_alibi(self.slopes, n, n)
@@ -237,10 +237,10 @@ def _report(lengths=(512, 2048, 4096), repeat=7):
         out = np.empty((HEADS, n, n), dtype=np.float32)
         posenc_t5(table, 4, 4)
         check = min(n, 512)
-        assert np.array_equal(posenc_t5(table, check, check), t5_original_torch(torch, embedding, check, check).numpy())
+        assert np.array_equal(posenc_t5(table, check, check), t5_compute_bias(torch, embedding, check, check).numpy())
         rows = [
             ("t5 vs original torch", lambda: posenc_t5(table, n, n), lambda: posenc_t5(table, n, n, out=out),
-             lambda: t5_original_torch(torch, embedding, n, n)),
+             lambda: t5_compute_bias(torch, embedding, n, n)),
             ("alibi vs naive numpy", lambda: posenc_alibi(slopes, n, n), lambda: posenc_alibi(slopes, n, n, out=out),
              lambda: alibi_naive_numpy(slopes, n, n)),
         ]

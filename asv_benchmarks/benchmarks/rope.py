@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from posenc import _dispatch
+from posenc._oracles import rope_rotate_half
 
 from .common import Benchmark, best_time, require, sizes
 
@@ -33,22 +34,6 @@ def inv_freq(dim, base=10000.0):
 
 def rope_posenc(x, positions, frequencies, out=None):
     return _dispatch.call("rope_rotate", x, positions, frequencies, out=out)
-
-
-def rotate_half_numpy(x):
-    half = x.shape[-1] // 2
-    return np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-
-
-def rope_plain_numpy(x, cos, sin):
-    return x * cos + rotate_half_numpy(x) * sin
-
-
-def rope_plain_torch(x, cos, sin):
-    import torch
-
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
 def cos_sin_table(length, frequencies):
@@ -107,7 +92,7 @@ class RopeRotate(Benchmark):
 
     def time_rope_plain_torch_eager(self, shape, dtype):
         i = self.inputs
-        rope_plain_torch(i.torch_x, i.torch_cos, i.torch_sin)
+        rope_rotate_half(i.torch_x, i.torch_cos, i.torch_sin)
 
     def time_copyto_same_bytes(self, shape, dtype):
         np.copyto(self.inputs.copy_target, self.inputs.raw)
@@ -130,9 +115,9 @@ class RopeRotatePlainNumpy(Benchmark):
     def make(self, shape):
         self.inputs = Inputs(_shape(shape), "float32")
 
-    def time_rope_plain_numpy(self, shape):
+    def time_rope_rotate_half(self, shape):
         i = self.inputs
-        rope_plain_numpy(i.x, i.numpy_cos, i.numpy_sin)
+        rope_rotate_half(i.x, i.numpy_cos, i.numpy_sin)
 
 
 class RopePrecision:
@@ -164,13 +149,13 @@ def _table(shapes=LARGE_SHAPES, repeat=7):
             i = Inputs(_shape(shape), dtype)
             variants = {
                 "np.copyto same bytes": lambda: np.copyto(i.copy_target, i.raw),
-                "torch eager formula": lambda: rope_plain_torch(i.torch_x, i.torch_cos, i.torch_sin),
+                "torch eager formula": lambda: rope_rotate_half(i.torch_x, i.torch_cos, i.torch_sin),
                 "posenc allocating": lambda: rope_posenc(i.x, i.positions, i.frequencies),
                 "posenc out=": lambda: rope_posenc(i.x, i.positions, i.frequencies, out=i.out),
                 "posenc in place": lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place),
             }
             if dtype == "float32":
-                variants["numpy formula"] = lambda: rope_plain_numpy(i.x, i.numpy_cos, i.numpy_sin)
+                variants["numpy formula"] = lambda: rope_rotate_half(i.x, i.numpy_cos, i.numpy_sin)
             times = {name: best_time(fn, repeat) for name, fn in variants.items()}
             for name, t in times.items():
                 # The copy is the bandwidth reference, not a rotation: no ratio means anything there.

@@ -7,7 +7,7 @@ numba: they load on first use.
 """
 
 from . import _kernels  # noqa: F401  (registers the kernels, lazily)
-from ._config import get_backend, set_backend, use_backend
+from ._dispatch import get_backend, set_backend, use_backend
 from ._kernels.warmup import warmup
 from .absolute import *  # noqa: F403
 from .absolute import __all__ as _absolute_all

@@ -8,7 +8,6 @@ command prints it above the table and in ``posenc bench --help``.
 from __future__ import annotations
 
 import importlib.util
-import math
 import sys
 import textwrap
 import time
@@ -17,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import posenc as pe
+
+from . import _oracles
 
 
 COLUMNS = {
@@ -81,12 +82,6 @@ def best(fn, repeat):
     return min(times)
 
 
-def rotate_half_formula(x, cos, sin):
-    half = x.shape[-1] // 2
-    rotated = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
-
-
 def rope_rows(shape, repeat, progress):
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape, dtype=np.float32)
@@ -97,7 +92,7 @@ def rope_rows(shape, repeat, progress):
     nbytes = 2 * x.nbytes  # read x, write the result
     copy = nbytes / best(lambda: np.copyto(buf, x), repeat)
     cases = [
-        Case("numpy plain formula", lambda: rotate_half_formula(x, cos, sin), nbytes),
+        Case("numpy plain formula", lambda: _oracles.rope_rotate_half(x, cos, sin), nbytes),
         Case("posenc rope", lambda: pe.rope(x), nbytes),
         Case("posenc rope out=", lambda: pe.rope(x, out=buf), nbytes),
         Case("posenc rope in place", lambda: pe.rope(buf, out=buf), nbytes),
@@ -108,13 +103,8 @@ def rope_rows(shape, repeat, progress):
         import torch
 
         tx, tc, ts = (torch.from_numpy(a) for a in (x, cos, sin))
-
-        def torch_eager():
-            half = dim // 2
-            return tx * tc + torch.cat([-tx[..., half:], tx[..., :half]], dim=-1) * ts
-
         bf16 = tx.to(torch.bfloat16)
-        cases.insert(1, Case("torch eager formula", torch_eager, nbytes))
+        cases.insert(1, Case("torch eager formula", lambda: _oracles.rope_rotate_half(tx, tc, ts), nbytes))
         bf16_bytes = 2 * bf16.numel() * bf16.element_size()
         cases.insert(5, Case("posenc rope (torch)", lambda: pe.rope(bf16), bf16_bytes, "bfloat16", comparable=False))
     return _measure(f"rope {list(shape)}", cases, copy, repeat, progress)
@@ -137,32 +127,11 @@ def t5_rows(heads, length, repeat, progress):
     return _measure(f"t5_bias h={heads} L={length}", cases, fill, repeat, progress)
 
 
-def t5_bucket_torch(torch, relative_position, num_buckets=32, max_distance=128):
-    """T5's bidirectional bucket of ``relative_position = key - query``, as its code computes it."""
-    num_buckets //= 2
-    buckets = (relative_position > 0).to(torch.long) * num_buckets
-    relative_position = torch.abs(relative_position)
-    max_exact = num_buckets // 2
-    is_small = relative_position < max_exact
-    large = max_exact + (
-        torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
-    ).to(torch.long)
-    large = torch.min(large, torch.full_like(large, num_buckets - 1))
-    return buckets + torch.where(is_small, relative_position, large)
-
-
-def t5_original_torch(torch, embedding, q_len, k_len):
-    """T5's ``compute_bias``: bucket the ``[q, k]`` matrix, look up, permute to ``[heads, q, k]``."""
-    context = torch.arange(q_len, dtype=torch.long)[:, None]
-    memory = torch.arange(k_len, dtype=torch.long)[None, :]
-    return embedding(t5_bucket_torch(torch, memory - context)).permute(2, 0, 1).contiguous()
-
-
 def _torch_t5(table, length):
     import torch
 
     embedding = torch.nn.Embedding.from_pretrained(torch.from_numpy(table))
-    return lambda: t5_original_torch(torch, embedding, length, length)
+    return lambda: _oracles.t5_compute_bias(torch, embedding, length, length)
 
 
 def alibi_rows(heads, length, repeat, progress):

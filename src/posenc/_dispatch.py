@@ -11,18 +11,59 @@ with ``register(op, name, accepts=, loader=)``:
   kernel really runs.
 
 ``call(op, *args, **kwargs)`` runs the first kernel that accepts the arguments, or the
-reference when none does or the backend is ``"reference"``. The samples each kernel is
-tested on live with the tests (``tests/kernel_samples.py``).
+reference when none does or the backend is ``"reference"``: ``set_backend``,
+``use_backend`` or the environment variable ``POSENC_BACKEND`` choose ``"auto"`` (the
+default, kernels where one accepts) or ``"reference"`` (the pure Array-API reference
+everywhere). The samples each kernel is tested on live with the tests
+(``tests/kernel_samples.py``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import importlib
 import inspect
+import os
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ._config import get_backend
+from ._xp import trace_constant
+
+BACKENDS = ("auto", "reference")
+
+
+def _checked(name):
+    if name not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {name!r}")
+    return name
+
+
+_default = _checked(os.environ.get("POSENC_BACKEND", "auto") or "auto")
+_override: contextvars.ContextVar[str | None] = contextvars.ContextVar("posenc_backend", default=None)
+
+
+@trace_constant
+def get_backend() -> str:
+    """The backend in force: the innermost ``use_backend``, else ``set_backend``'s."""
+    return _override.get() or _default
+
+
+def set_backend(name: str) -> None:
+    """Set the process-wide backend: ``"auto"`` or ``"reference"``."""
+    global _default
+    _default = _checked(name)
+
+
+@contextlib.contextmanager
+def use_backend(name: str):
+    """Use backend ``name`` inside a ``with`` block (per thread / async task)."""
+    token = _override.set(_checked(name))
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
 
 
 @dataclass

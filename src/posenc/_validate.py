@@ -17,8 +17,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._config import torch_compiling, trace_constant
-from ._xp import is_integer, is_real_floating
+from ._xp import is_integer, is_real_floating, torch_compiling, trace_constant
 
 
 def _show(value) -> str:

@@ -14,6 +14,31 @@ from functools import lru_cache
 from . import _compat
 
 
+# ---------------------------------------------------------------- tracing
+# torch.compile (Dynamo) traces posenc's Python code. Host-side helpers it cannot trace
+# (read a ContextVar, read /proc, compute float64 NumPy tables) are marked trace_constant,
+# so Dynamo calls them once while tracing and keeps their result as a constant of the
+# graph; torch_compiling tells dispatch to route calls to the posenc:: custom ops.
+
+
+def trace_constant(fn):
+    """Mark ``fn`` as a host function whose result ``torch.compile`` treats as a constant.
+
+    This is what ``torch.compiler.assume_constant_result`` does (it sets this attribute);
+    setting it here keeps ``import posenc`` free of torch. ``fn`` must take Python values
+    (numbers, strings, tuples, frozen dataclasses), never tensors. JAX and eager code just
+    call ``fn``.
+    """
+    fn._dynamo_marked_constant = True
+    return fn
+
+
+def torch_compiling() -> bool:
+    """Whether ``torch.compile`` (or ``torch.export``) is tracing the current call."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
+
+
 def _numpy_namespace():
     from array_api_compat import numpy as xp
 

@@ -2,28 +2,29 @@
 
 Importing this package registers every kernel with ``posenc._dispatch`` without importing
 numba, a framework or Dask: each registration names its implementation ``"module:function"``,
-loaded on first use. The registry tries kernels in registration order, which is the import
-order below: ``torch_autograd`` first (a tensor autograd records must reach the custom ops),
-then the rotary and Toeplitz kernels, then the Dask block paths.
+loaded on first use. The registry tries an op's kernels in registration order: the torch
+custom ops first (a tensor autograd records, or any tensor while ``torch.compile``
+traces), then the Numba CPU and numba.cuda kernels (``rope.py``, ``toeplitz.py``), then
+the Dask block paths (``dask.py``).
 
 The files, one line each:
 
-* ``_arrays.py``: what an array is (library, storage, gradient tracking, strides) and how a
-  kernel sees it (host and device views, strided views, spans, allocation, the GPU stream);
+* ``_arrays.py``: what an array is (library, storage, gradient tracking, strides: which
+  kernel may take it) and how a kernel sees it (host and device views, strided views,
+  spans, allocation, the GPU stream);
 * ``_codec.py``: 16-bit floats <-> float64, for kernels computing in float64 (CPU and CUDA);
 * ``_codec_f32.py``: 16-bit floats <-> float32 and an FMA as LLVM instructions (CPU, float32);
 * ``_family.py``: one compiled specialisation per key, built on first use and announced when
-  slow, for every family below; the CPU thread runner;
-* ``_layout.py``: the one axis-merging rule, the rotary ``(G, H, S)`` plan, batch views;
-* ``rope.py``: registrations, accepts and launcher guard of ``rope_rotate`` / ``rope_apply``;
-  kernels in ``rope_cpu.py`` and ``rope_cuda.py``;
+  slow, for every family below;
+* ``_layout.py``: the one axis-merging rule, the rotary ``(G, H, S)`` plan, batch views, the
+  CPU thread runner;
+* ``rope.py``: registrations, accepts and launcher guard of ``rope_rotate`` / ``rope_apply``
+  (the torch custom ops, Numba CPU, numba.cuda); kernels in ``rope_cpu.py`` and
+  ``rope_cuda.py``;
 * ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
   ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
 * ``dask.py``: registrations and blockwise graphs of the Dask paths;
-* ``torch_autograd.py``: registrations routing tensors that need gradients to the custom ops
-  of ``posenc.torch._ops``;
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 
-from . import torch_autograd  # noqa: I001  (first: it must win for tensors that need gradients)
 from . import rope, toeplitz, dask  # noqa: F401

@@ -17,11 +17,13 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import sys
 from functools import lru_cache
 
 import numpy as np
 
 from .. import _compat
+from .._xp import torch_compiling
 from ._codec import BFLOAT16, FLOAT, FLOAT16
 
 STORAGE = {"float32": FLOAT, "float64": FLOAT, "float16": FLOAT16, "bfloat16": BFLOAT16}
@@ -93,6 +95,22 @@ def tracks_gradient(a) -> bool:
     import torch
 
     return torch.is_grad_enabled()
+
+
+def to_custom_op(arrays, out) -> bool:
+    """The call goes to ``posenc.torch``'s custom ops rather than a Numba kernel: a torch tensor
+    among ``arrays`` that autograd records (with no ``out``), which a kernel would cut from
+    the graph, or any torch tensor while ``torch.compile`` traces the call, since it cannot
+    trace into Numba (``out`` is then written by a copy). The custom ops' forward calls the
+    registry again, eagerly and with grad mode off, so the kernels still do the work."""
+    torch = sys.modules.get("torch")
+    if torch is None or not any(isinstance(a, torch.Tensor) for a in arrays):
+        return False
+    if torch_compiling():
+        from ..torch import _ops  # noqa: F401  (binds the registry entries: no import while tracing)
+
+        return True
+    return out is None and torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in arrays)
 
 
 def on_host(a) -> bool:

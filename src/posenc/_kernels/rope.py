@@ -1,5 +1,10 @@
 """Registrations of the rotary kernels (ops ``rope_rotate`` and ``rope_apply``), and their launchers' guard.
 
+In the order the registry tries them:
+
+* ``<op>.torch_autograd``: torch tensors that autograd records, and every torch tensor
+  while ``torch.compile`` traces (``_arrays.to_custom_op``): ``posenc.torch._ops``'s custom
+  ops, whose backward is the inverse rotation;
 * ``<op>.numba_cpu``: NumPy arrays and torch CPU tensors (float16, bfloat16 (torch),
   float32, float64; any strides), in ``rope_cpu``;
 * ``<op>.numba_cuda``: CuPy arrays, torch CUDA tensors and numba device arrays
@@ -144,9 +149,15 @@ def guard_apply(x, cos, sin, out):
 
 # ---------------------------------------------------------------- registry
 
-for _op, _cpu, _gpu, _name in (
-    ("rope_rotate", _host_rotate, _gpu_rotate, "rotate_positions"),
-    ("rope_apply", _host_apply, _gpu_apply, "rotate_cos_sin"),
+for _op, _differentiable, _cpu, _gpu, _name in (
+    ("rope_rotate", ("x", "positions"), _host_rotate, _gpu_rotate, "rotate_positions"),
+    ("rope_apply", ("x", "cos", "sin"), _host_apply, _gpu_apply, "rotate_cos_sin"),
 ):
+    register(
+        _op,
+        f"{_op}.torch_autograd",
+        accepts=lambda a, names=_differentiable: _arrays.to_custom_op([a[n] for n in names], a["out"]),
+        loader=f"posenc.torch._ops:{_op}",
+    )
     register(_op, f"{_op}.numba_cpu", accepts=_cpu, loader=f"posenc._kernels.rope_cpu:{_name}")
     register(_op, f"{_op}.numba_cuda", accepts=_gpu, loader=f"posenc._kernels.rope_cuda:{_name}")

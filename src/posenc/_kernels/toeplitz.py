@@ -1,11 +1,15 @@
 """Registrations of the Toeplitz bias kernels (ops ``toeplitz_expand/gather/scatter``), and their launchers' guard.
 
+In the order the registry tries them:
+
+* ``<op>.torch_autograd``: torch tensors that autograd records, and every torch tensor
+  while ``torch.compile`` traces (``_arrays.to_custom_op``): ``posenc.torch._ops``'s custom
+  ops (backward: the diagonal sums for expand; gather and scatter each other's adjoint);
 * ``<op>.numba_cpu``: NumPy arrays and torch CPU tensors, in ``toeplitz_cpu``;
 * ``<op>.numba_cuda``: CuPy arrays, torch CUDA tensors and numba device arrays, in
   ``toeplitz_cuda``.
 
-``accepts`` looks at types and dtypes only (no numba, no framework import); tensors that
-autograd records are left to ``torch_autograd``'s custom ops. The ``guard_*`` functions
+``accepts`` looks at types and dtypes only (no numba, no framework import). The ``guard_*`` functions
 are the checks every launcher runs before a kernel indexes anything: shapes, lengths,
 ``out`` and the range of ``index`` (the public functions validated the arguments; these
 keep a direct ``_dispatch.call`` from reading or writing out of bounds). Each returns the
@@ -149,6 +153,12 @@ def guard_scatter(weights, index, m, out):
 
 # ---------------------------------------------------------------- registry
 
-for _op, _accepts_of in (("expand", _expand), ("gather", _gather), ("scatter", _scatter)):
+for _op, _accepts_of, _values in (("expand", _expand, "vec"), ("gather", _gather, "scores"), ("scatter", _scatter, "weights")):
+    register(
+        f"toeplitz_{_op}",
+        f"toeplitz_{_op}.torch_autograd",
+        accepts=lambda a, name=_values: _arrays.to_custom_op([a[name]], a["out"]),
+        loader=f"posenc.torch._ops:toeplitz_{_op}",
+    )
     register(f"toeplitz_{_op}", f"toeplitz_{_op}.numba_cpu", accepts=_accepts_of(False), loader=f"posenc._kernels.toeplitz_cpu:toeplitz_{_op}")
     register(f"toeplitz_{_op}", f"toeplitz_{_op}.numba_cuda", accepts=_accepts_of(True), loader=f"posenc._kernels.toeplitz_cuda:toeplitz_{_op}")

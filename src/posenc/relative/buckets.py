@@ -8,7 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _validate as check
-from .._config import trace_constant
+from .._xp import trace_constant
 from .._xp import device_of, namespace, widest_float
 
 

@@ -8,8 +8,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._config import trace_constant
-from .._xp import is_integer, namespace
+from .._xp import is_integer, namespace, trace_constant
 
 LAYOUTS = ("half", "interleaved")
 
