@@ -232,3 +232,18 @@ def test_torch_cuda_tensors_launch_on_torch_s_current_stream():
     from numba import cuda
 
     assert stream.handle.value == cuda.legacy_default_stream().handle.value
+
+
+def test_a_bias_validates_its_lengths_once_and_its_launcher_guards_them_once(monkeypatch):
+    from posenc import _validate
+
+    seen = []
+    integer = _validate.integer
+
+    def counting(name, value, **kwargs):
+        seen.append(name)
+        return integer(name, value, **kwargs)
+
+    monkeypatch.setattr(_validate, "integer", counting)
+    pe.t5_bias(np.zeros((32, 2), np.float32), 5, 7)
+    assert seen.count("q_len") == seen.count("k_len") == 2  # the public function, the launcher guard

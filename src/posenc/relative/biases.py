@@ -14,9 +14,9 @@ from .. import _compat
 from .. import _validate as check
 from .._dispatch import call
 from .._xp import broadcast_shapes, cast, compute_dtype, device_of, index_dtype, is_integer, namespace, result_dtype, shifted
-from .buckets import deberta_bucket, deberta_bucket_options, t5_bucket, t5_bucket_options
+from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_buckets
 from . import _args
-from .indices import clip_relative, distances
+from .indices import clipped, distances
 
 KINDS = ("t5", "alibi", "shaw", "deberta")
 
@@ -79,34 +79,50 @@ def _lookup(xp, table, index):
     return xp.take(xp.matrix_transpose(table), index, axis=1)
 
 
-def _t5_vector(xp, table, dist, *, bidirectional=True, max_distance=128):
+# Each kind checks its parameters and options once (``_check_<kind>``, returning the
+# validated options) and computes its per-distance vector from validated values
+# (``_<kind>_vector``).
+
+
+def _check_t5(xp, table, *, bidirectional=True, max_distance=128):
     _table("table", table, xp, None)
     num_buckets, max_distance, bidirectional = t5_bucket_options(int(table.shape[0]), max_distance, bidirectional)
-    return _lookup(xp, table, t5_bucket(dist, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance))
+    return {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
 
 
-def _alibi_vector(xp, slopes, dist, *, symmetric=False):
+def _t5_vector(xp, table, dist, *, num_buckets, max_distance, bidirectional):
+    return _lookup(xp, table, t5_buckets(xp, dist, num_buckets, max_distance, bidirectional))
+
+
+def _check_alibi(xp, slopes, *, symmetric=False):
     check.float_array("slopes", slopes, xp)
     check.ndim("slopes", slopes, exactly=1)
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
+    return {"symmetric": symmetric}
+
+
+def _alibi_vector(xp, slopes, dist, *, symmetric):
     work = compute_dtype(xp, slopes.dtype)
     # Negate the integer distance, not the product: a zero distance gives +0.0, not -0.0.
     d = xp.astype(-xp.abs(dist) if symmetric else -dist, work)
     return cast(xp, cast(xp, slopes, work)[:, None] * d[None, :], slopes.dtype)
 
 
-def _shaw_vector(xp, table, dist, *, max_distance):
+def _check_shaw(xp, table, *, max_distance):
     max_distance = check.integer("max_distance", max_distance, minimum=0)
     _table("table", table, xp, 2 * max_distance + 1)
-    return _lookup(xp, table, clip_relative(dist, max_distance))
+    return {"max_distance": max_distance}
 
 
-def deberta_index(dist, max_distance, bucket_size, max_position):
-    """DeBERTa's table row ``delta = clip(bucket(rel) + K, 0, 2K - 1)`` of each distance."""
-    xp = namespace(dist)
+def _shaw_vector(xp, table, dist, *, max_distance):
+    return _lookup(xp, table, clipped(xp, dist, max_distance))
+
+
+def deberta_index(xp, dist, max_distance, bucket_size, max_position):
+    """DeBERTa's table row ``delta = clip(bucket(rel) + K, 0, 2K - 1)`` of each distance (validated options)."""
     if bucket_size is not None:
-        dist = deberta_bucket(dist, bucket_size=bucket_size, max_position=max_position)
+        dist = deberta_buckets(xp, dist, bucket_size, max_position)
     return xp.clip(dist + max_distance, 0, 2 * max_distance - 1)
 
 
@@ -121,10 +137,14 @@ def deberta_options(max_distance, bucket_size, max_position):
     return max_distance, bucket_size, max_position
 
 
-def _deberta_vector(xp, table, dist, *, max_distance, bucket_size=None, max_position=None):
+def _check_deberta(xp, table, *, max_distance, bucket_size=None, max_position=None):
     max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
     _table("table", table, xp, 2 * max_distance)
-    return _lookup(xp, table, deberta_index(dist, max_distance, bucket_size, max_position))
+    return {"max_distance": max_distance, "bucket_size": bucket_size, "max_position": max_position}
+
+
+def _deberta_vector(xp, table, dist, *, max_distance, bucket_size, max_position):
+    return _lookup(xp, table, deberta_index(xp, dist, max_distance, bucket_size, max_position))
 
 
 def _heads_of(params):
@@ -132,13 +152,45 @@ def _heads_of(params):
     return int(params.shape[-1]) if params.ndim else 1
 
 
-_BUILDERS = {"t5": _t5_vector, "alibi": _alibi_vector, "shaw": _shaw_vector, "deberta": _deberta_vector}
-_OPTIONS = {
-    "t5": ("bidirectional", "max_distance"),
-    "alibi": ("symmetric",),
-    "shaw": ("max_distance",),
-    "deberta": ("max_distance", "bucket_size", "max_position"),
+_KINDS = {
+    "t5": (_check_t5, _t5_vector, ("bidirectional", "max_distance")),
+    "alibi": (_check_alibi, _alibi_vector, ("symmetric",)),
+    "shaw": (_check_shaw, _shaw_vector, ("max_distance",)),
+    "deberta": (_check_deberta, _deberta_vector, ("max_distance", "bucket_size", "max_position")),
 }
+
+
+def _checked(kind, params, q_len, k_len, offset, options):
+    """Every argument of a relative bias validated once: ``(xp, kind, q_len, k_len, offset, options)``."""
+    kind = check.choice("kind", kind, KINDS)
+    check_options, _, names = _KINDS[kind]
+    unknown = sorted(set(options) - set(names))
+    if unknown:
+        raise TypeError(f"relative_bias_vector(kind={kind!r}) takes options {', '.join(names)}; got {', '.join(unknown)}")
+    check.array("slopes" if kind == "alibi" else "table", params)
+    xp = namespace(params)
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    offset = check.integer_or_traced("offset", offset)
+    return xp, kind, q_len, k_len, offset, check_options(xp, params, **options)
+
+
+def _vector(xp, kind, params, q_len, k_len, offset, options):
+    """The per-distance vector of validated arguments."""
+    dist = distances(q_len, k_len, offset, xp=xp, device=device_of(params))
+    return _KINDS[kind][1](xp, params, dist, **options)
+
+
+def _output(xp, like, name, shape, out, chunks):
+    """The validated ``out`` of a bias of ``shape`` (``like``'s dtype): ``out`` as given, the
+    blocked Dask array that ``chunks`` asks for, or None once the allocation is checked."""
+    if chunks is not None:
+        out = _blocked_out(like, shape, chunks, out)
+    if out is None:
+        check.allocatable_unless_blocked("bias", shape, 8, like)
+    else:
+        check.out(out, shape=shape, dtype=like.dtype, xp=xp, device=device_of(like), inputs=((name, like),))
+    return out
 
 
 def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
@@ -190,19 +242,10 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     >>> pe.relative_bias_vector("shaw", table, 2, 4, max_distance=2).tolist()
     [[0.0, 0.0, 1.0, 2.0, 3.0]]
     """
-    kind = check.choice("kind", kind, KINDS)
-    unknown = sorted(set(options) - set(_OPTIONS[kind]))
-    if unknown:
-        raise TypeError(f"relative_bias_vector(kind={kind!r}) takes options {', '.join(_OPTIONS[kind])}; got {', '.join(unknown)}")
-    check.array("slopes" if kind == "alibi" else "table", params)
-    xp = namespace(params)
-    q_len = check.integer("q_len", q_len, minimum=0)
-    k_len = check.integer("k_len", k_len, minimum=0)
-    offset = check.integer_or_traced("offset", offset)
+    xp, kind, q_len, k_len, offset, options = _checked(kind, params, q_len, k_len, offset, options)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable_unless_blocked("relative_bias_vector", (_heads_of(params), count), 8, params)
-    dist = distances(q_len, k_len, offset, xp=xp, device=device_of(params))
-    return _BUILDERS[kind](xp, params, dist, **options)
+    return _vector(xp, kind, params, q_len, k_len, offset, options)
 
 
 def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
@@ -240,13 +283,7 @@ def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     want = q_len + k_len - 1 if q_len and k_len else 0
     if int(vec.shape[-1]) != want:
         raise ValueError(f"vec must have q_len + k_len - 1 = {want} entries on its last axis, got shape {tuple(vec.shape)}")
-    shape = (*vec.shape[:-1], q_len, k_len)
-    if chunks is not None:
-        out = _blocked_out(vec, shape, chunks, out)
-    if out is None:
-        check.allocatable_unless_blocked("bias", shape, 8, vec)
-    else:
-        check.out(out, shape=shape, dtype=vec.dtype, xp=xp, device=device_of(vec), inputs=(("vec", vec),))
+    out = _output(xp, vec, "vec", (*vec.shape[:-1], q_len, k_len), out, chunks)
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 
@@ -275,13 +312,11 @@ def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, chunks=None
     >>> pe.relative_bias("shaw", np.arange(5.0)[:, None], 2, 3, max_distance=2)[0].tolist()
     [[2.0, 1.0, 0.0], [3.0, 2.0, 1.0]]
     """
-    q_len = check.integer("q_len", q_len, minimum=0)
-    k_len = check.integer("k_len", k_len, minimum=0)
-    check.array("slopes" if kind == "alibi" else "table", params)
-    if out is None and chunks is None:  # the whole bias, checked before the vector is built
-        check.allocatable_unless_blocked("bias", (_heads_of(params), q_len, k_len), 8, params)
-    vec = relative_bias_vector(kind, params, q_len, k_len, offset=offset, **options)
-    return expand_bias(vec, q_len, k_len, out=out, chunks=chunks)
+    xp, kind, q_len, k_len, offset, options = _checked(kind, params, q_len, k_len, offset, options)
+    # The whole bias is checked before its per-distance vector is built.
+    out = _output(xp, params, "slopes" if kind == "alibi" else "table", (_heads_of(params), q_len, k_len), out, chunks)
+    vec = _vector(xp, kind, params, q_len, k_len, offset, options)
+    return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 
 def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=0, out=None, chunks=None):
@@ -366,13 +401,10 @@ def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, query_positio
 
 def _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, key_positions, out, chunks):
     xp = _args.namespace_of(slopes=slopes, query_positions=query_positions, key_positions=key_positions, out=out)
-    check.float_array("slopes", slopes, xp)
-    check.ndim("slopes", slopes, exactly=1)
+    symmetric = _check_alibi(xp, slopes, symmetric=symmetric)["symmetric"]
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     offset = check.integer_or_traced("offset", offset)
-    if not isinstance(symmetric, bool):
-        raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
     if chunks is not None:
         raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions")
     device = device_of(slopes, query_positions, key_positions)

@@ -108,7 +108,11 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
     check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
-    num_buckets, max_distance, bidirectional = t5_bucket_options(num_buckets, max_distance, bidirectional)
+    return t5_buckets(xp, rel, *t5_bucket_options(num_buckets, max_distance, bidirectional))
+
+
+def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
+    """:func:`t5_bucket` of validated arguments (``t5_bucket_options``)."""
     side = num_buckets // 2 if bidirectional else num_buckets
     exact = side // 2
     if bidirectional:
@@ -126,6 +130,7 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
 
 
 def deberta_bucket_options(bucket_size, max_position):
+    """Validated ``(bucket_size, max_position)`` of a DeBERTa bucket map."""
     bucket_size = check.integer("bucket_size", bucket_size, minimum=2)
     max_position = check.integer("max_position", max_position, minimum=1)
     return bucket_size, max_position
@@ -179,7 +184,11 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
-    bucket_size, max_position = deberta_bucket_options(bucket_size, max_position)
+    return deberta_buckets(xp, rel, *deberta_bucket_options(bucket_size, max_position))
+
+
+def deberta_buckets(xp, rel, bucket_size, max_position):
+    """:func:`deberta_bucket` of validated arguments (``deberta_bucket_options``)."""
     mid = bucket_size // 2
     magnitude = xp.abs(rel)
     identity = magnitude <= mid

@@ -89,7 +89,7 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
     q, k = cast(xp, q, work), cast(xp, k, work)
     total = q @ xp.matrix_transpose(k)
     if terms:
-        delta = deberta_index(distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance, bucket_size, max_position)
+        delta = deberta_index(xp, distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance, bucket_size, max_position)
     if "c2p" in terms:
         total = total + call("toeplitz_gather", q @ xp.matrix_transpose(cast(xp, pos_k, work)), delta, k_len)
     if "p2c" in terms:

@@ -82,5 +82,9 @@ def clip_relative(rel, max_distance):
     check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
-    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    return clipped(xp, rel, check.integer("max_distance", max_distance, minimum=0))
+
+
+def clipped(xp, rel, max_distance):
+    """:func:`clip_relative` of validated arguments."""
     return xp.clip(rel, -max_distance, max_distance) + max_distance

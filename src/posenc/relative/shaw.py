@@ -7,7 +7,7 @@ from .._dispatch import call
 from .._xp import broadcast_shapes, cast, device_of, namespace, result_dtype
 from ..absolute.sinusoidal import sinusoidal
 from . import _args
-from .indices import clip_relative, distances
+from .indices import clipped, distances
 
 FORMS = ("released", "paper")
 
@@ -55,7 +55,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
     _args.logits_shape(batch, q_len, k_len)
     q, k, table_k = (cast(xp, a, work) for a in (q, k, table_k))
     scores = q @ xp.matrix_transpose(table_k)
-    index = clip_relative(distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance)
+    index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance)
     position = call("toeplitz_gather", scores, index, k_len)
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
@@ -109,7 +109,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     dtype, work = _args.dtypes(xp, weights, v, table_v)
     check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
     weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
-    index = clip_relative(distances(q_len, k_len, offset, xp=xp, device=device_of(v)), max_distance)
+    index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device_of(v)), max_distance)
     mass = call("toeplitz_scatter", weights, index, 2 * max_distance + 1)
     return cast(xp, weights @ v + mass @ table_v, dtype)
 
