@@ -113,3 +113,26 @@ def test_bench_help_describes_every_column():
     for column in _bench.COLUMNS:
         assert f"\n{column} " in proc.stdout
     assert "vs plain" in proc.stdout and "np.copyto" in proc.stdout
+
+
+def test_bench_gpu_without_a_gpu_says_why():
+    from posenc._kernels import _arrays
+
+    if _arrays.numba_cuda() and not _arrays.cuda_simulator():
+        pytest.skip("a GPU is here")
+    out = subprocess.run([sys.executable, "-m", "posenc.cli", "bench", "--gpu"], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr.startswith("posenc bench: --gpu needs an NVIDIA GPU")
+
+
+def test_bench_gpu_rows_on_a_gpu():
+    from posenc import _bench_gpu
+
+    problem = _bench_gpu.requirements()
+    if problem:
+        pytest.skip(problem)
+    rows = _bench_gpu.rows(True, 1, lambda s: None)
+    impls = {r.impl for r in rows}
+    assert {"torch eager plain formula", "posenc rope (torch)", "Tensor.copy_ (bandwidth)", "posenc t5_bias (torch)"} <= impls
+    assert all(r.seconds > 0 for r in rows)
+    assert "GB/s" in _bench.table(rows).splitlines()[0]

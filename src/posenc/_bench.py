@@ -29,9 +29,11 @@ COLUMNS = {
     "GB/s": "bytes an ideal implementation moves, counted in the row's dtype (rope: read x and write "
     "the result; biases: write the bias), divided by the time",
     "of copy": "GB/s over the machine's copy bandwidth (np.copyto for rope, ndarray.fill for biases, "
-    "on buffers of the same size): 1.00 = as fast as copying the bytes; blank on the bandwidth rows",
-    "vs plain": "time of the plain NumPy formula over this row's time, same dtype only (2.0x = twice as fast); "
-    "blank where the comparison means nothing: the baseline itself, the bandwidth rows, other dtypes",
+    "on buffers of the same size; with --gpu the device's: cupy.copyto / torch copy_ and fill): 1.00 = as "
+    "fast as copying the bytes; blank on the bandwidth rows",
+    "vs plain": "time of the plain formula over this row's time (NumPy on the CPU, torch eager with --gpu), "
+    "same dtype only (2.0x = twice as fast); blank where the comparison means nothing: the baseline "
+    "itself, the bandwidth rows, other dtypes",
 }
 
 
@@ -72,12 +74,16 @@ class Row:
         return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", f"{rate / 1e9:.1f}", frac, speed]
 
 
-def best(fn, repeat):
+def best(fn, repeat, sync=lambda: None):
+    """The best of ``repeat`` timed calls of ``fn`` after one warm-up call; ``sync`` waits
+    for the device (GPU work is asynchronous)."""
     fn()
+    sync()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
         fn()
+        sync()
         times.append(time.perf_counter() - t0)
     return min(times)
 
@@ -154,20 +160,17 @@ def _reference(fn):
         return fn()
 
 
-PLAIN = "numpy plain formula"
-
-
-def _measure(op, cases, copy_rate, repeat, progress):
-    """Time every case; the first, ``PLAIN``, is the baseline of ``vs plain``."""
-    assert cases[0].impl == PLAIN
+def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None):
+    """Time every case; the first, a plain formula, is the baseline of ``vs plain``."""
+    assert "plain formula" in cases[0].impl
     rows = []
     for case in cases:
         progress(f"  {op}: {case.impl} ...")
-        rows.append(Row(op, case.impl, case.dtype, best(case.fn, repeat), case.nbytes))
+        rows.append(Row(op, case.impl, case.dtype, best(case.fn, repeat, sync), case.nbytes))
     plain = rows[0].seconds
     for case, row in zip(cases, rows):
         row.copy_rate = None if case.bandwidth_row else copy_rate
-        row.plain_seconds = plain if case.comparable and case.impl != PLAIN else None
+        row.plain_seconds = plain if case.comparable and row is not rows[0] else None
     return rows
 
 
@@ -180,8 +183,12 @@ def table(rows) -> str:
     return "\n".join(lines)
 
 
-def run(quick: bool = False, progress=lambda s: print(s, file=sys.stderr, flush=True)) -> str:
+def run(quick: bool = False, gpu: bool = False, progress=lambda s: print(s, file=sys.stderr, flush=True)) -> str:
     repeat = 3 if quick else 7
+    if gpu:
+        from . import _bench_gpu
+
+        return f"{legend()}\n\n{table(_bench_gpu.rows(quick, repeat, progress))}"
     rows = []
     rope_shapes = [(1, 32, 1024, 128)] if quick else [(1, 32, 8192, 128), (4, 32, 8192, 128)]
     for shape in rope_shapes:

@@ -47,7 +47,8 @@ def t5_relative_position_bucket(torch, relative_position, bidirectional=True, nu
 def t5_compute_bias(torch, embedding, q_len, k_len, bidirectional=True):
     """T5's ``compute_bias``: bucket the ``[q, k]`` matrix of ``key - query``, look the buckets
     up in ``embedding`` (``[num_buckets, heads]``), permute to ``[heads, q, k]``."""
-    context = torch.arange(q_len, dtype=torch.long)[:, None]
-    memory = torch.arange(k_len, dtype=torch.long)[None, :]
+    device = embedding.weight.device
+    context = torch.arange(q_len, dtype=torch.long, device=device)[:, None]
+    memory = torch.arange(k_len, dtype=torch.long, device=device)[None, :]
     buckets = t5_relative_position_bucket(torch, memory - context, bidirectional, embedding.num_embeddings)
     return embedding(buckets).permute(2, 0, 1).contiguous()

@@ -52,7 +52,13 @@ def _bench_legend() -> str:
 def cmd_bench(args) -> int:
     from posenc import _bench
 
-    print(_bench.run(quick=args.quick))
+    if args.gpu:
+        from posenc import _bench_gpu
+
+        problem = _bench_gpu.requirements()
+        if problem:
+            return _error("bench", problem, 2)
+    print(_bench.run(quick=args.quick, gpu=args.gpu))
     return 0
 
 
@@ -126,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats (a few seconds)")
+    bench.add_argument("--gpu", action="store_true", help="the rotation and bias rows on a CUDA GPU (numba.cuda kernels, torch eager, the device's copy bandwidth)")
     bench.set_defaults(func=cmd_bench)
     warm = sub.add_parser(
         "warmup",
