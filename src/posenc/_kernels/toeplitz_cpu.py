@@ -31,8 +31,10 @@ from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_v
 # thread only joins for outputs of a GiB or more.
 _BYTES_PER_THREAD = 1 << 29
 
-_load = njit(cache=True)(_codec.load)
-_store = njit(cache=True)(_codec.store)
+# Inlined into each scatter specialisation, whose constant storage prunes the other
+# storages' branches before anything is compiled.
+_load = njit(inline="always")(_codec.load)
+_store = njit(inline="always")(_codec.store)
 
 
 def _expand(rev, out, first, last):
