@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._xp import is_integer, is_real_floating, torch_compiling, trace_constant
+from ._xp import broadcast_shapes, is_integer, is_real_floating, torch_compiling, trace_constant
 
 
 def _show(value) -> str:
@@ -182,6 +182,16 @@ def positions(name, value, xp):
     if is_eager(value) and not bool(xp.all(xp.isfinite(value))):
         raise ValueError(f"{name} must be finite, got non-finite values (nan or inf)")
     return value
+
+
+def leading_axes(first, second, axes, what):
+    """The broadcast of the leading axes (all but the last ``axes``) of two named arrays
+    ``(name, array)``; ``ValueError`` naming both when they do not broadcast."""
+    (name_a, a), (name_b, b) = first, second
+    try:
+        return broadcast_shapes(tuple(a.shape[:-axes]), tuple(b.shape[:-axes]))
+    except ValueError:
+        raise ValueError(f"{name_a} of shape {tuple(a.shape)} and {name_b} of shape {tuple(b.shape)} must have {what} that broadcast together") from None
 
 
 def broadcast_shape(name, shape, target):

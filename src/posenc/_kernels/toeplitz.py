@@ -131,24 +131,25 @@ def guard_expand(vec, q_len, k_len, out):
     return shape
 
 
+def _guard_indexed(name, values, index, k_len, width, out):
+    """``values [..., q_len, *]`` read or written through a per-distance ``index`` of
+    ``q_len + k_len - 1`` entries (``k_len=None``: ``values``' last axis), into a result
+    ``[..., q_len, width]``."""
+    _ndim(name, values, 2)
+    shape = tuple(values.shape)
+    _index(index, shape[-2], shape[-1] if k_len is None else k_len)
+    result = (*shape[:-1], width)
+    _out(out, values, result)
+    return result
+
+
 def guard_gather(scores, index, k_len, out):
     k_len = _length("k_len", k_len)
-    _ndim("scores", scores, 2)
-    scores_shape = tuple(scores.shape)
-    _index(index, scores_shape[-2], k_len)
-    shape = (*scores_shape[:-1], k_len)
-    _out(out, scores, shape)
-    return shape
+    return _guard_indexed("scores", scores, index, k_len, k_len, out)
 
 
 def guard_scatter(weights, index, m, out):
-    m = _length("m", m)
-    _ndim("weights", weights, 2)
-    weights_shape = tuple(weights.shape)
-    _index(index, weights_shape[-2], weights_shape[-1])
-    shape = (*weights_shape[:-1], m)
-    _out(out, weights, shape)
-    return shape
+    return _guard_indexed("weights", weights, index, None, _length("m", m), out)
 
 
 # ---------------------------------------------------------------- registry

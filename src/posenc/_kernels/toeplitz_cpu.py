@@ -105,12 +105,20 @@ FAMILY = _family.Family(
 )
 
 
-def _run(op, like, values, result, lead, extra=()):
-    """``op``'s kernel on NumPy views ``values`` and ``result``, over every row of their batch axes."""
-    kernel = FAMILY[kernel_key(op, like)]
-    workers = min(_layout.threads(), max(1, result.nbytes // _BYTES_PER_THREAD))
-    for values_b, result_b in _layout.batch_views([values, result], lead):
-        _layout.run_tasks(kernel, (values_b, *extra, result_b), result_b.shape[0] * result_b.shape[1], workers)
+def _launch(op, values, shape, out, source, view, extra=lambda: ()):
+    """``op``'s kernel from ``source`` (the kernel's NumPy view of ``values``) into ``out`` (None:
+    a new array of ``shape``, viewed by ``view``), over every row of the batch axes; ``extra()``
+    gives the arguments between the two, once the result is known not to be empty."""
+    result = _arrays.empty(values, shape) if out is None else out
+    if 0 in shape:
+        return result
+    kernel = FAMILY[kernel_key(op, values)]
+    target = view(result)
+    arguments = extra()
+    workers = min(_layout.threads(), max(1, target.nbytes // _BYTES_PER_THREAD))
+    for source_b, target_b in _layout.batch_views([source, target], len(shape) - 2):
+        _layout.run_tasks(kernel, (source_b, *arguments, target_b), target_b.shape[0] * target_b.shape[1], workers)
+    return result
 
 
 def _bits(a):
@@ -130,30 +138,17 @@ def _reversed_index(index, m):
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     """Numba CPU ``toeplitz_expand``: NumPy arrays and torch CPU tensors."""
     shape = guard_expand(vec, q_len, k_len, out)
-    result = _arrays.empty(vec, shape) if out is None else out
-    if 0 in shape:
-        return result
-    _run("expand", vec, np.ascontiguousarray(_bits(vec)[..., ::-1]), _bits(result), vec.ndim - 1)
-    return result
+    reversed_bits = np.ascontiguousarray(_bits(vec)[..., ::-1])  # O(L): the kernel reads forward slices
+    return _launch("expand", vec, shape, out, reversed_bits, _bits)
 
 
 def toeplitz_gather(scores, index, k_len, *, out=None):
     """Numba CPU ``toeplitz_gather``: NumPy arrays and torch CPU tensors."""
     shape = guard_gather(scores, index, k_len, out)
-    result = _arrays.empty(scores, shape) if out is None else out
-    if 0 in shape:
-        return result
-    rev_index = _reversed_index(index, scores.shape[-1])
-    _run("gather", scores, _bits(scores), _bits(result), scores.ndim - 2, (rev_index,))
-    return result
+    return _launch("gather", scores, shape, out, _bits(scores), _bits, lambda: (_reversed_index(index, scores.shape[-1]),))
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
     """Numba CPU ``toeplitz_scatter``: NumPy arrays and torch CPU tensors."""
     shape = guard_scatter(weights, index, m, out)
-    result = _arrays.empty(weights, shape) if out is None else out
-    if 0 in shape:
-        return result
-    rev_index = _reversed_index(index, m)
-    _run("scatter", weights, _arrays.host_view(weights), _arrays.host_view(result), weights.ndim - 2, (rev_index,))
-    return result
+    return _launch("scatter", weights, shape, out, _arrays.host_view(weights), _arrays.host_view, lambda: (_reversed_index(index, m),))

@@ -28,28 +28,24 @@ _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
 
 
-def _expand(vec, out):
-    """``out[b, i, j] = vec[b, i + k_len - 1 - j]``."""
-    batch, q_len, k_len = out.shape
-    j0, row0 = cuda.grid(2)
-    step_j, step_row = cuda.gridsize(2)
-    for row in range(row0, batch * q_len, step_row):
-        b = row // q_len
-        i = row - b * q_len
-        for j in range(j0, k_len, step_j):
-            out[b, i, j] = vec[b, i + k_len - 1 - j]
+def _copy_source(gather):
+    """Expand (``gather=False``) or gather, one thread per output element: with
+    ``t = i + k_len - 1 - j``, ``out[b, i, j] = values[b, t]`` (a per-distance vector) or
+    ``values[b, i, index[t]]``. ``gather`` is a constant of the closure (expand's ``index``
+    is an empty placeholder)."""
 
+    def copy(values, index, out):
+        batch, q_len, k_len = out.shape
+        j0, row0 = cuda.grid(2)
+        step_j, step_row = cuda.gridsize(2)
+        for row in range(row0, batch * q_len, step_row):
+            b = row // q_len
+            i = row - b * q_len
+            for j in range(j0, k_len, step_j):
+                t = i + k_len - 1 - j
+                out[b, i, j] = values[b, i, index[t]] if gather else values[b, t]
 
-def _gather(scores, index, out):
-    """``out[b, i, j] = scores[b, i, index[i + k_len - 1 - j]]``."""
-    batch, q_len, k_len = out.shape
-    j0, row0 = cuda.grid(2)
-    step_j, step_row = cuda.gridsize(2)
-    for row in range(row0, batch * q_len, step_row):
-        b = row // q_len
-        i = row - b * q_len
-        for j in range(j0, k_len, step_j):
-            out[b, i, j] = scores[b, i, index[i + k_len - 1 - j]]
+    return copy
 
 
 def _scatter_source(accumulator, storage):
@@ -84,12 +80,10 @@ def _scatter_source(accumulator, storage):
 def _build(op, name):
     """``name``: the unsigned integer type whose bits the copies move, or the float dtype scatter sums."""
     t = numba.from_dtype(np.dtype(name if op != "scatter" else _arrays.ELEMENT[name]))
-    array3 = types.Array(t, 3, "A")
-    if op == "expand":
-        return cuda.jit(types.void(types.Array(t, 2, "A"), array3), cache=True)(_expand)
-    index = types.Array(types.int64, 1, "A")
-    if op == "gather":
-        return cuda.jit(types.void(array3, index, array3), cache=True)(_gather)
+    array3, index = types.Array(t, 3, "A"), types.Array(types.int64, 1, "A")
+    if op != "scatter":
+        values = array3 if op == "gather" else types.Array(t, 2, "A")
+        return cuda.jit(types.void(values, index, array3), cache=True)(_copy_source(op == "gather"))
     accumulator = numba.float64 if name == "float64" else numba.float32
     return cuda.jit(types.void(array3, index, array3), cache=True)(_scatter_source(accumulator, _arrays.STORAGE[name]))
 
@@ -136,9 +130,10 @@ def _launch(key, config, like, values, shape, out, lead, index=None):
         kernel = FAMILY[key]
         grid, block = config
         target = _arrays.device_view(result) if key[0] == "scatter" else _bits(result)
-        extra = () if index is None else (index,)
+        if index is None:  # expand: an empty placeholder
+            index = cuda.device_array(0, np.int64, stream=stream)
         for values_b, result_b in _layout.batch_views([values, target], lead):
-            kernel[grid, block, stream](values_b, *extra, result_b)
+            kernel[grid, block, stream](values_b, index, result_b)
     return result
 
 

@@ -18,13 +18,7 @@ def query_key(q, k, xp, *, names=("q", "k")):
         raise ValueError(
             f"{names[0]} and {names[1]} must have the same head dimension (last axis), got {q.shape[-1]} and {k.shape[-1]}"
         )
-    try:
-        batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]))
-    except ValueError:
-        raise ValueError(
-            f"{names[0]} of shape {tuple(q.shape)} and {names[1]} of shape {tuple(k.shape)} "
-            "must have broadcasting leading (batch, head) dimensions"
-        ) from None
+    batch = check.leading_axes((names[0], q), (names[1], k), 2, "leading (batch, head) dimensions")
     return int(q.shape[-2]), int(k.shape[-2]), batch
 
 

@@ -13,7 +13,7 @@ import math
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, index_dtype, is_integer, namespace, result_dtype, shifted
+from .._xp import cast, compute_dtype, device_of, index_dtype, is_integer, namespace, result_dtype, shifted
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_buckets
 from . import _args
 from .indices import clipped, distances
@@ -420,13 +420,7 @@ def _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, k
                 raise ValueError(f"{name} must have {want} = {length} entries on its last axis, got shape {tuple(pos.shape)}")
         given.append(pos)
     qpos, kpos = given
-    try:
-        batch = broadcast_shapes(tuple(qpos.shape[:-1]), tuple(kpos.shape[:-1]))
-    except ValueError:
-        raise ValueError(
-            f"query_positions of shape {tuple(qpos.shape)} and key_positions of shape {tuple(kpos.shape)} "
-            "must have leading (batch) axes that broadcast together"
-        ) from None
+    batch = check.leading_axes(("query_positions", qpos), ("key_positions", kpos), 1, "leading (batch) axes")
     shape = (*batch, int(slopes.shape[0]), q_len, k_len)
     if out is None:
         check.allocatable("bias", shape, 8)
