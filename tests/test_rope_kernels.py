@@ -376,3 +376,22 @@ def test_cpu_16_bit_rotation_is_within_one_ulp_of_float64_under_cancellation(dty
     mantissa_bits, smallest_exponent = {"bfloat16": (7, -133), "float16": (10, -24)}[dtype]
     exponent = np.maximum(np.floor(np.log2(np.abs(exact))) - mantissa_bits, smallest_exponent)
     assert np.all(np.abs(to_numpy(got) - exact) <= 2.0**exponent)
+
+
+@pytest.mark.parametrize("op", ["rotate", "apply"])
+def test_cpu_bfloat16_nan_of_every_payload_stays_nan(op):
+    """The bfloat16 store rounds without a NaN select (``_codec_f32.bfloat16_bits``): every NaN
+    the rotation computes from bfloat16 operands keeps an operand's payload (zero low 16 bits)
+    or is the default NaN, so the rounding increment never carries out of it."""
+    bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
+    nan_bits = bits[np.isnan((bits.astype(np.uint32) << 16).view(np.float32))]
+    n = nan_bits.size
+    rng = np.random.default_rng(17)
+    x = torch.from_numpy(np.stack([nan_bits, rng.integers(0x3000, 0x4000, n).astype(np.uint16)], axis=-1).view(np.int16)).view(torch.bfloat16)
+    x = torch.cat([x, x.flip(-1)])  # the NaN as a and as b
+    if op == "rotate":
+        got = cpu_rotate()(x, torch.from_numpy(rng.uniform(0, 1000, 2 * n)), np.array([1.0]))
+    else:
+        angle = torch.from_numpy(np.repeat(rng.uniform(-4, 4, (2 * n, 1)), 2, axis=-1))
+        got = cpu_apply()(x, torch.cos(angle).to(torch.bfloat16), torch.sin(angle).to(torch.bfloat16))
+    assert torch.isnan(got.float()).all(dim=-1).all()  # a NaN in a pair makes both outputs NaN
