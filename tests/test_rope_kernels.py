@@ -304,17 +304,32 @@ def test_cpu_cos_sin_split_of_half_pi_and_accuracy():
     from posenc._kernels import rope_cpu
 
     mpmath.mp.prec = 200
-    p1, p2, p3 = (mpmath.mpf(v) for v in (rope_cpu._P1, rope_cpu._P2, rope_cpu._P3))
-    assert abs(p1 + p2 + p3 - mpmath.pi / 2) < mpmath.mpf(2) ** -120
-    for part in (rope_cpu._P1, rope_cpu._P2):  # 33 significant bits: n * part is exact
+    parts = (rope_cpu._P1, rope_cpu._P2, rope_cpu._P3, rope_cpu._P4)
+    assert abs(sum(mpmath.mpf(p) for p in parts) - mpmath.pi / 2) < mpmath.mpf(2) ** -118
+    for part in parts[:3]:  # 21 significant bits: n * part is exact for |n| < 2**32
         mantissa, _ = np.frexp(part)
-        assert float(mantissa * 2**33) == int(mantissa * 2**33)
+        assert float(mantissa * 2**21) == int(mantissa * 2**21)
     rng = np.random.default_rng(3)
-    angles = np.concatenate([rng.uniform(-rope_cpu.FAST_ANGLE_LIMIT, rope_cpu.FAST_ANGLE_LIMIT, 300), rng.uniform(-4, 4, 300)])
+    limit = rope_cpu.FAST_ANGLE_LIMIT
+    # Uniform angles, small ones, and the float64 nearest to k*pi/2 (the reduction cancels most there).
+    near = [float(mpmath.mpf(int(k)) * mpmath.pi / 2) for k in rng.integers(1, int(limit / 1.6), 200)]
+    angles = np.concatenate([rng.uniform(-limit, limit, 300), rng.uniform(-4, 4, 300), near])
     for angle in angles:
         cos, sin = rope_cpu._cos_sin.py_func(angle)
         exact = mpmath.mpf(float(angle))
         assert abs(cos - float(mpmath.cos(exact))) <= 2**-52 and abs(sin - float(mpmath.sin(exact))) <= 2**-52
+
+
+def test_cpu_angles_beyond_the_reduction_go_to_the_reference():
+    from posenc._kernels import rope_cpu
+
+    x = np.random.default_rng(4).standard_normal((2, 5, 8))
+    positions = np.array([3.0, 7.0, 2.0**40, 11.0, 2.0**33])  # 2**40 * 1.0 is beyond FAST_ANGLE_LIMIT
+    inv_freq = np.array([1.0, 0.1, 0.01, 0.001])
+    got = cpu_rotate()(x, positions, inv_freq)
+    want = _rotate.rotate_positions(x, positions, inv_freq)
+    assert 2.0**40 > rope_cpu.FAST_ANGLE_LIMIT
+    np.testing.assert_array_equal(got, want)
 
 
 # ------------------------------------------------------------------ 16-bit CPU path

@@ -27,8 +27,6 @@ allocate ``out`` in the input's library and re-check every shape a kernel indexe
 
 from __future__ import annotations
 
-import math
-
 import numba
 import numpy as np
 from numba import njit, types
@@ -42,32 +40,33 @@ from ._codec_f32 import bfloat16_bits, float16_bits, fma32, from_bfloat16, from_
 # x per head) run about twice as fast as 16, which jumps between heads too often.
 _BLOCK = 64
 
-# pi/2 as P1 + P2 + P3: P1 and P2 with 33 significant bits (so n * P1 and n * P2 are exact
-# for |n| < 2**20), P3 the float64 rest; checked against mpmath in the tests.
-_P1 = 1.5707963267341256
-_P2 = 6.077100506303966e-11
-_P3 = 2.0222662487959506e-21
+# pi/2 as P1 + P2 + P3 + P4: P1 to P3 with 21 significant bits (so n * Pk is exact for
+# |n| < 2**32), P4 the float64 rest (pi/2 to 2**-119); checked against mpmath in the tests.
+_P1 = 1.570796012878418
+_P2 = 3.139164164167596e-07
+_P3 = 6.223369259164557e-14
+_P4 = 2.912732056093356e-20
 _TWO_OVER_PI = 0.6366197723675814
 _ROUND = 6755399441055744.0  # 1.5 * 2**52: (t + _ROUND) - _ROUND is rint(t) for |t| < 2**51
-# Angles up to this use the polynomial below, larger ones libm's cos/sin.
-FAST_ANGLE_LIMIT = 2.0**19
+# Largest angle the kernel's reduction covers (|n| < 2**32); the launcher leaves calls with
+# larger angles (positions beyond about 4e9 at frequency 1) to the reference's libm.
+FAST_ANGLE_LIMIT = 2.0**32
 # Veltkamp splitters: c * S - (c * S - c) is c rounded to 53 - log2(S - 1) significant
 # bits, a head whose product with a 16-bit float is exact in float32 (bfloat16 has 8
 # significant bits, float16 11).
 _SPLIT_BFLOAT16 = 2.0**37 + 1.0  # 16-bit heads
 _SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
-
-
 @njit(inline="always")
 def _cos_sin(angle):
     """``(cos, sin)`` of a float64 ``angle``, ``|angle| <= FAST_ANGLE_LIMIT``, within ~2 ulp.
 
     Branch-free, so loops over it vectorise (libm's scalar calls do not): reduce by
-    ``n * pi/2`` in three exact-product steps, then the Taylor series of sin and cos on
-    ``|r| <= pi/4`` through ``r**17`` / ``r**18`` (truncation below 1e-19).
+    ``n * pi/2`` in four steps, the first three exact products (Cody and Waite), then the
+    Taylor series of sin and cos on ``|r| <= pi/4`` through ``r**17`` / ``r**18``
+    (truncation below 1e-19).
     """
     n = (angle * _TWO_OVER_PI + _ROUND) - _ROUND
-    r = ((angle - n * _P1) - n * _P2) - n * _P3
+    r = (((angle - n * _P1) - n * _P2) - n * _P3) - n * _P4
     z = r * r
     s = z * (1 / 1307674368000 - z * (1 / 355687428096000))
     s = z * (1 / 362880 - z * (1 / 39916800 - z * (1 / 6227020800 - s)))
@@ -114,32 +113,19 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
         rotary = 2 * half
         block = cos.shape[0]
         blocks = (length + block - 1) // block
-        max_freq = 0.0
-        for i in range(half if rotate else 0):
-            max_freq = max(max_freq, abs(inv_freq[i]))
         for task in range(first, last):
             g = task // blocks
             start = (task - g * blocks) * block
             rows = min(block, length - start)
-            # The block's float64 cos and sin, scaled.
+            # The block's float64 cos and sin, scaled (angles within FAST_ANGLE_LIMIT).
             if rotate:
                 p = positions[g, start : start + rows]
-                largest = 0.0
-                for k in range(rows):
-                    largest = max(largest, abs(p[k]))
-                fast = largest * max_freq <= FAST_ANGLE_LIMIT
                 for k in range(rows):
                     c_row, s_row = cos[k], sin[k]
-                    if fast:
-                        for i in range(half):
-                            c, s = _cos_sin(p[k] * inv_freq[i])
-                            c_row[i] = c * scale
-                            s_row[i] = sign * s * scale
-                    else:
-                        for i in range(half):
-                            angle = p[k] * inv_freq[i]
-                            c_row[i] = math.cos(angle) * scale
-                            s_row[i] = sign * math.sin(angle) * scale
+                    for i in range(half):
+                        c, s = _cos_sin(p[k] * inv_freq[i])
+                        c_row[i] = c * scale
+                        s_row[i] = sign * s * scale
             else:
                 for k in range(rows):
                     for i in range(half):
@@ -307,11 +293,20 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
-    """Numba CPU ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
+    """Numba CPU ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``).
+
+    Angles beyond ``FAST_ANGLE_LIMIT`` (positions beyond about 4e9) go to the reference,
+    whose libm reduces any angle.
+    """
     inv_freq = guard_rotate(x, positions, inv_freq, out)
-    xv = _host_x(x)
     # Angles are float64 products, as in the reference: positions are converted once.
-    pv = np.broadcast_to(_arrays.host_values(positions).astype(np.float64, copy=False), xv.shape[:-1])
+    pv = _arrays.host_values(positions).astype(np.float64, copy=False)
+    if pv.size and inv_freq.size and not float(np.abs(pv).max()) * float(np.abs(inv_freq).max()) <= FAST_ANGLE_LIMIT:
+        from ..rotary import _rotate
+
+        return _rotate.rotate_positions(x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out)
+    xv = _host_x(x)
+    pv = np.broadcast_to(pv, xv.shape[:-1])
     result, ov, in_place, copy_back = _destination(x, xv, out)
     angles = (inv_freq, -1.0 if inverse else 1.0, float(scale))
     _launch(x, "rotate", layout, xv, ov, [pv], angles, (_NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2, in_place)
