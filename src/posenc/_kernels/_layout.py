@@ -27,6 +27,7 @@ from __future__ import annotations
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -67,8 +68,10 @@ def _merged(axes):
     return merged
 
 
-def plan(shape, strides, *, shared):
-    """Group batch axes ``shape`` of arrays with ``strides`` (one tuple per array).
+@lru_cache(maxsize=256)
+def plan(shape, strides, shared):
+    """Group batch axes ``shape`` of arrays with ``strides`` (a tuple per array; all tuples,
+    the plan is cached: a decoding loop asks for the same one every step).
 
     ``shared``: indices of the per-position arrays, whose stride must be 0 along ``H``.
     """

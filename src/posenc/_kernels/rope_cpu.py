@@ -259,7 +259,7 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
     """
     batch, dim = xv.shape[:-1], xv.shape[-1]
     arrays = [xv, ov, *per_position]
-    plan = _layout.plan(batch, [_arrays.element_strides(a)[: len(batch)] for a in arrays], shared=range(2, len(arrays)))
+    plan = _layout.plan(tuple(batch), tuple(_arrays.element_strides(a)[: len(batch)] for a in arrays), tuple(range(2, len(arrays))))
     shape = plan.shape()
     if 0 in shape or dim == 0:
         return

@@ -120,7 +120,7 @@ def _launch(x, op, layout, xd, per_position, arguments, half, out):
             od = _arrays.device_view(temporary)
         batch, dim = tuple(xd.shape[:-1]), tuple(xd.shape)[-1]
         arrays = [xd, od, *per_position]
-        plan = _layout.plan(batch, [_arrays.element_strides(a)[: len(batch)] for a in arrays], shared=range(2, len(arrays)))
+        plan = _layout.plan(tuple(batch), tuple(_arrays.element_strides(a)[: len(batch)] for a in arrays), tuple(range(2, len(arrays))))
         shape = plan.shape()
         x4 = _arrays.strided(xd, shape + (dim,), plan.strides(0) + (_arrays.element_strides(xd)[-1],))
         o4 = x4 if in_place else _arrays.strided(od, shape + (dim,), plan.strides(1) + (_arrays.element_strides(od)[-1],))
