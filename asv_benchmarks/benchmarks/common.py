@@ -54,6 +54,18 @@ def copy_bandwidth(nbytes: int, repeat: int = 5) -> float:
     return 2 * src.nbytes / best
 
 
+def interleaved_best(fns, repeat: int = 7) -> list:
+    """Best time of each of ``fns``, timed in turns (one round times each once), so the load
+    of a shared machine hits every one of them alike: ratios between them stay fair."""
+    best = [float("inf")] * len(fns)
+    for _ in range(repeat):
+        for k, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            fn()
+            best[k] = min(best[k], time.perf_counter() - t0)
+    return best
+
+
 def best_time(fn, repeat: int = 5) -> float:
     best = float("inf")
     for _ in range(repeat):

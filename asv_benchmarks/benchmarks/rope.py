@@ -17,7 +17,7 @@ import numpy as np
 from posenc import _dispatch
 from posenc._oracles import rope_rotate_half
 
-from .common import Benchmark, best_time, require, sizes
+from .common import Benchmark, interleaved_best, require, sizes
 
 LARGE_SHAPES = ["1x32x8192x128", "4x32x8192x128"]
 SHAPES = sizes(["1x8x1024x128"], LARGE_SHAPES)
@@ -99,8 +99,9 @@ class RopeRotate(Benchmark):
 
     def track_in_place_fraction_of_copy_bandwidth(self, shape, dtype):
         i = self.inputs
-        copy = best_time(lambda: np.copyto(i.copy_target, i.raw))
-        rope = best_time(lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place))
+        copy, rope = interleaved_best(
+            [lambda: np.copyto(i.copy_target, i.raw), lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place)]
+        )
         return copy / rope
 
     track_in_place_fraction_of_copy_bandwidth.unit = "fraction"
@@ -156,7 +157,7 @@ def _table(shapes=LARGE_SHAPES, repeat=7):
             }
             if dtype == "float32":
                 variants["numpy formula"] = lambda: rope_rotate_half(i.x, i.numpy_cos, i.numpy_sin)
-            times = {name: best_time(fn, repeat) for name, fn in variants.items()}
+            times = dict(zip(variants, interleaved_best(list(variants.values()), repeat)))
             for name, t in times.items():
                 # The copy is the bandwidth reference, not a rotation: no ratio means anything there.
                 ratios = "| - | - |" if name == "np.copyto same bytes" else (
