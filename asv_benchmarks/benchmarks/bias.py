@@ -21,7 +21,7 @@ from posenc import _dispatch
 
 from posenc._oracles import t5_compute_bias
 
-from .common import Benchmark, best_time, require, sizes
+from .common import Benchmark, best_time, interleaved_best, require, sizes
 
 HEADS = 16
 NUM_BUCKETS = 32
@@ -85,7 +85,8 @@ class T5Bias(Benchmark):
         self.out.fill(1.0)
 
     def track_t5_out_fraction_of_fill_bandwidth(self, n):
-        return best_time(lambda: self.out.fill(1.0)) / best_time(lambda: posenc_t5(self.table, n, n, out=self.out))
+        fill, posenc = interleaved_best([lambda: self.out.fill(1.0), lambda: posenc_t5(self.table, n, n, out=self.out)], 5)
+        return fill / posenc
 
     track_t5_out_fraction_of_fill_bandwidth.unit = "fraction"
 
@@ -131,7 +132,8 @@ class AlibiBias(Benchmark):
         self.out.fill(1.0)
 
     def track_alibi_out_fraction_of_fill_bandwidth(self, n):
-        return best_time(lambda: self.out.fill(1.0)) / best_time(lambda: posenc_alibi(self.slopes, n, n, out=self.out))
+        fill, posenc = interleaved_best([lambda: self.out.fill(1.0), lambda: posenc_alibi(self.slopes, n, n, out=self.out)], 5)
+        return fill / posenc
 
     track_alibi_out_fraction_of_fill_bandwidth.unit = "fraction"
 
@@ -212,15 +214,6 @@ class ShawGather(Benchmark):
         self.out.fill_(1.0)
 
 
-def _interleaved_best(fns, repeat):
-    """Best time of each of ``fns``, run in turn ``repeat`` times so load changes hit all alike."""
-    best = [float("inf")] * len(fns)
-    for _ in range(repeat):
-        for k, fn in enumerate(fns):
-            best[k] = min(best[k], best_time(fn, 1))
-    return best
-
-
 def _report(lengths=(512, 2048, 4096), repeat=7):
     """Best-of-``repeat`` table: ``cd asv_benchmarks && python -m benchmarks.bias``."""
     import torch
@@ -245,7 +238,7 @@ def _report(lengths=(512, 2048, 4096), repeat=7):
              lambda: alibi_naive_numpy(slopes, n, n)),
         ]
         for name, alloc, into, baseline in rows:
-            t_alloc, t_out, fill = _interleaved_best([alloc, into, lambda: out.fill(1.0)], repeat)
+            t_alloc, t_out, fill = interleaved_best([alloc, into, lambda: out.fill(1.0)], repeat)
             t_base = best_time(baseline, 3)
             peak = peak_over(out.nbytes, alloc)
             print(f"| {n} | {name} | {t_alloc * 1e3:.1f} ms | {t_out * 1e3:.1f} ms | {t_base * 1e3:.1f} ms | "
@@ -257,7 +250,7 @@ def _report(lengths=(512, 2048, 4096), repeat=7):
         naive = bench.torch.einsum("hqd,qkd->hqk", bench.q, bench.table[bench.idx])
         torch.testing.assert_close(bench._posenc(n), naive, rtol=1e-4, atol=1e-3)
         del naive
-        t_alloc, t_out, fill = _interleaved_best(
+        t_alloc, t_out, fill = interleaved_best(
             [lambda: bench._posenc(n), lambda: bench._posenc(n, out=bench.out), lambda: bench.out.fill_(1.0)], repeat
         )
         t_base = best_time(lambda: bench.torch.einsum("hqd,qkd->hqk", bench.q, bench.table[bench.idx]), 3)
