@@ -1,13 +1,17 @@
 """Array backends for the test matrix and an assertion that checks kind before values.
 
 Modelled on array-api-extra's test fixture: one ``Backend`` object per array library
-creates arrays from NumPy data, converts results back, and says which dtypes it has.
+creates arrays from NumPy data, converts results back, says which dtypes it has, and runs
+a function the way its library is used (``Backend.call``): under ``jax.jit`` for JAX,
+building a graph that computes nothing for Dask. The ordinary tests call posenc through
+``backend.call``, so every formula test also proves tracing and laziness.
 With ``POSENC_TEST_GPU=1`` (``make test-gpu``) the matrix also runs on the GPU: CuPy arrays
 and torch CUDA tensors, which reach the numba.cuda kernels.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -18,7 +22,8 @@ from array_api_compat import array_namespace, device as device_of
 BACKENDS = ("numpy", "array_api_strict", "torch", "dask", "jax")
 GPU_BACKENDS = ("cupy", "torch_cuda")
 _MODULES = {"numpy": "numpy", "array_api_strict": "array_api_strict", "torch": "torch", "dask": "dask", "jax": "jax", "cupy": "cupy", "torch_cuda": "torch"}
-
+# The floating dtypes every family takes (a result keeps its input's dtype).
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 # The one tolerance table of the tests: relative and absolute tolerance for a result of
 # each dtype against a float64 transcription or another implementation (a few ulps:
 # float16 4, bfloat16 4, float32 17 (sums of many terms), float64 ~4500 (libm differences
@@ -27,11 +32,17 @@ TOLERANCE = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 2e-6, "float64": 1e-1
 # Where an op's kernels and reference legitimately round differently: the scatter
 # reference sums float16 in float16; its kernels sum in float64 (CPU) or float32 (CUDA).
 OP_TOLERANCE = {("toeplitz_scatter", "float16"): 1e-2}
+# The spacing of each dtype's numbers just above 1 (2**-mantissa bits): the unit the kernel
+# tests state their rounding bounds in.
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+_COMPLEX_PARTS = {"complex64": "float32", "complex128": "float64"}
 
 
 def tolerance(dtype, op=None):
-    """Tolerance for a result of ``dtype`` (a dtype or its name), optionally of kernel op ``op``."""
+    """Tolerance for a result of ``dtype`` (a dtype or its name), optionally of kernel op ``op``;
+    a complex dtype gets the tolerance of its parts."""
     name = str(dtype).rsplit(".", 1)[-1]
+    name = _COMPLEX_PARTS.get(name, name)
     return OP_TOLERANCE.get((op, name), TOLERANCE.get(name, 0.0))
 
 
@@ -59,9 +70,87 @@ def available_backends():
     return [b for b in names if _usable(b)]
 
 
+def to_host(a):
+    """An array the kernels take (NumPy, torch on any device, CuPy, a numba device array) as a
+    NumPy array, bfloat16 as float32."""
+    if hasattr(a, "detach"):
+        a = a.detach().cpu()
+        return (a.float() if str(a.dtype) == "torch.bfloat16" else a).numpy()
+    if hasattr(a, "copy_to_host"):
+        return a.copy_to_host()
+    if hasattr(a, "get"):
+        return a.get()
+    return np.asarray(a)
+
+
+def to_float64(a):
+    return to_host(a).astype(np.float64)
+
+
+def copy_of(value):
+    """A copy of an array or tensor (anything else as it is)."""
+    if hasattr(value, "clone"):
+        return value.clone()
+    return value.copy() if hasattr(value, "copy") else value
+
+
+class _CountingScheduler:
+    """A Dask scheduler that counts the graphs it is asked to compute, then runs them."""
+
+    def __init__(self):
+        self.count = 0
+
+    def __call__(self, dsk, keys, **kwargs):
+        import dask.local
+
+        self.count += 1
+        return dask.local.get_sync(dsk, keys, **kwargs)
+
+
+@contextlib.contextmanager
+def no_dask_compute(what="the call"):
+    """Fails if Dask computes anything inside the block (a no-op where Dask is not installed)."""
+    if importlib.util.find_spec("dask") is None:
+        yield
+        return
+    import dask
+
+    counter = _CountingScheduler()
+    with dask.config.set(scheduler=counter):
+        yield
+    assert counter.count == 0, f"{counter.count} Dask computation(s) during {what}"
+
+
+def _results(value):
+    return value if isinstance(value, tuple) else (value,)
+
+
+def lazily(fn, *arrays):
+    """``fn(*arrays)`` with Dask arrays: the result must be Dask arrays, built without computing anything."""
+    import dask.array as da
+
+    with no_dask_compute("graph building"):
+        result = fn(*arrays)
+    for r in _results(result):
+        assert isinstance(r, da.Array), f"{type(r).__name__} is not a Dask array"
+    return result
+
+
+def jitted(fn, *arrays):
+    """``jax.jit(fn)(*arrays)`` and the eager ``fn(*arrays)``: results of the same dtypes and
+    shapes (their values may differ by roundings: XLA fuses operations)."""
+    import jax
+
+    traced, eager = jax.jit(fn)(*arrays), fn(*arrays)
+    for t, e in zip(_results(traced), _results(eager), strict=True):
+        assert isinstance(t, jax.Array) and t.dtype == e.dtype and t.shape == e.shape, f"jit {t.dtype}{t.shape}, eager {e.dtype}{e.shape}"
+    return traced, eager
+
+
 class Backend:
     def __init__(self, name: str):
         self.name = name
+        self._eager = []  # JAX: (traced result, eager result) of each ``call``
         if name == "numpy":
             from array_api_compat import numpy as xp
         elif name == "array_api_strict":
@@ -127,44 +216,60 @@ class Backend:
             return jnp.asarray(data, dtype=dtype)
         return self.xp.asarray(data, dtype=dtype)
 
-    def to_numpy(self, a):
-        if self.name == "cupy":
-            return a.get()
-        if self.name in ("torch", "torch_cuda"):
-            import torch
+    def call(self, fn, *arrays):
+        """``fn(*arrays)`` the way this library runs it: JAX under ``jax.jit`` (``arrays`` traced;
+        the eager call is made too, and ``assert_close`` checks it like the traced one), Dask
+        lazily (nothing computed until asked), the others directly. Options that are no arrays
+        belong in ``fn``'s closure."""
+        if self.name == "jax":
+            traced, eager = jitted(fn, *arrays)
+            self._eager += zip(_results(traced), _results(eager))
+            return traced
+        if self.name == "dask":
+            return lazily(fn, *arrays)
+        return fn(*arrays)
 
-            a = a.detach().cpu()
-            if a.dtype == torch.bfloat16:
-                a = a.float()
-            return a.numpy()
+    def each_run(self, result):
+        """``result`` of ``call`` and, for JAX, the eager call's result too: every check made
+        on one is made on each."""
+        return (result, *(e for t, e in self._eager if t is result))
+
+    def to_numpy(self, a):
         if self.name == "dask":
             return np.asarray(a.compute())
         if self.name == "array_api_strict":
             return np.asarray(a._array)
         if self.name == "jax":
             return np.asarray(a.astype("float32") if a.dtype.name == "bfloat16" else a)
-        return np.asarray(a)
+        return to_host(a)
 
 
-def assert_close(actual, expected, *, backend: Backend, dtype=None, shape=None, device=None, rtol=None, atol=None):
-    """Check namespace, dtype, shape and device of ``actual``, then its values.
-
-    ``expected`` is a NumPy array (usually a float64 transcription of the formula);
-    tolerances default to a few ulps of ``dtype``.
-    """
+def assert_kind(actual, *, backend: Backend, dtype=None, shape=None, device=None):
+    """Check namespace, dtype (a dtype or its name), shape and device of ``actual``."""
     assert array_namespace(actual) is array_namespace(backend.asarray(np.zeros(1))), (
         f"result namespace {array_namespace(actual).__name__} is not {backend.name}"
     )
     if dtype is not None:
         want = backend.dtype(dtype) if isinstance(dtype, str) else dtype
         assert actual.dtype == want, f"dtype {actual.dtype} != {want}"
-    expected = np.asarray(expected)
-    want_shape = tuple(shape) if shape is not None else expected.shape
-    assert tuple(actual.shape) == want_shape, f"shape {tuple(actual.shape)} != {want_shape}"
+    if shape is not None:
+        assert tuple(actual.shape) == tuple(shape), f"shape {tuple(actual.shape)} != {tuple(shape)}"
     if device is not None:
         assert device_of(actual) == device, f"device {device_of(actual)} != {device}"
-    got = backend.to_numpy(actual)
-    tol = tolerance(actual.dtype)
-    rtol = tol if rtol is None else rtol
-    atol = tol if atol is None else atol
-    np.testing.assert_allclose(got.astype(expected.dtype) if expected.dtype.kind != "O" else got, expected, rtol=rtol, atol=atol)
+
+
+def assert_close(actual, expected, *, backend: Backend, dtype=None, shape=None, device=None, rtol=None, atol=None):
+    """Check namespace, dtype, shape and device of ``actual``, then its values.
+
+    ``expected`` is a NumPy array (usually a float64 transcription of the formula; its shape
+    is the one wanted unless ``shape`` is given); tolerances default to a few ulps of
+    ``dtype``. A JAX result of ``Backend.call`` is checked again as the eager call gave it.
+    """
+    expected = np.asarray(expected)
+    for run in backend.each_run(actual):
+        assert_kind(run, backend=backend, dtype=dtype, shape=expected.shape if shape is None else shape, device=device)
+        got = backend.to_numpy(run)
+        tol = tolerance(run.dtype)
+        np.testing.assert_allclose(
+            got.astype(expected.dtype) if expected.dtype.kind != "O" else got, expected, rtol=tol if rtol is None else rtol, atol=tol if atol is None else atol
+        )

@@ -1,6 +1,5 @@
 """The posenc command line: info, demo, plot, bench; clean errors without tracebacks."""
 
-import pathlib
 import subprocess
 import sys
 

@@ -1,9 +1,11 @@
-"""Dask reach: every public function stays lazy on chunked arrays, and the block kernels.
+"""What only Dask has: the block kernels, blocked biases, chunks and schedulers.
 
+Every public function stays lazy on chunked arrays in the ordinary tests, through the
+``backend`` fixture (``Backend.call`` in tests/arrays.py counts what Dask computes).
 ``rope_rotate`` and ``toeplitz_expand`` have ``dask_blocks`` kernels: a graph whose tasks
 call the kernel registry on each NumPy block (so Numba runs per block). Results are
-compared with the NumPy path and with float64 transcriptions of the formulas; laziness is
-checked with a scheduler callback that counts computations.
+compared with the NumPy path and with float64 transcriptions of the formulas; ``lazily``
+checks that building each graph computes nothing.
 """
 
 from __future__ import annotations
@@ -15,75 +17,12 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from arrays import lazily
+from formulas import exact_rope, rel_matrix
 from posenc import _dispatch
-from public_calls import ARRAY_CALLS, CREATOR_CALLS, uncovered
 
 da = pytest.importorskip("dask.array")
 dask = pytest.importorskip("dask")
-from dask.callbacks import Callback  # noqa: E402
-
-
-
-class ComputeCounter(Callback):
-    """Counts the graphs a local scheduler starts to compute inside the ``with`` block."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def _start(self, dsk):
-        self.count += 1
-
-
-def _chunked(a):
-    return da.from_array(a, chunks=tuple(max(1, (s + 1) // 2) for s in np.shape(a)))
-
-
-def _lazily(fn, *args):
-    """``fn(*args)`` with no computation while it runs."""
-    with ComputeCounter() as counter:
-        result = fn(*args)
-    assert counter.count == 0, f"{counter.count} computation(s) while building the graph"
-    return result
-
-
-def _check_lazy_like_numpy(got, want, name, rtol=2e-6, atol=2e-6):
-    got = got if isinstance(got, tuple) else (got,)
-    want = want if isinstance(want, tuple) else (want,)
-    for g, w in zip(got, want, strict=True):
-        assert isinstance(g, da.Array), f"{name}: {type(g).__name__} is not a dask array"
-        assert g.dtype == np.asarray(w).dtype and g.shape == np.shape(w), f"{name}: {g.dtype}{g.shape} vs {np.asarray(w).dtype}{np.shape(w)}"
-        np.testing.assert_allclose(g.compute(), w, rtol=rtol, atol=atol, err_msg=name)
-
-
-def test_every_public_function_is_called():
-    assert uncovered() == []
-
-
-@pytest.mark.parametrize("name", sorted(ARRAY_CALLS))
-def test_public_function_stays_lazy_on_chunked_arrays(name, rng):
-    fn, make_args = ARRAY_CALLS[name]
-    args = make_args(rng)
-    _check_lazy_like_numpy(_lazily(fn, *(_chunked(a) for a in args)), fn(*args), name)
-
-
-@pytest.mark.parametrize("name", sorted(CREATOR_CALLS))
-def test_creator_stays_lazy_in_the_dask_namespace(name):
-    from array_api_compat.dask import array as dask_xp
-
-    fn = CREATOR_CALLS[name]
-    _check_lazy_like_numpy(_lazily(fn, dask_xp), fn(None), name)
-
-
-# --- the block kernels ----------------------------------------------------------------------
-
-
-def _exact_rope(x, pos, base=10000.0):
-    """Half-layout RoPE in float64 from the formula (angles ``pos * base**(-2i/d)``)."""
-    d = x.shape[-1]
-    angle = np.asarray(pos, dtype=np.float64)[..., None] * base ** (-np.arange(0, d, 2) / d)
-    a, b = x[..., : d // 2].astype(np.float64), x[..., d // 2 :].astype(np.float64)
-    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), b * np.cos(angle) + a * np.sin(angle)], axis=-1)
 
 
 def test_registry_sends_dask_arrays_to_the_block_kernels():
@@ -99,7 +38,7 @@ def test_registry_sends_dask_arrays_to_the_block_kernels():
 def test_rope_runs_the_registry_once_per_numpy_block(rng, monkeypatch):
     x = rng.standard_normal((1000, 64)).astype(np.float32)
     pos = rng.integers(0, 2**20, 1000)
-    lazy = _lazily(pe.rope, da.from_array(x, chunks=(128, 64)), da.from_array(pos, chunks=128))
+    lazy = lazily(pe.rope, da.from_array(x, chunks=(128, 64)), da.from_array(pos, chunks=128))
     assert lazy.chunks == ((128,) * 7 + (104,), (64,))
     seen = []
     call = _dispatch.call
@@ -111,25 +50,25 @@ def test_rope_runs_the_registry_once_per_numpy_block(rng, monkeypatch):
     monkeypatch.setattr(_dispatch, "call", spy)
     got = lazy.compute(scheduler="threads")
     assert sorted(seen, key=lambda s: s[2]) == [("rope_rotate", np.ndarray, (104, 64))] + [("rope_rotate", np.ndarray, (128, 64))] * 7
-    np.testing.assert_allclose(got, _exact_rope(x, pos), atol=3e-6)
+    np.testing.assert_allclose(got, exact_rope(x, pos), atol=3e-6)
 
 
 def test_rope_on_batched_chunks_with_default_positions(rng):
     x = rng.standard_normal((2, 3, 10, 16))
     chunked = da.from_array(x, chunks=(1, 2, 4, 8))  # the feature axis split too
-    got = _lazily(lambda a: pe.rope(a, offset=5, layout="interleaved"), chunked)
+    got = lazily(lambda a: pe.rope(a, offset=5, layout="interleaved"), chunked)
     assert got.chunks[:-1] == chunked.chunks[:-1] and got.numblocks[-1] == 1
     np.testing.assert_allclose(got.compute(), pe.rope(x, offset=5, layout="interleaved"), atol=1e-12)
-    half = _lazily(lambda a: pe.rope(a, offset=5), chunked)
-    np.testing.assert_allclose(half.compute(), _exact_rope(x, np.arange(5, 15)), atol=1e-12)
+    half = lazily(lambda a: pe.rope(a, offset=5), chunked)
+    np.testing.assert_allclose(half.compute(), exact_rope(x, np.arange(5, 15)), atol=1e-12)
 
 
 def test_rope_positions_are_rechunked_like_x(rng):
     x = rng.standard_normal((3, 12, 8))
     pos = rng.integers(-100, 100, (3, 12))
-    got = _lazily(pe.rope, da.from_array(x, chunks=(2, 5, 8)), da.from_array(pos, chunks=(3, 4)))
+    got = lazily(pe.rope, da.from_array(x, chunks=(2, 5, 8)), da.from_array(pos, chunks=(3, 4)))
     assert got.chunks == ((2, 1), (5, 5, 2), (8,))
-    np.testing.assert_allclose(got.compute(), _exact_rope(x, pos), atol=1e-12)
+    np.testing.assert_allclose(got.compute(), exact_rope(x, pos), atol=1e-12)
 
 
 def test_rope_out_and_inverse_on_dask(rng):
@@ -139,9 +78,9 @@ def test_rope_out_and_inverse_on_dask(rng):
     for backend in ("auto", "reference"):
         with pe.use_backend(backend):
             buffer = da.zeros_like(x)
-            returned = _lazily(lambda: pe.rope(x, pos, out=buffer))
+            returned = lazily(lambda: pe.rope(x, pos, out=buffer))
             assert returned is buffer
-            np.testing.assert_allclose(buffer.compute(), _exact_rope(x_np, np.arange(100, 106)), atol=1e-12)
+            np.testing.assert_allclose(buffer.compute(), exact_rope(x_np, np.arange(100, 106)), atol=1e-12)
             back = pe.rope(buffer, pos, inverse=True)
             np.testing.assert_allclose(back.compute(), x_np, atol=1e-12)
 
@@ -150,7 +89,7 @@ def test_rerotate_and_axial_rope_use_the_block_kernel(rng):
     x = rng.standard_normal((6, 8))
     chunked = da.from_array(x, chunks=(4, 8))
     inv_freq = pe.rope_frequencies(8)[0]
-    np.testing.assert_allclose(pe.rerotate(chunked, 7, inv_freq).compute(), _exact_rope(x, np.full(6, 7)), atol=1e-12)
+    np.testing.assert_allclose(pe.rerotate(chunked, 7, inv_freq).compute(), exact_rope(x, np.full(6, 7)), atol=1e-12)
     grid = np.stack([np.arange(6) // 3, np.arange(6) % 3], axis=-1)
     got = pe.axial_rope(chunked, da.from_array(grid, chunks=(4, 2)))
     np.testing.assert_allclose(got.compute(), pe.axial_rope(x, grid), atol=1e-12)
@@ -167,7 +106,7 @@ def _block_bounds(chunks):
 def test_t5_bias_blocks_are_toeplitz_slices(rng):
     table = rng.standard_normal((32, 4)).astype(np.float32)
     q_len, k_len, offset = 37, 53, 11
-    bias = _lazily(lambda t: pe.t5_bias(t, q_len, k_len, offset=offset, chunks=(2, 10, 16)), da.from_array(table, chunks=(32, 2)))
+    bias = lazily(lambda t: pe.t5_bias(t, q_len, k_len, offset=offset, chunks=(2, 10, 16)), da.from_array(table, chunks=(32, 2)))
     assert bias.chunks == ((2, 2), (10, 10, 10, 7), (16, 16, 16, 5))
     np.testing.assert_array_equal(bias.compute(), pe.t5_bias(table, q_len, k_len, offset=offset))
     # Each block is the bias of its own rows and columns: relative offset i0 - j0.
@@ -179,7 +118,7 @@ def test_t5_bias_blocks_are_toeplitz_slices(rng):
 
 def test_blocked_bias_runs_the_registry_once_per_numpy_block(rng, monkeypatch):
     table = da.from_array(rng.standard_normal((32, 3)).astype(np.float32), chunks=(32, 2))
-    bias = _lazily(lambda: pe.t5_bias(table, 20, 30, chunks=(2, 8, 16)))
+    bias = lazily(lambda: pe.t5_bias(table, 20, 30, chunks=(2, 8, 16)))
     seen = []
     call = _dispatch.call
 
@@ -198,7 +137,7 @@ def test_blocked_bias_runs_the_registry_once_per_numpy_block(rng, monkeypatch):
 def test_blocked_bias_default_chunks_follow_the_table_and_dask_config(rng):
     table = da.from_array(rng.standard_normal((32, 6)), chunks=(32, 4))
     with dask.config.set({"array.chunk-size": "4KiB"}):
-        bias = _lazily(lambda: pe.t5_bias(table, 40, 30, bidirectional=False))
+        bias = lazily(lambda: pe.t5_bias(table, 40, 30, bidirectional=False))
     assert bias.chunks[0] == (4, 2)
     assert bias.numblocks[1] > 1 and bias.numblocks[2] > 1
     assert max(bias.chunks[0]) * max(bias.chunks[1]) * max(bias.chunks[2]) * 8 <= 4096
@@ -208,7 +147,7 @@ def test_blocked_bias_default_chunks_follow_the_table_and_dask_config(rng):
 def test_huge_blocked_bias_builds_lazily_and_computes_one_block(rng):
     table = rng.standard_normal((32, 2)).astype(np.float32)
     n = 1_000_000  # 8 TB as one float32 array
-    bias = _lazily(lambda: pe.t5_bias(da.from_array(table), n, n, chunks=(2, 1024, 1024)))
+    bias = lazily(lambda: pe.t5_bias(da.from_array(table), n, n, chunks=(2, 1024, 1024)))
     assert bias.shape == (2, n, n) and bias.numblocks == (1, 977, 977)
     block = bias.blocks[0, 100, 3].compute()
     np.testing.assert_array_equal(block, pe.t5_bias(table, 1024, 1024, offset=(100 - 3) * 1024))
@@ -217,9 +156,9 @@ def test_huge_blocked_bias_builds_lazily_and_computes_one_block(rng):
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_alibi_bias_blocked(symmetric):
     slopes = pe.alibi_slopes(6)
-    rel = (3 + np.arange(9))[:, None] - np.arange(14)[None, :]
+    rel = rel_matrix(9, 14, offset=3)
     want = -slopes.astype(np.float64)[:, None, None] * (np.abs(rel) if symmetric else rel)
-    bias = _lazily(
+    bias = lazily(
         lambda s: pe.alibi_bias(s, 9, 14, offset=3, symmetric=symmetric, chunks=(4, 4, 5)), da.from_array(slopes, chunks=3)
     )
     assert bias.chunks == ((4, 2), (4, 4, 1), (5, 5, 4))
@@ -230,7 +169,7 @@ def test_expand_bias_blocked_with_leading_axes_and_out(rng):
     vec = rng.standard_normal((2, 3, 6 + 9 - 1))
     want = pe.expand_bias(vec, 6, 9)
     for chunks in ((1, 3, 2, 4), {-1: 4}, "auto"):
-        got = _lazily(lambda v: pe.expand_bias(v, 6, 9, chunks=chunks), da.from_array(vec, chunks=(1, 2, 5)))
+        got = lazily(lambda v: pe.expand_bias(v, 6, 9, chunks=chunks), da.from_array(vec, chunks=(1, 2, 5)))
         np.testing.assert_array_equal(got.compute(), want)
     out = da.zeros((2, 3, 6, 9), chunks=(2, 1, 5, 5))
     assert pe.expand_bias(da.from_array(vec), 6, 9, out=out) is out
@@ -246,40 +185,6 @@ def test_empty_blocked_bias(rng):
     # Empty chunks among full ones.
     bias = pe.t5_bias(table, 3, 4, chunks=(2, (0, 3), (4, 0)))
     np.testing.assert_array_equal(bias.compute(), pe.t5_bias(table.compute(), 3, 4))
-
-
-def test_chunks_bad_input(rng):
-    table = rng.standard_normal((32, 2))
-    with pytest.raises(TypeError, match="chunks"):
-        pe.t5_bias(table, 3, 4, chunks=(1, 2, 2))
-    with pytest.raises(TypeError, match="chunks"):
-        pe.expand_bias(np.zeros((1, 6)), 3, 4, chunks=(1, 2, 2))
-    lazy = da.from_array(table)
-    with pytest.raises(ValueError, match="chunks"):
-        pe.t5_bias(lazy, 3, 4, chunks=(1, 2))
-    with pytest.raises(ValueError, match="chunks"):
-        pe.alibi_bias(da.ones(2), 3, 4, chunks=(1, 2, -5))
-    with pytest.raises(ValueError, match="chunks"):
-        pe.alibi_bias(da.ones(2), 3, 4, chunks="bogus")
-    with pytest.raises(ValueError, match="chunks or out"):
-        pe.t5_bias(lazy, 3, 4, chunks=(1, 2, 2), out=da.zeros((2, 3, 4)))
-
-
-def test_bad_input_on_dask_raises_before_any_compute():
-    x = da.ones((5, 4), chunks=2)
-    calls = [
-        (TypeError, "different kinds", lambda: pe.rope(x, np.arange(5))),
-        (ValueError, "positions", lambda: pe.rope(x, da.arange(4))),
-        (TypeError, "out", lambda: pe.rope(x, out=np.zeros((5, 4)))),
-        (ValueError, "out", lambda: pe.rope(x, out=da.zeros((5, 2)))),
-        (TypeError, "x must have a real floating dtype", lambda: pe.rope(da.ones((5, 4), dtype=int))),
-        (ValueError, "table", lambda: pe.t5_bias(da.ones(32), 3, 3)),
-        (ValueError, "out", lambda: pe.t5_bias(da.ones((32, 2)), 3, 3, out=da.zeros((2, 3, 4)))),
-    ]
-    for error, match, call in calls:
-        with ComputeCounter() as counter, pytest.raises(error, match=match):
-            call()
-        assert counter.count == 0, match
 
 
 def test_reference_and_block_kernels_agree(rng):
@@ -304,7 +209,7 @@ def _workload(rng):
         pe.rope(da.from_array(x, chunks=(64, 32)), da.from_array(pos, chunks=64)),
         pe.t5_bias(da.from_array(table, chunks=(32, 2)), 50, 70, offset=20, chunks=(2, 16, 32)),
     )
-    want = (_exact_rope(x, pos), pe.t5_bias(table, 50, 70, offset=20))
+    want = (exact_rope(x, pos), pe.t5_bias(table, 50, 70, offset=20))
     return lazy, want
 
 

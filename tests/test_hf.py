@@ -4,7 +4,7 @@ The original model is the oracle: a patched copy must give its logits within flo
 rounding and the same greedy ``generate()`` tokens (KV cache, left-padded batch), for every
 ``rope_type`` (``dynamic`` and ``longrope`` across their switch length), the LLaMA family,
 T5/mT5 and BLOOM. ``tests/hf_models.py`` builds the models; ``python tests/hf_models.py``
-prints the table.
+prints the table. Bad input (configs, layer types, other architectures): test_bad_inputs.py.
 """
 
 from __future__ import annotations
@@ -143,10 +143,6 @@ def test_nested_per_layer_type_parameters():
             torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
     fixed = HFRotaryEmbedding(config, layer_type="full_attention")
     torch.testing.assert_close(fixed(x, position_ids)[1], ours(x, position_ids, "full_attention")[1])
-    with pytest.raises(ValueError, match="layer_type"):
-        ours(x, position_ids, "global_attention")
-    with pytest.raises(ValueError, match="layer_type"):
-        HFRotaryEmbedding(config, layer_type="global_attention")
 
 
 def test_hf_rotary_embedding_compiles_with_a_traced_switch():
@@ -182,24 +178,6 @@ def test_from_hf_config_object_fields_phi3():
     assert read.scaling.attention_scale() == pytest.approx(math.sqrt(1 + math.log(4) / math.log(SWITCH)))
 
 
-@pytest.mark.parametrize(
-    "make, error, match",
-    [
-        (lambda: pe.scaling.from_hf({"rope_type": "yarn", "original_max_position_embeddings": 8}, head_dim=16), ValueError, "factor"),
-        (lambda: pe.scaling.from_hf({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8}, head_dim=16), ValueError, "low_freq_factor"),
-        (lambda: pe.scaling.from_hf({"rope_type": "longrope", "long_factor": [1.0] * 8}, head_dim=16, max_position_embeddings=8), ValueError, "short_factor"),
-        (lambda: pe.scaling.from_hf({"full_attention": {"rope_type": "default"}, "sliding_attention": {}}, head_dim=16), ValueError, "layer_type"),
-        (lambda: pe.scaling.from_hf({"full_attention": {"rope_type": "default"}}, head_dim=16, layer_type="local"), ValueError, "layer_type"),
-        (lambda: pe.scaling.from_hf({"rope_type": "default"}, head_dim=16, layer_type="full_attention"), ValueError, "layer_type"),
-        (lambda: pe.scaling.from_hf({"rope_type": "linear", "factor": 2.0}), ValueError, "head_dim"),
-        (lambda: pe.scaling.from_hf(42, head_dim=16), TypeError, "config"),
-    ],
-)
-def test_from_hf_bad_input(make, error, match):
-    with pytest.raises(error, match=match):
-        make()
-
-
 def test_from_hf_warns_about_keys_it_does_not_read():
     with pytest.warns(UserWarning, match="low_freq_factor"):
         pe.scaling.from_hf({"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, head_dim=16)
@@ -226,8 +204,6 @@ def test_t5_relative_bias_from_hf_shares_the_weight():
     assert layer.relative_attention_bias.weight.grad is not None
     decoder = T5RelativeBias.from_hf(model.decoder.block[0].layer[0].SelfAttention)
     assert not decoder.bidirectional
-    with pytest.raises(ValueError, match="relative_attention_bias"):
-        T5RelativeBias.from_hf(model.encoder.block[1].layer[0].SelfAttention)
 
 
 @pytest.mark.parametrize("name", ["llama[yarn]", "t5", "bloom"])
@@ -237,15 +213,3 @@ def test_patching_twice_changes_nothing(name):
     twice = patch_hf(patch_hf(copy.deepcopy(model)))
     ids, mask = inputs()
     torch.testing.assert_close(logits(twice, ids, mask), logits(once, ids, mask), rtol=0, atol=0)
-
-
-def test_patch_hf_refuses_other_architectures():
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=16, n_layer=1, n_head=2, vocab_size=32, n_positions=16, bos_token_id=0, eos_token_id=0))
-    with pytest.raises(ValueError, match="llama.*gpt2|gpt2.*llama") as info:
-        patch_hf(gpt2)
-    for name in ("bloom", "gemma", "gpt_neox", "llama", "mistral", "mt5", "phi3", "qwen2", "qwen3", "t5"):
-        assert name in str(info.value)
-    with pytest.raises(TypeError, match="model"):
-        patch_hf({"model_type": "llama"})

@@ -102,28 +102,6 @@ def test_warmup_reports_progress():
     assert "rope_cpu[rotate, float64, half]" in [s for *_, s in seen]
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        (dict(dtypes="float8"), ValueError, "dtypes must be one or more of"),
-        (dict(dtypes=[]), ValueError, "dtypes"),
-        (dict(dtypes=5), ValueError, "dtypes"),
-        (dict(gpu="yes"), TypeError, "gpu must be None, True or False"),
-        (dict(progress=3), TypeError, "progress must be a callable"),
-    ],
-)
-def test_warmup_bad_input(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.warmup(**kwargs)
-
-
-def test_warmup_gpu_without_a_gpu_is_refused():
-    if _arrays.numba_cuda():
-        pytest.skip("a GPU (or the CUDA simulator) is here")
-    with pytest.raises(ValueError, match="gpu=True needs numba.cuda and a CUDA GPU"):
-        pe.warmup(gpu=True)
-
-
 def test_cli_warmup():
     from posenc import cli
 

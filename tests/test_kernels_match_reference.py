@@ -11,33 +11,12 @@ import numpy as np
 import pytest
 
 import posenc  # noqa: F401  (registers the kernels)
-from arrays import tolerance
+from arrays import copy_of, to_host, tolerance
 from kernel_samples import SAMPLES, gpu_libraries, on_gpu
 from posenc import _dispatch
 from posenc._kernels import _arrays
 
 KERNELS = _dispatch.kernels()
-
-
-def _to_numpy(a):
-    if hasattr(a, "detach"):
-        a = a.detach().cpu()
-        if str(a.dtype) == "torch.bfloat16":
-            a = a.float()
-        return a.numpy()
-    if hasattr(a, "copy_to_host"):
-        return a.copy_to_host()
-    if hasattr(a, "get"):
-        return a.get()
-    return np.asarray(a)
-
-
-def _copy(value):
-    if hasattr(value, "clone"):
-        return value.clone()
-    if hasattr(value, "copy"):
-        return value.copy()
-    return value
 
 
 def _copy_args(args, kwargs):
@@ -47,7 +26,7 @@ def _copy_args(args, kwargs):
 
     def copy(value):
         if id(value) not in copies:
-            copies[id(value)] = _copy(value)
+            copies[id(value)] = copy_of(value)
         return copies[id(value)]
 
     return [copy(a) for a in args], {k: copy(v) for k, v in kwargs.items()}
@@ -87,7 +66,7 @@ def test_kernel_matches_reference(kernel, library):
         assert kernel.accepts_call(*a_args, **a_kwargs), f"{kernel.name} does not accept its own sample {kwargs}"
         got = impl(*a_args, **a_kwargs)
         want = reference(*r_args, **r_kwargs)
-        got_np, want_np = _to_numpy(got), _to_numpy(want)
+        got_np, want_np = to_host(got), to_host(want)
         assert got_np.shape == want_np.shape and got_np.dtype == want_np.dtype
         tol = tolerance(got.dtype, kernel.op)
         np.testing.assert_allclose(got_np.astype(np.float64), want_np.astype(np.float64), rtol=tol, atol=tol, err_msg=kernel.name)

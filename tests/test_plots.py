@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from formulas import hf_t5_bucket
 from posenc import _plots
 
 
@@ -47,14 +48,6 @@ def test_rope_decay_shows_distance_zero_and_the_sources_view():
     assert far.y[far.x > 4096].mean() > near_base.y[near_base.x > 4096].mean()
 
 
-def t5_original_bucket(relative_position, bidirectional, num_buckets, max_distance):
-    """T5's own ``_relative_position_bucket`` (transformers), on ``key - query``."""
-    torch = pytest.importorskip("torch")
-    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
-    rel = torch.from_numpy(np.asarray(relative_position, dtype=np.int64))
-    return t5.T5Attention._relative_position_bucket(rel, bidirectional, num_buckets, max_distance).numpy()
-
-
 def test_t5_figure_is_the_bucket_step_function_of_signed_distance():
     fig = _plots.t5_buckets()
     bidirectional, causal = fig.panels
@@ -64,7 +57,7 @@ def test_t5_figure_is_the_bucket_step_function_of_signed_distance():
         assert curve.style.get("drawstyle", "").startswith("steps")
         rel = curve.x
         assert rel.min() < -128 and rel.max() > 128 and np.array_equal(np.diff(rel), np.ones(rel.size - 1))
-        expected = t5_original_bucket(-rel, is_bidirectional, 32, 128)
+        expected = hf_t5_bucket(-rel, bidirectional=is_bidirectional, num_buckets=32, max_distance=128)  # T5's own, on key - query
         np.testing.assert_array_equal(curve.y, expected)
         assert {m.x for m in panel.marks if m.y is None} >= {-128.0, 128.0}
     # Every bucket is on the picture, the outer ones included (bidirectional bucket 16 would

@@ -1,4 +1,5 @@
-"""Relative indices, buckets and biases against the paper formulas and the original code."""
+"""Relative indices, buckets and biases against the paper formulas and the original code
+(bad input: test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -8,25 +9,8 @@ import numpy as np
 import pytest
 
 import posenc as pe
-from arrays import assert_close
-
-DTYPES = ["float16", "bfloat16", "float32", "float64"]
-
-
-def rel_matrix(q_len, k_len, offset=0):
-    return (offset + np.arange(q_len))[:, None] - np.arange(k_len)[None, :]
-
-
-def hf_t5_bucket(key_minus_query, **kwargs):
-    torch = pytest.importorskip("torch")
-    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
-    return t5.T5Attention._relative_position_bucket(torch.as_tensor(key_minus_query), **kwargs).numpy()
-
-
-def hf_deberta_bucket(rel, bucket_size, max_position):
-    torch = pytest.importorskip("torch")
-    deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
-    return deberta.make_log_bucket_position(torch.as_tensor(rel), bucket_size, max_position).numpy().astype(np.int64)
+from arrays import DTYPES, assert_close
+from formulas import hf_deberta_bucket, hf_t5_bucket, rel_matrix
 
 
 # --- clip_relative ------------------------------------------------------------------
@@ -34,17 +18,8 @@ def hf_deberta_bucket(rel, bucket_size, max_position):
 
 def test_clip_relative_formula(backend):
     rel = rel_matrix(4, 7, offset=2)
-    out = pe.clip_relative(backend.asarray(rel), 3)
+    out = backend.call(lambda r: pe.clip_relative(r, 3), backend.asarray(rel))
     assert_close(out, np.clip(rel, -3, 3) + 3, backend=backend, dtype=backend.asarray(rel).dtype)
-
-
-@pytest.mark.parametrize(
-    "rel, k, error",
-    [(np.array([0.5]), 2, TypeError), (np.array([1]), -1, ValueError), (np.array([1]), 2.0, TypeError), ([1, 2], 2, TypeError)],
-)
-def test_clip_relative_bad_input(rel, k, error):
-    with pytest.raises(error, match="rel|max_distance"):
-        pe.clip_relative(rel, k)
 
 
 # --- t5_bucket ----------------------------------------------------------------------
@@ -75,7 +50,7 @@ def test_t5_bucket_equals_original_on_key_minus_query(bidirectional, num_buckets
 
 def test_t5_bucket_on_every_backend(backend):
     rel = rel_matrix(9, 40, offset=20) * 3
-    out = pe.t5_bucket(backend.asarray(rel), bidirectional=True, num_buckets=32, max_distance=50)
+    out = backend.call(lambda r: pe.t5_bucket(r, bidirectional=True, num_buckets=32, max_distance=50), backend.asarray(rel))
     expected = hf_t5_bucket(-rel, bidirectional=True, num_buckets=32, max_distance=50)
     assert_close(out, expected, backend=backend, dtype=backend.asarray(rel).dtype)
 
@@ -85,29 +60,6 @@ def test_t5_bucket_int32_input_keeps_dtype():
     out = pe.t5_bucket(rel, bidirectional=False, num_buckets=32, max_distance=128)
     assert out.dtype == np.int32
     np.testing.assert_array_equal(out, hf_t5_bucket(-rel.astype(np.int64), bidirectional=False))
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        ({"num_buckets": 1}, ValueError, "num_buckets"),
-        ({"num_buckets": 31}, ValueError, "num_buckets"),
-        ({"num_buckets": 2}, ValueError, "num_buckets"),
-        ({"num_buckets": 32.0}, TypeError, "num_buckets"),
-        ({"num_buckets": 32, "max_distance": 16}, ValueError, "max_distance"),
-        ({"bidirectional": False, "num_buckets": 32, "max_distance": 16}, ValueError, "max_distance"),
-        ({"max_distance": 0}, ValueError, "max_distance"),
-        ({"bidirectional": 1}, TypeError, "bidirectional"),
-    ],
-)
-def test_t5_bucket_bad_options(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.t5_bucket(np.arange(5), **kwargs)
-
-
-def test_t5_bucket_rejects_non_integer_rel():
-    with pytest.raises(TypeError, match="rel"):
-        pe.t5_bucket(np.arange(5.0))
 
 
 # --- deberta_bucket -----------------------------------------------------------------
@@ -124,35 +76,18 @@ def test_deberta_bucket_equals_original(bucket_size, max_position):
 # (P = m + 1, whose +-inf the model casts to int64 with .long(), as here).
 @pytest.mark.parametrize("bucket_size, max_position", [(16, 9), (16, 5), (8, 4), (8, 2), (8, 1), (2, 2), (4, 1), (256, 100)])
 def test_deberta_bucket_small_max_position_as_the_released_code(bucket_size, max_position):
-    torch = pytest.importorskip("torch")
-    deberta = pytest.importorskip("transformers.models.deberta_v2.modeling_deberta_v2")
     rel = np.arange(-3 * bucket_size, 3 * bucket_size + 1)
-    want = deberta.make_log_bucket_position(torch.as_tensor(rel), bucket_size, max_position).long().numpy()
+    want = hf_deberta_bucket(rel, bucket_size, max_position)
     np.testing.assert_array_equal(pe.deberta_bucket(rel, bucket_size=bucket_size, max_position=max_position), want)
 
 
 def test_deberta_bucket_formula_on_every_backend(backend):
     rel = rel_matrix(6, 50, offset=20) * 5
-    out = pe.deberta_bucket(backend.asarray(rel), bucket_size=16, max_position=64)
+    out = backend.call(lambda r: pe.deberta_bucket(r, bucket_size=16, max_position=64), backend.asarray(rel))
     mid, n = 8, np.abs(rel)
     log_bucket = mid + np.ceil(np.log(np.maximum(n, 1) / mid) / np.log(63 / mid) * (mid - 1))
     expected = np.where(n <= mid, rel, np.sign(rel) * log_bucket).astype(np.int64)
     assert_close(out, expected, backend=backend, dtype=backend.asarray(rel).dtype)
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        ({"bucket_size": 1}, ValueError, "bucket_size"),
-        ({"bucket_size": 8.0}, TypeError, "bucket_size"),
-        ({"max_position": 0}, ValueError, "max_position"),
-    ],
-)
-def test_deberta_bucket_bad_input(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.deberta_bucket(np.arange(5), **kwargs)
-    with pytest.raises(TypeError, match="rel"):
-        pe.deberta_bucket(np.arange(5.0))
 
 
 # --- t5_bias --------------------------------------------------------------------------
@@ -162,7 +97,7 @@ def test_deberta_bucket_bad_input(kwargs, error, match):
 @pytest.mark.parametrize("bidirectional, offset", [(True, 0), (True, 7), (False, 30)])
 def test_t5_bias_formula(backend, rng, dtype, bidirectional, offset):
     table = backend.asarray(rng.standard_normal((16, 3)), dtype=dtype)
-    out = pe.t5_bias(table, 5, 40, bidirectional=bidirectional, max_distance=20, offset=offset)
+    out = backend.call(lambda t: pe.t5_bias(t, 5, 40, bidirectional=bidirectional, max_distance=20, offset=offset), table)
     bucket = hf_t5_bucket(-rel_matrix(5, 40, offset), bidirectional=bidirectional, num_buckets=16, max_distance=20)
     expected = np.moveaxis(backend.to_numpy(table).astype(np.float64)[bucket], -1, 0)
     assert_close(out, expected, backend=backend, dtype=dtype)
@@ -192,27 +127,6 @@ def test_t5_bias_writes_out(name, rng):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(pe.t5_bias(table, 3, 4)))
 
 
-@pytest.mark.parametrize(
-    "args, kwargs, error, match",
-    [
-        ((np.zeros(32), 3, 4), {}, ValueError, "table"),
-        ((np.zeros((32, 2), dtype=np.int64), 3, 4), {}, TypeError, "table"),
-        ((np.zeros((31, 2)), 3, 4), {}, ValueError, "num_buckets"),
-        ((np.zeros((32, 2)), -1, 4), {}, ValueError, "q_len"),
-        ((np.zeros((32, 2)), 3, 4.0), {}, TypeError, "k_len"),
-        ((np.zeros((32, 2)), 3, 4), {"offset": 0.5}, TypeError, "offset"),
-        ((np.zeros((32, 2)), 3, 4), {"max_distance": 8}, ValueError, "max_distance"),
-        ((np.zeros((32, 2)), 3, 4), {"out": np.zeros((2, 4, 3))}, ValueError, "out"),
-        ((np.zeros((32, 2)), 3, 4), {"out": np.zeros((2, 3, 4), np.float32)}, ValueError, "out"),
-        ((np.zeros((32, 2)), 10**6, 10**6), {}, ValueError, "memory"),
-        (([0.0] * 32, 3, 4), {}, TypeError, "table"),
-    ],
-)
-def test_t5_bias_bad_input(args, kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.t5_bias(*args, **kwargs)
-
-
 # --- ALiBi ----------------------------------------------------------------------------
 
 
@@ -233,23 +147,18 @@ def test_alibi_slopes_equal_bloom(num_heads):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_alibi_slopes_namespace_and_dtype(backend, dtype):
-    out = pe.alibi_slopes(12, xp=backend.xp, dtype=backend.dtype(dtype))
+    namespace_dtype = backend.dtype(dtype)
+    out = backend.call(lambda: pe.alibi_slopes(12, xp=backend.xp, dtype=namespace_dtype))
     p = 8  # largest power of two <= 12, then every other slope of 16 heads
     expected = [2.0 ** (-8 * h / p) for h in range(1, 9)] + [2.0 ** (-4 * (2 * h - 1) / p) for h in range(1, 5)]
     assert_close(out, np.array(expected), backend=backend, dtype=dtype)
-
-
-@pytest.mark.parametrize("num_heads, error", [(0, ValueError), (-3, ValueError), (2.0, TypeError), (True, TypeError)])
-def test_alibi_slopes_bad_input(num_heads, error):
-    with pytest.raises(error, match="num_heads"):
-        pe.alibi_slopes(num_heads)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("symmetric, offset", [(False, 0), (False, 9), (True, 3)])
 def test_alibi_bias_formula(backend, dtype, symmetric, offset):
     slopes = backend.asarray(pe.alibi_slopes(6, dtype=np.float64), dtype=dtype)
-    out = pe.alibi_bias(slopes, 4, 13, offset=offset, symmetric=symmetric)
+    out = backend.call(lambda s: pe.alibi_bias(s, 4, 13, offset=offset, symmetric=symmetric), slopes)
     rel = rel_matrix(4, 13, offset)
     expected = -backend.to_numpy(slopes).astype(np.float64)[:, None, None] * (np.abs(rel) if symmetric else rel)
     assert_close(out, expected, backend=backend, dtype=dtype)
@@ -276,12 +185,6 @@ def test_alibi_slopes_max_bias_equal_mpt(num_heads, max_bias):
     np.testing.assert_allclose(pe.alibi_slopes(num_heads, max_bias=max_bias), -alibi[:, 0, 0].numpy(), rtol=4 * 2.0**-24)
 
 
-@pytest.mark.parametrize("max_bias", [0.0, -1.0, float("nan")])
-def test_alibi_slopes_bad_max_bias(max_bias):
-    with pytest.raises(ValueError, match="max_bias"):
-        pe.alibi_slopes(4, max_bias=max_bias)
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_alibi_bias_per_token_positions_formula(backend, dtype, rng):
     # Left-padded keys of a batch of two, queries the last 3 tokens (a cache of 5), batch axes broadcast.
@@ -290,13 +193,17 @@ def test_alibi_bias_per_token_positions_formula(backend, dtype, rng):
     queries = keys[:, -3:]
     slopes = pe.alibi_slopes(4, dtype=np.float64)
     for symmetric in (False, True):
-        out = pe.alibi_bias(backend.asarray(slopes, dtype=dtype), 3, 8, symmetric=symmetric, offset=1,
-                            query_positions=backend.asarray(queries), key_positions=backend.asarray(keys))
+        out = backend.call(
+            lambda s, q, k: pe.alibi_bias(s, 3, 8, symmetric=symmetric, offset=1, query_positions=q, key_positions=k),
+            backend.asarray(slopes, dtype=dtype), backend.asarray(queries), backend.asarray(keys),
+        )
         rel = (queries + 1)[:, :, None] - keys[:, None, :]
         expected = -slopes[None, :, None, None] * (np.abs(rel) if symmetric else rel)[:, None]
         assert_close(out, expected, backend=backend, dtype=dtype)
     # Only the keys per token (queries at offset + arange), float positions, broadcast batch axes.
-    out = pe.alibi_bias(backend.asarray(slopes, dtype=dtype), 2, 3, offset=4, key_positions=backend.asarray(np.array([[[0.5, 1.0, 3.0]]])))
+    out = backend.call(
+        lambda s, k: pe.alibi_bias(s, 2, 3, offset=4, key_positions=k), backend.asarray(slopes, dtype=dtype), backend.asarray(np.array([[[0.5, 1.0, 3.0]]]))
+    )
     rel = np.array([4.0, 5.0])[:, None] - np.array([0.5, 1.0, 3.0])[None, :]
     assert_close(out, (-slopes[:, None, None] * rel[None])[None, None], backend=backend, dtype=dtype)
 
@@ -312,41 +219,6 @@ def test_alibi_bias_per_token_equals_bloom_padded():
     got = pe.alibi_bias(pe.alibi_slopes(heads, xp=torch), 1, 7, query_positions=torch.zeros(2, 1, dtype=torch.int64), key_positions=keys)
     real = mask.bool()[:, None, None, :].expand_as(want)
     torch.testing.assert_close(got[real], want[real], rtol=(heads + 2) * 2.0**-24, atol=0)
-
-
-def test_sizes_are_checked_before_any_allocation():
-    # The per-distance vector of 2**41 entries would be the first allocation: refused first.
-    with pytest.raises(ValueError, match="memory"):
-        pe.alibi_bias(np.ones(4), 2**40, 2**40)
-    with pytest.raises(ValueError, match="memory"):
-        pe.relative_bias_vector("t5", np.ones((32, 4)), 2**40, 2**40)
-    with pytest.raises(ValueError, match="memory"):
-        pe.alibi_bias(np.ones(4), 2**20, 2**20, key_positions=np.zeros((2**20,), dtype=np.int64))
-    huge = np.broadcast_to(np.arange(2**21), (3, 2**21, 2**21))  # a view: nothing allocated yet
-    with pytest.raises(ValueError, match="memory"):
-        pe.rope_cos_sin(huge[0], [1.0] * 8)
-    with pytest.raises(ValueError, match="memory"):
-        pe.mrope_cos_sin(huge, [1.0] * 8, [4, 2, 2])
-
-
-@pytest.mark.parametrize(
-    "slopes, kwargs, error, match",
-    [
-        (np.ones((2, 2)), {}, ValueError, "slopes"),
-        (np.ones(2, dtype=np.int64), {}, TypeError, "slopes"),
-        (np.ones(2), {"symmetric": "yes"}, TypeError, "symmetric"),
-        (np.ones(2), {"offset": 1.5}, TypeError, "offset"),
-        (np.ones(2), {"out": np.ones((2, 3))}, ValueError, "out"),
-        (np.ones(2), {"query_positions": np.zeros((2, 4), dtype=int)}, ValueError, "query_positions"),
-        (np.ones(2), {"key_positions": np.zeros((2, 3), dtype=int), "query_positions": np.zeros((3, 3), dtype=int)}, ValueError, "broadcast"),
-        (np.ones(2), {"key_positions": np.array([0.0, np.nan, 1.0])}, ValueError, "key_positions"),
-        (np.ones(2), {"key_positions": np.zeros(3, dtype=bool)}, TypeError, "key_positions"),
-        (np.ones(2), {"key_positions": np.zeros(3, dtype=int), "chunks": (1, 1, 1)}, ValueError, "chunks"),
-    ],
-)
-def test_alibi_bias_bad_input(slopes, kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.alibi_bias(slopes, 3, 3, **kwargs)
 
 
 # --- relative_bias_vector, relative_bias, expand_bias ------------------------------------
@@ -380,11 +252,12 @@ def _naive_bias(kind, params, rel, options):
 def test_relative_bias_vector_expands_to_the_naive_bias(backend, rng, kind):
     params, options = _kind_params(kind, rng)
     q_len, k_len, offset = 6, 17, 5
-    vec = pe.relative_bias_vector(kind, backend.asarray(params, dtype="float32"), q_len, k_len, offset=offset, **options)
+    table = backend.asarray(params, dtype="float32")
+    vec = backend.call(lambda t: pe.relative_bias_vector(kind, t, q_len, k_len, offset=offset, **options), table)
     assert tuple(vec.shape) == (3, q_len + k_len - 1)
     expected = _naive_bias(kind, params.astype(np.float32).astype(np.float64), rel_matrix(q_len, k_len, offset), options)
-    assert_close(pe.expand_bias(vec, q_len, k_len), expected, backend=backend, dtype="float32")
-    bias = pe.relative_bias(kind, backend.asarray(params, dtype="float32"), q_len, k_len, offset=offset, **options)
+    assert_close(backend.call(lambda v: pe.expand_bias(v, q_len, k_len), vec), expected, backend=backend, dtype="float32")
+    bias = backend.call(lambda t: pe.relative_bias(kind, t, q_len, k_len, offset=offset, **options), table)
     assert_close(bias, expected, backend=backend, dtype="float32")
 
 
@@ -397,34 +270,6 @@ def test_relative_bias_empty_lengths():
     assert pe.t5_bias(np.ones((32, 2)), 0, 5).shape == (2, 0, 5)
     assert pe.alibi_bias(np.ones(2), 4, 0).shape == (2, 4, 0)
     assert pe.relative_bias_vector("alibi", np.ones(2), 0, 3).shape == (2, 0)
-
-
-@pytest.mark.parametrize(
-    "kind, params, kwargs, error, match",
-    [
-        ("rope", np.ones((3, 2)), {}, ValueError, "kind"),
-        ("shaw", np.ones((5, 2)), {}, TypeError, "max_distance"),
-        ("shaw", np.ones((6, 2)), {"max_distance": 2}, ValueError, "table"),
-        ("shaw", np.ones((5, 2)), {"max_distance": 2, "bucket_size": 4}, TypeError, "bucket_size"),
-        ("deberta", np.ones((5, 2)), {"max_distance": 2}, ValueError, "table"),
-        ("deberta", np.ones((4, 2)), {"max_distance": 2, "max_position": 8}, ValueError, "max_position"),
-        ("deberta", np.ones((4, 2)), {"max_distance": 0}, ValueError, "max_distance"),
-        ("t5", np.ones((4, 0)), {}, ValueError, "table"),
-        ("alibi", [1.0], {}, TypeError, "slopes"),
-    ],
-)
-def test_relative_bias_vector_bad_input(kind, params, kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.relative_bias_vector(kind, params, 3, 4, **kwargs)
-
-
-def test_expand_bias_bad_input():
-    with pytest.raises(ValueError, match="vec"):
-        pe.expand_bias(np.ones((2, 5)), 3, 4)
-    with pytest.raises(TypeError, match="vec"):
-        pe.expand_bias([1.0] * 6, 3, 4)
-    with pytest.raises(ValueError, match="memory"):
-        pe.expand_bias(np.ones((8, 2 * 10**6 - 1)), 10**6, 10**6)
 
 
 def test_bias_plugs_into_attention(rng):

@@ -1,5 +1,6 @@
 """Rotary relatives: re-rotation, layout conversion, positions, decay, linear attention,
-xPos and axial RoPE, each against a direct transcription of its definition."""
+xPos and axial RoPE, each against a direct transcription of its definition (bad input:
+test_bad_inputs.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 
 import posenc as pe
-from arrays import assert_close
+from arrays import assert_close, assert_kind
+from formulas import exact_rope, inv_freq
 
 FLOATS = ["float32", "float64"]
 
@@ -18,9 +20,9 @@ FLOATS = ["float32", "float64"]
 def test_rerotate_shifts_a_cache(backend, rng):
     x = backend.asarray(rng.standard_normal((2, 5, 16)), dtype="float32")
     pos = backend.asarray(np.arange(5))
-    inv_freq, _ = pe.rope_frequencies(16)
-    cached = pe.rope(x, pos)
-    shifted = pe.rerotate(cached, -3, inv_freq)  # drop three tokens from the front
+    frequencies, _ = pe.rope_frequencies(16)
+    # drop three tokens from the front
+    shifted = backend.call(lambda a, p: pe.rerotate(pe.rope(a, p), -3, frequencies), x, pos)
     want = backend.to_numpy(pe.rope(x, backend.asarray(np.arange(5) - 3)))
     assert_close(shifted, want, backend=backend, dtype="float32", atol=2e-6)
 
@@ -31,30 +33,9 @@ def test_rerotate_moves_keys_to_a_new_frequency_set(backend, rng):
     new, _ = pe.rope_frequencies(16, scaling=dyn, seq_len=1000)
     x = backend.asarray(rng.standard_normal((7, 16)))
     pos = backend.asarray(np.arange(300, 307))
-    cached = pe.rope(x, pos, scaling=dyn, seq_len=10)
-    moved = pe.rerotate(cached, pos, old, new_inv_freq=new)
+    moved = backend.call(lambda a, p: pe.rerotate(pe.rope(a, p, scaling=dyn, seq_len=10), p, old, new_inv_freq=new), x, pos)
     want = backend.to_numpy(pe.rope(x, pos, scaling=dyn, seq_len=1000))
     assert_close(moved, want, backend=backend, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        ({"delta": 1, "inv_freq": np.ones(5)}, ValueError, "inv_freq"),
-        ({"delta": np.arange(3), "inv_freq": np.ones(2)}, ValueError, "delta"),
-        ({"delta": "1", "inv_freq": np.ones(2)}, TypeError, "delta"),
-        ({"delta": 1, "inv_freq": np.ones(2), "new_inv_freq": np.ones(3)}, ValueError, "new_inv_freq"),
-        ({"delta": 1, "inv_freq": np.ones(2), "layout": "pairs"}, ValueError, "layout"),
-    ],
-)
-def test_rerotate_bad_input(kwargs, error, match):
-    with pytest.raises(error, match=match):
-        pe.rerotate(np.zeros((4, 8)), **kwargs)
-
-
-def test_rerotate_rejects_integer_keys():
-    with pytest.raises(TypeError, match="x"):
-        pe.rerotate(np.zeros((4, 8), dtype=np.int64), 1, np.ones(2))
 
 
 # --- convert_layout / permute_qk_weight ------------------------------------------------------
@@ -63,10 +44,10 @@ def test_rerotate_rejects_integer_keys():
 @pytest.mark.parametrize("src, dst", [("half", "interleaved"), ("interleaved", "half")])
 def test_rotating_converted_equals_converting_rotated(backend, rng, src, dst):
     x = backend.asarray(rng.standard_normal((3, 6, 12)), dtype="float32")
-    converted_then_rotated = pe.rope(pe.convert_layout(x, src, dst, rotary_dim=8), layout=dst, rotary_dim=8)
+    converted_then_rotated = backend.call(lambda a: pe.rope(pe.convert_layout(a, src, dst, rotary_dim=8), layout=dst, rotary_dim=8), x)
     rotated_then_converted = pe.convert_layout(pe.rope(x, layout=src, rotary_dim=8), src, dst, rotary_dim=8)
     assert_close(converted_then_rotated, backend.to_numpy(rotated_then_converted), backend=backend, dtype="float32")
-    back = pe.convert_layout(pe.convert_layout(x, src, dst), dst, src)
+    back = backend.call(lambda a: pe.convert_layout(pe.convert_layout(a, src, dst), dst, src), x)
     assert_close(back, backend.to_numpy(x), backend=backend, rtol=0, atol=0)
 
 
@@ -92,28 +73,9 @@ def test_permuted_weights_give_the_same_attention_scores(backend, rng):
         return xp.sum(q[:, None, ...] * k[None, ...], axis=-1)  # [q_seq, k_seq, heads]
 
     half = scores(backend.asarray(wq), backend.asarray(wk), "half")
-    pq = pe.permute_qk_weight(backend.asarray(wq), "half", "interleaved", head_dim=head_dim)
-    pk = pe.permute_qk_weight(backend.asarray(wk), "half", "interleaved", head_dim=head_dim)
-    interleaved = scores(pq, pk, "interleaved")
+    permuted = backend.call(lambda *w: tuple(pe.permute_qk_weight(a, "half", "interleaved", head_dim=head_dim) for a in w), backend.asarray(wq), backend.asarray(wk))
+    interleaved = scores(*permuted, "interleaved")
     assert_close(interleaved, backend.to_numpy(half), backend=backend, atol=1e-5, rtol=1e-5)
-
-
-@pytest.mark.parametrize(
-    "call, error, match",
-    [
-        (lambda: pe.convert_layout(np.zeros((2, 6)), "half", "neox"), ValueError, "dst"),
-        (lambda: pe.convert_layout(np.zeros((2, 6)), "gptj", "half"), ValueError, "src"),
-        (lambda: pe.convert_layout(np.zeros((2, 6)), "half", "interleaved", rotary_dim=8), ValueError, "rotary_dim"),
-        (lambda: pe.convert_layout(np.zeros((2, 7)), "half", "interleaved"), ValueError, "rotary_dim"),
-        (lambda: pe.convert_layout([1.0, 2.0], "half", "interleaved"), TypeError, "x"),
-        (lambda: pe.permute_qk_weight(np.zeros((10, 3)), "half", "interleaved", head_dim=4), ValueError, "head_dim"),
-        (lambda: pe.permute_qk_weight(np.zeros((8, 3)), "half", "interleaved", head_dim=3), ValueError, "head_dim"),
-        (lambda: pe.permute_qk_weight(np.zeros((8, 3)), "half", "interleaved", head_dim=4, rotary_dim=6), ValueError, "rotary_dim"),
-    ],
-)
-def test_layout_bad_input(call, error, match):
-    with pytest.raises(error, match=match):
-        call()
 
 
 # --- positions ----------------------------------------------------------------------------
@@ -129,42 +91,25 @@ def test_positions_from_mask_left_and_right_padding(backend):
                 want[b, t] = 2 + count
                 count += 1
     for m in (backend.asarray(mask), backend.asarray(mask.astype(bool))):
-        got = pe.positions_from_mask(m, start=2)
-        assert backend.xp.isdtype(got.dtype, "integral")
-        np.testing.assert_array_equal(backend.to_numpy(got), want)
+        for got in backend.each_run(backend.call(lambda a: pe.positions_from_mask(a, start=2), m)):
+            assert_kind(got, backend=backend, shape=want.shape)
+            assert backend.xp.isdtype(got.dtype, "integral")
+            np.testing.assert_array_equal(backend.to_numpy(got), want)
 
 
 def test_positions_from_cu_seqlens(backend):
     cu = np.array([0, 3, 3, 7, 8])
     want = np.concatenate([np.arange(n) for n in np.diff(cu)])
-    got = pe.positions_from_cu_seqlens(backend.asarray(cu), 8)
-    np.testing.assert_array_equal(backend.to_numpy(got), want)
-
-
-@pytest.mark.parametrize(
-    "call, error, match",
-    [
-        (lambda: pe.positions_from_mask(np.ones((2, 3), dtype=np.float32)), TypeError, "mask"),
-        (lambda: pe.positions_from_mask([[1, 1]]), TypeError, "mask"),
-        (lambda: pe.positions_from_mask(np.ones(3, dtype=bool), start=0.5), TypeError, "start"),
-        (lambda: pe.positions_from_cu_seqlens(np.array([0, 3, 5]), 6), ValueError, "cu_seqlens"),
-        (lambda: pe.positions_from_cu_seqlens(np.array([1, 3, 5]), 5), ValueError, "cu_seqlens"),
-        (lambda: pe.positions_from_cu_seqlens(np.array([0, 4, 3, 5]), 5), ValueError, "cu_seqlens"),
-        (lambda: pe.positions_from_cu_seqlens(np.array([0.0, 5.0]), 5), TypeError, "cu_seqlens"),
-        (lambda: pe.positions_from_cu_seqlens(np.array([[0, 5]]), 5), ValueError, "cu_seqlens"),
-        (lambda: pe.positions_from_cu_seqlens(np.array([0, 5]), -1), ValueError, "total"),
-    ],
-)
-def test_positions_bad_input(call, error, match):
-    with pytest.raises(error, match=match):
-        call()
+    for got in backend.each_run(backend.call(lambda c: pe.positions_from_cu_seqlens(c, 8), backend.asarray(cu))):
+        assert_kind(got, backend=backend, shape=want.shape)
+        np.testing.assert_array_equal(backend.to_numpy(got), want)
 
 
 # --- rope_decay -----------------------------------------------------------------------------
 
 
 def decay_formula(distances, dim, base=10000.0):
-    theta = base ** (-2.0 * np.arange(dim // 2) / dim)
+    theta = inv_freq(dim, base)
     out = []
     for m in np.asarray(distances, dtype=np.float64).ravel():
         partial = np.cumsum(np.exp(1j * m * theta))  # S_1 .. S_{d/2}
@@ -175,23 +120,18 @@ def decay_formula(distances, dim, base=10000.0):
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_rope_decay_matches_formula(backend, dtype):
     m = np.array([0.0, 1.0, 5.5, 64.0, 1000.0])
-    got = pe.rope_decay(backend.asarray(m, dtype=dtype), 64)
+    got = backend.call(lambda a: pe.rope_decay(a, 64), backend.asarray(m, dtype=dtype))
     assert_close(got, decay_formula(m, 64), backend=backend, dtype=dtype, rtol=1e-5, atol=1e-5)
+
+
+def test_rope_decay_of_a_count_in_every_namespace(backend):
+    got = backend.call(lambda: pe.rope_decay(4, 8, xp=backend.xp))  # distances 0, 1, 2, 3
+    assert_close(got, decay_formula(np.arange(4), 8), backend=backend, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("dim", [2, 8, 128])
 def test_rope_decay_at_distance_zero(dim):
     assert float(pe.rope_decay(1, dim, dtype=np.float64)[0]) == pytest.approx((dim / 2 + 1) / 2, rel=1e-14)
-
-
-@pytest.mark.parametrize(
-    "kwargs, error",
-    [({"distances": 4, "dim": 7}, ValueError), ({"distances": -1, "dim": 8}, ValueError), ({"distances": 2.5, "dim": 8}, TypeError),
-     ({"distances": np.array([np.nan]), "dim": 8}, ValueError), ({"distances": 4, "dim": 8, "base": 0.0}, ValueError)],
-)
-def test_rope_decay_bad_input(kwargs, error):
-    with pytest.raises(error, match="distances|dim|base"):
-        pe.rope_decay(**kwargs)
 
 
 # --- linear_attention ------------------------------------------------------------------------
@@ -204,15 +144,7 @@ def linear_attention_formula(q, k, v, qpos=None, kpos=None, causal=False):
 
     fq, fk = phi(q), phi(k)
     if qpos is not None:
-        inv = 10000.0 ** (-2.0 * np.arange(q.shape[-1] // 2) / q.shape[-1])
-
-        def rot(a, pos):
-            ang = pos[:, None] * inv
-            c, s = np.concatenate([np.cos(ang)] * 2, -1), np.concatenate([np.sin(ang)] * 2, -1)
-            h = a.shape[-1] // 2
-            return a * c + np.concatenate([-a[..., h:], a[..., :h]], -1) * s
-
-        rq, rk = rot(fq, qpos), rot(fk, kpos)
+        rq, rk = exact_rope(fq, qpos), exact_rope(fk, kpos)
     else:
         rq, rk = fq, fk
     n, m = q.shape[-2], k.shape[-2]
@@ -234,13 +166,8 @@ def linear_attention_formula(q, k, v, qpos=None, kpos=None, causal=False):
 def test_linear_attention_matches_naive(backend, rng, causal, with_rope):
     q, k, v = (rng.standard_normal((2, 6, 8)) for _ in range(3))
     pos = np.arange(6) + 3
-    got = pe.linear_attention(
-        backend.asarray(q, dtype="float32"),
-        backend.asarray(k, dtype="float32"),
-        backend.asarray(v, dtype="float32"),
-        positions=backend.asarray(pos) if with_rope else None,
-        causal=causal,
-    )
+    arrays = [backend.asarray(a, dtype="float32") for a in (q, k, v)] + ([backend.asarray(pos)] if with_rope else [])
+    got = backend.call(lambda q, k, v, *p: pe.linear_attention(q, k, v, positions=p[0] if p else None, causal=causal), *arrays)
     want = linear_attention_formula(q, k, v, pos if with_rope else None, pos if with_rope else None, causal)
     assert_close(got, want, backend=backend, dtype="float32", atol=2e-5, rtol=2e-5)
 
@@ -255,27 +182,6 @@ def test_linear_attention_cross_positions_and_callable_feature_map(rng):
     np.testing.assert_allclose(relu1, (fq @ fk.T @ v) / (fq @ fk.sum(0))[:, None], atol=1e-12)
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        ({"k": np.zeros((5, 4))}, ValueError, "q and k"),
-        ({"v": np.zeros((4, 2))}, ValueError, "k and v"),
-        ({"causal": True, "q": np.zeros((3, 8))}, ValueError, "causal"),
-        ({"causal": "yes"}, TypeError, "causal"),
-        ({"feature_map": "softmax"}, ValueError, "feature_map"),
-        ({"positions": np.arange(4)}, ValueError, "positions"),
-        ({"positions": (np.arange(5),)}, ValueError, "positions"),
-        ({"layout": "twist", "positions": np.arange(5)}, ValueError, "layout"),
-        ({"q": np.zeros((5, 8), dtype=np.int32)}, TypeError, "q"),
-    ],
-)
-def test_linear_attention_bad_input(kwargs, error, match):
-    args = {"q": np.zeros((5, 8)), "k": np.zeros((5, 8)), "v": np.zeros((5, 2))}
-    args.update(kwargs)
-    with pytest.raises(error, match=match):
-        pe.linear_attention(args.pop("q"), args.pop("k"), args.pop("v"), **args)
-
-
 # --- xPos -------------------------------------------------------------------------------------
 
 
@@ -285,7 +191,7 @@ def test_xpos_scale_matches_torchscale_formula(backend, layout):
     zeta = (np.arange(0, dim, 2) + 0.4 * dim) / (1.4 * dim)  # torchscale's XPOS buffer
     scale = zeta[None, :] ** (pos[:, None] / 512)
     want = np.concatenate([scale, scale], -1) if layout == "half" else np.repeat(scale, 2, axis=-1)
-    got = pe.xpos_scale(backend.asarray(pos), dim, layout=layout)
+    got = backend.call(lambda p: pe.xpos_scale(p, dim, layout=layout), backend.asarray(pos))
     assert_close(got, want, backend=backend, dtype="float32")
 
 
@@ -305,20 +211,6 @@ def test_xpos_scores_decay_with_relative_distance_only(rng):
     assert got == pytest.approx(zeta[0] ** (40 / 512), rel=1e-12)
 
 
-@pytest.mark.parametrize(
-    "call, error, match",
-    [
-        (lambda: pe.xpos_scale(np.arange(3), 5), ValueError, "dim"),
-        (lambda: pe.xpos_scale(np.arange(3), 4, scale_base=0), ValueError, "scale_base"),
-        (lambda: pe.xpos_scale(3, 4), TypeError, "positions"),
-        (lambda: pe.xpos_scale(np.array([np.inf]), 4), ValueError, "positions"),
-    ],
-)
-def test_xpos_bad_input(call, error, match):
-    with pytest.raises(error, match=match):
-        call()
-
-
 # --- axial RoPE -------------------------------------------------------------------------------
 
 
@@ -332,7 +224,7 @@ def test_axial_rope_is_1d_rope_per_axis(backend, rng, layout):
     grid = _grid(3, 4)
     x_np = rng.standard_normal((2, 12, 14))
     x = backend.asarray(x_np, dtype="float32")
-    got = pe.axial_rope(x, backend.asarray(grid), axes_dims=(8, 4), layout=layout, base=100.0)
+    got = backend.call(lambda a, g: pe.axial_rope(a, g, axes_dims=(8, 4), layout=layout, base=100.0), x, backend.asarray(grid))
     xr = backend.to_numpy(x)
     parts = [
         backend.to_numpy(pe.rope(backend.asarray(xr[..., :8]), backend.asarray(grid[:, 0]), layout=layout, base=100.0)),
@@ -364,27 +256,6 @@ def test_axial_rope_video_grid_and_out(rng):
     np.testing.assert_allclose(out[..., 4:8], pe.rope(x[..., 4:8], grid[:, 1]), atol=1e-12)
 
 
-@pytest.mark.parametrize(
-    "kwargs, error, match",
-    [
-        ({"grid": np.zeros((5, 2), dtype=np.int64)}, ValueError, "grid"),
-        ({"grid": np.zeros((6, 0), dtype=np.int64)}, ValueError, "grid"),
-        ({"grid": np.full((6, 2), np.nan)}, ValueError, "grid"),
-        ({"axes_dims": (4, 4, 4)}, ValueError, "axes_dims"),
-        ({"axes_dims": (8, 6)}, ValueError, "axes_dims"),
-        ({"axes_dims": (3, 4)}, ValueError, "axes_dims"),
-        ({"axes_dims": 4}, TypeError, "axes_dims"),
-        ({"layout": "diagonal"}, ValueError, "layout"),
-        ({"out": np.zeros((6, 8), dtype=np.float32)}, ValueError, "out"),
-    ],
-)
-def test_axial_rope_bad_input(kwargs, error, match):
-    args = {"grid": _grid(2, 3)}
-    args.update(kwargs)
-    with pytest.raises(error, match=match):
-        pe.axial_rope(np.zeros((6, 8)), **args)
-
-
 # --- mrope_cos_sin (Qwen2-VL's multimodal RoPE) -------------------------------------------------
 
 
@@ -392,10 +263,10 @@ def test_axial_rope_bad_input(kwargs, error, match):
 def test_mrope_cos_sin_formula(backend, layout, rng):
     sections = [2, 0, 3, 1]
     ids = rng.integers(0, 5000, (4, 2, 5))
-    inv_freq = pe.rope_frequencies(12, base=1000.0)[0]
-    cos, sin = pe.mrope_cos_sin(backend.asarray(ids), inv_freq, sections, layout=layout, scale=0.5)
+    frequencies = pe.rope_frequencies(12, base=1000.0)[0]
+    cos, sin = backend.call(lambda i: pe.mrope_cos_sin(i, frequencies, sections, layout=layout, scale=0.5), backend.asarray(ids))
     axis = np.repeat(np.arange(4), sections)  # the position axis of each frequency pair
-    angle = ids[axis, :, :].transpose(1, 2, 0) * inv_freq  # [2, 5, 6]: pair i turns with ids[axis[i]]
+    angle = ids[axis, :, :].transpose(1, 2, 0) * frequencies  # [2, 5, 6]: pair i turns with ids[axis[i]]
     dup = (lambda t: np.concatenate([t, t], -1)) if layout == "half" else (lambda t: np.repeat(t, 2, -1))
     assert_close(cos, 0.5 * dup(np.cos(angle)), backend=backend, dtype="float32")
     assert_close(sin, 0.5 * dup(np.sin(angle)), backend=backend, dtype="float32")
@@ -403,9 +274,9 @@ def test_mrope_cos_sin_formula(backend, layout, rng):
 
 def test_mrope_cos_sin_of_text_tokens_is_rope_cos_sin(rng):
     ids = np.arange(7)
-    inv_freq = pe.rope_frequencies(16)[0]
-    got = pe.mrope_cos_sin(np.stack([ids] * 3), inv_freq, [2, 3, 3], dtype=np.float64)
-    for g, w in zip(got, pe.rope_cos_sin(ids, inv_freq, dtype=np.float64)):
+    frequencies = pe.rope_frequencies(16)[0]
+    got = pe.mrope_cos_sin(np.stack([ids] * 3), frequencies, [2, 3, 3], dtype=np.float64)
+    for g, w in zip(got, pe.rope_cos_sin(ids, frequencies, dtype=np.float64)):
         np.testing.assert_array_equal(g, w)
 
 
@@ -422,19 +293,3 @@ def test_mrope_cos_sin_equals_qwen2_vl(rng):
     # transformers' float32 angles: a few ulps of the largest angle (200 rad)
     torch.testing.assert_close(cos, want_cos, atol=4e-5, rtol=0)
     torch.testing.assert_close(sin, want_sin, atol=4e-5, rtol=0)
-
-
-@pytest.mark.parametrize(
-    "ids, sections, error, match",
-    [
-        (np.zeros((3, 4), dtype=int), [2, 2, 2], ValueError, "sections must sum"),
-        (np.zeros((3, 4), dtype=int), [3, 1], ValueError, "one row per section"),
-        (np.zeros((3, 4), dtype=int), [2, 2.0, 0], TypeError, r"sections\[1\]"),
-        (np.zeros((3, 4), dtype=int), [5, -1, 0], ValueError, r"sections\[1\]"),
-        (np.zeros((3, 4), dtype=int), "223", TypeError, "sections"),
-        (np.zeros((3, 4), dtype=bool), [2, 1, 1], TypeError, "positions"),
-    ],
-)
-def test_mrope_cos_sin_bad_input(ids, sections, error, match):
-    with pytest.raises(error, match=match):
-        pe.mrope_cos_sin(ids, [1.0, 0.5, 0.25, 0.1], sections)

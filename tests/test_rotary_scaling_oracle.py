@@ -80,6 +80,25 @@ def rotary_fraction_ok(head_dim, fraction):
     return rotary >= 4 and rotary % 2 == 0
 
 
+@st.composite
+def rope_parameters(draw, rope_type, **fields):
+    """``(rope_parameters, head_dim)``: a dict of ``rope_type`` with a drawn ``rope_theta`` and
+    ``partial_rotary_factor`` (an even rotary dimension >= 4 of the drawn ``head_dim``), and a
+    value drawn for each of ``fields`` (a strategy per key; a drawn ``None`` leaves the key out)."""
+    head_dim = draw(head_dims)
+    params = {"rope_type": rope_type, "rope_theta": draw(bases), "partial_rotary_factor": draw(fractions)}
+    hypothesis.assume(rotary_fraction_ok(head_dim, params["partial_rotary_factor"]))
+    for key, strategy in fields.items():
+        value = draw(strategy)
+        if value is not None:
+            params[key] = value
+    return params, head_dim
+
+
+def optional(strategy):
+    return st.one_of(st.none(), strategy)
+
+
 @MANY
 @given(head_dim=head_dims, base=bases)
 def test_default_matches_hf(head_dim, base):
@@ -87,57 +106,34 @@ def test_default_matches_hf(head_dim, base):
 
 
 @MANY
-@given(head_dim=head_dims, base=bases, fraction=fractions, factor=factors)
-def test_linear_matches_hf(head_dim, base, fraction, factor):
-    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
-    params = {"rope_type": "linear", "factor": factor, "rope_theta": base, "partial_rotary_factor": fraction}
-    assert_matches_hf(params, head_dim, 4096)
+@given(drawn=rope_parameters("linear", factor=factors))
+def test_linear_matches_hf(drawn):
+    assert_matches_hf(*drawn, 4096)
+
+
+@MANY
+@given(drawn=rope_parameters("dynamic", factor=factors), max_pos=originals, seq_len=optional(st.integers(0, 300_000)))
+def test_dynamic_ntk_matches_hf(drawn, max_pos, seq_len):
+    assert_matches_hf(*drawn, max_pos, seq_len)
 
 
 @MANY
 @given(
-    head_dim=head_dims,
-    base=bases,
-    fraction=fractions,
-    factor=factors,
-    max_pos=originals,
-    seq_len=st.one_of(st.none(), st.integers(0, 300_000)),
+    drawn=rope_parameters(
+        "yarn",
+        factor=factors,
+        original_max_position_embeddings=originals,
+        beta_fast=optional(st.floats(1.0, 64.0)),
+        beta_slow=optional(st.floats(0.25, 4.0)),
+        mscale=st.sampled_from([None, 0.0, 0.707, 1.0, 1.5]),
+        mscale_all_dim=st.sampled_from([None, 0.0, 0.707, 1.0]),
+        attention_factor=optional(st.floats(0.5, 2.0)),
+        truncate=st.sampled_from([None, True, False]),
+    )
 )
-def test_dynamic_ntk_matches_hf(head_dim, base, fraction, factor, max_pos, seq_len):
-    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
-    params = {"rope_type": "dynamic", "factor": factor, "rope_theta": base, "partial_rotary_factor": fraction}
-    assert_matches_hf(params, head_dim, max_pos, seq_len)
-
-
-@MANY
-@given(
-    head_dim=head_dims,
-    base=bases,
-    fraction=fractions,
-    factor=factors,
-    original=originals,
-    beta_fast=st.one_of(st.none(), st.floats(1.0, 64.0)),
-    beta_slow=st.one_of(st.none(), st.floats(0.25, 4.0)),
-    mscale=st.sampled_from([None, 0.0, 0.707, 1.0, 1.5]),
-    mscale_all_dim=st.sampled_from([None, 0.0, 0.707, 1.0]),
-    attention_factor=st.one_of(st.none(), st.floats(0.5, 2.0)),
-    truncate=st.sampled_from([None, True, False]),
-)
-def test_yarn_matches_hf(head_dim, base, fraction, factor, original, beta_fast, beta_slow, mscale, mscale_all_dim, attention_factor, truncate):
-    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
-    params = {"rope_type": "yarn", "factor": factor, "original_max_position_embeddings": original, "rope_theta": base}
-    params["partial_rotary_factor"] = fraction
-    for key, value in [
-        ("beta_fast", beta_fast),
-        ("beta_slow", beta_slow),
-        ("mscale", mscale),
-        ("mscale_all_dim", mscale_all_dim),
-        ("attention_factor", attention_factor),
-        ("truncate", truncate),
-    ]:
-        if value is not None:
-            params[key] = value
-    assert_matches_hf(params, head_dim, int(original * max(factor, 1.0)))
+def test_yarn_matches_hf(drawn):
+    params, _ = drawn
+    assert_matches_hf(*drawn, int(params["original_max_position_embeddings"] * max(params["factor"], 1.0)))
 
 
 @pytest.mark.parametrize("max_pos", [8192, 163840])
@@ -151,55 +147,29 @@ def test_yarn_without_factor_uses_the_length_ratio(max_pos):
 @MANY
 @given(
     data=st.data(),
-    head_dim=head_dims,
-    base=bases,
-    fraction=fractions,
-    original=originals,
-    factor=st.one_of(st.none(), factors),
-    attention_factor=st.one_of(st.none(), st.floats(0.5, 2.0)),
+    drawn=rope_parameters("longrope", original_max_position_embeddings=originals, attention_factor=optional(st.floats(0.5, 2.0))),
+    factor=optional(factors),
     max_factor=st.sampled_from([1, 2, 32]),
 )
-def test_longrope_matches_hf(data, head_dim, base, fraction, original, factor, attention_factor, max_factor):
-    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
-    half = int(head_dim * fraction) // 2
+def test_longrope_matches_hf(data, drawn, factor, max_factor):
+    params, head_dim = drawn
+    half = int(head_dim * params["partial_rotary_factor"]) // 2
     lists = st.lists(st.floats(1.0, 64.0), min_size=half, max_size=half)
-    params = {
-        "rope_type": "longrope",
-        "short_factor": data.draw(lists),
-        "long_factor": data.draw(lists),
-        "original_max_position_embeddings": original,
-        "rope_theta": base,
-        "partial_rotary_factor": fraction,
-        "factor": factor,
-    }
-    if attention_factor is not None:
-        params["attention_factor"] = attention_factor
+    params.update(short_factor=data.draw(lists), long_factor=data.draw(lists), factor=factor)  # factor None: given as None
+    original = params["original_max_position_embeddings"]
     seq_len = data.draw(st.one_of(st.none(), st.integers(0, 2 * original), st.sampled_from([original, original + 1])))
     assert_matches_hf(params, head_dim, original * max_factor, seq_len)
 
 
 @MANY
 @given(
-    head_dim=head_dims,
-    base=bases,
-    fraction=fractions,
-    factor=factors,
-    original=originals,
-    low=st.floats(0.25, 2.0),
+    drawn=rope_parameters("llama3", factor=factors, original_max_position_embeddings=originals, low_freq_factor=st.floats(0.25, 2.0)),
     gap=st.floats(0.25, 8.0),
 )
-def test_llama3_matches_hf(head_dim, base, fraction, factor, original, low, gap):
-    hypothesis.assume(rotary_fraction_ok(head_dim, fraction))
-    params = {
-        "rope_type": "llama3",
-        "factor": factor,
-        "low_freq_factor": low,
-        "high_freq_factor": low + gap,
-        "original_max_position_embeddings": original,
-        "rope_theta": base,
-        "partial_rotary_factor": fraction,
-    }
-    assert_matches_hf(params, head_dim, original * 16)
+def test_llama3_matches_hf(drawn, gap):
+    params, head_dim = drawn
+    params["high_freq_factor"] = params["low_freq_factor"] + gap
+    assert_matches_hf(params, head_dim, params["original_max_position_embeddings"] * 16)
 
 
 def test_llama_3_1_release_config():

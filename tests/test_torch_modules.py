@@ -1,4 +1,5 @@
-"""posenc.torch modules and score_mod: same numbers as the functions, gradients through kernels."""
+"""posenc.torch modules and score_mod: same numbers as the functions, gradients through kernels
+(bad arguments: test_bad_inputs.py)."""
 
 import math
 
@@ -144,24 +145,3 @@ def test_score_mod_equals_materialised_bias(kind, params, options):
     out = flex_attention(q, k, v, score_mod=score_mod(kind, p, 6, 6, offset=0, **options))
     bias = pe.relative_bias(kind, p, 6, 6, **options)
     torch.testing.assert_close(out, pe.attention(q, k, v, bias=bias), rtol=1e-5, atol=1e-5)
-
-
-def test_score_mod_bad_input():
-    with pytest.raises(ValueError, match="kind"):
-        score_mod("rotary", torch.ones(2), 3, 3)
-    with pytest.raises(ValueError, match="params"):
-        score_mod("vector", torch.ones(2, 4), 3, 3)
-
-
-@pytest.mark.parametrize("make", [
-    lambda: RotaryEmbedding(8, rotary_dim=10),
-    lambda: RotaryEmbedding(8, layout="zigzag"),
-    lambda: T5RelativeBias(0),
-    lambda: ALiBi(2.5),
-    lambda: ShawRelative(4, max_distance=-1),
-    lambda: LearnedEmbedding(0, 4),
-    lambda: DeBERTaRelative(2, 4, max_distance=0),
-])
-def test_module_bad_arguments(make):
-    with pytest.raises(ValueError):
-        make()

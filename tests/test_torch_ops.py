@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import posenc as pe  # noqa: E402
+from formulas import rope_half_any  # noqa: E402
 from posenc import _dispatch  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
 
@@ -123,7 +124,7 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
 
 def test_learned_frequencies_get_their_gradient():
     # cos/sin from a learned inv_freq through rope_cos_sin and apply_rope: the gradient of
-    # inv_freq equals that of a plain torch transcription of the rotation.
+    # inv_freq equals that of Hugging Face's rotation in plain torch.
     x = torch.randn(2, 7, 8, dtype=torch.float64)
     positions = torch.arange(7)
 
@@ -132,9 +133,7 @@ def test_learned_frequencies_get_their_gradient():
         return (pe.apply_rope(x, cos, sin) ** 3).sum()
 
     def naive(inv_freq):
-        angle = positions[:, None] * inv_freq
-        a, b = x[..., :4], x[..., 4:]
-        return (torch.cat([a * angle.cos() - b * angle.sin(), b * angle.cos() + a * angle.sin()], -1) ** 3).sum()
+        return (rope_half_any(x, positions[:, None] * inv_freq) ** 3).sum()
 
     learned, reference = (torch.tensor([1.0, 0.3, 0.1, 0.02], dtype=torch.float64, requires_grad=True) for _ in range(2))
     ours(learned).backward()
