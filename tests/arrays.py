@@ -35,6 +35,8 @@ OP_TOLERANCE = {("toeplitz_scatter", "float16"): 1e-2}
 # The spacing of each dtype's numbers just above 1 (2**-mantissa bits): the unit the kernel
 # tests state their rounding bounds in.
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float32": 2.0**-23, "float64": 2.0**-52}
+# The exponent of each dtype's smallest normal number (subnormals are spaced as at it).
+MIN_EXPONENT = {"float16": -14, "bfloat16": -126, "float32": -126, "float64": -1022}
 _COMPLEX_PARTS = {"complex64": "float32", "complex128": "float64"}
 
 
@@ -44,6 +46,12 @@ def tolerance(dtype, op=None):
     name = str(dtype).rsplit(".", 1)[-1]
     name = _COMPLEX_PARTS.get(name, name)
     return OP_TOLERANCE.get((op, name), TOLERANCE.get(name, 0.0))
+
+
+def ulp(values, dtype):
+    """The spacing of ``dtype``'s numbers (a name) at each of ``values``, subnormals included."""
+    tiny = 2.0 ** MIN_EXPONENT[dtype]
+    return EPS[dtype] * 2.0 ** np.floor(np.log2(np.maximum(np.abs(values), tiny)))
 
 
 def gpu_run() -> bool:

@@ -29,6 +29,19 @@ def hf_t5_bucket(key_minus_query, **kwargs):
     return t5.T5Attention._relative_position_bucket(rel, **kwargs).numpy()
 
 
+def hf_t5_attention(num_buckets, max_distance, is_decoder):
+    """A transformers ``T5Attention`` layer (two heads) with a random relative-position table:
+    its ``compute_bias`` is T5's original."""
+    torch = pytest.importorskip("torch")
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    config = t5.T5Config(
+        d_model=8, d_kv=4, num_heads=2, relative_attention_num_buckets=num_buckets, relative_attention_max_distance=max_distance, is_decoder=is_decoder
+    )
+    attention = t5.T5Attention(config, has_relative_attention_bias=True)
+    torch.nn.init.normal_(attention.relative_attention_bias.weight)
+    return attention
+
+
 def hf_deberta_bucket(rel, bucket_size, max_position):
     """transformers' DeBERTa-v2 ``make_log_bucket_position``, as int64 (``.long()`` as the model casts)."""
     torch = pytest.importorskip("torch")

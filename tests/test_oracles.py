@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from formulas import hf_t5_attention
 from posenc import _oracles
 
 torch = pytest.importorskip("torch")
@@ -39,10 +40,7 @@ def test_t5_relative_position_bucket_is_t5s(bidirectional, num_buckets, max_dist
 
 @pytest.mark.parametrize("is_decoder", [False, True])
 def test_t5_compute_bias_is_t5s(is_decoder):
-    # _oracles.t5_compute_bias keeps T5's default max_distance, 128.
-    config = t5.T5Config(d_model=8, d_kv=4, num_heads=2, relative_attention_num_buckets=16, relative_attention_max_distance=128, is_decoder=is_decoder)
-    attention = t5.T5Attention(config, has_relative_attention_bias=True)
-    torch.nn.init.normal_(attention.relative_attention_bias.weight)
+    attention = hf_t5_attention(16, 128, is_decoder)  # _oracles.t5_compute_bias keeps T5's default max_distance, 128
     with torch.no_grad():
         want = attention.compute_bias(7, 300)[0]
         got = _oracles.t5_compute_bias(torch, attention.relative_attention_bias, 7, 300, bidirectional=not is_decoder)

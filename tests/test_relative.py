@@ -10,7 +10,7 @@ import pytest
 
 import posenc as pe
 from arrays import DTYPES, assert_close
-from formulas import hf_deberta_bucket, hf_t5_bucket, rel_matrix
+from formulas import hf_deberta_bucket, hf_t5_attention, hf_t5_bucket, rel_matrix
 
 
 # --- clip_relative ------------------------------------------------------------------
@@ -105,10 +105,7 @@ def test_t5_bias_formula(backend, rng, dtype, bidirectional, offset):
 
 def test_t5_bias_matches_transformers_compute_bias():
     torch = pytest.importorskip("torch")
-    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
-    config = t5.T5Config(d_model=8, d_kv=4, num_heads=2, relative_attention_num_buckets=8, relative_attention_max_distance=20, is_decoder=True)
-    attention = t5.T5Attention(config, has_relative_attention_bias=True)
-    torch.nn.init.normal_(attention.relative_attention_bias.weight)
+    attention = hf_t5_attention(8, 20, is_decoder=True)
     with torch.no_grad():
         want = attention.compute_bias(6, 30)[0]  # decoder: unidirectional
         got = pe.t5_bias(attention.relative_attention_bias.weight, 6, 30, bidirectional=False, max_distance=20)

@@ -9,11 +9,8 @@ import numpy as np
 import pytest
 
 import posenc as pe
-from arrays import DTYPES, assert_close, assert_kind
+from arrays import DTYPES, assert_close, assert_kind, tolerance
 from formulas import hf_deberta_bucket, rel_matrix, sinusoid
-
-# Results are sums of d products computed in float32 (16-bit inputs) then rounded once.
-TOL = {"float16": 4e-3, "bfloat16": 3e-2, "float32": 1e-5, "float64": 1e-12}
 
 H, Q, K, D = 2, 5, 7, 4  # heads, q_len, k_len, head dim
 
@@ -169,7 +166,7 @@ def test_logits_match_naive_formula(backend, rng, name, dtype):
     for got in backend.each_run(result):
         assert_kind(got, backend=backend, dtype=dtype, shape=expected.shape)
         got_np = np.where(valid, backend.to_numpy(got).astype(np.float64), 0.0)
-        np.testing.assert_allclose(got_np, expected, rtol=TOL[dtype], atol=TOL[dtype])
+        np.testing.assert_allclose(got_np, expected, rtol=tolerance(dtype), atol=tolerance(dtype))
 
 
 # --- Shaw / NEZHA -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from arrays import EPS, copy_of, to_float64
+from arrays import EPS, copy_of, to_float64, ulp
 from kernel_samples import kernel, on_gpu
 from posenc import _dispatch
 from posenc._kernels import _arrays, _codec
@@ -361,9 +361,7 @@ def test_cpu_16_bit_rotation_is_within_one_ulp_of_float64_under_cancellation(dty
     x = make(np.stack([a, a], axis=-1), dtype, "torch")
     got = cpu_rotate()(x, torch.from_numpy(angle), np.array([1.0]))
     exact = np.stack([a * np.cos(angle) - a * np.sin(angle), a * np.cos(angle) + a * np.sin(angle)], axis=-1)
-    mantissa_bits, smallest_exponent = {"bfloat16": (7, -133), "float16": (10, -24)}[dtype]
-    exponent = np.maximum(np.floor(np.log2(np.abs(exact))) - mantissa_bits, smallest_exponent)
-    assert np.all(np.abs(to_float64(got) - exact) <= 2.0**exponent)
+    assert np.all(np.abs(to_float64(got) - exact) <= ulp(exact, dtype))
 
 
 @pytest.mark.parametrize("op", ["rotate", "apply"])

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
-from arrays import DTYPES, assert_close
+from arrays import DTYPES, assert_close, ulp
 from formulas import exact_rope
 from formulas import inv_freq as theta
 from formulas import rope_formula
@@ -217,13 +217,6 @@ def test_no_float64_path_at_long_positions(rng, make):
     assert np.abs(got - _exact_rotation(x, LONG_POSITIONS, inv_freq)).max() <= 4e-6
 
 
-def _ulp(values, dtype):
-    mantissa = {"float16": 10, "bfloat16": 7}[dtype]
-    tiny = {"float16": 2.0**-14, "bfloat16": 2.0**-126}[dtype]
-    mag = np.maximum(np.abs(values), tiny)
-    return 2.0 ** (np.floor(np.log2(mag)) - mantissa)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_keeps_dtype_within_one_ulp(backend, rng, dtype):
     x = backend.asarray(rng.uniform(-4, 4, (6, 32)), dtype=dtype)
@@ -233,7 +226,7 @@ def test_half_precision_keeps_dtype_within_one_ulp(backend, rng, dtype):
     for got in backend.each_run(result):
         assert got.dtype == x.dtype
         err = np.abs(backend.to_numpy(got).astype(np.float64) - exact)
-        assert np.all(err <= _ulp(exact, dtype))
+        assert np.all(err <= ulp(exact, dtype))
 
 
 # --- scalings ------------------------------------------------------------------------------
