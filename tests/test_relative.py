@@ -48,10 +48,11 @@ def test_t5_bucket_equals_original_on_key_minus_query(bidirectional, num_buckets
     np.testing.assert_array_equal(ours, original)
 
 
-def test_t5_bucket_on_every_backend(backend):
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_bucket_on_every_backend(backend, bidirectional):
     rel = rel_matrix(9, 40, offset=20) * 3
-    out = backend.call(lambda r: pe.t5_bucket(r, bidirectional=True, num_buckets=32, max_distance=50), backend.asarray(rel))
-    expected = hf_t5_bucket(-rel, bidirectional=True, num_buckets=32, max_distance=50)
+    out = backend.call(lambda r: pe.t5_bucket(r, bidirectional=bidirectional, num_buckets=32, max_distance=50), backend.asarray(rel))
+    expected = hf_t5_bucket(-rel, bidirectional=bidirectional, num_buckets=32, max_distance=50)
     assert_close(out, expected, backend=backend, dtype=backend.asarray(rel).dtype)
 
 

@@ -148,11 +148,16 @@ def case_tupe_logits(rng, backend, dtype):
     return backend.call(lambda *a: pe.tupe_logits(*a[:5], bias=a[5]), *arrays), naive_tupe(q, k, p, uq, uk, bias=bias)
 
 
+def case_tupe_logits_cls(rng, backend, dtype):
+    arrays, (q, k, p, uq, uk) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (K, 3), (H, 3, D), (H, 3, D))
+    return backend.call(lambda *a: pe.tupe_logits(*a, cls=(1.0, -1.0)), *arrays), naive_tupe(q, k, p, uq, uk, cls=(1.0, -1.0))
+
+
 CASES = {
     f.__name__[5:]: f
     for f in (
         case_shaw_logits, case_shaw_output, case_xl_logits, case_tener_logits, case_segment_logits, case_deberta_logits,
-        case_deberta_logits_bucketed, case_tupe_logits,
+        case_deberta_logits_bucketed, case_tupe_logits, case_tupe_logits_cls,
     )
 }
 

@@ -43,7 +43,7 @@ def test_rope_cos_sin_keeps_float_position_dtype_and_scales(backend, dtype):
 
 def test_rope_frequencies_in_every_namespace(backend):
     got = backend.call(lambda: pe.rope_frequencies(8, scaling=pe.scaling.Linear(2.0), xp=backend.xp)[0])
-    assert_close(got, theta(8) / 2.0, backend=backend)
+    assert_close(got, theta(8) / 2.0, backend=backend, dtype="float32" if backend.name == "jax" else "float64")  # JAX without x64
 
 
 def test_rope_cos_sin_takes_frequencies_of_the_positions_namespace():
