@@ -238,7 +238,7 @@ RELATIVE_BIASES = {
     "alibi_bias per-token too large": (
         lambda: pe.alibi_bias(np.ones(4), 2**20, 2**20, key_positions=Z((2**20,), dtype=np.int64)), ValueError, "memory",
     ),
-    "alibi_bias negative chunk": (lambda: pe.alibi_bias(_da().ones(2), 3, 4, chunks=(1, 2, -5)), ValueError, "chunks"),
+    "alibi_bias negative chunk": (lambda: pe.alibi_bias(_da().ones(2), 3, 4, chunks=(1, 2, -5)), ValueError, "chunks (1, 2, -5) do not describe blocks"),
     "alibi_bias chunks a word": (lambda: pe.alibi_bias(_da().ones(2), 3, 4, chunks="bogus"), ValueError, "chunks"),
     "relative_bias_vector unknown kind": (lambda: pe.relative_bias_vector("rotary", SLOPES, 3, 3), ValueError, "kind"),
     "relative_bias_vector shaw without max_distance": (lambda: pe.relative_bias_vector("shaw", np.ones((5, 2)), 3, 4), TypeError, "max_distance"),

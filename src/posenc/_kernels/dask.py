@@ -149,10 +149,12 @@ def empty_blocked(like, shape, chunks):
     from dask.array.core import normalize_chunks
 
     try:
-        chunks = normalize_chunks(chunks, shape=shape, dtype=like.dtype)
+        blocks = normalize_chunks(chunks, shape=shape, dtype=like.dtype)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"chunks {chunks!r} do not describe blocks of an array of shape {tuple(shape)}: {exc}") from None
-    return da.empty(shape, chunks=chunks, dtype=like.dtype)
+    if any(sum(axis) != n or min(axis, default=0) < 0 for axis, n in zip(blocks, shape)):
+        raise ValueError(f"chunks {chunks!r} do not describe blocks of an array of shape {tuple(shape)}: they give {blocks}")
+    return da.empty(shape, chunks=blocks, dtype=like.dtype)
 
 
 # ---------------------------------------------------------------- registry
