@@ -56,6 +56,7 @@ FAST_ANGLE_LIMIT = 2.0**32
 # significant bits, float16 11).
 _SPLIT_BFLOAT16 = 2.0**37 + 1.0  # 16-bit heads
 _SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
+_FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
 @njit(inline="always")
 def _cos_sin(angle):
     """``(cos, sin)`` of a float64 ``angle``, ``|angle| <= FAST_ANGLE_LIMIT``, within ~2 ulp.
@@ -80,13 +81,6 @@ def _cos_sin(angle):
     cos = -c if (quadrant + 1) & 2 else c
     sin = -s if quadrant & 2 else s
     return cos, sin
-
-
-@njit(inline="always")
-def _corrected(head, rest):
-    """``head + rest``, or ``head`` where an infinite input made the correction NaN (inf - inf)."""
-    total = head + rest
-    return total if total == total else head
 
 
 def _kernel_source(rotate, wide, bfloat16, interleaved):
@@ -169,9 +163,13 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
                         for i in range(half):
                             ai = from_bfloat16(a[i]) if bfloat16 else from_float16(a[i])
                             bi = from_bfloat16(b[i]) if bfloat16 else from_float16(b[i])
-                            # a*ch, b*sh, b*ch and a*sh are exact: the heads have few bits.
-                            ra_value = _corrected(fma32(ai, ch[i], -(bi * sh[i])), fma32(ai, cl[i], -(bi * sl[i])))
-                            rb_value = _corrected(fma32(bi, ch[i], ai * sh[i]), fma32(bi, cl[i], ai * sl[i]))
+                            # a*ch, b*sh, b*ch and a*sh are exact: the heads have few bits. The
+                            # rests take a and b clamped to finite values, so an infinite input
+                            # leaves its infinite head alone instead of adding inf - inf.
+                            af = min(max(ai, -_FLOAT32_MAX), _FLOAT32_MAX)
+                            bf = min(max(bi, -_FLOAT32_MAX), _FLOAT32_MAX)
+                            ra_value = fma32(ai, ch[i], -(bi * sh[i])) + fma32(af, cl[i], -(bf * sl[i]))
+                            rb_value = fma32(bi, ch[i], ai * sh[i]) + fma32(bf, cl[i], af * sl[i])
                             ra[i] = bfloat16_bits(ra_value) if bfloat16 else float16_bits(ra_value)
                             rb[i] = bfloat16_bits(rb_value) if bfloat16 else float16_bits(rb_value)
                     dst = out[oo : oo + dim]
