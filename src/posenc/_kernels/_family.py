@@ -21,7 +21,7 @@ logger = logging.getLogger("posenc")
 
 NOTICE_AFTER = 1.0  # seconds
 FAMILIES: dict[str, Family] = {}
-# Every build so far, as (family name, key, seconds): a compile takes about a second, a
+# Every build so far, as (family name, key, seconds): a compile takes one or two seconds, a
 # cache load milliseconds (``posenc demo`` marks the times that include one).
 BUILDS: list[tuple[str, tuple, float]] = []
 

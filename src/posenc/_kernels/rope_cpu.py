@@ -20,7 +20,7 @@ float64 computation's or one ulp from it wherever ``a*cos - b*sin`` cancels by f
 than 24 bits.
 
 Each ``(op, dtype, layout)`` is its own small kernel (``FAMILY``), compiled on first use in
-about a second, then loaded from Numba's cache. Tasks run on ``_layout.run_tasks``'s
+one or two seconds, then loaded from Numba's cache. Tasks run on ``_layout.run_tasks``'s
 threads. The launchers take NumPy arrays and torch CPU tensors (zero-copy views),
 allocate ``out`` in the input's library and re-check every shape a kernel indexes with.
 """

@@ -53,7 +53,7 @@ def _dtypes(dtypes):
 def warmup(dtypes=None, *, gpu=None, progress=None):
     """Compile, or load from Numba's on-disk cache, every kernel specialisation for ``dtypes``.
 
-    A kernel is otherwise compiled the first time a call needs it (about a second each,
+    A kernel is otherwise compiled the first time a call needs it (one or two seconds each,
     once per machine: later processes load it from the cache in milliseconds). Call this
     where that first-call pause must not happen: when building a container image or a CI
     cache, or before timing.
@@ -70,7 +70,7 @@ def warmup(dtypes=None, *, gpu=None, progress=None):
     Returns
     -------
     list of Built
-        What was made ready and how long each took (a compile takes about a second, a
+        What was made ready and how long each took (a compile takes one or two seconds, a
         cache load milliseconds).
 
     Examples
