@@ -57,14 +57,20 @@ def test_a_slow_build_is_announced_once_and_a_fast_one_not(monkeypatch, caplog):
     assert not caplog.records
 
 
-def test_a_cold_compile_says_so_on_stderr(tmp_path):
-    code = "import numpy as np, posenc as pe; pe.rope(np.ones((2, 3, 4), np.float64), layout='interleaved')"
+def test_a_cold_compile_says_so_on_stderr_and_a_cache_load_is_no_compile(tmp_path):
+    code = (
+        "import numpy as np, posenc as pe; from posenc._kernels import _family;"
+        "pe.rope(np.ones((2, 3, 4), np.float64), layout='interleaved');"
+        "print([(str(b), b.compiled) for b in _family.BUILDS])"
+    )
     env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)}
     cold = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     warm = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert "posenc: compiling the Numba kernel rope_cpu[rotate, float64, interleaved]" in cold.stderr
     assert cold.stderr.count("posenc:") == 1
+    assert cold.stdout.strip() == "[('rope_cpu[rotate, float64, interleaved]', True)]"
     assert "compiling" not in warm.stderr
+    assert warm.stdout.strip() == "[('rope_cpu[rotate, float64, interleaved]', False)]"
 
 
 def test_a_failed_build_propagates_and_is_tried_again_next_time():
@@ -93,6 +99,8 @@ def test_warmup_builds_what_the_plan_lists():
     built = pe.warmup("float32", gpu=False)
     assert [(b.family, b.key) for b in built] == [(f.name, key) for f, key in plan]
     assert all(f[key] is not None for f, key in plan)
+    again = pe.warmup("float32", gpu=False)  # already built in this process: nothing to do
+    assert [(b.family, b.key, b.seconds, b.compiled) for b in again] == [(f.name, key, 0.0, False) for f, key in plan]
 
 
 def test_warmup_reports_progress():
@@ -116,7 +124,11 @@ def test_cli_warmup():
 def test_demo_marks_a_step_that_compiled(monkeypatch):
     from posenc import _demo
 
-    monkeypatch.setattr(_family, "BUILDS", [("rope_cpu", ("rotate", "float32", "half"), 1.4), ("toeplitz_cpu", ("expand", "uint32"), 0.004)])
+    builds = [
+        _family.Built("rope_cpu", ("rotate", "float32", "half"), 1.4, True),
+        _family.Built("toeplitz_cpu", ("expand", "uint32", "C"), 0.6, False),  # a slow cache load is no compile
+    ]
+    monkeypatch.setattr(_family, "BUILDS", builds)
     assert _demo._compiled_since(0) == "  (includes 1.4 s compiling rope_cpu[rotate, float32, half] once; `posenc warmup` does it ahead)"
     assert _demo._compiled_since(1) == ""
 

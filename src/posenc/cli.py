@@ -110,7 +110,7 @@ def cmd_warmup(args) -> int:
     except ValueError as exc:
         return _error("warmup", str(exc), 2)
     print(file=sys.stderr)
-    compiled = [b for b in built if b.seconds > 0.2]
+    compiled = [b for b in built if b.compiled]
     seconds = sum(b.seconds for b in built)
     print(f"{len(built)} kernel specialisations ready in {seconds:.1f} s ({len(compiled)} compiled, {len(built) - len(compiled)} loaded from Numba's cache)")
     return 0

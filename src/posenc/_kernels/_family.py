@@ -6,7 +6,10 @@ time it is asked for, when Numba compiles it or loads it from its on-disk cache,
 (a ``Family`` is a dict: a built kernel costs one dict lookup). A build that takes longer
 than ``NOTICE_AFTER`` seconds (a compile, not a cache load) is announced once, as a
 ``logging`` warning of the ``"posenc"`` logger, which reaches stderr when the
-application configured no logging. Every family registers itself in ``FAMILIES``, which
+application configured no logging. A family may name a ``prepare`` step run before its
+builds are timed: the CPU families start Numba's CPU target there (its typing and
+lowering registries, about half a second once per process), so that start-up is neither
+announced nor taken for a compile. Every family registers itself in ``FAMILIES``, which
 is what ``posenc.warmup`` walks. All four families (rotary and Toeplitz, CPU and CUDA)
 are specialised this one way.
 """
@@ -16,25 +19,57 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 
 logger = logging.getLogger("posenc")
 
 NOTICE_AFTER = 1.0  # seconds
 FAMILIES: dict[str, Family] = {}
-# Every build so far, as (family name, key, seconds): a compile takes one or two seconds, a
-# cache load milliseconds (``posenc demo`` marks the times that include one).
-BUILDS: list[tuple[str, tuple, float]] = []
+
+
+@dataclass(frozen=True)
+class Built:
+    """One specialisation made ready: its family and key, the seconds it took and whether
+    Numba compiled it (``False``: loaded from Numba's on-disk cache, in milliseconds)."""
+
+    family: str
+    key: tuple
+    seconds: float
+    compiled: bool
+
+    def __str__(self):
+        return f"{self.family}[{', '.join(map(str, self.key))}]"
+
+
+# Every build so far (``posenc demo`` marks the steps that include a compile).
+BUILDS: list[Built] = []
+
+
+def start_numba_cpu():
+    """Numba's CPU target, ready: its registries load once per process, on the first compile
+    or cache load, unless done here first."""
+    from numba.core.registry import cpu_target
+
+    cpu_target.target_context.refresh()
+
+
+def _compiled(kernel):
+    """Whether building ``kernel`` (a Numba dispatcher compiled for its signature) compiled
+    it rather than loading it from the on-disk cache."""
+    stats = getattr(kernel, "stats", None)
+    return bool(stats.cache_misses) if stats is not None else True
 
 
 class Family(dict):
     """Kernels ``build(*key)`` for every ``key`` in ``keys``, each built once, on first use.
 
     ``serves(key)``: the input dtype names a key's kernel handles (for ``warmup``).
+    ``prepare()``: run before a build is timed (see the module docstring).
     """
 
-    def __init__(self, name, build, keys, serves):
+    def __init__(self, name, build, keys, serves, prepare=None):
         super().__init__()
-        self.name, self.build, self.keys, self.serves = name, build, tuple(keys), serves
+        self.name, self.build, self.keys, self.serves, self.prepare = name, build, tuple(keys), serves, prepare
         self._lock = threading.Lock()
         FAMILIES[name] = self
 
@@ -45,6 +80,8 @@ class Family(dict):
         """The kernel of ``key``, built now if it is not yet (announced if slow, unless told not to)."""
         with self._lock:
             if key not in self:
+                if self.prepare is not None:
+                    self.prepare()
                 what = f"{self.name}[{', '.join(map(str, key))}]"
                 notice = threading.Timer(NOTICE_AFTER, _announce, (what,))
                 notice.daemon = True
@@ -55,7 +92,7 @@ class Family(dict):
                     self[key] = self.build(*key)
                 finally:
                     notice.cancel()
-                BUILDS.append((self.name, key, time.perf_counter() - start))
+                BUILDS.append(Built(self.name, key, time.perf_counter() - start, _compiled(self[key])))
         return dict.__getitem__(self, key)
 
 

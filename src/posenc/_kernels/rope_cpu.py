@@ -205,12 +205,7 @@ def _build(op, dtype, layout):
     return njit(_signature(dtype), nogil=True, cache=True)(source)
 
 
-FAMILY = _family.Family(
-    "rope_cpu",
-    _build,
-    SPECIALISATIONS,
-    lambda key: {key[1]},
-)
+FAMILY = _family.Family("rope_cpu", _build, SPECIALISATIONS, lambda key: {key[1]}, prepare=_family.start_numba_cpu)
 
 
 # ---------------------------------------------------------------- launchers

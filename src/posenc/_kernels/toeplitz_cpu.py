@@ -100,7 +100,7 @@ def _build(op, name, layout):
 
 
 # ``posenc.warmup`` builds the contiguous kernels; strided ones build when a call needs them.
-FAMILY = _family.Family("toeplitz_cpu", _build, [(*key, "C") for key in SPECIALISATIONS], serves)
+FAMILY = _family.Family("toeplitz_cpu", _build, [(*key, "C") for key in SPECIALISATIONS], serves, prepare=_family.start_numba_cpu)
 
 
 def _launch(op, values, shape, out, source, view, extra=lambda: ()):

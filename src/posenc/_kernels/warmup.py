@@ -2,24 +2,9 @@
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 from . import _arrays, _family
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
-
-
-@dataclass(frozen=True)
-class Built:
-    """One specialisation ``warmup`` made ready: its family and key, and the seconds it took."""
-
-    family: str
-    key: tuple
-    seconds: float
-
-    def __str__(self):
-        return f"{self.family}[{', '.join(map(str, self.key))}]"
 
 
 def _families(gpu):
@@ -70,8 +55,9 @@ def warmup(dtypes=None, *, gpu=None, progress=None):
     Returns
     -------
     list of Built
-        What was made ready and how long each took (a compile takes one or two seconds, a
-        cache load milliseconds).
+        What was made ready: ``family``, ``key``, ``seconds`` and ``compiled`` (``False``:
+        loaded from Numba's cache, in milliseconds; a compile takes one or two seconds).
+        A specialisation this process had already built is listed with 0 seconds.
 
     Examples
     --------
@@ -85,9 +71,10 @@ def warmup(dtypes=None, *, gpu=None, progress=None):
     todo = plan(dtypes, gpu=gpu)
     done = []
     for family, key in todo:
-        start = time.perf_counter()
+        count = len(_family.BUILDS)
         family.ready(key, announce=False)
-        done.append(Built(family.name, key, time.perf_counter() - start))
+        now = [b for b in _family.BUILDS[count:] if b.family == family.name and b.key == key]
+        done.append(now[0] if now else _family.Built(family.name, key, 0.0, False))
         if progress is not None:
             progress(len(done), len(todo), done[-1])
     return done
