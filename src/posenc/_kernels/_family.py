@@ -48,9 +48,11 @@ BUILDS: list[Built] = []
 def start_numba_cpu():
     """Numba's CPU target, ready: its registries load once per process, on the first compile
     or cache load, unless done here first."""
+    from numba.core.compiler_lock import global_compiler_lock
     from numba.core.registry import cpu_target
 
-    cpu_target.target_context.refresh()
+    with global_compiler_lock:  # as Numba's own compiles and cache loads refresh it
+        cpu_target.target_context.refresh()
 
 
 def _compiled(kernel):
