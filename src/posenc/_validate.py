@@ -17,7 +17,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._xp import broadcast_shapes, is_integer, is_real_floating, torch_compiling, trace_constant
+from ._xp import broadcast_shapes, is_integer, is_real_floating, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -30,14 +30,9 @@ def _torch():
     return sys.modules.get("torch")
 
 
-def _is_tensor(value) -> bool:
-    torch = _torch()
-    return torch is not None and isinstance(value, torch.Tensor)
-
-
 def _zero_d_integer(name, value):
     """``value``, an array, must be a 0-d integer array (an integer argument given as an array)."""
-    if _is_tensor(value):
+    if torch_tensor(value):
         integral = not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == _torch().bool)
     else:
         integral = is_integer(_compat.array_namespace(value), value.dtype)
@@ -123,7 +118,7 @@ def is_array(value) -> bool:
     """An array of a supported namespace (NumPy scalars count as numbers, not arrays)."""
     if value is None or isinstance(value, (numbers.Number, str, list, tuple)):
         return False
-    return _is_tensor(value) or _compat.is_array_api_obj(value)
+    return torch_tensor(value) or _compat.is_array_api_obj(value)
 
 
 def array(name, value):
@@ -158,7 +153,7 @@ def ndim(name, value, *, minimum=None, exactly=None):
 def is_eager(value) -> bool:
     """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
     a torch tensor while torch compiles."""
-    if _is_tensor(value):
+    if torch_tensor(value):
         return not torch_compiling()
     return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
 
@@ -209,7 +204,7 @@ def _byte_range(a):
 
         low, high = np.lib.array_utils.byte_bounds(a)
         return low, high, a.strides
-    if _compat.is_torch_array(a):
+    if torch_tensor(a):
         size = a.element_size()
         strides = tuple(s * size for s in a.stride())
     elif _compat.is_cupy_array(a):
@@ -217,7 +212,7 @@ def _byte_range(a):
         size = a.itemsize
     else:
         return None
-    start = a.data_ptr() if _compat.is_torch_array(a) else a.data.ptr
+    start = a.data_ptr() if torch_tensor(a) else a.data.ptr
     if any(n == 0 for n in a.shape):
         return start, start, strides
     low = start + sum((n - 1) * st for n, st in zip(a.shape, strides) if st < 0)
@@ -300,5 +295,5 @@ def allocatable(name, shape, itemsize):
 def allocatable_unless_blocked(name, shape, itemsize, like):
     """:func:`allocatable`, skipped when ``like`` is a Dask array: its result is built
     block by block (and stored block by block), never whole."""
-    if _is_tensor(like) or not _compat.is_dask_array(like):
+    if torch_tensor(like) or not _compat.is_dask_array(like):
         allocatable(name, shape, itemsize)

@@ -98,9 +98,11 @@ def _given_namespace(xp):
     return _FRAMEWORK_NAMESPACES[name]() if name in _FRAMEWORK_NAMESPACES else xp
 
 
-def _torch_tensor_type():
+def torch_tensor(value) -> bool:
+    """``value`` is a torch tensor (asked without importing torch: a tensor exists only once
+    torch is loaded). Said directly, so that ``torch.compile`` traces an ``isinstance``."""
     torch = sys.modules.get("torch")
-    return None if torch is None else torch.Tensor
+    return torch is not None and isinstance(value, torch.Tensor)
 
 
 def namespace(*arrays, xp=None):
@@ -115,9 +117,8 @@ def namespace(*arrays, xp=None):
     found = [a for a in arrays if a is not None and not isinstance(a, (bool, int, float, complex))]
     if not found:
         return default_namespace()
-    tensor = _torch_tensor_type()
-    if tensor is not None and all(isinstance(a, tensor) for a in found):
-        # Said directly, so that torch.compile traces an isinstance, not array-api-compat's caches.
+    if all(torch_tensor(a) for a in found):
+        # Not through array-api-compat, whose caches torch.compile does not trace.
         return _torch_namespace()
     try:
         return _compat.array_namespace(*found)
@@ -135,12 +136,11 @@ def device_of(*arrays):
     Two arrays on different devices raise ``ValueError``. An array whose device is not
     known (``None``: JAX tracers under ``jit``, ``grad`` or ``vmap``) matches any device.
     """
-    tensor = _torch_tensor_type()
     devices = []
     for a in arrays:
         if a is None or isinstance(a, (bool, int, float, complex)):
             continue
-        d = a.device if tensor is not None and isinstance(a, tensor) else _compat.device(a)
+        d = a.device if torch_tensor(a) else _compat.device(a)
         if d is None:
             continue
         if all(d != e for e in devices):
