@@ -19,7 +19,7 @@ the batch axes are regrouped as
 Adjacent axes merge when every array steps through them as through one axis, so the
 common layouts (``[B, H, S, D]`` with positions ``[S]``, ``[B, 1, S]`` or per token) need
 no outer loop. Strides are in elements and may be negative or zero. Nothing here touches
-data but ``batch_views``, which builds views (``_arrays.strided``).
+data but ``batch_views`` and ``rotary_views``, which build views (``_arrays.strided``).
 """
 
 from __future__ import annotations
@@ -88,6 +88,25 @@ def plan(shape, strides, shared):
     g = max(rest, key=lambda a: a.size, default=unit)
     outer = tuple(a for a in rest if a is not g)
     return Plan(outer, g, h, s)
+
+
+def rotary_views(x, out, per_position):
+    """The plan of a rotary kernel and its per-position arrays as the kernel reads them.
+
+    ``x`` and ``out`` are NumPy or numba device arrays with the channels last;
+    ``per_position`` are arrays broadcast to ``x.shape[:-1] + (trailing...)``, shared over
+    ``H``. Returns ``(plan, views)``: each per-position array viewed as
+    ``outer + (G, S) + trailing`` (``H`` dropped: their stride along it is 0).
+    """
+    lead = len(x.shape) - 1
+    arrays = [x, out, *per_position]
+    found = plan(tuple(x.shape[:lead]), tuple(_arrays.element_strides(a)[:lead] for a in arrays), tuple(range(2, len(arrays))))
+    shape = found.shape()
+    views = []
+    for k, a in enumerate(per_position, start=2):
+        st = found.strides(k)
+        views.append(_arrays.strided(a, shape[:-2] + (shape[-1],) + tuple(a.shape[lead:]), st[:-2] + (st[-1],) + _arrays.element_strides(a)[lead:]))
+    return found, views
 
 
 def _axes(shape, strides):

@@ -250,18 +250,11 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
     over ``H``, passed to the kernel as ``[G, S, trailing...]`` (positions as a contiguous
     float64 copy, which is small).
     """
-    batch, dim = xv.shape[:-1], xv.shape[-1]
-    arrays = [xv, ov, *per_position]
-    plan = _layout.plan(tuple(batch), tuple(_arrays.element_strides(a)[: len(batch)] for a in arrays), tuple(range(2, len(arrays))))
+    dim = xv.shape[-1]
+    plan, per = _layout.rotary_views(xv, ov, per_position)
     shape = plan.shape()
     if 0 in shape or dim == 0:
         return
-    per = []
-    for k, a in enumerate(per_position, start=2):
-        st = plan.strides(k)
-        trailing = a.shape[len(batch) :]
-        keep = st[:-2] + (st[-1],)  # H dropped: its stride is 0
-        per.append(_arrays.strided(a, shape[:-2] + (shape[-1],) + trailing, keep + _arrays.element_strides(a)[len(batch) :]))
     kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
     x_flat, x_offset = _arrays.flat_span(xv)
     o_flat, o_offset = (x_flat, x_offset) if in_place else _arrays.flat_span(ov)

@@ -118,18 +118,11 @@ def _launch(x, op, layout, xd, per_position, arguments, half, out):
         if not in_place and _arrays.overlap(od, xd):  # overlapping but not the same elements
             temporary = _arrays.empty(x)
             od = _arrays.device_view(temporary)
-        batch, dim = tuple(xd.shape[:-1]), tuple(xd.shape)[-1]
-        arrays = [xd, od, *per_position]
-        plan = _layout.plan(tuple(batch), tuple(_arrays.element_strides(a)[: len(batch)] for a in arrays), tuple(range(2, len(arrays))))
+        dim = tuple(xd.shape)[-1]
+        plan, per = _layout.rotary_views(xd, od, per_position)
         shape = plan.shape()
         x4 = _arrays.strided(xd, shape + (dim,), plan.strides(0) + (_arrays.element_strides(xd)[-1],))
         o4 = x4 if in_place else _arrays.strided(od, shape + (dim,), plan.strides(1) + (_arrays.element_strides(od)[-1],))
-        per = []
-        for k, a in enumerate(per_position, start=2):
-            st = plan.strides(k)
-            trailing = tuple(a.shape[len(batch) :])
-            keep = st[:-2] + (st[-1],)  # H dropped: its stride is 0
-            per.append(_arrays.strided(a, shape[:-2] + (shape[-1],) + trailing, keep + _arrays.element_strides(a)[len(batch) :]))
         columns = half + (0 if in_place else dim - 2 * half)
         rows = plan.g.size * plan.s.size
         if rows and columns and plan.h.size:
