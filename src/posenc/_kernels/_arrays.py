@@ -217,6 +217,23 @@ def device_view(a, *, bits16=True):
     return a
 
 
+def device_values(a, dtype):
+    """A numba device array of GPU array ``a``'s values as NumPy ``dtype`` (positions, indices:
+    small arrays, converted on the device for torch and CuPy)."""
+    lib = library(a)
+    if lib == "torch":
+        import torch
+
+        a = a.detach().to(getattr(torch, np.dtype(dtype).name))
+    elif lib == "cupy":
+        a = a.astype(dtype)
+    elif a.dtype != dtype:
+        from numba import cuda
+
+        a = cuda.to_device(a.copy_to_host().astype(dtype))
+    return device_view(a, bits16=False)
+
+
 def strided(a, shape, strides):
     """A view of NumPy or numba device array ``a`` (from its first element) with element ``strides``."""
     byte_strides = tuple(int(st) * a.dtype.itemsize for st in strides)

@@ -145,29 +145,13 @@ def _no_tables(x, stream):
     return empty, empty
 
 
-def _float64_positions(positions):
-    """Positions as a float64 numba device array (a small conversion on the device for torch and CuPy)."""
-    lib = _arrays.library(positions)
-    if lib == "torch":
-        import torch
-
-        positions = positions.detach().to(torch.float64)
-    elif lib == "cupy":
-        import cupy
-
-        positions = positions.astype(cupy.float64)
-    elif positions.dtype != np.float64:
-        positions = cuda.to_device(positions.copy_to_host().astype(np.float64))
-    return _arrays.device_view(positions, bits16=False)
-
-
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
     """numba.cuda ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
     inv_freq = guard_rotate(x, positions, inv_freq, out)
     xd = _arrays.device_view(x)
     stream, on_device = _arrays.launch_context(x)
     with on_device:
-        pd = _broadcast(_float64_positions(positions), tuple(xd.shape[:-1]))
+        pd = _broadcast(_arrays.device_values(positions, np.float64), tuple(xd.shape[:-1]))
         freqs = cuda.to_device(inv_freq, stream=stream)
         arguments = (freqs, -1.0 if inverse else 1.0, float(scale), *_no_tables(x, stream))
     return _launch(x, "rotate", layout, xd, [pd], arguments, inv_freq.shape[0], out)

@@ -141,18 +141,7 @@ def _index(index, m):
     """``index`` as an int64 numba device array, after checking its values lie in ``[0, m)``."""
     if index.shape[0]:
         guard_index_values(index, m)
-    lib = _arrays.library(index)
-    if lib == "torch":
-        import torch
-
-        index = index.to(torch.int64)
-    elif lib == "cupy":
-        import cupy
-
-        index = index.astype(cupy.int64)
-    elif index.dtype != np.int64:
-        index = cuda.to_device(index.copy_to_host().astype(np.int64))
-    return _arrays.device_view(index)
+    return _arrays.device_values(index, np.int64)
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
