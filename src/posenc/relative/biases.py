@@ -103,10 +103,17 @@ def _check_alibi(xp, slopes, *, symmetric=False):
 
 
 def _alibi_vector(xp, slopes, dist, *, symmetric):
+    return _alibi_values(xp, slopes, dist, symmetric, 1)
+
+
+def _alibi_values(xp, slopes, rel, symmetric, axes):
+    """``-slopes[h] * rel`` (``-|rel|`` when ``symmetric``) in ``slopes``' dtype, the heads
+    axis placed before the last ``axes`` axes of ``rel``."""
     work = compute_dtype(xp, slopes.dtype)
-    # Negate the integer distance, not the product: a zero distance gives +0.0, not -0.0.
-    d = xp.astype(-xp.abs(dist) if symmetric else -dist, work)
-    return cast(xp, cast(xp, slopes, work)[:, None] * d[None, :], slopes.dtype)
+    # Negate the distance, not the product: a zero distance gives +0.0, not -0.0.
+    distance = xp.astype(-xp.abs(rel) if symmetric else -rel, work)
+    m = xp.reshape(cast(xp, slopes, work), (int(slopes.shape[0]),) + (1,) * axes)
+    return cast(xp, m * xp.expand_dims(distance, axis=-axes - 1), slopes.dtype)
 
 
 def _check_shaw(xp, table, *, max_distance):
@@ -430,10 +437,7 @@ def _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, k
     qpos = shifted(qpos, offset)
     if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
         qpos, kpos = cast(xp, qpos, work), cast(xp, kpos, work)
-    rel = qpos[..., :, None] - kpos[..., None, :]
-    # Negate the distance, not the product: a zero distance gives +0.0, not -0.0.
-    distance = xp.astype(-xp.abs(rel) if symmetric else -rel, work)
-    result = cast(xp, cast(xp, slopes, work)[:, None, None] * distance[..., None, :, :], slopes.dtype)
+    result = _alibi_values(xp, slopes, qpos[..., :, None] - kpos[..., None, :], symmetric, 2)
     if out is None:
         return result
     out[...] = result
