@@ -504,19 +504,37 @@ HF_ROPE_TYPES = {
 _COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
 
 
-def _config_fields(config):
-    """``(rope_parameters, fields)`` of a transformers config object (its text config)."""
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    params = getattr(config, "rope_parameters", None)
-    if params is None:
-        params = getattr(config, "rope_scaling", None)  # transformers 4 configs
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def config_head_dim(config):
+    """The head size of a transformers config object: ``head_dim``, else ``hidden_size //
+    num_attention_heads`` (of its text config)."""
+    config = _text_config(config)
     head_dim = getattr(config, "head_dim", None)
     if head_dim is None:
         hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
         if hidden is None or heads is None:
             raise ValueError(f"config {type(config).__name__} has neither head_dim nor hidden_size and num_attention_heads")
         head_dim = hidden // heads
+    return head_dim
+
+
+def nested_layer_types(config):
+    """The layer types a config object's rope parameters are nested under (Gemma 3), in the
+    config's order; ``[]`` when they are flat."""
+    params, fields = _config_fields(config)
+    return [t for t in dict.fromkeys(fields["layer_types"]) if isinstance((params or {}).get(t), Mapping)]
+
+
+def _config_fields(config):
+    """``(rope_parameters, fields)`` of a transformers config object (its text config)."""
+    head_dim = config_head_dim(config)
+    config = _text_config(config)
+    params = getattr(config, "rope_parameters", None)
+    if params is None:
+        params = getattr(config, "rope_scaling", None)  # transformers 4 configs
     fields = {
         "head_dim": head_dim,
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),

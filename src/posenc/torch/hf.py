@@ -49,7 +49,7 @@ class HFRotaryEmbedding(nn.Module):
         super().__init__()
         self.config = config
         self.layer_type = layer_type
-        nested = _nested_layer_types(config) if layer_type is None else []
+        nested = pe.scaling.nested_layer_types(config) if layer_type is None else []
         # One set of parameters, or one per layer type (chosen per call).
         self._rope = {t: pe.scaling.from_hf(config, layer_type=t) for t in nested} or {None: pe.scaling.from_hf(config, layer_type=layer_type)}
         first = next(iter(self._rope.values()))
@@ -71,15 +71,6 @@ class HFRotaryEmbedding(nn.Module):
             seq_len = position_ids.max() + 1  # decided per call; a traced value under torch.compile
         inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
         return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
-
-
-def _nested_layer_types(config):
-    """The layer types a config object's rope parameters are nested under (Gemma 3), else []."""
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    params = getattr(config, "rope_parameters", None) or {}
-    labels = getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None) or ()
-    return [t for t in dict.fromkeys(labels) if isinstance(params.get(t), dict)]
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):

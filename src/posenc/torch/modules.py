@@ -8,6 +8,7 @@ forward and backward.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 from torch import nn
@@ -92,7 +93,7 @@ class RotaryEmbedding(nn.Module):
     def from_hf(cls, config, *, head_dim: int | None = None, max_position_embeddings: int | None = None, layer_type=None, layout: str = "half"):
         """From a transformers config or its ``rope_parameters`` dict (see :func:`posenc.scaling.from_hf`)."""
         hf = pe.scaling.from_hf(config, head_dim=head_dim, max_position_embeddings=max_position_embeddings, layer_type=layer_type)
-        head = head_dim if head_dim is not None else _head_dim(config)
+        head = head_dim if head_dim is not None or config is None or isinstance(config, Mapping) else pe.scaling.config_head_dim(config)
         return cls(head if head is not None else hf.rotary_dim, base=hf.base, scaling=hf.scaling, layout=layout, rotary_dim=hf.rotary_dim)
 
     def _options(self):
@@ -106,15 +107,6 @@ class RotaryEmbedding(nn.Module):
         if seq_len is None and positions is None and self.scaling is not None and self.scaling.uses_seq_len:
             seq_len = offset + max(q.shape[-2], k.shape[-2])  # the longer of the two decides, for both
         return self.rotate(q, positions, offset=offset, seq_len=seq_len), self.rotate(k, positions, offset=offset, seq_len=seq_len)
-
-
-def _head_dim(config):
-    """The head size of a transformers config object (None for a dict)."""
-    if config is None or isinstance(config, dict):
-        return None
-    if hasattr(config, "get_text_config"):
-        config = config.get_text_config()
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 class _DistanceBias(nn.Module):
