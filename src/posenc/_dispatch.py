@@ -65,7 +65,6 @@ def use_backend(name: str):
         _override.reset(token)
 
 
-
 @dataclass
 class Kernel:
     op: str

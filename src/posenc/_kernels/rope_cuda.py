@@ -64,8 +64,6 @@ def _kernel_source(rotate, storage, interleaved):
     return kernel
 
 
-
-
 def _build(op, dtype, layout):
     t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
     f64 = types.float64

@@ -70,7 +70,6 @@ def kernel_key(op, a):
     return op, (f"uint{8 * a.dtype.itemsize}" if op != "scatter" else _arrays.dtype_name(a.dtype))
 
 
-
 def _fail(message):
     raise ValueError(f"{message} (kernel launcher check)")
 

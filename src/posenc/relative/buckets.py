@@ -8,8 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _validate as check
-from .._xp import trace_constant
-from .._xp import device_of, namespace, widest_float
+from .._xp import device_of, namespace, trace_constant, widest_float
 
 
 def t5_bucket_options(num_buckets, max_distance, bidirectional):

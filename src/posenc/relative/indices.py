@@ -51,7 +51,6 @@ def distances(q_len, k_len, offset, *, xp, device=None):
     return shifted(xp.arange(-(k_len - 1), count - (k_len - 1), dtype=index_dtype(xp, device), device=device), offset)
 
 
-
 def clip_relative(rel, max_distance):
     r"""Shaw / NEZHA table index of relative positions: ``clip(rel, -K, K) + K``.
 

@@ -69,4 +69,3 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
     return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
-

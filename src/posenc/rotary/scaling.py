@@ -37,8 +37,7 @@ from typing import Callable
 import numpy as np
 
 from .. import _validate as check
-from .._xp import trace_constant
-from .._xp import widest_float
+from .._xp import trace_constant, widest_float
 
 __all__ = ["DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
