@@ -107,6 +107,27 @@ class RopeRotate(Benchmark):
     track_in_place_fraction_of_copy_bandwidth.unit = "fraction"
 
 
+class RopeApply(Benchmark):
+    """Op ``rope_apply`` (``pe.apply_rope``: precomputed ``cos``/``sin``, the Hugging Face
+    drop-in's path). Its plain formula and copy baselines are ``RopeRotate``'s
+    ``time_rope_plain_torch_eager`` and ``time_copyto_same_bytes``: the same formula and
+    bytes on the same inputs."""
+
+    params = (SHAPES, DTYPES)
+    param_names = ["shape", "dtype"]
+
+    def make(self, shape, dtype):
+        i = self.inputs = Inputs(_shape(shape), dtype)
+        self.tables = (i.numpy_cos, i.numpy_sin) if dtype == "float32" else (i.torch_cos, i.torch_sin)
+
+    def time_apply_posenc_out(self, shape, dtype):
+        _dispatch.call("rope_apply", self.inputs.x, *self.tables, out=self.inputs.out)
+
+    def time_apply_posenc_in_place(self, shape, dtype):
+        i = self.inputs
+        _dispatch.call("rope_apply", i.in_place, *self.tables, out=i.in_place)
+
+
 class RopeRotatePlainNumpy(Benchmark):
     """The formula in NumPy (float32 only: NumPy has no bfloat16)."""
 
