@@ -59,7 +59,7 @@ def rotary_cases(draw, libraries=("numpy", "torch"), max_side=5):
     library = draw(st.sampled_from(libraries))
     dtype = draw(st.sampled_from(NUMPY_DTYPES if library == "numpy" else TORCH_DTYPES))
     b, h, s = (draw(st.integers(0 if k == 2 else 1, max_side)) for k in range(3))
-    half = draw(st.integers(1, 4))
+    half = draw(st.one_of(st.integers(1, 4), st.sampled_from([8, 11, 19])))  # 16-bit rows: vectors of 8 pairs
     d = 2 * half + draw(st.integers(0, 3))
     # x is a view into a larger buffer: steps along every axis, a negative step (NumPy
     # only, torch has none) and the batch axes permuted.
@@ -309,9 +309,26 @@ def test_cpu_angles_beyond_the_reduction_go_to_the_reference():
 
 
 def test_cpu_codec_loads_every_16_bit_pattern_and_stores_float32_like_numpy_and_torch():
-    from numba import njit
+    from llvmlite import ir
+    from numba import njit, types
+    from numba.extending import intrinsic
 
     from posenc._kernels import _codec_f32
+
+    @intrinsic(prefer_literal=True)
+    def narrow(typingctx, value, brain):  # the kernels' store, as a scalar
+        return types.uint16(value, brain), lambda context, builder, sig, args: _codec_f32.narrow(builder, args[0], sig.args[1].literal_value)
+
+    @intrinsic(prefer_literal=True)
+    def narrow8(typingctx, values, i, brain):  # and as a vector of 8
+        def codegen(context, builder, sig, args):
+            data = context.make_array(sig.args[0])(context, builder, args[0]).data
+            vector = ir.VectorType(ir.FloatType(), 8)
+            loaded = builder.load(builder.bitcast(builder.gep(data, [args[1]]), vector.as_pointer()), align=4)
+            bits = _codec_f32.narrow(builder, loaded, sig.args[2].literal_value)
+            return builder.extract_element(bits, ir.Constant(ir.IntType(32), 3))
+
+        return types.uint16(values, i, brain), codegen
 
     @njit
     def loads(bits, kind, out):
@@ -321,7 +338,14 @@ def test_cpu_codec_loads_every_16_bit_pattern_and_stores_float32_like_numpy_and_
     @njit
     def stores(values, kind, out):
         for i in range(values.shape[0]):
-            out[i] = _codec_f32.bfloat16_bits(values[i]) if kind == _codec.BFLOAT16 else _codec_f32.float16_bits(values[i])
+            out[i] = narrow(values[i], True) if kind == _codec.BFLOAT16 else narrow(values[i], False)
+
+    @njit
+    def vector_stores(values, kind, out):  # lane 3 of the 8 from values[i - 3]
+        padded = np.zeros(values.shape[0] + 8, np.float32)
+        padded[3 : 3 + values.shape[0]] = values
+        for i in range(values.shape[0]):
+            out[i] = narrow8(padded, i, True) if kind == _codec.BFLOAT16 else narrow8(padded, i, False)
 
     bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
     rng = np.random.default_rng(5)
@@ -341,32 +365,40 @@ def test_cpu_codec_loads_every_16_bit_pattern_and_stores_float32_like_numpy_and_
         loaded = np.empty(bits.size, np.float32)
         loads(bits, kind, loaded)
         np.testing.assert_array_equal(loaded, exact)  # NaN patterns compare equal as NaN
-        stored = np.empty(values.size, np.uint16)
-        stores(values, kind, stored)
         with np.errstate(over="ignore"):
-            np.testing.assert_array_equal(stored, want(values))
-        nan = np.empty(1, np.uint16)
-        stores(np.float32([np.nan]), kind, nan)
-        assert np.isnan(_codec.load(nan[0], kind))
+            expected = want(values)
+        for store in (stores, vector_stores):
+            stored = np.empty(values.size, np.uint16)
+            store(values, kind, stored)
+            np.testing.assert_array_equal(stored, expected)
+            nan = np.empty(1, np.uint16)
+            store(np.float32([np.nan]), kind, nan)
+            assert np.isnan(_codec.load(nan[0], kind))
 
 
+@pytest.mark.parametrize("pairs", [1, 19])  # 19: two vectors of 8 pairs and 3 pairs on their own
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-def test_cpu_16_bit_rotation_is_within_one_ulp_of_float64_under_cancellation(dtype):
+def test_cpu_16_bit_rotation_is_within_one_ulp_of_float64_under_cancellation(dtype, layout, pairs):
     """``a*cos - b*sin`` with ``a == b`` at angles near pi/4 cancels up to 23 bits: plain float32
     arithmetic would be many ulps off there; the kernel stays within one ulp of float64."""
     rng = np.random.default_rng(11)
-    n = 4096
-    a = make(rng.uniform(0.5, 2.0, n), dtype, "torch").double().numpy()
-    angle = np.pi / 4 + np.pi * rng.integers(0, 1000, n) + rng.choice([-1, 1], n) * 10.0 ** rng.uniform(-7, -2, n)
-    x = make(np.stack([a, a], axis=-1), dtype, "torch")
-    got = cpu_rotate()(x, torch.from_numpy(angle), np.array([1.0]))
-    exact = np.stack([a * np.cos(angle) - a * np.sin(angle), a * np.cos(angle) + a * np.sin(angle)], axis=-1)
+    rows = 4096 // pairs
+    a = make(rng.uniform(0.5, 2.0, (rows, pairs)), dtype, "torch").double().numpy()
+    angle = np.pi / 4 + np.pi * rng.integers(0, 1000, rows) + rng.choice([-1, 1], rows) * 10.0 ** rng.uniform(-7, -2, rows)
+    c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
+    exact = np.stack([a * c - a * s, a * c + a * s], axis=-1)  # [rows, pairs, 2]
+    if layout == "half":
+        x, exact = np.concatenate([a, a], -1), np.concatenate([exact[..., 0], exact[..., 1]], -1)
+    else:
+        x, exact = np.repeat(a, 2, -1), exact.reshape(rows, 2 * pairs)
+    got = cpu_rotate()(make(x, dtype, "torch"), torch.from_numpy(angle), np.ones(pairs), layout=layout)
     assert np.all(np.abs(to_float64(got) - exact) <= ulp(exact, dtype))
 
 
 @pytest.mark.parametrize("op", ["rotate", "apply"])
 def test_cpu_bfloat16_nan_of_every_payload_stays_nan(op):
-    """The bfloat16 store rounds without a NaN select (``_codec_f32.bfloat16_bits``): every NaN
+    """The bfloat16 store rounds without a NaN select (``_codec_f32.narrow``): every NaN
     the rotation computes from bfloat16 operands keeps an operand's payload (zero low 16 bits)
     or is the default NaN, so the rounding increment never carries out of it."""
     bits = np.arange(2**16, dtype=np.uint32).astype(np.uint16)
@@ -381,3 +413,25 @@ def test_cpu_bfloat16_nan_of_every_payload_stays_nan(op):
         angle = torch.from_numpy(np.repeat(rng.uniform(-4, 4, (2 * n, 1)), 2, axis=-1))
         got = cpu_apply()(x, torch.cos(angle).to(torch.bfloat16), torch.sin(angle).to(torch.bfloat16))
     assert torch.isnan(got.float()).all(dim=-1).all()  # a NaN in a pair makes both outputs NaN
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_cpu_16_bit_vector_checks_every_index_under_bounds_checking(interleaved):
+    """``_rotate16.rotate_pairs`` indexes raw pointers; with Numba's bounds checking on (as in
+    ``make test-kernels-boundscheck``) a pair beyond a row or a table row raises instead."""
+    from numba import njit
+
+    from posenc._kernels._rotate16 import rotate_pairs
+
+    def eight_pairs(src, dst, ch, table, i):
+        if interleaved:
+            rotate_pairs(src, dst, ch, table, table, table, i, 8, 8, True, True)
+        else:
+            rotate_pairs(src, dst, ch, table, table, table, i, 8, 8, True, False)
+
+    checked = njit(boundscheck=True)(eight_pairs)
+    row, table = np.zeros(16, np.uint16), np.zeros(8, np.float32)
+    checked(row, row, table, table, 0)  # the whole row, in place
+    for src, dst, ch, i in ((row, row, table, 1), (row[:15], row, table, 0), (row, row[:15], table, 0), (row, row, table[:7], 0)):
+        with pytest.raises(IndexError):
+            checked(src, dst, ch, table, i)

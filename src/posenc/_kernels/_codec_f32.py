@@ -1,11 +1,12 @@
-"""16-bit floats <-> float32, and a fused multiply-add, as LLVM instructions (Numba CPU kernels).
+"""16-bit floats <-> float32 as LLVM instructions (Numba CPU kernels computing in float32).
 
-The arithmetic of the 16-bit CPU rotation is float32; these conversions are a few
-instructions each and vectorise to 8 float32 lanes (x86 F16C converts ``half`` in
-hardware). Numba's own integer typing would widen every ``uint32`` operation to 64 bits,
-which halves the vector width of a 16-bit row loop. Elements are ``uint16`` bits, loaded
-exactly as float32 and stored from float32 rounded to nearest, ties to even (NaN stays
-NaN). ``_codec`` holds the float64 conversions the other kernels use.
+Elements are ``uint16`` bits, loaded exactly as float32 and stored from float32 rounded to
+nearest, ties to even (NaN stays NaN). ``widen`` and ``narrow`` build the instructions for
+a scalar or a vector of any width (x86 F16C converts ``half`` vectors in hardware); they
+serve ``_rotate16`` and the scalar loads below. Written as LLVM instructions rather than
+Numba code because Numba's own integer typing widens every ``uint32`` operation to 64
+bits, which halves the vector width of a 16-bit row. ``_codec`` holds the float64
+conversions the other kernels use.
 """
 
 from __future__ import annotations
@@ -14,68 +15,49 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-_I16, _I32 = ir.IntType(16), ir.IntType(32)
-_HALF, _FLOAT = ir.HalfType(), ir.FloatType()
+
+def _like(value, element):
+    """``element`` as a scalar or as a vector of ``value``'s width."""
+    return ir.VectorType(element, value.type.count) if isinstance(value.type, ir.VectorType) else element
 
 
-def _i32(value):
-    return ir.Constant(_I32, value)
+def _int32(value, number):
+    t = _like(value, ir.IntType(32))
+    return ir.Constant(t, [number] * t.count) if isinstance(t, ir.VectorType) else ir.Constant(t, number)
+
+
+def widen(builder, bits, bfloat16):
+    """The float32 value(s) of 16-bit ``bits``: bfloat16 is the upper half of a float32, float16 IEEE binary16."""
+    if bfloat16:
+        wide = builder.zext(bits, _like(bits, ir.IntType(32)))
+        return builder.bitcast(builder.shl(wide, _int32(wide, 16)), _like(bits, ir.FloatType()))
+    return builder.fpext(builder.bitcast(bits, _like(bits, ir.HalfType())), _like(bits, ir.FloatType()))
+
+
+def narrow(builder, value, bfloat16):
+    """The 16-bit bits nearest to float32 ``value`` (ties to even; float16 overflows to inf).
+
+    bfloat16: a NaN ``value`` must have zero low 16 bits, as every NaN computed from
+    bfloat16 operands has (arithmetic keeps an operand's payload or makes the default NaN).
+    Then the rounding increment cannot carry into its upper half, and NaN stays NaN
+    without a select (which costs a sixth of the 16-bit rotation's time).
+    """
+    i16 = _like(value, ir.IntType(16))
+    if not bfloat16:
+        return builder.bitcast(builder.fptrunc(value, _like(value, ir.HalfType())), i16)
+    bits = builder.bitcast(value, _like(value, ir.IntType(32)))
+    lowest_kept = builder.and_(builder.lshr(bits, _int32(bits, 16)), _int32(bits, 1))
+    rounded = builder.add(bits, builder.add(_int32(bits, 0x7FFF), lowest_kept))
+    return builder.trunc(builder.lshr(rounded, _int32(bits, 16)), i16)
 
 
 @intrinsic
 def from_bfloat16(typingctx, bits):
-    """The float32 value of bfloat16 bits (exact: the upper half of a float32)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.shl(builder.zext(args[0], _I32), _i32(16)), _FLOAT)
-
-    return types.float32(types.uint16), codegen
+    """The float32 value of bfloat16 bits (exact)."""
+    return types.float32(types.uint16), lambda context, builder, signature, args: widen(builder, args[0], True)
 
 
 @intrinsic
 def from_float16(typingctx, bits):
     """The float32 value of IEEE binary16 bits (exact)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.fpext(builder.bitcast(args[0], _HALF), _FLOAT)
-
-    return types.float32(types.uint16), codegen
-
-
-@intrinsic
-def bfloat16_bits(typingctx, value):
-    """The bfloat16 bits nearest to float32 ``value`` (ties to even).
-
-    A NaN ``value`` must have zero low 16 bits, as every NaN computed from bfloat16
-    operands has: arithmetic keeps an operand's payload or makes the default NaN. Then the
-    rounding increment cannot carry into its upper half, and NaN stays NaN without a
-    select (which costs a sixth of the 16-bit rotation's time).
-    """
-
-    def codegen(context, builder, signature, args):
-        bits = builder.bitcast(args[0], _I32)
-        lowest_kept = builder.and_(builder.lshr(bits, _i32(16)), _i32(1))
-        return builder.trunc(builder.lshr(builder.add(bits, builder.add(_i32(0x7FFF), lowest_kept)), _i32(16)), _I16)
-
-    return types.uint16(types.float32), codegen
-
-
-@intrinsic
-def float16_bits(typingctx, value):
-    """The binary16 bits nearest to float32 ``value`` (ties to even; overflow to inf)."""
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(builder.fptrunc(args[0], _HALF), _I16)
-
-    return types.uint16(types.float32), codegen
-
-
-@intrinsic
-def fma32(typingctx, a, b, c):
-    """``a * b + c`` in float32 with one rounding."""
-
-    def codegen(context, builder, signature, args):
-        fma = builder.module.declare_intrinsic("llvm.fma", [_FLOAT], ir.FunctionType(_FLOAT, [_FLOAT] * 3))
-        return builder.call(fma, args)
-
-    return types.float32(types.float32, types.float32, types.float32), codegen
+    return types.float32(types.uint16), lambda context, builder, signature, args: widen(builder, args[0], False)

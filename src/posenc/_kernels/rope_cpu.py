@@ -5,19 +5,20 @@ One pass over ``x``: every element is read once and written once. ``x`` is regro
 shared over ``H``. A task is a block of ``(g, s)`` rows: it computes the block's ``cos``
 and ``sin`` once into a small table and rotates every row ``h`` that shares them. The
 kernels see ``x`` and ``out`` as flat 1-D arrays plus element offsets and strides (the
-launchers give them unit-stride channels, copying otherwise), so every row loop is
-unit-stride and vectorises; a row is rotated into a small buffer and then copied to
-``out``, so the in-place case (``out`` is ``x``) vectorises too.
+launchers give them unit-stride channels, copying otherwise), so every row is a
+unit-stride slice.
 
 Arithmetic: float32 and float64 rows rotate in float64 (the reference's), rounded once on
-store. float16 and bfloat16 rows travel as ``uint16`` bits and rotate in float32
-(``_codec_f32``): ``cos = ch + cl`` and ``sin = sh + sl`` with heads of 16 significant
-bits (13 for float16) and float32 rests, so ``a*ch`` and ``b*sh`` are exact (a 16-bit
-float has 8 or 11 significant bits) and ``a*cos - b*sin = (a*ch - b*sh) + (a*cl - b*sl)``
-is two fused multiply-adds, each rounded once: an error below ``2**-23`` of the result
-plus ``2**-36`` of ``|a| + |b|`` before the one rounding to 16 bits, so the result is the
-float64 computation's or one ulp from it wherever ``a*cos - b*sin`` cancels by fewer
-than 24 bits.
+store; LLVM vectorises their loop, and a row is rotated into a small buffer and then
+copied to ``out``, so that the in-place case (``out`` is ``x``) vectorises too. float16
+and bfloat16 rows travel as ``uint16`` bits and rotate in float32, eight pairs per
+vector, straight from ``x`` into ``out`` (``_rotate16``): ``cos = ch + cl`` and
+``sin = sh + sl`` with heads of 16 significant bits (13 for float16) and float32 rests, so
+``a*ch`` and ``b*sh`` are exact (a 16-bit float has 8 or 11 significant bits) and
+``a*cos - b*sin = (a*ch - b*sh) + (a*cl - b*sl)`` is two fused multiply-adds, each rounded
+once: an error below ``2**-23`` of the result plus ``2**-36`` of ``|a| + |b|`` before the
+one rounding to 16 bits, so the result is the float64 computation's or one ulp from it
+wherever ``a*cos - b*sin`` cancels by fewer than 24 bits.
 
 Each ``(op, dtype, layout)`` is its own small kernel (``FAMILY``), compiled on first use in
 one or two seconds, then loaded from Numba's cache. Tasks run on ``_layout.run_tasks``'s
@@ -34,7 +35,8 @@ from numba import njit, types
 from . import _arrays, _family, _layout
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 from ._codec import BFLOAT16
-from ._codec_f32 import bfloat16_bits, float16_bits, fma32, from_bfloat16, from_float16
+from ._codec_f32 import from_bfloat16, from_float16
+from ._rotate16 import rotate_pairs
 
 # Rows per task. Measured on [1, 32, 8192, 128] float32 (2 cores): 64 rows (32 KiB of
 # x per head) run about twice as fast as 16, which jumps between heads too often.
@@ -56,7 +58,9 @@ FAST_ANGLE_LIMIT = 2.0**32
 # significant bits, float16 11).
 _SPLIT_BFLOAT16 = 2.0**37 + 1.0  # 16-bit heads
 _SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
-_FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+# Pairs per vector of the 16-bit rotation: 8 float32 lanes fill an AVX2 register.
+_LANES = 8
+
 @njit(inline="always")
 def _cos_sin(angle):
     """``(cos, sin)`` of a float64 ``angle``, ``|angle| <= FAST_ANGLE_LIMIT``, within ~2 ulp.
@@ -100,7 +104,7 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
 
         Scratch, one set per thread: ``cos``, ``sin`` ``[block, half]`` (float64),
         ``table`` ``[4, block, half]`` (float32: 16-bit rows take cos and sin as head + rest),
-        ``rotated`` ``[2 * half]`` (stored like ``out``).
+        ``rotated`` ``[2 * half]`` (stored like ``out``; float32 and float64 rows only).
         """
         length = positions.shape[1] if rotate else cos_in.shape[1]
         half = inv_freq.shape[0] if rotate else cos_in.shape[2]
@@ -144,37 +148,31 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
                     s = start + k
                     xo = xs[0] + g * xs[1] + h * xs[2] + s * xs[3]
                     oo = os[0] + g * os[1] + h * os[2] + s * os[3]
-                    row = x[xo : xo + dim]
-                    # Slices rather than offsets: indices are loop counters (no wrap-around
-                    # arithmetic), so the loops vectorise.
-                    if interleaved:
-                        a, b, ra, rb = row[0:rotary:2], row[1:rotary:2], rotated[0::2], rotated[1::2]
-                    else:
-                        a, b, ra, rb = row[:half], row[half:rotary], rotated[:half], rotated[half:]
+                    row, dst = x[xo : xo + dim], out[oo : oo + dim]
                     if wide:  # float64 arithmetic, rounded once on store
+                        # Slices rather than offsets: indices are loop counters (no wrap-around
+                        # arithmetic), so the loops vectorise.
+                        if interleaved:
+                            a, b, ra, rb = row[0:rotary:2], row[1:rotary:2], rotated[0::2], rotated[1::2]
+                        else:
+                            a, b, ra, rb = row[:half], row[half:rotary], rotated[:half], rotated[half:]
                         c, sn = cos[k], sin[k]
                         for i in range(half):
                             ai = np.float64(a[i])
                             bi = np.float64(b[i])
                             ra[i] = ai * c[i] - bi * sn[i]
                             rb[i] = bi * c[i] + ai * sn[i]
-                    else:  # float32: exact head products, each bracket rounded once
+                        for j in range(rotary):
+                            dst[j] = rotated[j]
+                    else:  # float32 (_rotate16), straight into dst
                         ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
-                        for i in range(half):
-                            ai = from_bfloat16(a[i]) if bfloat16 else from_float16(a[i])
-                            bi = from_bfloat16(b[i]) if bfloat16 else from_float16(b[i])
-                            # a*ch, b*sh, b*ch and a*sh are exact: the heads have few bits. The
-                            # rests take a and b clamped to finite values, so an infinite input
-                            # leaves its infinite head alone instead of adding inf - inf.
-                            af = min(max(ai, -_FLOAT32_MAX), _FLOAT32_MAX)
-                            bf = min(max(bi, -_FLOAT32_MAX), _FLOAT32_MAX)
-                            ra_value = fma32(ai, ch[i], -(bi * sh[i])) + fma32(af, cl[i], -(bf * sl[i]))
-                            rb_value = fma32(bi, ch[i], ai * sh[i]) + fma32(bf, cl[i], af * sl[i])
-                            ra[i] = bfloat16_bits(ra_value) if bfloat16 else float16_bits(ra_value)
-                            rb[i] = bfloat16_bits(rb_value) if bfloat16 else float16_bits(rb_value)
-                    dst = out[oo : oo + dim]
-                    for j in range(rotary):
-                        dst[j] = rotated[j]
+                        i = 0
+                        while i + _LANES <= half:
+                            rotate_pairs(row, dst, ch, cl, sh, sl, i, half, _LANES, bfloat16, interleaved)
+                            i += _LANES
+                        while i < half:
+                            rotate_pairs(row, dst, ch, cl, sh, sl, i, half, 1, bfloat16, interleaved)
+                            i += 1
                     if copy_rest:
                         for j in range(rotary, dim):
                             dst[j] = row[j]
