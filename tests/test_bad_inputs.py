@@ -668,7 +668,7 @@ TORCH_ADAPTERS = {
 CONFIGURATION = {
     "attention bias shape": (lambda: pe.attention(Q, K, K, bias=Z((3, 4, 6))), ValueError, "bias"),
     "attention bias of other lengths": (lambda: pe.attention(Z((2, 4)), Z((3, 4)), Z((3, 4)), bias=Z((4, 4))), ValueError, "bias"),
-    "attention head dims differ": (lambda: pe.attention(Z((2, 4)), Z((3, 5)), Z((3, 5))), ValueError, "last dimension"),
+    "attention head dims differ": (lambda: pe.attention(Z((2, 4)), Z((3, 5)), Z((3, 5))), ValueError, "same feature size"),
     "set_backend unknown": (lambda: pe.set_backend("cuda"), ValueError, "backend"),
     "set_backend unknown language": (lambda: pe.set_backend("fortran"), ValueError, "backend"),
     "use_backend unknown": (lambda: _within(pe.use_backend("gpu")), ValueError, "backend"),

@@ -150,6 +150,17 @@ def ndim(name, value, *, minimum=None, exactly=None):
     return value
 
 
+def query_key_value(q, k, v, xp):
+    """``q [..., n, d]``, ``k [..., m, d]`` and ``v [..., m, d_v]``: float arrays whose features and lengths agree."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        float_array(name, a, xp)
+        ndim(name, a, minimum=2)
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same feature size (last axis), got {tuple(q.shape)} and {tuple(k.shape)}")
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(f"k and v must have the same length (axis -2), got {tuple(k.shape)} and {tuple(v.shape)}")
+
+
 def is_eager(value) -> bool:
     """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
     a torch tensor while torch compiles."""

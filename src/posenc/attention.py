@@ -36,13 +36,7 @@ def attention(q, k, v, *, bias=None, causal=False, scale=None):
     """
     xp = namespace(q, k, v, bias)
     device_of(q, k, v, bias)
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        check.float_array(name, a, xp)
-        check.ndim(name, a, minimum=2)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same last dimension, got {q.shape[-1]} and {k.shape[-1]}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length (axis -2), got {k.shape[-2]} and {v.shape[-2]}")
+    check.query_key_value(q, k, v, xp)
     q_len, k_len, d = int(q.shape[-2]), int(k.shape[-2]), int(q.shape[-1])
     if causal and q_len > k_len:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")

@@ -60,13 +60,7 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         check.array(name, a)
     xp = namespace(q, k, v, *(positions if isinstance(positions, tuple) else (positions,)))
     device_of(q, k, v)
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        check.float_array(name, a, xp)
-        check.ndim(name, a, minimum=2)
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must have the same feature size, got {tuple(q.shape)} and {tuple(k.shape)}")
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(f"k and v must have the same length (axis -2), got {tuple(k.shape)} and {tuple(v.shape)}")
+    check.query_key_value(q, k, v, xp)
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     if causal and q.shape[-2] != k.shape[-2]:
