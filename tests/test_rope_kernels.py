@@ -432,6 +432,7 @@ def test_cpu_16_bit_vector_checks_every_index_under_bounds_checking(interleaved)
     checked = njit(boundscheck=True)(eight_pairs)
     row, table = np.zeros(16, np.uint16), np.zeros(8, np.float32)
     checked(row, row, table, table, 0)  # the whole row, in place
-    for src, dst, ch, i in ((row, row, table, 1), (row[:15], row, table, 0), (row, row[:15], table, 0), (row, row, table[:7], 0)):
+    cases = ((row, row, table, 1), (row, row, table, -1), (row[:15], row, table, 0), (row, row[:15], table, 0), (row, row, table[:7], 0))
+    for src, dst, ch, i in cases:
         with pytest.raises(IndexError):
             checked(src, dst, ch, table, i)

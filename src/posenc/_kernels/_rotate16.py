@@ -36,11 +36,12 @@ def _splat(vector_type, value):
     return ir.Constant(vector_type, [value] * vector_type.count)
 
 
-def _check_bounds(context, builder, array_type, array, last):
-    """``IndexError`` unless ``last`` indexes ``array`` (only when Numba's bounds checking is on)."""
+def _check_bounds(context, builder, array_type, array, first, last):
+    """``IndexError`` unless ``first`` and ``last`` index ``array`` (only when Numba's bounds checking is on)."""
     if context.enable_boundscheck:
         (length,) = cgutils.unpack_tuple(builder, context.make_array(array_type)(context, builder, array).shape, 1)
-        cgutils.do_boundscheck(context, builder, last, length)
+        for index in (first, last):
+            cgutils.do_boundscheck(context, builder, index, length)
 
 
 def _pointer(context, builder, array_type, array, index, element_type, lanes):
@@ -95,7 +96,7 @@ def rotate_pairs(typingctx, src, dst, ch, cl, sh, sl, i, half, lanes, bfloat16, 
 
         end = builder.add(start, constant(count - 1))
         for array, array_type in zip(table, table_types):
-            _check_bounds(context, builder, array_type, array, end)
+            _check_bounds(context, builder, array_type, array, start, end)
         ch, cl, sh, sl = (
             builder.load(_pointer(context, builder, array_type, array, start, f32, count), align=4)
             for array, array_type in zip(table, table_types)
@@ -106,8 +107,8 @@ def rotate_pairs(typingctx, src, dst, ch, cl, sh, sl, i, half, lanes, bfloat16, 
         else:
             places = [(start, end), (builder.add(start, half_v), builder.add(end, half_v))]
         for array, array_type in ((src_v, src_t), (dst_v, dst_t)):
-            for _, last in places:
-                _check_bounds(context, builder, array_type, array, last)
+            for first, last in places:
+                _check_bounds(context, builder, array_type, array, first, last)
         width = 2 * count if paired else count
         loaded = [builder.load(_pointer(context, builder, src_t, src_v, at, i16, width), align=2) for at, _ in places]
         if paired:
