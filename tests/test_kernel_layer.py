@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -71,6 +72,35 @@ def test_a_cold_compile_says_so_on_stderr_and_a_cache_load_is_no_compile(tmp_pat
     assert cold.stdout.strip() == "[('rope_cpu[rotate, float64, interleaved]', True)]"
     assert "compiling" not in warm.stderr
     assert warm.stdout.strip() == "[('rope_cpu[rotate, float64, interleaved]', False)]"
+
+
+@pytest.mark.parametrize("helper", ["_rotate16.py", "_codec.py"])
+def test_an_edit_to_a_helper_module_recompiles_the_cached_kernels_that_inline_it(tmp_path, helper):
+    """Numba's cache checks a kernel's own file only; the helpers' digest in each kernel's
+    closure (``_family.source_digest``) makes an edit to ``_rotate16.py`` or ``_codec.py``
+    recompile the kernels that inline it, and only those."""
+    import shutil
+
+    package = tmp_path / "src" / "posenc"
+    shutil.copytree(Path(pe.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    code = (
+        "import numpy as np, torch, posenc as pe; from posenc import _dispatch; from posenc._kernels import _family;"
+        "pe.rope(torch.ones(2, 3, 8, dtype=torch.bfloat16));"
+        "_dispatch.call('toeplitz_scatter', np.ones((1, 2, 3)), np.array([0, 1, 2, 1]), 3);"
+        "print(sorted((str(b), b.compiled) for b in _family.BUILDS))"
+    )
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path / "src")}
+
+    def builds():
+        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+        return dict(eval(run.stdout))
+
+    assert all(builds().values())  # cold: everything compiles
+    assert not any(builds().values())  # warm: everything loads
+    with open(package / "_kernels" / helper, "a") as f:
+        f.write("\n# an edit\n")
+    rotation, scatter = builds().values()
+    assert (rotation, scatter) == ((True, False) if helper == "_rotate16.py" else (False, True))
 
 
 def test_a_failed_build_propagates_and_is_tried_again_next_time():

@@ -12,14 +12,23 @@ lowering registries, about half a second once per process), so that start-up is 
 announced nor taken for a compile. Every family registers itself in ``FAMILIES``, which
 is what ``posenc.warmup`` walks. All four families (rotary and Toeplitz, CPU and CUDA)
 are specialised this one way.
+
+Numba's on-disk cache knows a kernel's own file only: it drops a cached kernel when that
+file's timestamp changes, not when a helper module the kernel inlines (``_codec``,
+``_codec_f32``, ``_rotate16``) does. It does key a cached closure on its cells' contents,
+so each kernel source is a closure holding ``source_digest`` of its helpers, and an edit
+to a helper (a ``git pull`` into an editable install, say) recompiles instead of
+silently running the old arithmetic.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 logger = logging.getLogger("posenc")
 
@@ -43,6 +52,15 @@ class Built:
 
 # Every build so far (``posenc demo`` marks the steps that include a compile).
 BUILDS: list[Built] = []
+
+
+def source_digest(*modules) -> int:
+    """A digest of the source files of ``modules``, the helpers a kernel inlines (see above):
+    an integer, a constant every Numba target (CPU and CUDA) can hold."""
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(Path(module.__file__).read_bytes())
+    return int.from_bytes(digest.digest()[:7], "little")
 
 
 def start_numba_cpu():

@@ -32,7 +32,7 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from . import _arrays, _family, _layout
+from . import _arrays, _codec_f32, _family, _layout, _rotate16
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 from ._codec import BFLOAT16
 from ._codec_f32 import from_bfloat16, from_float16
@@ -87,9 +87,10 @@ def _cos_sin(angle):
     return cos, sin
 
 
-def _kernel_source(rotate, wide, bfloat16, interleaved):
+def _kernel_source(rotate, wide, bfloat16, interleaved, helpers):
     """One specialisation's Python function: a closure over four constants, so Numba compiles
-    only their branches (its cache keys on them too). ``rotate``: angles from ``positions``
+    only their branches (its cache keys on them too), and over ``helpers``, the digest of
+    the helper modules it inlines (``_family.source_digest``). ``rotate``: angles from ``positions``
     and ``inv_freq`` (op ``rope_rotate``), else from ``cos_in``/``sin_in`` (``rope_apply``;
     the arguments of the other op are empty placeholders). ``wide``: float64 arithmetic.
 
@@ -106,6 +107,7 @@ def _kernel_source(rotate, wide, bfloat16, interleaved):
         ``table`` ``[4, block, half]`` (float32: 16-bit rows take cos and sin as head + rest),
         ``rotated`` ``[2 * half]`` (stored like ``out``; float32 and float64 rows only).
         """
+        helpers  # noqa: B018  (in the closure: Numba's cache key follows the helper modules)
         length = positions.shape[1] if rotate else cos_in.shape[1]
         half = inv_freq.shape[0] if rotate else cos_in.shape[2]
         rotary = 2 * half
@@ -199,7 +201,8 @@ def _signature(dtype):
 
 
 def _build(op, dtype, layout):
-    source = _kernel_source(op == "rotate", dtype in ("float32", "float64"), dtype == "bfloat16", layout == "interleaved")
+    helpers = _family.source_digest(_codec_f32, _rotate16)
+    source = _kernel_source(op == "rotate", dtype in ("float32", "float64"), dtype == "bfloat16", layout == "interleaved", helpers)
     return njit(_signature(dtype), nogil=True, cache=True)(source)
 
 

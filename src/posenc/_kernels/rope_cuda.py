@@ -29,10 +29,11 @@ _store = cuda.jit(device=True, cache=True)(_codec.store)
 _THREADS = 128
 
 
-def _kernel_source(rotate, storage, interleaved):
+def _kernel_source(rotate, storage, interleaved, helpers):
     """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
 
     def kernel(x, positions, inv_freq, sign, scale, cos, sin, columns, out):
+        helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
         groups, heads, length = x.shape[0], x.shape[1], x.shape[2]
         half = inv_freq.shape[0] if rotate else cos.shape[2]
         t = cuda.grid(1)
@@ -78,7 +79,7 @@ def _build(op, dtype, layout):
         types.int64,
         types.Array(t, 4, "A"),
     )
-    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved")
+    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", _family.source_digest(_codec))
     return cuda.jit(sig, cache=True)(source)
 
 

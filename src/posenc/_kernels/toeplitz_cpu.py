@@ -62,12 +62,14 @@ def _gather(scores, rev_index, out, first, last):
             dst[j] = src[idx[j]]
 
 
-def _scatter_source(storage):
-    """The scatter kernel of elements held as ``storage`` (a constant of the closure)."""
+def _scatter_source(storage, helpers):
+    """The scatter kernel of elements held as ``storage`` (a constant of the closure;
+    ``helpers``: see ``_family.source_digest``)."""
 
     def scatter(weights, rev_index, out, first, last):
         """``out[b, i, c] = sum of weights[b, i, j] over j with rev_index[q_len - 1 - i + j] == c``,
         summed in float64 and rounded once."""
+        helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
         q_len, k_len = weights.shape[1], weights.shape[2]
         total = np.empty(out.shape[2])
         for row in range(first, last):
@@ -95,7 +97,7 @@ def _build(op, name, layout):
     if op == "expand":
         return njit(types.void(types.Array(t, 2, layout, readonly=True), out, *rows), nogil=True, cache=True)(_expand)
     index = types.Array(types.intp, 1, "C", readonly=True)
-    source = _gather if op == "gather" else _scatter_source(_arrays.STORAGE[name])
+    source = _gather if op == "gather" else _scatter_source(_arrays.STORAGE[name], _family.source_digest(_codec))
     return njit(types.void(values, index, out, *rows), nogil=True, cache=True)(source)
 
 

@@ -48,10 +48,12 @@ def _copy_source(gather):
     return copy
 
 
-def _scatter_source(accumulator, storage):
-    """The scatter kernel of elements held as ``storage``, summed in ``accumulator`` (constants)."""
+def _scatter_source(accumulator, storage, helpers):
+    """The scatter kernel of elements held as ``storage``, summed in ``accumulator`` (constants;
+    ``helpers``: see ``_family.source_digest``)."""
 
     def scatter(weights, index, out):
+        helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
         batch, q_len, k_len = weights.shape
         m = out.shape[2]
         total = cuda.shared.array(_CHUNK, accumulator)
@@ -85,7 +87,7 @@ def _build(op, name):
         values = array3 if op == "gather" else types.Array(t, 2, "A")
         return cuda.jit(types.void(values, index, array3), cache=True)(_copy_source(op == "gather"))
     accumulator = numba.float64 if name == "float64" else numba.float32
-    return cuda.jit(types.void(array3, index, array3), cache=True)(_scatter_source(accumulator, _arrays.STORAGE[name]))
+    return cuda.jit(types.void(array3, index, array3), cache=True)(_scatter_source(accumulator, _arrays.STORAGE[name], _family.source_digest(_codec)))
 
 
 FAMILY = _family.Family(
