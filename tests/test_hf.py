@@ -41,6 +41,26 @@ def test_patched_model_matches_the_original(name):
     _assert_routed_through_posenc(patched)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("name", ["llama[default]", "llama[yarn]", "qwen3", "gpt_neox[partial]"])
+def test_a_16_bit_patched_model_is_as_close_to_the_float32_model_as_the_original(name, dtype):
+    """In a float16/bfloat16 model posenc rounds each rotated value once where transformers
+    rounds three times, with angles in float64 rather than float32: the logits differ from
+    the original's by the dtype's rounding (not within float32 rounding, as in float32
+    models), and are no further from the same model in float32 than the original's."""
+    reference = build(name)
+    original = copy.deepcopy(reference).to(getattr(torch, dtype))
+    patched = patch_hf(copy.deepcopy(original))
+    ids, mask = inputs()
+    real = mask.bool()[..., None].expand(-1, -1, reference.config.vocab_size)
+    exact = logits(reference, ids, mask)[real]
+    before, after = logits(original, ids, mask).float()[real], logits(patched, ids, mask).float()[real]
+    scale = float(exact.abs().max())
+    assert float((after - before).abs().max()) <= 0.06 * scale  # about 15 bfloat16 ulps of the largest logit
+    assert float((after - exact).abs().mean()) <= 1.1 * float((before - exact).abs().mean())
+    _assert_routed_through_posenc(patched)
+
+
 def _assert_routed_through_posenc(model):
     """The patch took: no transformers rotary module or bias function is left in the positional path."""
     kind = model.config.model_type

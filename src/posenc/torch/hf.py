@@ -96,8 +96,12 @@ def patch_hf(model):
     * BLOOM: the ALiBi slopes and the per-token ALiBi tensor (padding included) come from
       :func:`posenc.alibi_slopes` and :func:`posenc.alibi_bias`.
 
-    The model's logits equal the unpatched model's within float32 rounding and greedy
-    ``generate()`` gives the same tokens (tested on tiny random models). Returns ``model``.
+    In a float32 model the logits equal the unpatched model's within float32 rounding and
+    greedy ``generate()`` gives the same tokens (tested on tiny random models). In a
+    float16 or bfloat16 model they differ by that dtype's rounding (posenc rounds each
+    rotated value once, transformers three times), and greedy tokens can differ where two
+    logits are that close; they are as close to the float32 model as the unpatched
+    model's (docs page "Use posenc in a transformers model"). Returns ``model``.
 
     Raises
     ------
