@@ -74,10 +74,10 @@ def test_a_cold_compile_says_so_on_stderr_and_a_cache_load_is_no_compile(tmp_pat
     assert warm.stdout.strip() == "[('rope_cpu[rotate, float64, interleaved]', False)]"
 
 
-@pytest.mark.parametrize("helper", ["_rotate16.py", "_codec.py"])
+@pytest.mark.parametrize("helper", ["_pairs.py", "_codec.py"])
 def test_an_edit_to_a_helper_module_recompiles_the_cached_kernels_that_inline_it(tmp_path, helper):
     """Numba's cache checks a kernel's own file only; the helpers' digest in each kernel's
-    closure (``_family.source_digest``) makes an edit to ``_rotate16.py`` or ``_codec.py``
+    closure (``_family.source_digest``) makes an edit to ``_pairs.py`` or ``_codec.py``
     recompile the kernels that inline it, and only those."""
     import shutil
 
@@ -100,7 +100,7 @@ def test_an_edit_to_a_helper_module_recompiles_the_cached_kernels_that_inline_it
     with open(package / "_kernels" / helper, "a") as f:
         f.write("\n# an edit\n")
     rotation, scatter = builds().values()
-    assert (rotation, scatter) == ((True, False) if helper == "_rotate16.py" else (False, True))
+    assert (rotation, scatter) == ((True, False) if helper == "_pairs.py" else (False, True))
 
 
 def test_a_failed_build_propagates_and_is_tried_again_next_time():

@@ -416,23 +416,29 @@ def test_cpu_bfloat16_nan_of_every_payload_stays_nan(op):
 
 
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_cpu_16_bit_vector_checks_every_index_under_bounds_checking(interleaved):
-    """``_rotate16.rotate_pairs`` indexes raw pointers; with Numba's bounds checking on (as in
-    ``make test-kernels-boundscheck``) a pair beyond a row or a table row raises instead."""
+@pytest.mark.parametrize("storage", ["uint16", "float32", "float64"])
+def test_cpu_vector_pairs_check_every_index_under_bounds_checking(storage, interleaved):
+    """``_pairs.rotate_16``/``rotate_wide`` index raw pointers; with Numba's bounds checking on
+    (as in ``make test-kernels-boundscheck``) a pair beyond a row or a table row raises instead."""
     from numba import njit
 
-    from posenc._kernels._rotate16 import rotate_pairs
+    from posenc._kernels._pairs import rotate_16, rotate_wide
 
-    def eight_pairs(src, dst, ch, table, i):
-        if interleaved:
-            rotate_pairs(src, dst, ch, table, table, table, i, 8, 8, True, True)
+    def eight_pairs(src, dst, c, table, i):
+        if storage == "uint16":
+            if interleaved:
+                rotate_16(src, dst, c, table, table, table, i, 8, 8, True, True)
+            else:
+                rotate_16(src, dst, c, table, table, table, i, 8, 8, True, False)
+        elif interleaved:
+            rotate_wide(src, dst, c, table, i, 8, 8, True)
         else:
-            rotate_pairs(src, dst, ch, table, table, table, i, 8, 8, True, False)
+            rotate_wide(src, dst, c, table, i, 8, 8, False)
 
     checked = njit(boundscheck=True)(eight_pairs)
-    row, table = np.zeros(16, np.uint16), np.zeros(8, np.float32)
+    row, table = np.zeros(16, storage), np.zeros(8, np.float32 if storage == "uint16" else np.float64)
     checked(row, row, table, table, 0)  # the whole row, in place
     cases = ((row, row, table, 1), (row, row, table, -1), (row[:15], row, table, 0), (row, row[:15], table, 0), (row, row, table[:7], 0))
-    for src, dst, ch, i in cases:
+    for src, dst, c, i in cases:
         with pytest.raises(IndexError):
-            checked(src, dst, ch, table, i)
+            checked(src, dst, c, table, i)

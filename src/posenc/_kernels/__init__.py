@@ -14,8 +14,8 @@ The files, one line each:
   spans, allocation, the GPU stream);
 * ``_codec.py``: 16-bit floats <-> float64, for kernels computing in float64 (CPU and CUDA);
 * ``_codec_f32.py``: 16-bit floats <-> float32 as LLVM instructions (CPU, float32);
-* ``_rotate16.py``: the float32 rotation of 16-bit pairs, a vector at a time, as one LLVM
-  intrinsic (CPU);
+* ``_pairs.py``: the rotation of a row's pairs, a vector at a time, as LLVM intrinsics
+  (CPU: float64 arithmetic for float32/float64 rows, float32 for 16-bit rows);
 * ``_family.py``: one compiled specialisation per key, built on first use and announced when
   slow, for every family below;
 * ``_layout.py``: the one axis-merging rule, the rotary ``(G, H, S)`` plan, batch views, the

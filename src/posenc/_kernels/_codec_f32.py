@@ -3,7 +3,7 @@
 Elements are ``uint16`` bits, loaded exactly as float32 and stored from float32 rounded to
 nearest, ties to even (NaN stays NaN). ``widen`` and ``narrow`` build the instructions for
 a scalar or a vector of any width (x86 F16C converts ``half`` vectors in hardware); they
-serve ``_rotate16`` and the scalar loads below. Written as LLVM instructions rather than
+serve ``_pairs`` and the scalar loads below. Written as LLVM instructions rather than
 Numba code because Numba's own integer typing widens every ``uint32`` operation to 64
 bits, which halves the vector width of a 16-bit row. ``_codec`` holds the float64
 conversions the other kernels use.

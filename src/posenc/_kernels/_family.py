@@ -15,7 +15,7 @@ are specialised this one way.
 
 Numba's on-disk cache knows a kernel's own file only: it drops a cached kernel when that
 file's timestamp changes, not when a helper module the kernel inlines (``_codec``,
-``_codec_f32``, ``_rotate16``) does. It does key a cached closure on its cells' contents,
+``_codec_f32``, ``_pairs``) does. It does key a cached closure on its cells' contents,
 so each kernel source is a closure holding ``source_digest`` of its helpers, and an edit
 to a helper (a ``git pull`` into an editable install, say) recompiles instead of
 silently running the old arithmetic.

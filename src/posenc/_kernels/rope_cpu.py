@@ -6,15 +6,14 @@ shared over ``H``. A task is a block of ``(g, s)`` rows: it computes the block's
 and ``sin`` once into a small table and rotates every row ``h`` that shares them. The
 kernels see ``x`` and ``out`` as flat 1-D arrays plus element offsets and strides (the
 launchers give them unit-stride channels, copying otherwise), so every row is a
-unit-stride slice.
+contiguous slice.
 
-Arithmetic: float32 and float64 rows rotate in float64 (the reference's), rounded once on
-store; LLVM vectorises their loop, and a row is rotated into a small buffer and then
-copied to ``out``, so that the in-place case (``out`` is ``x``) vectorises too. float16
-and bfloat16 rows travel as ``uint16`` bits and rotate in float32, eight pairs per
-vector, straight from ``x`` into ``out`` (``_rotate16``): ``cos = ch + cl`` and
-``sin = sh + sl`` with heads of 16 significant bits (13 for float16) and float32 rests, so
-``a*ch`` and ``b*sh`` are exact (a 16-bit float has 8 or 11 significant bits) and
+Rows are rotated eight pairs at a time, straight from ``x`` into ``out`` (in place too),
+by the vector intrinsics of ``_pairs``. Arithmetic: float32 and float64 rows rotate in
+float64 (the reference's), rounded once on store. float16 and bfloat16 rows travel as
+``uint16`` bits and rotate in float32: ``cos = ch + cl`` and ``sin = sh + sl`` with heads
+of 16 significant bits (13 for float16) and float32 rests, so ``a*ch`` and ``b*sh`` are
+exact (a 16-bit float has 8 or 11 significant bits) and
 ``a*cos - b*sin = (a*ch - b*sh) + (a*cl - b*sl)`` is two fused multiply-adds, each rounded
 once: an error below ``2**-23`` of the result plus ``2**-36`` of ``|a| + |b|`` before the
 one rounding to 16 bits, so the result is the float64 computation's or one ulp from it
@@ -32,11 +31,11 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from . import _arrays, _codec_f32, _family, _layout, _rotate16
+from . import _arrays, _codec_f32, _family, _layout, _pairs
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 from ._codec import BFLOAT16
 from ._codec_f32 import from_bfloat16, from_float16
-from ._rotate16 import rotate_pairs
+from ._pairs import rotate_16, rotate_wide
 
 # Rows per task. Measured on [1, 32, 8192, 128] float32 (2 cores): 64 rows (32 KiB of
 # x per head) run about twice as fast as 16, which jumps between heads too often.
@@ -58,7 +57,7 @@ FAST_ANGLE_LIMIT = 2.0**32
 # significant bits, float16 11).
 _SPLIT_BFLOAT16 = 2.0**37 + 1.0  # 16-bit heads
 _SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
-# Pairs per vector of the 16-bit rotation: 8 float32 lanes fill an AVX2 register.
+# Pairs per vector (``_pairs``): 8 float32 lanes fill an AVX2 register, 8 float64 lanes two.
 _LANES = 8
 
 @njit(inline="always")
@@ -99,13 +98,12 @@ def _kernel_source(rotate, wide, bfloat16, interleaved, helpers):
     into a kernel this size, where a call per row costs as much as the row.
     """
 
-    def kernel(x, xs, out, os, heads, dim, copy_rest, positions, inv_freq, sign, scale, cos_in, sin_in, cos, sin, table, rotated, first, last):
+    def kernel(x, xs, out, os, heads, dim, copy_rest, positions, inv_freq, sign, scale, cos_in, sin_in, cos, sin, table, first, last):
         """Rows ``(g, h, s)`` of ``x`` (offsets and ``G, H, S`` strides ``xs``, in elements)
         rotated into ``out`` (``os``), tasks ``first .. last - 1`` of ``len(cos)`` rows each.
 
         Scratch, one set per thread: ``cos``, ``sin`` ``[block, half]`` (float64),
-        ``table`` ``[4, block, half]`` (float32: 16-bit rows take cos and sin as head + rest),
-        ``rotated`` ``[2 * half]`` (stored like ``out``; float32 and float64 rows only).
+        ``table`` ``[4, block, half]`` (float32: 16-bit rows take cos and sin as head + rest).
         """
         helpers  # noqa: B018  (in the closure: Numba's cache key follows the helper modules)
         length = positions.shape[1] if rotate else cos_in.shape[1]
@@ -151,29 +149,22 @@ def _kernel_source(rotate, wide, bfloat16, interleaved, helpers):
                     xo = xs[0] + g * xs[1] + h * xs[2] + s * xs[3]
                     oo = os[0] + g * os[1] + h * os[2] + s * os[3]
                     row, dst = x[xo : xo + dim], out[oo : oo + dim]
-                    if wide:  # float64 arithmetic, rounded once on store
-                        # Slices rather than offsets: indices are loop counters (no wrap-around
-                        # arithmetic), so the loops vectorise.
-                        if interleaved:
-                            a, b, ra, rb = row[0:rotary:2], row[1:rotary:2], rotated[0::2], rotated[1::2]
-                        else:
-                            a, b, ra, rb = row[:half], row[half:rotary], rotated[:half], rotated[half:]
+                    i = 0
+                    if wide:
                         c, sn = cos[k], sin[k]
-                        for i in range(half):
-                            ai = np.float64(a[i])
-                            bi = np.float64(b[i])
-                            ra[i] = ai * c[i] - bi * sn[i]
-                            rb[i] = bi * c[i] + ai * sn[i]
-                        for j in range(rotary):
-                            dst[j] = rotated[j]
-                    else:  # float32 (_rotate16), straight into dst
-                        ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
-                        i = 0
                         while i + _LANES <= half:
-                            rotate_pairs(row, dst, ch, cl, sh, sl, i, half, _LANES, bfloat16, interleaved)
+                            rotate_wide(row, dst, c, sn, i, half, _LANES, interleaved)
                             i += _LANES
                         while i < half:
-                            rotate_pairs(row, dst, ch, cl, sh, sl, i, half, 1, bfloat16, interleaved)
+                            rotate_wide(row, dst, c, sn, i, half, 1, interleaved)
+                            i += 1
+                    else:
+                        ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
+                        while i + _LANES <= half:
+                            rotate_16(row, dst, ch, cl, sh, sl, i, half, _LANES, bfloat16, interleaved)
+                            i += _LANES
+                        while i < half:
+                            rotate_16(row, dst, ch, cl, sh, sl, i, half, 1, bfloat16, interleaved)
                             i += 1
                     if copy_rest:
                         for j in range(rotary, dim):
@@ -191,7 +182,7 @@ def _signature(dtype):
     positions = types.Array(types.float64, 2, "C", readonly=True)
     inv_freq = types.Array(types.float64, 1, "C", readonly=True)
     table = types.Array(t, 3, "A", readonly=True)
-    scratch = (types.Array(types.float64, 2, "C"),) * 2 + (types.Array(types.float32, 3, "C"), types.Array(t, 1, "C"))
+    scratch = (types.Array(types.float64, 2, "C"),) * 2 + (types.Array(types.float32, 3, "C"),)
     return types.void(
         *(x, _OFFSETS, types.Array(t, 1, "C"), _OFFSETS, types.int64, types.int64, types.boolean),
         *(positions, inv_freq, types.float64, types.float64, table, table),
@@ -201,7 +192,7 @@ def _signature(dtype):
 
 
 def _build(op, dtype, layout):
-    helpers = _family.source_digest(_codec_f32, _rotate16)
+    helpers = _family.source_digest(_codec_f32, _pairs)
     source = _kernel_source(op == "rotate", dtype in ("float32", "float64"), dtype == "bfloat16", layout == "interleaved", helpers)
     return njit(_signature(dtype), nogil=True, cache=True)(source)
 
@@ -265,7 +256,7 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
     tasks = plan.g.size * -(-plan.s.size // block)
     half = (per_position[0].shape[-1] if op == "apply" else angles[0].shape[0]) if per_position else 0
     scratch = [
-        (np.empty((block, half)), np.empty((block, half)), np.empty((4, block, half), np.float32), np.empty(2 * half, xv.dtype))
+        (np.empty((block, half)), np.empty((block, half)), np.empty((4, block, half), np.float32))
         for _ in range(min(workers, tasks))
     ]
     x_steps, o_steps = plan.strides(0), plan.strides(1)
