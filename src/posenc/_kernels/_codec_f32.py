@@ -21,16 +21,16 @@ def _like(value, element):
     return ir.VectorType(element, value.type.count) if isinstance(value.type, ir.VectorType) else element
 
 
-def _int32(value, number):
-    t = _like(value, ir.IntType(32))
-    return ir.Constant(t, [number] * t.count) if isinstance(t, ir.VectorType) else ir.Constant(t, number)
+def constant(t, value):
+    """``value`` as an LLVM constant of type ``t``: a scalar, or every lane of a vector."""
+    return ir.Constant(t, [value] * t.count) if isinstance(t, ir.VectorType) else ir.Constant(t, value)
 
 
 def widen(builder, bits, bfloat16):
     """The float32 value(s) of 16-bit ``bits``: bfloat16 is the upper half of a float32, float16 IEEE binary16."""
     if bfloat16:
         wide = builder.zext(bits, _like(bits, ir.IntType(32)))
-        return builder.bitcast(builder.shl(wide, _int32(wide, 16)), _like(bits, ir.FloatType()))
+        return builder.bitcast(builder.shl(wide, constant(wide.type, 16)), _like(bits, ir.FloatType()))
     return builder.fpext(builder.bitcast(bits, _like(bits, ir.HalfType())), _like(bits, ir.FloatType()))
 
 
@@ -46,9 +46,9 @@ def narrow(builder, value, bfloat16):
     if not bfloat16:
         return builder.bitcast(builder.fptrunc(value, _like(value, ir.HalfType())), i16)
     bits = builder.bitcast(value, _like(value, ir.IntType(32)))
-    lowest_kept = builder.and_(builder.lshr(bits, _int32(bits, 16)), _int32(bits, 1))
-    rounded = builder.add(bits, builder.add(_int32(bits, 0x7FFF), lowest_kept))
-    return builder.trunc(builder.lshr(rounded, _int32(bits, 16)), i16)
+    lowest_kept = builder.and_(builder.lshr(bits, constant(bits.type, 16)), constant(bits.type, 1))
+    rounded = builder.add(bits, builder.add(constant(bits.type, 0x7FFF), lowest_kept))
+    return builder.trunc(builder.lshr(rounded, constant(bits.type, 16)), i16)
 
 
 @intrinsic

@@ -37,14 +37,10 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ._codec_f32 import narrow, widen
+from ._codec_f32 import constant, narrow, widen
 
 _FLOAT32_MAX = float(np.finfo(np.float32).max)
 _I32 = ir.IntType(32)
-
-
-def _splat(vector_type, value):
-    return ir.Constant(vector_type, [value] * vector_type.count)
 
 
 class _Row:
@@ -151,7 +147,7 @@ def rotate_wide(typingctx, src, dst, cos, sin, i, half, lanes, interleaved):
 def _rotated_16(builder, a, b, ch, cl, sh, sl):
     vector = a.type
     fma = builder.module.declare_intrinsic(f"llvm.fma.v{vector.count}f32", (), ir.FunctionType(vector, [vector] * 3))
-    big, small = _splat(vector, _FLOAT32_MAX), _splat(vector, -_FLOAT32_MAX)
+    big, small = constant(vector, _FLOAT32_MAX), constant(vector, -_FLOAT32_MAX)
 
     def finite(v):
         v = builder.select(builder.fcmp_ordered(">", v, small), v, small)
