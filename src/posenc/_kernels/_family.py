@@ -23,6 +23,7 @@ silently running the old arithmetic.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -54,9 +55,11 @@ class Built:
 BUILDS: list[Built] = []
 
 
+@functools.cache
 def source_digest(*modules) -> int:
     """A digest of the source files of ``modules``, the helpers a kernel inlines (see above):
-    an integer, a constant every Numba target (CPU and CUDA) can hold."""
+    an integer, a constant every Numba target (CPU and CUDA) can hold. Read once per
+    process: a loaded module does not change."""
     digest = hashlib.sha256()
     for module in modules:
         digest.update(Path(module.__file__).read_bytes())
