@@ -293,3 +293,53 @@ def test_mrope_cos_sin_equals_qwen2_vl(rng):
     # transformers' float32 angles: a few ulps of the largest angle (200 rad)
     torch.testing.assert_close(cos, want_cos, atol=4e-5, rtol=0)
     torch.testing.assert_close(sin, want_sin, atol=4e-5, rtol=0)
+
+
+def _interleaved_axes(sections, pairs):
+    """Qwen3-VL's assignment, written from its ``recomposition_frequencies``: start from axis 0
+    everywhere, then axis a in (1, 2) takes indices a, a + 3, ... below 3 * sections[a]."""
+    axis = np.zeros(pairs, dtype=int)
+    for a in (1, 2):
+        axis[a : 3 * sections[a] : 3] = a
+    return axis
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_mrope_cos_sin_interleaved_formula(backend, layout, rng):
+    sections = [4, 3, 3]
+    ids = rng.integers(0, 5000, (3, 2, 5))
+    frequencies = pe.rope_frequencies(20, base=1000.0)[0]
+    cos, sin = backend.call(
+        lambda i: pe.mrope_cos_sin(i, frequencies, sections, interleaved=True, layout=layout), backend.asarray(ids)
+    )
+    axis = _interleaved_axes(sections, 10)
+    angle = ids[axis, :, :].transpose(1, 2, 0) * frequencies
+    dup = (lambda t: np.concatenate([t, t], -1)) if layout == "half" else (lambda t: np.repeat(t, 2, -1))
+    assert_close(cos, dup(np.cos(angle)), backend=backend, dtype="float32")
+    assert_close(sin, dup(np.sin(angle)), backend=backend, dtype="float32")
+
+
+def test_mrope_cos_sin_interleaved_equals_qwen3_vl(rng):
+    torch = pytest.importorskip("torch")
+    qwen3_vl = pytest.importorskip("transformers.models.qwen3_vl.modeling_qwen3_vl")
+    sections = [6, 5, 5]
+    config = qwen3_vl.Qwen3VLTextConfig(
+        hidden_size=128, num_attention_heads=4, head_dim=32, rope_parameters={"rope_type": "default", "mrope_section": sections, "rope_theta": 1000.0}
+    )
+    theirs = qwen3_vl.Qwen3VLTextRotaryEmbedding(config)
+    ids = torch.as_tensor(rng.integers(0, 200, (3, 2, 9)))
+    want_cos, want_sin = theirs(torch.zeros(1), ids)
+    cos, sin = pe.mrope_cos_sin(ids, theirs.inv_freq.double().numpy(), sections, interleaved=True)
+    torch.testing.assert_close(cos, want_cos, atol=4e-5, rtol=0)
+    torch.testing.assert_close(sin, want_sin, atol=4e-5, rtol=0)
+    # the consecutive order is a different table: the option matters
+    plain, _ = pe.mrope_cos_sin(ids, theirs.inv_freq.double().numpy(), sections)
+    assert (plain - want_cos).abs().max() > 0.1
+
+
+def test_mrope_cos_sin_interleaved_refuses_sections_it_cannot_deal():
+    # axis 2 would need pairs 2, 5, 8, 11 below 12, but there are only 8 pairs
+    with pytest.raises(ValueError, match="interleaved sections"):
+        pe.mrope_cos_sin(np.zeros((3, 4), dtype=int), [1.0] * 8, [2, 2, 4], interleaved=True)
+    with pytest.raises(TypeError, match="interleaved"):
+        pe.mrope_cos_sin(np.zeros((3, 4), dtype=int), [1.0] * 8, [4, 2, 2], interleaved=1)

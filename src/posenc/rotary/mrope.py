@@ -4,7 +4,9 @@ Qwen2-VL (Wang et al., "Qwen2-VL: Enhancing Vision-Language Model's Perception o
 at Any Resolution", 2024) gives every token three position ids (temporal, height, width;
 all equal for text) and splits the ``r/2`` rotary frequencies into consecutive sections,
 section ``s`` turning with position id ``s``. Its ``mrope_section`` lists the section
-sizes, in frequency pairs.
+sizes, in frequency pairs. Qwen3-VL (and keras_hub's and vLLM's interleaved M-RoPE) deal
+the pairs out in turn instead: pair ``i`` turns with axis ``i mod 3`` while that axis has
+pairs left, the rest with the temporal axis.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import numbers
 
 from .. import _validate as check
+from .._xp import device_of
 from .apply import TableArguments
 
 
@@ -35,10 +38,48 @@ def _sections(sections, pairs):
     return tuple(out)
 
 
-def mrope_cos_sin(positions, inv_freq, sections, *, layout="half", dtype=None, scale=1.0):
-    r"""``cos`` and ``sin`` of multimodal RoPE: section ``s`` of the frequencies turns with ``positions[s]``.
+def _axis_of_pairs(sections, interleaved):
+    """The position axis each frequency pair turns with.
 
-    .. math:: c_{\dots,i} = \cos(p_{s(i),\dots}\,\theta_i), \quad s(i) = \text{the section holding pair } i
+    Consecutive sections (Qwen2-VL), or Qwen3-VL's interleaving: pair ``i`` takes axis
+    ``a = i mod A`` for ``a > 0`` while ``i < A * sections[a]``, else axis 0.
+    """
+    if not interleaved:
+        return [axis for axis, size in enumerate(sections) for _ in range(size)]
+    count = len(sections)
+    return [a if a and i < count * sections[a] else 0 for i in range(sum(sections)) for a in (i % count,)]
+
+
+def _interleaved_fits(sections):
+    """Interleaving takes exactly ``sections[a]`` pairs for every axis ``a > 0``."""
+    count, pairs = len(sections), sum(sections)
+    for a in range(1, count):
+        taken = len(range(a, min(pairs, count * sections[a]), count))
+        if taken != sections[a]:
+            raise ValueError(
+                f"interleaved sections {list(sections)}: axis {a} needs {sections[a]} pairs at indices {a}, {a + count}, ... "
+                f"below {count * sections[a]}, but only {taken} of them are below len(inv_freq) = {pairs}"
+            )
+
+
+def _pick(xp, freqs, pairs):
+    """The frequencies of ``pairs``: host numbers (a tuple) or an array."""
+    if isinstance(freqs, tuple):
+        return tuple(freqs[i] for i in pairs)
+    return xp.take(freqs, xp.asarray(pairs, device=device_of(freqs)), axis=0)
+
+
+def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="half", dtype=None, scale=1.0):
+    r"""``cos`` and ``sin`` of multimodal RoPE: frequency pair ``i`` turns with ``positions[s(i)]``.
+
+    .. math:: c_{\dots,i} = \cos(p_{s(i),\dots}\,\theta_i)
+
+    With ``interleaved=False`` (Qwen2-VL, Qwen2.5-VL) :math:`s(i)` is the section holding
+    pair ``i``: the first ``sections[0]`` pairs turn with ``positions[0]``, the next
+    ``sections[1]`` with ``positions[1]``, and so on. With ``interleaved=True`` (Qwen3-VL;
+    keras_hub's and vLLM's interleaved M-RoPE) the axes take pairs in turn,
+    :math:`s(i) = i \bmod A` while :math:`i < A \cdot \text{sections}[s]` (for
+    :math:`s > 0`), else 0, so every axis sees low and high frequencies alike.
 
     duplicated in the layout's order like :func:`rope_cos_sin`. With Qwen2-VL's
     ``mrope_section`` (e.g. ``[16, 24, 24]`` for 128-wide heads) and its ``[3, batch, seq]``
@@ -51,6 +92,8 @@ def mrope_cos_sin(positions, inv_freq, sections, *, layout="half", dtype=None, s
     positions : integer or float array ``[len(sections), ...]``
     inv_freq : array or sequence ``[r/2]`` (as for :func:`rope_cos_sin`)
     sections : sequence of ints, summing to ``r/2``
+    interleaved : bool
+        Deal the pairs out in turn (Qwen3-VL) instead of in consecutive sections.
     layout : {"half", "interleaved"}
     dtype : float dtype, optional (as for :func:`rope_cos_sin`)
     scale : float, multiplies both tables (the attention scale)
@@ -69,21 +112,34 @@ def mrope_cos_sin(positions, inv_freq, sections, *, layout="half", dtype=None, s
     True
     >>> cos.shape
     (1, 6)
+    >>> cos, _ = pe.mrope_cos_sin(ids, [1.0, 0.5, 0.25, 0.125], [2, 1, 1], interleaved=True)
+    >>> bool(np.allclose(cos[0, :4], np.cos([2 * 1.0, 5 * 0.5, 7 * 0.25, 2 * 0.125])))
+    True
     """
     args = TableArguments(positions, inv_freq, layout, dtype, scale)
     sections = _sections(sections, args.pairs)
+    if not isinstance(interleaved, bool):
+        raise TypeError(f"interleaved must be True or False, got {interleaved!r}")
+    if interleaved:
+        _interleaved_fits(sections)
     check.ndim("positions", positions, minimum=1)
     if int(positions.shape[0]) != len(sections):
         raise ValueError(
             f"positions must have one row per section on axis 0 ({len(sections)}), got shape {tuple(positions.shape)}"
         )
     check.allocatable_unless_blocked("mrope_cos_sin", (*positions.shape[1:], 2 * args.pairs), 8, positions)
-    cos_parts, sin_parts = [], []
-    start = 0
-    for axis, size in enumerate(sections):
-        if size:
-            c, s = args.cos_sin(positions[axis, ...], args.freqs[start : start + size])
+    xp = args.xp
+    axis_of = _axis_of_pairs(sections, interleaved)
+    order, cos_parts, sin_parts = [], [], []
+    for axis in range(len(sections)):
+        pairs = [i for i, a in enumerate(axis_of) if a == axis]
+        if pairs:
+            c, s = args.cos_sin(positions[axis, ...], _pick(xp, args.freqs, pairs))
             cos_parts.append(c)
             sin_parts.append(s)
-        start += size
-    return args.tables(args.xp.concat(cos_parts, axis=-1), args.xp.concat(sin_parts, axis=-1))
+            order += pairs
+    cos, sin = xp.concat(cos_parts, axis=-1), xp.concat(sin_parts, axis=-1)
+    if order != sorted(order):
+        back = xp.asarray(sorted(range(len(order)), key=order.__getitem__), device=device_of(cos))
+        cos, sin = xp.take(cos, back, axis=-1), xp.take(sin, back, axis=-1)
+    return args.tables(cos, sin)
