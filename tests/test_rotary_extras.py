@@ -343,3 +343,46 @@ def test_mrope_cos_sin_interleaved_refuses_sections_it_cannot_deal():
         pe.mrope_cos_sin(np.zeros((3, 4), dtype=int), [1.0] * 8, [2, 2, 4], interleaved=True)
     with pytest.raises(TypeError, match="interleaved"):
         pe.mrope_cos_sin(np.zeros((3, 4), dtype=int), [1.0] * 8, [4, 2, 2], interleaved=1)
+
+
+# --- axial_rope's "pixel" frequencies (rotary-embedding-torch) -----------------------------------
+
+
+def test_axial_frequencies_pixel_formula():
+    np.testing.assert_allclose(pe.axial_frequencies(8, frequencies="pixel", max_freq=12.0), np.pi * np.array([1.0, 2.6666666666666665, 4.333333333333333, 6.0]))
+    np.testing.assert_array_equal(pe.axial_frequencies(8), 10000.0 ** (-np.arange(0, 8, 2) / 8))
+    with pytest.raises(ValueError, match="frequencies"):
+        pe.axial_frequencies(8, frequencies="pixels")
+    with pytest.raises(ValueError, match="max_freq"):
+        pe.axial_frequencies(8, frequencies="pixel", max_freq=0.0)
+
+
+def test_axial_rope_pixel_equals_rotary_embedding_torch(rng):
+    torch = pytest.importorskip("torch")
+    ret = pytest.importorskip("rotary_embedding_torch")
+    height, width, block = 5, 7, 16
+    theirs = ret.RotaryEmbedding(dim=block, freqs_for="pixel", max_freq=12.0)
+    freqs = theirs.get_axial_freqs(height, width)  # [H, W, 2 * block], interleaved pairs
+    x = torch.as_tensor(rng.standard_normal((2, height, width, 2 * block)), dtype=torch.float32)
+    want = ret.apply_rotary_emb(freqs, x)
+    rows, cols = np.meshgrid(np.linspace(-1, 1, height), np.linspace(-1, 1, width), indexing="ij")
+    grid = torch.as_tensor(np.stack([rows, cols], axis=-1))  # [H, W, 2] coordinates in [-1, 1]
+    got = pe.axial_rope(x, grid, frequencies="pixel", max_freq=12.0, layout="interleaved")
+    # their angles are float32 products (pi * 6 at most): a few float32 ulps
+    torch.testing.assert_close(got, want, atol=3e-6, rtol=1e-5)
+
+
+def test_axial_rope_pixel_formula(backend, rng):
+    x = rng.standard_normal((6, 12))
+    grid = np.stack(np.meshgrid(np.linspace(-1, 1, 2), np.linspace(-1, 1, 3), indexing="ij"), axis=-1).reshape(6, 2)
+    got = backend.call(lambda a, g: pe.axial_rope(a, g, frequencies="pixel", max_freq=8.0), backend.asarray(x), backend.asarray(grid))
+    want = []
+    for a, block in enumerate((x[:, :6], x[:, 6:])):
+        theta = np.pi * np.linspace(1.0, 4.0, 3)  # linspace(1, max_freq / 2, d / 2) * pi
+        angle = grid[:, a, None] * theta
+        c, s = np.cos(angle), np.sin(angle)
+        lo, hi = block[:, :3], block[:, 3:]
+        want.append(np.concatenate([lo * c - hi * s, hi * c + lo * s], axis=-1))
+    assert_close(got, np.concatenate(want, axis=-1), backend=backend, dtype="float64")
+    inv = backend.call(lambda: pe.axial_frequencies(6, frequencies="pixel", max_freq=8.0, xp=backend.xp, dtype=backend.xp.float32))
+    assert_close(inv, np.pi * np.linspace(1.0, 4.0, 3), backend=backend, dtype="float32")

@@ -3,7 +3,7 @@
 from . import _rotate  # noqa: F401  (registers the rotation references)
 from . import scaling
 from .apply import apply_rope, rope, rope_cos_sin
-from .axial import axial_rope
+from .axial import axial_frequencies, axial_rope
 from .decay import rope_decay
 from .frequencies import rope_frequencies
 from .interop import convert_layout, permute_qk_weight, rerotate
@@ -14,6 +14,7 @@ from .xpos import xpos_scale
 
 __all__ = [
     "apply_rope",
+    "axial_frequencies",
     "axial_rope",
     "convert_layout",
     "linear_attention",

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import device_of, namespace
+from .._xp import device_of, namespace, result_dtype, widest_float
 from . import _args
 from ._rotate import _write
 from .scaling import default_inv_freq
@@ -26,7 +28,55 @@ def _axes_dims(axes_dims, n_axes, width):
     return dims
 
 
-def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=False, out=None):
+FREQUENCIES = ("lang", "pixel")
+
+
+def axial_frequencies(dim, *, frequencies="lang", base=10000.0, max_freq=10.0, xp=None, device=None, dtype=None):
+    r"""The inverse frequencies of one axis block of :func:`axial_rope`: ``[dim / 2]``.
+
+    ``"lang"``: :math:`\theta_i = \text{base}^{-2i/\text{dim}}` (RoPE's). ``"pixel"``:
+    :math:`\theta_i = \pi \cdot \mathrm{linspace}(1, \text{max\_freq}/2, \text{dim}/2)_i`,
+    the frequencies rotary-embedding-torch uses for images (``freqs_for="pixel"``), meant for
+    coordinates normalised to ``[-1, 1]`` (e.g. ``linspace(-1, 1, H)``), so the same table
+    serves any resolution.
+
+    Parameters
+    ----------
+    dim : int, positive and even
+        The block's channels.
+    frequencies : {"lang", "pixel"}
+    base : float > 0 (``"lang"``)
+    max_freq : float > 0 (``"pixel"``)
+    xp, device, dtype
+        As for :func:`rope_frequencies`: a float64 NumPy array by default; with only ``xp``
+        given, the namespace's widest float.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> (pe.axial_frequencies(6, frequencies="pixel", max_freq=10.0) / np.pi).tolist()
+    [1.0, 3.0, 5.0]
+    """
+    table = _block_frequencies(check.even_dim("dim", dim), frequencies, base, max_freq)
+    if xp is None and device is None and dtype is None:
+        return table
+    xp = namespace(xp=xp)
+    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
+    return xp.asarray(table, dtype=dtype, device=device)
+
+
+def _block_frequencies(dim, frequencies, base, max_freq):
+    """float64 NumPy frequencies of a validated ``dim``."""
+    frequencies = check.choice("frequencies", frequencies, FREQUENCIES)
+    if frequencies == "lang":
+        return default_inv_freq(dim, check.real("base", base, positive=True))
+    max_freq = check.real("max_freq", max_freq, positive=True)
+    return np.linspace(1.0, max_freq / 2, dim // 2) * np.pi
+
+
+def axial_rope(
+    x, grid, *, base=10000.0, axes_dims=None, layout="half", frequencies="lang", max_freq=10.0, inverse=False, out=None
+):
     r"""Axial RoPE: each axis of a token grid rotates its own block of channels.
 
     A token at integer (or float) coordinates :math:`(p_0, \dots, p_{A-1})` has its
@@ -36,7 +86,9 @@ def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=
     block pass through. The score of two tokens then depends only on their coordinate
     differences, axis by axis (relative in 2-D for images, 3-D for video: the layout of
     FLUX / EVA-style axial RoPE; Heo et al., "Rotary Position Embedding for Vision
-    Transformer", 2024).
+    Transformer", 2024). ``frequencies="pixel"`` takes the frequencies of
+    :func:`axial_frequencies` instead, for coordinates in ``[-1, 1]`` (rotary-embedding-torch's
+    ``freqs_for="pixel"``, whose axial tables give each axis the same block width).
 
     Parameters
     ----------
@@ -49,6 +101,10 @@ def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=
         Channels per axis; default ``d // A`` rounded down to even for every axis.
     layout : {"half", "interleaved"}
         Pairing inside each block, as in :func:`apply_rope`.
+    frequencies : {"lang", "pixel"}
+        The frequencies of each block (:func:`axial_frequencies`); ``base`` applies to
+        ``"lang"``, ``max_freq`` to ``"pixel"``.
+    max_freq : float > 0
     inverse : bool
         Rotate by ``-angle`` (undo).
     out : array like ``x``, optional
@@ -66,6 +122,9 @@ def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=
     >>> y = pe.axial_rope(x, grid)                                     # 4 channels per axis
     >>> bool(np.allclose(y[:, :4], pe.rope(x[:, :4], grid[:, 0])))
     True
+    >>> unit = np.linspace(-1, 1, 3)[np.stack([rows.ravel(), cols.ravel()], axis=-1)]   # coordinates in [-1, 1]
+    >>> pe.axial_rope(x, unit, frequencies="pixel").shape
+    (6, 8)
     """
     check.array("x", x)
     check.array("grid", grid)
@@ -80,17 +139,17 @@ def axial_rope(x, grid, *, base=10000.0, axes_dims=None, layout="half", inverse=
         raise ValueError(f"grid must have at least one axis of coordinates (grid.shape[-1] >= 1), got shape {tuple(grid.shape)}")
     check.positions("grid", grid, xp)
     check.broadcast_shape("grid[..., a]", grid.shape[:-1], tuple(x.shape[:-1]))
-    base = check.real("base", base, positive=True)
     width = int(x.shape[-1])
     dims = _axes_dims(axes_dims, n_axes, width)
+    tables = [_block_frequencies(d, frequencies, base, max_freq) for d in dims]
     layout = _args.layout("layout", layout)
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     _args.out_like(out, x, xp)
     blocks, start = [], 0
-    for a, d in enumerate(dims):
+    for a, (d, inv_freq) in enumerate(zip(dims, tables)):
         block = x[..., start : start + d]
-        blocks.append(_dispatch.call("rope_rotate", block, grid[..., a], default_inv_freq(d, base), layout=layout, inverse=inverse))
+        blocks.append(_dispatch.call("rope_rotate", block, grid[..., a], inv_freq, layout=layout, inverse=inverse))
         start += d
     if start < width:
         blocks.append(x[..., start:])
