@@ -11,6 +11,7 @@ tolerance of a few float32 ulps, amplified by ``ln(base)`` because HF rounds the
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -133,7 +134,22 @@ def test_dynamic_ntk_matches_hf(drawn, max_pos, seq_len):
 )
 def test_yarn_matches_hf(drawn):
     params, _ = drawn
-    assert_matches_hf(*drawn, int(params["original_max_position_embeddings"] * max(params["factor"], 1.0)))
+    max_pos = int(params["original_max_position_embeddings"] * max(params["factor"], 1.0))
+    with warnings.catch_warnings():  # a fractional factor rounds max_pos: the implicit-factor warning
+        warnings.filterwarnings("ignore", message=".*implicit factor", category=UserWarning)
+        assert_matches_hf(params, drawn[1], max_pos)
+
+
+def test_yarn_warns_of_an_implicit_factor_as_transformers_does(caplog):
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048, "rope_theta": 10000.0}
+    with pytest.warns(UserWarning, match=r"implicit factor .* = 16384 / 2048 = 8.0"):
+        cfg = pe.scaling.from_hf(params, head_dim=64, max_position_embeddings=16384)
+    assert cfg.scaling.factor == 4.0  # the explicit factor wins
+    with caplog.at_level("WARNING", logger="transformers"):  # transformers' own check warns of the same config
+        LlamaConfig(hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=16384, rope_parameters=dict(params))
+    assert "implicit factor" in caplog.text
+    for consistent in (8192, 2048):  # factor * original, or the original length itself: no warning
+        pe.scaling.from_hf(params, head_dim=64, max_position_embeddings=consistent)
 
 
 @pytest.mark.parametrize("max_pos", [8192, 163840])

@@ -443,8 +443,18 @@ def _dynamic(r, rotary_dim, base):
 def _yarn(r, rotary_dim, base):
     r.need("factor", none_ok=True)  # None: max_position_embeddings / original (DeepSeek-V3)
     original = r.original()
+    factor = r.factor_or_ratio(original)
+    implicit = None if r.max_position_embeddings is None else r.max_position_embeddings / original
+    if implicit is not None and implicit not in (factor, 1):
+        warnings.warn(
+            f"rope_parameters['factor'] = {factor} disagrees with the implicit factor max_position_embeddings / "
+            f"original_max_position_embeddings = {r.max_position_embeddings} / {original} = {implicit}; YaRN uses "
+            "the explicit factor, as transformers does (which warns the same): check original_max_position_embeddings",
+            UserWarning,
+            stacklevel=5,
+        )
     return YaRN(
-        r.factor_or_ratio(original),
+        factor,
         original,
         beta_fast=r.get("beta_fast", 32.0) or 32.0,
         beta_slow=r.get("beta_slow", 1.0) or 1.0,
