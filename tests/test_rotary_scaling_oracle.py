@@ -287,3 +287,24 @@ def test_rope_equals_hf_llama_rotary_pipeline(params, rng):
     np.testing.assert_allclose(got_k.numpy(), want_k.numpy(), atol=2e-5, rtol=0)
     # with HF's own cos/sin, apply_rope is HF's apply_rotary_pos_emb up to rounding
     np.testing.assert_allclose(pe.apply_rope(q, cos[:, None], sin[:, None]).numpy(), want_q.numpy(), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["hunyuan_v1_dense", "hunyuan_vl"])
+def test_hunyuan_dynamic_with_alpha_is_the_fixed_ntk_base_change(model):
+    # HunYuan's checkpoints say rope_type "dynamic" with an "alpha": transformers' HunYuan rotary
+    # modules read it as a fixed NTK-aware base change (their compute_ntk_alpha_rope_parameters).
+    import importlib
+
+    modeling = importlib.import_module(f"transformers.models.{model}.modeling_{model}")
+    rotary = next(getattr(modeling, n) for n in dir(modeling) if n.endswith("RotaryEmbedding"))
+    params = {"rope_type": "dynamic", "alpha": 1000.0, "factor": 1.0, "rope_theta": 10000.0}
+    config = transformers.AutoConfig.for_model(
+        model, hidden_size=128, num_attention_heads=4, head_dim=32, max_position_embeddings=64, rope_parameters=dict(params)
+    )
+    text = config.get_text_config()
+    want, _ = rotary.compute_ntk_alpha_rope_parameters(text)
+    cfg = pe.scaling.from_hf(text)
+    assert cfg.scaling == pe.scaling.NTK(1000.0)
+    got, scale = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling)
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=2.0**-23 * (4 + math.log(10000.0 * 1000.0 ** (32 / 30))))
+    assert scale == 1.0

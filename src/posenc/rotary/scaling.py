@@ -123,8 +123,10 @@ class NTK(Scaling):
 
     Keeps the highest frequency (:math:`i = 0`) and stretches the lowest one by
     exactly ``alpha`` (bloc97, 2023). Works without fine-tuning for moderate ``alpha``.
-    Hugging Face has no ``rope_type`` of its own for it (its ``"dynamic"`` is the
-    length-dependent form, :class:`DynamicNTK`); ``dim`` must be >= 4.
+    Hugging Face's ``rope_type="dynamic"`` is the length-dependent form
+    (:class:`DynamicNTK`), except with an ``alpha`` key (HunYuan's checkpoints), which
+    transformers' HunYuan models read as this fixed base change, and so does :func:`from_hf`;
+    ``dim`` must be >= 4.
     """
 
     alpha: float
@@ -434,6 +436,8 @@ def _linear(r, rotary_dim, base):
 
 
 def _dynamic(r, rotary_dim, base):
+    if r.get("alpha") is not None:  # HunYuan: "dynamic" with a fixed alpha is the static NTK base change
+        return NTK(r.params["alpha"])
     factor = r.need("factor")
     if r.max_position_embeddings is None:
         raise ValueError("rope_type='dynamic' needs max_position_embeddings (the length the base starts growing at)")
@@ -500,7 +504,7 @@ class _HFType:
 HF_ROPE_TYPES = {
     "default": _HFType(None),
     "linear": _HFType(_linear, ("factor",)),
-    "dynamic": _HFType(_dynamic, ("factor",)),
+    "dynamic": _HFType(_dynamic, ("factor", "alpha")),
     "yarn": _HFType(
         _yarn,
         ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"),
