@@ -5,7 +5,7 @@ numba, a framework or Dask: each registration names its implementation ``"module
 loaded on first use. The registry tries an op's kernels in registration order: the torch
 custom ops first (a tensor autograd records, or any tensor while ``torch.compile``
 traces), then the Numba CPU and numba.cuda kernels (``rope.py``, ``toeplitz.py``), then
-the Dask block paths (``dask.py``).
+the Dask block paths (``dask.py``), then the JAX CPU paths (``jax.py``).
 
 The files, one line each:
 
@@ -26,7 +26,10 @@ The files, one line each:
 * ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
   ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
 * ``dask.py``: registrations and blockwise graphs of the Dask paths;
+* ``jax.py``: registrations and accepts of the JAX CPU paths (every op), in ``jax_cpu``:
+  the Numba CPU kernels on JAX CPU arrays, eagerly and as host calls under ``jax.jit``,
+  ``jax.grad`` and ``jax.vmap``;
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 
-from . import rope, toeplitz, dask  # noqa: F401
+from . import rope, toeplitz, dask, jax  # noqa: F401
