@@ -272,6 +272,31 @@ def _autograd(op):
     return samples
 
 
+# ---------------------------------------------------------------- JAX CPU arrays
+
+
+def _jax_cpu(op):
+    """The NumPy samples of ``op``'s Numba CPU kernel as JAX CPU arrays: those without ``out``
+    (JAX arrays are immutable), float64 only with x64; ``rope_rotate``'s frequencies stay host numbers."""
+
+    def samples(rng):
+        if not _installed("jax"):
+            return
+        import jax
+        import jax.numpy as jnp
+
+        host = {2} if op == "rope_rotate" else set()
+        for args, kwargs in SAMPLES[f"{op}.numba_cpu"](rng):
+            arrays = [a for i, a in enumerate(args) if hasattr(a, "shape") and i not in host]
+            if kwargs.get("out") is not None or not all(isinstance(a, np.ndarray) for a in arrays):
+                continue  # an out buffer, or torch tensors
+            if any(a.dtype == np.float64 for a in arrays) and not jax.config.jax_enable_x64:
+                continue
+            yield [jnp.asarray(a) if i not in host and isinstance(a, np.ndarray) else a for i, a in enumerate(args)], dict(kwargs)
+
+    return samples
+
+
 SAMPLES = {
     "rope_rotate.numba_cpu": lambda rng: _rotate(rng, _host_dtypes()),
     "rope_apply.numba_cpu": lambda rng: _apply(rng, _host_dtypes()),
@@ -282,6 +307,7 @@ SAMPLES = {
     "rope_rotate.dask_blocks": _dask_rotate,
     "toeplitz_expand.dask_blocks": _dask_expand,
     **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
+    **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
 }
 
 
