@@ -7,8 +7,9 @@ so a JAX CPU array and a NumPy array with the same values give the same bits:
   (``np.asarray``, no copy) and writes a new 64-byte aligned NumPy buffer, which becomes
   the JAX result through DLPack without a copy (bfloat16, which DLPack lacks, travels as
   its ``uint16`` bits and is bit-cast back: one copy);
-* **traced** (``jax.jit``, ``jax.grad``, ``jax.vmap``, eager or not): a ``jax.pure_callback``
-  into the same kernel, the result's shape and dtype declared up front, inside a
+* **traced** (``jax.jit``, ``jax.grad``, ``jax.vmap``, eager or not): a host call into the
+  same kernel (``jax_ffi``: an XLA FFI call that hands the kernel XLA's own buffers, where
+  ``jax.pure_callback`` would copy both ways), the result's shape and dtype declared up front, inside a
   ``jax.custom_vjp`` whose backward is the kernel's adjoint, itself such a host call:
   the inverse rotation (``rope_rotate``, and ``rope_apply`` with ``-sin``), the scatter for
   ``toeplitz_gather`` and the gather for ``toeplitz_scatter``. The gradients of float
@@ -18,8 +19,8 @@ so a JAX CPU array and a NumPy array with the same values give the same bits:
   angle (the second copy is not read: its gradient is 0). ``toeplitz_expand``'s adjoint
   sums the gradient along each diagonal, in ``jax.numpy``.
 
-Under ``vmap`` a host call receives every argument with the batch axes in front
-(``vmap_method="expand_dims"``: size 1 where an argument is not batched); ``_batched``
+Under ``vmap`` a host call receives every argument with the batch axes in front (size 1
+where an argument is not batched); ``_batched``
 lines the per-position arguments up with ``x`` again, so the whole batch is one kernel
 call. Values only known when the call runs (a traced ``offset`` in a Toeplitz index) meet
 the launchers' own checks inside the host call, which raise there: nothing reaches a
@@ -37,6 +38,7 @@ import numpy as np
 
 from .. import _dispatch
 from .jax import tracer
+from .jax_ffi import host_call
 from .rope import guard_apply, guard_rotate
 from .toeplitz import guard_expand, guard_gather, guard_scatter
 
@@ -88,15 +90,6 @@ def _traced(*arrays):
 
 
 # ---------------------------------------------------------------- traced: host calls
-
-
-def _host_call(host, shape, dtype, *args):
-    """``host(*args)`` on NumPy views of the arguments' values, a result of ``shape`` and ``dtype``."""
-
-    def on_views(*values):
-        return host(*(np.asarray(v) for v in values))
-
-    return jax.pure_callback(on_views, jax.ShapeDtypeStruct(shape, dtype), *args, vmap_method="expand_dims")
 
 
 def _batched(x, ndim, *per_position):
@@ -151,16 +144,18 @@ def _is_integer(a):
 @functools.lru_cache(maxsize=256)
 def _rotation(inv_freq, layout, inverse, scale):
     """``rope_rotate`` with these host options, as a ``custom_vjp`` function of ``(x, positions)``."""
-    kernel = _numpy_kernel("rope_rotate")
     freqs = np.asarray(inv_freq, dtype=np.float64)
 
     @jax.custom_vjp
     def rotate(x, positions):
-        def host(xv, pv):
-            xv, pv = _batched(xv, x.ndim, (pv, 0))
-            return kernel(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale)
+        ndim = x.ndim
 
-        return _host_call(host, x.shape, x.dtype, x, positions)
+        def host(xv, pv, *, out):
+            xv, pv = _batched(xv, ndim, (pv, 0))
+            _numpy_kernel("rope_rotate")(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale, out=out)
+
+        key = ("rope_rotate", inv_freq, layout, inverse, scale, ndim)
+        return host_call(key, host, x.shape, x.dtype, x, positions)
 
     def forward(x, positions):
         y = rotate(x, positions)
@@ -186,16 +181,16 @@ def _rotation(inv_freq, layout, inverse, scale):
 @functools.lru_cache(maxsize=None)
 def _cos_sin_rotation(layout):
     """``rope_apply`` in ``layout``, as a ``custom_vjp`` function of ``(x, cos, sin)``."""
-    kernel = _numpy_kernel("rope_apply")
 
     @jax.custom_vjp
     def apply(x, cos, sin):
-        def host(xv, cv, sv):
-            width = cos.shape[-1]
-            xv, cv, sv = _batched(xv, x.ndim, (cv, width), (sv, width))
-            return kernel(xv, cv, sv, layout=layout)
+        ndim, width = x.ndim, cos.shape[-1]
 
-        return _host_call(host, x.shape, x.dtype, x, cos, sin)
+        def host(xv, cv, sv, *, out):
+            xv, cv, sv = _batched(xv, ndim, (cv, width), (sv, width))
+            _numpy_kernel("rope_apply")(xv, cv, sv, layout=layout, out=out)
+
+        return host_call(("rope_apply", layout, ndim, width), host, x.shape, x.dtype, x, cos, sin)
 
     def forward(x, cos, sin):
         return apply(x, cos, sin), (x, cos, sin)
@@ -231,11 +226,13 @@ def _diagonal_sums(g):
 @functools.lru_cache(maxsize=256)
 def _expansion(q_len, k_len):
     """``toeplitz_expand`` to ``[..., q_len, k_len]``, as a ``custom_vjp`` function of ``vec``."""
-    kernel = _numpy_kernel("toeplitz_expand")
 
     @jax.custom_vjp
     def expand(vec):
-        return _host_call(lambda v: kernel(v, q_len, k_len), (*vec.shape[:-1], q_len, k_len), vec.dtype, vec)
+        def host(v, *, out):
+            _numpy_kernel("toeplitz_expand")(v, q_len, k_len, out=out)
+
+        return host_call(("toeplitz_expand", q_len, k_len), host, (*vec.shape[:-1], q_len, k_len), vec.dtype, vec)
 
     def forward(vec):
         return expand(vec), None
@@ -249,19 +246,18 @@ def _expansion(q_len, k_len):
     return expand
 
 
-def _per_index(kernel, values, index, ndim, n):
-    """``kernel(values, index, n)`` in a host call under ``vmap``: one call for the batch, or
-    one per row of a batched ``index`` (a 1-D argument of the kernels)."""
-    lead = values.ndim - ndim
+def _per_index(kernel, values, index, n, out):
+    """``kernel(values, index, n)`` into ``out`` in a host call under ``vmap``: one call for the
+    batch, or one per row of a batched ``index`` (a 1-D argument of the kernels)."""
+    lead = index.ndim - 1
     if all(d == 1 for d in index.shape[:-1]):
-        return kernel(values, index.reshape(index.shape[-1]), n)
-    batch = np.broadcast_shapes(values.shape[:lead], index.shape[:-1])
+        kernel(np.broadcast_to(values, out.shape[:-1] + values.shape[-1:]), index.reshape(index.shape[-1]), n, out=out)
+        return
+    batch = out.shape[:lead]
     values = np.broadcast_to(values, batch + values.shape[lead:])
     index = np.broadcast_to(index, batch + index.shape[-1:])
-    result = np.empty(batch + values.shape[lead:-1] + (n,), values.dtype)
     for row in np.ndindex(*batch):
-        result[row] = kernel(values[row], index[row], n)
-    return result
+        kernel(values[row], index[row], n, out=out[row])
 
 
 def _indexed(op, adjoint_op):
@@ -270,14 +266,12 @@ def _indexed(op, adjoint_op):
 
     @functools.lru_cache(maxsize=256)
     def of(n):
-        kernel = _numpy_kernel(op)
-
         @jax.custom_vjp
         def fn(values, index):
-            def host(vv, iv):
-                return _per_index(kernel, vv, iv, values.ndim, n)
+            def host(vv, iv, *, out):
+                _per_index(_numpy_kernel(op), vv, iv, n, out)
 
-            return _host_call(host, (*values.shape[:-1], n), values.dtype, values, index)
+            return host_call((op, n), host, (*values.shape[:-1], n), values.dtype, values, index)
 
         def forward(values, index):
             return fn(values, index), (index, values.shape[-1])
