@@ -7,6 +7,11 @@ API 0.3) is a ``ctypes`` function: XLA calls it with its buffers, the handler vi
 NumPy arrays (no copy) and a Python function writes the result straight into XLA's output
 buffer. Which function: the call's ``host`` attribute, a key of ``_HOSTS``.
 
+XLA allocates a new output buffer for every call, which the kernel's first write faults in
+4 KiB page by page: a large one is advised to the kernel for transparent huge pages first
+(``madvise(MADV_HUGEPAGE)``, as NumPy does for its own large arrays), which halves the time
+of a ``[1, 32, 4096, 128]`` rotation under ``jit`` (29 ms -> 14 ms here, the NumPy path's).
+
 A Python exception in the function becomes an XLA error carrying its message
 (``INVALID_ARGUMENT``), raised by JAX where the result is used. At exit the process waits
 for every JAX computation still running (``_finish``): one that calls the handler after
@@ -19,6 +24,8 @@ import atexit
 import ctypes as C
 import itertools
 import math
+import mmap
+import sys
 import threading
 
 import jax
@@ -108,6 +115,29 @@ def _view(pointer):
     return np.frombuffer((C.c_char * nbytes).from_address(buffer.data), dtype).reshape(shape)
 
 
+_MADV_HUGEPAGE = 14  # Linux
+_HUGE = 1 << 22  # bytes from which a result is worth huge pages (NumPy's threshold)
+
+
+def _madvise():
+    try:
+        madvise = C.CDLL(None, use_errno=True).madvise
+    except (AttributeError, OSError):  # not Linux: no huge-page advice
+        return None
+    madvise.argtypes, madvise.restype = [C.c_void_p, C.c_size_t, C.c_int], C.c_int
+    return madvise if sys.platform.startswith("linux") else None
+
+
+_ADVISE = _madvise()
+
+
+def _huge_pages(a):
+    """Advise transparent huge pages for a large NumPy array's memory (a hint: ignored where not granted)."""
+    if _ADVISE is not None and a.nbytes >= _HUGE:
+        start = a.ctypes.data & ~(mmap.PAGESIZE - 1)
+        _ADVISE(start, a.ctypes.data + a.nbytes - start, _MADV_HUGEPAGE)
+
+
 def _error(frame, message):
     api = C.cast(frame.api, C.POINTER(_Api)).contents
     text = message.encode("utf-8", "replace")
@@ -126,6 +156,7 @@ def _handle(frame_pointer):
         host = _HOSTS[C.cast(frame.attrs.items[0], C.POINTER(_Scalar)).contents.value[0]]
         arrays = [_view(frame.args.items[i]) for i in range(frame.args.size)]
         (out,) = (_view(frame.rets.items[i]) for i in range(frame.rets.size))
+        _huge_pages(out)
         host(*arrays, out=out)
     except Exception as error:  # noqa: BLE001 - every error goes back to XLA with its message
         return _error(frame, f"{type(error).__name__}: {error}")
