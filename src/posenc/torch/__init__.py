@@ -21,6 +21,10 @@ from .modules import (
     ShawRelative,
     SinusoidalEmbedding,
     T5RelativeBias,
+    TENERRelative,
+    TUPE,
+    TransformerXLRelative,
+    XPos,
 )
 
 __all__ = [
@@ -34,6 +38,10 @@ __all__ = [
     "ShawRelative",
     "SinusoidalEmbedding",
     "T5RelativeBias",
+    "TENERRelative",
+    "TUPE",
+    "TransformerXLRelative",
+    "XPos",
     "patch_hf",
     "score_mod",
 ]

@@ -9,8 +9,8 @@ forward and backward. The families live in ``absolute``, ``rotary``, ``biases`` 
 from ._protocol import PositionalModule
 from .absolute import LearnedEmbedding, NoPE, SinusoidalEmbedding
 from .biases import ALiBi, T5RelativeBias
-from .relative import DeBERTaRelative, ShawRelative
-from .rotary import RotaryEmbedding
+from .relative import TUPE, DeBERTaRelative, ShawRelative, TENERRelative, TransformerXLRelative
+from .rotary import RotaryEmbedding, XPos
 
 __all__ = [
     "ALiBi",
@@ -22,4 +22,8 @@ __all__ = [
     "ShawRelative",
     "SinusoidalEmbedding",
     "T5RelativeBias",
+    "TENERRelative",
+    "TUPE",
+    "TransformerXLRelative",
+    "XPos",
 ]

@@ -73,3 +73,114 @@ class DeBERTaRelative(PositionalModule):
     def scores(self, q, k, offset):
         return pe.deberta_logits(q, k, self.pos_q, self.pos_k, max_distance=self.max_distance, bucket_size=self.bucket_size,
                                  max_position=self.max_position, terms=self.terms, offset=offset)
+
+
+class TransformerXLRelative(PositionalModule):
+    r"""Transformer-XL's relative attention (:func:`posenc.xl_logits`) with its learned parts.
+
+    .. math:: A_{ij} = \frac{(q_i + u) \cdot k_j + (q_i + v) \cdot (R_{i-j} W_R)}{\sqrt{d}}
+
+    Dai et al., "Transformer-XL" (2019): ``R_t`` is the sinusoidal embedding
+    (:func:`posenc.sinusoidal`, width ``dim``, ``base``, ``layout``) of the relative
+    distance ``t = (offset + i) - j``, projected per head by the learned ``r_proj [heads,
+    dim, head_dim]`` (:math:`W_{k,R}`); ``u``, ``v [heads, 1, head_dim]`` are the learned
+    global content and position biases. The relative embeddings are built for the
+    ``k_len + q_len`` distances of the call (future keys included, so it serves encoders
+    too); Transformer-XL's memory is simply the keys before the queries (``offset=None``).
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved"):
+        super().__init__()
+        heads = positive_int("num_heads", num_heads)
+        positive_int("head_dim", head_dim)
+        dim = heads * head_dim if dim is None else dim
+        pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
+        self.num_heads, self.head_dim, self.dim, self.base, self.layout = heads, head_dim, dim, base, layout
+        self.r_proj = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
+        self.u = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
+
+    def options(self):
+        return {"num_heads": self.num_heads, "head_dim": self.head_dim, "dim": self.dim, "base": self.base, "layout": self.layout}
+
+    def relative_embeddings(self, q_len: int, k_len: int, offset) -> torch.Tensor:
+        """``r [heads, k_len + q_len, head_dim]``: row ``c`` for the distance ``offset + q_len - 1 - c``
+        (xl_logits' rows ``k_len - 1 .. -q_len``, moved by ``offset - (k_len - q_len)``)."""
+        distances = (offset - (k_len - q_len)) + torch.arange(k_len - 1, -q_len - 1, -1, device=self.r_proj.device)
+        return pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=self.r_proj.dtype) @ self.r_proj
+
+    def scores(self, q, k, offset):
+        r = self.relative_embeddings(q.shape[-2], k.shape[-2], offset)
+        return pe.xl_logits(q, k, r, self.u, self.v) / math.sqrt(q.shape[-1])
+
+
+class TENERRelative(PositionalModule):
+    r"""TENER's direction-aware relative attention (:func:`posenc.tener_logits`), unscaled.
+
+    .. math:: A_{ij} = (q_i + u) \cdot k_j + (q_i + v) \cdot R_{i-j}
+
+    Yan et al., "TENER" (2019): ``R_t`` is the fixed sinusoid of the signed distance
+    (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
+    logits unscaled (it found the sharper attention better for NER), so ``logits`` has no
+    ``1/sqrt(head_dim)``.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
+        super().__init__()
+        heads = positive_int("num_heads", num_heads)
+        pe.sinusoidal(0, positive_int("head_dim", head_dim), base=base, layout=layout)  # validates the arguments now
+        self.num_heads, self.head_dim, self.base, self.layout = heads, head_dim, base, layout
+        self.u = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
+        self.v = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
+
+    def options(self):
+        return {"num_heads": self.num_heads, "head_dim": self.head_dim, "base": self.base, "layout": self.layout}
+
+    def scores(self, q, k, offset):
+        return pe.tener_logits(q, k, self.u, self.v, base=self.base, offset=offset, layout=self.layout)
+
+
+class TUPE(PositionalModule):
+    r"""TUPE's untied positional attention (:func:`posenc.tupe_logits`) with a learned table.
+
+    .. math:: A_{ij} = \frac{q_i \cdot k_j + (p_{i} U^Q) \cdot (p_j U^K)}{\sqrt{2d}}
+
+    Ke, He and Liu (2021): the absolute table ``p [max_positions, dim]`` is not added to
+    the tokens (``embed`` returns ``x``) but correlated apart through the learned
+    projections ``uq``, ``uk [heads, dim, head_dim]``. ``untie_cls=True`` learns the
+    paper's :math:`\theta_1, \theta_2` per head (``cls [2, heads]``: the positional term
+    of the ``[CLS]`` token at position 0 to the others and of the others to it). Queries
+    sit at ``offset + arange(q_len)``, keys at ``arange(k_len)``, both below
+    ``max_positions``. (:func:`posenc.tupe_logits` numbers the queries from 0, so with an
+    ``offset`` the rows before it are computed on zero queries and dropped.)
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False):
+        super().__init__()
+        heads = positive_int("num_heads", num_heads)
+        positive_int("head_dim", head_dim)
+        positive_int("max_positions", max_positions)
+        dim = positive_int("dim", heads * head_dim if dim is None else dim)
+        if not isinstance(untie_cls, bool):
+            raise TypeError(f"untie_cls must be a bool, got {untie_cls!r}")
+        self.num_heads, self.head_dim, self.max_positions, self.dim = heads, head_dim, max_positions, dim
+        self.p = nn.Parameter(torch.randn(max_positions, dim) * 0.02)
+        self.uq = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
+        self.uk = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
+        self.register_parameter("cls", nn.Parameter(torch.zeros(2, heads)) if untie_cls else None)
+
+    def options(self):
+        return {"num_heads": self.num_heads, "head_dim": self.head_dim, "max_positions": self.max_positions, "dim": self.dim,
+                "untie_cls": self.cls is not None}
+
+    def scores(self, q, k, offset):
+        offset = int(offset)
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        if offset < 0 or max(offset + q_len, k_len) > self.max_positions:
+            raise ValueError(
+                f"TUPE positions must lie in [0, max_positions = {self.max_positions}), got queries {offset}..{offset + q_len - 1} "
+                f"and keys 0..{k_len - 1}"
+            )
+        cls = None if self.cls is None else (self.cls[0], self.cls[1])
+        logits = pe.tupe_logits(nn.functional.pad(q, (0, 0, offset, 0)), k, self.p, self.uq, self.uk, cls=cls)
+        return logits[..., offset:, :]

@@ -87,3 +87,35 @@ def _longer(query_end, k_len):
     if isinstance(query_end, torch.Tensor):
         return torch.clamp(query_end, min=k_len)
     return max(query_end, k_len)
+
+
+class XPos(PositionalModule):
+    r"""xPos (Sun et al., 2022): RoPE whose scores decay with the distance (:func:`posenc.xpos_scale`).
+
+    .. math:: A_{ij} = \frac{(R_{m} q_i \, \zeta^{m/\gamma}) \cdot (R_{n} k_j \, \zeta^{-n/\gamma})}{\sqrt{d}},
+              \qquad m = \text{offset} + i,\ n = j
+
+    The queries are rotated (:func:`posenc.rope`, ``base``, ``layout``) and multiplied by
+    the scale, the keys rotated and divided by it, so pair ``i`` of a score gains
+    :math:`\zeta_i^{(m - n)/\gamma}` with :math:`\gamma` = ``scale_base``. Both are
+    centred at ``k_len // 2`` (as torchscale does) so the factors stay within float range;
+    only ``m - n`` matters.
+    """
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512, layout: str = "half"):
+        super().__init__()
+        pe.xpos_scale(torch.zeros(1), head_dim, scale_base=scale_base, layout=layout)  # validates the arguments now
+        pe.rope_frequencies(head_dim, base=base)
+        self.head_dim, self.base, self.scale_base, self.layout = head_dim, base, scale_base, layout
+
+    def options(self):
+        return {"head_dim": self.head_dim, "base": self.base, "scale_base": self.scale_base, "layout": self.layout}
+
+    def scores(self, q, k, offset):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        center = k_len // 2
+        scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": q.dtype}
+        q_scale = pe.xpos_scale(offset - center + torch.arange(q_len, device=q.device), q.shape[-1], **scale)
+        k_scale = pe.xpos_scale(torch.arange(k_len, device=k.device) - center, k.shape[-1], **scale)
+        rope = {"base": self.base, "layout": self.layout}
+        return dot_scores(pe.rope(q, offset=offset, **rope) * q_scale, pe.rope(k, **rope) / k_scale)
