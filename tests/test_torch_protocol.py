@@ -118,8 +118,8 @@ def test_logits_equal_the_public_function(name):
     m = _make(name)
     q, k, _ = _qkv()
     with torch.no_grad():
-        for offset in (None, 0, 7):
-            reference = MODULES[name][1](m, q, k, 9 - 5 if offset is None else offset)
+        for offset in (None, 0, 7, torch.tensor(7)):  # a 0-d tensor offset too (a compiled decode step)
+            reference = MODULES[name][1](m, q, k, 9 - 5 if offset is None else int(offset))
             torch.testing.assert_close(m.logits(q, k, offset=offset), reference, rtol=1e-12, atol=1e-12)
 
 
