@@ -259,3 +259,23 @@ def test_compile_fullgraph(name):
     q, k, v = _qkv(1, 9)
     compiled = torch.compile(lambda q, k, v: m.attend(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v), m.attend(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: pt.TransformerXLRelative(0, 8), ValueError, "num_heads"),
+        (lambda: pt.TransformerXLRelative(2, 8, dim=7), ValueError, "dim"),
+        (lambda: pt.TENERRelative(2, 7), ValueError, "dim"),
+        (lambda: pt.TUPE(2, 8, max_positions=0), ValueError, "max_positions"),
+        (lambda: pt.TUPE(2, 8, max_positions=8, untie_cls=1), TypeError, "untie_cls"),
+        (lambda: pt.XPos(7), ValueError, "dim"),
+        (lambda: pt.XPos(8, scale_base=0), ValueError, "scale_base"),
+        (lambda: pt.ALiBi(4, max_bias=-1.0), ValueError, "max_bias"),
+        (lambda: pt.DeBERTaRelative(2, 8, max_distance=4, terms=("c2c",)), ValueError, "terms"),
+        (lambda: pt.DeBERTaRelative(2, 8, max_distance=4, terms=()), ValueError, "terms"),
+    ],
+)
+def test_bad_options_name_the_argument(make, error, words):
+    with pytest.raises(error, match=words):
+        make()

@@ -45,14 +45,14 @@ class PositionalModule(nn.Module):
     def logits(self, q: torch.Tensor, k: torch.Tensor, *, offset=None) -> torch.Tensor:
         """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included."""
         _check_query_key(q, k)
-        return self.scores(q, k, query_offset(offset, q, k))
+        return self.scores(q, k, query_offset(offset, q.shape[-2], k.shape[-2]))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None) -> torch.Tensor:
         """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding."""
         _check_query_key(q, k, v)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {causal!r}")
-        offset = query_offset(offset, q, k)
+        offset = query_offset(offset, q.shape[-2], k.shape[-2])
         logits = self.scores(q, k, offset)
         weights = masked_softmax(logits, allowed_keys(logits, causal=causal, offset=offset, mask=mask))
         return self.values(weights.to(v.dtype), v, offset)
@@ -77,10 +77,10 @@ class PositionalModule(nn.Module):
         return {}
 
 
-def query_offset(offset, q, k):
+def query_offset(offset, q_len, k_len):
     """The first query position: ``offset``, or ``k_len - q_len`` when it is ``None``."""
     if offset is None:
-        return int(k.shape[-2]) - int(q.shape[-2])
+        return int(k_len) - int(q_len)
     if isinstance(offset, torch.Tensor):
         if offset.ndim != 0 or offset.dtype.is_floating_point or offset.dtype.is_complex or offset.dtype == torch.bool:
             raise ValueError(f"offset must be an int or a 0-d integer tensor, got a {offset.dtype} tensor of shape {tuple(offset.shape)}")
