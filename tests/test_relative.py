@@ -108,8 +108,8 @@ def test_t5_bias_matches_transformers_compute_bias():
     torch = pytest.importorskip("torch")
     attention = hf_t5_attention(8, 20, is_decoder=True)
     with torch.no_grad():
-        want = attention.compute_bias(6, 30)[0]  # decoder: unidirectional
-        got = pe.t5_bias(attention.relative_attention_bias.weight, 6, 30, bidirectional=False, max_distance=20)
+        want = attention.compute_bias(6, 30)[0]  # decoder: unidirectional; queries counted from 0 (no cache)
+        got = pe.t5_bias(attention.relative_attention_bias.weight, 6, 30, bidirectional=False, max_distance=20, offset=0)
     torch.testing.assert_close(got, want)
 
 
