@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from arrays import assert_close
 
 H, N, D = 2, 7, 4
 RNG = np.random.default_rng(22)
@@ -121,3 +122,69 @@ def test_explicit_offsets_still_count_from_the_given_position():
     # offset=0: the queries are the first q_len keys (the alignment before the change).
     np.testing.assert_array_equal(pe.t5_bias(table, 2, N, offset=0), pe.t5_bias(table, N, N)[:, :2])
     np.testing.assert_array_equal(pe.t5_bias(table, 2, N, offset=np.asarray(3)), pe.t5_bias(table, N, N)[:, 3:5])
+
+
+# --- pe.attention: mask=, and rows with no key to attend to -----------------------------------
+
+
+def _naive_attention(q, k, v, allowed, bias=0.0):
+    """Softmax over the allowed keys only, written out; a row with none gives zeros."""
+    logits = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1]) + bias
+    out = np.zeros(q.shape[:-1] + (v.shape[-1],))
+    for index in np.ndindex(*logits.shape[:-1]):
+        keep = np.broadcast_to(allowed, logits.shape)[index] & np.isfinite(logits[index])
+        if keep.any():
+            w = np.exp(logits[index][keep] - logits[index][keep].max())
+            out[index] = (w / w.sum()) @ v[index[:-1]][keep]
+    return out
+
+
+def test_attention_mask_true_attends(backend):
+    q, k, v = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 5, 4)), RNG.standard_normal((2, 5, 3))
+    mask = RNG.random((2, 3, 5)) < 0.6
+    mask[:, :, 0] = True
+    got = backend.call(lambda *a: pe.attention(*a[:3], mask=a[3]), *(backend.asarray(x) for x in (q, k, v, mask)))
+    assert_close(got, _naive_attention(q, k, v, mask), backend=backend, dtype=backend.asarray(q).dtype)
+
+
+def test_attention_mask_and_causal_combine():
+    q, k, v = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 5, 4)), RNG.standard_normal((2, 5, 3))
+    padding = np.array([False, True, True, True, True])  # key 0 is padding
+    causal = pe.relative_positions(3, 5) >= 0
+    got = pe.attention(q, k, v, mask=padding, causal=True)
+    np.testing.assert_allclose(got, _naive_attention(q, k, v, padding & causal), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["mask", "-inf bias"])
+def test_attention_fully_masked_row_gives_zeros_not_nan(backend, how):
+    """A left-padding query may attend to nothing: its output is zeros (documented), the
+    other rows are unchanged."""
+    q, k, v = RNG.standard_normal((2, 3, 4)), RNG.standard_normal((2, 5, 4)), RNG.standard_normal((2, 5, 3))
+    allowed = np.ones((3, 5), dtype=bool)
+    allowed[0] = False
+    if how == "mask":
+        call, extra = (lambda *a: pe.attention(*a[:3], mask=a[3])), allowed
+    else:
+        call, extra = (lambda *a: pe.attention(*a[:3], bias=a[3])), np.where(allowed, 0.0, -np.inf)
+    result = backend.call(call, *(backend.asarray(x) for x in (q, k, v, extra)))
+    got = backend.to_numpy(result)
+    assert not np.isnan(got).any()
+    np.testing.assert_array_equal(got[:, 0], 0.0)
+    assert_close(result, _naive_attention(q, k, v, allowed), backend=backend, dtype=backend.asarray(q).dtype)
+
+
+def test_attention_fully_masked_row_has_finite_gradients():
+    torch = pytest.importorskip("torch")
+    q, k, v = (torch.randn(2, 3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    bias = torch.zeros(3, 3, dtype=torch.float64)
+    bias[0] = -torch.inf
+    pe.attention(q, k, v, bias=bias).sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+def test_attention_mask_bad_input():
+    q = np.zeros((2, 3, 4))
+    with pytest.raises(TypeError, match="mask must be a boolean array"):
+        pe.attention(q, q, q, mask=np.ones((3, 3)))
+    with pytest.raises(ValueError, match=r"mask of shape \(4,\) does not broadcast"):
+        pe.attention(q, q, q, mask=np.ones(4, dtype=bool))
