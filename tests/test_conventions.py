@@ -188,3 +188,120 @@ def test_attention_mask_bad_input():
         pe.attention(q, q, q, mask=np.ones((3, 3)))
     with pytest.raises(ValueError, match=r"mask of shape \(4,\) does not broadcast"):
         pe.attention(q, q, q, mask=np.ones(4, dtype=bool))
+
+
+# --- the same mistake, the same error, in every family ----------------------------------------
+
+MIXED = "arrays of different kinds in one call:"
+
+
+def _mixed_library_calls(torch):
+    """Every public function that takes two or more arrays, given one NumPy array among torch ones."""
+    t, n = (lambda *s: torch.zeros(*s, dtype=torch.float64)), (lambda *s: np.zeros(s))
+    ti, ni = (lambda *s: torch.zeros(*s, dtype=torch.int64)), (lambda *s: np.zeros(s, dtype=np.int64))
+    slopes, table = t(2), t(32, 2)
+    return {
+        "shaw_logits": lambda: pe.shaw_logits(t(2, 3, 4), t(2, 5, 4), n(9, 4), max_distance=4),
+        "shaw_output": lambda: pe.shaw_output(t(2, 3, 5), t(2, 5, 4), n(9, 4), max_distance=4),
+        "deberta_logits": lambda: pe.deberta_logits(t(2, 3, 4), t(2, 5, 4), n(2, 4, 4), t(2, 4, 4), max_distance=2),
+        "xl_logits": lambda: pe.xl_logits(t(2, 3, 4), t(2, 5, 4), n(2, 8, 4), t(2, 1, 4), t(2, 1, 4)),
+        "tener_logits": lambda: pe.tener_logits(t(2, 3, 4), t(2, 5, 4), n(2, 1, 4), t(2, 1, 4)),
+        "tupe_logits": lambda: pe.tupe_logits(t(2, 3, 4), t(2, 3, 4), n(3, 4), t(2, 4, 4), t(2, 4, 4)),
+        "segment_logits": lambda: pe.segment_logits(t(2, 3, 4), ni(3), ti(3), t(2, 1, 4), t(2, 1, 4), t(2, 1, 4)),
+        "t5_bias per-token": lambda: pe.t5_bias(table, 1, 3, query_positions=ni(1), key_positions=ti(3)),
+        "alibi_bias per-token": lambda: pe.alibi_bias(slopes, 1, 3, key_positions=ni(3)),
+        "relative_bias per-token": lambda: pe.relative_bias("shaw", t(5, 2), 1, 3, max_distance=2, key_positions=ni(3)),
+        "shaw_logits per-token": lambda: pe.shaw_logits(t(2, 1, 4), t(2, 3, 4), t(5, 4), max_distance=2, key_positions=ni(3)),
+        "deberta_logits per-token": lambda: pe.deberta_logits(
+            t(2, 1, 4), t(2, 3, 4), t(2, 4, 4), t(2, 4, 4), max_distance=2, query_positions=ni(1)
+        ),
+        "expand_bias out": lambda: pe.expand_bias(t(2, 5), 2, 4, out=n(2, 2, 4)),
+        "t5_bias out": lambda: pe.t5_bias(table, 2, 4, out=n(2, 2, 4)),
+        "alibi_bias out": lambda: pe.alibi_bias(slopes, 2, 4, out=n(2, 2, 4)),
+        "attention": lambda: pe.attention(t(2, 3, 4), t(2, 3, 4), n(2, 3, 4)),
+        "attention bias": lambda: pe.attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4), bias=n(3, 3)),
+        "attention mask": lambda: pe.attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4), mask=np.ones((3, 3), dtype=bool)),
+        "rope": lambda: pe.rope(t(2, 3, 8), ni(3)),
+        "apply_rope": lambda: pe.apply_rope(t(3, 8), n(3, 8), t(3, 8)),
+        "apply_absolute": lambda: pe.apply_absolute(t(3, 8), n(4, 8)),
+    }
+
+
+def test_mixed_libraries_give_one_type_error_naming_both():
+    """``TypeError`` naming both libraries, the same wording in every family; the library is
+    checked before the device (which once gave a ``ValueError`` about devices)."""
+    torch = pytest.importorskip("torch")
+    wrong = {}
+    for case, call in _mixed_library_calls(torch).items():
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - the kind of exception is what is tested
+            if not (type(exc) is TypeError and str(exc).startswith(MIXED) and "numpy" in str(exc) and "torch" in str(exc)):
+                wrong[case] = f"{type(exc).__name__}: {exc}"
+        else:
+            wrong[case] = "no error"
+    assert not wrong, wrong
+
+
+def _length_and_offset_mistakes(value):
+    """``(argument, call)`` for every function taking a length, a count or an offset, each given ``value``."""
+    x, table = np.zeros((3, 8)), np.zeros((32, 2))
+    q, k, t = np.zeros((2, 3, 4)), np.zeros((2, 5, 4)), np.zeros((5, 4))
+    lengths = {
+        "relative_positions": ("q_len", lambda: pe.relative_positions(value, 3)),
+        "t5_bias": ("k_len", lambda: pe.t5_bias(table, 2, value)),
+        "alibi_bias": ("q_len", lambda: pe.alibi_bias(np.ones(2), value, 3)),
+        "alibi_bias per-token": ("k_len", lambda: pe.alibi_bias(np.ones(2), 1, value, key_positions=np.arange(3))),
+        "relative_bias": ("q_len", lambda: pe.relative_bias("shaw", np.ones((5, 2)), value, 3, max_distance=2)),
+        "relative_bias_vector": ("k_len", lambda: pe.relative_bias_vector("t5", table, 2, value)),
+        "expand_bias": ("q_len", lambda: pe.expand_bias(np.zeros((2, 4)), value, 3)),
+        "sinusoidal": ("positions", lambda: pe.sinusoidal(value, 8)),
+        "floater": ("length", lambda: pe.floater(value, 8)),
+        "hierarchical_extend": ("length", lambda: pe.hierarchical_extend(np.zeros((4, 8)), value)),
+        "alibi_slopes": ("num_heads", lambda: pe.alibi_slopes(value)),
+        "nezha_table": ("max_distance", lambda: pe.nezha_table(value, 8)),
+        "clip_relative": ("max_distance", lambda: pe.clip_relative(np.arange(3), value)),
+        "shaw_logits max_distance": ("max_distance", lambda: pe.shaw_logits(q, k, t, max_distance=value)),
+    }
+    offsets = {
+        "relative_positions offset": lambda: pe.relative_positions(2, 3, offset=value),
+        "t5_bias offset": lambda: pe.t5_bias(table, 2, 3, offset=value),
+        "alibi_bias offset": lambda: pe.alibi_bias(np.ones(2), 2, 3, offset=value),
+        "alibi_bias per-token offset": lambda: pe.alibi_bias(np.ones(2), 1, 3, offset=value, key_positions=np.arange(3)),
+        "relative_bias_vector offset": lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 3, offset=value),
+        "shaw_logits offset": lambda: pe.shaw_logits(q, k, t, max_distance=2, offset=value),
+        "shaw_output offset": lambda: pe.shaw_output(np.zeros((2, 3, 5)), k, t, max_distance=2, offset=value),
+        "deberta_logits offset": lambda: pe.deberta_logits(q, k, np.zeros((4, 4)), np.zeros((4, 4)), max_distance=2, offset=value),
+        "tener_logits offset": lambda: pe.tener_logits(q, k, np.zeros((1, 4)), np.zeros((1, 4)), offset=value),
+        "rope offset": lambda: pe.rope(x, offset=value),
+        "apply_absolute offset": lambda: pe.apply_absolute(x, np.zeros((5, 8)), offset=value),
+    }
+    return lengths, offsets
+
+
+def _check_all(cases, error, message):
+    wrong = {}
+    for case, (name, call) in cases.items():
+        want = message.format(name=name)
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - the kind of exception is what is tested
+            if type(exc) is not error or str(exc) != want:
+                wrong[case] = f"{type(exc).__name__}: {exc} (want {error.__name__}: {want})"
+        else:
+            wrong[case] = "no error"
+    assert not wrong, wrong
+
+
+def test_a_float_length_or_offset_is_one_type_error_everywhere():
+    lengths, offsets = _length_and_offset_mistakes(2.5)
+    _check_all(lengths, TypeError, "{name} must be an integer, got 2.5 (float)")
+    _check_all({case: ("offset", call) for case, call in offsets.items()}, TypeError, "{name} must be an integer, got 2.5 (float)")
+
+
+def test_a_negative_length_is_one_value_error_everywhere():
+    lengths, _ = _length_and_offset_mistakes(-1)
+    del lengths["alibi_slopes"]  # a head count must be positive, and says so
+    _check_all(lengths, ValueError, "{name} must be a non-negative integer, got -1")
+    with pytest.raises(ValueError, match="num_heads must be a positive integer, got -1"):
+        pe.alibi_slopes(-1)

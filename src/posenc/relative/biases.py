@@ -167,7 +167,7 @@ def _params_name(kind):
 
 def _checked(kind, params, q_len, k_len, options, **arrays):
     """Every argument of a relative bias but ``offset`` validated once: ``(xp, kind, q_len,
-    k_len, options)``; ``arrays`` (positions) join ``params`` in the namespace check."""
+    k_len, options)``; ``arrays`` (positions, ``out``) join ``params`` in the namespace check."""
     kind = check.choice("kind", kind, KINDS)
     check_options, _, names = _KINDS[kind]
     unknown = sorted(set(options) - set(names))
@@ -332,8 +332,8 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     ...                  query_positions=keys[-1:], key_positions=keys)[0].tolist()
     [[3.0, 2.0, 1.0, 3.0, 2.0]]
     """
-    positions = {"query_positions": query_positions, "key_positions": key_positions}
-    xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **positions)
+    arrays = {"query_positions": query_positions, "key_positions": key_positions, "out": out}
+    xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **arrays)
     if _per_token.given(query_positions, key_positions):
         return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
     offset = query_offset(offset, q_len, k_len)
