@@ -211,3 +211,11 @@ def test_learned_embedding_extend_replaces_the_parameter_the_optimizer_must_be_r
     torch.testing.assert_close(m.weight.detach(), before, rtol=0, atol=0)
     torch.optim.SGD(m.parameters(), lr=1.0).step()  # rebuilt: it does
     torch.testing.assert_close(m.weight.detach(), before - 1.0, rtol=0, atol=0)
+
+
+def test_bias_modules_align_the_queries_with_the_last_keys_by_default():
+    t5, alibi = T5RelativeBias(2, num_buckets=8, max_distance=16), ALiBi(2, max_bias=4.0)
+    table = t5.table.detach().numpy()
+    np.testing.assert_allclose(t5(3, 7).detach().numpy(), pe.t5_bias(table, 3, 7, max_distance=16, offset=4))
+    np.testing.assert_allclose(alibi(3, 7).numpy(), pe.alibi_bias(pe.alibi_slopes(2, max_bias=4.0), 3, 7, offset=4))
+    np.testing.assert_allclose(alibi(3, 7, offset=0).numpy(), pe.alibi_bias(pe.alibi_slopes(2, max_bias=4.0), 3, 7, offset=0))

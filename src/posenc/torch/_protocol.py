@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-import numbers
 
 import torch
 from torch import nn
+
+from posenc.relative import indices
 
 
 class PositionalModule(nn.Module):
@@ -78,16 +79,9 @@ class PositionalModule(nn.Module):
 
 
 def query_offset(offset, q_len, k_len):
-    """The first query position: ``offset``, or ``k_len - q_len`` when it is ``None``."""
-    if offset is None:
-        return int(k_len) - int(q_len)
-    if isinstance(offset, torch.Tensor):
-        if offset.ndim != 0 or offset.dtype.is_floating_point or offset.dtype.is_complex or offset.dtype == torch.bool:
-            raise ValueError(f"offset must be an int or a 0-d integer tensor, got a {offset.dtype} tensor of shape {tuple(offset.shape)}")
-        return offset
-    if isinstance(offset, bool) or not isinstance(offset, numbers.Integral):
-        raise TypeError(f"offset must be an int or a 0-d integer tensor, got {offset!r}")
-    return int(offset)
+    """The first query position: ``offset`` (validated as the functions validate it), or
+    ``k_len - q_len`` when it is ``None``."""
+    return indices.query_offset(offset, int(q_len), int(k_len))
 
 
 def dot_scores(q, k, scale=None):

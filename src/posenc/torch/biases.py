@@ -7,7 +7,7 @@ from torch import nn
 
 import posenc as pe
 
-from ._protocol import PositionalModule, dot_scores, positive_int, query_offset
+from ._protocol import PositionalModule, dot_scores, positive_int
 
 
 class _DistanceBias(PositionalModule):
@@ -27,7 +27,6 @@ class _DistanceBias(PositionalModule):
         raise NotImplementedError
 
     def vector(self, q_len: int, k_len: int, offset=None) -> torch.Tensor:
-        offset = query_offset(offset, q_len, k_len)
         return pe.relative_bias_vector(self.kind, self.params(), q_len, k_len, offset=offset, **self.bias_options())
 
     def forward(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
