@@ -219,3 +219,16 @@ def test_bias_modules_align_the_queries_with_the_last_keys_by_default():
     np.testing.assert_allclose(t5(3, 7).detach().numpy(), pe.t5_bias(table, 3, 7, max_distance=16, offset=4))
     np.testing.assert_allclose(alibi(3, 7).numpy(), pe.alibi_bias(pe.alibi_slopes(2, max_bias=4.0), 3, 7, offset=4))
     np.testing.assert_allclose(alibi(3, 7, offset=0).numpy(), pe.alibi_bias(pe.alibi_slopes(2, max_bias=4.0), 3, 7, offset=0))
+
+
+def test_xpos_16_bit_logits_stay_finite_far_from_the_centre():
+    from posenc.torch import XPos
+
+    q, k = torch.randn(1, 2, 1, 8, dtype=torch.float64), torch.randn(1, 2, 20000, 8, dtype=torch.float64)
+    got = XPos(8).logits(q.half(), k.half())
+    assert got.dtype == torch.float16
+    # float64 reference, positions not centred: zeta**(-20000/512) ~ 5e-22 is in float64's range
+    zq = pe.xpos_scale(torch.tensor([19999.0], dtype=torch.float64), 8)
+    zk = pe.xpos_scale(torch.arange(20000, dtype=torch.float64), 8)
+    expected = (pe.rope(q.half().double(), offset=19999) * zq) @ (pe.rope(k.half().double()) / zk).transpose(-1, -2) / math.sqrt(8)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=2e-3)

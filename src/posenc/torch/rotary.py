@@ -98,8 +98,9 @@ class XPos(PositionalModule):
     The queries are rotated (:func:`posenc.rope`, ``base``, ``layout``) and multiplied by
     the scale, the keys rotated and divided by it, so pair ``i`` of a score gains
     :math:`\zeta_i^{(m - n)/\gamma}` with :math:`\gamma` = ``scale_base``. Both are
-    centred at ``k_len // 2`` (as torchscale does) so the factors stay within float range;
-    only ``m - n`` matters.
+    centred at ``k_len // 2`` (as torchscale does; only ``m - n`` matters) and scaled in
+    float32 at least (for 16-bit inputs too), so the factors stay in range for positions
+    up to about ``70 * scale_base`` from the centre.
     """
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512, layout: str = "half"):
@@ -114,8 +115,10 @@ class XPos(PositionalModule):
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
         center = k_len // 2
-        scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": q.dtype}
+        work = torch.promote_types(q.dtype, torch.float32)
+        scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": work}
         q_scale = pe.xpos_scale(offset - center + torch.arange(q_len, device=q.device), q.shape[-1], **scale)
         k_scale = pe.xpos_scale(torch.arange(k_len, device=k.device) - center, k.shape[-1], **scale)
         rope = {"base": self.base, "layout": self.layout}
-        return dot_scores(pe.rope(q, offset=offset, **rope) * q_scale, pe.rope(k, **rope) / k_scale)
+        logits = dot_scores(pe.rope(q, offset=offset, **rope).to(work) * q_scale, pe.rope(k, **rope).to(work) / k_scale)
+        return logits.to(q.dtype)
