@@ -66,6 +66,10 @@ MODULES = {
     ),
     "tupe": (lambda: pt.TUPE(H, D, max_positions=32, dim=12), lambda m, q, k, o: _tupe_reference(m, q, k, o)),
     "tupe_cls": (lambda: pt.TUPE(H, D, max_positions=32, untie_cls=True), lambda m, q, k, o: _tupe_reference(m, q, k, o)),
+    "tupe_r": (
+        lambda: pt.TUPE(H, D, max_positions=32, bias=pt.T5RelativeBias(H, num_buckets=8, max_distance=6)),
+        lambda m, q, k, o: _tupe_reference(m, q, k, o) + pe.t5_bias(m.bias.table, q.shape[-2], k.shape[-2], max_distance=6, offset=o),
+    ),
     "xpos": (lambda: pt.XPos(D, scale_base=16), lambda m, q, k, o: _xpos_reference(q, k, o, scale_base=16)),
 }
 
@@ -269,6 +273,7 @@ def test_compile_fullgraph(name):
         (lambda: pt.TENERRelative(2, 7), ValueError, "dim"),
         (lambda: pt.TUPE(2, 8, max_positions=0), ValueError, "max_positions"),
         (lambda: pt.TUPE(2, 8, max_positions=8, untie_cls=1), TypeError, "untie_cls"),
+        (lambda: pt.TUPE(2, 8, max_positions=8, bias=pt.NoPE()), TypeError, "bias must be a bias module"),
         (lambda: pt.XPos(7), ValueError, "dim"),
         (lambda: pt.XPos(8, scale_base=0), ValueError, "scale_base"),
         (lambda: pt.ALiBi(4, max_bias=-1.0), ValueError, "max_bias"),

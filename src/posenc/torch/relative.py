@@ -11,6 +11,7 @@ import posenc as pe
 from posenc.relative.deberta import TERMS
 
 from ._protocol import PositionalModule, positive_int
+from .biases import _DistanceBias
 
 
 class ShawRelative(PositionalModule):
@@ -151,11 +152,12 @@ class TUPE(PositionalModule):
     paper's :math:`\theta_1, \theta_2` per head (``cls [2, heads]``: the positional term
     of the ``[CLS]`` token at position 0 to the others and of the others to it). Queries
     sit at ``offset + arange(q_len)``, keys at ``arange(k_len)``, both below
-    ``max_positions``. (:func:`posenc.tupe_logits` numbers the queries from 0, so with an
+    ``max_positions``. ``bias``, a bias module (``T5RelativeBias``, ``ALiBi``), adds its
+    relative bias: TUPE-R. (:func:`posenc.tupe_logits` numbers the queries from 0, so with an
     ``offset`` the rows before it are computed on zero queries and dropped.)
     """
 
-    def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False):
+    def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False, bias=None):
         super().__init__()
         heads = positive_int("num_heads", num_heads)
         positive_int("head_dim", head_dim)
@@ -168,6 +170,9 @@ class TUPE(PositionalModule):
         self.uq = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
         self.uk = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
         self.register_parameter("cls", nn.Parameter(torch.zeros(2, heads)) if untie_cls else None)
+        if bias is not None and not isinstance(bias, _DistanceBias):
+            raise TypeError(f"bias must be a bias module (T5RelativeBias, ALiBi) or None, got {type(bias).__name__}")
+        self.bias = bias
 
     def options(self):
         return {"num_heads": self.num_heads, "head_dim": self.head_dim, "max_positions": self.max_positions, "dim": self.dim,
@@ -182,5 +187,6 @@ class TUPE(PositionalModule):
                 f"and keys 0..{k_len - 1}"
             )
         cls = None if self.cls is None else (self.cls[0], self.cls[1])
-        logits = pe.tupe_logits(nn.functional.pad(q, (0, 0, offset, 0)), k, self.p, self.uq, self.uk, cls=cls)
+        bias = None if self.bias is None else self.bias(offset + q_len, k_len, offset=0).to(q.dtype)
+        logits = pe.tupe_logits(nn.functional.pad(q, (0, 0, offset, 0)), k, self.p, self.uq, self.uk, bias=bias, cls=cls)
         return logits[..., offset:, :]
