@@ -134,7 +134,7 @@ def _check_query_key(q, k, v=None):
 
 
 def positive_int(name, value, minimum=1):
+    """A Python int >= ``minimum`` (1 or 0), else a ValueError naming ``name``."""
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        kind = "positive" if minimum == 1 else "non-negative" if minimum == 0 else f">= {minimum}"
-        raise ValueError(f"{name} must be a {kind} integer, got {value!r}")
+        raise ValueError(f"{name} must be a {'positive' if minimum else 'non-negative'} integer, got {value!r}")
     return value
