@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from posenc import _bench, cli
+from posenc import _bench, _demo, cli
 
 
 def run_cli(*args):
@@ -20,11 +20,47 @@ def test_info(capsys):
 
 
 def test_demo_runs_every_family():
-    proc = run_cli("demo")
+    proc = run_cli("demo", "--library", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == "libraries: numpy"
     for family in ("absolute", "relative", "rotary"):
         assert f"-- {family} --" in proc.stdout
-    assert "FAIL" not in proc.stdout
+    assert "FAIL" not in proc.stdout and proc.stdout.endswith("demo finished: no failures\n")
+
+
+@pytest.mark.parametrize("library", [name for name, *_ in _demo.LIBRARIES])
+def test_demo_runs_every_step_on_each_installed_library(library):
+    (module,) = [module for name, module, *_ in _demo.LIBRARIES if name == library]
+    pytest.importorskip(module)
+    lines = []
+    assert _demo.run(lines.append, only=[library]) == 0, "\n".join(lines)
+    ran = [line for line in lines if line.startswith("  ") and "skipped on" not in line]
+    skipped = [line for line in lines if "skipped on" in line]
+    assert len(ran) + len(skipped) == len(_demo._STEPS) and len(skipped) <= 1
+    described = [line for line in ran if " float32" in line]
+    assert described and all(f"{library} (" in line for line in described), described
+
+
+def test_demo_names_each_library_it_skips_and_why(monkeypatch):
+    monkeypatch.setattr(_demo, "_installed", lambda module: module == "numpy")
+    found = {name: (maker, why) for name, maker, why in _demo.libraries()}
+    assert list(found) == ["numpy", "torch", "jax", "dask", "array-api-strict"]
+    assert found["numpy"] == (_demo.numpy_arrays, "")
+    assert found["jax"] == (None, "not installed (pip install 'posenc[jax]')")
+    lines = []
+    assert _demo.run(lines.append) == 0
+    assert lines[0] == (
+        "libraries: numpy; torch skipped: not installed (pip install 'posenc[torch]'); "
+        "jax skipped: not installed (pip install 'posenc[jax]'); dask skipped: not installed (pip install 'posenc[dask]'); "
+        "array-api-strict skipped: not installed (pip install array-api-strict)"
+    )
+    assert [line.split("  ")[0] for line in lines if line.startswith("==")] == ["== numpy =="]
+
+
+def test_demo_refuses_an_unknown_library():
+    proc = run_cli("demo", "--library", "cupyy")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --library: invalid choice: 'cupyy'" in proc.stderr
 
 
 def test_plot_writes_figures(tmp_path):

@@ -39,9 +39,15 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     from posenc import _demo
 
-    failures = _demo.run()
-    print("demo finished" + (f" with {failures} failure(s)" if failures else ": every encoding ran"))
+    failures = _demo.run(only=args.library)
+    print("demo finished" + (f" with {failures} failure(s)" if failures else ": no failures"))
     return 1 if failures else 0
+
+
+def _demo_libraries():
+    from posenc import _demo
+
+    return _demo.LIBRARIES
 
 
 def _bench_legend() -> str:
@@ -125,7 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("info", help="versions and usable backends").set_defaults(func=cmd_info)
-    sub.add_parser("demo", help="run every encoding once and print what it did").set_defaults(func=cmd_demo)
+    demo = sub.add_parser(
+        "demo",
+        help="run every encoding once on each installed array library and print what it did",
+        description="Runs every encoding once on NumPy, torch, JAX, Dask and array-api-strict, "
+        "each where installed (the others are named with the reason they are skipped).",
+    )
+    demo.add_argument("--library", action="append", choices=[name for name, *_ in _demo_libraries()], help="run on this library only (repeatable; default: every installed one)")
+    demo.set_defaults(func=cmd_demo)
     bench = sub.add_parser(
         "bench",
         help="time each hot operation beside the plain formula and the memory bandwidth",
