@@ -95,12 +95,12 @@ def _writable_directory(path: str) -> str | None:
 
 
 def cmd_plot(args) -> int:
-    from posenc import _plots
+    from posenc import plots
 
     problem = _writable_directory(args.out)
     if problem:
         return _error("plot", problem, 2)
-    _plots.write_all(args.out)
+    plots.write_all(args.out)
     return 0
 
 
