@@ -4,12 +4,14 @@ One function per figure. Each takes the figure's options, returns a
 :class:`matplotlib.figure.Figure` (not attached to pyplot: nothing to close) and, given
 ``path``, also saves it as a PNG there. ``posenc plot FIGURE [options] --out DIR`` calls
 them; :func:`write_all` writes every figure with its defaults (the docs' figures).
-``import posenc`` does not import this module; ``posenc.plots`` loads it (and matplotlib).
+``import posenc`` does not import this module (``posenc.plots`` loads it) and matplotlib
+is imported by the first figure drawn.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,14 +19,21 @@ import posenc as pe
 
 from . import _validate as check
 
-try:
+if TYPE_CHECKING:
     from matplotlib.figure import Figure
-except ImportError as exc:  # pragma: no cover - the message is the point
-    raise ImportError("matplotlib is not installed: pip install 'posenc[plot]'") from exc
 
 __all__ = ["alibi", "rope_decay", "rope_layouts", "scalings", "sinusoidal", "t5_buckets", "write_all"]
 
 SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+
+
+def _figure(size) -> Figure:
+    try:
+        import matplotlib  # noqa: F401  (first: a missing matplotlib fails here, even with submodules loaded)
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise ImportError("matplotlib is not installed: pip install 'posenc[plot]'") from exc
+    return Figure(figsize=size)
 
 
 def _save(fig: Figure, path) -> Figure:
@@ -76,7 +85,7 @@ def rope_decay(*, dim=128, bases=(10000.0, 500000.0), max_distance=32768, path=N
     if not bases:
         raise ValueError("bases must name at least one base")
     max_distance = check.integer("max_distance", max_distance, minimum=2)
-    fig = Figure(figsize=(11.0, 4.2))
+    fig = _figure((11.0, 4.2))
     near_ax, far_ax = fig.subplots(1, 2)
     near = np.arange(0, 257)
     at_zero = (dim / 2 + 1) / 2
@@ -135,7 +144,7 @@ def t5_buckets(*, num_buckets=32, max_distance=128, path=None) -> Figure:
     15
     """
     rel = np.arange(-(max_distance + 72), max_distance + 73)
-    fig = Figure(figsize=(9.0, 7.0))
+    fig = _figure((9.0, 7.0))
     for ax, bidirectional, name in zip(fig.subplots(2, 1), (True, False), ("bidirectional (encoder)", "causal (decoder)")):
         buckets = pe.t5_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
         exact = num_buckets // 4 if bidirectional else num_buckets // 2
@@ -181,7 +190,7 @@ def sinusoidal(*, length=256, dim=128, base=10000.0, path=None) -> Figure:
     (8, 16)
     """
     table = pe.sinusoidal(length, dim, base=base, dtype=np.float64)
-    fig = Figure(figsize=(7.0, 4.5))
+    fig = _figure((7.0, 4.5))
     ax = fig.subplots()
     image = ax.imshow(table.T, aspect="auto", cmap="RdBu", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="value")
@@ -226,7 +235,7 @@ def alibi(*, heads=8, length=32, head=0, path=None) -> Figure:
         raise ValueError(f"head must be below heads={heads}, got {head}")
     rel = pe.relative_positions(length, length)
     bias = np.where(rel >= 0, pe.alibi_bias(slopes, length, length)[head], np.nan)
-    fig = Figure(figsize=(7.0, 4.5))
+    fig = _figure((7.0, 4.5))
     ax = fig.subplots()
     image = ax.imshow(bias, aspect="auto", cmap="magma", interpolation="nearest")
     fig.colorbar(image, ax=ax, label="bias added to the logit")
@@ -306,7 +315,7 @@ def scalings(*, types=SCALINGS, factor=4.0, dim=128, base=10000.0, original=4096
     wavelength = 2 * np.pi / plain
     cols = min(3, len(types))
     rows = -(-len(types) // cols)
-    fig = Figure(figsize=(4.4 * cols, 3.8 * rows))
+    fig = _figure((4.4 * cols, 3.8 * rows))
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, kind in zip(axes, types):
         name, scaling = _scaling(kind, factor, dim, original)
@@ -354,7 +363,7 @@ def rope_layouts(*, dim=8, path=None) -> Figure:
     pairs = dim // 2
     half = [(c % pairs, "ab"[c // pairs]) for c in range(dim)]
     interleaved = [(c // 2, "ab"[c % 2]) for c in range(dim)]
-    fig = Figure(figsize=(max(8.0, dim * 0.5), 2.8))
+    fig = _figure((max(8.0, dim * 0.5), 2.8))
     ax = fig.subplots()
     ax.imshow(np.array([[p for p, _ in half], [p for p, _ in interleaved]]) % 10, aspect="auto", cmap="tab10", interpolation="nearest", vmin=0, vmax=9)
     for r, row in enumerate((half, interleaved)):
