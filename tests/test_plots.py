@@ -181,9 +181,14 @@ def test_write_all_and_path(tmp_path):
     assert (tmp_path / "one.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and fig.axes
 
 
-def test_import_posenc_does_not_import_matplotlib():
+def test_matplotlib_is_imported_by_the_first_figure_only():
     import subprocess
     import sys
 
-    code = "import sys, posenc; assert 'matplotlib' not in sys.modules; posenc.plots; assert 'matplotlib' in sys.modules"
-    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    code = (
+        "import sys, posenc; assert 'matplotlib' not in sys.modules and 'posenc.plots' not in sys.modules\n"
+        "import posenc.cli; posenc.plots.SCALINGS; assert 'matplotlib' not in sys.modules\n"
+        "posenc.plots.alibi(); assert 'matplotlib' in sys.modules and 'matplotlib.pyplot' not in sys.modules"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
