@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import os
 import sys
 import time
