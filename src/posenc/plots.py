@@ -60,7 +60,7 @@ def rope_decay(*, dim=128, bases=(10000.0, 500000.0), max_distance=32768, path=N
     ----------
     dim : int
         Rotary dimension ``d``, positive and even.
-    bases : sequence of float
+    bases : float or sequence of float
         One curve per base on the right panel.
     max_distance : int
         The largest distance ``m`` on the right panel, at least 2.
@@ -81,7 +81,7 @@ def rope_decay(*, dim=128, bases=(10000.0, 500000.0), max_distance=32768, path=N
     ['base 10000', 'base 10000, mean', 'base 500000', 'base 500000, mean']
     """
     dim = check.even_dim("dim", dim)
-    bases = [check.real("bases", b, positive=True) for b in bases]
+    bases = [check.real("bases", b, positive=True) for b in ([bases] if np.ndim(bases) == 0 else bases)]
     if not bases:
         raise ValueError("bases must name at least one base")
     max_distance = check.integer("max_distance", max_distance, minimum=2)
