@@ -21,10 +21,10 @@ def _learned(a):
     return f"table (512, 64) -> {describe(ext)}; first 512 rows unchanged: {same}"
 
 
-@step("FLOATER (RK4)")
+@step("FLOATER (RK4)", skip={"dask": "a sequential ODE solve, not a chunked computation (its graph grows by thousands of tasks per position)"})
 def _floater(a):
-    f = pe.floater(128, 32, xp=a.xp)
-    err = float(a.xp.max(a.xp.abs(f - pe.sinusoidal(128, 32, xp=a.xp))))
+    f = pe.floater(32, 16, xp=a.xp)
+    err = float(a.xp.max(a.xp.abs(f - pe.sinusoidal(32, 16, xp=a.xp))))
     return f"{describe(f)}; max |FLOATER - sinusoid| = {err:.1e}"
 
 
