@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, index_dtype, is_real_floating, namespace, result_dtype, shifted
-from . import _args
+from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
+from . import _args, _axes
 from .scaling import check_scaling, check_seq_len, frequency_table
 
 
@@ -151,15 +151,6 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
-def default_positions(xp, x, seq_axis, offset, device):
-    """``offset + arange(L)`` along ``seq_axis``, shaped to broadcast against ``x.shape[:-1]``."""
-    batch_ndim = x.ndim - 1
-    axis = seq_axis % x.ndim
-    length = int(x.shape[axis])
-    pos = shifted(xp.arange(length, dtype=index_dtype(xp, device), device=device), offset)
-    return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(batch_ndim)))
-
-
 def rope(
     x,
     positions=None,
@@ -169,7 +160,7 @@ def rope(
     layout="half",
     rotary_dim=None,
     offset=0,
-    seq_axis=-2,
+    seq_axis=None,
     inverse=False,
     seq_len=None,
     out=None,
@@ -184,9 +175,13 @@ def rope(
     ----------
     x : array ``[..., d]``, real floating (queries or keys, e.g. ``[batch, heads, seq, d]``)
     positions : array, optional
-        Integer or finite float positions broadcasting against ``x.shape[:-1]`` (per-token
-        ids for KV-cache decoding, packed batches: :func:`positions_from_cu_seqlens`,
-        padding: :func:`positions_from_mask`). Default: ``arange(L)`` along ``seq_axis``.
+        Integer or finite float positions (per-token ids for KV-cache decoding, packed
+        batches: :func:`positions_from_cu_seqlens`, padding: :func:`positions_from_mask`).
+        Their last axis runs along the sequence axis and their leading axes along the
+        leading (batch) axes of ``x``: ``[seq]`` and Hugging Face's ``[batch, seq]``
+        position ids fit ``[batch, heads, seq, d]`` as they are; positions with
+        ``x.ndim - 1`` axes broadcast axis by axis. Default: ``arange(L)`` along the
+        sequence axis.
     base : float
     scaling : posenc.scaling object, optional
     layout : {"half", "interleaved"}
@@ -195,8 +190,12 @@ def rope(
     offset : int or 0-d integer array
         Added to the positions (the number of cached tokens when decoding); a traced value
         (``jax.jit``, ``torch.compile``) is fine.
-    seq_axis : int
-        Axis of ``x`` that the default positions run along (not the feature axis).
+    seq_axis : int or str, optional
+        The sequence axis of ``x`` (not the feature axis), or a named layout, one letter
+        per axis: ``"bhsd"`` (batch, heads, seq, features: Hugging Face), ``"bshd"``
+        (flash-attention, JAX), ``"thd"`` (packed tokens: ``positions`` required),
+        ``"hsd"``, ``"bsd"``, ``"sd"``... Default: axis -2, and positions that could run
+        along two axes of the same length are refused (``ValueError``): say ``seq_axis``.
     inverse : bool
         Undo the embedding: rotate by ``-angle`` and divide by the attention scale, so
         ``rope(rope(x), inverse=True) == x``. (With attention scale 1 this is also the
@@ -224,6 +223,9 @@ def rope(
     [-0.3012, 0.99, 1.3818, 1.0099]
     >>> bool(np.allclose(pe.rope(pe.rope(q, offset=5), offset=5, inverse=True), q, atol=1e-6))
     True
+    >>> k = np.ones((2, 3, 1, 4))                          # [batch, seq, heads, dim]
+    >>> bool(np.allclose(pe.rope(k, seq_axis="bshd")[:, 1, 0], pe.rope(q)[0, 1]))
+    True
     """
     check.array("x", x)
     if positions is not None:
@@ -241,17 +243,7 @@ def rope(
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     seq_len = check_seq_len(seq_len)
-    if positions is None:
-        check.ndim("x", x, minimum=2)
-        seq_axis = check.integer("seq_axis", seq_axis)
-        if not -x.ndim <= seq_axis < x.ndim or seq_axis % x.ndim == x.ndim - 1:
-            raise ValueError(
-                f"seq_axis must name an axis of x other than the feature axis (x has shape {tuple(x.shape)}), got {seq_axis}"
-            )
-        positions = default_positions(xp, x, seq_axis, offset, device)
-    else:
-        _args.positions_against("positions", positions, xp, tuple(x.shape[:-1]))
-        positions = shifted(positions, offset)
+    positions = _axes.positions(xp, x, positions, seq_axis, offset, device)
     _args.out_like(out, x, xp)
     if scaling is not None and scaling.uses_seq_len:
         if seq_len is None:
