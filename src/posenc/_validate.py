@@ -10,6 +10,7 @@ import math
 import numbers
 import os
 import sys
+import warnings
 
 try:
     import resource
@@ -308,3 +309,30 @@ def allocatable_unless_blocked(name, shape, itemsize, like):
     block by block (and stored block by block), never whole."""
     if torch_tensor(like) or not _compat.is_dask_array(like):
         allocatable(name, shape, itemsize)
+
+
+LAYOUT_ALIASES = {"split": "half"}
+
+
+def layout(name, value, choices=("half", "interleaved")):
+    """A feature-layout name, one vocabulary everywhere: ``"half"`` (the two members of every
+    pair, or the sines and the cosines, in the two halves) or ``"interleaved"``. ``"split"``,
+    the earlier name of ``"half"``, is accepted with a ``FutureWarning``."""
+    if isinstance(value, str) and value in LAYOUT_ALIASES:
+        warnings.warn(
+            f'{name}="{value}" is the earlier name of "{LAYOUT_ALIASES[value]}" and will be removed: '
+            f'pass {name}="{LAYOUT_ALIASES[value]}"',
+            FutureWarning,
+            stacklevel=_outside_stacklevel(),
+        )
+        value = LAYOUT_ALIASES[value]
+    return choice(name, value, choices)
+
+
+def _outside_stacklevel():
+    """The ``stacklevel`` of the first caller outside posenc, for a warning raised in posenc."""
+    package = __name__.rpartition(".")[0]
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == package:
+        frame, level = frame.f_back, level + 1
+    return level

@@ -14,7 +14,7 @@ LAYOUTS = ("half", "interleaved")
 
 
 def layout(name, value):
-    return check.choice(name, value, LAYOUTS)
+    return check.layout(name, value, LAYOUTS)
 
 
 def inv_freq(name, value, xp):
