@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._xp import broadcast_shapes, is_integer, is_real_floating, torch_compiling, torch_tensor, trace_constant
+from ._xp import broadcast_shapes, is_integer, is_real_floating, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -336,3 +336,19 @@ def _outside_stacklevel():
     while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == package:
         frame, level = frame.f_back, level + 1
     return level
+
+
+def creation_dtype(name, dtype, xp):
+    """The float dtype of a result built from nothing in ``xp`` (float32 by default); a dtype
+    of another library is refused with the ``xp=`` that builds that library's arrays."""
+    try:
+        return result_dtype(xp, dtype)
+    except TypeError as exc:
+        owner = dtype.__module__ if isinstance(dtype, type) else type(dtype).__module__
+        library = {"torch": "torch", "jax": "jax.numpy", "cupy": "cupy"}.get(owner.partition(".")[0])
+        if library is None or library.partition(".")[0] in xp.__name__:
+            raise
+        raise TypeError(
+            f"{exc.args[0].replace('dtype', name, 1)}: it is a {library} dtype; pass xp={library} "
+            f"(and device=) to build a {library} array"
+        ) from None

@@ -71,7 +71,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     else:
         xp = namespace(xp=xp)
         n = check.integer("positions", positions, minimum=0)
-        out_dtype = result_dtype(xp, dtype)
+        out_dtype = check.creation_dtype("dtype", dtype, xp)
         check.allocatable("sinusoidal", (n, dim), 8)
         pos = xp.arange(n, device=device)
     cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)

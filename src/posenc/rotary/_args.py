@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
@@ -67,6 +68,16 @@ def host_inv_freq(name, value, xp):
     if not isinstance(freqs, tuple):
         raise TypeError(f"{name} must hold concrete values (a NumPy array or an eager array), got a traced {type(freqs).__name__}")
     return np.asarray(freqs)
+
+
+def positions_array(value):
+    """``rope``'s ``positions`` must be an array; a number is most likely meant as ``offset``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        raise TypeError(
+            f"positions must be an array of token positions, got the number {value!r}: to number the tokens "
+            f"from {value!r}, pass offset={value!r} (positions=None gives offset + arange along seq_axis)"
+        )
+    check.array("positions", value)
 
 
 def positions_against(name, positions, xp, batch_shape):

@@ -229,7 +229,7 @@ def rope(
     """
     check.array("x", x)
     if positions is not None:
-        check.array("positions", positions)
+        _args.positions_array(positions)
     xp = namespace(x, positions)
     device = device_of(x, positions)
     check.float_array("x", x, xp)

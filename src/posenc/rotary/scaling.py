@@ -675,12 +675,25 @@ def _read_flat(p, head_dim, fields):
 
 
 def check_scaling(scaling):
-    """``scaling`` must be None or one of this module's scalings (``TypeError`` otherwise)."""
+    """``scaling`` must be None or one of this module's scalings (``TypeError`` otherwise),
+    with the conversion to use for a Hugging Face dict or a ``from_hf`` result."""
     if scaling is not None and not isinstance(scaling, Scaling):
-        raise TypeError(
-            f"scaling must be None or a posenc.scaling object (Linear, NTK, DynamicNTK, YaRN, LongRoPE, Llama3), got {type(scaling).__name__}"
-        )
+        names = ", ".join(sorted(c.__name__ for c in Scaling.__subclasses__()))
+        hint = ""
+        if isinstance(scaling, Mapping):
+            hint = (
+                "; a Hugging Face rope_parameters / rope_scaling dict converts with "
+                "pe.scaling.from_hf(config_or_dict, head_dim=...), whose .scaling, .base and .rotary_dim "
+                "are rope's scaling, base and rotary_dim"
+            )
+        elif isinstance(scaling, HFRope):
+            hint = "; pass its .scaling (and base=its .base, rotary_dim=its .rotary_dim)"
+        raise TypeError(f"scaling must be None or a posenc.scaling object ({names}), got {type(scaling).__name__}{hint}")
     return scaling
+
+
+def __dir__():
+    return sorted(__all__)
 
 
 def check_seq_len(seq_len):
