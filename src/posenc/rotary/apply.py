@@ -16,7 +16,7 @@ from __future__ import annotations
 from .. import _dispatch
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
-from . import _args, _axes
+from . import _args
 from .scaling import check_scaling, check_seq_len, frequency_table
 
 
@@ -243,7 +243,7 @@ def rope(
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     seq_len = check_seq_len(seq_len)
-    positions = _axes.positions(xp, x, positions, seq_axis, offset, device)
+    positions = _args.positions(xp, x, positions, seq_axis, offset, device)
     _args.out_like(out, x, xp)
     if scaling is not None and scaling.uses_seq_len:
         if seq_len is None:

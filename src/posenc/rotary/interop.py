@@ -9,7 +9,7 @@ import numpy as np
 from .. import _dispatch
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace, widest_float
-from . import _args, _axes
+from . import _args
 from ._rotate import _join, _pairs
 
 
@@ -67,8 +67,8 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None, seq_axis=N
         delta = _scalar_array(xp, "delta", delta, device)
     check.positions("delta", delta, xp)
     if delta.ndim:
-        axis = _axes.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
-        delta = _axes.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None)
+        axis = _args.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
+        delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None)
     _args.out_like(out, x, xp)
     layout = _args.layout("layout", layout)
     freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import _dispatch
 from .. import _validate as check
 from .._xp import cast, compute_dtype, device_of, namespace
-from . import _args, _axes
+from . import _args
 from .scaling import default_inv_freq
 
 FEATURE_MAPS = ("elu",)
@@ -79,8 +79,8 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         if isinstance(positions, tuple) and len(positions) != 2:
             raise ValueError(f"positions must be an array or a (query_positions, key_positions) pair, got {len(positions)} items")
         q_pos, k_pos = positions if isinstance(positions, tuple) else (positions, positions)
-        q_pos = _axes.place("positions", check.positions("positions", q_pos, xp), tuple(q.shape[:-1]), q.ndim - 2, True)
-        k_pos = _axes.place("positions", check.positions("positions", k_pos, xp), tuple(k.shape[:-1]), k.ndim - 2, True)
+        q_pos = _args.place("positions", check.positions("positions", q_pos, xp), tuple(q.shape[:-1]), q.ndim - 2, True)
+        k_pos = _args.place("positions", check.positions("positions", k_pos, xp), tuple(k.shape[:-1]), k.ndim - 2, True)
         check.even_dim("q.shape[-1]", int(q.shape[-1]))
     work = compute_dtype(xp, q.dtype)
     fq, fk = phi(cast(xp, q, work)), phi(cast(xp, k, work))
