@@ -217,10 +217,52 @@ def positions(xp, x, given, seq_axis, offset, device):
                 "positions=pe.positions_from_cu_seqlens(cu_seqlens, total)"
             )
         length = int(shape[axis])
-        pos = shifted(xp.arange(length, dtype=index_dtype(xp, device), device=device), offset)
-        return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape))))
+        if check.is_array(offset) and offset.ndim:
+            offset = place_rows("offset", offset, shape, axis)
+        pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
+        return shifted(xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape)))), offset)
     check.positions("positions", given, xp)
+    if check.is_array(offset) and offset.ndim:
+        offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
         axis = sequence_axis(seq_axis, x)[0] if shape or seq_axis is not None else 0
         given = place("positions", given, shape, axis, seq_axis is not None)
     return shifted(given, offset)
+
+
+def rows(name, value, x, seq_axis):
+    """A per-row ``value`` (``offset``, ``seq_len``) placed on the batch axes of ``x``."""
+    if not (check.is_array(value) and value.ndim):
+        return value
+    axis = sequence_axis(seq_axis, x)[0]
+    return place_rows(name, value, tuple(x.shape[:-1]), axis)
+
+
+def per_row(name, value, xp):
+    """``value`` validated: None, an int, a 0-d integer array (traced ok), or a per-row integer array."""
+    if value is None:
+        return None
+    if not (check.is_array(value) and value.ndim > 0):
+        return check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
+    if not is_integer(xp, value.dtype):  # (its namespace is x's: checked with x's)
+        raise TypeError(f"{name} must be an integer or an integer array (one value per batch row), got dtype {value.dtype}")
+    if name == "seq_len" and check.is_eager(value) and bool(xp.any(value < 0)):
+        raise ValueError("seq_len must be >= 0 in every row")
+    return value
+
+
+def place_rows(name, value, shape, axis):
+    """A per-row ``value`` reshaped to broadcast against the token axes ``shape`` along the
+    batch axes before the sequence ``axis`` (0-d and ints pass through)."""
+    if not (check.is_array(value) and value.ndim > 0):
+        return value
+    n, k = len(shape), value.ndim
+    placed = tuple(value.shape) if k == n else (*value.shape, *([1] * (n - k)))
+    fits = k <= n and placed[axis] == 1 and all(p in (1, s) for p, s in zip(placed, shape))
+    if not fits or (k < n and k > axis):
+        raise ValueError(
+            f"{name} of shape {tuple(value.shape)} must hold one value per batch row: its axes are x's leading "
+            f"(batch) axes {shape[:axis]} (or one axis per token axis of x {shape}, of length 1 along the "
+            f"sequence axis {axis})"
+        )
+    return namespace(value).reshape(value, placed)

@@ -16,8 +16,8 @@ from __future__ import annotations
 from .. import _dispatch
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
-from . import _args
-from .scaling import check_scaling, check_seq_len, frequency_table
+from . import _args, _rows
+from .scaling import check_scaling, frequency_table
 
 
 def duplicate(xp, half_table, layout):
@@ -187,9 +187,10 @@ def rope(
     layout : {"half", "interleaved"}
     rotary_dim : int, optional
         Channels rotated (default ``d``); the others pass through unchanged.
-    offset : int or 0-d integer array
+    offset : int, 0-d integer array, or integer array of one value per batch row
         Added to the positions (the number of cached tokens when decoding); a traced value
-        (``jax.jit``, ``torch.compile``) is fine.
+        (``jax.jit``, ``torch.compile``) is fine. Per row: ``[batch]`` (or shaped like the
+        token axes of ``x`` with length 1 along the sequence), on the leading batch axes.
     seq_axis : int or str, optional
         The sequence axis of ``x`` (not the feature axis), or a named layout, one letter
         per axis: ``"bhsd"`` (batch, heads, seq, features: Hugging Face), ``"bshd"``
@@ -200,8 +201,10 @@ def rope(
         Undo the embedding: rotate by ``-angle`` and divide by the attention scale, so
         ``rope(rope(x), inverse=True) == x``. (With attention scale 1 this is also the
         transpose, i.e. the backward pass.)
-    seq_len : int or 0-d integer array, optional
-        The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to. Default: the
+    seq_len : int, 0-d integer array, or integer array of one value per batch row, optional
+        The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to; per row (placed
+        as ``offset``), each row gets the frequencies of its own length, bit-identical to
+        a single-row call with its value. Default: the
         largest position + 1, decided per call. Where the positions (or ``seq_len``) cannot
         be read now (``jax.jit``, ``torch.compile``, Dask) the frequencies are computed
         from that traced length inside the computation, with the same result; the
@@ -230,8 +233,9 @@ def rope(
     check.array("x", x)
     if positions is not None:
         _args.positions_array(positions)
-    xp = namespace(x, positions)
-    device = device_of(x, positions)
+    per_row = [a for a in (offset, seq_len) if check.is_array(a) and a.ndim > 0]
+    xp = namespace(x, positions, *per_row)
+    device = device_of(x, positions, *per_row)
     check.float_array("x", x, xp)
     check.ndim("x", x, minimum=1)
     base = check.real("base", base, positive=True)
@@ -239,15 +243,20 @@ def rope(
     layout = _args.layout("layout", layout)
     width = int(x.shape[-1])
     rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
-    offset = check.integer_or_traced("offset", offset)
+    offset = _args.per_row("offset", offset, xp)
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
-    seq_len = check_seq_len(seq_len)
+    seq_len = _args.per_row("seq_len", seq_len, xp)
     positions = _args.positions(xp, x, positions, seq_axis, offset, device)
+    seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
     _args.out_like(out, x, xp)
     if scaling is not None and scaling.uses_seq_len:
         if seq_len is None:
             seq_len = _args.sequence_length(xp, positions)
+        if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
+            return _rows_written(xp, x, positions, seq_len, out, lambda a, p, n: rope(
+                a, p, base=base, scaling=scaling, layout=layout, rotary_dim=rdim, seq_axis=-2 if a.ndim > 1 else None,
+                inverse=inverse, seq_len=n))
         if seq_len is not None and not isinstance(seq_len, int):
             return _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device)
     else:
@@ -265,6 +274,8 @@ def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, se
     then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
         seq_len = xp.asarray(seq_len, device=device)
+    if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
+        seq_len = seq_len[..., None]
     inv_freq, scale = scaling.traced_frequencies(xp, rdim, base, seq_len, device)
     c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
     if inverse:
@@ -272,3 +283,12 @@ def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, se
     if scale != 1.0:
         c, s = c * scale, s * scale
     return _dispatch.call("rope_apply", x, duplicate(xp, c, layout), duplicate(xp, s, layout), layout=layout, out=out)
+
+
+def _rows_written(xp, x, positions, seq_len, out, rotate_one):
+    """A per-row ``seq_len``, eagerly: each row rotated by the call a single row makes."""
+    result = _rows.rotate_each_row(xp, x, positions, seq_len, rotate_one)
+    if out is None:
+        return result
+    out[...] = result
+    return out
