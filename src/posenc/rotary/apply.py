@@ -254,9 +254,12 @@ def rope(
         if seq_len is None:
             seq_len = _args.sequence_length(xp, positions)
         if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
-            return _rows_written(xp, x, positions, seq_len, out, lambda a, p, n: rope(
-                a, p, base=base, scaling=scaling, layout=layout, rotary_dim=rdim, seq_axis=-2 if a.ndim > 1 else None,
-                inverse=inverse, seq_len=n))
+
+            def one_row(x_row, positions_row, length):  # the call a single row makes
+                options = {"base": base, "scaling": scaling, "layout": layout, "rotary_dim": rdim, "inverse": inverse}
+                return rope(x_row, positions_row, seq_axis=-2, seq_len=length, **options)
+
+            return _rows_written(xp, x, positions, seq_len, out, one_row)
         if seq_len is not None and not isinstance(seq_len, int):
             return _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device)
     else:
