@@ -497,7 +497,8 @@ ROTARY = {
     "rope LongRoPE lists of another length": (
         lambda: pe.rope(Z((2, 6), dtype=np.float32), scaling=S.LongRoPE([1.0] * 2, [1.0] * 2, 4)), ValueError, "short_factor",
     ),
-    "rope seq_len a 1-d array": (lambda: pe.rope(X4, scaling=S.DynamicNTK(2.0, 4), seq_len=np.arange(2)), TypeError, "seq_len"),
+    "rope seq_len per row of the wrong length": (lambda: pe.rope(X4, scaling=S.DynamicNTK(2.0, 4), seq_len=np.arange(3)), ValueError, "seq_len"),
+    "rope seq_len per row of floats": (lambda: pe.rope(X4, scaling=S.DynamicNTK(2.0, 4), seq_len=np.ones(2)), TypeError, "seq_len"),
     "rope out wrong dtype": (lambda: pe.rope(X, out=Z((2, 3, 8))), ValueError, "out"),
     "rope out a list": (lambda: pe.rope(X, out=[0.0]), TypeError, "out"),
     "rope out overlaps x": (lambda: pe.rope(X4, out=X4[:, ::-1]), ValueError, "overlaps"),

@@ -307,9 +307,9 @@ def test_segment_logits_batched_segments(rng):
 def test_tener_direction_aware(rng):
     q, k = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 3, 4))
     u = v = np.zeros((1, 1, 4))
-    split = pe.tener_logits(q, k, u, v, layout="split")
-    r = sinusoid(rel_matrix(3, 3), 4)[..., [0, 2, 1, 3]]  # split: sines first
-    np.testing.assert_allclose(split[0], np.einsum("id,ijd->ij", q[0], r) + q[0] @ k[0].T, atol=1e-12)
+    half = pe.tener_logits(q, k, u, v, layout="half")
+    r = sinusoid(rel_matrix(3, 3), 4)[..., [0, 2, 1, 3]]  # half: sines first
+    np.testing.assert_allclose(half[0], np.einsum("id,ijd->ij", q[0], r) + q[0] @ k[0].T, atol=1e-12)
 
 
 # --- DeBERTa --------------------------------------------------------------------------------------

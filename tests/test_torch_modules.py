@@ -22,9 +22,9 @@ from posenc.torch import (  # noqa: E402
 
 
 def test_sinusoidal_embedding():
-    m = SinusoidalEmbedding(16, layout="split")
+    m = SinusoidalEmbedding(16, layout="half")
     pos = torch.arange(10)
-    torch.testing.assert_close(m(pos), torch.from_numpy(pe.sinusoidal(10, 16, layout="split")))
+    torch.testing.assert_close(m(pos), torch.from_numpy(pe.sinusoidal(10, 16, layout="half")))
 
 
 def test_learned_embedding_extend_keeps_trained_rows():

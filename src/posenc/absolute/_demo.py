@@ -9,8 +9,8 @@ from posenc._demo import describe, step
 @step("sinusoidal")
 def _sinusoidal(a):
     p = pe.sinusoidal(a.asarray(np.arange(1024)), 64)
-    s = pe.sinusoidal(a.asarray(np.arange(1024)), 64, layout="split")
-    return f"{describe(p)}; p[1,:2]={[round(float(v), 4) for v in p[1, :2]]}; split layout {describe(s)}"
+    s = pe.sinusoidal(a.asarray(np.arange(1024)), 64, layout="half")
+    return f"{describe(p)}; p[1,:2]={[round(float(v), 4) for v in p[1, :2]]}; half layout {describe(s)}"
 
 
 @step("learned + hierarchical")

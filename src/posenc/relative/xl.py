@@ -124,8 +124,9 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     base : float, sinusoid base
     offset : int or 0-d integer array (traced is fine), first query position;
         ``k_len - q_len`` by default (the queries are the last ``q_len`` keys)
-    layout : {"interleaved", "split"}, the sinusoid's feature order (:func:`posenc.sinusoidal`);
-        TENER's released code uses ``"split"``
+    layout : {"interleaved", "half"}, the sinusoid's feature order (:func:`posenc.sinusoidal`;
+        default ``"interleaved"``); TENER's released code uses ``"half"`` (sines, then
+        cosines). ``"split"``, its earlier name, warns.
 
     Returns
     -------
@@ -148,7 +149,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     _args.like_query("v", v, q, xp)
     base = check.real("base", base, positive=True)
     offset = query_offset(offset, q_len, k_len)
-    layout = check.choice("layout", layout, LAYOUTS)
+    layout = check.layout("layout", layout, LAYOUTS)
     dtype, work = _args.dtypes(xp, q, k, u, v)
     _args.logits_shape(batch, q_len, k_len)
     q, k, u, v = (cast(xp, a, work) for a in (q, k, u, v))
