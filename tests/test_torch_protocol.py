@@ -256,8 +256,7 @@ def test_bad_calls_name_the_argument(call, error, words):
         call(pt.NoPE(), torch.randn(1, 2, 5, 8))
 
 
-# (XPos is left out: pe.xpos_scale breaks the graph, np.log(...).tolist() under dynamo)
-@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl"])
+@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos"])
 def test_compile_fullgraph(name):
     m = _make(name)
     q, k, v = _qkv(1, 9)
