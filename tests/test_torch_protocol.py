@@ -256,12 +256,24 @@ def test_bad_calls_name_the_argument(call, error, words):
         call(pt.NoPE(), torch.randn(1, 2, 5, 8))
 
 
-@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos"])
+@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r"])
 def test_compile_fullgraph(name):
     m = _make(name)
     q, k, v = _qkv(1, 9)
     compiled = torch.compile(lambda q, k, v: m.attend(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v), m.attend(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("name", ["tupe", "tupe_cls", "shaw"])
+def test_compile_fullgraph_with_a_tensor_offset(name):
+    """A decode step whose offset is a tensor stays one graph (TUPE takes its query rows of
+    ``p`` at the traced offset) and equals the eager call."""
+    m = _make(name)
+    q, k, v = _qkv(1, 9)
+    compiled = torch.compile(lambda q, k, v, o: m.attend(q, k, v, causal=True, offset=o), fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for offset in (8, 3):
+            torch.testing.assert_close(compiled(q, k, v, torch.tensor(offset)), m.attend(q, k, v, causal=True, offset=offset))
 
 
 @pytest.mark.parametrize(

@@ -179,14 +179,12 @@ class TUPE(PositionalModule):
                 "untie_cls": self.cls is not None}
 
     def scores(self, q, k, offset):
-        offset = int(offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        if offset < 0 or max(offset + q_len, k_len) > self.max_positions:
+        if isinstance(offset, int) and max(offset + q_len, k_len) > self.max_positions:  # a traced offset is not checked
             raise ValueError(
                 f"TUPE positions must lie in [0, max_positions = {self.max_positions}), got queries {offset}..{offset + q_len - 1} "
                 f"and keys 0..{k_len - 1}"
             )
         cls = None if self.cls is None else (self.cls[0], self.cls[1])
-        bias = None if self.bias is None else self.bias(offset + q_len, k_len, offset=0).to(q.dtype)
-        logits = pe.tupe_logits(nn.functional.pad(q, (0, 0, offset, 0)), k, self.p, self.uq, self.uk, bias=bias, cls=cls)
-        return logits[..., offset:, :]
+        bias = None if self.bias is None else self.bias(q_len, k_len, offset=offset).to(q.dtype)
+        return pe.tupe_logits(q, k, self.p, self.uq, self.uk, offset=offset, bias=bias, cls=cls)
