@@ -19,8 +19,12 @@ class ShawRelative(PositionalModule):
 
     ``logits``: :func:`posenc.shaw_logits` over ``sqrt(head_dim)``; ``attend`` adds
     :func:`posenc.shaw_output`'s value term ``sum_j w_ij table_v[clip(rel_ij)]``.
-    ``forward`` is ``attend``. Never builds a ``[q_len, k_len, d]`` tensor.
+    ``forward`` is ``attend``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``; per-token
+    ``query_positions``/``key_positions`` (leading axes the batch) go to both functions.
+    Never builds a ``[q_len, k_len, d]`` tensor.
     """
+
+    takes_positions = True
 
     def __init__(self, head_dim: int, *, max_distance: int):
         super().__init__()
@@ -32,11 +36,11 @@ class ShawRelative(PositionalModule):
     def options(self):
         return {"head_dim": self.head_dim, "max_distance": self.max_distance}
 
-    def scores(self, q, k, offset):
-        return pe.shaw_logits(q, k, self.table_k, max_distance=self.max_distance, offset=offset) / math.sqrt(q.shape[-1])
+    def scores(self, q, k, offset, **positions):
+        return pe.shaw_logits(q, k, self.table_k, max_distance=self.max_distance, offset=offset, **positions) / math.sqrt(q.shape[-1])
 
-    def values(self, weights, v, offset):
-        return pe.shaw_output(weights, v, self.table_v, max_distance=self.max_distance, offset=offset)
+    def values(self, weights, v, offset, **positions):
+        return pe.shaw_output(weights, v, self.table_v, max_distance=self.max_distance, offset=offset, **positions)
 
 
 class DeBERTaRelative(PositionalModule):
@@ -46,8 +50,12 @@ class DeBERTaRelative(PositionalModule):
     already projected per head; only those of the ``terms`` in use exist). ``logits``
     (and ``forward(q, k, *, offset=None)``) return :func:`posenc.deberta_logits`:
     content-to-content plus the ``terms`` (content-to-position, position-to-content),
-    over ``sqrt((1 + len(terms)) * head_dim)``.
+    over ``sqrt((1 + len(terms)) * head_dim)``. ``q, k`` are ``[batch, heads, seq,
+    head_dim]``; per-token ``query_positions``/``key_positions`` (leading axes the batch)
+    go to :func:`posenc.deberta_logits`.
     """
+
+    takes_positions = True
 
     def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size: int | None = None,
                  max_position: int | None = None, terms=TERMS):
@@ -68,12 +76,12 @@ class DeBERTaRelative(PositionalModule):
         return {"num_heads": self.num_heads, "head_dim": self.head_dim, "max_distance": self.max_distance,
                 "bucket_size": self.bucket_size, "max_position": self.max_position, "terms": self.terms}
 
-    def forward(self, q, k, *, offset=None):
-        return self.logits(q, k, offset=offset)
+    def forward(self, q, k, *, offset=None, query_positions=None, key_positions=None):
+        return self.logits(q, k, offset=offset, query_positions=query_positions, key_positions=key_positions)
 
-    def scores(self, q, k, offset):
+    def scores(self, q, k, offset, **positions):
         return pe.deberta_logits(q, k, self.pos_q, self.pos_k, max_distance=self.max_distance, bucket_size=self.bucket_size,
-                                 max_position=self.max_position, terms=self.terms, offset=offset)
+                                 max_position=self.max_position, terms=self.terms, offset=offset, **positions)
 
 
 class TransformerXLRelative(PositionalModule):
