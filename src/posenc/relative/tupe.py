@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, index_dtype, namespace, shifted
+from .._xp import broadcast_shapes, cast, device_of, index_dtype, shifted
 from . import _args
 
 

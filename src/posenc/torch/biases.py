@@ -48,6 +48,10 @@ class _DistanceBias(PositionalModule):
 class T5RelativeBias(_DistanceBias):
     """T5's learned bucketed bias: ``table [num_buckets, heads]`` -> :func:`posenc.t5_bias`.
 
+    ``forward`` returns the bias ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]``
+    with per-token positions); ``logits``/``attend`` take ``q, k, v [batch, heads, seq,
+    head_dim]``.
+
     Backward: the Toeplitz diagonal sums, then a bucketed scatter-add into the table.
     ``logits`` scales the dot product by ``1/sqrt(head_dim)`` (the released T5 folds that
     scale into its query projection instead).
@@ -97,7 +101,12 @@ class T5RelativeBias(_DistanceBias):
 
 class ALiBi(_DistanceBias):
     """ALiBi's fixed linear bias (:func:`posenc.alibi_bias`); ``slopes`` is a buffer of
-    :func:`posenc.alibi_slopes` with ``max_bias``."""
+    :func:`posenc.alibi_slopes` with ``max_bias``.
+
+    ``forward`` returns the bias ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]``
+    with per-token positions); ``logits``/``attend`` take ``q, k, v [batch, heads, seq,
+    head_dim]``.
+    """
 
     kind = "alibi"
 

@@ -96,6 +96,7 @@ class TransformerXLRelative(PositionalModule):
     global content and position biases. The relative embeddings are built for the
     ``k_len + q_len`` distances of the call (future keys included, so it serves encoders
     too); Transformer-XL's memory is simply the keys before the queries (``offset=None``).
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved"):
@@ -131,7 +132,7 @@ class TENERRelative(PositionalModule):
     Yan et al., "TENER" (2019): ``R_t`` is the fixed sinusoid of the signed distance
     (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
     logits unscaled (it found the sharper attention better for NER), so ``logits`` has no
-    ``1/sqrt(head_dim)``.
+    ``1/sqrt(head_dim)``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
@@ -161,8 +162,10 @@ class TUPE(PositionalModule):
     of the ``[CLS]`` token at position 0 to the others and of the others to it). Queries
     sit at ``offset + arange(q_len)``, keys at ``arange(k_len)``, both below
     ``max_positions``. ``bias``, a bias module (``T5RelativeBias``, ``ALiBi``), adds its
-    relative bias: TUPE-R. (:func:`posenc.tupe_logits` numbers the queries from 0, so with an
-    ``offset`` the rows before it are computed on zero queries and dropped.)
+    relative bias: TUPE-R. ``q, k, v`` are ``[batch, heads, seq, head_dim]``. ``offset``
+    goes to :func:`posenc.tupe_logits`, which takes the queries' rows of ``p`` at ``offset
+    + arange(q_len)``: a decode step costs ``O(q_len k_len)``, and a tensor offset stays a
+    tensor under ``torch.compile``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False, bias=None):
