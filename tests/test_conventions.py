@@ -9,6 +9,8 @@ not rounding.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,8 @@ CASES = {
     ),
     "tener_logits": lambda m: pe.tener_logits(ONE_HOT[:, N - m :], K, _ints(H, 1, D), np.zeros((H, 1, D))),
     "xl_logits": lambda m: pe.xl_logits(Q[:, N - m :], K, _ints(H, N + N, D), _ints(H, 1, D), _ints(H, 1, D)),
+    "tupe_logits": lambda m: pe.tupe_logits(Q[:, N - m :], K, _ints(N, 3), _ints(H, 3, D), _ints(H, 3, D)),
+    "tupe_logits cls": lambda m: pe.tupe_logits(Q[:, N - m :], K, _ints(N, 3), _ints(H, 3, D), _ints(H, 3, D), cls=(1.0, -1.0)),
 }
 
 
@@ -115,6 +119,43 @@ def test_per_token_decode_step_is_the_last_row():
     full = pe.t5_bias(table, N, N, query_positions=POS, key_positions=POS)
     step = pe.t5_bias(table, 1, N, query_positions=POS[-1:], key_positions=POS)
     np.testing.assert_array_equal(step, full[..., -1:, :])
+
+
+def _tupe_formula(q, k, p, uq, uk, offset, cls=None):
+    """``(q_i . k_j + (p[offset + i] U^Q) . (p[j] U^K)) / sqrt(2d)``, the [CLS] row/column
+    (position 0) replaced by ``cls`` when given, written out per pair."""
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for i in range(q.shape[-2]):
+        for j in range(k.shape[-2]):
+            position = np.sum((p[offset + i] @ uq) * (p[j] @ uk), axis=-1)
+            if cls is not None and offset + i == 0:
+                position = np.full_like(position, cls[0] * math.sqrt(2 * q.shape[-1]))
+            elif cls is not None and j == 0:
+                position = np.full_like(position, cls[1] * math.sqrt(2 * q.shape[-1]))
+            out[..., i, j] = (np.sum(q[..., i, :] * k[..., j, :], axis=-1) + position) / math.sqrt(2 * q.shape[-1])
+    return out
+
+
+@pytest.mark.parametrize("offset", [None, 0, 3, np.asarray(3)])
+@pytest.mark.parametrize("cls", [None, (1.0, -1.0)])
+def test_tupe_logits_offset_is_the_first_query_position(backend, offset, cls):
+    q, k = RNG.standard_normal((H, 2, D)), RNG.standard_normal((H, 5, D))
+    p, uq, uk = RNG.standard_normal((6, 3)), RNG.standard_normal((H, 3, D)), RNG.standard_normal((H, 3, D))
+    arrays = [backend.asarray(x) for x in (q, k, p, uq, uk)]
+    if isinstance(offset, np.ndarray):  # a 0-d array offset, traced under jax.jit, lazy in Dask
+        got = backend.call(lambda *a: pe.tupe_logits(*a[:5], cls=cls, offset=a[5]), *arrays, backend.xp.asarray(int(offset)))
+    else:
+        got = backend.call(lambda *a: pe.tupe_logits(*a, cls=cls, **({} if offset is None else {"offset": offset})), *arrays)
+    want = _tupe_formula(q, k, p, uq, uk, 5 - 2 if offset is None else int(offset), cls)
+    assert_close(got, want, backend=backend, dtype=backend.asarray(q).dtype)
+
+
+def test_tupe_logits_refuses_query_positions_past_its_table():
+    q, p, u = np.zeros((H, 2, D)), np.zeros((6, 3)), np.zeros((H, 3, D))
+    with pytest.raises(ValueError, match=r"p must have at least max\(offset \+ q_len, k_len\) = 7 rows"):
+        pe.tupe_logits(q, q, p, u, u, offset=5)
+    with pytest.raises(ValueError, match="offset must be"):
+        pe.tupe_logits(q, q, p, u, u, offset=-1)
 
 
 def test_explicit_offsets_still_count_from_the_given_position():
@@ -203,6 +244,7 @@ def _mixed_library_calls(torch):
     return {
         "shaw_logits": lambda: pe.shaw_logits(t(2, 3, 4), t(2, 5, 4), n(9, 4), max_distance=4),
         "shaw_output": lambda: pe.shaw_output(t(2, 3, 5), t(2, 5, 4), n(9, 4), max_distance=4),
+        "shaw_output per-token": lambda: pe.shaw_output(t(2, 1, 3), t(2, 3, 4), t(5, 4), max_distance=2, key_positions=ni(3)),
         "deberta_logits": lambda: pe.deberta_logits(t(2, 3, 4), t(2, 5, 4), n(2, 4, 4), t(2, 4, 4), max_distance=2),
         "xl_logits": lambda: pe.xl_logits(t(2, 3, 4), t(2, 5, 4), n(2, 8, 4), t(2, 1, 4), t(2, 1, 4)),
         "tener_logits": lambda: pe.tener_logits(t(2, 3, 4), t(2, 5, 4), n(2, 1, 4), t(2, 1, 4)),
@@ -273,6 +315,7 @@ def _length_and_offset_mistakes(value):
         "shaw_output offset": lambda: pe.shaw_output(np.zeros((2, 3, 5)), k, t, max_distance=2, offset=value),
         "deberta_logits offset": lambda: pe.deberta_logits(q, k, np.zeros((4, 4)), np.zeros((4, 4)), max_distance=2, offset=value),
         "tener_logits offset": lambda: pe.tener_logits(q, k, np.zeros((1, 4)), np.zeros((1, 4)), offset=value),
+        "tupe_logits offset": lambda: pe.tupe_logits(q, k, np.zeros((9, 4)), np.zeros((4, 4)), np.zeros((4, 4)), offset=value),
         "rope offset": lambda: pe.rope(x, offset=value),
         "apply_absolute offset": lambda: pe.apply_absolute(x, np.zeros((5, 8)), offset=value),
     }

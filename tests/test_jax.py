@@ -278,7 +278,7 @@ def test_tupe_logits_gradient(rng):
         return (jnp.einsum("hid,hjd->hij", q, k) + jnp.einsum("hie,hje->hij", pq, pk)) / math.sqrt(2 * d) + b
 
     _assert_same_gradients(
-        lambda *a: pe.tupe_logits(*a[:5], bias=a[5]),
+        lambda *a: pe.tupe_logits(*a[:5], bias=a[5], offset=0),
         naive,
         [_x(rng, h, q_len, d), _x(rng, h, k_len, d), _x(rng, 5, dp), _x(rng, h, dp, d), _x(rng, h, dp, d), _x(rng, h, q_len, k_len)],
         rng,

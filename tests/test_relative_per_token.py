@@ -154,3 +154,38 @@ def test_per_token_positions_must_be_integers_for_a_table():
             np.ones((2, 1, 3, 8)), np.ones((2, 1, 6, 8)), np.ones((4, 8)), np.ones((4, 8)), max_distance=2,
             key_positions=np.zeros((3, 6), dtype=int),
         )  # fmt: skip
+
+
+def naive_shaw_output(weights, v, table, kmax, rel):
+    """``z_i = sum_j w_ij (v_j + table[clip(rel_ij) + K])``, rel ``[batch, q, k]``, weights ``[batch, heads, q, k]``."""
+    out = np.zeros(weights.shape[:-1] + (v.shape[-1],))
+    for b in range(weights.shape[0]):
+        for i in range(weights.shape[-2]):
+            for j in range(weights.shape[-1]):
+                a = table[np.clip(rel[b, i, j], -kmax, kmax) + kmax]
+                out[b, :, i] += weights[b, :, i, j, None] * (v[b, :, j] + a)
+    return out
+
+
+def test_shaw_output_per_token_with_batch_axes(backend):
+    weights, v, table = RNG.random((2, 3, 4, 6)), RNG.standard_normal((2, 3, 6, 5)), RNG.standard_normal((7, 5))
+    qpos = LEFT_PADDED[:, -4:]
+    got = backend.call(
+        lambda *a: pe.shaw_output(*a[:3], max_distance=3, query_positions=a[3], key_positions=a[4]),
+        *(backend.asarray(x) for x in (weights, v, table, qpos, LEFT_PADDED)),
+    )
+    assert_close(got, naive_shaw_output(weights, v, table, 3, _rel(qpos, LEFT_PADDED)), backend=backend, dtype=backend.asarray(v).dtype)
+
+
+def test_shaw_output_packed_decode_step_is_the_last_row_of_the_full_call():
+    weights, v, table = RNG.random((3, 12, 12)), RNG.standard_normal((3, 12, 4)), RNG.standard_normal((5, 4))
+    full = pe.shaw_output(weights, v, table, max_distance=2, query_positions=PACKED, key_positions=PACKED)
+    np.testing.assert_allclose(full, naive_shaw_output(weights[None], v[None], table, 2, _rel(PACKED, PACKED)[None])[0], rtol=1e-14, atol=1e-14)
+    step = pe.shaw_output(weights[:, -1:], v, table, max_distance=2, query_positions=PACKED[-1:], key_positions=PACKED)
+    np.testing.assert_allclose(step, full[:, -1:], rtol=1e-14, atol=1e-14)  # one row through BLAS: rounding only
+    # Without positions (arange, queries the last q_len): the Toeplitz path's numbers.
+    plain = np.arange(12)
+    np.testing.assert_allclose(
+        pe.shaw_output(weights, v, table, max_distance=2, query_positions=plain, key_positions=plain),
+        pe.shaw_output(weights, v, table, max_distance=2), rtol=1e-14, atol=1e-14,
+    )  # fmt: skip

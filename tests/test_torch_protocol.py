@@ -256,13 +256,24 @@ def test_bad_calls_name_the_argument(call, error, words):
         call(pt.NoPE(), torch.randn(1, 2, 5, 8))
 
 
-# (XPos is left out: pe.xpos_scale breaks the graph, np.log(...).tolist() under dynamo)
-@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl"])
+@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r"])
 def test_compile_fullgraph(name):
     m = _make(name)
     q, k, v = _qkv(1, 9)
     compiled = torch.compile(lambda q, k, v: m.attend(q, k, v, causal=True), fullgraph=True, backend="aot_eager")
     torch.testing.assert_close(compiled(q, k, v), m.attend(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("name", ["tupe", "tupe_cls", "shaw"])
+def test_compile_fullgraph_with_a_tensor_offset(name):
+    """A decode step whose offset is a tensor stays one graph (TUPE takes its query rows of
+    ``p`` at the traced offset) and equals the eager call."""
+    m = _make(name)
+    q, k, v = _qkv(1, 9)
+    compiled = torch.compile(lambda q, k, v, o: m.attend(q, k, v, causal=True, offset=o), fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        for offset in (8, 3):
+            torch.testing.assert_close(compiled(q, k, v, torch.tensor(offset)), m.attend(q, k, v, causal=True, offset=offset))
 
 
 @pytest.mark.parametrize(
@@ -284,3 +295,103 @@ def test_compile_fullgraph(name):
 def test_bad_options_name_the_argument(make, error, words):
     with pytest.raises(error, match=words):
         make()
+
+
+# --- per-token positions: the bias and relative-logits modules pass them to their functions ---
+
+PACKED = torch.from_numpy(pe.positions_from_cu_seqlens(torch.tensor([0, 3, 9]).numpy(), 9))  # [9]: documents of 3 and 6
+LEFT_PADDED = torch.from_numpy(pe.positions_from_mask(torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 9]).numpy()))  # [2, 9]
+
+# name -> reference logits(module, q, k, offset, query_positions, key_positions) from the public function
+PER_TOKEN = {
+    "t5": lambda m, q, k, o, qp, kp: _dot(q, k) + pe.t5_bias(m.table, q.shape[-2], k.shape[-2], max_distance=6, offset=o,
+                                                          query_positions=qp, key_positions=kp),
+    "alibi": lambda m, q, k, o, qp, kp: _dot(q, k) + pe.alibi_bias(m.slopes, q.shape[-2], k.shape[-2], offset=o,
+                                                                query_positions=qp, key_positions=kp),
+    "shaw": lambda m, q, k, o, qp, kp: pe.shaw_logits(q, k, m.table_k, max_distance=3, offset=o, query_positions=qp,
+                                                   key_positions=kp) / math.sqrt(D),
+    "deberta": lambda m, q, k, o, qp, kp: pe.deberta_logits(q, k, m.pos_q, m.pos_k, max_distance=3, offset=o,
+                                                         query_positions=qp, key_positions=kp),
+    "deberta_c2p": lambda m, q, k, o, qp, kp: pe.deberta_logits(q, k, None, m.pos_k, max_distance=3, bucket_size=4, max_position=16,
+                                                             terms=("c2p",), offset=o, query_positions=qp, key_positions=kp),
+}
+LAYOUTS = {  # (query_positions, key_positions, offset) for queries = the last 4 of 9 keys
+    "packed": (PACKED[-4:], PACKED, None),
+    "left-padded": (LEFT_PADDED[:, -4:], LEFT_PADDED, None),
+    "keys only": (None, LEFT_PADDED, None),
+    "offset shifts the queries": (PACKED[:4], PACKED, 2),
+}
+
+
+def _rel_of(qp, kp, offset):
+    qp = torch.arange(5, 9) if qp is None else qp + (offset or 0)
+    return qp[..., :, None] - kp[..., None, :]
+
+
+def _shaw_reference_output(m, weights, v, rel):
+    # sum_j w_ij (v_j + table_v[clip(rel_ij) + K]), the [.., q, k, d] tensor written out
+    a = m.table_v[rel.clamp(-3, 3) + 3]  # [..., q, k, d]
+    return weights @ v + torch.einsum("...hqk,...qkd->...hqd", weights, a)
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("name", sorted(PER_TOKEN))
+def test_per_token_positions_reach_the_function(name, layout):
+    m = _make(name)
+    q, k, v = _qkv(4, 9)
+    qp, kp, offset = LAYOUTS[layout]
+    with torch.no_grad():
+        want = PER_TOKEN[name](m, q, k, offset, qp, kp)
+        assert want.shape == (2, H, 4, 9)
+        got = m.logits(q, k, offset=offset, query_positions=qp, key_positions=kp)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+        # attend: causal by token order (query i sees keys j <= offset + i, offset=None: 5 + i), whatever the positions
+        allowed = _rel(4, 9, 5 if offset is None else offset) >= 0
+        weights = torch.softmax(want.masked_fill(~allowed, float("-inf")), -1)
+        if name == "shaw":
+            expected = _shaw_reference_output(m, weights, v, _rel_of(qp, kp, offset))
+        else:
+            expected = weights @ v
+        got = m.attend(q, k, v, causal=True, offset=offset, query_positions=qp, key_positions=kp)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_per_token_bias_modules_forward_is_the_function():
+    t5, alibi = _make("t5"), _make("alibi")
+    with torch.no_grad():
+        for qp, kp, offset in LAYOUTS.values():
+            torch.testing.assert_close(
+                t5(4, 9, offset=offset, query_positions=qp, key_positions=kp),
+                pe.t5_bias(t5.table, 4, 9, max_distance=6, offset=offset, query_positions=qp, key_positions=kp), rtol=0, atol=0,
+            )  # fmt: skip
+            # ALiBi's formula written out: -slope_h * rel[..., i, j]
+            want = -alibi.slopes[:, None, None] * _rel_of(qp, kp, offset)[..., None, :, :]
+            torch.testing.assert_close(alibi(4, 9, offset=offset, query_positions=qp, key_positions=kp), want, rtol=0, atol=0)
+
+
+def test_packed_decode_step_equals_the_last_row_of_the_full_call():
+    q, k, v = _qkv(9, 9)
+    same_doc = torch.tensor([0] * 3 + [1] * 6)
+    mask = same_doc[:, None] == same_doc[None, :]
+    for name in sorted(PER_TOKEN):
+        m = _make(name)
+        with torch.no_grad():
+            full = m.attend(q, k, v, causal=True, mask=mask, query_positions=PACKED, key_positions=PACKED)
+            step = m.attend(q[:, :, -1:], k, v, causal=True, mask=mask[-1:], query_positions=PACKED[-1:], key_positions=PACKED)
+            torch.testing.assert_close(step, full[:, :, -1:], rtol=1e-12, atol=1e-12)
+
+
+def test_per_token_positions_get_gradients_to_the_tables():
+    for name in ("t5", "shaw", "deberta"):
+        m = _make(name)
+        q, k, v = _qkv(4, 9)
+        m.attend(q, k, v, causal=True, query_positions=LEFT_PADDED[:, -4:], key_positions=LEFT_PADDED).square().sum().backward()
+        for p_name, p in m.named_parameters():
+            assert p.grad is not None and p.grad.abs().sum() > 0, (name, p_name)
+
+
+def test_modules_without_per_token_positions_refuse_them():
+    q = torch.randn(1, H, 5, D)
+    for name in ("rope", "xpos", "tupe", "xl", "none"):
+        with pytest.raises(TypeError, match="takes no query_positions/key_positions"):
+            _make(name).float().logits(q, q, key_positions=torch.arange(5))

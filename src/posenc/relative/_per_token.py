@@ -92,3 +92,13 @@ def gather(xp, scores, index, *, device):
     flat_scores, flat_index = xp.reshape(scores, (-1, q_len * m)), xp.reshape(index, (-1, q_len, k_len))
     parts = [xp.take(flat_scores[b], xp.reshape(rows + flat_index[b], (-1,)), axis=0) for b in range(math.prod(batch))]
     return xp.reshape(xp.stack(parts), (*batch, q_len, k_len))
+
+
+def scatter(xp, weights, index, m):
+    """``mass[..., i, c] = sum_j weights[..., i, j] [index[..., i, j] == c]``, the leading axes
+    broadcast: the per-token form of ``toeplitz_scatter``.
+
+    ``index`` integer ``[..., q_len, k_len]`` in ``[0, m)``. One masked row sum per table
+    row ``c``, so nothing of ``[..., q_len, k_len, m]`` is built.
+    """
+    return xp.stack([xp.sum(xp.where(index == c, weights, 0.0), axis=-1) for c in range(m)], axis=-1)

@@ -75,7 +75,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
 
-def shaw_output(weights, v, table_v, *, max_distance, offset=None):
+def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positions=None, key_positions=None):
     r"""Attention output with Shaw et al.'s relative value embeddings.
 
     .. math::
@@ -94,7 +94,13 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None):
     table_v : float array ``[2K + 1, d_v]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default
+        ``k_len - q_len`` by default (0 with ``query_positions``)
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional: per-token positions, as in :func:`shaw_logits` (``rel[..., i, j] =
+        query_positions[..., i] - key_positions[..., j]``, their leading axes broadcasting
+        against the batch axes of ``weights`` and ``v`` before the heads axis); the mass
+        on each table row is then one masked row sum per row (``2K + 1`` passes over
+        ``weights``)
 
     Returns
     -------
@@ -108,7 +114,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None):
     >>> pe.shaw_output(w, np.zeros((1, 2, 1)), table, max_distance=1)[0].tolist()   # rel = i - j
     [[-0.5], [0.5]]
     """
-    xp = _args.namespace_of(weights=weights, v=v, table_v=table_v)
+    xp = _args.namespace_of(weights=weights, v=v, table_v=table_v, query_positions=query_positions, key_positions=key_positions)
     for name, a in (("weights", weights), ("v", v)):
         check.float_array(name, a, xp)
         check.ndim(name, a, minimum=2)
@@ -120,13 +126,24 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None):
     except ValueError:
         raise ValueError(f"weights {tuple(weights.shape)} and v {tuple(v.shape)} must have broadcasting leading dimensions") from None
     max_distance = check.integer("max_distance", max_distance, minimum=0)
-    offset = query_offset(offset, q_len, k_len)
-    _args.table("table_v", table_v, xp, rows=2 * max_distance + 1, dim=int(v.shape[-1]), batch=batch)
+    rows = 2 * max_distance + 1
+    _args.table("table_v", table_v, xp, rows=rows, dim=int(v.shape[-1]), batch=batch)
     dtype, work = _args.dtypes(xp, weights, v, table_v)
-    check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
-    weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
-    index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device_of(v)), max_distance)
-    mass = call("toeplitz_scatter", weights, index, 2 * max_distance + 1)
+    device = device_of(v)
+    if _per_token.given(query_positions, key_positions):
+        qpos, kpos, positions_batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        batch = _per_token.batch_with_heads(positions_batch, batch, weights.ndim >= 3, "weights and v")
+        check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
+        rel = _per_token.relative(qpos, kpos)
+        index = clipped(xp, rel[..., None, :, :] if weights.ndim >= 3 else rel, max_distance)
+        weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
+        mass = _per_token.scatter(xp, weights, index, rows)
+    else:
+        offset = query_offset(offset, q_len, k_len)
+        check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
+        weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
+        index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance)
+        mass = call("toeplitz_scatter", weights, index, rows)
     return cast(xp, weights @ v + mass @ table_v, dtype)
 
 

@@ -28,14 +28,25 @@ class PositionalModule(nn.Module):
     ``q, k, v`` are ``[batch, heads, seq, head_dim]``. The queries sit at positions
     ``offset + arange(q_len)``, the keys at ``arange(k_len)``; ``offset=None`` is
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
-    a one-query call equals the last row of the full call. ``mask`` is boolean,
+    a one-query call equals the last row of the full call. The bias and relative-logits
+    modules that take per-token positions (``takes_positions``: ``T5RelativeBias``,
+    ``ALiBi``, ``ShawRelative``, ``DeBERTaRelative``) also accept integer
+    ``query_positions [..., q_len]`` / ``key_positions [..., k_len]`` (leading axes: the
+    batch, e.g. :func:`posenc.positions_from_mask` of a left-padded batch ``[batch, seq]``
+    or :func:`posenc.positions_from_cu_seqlens` of a packed one ``[tokens]``), passed to
+    their function with ``offset`` as given (which shifts ``query_positions``); the other
+    modules refuse them with a ``TypeError``. ``causal`` always follows the token order
+    (key ``j`` visible from query ``i`` when ``j <= offset + i``, ``offset=None`` being
+    ``k_len - q_len``), whatever the positions: documents of a packed batch and padding
+    are kept apart by ``mask``. ``mask`` is boolean,
     broadcasting against ``[batch, heads, q_len, k_len]``, ``True`` where the query may
     attend (torch sdpa's convention); ``causal=True`` lets query ``i`` see the keys
     ``j <= offset + i``. A query that may attend to no key gets zeros, never NaN.
 
     A subclass supplies what differs: ``embed`` (absolute encodings), ``scores(q, k,
     offset)`` (the logits with an int offset already resolved; default the plain scaled
-    dot product) and ``values(weights, v, offset)`` (default ``weights @ v``). ``forward``
+    dot product) and ``values(weights, v, offset)`` (default ``weights @ v``), both with
+    ``query_positions``/``key_positions`` keywords when ``takes_positions``. ``forward``
     is ``attend`` unless the subclass keeps an older meaning.
     """
 
@@ -43,30 +54,50 @@ class PositionalModule(nn.Module):
         """Token embeddings with the absolute encoding applied; unchanged here."""
         return x
 
-    def logits(self, q: torch.Tensor, k: torch.Tensor, *, offset=None) -> torch.Tensor:
+    def logits(self, q: torch.Tensor, k: torch.Tensor, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
         """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included."""
         _check_query_key(q, k)
-        return self.scores(q, k, query_offset(offset, q.shape[-2], k.shape[-2]))
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        return self.scores(q, k, offset, **positions)
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None) -> torch.Tensor:
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None,
+               query_positions=None, key_positions=None) -> torch.Tensor:
         """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding."""
         _check_query_key(q, k, v)
         if not isinstance(causal, bool):
             raise TypeError(f"causal must be a bool, got {causal!r}")
-        offset = query_offset(offset, q.shape[-2], k.shape[-2])
-        logits = self.scores(q, k, offset)
-        weights = masked_softmax(logits, allowed_keys(logits, causal=causal, offset=offset, mask=mask))
-        return self.values(weights.to(v.dtype), v, offset)
+        query_start = query_offset(offset, q.shape[-2], k.shape[-2])
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        logits = self.scores(q, k, offset, **positions)
+        weights = masked_softmax(logits, allowed_keys(logits, causal=causal, offset=query_start, mask=mask))
+        return self.values(weights.to(v.dtype), v, offset, **positions)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None,
+                query_positions=None, key_positions=None) -> torch.Tensor:
         """:meth:`attend`."""
-        return self.attend(q, k, v, causal=causal, offset=offset, mask=mask)
+        return self.attend(q, k, v, causal=causal, offset=offset, mask=mask, query_positions=query_positions, key_positions=key_positions)
+
+    #: Whether ``scores``/``values`` take ``query_positions``/``key_positions`` (per-token positions).
+    takes_positions = False
+
+    def _alignment(self, q, k, offset, query_positions, key_positions):
+        """``(offset, positions)`` for ``scores``/``values``: the resolved ``offset`` and no
+        positions; with per-token positions, ``offset`` as given (the functions default it:
+        0 with ``query_positions``, ``k_len - q_len`` otherwise) and the positions."""
+        if query_positions is None and key_positions is None:
+            return query_offset(offset, q.shape[-2], k.shape[-2]), {}
+        if not self.takes_positions:
+            raise TypeError(
+                f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5RelativeBias, ALiBi, "
+                "ShawRelative, DeBERTaRelative)"
+            )
+        return offset, {"query_positions": query_positions, "key_positions": key_positions}
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, offset) -> torch.Tensor:
         """The logits for a resolved ``offset``: here ``q k^T / sqrt(head_dim)``."""
         return dot_scores(q, k)
 
-    def values(self, weights: torch.Tensor, v: torch.Tensor, offset) -> torch.Tensor:
+    def values(self, weights: torch.Tensor, v: torch.Tensor, offset, **positions) -> torch.Tensor:
         """The attention output of the softmax ``weights``: here ``weights @ v``."""
         return weights @ v
 

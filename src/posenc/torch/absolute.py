@@ -18,7 +18,8 @@ def _positions(x, positions, offset):
 
 class NoPE(PositionalModule):
     """No positional encoding (Kazemnejad et al., 2023): ``embed`` returns ``x``, ``logits``
-    is the plain scaled dot product; a causal mask is the only source of order."""
+    is the plain scaled dot product of ``q, k [batch, heads, seq, head_dim]``; a causal
+    mask is the only source of order."""
 
 
 class SinusoidalEmbedding(PositionalModule):
@@ -27,7 +28,7 @@ class SinusoidalEmbedding(PositionalModule):
     ``forward(positions) -> [..., dim]`` gives the table rows (float32 unless ``dtype``);
     ``embed(x, positions=None, *, offset=0)`` adds them to ``x [batch, seq, dim]`` in
     ``x``'s dtype (positions ``offset + arange(seq)`` by default). ``logits``/``attend``
-    are plain scaled dot-product attention.
+    are plain scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved", dtype=None):
@@ -52,7 +53,7 @@ class LearnedEmbedding(PositionalModule):
     ``forward(positions)`` looks rows up (a position outside ``[0, num_positions)`` is a
     ``ValueError`` that points to :meth:`extend`); ``embed(x, positions=None, *,
     offset=0)`` adds them to ``x [batch, seq, dim]``. ``logits``/``attend`` are plain
-    scaled dot-product attention.
+    scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, num_positions: int, dim: int, *, alpha: float = 0.4):

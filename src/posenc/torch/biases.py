@@ -13,12 +13,17 @@ from ._protocol import PositionalModule, dot_scores, positive_int
 class _DistanceBias(PositionalModule):
     """A bias ``[heads, q_len, k_len]`` from a per-distance vector (:func:`posenc.relative_bias_vector`).
 
-    ``forward(q_len, k_len, *, offset=None)`` returns the bias (queries at ``offset +
-    arange(q_len)``, ``offset=None`` meaning ``k_len - q_len``); the protocol's ``logits``
-    adds it to ``q k^T / sqrt(head_dim)``.
+    ``forward(q_len, k_len, *, offset=None, query_positions=None, key_positions=None)``
+    returns the bias (queries at ``offset + arange(q_len)``, ``offset=None`` meaning
+    ``k_len - q_len``); with per-token positions (integer ``[..., q_len]`` /
+    ``[..., k_len]``, leading axes the batch) it is :func:`posenc.relative_bias` at
+    ``rel = query_positions[..., i] - key_positions[..., j]``, ``[..., heads, q_len,
+    k_len]``. The protocol's ``logits`` adds it to ``q k^T / sqrt(head_dim)`` for ``q, k
+    [batch, heads, seq, head_dim]``.
     """
 
     kind = ""
+    takes_positions = True
 
     def bias_options(self) -> dict:
         return {}
@@ -29,16 +34,23 @@ class _DistanceBias(PositionalModule):
     def vector(self, q_len: int, k_len: int, offset=None) -> torch.Tensor:
         return pe.relative_bias_vector(self.kind, self.params(), q_len, k_len, offset=offset, **self.bias_options())
 
-    def forward(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
+    def forward(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
+        if query_positions is not None or key_positions is not None:
+            return pe.relative_bias(self.kind, self.params(), q_len, k_len, offset=offset, query_positions=query_positions,
+                                    key_positions=key_positions, **self.bias_options())
         return pe.expand_bias(self.vector(q_len, k_len, offset), q_len, k_len)
 
-    def scores(self, q, k, offset):
-        bias = self(q.shape[-2], k.shape[-2], offset=offset)
+    def scores(self, q, k, offset, **positions):
+        bias = self(q.shape[-2], k.shape[-2], offset=offset, **positions)
         return dot_scores(q, k) + bias.to(q.dtype)
 
 
 class T5RelativeBias(_DistanceBias):
     """T5's learned bucketed bias: ``table [num_buckets, heads]`` -> :func:`posenc.t5_bias`.
+
+    ``forward`` returns the bias ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]``
+    with per-token positions); ``logits``/``attend`` take ``q, k, v [batch, heads, seq,
+    head_dim]``.
 
     Backward: the Toeplitz diagonal sums, then a bucketed scatter-add into the table.
     ``logits`` scales the dot product by ``1/sqrt(head_dim)`` (the released T5 folds that
@@ -89,7 +101,12 @@ class T5RelativeBias(_DistanceBias):
 
 class ALiBi(_DistanceBias):
     """ALiBi's fixed linear bias (:func:`posenc.alibi_bias`); ``slopes`` is a buffer of
-    :func:`posenc.alibi_slopes` with ``max_bias``."""
+    :func:`posenc.alibi_slopes` with ``max_bias``.
+
+    ``forward`` returns the bias ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]``
+    with per-token positions); ``logits``/``attend`` take ``q, k, v [batch, heads, seq,
+    head_dim]``.
+    """
 
     kind = "alibi"
 

@@ -19,8 +19,12 @@ class ShawRelative(PositionalModule):
 
     ``logits``: :func:`posenc.shaw_logits` over ``sqrt(head_dim)``; ``attend`` adds
     :func:`posenc.shaw_output`'s value term ``sum_j w_ij table_v[clip(rel_ij)]``.
-    ``forward`` is ``attend``. Never builds a ``[q_len, k_len, d]`` tensor.
+    ``forward`` is ``attend``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``; per-token
+    ``query_positions``/``key_positions`` (leading axes the batch) go to both functions.
+    Never builds a ``[q_len, k_len, d]`` tensor.
     """
+
+    takes_positions = True
 
     def __init__(self, head_dim: int, *, max_distance: int):
         super().__init__()
@@ -32,11 +36,11 @@ class ShawRelative(PositionalModule):
     def options(self):
         return {"head_dim": self.head_dim, "max_distance": self.max_distance}
 
-    def scores(self, q, k, offset):
-        return pe.shaw_logits(q, k, self.table_k, max_distance=self.max_distance, offset=offset) / math.sqrt(q.shape[-1])
+    def scores(self, q, k, offset, **positions):
+        return pe.shaw_logits(q, k, self.table_k, max_distance=self.max_distance, offset=offset, **positions) / math.sqrt(q.shape[-1])
 
-    def values(self, weights, v, offset):
-        return pe.shaw_output(weights, v, self.table_v, max_distance=self.max_distance, offset=offset)
+    def values(self, weights, v, offset, **positions):
+        return pe.shaw_output(weights, v, self.table_v, max_distance=self.max_distance, offset=offset, **positions)
 
 
 class DeBERTaRelative(PositionalModule):
@@ -46,8 +50,12 @@ class DeBERTaRelative(PositionalModule):
     already projected per head; only those of the ``terms`` in use exist). ``logits``
     (and ``forward(q, k, *, offset=None)``) return :func:`posenc.deberta_logits`:
     content-to-content plus the ``terms`` (content-to-position, position-to-content),
-    over ``sqrt((1 + len(terms)) * head_dim)``.
+    over ``sqrt((1 + len(terms)) * head_dim)``. ``q, k`` are ``[batch, heads, seq,
+    head_dim]``; per-token ``query_positions``/``key_positions`` (leading axes the batch)
+    go to :func:`posenc.deberta_logits`.
     """
+
+    takes_positions = True
 
     def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size: int | None = None,
                  max_position: int | None = None, terms=TERMS):
@@ -68,12 +76,12 @@ class DeBERTaRelative(PositionalModule):
         return {"num_heads": self.num_heads, "head_dim": self.head_dim, "max_distance": self.max_distance,
                 "bucket_size": self.bucket_size, "max_position": self.max_position, "terms": self.terms}
 
-    def forward(self, q, k, *, offset=None):
-        return self.logits(q, k, offset=offset)
+    def forward(self, q, k, *, offset=None, query_positions=None, key_positions=None):
+        return self.logits(q, k, offset=offset, query_positions=query_positions, key_positions=key_positions)
 
-    def scores(self, q, k, offset):
+    def scores(self, q, k, offset, **positions):
         return pe.deberta_logits(q, k, self.pos_q, self.pos_k, max_distance=self.max_distance, bucket_size=self.bucket_size,
-                                 max_position=self.max_position, terms=self.terms, offset=offset)
+                                 max_position=self.max_position, terms=self.terms, offset=offset, **positions)
 
 
 class TransformerXLRelative(PositionalModule):
@@ -88,6 +96,7 @@ class TransformerXLRelative(PositionalModule):
     global content and position biases. The relative embeddings are built for the
     ``k_len + q_len`` distances of the call (future keys included, so it serves encoders
     too); Transformer-XL's memory is simply the keys before the queries (``offset=None``).
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved"):
@@ -123,7 +132,7 @@ class TENERRelative(PositionalModule):
     Yan et al., "TENER" (2019): ``R_t`` is the fixed sinusoid of the signed distance
     (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
     logits unscaled (it found the sharper attention better for NER), so ``logits`` has no
-    ``1/sqrt(head_dim)``.
+    ``1/sqrt(head_dim)``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
@@ -153,8 +162,10 @@ class TUPE(PositionalModule):
     of the ``[CLS]`` token at position 0 to the others and of the others to it). Queries
     sit at ``offset + arange(q_len)``, keys at ``arange(k_len)``, both below
     ``max_positions``. ``bias``, a bias module (``T5RelativeBias``, ``ALiBi``), adds its
-    relative bias: TUPE-R. (:func:`posenc.tupe_logits` numbers the queries from 0, so with an
-    ``offset`` the rows before it are computed on zero queries and dropped.)
+    relative bias: TUPE-R. ``q, k, v`` are ``[batch, heads, seq, head_dim]``. ``offset``
+    goes to :func:`posenc.tupe_logits`, which takes the queries' rows of ``p`` at ``offset
+    + arange(q_len)``: a decode step costs ``O(q_len k_len)``, and a tensor offset stays a
+    tensor under ``torch.compile``.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False, bias=None):
@@ -179,14 +190,12 @@ class TUPE(PositionalModule):
                 "untie_cls": self.cls is not None}
 
     def scores(self, q, k, offset):
-        offset = int(offset)
         q_len, k_len = q.shape[-2], k.shape[-2]
-        if offset < 0 or max(offset + q_len, k_len) > self.max_positions:
+        if isinstance(offset, int) and max(offset + q_len, k_len) > self.max_positions:  # a traced offset is not checked
             raise ValueError(
                 f"TUPE positions must lie in [0, max_positions = {self.max_positions}), got queries {offset}..{offset + q_len - 1} "
                 f"and keys 0..{k_len - 1}"
             )
         cls = None if self.cls is None else (self.cls[0], self.cls[1])
-        bias = None if self.bias is None else self.bias(offset + q_len, k_len, offset=0).to(q.dtype)
-        logits = pe.tupe_logits(nn.functional.pad(q, (0, 0, offset, 0)), k, self.p, self.uq, self.uk, bias=bias, cls=cls)
-        return logits[..., offset:, :]
+        bias = None if self.bias is None else self.bias(q_len, k_len, offset=offset).to(q.dtype)
+        return pe.tupe_logits(q, k, self.p, self.uq, self.uk, offset=offset, bias=bias, cls=cls)

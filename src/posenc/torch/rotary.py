@@ -97,7 +97,8 @@ class XPos(PositionalModule):
 
     The queries are rotated (:func:`posenc.rope`, ``base``, ``layout``) and multiplied by
     the scale, the keys rotated and divided by it, so pair ``i`` of a score gains
-    :math:`\zeta_i^{(m - n)/\gamma}` with :math:`\gamma` = ``scale_base``. Both are
+    :math:`\zeta_i^{(m - n)/\gamma}` with :math:`\gamma` = ``scale_base``; ``q, k`` are
+    ``[batch, heads, seq, head_dim]`` (sequence axis ``-2``). Both are
     centred at ``k_len // 2`` (as torchscale does; only ``m - n`` matters) and scaled in
     float32 at least (for 16-bit inputs too), so the factors stay in range for positions
     up to about ``70 * scale_base`` from the centre.
