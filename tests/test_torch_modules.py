@@ -232,3 +232,14 @@ def test_xpos_16_bit_logits_stay_finite_far_from_the_centre():
     zk = pe.xpos_scale(torch.arange(20000, dtype=torch.float64), 8)
     expected = (pe.rope(q.half().double(), offset=19999) * zq) @ (pe.rope(k.half().double()) / zk).transpose(-1, -2) / math.sqrt(8)
     torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=2e-3)
+
+
+def test_rotary_module_rotates_along_the_sequence_axis_when_heads_equal_seq():
+    # [batch, heads, seq, dim] with heads == seq: pe.rope alone would ask for seq_axis; the module states it
+    rope = RotaryEmbedding(8)
+    x = torch.randn(2, 4, 4, 8, dtype=torch.float64)
+    positions = torch.tensor([[3, 4, 5, 6], [0, 1, 2, 3]])
+    got = rope.rotate(x, positions)
+    want = pe.rope(x, positions[:, None, :, None].expand(2, 4, 4, 1)[..., 0], seq_axis="bhsd")
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(got[1], pe.rope(x[1], positions[1], seq_axis=-2), rtol=0, atol=0)
