@@ -3,7 +3,7 @@
 The scientific-Python stack: numpydoc renders the docstrings (reST roles and ``.. math::``
 included), MyST reads the Markdown pages (``$...$`` math), pydata-sphinx-theme draws them,
 and MathJax is served from a local copy (sphinx-mathjax-offline), so formulas render
-without a network. The figures are regenerated from ``posenc._plots`` on every build.
+without a network. The figures are regenerated from ``posenc.plots`` on every build.
 """
 
 import posenc
@@ -51,9 +51,9 @@ html_static_path = []
 
 
 def _write_figures(app):
-    from posenc import _plots
+    from posenc import plots
 
-    _plots.write_all(f"{app.srcdir}/figures", progress=lambda message: None)
+    plots.write_all(f"{app.srcdir}/figures", progress=lambda message: None)
 
 
 def setup(app):

@@ -56,9 +56,9 @@ def inv_freq(dim, base=10000.0):
 
 def sinusoid(positions, dim, base=10000.0, layout="interleaved"):
     """The Transformer's sinusoid of (signed, float) positions: ``sin`` and ``cos`` of
-    ``p / base**(2i/dim)``, interleaved pairs or split halves."""
+    ``p / base**(2i/dim)``, interleaved pairs or the two halves (``"half"``)."""
     angle = np.asarray(positions, dtype=np.float64)[..., None] / base ** (2 * np.arange(dim // 2) / dim)
-    if layout == "split":
+    if layout == "half":
         return np.concatenate([np.sin(angle), np.cos(angle)], axis=-1)
     out = np.empty(angle.shape[:-1] + (dim,))
     out[..., 0::2], out[..., 1::2] = np.sin(angle), np.cos(angle)

@@ -15,7 +15,7 @@ from formulas import sinusoid as sinusoid_formula
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", None])
-@pytest.mark.parametrize("layout", ["interleaved", "split"])
+@pytest.mark.parametrize("layout", ["interleaved", "half"])
 def test_sinusoidal_int_length_matches_formula(backend, layout, dtype):
     namespace_dtype = backend.dtype(dtype) if dtype else None
     out = backend.call(lambda: pe.sinusoidal(50, 16, layout=layout, xp=backend.xp, dtype=namespace_dtype))
@@ -32,8 +32,8 @@ def test_sinusoidal_position_array_keeps_dtype(backend, dtype):
 
 def test_sinusoidal_integer_positions_default_float32(backend):
     pos = backend.asarray(np.array([0, 5, 1_000_000]))
-    out = backend.call(lambda p: pe.sinusoidal(p, 6, layout="split"), pos)
-    assert_close(out, sinusoid_formula([0, 5, 1_000_000], 6, layout="split"), backend=backend, dtype="float32")
+    out = backend.call(lambda p: pe.sinusoidal(p, 6, layout="half"), pos)
+    assert_close(out, sinusoid_formula([0, 5, 1_000_000], 6, layout="half"), backend=backend, dtype="float32")
 
 
 def test_sinusoidal_precision_at_long_positions():

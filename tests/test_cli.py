@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from posenc import _bench, cli
+from posenc import _bench, _demo, cli
 
 
 def run_cli(*args):
@@ -20,11 +20,47 @@ def test_info(capsys):
 
 
 def test_demo_runs_every_family():
-    proc = run_cli("demo")
+    proc = run_cli("demo", "--library", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[0] == "libraries: numpy"
     for family in ("absolute", "relative", "rotary"):
         assert f"-- {family} --" in proc.stdout
-    assert "FAIL" not in proc.stdout
+    assert "FAIL" not in proc.stdout and proc.stdout.endswith("demo finished: no failures\n")
+
+
+@pytest.mark.parametrize("library", [name for name, *_ in _demo.LIBRARIES])
+def test_demo_runs_every_step_on_each_installed_library(library):
+    (module,) = [module for name, module, *_ in _demo.LIBRARIES if name == library]
+    pytest.importorskip(module)
+    lines = []
+    assert _demo.run(lines.append, only=[library]) == 0, "\n".join(lines)
+    ran = [line for line in lines if line.startswith("  ") and "skipped on" not in line]
+    skipped = [line for line in lines if "skipped on" in line]
+    assert len(ran) + len(skipped) == len(_demo._STEPS) and len(skipped) <= 1
+    described = [line for line in ran if " float32" in line]
+    assert described and all(f"{library} (" in line for line in described), described
+
+
+def test_demo_names_each_library_it_skips_and_why(monkeypatch):
+    monkeypatch.setattr(_demo, "_installed", lambda module: module == "numpy")
+    found = {name: (maker, why) for name, maker, why in _demo.libraries()}
+    assert list(found) == ["numpy", "torch", "jax", "dask", "array-api-strict"]
+    assert found["numpy"] == (_demo.numpy_arrays, "")
+    assert found["jax"] == (None, "not installed (pip install 'posenc[jax]')")
+    lines = []
+    assert _demo.run(lines.append) == 0
+    assert lines[0] == (
+        "libraries: numpy; torch skipped: not installed (pip install 'posenc[torch]'); "
+        "jax skipped: not installed (pip install 'posenc[jax]'); dask skipped: not installed (pip install 'posenc[dask]'); "
+        "array-api-strict skipped: not installed (pip install array-api-strict)"
+    )
+    assert [line.split("  ")[0] for line in lines if line.startswith("==")] == ["== numpy =="]
+
+
+def test_demo_refuses_an_unknown_library():
+    proc = run_cli("demo", "--library", "cupyy")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --library: invalid choice: 'cupyy'" in proc.stderr
 
 
 def test_plot_writes_figures(tmp_path):
@@ -34,6 +70,62 @@ def test_plot_writes_figures(tmp_path):
     assert names == sorted(["alibi.png", "rope_decay.png", "rope_layouts.png", "rope_scalings.png", "sinusoidal.png", "t5_buckets.png"])
     for p in tmp_path.iterdir():
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plot_one_figure_with_its_options(tmp_path, monkeypatch):
+    from posenc import plots
+
+    calls = []
+    for name in ("rope_decay", "scalings", "t5_buckets", "alibi", "sinusoidal", "rope_layouts"):
+        monkeypatch.setattr(plots, name, lambda name=name, **kwargs: calls.append((name, kwargs)))
+    out = str(tmp_path)
+    assert cli.main(["plot", "decay", "--base", "10000", "500000", "--out", out]) == 0
+    assert cli.main(["plot", "scaling", "--type", "yarn", "--factor", "8", "--out", out]) == 0
+    assert cli.main(["plot", "--out", out, "t5", "--buckets", "16", "--max-distance", "64"]) == 0
+    assert cli.main(["plot", "alibi", "--heads", "12", "--head", "3", "--length", "16", "--out", out]) == 0
+    assert cli.main(["plot", "sinusoidal", "--out", out]) == 0
+    assert calls == [
+        ("rope_decay", {"bases": [10000.0, 500000.0], "path": f"{out}/rope_decay.png"}),
+        ("scalings", {"types": ["yarn"], "factor": 8.0, "path": f"{out}/rope_scalings.png"}),
+        ("t5_buckets", {"num_buckets": 16, "max_distance": 64, "path": f"{out}/t5_buckets.png"}),
+        ("alibi", {"heads": 12, "length": 16, "head": 3, "path": f"{out}/alibi.png"}),
+        ("sinusoidal", {"path": f"{out}/sinusoidal.png"}),
+    ]
+
+
+def test_plot_decay_writes_only_its_figure(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    assert cli.main(["plot", "decay", "--base", "10000", "500000", "--max-distance", "4096", "--out", str(tmp_path)]) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["rope_decay.png"]
+    assert capsys.readouterr().out == f"wrote {tmp_path}/rope_decay.png\n"
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["decay", "--base", "10000", "x"], "posenc plot decay: error: argument --base: must be a positive number, got 'x'"),
+        (["decay", "--dim", "7"], "posenc plot decay: error: argument --dim: must be an even integer >= 2, got '7'"),
+        (["scaling", "--type", "yarnn"], "posenc plot scaling: error: argument --type: invalid choice: 'yarnn'"),
+        (["scaling", "--factor", "0.5"], "posenc plot scaling: error: argument --factor: must be a number >= 1, got '0.5'"),
+        (["alibi", "--heads", "0"], "posenc plot alibi: error: argument --heads: must be an integer >= 1, got '0'"),
+        (["t5", "--size", "16"], "posenc: error: unrecognized arguments: --size 16"),
+        (["decay"], "posenc plot decay: error: the following arguments are required: --out"),
+        ([], "posenc plot: error: the following arguments are required: --out"),
+        (["frob"], "posenc plot: error: argument FIGURE: invalid choice: 'frob'"),
+    ],
+)
+def test_plot_refuses_bad_options(args, message, tmp_path, capsys):
+    out = [] if args in (["decay"], []) else ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["plot", *args, *out])
+    assert exit.value.code == 2
+    assert message in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_plot_option_the_figure_refuses_is_one_line(tmp_path, capsys):
+    assert cli.main(["plot", "alibi", "--head", "8", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == "posenc plot: head must be below heads=8, got 8\n"
 
 
 def test_plot_unwritable_out_is_a_message_not_a_traceback(tmp_path):

@@ -212,9 +212,9 @@ def test_every_public_name_is_in_the_reference(site):
 
 
 def test_figures_page_shows_every_figure(site):
-    from posenc import _plots
+    from posenc import plots
 
     text = (site / "figures.html").read_text(encoding="utf-8")
-    for name in _plots.FIGURES:
+    for name in plots.FIGURES:
         (src,) = re.findall(rf'<img[^>]*src="([^"]*{re.escape(name)})"', text)
         assert (site / src).is_file()

@@ -83,13 +83,13 @@ def naive_deberta(q, k, pos_q, pos_k, kmax, bucket=None, offset=0):
     return out / math.sqrt(3 * q.shape[-1])
 
 
-def naive_tupe(q, k, p, uq, uk, bias=None, cls=None):
+def naive_tupe(q, k, p, uq, uk, bias=None, cls=None, offset=0):
     d = q.shape[-1]
     out = np.zeros(q.shape[:-1] + (k.shape[-2],))
     for i in range(q.shape[-2]):
         for j in range(k.shape[-2]):
-            position = np.sum((p[i] @ uq) * (p[j] @ uk), axis=-1) / math.sqrt(2 * d)
-            if cls is not None and i == 0:
+            position = np.sum((p[offset + i] @ uq) * (p[j] @ uk), axis=-1) / math.sqrt(2 * d)
+            if cls is not None and offset + i == 0:
                 position = cls[0] + 0 * position
             elif cls is not None and j == 0:
                 position = cls[1] + 0 * position
@@ -140,17 +140,19 @@ def case_deberta_logits(rng, backend, dtype):
 def case_deberta_logits_bucketed(rng, backend, dtype):
     arrays, (q, k, pq, pk) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (H, 6, D), (H, 6, D))
     got = backend.call(lambda *a: pe.deberta_logits(*a, max_distance=3, bucket_size=4, max_position=8), *arrays)
-    return got, naive_deberta(q, k, pq, pk, 3, bucket=(4, 8))
+    return got, naive_deberta(q, k, pq, pk, 3, bucket=(4, 8), offset=K - Q)  # the default: queries are the last keys
 
 
 def case_tupe_logits(rng, backend, dtype):
     arrays, (q, k, p, uq, uk, bias) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (K, 3), (H, 3, D), (H, 3, D), (H, Q, K))
-    return backend.call(lambda *a: pe.tupe_logits(*a[:5], bias=a[5]), *arrays), naive_tupe(q, k, p, uq, uk, bias=bias)
+    got = backend.call(lambda *a: pe.tupe_logits(*a[:5], bias=a[5]), *arrays)
+    return got, naive_tupe(q, k, p, uq, uk, bias=bias, offset=K - Q)  # the default: queries are the last keys
 
 
 def case_tupe_logits_cls(rng, backend, dtype):
     arrays, (q, k, p, uq, uk) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (K, 3), (H, 3, D), (H, 3, D))
-    return backend.call(lambda *a: pe.tupe_logits(*a, cls=(1.0, -1.0)), *arrays), naive_tupe(q, k, p, uq, uk, cls=(1.0, -1.0))
+    got = backend.call(lambda *a: pe.tupe_logits(*a, cls=(1.0, -1.0), offset=0), *arrays)
+    return got, naive_tupe(q, k, p, uq, uk, cls=(1.0, -1.0))
 
 
 CASES = {
@@ -307,9 +309,9 @@ def test_segment_logits_batched_segments(rng):
 def test_tener_direction_aware(rng):
     q, k = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 3, 4))
     u = v = np.zeros((1, 1, 4))
-    split = pe.tener_logits(q, k, u, v, layout="split")
-    r = sinusoid(rel_matrix(3, 3), 4)[..., [0, 2, 1, 3]]  # split: sines first
-    np.testing.assert_allclose(split[0], np.einsum("id,ijd->ij", q[0], r) + q[0] @ k[0].T, atol=1e-12)
+    half = pe.tener_logits(q, k, u, v, layout="half")
+    r = sinusoid(rel_matrix(3, 3), 4)[..., [0, 2, 1, 3]]  # half: sines first
+    np.testing.assert_allclose(half[0], np.einsum("id,ijd->ij", q[0], r) + q[0] @ k[0].T, atol=1e-12)
 
 
 # --- DeBERTa --------------------------------------------------------------------------------------

@@ -32,8 +32,8 @@ __all__ = [
 
 
 def __getattr__(name):
-    # Framework adapters and the CLI import heavy packages: load them only when asked.
-    if name in ("torch", "cli"):
+    # Framework adapters, the CLI and the figures import heavy packages: load them only when asked.
+    if name in ("torch", "cli", "plots"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

@@ -10,6 +10,7 @@ import math
 import numbers
 import os
 import sys
+import warnings
 
 try:
     import resource
@@ -17,7 +18,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._xp import broadcast_shapes, is_integer, is_real_floating, torch_compiling, torch_tensor, trace_constant
+from ._xp import broadcast_shapes, is_integer, is_real_floating, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -308,3 +309,46 @@ def allocatable_unless_blocked(name, shape, itemsize, like):
     block by block (and stored block by block), never whole."""
     if torch_tensor(like) or not _compat.is_dask_array(like):
         allocatable(name, shape, itemsize)
+
+
+LAYOUT_ALIASES = {"split": "half"}
+
+
+def layout(name, value, choices=("half", "interleaved")):
+    """A feature-layout name, one vocabulary everywhere: ``"half"`` (the two members of every
+    pair, or the sines and the cosines, in the two halves) or ``"interleaved"``. ``"split"``,
+    the earlier name of ``"half"``, is accepted with a ``FutureWarning``."""
+    if isinstance(value, str) and value in LAYOUT_ALIASES:
+        warnings.warn(
+            f'{name}="{value}" is the earlier name of "{LAYOUT_ALIASES[value]}" and will be removed: '
+            f'pass {name}="{LAYOUT_ALIASES[value]}"',
+            FutureWarning,
+            stacklevel=_outside_stacklevel(),
+        )
+        value = LAYOUT_ALIASES[value]
+    return choice(name, value, choices)
+
+
+def _outside_stacklevel():
+    """The ``stacklevel`` of the first caller outside posenc, for a warning raised in posenc."""
+    package = __name__.rpartition(".")[0]
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").partition(".")[0] == package:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def creation_dtype(name, dtype, xp):
+    """The float dtype of a result built from nothing in ``xp`` (float32 by default); a dtype
+    of another library is refused with the ``xp=`` that builds that library's arrays."""
+    try:
+        return result_dtype(xp, dtype)
+    except TypeError as exc:
+        owner = dtype.__module__ if isinstance(dtype, type) else type(dtype).__module__
+        library = {"torch": "torch", "jax": "jax.numpy", "cupy": "cupy"}.get(owner.partition(".")[0])
+        if library is None or library.partition(".")[0] in xp.__name__:
+            raise
+        raise TypeError(
+            f"{exc.args[0].replace('dtype', name, 1)}: it is a {library} dtype; pass xp={library} "
+            f"(and device=) to build a {library} array"
+        ) from None

@@ -172,11 +172,17 @@ def shifted(values, offset):
 
 
 def is_real_floating(xp, dtype) -> bool:
-    return xp.isdtype(dtype, "real floating")
+    try:
+        return xp.isdtype(dtype, "real floating")
+    except TypeError:  # NumPy's isdtype refuses the dtypes of ml_dtypes
+        return (dtype.__name__ if isinstance(dtype, type) else str(dtype)) == "bfloat16"
 
 
 def is_integer(xp, dtype) -> bool:
-    return xp.isdtype(dtype, "integral")
+    try:
+        return xp.isdtype(dtype, "integral")
+    except TypeError:
+        return False
 
 
 def has_float64(xp, device=None) -> bool:

@@ -1,4 +1,7 @@
-"""The ``posenc`` command: ``info``, ``bench``, ``plot`` and ``demo``.
+"""The ``posenc`` command: ``info``, ``demo``, ``bench``, ``warmup`` and ``plot``.
+
+Each subcommand is added by one ``_add_NAME(sub)`` function listed in ``SUBCOMMANDS``; its
+parser's ``func`` runs it.
 
 Errors are one line on stderr, ``posenc COMMAND: what went wrong``, and a non-zero exit:
 2 for a bad argument, 3 for a missing optional package.
@@ -8,10 +11,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import importlib.util
 import os
 import sys
 import time
+
+from posenc.plots import SCALINGS
 
 OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "torch", "jax", "dask", "array-api-strict", "matplotlib")
 
@@ -39,8 +43,8 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     from posenc import _demo
 
-    failures = _demo.run()
-    print("demo finished" + (f" with {failures} failure(s)" if failures else ": every encoding ran"))
+    failures = _demo.run(only=args.library)
+    print("demo finished" + (f" with {failures} failure(s)" if failures else ": no failures"))
     return 1 if failures else 0
 
 
@@ -89,13 +93,99 @@ def _writable_directory(path: str) -> str | None:
 
 
 def cmd_plot(args) -> int:
-    from posenc import _plots
+    from posenc import plots
 
-    problem = _writable_directory(args.out)
+    out = getattr(args, "out", None)
+    if out is None:
+        args.plot_parser.error("the following arguments are required: --out")
+    problem = _writable_directory(out)
     if problem:
         return _error("plot", problem, 2)
-    _plots.write_all(args.out)
+    figure = getattr(args, "figure", None) or "all"
+    if figure == "all":
+        plots.write_all(out)
+        return 0
+    make, filename, options = PLOTS[figure]
+    kwargs = {dest: getattr(args, dest) for _flag, dest, _ in options if hasattr(args, dest)}
+    path = os.path.join(out, filename)
+    try:
+        getattr(plots, make)(**kwargs, path=path)
+    except ValueError as exc:
+        return _error("plot", str(exc), 2)
+    print(f"wrote {path}")
     return 0
+
+
+def _number(kind, minimum, *, even=False):
+    """An argparse type: an int at least ``minimum`` (even when asked), or a float above 0
+    (``kind=float``, ``minimum=0``) or at least ``minimum``."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if kind is float and minimum == 0:
+            if value is None or not 0 < value < float("inf"):
+                raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        elif value is None or value < minimum or (even and value % 2):
+            what = "an even integer" if even else {int: "an integer", float: "a number"}[kind]
+            raise argparse.ArgumentTypeError(f"must be {what} >= {minimum:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+_DIM = ("--dim", "dim", {"type": _number(int, 2, even=True), "help": "features (rotary dimension), even"})
+_BASE = ("--base", "base", {"type": _number(float, 0), "help": "frequency base"})
+_LENGTH = ("--length", "length", {"type": _number(int, 1), "help": "number of positions"})
+# figure: (posenc.plots function, file name, options as (flag, keyword, argparse settings))
+PLOTS = {
+    "decay": ("rope_decay", "rope_decay.png", [
+        _DIM,
+        ("--base", "bases", {"type": _number(float, 0), "nargs": "+", "help": "one curve per base (e.g. 10000 500000)"}),
+        ("--max-distance", "max_distance", {"type": _number(int, 2), "help": "largest relative distance"}),
+    ]),
+    "t5": ("t5_buckets", "t5_buckets.png", [
+        ("--buckets", "num_buckets", {"type": _number(int, 4, even=True), "help": "number of buckets"}),
+        ("--max-distance", "max_distance", {"type": _number(int, 1), "help": "distance from which keys share the last bucket"}),
+    ]),
+    "sinusoidal": ("sinusoidal", "sinusoidal.png", [_LENGTH, _DIM, _BASE]),
+    "alibi": ("alibi", "alibi.png", [
+        ("--heads", "heads", {"type": _number(int, 1), "help": "number of heads"}),
+        _LENGTH,
+        ("--head", "head", {"type": _number(int, 0), "help": "the head drawn, from 0"}),
+    ]),
+    "scaling": ("scalings", "rope_scalings.png", [
+        ("--type", "types", {"nargs": "+", "choices": SCALINGS, "help": "one panel per scaling (default: all)"}),
+        ("--factor", "factor", {"type": _number(float, 1), "help": "scaling factor (NTK's alpha)"}),
+        ("--dim", "dim", {"type": _number(int, 4, even=True), "help": "rotary dimension, even"}),
+        _BASE,
+        ("--original", "original", {"type": _number(int, 1), "help": "original (trained) context length"}),
+        ("--seq-len", "seq_len", {"type": _number(int, 1), "help": "length seen by dynamic NTK and LongRoPE (default: factor * original)"}),
+    ]),
+    "layouts": ("rope_layouts", "rope_layouts.png", [_DIM]),
+}
+
+
+def _add_plot(sub) -> None:
+    plot = sub.add_parser(
+        "plot",
+        help="write PNG figures (RoPE decay, T5 buckets, sinusoid, ALiBi, scalings, layouts)",
+        description="Writes one figure with the options given (posenc plot decay --base 10000 500000 --out DIR), "
+        "or every figure with its defaults (posenc plot all --out DIR, or posenc plot --out DIR).",
+    )
+    out = {"default": argparse.SUPPRESS, "metavar": "DIR", "help": "output directory (created if missing)"}
+    plot.add_argument("--out", **out)
+    plot.set_defaults(func=cmd_plot, plot_parser=plot)
+    figures = plot.add_subparsers(dest="figure", metavar="FIGURE", help="one of: " + ", ".join([*PLOTS, "all"]))
+    figures.add_parser("all", help="every figure, with its defaults").add_argument("--out", **out)
+    for name, (make, filename, options) in PLOTS.items():
+        figure = figures.add_parser(name, help=f"posenc.plots.{make} -> {filename}", description=f"Writes DIR/{filename} (posenc.plots.{make}).")
+        for flag, dest, settings in options:
+            figure.add_argument(flag, dest=dest, default=argparse.SUPPRESS, **settings)
+        figure.add_argument("--out", **out)
+        figure.set_defaults(plot_parser=figure)
 
 
 def cmd_warmup(args) -> int:
@@ -118,14 +208,25 @@ def cmd_warmup(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from posenc import __version__
-
-    parser = argparse.ArgumentParser(prog="posenc", description="Transformer positional encodings for any array.")
-    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _add_info(sub) -> None:
     sub.add_parser("info", help="versions and usable backends").set_defaults(func=cmd_info)
-    sub.add_parser("demo", help="run every encoding once and print what it did").set_defaults(func=cmd_demo)
+
+
+def _add_demo(sub) -> None:
+    from posenc import _demo
+
+    demo = sub.add_parser(
+        "demo",
+        help="run every encoding once on each installed array library and print what it did",
+        description="Runs every encoding once on NumPy, torch, JAX, Dask and array-api-strict, "
+        "each where installed (the others are named with the reason they are skipped).",
+    )
+    libraries = [name for name, *_ in _demo.LIBRARIES]
+    demo.add_argument("--library", action="append", choices=libraries, help="run on this library only (repeatable; default: every installed one)")
+    demo.set_defaults(func=cmd_demo)
+
+
+def _add_bench(sub) -> None:
     bench = sub.add_parser(
         "bench",
         help="time each hot operation beside the plain formula and the memory bandwidth",
@@ -136,6 +237,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats (a few seconds)")
     bench.add_argument("--gpu", action="store_true", help="the rotation and bias rows on a CUDA GPU (numba.cuda kernels, torch eager, the device's copy bandwidth)")
     bench.set_defaults(func=cmd_bench)
+
+
+def _add_warmup(sub) -> None:
     warm = sub.add_parser(
         "warmup",
         help="compile (or load from Numba's cache) every kernel now, e.g. when building an image",
@@ -146,9 +250,20 @@ def build_parser() -> argparse.ArgumentParser:
     warm.add_argument("--dtype", action="append", choices=("float16", "bfloat16", "float32", "float64"), help="a dtype to prepare (repeatable; default: all)")
     warm.add_argument("--gpu", action=argparse.BooleanOptionalAction, default=None, help="also the numba.cuda kernels (default: when a GPU is usable)")
     warm.set_defaults(func=cmd_warmup)
-    plot = sub.add_parser("plot", help="write PNG figures (RoPE decay, T5 buckets, sinusoid, ALiBi, scalings, layouts)")
-    plot.add_argument("--out", required=True, help="output directory")
-    plot.set_defaults(func=cmd_plot)
+
+
+# Each adds one subcommand (its parser and ``func``), in the order ``posenc --help`` lists them.
+SUBCOMMANDS = [_add_info, _add_demo, _add_bench, _add_warmup, _add_plot]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from posenc import __version__
+
+    parser = argparse.ArgumentParser(prog="posenc", description="Transformer positional encodings for any array.")
+    parser.add_argument("--version", action="version", version=f"posenc {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in SUBCOMMANDS:
+        add(sub)
     return parser
 
 

@@ -160,7 +160,7 @@ def host_view(a):
 
             return a.view(torch.int16).numpy().view(np.uint16)
         return a.numpy()
-    return a.view(np.uint16) if dtype_name(a.dtype) in ("float16", "bfloat16") else a  # bfloat16: ml_dtypes'
+    return a.view(np.uint16) if a.dtype.itemsize == 2 and dtype_name(a.dtype) in ("float16", "bfloat16") else a
 
 
 def host_values(a):

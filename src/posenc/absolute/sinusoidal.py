@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import _validate as check
 from .._xp import cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
 
-LAYOUTS = ("interleaved", "split")
+LAYOUTS = ("interleaved", "half")
 
 
 def inverse_frequencies(dim: int, base: float) -> list[float]:
@@ -21,9 +21,11 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
         p_{k, 2i} = \sin(k\,\omega_i), \quad p_{k, 2i+1} = \cos(k\,\omega_i), \quad
         \omega_i = \text{base}^{-2i/d}
 
-    (``layout="interleaved"``, Vaswani et al., "Attention Is All You Need", 2017). With
-    ``layout="split"`` the sines fill the first half of the features and the cosines the
-    second half (the order of RoFormer, Marian and fairseq).
+    (``layout="interleaved"``, the default: Vaswani et al., "Attention Is All You Need",
+    2017). With ``layout="half"`` the sines fill the first half of the features and the
+    cosines the second half (the order of RoFormer, Marian and fairseq; the halves pairing
+    of :func:`rope`'s ``"half"``). ``"split"``, its earlier name, is accepted with a
+    ``FutureWarning``.
 
     Parameters
     ----------
@@ -34,7 +36,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
         Number of features, a positive even integer.
     base : float
         Wavelength base (10000 in the paper).
-    layout : {"interleaved", "split"}
+    layout : {"interleaved", "half"}
     xp, device, dtype
         Namespace, device and float dtype of the result when ``positions`` is an int
         (NumPy, float32 by default). For a position array they follow the array; a float
@@ -57,7 +59,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     """
     dim = check.even_dim("dim", dim)
     base = check.real("base", base, positive=True)
-    layout = check.choice("layout", layout, LAYOUTS)
+    layout = check.layout("layout", layout, LAYOUTS)
     check.allocatable("frequency table for dim", (dim // 2,), 128)
     if check.is_array(positions):
         xp = namespace(positions, xp=xp)
@@ -69,7 +71,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     else:
         xp = namespace(xp=xp)
         n = check.integer("positions", positions, minimum=0)
-        out_dtype = result_dtype(xp, dtype)
+        out_dtype = check.creation_dtype("dtype", dtype, xp)
         check.allocatable("sinusoidal", (n, dim), 8)
         pos = xp.arange(n, device=device)
     cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)

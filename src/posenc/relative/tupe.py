@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, namespace
+from .._xp import broadcast_shapes, cast, device_of, index_dtype, shifted
 from . import _args
 
 
@@ -22,7 +22,7 @@ def _cls_value(name, value, xp, batch, work, device):
     return cast(xp, value, work)[..., None, None]
 
 
-def tupe_logits(q, k, p, uq, uk, *, bias=None, cls=None):
+def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     r"""TUPE logits: content and absolute-position correlations computed apart.
 
     .. math::
@@ -35,17 +35,21 @@ def tupe_logits(q, k, p, uq, uk, *, bias=None, cls=None):
     :func:`t5_bias`). With ``cls=(to_others, from_others)`` the ``[CLS]`` token (position
     0) is untied from positions: the positional term (the middle one, scaled) of row 0 is
     replaced by ``to_others`` and that of column 0, rows ``i > 0``, by ``from_others``
-    (the paper's :math:`\theta_1, \theta_2`). Query positions are ``arange(q_len)``, key
-    positions ``arange(k_len)``.
+    (the paper's :math:`\theta_1, \theta_2`). Query ``i`` sits at position ``offset + i``
+    (its row of ``p``), key ``j`` at ``j``; by default the queries are the last ``q_len``
+    positions of the keys, so a decode step costs ``O(q_len k_len)``.
 
     Parameters
     ----------
     q : float array ``[..., heads, q_len, d]``
     k : float array ``[..., heads, k_len, d]``
     p : float array ``[n, d_p]`` (or with leading dims broadcasting against the batch),
-        ``n >= max(q_len, k_len)``: absolute positional embeddings
+        ``n >= max(offset + q_len, k_len)``: absolute positional embeddings
     uq, uk : float arrays ``[..., heads, d_p, e]``: positional query / key projections
+    offset : int >= 0 or 0-d integer array (traced is fine: then its range is not checked),
+        position of the first query; ``k_len - q_len`` by default
     bias : float array broadcasting against ``[..., heads, q_len, k_len]``, optional
+        (computed for the same query positions: pass it the same ``offset``)
     cls : pair of real numbers or float arrays broadcasting against ``[..., heads]``, optional
 
     Returns
@@ -61,13 +65,17 @@ def tupe_logits(q, k, p, uq, uk, *, bias=None, cls=None):
     [[[0.5, 0.0], [0.0, 0.5]]]
     >>> pe.tupe_logits(q, k, p, u, u, cls=(1.0, -1.0)).tolist()
     [[[1.0, 1.0], [-1.0, 0.5]]]
+    >>> pe.tupe_logits(q[:, 1:], k, p, u, u).tolist()            # one query: the last row
+    [[[0.0, 0.5]]]
     """
     xp = _args.namespace_of(q=q, k=k, p=p, uq=uq, uk=uk, bias=bias)
     q_len, k_len, batch = _args.query_key(q, k, xp)
+    offset = check.integer_or_traced("offset", k_len - q_len if offset is None else offset, minimum=0)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
-    if int(p.shape[-2]) < max(q_len, k_len):
-        raise ValueError(f"p must have at least max(q_len, k_len) = {max(q_len, k_len)} rows, got shape {tuple(p.shape)}")
+    rows = max((offset if isinstance(offset, int) else 0) + q_len, k_len)
+    if int(p.shape[-2]) < rows:
+        raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
     for name, u in (("uq", uq), ("uk", uk)):
         _args.table(name, u, xp, rows=int(p.shape[-1]), dim=int(uq.shape[-1]), batch=batch)
     arrays = [q, k, p, uq, uk]
@@ -80,12 +88,13 @@ def tupe_logits(q, k, p, uq, uk, *, bias=None, cls=None):
         raise TypeError(f"cls must be a pair (to_others, from_others), got {type(cls).__name__}")
     dtype, work = _args.dtypes(xp, *arrays)
     q, k, p, uq, uk = (cast(xp, a, work) for a in (q, k, p, uq, uk))
+    device = device_of(q)
+    query_positions = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
-    position = (p[..., :q_len, :] @ uq) @ xp.matrix_transpose(p[..., :k_len, :] @ uk) * scale
+    position = (xp.take(p, query_positions, axis=-2) @ uq) @ xp.matrix_transpose(p[..., :k_len, :] @ uk) * scale
     if cls is not None:
-        device = device_of(q)
         to_others, from_others = (_cls_value(n, v, xp, batch, work, device) for n, v in zip(("cls[0]", "cls[1]"), cls))
-        row = xp.arange(q_len, device=device)[:, None]
+        row = query_positions[:, None]
         col = xp.arange(k_len, device=device)[None, :]
         position = xp.where(row == 0, to_others, xp.where(col == 0, from_others, position))
     logits = q @ xp.matrix_transpose(k) * scale + position

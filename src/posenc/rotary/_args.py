@@ -1,20 +1,32 @@
-"""Argument checks shared by the rotary functions (on top of ``posenc._validate``)."""
+"""Argument checks shared by the rotary functions (on top of ``posenc._validate``).
+
+The sequence axis, said rather than guessed (``sequence_axis``, ``place``, ``positions``):
+``seq_axis`` is an integer or a named layout: one letter per axis of ``x``, ``b`` batch,
+``h`` heads, ``s`` sequence, ``t`` packed tokens (the sequence axis of a varlen batch),
+``d`` features, last (``"bhsd"``, ``"bshd"``, ``"thd"``, ``"hsd"``, ``"bsd"``, ``"sd"``...).
+
+``positions`` align with the sequence axis (their last axis) and with ``x``'s leading
+axes (their leading axes): ``[seq]`` and Hugging Face's ``[batch, seq]`` position ids fit
+``[batch, heads, seq, dim]`` as they are. Positions with one axis per token axis of ``x``
+(``x.ndim - 1`` axes, e.g. ``position_ids[:, None]``) broadcast axis by axis.
+"""
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import is_integer, namespace, trace_constant
+from .._xp import index_dtype, is_integer, namespace, shifted, trace_constant
 
 LAYOUTS = ("half", "interleaved")
 
 
 def layout(name, value):
-    return check.choice(name, value, LAYOUTS)
+    return check.layout(name, value, LAYOUTS)
 
 
 def inv_freq(name, value, xp):
@@ -69,11 +81,14 @@ def host_inv_freq(name, value, xp):
     return np.asarray(freqs)
 
 
-def positions_against(name, positions, xp, batch_shape):
-    """Finite integer or float ``positions`` that broadcast against ``batch_shape``."""
-    check.positions(name, positions, xp)
-    check.broadcast_shape(name, positions.shape, batch_shape)
-    return positions
+def positions_array(value):
+    """``rope``'s ``positions`` must be an array; a number is most likely meant as ``offset``."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        raise TypeError(
+            f"positions must be an array of token positions, got the number {value!r}: to number the tokens "
+            f"from {value!r}, pass offset={value!r} (positions=None gives offset + arange along seq_axis)"
+        )
+    check.array("positions", value)
 
 
 def rotary_dim(value, width):
@@ -90,6 +105,8 @@ def out_like(out, x, xp):
         return None
     if _compat.is_jax_array(out):
         raise TypeError("out is not supported for JAX arrays (they are immutable); use the returned array")
+    if out is x:  # in place: x's own shape, dtype, namespace, device and memory
+        return out
     return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x),))
 
 
@@ -102,3 +119,150 @@ def sequence_length(xp, positions):
         return math.floor(float(xp.max(positions))) + 1
     top = xp.max(positions)
     return (top if is_integer(xp, positions.dtype) else xp.floor(top)) + 1
+
+
+# ---------------------------------------------------------------- the sequence axis and positions
+LETTERS = "bhstd"
+LAYOUT_HINT = 'seq_axis (an axis, or a named layout: "bhsd", "bshd", "thd" for packed tokens, "hsd", "bsd", "sd")'
+
+
+def sequence_axis(value, x):
+    """``(axis, packed)``: the index of the sequence axis of ``x`` (never the feature axis)
+    and whether it holds packed tokens (a layout with ``t``). ``None`` is axis -2."""
+    shape = tuple(x.shape)
+    if isinstance(value, str):
+        return _named(value, shape)
+    axis = -2 if value is None else check.integer("seq_axis", value)
+    if len(shape) < 2 or not -len(shape) <= axis < len(shape) or axis % len(shape) == len(shape) - 1:
+        raise ValueError(f"seq_axis must name an axis of x other than the feature axis (x has shape {shape}), got {axis}")
+    return axis % len(shape), False
+
+
+def _named(value, shape):
+    letters = value.lower()
+    ok = (
+        all(c in LETTERS for c in letters)
+        and len(set(letters)) == len(letters)
+        and letters.endswith("d")
+        and sum(c in "st" for c in letters) == 1
+    )
+    if not ok:
+        raise ValueError(
+            "seq_axis as a layout is one letter per axis of x (b batch, h heads, s sequence, t packed tokens, "
+            f'd features, last), with one of s or t, e.g. "bhsd", "bshd", "thd"; got {value!r}'
+        )
+    if len(letters) != len(shape):
+        raise ValueError(f"seq_axis={value!r} names {len(letters)} axes, but x has shape {shape}")
+    axis = letters.index("s") if "s" in letters else letters.index("t")
+    return axis, "t" in letters
+
+
+def place(name, positions, shape, axis, explicit):
+    """``positions`` reshaped to broadcast against ``shape`` (``x.shape[:-1]``) along the
+    sequence ``axis``: their last axis there, their leading axes on the leading axes of
+    ``shape``. ``explicit`` is whether the caller named the axis; if not, positions that
+    could also run along another axis of the same length are refused."""
+    n, k = len(shape), positions.ndim
+    if k == 0:
+        return positions
+    if k > n:
+        raise ValueError(f"{name} of shape {tuple(positions.shape)} has more axes than the token axes of x {shape}")
+    if k == n:
+        if not all(p in (1, s) for p, s in zip(positions.shape, shape)):
+            raise ValueError(_misfit(name, positions.shape, shape, axis))
+        return positions
+    length = int(positions.shape[-1])
+    if k - 1 > axis:
+        raise ValueError(
+            f"{name} of shape {tuple(positions.shape)} has {k - 1} leading (batch) axes, but x's sequence axis is "
+            f"axis {axis} of {shape}: pass {LAYOUT_HINT}, or give {name} one axis per token axis of x"
+        )
+    placed = [*positions.shape[:-1], *([1] * (n - k + 1))]
+    placed[axis] = length
+    if not all(p in (1, s) for p, s in zip(placed, shape)):
+        raise ValueError(_misfit(name, positions.shape, shape, axis))
+    if not explicit and length > 1:
+        others = [a for a in range(k - 1, n) if a != axis and shape[a] == length]
+        if others:
+            raise ValueError(
+                f"{name} of shape {tuple(positions.shape)} could run along axis {axis} or axis {others[0]} of x "
+                f"(token axes {shape}, both of length {length}): pass {LAYOUT_HINT} to say which is the sequence"
+            )
+    return namespace(positions).reshape(positions, tuple(placed))
+
+
+def _misfit(name, pshape, shape, axis):
+    """The message for positions that do not fit ``x``, with the axis they may have meant."""
+    pshape = tuple(pshape)
+    length = pshape[-1]
+    fits = [a for a in range(len(shape)) if a != axis and shape[a] == length]
+    hint = f"; x's axis {fits[0]} has length {length}: seq_axis={fits[0]}?" if fits else ""
+    return (
+        f"{name} of shape {pshape} do not fit x's token axes {shape} with the sequence on axis {axis}{hint}. "
+        f"{name} align with the sequence axis (their last axis) and x's leading batch axes (their leading axes), "
+        f"e.g. [seq] or [batch, seq] for [batch, heads, seq, dim]; pass {LAYOUT_HINT}, or shape {name} like x's "
+        "token axes (position_ids[:, None] gives [batch, 1, seq])"
+    )
+
+
+def positions(xp, x, given, seq_axis, offset, device):
+    """``rope``'s positions, validated and placed against ``x``: ``offset + arange`` along
+    the sequence axis by default, else ``given + offset`` (see :func:`place`)."""
+    shape = tuple(x.shape[:-1])
+    if given is None:
+        axis, packed = sequence_axis(seq_axis, x)
+        if packed:
+            raise ValueError(
+                f"seq_axis={seq_axis!r} holds packed tokens: pass their positions, e.g. "
+                "positions=pe.positions_from_cu_seqlens(cu_seqlens, total)"
+            )
+        length = int(shape[axis])
+        if check.is_array(offset) and offset.ndim:
+            offset = place_rows("offset", offset, shape, axis)
+        pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
+        return shifted(xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape)))), offset)
+    check.positions("positions", given, xp)
+    if check.is_array(offset) and offset.ndim:
+        offset = rows("offset", offset, x, seq_axis)
+    if given.ndim:
+        axis = sequence_axis(seq_axis, x)[0] if shape or seq_axis is not None else 0
+        given = place("positions", given, shape, axis, seq_axis is not None)
+    return shifted(given, offset)
+
+
+def rows(name, value, x, seq_axis):
+    """A per-row ``value`` (``offset``, ``seq_len``) placed on the batch axes of ``x``."""
+    if not (check.is_array(value) and value.ndim):
+        return value
+    axis = sequence_axis(seq_axis, x)[0]
+    return place_rows(name, value, tuple(x.shape[:-1]), axis)
+
+
+def per_row(name, value, xp):
+    """``value`` validated: None, an int, a 0-d integer array (traced ok), or a per-row integer array."""
+    if value is None:
+        return None
+    if not (check.is_array(value) and value.ndim > 0):
+        return check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
+    if not is_integer(xp, value.dtype):  # (its namespace is x's: checked with x's)
+        raise TypeError(f"{name} must be an integer or an integer array (one value per batch row), got dtype {value.dtype}")
+    if name == "seq_len" and check.is_eager(value) and bool(xp.any(value < 0)):
+        raise ValueError("seq_len must be >= 0 in every row")
+    return value
+
+
+def place_rows(name, value, shape, axis):
+    """A per-row ``value`` reshaped to broadcast against the token axes ``shape`` along the
+    batch axes before the sequence ``axis`` (0-d and ints pass through)."""
+    if not (check.is_array(value) and value.ndim > 0):
+        return value
+    n, k = len(shape), value.ndim
+    placed = tuple(value.shape) if k == n else (*value.shape, *([1] * (n - k)))
+    fits = k <= n and placed[axis] == 1 and all(p in (1, s) for p, s in zip(placed, shape))
+    if not fits or (k < n and k > axis):
+        raise ValueError(
+            f"{name} of shape {tuple(value.shape)} must hold one value per batch row: its axes are x's leading "
+            f"(batch) axes {shape[:axis]} (or one axis per token axis of x {shape}, of length 1 along the "
+            f"sequence axis {axis})"
+        )
+    return namespace(value).reshape(value, placed)

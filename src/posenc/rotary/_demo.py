@@ -59,7 +59,7 @@ def _positions(a):
     mask = a.asarray(np.array([[0, 0, 1, 1, 1], [1, 1, 1, 1, 0]]))
     by_mask = pe.positions_from_mask(mask)
     packed = pe.positions_from_cu_seqlens(a.asarray(np.array([0, 3, 5])), 5)
-    return f"left/right padding -> {[[int(v) for v in row] for row in by_mask]}; packed {[int(v) for v in packed]}"
+    return f"left/right padding -> {[[int(v) for v in by_mask[r, :]] for r in range(by_mask.shape[0])]}; packed {[int(v) for v in packed]}"
 
 
 @step("rope_decay")

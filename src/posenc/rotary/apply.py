@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, index_dtype, is_real_floating, namespace, result_dtype, shifted
-from . import _args
-from .scaling import check_scaling, check_seq_len, frequency_table
+from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
+from . import _args, _rows
+from .scaling import check_scaling, frequency_table
 
 
 def duplicate(xp, half_table, layout):
@@ -151,15 +151,6 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
-def default_positions(xp, x, seq_axis, offset, device):
-    """``offset + arange(L)`` along ``seq_axis``, shaped to broadcast against ``x.shape[:-1]``."""
-    batch_ndim = x.ndim - 1
-    axis = seq_axis % x.ndim
-    length = int(x.shape[axis])
-    pos = shifted(xp.arange(length, dtype=index_dtype(xp, device), device=device), offset)
-    return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(batch_ndim)))
-
-
 def rope(
     x,
     positions=None,
@@ -169,7 +160,7 @@ def rope(
     layout="half",
     rotary_dim=None,
     offset=0,
-    seq_axis=-2,
+    seq_axis=None,
     inverse=False,
     seq_len=None,
     out=None,
@@ -184,25 +175,36 @@ def rope(
     ----------
     x : array ``[..., d]``, real floating (queries or keys, e.g. ``[batch, heads, seq, d]``)
     positions : array, optional
-        Integer or finite float positions broadcasting against ``x.shape[:-1]`` (per-token
-        ids for KV-cache decoding, packed batches: :func:`positions_from_cu_seqlens`,
-        padding: :func:`positions_from_mask`). Default: ``arange(L)`` along ``seq_axis``.
+        Integer or finite float positions (per-token ids for KV-cache decoding, packed
+        batches: :func:`positions_from_cu_seqlens`, padding: :func:`positions_from_mask`).
+        Their last axis runs along the sequence axis and their leading axes along the
+        leading (batch) axes of ``x``: ``[seq]`` and Hugging Face's ``[batch, seq]``
+        position ids fit ``[batch, heads, seq, d]`` as they are; positions with
+        ``x.ndim - 1`` axes broadcast axis by axis. Default: ``arange(L)`` along the
+        sequence axis.
     base : float
     scaling : posenc.scaling object, optional
     layout : {"half", "interleaved"}
     rotary_dim : int, optional
         Channels rotated (default ``d``); the others pass through unchanged.
-    offset : int or 0-d integer array
+    offset : int, 0-d integer array, or integer array of one value per batch row
         Added to the positions (the number of cached tokens when decoding); a traced value
-        (``jax.jit``, ``torch.compile``) is fine.
-    seq_axis : int
-        Axis of ``x`` that the default positions run along (not the feature axis).
+        (``jax.jit``, ``torch.compile``) is fine. Per row: ``[batch]`` (or shaped like the
+        token axes of ``x`` with length 1 along the sequence), on the leading batch axes.
+    seq_axis : int or str, optional
+        The sequence axis of ``x`` (not the feature axis), or a named layout, one letter
+        per axis: ``"bhsd"`` (batch, heads, seq, features: Hugging Face), ``"bshd"``
+        (flash-attention, JAX), ``"thd"`` (packed tokens: ``positions`` required),
+        ``"hsd"``, ``"bsd"``, ``"sd"``... Default: axis -2, and positions that could run
+        along two axes of the same length are refused (``ValueError``): say ``seq_axis``.
     inverse : bool
         Undo the embedding: rotate by ``-angle`` and divide by the attention scale, so
         ``rope(rope(x), inverse=True) == x``. (With attention scale 1 this is also the
         transpose, i.e. the backward pass.)
-    seq_len : int or 0-d integer array, optional
-        The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to. Default: the
+    seq_len : int, 0-d integer array, or integer array of one value per batch row, optional
+        The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to; per row (placed
+        as ``offset``), each row gets the frequencies of its own length, bit-identical to
+        a single-row call with its value. Default: the
         largest position + 1, decided per call. Where the positions (or ``seq_len``) cannot
         be read now (``jax.jit``, ``torch.compile``, Dask) the frequencies are computed
         from that traced length inside the computation, with the same result; the
@@ -224,12 +226,16 @@ def rope(
     [-0.3012, 0.99, 1.3818, 1.0099]
     >>> bool(np.allclose(pe.rope(pe.rope(q, offset=5), offset=5, inverse=True), q, atol=1e-6))
     True
+    >>> k = np.ones((2, 3, 1, 4))                          # [batch, seq, heads, dim]
+    >>> bool(np.allclose(pe.rope(k, seq_axis="bshd")[:, 1, 0], pe.rope(q)[0, 1]))
+    True
     """
     check.array("x", x)
     if positions is not None:
-        check.array("positions", positions)
-    xp = namespace(x, positions)
-    device = device_of(x, positions)
+        _args.positions_array(positions)
+    per_row = [a for a in (offset, seq_len) if check.is_array(a) and a.ndim > 0]
+    xp = namespace(x, positions, *per_row)
+    device = device_of(x, positions, *per_row)
     check.float_array("x", x, xp)
     check.ndim("x", x, minimum=1)
     base = check.real("base", base, positive=True)
@@ -237,25 +243,23 @@ def rope(
     layout = _args.layout("layout", layout)
     width = int(x.shape[-1])
     rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
-    offset = check.integer_or_traced("offset", offset)
+    offset = _args.per_row("offset", offset, xp)
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
-    seq_len = check_seq_len(seq_len)
-    if positions is None:
-        check.ndim("x", x, minimum=2)
-        seq_axis = check.integer("seq_axis", seq_axis)
-        if not -x.ndim <= seq_axis < x.ndim or seq_axis % x.ndim == x.ndim - 1:
-            raise ValueError(
-                f"seq_axis must name an axis of x other than the feature axis (x has shape {tuple(x.shape)}), got {seq_axis}"
-            )
-        positions = default_positions(xp, x, seq_axis, offset, device)
-    else:
-        _args.positions_against("positions", positions, xp, tuple(x.shape[:-1]))
-        positions = shifted(positions, offset)
+    seq_len = _args.per_row("seq_len", seq_len, xp)
+    positions = _args.positions(xp, x, positions, seq_axis, offset, device)
+    seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
     _args.out_like(out, x, xp)
     if scaling is not None and scaling.uses_seq_len:
         if seq_len is None:
             seq_len = _args.sequence_length(xp, positions)
+        if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
+
+            def one_row(x_row, positions_row, length):  # the call a single row makes
+                options = {"base": base, "scaling": scaling, "layout": layout, "rotary_dim": rdim, "inverse": inverse}
+                return rope(x_row, positions_row, seq_axis=-2, seq_len=length, **options)
+
+            return _rows_written(xp, x, positions, seq_len, out, one_row)
         if seq_len is not None and not isinstance(seq_len, int):
             return _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device)
     else:
@@ -273,6 +277,8 @@ def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, se
     then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
         seq_len = xp.asarray(seq_len, device=device)
+    if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
+        seq_len = seq_len[..., None]
     inv_freq, scale = scaling.traced_frequencies(xp, rdim, base, seq_len, device)
     c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
     if inverse:
@@ -280,3 +286,12 @@ def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, se
     if scale != 1.0:
         c, s = c * scale, s * scale
     return _dispatch.call("rope_apply", x, duplicate(xp, c, layout), duplicate(xp, s, layout), layout=layout, out=out)
+
+
+def _rows_written(xp, x, positions, seq_len, out, rotate_one):
+    """A per-row ``seq_len``, eagerly: each row rotated by the call a single row makes."""
+    result = _rows.rotate_each_row(xp, x, positions, seq_len, rotate_one)
+    if out is None:
+        return result
+    out[...] = result
+    return out

@@ -13,7 +13,7 @@ from . import _args
 from ._rotate import _join, _pairs
 
 
-def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
+def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None, seq_axis=None, out=None):
     r"""Re-rotate already rotated keys (a KV cache) instead of recomputing them.
 
     Rotations compose, :math:`R_{m+\delta} = R_\delta R_m`, so a cached key rotated at
@@ -28,11 +28,18 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
     ----------
     x : array ``[..., d]``, real floating, already rotated with ``inv_freq``
     delta : int or array
-        Shift in positions (broadcasting against ``x.shape[:-1]``), or the positions
-        the keys sit at when ``new_inv_freq`` is given.
+        Shift in positions, or the positions the keys sit at when ``new_inv_freq`` is
+        given; an array is placed as :func:`rope` places ``positions`` (last axis along
+        the sequence axis, leading axes along the batch axes).
     inv_freq : array or sequence ``[r/2]``, ``r <= d``
     layout : {"half", "interleaved"}
     new_inv_freq : array or sequence ``[r/2]``, optional
+    seq_axis : int or str, optional
+        The sequence axis of the cache, or its named layout (``"bhsd"``, ``"bshd"``,
+        ``"thd"``...), as in :func:`rope`; default -2.
+    out : array like ``x``, optional
+        Written with the result and returned; ``out=x`` shifts the cache in place, with
+        no second cache allocated.
 
     Returns
     -------
@@ -46,6 +53,10 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
     >>> at_10 = pe.rope(k, np.full(4, 10))
     >>> bool(np.allclose(pe.rerotate(at_10, 5, inv_freq), pe.rope(k, np.full(4, 15))))
     True
+    >>> cache = pe.rope(k)                                # keys at positions 0..3
+    >>> _ = pe.rerotate(cache, -1, inv_freq, out=cache)   # in place: now at -1..2
+    >>> bool(np.allclose(cache, pe.rope(k, offset=-1)))
+    True
     """
     check.array("x", x)
     xp = namespace(x, delta if check.is_array(delta) else None)
@@ -54,7 +65,11 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
     device = device_of(x, delta if check.is_array(delta) else None)
     if not check.is_array(delta):
         delta = _scalar_array(xp, "delta", delta, device)
-    _args.positions_against("delta", delta, xp, tuple(x.shape[:-1]))
+    check.positions("delta", delta, xp)
+    if delta.ndim:
+        axis = _args.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
+        delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None)
+    _args.out_like(out, x, xp)
     layout = _args.layout("layout", layout)
     freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
     if 2 * freqs.size > x.shape[-1]:
@@ -64,7 +79,7 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None):
         if new.shape != freqs.shape:
             raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
         freqs = new - freqs
-    return _dispatch.call("rope_rotate", x, delta, freqs, layout=layout)
+    return _dispatch.call("rope_rotate", x, delta, freqs, layout=layout, out=out)
 
 
 def _scalar_array(xp, name, value, device):

@@ -35,8 +35,10 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     q : array ``[..., n, d]``; k : array ``[..., m, d]``; v : array ``[..., m, d_v]``
         Real floating, one namespace; ``d`` even when ``positions`` is given.
     positions : array or (array, array), optional
-        Token positions: one array broadcasting against both ``q.shape[:-1]`` and
-        ``k.shape[:-1]`` (self-attention), or ``(query_positions, key_positions)``.
+        Token positions: one array for both ``q`` and ``k`` (self-attention), or
+        ``(query_positions, key_positions)``; their last axis runs along the sequence
+        axis (-2) and their leading axes along the leading batch axes (``[seq]`` or
+        ``[batch, seq]`` for ``[batch, heads, seq, d]``), as in :func:`rope`.
         ``None``: no RoPE.
     base : float
     layout : {"half", "interleaved"}
@@ -77,8 +79,8 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         if isinstance(positions, tuple) and len(positions) != 2:
             raise ValueError(f"positions must be an array or a (query_positions, key_positions) pair, got {len(positions)} items")
         q_pos, k_pos = positions if isinstance(positions, tuple) else (positions, positions)
-        _args.positions_against("positions", q_pos, xp, tuple(q.shape[:-1]))
-        _args.positions_against("positions", k_pos, xp, tuple(k.shape[:-1]))
+        q_pos = _args.place("positions", check.positions("positions", q_pos, xp), tuple(q.shape[:-1]), q.ndim - 2, True)
+        k_pos = _args.place("positions", check.positions("positions", k_pos, xp), tuple(k.shape[:-1]), k.ndim - 2, True)
         check.even_dim("q.shape[-1]", int(q.shape[-1]))
     work = compute_dtype(xp, q.dtype)
     fq, fk = phi(cast(xp, q, work)), phi(cast(xp, k, work))

@@ -146,8 +146,26 @@ class DynamicNTK(Scaling):
 
     with ``s = factor`` and ``L = original_max_position`` (HF ``rope_type="dynamic"``,
     where ``L`` is the config's ``max_position_embeddings``). Up to ``L`` tokens the
-    frequencies are the original ones; ``seq_len=None`` means ``L``. A KV cache built at one
-    length and read at another needs :func:`posenc.rerotate`.
+    frequencies are the original ones; ``seq_len=None`` means ``L``.
+
+    Past ``L`` every frequency changes at every step, so keys cached at one length are
+    stale at the next. Do not chain :func:`posenc.rerotate` from one step's frequencies to
+    the next: each rerotation rounds again (bfloat16 keys drift by 21% in 1000 steps).
+    Either keep the keys as first rotated (original frequencies) and rerotate that cache
+    once per step into a buffer, or keep them unrotated and rotate them at attention
+    time (docs: "Context extension in a growing cache").
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> dyn = pe.scaling.DynamicNTK(2.0, original_max_position=8)
+    >>> raw = np.random.default_rng(0).standard_normal((20, 8))      # unrotated keys
+    >>> keys = pe.rope(raw, scaling=dyn, seq_len=20)               # rotated at attention time
+    >>> first, _ = pe.rope_frequencies(8)                           # or: cached as first rotated
+    >>> now, _ = pe.rope_frequencies(8, scaling=dyn, seq_len=20)
+    >>> moved = pe.rerotate(pe.rope(raw), np.arange(20), first, new_inv_freq=now)
+    >>> bool(np.allclose(moved, keys))
+    True
     """
 
     factor: float
@@ -689,12 +707,25 @@ def _read_flat(p, head_dim, fields):
 
 
 def check_scaling(scaling):
-    """``scaling`` must be None or one of this module's scalings (``TypeError`` otherwise)."""
+    """``scaling`` must be None or one of this module's scalings (``TypeError`` otherwise),
+    with the conversion to use for a Hugging Face dict or a ``from_hf`` result."""
     if scaling is not None and not isinstance(scaling, Scaling):
-        raise TypeError(
-            f"scaling must be None or a posenc.scaling object (Linear, NTK, DynamicNTK, YaRN, LongRoPE, Llama3), got {type(scaling).__name__}"
-        )
+        names = ", ".join(sorted(c.__name__ for c in Scaling.__subclasses__()))
+        hint = ""
+        if isinstance(scaling, Mapping):
+            hint = (
+                "; a Hugging Face rope_parameters / rope_scaling dict converts with "
+                "pe.scaling.from_hf(config_or_dict, head_dim=...), whose .scaling, .base and .rotary_dim "
+                "are rope's scaling, base and rotary_dim"
+            )
+        elif isinstance(scaling, HFRope):
+            hint = "; pass its .scaling (and base=its .base, rotary_dim=its .rotary_dim)"
+        raise TypeError(f"scaling must be None or a posenc.scaling object ({names}), got {type(scaling).__name__}{hint}")
     return scaling
+
+
+def __dir__():
+    return sorted(__all__)
 
 
 def check_seq_len(seq_len):

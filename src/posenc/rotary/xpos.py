@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import numpy as np
+import math
 
 from .. import _validate as check
 from .._xp import cast, device_of, is_real_floating, namespace, result_dtype, widest_float
@@ -57,7 +57,6 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
     dtype = result_dtype(xp, dtype)
     check.allocatable("xpos_scale", (*positions.shape, dim), 8)
     work = widest_float(xp, device)
-    zeta = (np.arange(0, dim, 2) / dim + 0.4) / 1.4
-    log_zeta = xp.asarray(np.log(zeta).tolist(), dtype=work, device=device)
+    log_zeta = xp.asarray([math.log((i / dim + 0.4) / 1.4) for i in range(0, dim, 2)], dtype=work, device=device)
     exponent = cast(xp, positions, work)[..., None] / scale_base
     return cast(xp, duplicate(xp, xp.exp(exponent * log_zeta), layout), dtype)

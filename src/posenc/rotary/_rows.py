@@ -1,0 +1,28 @@
+"""Per-row ``seq_len`` of ``rope`` (validated and placed by ``_args.per_row``/``place_rows``).
+
+A per-row ``seq_len`` gives each row the frequencies of its own length (dynamic NTK,
+LongRoPE): eagerly by one rotation per row, the very call a single row would make (so
+each row is bit-identical to it); in a traced computation (``jax.jit``,
+``torch.compile``) by frequencies computed per row inside the graph (``apply.py``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def rotate_each_row(xp, x, positions, seq_len, rotate_one):
+    """``rotate_one(x_row, positions_row, seq_len_int)`` for every row along the leading axes
+    on which ``seq_len`` varies, stacked back into ``x``'s shape."""
+    lead = max((a + 1 for a, n in enumerate(seq_len.shape) if n > 1), default=1)
+    rows = []
+    for index in np.ndindex(*x.shape[:lead]):
+        at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))
+        length = int(seq_len[at + (0,) * (seq_len.ndim - lead)])
+        if positions.ndim:
+            at = tuple(i if positions.shape[a] > 1 else 0 for a, i in enumerate(index))
+            row_positions = positions[at]
+        else:
+            row_positions = positions
+        rows.append(rotate_one(x[index], row_positions, length))
+    return xp.reshape(xp.stack(rows, axis=0), tuple(x.shape))

@@ -1,0 +1,120 @@
+"""``rope``'s sequence axis is said, not guessed: named layouts, positions aligned with the
+sequence axis and the leading batch axes, ambiguous placements refused.
+
+The reference rotates by transposing to ``[batch, heads, seq, dim]``, applying the float64
+formula with positions ``[batch, seq]`` there, and transposing back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from arrays import assert_close
+from formulas import inv_freq as theta
+from formulas import rope_formula
+from formulas import rope_tables as tables
+
+
+def reference_bhsd(x_bhsd, pos_bs):
+    """float64 half-layout RoPE of ``[batch, heads, seq, d]`` at positions ``[batch, seq]``."""
+    return rope_formula(x_bhsd, *tables(pos_bs[:, None, :], theta(x_bhsd.shape[-1]), "half"), "half")
+
+
+# layout, x shape, the permutation taking x to bhsd (with b/h axes of size 1 added by reshape)
+LAYOUTS = {
+    "bhsd": ((2, 3, 5, 8), lambda a: a, lambda a: a),
+    "bshd": ((2, 5, 3, 8), lambda a: a.transpose(0, 2, 1, 3), lambda a: a.transpose(0, 2, 1, 3)),
+    "hsd": ((3, 5, 8), lambda a: a[None], lambda a: a[0]),
+    "shd": ((5, 3, 8), lambda a: a.transpose(1, 0, 2)[None], lambda a: a[0].transpose(1, 0, 2)),
+    "bsd": ((2, 5, 8), lambda a: a[:, None], lambda a: a[:, 0]),
+    "sd": ((5, 8), lambda a: a[None, None], lambda a: a[0, 0]),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_named_layouts_rotate_along_their_sequence_axis(backend, rng, layout):
+    shape, to_bhsd, from_bhsd = LAYOUTS[layout]
+    x_np = rng.standard_normal(shape)
+    batch = shape[0] if layout.startswith("b") else 1
+    pos_bs = 3 + rng.integers(0, 50, size=(batch, 5))
+    want = from_bhsd(reference_bhsd(to_bhsd(x_np), pos_bs))
+    x = backend.asarray(x_np, dtype="float32")
+    default = backend.call(lambda a: pe.rope(a, seq_axis=layout, offset=3), x)
+    want_default = from_bhsd(reference_bhsd(to_bhsd(x_np), np.broadcast_to(3 + np.arange(5), (batch, 5))))
+    assert_close(default, want_default, backend=backend, dtype="float32")
+    pos = pos_bs if layout.startswith("b") else pos_bs[0]  # [batch, seq] or [seq]
+    out = backend.call(lambda a, p: pe.rope(a, p, seq_axis=layout), x, backend.asarray(pos))
+    assert_close(out, want, backend=backend, dtype="float32")
+
+
+def test_hf_position_ids_batch_seq_fit_bhsd_as_they_are(backend, rng):
+    x_np = rng.standard_normal((2, 3, 5, 8))
+    position_ids = np.array([[0, 1, 2, 3, 4], [0, 0, 0, 1, 2]])  # a right- and a left-padded row
+    out = backend.call(pe.rope, backend.asarray(x_np, dtype="float32"), backend.asarray(position_ids))
+    assert_close(out, reference_bhsd(x_np, position_ids), backend=backend, dtype="float32")
+    shaped = backend.call(pe.rope, backend.asarray(x_np, dtype="float32"), backend.asarray(position_ids[:, None]))
+    assert_close(shaped, reference_bhsd(x_np, position_ids), backend=backend, dtype="float32")
+
+
+def test_packed_tokens_thd_with_positions_of_tokens(backend, rng):
+    # tokens == heads: the placement a guess would get wrong.
+    x_np = rng.standard_normal((6, 6, 8))
+    cu_seqlens = np.array([0, 2, 6])
+    pos = np.array([0, 1, 0, 1, 2, 3])
+    want = rope_formula(x_np, *tables(pos[:, None], theta(8), "half"), "half")
+    out = backend.call(
+        lambda a, c: pe.rope(a, pe.positions_from_cu_seqlens(c, 6), seq_axis="thd"),
+        backend.asarray(x_np, dtype="float32"),
+        backend.asarray(cu_seqlens),
+    )
+    assert_close(out, want, backend=backend, dtype="float32")
+    integer = pe.rope(x_np, pos, seq_axis=0)
+    np.testing.assert_allclose(integer, want, atol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("shape", "pos_shape"),
+    [
+        ((6, 6, 8), (6,)),  # [tokens, heads, dim], tokens == heads
+        ((2, 4, 4, 8), (4,)),  # [batch, seq, heads, dim], seq == heads
+        ((2, 4, 4, 8), (2, 4)),  # the same with [batch, seq] ids
+    ],
+)
+def test_an_ambiguous_placement_is_refused_naming_seq_axis(shape, pos_shape):
+    x = np.ones(shape)
+    with pytest.raises(ValueError, match="could run along axis .* pass seq_axis"):
+        pe.rope(x, np.zeros(pos_shape, dtype=np.int64))
+    # Said explicitly, both readings are accepted and differ.
+    pos = np.arange(int(np.prod(pos_shape))).reshape(pos_shape)
+    a = pe.rope(x, pos, seq_axis=-2)
+    b = pe.rope(x, pos, seq_axis=len(shape) - 3)
+    assert not np.allclose(a, b)
+
+
+@pytest.mark.parametrize(
+    ("shape", "pos", "kwargs", "message"),
+    [
+        ((2, 30, 32, 8), np.arange(30), {}, r"axis 1 has length 30: seq_axis=1\?.*position_ids\[:, None\]"),
+        ((30, 32, 8), np.arange(30), {}, r"axis 0 has length 30: seq_axis=0\?"),
+        ((2, 3, 5, 8), np.zeros((3, 5), dtype=int), {}, r"\[batch, seq\] for \[batch, heads, seq, dim\]"),
+        ((5, 2, 3, 8), np.zeros((2, 5), dtype=int), {"seq_axis": "sbhd"}, "one axis per token axis"),
+        ((2, 5, 3, 8), None, {"seq_axis": "bsd"}, "names 3 axes, but x has shape"),
+        ((2, 5, 3, 8), None, {"seq_axis": "bxsd"}, "one letter per axis"),
+        ((2, 5, 3, 8), None, {"seq_axis": "bhds"}, "one letter per axis"),
+        ((6, 3, 8), None, {"seq_axis": "thd"}, "positions_from_cu_seqlens"),
+        ((5, 8), np.zeros((2, 5), dtype=int), {}, "more axes than the token axes"),
+    ],
+)
+def test_positions_that_do_not_fit_say_what_to_do(shape, pos, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        pe.rope(np.ones(shape), pos, **kwargs)
+
+
+def test_one_token_decode_with_per_row_positions(rng):
+    x = rng.standard_normal((3, 2, 1, 8))  # [batch, heads, 1, dim]
+    cache = np.array([[7], [2], [0]])  # HF decode position_ids [batch, 1]
+    want = reference_bhsd(x, cache)
+    np.testing.assert_allclose(pe.rope(x, cache), want, atol=1e-12)
+    np.testing.assert_allclose(pe.rope(x, cache[:, 0, None, None]), want, atol=1e-12)

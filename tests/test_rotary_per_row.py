@@ -1,0 +1,80 @@
+"""Per-row ``offset`` and ``seq_len`` in ``rope``: one value per batch row, each row
+bit-identical to a single-row call with its value (dynamic NTK, LongRoPE)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from formulas import exact_rope
+
+DYNAMIC = pe.scaling.DynamicNTK(2.0, 32)
+LONGROPE = pe.scaling.LongRoPE([1.0] * 4, [2.0, 3.0, 4.0, 5.0], 32)
+
+
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+@pytest.mark.parametrize("shape", ["[batch]", "[batch, 1, 1]"])
+def test_per_row_seq_len_equals_separate_single_row_calls(rng, scaling, shape):
+    x = rng.standard_normal((3, 2, 5, 8)).astype(np.float32)  # [batch, heads, seq, dim]
+    lengths = np.array([40, 35, 20])
+    seq_len = lengths if shape == "[batch]" else lengths[:, None, None]
+    offsets = np.array([35, 30, 15])
+    got = pe.rope(x, scaling=scaling, seq_len=seq_len, offset=offsets)
+    for row in range(3):
+        alone = pe.rope(x[row : row + 1], scaling=scaling, seq_len=int(lengths[row]), offset=int(offsets[row]))
+        np.testing.assert_array_equal(got[row : row + 1], alone)
+    # The rows really differ from one length for all (the frequencies of each row's own length).
+    assert not np.array_equal(got, pe.rope(x, scaling=scaling, seq_len=40, offset=offsets))
+
+
+def test_per_row_offset_is_a_cache_length_per_row(backend, rng):
+    x_np = rng.standard_normal((2, 3, 4, 8))
+    offsets = np.array([10, 3])
+    out = backend.call(lambda a, o: pe.rope(a, offset=o), backend.asarray(x_np, dtype="float32"), backend.asarray(offsets))
+    want = np.stack([exact_rope(x_np[i], o + np.arange(4)) for i, o in enumerate(offsets)])
+    np.testing.assert_allclose(backend.to_numpy(next(iter(backend.each_run(out)))), want, atol=2e-6)
+
+
+def test_per_row_with_positions_and_seq_axis_and_out(rng):
+    x = rng.standard_normal((2, 6, 3, 8))  # [batch, seq, heads, dim]
+    position_ids = np.array([[0, 1, 2, 3, 4, 5], [0, 0, 0, 1, 2, 3]])
+    lengths = np.array([70, 33])
+    out = np.empty_like(x)
+    got = pe.rope(x, position_ids, scaling=DYNAMIC, seq_len=lengths, offset=np.array([64, 29]), seq_axis="bshd", out=out)
+    assert got is out
+    for row, (length, offset) in enumerate(zip(lengths, (64, 29))):
+        alone = pe.rope(x[row : row + 1], position_ids[row : row + 1] + offset, scaling=DYNAMIC, seq_len=int(length), seq_axis="bshd")
+        np.testing.assert_array_equal(out[row : row + 1], alone)
+
+
+def test_per_row_seq_len_under_jax_jit_equals_single_row_jitted_calls(rng):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    x = jnp.asarray(rng.standard_normal((3, 2, 5, 8)).astype(np.float32))
+    lengths = np.array([40, 35, 20])
+    call = jax.jit(lambda a, s: pe.rope(a, scaling=DYNAMIC, seq_len=s))
+    got = np.asarray(call(x, jnp.asarray(lengths)))
+    for row in range(3):
+        alone = np.asarray(call(x[row : row + 1], jnp.asarray(lengths[row])))
+        np.testing.assert_array_equal(got[row : row + 1], alone)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"seq_len": np.array([40, 35])}, ValueError, r"seq_len of shape \(2,\) must hold one value per batch row"),
+        ({"offset": np.array([[1, 2, 3, 4, 5]])}, ValueError, "offset of shape .* one value per batch row"),
+        ({"seq_len": np.array([40.0, 35.0, 33.0])}, TypeError, "seq_len must be an integer or an integer array"),
+        ({"seq_len": np.array([40, -1, 33])}, ValueError, "seq_len must be >= 0 in every row"),
+    ],
+)
+def test_per_row_arrays_that_do_not_fit_the_batch_are_refused(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        pe.rope(np.ones((3, 2, 5, 8)), scaling=DYNAMIC, **kwargs)
+
+
+def test_a_per_row_array_of_another_library_is_a_type_error():
+    torch = pytest.importorskip("torch")
+    with pytest.raises(TypeError, match="different kinds in one call: numpy.ndarray, torch.Tensor"):
+        pe.rope(np.ones((3, 2, 5, 8)), offset=torch.tensor([1, 2, 3]))
