@@ -264,6 +264,27 @@ RELATIVE_BIASES = {
     "expand_bias list vec": (lambda: pe.expand_bias([1.0] * 6, 3, 4), TypeError, "vec"),
     "expand_bias too large": (lambda: pe.expand_bias(np.ones((8, 2 * 10**6 - 1)), 10**6, 10**6), ValueError, "memory"),
     "expand_bias chunks for a NumPy vec": (lambda: pe.expand_bias(Z((1, 6)), 3, 4, chunks=(1, 2, 2)), TypeError, "chunks"),
+    "t5_bias float query_positions": (lambda: pe.t5_bias(T5_TABLE, 1, 3, query_positions=np.array([0.5])), TypeError, "query_positions"),
+    "t5_bias key_positions of another length": (
+        lambda: pe.t5_bias(T5_TABLE, 1, 3, key_positions=np.arange(4)), ValueError, ("key_positions", "k_len = 3"),
+    ),
+    "t5_bias torch table, NumPy key_positions": (
+        lambda: pe.t5_bias(_torch().zeros(32, 2), 1, 3, key_positions=np.arange(3)), TypeError, ("different kinds", "numpy", "torch"),
+    ),
+    "t5_bias torch table, NumPy out": (
+        lambda: pe.t5_bias(_torch().zeros(32, 2), 2, 3, out=Z((2, 2, 3))), TypeError, ("different kinds", "numpy", "torch"),
+    ),
+    "relative_bias Dask table, NumPy key_positions": (
+        lambda: pe.relative_bias("t5", _da().ones((32, 2)), 1, 3, key_positions=np.arange(3)), TypeError, "different kinds",
+    ),
+    "t5_bias per-token too large": (
+        lambda: pe.t5_bias(T5_TABLE, 2**20, 2**20, key_positions=Z((2**20,), dtype=np.int64)), ValueError, "memory",
+    ),
+    "attention integer mask": (lambda: pe.attention(Q, Q, Q, mask=np.ones((4, 4), dtype=int)), TypeError, "mask must be a boolean"),
+    "attention mask of another length": (lambda: pe.attention(Q, Q, Q, mask=np.ones(5, dtype=bool)), ValueError, "mask of shape (5,)"),
+    "attention torch q, NumPy mask": (
+        lambda: pe.attention(*(_torch().zeros(4, 8),) * 3, mask=np.ones((4, 4), dtype=bool)), TypeError, ("different kinds", "numpy", "torch"),
+    ),
 }
 
 RELATIVE_LOGITS = {
@@ -372,6 +393,28 @@ RELATIVE_LOGITS = {
     ),
     "tupe_logits head dimensions differ": (
         lambda: pe.tupe_logits(Z((2, 3, 4)), Z((2, 3, 5)), Z((3, 5)), Z((2, 5, 4)), Z((2, 5, 4))), ValueError, "head dimension",
+    ),
+    "shaw_logits torch q and k, NumPy table_k": (
+        lambda: pe.shaw_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), Z((9, 4)), max_distance=4), TypeError, ("different kinds", "numpy", "torch"),
+    ),
+    "deberta_logits NumPy pos_q among torch": (
+        lambda: pe.deberta_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), Z((2, 4, 4)), _torch().zeros(2, 4, 4), max_distance=2),
+        TypeError, ("different kinds", "numpy", "torch"),
+    ),
+    "xl_logits NumPy r among torch": (
+        lambda: pe.xl_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), Z((2, 8, 4)), _torch().zeros(2, 1, 4), _torch().zeros(2, 1, 4)),
+        TypeError, ("different kinds", "numpy", "torch"),
+    ),
+    "shaw_logits float key_positions": (
+        lambda: pe.shaw_logits(Q, K, Z((5, 8)), max_distance=2, key_positions=np.arange(6.0)), TypeError, "key_positions must have an integer dtype",
+    ),
+    "shaw_logits positions batch against q": (
+        lambda: pe.shaw_logits(Z((2, 1, 4, 8)), Z((2, 1, 6, 8)), Z((5, 8)), max_distance=2, key_positions=Z((3, 6), dtype=int)),
+        ValueError, ("query_positions/key_positions", "batch axes of q and k"),
+    ),
+    "deberta_logits query_positions of another length": (
+        lambda: pe.deberta_logits(Q, K, Z((2, 6, 8)), Z((2, 6, 8)), max_distance=3, query_positions=np.arange(5)),
+        ValueError, ("query_positions", "q_len = 4"),
     ),
 }
 

@@ -228,7 +228,7 @@ def test_deberta_logits_gradient(rng):
         return (jnp.einsum("hid,hjd->hij", q, k) + c2p + p2c) / math.sqrt(3 * d)
 
     _assert_same_gradients(
-        lambda q, k, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=big_k),
+        lambda q, k, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=big_k, offset=0),
         naive,
         [_x(rng, h, q_len, d), _x(rng, h, k_len, d), _x(rng, h, 2 * big_k, d), _x(rng, h, 2 * big_k, d)],
         rng,
@@ -262,7 +262,7 @@ def test_tener_logits_gradient(rng):
         return jnp.einsum("hid,hjd->hij", q + u, k) + jnp.einsum("hid,ijd->hij", q + v, table)
 
     _assert_same_gradients(
-        pe.tener_logits,
+        lambda q, k, u, v: pe.tener_logits(q, k, u, v, offset=0),
         naive,
         [_x(rng, h, q_len, d), _x(rng, h, k_len, d), _x(rng, h, 1, d), _x(rng, h, 1, d)],
         rng,

@@ -108,8 +108,8 @@ def test_t5_bias_matches_transformers_compute_bias():
     torch = pytest.importorskip("torch")
     attention = hf_t5_attention(8, 20, is_decoder=True)
     with torch.no_grad():
-        want = attention.compute_bias(6, 30)[0]  # decoder: unidirectional
-        got = pe.t5_bias(attention.relative_attention_bias.weight, 6, 30, bidirectional=False, max_distance=20)
+        want = attention.compute_bias(6, 30)[0]  # decoder: unidirectional; queries counted from 0 (no cache)
+        got = pe.t5_bias(attention.relative_attention_bias.weight, 6, 30, bidirectional=False, max_distance=20, offset=0)
     torch.testing.assert_close(got, want)
 
 
@@ -278,3 +278,49 @@ def test_bias_plugs_into_attention(rng):
     w = np.exp(logits - logits.max(-1, keepdims=True))
     np.testing.assert_allclose(out, (w / w.sum(-1, keepdims=True)) @ v, atol=1e-12)
     assert math.isfinite(float(out.sum()))
+
+
+# --- the docs' T5 bucket statements, read from the page and checked against t5_bucket ----------
+
+
+def _docs_t5_section():
+    import pathlib
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "docs" / "relative.md").read_text()
+    return text[text.index("## The T5 bucket map") :].split("\n## ", 1)[0]
+
+
+def _cell_range(cell):
+    """A table cell as the distances it names: ``a..b``, ``>= a`` (a thousand beyond) or ``a``."""
+    cell = cell.strip()
+    if cell.startswith(">="):
+        start = int(cell[2:])
+        return list(range(start, start + 1000))
+    if ".." in cell:
+        a, b = (int(x) for x in cell.split(".."))
+        return list(range(a, b + 1)) if a <= b else list(range(a, b - 1, -1))
+    return [int(cell)]
+
+
+def test_docs_future_bucket_range_is_what_t5_bucket_gives():
+    import re
+
+    section = _docs_t5_section()
+    stated = re.search(r"keys after the\s+query \(`rel < 0`\) use buckets (\d+)\.\.(\d+)", section)
+    assert stated, "the T5 section no longer states the future buckets' range"
+    future = pe.t5_bucket(-np.arange(1, 100_000))
+    assert (int(future.min()), int(future.max())) == (int(stated[1]), int(stated[2]))
+
+
+def test_docs_t5_table_is_what_t5_bucket_gives():
+    rows = [line for line in _docs_t5_section().splitlines() if line.startswith("| `rel`") or line.startswith("| bucket")]
+    rel_cells, bucket_cells = (row.strip("|").split("|")[1:] for row in rows)
+    checked = 0
+    for rel_cell, bucket_cell in zip(rel_cells, bucket_cells):
+        if rel_cell.strip() == "...":
+            continue
+        rel, buckets = _cell_range(rel_cell), _cell_range(bucket_cell)
+        want = buckets if len(buckets) == len(rel) else buckets * len(rel)
+        assert pe.t5_bucket(np.array(rel)).tolist() == want, (rel_cell, bucket_cell)
+        checked += 1
+    assert checked >= 9

@@ -140,7 +140,7 @@ def case_deberta_logits(rng, backend, dtype):
 def case_deberta_logits_bucketed(rng, backend, dtype):
     arrays, (q, k, pq, pk) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (H, 6, D), (H, 6, D))
     got = backend.call(lambda *a: pe.deberta_logits(*a, max_distance=3, bucket_size=4, max_position=8), *arrays)
-    return got, naive_deberta(q, k, pq, pk, 3, bucket=(4, 8))
+    return got, naive_deberta(q, k, pq, pk, 3, bucket=(4, 8), offset=K - Q)  # the default: queries are the last keys
 
 
 def case_tupe_logits(rng, backend, dtype):

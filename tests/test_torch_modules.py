@@ -145,3 +145,90 @@ def test_score_mod_equals_materialised_bias(kind, params, options):
     out = flex_attention(q, k, v, score_mod=score_mod(kind, p, 6, 6, offset=0, **options))
     bias = pe.relative_bias(kind, p, 6, 6, **options)
     torch.testing.assert_close(out, pe.attention(q, k, v, bias=bias), rtol=1e-5, atol=1e-5)
+
+
+ROPE_PARAMETERS = {
+    "default": {"rope_type": "default"},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "llama3": {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 64, "low_freq_factor": 1.0, "high_freq_factor": 4.0},
+    "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+    "longrope": {"rope_type": "longrope", "short_factor": [1.0, 1.5, 2.0, 3.0], "long_factor": [2.0, 4.0, 8.0, 16.0],
+                 "original_max_position_embeddings": 64},
+}
+
+
+@pytest.mark.parametrize("rope", list(ROPE_PARAMETERS))
+def test_rotary_inv_freq_and_attention_scale_equal_transformers(rope):
+    # transformers' rotary module builds its buffer at the original length (dynamic,
+    # longrope: the frequencies before any length-dependent switch), as ours reports them.
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    params = {**ROPE_PARAMETERS[rope], "rope_theta": 500.0}
+    config = LlamaConfig(hidden_size=32, num_attention_heads=4, head_dim=8, max_position_embeddings=64, rope_parameters=params)
+    theirs, ours = LlamaRotaryEmbedding(config), RotaryEmbedding.from_hf(config)
+    assert ours.inv_freq.dtype == torch.float64 and ours.inv_freq.shape == (4,)
+    torch.testing.assert_close(ours.inv_freq.float(), theirs.inv_freq, rtol=1e-6, atol=0)
+    assert ours.attention_scale == pytest.approx(theirs.attention_scaling, rel=1e-6)
+    inv_freq, scale = pe.rope_frequencies(8, base=500.0, scaling=ours.scaling)
+    np.testing.assert_array_equal(ours.inv_freq.numpy(), inv_freq)
+    assert ours.attention_scale == scale
+
+
+def test_rotary_inv_freq_and_attention_scale_are_read_only():
+    m = RotaryEmbedding(8, scaling=pe.scaling.YaRN(4.0, 64))
+    assert m.attention_scale == pytest.approx(0.1 * math.log(4.0) + 1.0)  # YaRN's default temperature
+    with pytest.raises(AttributeError):
+        m.inv_freq = torch.ones(4)
+    with pytest.raises(AttributeError):
+        m.attention_scale = 2.0
+    m.inv_freq.mul_(0)  # a copy: the module's frequencies stay
+    torch.testing.assert_close(m.inv_freq, torch.from_numpy(pe.rope_frequencies(8, scaling=pe.scaling.YaRN(4.0, 64))[0]))
+
+
+def test_learned_embedding_past_its_table_points_to_extend():
+    m = LearnedEmbedding(16, 8)
+    with pytest.raises(ValueError, match=r"num_positions = 16.*extend\(20\)"):
+        m(torch.arange(20))
+    with pytest.raises(ValueError, match="extend"):
+        m.embed(torch.zeros(1, 4, 8), offset=14)
+    with pytest.raises(ValueError, match="num_positions"):
+        m(torch.tensor([-1, 0]))
+    with pytest.raises(TypeError, match="integer"):
+        m(torch.tensor([0.0, 1.0]))
+    assert m.extend(20)(torch.arange(20)).shape == (20, 8)
+
+
+def test_learned_embedding_extend_replaces_the_parameter_the_optimizer_must_be_rebuilt():
+    m = LearnedEmbedding(4, 2)
+    old = m.weight
+    optimizer = torch.optim.SGD(m.parameters(), lr=1.0)
+    m.extend(8)
+    assert m.weight is not old and "optimizer" in LearnedEmbedding.extend.__doc__
+    m(torch.arange(8)).sum().backward()
+    before = m.weight.detach().clone()
+    optimizer.step()  # the old optimizer holds the old Parameter: the new table does not move
+    torch.testing.assert_close(m.weight.detach(), before, rtol=0, atol=0)
+    torch.optim.SGD(m.parameters(), lr=1.0).step()  # rebuilt: it does
+    torch.testing.assert_close(m.weight.detach(), before - 1.0, rtol=0, atol=0)
+
+
+def test_bias_modules_align_the_queries_with_the_last_keys_by_default():
+    t5, alibi = T5RelativeBias(2, num_buckets=8, max_distance=16), ALiBi(2, max_bias=4.0)
+    table = t5.table.detach().numpy()
+    np.testing.assert_allclose(t5(3, 7).detach().numpy(), pe.t5_bias(table, 3, 7, max_distance=16, offset=4))
+    np.testing.assert_allclose(alibi(3, 7).numpy(), pe.alibi_bias(pe.alibi_slopes(2, max_bias=4.0), 3, 7, offset=4))
+    np.testing.assert_allclose(alibi(3, 7, offset=0).numpy(), pe.alibi_bias(pe.alibi_slopes(2, max_bias=4.0), 3, 7, offset=0))
+
+
+def test_xpos_16_bit_logits_stay_finite_far_from_the_centre():
+    from posenc.torch import XPos
+
+    q, k = torch.randn(1, 2, 1, 8, dtype=torch.float64), torch.randn(1, 2, 20000, 8, dtype=torch.float64)
+    got = XPos(8).logits(q.half(), k.half())
+    assert got.dtype == torch.float16
+    # float64 reference, positions not centred: zeta**(-20000/512) ~ 5e-22 is in float64's range
+    zq = pe.xpos_scale(torch.tensor([19999.0], dtype=torch.float64), 8)
+    zk = pe.xpos_scale(torch.arange(20000, dtype=torch.float64), 8)
+    expected = (pe.rope(q.half().double(), offset=19999) * zq) @ (pe.rope(k.half().double()) / zk).transpose(-1, -2) / math.sqrt(8)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-2, atol=2e-3)

@@ -8,10 +8,13 @@ from . import _validate as check
 from ._xp import broadcast_shapes, cast, compute_dtype, device_of, namespace
 
 
-def attention(q, k, v, *, bias=None, causal=False, scale=None):
+def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     r"""Plain softmax attention, :math:`\mathrm{softmax}(q k^T \cdot s + B)\,v`.
 
     The softmax subtracts the row maximum (stable) and runs in float32 for 16-bit inputs.
+    A query that may attend to no key (every key masked by ``mask`` or ``causal``, or a
+    bias of ``-inf`` on every key, e.g. a left-padding query) gets an output of zeros,
+    never NaN: its weights are all zero.
 
     Parameters
     ----------
@@ -21,9 +24,13 @@ def attention(q, k, v, *, bias=None, causal=False, scale=None):
     bias : array broadcasting against ``[..., q_len, k_len]``, optional
         Any bias of this library (``[heads, q_len, k_len]`` for ``q`` of shape
         ``[..., heads, q_len, d]``), added after scaling.
+    mask : boolean array broadcasting against ``[..., q_len, k_len]``, optional
+        ``True`` where the query may attend to the key (a padding mask ``[batch, k_len]``
+        is ``mask[:, None, None, :]`` against ``[batch, heads, q_len, k_len]``).
     causal : bool
         Mask keys after the query. Queries are the last ``q_len`` positions of the keys
-        (``rel[i, j] = (k_len - q_len + i) - j``; keys with ``rel < 0`` are masked).
+        (``rel[i, j] = (k_len - q_len + i) - j``; keys with ``rel < 0`` are masked), the
+        alignment of every ``offset`` default in the library.
     scale : float, optional
         Logit scale, ``1/sqrt(d)`` by default.
 
@@ -33,9 +40,11 @@ def attention(q, k, v, *, bias=None, causal=False, scale=None):
     >>> q = k = v = np.eye(2)[None]
     >>> pe.attention(q, k, v, causal=True)[0, 0].tolist()
     [1.0, 0.0]
+    >>> pe.attention(q, k, v, mask=np.array([[False, False], [True, True]]))[0, 0].tolist()
+    [0.0, 0.0]
     """
-    xp = namespace(q, k, v, bias)
-    device_of(q, k, v, bias)
+    xp = namespace(q, k, v, bias, mask)
+    device_of(q, k, v, bias, mask)
     check.query_key_value(q, k, v, xp)
     q_len, k_len, d = int(q.shape[-2]), int(k.shape[-2]), int(q.shape[-1])
     if causal and q_len > k_len:
@@ -45,16 +54,28 @@ def attention(q, k, v, *, bias=None, causal=False, scale=None):
     logits = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work)) * scale
     if bias is not None:
         check.array("bias", bias)
-        try:
-            broadcast_shapes(tuple(bias.shape), tuple(logits.shape))
-        except ValueError as exc:
-            raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast against logits {tuple(logits.shape)}") from exc
+        _broadcasts("bias", bias, logits)
         logits = logits + cast(xp, bias, work)
+    if mask is not None:
+        check.array("mask", mask)
+        if not xp.isdtype(mask.dtype, "bool"):
+            raise TypeError(f"mask must be a boolean array (True = attend), got dtype {mask.dtype}")
+        _broadcasts("mask", mask, logits)
+        logits = xp.where(mask, logits, -xp.inf)
     if causal:
         device = device_of(q)
         rel = xp.arange(k_len - q_len, k_len, device=device)[:, None] - xp.arange(k_len, device=device)[None, :]
         logits = xp.where(rel >= 0, logits, -xp.inf)
-    logits = logits - xp.max(logits, axis=-1, keepdims=True)
-    weights = xp.exp(logits)
-    weights = weights / xp.sum(weights, axis=-1, keepdims=True)
+    top = xp.max(logits, axis=-1, keepdims=True) if k_len else xp.zeros((*logits.shape[:-1], 1), dtype=work, device=device_of(q))
+    # A row with no key to attend to has a maximum of -inf: shift it by 0, so its weights are exp(-inf) = 0.
+    weights = xp.exp(logits - xp.where(xp.isfinite(top), top, xp.zeros_like(top)))
+    total = xp.sum(weights, axis=-1, keepdims=True)
+    weights = weights / xp.where(total > 0, total, xp.ones_like(total))
     return cast(xp, weights @ cast(xp, v, work), q.dtype)
+
+
+def _broadcasts(name, a, logits):
+    try:
+        broadcast_shapes(tuple(a.shape), tuple(logits.shape))
+    except ValueError as exc:
+        raise ValueError(f"{name} of shape {tuple(a.shape)} does not broadcast against logits {tuple(logits.shape)}") from exc

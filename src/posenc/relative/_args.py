@@ -58,11 +58,13 @@ def logits_shape(batch, q_len, k_len):
 def namespace_of(**arrays):
     """The namespace of named array arguments (``None`` skipped), each checked to be an array first.
 
-    Also checks that they share one device.
+    Then checks that they share one device: arrays of two libraries are a ``TypeError``
+    naming both (the library is checked before the device).
     """
     given = {name: a for name, a in arrays.items() if a is not None}
     for name, a in given.items():
         check.array(name, a)
     values = list(given.values())
+    xp = namespace(*values)
     device_of(*values)
-    return namespace(*values)
+    return xp

@@ -13,10 +13,10 @@ import math
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, index_dtype, is_integer, namespace, result_dtype, shifted
+from .._xp import cast, compute_dtype, device_of, namespace, result_dtype
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_buckets
-from . import _args
-from .indices import clipped, distances
+from . import _args, _per_token
+from .indices import clipped, distances, query_offset
 
 KINDS = ("t5", "alibi", "shaw", "deberta")
 
@@ -103,17 +103,11 @@ def _check_alibi(xp, slopes, *, symmetric=False):
 
 
 def _alibi_vector(xp, slopes, dist, *, symmetric):
-    return _alibi_values(xp, slopes, dist, symmetric, 1)
-
-
-def _alibi_values(xp, slopes, rel, symmetric, axes):
-    """``-slopes[h] * rel`` (``-|rel|`` when ``symmetric``) in ``slopes``' dtype, the heads
-    axis placed before the last ``axes`` axes of ``rel``."""
+    """``-slopes[h] * dist`` (``-|dist|`` when ``symmetric``) in ``slopes``' dtype, ``[heads, len(dist)]``."""
     work = compute_dtype(xp, slopes.dtype)
     # Negate the distance, not the product: a zero distance gives +0.0, not -0.0.
-    distance = xp.astype(-xp.abs(rel) if symmetric else -rel, work)
-    m = xp.reshape(cast(xp, slopes, work), (int(slopes.shape[0]),) + (1,) * axes)
-    return cast(xp, m * xp.expand_dims(distance, axis=-axes - 1), slopes.dtype)
+    distance = xp.astype(-xp.abs(dist) if symmetric else -dist, work)
+    return cast(xp, cast(xp, slopes, work)[:, None] * distance[None, :], slopes.dtype)
 
 
 def _check_shaw(xp, table, *, max_distance):
@@ -167,19 +161,22 @@ _KINDS = {
 }
 
 
-def _checked(kind, params, q_len, k_len, offset, options):
-    """Every argument of a relative bias validated once: ``(xp, kind, q_len, k_len, offset, options)``."""
+def _params_name(kind):
+    return "slopes" if kind == "alibi" else "table"
+
+
+def _checked(kind, params, q_len, k_len, options, **arrays):
+    """Every argument of a relative bias but ``offset`` validated once: ``(xp, kind, q_len,
+    k_len, options)``; ``arrays`` (positions, ``out``) join ``params`` in the namespace check."""
     kind = check.choice("kind", kind, KINDS)
     check_options, _, names = _KINDS[kind]
     unknown = sorted(set(options) - set(names))
     if unknown:
         raise TypeError(f"relative_bias_vector(kind={kind!r}) takes options {', '.join(names)}; got {', '.join(unknown)}")
-    check.array("slopes" if kind == "alibi" else "table", params)
-    xp = namespace(params)
+    xp = _args.namespace_of(**{_params_name(kind): params}, **arrays)
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = check.integer_or_traced("offset", offset)
-    return xp, kind, q_len, k_len, offset, check_options(xp, params, **options)
+    return xp, kind, q_len, k_len, check_options(xp, params, **options)
 
 
 def _vector(xp, kind, params, q_len, k_len, offset, options):
@@ -200,7 +197,7 @@ def _output(xp, like, name, shape, out, chunks):
     return out
 
 
-def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
+def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     r"""Per-distance vector of a relative bias: ``[heads, q_len + k_len - 1]``.
 
     Entry ``t`` holds the bias of every ``(i, j)`` with ``i - j + k_len - 1 == t``, i.e.
@@ -233,7 +230,8 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     kind : {"t5", "alibi", "shaw", "deberta"}
     params : float array (table or slopes, see above)
     q_len, k_len : int >= 0
-    offset : int or 0-d integer array (traced is fine), first query position (keys start at 0)
+    offset : int or 0-d integer array (traced is fine), first query position (keys start
+        at 0); ``k_len - q_len`` by default (the queries are the last ``q_len`` keys)
     **options : the kind's options above; any other keyword raises ``TypeError``
 
     Returns
@@ -243,13 +241,14 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=0, **options):
     Examples
     --------
     >>> import numpy as np, posenc as pe
-    >>> pe.relative_bias_vector("alibi", np.array([0.5]), 2, 3).tolist()
-    [[1.0, 0.5, 0.0, -0.5]]
+    >>> pe.relative_bias_vector("alibi", np.array([0.5]), 2, 3).tolist()   # rel -1 .. 2 (offset 1)
+    [[0.5, 0.0, -0.5, -1.0]]
     >>> table = np.arange(5.0)[:, None]           # Shaw scalar table, K = 2
-    >>> pe.relative_bias_vector("shaw", table, 2, 4, max_distance=2).tolist()
+    >>> pe.relative_bias_vector("shaw", table, 2, 4, max_distance=2, offset=0).tolist()
     [[0.0, 0.0, 1.0, 2.0, 3.0]]
     """
-    xp, kind, q_len, k_len, offset, options = _checked(kind, params, q_len, k_len, offset, options)
+    xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
+    offset = query_offset(offset, q_len, k_len)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable_unless_blocked("relative_bias_vector", (_heads_of(params), count), 8, params)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
@@ -279,7 +278,7 @@ def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     Examples
     --------
     >>> import numpy as np, posenc as pe
-    >>> vec = np.arange(-2, 2)                    # the distances themselves
+    >>> vec = np.arange(-1, 3)                    # the distances themselves, rel -1 .. 2
     >>> bool((pe.expand_bias(vec, 2, 3) == pe.relative_positions(2, 3)).all())
     True
     """
@@ -306,27 +305,71 @@ def _blocked_out(vec, shape, chunks, out):
     return blocked if blocked.size else None
 
 
-def relative_bias(kind, params, q_len, k_len, *, offset=0, out=None, chunks=None, **options):
+def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=None, key_positions=None, out=None, chunks=None, **options):
     """The ``[heads, q_len, k_len]`` bias of :func:`relative_bias_vector`'s kinds.
 
     ``bias[h, i, j] = relative_bias_vector(kind, params, q_len, k_len, offset=offset,
     **options)[h, i - j + k_len - 1]``; ``out`` and ``chunks`` as in :func:`expand_bias`
-    (Dask ``params`` give a lazy blocked bias).
+    (Dask ``params`` give a lazy blocked bias). ``offset`` is ``k_len - q_len`` by default:
+    the queries are the last ``q_len`` keys.
+
+    With per-token positions (padded or packed batches, e.g. :func:`positions_from_mask`,
+    :func:`positions_from_cu_seqlens`), ``rel[..., i, j] = query_positions[..., i] -
+    key_positions[..., j]`` replaces ``i - j`` and the bias is ``[..., heads, q_len,
+    k_len]``, ``...`` the broadcast of their leading (batch) axes: ``bias[..., h, i, j]``
+    is the kind's value at ``rel[..., i, j]``. A missing one of the two is ``arange``;
+    ``offset`` is added to the query positions (0 by default when ``query_positions`` are
+    given, else ``k_len - q_len``). Positions are integers, or for ``"alibi"`` also finite
+    floats; ``chunks`` does not apply.
 
     Examples
     --------
     >>> import numpy as np, posenc as pe
     >>> pe.relative_bias("shaw", np.arange(5.0)[:, None], 2, 3, max_distance=2)[0].tolist()
-    [[2.0, 1.0, 0.0], [3.0, 2.0, 1.0]]
+    [[3.0, 2.0, 1.0], [4.0, 3.0, 2.0]]
+    >>> keys = np.array([0, 1, 2, 0, 1])          # two packed documents (mask across them yourself)
+    >>> pe.relative_bias("shaw", np.arange(5.0)[:, None], 1, 5, max_distance=2,
+    ...                  query_positions=keys[-1:], key_positions=keys)[0].tolist()
+    [[3.0, 2.0, 1.0, 3.0, 2.0]]
     """
-    xp, kind, q_len, k_len, offset, options = _checked(kind, params, q_len, k_len, offset, options)
+    arrays = {"query_positions": query_positions, "key_positions": key_positions, "out": out}
+    xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **arrays)
+    if _per_token.given(query_positions, key_positions):
+        return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
+    offset = query_offset(offset, q_len, k_len)
     # The whole bias is checked before its per-distance vector is built.
-    out = _output(xp, params, "slopes" if kind == "alibi" else "table", (_heads_of(params), q_len, k_len), out, chunks)
+    out = _output(xp, params, _params_name(kind), (_heads_of(params), q_len, k_len), out, chunks)
     vec = _vector(xp, kind, params, q_len, k_len, offset, options)
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 
-def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=0, out=None, chunks=None):
+def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options):
+    """:func:`relative_bias` with per-token positions: the kind's values at every ``rel``."""
+    if chunks is not None:
+        raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions")
+    device = device_of(params)
+    floats = compute_dtype(xp, params.dtype) if kind == "alibi" else None
+    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats)
+    heads = _heads_of(params)
+    shape = (*batch, heads, q_len, k_len)
+    if out is None:
+        check.allocatable("bias", shape, 8)
+    else:
+        check.out(out, shape=shape, dtype=params.dtype, xp=xp, device=device, inputs=((_params_name(kind), params),))
+    rel = _per_token.relative(qpos, kpos)
+    values = _KINDS[kind][1](xp, params, xp.reshape(rel, (-1,)), **options)
+    # [heads, *batch, q, k] -> [*batch, heads, q, k]
+    order = (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2)
+    result = xp.permute_dims(xp.reshape(values, (heads, *batch, q_len, k_len)), order)
+    if out is None:
+        return result
+    out[...] = result
+    return out
+
+
+def t5_bias(
+    table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=None, query_positions=None, key_positions=None, out=None, chunks=None
+):
     r"""T5 relative attention bias ``[heads, q_len, k_len]``.
 
     .. math:: B_{h,i,j} = T[\,\mathrm{bucket}(\mathrm{rel}_{ij}),\, h\,],
@@ -341,10 +384,15 @@ def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset
     ----------
     table : float array ``[num_buckets, heads]``
     q_len, k_len : int >= 0
-    bidirectional, max_distance : as in :func:`t5_bucket`
-    offset : int or 0-d integer array (traced is fine), first query position (``k_len - 1``
-        to decode one token after a cache)
-    out : array ``[heads, q_len, k_len]`` of ``table``'s dtype, optional
+    bidirectional, max_distance : as in :func:`t5_bucket` (``max_distance`` is where the
+        log-spaced buckets end, not a clip; see the conventions page)
+    offset : int or 0-d integer array (traced is fine), first query position; by default
+        ``k_len - q_len``, the queries being the last ``q_len`` keys (a decode step after a
+        cache needs no offset)
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional: per-token positions, as in :func:`relative_bias`; the result is then
+        ``[..., heads, q_len, k_len]``
+    out : array of the result's shape and ``table``'s dtype, optional
     chunks : blocks of the result for a Dask ``table`` (see :func:`expand_bias`), optional
 
     Returns
@@ -358,13 +406,19 @@ def t5_bias(table, q_len, k_len, *, bidirectional=True, max_distance=128, offset
     >>> table = np.arange(32.0)[:, None]          # bias = bucket number, one head
     >>> pe.t5_bias(table, 3, 3)[0].tolist()
     [[0.0, 17.0, 18.0], [1.0, 0.0, 17.0], [2.0, 1.0, 0.0]]
+    >>> pe.t5_bias(table, 1, 3)[0].tolist()       # one query: the last row
+    [[2.0, 1.0, 0.0]]
+    >>> pos = pe.positions_from_cu_seqlens(np.array([0, 2, 4]), 4)    # [0, 1, 0, 1]
+    >>> pe.t5_bias(table, 1, 4, query_positions=pos[-1:], key_positions=pos)[0].tolist()
+    [[1.0, 0.0, 1.0, 0.0]]
     """
     return relative_bias(
-        "t5", table, q_len, k_len, offset=offset, out=out, chunks=chunks, bidirectional=bidirectional, max_distance=max_distance
-    )
+        "t5", table, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions,
+        out=out, chunks=chunks, bidirectional=bidirectional, max_distance=max_distance,
+    )  # fmt: skip
 
 
-def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, query_positions=None, key_positions=None, out=None, chunks=None):
+def alibi_bias(slopes, q_len, k_len, *, offset=None, symmetric=False, query_positions=None, key_positions=None, out=None, chunks=None):
     r"""ALiBi linear bias ``[heads, q_len, k_len]``: ``-slope[h] * rel[i, j]``.
 
     .. math:: B_{h,i,j} = -m_h\,\mathrm{rel}_{ij} \quad(\text{or } -m_h\,|\mathrm{rel}_{ij}|
@@ -377,14 +431,15 @@ def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, query_positio
     With per-token positions (padded batches, packed documents: e.g.
     :func:`positions_from_mask`), ``rel[..., i, j] = query_positions[..., i] -
     key_positions[..., j]`` and the bias is ``[..., heads, q_len, k_len]``, ``...`` the
-    broadcast of their leading (batch) axes. A missing one of the two takes the default
-    positions (``arange``); ``offset`` is added to the query positions in every case.
+    broadcast of their leading (batch) axes (as in :func:`relative_bias`; float positions
+    are allowed here).
 
     Parameters
     ----------
     slopes : float array ``[heads]`` (e.g. :func:`alibi_slopes`)
     q_len, k_len : int >= 0
-    offset : int or 0-d integer array (traced is fine), first query position
+    offset : int or 0-d integer array (traced is fine), first query position; by default
+        ``k_len - q_len`` (0 with ``query_positions``)
     symmetric : bool
     query_positions : integer or float array ``[..., q_len]``, optional
     key_positions : integer or float array ``[..., k_len]``, optional
@@ -395,50 +450,13 @@ def alibi_bias(slopes, q_len, k_len, *, offset=0, symmetric=False, query_positio
     Examples
     --------
     >>> import numpy as np, posenc as pe
-    >>> pe.alibi_bias(pe.alibi_slopes(2), 2, 3, offset=1)[0].tolist()
+    >>> pe.alibi_bias(pe.alibi_slopes(2), 2, 3)[0].tolist()     # offset = k_len - q_len = 1
     [[-0.0625, 0.0, 0.0625], [-0.125, -0.0625, 0.0]]
     >>> keys = pe.positions_from_mask(np.array([[0, 1, 1]]))    # left-padded: [[0, 0, 1]]
     >>> pe.alibi_bias(np.array([0.5]), 1, 3, query_positions=np.array([[1]]), key_positions=keys).tolist()
     [[[[-0.5, -0.5, 0.0]]]]
     """
-    if query_positions is None and key_positions is None:
-        return relative_bias("alibi", slopes, q_len, k_len, offset=offset, out=out, chunks=chunks, symmetric=symmetric)
-    return _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, key_positions, out, chunks)
-
-
-def _alibi_per_token(slopes, q_len, k_len, offset, symmetric, query_positions, key_positions, out, chunks):
-    xp = _args.namespace_of(slopes=slopes, query_positions=query_positions, key_positions=key_positions, out=out)
-    symmetric = _check_alibi(xp, slopes, symmetric=symmetric)["symmetric"]
-    q_len = check.integer("q_len", q_len, minimum=0)
-    k_len = check.integer("k_len", k_len, minimum=0)
-    offset = check.integer_or_traced("offset", offset)
-    if chunks is not None:
-        raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions")
-    device = device_of(slopes, query_positions, key_positions)
-    given = []
-    for name, pos, length in (("query_positions", query_positions, q_len), ("key_positions", key_positions, k_len)):
-        if pos is None:
-            pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
-        else:
-            check.positions(name, pos, xp)
-            check.ndim(name, pos, minimum=1)
-            if int(pos.shape[-1]) != length:
-                want = "q_len" if name == "query_positions" else "k_len"
-                raise ValueError(f"{name} must have {want} = {length} entries on its last axis, got shape {tuple(pos.shape)}")
-        given.append(pos)
-    qpos, kpos = given
-    batch = check.leading_axes(("query_positions", qpos), ("key_positions", kpos), 1, "leading (batch) axes")
-    shape = (*batch, int(slopes.shape[0]), q_len, k_len)
-    if out is None:
-        check.allocatable("bias", shape, 8)
-    else:
-        check.out(out, shape=shape, dtype=slopes.dtype, xp=xp, device=device, inputs=(("slopes", slopes),))
-    work = compute_dtype(xp, slopes.dtype)
-    qpos = shifted(qpos, offset)
-    if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
-        qpos, kpos = cast(xp, qpos, work), cast(xp, kpos, work)
-    result = _alibi_values(xp, slopes, qpos[..., :, None] - kpos[..., None, :], symmetric, 2)
-    if out is None:
-        return result
-    out[...] = result
-    return out
+    return relative_bias(
+        "alibi", slopes, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions,
+        out=out, chunks=chunks, symmetric=symmetric,
+    )  # fmt: skip

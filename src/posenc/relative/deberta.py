@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import math
 
-from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, device_of, namespace
-from . import _args
+from .._xp import cast, device_of
+from . import _args, _per_token
 from .biases import deberta_index, deberta_options
-from .indices import distances
+from .indices import distances, query_offset
 
 
 TERMS = ("c2p", "p2c")
 
 
-def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, terms=TERMS, offset=0):
+def deberta_logits(
+    q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, terms=TERMS, offset=None, query_positions=None, key_positions=None
+):
     r"""DeBERTa disentangled attention logits (content-to-content, -position, position-to-content).
 
     .. math::
@@ -23,7 +24,8 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
         A_{ij} = \frac{q_i \cdot k_j + q_i \cdot P^K_{\delta(i,j)} + k_j \cdot P^Q_{\delta(i,j)}}{\sqrt{3d}},
         \qquad \delta(i, j) = \mathrm{clip}(b(\mathrm{rel}_{ij}) + K,\; 0,\; 2K - 1)
 
-    with ``rel = query - key`` (query positions ``offset + arange(q_len)``) and ``b`` the
+    with ``rel = query - key`` (query positions ``offset + arange(q_len)``, by default the
+    last ``q_len`` of the keys') and ``b`` the
     identity, or :func:`deberta_bucket` when ``bucket_size`` is given (DeBERTa-v2/v3).
     He et al., "DeBERTa: Decoding-enhanced BERT with Disentangled Attention" (2021).
     ``pos_k = P^K`` and ``pos_q = P^Q`` are the relative embeddings already projected by
@@ -54,7 +56,10 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
     bucket_size : int >= 2, optional; log-bucket the distances first
     max_position : int, optional (512 by default when ``bucket_size`` is given)
     terms : subset of ``("c2p", "p2c")``
-    offset : int or 0-d integer array (traced is fine), first query position
+    offset : int or 0-d integer array (traced is fine), first query position;
+        ``k_len - q_len`` by default (0 with ``query_positions``)
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional: per-token positions, as in :func:`shaw_logits`
 
     Returns
     -------
@@ -76,28 +81,44 @@ def deberta_logits(q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_po
         name, table = tables[term]
         if table is None:
             raise ValueError(f"{name} is needed for the {term!r} term (terms={terms!r}), got None")
-    xp = _args.namespace_of(q=q, k=k, pos_q=pos_q, pos_k=pos_k)
+    arrays = {"q": q, "k": k, "pos_q": pos_q, "pos_k": pos_k, "query_positions": query_positions, "key_positions": key_positions}
+    xp = _args.namespace_of(**arrays)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
-    offset = check.integer_or_traced("offset", offset)
     dim = int(q.shape[-1])
     given = [(name, table) for name, table in (("pos_q", pos_q), ("pos_k", pos_k)) if table is not None]
     for name, table in given:
         _args.table(name, table, xp, rows=2 * max_distance, dim=dim, batch=batch)
     dtype, work = _args.dtypes(xp, q, k, *(table for _, table in given))
-    _args.logits_shape(batch, q_len, k_len)
+    device = device_of(q)
+    if _per_token.given(query_positions, key_positions):
+        qpos, kpos, positions_batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        batch = _per_token.batch_with_heads(positions_batch, batch, q.ndim >= 3, "q and k")
+        _args.logits_shape(batch, q_len, k_len)
+        rel = _per_token.relative(qpos, kpos)
+        rel = rel[..., None, :, :] if q.ndim >= 3 else rel
+    else:
+        _args.logits_shape(batch, q_len, k_len)
+        rel = distances(q_len, k_len, query_offset(offset, q_len, k_len), xp=xp, device=device)
     q, k = cast(xp, q, work), cast(xp, k, work)
     total = q @ xp.matrix_transpose(k)
-    if terms:
-        delta = deberta_index(xp, distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance, bucket_size, max_position)
+    delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)
     if "c2p" in terms:
-        total = total + call("toeplitz_gather", q @ xp.matrix_transpose(cast(xp, pos_k, work)), delta, k_len)
+        total = total + _gather(xp, q @ xp.matrix_transpose(cast(xp, pos_k, work)), delta, k_len, device)
     if "p2c" in terms:
         # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
         # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
         scores = k @ xp.matrix_transpose(cast(xp, pos_q, work))
-        total = total + xp.matrix_transpose(call("toeplitz_gather", scores, xp.flip(delta), q_len))
+        flipped = xp.matrix_transpose(delta) if delta.ndim > 1 else xp.flip(delta)
+        total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, device))
     return cast(xp, total / math.sqrt((1 + len(terms)) * dim), dtype)
+
+
+def _gather(xp, scores, index, k_len, device):
+    """``scores`` read at a per-distance index (``toeplitz_gather``) or a per-token one."""
+    if index.ndim > 1:
+        return _per_token.gather(xp, scores, index, device=device)
+    return call("toeplitz_gather", scores, index, k_len)
 
 
 def _terms(terms):

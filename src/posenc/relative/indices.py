@@ -6,30 +6,33 @@ from .. import _validate as check
 from .._xp import index_dtype, namespace, shifted
 
 
-def relative_positions(q_len, k_len, *, offset=0, xp=None, device=None, dtype=None):
+def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
     r"""Signed relative positions ``rel[i, j] = (offset + i) - j``, shape ``[q_len, k_len]``.
 
     The sign convention of the whole library: query position minus key position, so a key
     in the past has ``rel > 0``. Query positions are ``offset + arange(q_len)``, key
-    positions ``arange(k_len)``: decoding one new token against ``n`` keys (the cache and
-    the new key) is ``q_len=1, k_len=n, offset=n - 1``.
+    positions ``arange(k_len)``. By default the queries are the last ``q_len`` positions
+    of the keys (``offset = k_len - q_len``): decoding one new token against ``n`` keys
+    (the cache and the new key) is ``q_len=1, k_len=n`` and needs no ``offset``.
 
     Parameters
     ----------
     q_len, k_len : int >= 0
-    offset : int or 0-d integer array (a traced value is fine)
+    offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default
     xp, device : namespace (NumPy by default; ``xp`` may be the framework module) and device
     dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it)
 
     Examples
     --------
     >>> import posenc as pe
-    >>> pe.relative_positions(2, 3, offset=1).tolist()
+    >>> pe.relative_positions(2, 3).tolist()                 # offset = k_len - q_len = 1
     [[1, 0, -1], [2, 1, 0]]
+    >>> pe.relative_positions(2, 3, offset=0).tolist()       # the queries are the first keys
+    [[0, -1, -2], [1, 0, -1]]
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = check.integer_or_traced("offset", offset)
+    offset = query_offset(offset, q_len, k_len)
     xp = namespace(xp=xp)
     dtype = index_dtype(xp, device) if dtype is None else dtype
     if not xp.isdtype(dtype, "integral"):
@@ -38,6 +41,14 @@ def relative_positions(q_len, k_len, *, offset=0, xp=None, device=None, dtype=No
     qpos = xp.arange(q_len, dtype=dtype, device=device)
     kpos = xp.arange(k_len, dtype=dtype, device=device)
     return xp.astype(shifted(qpos[:, None] - kpos[None, :], offset), dtype)
+
+
+def query_offset(offset, q_len, k_len):
+    """The validated ``offset`` of the first query; ``None`` (the default) is ``k_len - q_len``:
+    the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal)."""
+    if offset is None:
+        return k_len - q_len
+    return check.integer_or_traced("offset", offset)
 
 
 def distances(q_len, k_len, offset, *, xp, device=None):

@@ -6,13 +6,13 @@ from .. import _validate as check
 from .._dispatch import call
 from .._xp import broadcast_shapes, cast, device_of, namespace, result_dtype
 from ..absolute.sinusoidal import sinusoidal
-from . import _args
-from .indices import clipped, distances
+from . import _args, _per_token
+from .indices import clipped, distances, query_offset
 
 FORMS = ("released", "paper")
 
 
-def shaw_logits(q, k, table_k, *, max_distance, offset=0):
+def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=None, key_positions=None):
     r"""Attention logits with Shaw et al.'s relative key embeddings (unscaled).
 
     .. math::
@@ -20,8 +20,8 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
         e_{ij} = q_i \cdot \left(k_j + a^K_{\mathrm{clip}(\mathrm{rel}_{ij}, -K, K) + K}\right)
 
     Shaw, Uszkoreit and Vaswani, "Self-Attention with Relative Position Representations"
-    (2018), with ``rel = query - key`` (query positions ``offset + arange(q_len)``). The
-    position term is computed as ``q @ table_k.T`` (``[..., q_len, 2K + 1]``) gathered
+    (2018), with ``rel = query - key`` (query positions ``offset + arange(q_len)``, by
+    default the last ``q_len`` of the keys'). The position term is computed as ``q @ table_k.T`` (``[..., q_len, 2K + 1]``) gathered
     per distance (``toeplitz_gather``), never as a ``[q_len, k_len, d]`` tensor. Divide by
     ``sqrt(d)`` yourself (or pass ``scale`` to :func:`posenc.attention` with the logits
     as ``bias`` and zero content); NEZHA is this with :func:`nezha_table`.
@@ -32,7 +32,12 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
     k : float array ``[..., heads, k_len, d]``
     table_k : float array ``[2K + 1, d]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0, the clipping distance ``K``
-    offset : int or 0-d integer array (traced is fine), first query position
+    offset : int or 0-d integer array (traced is fine), first query position;
+        ``k_len - q_len`` by default (0 with ``query_positions``)
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional: per-token positions (``rel[..., i, j] = query_positions[..., i] -
+        key_positions[..., j]``), their leading axes broadcasting against the batch axes
+        of ``q`` and ``k`` before the heads axis (as in :func:`relative_bias`)
 
     Returns
     -------
@@ -43,24 +48,34 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=0):
     >>> import numpy as np, posenc as pe
     >>> q, k = np.ones((1, 2, 2)), np.zeros((1, 3, 2))
     >>> table = np.arange(10.0).reshape(5, 2)     # K = 2: rows for rel -2..2
-    >>> pe.shaw_logits(q, k, table, max_distance=2)[0].tolist()
-    [[9.0, 5.0, 1.0], [13.0, 9.0, 5.0]]
+    >>> pe.shaw_logits(q, k, table, max_distance=2)[0].tolist()     # rel = 1 + i - j
+    [[13.0, 9.0, 5.0], [17.0, 13.0, 9.0]]
     """
-    xp = _args.namespace_of(q=q, k=k, table_k=table_k)
+    xp = _args.namespace_of(q=q, k=k, table_k=table_k, query_positions=query_positions, key_positions=key_positions)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     max_distance = check.integer("max_distance", max_distance, minimum=0)
-    offset = check.integer_or_traced("offset", offset)
     _args.table("table_k", table_k, xp, rows=2 * max_distance + 1, dim=int(q.shape[-1]), batch=batch)
     dtype, work = _args.dtypes(xp, q, k, table_k)
-    _args.logits_shape(batch, q_len, k_len)
+    device = device_of(q)
+    if _per_token.given(query_positions, key_positions):
+        qpos, kpos, positions_batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        batch = _per_token.batch_with_heads(positions_batch, batch, q.ndim >= 3, "q and k")
+        _args.logits_shape(batch, q_len, k_len)
+        rel = _per_token.relative(qpos, kpos)
+        index = clipped(xp, rel[..., None, :, :] if q.ndim >= 3 else rel, max_distance)
+    else:
+        _args.logits_shape(batch, q_len, k_len)
+        index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len), xp=xp, device=device), max_distance)
     q, k, table_k = (cast(xp, a, work) for a in (q, k, table_k))
     scores = q @ xp.matrix_transpose(table_k)
-    index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device_of(q)), max_distance)
-    position = call("toeplitz_gather", scores, index, k_len)
+    if index.ndim > 1:
+        position = _per_token.gather(xp, scores, index, device=device)
+    else:
+        position = call("toeplitz_gather", scores, index, k_len)
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
 
-def shaw_output(weights, v, table_v, *, max_distance, offset=0):
+def shaw_output(weights, v, table_v, *, max_distance, offset=None):
     r"""Attention output with Shaw et al.'s relative value embeddings.
 
     .. math::
@@ -78,7 +93,8 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     v : float array ``[..., heads, k_len, d_v]``
     table_v : float array ``[2K + 1, d_v]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0
-    offset : int or 0-d integer array (traced is fine), first query position
+    offset : int or 0-d integer array (traced is fine), first query position;
+        ``k_len - q_len`` by default
 
     Returns
     -------
@@ -89,7 +105,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     >>> import numpy as np, posenc as pe
     >>> w = np.full((1, 2, 2), 0.5)
     >>> table = np.array([[-1.0], [0.0], [1.0]])  # K = 1: rows for rel -1, 0, 1
-    >>> pe.shaw_output(w, np.zeros((1, 2, 1)), table, max_distance=1)[0].tolist()
+    >>> pe.shaw_output(w, np.zeros((1, 2, 1)), table, max_distance=1)[0].tolist()   # rel = i - j
     [[-0.5], [0.5]]
     """
     xp = _args.namespace_of(weights=weights, v=v, table_v=table_v)
@@ -104,7 +120,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=0):
     except ValueError:
         raise ValueError(f"weights {tuple(weights.shape)} and v {tuple(v.shape)} must have broadcasting leading dimensions") from None
     max_distance = check.integer("max_distance", max_distance, minimum=0)
-    offset = check.integer_or_traced("offset", offset)
+    offset = query_offset(offset, q_len, k_len)
     _args.table("table_v", table_v, xp, rows=2 * max_distance + 1, dim=int(v.shape[-1]), batch=batch)
     dtype, work = _args.dtypes(xp, weights, v, table_v)
     check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)

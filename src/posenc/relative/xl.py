@@ -7,7 +7,7 @@ from .._dispatch import call
 from .._xp import broadcast_shapes, cast, device_of, namespace
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
-from .indices import distances
+from .indices import distances, query_offset
 
 
 def rel_shift(x):
@@ -102,7 +102,7 @@ def xl_logits(q, k, r, u, v):
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 
-def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
+def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved"):
     r"""TENER's direction-aware relative attention logits (unscaled).
 
     .. math::
@@ -122,7 +122,8 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
     k : float array ``[..., heads, k_len, d]``
     u, v : float arrays broadcasting against ``q``
     base : float, sinusoid base
-    offset : int or 0-d integer array (traced is fine), first query position
+    offset : int or 0-d integer array (traced is fine), first query position;
+        ``k_len - q_len`` by default (the queries are the last ``q_len`` keys)
     layout : {"interleaved", "split"}, the sinusoid's feature order (:func:`posenc.sinusoidal`);
         TENER's released code uses ``"split"``
 
@@ -135,8 +136,8 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
     >>> import numpy as np, posenc as pe
     >>> q = np.array([[[0.0, 1.0]]])              # picks the cosine feature of R
     >>> zero = np.zeros((1, 1, 2))
-    >>> pe.tener_logits(q, np.zeros((1, 2, 2)), zero, zero).round(4).tolist()
-    [[[1.0, 0.5403]]]
+    >>> pe.tener_logits(q, np.zeros((1, 2, 2)), zero, zero).round(4).tolist()   # rel = 1, 0
+    [[[0.5403, 1.0]]]
     """
     xp = _args.namespace_of(q=q, k=k, u=u, v=v)
     q_len, k_len, batch = _args.query_key(q, k, xp)
@@ -146,7 +147,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=0, layout="interleaved"):
     _args.like_query("u", u, q, xp)
     _args.like_query("v", v, q, xp)
     base = check.real("base", base, positive=True)
-    offset = check.integer_or_traced("offset", offset)
+    offset = query_offset(offset, q_len, k_len)
     layout = check.choice("layout", layout, LAYOUTS)
     dtype, work = _args.dtypes(xp, q, k, u, v)
     _args.logits_shape(batch, q_len, k_len)

@@ -11,17 +11,37 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without tor
 from . import _ops  # noqa: F401  (registers the posenc:: custom ops)
 from .flex import score_mod
 from .hf import HFRotaryEmbedding, patch_hf
-from .modules import ALiBi, DeBERTaRelative, LearnedEmbedding, RotaryEmbedding, ShawRelative, SinusoidalEmbedding, T5RelativeBias
+from .modules import (
+    ALiBi,
+    DeBERTaRelative,
+    LearnedEmbedding,
+    NoPE,
+    PositionalModule,
+    RotaryEmbedding,
+    ShawRelative,
+    SinusoidalEmbedding,
+    T5RelativeBias,
+    TENERRelative,
+    TUPE,
+    TransformerXLRelative,
+    XPos,
+)
 
 __all__ = [
     "ALiBi",
     "DeBERTaRelative",
     "HFRotaryEmbedding",
     "LearnedEmbedding",
+    "NoPE",
+    "PositionalModule",
     "RotaryEmbedding",
     "ShawRelative",
     "SinusoidalEmbedding",
     "T5RelativeBias",
+    "TENERRelative",
+    "TUPE",
+    "TransformerXLRelative",
+    "XPos",
     "patch_hf",
     "score_mod",
 ]

@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import posenc as pe
+from posenc import _validate as check
 
 KINDS = ("t5", "alibi", "shaw", "deberta", "vector")
 
 
-def score_mod(kind: str, params, q_len: int, k_len: int, *, offset: int = 0, **options):
+def score_mod(kind: str, params, q_len: int, k_len: int, *, offset=None, **options):
     """A flex-attention ``score_mod`` adding a relative bias, without a ``[q, k]`` tensor.
 
-    ``score_mod(kind, params, q_len, k_len, offset=0, **options)`` builds the per-distance
+    ``score_mod(kind, params, q_len, k_len, offset=None, **options)`` builds the per-distance
     vector ``vec [heads, q_len + k_len - 1]`` (:func:`posenc.relative_bias_vector` with the
-    same ``kind``, ``params`` and options; or ``kind="vector"`` with ``params`` the vector
-    itself) and returns ``f(score, b, h, q_idx, kv_idx) = score + vec[h, q_idx - kv_idx +
-    k_len - 1]``: memory ``O(heads * L)`` instead of ``O(heads * L^2)``, and gradients flow
-    to ``params`` through the captured vector.
+    same ``kind``, ``params``, ``offset`` and options; or ``kind="vector"`` with ``params``
+    the vector itself) and returns ``f(score, b, h, q_idx, kv_idx) = score + vec[h, q_idx -
+    kv_idx + k_len - 1]``: memory ``O(heads * L)`` instead of ``O(heads * L^2)``, and
+    gradients flow to ``params`` through the captured vector. ``offset`` is the first query
+    position, ``k_len - q_len`` by default (the queries are the last ``q_len`` keys, as in
+    :func:`posenc.attention`'s causal mask; a flex-attention ``mask_mod`` for such queries
+    compares ``q_idx + k_len - q_len >= kv_idx``).
 
     Examples
     --------
@@ -24,12 +28,20 @@ def score_mod(kind: str, params, q_len: int, k_len: int, *, offset: int = 0, **o
     >>> mod = score_mod("alibi", torch.from_numpy(pe.alibi_slopes(2)), 3, 3)
     >>> float(mod(torch.tensor(0.0), 0, 0, torch.tensor(2), torch.tensor(0)))   # -slope[0] * (2 - 0)
     -0.125
+    >>> step = score_mod("alibi", torch.from_numpy(pe.alibi_slopes(2)), 1, 3)  # one query: rel = 2 - j
+    >>> float(step(torch.tensor(0.0), 0, 0, torch.tensor(0), torch.tensor(0)))
+    -0.125
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(map(repr, KINDS))}, got {kind!r}")
     if kind == "vector":
         if options:
             raise TypeError(f"score_mod('vector') takes no options, got {', '.join(sorted(options))}")
+        if offset is not None:
+            raise TypeError("score_mod('vector') takes no offset: the vector already holds the distances it was built for")
+        check.array("params", params)
+        q_len = check.integer("q_len", q_len, minimum=0)
+        k_len = check.integer("k_len", k_len, minimum=0)
         vec = params
         want = q_len + k_len - 1
         if vec.ndim != 2 or vec.shape[-1] != want:

@@ -1,0 +1,94 @@
+"""Per-token positions: the one path every relative bias and logits function takes when
+``query_positions`` / ``key_positions`` are given (padded or packed batches, left padding).
+
+``rel[..., i, j] = (offset + query_positions[..., i]) - key_positions[..., j]`` replaces the
+Toeplitz distances; a bias looks its values up at ``rel`` and a logits function gathers its
+projected scores at the table row of ``rel`` (:func:`gather`).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import _validate as check
+from .._xp import broadcast_shapes, cast, index_dtype, is_integer, shifted
+from .indices import query_offset
+
+
+def given(query_positions, key_positions):
+    """Whether a call takes the per-token path."""
+    return query_positions is not None or key_positions is not None
+
+
+def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, device, float_dtype=None):
+    """``(query, key, batch)``: the validated positions, the queries' shifted by ``offset``,
+    and the broadcast of their leading (batch) axes; lengths already validated.
+
+    Nothing of the ``[..., q_len, k_len]`` size is built here: the caller checks that its
+    result fits first, then takes :func:`relative`. A missing one of the two positions is ``arange``. ``offset`` is added to the query
+    positions; left out (``None``) it is 0 when ``query_positions`` are given (they say
+    where the queries are) and ``k_len - q_len`` otherwise, as without positions.
+    ``float_dtype``: float positions are allowed and ``rel`` is computed in it when one is
+    float (ALiBi); without it positions must be integers (table lookups).
+    """
+    if offset is None and query_positions is not None:
+        offset = 0
+    offset = query_offset(offset, q_len, k_len)
+    found = []
+    for name, pos, length in (("query_positions", query_positions, q_len), ("key_positions", key_positions, k_len)):
+        if pos is None:
+            pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
+        else:
+            if float_dtype is None:
+                check.integer_array(name, pos, xp)
+            else:
+                check.positions(name, pos, xp)
+            check.ndim(name, pos, minimum=1)
+            if int(pos.shape[-1]) != length:
+                want = "q_len" if name == "query_positions" else "k_len"
+                raise ValueError(f"{name} must have {want} = {length} entries on its last axis, got shape {tuple(pos.shape)}")
+        found.append(pos)
+    qpos, kpos = found
+    batch = check.leading_axes(("query_positions", qpos), ("key_positions", kpos), 1, "leading (batch) axes")
+    qpos = shifted(qpos, offset)
+    if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
+        qpos, kpos = cast(xp, qpos, float_dtype), cast(xp, kpos, float_dtype)
+    return qpos, kpos, batch
+
+
+def relative(qpos, kpos):
+    """``rel[..., i, j] = qpos[..., i] - kpos[..., j]``."""
+    return qpos[..., :, None] - kpos[..., None, :]
+
+
+def batch_with_heads(positions_batch, batch, has_heads, what):
+    """The leading axes of ``[..., heads, q, k]`` logits whose ``q``/``k`` have leading axes
+    ``batch`` (heads included when ``has_heads``) and whose positions have
+    ``positions_batch``; a ``ValueError`` naming the positions when they do not broadcast."""
+    own = (*positions_batch, 1) if has_heads else tuple(positions_batch)
+    try:
+        return broadcast_shapes(own, tuple(batch))
+    except ValueError:
+        raise ValueError(
+            f"query_positions/key_positions with leading (batch) axes {tuple(positions_batch)} do not broadcast "
+            f"against the batch axes of {what} {tuple(batch[:-1]) if has_heads else tuple(batch)}"
+        ) from None
+
+
+def gather(xp, scores, index, *, device):
+    """``out[..., i, j] = scores[..., i, index[..., i, j]]``, the leading axes broadcast.
+
+    ``scores [..., q_len, m]`` (queries projected on ``m`` table rows), ``index`` integer
+    ``[..., q_len, k_len]`` in ``[0, m)``: the per-token form of ``toeplitz_gather``.
+    """
+    q_len, m, k_len = int(scores.shape[-2]), int(scores.shape[-1]), int(index.shape[-1])
+    batch = broadcast_shapes(tuple(scores.shape[:-2]), tuple(index.shape[:-2]))
+    scores = xp.broadcast_to(scores, (*batch, q_len, m))
+    index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, q_len, k_len))
+    if hasattr(xp, "take_along_axis"):
+        return xp.take_along_axis(scores, index, axis=-1)
+    # Dask has no take_along_axis: one 1-D take per batch entry, from its [q_len * m] scores.
+    rows = xp.arange(q_len, dtype=index.dtype, device=device)[:, None] * m
+    flat_scores, flat_index = xp.reshape(scores, (-1, q_len * m)), xp.reshape(index, (-1, q_len, k_len))
+    parts = [xp.take(flat_scores[b], xp.reshape(rows + flat_index[b], (-1,)), axis=0) for b in range(math.prod(batch))]
+    return xp.reshape(xp.stack(parts), (*batch, q_len, k_len))

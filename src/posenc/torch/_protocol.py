@@ -1,0 +1,140 @@
+"""The module protocol: one call shape for every positional encoding in ``posenc.torch``."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from posenc.relative import indices
+
+
+class PositionalModule(nn.Module):
+    r"""Base of every positional module: ``embed``, ``logits`` and ``attend``.
+
+    Every encoding answers the same three calls, so a model swaps encodings by one
+    constructor argument:
+
+    - ``embed(x, positions=None, *, offset=0)``: token embeddings ``x [batch, seq,
+      d_model]`` with the absolute table added (absolute encodings) or unchanged.
+    - ``logits(q, k, *, offset=None) -> [batch, heads, q_len, k_len]``: the pre-softmax
+      scores with the encoding applied and the scale included (``1/sqrt(head_dim)`` unless
+      the paper fixes another).
+    - ``attend(q, k, v, *, causal=False, offset=None, mask=None) -> [batch, heads, q_len,
+      d_v]``: :math:`\mathrm{softmax}(\text{logits} + \text{masks})\,v`, plus the
+      module's own value term where its paper has one (Shaw's ``table_v``).
+
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``. The queries sit at positions
+    ``offset + arange(q_len)``, the keys at ``arange(k_len)``; ``offset=None`` is
+    ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
+    a one-query call equals the last row of the full call. ``mask`` is boolean,
+    broadcasting against ``[batch, heads, q_len, k_len]``, ``True`` where the query may
+    attend (torch sdpa's convention); ``causal=True`` lets query ``i`` see the keys
+    ``j <= offset + i``. A query that may attend to no key gets zeros, never NaN.
+
+    A subclass supplies what differs: ``embed`` (absolute encodings), ``scores(q, k,
+    offset)`` (the logits with an int offset already resolved; default the plain scaled
+    dot product) and ``values(weights, v, offset)`` (default ``weights @ v``). ``forward``
+    is ``attend`` unless the subclass keeps an older meaning.
+    """
+
+    def embed(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset=0) -> torch.Tensor:
+        """Token embeddings with the absolute encoding applied; unchanged here."""
+        return x
+
+    def logits(self, q: torch.Tensor, k: torch.Tensor, *, offset=None) -> torch.Tensor:
+        """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included."""
+        _check_query_key(q, k)
+        return self.scores(q, k, query_offset(offset, q.shape[-2], k.shape[-2]))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None) -> torch.Tensor:
+        """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding."""
+        _check_query_key(q, k, v)
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {causal!r}")
+        offset = query_offset(offset, q.shape[-2], k.shape[-2])
+        logits = self.scores(q, k, offset)
+        weights = masked_softmax(logits, allowed_keys(logits, causal=causal, offset=offset, mask=mask))
+        return self.values(weights.to(v.dtype), v, offset)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None) -> torch.Tensor:
+        """:meth:`attend`."""
+        return self.attend(q, k, v, causal=causal, offset=offset, mask=mask)
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor, offset) -> torch.Tensor:
+        """The logits for a resolved ``offset``: here ``q k^T / sqrt(head_dim)``."""
+        return dot_scores(q, k)
+
+    def values(self, weights: torch.Tensor, v: torch.Tensor, offset) -> torch.Tensor:
+        """The attention output of the softmax ``weights``: here ``weights @ v``."""
+        return weights @ v
+
+    def extra_repr(self) -> str:
+        return ", ".join(f"{name}={value!r}" for name, value in self.options().items())
+
+    def options(self) -> dict:
+        """The constructor options, as shown by ``repr``."""
+        return {}
+
+
+def query_offset(offset, q_len, k_len):
+    """The first query position: ``offset`` (validated as the functions validate it), or
+    ``k_len - q_len`` when it is ``None``."""
+    return indices.query_offset(offset, int(q_len), int(k_len))
+
+
+def dot_scores(q, k, scale=None):
+    """``q k^T * scale``, ``scale = 1/sqrt(head_dim)`` by default."""
+    return q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def allowed_keys(logits, *, causal, offset, mask):
+    """Boolean ``[..., q_len, k_len]`` of the keys each query may attend to, or ``None`` for all."""
+    allowed = None
+    if causal:
+        q_len, k_len = logits.shape[-2:]
+        positions = offset + torch.arange(q_len, device=logits.device)
+        allowed = positions[:, None] >= torch.arange(k_len, device=logits.device)[None, :]
+    if mask is not None:
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(f"mask must be a boolean tensor (True = may attend), got {type(mask).__name__ if not isinstance(mask, torch.Tensor) else mask.dtype}")
+        try:
+            torch.broadcast_shapes(mask.shape, logits.shape)
+        except RuntimeError:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the logits {tuple(logits.shape)}") from None
+        allowed = mask if allowed is None else allowed & mask
+    return allowed
+
+
+def masked_softmax(logits, allowed):
+    """Softmax over the keys (float32 for 16-bit logits); a row with no allowed key gets zeros."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    if allowed is None:
+        return torch.softmax(logits, dim=-1)
+    some = allowed.any(dim=-1, keepdim=True)
+    # A row with no allowed key is filled with zeros before the softmax, so no NaN appears,
+    # not even in the backward pass; its weights are then set to zero.
+    logits = torch.where(allowed, logits, float("-inf"))
+    logits = torch.where(some, logits, 0.0)
+    return torch.softmax(logits, dim=-1) * some
+
+
+def _check_query_key(q, k, v=None):
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        if a is not None and not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch tensor, got {type(a).__name__}")
+        if a is not None and a.ndim < 2:
+            raise ValueError(f"{name} must be [batch, heads, seq, head_dim], got shape {tuple(a.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head_dim, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v must have k_len = {k.shape[-2]} rows, got shape {tuple(v.shape)}")
+
+
+def positive_int(name, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        kind = "positive" if minimum == 1 else "non-negative" if minimum == 0 else f">= {minimum}"
+        raise ValueError(f"{name} must be a {kind} integer, got {value!r}")
+    return value

@@ -1,0 +1,156 @@
+"""Per-token positions (issue 23 item 3) for every bias and relative-logits function, against
+the formulas written out here: ``rel = query_positions[..., i] - key_positions[..., j]``.
+Covers padded batches (batch axes), packed documents and a packed decode step."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from arrays import assert_close
+from formulas import hf_deberta_bucket, hf_t5_bucket
+
+RNG = np.random.default_rng(23)
+CU = np.array([0, 3, 7, 12])  # three packed documents of 3, 4 and 5 tokens
+PACKED = pe.positions_from_cu_seqlens(CU, 12)
+LEFT_PADDED = pe.positions_from_mask(np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]))  # [2, 6]
+
+
+def _rel(qpos, kpos):
+    return np.asarray(qpos)[..., :, None] - np.asarray(kpos)[..., None, :]
+
+
+def _t5(table, rel, bidirectional=True, max_distance=128):
+    # T5's own bucket of key - query, then table[bucket, h] with heads before (q, k).
+    bucket = hf_t5_bucket(-rel, bidirectional=bidirectional, num_buckets=table.shape[0], max_distance=max_distance)
+    return np.moveaxis(table[bucket], -1, -3)
+
+
+def test_t5_bias_per_token_is_the_table_at_the_bucket_of_each_pair():
+    table = RNG.standard_normal((32, 3))
+    got = pe.t5_bias(table, 12, 12, query_positions=PACKED, key_positions=PACKED)
+    np.testing.assert_array_equal(got, _t5(table, _rel(PACKED, PACKED)))
+    np.testing.assert_array_equal(got, np.moveaxis(table[pe.t5_bucket(PACKED[:, None] - PACKED[None, :])], -1, 0))
+
+
+def test_t5_bias_per_token_with_batch_axes():
+    table = RNG.standard_normal((16, 2))
+    queries = LEFT_PADDED[:, -2:]
+    got = pe.t5_bias(table, 2, 6, bidirectional=False, max_distance=20, query_positions=queries, key_positions=LEFT_PADDED)
+    assert got.shape == (2, 2, 2, 6)
+    np.testing.assert_array_equal(got, _t5(table, _rel(queries, LEFT_PADDED), bidirectional=False, max_distance=20))
+
+
+def test_packed_t5_decode_step_equals_a_full_recompute():
+    """The newest token of the last document, after a cache of the others: its row of the
+    bias and its attention output equal those of recomputing the whole packed batch."""
+    torch = pytest.importorskip("torch")
+    table = torch.randn(32, 4, dtype=torch.float64)
+    grown = np.array([0, 3, 7, 13])  # one more token in the last document
+    pos = torch.from_numpy(pe.positions_from_cu_seqlens(grown, 13))
+    doc = torch.from_numpy(np.repeat(np.arange(3), np.diff(grown)))
+    q, k, v = (torch.randn(4, 13, 8, dtype=torch.float64) for _ in range(3))
+    same_doc = doc[:, None] == doc[None, :]
+
+    full_bias = pe.t5_bias(table, 13, 13, query_positions=pos, key_positions=pos)
+    full = pe.attention(q, k, v, bias=full_bias, mask=same_doc, causal=True)
+    step_bias = pe.t5_bias(table, 1, 13, query_positions=pos[-1:], key_positions=pos)
+    step = pe.attention(q[:, -1:], k, v, bias=step_bias, mask=same_doc[-1:], causal=True)
+
+    torch.testing.assert_close(step_bias, full_bias[:, -1:], rtol=0, atol=0)
+    torch.testing.assert_close(step, full[:, -1:], rtol=1e-14, atol=1e-14)
+    # And both are the formula: table[t5_bucket(qpos - kpos)].
+    want = table[torch.from_numpy(pe.t5_bucket(pos.numpy()[-1:, None] - pos.numpy()[None, :]))].movedim(-1, 0)
+    torch.testing.assert_close(step_bias, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kind", ["t5", "alibi", "shaw", "deberta"])
+def test_relative_bias_per_token_every_kind(kind):
+    rel = _rel(LEFT_PADDED[:, -3:], LEFT_PADDED)
+    if kind == "t5":
+        params, options, want = RNG.standard_normal((32, 2)), {}, None
+        want = _t5(params, rel)
+    elif kind == "alibi":
+        params, options = np.array([0.5, 0.25]), {"symmetric": True}
+        want = -params[:, None, None] * np.abs(rel)[..., None, :, :]
+    elif kind == "shaw":
+        params, options = RNG.standard_normal((5, 2)), {"max_distance": 2}
+        want = np.moveaxis(params[np.clip(rel, -2, 2) + 2], -1, -3)
+    else:
+        params, options = RNG.standard_normal((4, 2)), {"max_distance": 2}
+        want = np.moveaxis(params[np.clip(rel + 2, 0, 3)], -1, -3)
+    got = pe.relative_bias(kind, params, 3, 6, query_positions=LEFT_PADDED[:, -3:], key_positions=LEFT_PADDED, **options)
+    np.testing.assert_allclose(got, want, rtol=1e-15, atol=0)
+
+
+def test_offset_shifts_given_query_positions_and_defaults_to_zero_with_them():
+    table = RNG.standard_normal((32, 2))
+    keys = np.arange(6)
+    base = pe.t5_bias(table, 2, 6, query_positions=np.array([1, 2]), key_positions=keys)
+    np.testing.assert_array_equal(base, _t5(table, _rel([1, 2], keys)))
+    shifted = pe.t5_bias(table, 2, 6, query_positions=np.array([1, 2]), key_positions=keys, offset=3)
+    np.testing.assert_array_equal(shifted, _t5(table, _rel([4, 5], keys)))
+    # Keys only: the queries take the default positions, the last q_len of arange(k_len).
+    np.testing.assert_array_equal(pe.t5_bias(table, 2, 6, key_positions=keys), pe.t5_bias(table, 2, 6))
+
+
+def naive_shaw(q, k, table, kmax, rel):
+    """``q_i . (k_j + table[clip(rel_ij) + K])``, rel ``[batch, q, k]``, q/k ``[batch, heads, n, d]``."""
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for b in range(q.shape[0]):
+        for i in range(q.shape[-2]):
+            for j in range(k.shape[-2]):
+                a = table[np.clip(rel[b, i, j], -kmax, kmax) + kmax]
+                out[b, :, i, j] = np.sum(q[b, :, i] * (k[b, :, j] + a), axis=-1)
+    return out
+
+
+def naive_deberta(q, k, pos_q, pos_k, kmax, rel, bucket=None):
+    out = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for b in range(q.shape[0]):
+        for i in range(q.shape[-2]):
+            for j in range(k.shape[-2]):
+                r = int(rel[b, i, j]) if bucket is None else int(hf_deberta_bucket(np.array([rel[b, i, j]]), *bucket)[0])
+                delta = min(max(r + kmax, 0), 2 * kmax - 1)
+                qi, kj = q[b, :, i], k[b, :, j]
+                out[b, :, i, j] = np.sum(qi * kj + qi * pos_k[:, delta] + kj * pos_q[:, delta], axis=-1)
+    return out / math.sqrt(3 * q.shape[-1])
+
+
+def test_shaw_logits_per_token_with_batch_axes(backend):
+    q, k, table = RNG.standard_normal((2, 3, 4, 8)), RNG.standard_normal((2, 3, 6, 8)), RNG.standard_normal((7, 8))
+    qpos = LEFT_PADDED[:, -4:]
+    got = backend.call(
+        lambda *a: pe.shaw_logits(*a[:3], max_distance=3, query_positions=a[3], key_positions=a[4]),
+        *(backend.asarray(x) for x in (q, k, table, qpos, LEFT_PADDED)),
+    )
+    assert_close(got, naive_shaw(q, k, table, 3, _rel(qpos, LEFT_PADDED)), backend=backend, dtype=backend.asarray(q).dtype)
+
+
+@pytest.mark.parametrize("bucket", [None, (4, 12)])
+def test_deberta_logits_per_token_with_batch_axes(backend, bucket):
+    q, k = RNG.standard_normal((2, 3, 4, 8)), RNG.standard_normal((2, 3, 6, 8))
+    pq, pk = RNG.standard_normal((3, 8, 8)), RNG.standard_normal((3, 8, 8))
+    qpos = LEFT_PADDED[:, -4:]
+    options = {} if bucket is None else {"bucket_size": bucket[0], "max_position": bucket[1]}
+    got = backend.call(
+        lambda *a: pe.deberta_logits(*a[:4], max_distance=4, query_positions=a[4], key_positions=a[5], **options),
+        *(backend.asarray(x) for x in (q, k, pq, pk, qpos, LEFT_PADDED)),
+    )
+    want = naive_deberta(q, k, pq, pk, 4, _rel(qpos, LEFT_PADDED), bucket)
+    assert_close(got, want, backend=backend, dtype=backend.asarray(q).dtype)
+
+
+def test_per_token_positions_must_be_integers_for_a_table():
+    with pytest.raises(TypeError, match="query_positions must have an integer dtype"):
+        pe.t5_bias(np.ones((32, 2)), 1, 3, query_positions=np.array([0.5]))
+    with pytest.raises(ValueError, match="key_positions must have k_len = 6 entries"):
+        pe.shaw_logits(np.ones((2, 3, 8)), np.ones((2, 6, 8)), np.ones((5, 8)), max_distance=2, key_positions=np.arange(5))
+    with pytest.raises(ValueError, match="do not broadcast against the batch axes of q and k"):
+        pe.deberta_logits(
+            np.ones((2, 1, 3, 8)), np.ones((2, 1, 6, 8)), np.ones((4, 8)), np.ones((4, 8)), max_distance=2,
+            key_positions=np.zeros((3, 6), dtype=int),
+        )  # fmt: skip
