@@ -149,6 +149,9 @@ def build_parser() -> argparse.ArgumentParser:
     plot = sub.add_parser("plot", help="write PNG figures (RoPE decay, T5 buckets, sinusoid, ALiBi, scalings, layouts)")
     plot.add_argument("--out", required=True, help="output directory")
     plot.set_defaults(func=cmd_plot)
+    from posenc import _extrapolate_cli
+
+    _extrapolate_cli.add_parser(sub)
     return parser
 
 

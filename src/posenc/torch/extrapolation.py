@@ -20,7 +20,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -40,7 +39,6 @@ ENCODINGS = (
 )  # fmt: skip
 TRAIN_LEN = 8
 FACTORS = (1, 2, 4, 8)
-THRESHOLD = 0.8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,9 +48,9 @@ class Config:
     d_model: int = 64
     heads: int = 4
     layers: int = 2
-    steps: int = 400
-    batch: int = 32
-    lr: float = 3e-3
+    steps: int = 500
+    batch: int = 96
+    lr: float = 5e-3
     eval_sequences: int = 64
 
 
@@ -263,7 +261,28 @@ class _Progress:
                 print(file=sys.stderr, flush=True)
 
 
-def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, train_len=TRAIN_LEN, eval_lens=None, config=None):
+def _job(name, evaluated, task, seed, cfg, train_len, eval_lens):
+    """Train ``name`` once and evaluate it as each of ``evaluated`` (``rope`` and its
+    test-time scalings share one training); returns their records."""
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    max_seq = _tasks.seq_len(task, max(eval_lens))
+    trained = train(name, task, seed, cfg, train_len, max_seq)
+    records = []
+    for encoding in evaluated:
+        for n in eval_lens:
+            if encoding in TEST_TIME_SCALINGS:
+                train_seq, eval_seq = _tasks.seq_len(task, train_len), _tasks.seq_len(task, n)
+                head_dim = cfg.d_model // cfg.heads
+                model = trained.replace_positional(lambda: _test_time_rope(encoding, head_dim, train_seq, eval_seq))
+            else:
+                model = _for_length(trained, encoding, task, train_len, n)
+            accuracy, loss = evaluate(model, task, seed, cfg, n)
+            records.append({"task": task, "encoding": encoding, "seed": seed, "train_len": train_len, "eval_len": n, "accuracy": accuracy, "loss": loss})
+    return records
+
+
+def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, train_len=TRAIN_LEN, eval_lens=None, config=None, workers=None):
     """Train and evaluate every (encoding, task, seed); returns the records.
 
     Parameters
@@ -276,6 +295,9 @@ def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, trai
     train_len : int >= 1, items per training sequence (at most; each step draws ``1..train_len``)
     eval_lens : item counts to evaluate at, each ``>= train_len`` (default ``train_len`` x 1, 2, 4, 8)
     config : :class:`Config`, model and training sizes
+    workers : processes training in parallel (default: 2, or 1 on a one-core machine);
+        every training runs on one thread with deterministic torch, so the records do not
+        depend on ``workers``
 
     Returns
     -------
@@ -284,36 +306,35 @@ def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, trai
     tokens predicted right (greedy), ``loss`` their mean cross-entropy (nats).
     """
     encodings, tasks, seeds, train_len, eval_lens = check_arguments(encodings, tasks, seeds, train_len, eval_lens)
+    workers = min(2, os.cpu_count() or 1) if workers is None else workers
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ValueError(f"workers must be a positive integer, got {workers!r}")
     if quick:
         seeds = 1
     cfg = Config() if config is None else config
-    trained = [e for e in dict.fromkeys("rope" if e in TEST_TIME_SCALINGS else e for e in encodings)]
-    bar = _Progress(len(tasks) * seeds * len(trained), progress)
-    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
-    torch.set_num_threads(1)
-    torch.use_deterministic_algorithms(True)
+    shared = {}
+    for name in encodings:
+        shared.setdefault("rope" if name in TEST_TIME_SCALINGS else name, []).append(name)
+    jobs = [(name, evaluated, task, seed, cfg, train_len, eval_lens) for task in tasks for seed in range(seeds) for name, evaluated in shared.items()]
+    bar = _Progress(len(jobs), progress)
     records = []
+    threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
-        for task in tasks:
-            for seed in range(seeds):
-                models = {}
-                for name in trained:
-                    max_seq = _tasks.seq_len(task, max(eval_lens))
-                    models[name] = train(name, task, seed, cfg, train_len, max_seq)
-                    bar.step(f"{task} {name} seed {seed}")
-                for name in encodings:
-                    base = models["rope" if name in TEST_TIME_SCALINGS else name]
-                    for n in eval_lens:
-                        if name in TEST_TIME_SCALINGS:
-                            head_dim = cfg.d_model // cfg.heads
-                            train_seq, eval_seq = _tasks.seq_len(task, train_len), _tasks.seq_len(task, n)
-                            model = base.replace_positional(lambda: _test_time_rope(name, head_dim, train_seq, eval_seq))
-                        else:
-                            model = _for_length(base, name, task, train_len, n)
-                        accuracy, loss = evaluate(model, task, seed, cfg, n)
-                        records.append(
-                            {"task": task, "encoding": name, "seed": seed, "train_len": train_len, "eval_len": n, "accuracy": accuracy, "loss": loss}
-                        )
+        if workers == 1:
+            for job in jobs:
+                records += _job(*job)
+                bar.step(f"{job[2]} {job[0]} seed {job[3]}")
+        else:
+            import concurrent.futures
+            import multiprocessing
+
+            context = multiprocessing.get_context("spawn")
+            with concurrent.futures.ProcessPoolExecutor(workers, mp_context=context) as pool:
+                futures = {pool.submit(_job, *job): job for job in jobs}
+                for future in concurrent.futures.as_completed(futures):
+                    job = futures[future]
+                    records += future.result()
+                    bar.step(f"{job[2]} {job[0]} seed {job[3]}")
     finally:
         torch.set_num_threads(threads)
         torch.use_deterministic_algorithms(deterministic)
