@@ -231,3 +231,83 @@ def test_randomized_positions_are_a_sorted_seeded_subset():
 def test_bad_input_is_refused(call, error, name):
     with pytest.raises(error, match=name):
         call()
+
+
+# ---- torch modules (the module protocol) -----------------------------------------------
+
+
+def _modules():
+    from posenc.torch import lengthgen as lg
+
+    return [
+        lg.FIRE(2, threshold=4.0),
+        lg.KERPLE(2),
+        lg.KERPLE(2, kind="power"),
+        lg.Sandwich(2, dim=16),
+        lg.CoPE(8, npos_max=6),
+        lg.RandomizedRoPE(8, max_length=40, seed=1),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_modules_follow_the_protocol(index):
+    torch.manual_seed(0)
+    module = _modules()[index]
+    q, k, v = (torch.randn(2, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    module = module.double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    assert module.embed(x).shape == x.shape
+    full = module.attend(q, k, v, causal=True)
+    last = module.attend(q[..., -1:, :], k, v, causal=True)
+    torch.testing.assert_close(last[..., 0, :], full[..., -1, :])
+    assert module.logits(q, k).shape == (2, 2, 5, 5)
+    assert "(" in repr(module) and "=" in repr(module)
+    params = list(module.parameters())
+    if params:
+        full.sum().backward()
+        assert all(p.grad is not None for p in params)
+
+
+def test_module_biases_are_the_functions():
+    from posenc.torch import lengthgen as lg
+
+    kerple = lg.KERPLE(3)
+    q, k = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8)
+    want = q @ k.transpose(-1, -2) / math.sqrt(8) + pe.kerple_bias(kerple.r1.detach(), kerple.r2.detach(), 4, 4)
+    torch.testing.assert_close(kerple.logits(q, k), want)
+    sandwich = lg.Sandwich(3, dim=32)
+    want = q @ k.transpose(-1, -2) / math.sqrt(8) + torch.from_numpy(pe.sandwich_bias(4, 4, 32, heads=3))
+    torch.testing.assert_close(sandwich.logits(q, k), want)
+    cope = lg.CoPE(8, npos_max=5)
+    torch.testing.assert_close(cope.logits(q, k), pe.cope_logits(q, k, cope.pos_emb.detach()))
+
+
+def test_randomized_rope_uses_the_drawn_positions_in_every_layer():
+    from posenc.torch import lengthgen as lg
+
+    module = lg.RandomizedRoPE(8, max_length=50, seed=3)
+    x = torch.zeros(2, 6, 8)
+    module.embed(x)
+    drawn = module.positions
+    assert drawn.shape == (2, 6) and bool((drawn.diff(dim=-1) > 0).all()) and int(drawn.max()) < 50
+    q, k = torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)
+    rotated_q, rotated_k = pe.rope(q, drawn[:, None, :]), pe.rope(k, drawn[:, None, :])
+    torch.testing.assert_close(module.logits(q, k), rotated_q @ rotated_k.transpose(-1, -2) / math.sqrt(8))
+    again = lg.RandomizedRoPE(8, max_length=50, seed=3)
+    again.embed(x)
+    assert torch.equal(again.positions, drawn)
+
+
+def test_modules_refuse_bad_options():
+    from posenc.torch import lengthgen as lg
+
+    with pytest.raises(ValueError, match="num_heads"):
+        lg.FIRE(0)
+    with pytest.raises(ValueError, match="kind"):
+        lg.KERPLE(2, kind="cubic")
+    with pytest.raises(ValueError, match="dim"):
+        lg.Sandwich(2, dim=7)
+    with pytest.raises(ValueError, match="npos_max"):
+        lg.CoPE(8, npos_max=0)
+    with pytest.raises(ValueError, match="max_length"):
+        lg.RandomizedRoPE(8, max_length=0)
