@@ -80,8 +80,10 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
 
     The contextual positions ``p_ij`` of :func:`cope_positions`, clipped to ``[0, P - 1]``
     (``P = pos_emb.shape[-2]``), index the learned position embeddings ``e [P, d]`` by
-    linear interpolation between their integer neighbours, computed as the paper's code
-    does, from the ``P`` products ``z_i[n] = q_i . e[n]`` per query:
+    linear interpolation between their integer neighbours of the ``P`` products
+    ``z_i[n] = q_i . e[n]`` per query (the paper's code gathers the two neighbours; here the
+    same sum is written with hat weights ``max(0, 1 - |p - n|)``, which every namespace
+    computes):
 
     .. math::
 
@@ -118,10 +120,9 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
     pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
     work = logits.dtype
     z = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, pos_emb, work))
-    z = xp.broadcast_to(z, (*logits.shape[:-1], npos))
-    floor = xp.floor(pos)
-    weight = pos - floor
-    low = xp.astype(floor, index_dtype(xp, device_of(q)))
-    high = xp.astype(xp.ceil(pos), low.dtype)
-    position_term = xp.take_along_axis(z, low, axis=-1) * (1 - weight) + xp.take_along_axis(z, high, axis=-1) * weight
+    # Linear interpolation between integer neighbours is the hat-weighted sum over the table:
+    # max(0, 1 - |p - n|) is 1 - w at floor(p), w at ceil(p), 0 elsewhere.
+    position_term = xp.zeros_like(logits)
+    for n in range(npos):
+        position_term = position_term + z[..., n : n + 1] * xp.clip(1 - xp.abs(pos - n), 0.0, None)
     return cast(xp, logits + position_term, q.dtype)

@@ -36,8 +36,8 @@ def fire_distances(q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-
     work = widest_float(xp, device)
     query = xp.astype(shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset), work)
     key = xp.astype(xp.arange(k_len, dtype=index_dtype(xp, device), device=device), work)
-    c = cast(xp, c, work) if check.is_array(c) else c
-    threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else threshold
+    c = cast(xp, c, work) if check.is_array(c) else xp.asarray(c, dtype=work, device=device)
+    threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
     distance = xp.log(xp.abs(c * (query[:, None] - key[None, :])) + 1)
     normaliser = xp.log(xp.abs(c * xp.maximum(query, threshold)) + 1) + eps
     return xp.astype(distance / normaliser[:, None], dtype)
