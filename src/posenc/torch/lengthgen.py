@@ -45,7 +45,8 @@ class FIRE(PositionalModule):
 class KERPLE(PositionalModule):
     """KERPLE (Chi et al., NeurIPS 2022): the scaled dot product plus
     :func:`posenc.kerple_bias` with learned ``r1, r2 [heads]``, kept positive by clamping at
-    ``eps`` (``r2 <= 2`` too for ``kind="power"``), as the paper's code does. Initial values:
+    ``eps`` (``r2 <= 2`` too for ``kind="power"``) in place before each use, as the paper's code
+does. Initial values:
     ``r1`` uniform in ``(0, 2)``, ``r2`` uniform in ``(0, 1)`` (drawn from torch's generator).
     """
 
@@ -62,8 +63,10 @@ class KERPLE(PositionalModule):
         return {"num_heads": self.num_heads, "kind": self.kind, "eps": self.eps}
 
     def bias(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
-        r2 = self.r2.clamp(self.eps, 2.0) if self.kind == "power" else self.r2.clamp(min=self.eps)
-        return pe.kerple_bias(self.r1.clamp(min=self.eps), r2, q_len, k_len, kind=self.kind, offset=offset)
+        # The paper's code clamps the values (``.data``) in place, so gradients pass unclamped.
+        self.r1.data.clamp_(min=self.eps)
+        self.r2.data.clamp_(self.eps, 2.0 if self.kind == "power" else None)
+        return pe.kerple_bias(self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset)
 
     def scores(self, q, k, offset):
         return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset).to(q.dtype)
@@ -81,11 +84,11 @@ class Sandwich(PositionalModule):
     def options(self):
         return {"num_heads": self.num_heads, "dim": self.dim, "base": self.base}
 
-    def bias(self, q_len: int, k_len: int, *, offset=None, device=None) -> torch.Tensor:
-        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, xp=torch, device=device)
+    def bias(self, q_len: int, k_len: int, *, offset=None, device=None, dtype=None) -> torch.Tensor:
+        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, xp=torch, device=device, dtype=dtype)
 
     def scores(self, q, k, offset):
-        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, device=q.device).to(q.dtype)
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, device=q.device, dtype=q.dtype)
 
 
 class CoPE(PositionalModule):
@@ -112,8 +115,10 @@ class RandomizedRoPE(PositionalModule):
     ``embed`` draws, for every batch row, a sorted random subset of ``range(max_length)``
     (:func:`posenc.randomized_positions`, from the module's own seeded generator) and
     leaves ``x`` unchanged; every ``attend``/``logits`` call until the next ``embed`` then
-    rotates q and k at those positions. The paper samples at evaluation time too; so does
-    this module. A call with no drawn positions of the right length uses ``arange``.
+    rotates q and k at those positions (key ``j`` at ``drawn[j]``, query ``i`` at
+    ``drawn[offset + i]``). The paper samples at evaluation time too; so does this module.
+    Without drawn positions for ``k_len`` keys that cover the queries, positions are the
+    plain ``arange`` (RoPE).
     """
 
     def __init__(self, head_dim: int, *, max_length: int, base: float = 10000.0, seed: int = 0):
@@ -132,10 +137,11 @@ class RandomizedRoPE(PositionalModule):
         return x
 
     def scores(self, q, k, offset):
-        k_len = k.shape[-2]
-        keys = self.positions
-        if keys is None or keys.shape[-1] != k_len:
-            keys = torch.arange(k_len, device=k.device)
-        keys = keys[:, None, :] if keys.ndim == 2 else keys
-        queries = keys[..., offset : offset + q.shape[-2]]
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        drawn = self.positions
+        if drawn is not None and drawn.shape[-1] == k_len and isinstance(offset, int) and 0 <= offset <= k_len - q_len:
+            keys = drawn[:, None, :] if drawn.ndim == 2 else drawn
+            queries = keys[..., offset : offset + q_len]
+        else:
+            keys, queries = torch.arange(k_len, device=k.device), offset + torch.arange(q_len, device=q.device)
         return dot_scores(pe.rope(q, queries, base=self.base), pe.rope(k, keys, base=self.base))
