@@ -90,6 +90,7 @@ def test_the_command_writes_json_markdown_and_figure(tmp_path, monkeypatch, caps
     assert cli.main(argv) == 0
     assert (out / "results.json").read_bytes() == first
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
+    assert (out / "results.json").stat().st_mode & 0o044  # readable by others, as open() would make it
     assert "records in" in capsys.readouterr().err
 
 
