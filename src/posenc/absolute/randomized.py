@@ -45,6 +45,7 @@ def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device
         raise ValueError(f"max_length must be >= length = {length}, got {max_length}")
     if batch is not None:
         batch = check.integer("batch", batch, minimum=1)
+    check.allocatable("randomized_positions", (batch or 1, length), 8)
     if isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
         rng = np.random.default_rng(int(rng))
     if not isinstance(rng, np.random.Generator):

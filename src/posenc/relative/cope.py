@@ -11,6 +11,8 @@ from . import _args
 
 def _check(q, k, xp, causal, offset, scale):
     q_len, k_len, _ = _args.query_key(q, k, xp)
+    if int(q.shape[-1]) == 0:
+        raise ValueError(f"q and k must have at least one feature on their last axis, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)

@@ -91,6 +91,7 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     dtype = result_dtype(xp, dtype)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
+    check.allocatable("sandwich_bias frequencies", (dim // 2,), 8)
     freqs = [base ** (-2.0 * k / dim) for k in range(1, dim // 2 + 1)]
     cos, _ = cos_sin(distances(q_len, k_len, offset, xp=xp, device=device), freqs, xp=xp, device=device)
     vec = xp.sum(cos, axis=-1) - dim / 2
