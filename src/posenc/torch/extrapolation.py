@@ -57,8 +57,9 @@ class Config:
 # ---- the model ---------------------------------------------------------------------------
 
 
-def _positional(name, cfg, train_seq, max_seq, seed):
-    """A fresh positional module for ``name`` (``train_seq``: the longest training input)."""
+def _positional(name, cfg, train_len, train_seq, max_seq, seed):
+    """A fresh positional module for ``name`` (``train_seq``: the longest training input;
+    Shaw's and DeBERTa's clipping distance is the training length in items)."""
     import posenc.torch as pt
 
     head_dim = cfg.d_model // cfg.heads
@@ -66,10 +67,10 @@ def _positional(name, cfg, train_seq, max_seq, seed):
         "none": lambda: pt.NoPE(),
         "learned": lambda: pt.LearnedEmbedding(train_seq, cfg.d_model),
         "sinusoidal": lambda: pt.SinusoidalEmbedding(cfg.d_model),
-        "shaw": lambda: pt.ShawRelative(head_dim, max_distance=TRAIN_LEN),
+        "shaw": lambda: pt.ShawRelative(head_dim, max_distance=train_len),
         "xl": lambda: pt.TransformerXLRelative(cfg.heads, head_dim),
         "t5": lambda: pt.T5RelativeBias(cfg.heads, bidirectional=False),
-        "deberta": lambda: pt.DeBERTaRelative(cfg.heads, head_dim, max_distance=TRAIN_LEN),
+        "deberta": lambda: pt.DeBERTaRelative(cfg.heads, head_dim, max_distance=train_len),
         "tupe": lambda: pt.TUPE(cfg.heads, head_dim, max_positions=max_seq),
         "alibi": lambda: pt.ALiBi(cfg.heads),
         "rope": lambda: pt.RotaryEmbedding(head_dim),
@@ -168,7 +169,7 @@ def train(name, task, seed, cfg, train_len, max_seq):
     """A model trained on ``task`` with ``n ~ U{1..train_len}`` items per step."""
     torch.manual_seed(_seed_of("init", name, task, seed))
     train_seq = _tasks.seq_len(task, train_len)
-    model = Decoder(cfg, lambda: _positional(name, cfg, train_seq, max_seq, seed), shared=name == "t5")
+    model = Decoder(cfg, lambda: _positional(name, cfg, train_len, train_seq, max_seq, seed), shared=name == "t5")
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 50) * 0.5 * (1 + math.cos(math.pi * s / cfg.steps)))
     rng = np.random.default_rng(_seed_of("data", task, seed))
@@ -198,7 +199,7 @@ def evaluate(model, task, seed, cfg, n):
     return hits / count, total_loss / count
 
 
-def _for_length(model, name, task, train_len, n):
+def _for_length(model, name, task, n):
     """The model to evaluate at ``n`` items: a learned table extended past its trained rows."""
     if name != "learned":
         return model
@@ -276,7 +277,7 @@ def _job(name, evaluated, task, seed, cfg, train_len, eval_lens):
                 head_dim = cfg.d_model // cfg.heads
                 model = trained.replace_positional(lambda: _test_time_rope(encoding, head_dim, train_seq, eval_seq))
             else:
-                model = _for_length(trained, encoding, task, train_len, n)
+                model = _for_length(trained, encoding, task, n)
             accuracy, loss = evaluate(model, task, seed, cfg, n)
             records.append({"task": task, "encoding": encoding, "seed": seed, "train_len": train_len, "eval_len": n, "accuracy": accuracy, "loss": loss})
     return records
