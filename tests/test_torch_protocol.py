@@ -71,6 +71,23 @@ MODULES = {
         lambda m, q, k, o: _tupe_reference(m, q, k, o) + pe.t5_bias(m.bias.table, q.shape[-2], k.shape[-2], max_distance=6, offset=o),
     ),
     "xpos": (lambda: pt.XPos(D, scale_base=16), lambda m, q, k, o: _xpos_reference(q, k, o, scale_base=16)),
+    "fire": (
+        lambda: pt.FIRE(H, mlp_width=8, threshold=4.0),
+        lambda m, q, k, o: _dot(q, k) + pe.fire_bias(m.mlp, q.shape[-2], k.shape[-2], offset=o, c=m.c, threshold=m.L_multiplier * 4.0, xp=torch, dtype=torch.float64),
+    ),
+    "kerple": (
+        lambda: pt.KERPLE(H, kind="power"),
+        lambda m, q, k, o: _dot(q, k) + pe.kerple_bias(m.r1.clamp(min=0.01), m.r2.clamp(0.01, 2.0), q.shape[-2], k.shape[-2], kind="power", offset=o),
+    ),
+    "sandwich": (
+        lambda: pt.Sandwich(H, dim=16),
+        lambda m, q, k, o: _dot(q, k) + pe.sandwich_bias(q.shape[-2], k.shape[-2], 16, heads=H, offset=o, xp=torch, dtype=torch.float64),
+    ),
+    "cope": (lambda: pt.CoPE(D, npos_max=6), lambda m, q, k, o: pe.cope_logits(q, k, m.pos_emb, offset=o)),
+    "randomized": (
+        lambda: pt.RandomizedRoPE(D, max_length=64),
+        lambda m, q, k, o: _dot(pe.rope(q, offset=o), pe.rope(k)),
+    ),
 }
 
 

@@ -252,8 +252,14 @@ def _add_warmup(sub) -> None:
     warm.set_defaults(func=cmd_warmup)
 
 
+def _add_extrapolate(sub) -> None:
+    from posenc import _extrapolate_cli
+
+    _extrapolate_cli.add_parser(sub)
+
+
 # Each adds one subcommand (its parser and ``func``), in the order ``posenc --help`` lists them.
-SUBCOMMANDS = [_add_info, _add_demo, _add_bench, _add_warmup, _add_plot]
+SUBCOMMANDS = [_add_info, _add_demo, _add_bench, _add_warmup, _add_plot, _add_extrapolate]
 
 
 def build_parser() -> argparse.ArgumentParser:

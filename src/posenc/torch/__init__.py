@@ -11,6 +11,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without tor
 from . import _ops  # noqa: F401  (registers the posenc:: custom ops)
 from .flex import score_mod
 from .hf import HFRotaryEmbedding, patch_hf
+from .lengthgen import FIRE, KERPLE, CoPE, RandomizedRoPE, Sandwich
 from .modules import (
     ALiBi,
     DeBERTaRelative,
@@ -44,4 +45,9 @@ __all__ = [
     "XPos",
     "patch_hf",
     "score_mod",
+    "CoPE",
+    "FIRE",
+    "KERPLE",
+    "RandomizedRoPE",
+    "Sandwich",
 ]

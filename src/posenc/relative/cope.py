@@ -1,0 +1,130 @@
+"""CoPE: contextual position encoding (Golovneva et al., 2024)."""
+
+from __future__ import annotations
+
+import math
+
+from .. import _validate as check
+from .._xp import cast, compute_dtype, device_of, index_dtype, namespace, shifted
+from . import _args
+
+
+def _check(q, k, xp, causal, offset, scale):
+    q_len, k_len, _ = _args.query_key(q, k, xp)
+    if int(q.shape[-1]) == 0:
+        raise ValueError(f"q and k must have at least one feature on their last axis, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be True or False, got {causal!r}")
+    offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)
+    scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
+    return q_len, k_len, offset, scale
+
+
+def _gated(xp, q, k, q_len, k_len, offset, scale, causal):
+    """``(scale * q.k, sigmoid gates)`` in the compute dtype; future keys get gate 0 when causal."""
+    work = compute_dtype(xp, q.dtype)
+    logits = (cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work))) * scale
+    gates = 1 / (1 + xp.exp(-logits))
+    if causal:
+        device = device_of(q, k)
+        query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
+        key = xp.arange(k_len, dtype=index_dtype(xp, device), device=device)
+        gates = xp.where(key[None, :] <= query[:, None], gates, xp.zeros_like(gates))
+    return logits, gates
+
+
+def _positions(xp, gates):
+    """``p_ij = sum_{t >= j} g_it``: a cumulative sum from the last key backwards."""
+    return xp.flip(xp.cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1)
+
+
+def cope_positions(q, k, *, causal=True, offset=None, scale=None):
+    r"""CoPE's contextual positions ``p [..., heads, q_len, k_len]`` (Golovneva et al.,
+    "Contextual Position Encoding: Learning to Count What's Important", 2024).
+
+    .. math::
+
+        g_{ij} = \sigma\bigl(s\, q_i^\top k_j\bigr), \qquad p_{ij} = \sum_{t=j}^{i} g_{it}
+
+    A gate decides per key whether it counts, so positions count what the query chooses
+    (words, sentences, a token kind) instead of tokens. ``s`` is the attention scale
+    (``1/sqrt(d)`` by default): the paper's code gates the scaled, masked attention logits
+    (the paper's text writes ``s = 1``; pass ``scale=1.0`` for that). With ``causal=True``
+    keys after the query (``j > offset + i``) have gate 0, so the sum runs from ``j`` to
+    ``i``; with ``causal=False`` it runs over every key from ``j`` on.
+
+    Parameters
+    ----------
+    q : float array ``[..., q_len, d]``; k : float array ``[..., k_len, d]``
+    causal : bool
+    offset : int, 0-d integer array or None (``k_len - q_len``): the first query's position
+    scale : float > 0 or None (``1/sqrt(d)``)
+
+    Returns
+    -------
+    array ``[..., q_len, k_len]`` of ``q``'s dtype: real-valued positions in ``[0, k_len]``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = np.zeros((1, 3, 2)); k = np.zeros((1, 3, 2))      # every gate is 1/2
+    >>> pe.cope_positions(q, k)[0].tolist()
+    [[0.5, 0.0, 0.0], [1.0, 0.5, 0.0], [1.5, 1.0, 0.5]]
+    """
+    xp = namespace(q, k)
+    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale)
+    _, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal)
+    return cast(xp, _positions(xp, gates), q.dtype)
+
+
+def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
+    r"""CoPE attention logits ``[..., heads, q_len, k_len]``: ``s q_i.k_j + q_i.e[p_ij]``.
+
+    The contextual positions ``p_ij`` of :func:`cope_positions`, clipped to ``[0, P - 1]``
+    (``P = pos_emb.shape[-2]``), index the learned position embeddings ``e [P, d]`` by
+    linear interpolation between their integer neighbours of the ``P`` products
+    ``z_i[n] = q_i . e[n]`` per query (the paper's code gathers the two neighbours; here the
+    same sum is written with hat weights ``max(0, 1 - |p - n|)``, which every namespace
+    computes):
+
+    .. math::
+
+        \ell_{ij} = s\, q_i^\top k_j + (1 - w)\, z_i[\lfloor p_{ij} \rfloor] + w\, z_i[\lceil p_{ij} \rceil],
+        \qquad w = p_{ij} - \lfloor p_{ij} \rfloor
+
+    (Golovneva et al., 2024, Eq. 4-5 and their reference code.) Masking is the caller's
+    (with ``causal=True`` future keys still get a logit: mask them).
+
+    Parameters
+    ----------
+    q, k : as in :func:`cope_positions`
+    pos_emb : float array ``[..., P, d]``, broadcasting against ``q``'s leading axes
+        (one table, or one per head ``[heads, P, d]``)
+    causal, offset, scale : as in :func:`cope_positions`
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> q = np.zeros((1, 2, 2)); q[..., 0] = 1.0; k = np.zeros((1, 2, 2))
+    >>> e = np.array([[0.0, 0.0], [2.0, 0.0]])                  # q . e = [0, 2]
+    >>> pe.cope_logits(q, k, e, scale=1.0)[0].tolist()          # p = [[.5, 0], [1, .5]]
+    [[1.0, 0.0], [2.0, 1.0]]
+    """
+    xp = namespace(q, k, pos_emb)
+    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale)
+    check.float_array("pos_emb", pos_emb, xp)
+    check.ndim("pos_emb", pos_emb, minimum=2)
+    if int(pos_emb.shape[-1]) != int(q.shape[-1]):
+        raise ValueError(f"pos_emb must be [..., P, d] with d = {q.shape[-1]} (q's last axis), got shape {tuple(pos_emb.shape)}")
+    check.leading_axes(("q", q), ("pos_emb", pos_emb), 2, "leading (batch, head) dimensions")
+    npos = int(pos_emb.shape[-2])
+    logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal)
+    pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
+    work = logits.dtype
+    z = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, pos_emb, work))
+    # Linear interpolation between integer neighbours is the hat-weighted sum over the table:
+    # max(0, 1 - |p - n|) is 1 - w at floor(p), w at ceil(p), 0 elsewhere.
+    position_term = xp.zeros_like(logits)
+    for n in range(npos):
+        position_term = position_term + z[..., n : n + 1] * xp.clip(1 - xp.abs(pos - n), 0.0, None)
+    return cast(xp, logits + position_term, q.dtype)

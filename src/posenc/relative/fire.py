@@ -1,0 +1,94 @@
+"""FIRE: functional interpolation for relative positions (Li et al., ICLR 2024)."""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import cast, device_of, index_dtype, namespace, result_dtype, shifted, widest_float
+
+
+def _scalar(name, value, xp):
+    """A positive Python float, or a 0-d float array (a learned parameter)."""
+    if check.is_array(value):
+        check.float_array(name, value, xp)
+        check.ndim(name, value, exactly=0)
+        return value
+    return check.real(name, value, positive=True)
+
+
+def fire_distances(q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-6, xp=None, device=None, dtype=None):
+    r"""FIRE's normalised distances ``[q_len, k_len]``: ``psi(|i - j|) / (psi(max(L, i)) + eps)``.
+
+    ``psi(x) = log(|c x| + 1)``, ``i = offset + row`` the query position, ``j`` the key
+    position, ``L = |threshold|`` (see :func:`fire_bias`). ``c`` and ``threshold`` may be
+    0-d float arrays (learned parameters: the result then follows their namespace and
+    carries their gradient).
+    """
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)
+    xp = namespace(*(a for a in (c, threshold) if check.is_array(a)), xp=xp)
+    c = _scalar("c", c, xp)
+    threshold = _scalar("threshold", threshold, xp)
+    eps = check.real("eps", eps, minimum=0.0)
+    device = device_of(*(a for a in (c, threshold) if check.is_array(a))) if device is None else device
+    dtype = result_dtype(xp, dtype)
+    check.allocatable("fire_bias", (q_len, k_len), 8)
+    work = widest_float(xp, device)
+    query = xp.astype(shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset), work)
+    key = xp.astype(xp.arange(k_len, dtype=index_dtype(xp, device), device=device), work)
+    c = cast(xp, c, work) if check.is_array(c) else xp.asarray(c, dtype=work, device=device)
+    threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
+    distance = xp.log(xp.abs(c * (query[:, None] - key[None, :])) + 1)
+    normaliser = xp.log(xp.abs(c * xp.maximum(query, threshold)) + 1) + eps
+    return xp.astype(distance / normaliser[:, None], dtype)
+
+
+def fire_bias(mlp, q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-6, xp=None, device=None, dtype=None):
+    r"""FIRE bias ``[heads, q_len, k_len]`` (Li et al., "Functional Interpolation for
+    Relative Positions Improves Long Context Transformers", ICLR 2024).
+
+    .. math::
+
+        B_{:,i,j} = f_\theta\!\left(\frac{\psi(i - j)}{\psi(\max(L, i))}\right),
+        \qquad \psi(x) = \log(c\,x + 1)
+
+    ``f_theta`` is a learned function to ``heads`` values (the paper: an MLP with one hidden
+    layer of 32 ReLU units; :class:`posenc.torch.FIRE` holds one), ``c`` and ``L`` are
+    learned scalars (initialised to 0.1 and 512). The normalisation by the query position
+    ``i`` ("progressive interpolation") keeps the input of ``f`` in ``[0, 1]`` at every
+    length, so a longer sequence only makes the grid of inputs finer. As the paper's code
+    does, ``psi`` takes ``|c x|`` and the denominator gets ``eps``; FIRE is causal (keys
+    ``j <= i``), the entries of future keys are defined (``|i - j|``) but meant to be masked.
+
+    Parameters
+    ----------
+    mlp : callable ``[n, 1] -> [n, heads]`` on arrays of the result's namespace
+    q_len, k_len : int >= 0
+    offset : int, 0-d integer array or None (``k_len - q_len``: the queries are the last keys)
+    c, threshold : float > 0 or 0-d float arrays (learned ``c`` and ``L``)
+    eps : float >= 0
+    xp, device, dtype : namespace (NumPy, or that of ``c``/``threshold``), device and float
+        dtype (float32) of the distances given to ``mlp``
+
+    Returns
+    -------
+    array ``[heads, q_len, k_len]``: ``mlp``'s output, heads first.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> b = pe.fire_bias(lambda x: np.concatenate([x, -x], axis=-1), 2, 2, threshold=1.0, c=1.0, eps=0.0)
+    >>> b.shape
+    (2, 2, 2)
+    >>> b[0].round(4).tolist()                    # log(1 + |i - j|) / log(1 + max(1, i))
+    [[0.0, 1.0], [1.0, 0.0]]
+    """
+    if not callable(mlp):
+        raise TypeError(f"mlp must be a callable [n, 1] -> [n, heads], got {type(mlp).__name__}")
+    x = fire_distances(q_len, k_len, offset=offset, c=c, threshold=threshold, eps=eps, xp=xp, device=device, dtype=dtype)
+    q_len, k_len = int(x.shape[0]), int(x.shape[1])
+    xp = namespace(x)
+    values = mlp(xp.reshape(x, (q_len * k_len, 1)))
+    if not check.is_array(values) or values.ndim != 2 or int(values.shape[0]) != q_len * k_len:
+        raise ValueError(f"mlp must map [n, 1] to [n, heads] (n = {q_len * k_len}), got {getattr(values, 'shape', type(values).__name__)}")
+    return xp.reshape(xp.matrix_transpose(values), (int(values.shape[1]), q_len, k_len))

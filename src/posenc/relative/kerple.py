@@ -1,0 +1,145 @@
+"""KERPLE (Chi et al., NeurIPS 2022) and Sandwich (Chi et al., ACL 2023): biases of ``|i - j|``.
+
+Both depend on the distance only, so each computes its per-distance vector
+``[heads, q_len + k_len - 1]`` and :func:`expand_bias` (the Toeplitz kernels) writes the
+``[heads, q_len, k_len]`` bias.
+"""
+
+from __future__ import annotations
+
+from .. import _validate as check
+from .._xp import cast, compute_dtype, cos_sin, device_of, namespace, result_dtype
+from .biases import expand_bias
+from .indices import distances
+
+KERPLE_KINDS = ("log", "power")
+
+
+def _lengths(q_len, k_len, offset):
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)
+    return q_len, k_len, offset
+
+
+def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
+    r"""KERPLE bias ``[heads, q_len, k_len]`` (Chi, Fan, Ramadge and Rudnicky, NeurIPS 2022).
+
+    The conditionally positive definite kernels of the paper's Eq. 6-7, one pair of
+    positive parameters per head:
+
+    .. math::
+
+        B_{h,i,j} = -r_1^{(h)} \log\bigl(1 + r_2^{(h)} |i - j|\bigr) \quad(\texttt{kind="log"}),
+        \qquad B_{h,i,j} = -r_1^{(h)} |i - j|^{r_2^{(h)}} \quad(\texttt{kind="power"},\ 0 < r_2 \le 2)
+
+    with query positions ``offset + arange(q_len)`` and key positions ``arange(k_len)``.
+    The bias depends on ``|i - j|`` only: the per-distance vector is computed once and
+    expanded by :func:`expand_bias`.
+
+    Parameters
+    ----------
+    r1, r2 : float arrays ``[heads]`` (learned, positive; the caller keeps them positive,
+        e.g. by clamping as the paper's code does)
+    q_len, k_len : int >= 0
+    kind : {"log", "power"}
+    offset : int, 0-d integer array or None (``k_len - q_len``: queries are the last keys)
+
+    Returns
+    -------
+    array ``[heads, q_len, k_len]`` of ``r1``'s dtype and namespace.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> b = pe.kerple_bias(np.array([1.0]), np.array([1.0]), 2, 2)
+    >>> (-b[0]).round(4).tolist()                    # log(1 + |i - j|)
+    [[0.0, 0.6931], [0.6931, 0.0]]
+    >>> (-pe.kerple_bias(np.array([2.0]), np.array([2.0]), 1, 3, kind="power")[0]).tolist()
+    [[8.0, 2.0, 0.0]]
+    """
+    check.array("r1", r1)
+    check.array("r2", r2)
+    xp = namespace(r1, r2)
+    for name, a in (("r1", r1), ("r2", r2)):
+        check.float_array(name, a, xp)
+        check.ndim(name, a, exactly=1)
+    if r1.shape != r2.shape:
+        raise ValueError(f"r1 and r2 must both be [heads], got shapes {tuple(r1.shape)} and {tuple(r2.shape)}")
+    kind = check.choice("kind", kind, KERPLE_KINDS)
+    q_len, k_len, offset = _lengths(q_len, k_len, offset)
+    check.allocatable("kerple_bias", (int(r1.shape[0]), q_len, k_len), 8)
+    work = compute_dtype(xp, r1.dtype)
+    dist = xp.astype(xp.abs(distances(q_len, k_len, offset, xp=xp, device=device_of(r1, r2))), work)
+    a, b = cast(xp, r1, work)[:, None], cast(xp, r2, work)[:, None]
+    if kind == "log":
+        vec = -a * xp.log(1 + b * dist)
+    else:
+        vec = -a * dist**b
+    return expand_bias(cast(xp, vec, r1.dtype), q_len, k_len)
+
+
+def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
+    r"""The per-distance vector ``[heads, q_len + k_len - 1]`` of :func:`sandwich_bias`
+    (entry ``t`` is the distance ``offset + t - (k_len - 1)``)."""
+    dim = check.even_dim("dim", dim)
+    base = check.real("base", base, positive=True)
+    if heads is not None:
+        heads = check.integer("heads", heads, minimum=1)
+    q_len, k_len, offset = _lengths(q_len, k_len, offset)
+    xp = namespace(xp=xp)
+    dtype = result_dtype(xp, dtype)
+    count = q_len + k_len - 1 if q_len and k_len else 0
+    check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
+    check.allocatable("sandwich_bias frequencies", (dim // 2,), 8)
+    freqs = [base ** (-2.0 * k / dim) for k in range(1, dim // 2 + 1)]
+    cos, _ = cos_sin(distances(q_len, k_len, offset, xp=xp, device=device), freqs, xp=xp, device=device)
+    vec = xp.sum(cos, axis=-1) - dim / 2
+    if heads is None:
+        scales = xp.ones((1, 1), dtype=vec.dtype, device=device)
+    else:
+        scales = xp.asarray([[heads / (8.0 * h)] for h in range(1, heads + 1)], dtype=vec.dtype, device=device)
+    return xp.astype(scales * vec[None, :], dtype)
+
+
+def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
+    r"""Sandwich bias ``[heads, q_len, k_len]`` (Chi, Fan, Rudnicky and Ramadge, ACL 2023).
+
+    The inner product of two sinusoidal embeddings of dimension ``d`` (``dim``), a
+    parameter-free function of the distance, shifted so that distance 0 gives 0:
+
+    .. math::
+
+        B_{h,i,j} = \frac{1}{s_h}\Bigl(\sum_{k=1}^{d/2} \cos\bigl((i - j)\,\omega_k\bigr) - \frac d2\Bigr),
+        \qquad \omega_k = \text{base}^{-2k/d}, \qquad s_h = \frac{8h}{H}
+
+    ``p_i . p_j = sum_k cos((i - j) w_k)`` is the Sandwich term of the paper (Sec. 5); the
+    per-head compression ``s_h`` (``h = 1..H``) gives head ``h`` the slope ratio ALiBi
+    gives its heads, as the paper's Megatron code (also NeMo's) applies it. With
+    ``heads=None`` the result is one unscaled row ``[1, q_len, k_len]``. The bias is a
+    function of ``i - j``: its per-distance vector (:func:`sandwich_vector`) is expanded by
+    :func:`expand_bias`.
+
+    Parameters
+    ----------
+    q_len, k_len : int >= 0
+    dim : int, positive even, the dimension ``d`` of the sinusoidal embeddings
+    heads : int >= 1 or None
+    offset : int, 0-d integer array or None (``k_len - q_len``)
+    base : float > 0
+    xp, device, dtype : namespace (NumPy), device and float dtype (float32) of the result
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> b = pe.sandwich_bias(3, 3, 4)             # d = 4: cos(r/100) + cos(r/10000) - 2
+    >>> b.shape, float(b[0, 1, 1])
+    ((1, 3, 3), 0.0)
+    >>> round(float(b[0, 2, 0]), 6)
+    -0.0002
+    """
+    q_len = check.integer("q_len", q_len, minimum=0)
+    k_len = check.integer("k_len", k_len, minimum=0)
+    vec = sandwich_vector(q_len, k_len, dim, heads=heads, offset=offset, base=base, xp=xp, device=device, dtype=dtype)
+    return expand_bias(vec, q_len, k_len)
+

@@ -1,0 +1,147 @@
+"""Modules for the encodings built for length generalisation: FIRE, KERPLE, Sandwich, CoPE and
+randomised positions (module protocol: :class:`posenc.torch.PositionalModule`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+import posenc as pe
+
+from ._protocol import PositionalModule, dot_scores, positive_int
+
+
+class FIRE(PositionalModule):
+    """FIRE (Li et al., ICLR 2024): the scaled dot product plus :func:`posenc.fire_bias` of
+    a learned MLP ``1 -> mlp_width -> heads`` (ReLU), learned ``c`` and threshold ``L``.
+
+    As in the paper's code, ``L = |threshold * L_multiplier|`` with ``threshold`` fixed and
+    ``L_multiplier`` (initialised to 1) learned. FIRE is meant for causal attention.
+    """
+
+    def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6):
+        super().__init__()
+        heads, width = positive_int("num_heads", num_heads), positive_int("mlp_width", mlp_width)
+        pe.fire_distances(1, 1, c=c, threshold=threshold, eps=eps)  # validates the options now
+        self.num_heads, self.mlp_width, self.init_c, self.threshold, self.eps = heads, width, c, threshold, eps
+        self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, heads))
+        self.c = nn.Parameter(torch.tensor(float(c)))
+        self.L_multiplier = nn.Parameter(torch.tensor(1.0))
+
+    def options(self):
+        return {"num_heads": self.num_heads, "mlp_width": self.mlp_width, "c": self.init_c, "threshold": self.threshold, "eps": self.eps}
+
+    def bias(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
+        """``[heads, q_len, k_len]``."""
+        return pe.fire_bias(
+            self.mlp, q_len, k_len, offset=offset, c=self.c, threshold=self.L_multiplier * self.threshold, eps=self.eps, xp=torch, dtype=self.c.dtype
+        )
+
+    def scores(self, q, k, offset):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset).to(q.dtype)
+
+
+class KERPLE(PositionalModule):
+    """KERPLE (Chi et al., NeurIPS 2022): the scaled dot product plus
+    :func:`posenc.kerple_bias` with learned ``r1, r2 [heads]``, kept positive by clamping at
+    ``eps`` (``r2 <= 2`` too for ``kind="power"``) in place before each use, as the paper's code
+does. Initial values:
+    ``r1`` uniform in ``(0, 2)``, ``r2`` uniform in ``(0, 1)`` (drawn from torch's generator).
+    """
+
+    def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2):
+        super().__init__()
+        heads = positive_int("num_heads", num_heads)
+        if kind not in pe.relative.kerple.KERPLE_KINDS:
+            raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
+        self.num_heads, self.kind, self.eps = heads, kind, eps
+        self.r1 = nn.Parameter(torch.rand(heads) * 2)
+        self.r2 = nn.Parameter(torch.rand(heads))
+
+    def options(self):
+        return {"num_heads": self.num_heads, "kind": self.kind, "eps": self.eps}
+
+    def bias(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
+        # The paper's code clamps the values (``.data``) in place, so gradients pass unclamped.
+        self.r1.data.clamp_(min=self.eps)
+        self.r2.data.clamp_(self.eps, 2.0 if self.kind == "power" else None)
+        return pe.kerple_bias(self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset)
+
+    def scores(self, q, k, offset):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset).to(q.dtype)
+
+
+class Sandwich(PositionalModule):
+    """Sandwich (Chi et al., ACL 2023): the scaled dot product plus the parameter-free
+    :func:`posenc.sandwich_bias` of ``dim``-dimensional sinusoids, one compression per head."""
+
+    def __init__(self, num_heads: int, *, dim: int = 128, base: float = 10000.0):
+        super().__init__()
+        pe.sandwich_vector(1, 1, dim, heads=num_heads, base=base)  # validates the options now
+        self.num_heads, self.dim, self.base = num_heads, dim, base
+
+    def options(self):
+        return {"num_heads": self.num_heads, "dim": self.dim, "base": self.base}
+
+    def bias(self, q_len: int, k_len: int, *, offset=None, device=None, dtype=None) -> torch.Tensor:
+        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, xp=torch, device=device, dtype=dtype)
+
+    def scores(self, q, k, offset):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, device=q.device, dtype=q.dtype)
+
+
+class CoPE(PositionalModule):
+    """CoPE (Golovneva et al., 2024): :func:`posenc.cope_logits` with learned position
+    embeddings ``pos_emb [npos_max, head_dim]`` (zeros at first, as in the paper's code),
+    shared by the heads. Gates count the keys up to the query (``causal=True``, decoders)
+    or every key from ``j`` on (``causal=False``)."""
+
+    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
+        super().__init__()
+        self.head_dim, self.npos_max, self.causal = positive_int("head_dim", head_dim), positive_int("npos_max", npos_max), causal
+        self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
+
+    def options(self):
+        return {"head_dim": self.head_dim, "npos_max": self.npos_max, "causal": self.causal}
+
+    def scores(self, q, k, offset):
+        return pe.cope_logits(q, k, self.pos_emb.to(q.dtype), causal=self.causal, offset=offset)
+
+
+class RandomizedRoPE(PositionalModule):
+    """RoPE on randomised positions (Ruoss et al., ACL 2023).
+
+    ``embed`` draws, for every batch row, a sorted random subset of ``range(max_length)``
+    (:func:`posenc.randomized_positions`, from the module's own seeded generator) and
+    leaves ``x`` unchanged; every ``attend``/``logits`` call until the next ``embed`` then
+    rotates q and k at those positions (key ``j`` at ``drawn[j]``, query ``i`` at
+    ``drawn[offset + i]``). The paper samples at evaluation time too; so does this module.
+    Without drawn positions for ``k_len`` keys that cover the queries, positions are the
+    plain ``arange`` (RoPE).
+    """
+
+    def __init__(self, head_dim: int, *, max_length: int, base: float = 10000.0, seed: int = 0):
+        super().__init__()
+        self.head_dim, self.max_length, self.base, self.seed = positive_int("head_dim", head_dim), positive_int("max_length", max_length), base, seed
+        self.rng = np.random.default_rng(seed)
+        self.positions = None
+
+    def options(self):
+        return {"head_dim": self.head_dim, "max_length": self.max_length, "base": self.base, "seed": self.seed}
+
+    def embed(self, x, positions=None, *, offset=0):
+        if positions is None:
+            positions = pe.randomized_positions(x.shape[-2], self.max_length, rng=self.rng, batch=x.shape[0], xp=torch, device=x.device)
+        self.positions = positions
+        return x
+
+    def scores(self, q, k, offset):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        drawn = self.positions
+        if drawn is not None and drawn.shape[-1] == k_len and isinstance(offset, int) and 0 <= offset <= k_len - q_len:
+            keys = drawn[:, None, :] if drawn.ndim == 2 else drawn
+            queries = keys[..., offset : offset + q_len]
+        else:
+            keys, queries = torch.arange(k_len, device=k.device), offset + torch.arange(q_len, device=q.device)
+        return dot_scores(pe.rope(q, queries, base=self.base), pe.rope(k, keys, base=self.base))

@@ -1,0 +1,316 @@
+"""The encodings built for length generalisation, against references written from the papers."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import posenc as pe
+
+# ---- references, transcribed from the papers' equations and released code -------------
+
+
+def kerple_reference(r1, r2, q_len, k_len, offset, kind):
+    out = np.zeros((len(r1), q_len, k_len))
+    for h in range(len(r1)):
+        for i in range(q_len):
+            for j in range(k_len):
+                d = abs(offset + i - j)
+                out[h, i, j] = -r1[h] * (math.log(1 + r2[h] * d) if kind == "log" else d ** r2[h])
+    return out
+
+
+def sandwich_reference(q_len, k_len, dim, heads, offset):
+    """Chi et al. 2023: p_m . p_n of sinusoidal embeddings (sin and cos per frequency), minus d/2,
+    head h divided by 8h/H."""
+
+    def embedding(m):
+        w = [10000.0 ** (-2.0 * k / dim) for k in range(1, dim // 2 + 1)]
+        return np.array([f(m * x) for x in w for f in (math.sin, math.cos)])
+
+    out = np.zeros((heads, q_len, k_len))
+    for h in range(heads):
+        for i in range(q_len):
+            for j in range(k_len):
+                out[h, i, j] = (embedding(offset + i) @ embedding(j) - dim / 2) / (8 * (h + 1) / heads)
+    return out
+
+
+class FIREReference(torch.nn.Module):
+    """The FIRE module of Li et al. (ICLR 2024), Appendix (PyTorch pseudo-code), biases only."""
+
+    def __init__(self, num_heads=4, mlp_width=32, init_c=0.1, init_L=512.0, eps=1e-6):
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(1, mlp_width), torch.nn.ReLU(), torch.nn.Linear(mlp_width, num_heads))
+        self.c = torch.nn.Parameter(torch.tensor(init_c))
+        self.init_L = torch.nn.Parameter(torch.tensor(init_L), requires_grad=False)
+        self.L_multiplier = torch.nn.Parameter(torch.tensor(1.0))
+        self.eps = eps
+
+    def forward(self, seq_length):
+        positions = torch.arange(seq_length, dtype=torch.float)
+        rel_distance = positions[:, None] - positions[None, :]
+        threshold = torch.abs(self.L_multiplier * self.init_L)
+        pos_normalizer = torch.max(positions, threshold)[:, None]
+        rel_distance = torch.log(torch.abs(self.c * rel_distance) + 1)
+        pos_normalizer = torch.log(torch.abs(self.c * pos_normalizer) + 1) + self.eps
+        return self.mlp((rel_distance / pos_normalizer).unsqueeze(-1)).permute(2, 0, 1)
+
+
+class CoPEReference(torch.nn.Module):
+    """Golovneva et al. (2024), the CoPE module of their paper's code listing."""
+
+    def __init__(self, npos_max, head_dim):
+        super().__init__()
+        self.npos_max = npos_max
+        self.pos_emb = torch.nn.Parameter(torch.randn(1, head_dim, npos_max))
+
+    def forward(self, query, attn_logits):
+        gates = torch.sigmoid(attn_logits)
+        pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+        pos = pos.clamp(max=self.npos_max - 1)
+        pos_ceil = pos.ceil().long()
+        pos_floor = pos.floor().long()
+        logits_int = torch.matmul(query, self.pos_emb)
+        logits_ceil = logits_int.gather(-1, pos_ceil)
+        logits_floor = logits_int.gather(-1, pos_floor)
+        w = pos - pos_floor
+        return logits_ceil * w + logits_floor * (1 - w)
+
+
+def mae_2d_sincos(embed_dim, grid_size_h, grid_size_w):
+    """MAE's util/pos_embed.py get_2d_sincos_pos_embed (He et al. 2022), for a rectangular grid."""
+
+    def one_d(dim, pos):
+        omega = np.arange(dim // 2, dtype=np.float64) / (dim / 2.0)
+        omega = 1.0 / 10000**omega
+        out = np.einsum("m,d->md", pos.reshape(-1), omega)
+        return np.concatenate([np.sin(out), np.cos(out)], axis=1)
+
+    grid_h = np.arange(grid_size_h, dtype=np.float32)
+    grid_w = np.arange(grid_size_w, dtype=np.float32)
+    grid = np.stack(np.meshgrid(grid_w, grid_h), axis=0).reshape([2, 1, grid_size_h, grid_size_w])
+    emb_h = one_d(embed_dim // 2, grid[0])
+    emb_w = one_d(embed_dim // 2, grid[1])
+    return np.concatenate([emb_h, emb_w], axis=1)
+
+
+# ---- KERPLE ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["log", "power"])
+@pytest.mark.parametrize(("q_len", "k_len", "offset"), [(5, 5, None), (1, 7, None), (3, 6, 0), (4, 4, 2)])
+def test_kerple_matches_the_paper(kind, q_len, k_len, offset):
+    r1, r2 = np.array([0.5, 1.0, 2.0]), np.array([0.3, 1.0, 1.7])
+    got = pe.kerple_bias(r1, r2, q_len, k_len, kind=kind, offset=offset)
+    want = kerple_reference(r1, r2, q_len, k_len, k_len - q_len if offset is None else offset, kind)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_kerple_torch_gradients_reach_r1_and_r2():
+    r1 = torch.tensor([0.5, 1.5], dtype=torch.float64, requires_grad=True)
+    r2 = torch.tensor([0.7, 1.2], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, b: pe.kerple_bias(a, b, 3, 4, kind="log"), (r1, r2))
+    assert torch.autograd.gradcheck(lambda a, b: pe.kerple_bias(a, b, 3, 4, kind="power"), (r1, r2))
+
+
+# ---- Sandwich --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("q_len", "k_len", "offset"), [(4, 4, None), (1, 6, None), (3, 5, 1)])
+def test_sandwich_is_the_inner_product_of_sinusoidal_embeddings(q_len, k_len, offset):
+    got = pe.sandwich_bias(q_len, k_len, 16, heads=4, offset=offset, dtype=np.float64)
+    want = sandwich_reference(q_len, k_len, 16, 4, k_len - q_len if offset is None else offset)
+    np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_sandwich_without_heads_is_one_unscaled_row():
+    got = pe.sandwich_bias(3, 3, 8, dtype=np.float64)
+    assert got.shape == (1, 3, 3)
+    np.testing.assert_allclose(got[0], sandwich_reference(3, 3, 8, 1, 0)[0] * 8, atol=1e-12)
+
+
+# ---- FIRE ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [5, 40])
+def test_fire_matches_the_papers_module(n):
+    torch.manual_seed(0)
+    ref = FIREReference(num_heads=3, init_L=16.0)
+    got = pe.fire_bias(ref.mlp, n, n, c=ref.c, threshold=ref.init_L * ref.L_multiplier, dtype=torch.float32)
+    torch.testing.assert_close(got, ref(n), rtol=1e-5, atol=1e-6)
+    got.sum().backward()
+    assert ref.c.grad is not None and ref.L_multiplier.grad is not None
+
+
+def test_fire_one_query_is_the_last_row():
+    mlp = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    full = pe.fire_bias(mlp, 6, 6, threshold=2.0, xp=torch)
+    last = pe.fire_bias(mlp, 1, 6, threshold=2.0, xp=torch)
+    torch.testing.assert_close(last[:, 0], full[:, -1])
+
+
+# ---- CoPE ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("q_len", [6, 1])
+def test_cope_matches_the_papers_module(q_len):
+    torch.manual_seed(1)
+    b, h, k_len, d, npos = 2, 3, 6, 8, 4
+    q, k = torch.randn(b, h, q_len, d, dtype=torch.float64), torch.randn(b, h, k_len, d, dtype=torch.float64)
+    ref = CoPEReference(npos, d).double()
+    attn = q @ k.transpose(-1, -2) / math.sqrt(d)
+    i = torch.arange(k_len - q_len, k_len)[:, None]
+    attn = attn + torch.where(torch.arange(k_len)[None, :] <= i, 0.0, float("-inf"))  # mask.log()
+    want = attn + ref(q, attn)
+    got = pe.cope_logits(q, k, ref.pos_emb[0].T)
+    visible = torch.isfinite(want)
+    torch.testing.assert_close(got[visible], want[visible])
+    positions = pe.cope_positions(q, k)
+    torch.testing.assert_close(positions, torch.sigmoid(attn).flip(-1).cumsum(-1).flip(-1))
+
+
+def test_cope_positions_count_gates_from_the_key_to_the_query():
+    rng = np.random.default_rng(0)
+    q, k = rng.normal(size=(4, 3)), rng.normal(size=(4, 3))
+    p = pe.cope_positions(q, k, scale=1.0)
+    for i in range(4):
+        for j in range(4):
+            want = sum(1 / (1 + math.exp(-(q[i] @ k[t]))) for t in range(j, i + 1))
+            assert abs(p[i, j] - want) < 1e-12
+
+
+# ---- 2-D sin-cos, randomised positions -------------------------------------------------
+
+
+@pytest.mark.parametrize(("h", "w", "dim"), [(4, 4, 16), (3, 5, 8), (14, 14, 64)])
+def test_sincos_2d_matches_mae(h, w, dim):
+    got = pe.sincos_2d(h, w, dim, dtype=np.float64)
+    np.testing.assert_allclose(got, mae_2d_sincos(dim, h, w), atol=1e-12)
+    with_cls = pe.sincos_2d(h, w, dim, cls_token=True)
+    assert with_cls.shape == (h * w + 1, dim) and not with_cls[0].any()
+
+
+def test_randomized_positions_are_a_sorted_seeded_subset():
+    p = pe.randomized_positions(10, 40, rng=3)
+    assert p.dtype == np.int64 and p.shape == (10,)
+    assert len(set(p.tolist())) == 10 and (np.diff(p) > 0).all() and p.min() >= 0 and p.max() < 40
+    np.testing.assert_array_equal(p, pe.randomized_positions(10, 40, rng=np.random.default_rng(3)))
+    rows = pe.randomized_positions(5, 9, rng=0, batch=3, xp=torch)
+    assert isinstance(rows, torch.Tensor) and rows.shape == (3, 5) and bool((rows.diff(dim=-1) > 0).all())
+    assert pe.randomized_positions(6, 6, rng=0).tolist() == list(range(6))
+
+
+# ---- bad input -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "name"),
+    [
+        (lambda: pe.kerple_bias(np.ones(2), np.ones(3), 2, 2), ValueError, "r1 and r2"),
+        (lambda: pe.kerple_bias(np.ones(2), np.ones(2), 2, 2, kind="linear"), ValueError, "kind"),
+        (lambda: pe.kerple_bias(np.ones(2, dtype=int), np.ones(2), 2, 2), TypeError, "r1"),
+        (lambda: pe.kerple_bias(np.ones(2), np.ones(2), -1, 2), ValueError, "q_len"),
+        (lambda: pe.sandwich_bias(2, 2, 5), ValueError, "dim"),
+        (lambda: pe.sandwich_bias(2, 2, 4, heads=0), ValueError, "heads"),
+        (lambda: pe.fire_bias(None, 2, 2), TypeError, "mlp"),
+        (lambda: pe.fire_bias(lambda x: x, 2, 2, c=-1.0), ValueError, "c"),
+        (lambda: pe.fire_bias(lambda x: x[:1], 2, 2), ValueError, "mlp"),
+        (lambda: pe.cope_positions(np.ones((2, 3)), np.ones((2, 4))), ValueError, "head dimension"),
+        (lambda: pe.cope_logits(np.ones((2, 3)), np.ones((2, 3)), np.ones((4, 2))), ValueError, "pos_emb"),
+        (lambda: pe.cope_positions(np.ones((2, 3)), np.ones((2, 3)), causal=1), TypeError, "causal"),
+        (lambda: pe.cope_positions(np.ones((2, 0)), np.ones((2, 0))), ValueError, "at least one feature"),
+        (lambda: pe.sandwich_bias(0, 0, 2**62), ValueError, "sandwich_bias frequencies"),
+        (lambda: pe.randomized_positions(2**40, 2**41, rng=0), ValueError, "randomized_positions"),
+        (lambda: pe.sincos_2d(2, 2, 6), ValueError, "dim"),
+        (lambda: pe.sincos_2d(0, 2, 8), ValueError, "grid_h"),
+        (lambda: pe.randomized_positions(5, 4, rng=0), ValueError, "max_length"),
+        (lambda: pe.randomized_positions(2, 4, rng="x"), TypeError, "rng"),
+    ],
+)
+def test_bad_input_is_refused(call, error, name):
+    with pytest.raises(error, match=name):
+        call()
+
+
+# ---- torch modules (the module protocol) -----------------------------------------------
+
+
+def _modules():
+    from posenc.torch import lengthgen as lg
+
+    return [
+        lg.FIRE(2, threshold=4.0),
+        lg.KERPLE(2),
+        lg.KERPLE(2, kind="power"),
+        lg.Sandwich(2, dim=16),
+        lg.CoPE(8, npos_max=6),
+        lg.RandomizedRoPE(8, max_length=40, seed=1),
+    ]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_modules_follow_the_protocol(index):
+    torch.manual_seed(0)
+    module = _modules()[index]
+    q, k, v = (torch.randn(2, 2, 5, 8, dtype=torch.float64) for _ in range(3))
+    module = module.double()
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    assert module.embed(x).shape == x.shape
+    full = module.attend(q, k, v, causal=True)
+    last = module.attend(q[..., -1:, :], k, v, causal=True)
+    torch.testing.assert_close(last[..., 0, :], full[..., -1, :])
+    assert module.logits(q, k).shape == (2, 2, 5, 5)
+    assert "(" in repr(module) and "=" in repr(module)
+    params = list(module.parameters())
+    if params:
+        full.sum().backward()
+        assert all(p.grad is not None for p in params)
+
+
+def test_module_biases_are_the_functions():
+    from posenc.torch import lengthgen as lg
+
+    kerple = lg.KERPLE(3)
+    q, k = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8)
+    want = q @ k.transpose(-1, -2) / math.sqrt(8) + pe.kerple_bias(kerple.r1.detach(), kerple.r2.detach(), 4, 4)
+    torch.testing.assert_close(kerple.logits(q, k), want)
+    sandwich = lg.Sandwich(3, dim=32)
+    want = q @ k.transpose(-1, -2) / math.sqrt(8) + torch.from_numpy(pe.sandwich_bias(4, 4, 32, heads=3))
+    torch.testing.assert_close(sandwich.logits(q, k), want)
+    cope = lg.CoPE(8, npos_max=5)
+    torch.testing.assert_close(cope.logits(q, k), pe.cope_logits(q, k, cope.pos_emb.detach()))
+
+
+def test_randomized_rope_uses_the_drawn_positions_in_every_layer():
+    from posenc.torch import lengthgen as lg
+
+    module = lg.RandomizedRoPE(8, max_length=50, seed=3)
+    x = torch.zeros(2, 6, 8)
+    module.embed(x)
+    drawn = module.positions
+    assert drawn.shape == (2, 6) and bool((drawn.diff(dim=-1) > 0).all()) and int(drawn.max()) < 50
+    q, k = torch.randn(2, 1, 6, 8), torch.randn(2, 1, 6, 8)
+    rotated_q, rotated_k = pe.rope(q, drawn[:, None, :]), pe.rope(k, drawn[:, None, :])
+    torch.testing.assert_close(module.logits(q, k), rotated_q @ rotated_k.transpose(-1, -2) / math.sqrt(8))
+    again = lg.RandomizedRoPE(8, max_length=50, seed=3)
+    again.embed(x)
+    assert torch.equal(again.positions, drawn)
+
+
+def test_modules_refuse_bad_options():
+    from posenc.torch import lengthgen as lg
+
+    with pytest.raises(ValueError, match="num_heads"):
+        lg.FIRE(0)
+    with pytest.raises(ValueError, match="kind"):
+        lg.KERPLE(2, kind="cubic")
+    with pytest.raises(ValueError, match="dim"):
+        lg.Sandwich(2, dim=7)
+    with pytest.raises(ValueError, match="npos_max"):
+        lg.CoPE(8, npos_max=0)
+    with pytest.raises(ValueError, match="max_length"):
+        lg.RandomizedRoPE(8, max_length=0)

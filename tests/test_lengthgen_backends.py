@@ -1,0 +1,60 @@
+"""The length-generalisation encodings on every backend (NumPy, array-api-strict, torch, JAX
+eager and jitted, Dask), against the NumPy references of tests/test_lengthgen.py."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import posenc as pe
+from arrays import assert_close
+from test_lengthgen import kerple_reference, mae_2d_sincos, sandwich_reference
+
+
+def test_kerple_bias_on_every_backend(backend):
+    r1 = backend.asarray(np.array([0.5, 2.0]), dtype="float32")
+    r2 = backend.asarray(np.array([0.3, 1.5]), dtype="float32")
+    out = backend.call(lambda a, b: pe.kerple_bias(a, b, 3, 5, kind="log"), r1, r2)
+    assert_close(out, kerple_reference([0.5, 2.0], [0.3, 1.5], 3, 5, 2, "log"), backend=backend, dtype="float32")
+
+
+def test_sandwich_bias_on_every_backend(backend):
+    out = backend.call(lambda: pe.sandwich_bias(3, 4, 8, heads=2, xp=backend.xp))
+    assert_close(out, sandwich_reference(3, 4, 8, 2, 1), backend=backend, dtype="float32")
+    vec = backend.call(lambda: pe.sandwich_vector(3, 4, 8, heads=2, xp=backend.xp))
+    assert_close(vec, sandwich_reference(1, 6, 8, 2, 3)[:, 0, ::-1], backend=backend, dtype="float32")
+
+
+def test_fire_bias_on_every_backend(backend):
+    def mlp(x):
+        return backend.xp.concat([x, 1 - x], axis=-1)
+
+    out = backend.call(lambda: pe.fire_bias(mlp, 2, 3, c=1.0, threshold=2.0, eps=0.0, xp=backend.xp))
+    rel = np.abs(np.arange(1, 3)[:, None] - np.arange(3)[None, :])
+    x = np.log(rel + 1) / np.log(np.maximum(np.arange(1, 3), 2) + 1)[:, None]
+    assert_close(out, np.stack([x, 1 - x]), backend=backend, dtype="float32")
+    d = backend.call(lambda: pe.fire_distances(2, 3, c=1.0, threshold=2.0, eps=0.0, xp=backend.xp))
+    assert_close(d, x, backend=backend, dtype="float32")
+
+
+def test_cope_on_every_backend(backend):
+    rng = np.random.default_rng(0)
+    qn, kn, en = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 4, 4)), rng.normal(size=(3, 4))
+    q, k, e = (backend.asarray(a, dtype="float32") for a in (qn, kn, en))
+    g = 1 / (1 + np.exp(-(qn @ kn.transpose(0, 2, 1)) / 2))
+    g = np.where(np.arange(4)[None, :] <= np.arange(1, 4)[:, None], g, 0.0)
+    p = np.flip(np.cumsum(np.flip(g, -1), -1), -1)
+    out = backend.call(lambda a, b: pe.cope_positions(a, b), q, k)
+    assert_close(out, p, backend=backend, dtype="float32")
+    z = qn @ en.T
+    clipped = np.minimum(p, 2.0)
+    low, w = np.floor(clipped).astype(int), clipped - np.floor(clipped)
+    term = np.take_along_axis(z, low, -1) * (1 - w) + np.take_along_axis(z, np.ceil(clipped).astype(int), -1) * w
+    logits = backend.call(lambda a, b, c: pe.cope_logits(a, b, c), q, k, e)
+    assert_close(logits, qn @ kn.transpose(0, 2, 1) / 2 + term, backend=backend, dtype="float32")
+
+
+def test_sincos_2d_and_randomized_positions_on_every_backend(backend):
+    out = backend.call(lambda: pe.sincos_2d(2, 3, 8, xp=backend.xp))
+    assert_close(out, mae_2d_sincos(8, 2, 3), backend=backend, dtype="float32")
+    positions = backend.call(lambda: pe.randomized_positions(4, 9, rng=5, xp=backend.xp))
+    np.testing.assert_array_equal(backend.to_numpy(positions), pe.randomized_positions(4, 9, rng=5))
