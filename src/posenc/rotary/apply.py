@@ -13,7 +13,7 @@ position ``rel = query - key`` of the library's sign convention).
 
 from __future__ import annotations
 
-from .. import _dispatch
+from .. import _dispatch, _plans
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, device_of, index_dtype, is_real_floating, namespace, result_dtype, shifted
 from . import _args
@@ -99,6 +99,7 @@ class TableArguments:
         return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
 
 
+@_plans.planned(_plans.ApplyRope)
 def apply_rope(x, cos, sin, *, layout="half", out=None):
     r"""Rotate the channels of ``x`` with precomputed ``cos`` and ``sin``.
 
@@ -160,6 +161,7 @@ def default_positions(xp, x, seq_axis, offset, device):
     return xp.reshape(pos, tuple(length if a == axis else 1 for a in range(batch_ndim)))
 
 
+@_plans.planned(_plans.Rope)
 def rope(
     x,
     positions=None,

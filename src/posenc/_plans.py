@@ -1,0 +1,130 @@
+"""Plans: a public function validated once per call signature, then launched straight.
+
+At the size of a decode step, validation, namespace resolution and kernel selection cost
+more than the work (docs/benchmarks.md, "A decode step"). ``@planned(Signature)`` puts a
+cache in front of a public function:
+
+* ``Signature.key(*args, **kwargs)``: a cheap hashable key of everything validation looks
+  at, without reading array values: each array's library, shape, strides, dtype, device and
+  gradient tracking, the options' types and values, the backend in force (``array_key``).
+  It returns None, or a tuple with a None part, for a call no plan serves (another
+  library, a traced value, an unhashable option ...); when it raises, the call takes the
+  full path too;
+* the first call with a key runs the public function itself (full validation, the kernel
+  registry); only when it returns normally is ``Signature.build(*args, **kwargs)`` asked
+  for a plan of that key (None: the key is remembered as served by the full path);
+* later calls with the key call ``plan(*args, **kwargs)``, which launches the same kernel
+  with the same arithmetic on the values the full path would have computed, or returns
+  ``NotImplemented`` for values the plan does not cover (an angle beyond the fast
+  reduction, an offset near the integer limits), which then take the full path.
+
+So a plan is only ever used for a call that the full path has accepted with the same key,
+and bad input always meets the full validation and its error. Keyword defaults come from
+the public function itself, so a plan sees what the function sees.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import numpy as np
+
+from . import _dispatch
+
+MAX_PLANS = 256  # per function; past it, new signatures take the full path
+
+
+def planned(signature):
+    def wrap(fn):
+        defaults = dict(fn.__kwdefaults__ or {})
+        plans = {}
+
+        @functools.wraps(fn)
+        def public(*args, **kwargs):
+            named = {**defaults, **kwargs}
+            try:
+                key = signature.key(*args, **named)
+            except Exception:  # any argument a key cannot describe: the full path judges it
+                key = None
+            if key is not None and None in key:  # a part no plan serves
+                key = None
+            if key is not None:
+                plan = plans.get(key)
+                if plan:
+                    result = plan(*args, **named)
+                    if result is not NotImplemented:
+                        return result
+            result = fn(*args, **kwargs)
+            if key is not None and key not in plans and len(plans) < MAX_PLANS:
+                plans[key] = signature.build(*args, **named) or False
+            return result
+
+        public.plans = plans
+        return public
+
+    return wrap
+
+
+def array_key(a):
+    """What validation and kernel selection read from array ``a``: None for a library no plan serves."""
+    kind = type(a)
+    if kind is np.ndarray:
+        flags = a.flags
+        return (kind, a.shape, a.strides, a.dtype, flags.writeable, flags.aligned)
+    torch = sys.modules.get("torch")
+    if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided and a.device.type == "cpu":
+        return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_conj(), a.is_neg())
+    return None
+
+
+def context_key():
+    """The state outside the arguments that a call's path depends on: backend, grad mode, tracing."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return (_dispatch.get_backend(),)
+    if torch.compiler.is_compiling():
+        return None
+    return (_dispatch.get_backend(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+
+
+def scalar_key(value):
+    """``(type, value)`` of an int, float, str, bool or None option (an exact type: subclasses differ)."""
+    kind = type(value)
+    if kind in (int, float, str, bool) or value is None:
+        return (kind, value)
+    raise TypeError("no key")
+
+
+# ---------------------------------------------------------------- signatures of the planned functions
+
+
+class Rope:
+    """``rope``: default positions, no scaling; the offset's value is the plan's argument."""
+
+    @staticmethod
+    def key(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out):
+        if positions is not None or scaling is not None or seq_len is not None or out is not None or type(offset) is not int:
+            return None
+        options = (type(base), base, type(layout), layout, type(rotary_dim), rotary_dim, type(seq_axis), seq_axis, type(inverse), inverse)
+        return ("rope", array_key(x), context_key(), options)
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from ._kernels.rope_plan import build_rotate
+
+        return build_rotate(*args, **kwargs)
+
+
+class ApplyRope:
+    @staticmethod
+    def key(x, cos, sin, *, layout, out):
+        if out is not None:
+            return None
+        return ("apply_rope", array_key(x), array_key(cos), array_key(sin), context_key(), type(layout), layout)
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from ._kernels.rope_plan import build_apply
+
+        return build_apply(*args, **kwargs)
