@@ -80,7 +80,7 @@ def _numpy_t5(table, query, keys, num_buckets=32, max_distance=128):
     buckets = (rel > 0).astype(np.int64) * half
     n = np.abs(rel)
     max_exact = half // 2
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore"):
         large = max_exact + (np.log(n.astype(np.float32) / max_exact) / math.log(max_distance / max_exact) * (half - max_exact)).astype(np.int64)
     large = np.minimum(large, half - 1)
     buckets = buckets + np.where(n < max_exact, n, large)

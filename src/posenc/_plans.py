@@ -128,3 +128,51 @@ class ApplyRope:
         from ._kernels.rope_plan import build_apply
 
         return build_apply(*args, **kwargs)
+
+
+def _bias_key(name, kind, params, q_len, k_len, offset, options):
+    if type(q_len) is not int or q_len != 1 or type(k_len) is not int or (offset is not None and type(offset) is not int):
+        return None
+    return (name, kind, array_key(params), context_key(), type(offset), tuple((n, type(v), v) for n, v in sorted(options.items())))
+
+
+class RelativeBias:
+    """``relative_bias`` (``t5_bias``, ``alibi_bias``) of one query row; ``k_len`` and ``offset`` are the plan's arguments."""
+
+    @staticmethod
+    def key(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
+        if out is not None or chunks is not None or query_positions is not None or key_positions is not None:
+            return None
+        return _bias_key("relative_bias", kind, params, q_len, k_len, offset, options)
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from .relative._decode import build_bias
+
+        return build_bias(*args, **kwargs)
+
+
+class RelativeBiasVector:
+    @staticmethod
+    def key(kind, params, q_len, k_len, *, offset, **options):
+        return _bias_key("relative_bias_vector", kind, params, q_len, k_len, offset, options)
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from .relative._decode import build_vector
+
+        return build_vector(*args, **kwargs)
+
+
+class ExpandBias:
+    @staticmethod
+    def key(vec, q_len, k_len, *, out, chunks):
+        if out is not None or chunks is not None or type(q_len) is not int or q_len != 1 or type(k_len) is not int:
+            return None
+        return ("expand_bias", array_key(vec), context_key(), q_len, k_len)
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from .relative._decode import build_expand
+
+        return build_expand(*args, **kwargs)
