@@ -73,8 +73,8 @@ def array_key(a):
         flags = a.flags
         return (kind, a.shape, a.strides, a.dtype, flags.writeable, flags.aligned)
     torch = sys.modules.get("torch")
-    if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided and a.device.type == "cpu":
-        return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_conj(), a.is_neg())
+    if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.is_cpu and a.layout is torch.strided:
+        return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)
     return None
 
 
