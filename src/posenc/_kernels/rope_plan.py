@@ -20,7 +20,8 @@ from .. import _dispatch
 from . import _arrays, _layout, rope_cpu
 from .rope_cpu import FAST_ANGLE_LIMIT
 
-_TORCH_STORAGE = {"bfloat16": np.int16}  # NumPy holds torch's bfloat16 as int16 bits (``_arrays.empty``)
+# How NumPy holds a torch result's elements (``_arrays.empty``): bfloat16 as int16 bits.
+_TORCH_STORAGE = {"bfloat16": np.int16, "float16": np.float16}
 _EXACT = 2**52  # offsets whose float64 positions are exact integers
 
 
