@@ -196,4 +196,7 @@ def run(quick: bool = False, gpu: bool = False, progress=lambda s: print(s, file
     for length in [512] if quick else [512, 2048, 4096]:
         rows += t5_rows(16, length, repeat, progress)
     rows += alibi_rows(16, 512 if quick else 2048, repeat, progress)
-    return f"{legend()}\n\n{table(rows)}"
+    from . import _bench_decode
+
+    decode = _bench_decode.run(rounds=3 if quick else 7, progress=progress)
+    return f"{legend()}\n\n{table(rows)}\n\nA decode step, interleaved with the code it replaces (us per call, best round of 200 calls):\n\n{decode}"
