@@ -146,6 +146,22 @@ HOSTILE = {
     "apply_rope odd width": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS[..., :3], SIN[..., :3])),
     "apply_rope integer cos": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS.astype(np.int64), SIN)),
     "apply_rope layout": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS, SIN, layout=None)),
+    "rope_cos_sin non-finite inv_freq": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, np.nan])),
+    ),
+    "rope_cos_sin non-finite positions": (
+        lambda: pe.rope_cos_sin(np.array([3.0]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([np.inf]), np.array([1.0, 0.5])),
+    ),
+    "rope_cos_sin 2-d inv_freq": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([[1.0, 0.5]])),
+    ),
+    "rope_cos_sin integer dtype": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.int32),
+    ),
     "t5_bias negative k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, -1, offset=7)),
     "t5_bias float k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8.0, offset=7)),
     "t5_bias string offset": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset="7")),

@@ -176,3 +176,20 @@ class ExpandBias:
         from .relative._decode import build_expand
 
         return build_expand(*args, **kwargs)
+
+
+class RopeCosSin:
+    """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on every call."""
+
+    @staticmethod
+    def key(positions, inv_freq, *, layout, dtype, scale):
+        freqs = array_key(inv_freq)
+        if freqs is None or (type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray):
+            return None
+        return ("rope_cos_sin", array_key(positions), freqs, context_key(), type(layout), layout, type(dtype), dtype, type(scale), scale)
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from .rotary._tables_plan import build_tables
+
+        return build_tables(*args, **kwargs)

@@ -28,6 +28,7 @@ def duplicate(xp, half_table, layout):
     return xp.reshape(stacked, (*half_table.shape[:-1], 2 * half_table.shape[-1]))
 
 
+@_plans.planned(_plans.RopeCosSin)
 def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     r"""``cos`` and ``sin`` of the rotary angles :math:`m\,\theta_i`, duplicated for every pair.
 
