@@ -76,6 +76,12 @@ def test_hugging_face_drop_in_decode_rows_equal_the_long_call(dtype):
     q, k = _x("torch", dtype), _x("torch", dtype, (1, 2, LENGTH, DIM), seed=1)
     cos, sin = rotary(q, torch.arange(LENGTH)[None])
     full_q, full_k = apply_rotary_pos_emb(q, k, cos, sin)
+    # The module's position-keyed rows are the ones computed afresh, also past the rows it first kept.
+    inv_freq, scale = pe.rope_frequencies(DIM, base=config.rope_parameters["rope_theta"])
+    for ids in (torch.arange(LENGTH)[None], torch.tensor([[3, 70, 200]]), torch.tensor([[5]])):
+        fresh = pe.rope_cos_sin(ids, inv_freq, dtype=dtype, scale=scale)
+        for got, want in zip(rotary(q, ids), fresh):
+            _same(got, want)
     for t in STEPS:
         c, s = _twice(lambda: rotary(q, torch.tensor([[t]]))[0]), _twice(lambda: rotary(q, torch.tensor([[t]]))[1])
         _same(c, cos[:, t : t + 1])
