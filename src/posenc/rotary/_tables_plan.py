@@ -3,12 +3,16 @@
 The full path validates, reads the frequencies as float64 host numbers and computes
 ``cos``/``sin`` of ``float64(positions)[..., None] * freqs`` with the namespace's own
 operations, scales, doubles the columns in the layout's order and rounds once to the
-result dtype. A planned call does those same operations in the same order with the
-library's own functions (no namespace wrapper, no validation), reading the frequencies'
-values afresh each call: non-finite ones send the call to the full path and its error.
+result dtype. A planned call does those operations with the library's own functions (no
+namespace wrapper, no validation), doubling the angles rather than the tables (each
+column's value is the same function of the same float64 angle), and reads the
+frequencies' values afresh each call: non-finite ones send the call to the full path and
+its error.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -41,18 +45,17 @@ class TablesPlan:
 
     def __call__(self, positions, inv_freq, **_):
         freqs = self._freqs(inv_freq)
-        if not np.isfinite(freqs).all():
+        if not math.isfinite(freqs.sum()):  # a sum that overflows only sends a finite call the long way
             return NotImplemented
         if self.torch:
             torch = self.lib
-            angle = positions.to(torch.float64)[..., None] * torch.from_numpy(freqs)
+            angle = self._doubled(positions.to(torch.float64)[..., None] * torch.from_numpy(freqs))
             c, s = torch.cos(angle), torch.sin(angle)
         else:
-            angle = positions.astype(np.float64)[..., None] * freqs
+            angle = self._doubled(positions.astype(np.float64)[..., None] * freqs)
             c, s = np.cos(angle), np.sin(angle)
         if self.scale != 1.0:
             c, s = c * self.scale, s * self.scale
-        c, s = self._doubled(c), self._doubled(s)
         if c.dtype != self.dtype:
             c, s = (c.to(self.dtype), s.to(self.dtype)) if self.torch else (c.astype(self.dtype), s.astype(self.dtype))
         return c, s
