@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from .._xp import device_of, index_dtype, namespace
 
-_LONGEST = 2**24  # keys; a longer row takes the full path (its allocation check)
+_LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and its allocation check
 _EXACT = 2**52
 
 
@@ -24,6 +24,7 @@ class Row:
         self.xp = xp = namespace(params)
         self.device = device_of(params)
         self.vector = _KINDS[kind][1]
+        self.heads = int(params.shape[-1]) if params.ndim else 1
         self.options = _KINDS[kind][0](xp, params, **options)
         self.keys = xp.arange(0, dtype=index_dtype(xp, self.device), device=self.device)
         self.buckets = _t5_lookup(xp, self.keys.dtype, self.device, self.options) if kind == "t5" else None
@@ -68,7 +69,7 @@ def _offset(offset, q_len, k_len):
 class BiasPlan(Row):
     def __call__(self, kind, params, q_len, k_len, *, offset, **_):
         offset = _offset(offset, q_len, k_len)
-        if offset is None or not 0 < k_len <= _LONGEST:
+        if offset is None or not 0 < k_len <= _LARGEST // self.heads:
             return NotImplemented
         vec = self.values(params, k_len, offset, descending=True)
         return self.xp.reshape(vec, (int(vec.shape[0]), 1, k_len))
@@ -77,7 +78,7 @@ class BiasPlan(Row):
 class VectorPlan(Row):
     def __call__(self, kind, params, q_len, k_len, *, offset, **_):
         offset = _offset(offset, q_len, k_len)
-        if offset is None or not 0 < k_len <= _LONGEST:
+        if offset is None or not 0 < k_len <= _LARGEST // self.heads:
             return NotImplemented
         return self.values(params, k_len, offset - (k_len - 1), descending=False)
 
