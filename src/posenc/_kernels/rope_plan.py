@@ -101,20 +101,16 @@ def _host_kernel(impl, name):
 
 
 class RotatePlan:
-    """``rope(x, offset=n)`` with default positions: ``offset + index`` along ``seq_axis``."""
+    """``rope(x, offset=n)`` with default positions: the positions of ``offset=0``, plus ``n``."""
 
-    def __init__(self, x, xv, layout, rdim, seq_axis, inv_freq, sign, scale):
-        axis = seq_axis % x.ndim
-        length = int(x.shape[axis])
-        # The positions' element strides once broadcast against x.shape[:-1]: 1 along seq_axis.
-        steps = tuple(1 if (a == axis and length > 1) else 0 for a in range(x.ndim - 1))
-        positions = np.lib.stride_tricks.as_strided(np.zeros(1), xv.shape[:-1], tuple(8 * s for s in steps))
-        self.launch = _Launch("rotate", layout, x, xv, [positions])
+    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale):
+        # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
+        pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
+        self.launch = _Launch("rotate", layout, x, xv, [pv])
         self.launch.half = len(inv_freq)
-        g, _, s = self.launch.grouping.strides(2)[-3:]
-        plan = self.launch.grouping
-        self.grid = (np.arange(plan.g.size)[:, None] * g + np.arange(plan.s.size)[None, :] * s).astype(np.float64)
-        self.last = length - 1
+        _, (view,) = _layout.rotary_views(xv, np.empty(xv.shape, xv.dtype), [pv])
+        self.grid = np.ascontiguousarray(view)  # [G, S]: no outer axes in a plan
+        self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
         self.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
         self.max_freq = float(np.abs(self.inv_freq).max())
         self.angles = (self.inv_freq, sign, float(scale))
@@ -124,34 +120,41 @@ class RotatePlan:
         if not -_EXACT < offset < _EXACT:
             return NotImplemented
         # rope_cpu.rotate_positions leaves larger angles to the reference: so does the plan.
-        if not float(max(abs(offset), abs(offset + self.last))) * self.max_freq <= FAST_ANGLE_LIMIT:
+        if not max(abs(self.low + offset), abs(self.high + offset)) * self.max_freq <= FAST_ANGLE_LIMIT:
             return NotImplemented
         return self.launch.run(x, (self.grid + float(offset), *self.angles, *self.tables))
 
 
+def _default_positions(xp, x, seq_axis, device):
+    """The positions ``rope`` gives the kernel for no ``positions`` and ``offset=0``."""
+    from ..rotary import _args, apply
+
+    if hasattr(_args, "positions"):  # where rotary._args resolves seq_axis (named layouts)
+        return _args.positions(xp, x, None, seq_axis, 0, device)
+    return apply.default_positions(xp, x, seq_axis, 0, device)
+
+
 def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out, **_):
     """The plan of a validated ``rope`` call, or None where the full path must serve it."""
-    from ..rotary.apply import default_positions
     from ..rotary.scaling import frequency_table
     from .._xp import device_of, namespace
 
     if positions is not None or scaling is not None or seq_len is not None or out is not None or type(offset) is not int:
         return None
-    if not isinstance(seq_axis, int) or x.ndim < 2 or 0 in tuple(x.shape):
+    if x.ndim < 2 or 0 in tuple(x.shape):
         return None
     rdim = int(x.shape[-1]) if rotary_dim is None else int(rotary_dim)
     inv_freq, scale = frequency_table(None, rdim, float(base), None)
     if inverse:
         scale = 1.0 / scale
-    xp = namespace(x)
-    sample = default_positions(xp, x, seq_axis, 0, device_of(x))
+    sample = _default_positions(namespace(x), x, seq_axis, device_of(x))
     impl = _dispatch.select("rope_rotate", x, sample, inv_freq, layout=layout, inverse=inverse, scale=scale, out=None)
     if not _host_kernel(impl, "rotate_positions"):
         return None
     xv = _arrays.host_view(x)
     if not rope_cpu._unit_channels(xv):
         return None
-    plan = RotatePlan(x, xv, layout, rdim, seq_axis, inv_freq, -1.0 if inverse else 1.0, scale)
+    plan = RotatePlan(x, xv, layout, sample, inv_freq, -1.0 if inverse else 1.0, scale)
     return plan if plan.launch.viewable() else None
 
 
