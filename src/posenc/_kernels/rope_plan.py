@@ -5,8 +5,9 @@ the registry, ``rope_cpu``'s launcher) and, where that path ends in ``rope_cpu``
 ``build_rotate`` / ``build_apply`` precompute here what the key fixes: the compiled
 specialisation, the ``(G, H, S)`` grouping and every offset and stride, the block and
 task split. A planned call then only views ``x``, allocates the result and launches the
-same kernel on the same values (positions as float64 ``offset + index``, the launcher's
-conversion; ``cos``/``sin`` rows read in place), so its numbers are the full path's.
+same kernel on the same values (positions: the float64 positions of ``offset=0``, as the
+launcher converts them, plus the offset, exact below 2**52; ``cos``/``sin`` rows read in
+place), so its numbers are the full path's.
 Plans cover a single ``(G, H, S)`` group (no outer loop) and a unit-stride channel axis.
 """
 
@@ -28,7 +29,7 @@ _EXACT = 2**52  # offsets whose float64 positions are exact integers
 class _Launch:
     """The kernel launch of one signature: ``x``'s host view in, a new array of ``x``'s kind out."""
 
-    def __init__(self, op, layout, x, xv, per_position):
+    def __init__(self, op, layout, x, xv, per_position, half):
         dtype = _arrays.dtype_name(x.dtype)
         self.torch = _arrays.library(x) == "torch"
         self.shape, self.dtype = tuple(xv.shape), x.dtype
@@ -47,7 +48,7 @@ class _Launch:
         self.tasks = plan.g.size * -(-plan.s.size // self.block)
         self.workers = min(workers, self.tasks)
         self.kernel = rope_cpu.FAMILY[op, dtype, layout]
-        self.half = int(per_position[0].shape[-1]) if op == "apply" else 0  # set by RotatePlan for "rotate"
+        self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
 
     def scratch(self):
@@ -106,8 +107,7 @@ class RotatePlan:
     def __init__(self, x, xv, layout, sample, inv_freq, sign, scale):
         # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
         pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
-        self.launch = _Launch("rotate", layout, x, xv, [pv])
-        self.launch.half = len(inv_freq)
+        self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq))
         _, (view,) = _layout.rotary_views(xv, np.empty(xv.shape, xv.dtype), [pv])
         self.grid = np.ascontiguousarray(view)  # [G, S]: no outer axes in a plan
         self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
@@ -166,7 +166,7 @@ class ApplyPlan:
         target = xv.shape[:-1] + (rotary,)
         pairs = slice(None, rotary // 2) if layout == "half" else slice(0, None, 2)
         views = [np.broadcast_to(_arrays.host_view(t), target)[..., pairs] for t in (cos, sin)]
-        self.launch = _Launch("apply", layout, x, xv, views)
+        self.launch = _Launch("apply", layout, x, xv, views, rotary // 2)
         lead = xv.ndim - 1
         self.tables = []
         for k, (table, view) in enumerate(zip((cos, sin), views), start=2):
