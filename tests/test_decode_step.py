@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from posenc import _plans
 
 torch = pytest.importorskip("torch")
 # NumPy's bfloat16 (ml_dtypes) is not covered: np.isdtype refuses it in validation today.
@@ -206,3 +207,26 @@ def test_hostile_input_gets_the_same_error_cold_and_planned(name):
     assert first[0] in (ValueError, TypeError) or name == "rope huge offset", first
     assert _error(hostile) == first
     good()  # the plan still serves the good call
+
+
+def test_a_plan_made_without_grad_does_not_serve_a_call_autograd_records():
+    x = torch.randn(1, HEADS, 1, DIM, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        planned = _twice(lambda: pe.rope(x, offset=3))
+    assert not planned.requires_grad
+    y = pe.rope(x, offset=3)
+    assert y.requires_grad and y.grad_fn is not None
+    torch.testing.assert_close(y.detach(), planned, rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert grad.shape == x.shape
+
+
+def test_the_reference_backend_is_not_served_by_a_kernel_plan():
+    x = np.random.default_rng(3).standard_normal((1, HEADS, 1, DIM))
+    kernel = _twice(lambda: pe.rope(x, offset=3))
+    with pe.use_backend("reference"):
+        reference = _twice(lambda: pe.rope(x, offset=3))
+    np.testing.assert_allclose(reference, kernel, rtol=1e-12, atol=1e-12)
+    # The backend is part of the key: the reference's signature has no plan, the kernel's one has.
+    served = {key[2][0]: plan for key, plan in pe.rope.plans.items() if key[1] == _plans.array_key(x)}
+    assert served["reference"] is False and served["auto"]
