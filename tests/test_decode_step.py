@@ -230,3 +230,21 @@ def test_the_reference_backend_is_not_served_by_a_kernel_plan():
     # The backend is part of the key: the reference's signature has no plan, the kernel's one has.
     served = {key[2][0]: plan for key, plan in pe.rope.plans.items() if key[1] == _plans.array_key(x)}
     assert served["reference"] is False and served["auto"]
+
+
+def test_planned_apply_rope_reads_cos_and_sin_as_they_are_now():
+    """q and k share their cos/sin views; a table written in place, or a new one, is read afresh."""
+    q, k = _x("torch", torch.float32), _x("torch", torch.float32, (1, 2, LENGTH, DIM), seed=1)
+    cos, sin = pe.rope_cos_sin(torch.arange(LENGTH), pe.rope_frequencies(DIM)[0])
+    expected = {}
+    for step in range(3):
+        with pe.use_backend("reference"):
+            expected = pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
+        for _ in range(2):
+            got = pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+        if step == 0:
+            cos.mul_(0.5)  # in place: same memory, new values
+        else:
+            cos, sin = cos.flip(0).contiguous(), sin.flip(0).contiguous()  # new tables

@@ -174,6 +174,7 @@ class ApplyPlan:
             steps = (st[-3], st[-1], _arrays.element_strides(view)[lead])
             _, first = _arrays.flat_span(_arrays.host_view(table))
             self.tables.append((first, steps))
+        self.tables = tuple(self.tables)
         plan = self.launch.grouping
         self.table_shape = (plan.g.size, plan.s.size, rotary // 2)
         self.half = rotary // 2
@@ -183,10 +184,25 @@ class ApplyPlan:
         size = flat.dtype.itemsize
         return np.ndarray(self.table_shape, flat.dtype, flat, first * size, tuple(st * size for st in steps))
 
-    def __call__(self, x, cos, sin, **_):
+    def _cos_sin(self, cos, sin):
         (cf, cs), (sf, ss) = self.tables
-        tables = (self._view(cos, cf, cs), self._view(sin, sf, ss))
-        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *tables))
+        if not self.launch.torch:
+            return self._view(cos, cf, cs), self._view(sin, sf, ss)
+        # q and k of one layer share their cos and sin: the views of the last pair serve the
+        # next call that reads the same memory the same way (they hold that memory alive).
+        key = (cos.data_ptr(), sin.data_ptr(), cos.dtype, self.table_shape, *self.tables)
+        recent = _RECENT[0]
+        if recent is not None and recent[0] == key:
+            return recent[1]
+        views = self._view(cos, cf, cs), self._view(sin, sf, ss)
+        _RECENT[0] = (key, views)
+        return views
+
+    def __call__(self, x, cos, sin, **_):
+        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)))
+
+
+_RECENT = [None]  # (what the views read, (cos view, sin view)) of the last torch apply_rope
 
 
 def build_apply(x, cos, sin, *, layout, out, **_):
