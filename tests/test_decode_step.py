@@ -236,7 +236,6 @@ def test_planned_apply_rope_reads_cos_and_sin_as_they_are_now():
     """q and k share their cos/sin views; a table written in place, or a new one, is read afresh."""
     q, k = _x("torch", torch.float32), _x("torch", torch.float32, (1, 2, LENGTH, DIM), seed=1)
     cos, sin = pe.rope_cos_sin(torch.arange(LENGTH), pe.rope_frequencies(DIM)[0])
-    expected = {}
     for step in range(3):
         with pe.use_backend("reference"):
             expected = pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
