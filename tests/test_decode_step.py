@@ -169,6 +169,7 @@ HOSTILE = {
         lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
         lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.int32),
     ),
+    "rope unhashable base": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, base=[10000.0])),
     "t5_bias negative k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, -1, offset=7)),
     "t5_bias float k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8.0, offset=7)),
     "t5_bias string offset": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset="7")),
@@ -247,3 +248,10 @@ def test_planned_apply_rope_reads_cos_and_sin_as_they_are_now():
             cos.mul_(0.5)  # in place: same memory, new values
         else:
             cos, sin = cos.flip(0).contiguous(), sin.flip(0).contiguous()  # new tables
+
+
+def test_signed_zero_options_share_a_key_but_keep_their_sign():
+    pos, freqs = np.array([1, 2]), np.array([1.0, 0.5])
+    for scale in (0.0, -0.0, 0.0, -0.0):
+        cos, _ = pe.rope_cos_sin(pos, freqs, scale=scale)
+        assert np.all(np.signbit(cos[:, 0]) == np.signbit(np.cos(pos * 1.0) * scale))

@@ -45,9 +45,10 @@ def planned(signature):
             named = {**defaults, **kwargs}
             try:
                 key = signature.key(*args, **named)
-            except Exception:  # any argument a key cannot describe: the full path judges it
-                key = None
-            if key is not None and None in key:  # a part no plan serves
+                if key is not None and None in key:  # a part no plan serves
+                    key = None
+                hash(key)
+            except Exception:  # any argument a key cannot describe (unhashable ...): the full path judges it
                 key = None
             if key is not None:
                 plan = plans.get(key)
@@ -86,14 +87,6 @@ def context_key():
     if torch.compiler.is_compiling():
         return None
     return (_dispatch.get_backend(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-
-
-def scalar_key(value):
-    """``(type, value)`` of an int, float, str, bool or None option (an exact type: subclasses differ)."""
-    kind = type(value)
-    if kind in (int, float, str, bool) or value is None:
-        return (kind, value)
-    raise TypeError("no key")
 
 
 # ---------------------------------------------------------------- signatures of the planned functions

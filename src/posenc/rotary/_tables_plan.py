@@ -18,7 +18,7 @@ import numpy as np
 
 
 class TablesPlan:
-    def __init__(self, positions, inv_freq, layout, dtype, scale):
+    def __init__(self, positions, layout, dtype):
         self.torch = not isinstance(positions, np.ndarray)
         if self.torch:
             import torch
@@ -29,7 +29,6 @@ class TablesPlan:
             self.lib = None
             self.dtype = np.dtype(np.float32 if dtype is None else dtype)
         self.half = layout == "half"
-        self.scale = float(scale)
 
     def _freqs(self, inv_freq):
         if isinstance(inv_freq, np.ndarray):
@@ -43,7 +42,7 @@ class TablesPlan:
             return torch.cat([t, t], dim=-1) if self.half else torch.stack([t, t], dim=-1).reshape(*t.shape[:-1], 2 * n)
         return np.concatenate([t, t], axis=-1) if self.half else np.stack([t, t], axis=-1).reshape(*t.shape[:-1], 2 * n)
 
-    def __call__(self, positions, inv_freq, **_):
+    def __call__(self, positions, inv_freq, *, scale, **_):
         freqs = self._freqs(inv_freq)
         if not math.isfinite(freqs.sum()):  # a sum that overflows only sends a finite call the long way
             return NotImplemented
@@ -54,8 +53,9 @@ class TablesPlan:
         else:
             angle = self._doubled(positions.astype(np.float64)[..., None] * freqs)
             c, s = np.cos(angle), np.sin(angle)
-        if self.scale != 1.0:
-            c, s = c * self.scale, s * self.scale
+        scale = float(scale)  # the call's own: 0.0 and -0.0 share a key
+        if scale != 1.0:
+            c, s = c * scale, s * scale
         if c.dtype != self.dtype:
             c, s = (c.to(self.dtype), s.to(self.dtype)) if self.torch else (c.astype(self.dtype), s.astype(self.dtype))
         return c, s
@@ -71,4 +71,4 @@ def build_tables(positions, inv_freq, *, layout, dtype, scale):
         return None
     if inv_freq.ndim != 1:
         return None
-    return TablesPlan(positions, inv_freq, layout, dtype, scale)
+    return TablesPlan(positions, layout, dtype)
