@@ -107,6 +107,6 @@ class Generate:
 
     def track_patched_over_unpatched(self, found, dtype, call):
         ours, theirs = found[dtype][call]
-        return ours / theirs
+        return ours[0] / theirs[0]
 
     track_patched_over_unpatched.unit = "x unpatched time"
