@@ -204,13 +204,14 @@ def test_rope_on_a_torch_tensor_enters_few_files_and_never_climbs_out_of_kernels
     torch = pytest.importorskip("torch")
     x = torch.randn(2, 4, 16, 8)
     pe.rope(x)  # compiled or loaded before tracing
+    package = str(Path(pe.__file__).resolve().parent) + os.sep  # not the checkout's name: a clone into posenc/ has .venv/.../site-packages below it
     entered = []
 
     def trace(frame, event, arg):
         if event == "call":
-            path = frame.f_code.co_filename
-            if "/posenc/" in path:
-                entered.append(path.split("/posenc/", 1)[1])
+            path = str(Path(frame.f_code.co_filename).resolve())
+            if path.startswith(package):
+                entered.append(path[len(package) :].replace(os.sep, "/"))
 
     sys.setprofile(trace)
     try:

@@ -10,14 +10,13 @@ from __future__ import annotations
 import importlib.util
 import sys
 import textwrap
-import time
-from dataclasses import dataclass
 
 import numpy as np
 
 import posenc as pe
 
 from . import _oracles
+from ._bench_measure import Case, _measure, best
 
 
 COLUMNS = {
@@ -43,49 +42,6 @@ def legend() -> str:
         textwrap.fill(text, 96, initial_indent=f"{name:<{width}}  ", subsequent_indent=" " * (width + 2))
         for name, text in COLUMNS.items()
     )
-
-
-@dataclass
-class Case:
-    """One implementation of an operation: ``nbytes`` moved, and whether ``vs plain`` applies."""
-
-    impl: str
-    fn: object
-    nbytes: int
-    dtype: str = "float32"
-    comparable: bool = True
-    bandwidth_row: bool = False
-
-
-@dataclass
-class Row:
-    op: str
-    impl: str
-    dtype: str
-    seconds: float
-    nbytes: int
-    copy_rate: float | None = None
-    plain_seconds: float | None = None
-
-    def cells(self):
-        rate = self.nbytes / self.seconds
-        frac = f"{rate / self.copy_rate:.2f}" if self.copy_rate else ""
-        speed = f"{self.plain_seconds / self.seconds:.1f}x" if self.plain_seconds else ""
-        return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", f"{rate / 1e9:.1f}", frac, speed]
-
-
-def best(fn, repeat, sync=lambda: None):
-    """The best of ``repeat`` timed calls of ``fn`` after one warm-up call; ``sync`` waits
-    for the device (GPU work is asynchronous)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - t0)
-    return min(times)
 
 
 def rope_rows(shape, repeat, progress):
@@ -160,20 +116,6 @@ def _reference(fn):
         return fn()
 
 
-def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None):
-    """Time every case; the first, a plain formula, is the baseline of ``vs plain``."""
-    assert "plain formula" in cases[0].impl
-    rows = []
-    for case in cases:
-        progress(f"  {op}: {case.impl} ...")
-        rows.append(Row(op, case.impl, case.dtype, best(case.fn, repeat, sync), case.nbytes))
-    plain = rows[0].seconds
-    for case, row in zip(cases, rows):
-        row.copy_rate = None if case.bandwidth_row else copy_rate
-        row.plain_seconds = plain if case.comparable and row is not rows[0] else None
-    return rows
-
-
 def table(rows) -> str:
     header = list(COLUMNS)
     body = [r.cells() for r in rows]
@@ -196,4 +138,7 @@ def run(quick: bool = False, gpu: bool = False, progress=lambda s: print(s, file
     for length in [512] if quick else [512, 2048, 4096]:
         rows += t5_rows(16, length, repeat, progress)
     rows += alibi_rows(16, 512 if quick else 2048, repeat, progress)
-    return f"{legend()}\n\n{table(rows)}"
+    from . import _bench_decode
+
+    decode = _bench_decode.run(rounds=3 if quick else 7, progress=progress)
+    return f"{legend()}\n\n{table(rows)}\n\nA decode step, interleaved with the code it replaces (us per call, best round of 200 calls):\n\n{decode}"

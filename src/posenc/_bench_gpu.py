@@ -15,7 +15,7 @@ import numpy as np
 import posenc as pe
 
 from . import _oracles
-from ._bench import Case, _measure, best
+from ._bench_measure import Case, _measure, best
 from ._kernels import _arrays
 
 

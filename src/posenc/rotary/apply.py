@@ -13,7 +13,7 @@ position ``rel = query - key`` of the library's sign convention).
 
 from __future__ import annotations
 
-from .. import _dispatch
+from .. import _dispatch, _plans
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
 from . import _args, _rows
@@ -28,6 +28,7 @@ def duplicate(xp, half_table, layout):
     return xp.reshape(stacked, (*half_table.shape[:-1], 2 * half_table.shape[-1]))
 
 
+@_plans.planned(_plans.RopeCosSin)
 def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     r"""``cos`` and ``sin`` of the rotary angles :math:`m\,\theta_i`, duplicated for every pair.
 
@@ -99,6 +100,7 @@ class TableArguments:
         return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
 
 
+@_plans.planned(_plans.ApplyRope)
 def apply_rope(x, cos, sin, *, layout="half", out=None):
     r"""Rotate the channels of ``x`` with precomputed ``cos`` and ``sin``.
 
@@ -151,6 +153,7 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
+@_plans.planned(_plans.Rope)
 def rope(
     x,
     positions=None,

@@ -36,10 +36,16 @@ class HFRotaryEmbedding(nn.Module):
     Frequencies and the scaling come from :func:`posenc.scaling.from_hf` (every
     ``rope_type``); the angles are float64 (:func:`posenc.rope_cos_sin`), rounded once to
     ``x``'s dtype. Length-dependent scalings (``"dynamic"``, ``"longrope"``) are decided
-    on every call from ``max(position_ids) + 1``; the module keeps no state between calls
+    on every call from ``max(position_ids) + 1``; they keep no state between calls
     (transformers' ``dynamic`` keeps the longest length seen until a short call resets it;
     the two agree whenever lengths grow, as in ``generate``). Parameters nested per layer
     type (Gemma 3) are read for ``layer_type``, given here or per call.
+
+    Other scalings keep, per dtype, the rows of positions ``0 .. n - 1`` that
+    :func:`posenc.rope_cos_sin` computed (``n`` doubles as larger positions come), and a
+    call on CPU position ids looks its rows up: every value is the one computing afresh
+    gives, since each row depends on its position only (``tests/test_decode_step.py``).
+    Traced calls (``torch.compile``) and GPU position ids compute afresh.
 
     ``device`` is accepted for the transformers signature; the tables are computed on the
     device of ``position_ids``.
@@ -55,6 +61,7 @@ class HFRotaryEmbedding(nn.Module):
         first = next(iter(self._rope.values()))
         self.rotary_dim = first.rotary_dim
         self.attention_scaling = pe.rope_frequencies(first.rotary_dim, base=first.base, scaling=first.scaling)[1]
+        self._cache = {}
 
     def _for(self, layer_type):
         if None in self._rope:
@@ -66,11 +73,38 @@ class HFRotaryEmbedding(nn.Module):
     @torch.no_grad()
     def forward(self, x, position_ids, layer_type=None):
         rope = self._for(layer_type)
+        if rope.scaling is None or not rope.scaling.uses_seq_len:
+            rows = self._rows(rope, x.dtype, position_ids)
+            if rows is not None:
+                return rows
         seq_len = None
         if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
             seq_len = position_ids.max() + 1  # decided per call; a traced value under torch.compile
         inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
         return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
+
+
+    def _rows(self, rope, dtype, position_ids):
+        """``(cos, sin)`` rows of the position-keyed cache, or None where it does not serve."""
+        if torch.compiler.is_compiling() or position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
+            return None
+        if not position_ids.numel():
+            return None
+        low, high = (int(v) for v in torch.aminmax(position_ids))
+        if low < 0 or high >= _MOST_CACHED_ROWS:
+            return None
+        key = (id(rope), dtype)
+        cos, sin = self._cache.get(key, (None, None))
+        if cos is None or high >= cos.shape[0]:
+            count = max(high + 1, 2 * (0 if cos is None else cos.shape[0]), 64)
+            inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
+            cos, sin = pe.rope_cos_sin(torch.arange(count), inv_freq, dtype=dtype, scale=scale)
+            self._cache[key] = (cos, sin)
+        return cos[position_ids], sin[position_ids]
+
+
+# Positions beyond this compute their rows afresh (a cache of 2**16 rows of 128 float32 is 64 MiB for cos and sin).
+_MOST_CACHED_ROWS = 1 << 16
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):

@@ -1,0 +1,186 @@
+"""A decode step's calls beside the framework's own code, timed interleaved in one process.
+
+Each case is one public call at the sizes of a decode step (one new token after a cache
+of 511: LLaMA-like heads ``[1, 32, 1, 128]`` and ``[1, 8, 1, 128]``, 16 bias heads over
+512 keys) and the code it replaces, fed the same inputs. Rounds alternate between the
+two so that a busy machine slows both alike: the figure of each is its best round's mean
+per call. ``posenc bench --decode`` prints them; ``asv_benchmarks/benchmarks/decode.py``
+times the same cases.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import posenc as pe
+
+from . import _oracles
+
+PAST = 511  # cached tokens: the new token is at position 511, the keys are 0 .. 511
+HEADS, KV_HEADS, HEAD_DIM, BIAS_HEADS = 32, 8, 128, 16
+
+
+@dataclass
+class Case:
+    name: str
+    posenc: object
+    framework: object
+    limit: float = 1.5  # the largest ratio posenc / framework the issue allows
+
+
+def _rotate_half(xp, x):
+    half = x.shape[-1] // 2
+    return xp.concatenate([-x[..., half:], x[..., :half]], axis=-1) if xp is np else xp.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def numpy_cases(dtype=np.float32):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, HEADS, 1, HEAD_DIM)).astype(dtype)
+    inv_freq = 1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    pos = np.array([PAST])
+
+    def tables():
+        angles = pos[:, None] * inv_freq[None, :]
+        emb = np.concatenate([angles, angles], axis=-1)
+        return np.cos(emb).astype(dtype), np.sin(emb).astype(dtype)
+
+    cos, sin = tables()
+
+    def rope_formula():
+        c, s = tables()
+        return x * c + _rotate_half(np, x) * s
+
+    slopes = pe.alibi_slopes(BIAS_HEADS)
+    table = rng.standard_normal((32, BIAS_HEADS)).astype(dtype)
+    keys = np.arange(PAST + 1)
+    return [
+        Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
+        Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
+        Case("rope_cos_sin numpy [1] x 64", lambda: pe.rope_cos_sin(pos, inv_freq, dtype=dtype), tables),
+        Case("t5_bias numpy 16 heads, 1 x 512", lambda: pe.t5_bias(table, 1, PAST + 1, offset=PAST), lambda: _numpy_t5(table, PAST, keys), 1.0),
+        Case(
+            "relative_bias t5 numpy 16 heads, 1 x 512",
+            lambda: pe.relative_bias("t5", table, 1, PAST + 1, offset=PAST),
+            lambda: _numpy_t5(table, PAST, keys),
+            1.0,
+        ),
+        Case("alibi_bias numpy 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :]),
+    ]
+
+
+def _numpy_t5(table, query, keys, num_buckets=32, max_distance=128):
+    """T5's ``compute_bias`` (bidirectional) written in NumPy: bucket ``key - query``, look up, ``[heads, 1, k]``."""
+    rel = keys[None, :] - query
+    half = num_buckets // 2
+    buckets = (rel > 0).astype(np.int64) * half
+    n = np.abs(rel)
+    max_exact = half // 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        large = max_exact + (np.log(n.astype(np.float32) / max_exact) / math.log(max_distance / max_exact) * (half - max_exact)).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    buckets = buckets + np.where(n < max_exact, n, large)
+    return np.transpose(table[buckets], (2, 0, 1))
+
+
+def torch_cases(torch, dtype=None):
+    from transformers import LlamaConfig, T5Config
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    from .torch import ALiBi, T5RelativeBias
+    from .torch.hf import HFRotaryEmbedding, apply_rotary_pos_emb
+
+    dtype = dtype or torch.float32
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, HEADS, 1, HEAD_DIM, generator=gen).to(dtype)
+    k = torch.randn(1, KV_HEADS, 1, HEAD_DIM, generator=gen).to(dtype)
+    config = LlamaConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS)
+    llama_rotary, posenc_rotary = LlamaRotaryEmbedding(config), HFRotaryEmbedding(config)
+    position_ids = torch.tensor([[PAST]])
+    cos, sin = llama_rotary(q, position_ids)
+    inv_freq = llama_rotary.inv_freq
+
+    def rope_formula():
+        c, s = llama_rotary(q, position_ids)
+        return q * c[:, None] + _oracles.rotate_half(q) * s[:, None]
+
+    t5 = T5Attention(T5Config(num_heads=BIAS_HEADS, d_model=512, d_kv=32), has_relative_attention_bias=True)
+    t5_module = T5RelativeBias.from_hf(t5)
+    table = t5.relative_attention_bias.weight.detach()
+    alibi = ALiBi(BIAS_HEADS)
+    slopes = alibi.slopes
+    keys = torch.arange(PAST + 1)
+    alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].to(slopes.dtype)  # noqa: E731
+    t5_formula = lambda: t5.compute_bias(1, PAST + 1, past_seen_tokens=PAST)  # noqa: E731
+    with torch.no_grad():
+        return [
+            Case("HF apply_rotary_pos_emb q [1,32,1,128] + k [1,8,1,128]", lambda: apply_rotary_pos_emb(q, k, cos, sin), lambda: hf_apply(q, k, cos, sin)),
+            Case("HFRotaryEmbedding one position", lambda: posenc_rotary(q, position_ids), lambda: llama_rotary(q, position_ids)),
+            Case("rope torch [1,32,1,128]", lambda: pe.rope(q, offset=PAST), rope_formula),
+            Case("apply_rope torch [1,32,1,128]", lambda: pe.apply_rope(q, cos[:, None], sin[:, None]), lambda: _oracles.rope_rotate_half(q, cos[:, None], sin[:, None])),
+            Case("rope_cos_sin torch [1,1] x 64", lambda: pe.rope_cos_sin(position_ids, inv_freq, dtype=dtype), lambda: llama_rotary(q, position_ids)),
+            Case("T5RelativeBias 16 heads, 1 x 512", lambda: t5_module(1, PAST + 1, offset=PAST), t5_formula, 1.0),
+            Case("t5_bias torch 16 heads, 1 x 512", lambda: pe.t5_bias(table, 1, PAST + 1, offset=PAST), t5_formula, 1.0),
+            Case("relative_bias t5 torch 16 heads, 1 x 512", lambda: pe.relative_bias("t5", table, 1, PAST + 1, offset=PAST), t5_formula, 1.0),
+            Case("ALiBi 16 heads, 1 x 512", lambda: alibi(1, PAST + 1, offset=PAST), alibi_formula),
+            Case("alibi_bias torch 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), alibi_formula),
+        ]
+
+
+def interleaved(case, rounds=7, calls=200, no_grad=None):
+    """``(posenc seconds, framework seconds)`` per call: the best of ``rounds`` alternating rounds of ``calls`` calls."""
+    best = [math.inf, math.inf]
+    fns = (case.posenc, case.framework)
+    for fn in fns:
+        fn()  # warm-up: compilation and plans are never timed
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[i] = min(best[i], (time.perf_counter() - t0) / calls)
+    return tuple(best)
+
+
+def cases():
+    found = numpy_cases()
+    if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None:
+        import torch
+
+        found += torch_cases(torch)
+    return found
+
+
+def run(rounds=7, calls=200, progress=lambda s: None):
+    """The decode-step table as text: posenc and framework microseconds per call, their ratio, the limit."""
+    lines = [f"{'call (decode-step sizes)':<56} {'posenc':>9} {'framework':>10} {'ratio':>6} {'limit':>6}"]
+    torch = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        threads = torch.get_num_threads()
+        torch.set_num_threads(min(2, threads))
+    try:
+        grad = torch.no_grad() if torch is not None else None
+        if grad is not None:
+            grad.__enter__()
+        for case in cases():
+            progress(f"  {case.name} ...")
+            ours, theirs = interleaved(case, rounds, calls)
+            lines.append(f"{case.name:<56} {ours * 1e6:7.1f}us {theirs * 1e6:8.1f}us {ours / theirs:6.2f} {case.limit:6.1f}")
+        if grad is not None:
+            grad.__exit__(None, None, None)
+    finally:
+        if torch is not None:
+            torch.set_num_threads(threads)
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(run(progress=lambda s: print(s, flush=True)))

@@ -1,0 +1,216 @@
+"""Plans of the rotary CPU kernels: ``rope`` and ``apply_rope`` launched without the front of a call.
+
+``posenc._plans`` keys a call; the first call with a key takes the full path (validation,
+the registry, ``rope_cpu``'s launcher) and, where that path ends in ``rope_cpu``'s kernel,
+``build_rotate`` / ``build_apply`` precompute here what the key fixes: the compiled
+specialisation, the ``(G, H, S)`` grouping and every offset and stride, the block and
+task split. A planned call then only views ``x``, allocates the result and launches the
+same kernel on the same values (positions: the float64 positions of ``offset=0``, as the
+launcher converts them, plus the offset, exact below 2**52; ``cos``/``sin`` rows read in
+place), so its numbers are the full path's.
+Plans cover a single ``(G, H, S)`` group (no outer loop) and a unit-stride channel axis.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .. import _dispatch
+from . import _arrays, _layout, rope_cpu
+from .rope_cpu import FAST_ANGLE_LIMIT
+
+# How NumPy holds a torch result's elements (``_arrays.empty``): bfloat16 as int16 bits.
+_TORCH_STORAGE = {"bfloat16": np.int16, "float16": np.float16}
+_EXACT = 2**52  # offsets whose float64 positions are exact integers
+
+
+class _Launch:
+    """The kernel launch of one signature: ``x``'s host view in, a new array of ``x``'s kind out."""
+
+    def __init__(self, op, layout, x, xv, per_position, half):
+        dtype = _arrays.dtype_name(x.dtype)
+        self.torch = _arrays.library(x) == "torch"
+        self.shape, self.dtype = tuple(xv.shape), x.dtype
+        self.storage = _TORCH_STORAGE.get(dtype, _arrays.ELEMENT[dtype]) if self.torch else x.dtype
+        self.element = _arrays.ELEMENT[dtype]
+        ov = np.empty(xv.shape, xv.dtype)  # the layout of every result: C order
+        self.grouping, _ = _layout.rotary_views(xv, ov, per_position)
+        plan = self.grouping
+        _, x_offset = _arrays.flat_span(xv)
+        self.xs = (x_offset, *plan.strides(0))
+        self.os = (0, *plan.strides(1))
+        self.heads, self.dim = plan.h.size, xv.shape[-1]
+        workers = min(_layout.threads(), max(1, xv.size // rope_cpu._ELEMENTS_PER_THREAD))
+        rows = plan.g.size * plan.s.size
+        self.block = max(1, min(rope_cpu._BLOCK, rows // (4 * workers)))
+        self.tasks = plan.g.size * -(-plan.s.size // self.block)
+        self.workers = min(workers, self.tasks)
+        self.kernel = rope_cpu.FAMILY[op, dtype, layout]
+        self.half = half  # pairs rotated per row: the width of the scratch tables
+        self._scratch, self._busy = None, threading.Lock()
+
+    def scratch(self):
+        return [
+            (np.empty((self.block, self.half)), np.empty((self.block, self.half)), np.empty((4, self.block, self.half), np.float32))
+            for _ in range(self.workers)
+        ]
+
+    def viewable(self):
+        return not self.grouping.outer and 0 not in self.grouping.shape() and self.dim > 0
+
+    def host(self, x):
+        if self.torch:
+            return _arrays.host_view(x)
+        return x.view(np.uint16) if x.dtype == np.float16 else x
+
+    def result(self):
+        """``(result, its flat NumPy view)``: as ``_arrays.empty`` allocates it."""
+        held = np.empty(self.shape, self.storage)
+        if self.torch:
+            import torch
+
+            result = torch.from_numpy(held)
+            if self.dtype == torch.bfloat16:
+                result = result.view(torch.bfloat16)
+            return result, held.view(self.element).reshape(-1)
+        return held, held.view(self.element).reshape(-1)
+
+    def run(self, x, arguments):
+        """The kernel over every task; one worker runs on the calling thread, in the plan's own
+        scratch unless another thread holds it (then in fresh buffers)."""
+        x_flat, _ = _arrays.flat_span(self.host(x))
+        result, o_flat = self.result()
+        arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, True, *arguments)
+        if self.workers > 1:
+            _layout.run_tasks(self.kernel, arguments, self.tasks, self.scratch())
+        elif self._busy.acquire(blocking=False):
+            try:
+                if self._scratch is None:
+                    self._scratch = self.scratch()[0]
+                self.kernel(*arguments, *self._scratch, 0, self.tasks)
+            finally:
+                self._busy.release()
+        else:
+            self.kernel(*arguments, *self.scratch()[0], 0, self.tasks)
+        return result
+
+
+def _host_kernel(impl, name):
+    return impl is getattr(rope_cpu, name)
+
+
+class RotatePlan:
+    """``rope(x, offset=n)`` with default positions: the positions of ``offset=0``, plus ``n``."""
+
+    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale):
+        # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
+        pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
+        self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq))
+        _, (view,) = _layout.rotary_views(xv, np.empty(xv.shape, xv.dtype), [pv])
+        self.grid = np.ascontiguousarray(view)  # [G, S]: no outer axes in a plan
+        self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
+        self.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
+        self.max_freq = float(np.abs(self.inv_freq).max())
+        self.angles = (self.inv_freq, sign, float(scale))
+        self.tables = (rope_cpu._NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2
+
+    def __call__(self, x, positions=None, *, offset, **_):
+        if not -_EXACT < offset < _EXACT:
+            return NotImplemented
+        # rope_cpu.rotate_positions leaves larger angles to the reference: so does the plan.
+        if not max(abs(self.low + offset), abs(self.high + offset)) * self.max_freq <= FAST_ANGLE_LIMIT:
+            return NotImplemented
+        return self.launch.run(x, (self.grid + float(offset), *self.angles, *self.tables))
+
+
+def _default_positions(xp, x, seq_axis, device):
+    """The positions ``rope`` gives the kernel for no ``positions`` and ``offset=0``."""
+    from ..rotary import _args
+
+    return _args.positions(xp, x, None, seq_axis, 0, device)
+
+
+def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out, **_):
+    """The plan of a validated ``rope`` call, or None where the full path must serve it."""
+    from ..rotary.scaling import frequency_table
+    from .._xp import device_of, namespace
+
+    if positions is not None or scaling is not None or seq_len is not None or out is not None or type(offset) is not int:
+        return None
+    if x.ndim < 2 or 0 in tuple(x.shape):
+        return None
+    rdim = int(x.shape[-1]) if rotary_dim is None else int(rotary_dim)
+    inv_freq, scale = frequency_table(None, rdim, float(base), None)
+    if inverse:
+        scale = 1.0 / scale
+    sample = _default_positions(namespace(x), x, seq_axis, device_of(x))
+    impl = _dispatch.select("rope_rotate", x, sample, inv_freq, layout=layout, inverse=inverse, scale=scale, out=None)
+    if not _host_kernel(impl, "rotate_positions"):
+        return None
+    xv = _arrays.host_view(x)
+    if not rope_cpu._unit_channels(xv):
+        return None
+    plan = RotatePlan(x, xv, layout, sample, inv_freq, -1.0 if inverse else 1.0, scale)
+    return plan if plan.launch.viewable() else None
+
+
+class ApplyPlan:
+    """``apply_rope(x, cos, sin)``: the kernel reads the first entry of each pair of ``cos``/``sin`` in place."""
+
+    def __init__(self, x, xv, cos, sin, layout):
+        rotary = int(cos.shape[-1])
+        target = xv.shape[:-1] + (rotary,)
+        pairs = slice(None, rotary // 2) if layout == "half" else slice(0, None, 2)
+        views = [np.broadcast_to(_arrays.host_view(t), target)[..., pairs] for t in (cos, sin)]
+        self.launch = _Launch("apply", layout, x, xv, views, rotary // 2)
+        lead = xv.ndim - 1
+        self.tables = []
+        for k, (table, view) in enumerate(zip((cos, sin), views), start=2):
+            st = self.launch.grouping.strides(k)
+            steps = (st[-3], st[-1], _arrays.element_strides(view)[lead])
+            _, first = _arrays.flat_span(_arrays.host_view(table))
+            self.tables.append((first, steps))
+        self.tables = tuple(self.tables)
+        plan = self.launch.grouping
+        self.table_shape = (plan.g.size, plan.s.size, rotary // 2)
+        self.half = rotary // 2
+
+    def _view(self, table, first, steps):
+        flat, _ = _arrays.flat_span(_arrays.host_view(table))
+        size = flat.dtype.itemsize
+        return np.ndarray(self.table_shape, flat.dtype, flat, first * size, tuple(st * size for st in steps))
+
+    def _cos_sin(self, cos, sin):
+        (cf, cs), (sf, ss) = self.tables
+        if not self.launch.torch:
+            return self._view(cos, cf, cs), self._view(sin, sf, ss)
+        # q and k of one layer share their cos and sin: the views of the last pair serve the
+        # next call that reads the same memory the same way (they hold that memory alive).
+        key = (cos.data_ptr(), sin.data_ptr(), cos.dtype, self.table_shape, *self.tables)
+        recent = _RECENT[0]
+        if recent is not None and recent[0] == key:
+            return recent[1]
+        views = self._view(cos, cf, cs), self._view(sin, sf, ss)
+        _RECENT[0] = (key, views)
+        return views
+
+    def __call__(self, x, cos, sin, **_):
+        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)))
+
+
+_RECENT = [None]  # (what the views read, (cos view, sin view)) of the last torch apply_rope
+
+
+def build_apply(x, cos, sin, *, layout, out, **_):
+    if out is not None or 0 in tuple(x.shape) or 0 in tuple(cos.shape):
+        return None
+    impl = _dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None)
+    if not _host_kernel(impl, "rotate_cos_sin"):
+        return None
+    xv = _arrays.host_view(x)
+    if not rope_cpu._unit_channels(xv):
+        return None
+    plan = ApplyPlan(x, xv, cos, sin, layout)
+    return plan if plan.launch.viewable() else None

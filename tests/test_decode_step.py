@@ -1,0 +1,257 @@
+"""A decode step gives the numbers of one long call, and bad input the same error, planned or not.
+
+``posenc._plans`` serves repeated call signatures from a plan built after the first
+(validated) call. Every decode-step row here is computed twice (the first call of its
+signature takes the full path, the second the plan) and compared with the same row of one
+long call, bit for bit, in every float dtype (API.md, Conventions: results do not depend
+on the size of a call). Hostile input is given after a plan of the same function exists,
+twice, and must raise the same error both times.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from posenc import _plans
+
+torch = pytest.importorskip("torch")
+# NumPy's bfloat16 (ml_dtypes) is not covered: np.isdtype refuses it in validation today.
+NUMPY_DTYPES = [np.float16, np.float32, np.float64]
+TORCH_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+LENGTH, HEADS, DIM = 9, 4, 16
+STEPS = (0, 1, 5, LENGTH - 1)
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    else:
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b)
+
+
+def _twice(fn):
+    """The full path's result and the plan's, which must be equal."""
+    first, second = fn(), fn()
+    _same(first, second)
+    return second
+
+
+def _x(library, dtype, shape=(1, HEADS, LENGTH, DIM), seed=0):
+    x = np.random.default_rng(seed).standard_normal(shape)
+    return torch.from_numpy(x).to(dtype) if library == "torch" else x.astype(dtype)
+
+
+CASES = [("numpy", d) for d in NUMPY_DTYPES] + [("torch", d) for d in TORCH_DTYPES]
+
+
+@pytest.mark.parametrize("library, dtype", CASES, ids=str)
+def test_rope_decode_rows_equal_the_long_call(library, dtype):
+    x = _x(library, dtype)
+    for layout in ("half", "interleaved"):
+        full = pe.rope(x, layout=layout)
+        for t in STEPS:
+            _same(_twice(lambda: pe.rope(x[:, :, t : t + 1], offset=t, layout=layout)), full[:, :, t : t + 1])
+
+
+@pytest.mark.parametrize("library, dtype", CASES, ids=str)
+def test_apply_rope_decode_rows_equal_the_long_call(library, dtype):
+    x = _x(library, dtype)
+    xp_positions = torch.arange(LENGTH) if library == "torch" else np.arange(LENGTH)
+    cos, sin = pe.rope_cos_sin(xp_positions, pe.rope_frequencies(DIM)[0], dtype=dtype)
+    full = pe.apply_rope(x, cos, sin)
+    for t in STEPS:
+        _same(_twice(lambda: pe.apply_rope(x[:, :, t : t + 1], cos[t : t + 1], sin[t : t + 1])), full[:, :, t : t + 1])
+        _same(_twice(lambda: pe.rope_cos_sin(xp_positions[t : t + 1], pe.rope_frequencies(DIM)[0], dtype=dtype)[0]), cos[t : t + 1])
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+def test_hugging_face_drop_in_decode_rows_equal_the_long_call(dtype):
+    from transformers import LlamaConfig
+
+    from posenc.torch.hf import HFRotaryEmbedding, apply_rotary_pos_emb
+
+    config = LlamaConfig(hidden_size=HEADS * DIM, num_attention_heads=HEADS, num_key_value_heads=2)
+    rotary = HFRotaryEmbedding(config)
+    q, k = _x("torch", dtype), _x("torch", dtype, (1, 2, LENGTH, DIM), seed=1)
+    cos, sin = rotary(q, torch.arange(LENGTH)[None])
+    full_q, full_k = apply_rotary_pos_emb(q, k, cos, sin)
+    # The module's position-keyed rows are the ones computed afresh, also past the rows it first kept.
+    inv_freq, scale = pe.rope_frequencies(DIM, base=config.rope_parameters["rope_theta"])
+    for ids in (torch.arange(LENGTH)[None], torch.tensor([[3, 70, 200]]), torch.tensor([[5]])):
+        fresh = pe.rope_cos_sin(ids, inv_freq, dtype=dtype, scale=scale)
+        for got, want in zip(rotary(q, ids), fresh):
+            _same(got, want)
+    for t in STEPS:
+        c, s = _twice(lambda: rotary(q, torch.tensor([[t]]))[0]), _twice(lambda: rotary(q, torch.tensor([[t]]))[1])
+        _same(c, cos[:, t : t + 1])
+        _same(s, sin[:, t : t + 1])
+        _same(_twice(lambda: apply_rotary_pos_emb(q[:, :, t : t + 1], k[:, :, t : t + 1], c, s)[0]), full_q[:, :, t : t + 1])
+        _same(_twice(lambda: apply_rotary_pos_emb(q[:, :, t : t + 1], k[:, :, t : t + 1], c, s)[1]), full_k[:, :, t : t + 1])
+
+
+def _tables(library, dtype):
+    rng = np.random.default_rng(2)
+    table, slopes = rng.standard_normal((32, HEADS)), pe.alibi_slopes(HEADS, dtype=np.float64)
+    if library == "torch":
+        return torch.from_numpy(table).to(dtype), torch.from_numpy(slopes).to(dtype)
+    return table.astype(dtype), slopes.astype(dtype)
+
+
+BIASES = {
+    "t5_bias": lambda table, slopes, q, k, offset: pe.t5_bias(table, q, k, offset=offset),
+    "t5_bias decoder": lambda table, slopes, q, k, offset: pe.t5_bias(table, q, k, offset=offset, bidirectional=False, max_distance=20),
+    "relative_bias t5": lambda table, slopes, q, k, offset: pe.relative_bias("t5", table, q, k, offset=offset),
+    "alibi_bias": lambda table, slopes, q, k, offset: pe.alibi_bias(slopes, q, k, offset=offset),
+    "alibi_bias symmetric": lambda table, slopes, q, k, offset: pe.alibi_bias(slopes, q, k, offset=offset, symmetric=True),
+    "vector + expand": lambda table, slopes, q, k, offset: pe.expand_bias(pe.relative_bias_vector("t5", table, q, k, offset=offset), q, k),
+}
+
+
+@pytest.mark.parametrize("name", BIASES)
+@pytest.mark.parametrize("library, dtype", CASES, ids=str)
+def test_bias_decode_rows_equal_the_long_call(library, dtype, name):
+    table, slopes = _tables(library, dtype)
+    bias = BIASES[name]
+    full = bias(table, slopes, LENGTH, LENGTH, 0)
+    for t in STEPS:
+        _same(_twice(lambda: bias(table, slopes, 1, t + 1, t)), full[:, t : t + 1, : t + 1])
+        # the same row with keys running on past the query (an encoder's bidirectional row)
+        _same(_twice(lambda: bias(table, slopes, 1, LENGTH, t)), full[:, t : t + 1])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_bias_modules_decode_rows_equal_the_long_call(dtype):
+    from posenc.torch import ALiBi, T5RelativeBias
+
+    for module in (T5RelativeBias(HEADS).to(dtype), ALiBi(HEADS).to(dtype)):
+        with torch.no_grad():
+            full = module(LENGTH, LENGTH)
+            for t in STEPS:
+                _same(_twice(lambda: module(1, t + 1, offset=t)), full[:, t : t + 1, : t + 1])
+
+
+# ---------------------------------------------------------------- bad input, cold and planned
+
+X = np.zeros((1, HEADS, 1, DIM), np.float32)
+COS, SIN = pe.rope_cos_sin(np.array([3]), pe.rope_frequencies(DIM)[0], dtype=np.float32)
+TABLE, SLOPES = np.zeros((32, HEADS), np.float32), pe.alibi_slopes(HEADS)
+
+# name: (a good call that plans the signature, the hostile call)
+HOSTILE = {
+    "rope integer x": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X.astype(np.int32), offset=3)),
+    "rope float offset": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3.5)),
+    "rope bool offset": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=True)),
+    "rope odd rotary_dim": (lambda: pe.rope(X, offset=3, rotary_dim=4), lambda: pe.rope(X, offset=3, rotary_dim=5)),
+    "rope layout": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, layout="diagonal")),
+    "rope feature seq_axis": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, seq_axis=-1)),
+    "rope negative base": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, base=-1.0)),
+    "rope unknown keyword": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, offest=2)),
+    "rope huge offset": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=2**70)),
+    "apply_rope cos/sin shapes": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS, SIN[..., :8])),
+    "apply_rope odd width": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS[..., :3], SIN[..., :3])),
+    "apply_rope integer cos": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS.astype(np.int64), SIN)),
+    "apply_rope layout": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS, SIN, layout=None)),
+    "rope_cos_sin non-finite inv_freq": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, np.nan])),
+    ),
+    "rope_cos_sin non-finite positions": (
+        lambda: pe.rope_cos_sin(np.array([3.0]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([np.inf]), np.array([1.0, 0.5])),
+    ),
+    "rope_cos_sin 2-d inv_freq": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([[1.0, 0.5]])),
+    ),
+    "rope_cos_sin integer dtype": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.int32),
+    ),
+    "rope unhashable base": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, base=[10000.0])),
+    "t5_bias negative k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, -1, offset=7)),
+    "t5_bias float k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8.0, offset=7)),
+    "t5_bias string offset": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset="7")),
+    "t5_bias 1-d table": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE[:, 0], 1, 8, offset=7)),
+    "t5_bias max_distance": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=7, max_distance=0)),
+    "t5_bias too large": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 2**50, offset=7)),
+    "alibi_bias 2-d slopes": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES[None], 1, 8, offset=7)),
+    "alibi_bias symmetric": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7, symmetric=1)),
+    "relative_bias kind": (lambda: pe.relative_bias("t5", TABLE, 1, 8, offset=7), lambda: pe.relative_bias("t6", TABLE, 1, 8, offset=7)),
+    "relative_bias option": (lambda: pe.relative_bias("t5", TABLE, 1, 8, offset=7), lambda: pe.relative_bias("t5", TABLE, 1, 8, offset=7, maxdistance=3)),
+    "relative_bias_vector k_len": (
+        lambda: pe.relative_bias_vector("alibi", SLOPES, 1, 8, offset=7),
+        lambda: pe.relative_bias_vector("alibi", SLOPES, 1, -3, offset=7),
+    ),
+    "expand_bias vector length": (
+        lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 8),
+        lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 9),
+    ),
+    "expand_bias 0-d vector": (lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 8), lambda: pe.expand_bias(np.zeros(()), 1, 8)),
+}
+
+
+def _error(call):
+    with pytest.raises((ValueError, TypeError, OverflowError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_input_gets_the_same_error_cold_and_planned(name):
+    good, hostile = HOSTILE[name]
+    good()
+    good()  # the signature is planned
+    first = _error(hostile)
+    # An offset beyond int64 still overflows in the full path (not the plan's to fix): same error both times.
+    assert first[0] in (ValueError, TypeError) or name == "rope huge offset", first
+    assert _error(hostile) == first
+    good()  # the plan still serves the good call
+
+
+def test_a_plan_made_without_grad_does_not_serve_a_call_autograd_records():
+    x = torch.randn(1, HEADS, 1, DIM, dtype=torch.float64, requires_grad=True)
+    with torch.no_grad():
+        planned = _twice(lambda: pe.rope(x, offset=3))
+    assert not planned.requires_grad
+    y = pe.rope(x, offset=3)
+    assert y.requires_grad and y.grad_fn is not None
+    torch.testing.assert_close(y.detach(), planned, rtol=0, atol=0)
+    (grad,) = torch.autograd.grad(y.sum(), x)
+    assert grad.shape == x.shape
+
+
+def test_the_reference_backend_is_not_served_by_a_kernel_plan():
+    x = np.random.default_rng(3).standard_normal((1, HEADS, 1, DIM))
+    kernel = _twice(lambda: pe.rope(x, offset=3))
+    with pe.use_backend("reference"):
+        reference = _twice(lambda: pe.rope(x, offset=3))
+    np.testing.assert_allclose(reference, kernel, rtol=1e-12, atol=1e-12)
+    # The backend is part of the key: the reference's signature has no plan, the kernel's one has.
+    served = {key[2][0]: plan for key, plan in pe.rope.plans.items() if key[1] == _plans.array_key(x)}
+    assert served["reference"] is False and served["auto"]
+
+
+def test_planned_apply_rope_reads_cos_and_sin_as_they_are_now():
+    """q and k share their cos/sin views; a table written in place, or a new one, is read afresh."""
+    q, k = _x("torch", torch.float32), _x("torch", torch.float32, (1, 2, LENGTH, DIM), seed=1)
+    cos, sin = pe.rope_cos_sin(torch.arange(LENGTH), pe.rope_frequencies(DIM)[0])
+    for step in range(3):
+        with pe.use_backend("reference"):
+            expected = pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
+        for _ in range(2):
+            got = pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
+            for g, e in zip(got, expected):
+                torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+        if step == 0:
+            cos.mul_(0.5)  # in place: same memory, new values
+        else:
+            cos, sin = cos.flip(0).contiguous(), sin.flip(0).contiguous()  # new tables
+
+
+def test_signed_zero_options_share_a_key_but_keep_their_sign():
+    pos, freqs = np.array([1, 2]), np.array([1.0, 0.5])
+    for scale in (0.0, -0.0, 0.0, -0.0):
+        cos, _ = pe.rope_cos_sin(pos, freqs, scale=scale)
+        assert np.all(np.signbit(cos[:, 0]) == np.signbit(np.cos(pos * 1.0) * scale))
