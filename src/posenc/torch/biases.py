@@ -35,10 +35,8 @@ class _DistanceBias(PositionalModule):
         return pe.relative_bias_vector(self.kind, self.params(), q_len, k_len, offset=offset, **self.bias_options())
 
     def forward(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
-        if query_positions is not None or key_positions is not None:
-            return pe.relative_bias(self.kind, self.params(), q_len, k_len, offset=offset, query_positions=query_positions,
-                                    key_positions=key_positions, **self.bias_options())
-        return pe.expand_bias(self.vector(q_len, k_len, offset), q_len, k_len)
+        return pe.relative_bias(self.kind, self.params(), q_len, k_len, offset=offset, query_positions=query_positions,
+                                key_positions=key_positions, **self.bias_options())
 
     def scores(self, q, k, offset, **positions):
         bias = self(q.shape[-2], k.shape[-2], offset=offset, **positions)

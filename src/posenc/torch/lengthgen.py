@@ -144,4 +144,4 @@ class RandomizedRoPE(PositionalModule):
             queries = keys[..., offset : offset + q_len]
         else:
             keys, queries = torch.arange(k_len, device=k.device), offset + torch.arange(q_len, device=q.device)
-        return dot_scores(pe.rope(q, queries, base=self.base), pe.rope(k, keys, base=self.base))
+        return dot_scores(pe.rope(q, queries, base=self.base, seq_axis=-2), pe.rope(k, keys, base=self.base, seq_axis=-2))
