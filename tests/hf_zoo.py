@@ -1,0 +1,226 @@
+"""Every transformers causal-LM architecture, built tiny from its own config class, against its patched copy.
+
+``model_types()`` lists the model types of transformers' causal-LM auto mapping;
+``build(model_type)`` shrinks the default config (2 layers, hidden 64, 4 heads, 2 KV heads,
+head dim 16, vocab 96, 4 experts, ...) and builds a random float32 model in eval mode, or
+raises :class:`Unbuildable` saying why not (a config that refuses the sizes, a model that
+needs inputs other than token ids, a forward or ``generate()`` that fails unpatched).
+``check(model_type)`` patches a copy with ``posenc.torch.patch_hf`` and returns a
+:class:`Row`: what was patched, the largest logit difference on a left-padded batch, whether
+greedy ``generate()`` (KV cache) gives the same tokens, or why ``patch_hf`` refused.
+
+``python tests/hf_zoo.py [--markdown FILE] [TYPE ...]`` runs every architecture (or the
+ones named) and prints the table, or writes it between the markers of ``FILE``
+(docs/transformers.md).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import re
+import sys
+import warnings
+
+import torch
+
+VOCAB = 96
+PROMPT, NEW = 10, 14
+LENGTH = PROMPT + NEW
+
+# Config fields shrunk when the default config has them.
+SIZES = dict(
+    vocab_size=VOCAB, hidden_size=64, d_model=64, n_embd=64, intermediate_size=96, ffn_hidden_size=96, n_inner=96,
+    num_hidden_layers=2, n_layer=2, num_layers=2, num_attention_heads=4, n_head=4, num_heads=4,
+    num_key_value_heads=2, n_head_kv=2, num_kv_heads=2, multi_query_group_num=2, head_dim=16,
+    max_position_embeddings=64, n_positions=64, max_seq_len=64, seq_length=64,
+    num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2, moe_k=2,
+    top_k=2, n_shared_experts=1, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    expert_ffn_hidden_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
+    kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+    rotary_dim=8, sliding_window=8, attention_chunk_size=8, initializer_range=0.25, use_cache=True,
+)
+# Fields that must not be set (a tied embedding of another size, special ids beyond the vocab).
+UNSET = dict(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=0)
+
+
+class Unbuildable(Exception):
+    """The architecture cannot be built tiny and run unpatched; the message says why."""
+
+
+@dataclasses.dataclass
+class Row:
+    model_type: str
+    patched: str = ""  # what patch_hf replaced (its report), empty when refused
+    diff: float = float("nan")  # max |logit difference| over real tokens
+    scale: float = float("nan")  # max |logit|
+    tokens_equal: bool | None = None
+    refused: str = ""  # patch_hf's error, or why it cannot be built tiny
+    buildable: bool = True
+
+    @property
+    def covered(self):
+        return self.buildable and not self.refused and self.tokens_equal and self.diff <= 1e-5 * self.scale
+
+
+def model_types():
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def _shrunk(config_class):
+    default = config_class()
+    layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
+    kwargs = {k: v for k, v in SIZES.items() if hasattr(default, k) and getattr(default, k) is not None}
+    kwargs.update({k: v for k, v in UNSET.items() if hasattr(default, k) or k == "tie_word_embeddings"})
+    for name, value in vars(default).items():  # per-layer lists follow the layer count
+        if isinstance(value, list) and layers and len(value) == layers and layers != 2:
+            kwargs[name] = value[:2]
+    return config_class(**kwargs)
+
+
+def build(model_type, seed=0):
+    """A tiny random float32 model of ``model_type`` in eval mode (``Unbuildable`` if it cannot be)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        config = _shrunk(CONFIG_MAPPING[model_type])
+    except Exception as error:  # noqa: BLE001  (any refusal of the sizes: recorded as the reason)
+        raise Unbuildable(f"config refuses tiny sizes: {type(error).__name__}: {_short(error)}") from None
+    torch.manual_seed(seed)
+    try:
+        model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    except Exception as error:  # noqa: BLE001
+        raise Unbuildable(f"model cannot be built tiny: {type(error).__name__}: {_short(error)}") from None
+    return model.eval()
+
+
+def inputs(seed=1, length=LENGTH):
+    """A left-padded batch of two: ``(input_ids, attention_mask)``, 3 padding tokens in row 1."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, VOCAB, (2, length), generator=generator)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    return ids, mask
+
+
+def logits(model, ids, mask):
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask).logits.float()
+
+
+def generate(model, ids, mask):
+    return model.generate(
+        input_ids=ids, attention_mask=mask, max_new_tokens=NEW, min_new_tokens=NEW, do_sample=False, pad_token_id=0
+    )
+
+
+def _short(error, limit=160):
+    text = re.sub(r"\s+", " ", str(error)).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def run_unpatched(model):
+    ids, mask = inputs()
+    try:
+        out = logits(model, ids, mask)
+        tokens = generate(model, ids[:, :PROMPT], mask[:, :PROMPT])
+    except Exception as error:  # noqa: BLE001
+        raise Unbuildable(f"unpatched forward/generate fails: {type(error).__name__}: {_short(error)}") from None
+    if not torch.isfinite(out).all():
+        raise Unbuildable("unpatched logits are not finite")
+    return out, tokens
+
+
+def check(model_type):
+    """Patch a tiny ``model_type`` and compare with the original: a :class:`Row`."""
+    from posenc.torch import patch_hf
+
+    row = Row(model_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            original = build(model_type)
+            before, tokens = run_unpatched(original)
+        except Unbuildable as why:
+            row.buildable, row.refused = False, str(why)
+            return row
+        model = copy.deepcopy(original)
+        try:
+            patch_hf(model)
+        except ValueError as error:
+            row.refused = _short(error, 400)
+            return row
+        row.patched = describe(model.posenc_patched)
+        ids, mask = inputs()
+        after = logits(model, ids, mask)
+        real = mask.bool()
+        row.diff = float((after - before).abs()[real].max())
+        row.scale = float(before.abs()[real].max())
+        row.tokens_equal = torch.equal(generate(model, ids[:, :PROMPT], mask[:, :PROMPT]), tokens)
+    return row
+
+
+def describe(parts):
+    """``"HFRotaryEmbedding x1; apply_rotary_pos_emb: apply_rope (half) x2"`` from ``model.posenc_patched``."""
+    counts = {}
+    for part in parts:
+        what = part.split(": ", 1)[1]
+        counts[what] = counts.get(what, 0) + 1
+    return "; ".join(f"{what} x{n}" for what, n in counts.items())
+
+
+def markdown(rows):
+    lines = [
+        "| architecture | patched | max \\|logit diff\\| (max \\|logit\\|) | greedy tokens | refused because |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r.buildable:
+            continue
+        diff = f"{r.diff:.2g} ({r.scale:.2g})" if r.patched else ""
+        tokens = "" if r.tokens_equal is None else ("equal" if r.tokens_equal else "DIFFERENT")
+        lines.append(f"| `{r.model_type}` | {r.patched} | {diff} | {tokens} | {r.refused.replace('|', '/')} |")
+    return "\n".join(lines)
+
+
+def unbuildable_markdown(rows):
+    return "\n".join(f"- `{r.model_type}`: {r.refused}" for r in rows if not r.buildable)
+
+
+def summary(rows):
+    buildable = [r for r in rows if r.buildable]
+    covered = [r for r in buildable if r.covered]
+    return f"{len(covered)} of {len(buildable)} buildable tiny causal-LM architectures covered ({len(rows)} model types in transformers' causal-LM mapping)"
+
+
+def _write(path, rows):
+    text = open(path).read()
+    block = f"{summary(rows)}.\n\n{markdown(rows)}\n\nNot buildable tiny (not in the table):\n\n{unbuildable_markdown(rows)}\n"
+    start, end = "<!-- hf-zoo-table:start -->", "<!-- hf-zoo-table:end -->"
+    if start not in text:
+        raise SystemExit(f"{path} has no {start} ... {end} markers")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    with open(path, "w") as f:
+        f.write(f"{head}{start}\n{block}{end}{tail}")
+
+
+if __name__ == "__main__":
+    import transformers
+
+    args = sys.argv[1:]
+    target = None
+    if args[:1] == ["--markdown"]:
+        target, args = args[1], args[2:]
+    rows = []
+    for model_type in args or model_types():
+        row = check(model_type)
+        rows.append(row)
+        status = "covered" if row.covered else ("unbuildable" if not row.buildable else "refused/failed")
+        print(f"{model_type:28s} {status:14s} {row.patched:40s} {row.diff:9.2g} {row.tokens_equal!s:5s} {row.refused}", flush=True)
+    print(f"transformers {transformers.__version__}, torch {torch.__version__}: {summary(rows)}")
+    if target:
+        _write(target, rows)
