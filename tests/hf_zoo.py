@@ -31,7 +31,8 @@ LENGTH = PROMPT + NEW
 # Config fields shrunk when the default config has them.
 SIZES = dict(
     vocab_size=VOCAB, hidden_size=64, d_model=64, n_embd=64, intermediate_size=96, ffn_hidden_size=96, n_inner=96,
-    num_hidden_layers=2, n_layer=2, num_layers=2, num_attention_heads=4, n_head=4, num_heads=4,
+    num_hidden_layers=2, n_layer=2, num_layers=2, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+    decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, num_attention_heads=4, n_head=4, num_heads=4,
     num_key_value_heads=2, n_head_kv=2, num_kv_heads=2, multi_query_group_num=2, head_dim=16,
     max_position_embeddings=64, n_positions=64, max_seq_len=64, seq_length=64,
     num_experts=4, num_local_experts=4, n_routed_experts=4, moe_num_experts=4, num_experts_per_tok=2, moe_k=2,
@@ -69,14 +70,38 @@ def model_types():
     return sorted(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+def positional(model_type):
+    """Whether the modeling file of ``model_type`` has rotary, T5 relative-bias or ALiBi code."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    name = model_type_to_module_name(model_type)
+    try:
+        source = inspect.getsource(importlib.import_module(f"transformers.models.{name}.modeling_{name}"))
+    except (ImportError, OSError):
+        return True  # cannot tell: run it
+    return bool(re.search(r"def apply_\w*rot|relative_attention_bias|alibi|RotaryEmbedding", source))
+
+
 def _shrunk(config_class):
     default = config_class()
     layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
     kwargs = {k: v for k, v in SIZES.items() if hasattr(default, k) and getattr(default, k) is not None}
     kwargs.update({k: v for k, v in UNSET.items() if hasattr(default, k) or k == "tie_word_embeddings"})
-    for name, value in vars(default).items():  # per-layer lists follow the layer count
-        if isinstance(value, list) and layers and len(value) == layers and layers != 2:
-            kwargs[name] = value[:2]
+    count = 2
+    for name, value in vars(default).items():  # per-layer lists: one layer of each kind (attention, linear, ...)
+        if isinstance(value, list) and layers and len(value) == layers:
+            kinds = list(dict.fromkeys(map(repr, value)))
+            count = max(count, len(kinds))
+    for name, value in vars(default).items():
+        if isinstance(value, list) and layers and len(value) == layers:
+            firsts = [value[[repr(v) for v in value].index(kind)] for kind in dict.fromkeys(map(repr, value))]
+            kwargs[name] = (firsts * count)[:count]
+    for name in ("num_hidden_layers", "n_layer", "num_layers"):
+        if name in kwargs:
+            kwargs[name] = count
     return config_class(**kwargs)
 
 
@@ -139,6 +164,9 @@ def check(model_type):
     from posenc.torch import patch_hf
 
     row = Row(model_type)
+    if not positional(model_type):
+        row.buildable, row.refused = False, "no rotary, T5 relative-bias or ALiBi code in its modeling file (not run)"
+        return row
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -212,15 +240,38 @@ if __name__ == "__main__":
     import transformers
 
     args = sys.argv[1:]
-    target = None
+    import json
+
+    target = jsonl = None
     if args[:1] == ["--markdown"]:
         target, args = args[1], args[2:]
+    if args[:1] == ["--jsonl"]:  # append each row to a file; --markdown FILE --from JSONL writes the table from it
+        jsonl, args = args[1], args[2:]
+    if args[:1] == ["--from"]:
+        rows = [Row(**json.loads(line)) for line in open(args[1])]
+        print(summary(rows))
+        _write(target, rows)
+        raise SystemExit(0)
+    import signal
+
+    def too_slow(*_):
+        raise TimeoutError("over 120 s")
+
+    signal.signal(signal.SIGALRM, too_slow)
     rows = []
     for model_type in args or model_types():
-        row = check(model_type)
+        signal.alarm(120)
+        try:
+            row = check(model_type)
+        except Exception as error:  # noqa: BLE001  (recorded in the table, the sweep goes on)
+            row = Row(model_type, buildable=False, refused=f"the run fails: {type(error).__name__}: {_short(error)}")
+        signal.alarm(0)
         rows.append(row)
+        if jsonl:
+            with open(jsonl, "a") as f:
+                f.write(json.dumps(dataclasses.asdict(row)) + "\n")
         status = "covered" if row.covered else ("unbuildable" if not row.buildable else "refused/failed")
         print(f"{model_type:28s} {status:14s} {row.patched:40s} {row.diff:9.2g} {row.tokens_equal!s:5s} {row.refused}", flush=True)
     print(f"transformers {transformers.__version__}, torch {torch.__version__}: {summary(rows)}")
-    if target:
+    if target and not jsonl:
         _write(target, rows)

@@ -62,15 +62,19 @@ def patch(model):
             f"patch_hf left {type(model).__name__} (model_type={config.model_type!r}) unpatched: " + "; ".join(refusals)
         )
     if not swaps:
+        from .hf import SUPPORTED
+
         raise ValueError(
             f"{type(model).__name__} (model_type={config.model_type!r}) has no positional part patch_hf recognises: "
             "no rotary module (forward(x, position_ids) -> (cos, sin) with rope_type or inv_freq), no attention layer calling "
-            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_alibi_tensor"
+            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_alibi_tensor "
+            f"(architectures verified in posenc's tests: {', '.join(SUPPORTED)})"
         )
     for swap, description in swaps:
         swap()
         done.append(description)
-    setattr(model, PATCHED_ATTRIBUTE, tuple(done))
+    # a plain attribute (not nn.Module's __setattr__): a tuple of what was swapped
+    object.__setattr__(model, PATCHED_ATTRIBUTE, tuple(done))
     return model
 
 
