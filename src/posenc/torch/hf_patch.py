@@ -209,6 +209,8 @@ def _replacement_for(fn, rotary, config, dtype, device):
     except (TypeError, ValueError):
         return "its signature cannot be read"
     params = list(signature.parameters)
+    if params == ["tensor", "sin", "cos"]:
+        return _table_apply_for(fn, dtype, device)
     if params[:4] != ["q", "k", "cos", "sin"]:
         return f"takes ({', '.join(params)}), not (q, k, cos, sin, ...)"
     extra = params[4:]
@@ -229,6 +231,31 @@ def _replacement_for(fn, rotary, config, dtype, device):
             return candidate
         differences.append(f"{layout} layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
     return "no posenc layout reproduces it: " + ", ".join(differences)
+
+
+def _table_apply_for(fn, dtype, device):
+    """GPT-J's form, ``apply(tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2])``: interleaved pairs.
+
+    The angles stay the model's own (its ``embed_positions`` table); the rotation goes through
+    posenc.
+    """
+
+    def apply_rotary_pos_emb(tensor, sin, cos):
+        cos = cos[:, :, None, :].repeat_interleave(2, 3)
+        sin = sin[:, :, None, :].repeat_interleave(2, 3)
+        return pe.apply_rope(tensor, cos, sin, layout="interleaved")
+
+    generator = torch.Generator().manual_seed(0)
+    angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
+    sin, cos = (torch.stack([f(angles), f(angles + 0.5)]).to(dtype=dtype, device=device) for f in (torch.sin, torch.cos))
+    x = torch.randn(2, 9, 3, 8, generator=generator).to(dtype=dtype, device=device)
+    diff = _compare_apply(lambda *a: (fn(*a),), lambda *a: (apply_rotary_pos_emb(*a),), [((x, sin, cos), {})], dtype)
+    if diff is None:
+        return "it does not run on (tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2]) probes"
+    if not diff[0] <= diff[1]:
+        return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
+    apply_rotary_pos_emb.__posenc_layout__ = "interleaved, the model's own sin/cos table"
+    return apply_rotary_pos_emb
 
 
 def _apply_probes(ours, config, dtype, device, has_unsqueeze):
