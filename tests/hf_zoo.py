@@ -88,7 +88,12 @@ def positional(model_type):
 def _shrunk(config_class):
     default = config_class()
     layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
-    kwargs = {k: v for k, v in SIZES.items() if hasattr(default, k) and getattr(default, k) is not None}
+    kwargs = {
+        k: v for k, v in SIZES.items()
+        if hasattr(default, k) and getattr(default, k) is not None and not isinstance(getattr(config_class, k, None), property)
+    }
+    if "qk_rope_head_dim" in kwargs:  # multi-head latent attention: the rotary head is qk_rope_head_dim
+        kwargs.pop("head_dim", None)
     kwargs.update({k: v for k, v in UNSET.items() if hasattr(default, k) or k == "tie_word_embeddings"})
     count = 2
     for name, value in vars(default).items():  # per-layer lists: one layer of each kind (attention, linear, ...)

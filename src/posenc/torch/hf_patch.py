@@ -81,7 +81,7 @@ def patch(model):
 def _is_ours(module):
     from .hf import HFRotaryEmbedding
 
-    return isinstance(module, HFRotaryEmbedding) or getattr(module.forward, "__posenc__", False)
+    return isinstance(module, (HFRotaryEmbedding, InterleavedHFRotaryEmbedding)) or getattr(module.forward, "__posenc__", False)
 
 
 def _probe_dtype_device(model):
@@ -121,13 +121,40 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
         label = f"rotary module {name} ({type(module).__name__})"
         try:
             ours = HFRotaryEmbedding(module.config, device=device)
-            _check_rotary(module, ours, dtype, device)
+            try:
+                _check_rotary(module, ours, dtype, device)
+            except _Refusal as half:
+                ours = InterleavedHFRotaryEmbedding(module.config, device=device)
+                try:
+                    _check_rotary(module, ours, dtype, device)
+                except _Refusal:
+                    raise half from None
         except (_Refusal, ValueError, TypeError, NotImplementedError) as why:
             refusals.append(f"{label}: {why}")
             continue
         found[name] = ours
-        swaps.append((_replacer(model, name, ours), f"{name}: HFRotaryEmbedding"))
+        swaps.append((_replacer(model, name, ours), f"{name}: {type(ours).__name__}"))
     return found
+
+
+class InterleavedHFRotaryEmbedding(nn.Module):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding` with ``cos``/``sin`` in the interleaved order.
+
+    ``[c_0, c_0, c_1, c_1, ...]`` where transformers' LLaMA order is ``[c_0, c_1, ..., c_0, c_1, ...]``:
+    the order of Cohere's rotary modules, whose apply function pairs ``(x[2i], x[2i+1])``.
+    """
+
+    def __init__(self, config, *, device=None):
+        from .hf import HFRotaryEmbedding
+
+        super().__init__()
+        self.rotary = HFRotaryEmbedding(config, device=device)
+        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = self.rotary(x, position_ids, layer_type)
+        half = cos.shape[-1] // 2
+        return cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
 
 
 def _probe_positions(config, device):
@@ -222,7 +249,7 @@ def _replacement_for(fn, rotary, config, dtype, device):
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
     probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
     differences = []
-    for layout in ("half", "interleaved"):
+    for layout in ("half", "interleaved", "interleaved cos/sin"):
         candidate = _make_apply(layout, extra, unsqueeze_default)
         diff = _compare_apply(fn, candidate, probes, dtype)
         if diff is None:
@@ -304,6 +331,11 @@ def _make_apply(layout, extra, unsqueeze_default):
 
         def rotate(x, cos, sin):
             return pe.apply_rope(x, cos, sin)
+
+    elif layout == "interleaved cos/sin":
+
+        def rotate(x, cos, sin):  # cos/sin [..., r] already in the interleaved order (c_0, c_0, c_1, c_1, ...)
+            return pe.apply_rope(x, cos, sin, layout="interleaved")
 
     else:
 
