@@ -132,6 +132,9 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
         except (_Refusal, ValueError, TypeError, NotImplementedError) as why:
             refusals.append(f"{label}: {why}")
             continue
+        for key, value in vars(module).items():  # plain settings the model may read (layer_types, rope_type, ...)
+            if not key.startswith("_") and not hasattr(ours, key) and not isinstance(value, (torch.Tensor, nn.Module)):
+                setattr(ours, key, value)
         found[name] = ours
         swaps.append((_replacer(model, name, ours), f"{name}: {type(ours).__name__}"))
     return found
