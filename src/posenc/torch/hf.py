@@ -3,9 +3,9 @@
 ``HFRotaryEmbedding(config)`` has the signature of a transformers rotary module,
 ``forward(x, position_ids) -> (cos, sin)``, for every ``rope_type`` transformers ships.
 ``patch_hf(model)`` swaps, in place, the positional computation of a loaded model for
-posenc's: the rotary module and ``apply_rotary_pos_emb`` of LLaMA-family models, T5's
-``compute_bias``, BLOOM's ALiBi tensor. transformers itself is never imported here: the
-model in hand says what it is.
+posenc's: its rotary modules and apply functions, T5 relative biases, ALiBi builders,
+recognised and checked against the model's own code (:mod:`posenc.torch.hf_patch`).
+transformers itself is never imported here: the model in hand says what it is.
 """
 
 from __future__ import annotations

@@ -169,6 +169,11 @@ def _probe_positions(config, device):
 
 
 def _check_rotary(theirs, ours, dtype, device):
+    params = getattr(theirs.config, "rope_parameters", None) or {}
+    nested = [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
+    sections = sorted({k for d in [params, *nested] if isinstance(d, dict) for k in d if k.startswith("mrope")})
+    if sections:  # position ids [3, batch, seq]: HFRotaryEmbedding takes [batch, seq]
+        raise _Refusal(f"multimodal rotary ({', '.join(sections)}) is not reproduced by HFRotaryEmbedding")
     theirs = copy.deepcopy(theirs)  # a stateful (dynamic) module must not remember the probe
     layer_types = pe.scaling.nested_layer_types(theirs.config) or [None]
     x = torch.zeros(1, dtype=dtype, device=device)
