@@ -206,8 +206,11 @@ def check(model_type):
         real = mask.bool()
         row.diff = float((after - before).abs()[real].max())
         row.scale = float(before.abs()[real].max())
-        exact = logits(copy.deepcopy(original).double(), ids, mask)
-        row.rounding = float((before.double() - exact).abs()[real].max())
+        try:  # the model's own float32 error, where it runs in float64 (grouped-matmul MoE layers do not)
+            exact = logits(copy.deepcopy(original).double(), ids, mask)
+            row.rounding = float((before.double() - exact).abs()[real].max())
+        except RuntimeError:
+            row.rounding = 0.0
     return row
 
 

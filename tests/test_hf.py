@@ -76,7 +76,7 @@ def _assert_routed_through_posenc(model):
         rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
         assert rotary and all(isinstance(m, HFRotaryEmbedding) for m in rotary)
         attention = [m for m in model.modules() if "forward" in vars(m)]
-        assert attention and all(getattr(m.forward.__func__.__globals__["apply_rotary_pos_emb"], "__posenc_layout__", None) for m in attention)
+        assert attention and all(m.forward.__func__.__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
         assert len(patched) == len(rotary) + len(attention)
 
 

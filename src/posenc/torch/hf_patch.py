@@ -26,6 +26,7 @@ import copy
 import inspect
 import re
 import types
+import weakref
 
 import torch
 from torch import nn
@@ -233,7 +234,7 @@ def _apply_parts(model, rotary, dtype, device, swaps, refusals):
         return
     for name, module, used in users:
         mapping = {n: replacements[fn] for n, fn in used.items()}
-        what = ", ".join(f"{n}: apply_rope ({replacements[fn].__posenc_layout__})" for n, fn in sorted(used.items()))
+        what = ", ".join(f"{n}: apply_rope ({LAYOUTS[replacements[fn]]})" for n, fn in sorted(used.items()))
         swaps.append((_rebinder(module, mapping), f"{name}: {what}"))
 
 
@@ -289,7 +290,7 @@ def _table_apply_for(fn, dtype, device):
         return "it does not run on (tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2]) probes"
     if not diff[0] <= diff[1]:
         return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
-    apply_rotary_pos_emb.__posenc_layout__ = "interleaved, the model's own sin/cos table"
+    LAYOUTS[apply_rotary_pos_emb] = "interleaved, the model's own sin/cos table"
     return apply_rotary_pos_emb
 
 
@@ -333,8 +334,16 @@ def _compare_apply(theirs, ours, probes, dtype):
     return (worst, tolerance) if ran else None
 
 
+LAYOUTS = weakref.WeakKeyDictionary()  # replacement apply function -> the layout it was checked in
+
+
 def _make_apply(layout, extra, unsqueeze_default):
     """posenc's ``apply_rotary_pos_emb`` with the parameters of the model's (``q, k, cos, sin`` + ``extra``)."""
+    if layout == "half" and extra == ["unsqueeze_dim"] and unsqueeze_default == 1:
+        from .hf import apply_rotary_pos_emb  # LLaMA's signature: posenc.torch.hf's own (its fast path)
+
+        LAYOUTS[apply_rotary_pos_emb] = layout
+        return apply_rotary_pos_emb
     if layout == "half":
 
         def rotate(x, cos, sin):
@@ -369,7 +378,7 @@ def _make_apply(layout, extra, unsqueeze_default):
             cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
             return rotate(q, cos, sin), rotate(k, cos, sin)
 
-    apply_rotary_pos_emb.__posenc_layout__ = layout
+    LAYOUTS[apply_rotary_pos_emb] = layout
     return apply_rotary_pos_emb
 
 
