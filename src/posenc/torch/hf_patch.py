@@ -172,10 +172,13 @@ def _probe_positions(config, device):
 def _check_rotary(theirs, ours, dtype, device):
     params = getattr(theirs.config, "rope_parameters", None) or {}
     nested = [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
-    sections = sorted({k for d in [params, *nested] if isinstance(d, dict) for k in d if k.startswith("mrope")})
+    sections = sorted({k for d in [params, *nested, vars(theirs)] if isinstance(d, dict) for k in d if k.startswith("mrope")})
     if sections:  # position ids [3, batch, seq]: HFRotaryEmbedding takes [batch, seq]
         raise _Refusal(f"multimodal rotary ({', '.join(sections)}) is not reproduced by HFRotaryEmbedding")
     theirs = copy.deepcopy(theirs)  # a stateful (dynamic) module must not remember the probe
+    inv_freq = getattr(theirs, "inv_freq", None)
+    buffer_dtype = inv_freq.dtype if isinstance(inv_freq, torch.Tensor) and inv_freq.is_floating_point() else torch.float32
+    angle_eps = max(_eps(torch.float32), _eps(buffer_dtype))
     layer_types = pe.scaling.nested_layer_types(theirs.config) or [None]
     x = torch.zeros(1, dtype=dtype, device=device)
     for position_ids in _probe_positions(theirs.config, device):
@@ -192,9 +195,10 @@ def _check_rotary(theirs, ours, dtype, device):
             for part, w, g in zip(("cos", "sin"), want, got):
                 if w.shape != g.shape:
                     raise _Refusal(f"{part} has shape {tuple(w.shape)}, posenc's {tuple(g.shape)}")
-                # transformers forms the angle p * theta in float32; then both round to dtype
+                # transformers forms the angle p * theta in float32 (from an inv_freq buffer that
+                # model.to(bfloat16) may have rounded to 16 bits); then both round to dtype
                 scale = max(1.0, float(w.abs().max()))
-                tolerance = scale * (8 * _eps(torch.float32) * float(position_ids.max() + 1) + 2 * _eps(dtype))
+                tolerance = scale * (8 * angle_eps * float(position_ids.max() + 1) + 2 * _eps(dtype))
                 diff = float((w.double() - g.double()).abs().max())
                 if not diff <= tolerance:
                     where = "" if layer_type is None else f" for {layer_type}"
