@@ -271,7 +271,12 @@ if __name__ == "__main__":
     if args[:1] == ["--jsonl"]:  # append each row to a file; --markdown FILE --from JSONL writes the table from it
         jsonl, args = args[1], args[2:]
     if args[:1] == ["--from"]:
-        rows = [Row(**json.loads(line)) for line in open(args[1])]
+        latest = {}  # the last row of each model type, over the files in order
+        for path in args[1:]:
+            for line in open(path):
+                row = Row(**json.loads(line))
+                latest[row.model_type] = row
+        rows = [latest[t] for t in sorted(latest)]
         print(summary(rows))
         _write(target, rows)
         raise SystemExit(0)

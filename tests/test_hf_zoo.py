@@ -31,8 +31,8 @@ REPRESENTATIVE = (
     "qwen3_moe",  # MoE, q/k norms
     "gemma3_text",  # rope parameters nested per layer type
     "bloom",  # ALiBi
-    "gptj",  # refused or covered: its apply function takes (tensor, sin, cos)
-    "gpt2",  # no positional part: refused
+    "gptj",  # its apply function takes (tensor, sin, cos), interleaved
+    "mpt",  # no part patch_hf recognises (its ALiBi builder is not BLOOM's): refused
 )
 TYPES = hf_zoo.model_types() if os.environ.get("POSENC_HF_ZOO") == "all" else REPRESENTATIVE
 
@@ -44,17 +44,11 @@ def test_patched_architecture_matches_or_is_refused(model_type):
         pytest.skip(f"{model_type}: {row.refused}")
     if row.refused:
         assert model_type not in hf.SUPPORTED, f"{model_type} is listed as supported but refused: {row.refused}"
-        assert row.refused.startswith(("patch_hf left", f"{_class_name(model_type)} (model_type="))
+        assert row.refused.startswith("patch_hf left") or "has no positional part patch_hf recognises" in row.refused
         return
     assert row.diff <= row.tolerance, f"{model_type}: logits differ by {row.diff:.3g} (float32 rounding of this model: {row.tolerance:.3g})"
     assert row.tokens_equal, f"{model_type}: greedy generate() gives other tokens"
     assert model_type in hf.SUPPORTED
-
-
-def _class_name(model_type):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return type(hf_zoo.build(model_type)).__name__
 
 
 def test_a_refused_model_is_left_unchanged():

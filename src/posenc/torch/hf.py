@@ -17,9 +17,22 @@ import posenc as pe
 
 from . import hf_patch
 
-# Architectures (config.model_type) whose tiny random model, patched, gives the original's
-# logits within float32 rounding and its greedy tokens (tests/test_hf_zoo.py).
-SUPPORTED = ("bloom", "gemma", "gemma3_text", "gpt_neox", "llama", "mistral", "mt5", "phi3", "qwen2", "qwen3", "t5")
+# Architectures (model types of transformers 5.23's causal-LM auto mapping, and T5/mT5) whose
+# tiny random model, patched, gives the original's logits within float32 rounding and its
+# greedy tokens: the "covered" rows of docs/transformers.md (tests/hf_zoo.py, test_hf_zoo.py).
+SUPPORTED = (
+    "afmoe", "apertus", "arcee", "aria_text", "beam", "bitnet", "bloom", "codegen", "cohere",
+    "cohere2", "cohere2_moe", "cwm", "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe",
+    "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2",
+    "gemma3_text", "glm", "glm4", "glm4_moe", "gpt_neox", "gpt_neox_japanese", "gptj", "granite",
+    "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text",
+    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
+    "laguna", "lfm2", "lfm3", "llama", "mellum", "minimax", "minimax_m2", "minimax_m3_vl_text",
+    "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mt5", "olmo", "olmo2",
+    "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe",
+    "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3", "solar_open",
+    "stablelm", "starcoder2", "t5", "vaultgemma",
+)
 
 
 class HFRotaryEmbedding(nn.Module):
