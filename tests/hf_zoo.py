@@ -41,6 +41,7 @@ SIZES = dict(
     kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     rotary_dim=8, sliding_window=8, attention_chunk_size=8, initializer_range=0.25, use_cache=True,
 )
+NOT_RUN = "no rotary, T5 relative-bias or ALiBi code in its modeling file (not run)"
 # Fields that must not be set (a tied embedding of another size, special ids beyond the vocab).
 UNSET = dict(tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=0)
 
@@ -179,7 +180,7 @@ def check(model_type):
 
     row = Row(model_type)
     if not positional(model_type):
-        row.buildable, row.refused = False, "no rotary, T5 relative-bias or ALiBi code in its modeling file (not run)"
+        row.buildable, row.refused = False, NOT_RUN
         return row
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -233,12 +234,15 @@ def markdown(rows):
             continue
         diff = f"{r.diff:.2g} ({r.tolerance:.2g})" if r.patched else ""
         tokens = "" if r.tokens_equal is None else ("equal" if r.tokens_equal else "DIFFERENT")
-        lines.append(f"| `{r.model_type}` | {r.patched} | {diff} | {tokens} | {r.refused.replace('|', '/')} |")
+        refused = r.refused.replace("|", "/").replace("*", "\\*")
+        lines.append(f"| `{r.model_type}` | {r.patched} | {diff} | {tokens} | {refused} |")
     return "\n".join(lines)
 
 
 def unbuildable_markdown(rows):
-    return "\n".join(f"- `{r.model_type}`: {r.refused}" for r in rows if not r.buildable)
+    lines = [f"- `{r.model_type}`: {r.refused.replace('*', chr(92) + '*')}" for r in rows if not r.buildable and r.refused != NOT_RUN]
+    quiet = [f"`{r.model_type}`" for r in rows if r.refused == NOT_RUN]
+    return "\n".join(lines) + f"\n\nWithout rotary, T5 relative-bias or ALiBi code in their modeling file (not run): {', '.join(quiet)}."
 
 
 def summary(rows):
