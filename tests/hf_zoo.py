@@ -97,13 +97,16 @@ def _shrunk(config_class):
     layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
     kwargs = {
         k: v for k, v in SIZES.items()
-        if hasattr(default, k) and getattr(default, k) is not None and not isinstance(getattr(config_class, k, None), property)
+        if hasattr(default, k) and (getattr(default, k) is not None or k in ("n_group", "topk_group", "num_experts_per_tok"))
+        and not isinstance(getattr(config_class, k, None), property)
     }
     for name, sub in (getattr(config_class, "sub_configs", None) or {}).items():  # text/vision configs: shrunk too
         if isinstance(sub, type):
             kwargs[name] = _shrunk(sub)
-    if "qk_rope_head_dim" in kwargs:  # multi-head latent attention: the rotary head is qk_rope_head_dim
+    if "qk_rope_head_dim" in kwargs:  # multi-head latent attention: the rotary head is qk_rope_head_dim, no KV groups
         kwargs.pop("head_dim", None)
+        if "num_key_value_heads" in kwargs:
+            kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     kwargs.update({k: v for k, v in UNSET.items() if hasattr(default, k) or k == "tie_word_embeddings"})
     count = 2
     for name, value in vars(default).items():  # per-layer lists: one layer of each kind (attention, linear, ...)

@@ -262,7 +262,7 @@ def _replacement_for(fn, rotary, config, dtype, device):
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
     probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
     differences = []
-    for layout in ("half", "interleaved", "interleaved cos/sin"):
+    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out"):
         candidate = _make_apply(layout, extra, unsqueeze_default)
         diff = _compare_apply(fn, candidate, probes, dtype)
         if diff is None:
@@ -357,6 +357,13 @@ def _make_apply(layout, extra, unsqueeze_default):
 
         def rotate(x, cos, sin):  # cos/sin [..., r] already in the interleaved order (c_0, c_0, c_1, c_1, ...)
             return pe.apply_rope(x, cos, sin, layout="interleaved")
+
+    elif layout == "interleaved in, half out":
+
+        def rotate(x, cos, sin):  # DeepSeek's MLA: pairs (x[2i], x[2i+1]), results stored as [evens, odds]
+            half = cos.shape[-1] // 2
+            out = pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
+            return torch.cat([out[..., 0::2], out[..., 1::2]], dim=-1)
 
     else:
 
