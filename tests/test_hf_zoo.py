@@ -29,6 +29,7 @@ REPRESENTATIVE = (
     "cohere",  # interleaved cos/sin from the rotary module
     "gpt_neox",  # partial rotary
     "qwen3_moe",  # MoE, q/k norms
+    "deepseek_v3",  # latent attention: interleaved pairs in, half order out
     "gemma3_text",  # rope parameters nested per layer type
     "bloom",  # ALiBi
     "gptj",  # its apply function takes (tensor, sin, cos), interleaved

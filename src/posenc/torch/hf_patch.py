@@ -7,8 +7,10 @@ A part is recognised by what it is, not by the model's name:
   :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config;
 * the **apply function** an attention layer calls on it: a global of the layer's ``forward``
   named ``apply_*rot*`` taking ``(q, k, cos, sin, ...)``; replaced by posenc's
-  :func:`posenc.apply_rope` in the layout that reproduces it ("half", or "interleaved" as
-  GLM-style functions make it from the same ``cos``/``sin``), partial rotary included;
+  :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
+  GLM-style functions make it from the same ``cos``/``sin``; interleaved ``cos``/``sin`` as
+  Cohere's modules give them; interleaved pairs stored back in the half order, DeepSeek's
+  latent attention), partial rotary included; GPT-J's ``apply(tensor, sin, cos)`` too;
 * a **T5 relative bias**: a layer owning ``relative_attention_bias`` and ``compute_bias``;
   replaced by :class:`~posenc.torch.T5RelativeBias` on the same weight;
 * an **ALiBi builder**: a module with ``build_alibi_tensor`` (BLOOM); replaced by
