@@ -63,17 +63,21 @@ def test_a_16_bit_patched_model_is_as_close_to_the_float32_model_as_the_original
 
 def _assert_routed_through_posenc(model):
     """The patch took: no transformers rotary module or bias function is left in the positional path."""
-    kind = model.config.model_type
-    if kind in posenc_hf.ROTARY_MODELS:
+    from posenc.torch import hf_patch
+
+    patched = model.posenc_patched
+    if model.config.model_type == "t5" or model.config.model_type == "mt5":
+        layers = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
+        assert len(layers) == 2 and all(m.compute_bias.__qualname__.startswith("_t5_compute_bias") for m in layers)
+        assert len(patched) == 2
+    elif model.config.model_type == "bloom":
+        assert model.transformer.build_alibi_tensor is hf_patch.bloom_alibi_tensor
+    else:
         rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
         assert rotary and all(isinstance(m, HFRotaryEmbedding) for m in rotary)
         attention = [m for m in model.modules() if "forward" in vars(m)]
-        assert attention and all(m.forward.__func__.__globals__["apply_rotary_pos_emb"] is posenc_hf.apply_rotary_pos_emb for m in attention)
-    elif kind in posenc_hf.T5_MODELS:
-        layers = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
-        assert len(layers) == 2 and all(m.compute_bias.__qualname__.startswith("_t5_compute_bias") for m in layers)
-    else:
-        assert model.transformer.build_alibi_tensor is posenc_hf.bloom_alibi_tensor
+        assert attention and all(m.forward.__func__.__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
+        assert len(patched) == len(rotary) + len(attention)
 
 
 @pytest.mark.parametrize("rope", ["dynamic", "longrope"])
@@ -227,9 +231,47 @@ def test_t5_relative_bias_from_hf_shares_the_weight():
 
 
 @pytest.mark.parametrize("name", ["llama[yarn]", "t5", "bloom"])
-def test_patching_twice_changes_nothing(name):
-    model = build(name)
-    once = patch_hf(copy.deepcopy(model))
-    twice = patch_hf(patch_hf(copy.deepcopy(model)))
-    ids, mask = inputs()
-    torch.testing.assert_close(logits(twice, ids, mask), logits(once, ids, mask), rtol=0, atol=0)
+def test_patching_twice_is_refused(name):
+    once = patch_hf(build(name))
+    with pytest.raises(ValueError, match="already patched"):
+        patch_hf(once)
+    half = build(name)  # one part already swapped by hand: refused too, nothing more swapped
+    if name == "llama[yarn]":
+        half.model.rotary_emb = HFRotaryEmbedding(half.config)
+        with pytest.raises(ValueError, match="already patched"):
+            patch_hf(half)
+
+
+def test_patch_hf_refuses_what_is_not_a_transformers_model():
+    with pytest.raises(TypeError, match="model must be a transformers model"):
+        patch_hf(torch.nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="model must be a transformers model"):
+        patch_hf("llama")
+
+
+def test_patch_hf_refuses_a_model_it_cannot_probe():
+    with torch.device("meta"):
+        model = build("llama[default]")
+    with pytest.raises(ValueError, match="meta device"):
+        patch_hf(model)
+
+
+def test_a_part_that_differs_is_named_and_nothing_is_swapped():
+    model = build("llama[default]")
+    model.model.layers[1].self_attn.forward = lambda *a, **k: None  # an instance forward: not inspected
+    from transformers.models.llama import modeling_llama
+
+    def shifted(q, k, cos, sin, unsqueeze_dim=1):  # an apply function posenc does not reproduce
+        q_embed, k_embed = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+        return q_embed + 1e-3, k_embed
+
+    attention = type(model.model.layers[0].self_attn)
+    original = attention.forward
+    scope = dict(original.__globals__, apply_rotary_pos_emb=shifted)
+    import types
+
+    attention_forward = types.FunctionType(original.__code__, scope, original.__name__, original.__defaults__, original.__closure__)
+    model.model.layers[0].self_attn.__class__ = type("ShiftedAttention", (attention,), {"forward": attention_forward})
+    with pytest.raises(ValueError, match=r"apply function .*shifted: no posenc layout reproduces it: half layout differs by 0\.001"):
+        patch_hf(model)
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"

@@ -3,26 +3,37 @@
 ``HFRotaryEmbedding(config)`` has the signature of a transformers rotary module,
 ``forward(x, position_ids) -> (cos, sin)``, for every ``rope_type`` transformers ships.
 ``patch_hf(model)`` swaps, in place, the positional computation of a loaded model for
-posenc's: the rotary module and ``apply_rotary_pos_emb`` of LLaMA-family models, T5's
-``compute_bias``, BLOOM's ALiBi tensor. transformers itself is never imported here: the
-model in hand says what it is.
+posenc's: its rotary modules and apply functions, T5 relative biases, ALiBi builders,
+recognised and checked against the model's own code (:mod:`posenc.torch.hf_patch`).
+transformers itself is never imported here: the model in hand says what it is.
 """
 
 from __future__ import annotations
-
-import types
 
 import torch
 from torch import nn
 
 import posenc as pe
 
-from .modules import T5RelativeBias
+from . import hf_patch
 
-ROTARY_MODELS = ("gemma", "gemma3_text", "gpt_neox", "llama", "mistral", "phi3", "qwen2", "qwen3")
-T5_MODELS = ("mt5", "t5")
-ALIBI_MODELS = ("bloom",)
-SUPPORTED = tuple(sorted(ROTARY_MODELS + T5_MODELS + ALIBI_MODELS))
+# Architectures (model types of transformers 5.23's causal-LM auto mapping, and T5/mT5) whose
+# tiny random model, patched, gives the original's logits within float32 rounding and its
+# greedy tokens: the "covered" rows of docs/transformers.md (tests/hf_zoo.py, test_hf_zoo.py).
+SUPPORTED = (
+    "afmoe", "apertus", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam", "bitnet",
+    "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32",
+    "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "falcon",
+    "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe",
+    "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_neox_japanese", "gptj", "granite",
+    "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text",
+    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
+    "laguna", "lfm2", "lfm3", "llama", "mellum", "minicpm3", "minimax", "minimax_m2",
+    "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mt5",
+    "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal",
+    "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3",
+    "solar_open", "stablelm", "starcoder2", "t5", "vaultgemma", "youtu",
+)
 
 
 class HFRotaryEmbedding(nn.Module):
@@ -120,129 +131,38 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 def patch_hf(model):
     """Route a loaded transformers model's positional computation through posenc, in place.
 
-    * Rotary models (``model_type`` in :data:`ROTARY_MODELS`: LLaMA, Mistral, Qwen2,
-      Qwen3, Phi-3, Gemma, Gemma 3, GPT-NeoX): every rotary module becomes an
-      :class:`HFRotaryEmbedding` (float64 angles, every ``rope_type``), and every attention
-      layer applies it with :func:`posenc.apply_rope` (the kernels, CPU and GPU).
-    * T5 and mT5: every attention layer that owns ``relative_attention_bias`` computes
-      its bias with :class:`~posenc.torch.T5RelativeBias` on the same weight
-      (:func:`posenc.t5_bias`).
-    * BLOOM: the ALiBi slopes and the per-token ALiBi tensor (padding included) come from
-      :func:`posenc.alibi_slopes` and :func:`posenc.alibi_bias`.
+    The parts are recognised, not looked up by architecture name
+    (:mod:`posenc.torch.hf_patch`):
 
-    In a float32 model the logits equal the unpatched model's within float32 rounding and
-    greedy ``generate()`` gives the same tokens (tested on tiny random models). In a
-    float16 or bfloat16 model they differ by that dtype's rounding (posenc rounds each
-    rotated value once, transformers three times), and greedy tokens can differ where two
-    logits are that close; they are as close to the float32 model as the unpatched
-    model's (docs page "Use posenc in a transformers model"). Returns ``model``.
+    * every rotary module (``forward(x, position_ids) -> (cos, sin)`` with ``rope_type`` or
+      ``inv_freq``) becomes an :class:`HFRotaryEmbedding` (float64 angles, every
+      ``rope_type``);
+    * every attention layer's ``apply_*rotary*`` function becomes :func:`posenc.apply_rope`
+      (the kernels, CPU and GPU) in the layout that reproduces it: half or interleaved,
+      partial rotary, any ``unsqueeze_dim``;
+    * every layer owning T5's ``relative_attention_bias`` computes its bias with
+      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`);
+    * BLOOM's ALiBi builder and slopes come from :func:`posenc.alibi_bias` and
+      :func:`posenc.alibi_slopes`.
+
+    Before anything is swapped, each replacement runs beside the model's own code on probe
+    inputs in the model's dtype and on its device. If every part matches within that
+    dtype's rounding, all are swapped and ``model.posenc_patched`` lists them; otherwise
+    nothing is swapped. In a float32 model the logits then equal the unpatched model's
+    within float32 rounding and greedy ``generate()`` gives the same tokens (tested on every
+    architecture transformers builds tiny: :data:`SUPPORTED`). In a float16 or bfloat16
+    model they differ by that dtype's rounding (posenc rounds each rotated value once,
+    transformers three times). The check runs once, here: the patched model's calls cost
+    what posenc's kernels cost. Returns ``model``.
 
     Raises
     ------
+    TypeError
+        ``model`` is not a transformers model (a ``torch.nn.Module`` with a ``config``), or
+        its dtype is not floating.
     ValueError
-        For another architecture (the message lists the supported ones), or when the
-        model does not have the parts its architecture should have.
+        A recognised part that posenc does not reproduce (the message names each part and
+        the difference; the model is left unchanged), a model with no part posenc
+        recognises, a model already patched, or one whose probe cannot run (meta device).
     """
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a transformers model (a torch.nn.Module), got {type(model).__name__}")
-    config = getattr(model, "config", None)
-    model_type = getattr(config, "model_type", None)
-    if model_type in ROTARY_MODELS:
-        _patch_rotary(model)
-    elif model_type in T5_MODELS:
-        _patch_t5(model)
-    elif model_type in ALIBI_MODELS:
-        _patch_bloom(model)
-    else:
-        raise ValueError(
-            f"patch_hf supports the architectures {', '.join(SUPPORTED)}; got model_type={model_type!r} ({type(model).__name__})"
-        )
-    return model
-
-
-def _with_globals(fn, replacements, _cache={}):  # noqa: B006  (one copy per function)
-    """``fn`` with the global names in ``replacements`` bound to new values (a copy of the function)."""
-    key = (fn, tuple(sorted((name, id(value)) for name, value in replacements.items())))
-    if key not in _cache:
-        scope = dict(fn.__globals__)
-        scope.update(replacements)
-        new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
-        new.__kwdefaults__ = fn.__kwdefaults__
-        new.__dict__.update(fn.__dict__)
-        new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
-        _cache[key] = new
-    return _cache[key]
-
-
-def _rebind_forward(module, replacements):
-    """Give ``module`` (an instance) a ``forward`` whose global names ``replacements`` are posenc's.
-
-    Only this instance changes; its class and the transformers module are untouched.
-    Returns whether its forward uses one of the names.
-    """
-    fn = type(module).forward
-    if hasattr(fn, "__wrapped__") or not set(fn.__code__.co_names) & set(replacements):
-        return False
-    module.forward = types.MethodType(_with_globals(fn, replacements), module)
-    return True
-
-
-def _replace_child(model, name, new):
-    parent_name, _, attr = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
-
-
-def _patch_rotary(model):
-    rotary = [(n, m) for n, m in model.named_modules() if type(m).__name__.endswith("RotaryEmbedding") and hasattr(m, "rope_type")]
-    if not rotary and not any(isinstance(m, HFRotaryEmbedding) for m in model.modules()):  # patched before: nothing to replace
-        raise ValueError(f"{type(model).__name__} has no transformers rotary embedding module to replace")
-    for name, module in rotary:
-        device = next(iter(module.buffers()), torch.empty(0)).device
-        _replace_child(model, name, HFRotaryEmbedding(module.config, device=device))
-    applied = [m for m in model.modules() if _rebind_forward(m, {"apply_rotary_pos_emb": apply_rotary_pos_emb})]
-    if not applied:
-        raise ValueError(f"no attention layer of {type(model).__name__} calls apply_rotary_pos_emb; cannot route the rotation through posenc")
-
-
-def _patch_t5(model):
-    layers = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False) and hasattr(m, "relative_attention_bias")]
-    if not layers:
-        raise ValueError(f"{type(model).__name__} has no attention layer with relative_attention_bias")
-    for layer in layers:
-        layer.compute_bias = _t5_compute_bias(T5RelativeBias.from_hf(layer))
-
-
-def _t5_compute_bias(bias):
-    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-        """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
-        return bias(query_length, key_length, offset=past_seen_tokens)[None]
-
-    return compute_bias
-
-
-def _patch_bloom(model):
-    bloom = [m for m in model.modules() if hasattr(m, "build_alibi_tensor") and hasattr(m, "num_heads")]
-    if not bloom:
-        raise ValueError(f"{type(model).__name__} has no BLOOM transformer with build_alibi_tensor")
-    for module in bloom:
-        module.build_alibi_tensor = bloom_alibi_tensor
-        _rebind_forward(module, {"_get_alibi_slopes": _alibi_slopes})
-
-
-def _alibi_slopes(num_heads, device):
-    return pe.alibi_slopes(num_heads, xp=torch, device=device)
-
-
-def bloom_alibi_tensor(attention_mask, num_heads, dtype):
-    """BLOOM's ``build_alibi_tensor`` with posenc: ``[batch * heads, 1, kv]`` ALiBi of the key positions.
-
-    BLOOM adds ``slope * key_position`` (positions from the padding mask), which differs
-    from ALiBi's ``-slope * (query - key)`` by a constant per query row that softmax
-    ignores; it is :func:`posenc.alibi_bias` with the query at position 0.
-    """
-    batch, length = attention_mask.shape
-    keys = pe.positions_from_mask(attention_mask)
-    queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
-    slopes = _alibi_slopes(num_heads, attention_mask.device)
-    bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
-    return bias.reshape(batch * num_heads, 1, length).to(dtype)
+    return hf_patch.patch(model)

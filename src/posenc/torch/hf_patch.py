@@ -1,0 +1,521 @@
+"""``patch_hf``: recognise a transformers model's positional parts, check posenc's replacements, swap them.
+
+A part is recognised by what it is, not by the model's name:
+
+* a **rotary module**: a submodule with a ``config`` and ``rope_type`` or an ``inv_freq``
+  buffer, called ``forward(x, position_ids) -> (cos, sin)``; replaced by
+  :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config;
+* the **apply function** an attention layer calls on it: a global of the layer's ``forward``
+  named ``apply_*rot*`` taking ``(q, k, cos, sin, ...)``; replaced by posenc's
+  :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
+  GLM-style functions make it from the same ``cos``/``sin``; interleaved ``cos``/``sin`` as
+  Cohere's modules give them; interleaved pairs stored back in the half order, DeepSeek's
+  latent attention), partial rotary included; GPT-J's ``apply(tensor, sin, cos)`` too;
+* a **T5 relative bias**: a layer owning ``relative_attention_bias`` and ``compute_bias``;
+  replaced by :class:`~posenc.torch.T5RelativeBias` on the same weight;
+* an **ALiBi builder**: a module with ``build_alibi_tensor`` (BLOOM); replaced by
+  :func:`posenc.alibi_bias` of the padded key positions.
+
+Every replacement is run beside the model's own code on probe inputs, in the model's dtype
+and on its device, before anything is swapped. All parts must match within the rounding of
+that dtype, or nothing is swapped and a ``ValueError`` names each part that differs and by
+how much: a model is patched entirely or left untouched, never silently different.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import re
+import types
+import weakref
+
+import torch
+from torch import nn
+
+import posenc as pe
+
+from .modules import T5RelativeBias
+
+_APPLY_NAME = re.compile(r"^apply_\w*rot", re.IGNORECASE)
+PATCHED_ATTRIBUTE = "posenc_patched"  # what patch_hf swapped, recorded on the model
+
+
+class _Refusal(Exception):
+    """A recognised part whose replacement cannot be checked or does not match (the message says which)."""
+
+
+def patch(model):
+    """Recognise, check and swap every positional part of ``model`` (the body of ``patch_hf``)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a transformers model (a torch.nn.Module), got {type(model).__name__}")
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "model_type"):
+        raise TypeError(f"model must be a transformers model with a config (config.model_type), got {type(model).__name__} without one")
+    if getattr(model, PATCHED_ATTRIBUTE, None) or any(_is_ours(m) for m in model.modules()):
+        raise ValueError(f"{type(model).__name__} is already patched by patch_hf; patch the original model once")
+    dtype, device = _probe_dtype_device(model)
+    swaps, refusals, done = [], [], []
+    rotary = _rotary_parts(model, dtype, device, swaps, refusals)
+    _apply_parts(model, rotary, dtype, device, swaps, refusals)
+    _t5_parts(model, swaps, refusals)
+    _alibi_parts(model, device, swaps, refusals)
+    if refusals:
+        raise ValueError(
+            f"patch_hf left {type(model).__name__} (model_type={config.model_type!r}) unpatched: " + "; ".join(refusals)
+        )
+    if not swaps:
+        from .hf import SUPPORTED
+
+        raise ValueError(
+            f"{type(model).__name__} (model_type={config.model_type!r}) has no positional part patch_hf recognises: "
+            "no rotary module (forward(x, position_ids) -> (cos, sin) with rope_type or inv_freq), no attention layer calling "
+            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_alibi_tensor "
+            f"(architectures verified in posenc's tests: {', '.join(SUPPORTED)})"
+        )
+    for swap, description in swaps:
+        swap()
+        done.append(description)
+    # a plain attribute (not nn.Module's __setattr__): a tuple of what was swapped
+    object.__setattr__(model, PATCHED_ATTRIBUTE, tuple(done))
+    return model
+
+
+def _is_ours(module):
+    from .hf import HFRotaryEmbedding
+
+    return isinstance(module, (HFRotaryEmbedding, InterleavedHFRotaryEmbedding)) or getattr(module.forward, "__posenc__", False)
+
+
+def _probe_dtype_device(model):
+    tensor = next((p for p in model.parameters() if p.is_floating_point()), None)
+    if tensor is None:
+        tensor = next((b for b in model.buffers() if b.is_floating_point()), None)
+    if tensor is None:
+        raise ValueError(f"{type(model).__name__} has no floating-point parameter to take the probe's dtype and device from")
+    if tensor.device.type == "meta":
+        raise ValueError(f"{type(model).__name__} is on the meta device: its parts cannot be run to check them; load its weights first")
+    if tensor.dtype not in (torch.float16, torch.bfloat16, torch.float32, torch.float64):
+        raise TypeError(f"patch_hf checks models in float16, bfloat16, float32 or float64, got {tensor.dtype}")
+    return tensor.dtype, tensor.device
+
+
+def _eps(dtype):
+    return torch.finfo(dtype).eps
+
+
+# --- rotary modules -------------------------------------------------------------------------
+
+
+def _looks_rotary(module):
+    if _is_ours(module) or not hasattr(module, "config"):
+        return False
+    return hasattr(module, "rope_type") or isinstance(getattr(module, "inv_freq", None), torch.Tensor)
+
+
+def _rotary_parts(model, dtype, device, swaps, refusals):
+    """Check an ``HFRotaryEmbedding`` against each rotary module; returns ``{name: replacement}``."""
+    from .hf import HFRotaryEmbedding
+
+    found = {}
+    for name, module in model.named_modules():
+        if not _looks_rotary(module):
+            continue
+        label = f"rotary module {name} ({type(module).__name__})"
+        try:
+            ours = HFRotaryEmbedding(module.config, device=device)
+            try:
+                _check_rotary(module, ours, dtype, device)
+            except _Refusal as half:
+                ours = InterleavedHFRotaryEmbedding(module.config, device=device)
+                try:
+                    _check_rotary(module, ours, dtype, device)
+                except _Refusal:
+                    raise half from None
+        except (_Refusal, ValueError, TypeError, NotImplementedError) as why:
+            refusals.append(f"{label}: {why}")
+            continue
+        for key, value in vars(module).items():  # plain settings the model may read (layer_types, rope_type, ...)
+            if not key.startswith("_") and not hasattr(ours, key) and not isinstance(value, (torch.Tensor, nn.Module)):
+                setattr(ours, key, value)
+        found[name] = ours
+        swaps.append((_replacer(model, name, ours), f"{name}: {type(ours).__name__}"))
+    return found
+
+
+class InterleavedHFRotaryEmbedding(nn.Module):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding` with ``cos``/``sin`` in the interleaved order.
+
+    ``[c_0, c_0, c_1, c_1, ...]`` where transformers' LLaMA order is ``[c_0, c_1, ..., c_0, c_1, ...]``:
+    the order of Cohere's rotary modules, whose apply function pairs ``(x[2i], x[2i+1])``.
+    """
+
+    def __init__(self, config, *, device=None):
+        from .hf import HFRotaryEmbedding
+
+        super().__init__()
+        self.rotary = HFRotaryEmbedding(config, device=device)
+        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = self.rotary(x, position_ids, layer_type)
+        half = cos.shape[-1] // 2
+        return cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
+
+
+def _probe_positions(config, device):
+    """Two calls' position ids: a short batch, and one past ``max_position_embeddings`` (switches)."""
+    limit = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
+    short = torch.stack([torch.arange(12), torch.arange(12) + 3]).to(device)
+    long = torch.arange(max(limit - 6, 0), limit + 10, device=device)[None].expand(2, -1)
+    return short, long
+
+
+def _check_rotary(theirs, ours, dtype, device):
+    params = getattr(theirs.config, "rope_parameters", None) or {}
+    nested = [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
+    sections = sorted({k for d in [params, *nested, vars(theirs)] if isinstance(d, dict) for k in d if k.startswith("mrope")})
+    if sections:  # position ids [3, batch, seq]: HFRotaryEmbedding takes [batch, seq]
+        raise _Refusal(f"multimodal rotary ({', '.join(sections)}) is not reproduced by HFRotaryEmbedding")
+    theirs = copy.deepcopy(theirs)  # a stateful (dynamic) module must not remember the probe
+    inv_freq = getattr(theirs, "inv_freq", None)
+    buffer_dtype = inv_freq.dtype if isinstance(inv_freq, torch.Tensor) and inv_freq.is_floating_point() else torch.float32
+    angle_eps = max(_eps(torch.float32), _eps(buffer_dtype))
+    layer_types = pe.scaling.nested_layer_types(theirs.config) or [None]
+    x = torch.zeros(1, dtype=dtype, device=device)
+    for position_ids in _probe_positions(theirs.config, device):
+        for layer_type in layer_types:
+            args = (x, position_ids) if layer_type is None else (x, position_ids, layer_type)
+            try:
+                with torch.no_grad():
+                    want = theirs(*args)
+            except Exception as error:  # noqa: BLE001  (the model's own code: any failure means "not this kind of part")
+                raise _Refusal(f"its forward(x, position_ids) does not run ({type(error).__name__}: {_short(error)})") from None
+            if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(t, torch.Tensor) for t in want)):
+                raise _Refusal("its forward(x, position_ids) does not return (cos, sin)")
+            got = ours(*args)
+            for part, w, g in zip(("cos", "sin"), want, got):
+                if w.shape != g.shape:
+                    raise _Refusal(f"{part} has shape {tuple(w.shape)}, posenc's {tuple(g.shape)}")
+                # transformers forms the angle p * theta in float32 (from an inv_freq buffer that
+                # model.to(bfloat16) may have rounded to 16 bits); then both round to dtype
+                scale = max(1.0, float(w.abs().max()))
+                tolerance = scale * (8 * angle_eps * float(position_ids.max() + 1) + 2 * _eps(dtype))
+                diff = float((w.double() - g.double()).abs().max())
+                if not diff <= tolerance:
+                    where = "" if layer_type is None else f" for {layer_type}"
+                    raise _Refusal(f"{part}{where} differs from posenc's by {diff:.3g} (tolerance {tolerance:.3g})")
+
+
+# --- apply functions ------------------------------------------------------------------------
+
+
+def _apply_globals(module):
+    """``{global name: function}`` of the ``apply_*rot*`` functions ``module.forward`` calls."""
+    fn = getattr(type(module), "forward", None)
+    if not isinstance(fn, types.FunctionType):
+        return {}
+    names = {n for n in fn.__code__.co_names if _APPLY_NAME.match(n)}
+    return {n: fn.__globals__[n] for n in names if callable(fn.__globals__.get(n))}
+
+
+def _apply_parts(model, rotary, dtype, device, swaps, refusals):
+    replacements = {}  # original function -> checked replacement (or the refusal)
+    users = []
+    for name, module in model.named_modules():
+        used = _apply_globals(module)
+        if not used:
+            continue
+        if hasattr(type(module).forward, "__wrapped__"):
+            refusals.append(f"{name} ({type(module).__name__}): its forward is wrapped; cannot route {', '.join(used)} through posenc")
+            continue
+        users.append((name, module, used))
+        for fn in used.values():
+            if fn not in replacements:
+                replacements[fn] = _replacement_for(fn, rotary, model.config, dtype, device)
+    for fn, found in replacements.items():
+        if isinstance(found, str):
+            refusals.append(f"apply function {fn.__module__}.{fn.__name__}: {found}")
+    if any(isinstance(found, str) for found in replacements.values()):
+        return
+    for name, module, used in users:
+        mapping = {n: replacements[fn] for n, fn in used.items()}
+        what = ", ".join(f"{n}: apply_rope ({LAYOUTS[replacements[fn]]})" for n, fn in sorted(used.items()))
+        swaps.append((_rebinder(module, mapping), f"{name}: {what}"))
+
+
+def _replacement_for(fn, rotary, config, dtype, device):
+    """A checked posenc replacement of the apply function ``fn``, or why there is none (a str)."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return "its signature cannot be read"
+    params = list(signature.parameters)
+    if params == ["tensor", "sin", "cos"]:
+        return _table_apply_for(fn, dtype, device)
+    if params[:4] != ["q", "k", "cos", "sin"]:
+        return f"takes ({', '.join(params)}), not (q, k, cos, sin, ...)"
+    extra = params[4:]
+    required = [p for p in extra if signature.parameters[p].default is inspect.Parameter.empty]
+    if required or not set(extra) <= {"position_ids", "unsqueeze_dim"}:
+        return f"takes ({', '.join(params)}): arguments posenc does not reproduce ({', '.join(p for p in extra if p not in ('position_ids', 'unsqueeze_dim'))})"
+    if not rotary:
+        return "the model has no rotary module posenc replaced, so no (cos, sin) to check it with"
+    unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
+    probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
+    differences = []
+    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out"):
+        candidate = _make_apply(layout, extra, unsqueeze_default)
+        diff = _compare_apply(fn, candidate, probes, dtype)
+        if diff is None:
+            return "it does not run on (q [batch, heads, seq, d], k, cos, sin [batch, seq, r]) probes"
+        if diff[0] <= diff[1]:
+            return candidate
+        differences.append(f"{layout} layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
+    return "no posenc layout reproduces it: " + ", ".join(differences)
+
+
+def _table_apply_for(fn, dtype, device):
+    """GPT-J's form, ``apply(tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2])``: interleaved pairs.
+
+    The angles stay the model's own (its ``embed_positions`` table); the rotation goes through
+    posenc.
+    """
+
+    def apply_rotary_pos_emb(tensor, sin, cos):
+        cos = cos[:, :, None, :].repeat_interleave(2, 3)
+        sin = sin[:, :, None, :].repeat_interleave(2, 3)
+        return pe.apply_rope(tensor, cos, sin, layout="interleaved")
+
+    generator = torch.Generator().manual_seed(0)
+    angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
+    sin, cos = (torch.stack([f(angles), f(angles + 0.5)]).to(dtype=dtype, device=device) for f in (torch.sin, torch.cos))
+    x = torch.randn(2, 9, 3, 8, generator=generator).to(dtype=dtype, device=device)
+    diff = _compare_apply(lambda *a: (fn(*a),), lambda *a: (apply_rotary_pos_emb(*a),), [((x, sin, cos), {})], dtype)
+    if diff is None:
+        return "it does not run on (tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2]) probes"
+    if not diff[0] <= diff[1]:
+        return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
+    LAYOUTS[apply_rotary_pos_emb] = "interleaved, the model's own sin/cos table"
+    return apply_rotary_pos_emb
+
+
+def _apply_probes(ours, config, dtype, device, has_unsqueeze):
+    heads = int(getattr(config, "num_attention_heads", 4) or 4)
+    head_dim = getattr(config, "head_dim", None) or int(getattr(config, "hidden_size", 64)) // heads
+    generator = torch.Generator().manual_seed(0)
+    position_ids = torch.stack([torch.arange(9), torch.arange(9) + 4]).to(device)
+    x = torch.zeros(1, dtype=dtype, device=device)
+    layer_type = next(iter(ours._rope))
+    cos, sin = ours(x, position_ids, layer_type) if layer_type is not None else ours(x, position_ids)
+    rotary_dim = cos.shape[-1]
+    probes = []
+    for d in sorted({rotary_dim, int(head_dim)}):
+        if d < rotary_dim:
+            continue
+        q = torch.randn(2, 3, 9, d, generator=generator).to(dtype=dtype, device=device)
+        k = torch.randn(2, 2, 9, d, generator=generator).to(dtype=dtype, device=device)
+        probes.append(((q, k, cos, sin), {}))
+        if has_unsqueeze:
+            probes.append(((q.transpose(1, 2), k.transpose(1, 2), cos, sin), {"unsqueeze_dim": 2}))
+    return probes
+
+
+def _compare_apply(theirs, ours, probes, dtype):
+    """``(max difference, tolerance)`` over the probes ``theirs`` accepts, or None if it accepts none."""
+    worst, tolerance, ran = 0.0, 0.0, False
+    for args, kwargs in probes:
+        try:
+            with torch.no_grad():
+                want = theirs(*args, **kwargs)
+        except Exception:  # noqa: BLE001  (a probe shape this function does not take: e.g. a full head for a rotary-only one)
+            continue
+        ran = True
+        got = ours(*args, **kwargs)
+        for w, g in zip(want, got):
+            if w.shape != g.shape:
+                return float("inf"), 0.0
+            worst = max(worst, float((w.double() - g.double()).abs().max()))
+            tolerance = max(tolerance, 4 * _eps(dtype) * float(w.abs().max()) + 4 * _eps(dtype))
+    return (worst, tolerance) if ran else None
+
+
+LAYOUTS = weakref.WeakKeyDictionary()  # replacement apply function -> the layout it was checked in
+
+
+def _make_apply(layout, extra, unsqueeze_default):
+    """posenc's ``apply_rotary_pos_emb`` with the parameters of the model's (``q, k, cos, sin`` + ``extra``)."""
+    if layout == "half" and extra == ["unsqueeze_dim"] and unsqueeze_default == 1:
+        from .hf import apply_rotary_pos_emb  # LLaMA's signature: posenc.torch.hf's own (its fast path)
+
+        LAYOUTS[apply_rotary_pos_emb] = layout
+        return apply_rotary_pos_emb
+    if layout == "half":
+
+        def rotate(x, cos, sin):
+            return pe.apply_rope(x, cos, sin)
+
+    elif layout == "interleaved cos/sin":
+
+        def rotate(x, cos, sin):  # cos/sin [..., r] already in the interleaved order (c_0, c_0, c_1, c_1, ...)
+            return pe.apply_rope(x, cos, sin, layout="interleaved")
+
+    elif layout == "interleaved in, half out":
+
+        def rotate(x, cos, sin):  # DeepSeek's MLA: pairs (x[2i], x[2i+1]), results stored as [evens, odds]
+            half = cos.shape[-1] // 2
+            out = pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
+            return torch.cat([out[..., 0::2], out[..., 1::2]], dim=-1)
+
+    else:
+
+        def rotate(x, cos, sin):  # cos/sin [..., r] in the half order: c_0 .. c_{r/2-1} repeated
+            half = cos.shape[-1] // 2
+            return pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
+
+    if extra == ["position_ids", "unsqueeze_dim"]:
+
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=unsqueeze_default):
+            cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    elif extra == ["position_ids"]:
+
+        def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None):
+            cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    else:
+
+        def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_default):
+            cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
+    LAYOUTS[apply_rotary_pos_emb] = layout
+    return apply_rotary_pos_emb
+
+
+# --- T5 relative bias and ALiBi -------------------------------------------------------------
+
+
+def _t5_parts(model, swaps, refusals):
+    for name, layer in model.named_modules():
+        if not (getattr(layer, "has_relative_attention_bias", False) and hasattr(layer, "relative_attention_bias")):
+            continue
+        label = f"relative attention bias {name} ({type(layer).__name__})"
+        if not callable(getattr(layer, "compute_bias", None)):
+            refusals.append(f"{label}: no compute_bias method to replace")
+            continue
+        try:
+            bias = T5RelativeBias.from_hf(layer)
+            ours = _t5_compute_bias(bias)
+            for q_len, k_len, past in ((5, 7, 0), (1, 9, 8), (6, 6, 2)):
+                with torch.no_grad():
+                    want = layer.compute_bias(q_len, k_len, past_seen_tokens=past)
+                    got = ours(q_len, k_len, past_seen_tokens=past)
+                diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+                if not diff <= 2 * _eps(want.dtype) * float(want.abs().max()):
+                    raise _Refusal(f"compute_bias({q_len}, {k_len}, past_seen_tokens={past}) differs from posenc's by {diff:.3g}")
+        except (_Refusal, ValueError, TypeError, AttributeError) as why:
+            refusals.append(f"{label}: {_short(why)}")
+            continue
+        swaps.append((_setter(layer, "compute_bias", ours), f"{name}.compute_bias: T5RelativeBias"))
+
+
+def _t5_compute_bias(bias):
+    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+        """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
+        return bias(query_length, key_length, offset=past_seen_tokens)[None]
+
+    return compute_bias
+
+
+def _alibi_parts(model, device, swaps, refusals):
+    for name, module in model.named_modules():
+        if not (hasattr(module, "build_alibi_tensor") and hasattr(module, "num_heads")):
+            continue
+        label = f"ALiBi builder {name or 'model'}.build_alibi_tensor ({type(module).__name__})"
+        mask = torch.ones(2, 11, dtype=torch.long, device=device)
+        mask[1, :4] = 0
+        try:
+            with torch.no_grad():
+                want = module.build_alibi_tensor(mask, module.num_heads, torch.float32)
+            got = bloom_alibi_tensor(mask, module.num_heads, torch.float32)
+            diff = float((want - got).abs().max()) if want.shape == got.shape else float("inf")
+            if not diff <= 4 * _eps(torch.float32) * float(want.abs().max()):
+                raise _Refusal(f"differs from posenc's ALiBi by {diff:.3g}")
+        except (_Refusal, TypeError, RuntimeError) as why:
+            refusals.append(f"{label}: {_short(why)}")
+            continue
+        swaps.append((_setter(module, "build_alibi_tensor", bloom_alibi_tensor), f"{name or 'model'}.build_alibi_tensor: alibi_bias"))
+        forward = getattr(type(module), "forward", None)
+        if isinstance(forward, types.FunctionType) and "_get_alibi_slopes" in forward.__code__.co_names:
+            theirs = forward.__globals__["_get_alibi_slopes"]
+            diff = max(float((theirs(h, device) - _alibi_slopes(h, device)).abs().max()) for h in (module.num_heads, 5, 12))
+            if not diff <= 2 * _eps(torch.float32):
+                refusals.append(f"ALiBi slopes _get_alibi_slopes of {type(module).__name__}: differ from posenc's by {diff:.3g}")
+                continue
+            swaps.append((_rebinder(module, {"_get_alibi_slopes": _alibi_slopes}), f"{name or 'model'} _get_alibi_slopes: alibi_slopes"))
+
+
+def _alibi_slopes(num_heads, device):
+    return pe.alibi_slopes(num_heads, xp=torch, device=device)
+
+
+def bloom_alibi_tensor(attention_mask, num_heads, dtype):
+    """BLOOM's ``build_alibi_tensor`` with posenc: ``[batch * heads, 1, kv]`` ALiBi of the key positions.
+
+    BLOOM adds ``slope * key_position`` (positions from the padding mask), which differs
+    from ALiBi's ``-slope * (query - key)`` by a constant per query row that softmax
+    ignores; it is :func:`posenc.alibi_bias` with the query at position 0.
+    """
+    batch, length = attention_mask.shape
+    keys = pe.positions_from_mask(attention_mask)
+    queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
+    slopes = _alibi_slopes(num_heads, attention_mask.device)
+    bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
+    return bias.reshape(batch * num_heads, 1, length).to(dtype)
+
+
+# --- swapping -------------------------------------------------------------------------------
+
+
+def _replacer(model, name, new):
+    def swap():
+        parent_name, _, attr = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+
+    return swap
+
+
+def _setter(obj, attr, value):
+    return lambda: setattr(obj, attr, value)
+
+
+def _rebinder(module, replacements):
+    def swap():
+        fn = type(module).forward
+        new = _with_globals(fn, replacements)
+        new.__posenc__ = True
+        module.forward = types.MethodType(new, module)
+
+    return swap
+
+
+def _with_globals(fn, replacements):
+    """A copy of ``fn`` whose global names in ``replacements`` are bound to new values.
+
+    Only the instance that gets it changes; its class and the transformers module are untouched.
+    """
+    scope = dict(fn.__globals__)
+    scope.update(replacements)
+    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    new.__kwdefaults__ = fn.__kwdefaults__
+    new.__dict__.update(fn.__dict__)
+    new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+    return new
+
+
+def _short(error, limit=200):
+    text = re.sub(r"\s+", " ", str(error)).strip()
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,65 @@
+"""patch_hf on every causal-LM architecture transformers builds tiny (tests/hf_zoo.py).
+
+Each architecture is either covered (patched logits within float32 rounding of the
+original's on a left-padded batch, identical greedy ``generate()`` tokens with the KV cache)
+or refused by a ``ValueError`` that names the part posenc does not reproduce; one that
+cannot be built tiny is skipped with the reason. By default a representative set runs
+(every apply layout, partial rotary, nested rope parameters, MoE, ALiBi, refusals);
+``POSENC_HF_ZOO=all`` runs every model type (the docs' table comes from
+``python tests/hf_zoo.py --markdown docs/transformers.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import hf_zoo  # noqa: E402
+from posenc.torch import HFRotaryEmbedding, hf  # noqa: E402
+
+REPRESENTATIVE = (
+    "llama",  # half layout, every layer through the decoder's rotary module
+    "phi",  # partial rotary: the attention slices q[..., :rotary_dim] itself
+    "glm",  # interleaved pairs made by the apply function from half-order cos/sin
+    "cohere",  # interleaved cos/sin from the rotary module
+    "gpt_neox",  # partial rotary
+    "qwen3_moe",  # MoE, q/k norms
+    "deepseek_v3",  # latent attention: interleaved pairs in, half order out
+    "gemma3_text",  # rope parameters nested per layer type
+    "bloom",  # ALiBi
+    "gptj",  # its apply function takes (tensor, sin, cos), interleaved
+    "mpt",  # no part patch_hf recognises (its ALiBi builder is not BLOOM's): refused
+)
+TYPES = hf_zoo.model_types() if os.environ.get("POSENC_HF_ZOO") == "all" else REPRESENTATIVE
+
+
+@pytest.mark.parametrize("model_type", TYPES)
+def test_patched_architecture_matches_or_is_refused(model_type):
+    row = hf_zoo.check(model_type)
+    if not row.buildable:
+        pytest.skip(f"{model_type}: {row.refused}")
+    if row.refused:
+        assert model_type not in hf.SUPPORTED, f"{model_type} is listed as supported but refused: {row.refused}"
+        assert row.refused.startswith("patch_hf left") or "has no positional part patch_hf recognises" in row.refused
+        return
+    assert row.diff <= row.tolerance, f"{model_type}: logits differ by {row.diff:.3g} (float32 rounding of this model: {row.tolerance:.3g})"
+    assert row.tokens_equal, f"{model_type}: greedy generate() gives other tokens"
+    assert model_type in hf.SUPPORTED
+
+
+def test_a_refused_model_is_left_unchanged():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_zoo.build("llama")
+    rotary = model.model.rotary_emb
+    rotary.inv_freq.mul_(1.001)  # its own frequencies no longer follow its config
+    with pytest.raises(ValueError, match=r"rotary module model\.rotary_emb \(LlamaRotaryEmbedding\): (cos|sin) differs from posenc's by"):
+        hf.patch_hf(model)
+    assert model.model.rotary_emb is rotary and not hasattr(model, "posenc_patched")
+    assert not any(isinstance(m, HFRotaryEmbedding) for m in model.modules())
+    assert all("forward" not in vars(m) for m in model.modules())
