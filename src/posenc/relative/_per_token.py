@@ -56,9 +56,17 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
     return qpos, kpos, batch
 
 
-def relative(qpos, kpos):
-    """``rel[..., i, j] = qpos[..., i] - kpos[..., j]``."""
-    return qpos[..., :, None] - kpos[..., None, :]
+def relative(qpos, kpos, *, heads=False):
+    """``rel[..., i, j] = qpos[..., i] - kpos[..., j]`` (``[..., 1, q, k]`` with ``heads``)."""
+    rel = qpos[..., :, None] - kpos[..., None, :]
+    return rel[..., None, :, :] if heads else rel
+
+
+def placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, has_heads, what, *, device):
+    """``(qpos, kpos, batch)`` of a logits function: the validated positions and the leading
+    axes of its ``[..., heads, q, k]`` result (:func:`positions`, :func:`batch_with_heads`)."""
+    qpos, kpos, positions_batch = positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+    return qpos, kpos, batch_with_heads(positions_batch, batch, has_heads, what)
 
 
 def batch_with_heads(positions_batch, batch, has_heads, what):

@@ -92,11 +92,9 @@ def deberta_logits(
     dtype, work = _args.dtypes(xp, q, k, *(table for _, table in given))
     device = device_of(q)
     if _per_token.given(query_positions, key_positions):
-        qpos, kpos, positions_batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
-        batch = _per_token.batch_with_heads(positions_batch, batch, q.ndim >= 3, "q and k")
+        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device)
         _args.logits_shape(batch, q_len, k_len)
-        rel = _per_token.relative(qpos, kpos)
-        rel = rel[..., None, :, :] if q.ndim >= 3 else rel
+        rel = _per_token.relative(qpos, kpos, heads=q.ndim >= 3)
     else:
         _args.logits_shape(batch, q_len, k_len)
         rel = distances(q_len, k_len, query_offset(offset, q_len, k_len), xp=xp, device=device)

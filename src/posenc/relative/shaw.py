@@ -58,11 +58,9 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     dtype, work = _args.dtypes(xp, q, k, table_k)
     device = device_of(q)
     if _per_token.given(query_positions, key_positions):
-        qpos, kpos, positions_batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
-        batch = _per_token.batch_with_heads(positions_batch, batch, q.ndim >= 3, "q and k")
+        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device)
         _args.logits_shape(batch, q_len, k_len)
-        rel = _per_token.relative(qpos, kpos)
-        index = clipped(xp, rel[..., None, :, :] if q.ndim >= 3 else rel, max_distance)
+        index = clipped(xp, _per_token.relative(qpos, kpos, heads=q.ndim >= 3), max_distance)
     else:
         _args.logits_shape(batch, q_len, k_len)
         index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len), xp=xp, device=device), max_distance)
@@ -131,11 +129,10 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
     dtype, work = _args.dtypes(xp, weights, v, table_v)
     device = device_of(v)
     if _per_token.given(query_positions, key_positions):
-        qpos, kpos, positions_batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
-        batch = _per_token.batch_with_heads(positions_batch, batch, weights.ndim >= 3, "weights and v")
+        has_heads = weights.ndim >= 3
+        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, has_heads, "weights and v", device=device)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
-        rel = _per_token.relative(qpos, kpos)
-        index = clipped(xp, rel[..., None, :, :] if weights.ndim >= 3 else rel, max_distance)
+        index = clipped(xp, _per_token.relative(qpos, kpos, heads=has_heads), max_distance)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         mass = _per_token.scatter(xp, weights, index, rows)
     else:
