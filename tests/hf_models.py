@@ -130,10 +130,11 @@ def build(name, seed=0):
     return MODELS[name]().eval()
 
 
-def inputs(seed=1, length=PROMPT + NEW):
-    """A left-padded batch of two: ``(input_ids, attention_mask)``, 3 padding tokens in row 1."""
+def inputs(seed=1, length=PROMPT + NEW, *, lowest=1):
+    """A left-padded batch of two: ``(input_ids, attention_mask)``, 3 padding tokens in row 1;
+    token ids from ``lowest`` up to ``VOCAB``."""
     generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, VOCAB, (2, length), generator=generator)
+    ids = torch.randint(lowest, VOCAB, (2, length), generator=generator)
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     return ids, mask

@@ -24,8 +24,9 @@ import warnings
 
 import torch
 
-VOCAB = 96
-PROMPT, NEW = 10, 14
+import hf_models
+from hf_models import NEW, PROMPT, VOCAB
+
 LENGTH = PROMPT + NEW
 
 # Config fields shrunk when the default config has them.
@@ -140,13 +141,9 @@ def build(model_type, seed=0):
     return model.eval()
 
 
-def inputs(seed=1, length=LENGTH):
-    """A left-padded batch of two: ``(input_ids, attention_mask)``, 3 padding tokens in row 1."""
-    generator = torch.Generator().manual_seed(seed)
-    ids = torch.randint(3, VOCAB, (2, length), generator=generator)
-    mask = torch.ones_like(ids)
-    mask[1, :3] = 0
-    return ids, mask
+def inputs():
+    """hf_models' left-padded batch of two, ``LENGTH`` tokens, ids from 3 (0-2 are special tokens in some configs)."""
+    return hf_models.inputs(length=LENGTH, lowest=3)
 
 
 def logits(model, ids, mask):

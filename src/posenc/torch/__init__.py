@@ -12,42 +12,17 @@ from . import _ops  # noqa: F401  (registers the posenc:: custom ops)
 from .flex import score_mod
 from .hf import HFRotaryEmbedding, patch_hf
 from .lengthgen import FIRE, KERPLE, CoPE, RandomizedRoPE, Sandwich
-from .modules import (
-    ALiBi,
-    DeBERTaRelative,
-    LearnedEmbedding,
-    NoPE,
-    PositionalModule,
-    RotaryEmbedding,
-    ShawRelative,
-    SinusoidalEmbedding,
-    T5RelativeBias,
-    TENERRelative,
-    TUPE,
-    TransformerXLRelative,
-    XPos,
-)
+from .modules import *  # noqa: F403  (every positional module of the protocol)
+from .modules import __all__ as _modules_all
 
 __all__ = [
-    "ALiBi",
-    "DeBERTaRelative",
-    "HFRotaryEmbedding",
-    "LearnedEmbedding",
-    "NoPE",
-    "PositionalModule",
-    "RotaryEmbedding",
-    "ShawRelative",
-    "SinusoidalEmbedding",
-    "T5RelativeBias",
-    "TENERRelative",
-    "TUPE",
-    "TransformerXLRelative",
-    "XPos",
-    "patch_hf",
-    "score_mod",
+    *_modules_all,
     "CoPE",
     "FIRE",
     "KERPLE",
     "RandomizedRoPE",
     "Sandwich",
+    "HFRotaryEmbedding",
+    "patch_hf",
+    "score_mod",
 ]
