@@ -4,23 +4,26 @@ At the size of a decode step, validation, namespace resolution and kernel select
 more than the work (docs/benchmarks.md, "A decode step"). ``@planned(Signature)`` puts a
 cache in front of a public function:
 
-* ``Signature.key(*args, **kwargs)``: a cheap hashable key of everything validation looks
-  at, without reading array values: each array's library, shape, strides, dtype, device and
-  gradient tracking, the options' types and values, the backend in force (``array_key``).
-  It returns None, or a tuple with a None part, for a call no plan serves (another
-  library, a traced value, an unhashable option ...); when it raises, the call takes the
-  full path too;
+* ``Signature.key(args, kwargs)``: a cheap hashable key of everything validation looks
+  at, without reading array values, from the call's positional arguments and keywords as
+  given: each array's library, shape, strides, dtype, device and gradient tracking, the
+  keywords' names, types and values, the backend in force (``array_key``,
+  ``keywords_key``). It returns None for a call no plan serves (another library, a traced
+  value, an array or object among the options ...); when it raises (an unhashable
+  option), the call takes the full path too;
 * the first call with a key runs the public function itself (full validation, the kernel
-  registry); only when it returns normally is ``Signature.build(*args, **kwargs)`` asked
-  for a plan of that key (None: the key is remembered as served by the full path);
-* later calls with the key call ``plan(*args, **kwargs)``, which launches the same kernel
+  registry); only when it returns normally is ``Signature.build(*args, **kwargs)`` (the
+  function's keyword defaults filled in) asked for a plan of that key (None: the key is
+  remembered as served by the full path);
+* later calls with the key call ``plan(args, kwargs)``, which launches the same kernel
   with the same arithmetic on the values the full path would have computed, or returns
   ``NotImplemented`` for values the plan does not cover (an angle beyond the fast
   reduction, an offset near the integer limits), which then take the full path.
 
 So a plan is only ever used for a call that the full path has accepted with the same key,
-and bad input always meets the full validation and its error. Keyword defaults come from
-the public function itself, so a plan sees what the function sees.
+and bad input always meets the full validation and its error. A keyword left to its
+default and the same value given explicitly are two keys (each validated once); a plan
+reads a keyword the key leaves out (``offset``) with the function's own default.
 """
 
 from __future__ import annotations
@@ -42,23 +45,18 @@ def planned(signature):
 
         @functools.wraps(fn)
         def public(*args, **kwargs):
-            named = {**defaults, **kwargs}
             try:
-                key = signature.key(*args, **named)
-                if key is not None and None in key:  # a part no plan serves
-                    key = None
-                hash(key)
+                key = signature.key(args, kwargs)
+                plan = None if key is None else plans.get(key)
             except Exception:  # any argument a key cannot describe (unhashable ...): the full path judges it
-                key = None
-            if key is not None:
-                plan = plans.get(key)
-                if plan:
-                    result = plan(*args, **named)
-                    if result is not NotImplemented:
-                        return result
+                key = plan = None
+            if plan:
+                result = plan(args, kwargs)
+                if result is not NotImplemented:
+                    return result
             result = fn(*args, **kwargs)
             if key is not None and key not in plans and len(plans) < MAX_PLANS:
-                plans[key] = signature.build(*args, **named) or False
+                plans[key] = signature.build(*args, **{**defaults, **kwargs}) or False
             return result
 
         public.plans = plans
@@ -89,18 +87,36 @@ def context_key():
     return (_dispatch.get_backend(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
 
 
+def keywords_key(kwargs, *varying):
+    """The keywords but ``varying`` as ``(names, values, types)`` (True and 1 are two keys);
+    None where one is not a plain value (None, bool, int, float, str): an array, an object."""
+    if varying:
+        kwargs = kwargs.copy()
+        for name in varying:
+            kwargs.pop(name, None)
+    values = tuple(kwargs.values())
+    types = tuple(map(type, values))
+    return (tuple(kwargs), values, types) if _PLAIN.issuperset(types) else None
+
+
+_PLAIN = frozenset((type(None), bool, int, float, str))
+
+
 # ---------------------------------------------------------------- signatures of the planned functions
 
 
 class Rope:
-    """``rope``: default positions, no scaling; the offset's value is the plan's argument."""
+    """``rope(x, offset=n, ...)``: default positions, no scaling; the offset is the plan's argument."""
 
     @staticmethod
-    def key(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out):
-        if positions is not None or scaling is not None or seq_len is not None or out is not None or type(offset) is not int:
+    def key(args, kwargs):
+        offset = kwargs.get("offset", 0)
+        if len(args) != 1 or type(offset) is not int:
             return None
-        options = (type(base), base, type(layout), layout, type(rotary_dim), rotary_dim, type(seq_axis), seq_axis, type(inverse), inverse)
-        return ("rope", array_key(x), context_key(), options)
+        options, x, context = keywords_key(kwargs, "offset"), array_key(args[0]), context_key()
+        if options is None or x is None or context is None:
+            return None
+        return ("rope", x, context, options)
 
     @staticmethod
     def build(*args, **kwargs):
@@ -111,10 +127,11 @@ class Rope:
 
 class ApplyRope:
     @staticmethod
-    def key(x, cos, sin, *, layout, out):
-        if out is not None:
+    def key(args, kwargs):
+        if len(args) != 3:
             return None
-        return ("apply_rope", array_key(x), array_key(cos), array_key(sin), context_key(), type(layout), layout)
+        key = ("apply_rope", *map(array_key, args), context_key(), keywords_key(kwargs))
+        return None if None in key else key
 
     @staticmethod
     def build(*args, **kwargs):
@@ -123,20 +140,24 @@ class ApplyRope:
         return build_apply(*args, **kwargs)
 
 
-def _bias_key(name, kind, params, q_len, k_len, offset, options):
-    if type(q_len) is not int or q_len != 1 or type(k_len) is not int or (offset is not None and type(offset) is not int):
+def _bias_key(name, args, kwargs):
+    """``(kind, params, 1, k_len)`` with an int ``k_len``, and ``offset`` None or an int: both the plan's arguments."""
+    if len(args) != 4:
         return None
-    return (name, kind, array_key(params), context_key(), type(offset), tuple((n, type(v), v) for n, v in sorted(options.items())))
+    kind, params, q_len, k_len = args
+    offset = kwargs.get("offset")
+    if type(kind) is not str or type(q_len) is not int or q_len != 1 or type(k_len) is not int or (offset is not None and type(offset) is not int):
+        return None
+    key = (name, kind, array_key(params), context_key(), offset is None, keywords_key(kwargs, "offset"))
+    return None if None in key else key
 
 
 class RelativeBias:
     """``relative_bias`` (``t5_bias``, ``alibi_bias``) of one query row; ``k_len`` and ``offset`` are the plan's arguments."""
 
     @staticmethod
-    def key(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
-        if out is not None or chunks is not None or query_positions is not None or key_positions is not None:
-            return None
-        return _bias_key("relative_bias", kind, params, q_len, k_len, offset, options)
+    def key(args, kwargs):
+        return _bias_key("relative_bias", args, kwargs)
 
     @staticmethod
     def build(*args, **kwargs):
@@ -147,8 +168,8 @@ class RelativeBias:
 
 class RelativeBiasVector:
     @staticmethod
-    def key(kind, params, q_len, k_len, *, offset, **options):
-        return _bias_key("relative_bias_vector", kind, params, q_len, k_len, offset, options)
+    def key(args, kwargs):
+        return _bias_key("relative_bias_vector", args, kwargs)
 
     @staticmethod
     def build(*args, **kwargs):
@@ -159,10 +180,14 @@ class RelativeBiasVector:
 
 class ExpandBias:
     @staticmethod
-    def key(vec, q_len, k_len, *, out, chunks):
-        if out is not None or chunks is not None or type(q_len) is not int or q_len != 1 or type(k_len) is not int:
+    def key(args, kwargs):
+        if len(args) != 3:
             return None
-        return ("expand_bias", array_key(vec), context_key(), q_len, k_len)
+        vec, q_len, k_len = args
+        if type(q_len) is not int or q_len != 1 or type(k_len) is not int:
+            return None
+        key = ("expand_bias", array_key(vec), context_key(), k_len, keywords_key(kwargs))  # vec's shape fixes k_len
+        return None if None in key else key
 
     @staticmethod
     def build(*args, **kwargs):
@@ -175,11 +200,15 @@ class RopeCosSin:
     """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on every call."""
 
     @staticmethod
-    def key(positions, inv_freq, *, layout, dtype, scale):
-        freqs = array_key(inv_freq)
-        if freqs is None or (type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray):
+    def key(args, kwargs):
+        if len(args) != 2:
             return None
-        return ("rope_cos_sin", array_key(positions), freqs, context_key(), type(layout), layout, type(dtype), dtype, type(scale), scale)
+        positions, inv_freq = args
+        if type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray:
+            return None
+        dtype = kwargs.get("dtype")  # a dtype object: hashable, never an array of a successful call
+        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(), type(dtype), dtype, keywords_key(kwargs, "dtype"))
+        return None if None in key[:4] or key[-1] is None else key
 
     @staticmethod
     def build(*args, **kwargs):

@@ -13,6 +13,7 @@ Plans cover a single ``(G, H, S)`` group (no outer loop) and a unit-stride chann
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -48,6 +49,9 @@ class _Launch:
         self.tasks = plan.g.size * -(-plan.s.size // self.block)
         self.workers = min(workers, self.tasks)
         self.kernel = rope_cpu.FAMILY[op, dtype, layout]
+        self.lib = sys.modules["torch"] if self.torch else np
+        # How ``host`` reads x: a torch 16-bit float through its int16 bits, as _arrays.host_view does.
+        self.bits = self.torch and x.dtype.itemsize == 2
         self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
 
@@ -61,16 +65,17 @@ class _Launch:
         return not self.grouping.outer and 0 not in self.grouping.shape() and self.dim > 0
 
     def host(self, x):
+        """``_arrays.host_view(x)`` for an ``x`` of this signature."""
         if self.torch:
-            return _arrays.host_view(x)
+            x = x.detach()
+            return x.view(self.lib.int16).numpy().view(np.uint16) if self.bits else x.numpy()
         return x.view(np.uint16) if x.dtype == np.float16 else x
 
     def result(self):
         """``(result, its flat NumPy view)``: as ``_arrays.empty`` allocates it."""
         held = np.empty(self.shape, self.storage)
         if self.torch:
-            import torch
-
+            torch = self.lib
             result = torch.from_numpy(held)
             if self.dtype == torch.bfloat16:
                 result = result.view(torch.bfloat16)
@@ -116,13 +121,14 @@ class RotatePlan:
         self.angles = (self.inv_freq, sign, float(scale))
         self.tables = (rope_cpu._NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2
 
-    def __call__(self, x, positions=None, *, offset, **_):
+    def __call__(self, args, kwargs):
+        offset = kwargs.get("offset", 0)
         if not -_EXACT < offset < _EXACT:
             return NotImplemented
         # rope_cpu.rotate_positions leaves larger angles to the reference: so does the plan.
         if not max(abs(self.low + offset), abs(self.high + offset)) * self.max_freq <= FAST_ANGLE_LIMIT:
             return NotImplemented
-        return self.launch.run(x, (self.grid + float(offset), *self.angles, *self.tables))
+        return self.launch.run(args[0], (self.grid + float(offset), *self.angles, *self.tables))
 
 
 def _default_positions(xp, x, seq_axis, device):
@@ -196,7 +202,8 @@ class ApplyPlan:
         _RECENT[0] = (key, views)
         return views
 
-    def __call__(self, x, cos, sin, **_):
+    def __call__(self, args, kwargs):
+        x, cos, sin = args
         return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)))
 
 

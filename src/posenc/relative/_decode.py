@@ -2,32 +2,44 @@
 
 With ``q_len == 1`` the ``[heads, 1, k_len]`` bias is the per-distance vector of the
 ``k_len`` distances ``offset - j`` read backwards, so a planned call computes the vector
-of those distances in that order with the kind's own vector function (``biases._KINDS``)
-and skips the Toeplitz expansion: every entry is the value the full path writes, computed
+of those distances in that order with the kind's own functions (``biases._KINDS``) and
+skips the Toeplitz expansion: every entry is the value the full path writes, computed
 the same way. ``posenc._plans`` keys the calls and builds these after a validated call.
+
+A plan calls the library's own namespace where it is one (NumPy >= 2), the namespace of
+the full path otherwise (array-api-compat's torch). T5's plan keeps the bucket of every
+distance it has met (``t5_buckets`` of those distances, an elementwise function), ALiBi's
+the negated distances in the compute dtype, so a decode step's row is one slice of that
+cache and one gather from the table, or one product with the slopes.
 """
 
 from __future__ import annotations
 
-from .._xp import device_of, index_dtype, namespace
+import numpy as np
+
+from .._xp import compute_dtype, device_of, index_dtype, namespace
+from . import biases
+from .buckets import t5_buckets
 
 _LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and its allocation check
 _EXACT = 2**52
+
+
+def _plan_namespace(params):
+    """NumPy itself for NumPy arrays (an Array API namespace since 2.0), else the full path's."""
+    return np if type(params) is np.ndarray else namespace(params)
 
 
 class Row:
     """The per-distance vector of one query row: ``kind``'s vector function on ``offset - j``."""
 
     def __init__(self, kind, params, options):
-        from .biases import _KINDS
-
-        self.xp = xp = namespace(params)
+        self.xp = xp = _plan_namespace(params)
         self.device = device_of(params)
-        self.vector = _KINDS[kind][1]
+        self.vector = biases._KINDS[kind][1]
         self.heads = int(params.shape[-1]) if params.ndim else 1
-        self.options = _KINDS[kind][0](xp, params, **options)
+        self.options = biases._KINDS[kind][0](xp, params, **options)
         self.keys = xp.arange(0, dtype=index_dtype(xp, self.device), device=self.device)
-        self.buckets = _t5_lookup(xp, self.keys.dtype, self.device, self.options) if kind == "t5" else None
 
     def _keys(self, k_len):
         if self.keys.shape[0] < k_len:
@@ -38,27 +50,61 @@ class Row:
     def values(self, params, k_len, first, descending):
         """``[heads, k_len]`` at distances ``first - j`` (descending) or ``first + j``."""
         keys = self._keys(k_len)
-        dist = first - keys if descending else keys + first
-        if self.buckets is not None:
-            from .biases import _lookup
-
-            reach, buckets = self.buckets
-            return _lookup(self.xp, params, buckets[dist.clip(-reach, reach) + reach])
-        return self.vector(self.xp, params, dist, **self.options)
+        return self.vector(self.xp, params, first - keys if descending else keys + first, **self.options)
 
 
-def _t5_lookup(xp, dtype, device, options):
-    """``(reach, buckets)``: T5's bucket of every distance in ``[-reach, reach]``, computed by
-    ``t5_buckets``, where every farther distance has the bucket of ``±reach`` (T5's buckets
-    are integer thresholds of ``|rel|`` that end at ``max_distance``); None otherwise."""
-    from .buckets import t5_buckets
+class CachedRow(Row):
+    """A row whose kind splits into an elementwise function of the distance (``source``)
+    and a step that reads the parameters (``finish``): the sources of the distances ``hi,
+    hi - 1, .., lo`` are kept, so a decode step's row is one slice of them and ``finish``."""
 
-    reach = options["max_distance"] + 1
-    wide = t5_buckets(xp, xp.arange(-2 * reach, 2 * reach + 1, dtype=dtype, device=device), **options)
-    lo, hi = wide[: reach + 1], wide[3 * reach :]
-    if not (bool(xp.all(lo == lo[-1])) and bool(xp.all(hi == hi[0]))):
-        return None
-    return reach, wide[reach : 3 * reach + 1]
+    def __init__(self, kind, params, options):
+        super().__init__(kind, params, options)
+        self.held = (-1, 0, None)  # (hi, lo, sources of hi .. lo)
+
+    def _descending(self, first, k_len):
+        """The sources of the distances ``first, first - 1, .., first - k_len + 1``, or None past the cache's reach."""
+        hi, lo, sources = self.held
+        last = first - k_len + 1
+        if not (lo <= last and first <= hi):
+            hi = max(first, 2 * hi + 1) if first > hi else hi
+            lo = min(last, 2 * lo - 1) if last < lo else lo
+            if hi - lo >= _LARGEST:
+                return None
+            sources = self.source(self.xp.arange(hi, lo - 1, -1, dtype=self.keys.dtype, device=self.device))
+            self.held = (hi, lo, sources)
+        start = hi - first
+        return sources[start : start + k_len]
+
+    def values(self, params, k_len, first, descending):
+        sources = self._descending(first, k_len) if descending else None
+        if sources is None:
+            return super().values(params, k_len, first, descending)
+        return self.finish(params, sources)
+
+
+class T5Row(CachedRow):
+    """T5: the bucket of each distance (``t5_buckets``), then the table's entries of those buckets."""
+
+    def source(self, dist):
+        return t5_buckets(self.xp, dist, **self.options)
+
+    def finish(self, table, buckets):
+        return biases._lookup(self.xp, table, buckets)
+
+
+class AlibiRow(CachedRow):
+    """ALiBi: each distance negated in the compute dtype, then times each head's slope."""
+
+    def __init__(self, kind, params, options):
+        super().__init__(kind, params, options)
+        self.work = compute_dtype(self.xp, params.dtype)
+
+    def source(self, dist):
+        return biases._alibi_distance(self.xp, dist, self.work, self.options["symmetric"])
+
+    def finish(self, slopes, distance):
+        return biases._alibi_scaled(self.xp, slopes, distance)
 
 
 def _offset(offset, q_len, k_len):
@@ -66,21 +112,40 @@ def _offset(offset, q_len, k_len):
     return offset if -_EXACT < offset < _EXACT else None
 
 
-class BiasPlan(Row):
-    def __call__(self, kind, params, q_len, k_len, *, offset, **_):
-        offset = _offset(offset, q_len, k_len)
-        if offset is None or not 0 < k_len <= _LARGEST // self.heads:
-            return NotImplemented
-        vec = self.values(params, k_len, offset, descending=True)
-        return self.xp.reshape(vec, (int(vec.shape[0]), 1, k_len))
+_ROWS = {"t5": T5Row, "alibi": AlibiRow}
 
 
-class VectorPlan(Row):
-    def __call__(self, kind, params, q_len, k_len, *, offset, **_):
-        offset = _offset(offset, q_len, k_len)
-        if offset is None or not 0 < k_len <= _LARGEST // self.heads:
+def _row(kind, params, options):
+    return _ROWS.get(kind, Row)(kind, params, options)
+
+
+class BiasPlan:
+    """``relative_bias(kind, params, 1, k_len, offset=n)``: the row of distances ``n - j``, ``[heads, 1, k_len]``."""
+
+    def __init__(self, kind, params, options):
+        self.row = _row(kind, params, options)
+        self.most = _LARGEST // self.row.heads
+
+    def __call__(self, args, kwargs):
+        _, params, _, k_len = args
+        offset = kwargs.get("offset")
+        offset = k_len - 1 if offset is None else offset
+        if not (0 < k_len <= self.most and -_EXACT < offset < _EXACT):
             return NotImplemented
-        return self.values(params, k_len, offset - (k_len - 1), descending=False)
+        return self.row.values(params, k_len, offset, descending=True)[:, None]
+
+
+class VectorPlan:
+    def __init__(self, kind, params, options):
+        self.row = _row(kind, params, options)
+        self.most = _LARGEST // self.row.heads
+
+    def __call__(self, args, kwargs):
+        _, params, q_len, k_len = args
+        offset = _offset(kwargs.get("offset"), q_len, k_len)
+        if offset is None or not 0 < k_len <= self.most:
+            return NotImplemented
+        return self.row.values(params, k_len, offset - (k_len - 1), descending=False)
 
 
 class ExpandPlan:
@@ -89,7 +154,8 @@ class ExpandPlan:
     def __init__(self, vec):
         self.torch = type(vec).__module__.startswith("torch")
 
-    def __call__(self, vec, q_len, k_len, **_):
+    def __call__(self, args, kwargs):
+        vec = args[0]
         if self.torch:
             return vec.flip(-1).unsqueeze(-2)
         return vec[..., None, ::-1].copy()

@@ -104,10 +104,18 @@ def _check_alibi(xp, slopes, *, symmetric=False):
 
 def _alibi_vector(xp, slopes, dist, *, symmetric):
     """``-slopes[h] * dist`` (``-|dist|`` when ``symmetric``) in ``slopes``' dtype, ``[heads, len(dist)]``."""
-    work = compute_dtype(xp, slopes.dtype)
+    return _alibi_scaled(xp, slopes, _alibi_distance(xp, dist, compute_dtype(xp, slopes.dtype), symmetric))
+
+
+def _alibi_distance(xp, dist, work, symmetric):
+    """``-dist`` (``-|dist|``) as the float dtype ``work``, elementwise."""
     # Negate the distance, not the product: a zero distance gives +0.0, not -0.0.
-    distance = xp.astype(-xp.abs(dist) if symmetric else -dist, work)
-    return cast(xp, cast(xp, slopes, work)[:, None] * distance[None, :], slopes.dtype)
+    return xp.astype(-xp.abs(dist) if symmetric else -dist, work)
+
+
+def _alibi_scaled(xp, slopes, distance):
+    """``slopes[h] * distance[t]`` in ``distance``'s dtype, rounded to ``slopes``' dtype."""
+    return cast(xp, cast(xp, slopes, distance.dtype)[:, None] * distance[None, :], slopes.dtype)
 
 
 def _check_shaw(xp, table, *, max_distance):

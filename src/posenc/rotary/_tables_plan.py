@@ -4,10 +4,10 @@ The full path validates, reads the frequencies as float64 host numbers and compu
 ``cos``/``sin`` of ``float64(positions)[..., None] * freqs`` with the namespace's own
 operations, scales, doubles the columns in the layout's order and rounds once to the
 result dtype. A planned call does those operations with the library's own functions (no
-namespace wrapper, no validation), doubling the angles rather than the tables (each
+namespace wrapper, no validation), doubling the frequencies rather than the tables (each
 column's value is the same function of the same float64 angle), and reads the
-frequencies' values afresh each call: non-finite ones send the call to the full path and
-its error.
+frequencies' bytes each call: new or rewritten values are converted and checked again,
+and non-finite ones send the call to the full path and its error.
 """
 
 from __future__ import annotations
@@ -18,8 +18,9 @@ import numpy as np
 
 
 class TablesPlan:
-    def __init__(self, positions, layout, dtype):
+    def __init__(self, positions, inv_freq, layout, dtype):
         self.torch = not isinstance(positions, np.ndarray)
+        self.host = _host_reader(inv_freq)
         if self.torch:
             import torch
 
@@ -29,36 +30,61 @@ class TablesPlan:
             self.lib = None
             self.dtype = np.dtype(np.float32 if dtype is None else dtype)
         self.half = layout == "half"
+        self.freqs = (None, None)  # (the frequencies' bytes, their float64 values doubled in the layout's order)
 
-    def _freqs(self, inv_freq):
-        if isinstance(inv_freq, np.ndarray):
-            return np.asarray(inv_freq, dtype=np.float64)
-        return inv_freq.detach().to(self.lib.float64).numpy()
-
-    def _doubled(self, t):
-        n = int(t.shape[-1])
-        if self.torch:
-            torch = self.lib
-            return torch.cat([t, t], dim=-1) if self.half else torch.stack([t, t], dim=-1).reshape(*t.shape[:-1], 2 * n)
-        return np.concatenate([t, t], axis=-1) if self.half else np.stack([t, t], axis=-1).reshape(*t.shape[:-1], 2 * n)
-
-    def __call__(self, positions, inv_freq, *, scale, **_):
-        freqs = self._freqs(inv_freq)
+    def _doubled(self, inv_freq):
+        """The float64 frequencies of every column, or None for non-finite ones; kept while
+        the frequencies' bytes stay the same (an in-place write is seen: the bytes are read)."""
+        raw = self.host(inv_freq).tobytes()
+        held, doubled = self.freqs
+        if raw == held:
+            return doubled
+        freqs = _float64(inv_freq)
         if not math.isfinite(freqs.sum()):  # a sum that overflows only sends a finite call the long way
-            return NotImplemented
+            return None
+        doubled = np.concatenate([freqs, freqs]) if self.half else np.repeat(freqs, 2)
         if self.torch:
-            torch = self.lib
-            angle = self._doubled(positions.to(torch.float64)[..., None] * torch.from_numpy(freqs))
-            c, s = torch.cos(angle), torch.sin(angle)
+            doubled = self.lib.from_numpy(doubled)
+        self.freqs = (raw, doubled)
+        return doubled
+
+    def __call__(self, args, kwargs):
+        positions, inv_freq = args
+        freqs = self._doubled(inv_freq)
+        if freqs is None:
+            return NotImplemented
+        # Integer positions times float64 frequencies: the positions promote to float64, as
+        # the full path converts them.
+        angle = positions[..., None] * freqs
+        if self.torch:
+            c, s = self.lib.cos(angle), self.lib.sin(angle)
         else:
-            angle = self._doubled(positions.astype(np.float64)[..., None] * freqs)
             c, s = np.cos(angle), np.sin(angle)
-        scale = float(scale)  # the call's own: 0.0 and -0.0 share a key
+        scale = float(kwargs.get("scale", 1.0))  # the call's own: 0.0 and -0.0 share a key
         if scale != 1.0:
             c, s = c * scale, s * scale
         if c.dtype != self.dtype:
             c, s = (c.to(self.dtype), s.to(self.dtype)) if self.torch else (c.astype(self.dtype), s.astype(self.dtype))
         return c, s
+
+
+def _host_reader(inv_freq):
+    """How to read ``inv_freq``'s bytes in place: NumPy's own, a torch tensor's (bfloat16 as int16 bits)."""
+    if isinstance(inv_freq, np.ndarray):
+        return lambda a: a
+    import torch
+
+    if inv_freq.dtype == torch.bfloat16:
+        return lambda a: a.detach().view(torch.int16).numpy()
+    return lambda a: a.detach().numpy()
+
+
+def _float64(inv_freq):
+    if isinstance(inv_freq, np.ndarray):
+        return np.asarray(inv_freq, dtype=np.float64)
+    import torch
+
+    return inv_freq.detach().to(torch.float64).numpy()
 
 
 def build_tables(positions, inv_freq, *, layout, dtype, scale):
@@ -71,4 +97,4 @@ def build_tables(positions, inv_freq, *, layout, dtype, scale):
         return None
     if inv_freq.ndim != 1:
         return None
-    return TablesPlan(positions, layout, dtype)
+    return TablesPlan(positions, inv_freq, layout, dtype)
