@@ -89,17 +89,25 @@ def context_key():
 
 def keywords_key(kwargs, *varying):
     """The keywords but ``varying`` as ``(names, values, types)`` (True and 1 are two keys);
-    None where one is not a plain value (None, bool, int, float, str): an array, an object."""
+    None where one is not a plain value (None, bool, int, float, str, a dtype): an array, an object."""
     if varying:
         kwargs = kwargs.copy()
         for name in varying:
             kwargs.pop(name, None)
     values = tuple(kwargs.values())
     types = tuple(map(type, values))
-    return (tuple(kwargs), values, types) if _PLAIN.issuperset(types) else None
+    if not _PLAIN.issuperset(types):
+        if not all(map(_dtype_type, types)):
+            return None
+        _PLAIN.update(types)
+    return (tuple(kwargs), values, types)
 
 
-_PLAIN = frozenset((type(None), bool, int, float, str))
+_PLAIN = {type(None), bool, int, float, str, type}  # grows by the dtype classes met (NumPy's, torch.dtype)
+
+
+def _dtype_type(kind):
+    return kind in _PLAIN or issubclass(kind, np.dtype) or (kind.__module__ == "torch" and kind.__name__ == "dtype")
 
 
 # ---------------------------------------------------------------- signatures of the planned functions
@@ -206,9 +214,8 @@ class RopeCosSin:
         positions, inv_freq = args
         if type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray:
             return None
-        dtype = kwargs.get("dtype")  # a dtype object: hashable, never an array of a successful call
-        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(), type(dtype), dtype, keywords_key(kwargs, "dtype"))
-        return None if None in key[:4] or key[-1] is None else key
+        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(), keywords_key(kwargs))
+        return None if None in key else key
 
     @staticmethod
     def build(*args, **kwargs):

@@ -182,29 +182,42 @@ class ApplyPlan:
         plan = self.launch.grouping
         self.table_shape = (plan.g.size, plan.s.size, rotary // 2)
         self.half = rotary // 2
+        # Per table: how its memory is read, and the view's byte offset and strides in it.
+        self.readers = tuple(_flat_reader(t) for t in (cos, sin))
+        size = _arrays.host_view(cos).dtype.itemsize
+        self.geometry = tuple((first * size, tuple(st * size for st in steps)) for first, steps in self.tables)
 
-    def _view(self, table, first, steps):
-        flat, _ = _arrays.flat_span(_arrays.host_view(table))
-        size = flat.dtype.itemsize
-        return np.ndarray(self.table_shape, flat.dtype, flat, first * size, tuple(st * size for st in steps))
+    def _view(self, table, reader, geometry):
+        flat = reader(table)
+        return np.ndarray(self.table_shape, flat.dtype, flat, *geometry)
 
     def _cos_sin(self, cos, sin):
-        (cf, cs), (sf, ss) = self.tables
+        (cr, sr), (cg, sg) = self.readers, self.geometry
         if not self.launch.torch:
-            return self._view(cos, cf, cs), self._view(sin, sf, ss)
+            return self._view(cos, cr, cg), self._view(sin, sr, sg)
         # q and k of one layer share their cos and sin: the views of the last pair serve the
         # next call that reads the same memory the same way (they hold that memory alive).
         key = (cos.data_ptr(), sin.data_ptr(), cos.dtype, self.table_shape, *self.tables)
         recent = _RECENT[0]
         if recent is not None and recent[0] == key:
             return recent[1]
-        views = self._view(cos, cf, cs), self._view(sin, sf, ss)
+        views = self._view(cos, cr, cg), self._view(sin, sr, sg)
         _RECENT[0] = (key, views)
         return views
 
     def __call__(self, args, kwargs):
         x, cos, sin = args
         return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)))
+
+
+def _flat_reader(table):
+    """``t -> _arrays.flat_span(_arrays.host_view(t))[0]`` for a ``t`` of ``table``'s signature."""
+    host = _arrays.host_view(table)
+    if not host.flags.c_contiguous:
+        return lambda t: _arrays.flat_span(_arrays.host_view(t))[0]
+    if isinstance(table, np.ndarray):
+        return (lambda t: t.reshape(-1)) if host.dtype == table.dtype else (lambda t: t.view(host.dtype).reshape(-1))
+    return lambda t: _arrays.host_view(t).reshape(-1)
 
 
 _RECENT = [None]  # (what the views read, (cos view, sin view)) of the last torch apply_rope

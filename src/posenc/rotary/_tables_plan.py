@@ -56,11 +56,11 @@ class TablesPlan:
         # Integer positions times float64 frequencies: the positions promote to float64, as
         # the full path converts them.
         angle = positions[..., None] * freqs
+        scale = float(kwargs.get("scale", 1.0))  # the call's own: 0.0 and -0.0 share a key
         if self.torch:
             c, s = self.lib.cos(angle), self.lib.sin(angle)
         else:
             c, s = np.cos(angle), np.sin(angle)
-        scale = float(kwargs.get("scale", 1.0))  # the call's own: 0.0 and -0.0 share a key
         if scale != 1.0:
             c, s = c * scale, s * scale
         if c.dtype != self.dtype:
