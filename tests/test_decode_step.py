@@ -121,6 +121,19 @@ def test_bias_decode_rows_equal_the_long_call(library, dtype, name):
         _same(_twice(lambda: bias(table, slopes, 1, LENGTH, t)), full[:, t : t + 1])
 
 
+@pytest.mark.parametrize("name", BIASES)
+@pytest.mark.parametrize("library, dtype", [("numpy", np.float32), ("torch", torch.bfloat16)], ids=str)
+def test_planned_bias_rows_at_any_offset_equal_the_full_path(library, dtype, name):
+    """A bias plan keeps the per-distance values it has met: offsets that jump far ahead,
+    back, below zero and past what it holds give the rows of a two-query call (the full path)."""
+    table, slopes = _tables(library, dtype)
+    bias = BIASES[name]
+    _twice(lambda: bias(table, slopes, 1, 40, 39))  # the signature is planned
+    for offset in (3, 39, 100_000, 5, -60, 2**40, 41):
+        for k_len in (1, 40, 300):
+            _same(bias(table, slopes, 1, k_len, offset), bias(table, slopes, 2, k_len, offset)[..., :1, :])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_bias_modules_decode_rows_equal_the_long_call(dtype):
     from posenc.torch import ALiBi, T5RelativeBias
@@ -176,6 +189,18 @@ HOSTILE = {
     "t5_bias 1-d table": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE[:, 0], 1, 8, offset=7)),
     "t5_bias max_distance": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=7, max_distance=0)),
     "t5_bias too large": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 2**50, offset=7)),
+    "t5_bias bidirectional 1": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=7, bidirectional=1)),
+    "t5_bias bool k_len": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, True, offset=7)),
+    "alibi_bias bool offset": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES, 1, 8, offset=False)),
+    "alibi_bias integer slopes": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES.astype(np.int32), 1, 8, offset=7)),
+    "rope_cos_sin string scale": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.float32),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.float32, scale="2"),
+    ),
+    "rope_cos_sin array dtype": (
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.float32),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5]), dtype=np.zeros(2)),
+    ),
     "alibi_bias 2-d slopes": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES[None], 1, 8, offset=7)),
     "alibi_bias symmetric": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7, symmetric=1)),
     "relative_bias kind": (lambda: pe.relative_bias("t5", TABLE, 1, 8, offset=7), lambda: pe.relative_bias("t6", TABLE, 1, 8, offset=7)),
@@ -255,3 +280,18 @@ def test_signed_zero_options_share_a_key_but_keep_their_sign():
     for scale in (0.0, -0.0, 0.0, -0.0):
         cos, _ = pe.rope_cos_sin(pos, freqs, scale=scale)
         assert np.all(np.signbit(cos[:, 0]) == np.signbit(np.cos(pos * 1.0) * scale))
+
+
+def test_planned_rope_cos_sin_sees_frequencies_written_in_place():
+    """The plan keeps the converted frequencies while their bytes stay the same: a write in
+    place gives the new values' tables, and a non-finite one the full path's error."""
+    pos, freqs = np.array([1, 2]), np.array([1.0, 0.5])
+    _twice(lambda: pe.rope_cos_sin(pos, freqs)[0])
+    freqs[1] = 0.25
+    with pe.use_backend("reference"):
+        expected = pe.rope_cos_sin(pos, freqs)
+    for got, want in zip(pe.rope_cos_sin(pos, freqs), expected):
+        _same(got, want)
+    freqs[1] = np.nan
+    first = _error(lambda: pe.rope_cos_sin(pos, freqs))
+    assert first[0] is ValueError and _error(lambda: pe.rope_cos_sin(pos, freqs)) == first

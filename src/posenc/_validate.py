@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._xp import broadcast_shapes, is_integer, is_real_floating, result_dtype, torch_compiling, torch_tensor, trace_constant
+from ._xp import broadcast_shapes, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -254,7 +254,8 @@ def out(value, *, shape, dtype, xp, device, inputs=()):
     """A caller's ``out`` buffer: right shape, dtype, namespace and device, and not a partial
     overlap of one of ``inputs`` (``(name, array)`` pairs; exactly an input is in place)."""
     array("out", value)
-    if _compat.array_namespace(value) is not xp:
+    found = namespace(value)
+    if found is not xp and not (_compat.is_numpy_namespace(found) and _compat.is_numpy_namespace(xp)):  # NumPy or its wrapper
         raise TypeError(f"out must be an array of the same namespace as the inputs ({xp.__name__}), got {type(value).__name__}")
     if tuple(value.shape) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(value.shape)}")

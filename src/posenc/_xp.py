@@ -11,6 +11,8 @@ import math
 import sys
 from functools import lru_cache
 
+from numpy import ndarray as _ndarray
+
 from . import _compat
 
 
@@ -40,6 +42,13 @@ def torch_compiling() -> bool:
 
 
 def _numpy_namespace():
+    """NumPy itself where it is an Array API namespace of the 2023.12 standard (NumPy >= 2.1),
+    else array-api-compat's wrapper (whose import reads every NumPy attribute, loading
+    ``numpy.f2py``, ``numpy.testing``, ... : a quarter of a second)."""
+    import numpy
+
+    if getattr(numpy, "__array_api_version__", "") >= "2023.12":
+        return numpy
     from array_api_compat import numpy as xp
 
     return xp
@@ -117,6 +126,8 @@ def namespace(*arrays, xp=None):
     found = [a for a in arrays if a is not None and not isinstance(a, (bool, int, float, complex))]
     if not found:
         return default_namespace()
+    if all(type(a) is _ndarray for a in found):
+        return _numpy_namespace()
     if all(torch_tensor(a) for a in found):
         # Not through array-api-compat, whose caches torch.compile does not trace.
         return _torch_namespace()

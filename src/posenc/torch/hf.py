@@ -81,27 +81,33 @@ class HFRotaryEmbedding(nn.Module):
             raise ValueError(f"layer_type must be one of {', '.join(map(repr, self._rope))} for this config, got {layer_type!r}")
         return self._rope[layer_type]
 
-    @torch.no_grad()
     def forward(self, x, position_ids, layer_type=None):
         rope = self._for(layer_type)
         if rope.scaling is None or not rope.scaling.uses_seq_len:
             rows = self._rows(rope, x.dtype, position_ids)
             if rows is not None:
                 return rows
-        seq_len = None
-        if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
-            seq_len = position_ids.max() + 1  # decided per call; a traced value under torch.compile
-        inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
-        return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
-
+        with torch.no_grad():
+            seq_len = None
+            if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
+                seq_len = position_ids.max() + 1  # decided per call; a traced value under torch.compile
+            inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
+            return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
 
     def _rows(self, rope, dtype, position_ids):
-        """``(cos, sin)`` rows of the position-keyed cache, or None where it does not serve."""
+        """``(cos, sin)`` rows of the position-keyed cache, or None where it does not serve.
+
+        The cache holds no autograd history (its rows are computed without it), so neither
+        do the rows read from it."""
         if torch.compiler.is_compiling() or position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
             return None
-        if not position_ids.numel():
+        count = position_ids.numel()
+        if count == 1:  # a decode step: one position, one read of it
+            low = high = int(position_ids.reshape(()))
+        elif count:
+            low, high = (int(v) for v in torch.aminmax(position_ids))
+        else:
             return None
-        low, high = (int(v) for v in torch.aminmax(position_ids))
         if low < 0 or high >= _MOST_CACHED_ROWS:
             return None
         key = (id(rope), dtype)
@@ -109,7 +115,8 @@ class HFRotaryEmbedding(nn.Module):
         if cos is None or high >= cos.shape[0]:
             count = max(high + 1, 2 * (0 if cos is None else cos.shape[0]), 64)
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
-            cos, sin = pe.rope_cos_sin(torch.arange(count), inv_freq, dtype=dtype, scale=scale)
+            with torch.no_grad():
+                cos, sin = pe.rope_cos_sin(torch.arange(count), inv_freq, dtype=dtype, scale=scale)
             self._cache[key] = (cos, sin)
         return cos[position_ids], sin[position_ids]
 
