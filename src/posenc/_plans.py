@@ -45,6 +45,8 @@ def planned(signature):
 
         @functools.wraps(fn)
         def public(*args, **kwargs):
+            if _tracing():  # torch.compile traces the full path (its custom ops), never a plan
+                return fn(*args, **kwargs)
             try:
                 key = signature.key(args, kwargs)
                 plan = None if key is None else plans.get(key)
@@ -63,6 +65,11 @@ def planned(signature):
         return public
 
     return wrap
+
+
+def _tracing():
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.compiler.is_compiling()
 
 
 def array_key(a):
