@@ -84,10 +84,11 @@ def array_key(a):
     return None
 
 
-def context_key():
-    """The state outside the arguments that a call's path depends on: backend, grad mode, tracing."""
+def context_key(*arrays):
+    """The state outside the arguments that a call's path depends on: the backend, and
+    torch's grad mode and tracing where ``arrays`` are not all NumPy's."""
     torch = sys.modules.get("torch")
-    if torch is None:
+    if torch is None or _NUMPY.issuperset(map(type, arrays)):
         return (_dispatch.get_backend(),)
     if torch.compiler.is_compiling():
         return None
@@ -110,6 +111,7 @@ def keywords_key(kwargs, *varying):
     return (tuple(kwargs), values, types)
 
 
+_NUMPY = frozenset((np.ndarray,))
 _PLAIN = {type(None), bool, int, float, str, type}  # grows by the dtype classes met (NumPy's, torch.dtype)
 
 
@@ -128,7 +130,7 @@ class Rope:
         offset = kwargs.get("offset", 0)
         if len(args) != 1 or type(offset) is not int:
             return None
-        options, x, context = keywords_key(kwargs, "offset"), array_key(args[0]), context_key()
+        options, x, context = keywords_key(kwargs, "offset"), array_key(args[0]), context_key(args[0])
         if options is None or x is None or context is None:
             return None
         return ("rope", x, context, options)
@@ -145,7 +147,7 @@ class ApplyRope:
     def key(args, kwargs):
         if len(args) != 3:
             return None
-        key = ("apply_rope", *map(array_key, args), context_key(), keywords_key(kwargs))
+        key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs))
         return None if None in key else key
 
     @staticmethod
@@ -163,7 +165,7 @@ def _bias_key(name, args, kwargs):
     offset = kwargs.get("offset")
     if type(kind) is not str or type(q_len) is not int or q_len != 1 or type(k_len) is not int or (offset is not None and type(offset) is not int):
         return None
-    key = (name, kind, array_key(params), context_key(), offset is None, keywords_key(kwargs, "offset"))
+    key = (name, kind, array_key(params), context_key(params), offset is None, keywords_key(kwargs, "offset"))
     return None if None in key else key
 
 
@@ -201,7 +203,7 @@ class ExpandBias:
         vec, q_len, k_len = args
         if type(q_len) is not int or q_len != 1 or type(k_len) is not int:
             return None
-        key = ("expand_bias", array_key(vec), context_key(), k_len, keywords_key(kwargs))  # vec's shape fixes k_len
+        key = ("expand_bias", array_key(vec), context_key(vec), k_len, keywords_key(kwargs))  # vec's shape fixes k_len
         return None if None in key else key
 
     @staticmethod
@@ -221,7 +223,7 @@ class RopeCosSin:
         positions, inv_freq = args
         if type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray:
             return None
-        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(), keywords_key(kwargs))
+        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(positions, inv_freq), keywords_key(kwargs))
         return None if None in key else key
 
     @staticmethod
