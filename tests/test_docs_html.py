@@ -160,9 +160,13 @@ def documented_objects(site):
 
 
 def resolve(object_id):
+    """The object an id names, importing the submodules on its way (``posenc.torch.extrapolation``
+    is not an attribute of ``posenc.torch`` until something imports it)."""
     head, *attrs = object_id.split(".")
     obj = importlib.import_module(head)
     for attr in attrs:
+        if not hasattr(obj, attr) and inspect.ismodule(obj):
+            importlib.import_module(f"{obj.__name__}.{attr}")
         obj = getattr(obj, attr)
     return obj
 
