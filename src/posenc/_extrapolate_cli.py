@@ -59,7 +59,7 @@ def add_parser(sub):
         "the same results.json.",
     )
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quick", action="store_true", help="one seed (a few minutes on two CPU cores)")
+    p.add_argument("--quick", action="store_true", help="one seed: a third of the default grid's work")
     p.add_argument("--encodings", help="comma-separated encoding names (default: all)")
     p.add_argument("--tasks", help="comma-separated task names (default: all)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per (encoding, task) (default 3)")

@@ -43,11 +43,13 @@ FACTORS = (1, 2, 4, 8)
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-    """Model and training sizes (the default is the documented experiment)."""
+    """Model and training sizes (the default is the documented experiment); ``mlp``: the
+    MLP's hidden width as a multiple of ``d_model``."""
 
     d_model: int = 64
     heads: int = 4
-    layers: int = 2
+    layers: int = 3
+    mlp: int = 2
     steps: int = 500
     batch: int = 96
     lr: float = 5e-3
@@ -106,7 +108,7 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
-        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, 4 * cfg.d_model), nn.GELU(), nn.Linear(4 * cfg.d_model, cfg.d_model))
+        self.mlp = nn.Sequential(nn.Linear(cfg.d_model, cfg.mlp * cfg.d_model), nn.GELU(), nn.Linear(cfg.mlp * cfg.d_model, cfg.d_model))
         self.positional = positional
 
     def forward(self, x):
