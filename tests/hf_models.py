@@ -105,6 +105,19 @@ def _bloom():
     return BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6, initializer_range=0.25))
 
 
+def _falcon_alibi():
+    from transformers import FalconConfig, FalconForCausalLM
+
+    config = FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True, initializer_range=0.25)
+    return FalconForCausalLM(config)
+
+
+def _mpt():
+    from transformers import MptConfig, MptForCausalLM
+
+    return MptForCausalLM(MptConfig(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=64, initializer_range=0.25))
+
+
 MODELS = {
     **{f"llama[{rope}]": _llama(rope) for rope in LLAMA_ROPE},
     "mistral": _causal("MistralConfig", "MistralForCausalLM", sliding_window=None),
@@ -122,6 +135,8 @@ MODELS = {
     "t5": _t5("T5Config", "T5ForConditionalGeneration"),
     "mt5": _t5("MT5Config", "MT5ForConditionalGeneration"),
     "bloom": _bloom,
+    "falcon[alibi]": _falcon_alibi,
+    "mpt": _mpt,
 }
 
 

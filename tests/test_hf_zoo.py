@@ -31,9 +31,9 @@ REPRESENTATIVE = (
     "qwen3_moe",  # MoE, q/k norms
     "deepseek_v3",  # latent attention: interleaved pairs in, half order out
     "gemma3_text",  # rope parameters nested per layer type
-    "bloom",  # ALiBi
+    "bloom",  # ALiBi of the padded key positions
     "gptj",  # its apply function takes (tensor, sin, cos), interleaved
-    "mpt",  # no part patch_hf recognises (its ALiBi builder is not BLOOM's): refused
+    "mpt",  # ALiBi from the last query, its builder (num_heads, sequence_length)
 )
 TYPES = hf_zoo.model_types() if os.environ.get("POSENC_HF_ZOO") == "all" else REPRESENTATIVE
 

@@ -29,7 +29,7 @@ SUPPORTED = (
     "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text",
     "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
     "laguna", "lfm2", "lfm3", "llama", "mellum", "minicpm3", "minimax", "minimax_m2",
-    "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mt5",
+    "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5",
     "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal",
     "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3",
     "solar_open", "stablelm", "starcoder2", "t5", "vaultgemma", "youtu",

@@ -13,8 +13,10 @@ A part is recognised by what it is, not by the model's name:
   latent attention), partial rotary included; GPT-J's ``apply(tensor, sin, cos)`` too;
 * a **T5 relative bias**: a layer owning ``relative_attention_bias`` and ``compute_bias``;
   replaced by :class:`~posenc.torch.T5RelativeBias` on the same weight;
-* an **ALiBi builder**: a module with ``build_alibi_tensor`` (BLOOM); replaced by
-  :func:`posenc.alibi_bias` of the padded key positions.
+* an **ALiBi builder**: a ``build_*alibi*`` method or global a module's ``forward`` calls,
+  ``(attention_mask, num_heads, dtype)`` (BLOOM; Falcon with ``alibi=True``, whose slopes are
+  rounded to bfloat16) or ``(num_heads, sequence_length, ...)`` (MPT); replaced by
+  :func:`posenc.alibi_bias` of the key positions.
 
 Every replacement is run beside the model's own code on probe inputs, in the model's dtype
 and on its device, before anything is swapped. All parts must match within the rounding of
@@ -70,12 +72,12 @@ def patch(model):
         raise ValueError(
             f"{type(model).__name__} (model_type={config.model_type!r}) has no positional part patch_hf recognises: "
             "no rotary module (forward(x, position_ids) -> (cos, sin) with rope_type or inv_freq), no attention layer calling "
-            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_alibi_tensor "
+            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_*alibi* builder "
             f"(architectures verified in posenc's tests: {', '.join(SUPPORTED)})"
         )
     for swap, description in swaps:
         swap()
-        done.append(description)
+        done.extend([description] if isinstance(description, str) else description)
     # a plain attribute (not nn.Module's __setattr__): a tuple of what was swapped
     object.__setattr__(model, PATCHED_ATTRIBUTE, tuple(done))
     return model
@@ -430,32 +432,80 @@ def _t5_compute_bias(bias):
     return compute_bias
 
 
+_ALIBI_NAME = re.compile(r"^build_\w*alibi\w*$")
+
+
 def _alibi_parts(model, device, swaps, refusals):
+    """ALiBi builders a module's ``forward`` calls, as its method (BLOOM, MPT) or a global (Falcon)."""
     for name, module in model.named_modules():
-        if not (hasattr(module, "build_alibi_tensor") and hasattr(module, "num_heads")):
-            continue
-        label = f"ALiBi builder {name or 'model'}.build_alibi_tensor ({type(module).__name__})"
-        mask = torch.ones(2, 11, dtype=torch.long, device=device)
-        mask[1, :4] = 0
-        try:
-            with torch.no_grad():
-                want = module.build_alibi_tensor(mask, module.num_heads, torch.float32)
-            got = bloom_alibi_tensor(mask, module.num_heads, torch.float32)
-            diff = float((want - got).abs().max()) if want.shape == got.shape else float("inf")
-            if not diff <= 4 * _eps(torch.float32) * float(want.abs().max()):
-                raise _Refusal(f"differs from posenc's ALiBi by {diff:.3g}")
-        except (_Refusal, TypeError, RuntimeError) as why:
-            refusals.append(f"{label}: {_short(why)}")
-            continue
-        swaps.append((_setter(module, "build_alibi_tensor", bloom_alibi_tensor), f"{name or 'model'}.build_alibi_tensor: alibi_bias"))
         forward = getattr(type(module), "forward", None)
-        if isinstance(forward, types.FunctionType) and "_get_alibi_slopes" in forward.__code__.co_names:
-            theirs = forward.__globals__["_get_alibi_slopes"]
-            diff = max(float((theirs(h, device) - _alibi_slopes(h, device)).abs().max()) for h in (module.num_heads, 5, 12))
+        if not isinstance(forward, types.FunctionType):
+            continue
+        where = name or "model"
+        rebinds, rebound = {}, []
+        for builder in sorted(n for n in forward.__code__.co_names if _ALIBI_NAME.match(n)):
+            method = callable(getattr(type(module), builder, None))
+            theirs = getattr(module, builder) if method else forward.__globals__.get(builder)
+            if not callable(theirs):
+                continue
+            label = f"ALiBi builder {where}.{builder} ({type(module).__name__})"
+            try:
+                ours, what = _alibi_replacement(theirs, module, device)
+            except (_Refusal, TypeError, ValueError, RuntimeError) as why:
+                refusals.append(f"{label}: {_short(why)}")
+                continue
+            if method:
+                swaps.append((_setter(module, builder, ours), f"{where}.{builder}: {what}"))
+            else:
+                rebinds[builder] = ours
+                rebound.append(f"{where} {builder}: {what}")
+        if "_get_alibi_slopes" in forward.__code__.co_names and callable(forward.__globals__.get("_get_alibi_slopes")):
+            theirs = forward.__globals__["_get_alibi_slopes"]  # BLOOM's forward reads the slopes themselves too
+            heads = int(getattr(module, "num_heads", 0) or 0) or 4
+            diff = max(float((theirs(h, device) - _alibi_slopes(h, device)).abs().max()) for h in (heads, 5, 12))
             if not diff <= 2 * _eps(torch.float32):
                 refusals.append(f"ALiBi slopes _get_alibi_slopes of {type(module).__name__}: differ from posenc's by {diff:.3g}")
                 continue
-            swaps.append((_rebinder(module, {"_get_alibi_slopes": _alibi_slopes}), f"{name or 'model'} _get_alibi_slopes: alibi_slopes"))
+            rebinds["_get_alibi_slopes"] = _alibi_slopes
+            rebound.append(f"{where} _get_alibi_slopes: alibi_slopes")
+        if rebinds:
+            swaps.append((_rebinder(module, rebinds), tuple(rebound)))
+
+
+def _alibi_replacement(theirs, module, device):
+    """``(replacement, description)`` of an ALiBi builder checked on probes, or ``_Refusal``.
+
+    Two forms: ``(attention_mask, num_heads, dtype)`` (BLOOM, Falcon: slopes times the padded
+    key positions, ``[batch * heads, 1, kv]``) and ``(num_heads, sequence_length,
+    alibi_bias_max, device)`` (MPT: slopes times ``key - (sequence_length - 1)``, ``[heads, 1,
+    kv]``).
+    """
+    params = list(inspect.signature(theirs).parameters)
+    heads = sorted({int(getattr(module, "num_heads", 0) or 0) or 4, 5, 12})
+    if params[:3] == ["attention_mask", "num_heads", "dtype"]:
+        candidates = ((bloom_alibi_tensor, "alibi_bias"), (falcon_alibi_tensor, "alibi_bias (in bfloat16)"))
+        probes = []
+        for length in (11, 300):
+            mask = torch.ones(2, length, dtype=torch.long, device=device)
+            mask[1, :4] = 0
+            probes += [(mask, h, torch.float32) for h in heads]
+    elif params[:2] == ["num_heads", "sequence_length"]:
+        candidates = ((mpt_alibi_tensor, "alibi_bias"),)
+        probes = [(h, length, 8, device) for h in heads for length in (1, 11, 300)]
+    else:
+        raise _Refusal(f"takes ({', '.join(params)}), not (attention_mask, num_heads, dtype) or (num_heads, sequence_length, ...)")
+    differences = []
+    for ours, what in candidates:
+        worst = 0.0
+        for args in probes:
+            with torch.no_grad():
+                want, got = theirs(*args), ours(*args)
+            diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+            worst = max(worst, diff / max(1.0, float(want.abs().max())))
+        if worst <= 4 * _eps(torch.float32):
+            return ours, what
+        differences.append(f"{what} differs by {worst:.3g} (relative)")
+    raise _Refusal("; ".join(differences))
 
 
 def _alibi_slopes(num_heads, device):
@@ -469,12 +519,39 @@ def bloom_alibi_tensor(attention_mask, num_heads, dtype):
     from ALiBi's ``-slope * (query - key)`` by a constant per query row that softmax
     ignores; it is :func:`posenc.alibi_bias` with the query at position 0.
     """
+    return _key_position_alibi(attention_mask, _alibi_slopes(num_heads, attention_mask.device), dtype)
+
+
+def falcon_alibi_tensor(attention_mask, num_heads, dtype):
+    """Falcon's ``build_alibi_tensor`` (``alibi=True``): BLOOM's, computed in bfloat16.
+
+    Falcon multiplies bfloat16 slopes by the key positions in bfloat16 (positions past 256
+    round to even numbers, then each product rounds), so its bias is the bfloat16
+    :func:`posenc.alibi_bias` of bfloat16 slopes and positions.
+    """
+    slopes = _alibi_slopes(num_heads, attention_mask.device).to(torch.bfloat16)
+    return _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=torch.bfloat16)
+
+
+def _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=None):
     batch, length = attention_mask.shape
     keys = pe.positions_from_mask(attention_mask)
+    if positions_dtype is not None:
+        keys = keys.to(positions_dtype)
     queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
-    slopes = _alibi_slopes(num_heads, attention_mask.device)
     bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
-    return bias.reshape(batch * num_heads, 1, length).to(dtype)
+    return bias.reshape(batch * slopes.shape[0], 1, length).to(dtype)
+
+
+def mpt_alibi_tensor(num_heads, sequence_length, alibi_bias_max=8, device=None):
+    """MPT's ``build_mpt_alibi_tensor`` with posenc: ``[heads, 1, sequence_length]``.
+
+    ``slope * (key - (sequence_length - 1))``: :func:`posenc.alibi_bias` of the last query
+    (``offset = sequence_length - 1``) with :func:`posenc.alibi_slopes` of ``max_bias =
+    alibi_bias_max`` (MPT's slopes are Press et al.'s). MPT ignores padding: so does this.
+    """
+    slopes = pe.alibi_slopes(num_heads, max_bias=float(alibi_bias_max), xp=torch, device=device)
+    return pe.alibi_bias(slopes, 1, sequence_length, offset=sequence_length - 1)
 
 
 # --- swapping -------------------------------------------------------------------------------
@@ -494,7 +571,8 @@ def _setter(obj, attr, value):
 
 def _rebinder(module, replacements):
     def swap():
-        fn = type(module).forward
+        current = vars(module).get("forward")  # an earlier rebinding of this instance (its scope is kept)
+        fn = current.__func__ if getattr(current, "__posenc__", False) else type(module).forward
         new = _with_globals(fn, replacements)
         new.__posenc__ = True
         module.forward = types.MethodType(new, module)
