@@ -141,9 +141,11 @@ def patch_hf(model):
       (the kernels, CPU and GPU) in the layout that reproduces it: half or interleaved,
       partial rotary, any ``unsqueeze_dim``;
     * every layer owning T5's ``relative_attention_bias`` computes its bias with
-      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`);
-    * BLOOM's ALiBi builder and slopes come from :func:`posenc.alibi_bias` and
-      :func:`posenc.alibi_slopes`.
+      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`):
+      T5, mT5, UMT5, LongT5 (local blocks, transient-global side bias), Switch
+      Transformers, Pop2Piano, Pix2Struct's decoder;
+    * the ALiBi builders of BLOOM (and its slopes), Falcon (``alibi=True``) and MPT come
+      from :func:`posenc.alibi_bias` and :func:`posenc.alibi_slopes`.
 
     Before anything is swapped, each replacement runs beside the model's own code on probe
     inputs in the model's dtype and on its device. If every part matches within that

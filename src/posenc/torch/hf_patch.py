@@ -401,35 +401,115 @@ def _make_apply(layout, extra, unsqueeze_default):
 
 
 def _t5_parts(model, swaps, refusals):
+    """Every layer holding a T5 ``relative_attention_bias`` embedding: its ``compute_bias`` (and LongT5's side bias)."""
     for name, layer in model.named_modules():
-        if not (getattr(layer, "has_relative_attention_bias", False) and hasattr(layer, "relative_attention_bias")):
+        embedding = getattr(layer, "relative_attention_bias", None)
+        if not isinstance(embedding, nn.Embedding) or getattr(layer, "has_relative_attention_bias", True) is False:
             continue
         label = f"relative attention bias {name} ({type(layer).__name__})"
-        if not callable(getattr(layer, "compute_bias", None)):
-            refusals.append(f"{label}: no compute_bias method to replace")
-            continue
         try:
-            bias = T5RelativeBias.from_hf(layer)
-            ours = _t5_compute_bias(bias)
-            for q_len, k_len, past in ((5, 7, 0), (1, 9, 8), (6, 6, 2)):
-                with torch.no_grad():
-                    want = layer.compute_bias(q_len, k_len, past_seen_tokens=past)
-                    got = ours(q_len, k_len, past_seen_tokens=past)
-                diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
-                if not diff <= 2 * _eps(want.dtype) * float(want.abs().max()):
-                    raise _Refusal(f"compute_bias({q_len}, {k_len}, past_seen_tokens={past}) differs from posenc's by {diff:.3g}")
+            bias = _t5_bias_checked(layer, embedding, label)
+            swaps.append((_setter(layer, "compute_bias", _t5_compute_bias(layer, bias)), f"{name}.compute_bias: T5RelativeBias"))
+            side = getattr(layer, "global_relative_attention_bias", None)
+            if isinstance(side, nn.Embedding):  # LongT5's transient-global attention: the local -> global side bias
+                side_bias = _t5_side_bias_checked(layer, side, bias.bidirectional)
+                swaps.append((_setter(layer, "compute_side_bias", side_bias), f"{name}.compute_side_bias: T5RelativeBias"))
         except (_Refusal, ValueError, TypeError, AttributeError) as why:
             refusals.append(f"{label}: {_short(why)}")
-            continue
-        swaps.append((_setter(layer, "compute_bias", ours), f"{name}.compute_bias: T5RelativeBias"))
 
 
-def _t5_compute_bias(bias):
-    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-        """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
-        return bias(query_length, key_length, offset=past_seen_tokens)[None]
+def _t5_compute_bias(layer, bias):
+    """The replacement of ``layer.compute_bias`` in the signature the layer has."""
+    if _bias_form(layer) == "block":
+
+        def compute_bias(block_length):
+            """posenc's LongT5 local bias ``[1, 1, heads, block, 3 * block]``: queries of the middle block against all three."""
+            return bias(block_length, 3 * block_length, offset=block_length)[None, None]
+
+    else:
+
+        def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+            """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
+            return bias(query_length, key_length, offset=past_seen_tokens)[None]
 
     return compute_bias
+
+
+def _bias_form(layer):
+    fn = getattr(layer, "compute_bias", None)
+    if not callable(fn):
+        raise _Refusal("no compute_bias method to replace (a relative bias posenc does not recognise)")
+    params = list(inspect.signature(fn).parameters)
+    if params == ["block_length"]:
+        return "block"
+    if params[:2] == ["query_length", "key_length"] and "past_seen_tokens" in params:
+        return "full"
+    raise _Refusal(f"compute_bias takes ({', '.join(params)}), not (query_length, key_length, ..., past_seen_tokens) or (block_length)")
+
+
+def _t5_bias_checked(layer, embedding, label):
+    """A ``T5RelativeBias`` on the layer's own weight that reproduces its ``compute_bias`` (both directions tried
+    when the layer does not say, as Pix2Struct's decoder, always causal, does not)."""
+    form = _bias_form(layer)
+    num_buckets, heads = embedding.weight.shape
+    max_distance = getattr(layer, "relative_attention_max_distance", None)
+    if max_distance is None:
+        raise _Refusal("no relative_attention_max_distance")
+    said = getattr(layer, "is_decoder", None)
+    directions = (not said,) if said is not None else (True, False)
+    probes = ((4,), (7,)) if form == "block" else ((5, 7, 0), (1, 9, 8), (6, 6, 2))
+    differences = []
+    for bidirectional in directions:
+        bias = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+        bias.table = embedding.weight
+        ours = _t5_compute_bias(layer, bias)
+        worst = 0.0
+        for args in probes:
+            kwargs = {} if form == "block" else {"past_seen_tokens": args[2]}
+            with torch.no_grad():
+                want, got = layer.compute_bias(*args[:2], **kwargs), ours(*args[:2], **kwargs)
+            diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+            worst = max(worst, diff)
+        scale = float(embedding.weight.detach().abs().max())
+        if worst <= 2 * _eps(embedding.weight.dtype) * scale:
+            return bias
+        differences.append(f"compute_bias differs from posenc's ({'bidirectional' if bidirectional else 'causal'}) by {worst:.3g}")
+    raise _Refusal("; ".join(differences))
+
+
+def _t5_side_bias_checked(layer, embedding, bidirectional):
+    """LongT5's ``compute_side_bias(mask, global_segment_ids)``: each token's T5 bias to the global blocks.
+
+    A token of block ``b`` sits at position ``b``, global block ``g`` at ``g`` (``-1e10`` where
+    the token's segment is not the block's, as LongT5 masks it); the block ids are LongT5's own
+    (``_make_global_fixed_block_ids`` of its modeling module).
+    """
+    theirs = layer.compute_side_bias
+    block_ids_of = type(layer).compute_side_bias.__globals__.get("_make_global_fixed_block_ids")
+    if not callable(block_ids_of):
+        raise _Refusal("compute_side_bias: LongT5's _make_global_fixed_block_ids is not beside it")
+    num_buckets, heads = embedding.weight.shape
+    side = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=layer.relative_attention_max_distance, bidirectional=bidirectional)
+    side.table = embedding.weight
+
+    def compute_side_bias(mask, global_segment_ids):
+        """posenc's T5 bias from each token's block to every global block ``[batch, heads, seq, globals]``, masked."""
+        same_segment = torch.eq(mask[..., None], global_segment_ids[:, None, :])[:, None, ...]
+        block_ids, _ = block_ids_of(mask, layer.global_block_size)
+        globals_ = torch.arange(global_segment_ids.shape[-1], device=mask.device)
+        bias = side(mask.shape[-1], globals_.shape[0], query_positions=block_ids.long(), key_positions=globals_)
+        return torch.where(same_segment, 0.0, -1e10) + bias
+
+    for length, pad in ((12, 3), (9, 0), (17, 5)):
+        mask = torch.ones(2, length, dtype=torch.long, device=embedding.weight.device)
+        mask[1, :pad] = 0
+        _, segments = block_ids_of(mask, layer.global_block_size)
+        with torch.no_grad():
+            want, got = theirs(mask, segments), compute_side_bias(mask, segments)
+        diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+        if not diff <= 2 * _eps(embedding.weight.dtype) * float(embedding.weight.detach().abs().max()):
+            raise _Refusal(f"compute_side_bias differs from posenc's by {diff:.3g}")
+    return compute_side_bias
 
 
 _ALIBI_NAME = re.compile(r"^build_\w*alibi\w*$")
