@@ -29,7 +29,8 @@ from hf_models import NEW, PROMPT, VOCAB
 
 LENGTH = PROMPT + NEW
 
-# Config fields shrunk when the default config has them.
+# Config fields set when the default config has them: sizes shrunk (and Zamba2's use_mem_rope
+# on, so that its attention runs its rotary path).
 SIZES = dict(
     vocab_size=VOCAB, hidden_size=64, d_model=64, n_embd=64, intermediate_size=96, ffn_hidden_size=96, n_inner=96,
     num_hidden_layers=2, n_layer=2, num_layers=2, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -41,6 +42,14 @@ SIZES = dict(
     expert_ffn_hidden_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
     kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     rotary_dim=8, sliding_window=8, attention_chunk_size=8, initializer_range=0.25, use_cache=True,
+    indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+    ngram_vocab_size_base=VOCAB, split_ngram_parts=1, use_mem_rope=True,
+)
+# Sizes set even where the default config leaves them None: a None the model reads as a number
+# (head_dim = hidden / heads, a KV head count, Qwen4-Exp's indexer) fails the tiny build.
+SET_WHEN_NONE = (
+    "n_group", "topk_group", "num_experts_per_tok", "head_dim", "num_key_value_heads",
+    "indexer_n_heads", "indexer_kv_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio",
 )
 NOT_RUN = "no rotary, T5 relative-bias or ALiBi code in its modeling file (not run)"
 # Fields that must not be set (a tied embedding of another size, special ids beyond the vocab).
@@ -98,7 +107,7 @@ def _shrunk(config_class):
     layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
     kwargs = {
         k: v for k, v in SIZES.items()
-        if hasattr(default, k) and (getattr(default, k) is not None or k in ("n_group", "topk_group", "num_experts_per_tok"))
+        if hasattr(default, k) and (getattr(default, k) is not None or k in SET_WHEN_NONE)
         and not isinstance(getattr(config_class, k, None), property)
     }
     for name, sub in (getattr(config_class, "sub_configs", None) or {}).items():  # text/vision configs: shrunk too

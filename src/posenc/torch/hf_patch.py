@@ -60,6 +60,7 @@ def patch(model):
     swaps, refusals, done = [], [], []
     rotary = _rotary_parts(model, dtype, device, swaps, refusals)
     _apply_parts(model, rotary, dtype, device, swaps, refusals)
+    _sinusoidal_apply_parts(model, dtype, device, swaps, refusals)
     _t5_parts(model, swaps, refusals)
     _alibi_parts(model, device, swaps, refusals)
     if refusals:
@@ -395,6 +396,51 @@ def _make_apply(layout, extra, unsqueeze_default):
 
     LAYOUTS[apply_rotary_pos_emb] = layout
     return apply_rotary_pos_emb
+
+
+def _sinusoidal_apply_parts(model, dtype, device, swaps, refusals):
+    """RoFormer's form: a static method ``apply_*rot*(sinusoidal_pos, query_layer, key_layer, value_layer=None)``
+    an attention layer calls on ``self``, with ``sinusoidal_pos = [sin | cos]`` of its own table."""
+    checked = {}
+    for name, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        if not isinstance(forward, types.FunctionType):
+            continue
+        for method in sorted(n for n in forward.__code__.co_names if _APPLY_NAME.match(n)):
+            fn = inspect.getattr_static(type(module), method, None)
+            if not isinstance(fn, staticmethod):
+                continue
+            fn = fn.__func__
+            if fn not in checked:
+                checked[fn] = _sinusoidal_apply_for(fn, dtype, device)
+            if isinstance(checked[fn], str):
+                refusals.append(f"{name} ({type(module).__name__}).{method}: {checked[fn]}")
+                continue
+            swaps.append((_setter(module, method, checked[fn]), f"{name}.{method}: apply_rope (interleaved, the model's own sin/cos table)"))
+
+
+def _sinusoidal_apply_for(fn, dtype, device):
+    params = list(inspect.signature(fn).parameters)
+    if params[:3] != ["sinusoidal_pos", "query_layer", "key_layer"]:
+        return f"takes ({', '.join(params)}), not (sinusoidal_pos, query_layer, key_layer[, value_layer])"
+
+    def apply_rotary_position_embeddings(sinusoidal_pos, query_layer, key_layer, value_layer=None):
+        """posenc's rotation of RoFormer's ``q``, ``k`` (and ``v``): pairs ``(x[2i], x[2i+1])`` by ``[sin | cos]``."""
+        sin, cos = sinusoidal_pos.chunk(2, dim=-1)
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        layers = (query_layer, key_layer) if value_layer is None else (query_layer, key_layer, value_layer)
+        return tuple(pe.apply_rope(x, cos, sin, layout="interleaved") for x in layers)
+
+    generator = torch.Generator().manual_seed(0)
+    angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], -1)[None, None].to(dtype=dtype, device=device)
+    q, k, v = (torch.randn(2, 3, 9, 8, generator=generator).to(dtype=dtype, device=device) for _ in range(3))
+    diff = _compare_apply(fn, apply_rotary_position_embeddings, [((table, q, k), {}), ((table, q, k, v), {})], dtype)
+    if diff is None:
+        return "it does not run on (sinusoidal_pos [1, 1, seq, d], query_layer [batch, heads, seq, d], key_layer) probes"
+    if not diff[0] <= diff[1]:
+        return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
+    return apply_rotary_position_embeddings
 
 
 # --- T5 relative bias and ALiBi -------------------------------------------------------------
