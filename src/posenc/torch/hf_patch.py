@@ -4,15 +4,20 @@ A part is recognised by what it is, not by the model's name:
 
 * a **rotary module**: a submodule with a ``config`` and ``rope_type`` or an ``inv_freq``
   buffer, called ``forward(x, position_ids) -> (cos, sin)``; replaced by
-  :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config;
+  :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config (its tables in the
+  interleaved order for Cohere's modules, one entry per pair for GPT-OSS's);
 * the **apply function** an attention layer calls on it: a global of the layer's ``forward``
   named ``apply_*rot*`` taking ``(q, k, cos, sin, ...)``; replaced by posenc's
   :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
   GLM-style functions make it from the same ``cos``/``sin``; interleaved ``cos``/``sin`` as
   Cohere's modules give them; interleaved pairs stored back in the half order, DeepSeek's
-  latent attention), partial rotary included; GPT-J's ``apply(tensor, sin, cos)`` too;
-* a **T5 relative bias**: a layer owning ``relative_attention_bias`` and ``compute_bias``;
-  replaced by :class:`~posenc.torch.T5RelativeBias` on the same weight;
+  latent attention; half pairs from one ``cos``/``sin`` per pair, GPT-OSS), partial rotary
+  included; GPT-J's ``apply(tensor, sin, cos)`` and RoFormer's static
+  ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])`` too (their own tables);
+* a **T5 relative bias**: a layer holding a ``relative_attention_bias`` embedding with
+  ``compute_bias`` (T5's signature, or LongT5's ``compute_bias(block_length)`` and its
+  transient-global ``compute_side_bias``); replaced by
+  :class:`~posenc.torch.T5RelativeBias` on the same weight;
 * an **ALiBi builder**: a ``build_*alibi*`` method or global a module's ``forward`` calls,
   ``(attention_mask, num_heads, dtype)`` (BLOOM; Falcon with ``alibi=True``, whose slopes are
   rounded to bfloat16) or ``(num_heads, sequence_length, ...)`` (MPT); replaced by
@@ -87,7 +92,8 @@ def patch(model):
 def _is_ours(module):
     from .hf import HFRotaryEmbedding
 
-    return isinstance(module, (HFRotaryEmbedding, InterleavedHFRotaryEmbedding)) or getattr(module.forward, "__posenc__", False)
+    ours = (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding)
+    return isinstance(module, ours) or getattr(module.forward, "__posenc__", False)
 
 
 def _probe_dtype_device(model):
@@ -126,15 +132,7 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
             continue
         label = f"rotary module {name} ({type(module).__name__})"
         try:
-            ours = HFRotaryEmbedding(module.config, device=device)
-            try:
-                _check_rotary(module, ours, dtype, device)
-            except _Refusal as half:
-                ours = InterleavedHFRotaryEmbedding(module.config, device=device)
-                try:
-                    _check_rotary(module, ours, dtype, device)
-                except _Refusal:
-                    raise half from None
+            ours = _checked_rotary(module, dtype, device)
         except (_Refusal, ValueError, TypeError, NotImplementedError) as why:
             refusals.append(f"{label}: {why}")
             continue
@@ -144,6 +142,21 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
         found[name] = ours
         swaps.append((_replacer(model, name, ours), f"{name}: {type(ours).__name__}"))
     return found
+
+
+def _checked_rotary(module, dtype, device):
+    """The first of posenc's rotary modules whose ``(cos, sin)`` match ``module``'s (the half order's refusal if none)."""
+    from .hf import HFRotaryEmbedding
+
+    first = None
+    for kind in (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding):
+        ours = kind(module.config, device=device)
+        try:
+            _check_rotary(module, ours, dtype, device)
+            return ours
+        except _Refusal as why:
+            first = first or why
+    raise first
 
 
 class InterleavedHFRotaryEmbedding(nn.Module):
@@ -164,6 +177,26 @@ class InterleavedHFRotaryEmbedding(nn.Module):
         cos, sin = self.rotary(x, position_ids, layer_type)
         half = cos.shape[-1] // 2
         return cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
+
+
+class UndoubledHFRotaryEmbedding(nn.Module):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding` with one ``cos``/``sin`` per pair, ``[..., r/2]``.
+
+    ``[c_0, c_1, ..., c_{r/2-1}]``, not repeated: the tables of GPT-OSS's rotary modules, whose
+    apply function rotates ``(x[i], x[i + r/2])`` by entry ``i``.
+    """
+
+    def __init__(self, config, *, device=None):
+        from .hf import HFRotaryEmbedding
+
+        super().__init__()
+        self.rotary = HFRotaryEmbedding(config, device=device)
+        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = self.rotary(x, position_ids, layer_type)
+        half = cos.shape[-1] // 2
+        return cos[..., :half], sin[..., :half]
 
 
 def _probe_positions(config, device):
@@ -267,7 +300,7 @@ def _replacement_for(fn, rotary, config, dtype, device):
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
     probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
     differences = []
-    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out"):
+    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair"):
         candidate = _make_apply(layout, extra, unsqueeze_default)
         diff = _compare_apply(fn, candidate, probes, dtype)
         if diff is None:
@@ -369,6 +402,11 @@ def _make_apply(layout, extra, unsqueeze_default):
             half = cos.shape[-1] // 2
             out = pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
             return torch.cat([out[..., 0::2], out[..., 1::2]], dim=-1)
+
+    elif layout == "half, one cos/sin per pair":
+
+        def rotate(x, cos, sin):  # GPT-OSS: cos/sin [..., r/2], entry i for the pair (x[i], x[i + r/2])
+            return pe.apply_rope(x, torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1))
 
     else:
 
