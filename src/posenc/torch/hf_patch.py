@@ -149,7 +149,7 @@ def _checked_rotary(module, dtype, device):
     from .hf import HFRotaryEmbedding
 
     first = None
-    for kind in (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding):
+    for kind in (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding, ComplexHFRotaryEmbedding):
         ours = kind(module.config, device=device)
         try:
             _check_rotary(module, ours, dtype, device)
@@ -199,6 +199,31 @@ class UndoubledHFRotaryEmbedding(nn.Module):
         return cos[..., :half], sin[..., :half]
 
 
+class ComplexHFRotaryEmbedding(UndoubledHFRotaryEmbedding):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding` as one complex table ``cos + i sin``, ``[..., r/2]`` complex64.
+
+    DeepSeek-V2's rotary modules return it (``freqs_cis``); its apply function multiplies the
+    pairs ``x[2i] + i x[2i+1]`` by it.
+    """
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = super().forward(torch.zeros(1, dtype=torch.float32, device=x.device), position_ids, layer_type)
+        return torch.complex(cos, sin)
+
+
+def _kind_of(result):
+    return "one complex table" if isinstance(result, torch.Tensor) else "a (cos, sin) pair"
+
+
+def _cos_sin_pair(result):
+    """``(cos, sin)`` of a rotary module's result: the pair, or the parts of a complex ``cos + i sin``; None if neither."""
+    if isinstance(result, torch.Tensor) and result.is_complex():
+        return result.real, result.imag
+    if isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result):
+        return result
+    return None
+
+
 def _probe_positions(config, device):
     """Two calls' position ids: a short batch, and one past ``max_position_embeddings`` (switches)."""
     limit = int(getattr(config, "max_position_embeddings", 0) or 0) or 2048
@@ -227,9 +252,12 @@ def _check_rotary(theirs, ours, dtype, device):
                     want = theirs(*args)
             except Exception as error:  # noqa: BLE001  (the model's own code: any failure means "not this kind of part")
                 raise _Refusal(f"its forward(x, position_ids) does not run ({type(error).__name__}: {_short(error)})") from None
-            if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(t, torch.Tensor) for t in want)):
-                raise _Refusal("its forward(x, position_ids) does not return (cos, sin)")
             got = ours(*args)
+            if isinstance(want, torch.Tensor) != isinstance(got, torch.Tensor):
+                raise _Refusal(f"it returns {_kind_of(want)}, posenc's {_kind_of(got)}")
+            want, got = _cos_sin_pair(want), _cos_sin_pair(got)
+            if want is None:
+                raise _Refusal("its forward(x, position_ids) does not return (cos, sin) or complex cos + i sin")
             for part, w, g in zip(("cos", "sin"), want, got):
                 if w.shape != g.shape:
                     raise _Refusal(f"{part} has shape {tuple(w.shape)}, posenc's {tuple(g.shape)}")
@@ -289,6 +317,8 @@ def _replacement_for(fn, rotary, config, dtype, device):
     params = list(signature.parameters)
     if params == ["tensor", "sin", "cos"]:
         return _table_apply_for(fn, dtype, device)
+    if params == ["xq", "xk", "freqs_cis"]:
+        return _complex_apply_for(fn, dtype, device)
     if params[:4] != ["q", "k", "cos", "sin"]:
         return f"takes ({', '.join(params)}), not (q, k, cos, sin, ...)"
     extra = params[4:]
@@ -334,6 +364,30 @@ def _table_apply_for(fn, dtype, device):
         return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
     LAYOUTS[apply_rotary_pos_emb] = "interleaved, the model's own sin/cos table"
     return apply_rotary_pos_emb
+
+
+def _complex_apply_for(fn, dtype, device):
+    """DeepSeek-V2's form, ``apply(xq, xk, freqs_cis [batch, seq, r/2] complex)``: interleaved pairs times ``cos + i sin``."""
+
+    def apply_rotary_emb(xq, xk, freqs_cis):
+        cos = freqs_cis.real.unsqueeze(1).repeat_interleave(2, -1)
+        sin = freqs_cis.imag.unsqueeze(1).repeat_interleave(2, -1)
+        return pe.apply_rope(xq, cos.to(xq.dtype), sin.to(xq.dtype), layout="interleaved"), pe.apply_rope(
+            xk, cos.to(xk.dtype), sin.to(xk.dtype), layout="interleaved"
+        )
+
+    generator = torch.Generator().manual_seed(0)
+    angles = (torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8))[None] + torch.tensor([0.0, 0.5])[:, None, None]
+    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
+    xq = torch.randn(2, 3, 9, 8, generator=generator).to(dtype=dtype, device=device)
+    xk = torch.randn(2, 2, 9, 8, generator=generator).to(dtype=dtype, device=device)
+    diff = _compare_apply(fn, apply_rotary_emb, [((xq, xk, freqs_cis), {})], dtype)
+    if diff is None:
+        return "it does not run on (xq [batch, heads, seq, r], xk, freqs_cis [batch, seq, r/2] complex) probes"
+    if not diff[0] <= diff[1]:
+        return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
+    LAYOUTS[apply_rotary_emb] = "interleaved, complex cos + i sin"
+    return apply_rotary_emb
 
 
 def _apply_probes(ours, config, dtype, device, has_unsqueeze):
