@@ -34,6 +34,8 @@ REPRESENTATIVE = (
     "bloom",  # ALiBi of the padded key positions
     "gptj",  # its apply function takes (tensor, sin, cos), interleaved
     "roformer",  # a static apply method on self, (sinusoidal_pos, q, k), interleaved
+    "gpt_oss",  # one cos/sin per pair, [..., r/2]
+    "deepseek_v2",  # a complex table cos + i sin, apply(xq, xk, freqs_cis)
     "mpt",  # ALiBi from the last query, its builder (num_heads, sequence_length)
 )
 TYPES = hf_zoo.model_types() if os.environ.get("POSENC_HF_ZOO") == "all" else REPRESENTATIVE

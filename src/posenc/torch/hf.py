@@ -17,22 +17,24 @@ import posenc as pe
 
 from . import hf_patch
 
-# Architectures (model types of transformers 5.23's causal-LM auto mapping, and T5/mT5) whose
+# Architectures (model types of transformers 5.23's causal-LM auto mapping, and the T5 family) whose
 # tiny random model, patched, gives the original's logits within float32 rounding and its
 # greedy tokens: the "covered" rows of docs/transformers.md (tests/hf_zoo.py, test_hf_zoo.py).
 SUPPORTED = (
     "afmoe", "apertus", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam", "bitnet",
-    "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32",
-    "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "falcon",
-    "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe",
-    "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_neox_japanese", "gptj", "granite",
-    "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text",
-    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
-    "laguna", "lfm2", "lfm3", "llama", "mellum", "minicpm3", "minimax", "minimax_m2",
-    "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5",
+    "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3",
+    "deepseek_v32", "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4",
+    "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text",
+    "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_neox_japanese",
+    "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared",
+    "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
+    "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna", "lfm2", "lfm3", "llama",
+    "longt5", "mellum", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text", "ministral",
+    "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5", "nemotron",
     "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal",
-    "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3",
-    "solar_open", "stablelm", "starcoder2", "t5", "vaultgemma", "youtu",
+    "phimoe", "pix2struct", "pop2piano", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next",
+    "roformer", "seed_oss", "smollm3", "solar_open", "stablelm", "starcoder2",
+    "switch_transformers", "t5", "umt5", "vaultgemma", "youtu", "zamba2",
 )
 
 
