@@ -130,7 +130,22 @@ def _shrunk(config_class):
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if name in kwargs:
             kwargs[name] = count
-    return config_class(**kwargs)
+    config = config_class(**kwargs)
+    fraction = _partial_rotary_factor(config)
+    if fraction and kwargs.get("head_dim") and int(kwargs["head_dim"] * fraction) % 2:  # an odd rotary dimension: a wider head
+        kwargs["head_dim"] = next(h for h in range(16, 257, 8) if int(h * fraction) % 2 == 0 and int(h * fraction) >= 2)
+        config = config_class(**kwargs)
+    return config
+
+
+def _partial_rotary_factor(config):
+    """The rotary fraction of the head: of the rope parameters, or of their first layer type (nested), or of the config."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        for d in (params, *(v for v in params.values() if isinstance(v, dict))):
+            if isinstance(d.get("partial_rotary_factor"), float):
+                return d["partial_rotary_factor"]
+    return getattr(config, "partial_rotary_factor", None)
 
 
 def build(model_type, seed=0):

@@ -11,7 +11,8 @@ A part is recognised by what it is, not by the model's name:
   :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
   GLM-style functions make it from the same ``cos``/``sin``; interleaved ``cos``/``sin`` as
   Cohere's modules give them; interleaved pairs stored back in the half order, DeepSeek's
-  latent attention; half pairs from one ``cos``/``sin`` per pair, GPT-OSS), partial rotary
+  latent attention; half pairs from one ``cos``/``sin`` per pair, GPT-OSS; half pairs
+  turned by ``-angle``, NanoChat), partial rotary
   included; GPT-J's ``apply(tensor, sin, cos)`` and RoFormer's static
   ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])`` too (their own tables);
 * a **T5 relative bias**: a layer holding a ``relative_attention_bias`` embedding with
@@ -330,7 +331,7 @@ def _replacement_for(fn, rotary, config, dtype, device):
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
     probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
     differences = []
-    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair"):
+    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair", "half, by -angle"):
         candidate = _make_apply(layout, extra, unsqueeze_default)
         diff = _compare_apply(fn, candidate, probes, dtype)
         if diff is None:
@@ -421,7 +422,10 @@ def _compare_apply(theirs, ours, probes, dtype):
         except Exception:  # noqa: BLE001  (a probe shape this function does not take: e.g. a full head for a rotary-only one)
             continue
         ran = True
-        got = ours(*args, **kwargs)
+        try:
+            got = ours(*args, **kwargs)
+        except ValueError:  # a layout whose tables do not fit these shapes (one cos/sin per pair, doubled, on full tables)
+            return float("inf"), 0.0
         for w, g in zip(want, got):
             if w.shape != g.shape:
                 return float("inf"), 0.0
@@ -456,6 +460,11 @@ def _make_apply(layout, extra, unsqueeze_default):
             half = cos.shape[-1] // 2
             out = pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
             return torch.cat([out[..., 0::2], out[..., 1::2]], dim=-1)
+
+    elif layout == "half, by -angle":
+
+        def rotate(x, cos, sin):  # NanoChat: rotate_half gives (x2, -x1), a turn by -angle
+            return pe.apply_rope(x, cos, -sin)
 
     elif layout == "half, one cos/sin per pair":
 
