@@ -119,14 +119,18 @@ def _shrunk(config_class):
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     kwargs.update({k: v for k, v in UNSET.items() if hasattr(default, k) or k == "tie_word_embeddings"})
     count = 2
-    for name, value in vars(default).items():  # per-layer lists: one layer of each kind (attention, linear, ...)
-        if isinstance(value, list) and layers and len(value) == layers:
-            kinds = list(dict.fromkeys(map(repr, value)))
-            count = max(count, len(kinds))
-    for name, value in vars(default).items():
-        if isinstance(value, list) and layers and len(value) == layers:
-            firsts = [value[[repr(v) for v in value].index(kind)] for kind in dict.fromkeys(map(repr, value))]
-            kwargs[name] = (firsts * count)[:count]
+    per_layer = {
+        name: value for name, value in vars(default).items()
+        if isinstance(value, list) and layers and len(value) == layers and not _layer_indices(value, layers)
+    }
+    for value in per_layer.values():  # per-layer lists: one layer of each kind (attention, linear, ...)
+        count = max(count, len(dict.fromkeys(map(repr, value))))
+    for name, value in per_layer.items():
+        firsts = [value[[repr(v) for v in value].index(kind)] for kind in dict.fromkeys(map(repr, value))]
+        kwargs[name] = (firsts * count)[:count]
+    for name, value in vars(default).items():  # a list of every layer's index (LFM2's full_attn_idxs): those that remain
+        if isinstance(value, list) and layers and len(value) == layers and _layer_indices(value, layers):
+            kwargs[name] = [i for i in value if i < count]
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if name in kwargs:
             kwargs[name] = count
@@ -136,6 +140,12 @@ def _shrunk(config_class):
         kwargs["head_dim"] = next(h for h in range(16, 257, 8) if int(h * fraction) % 2 == 0 and int(h * fraction) >= 2)
         config = config_class(**kwargs)
     return config
+
+
+def _layer_indices(value, layers):
+    """A list of layer indices (distinct, increasing ints below ``layers``), not one value per layer."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return ints and len(value) > 0 and value == sorted(set(value)) and value[-1] < layers
 
 
 def _partial_rotary_factor(config):
