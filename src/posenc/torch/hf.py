@@ -29,12 +29,13 @@ SUPPORTED = (
     "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared",
     "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
     "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna", "lfm2", "lfm3", "llama",
-    "longt5", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text",
-    "ministral", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5",
-    "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi",
-    "phi3", "phi4_multimodal", "phimoe", "pix2struct", "pop2piano", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "qwen3_next", "roformer", "seed_oss", "smollm3", "solar_open", "stablelm",
-    "starcoder2", "switch_transformers", "t5", "umt5", "vaultgemma", "youtu", "zamba2",
+    "llama4", "llama4_text", "longt5", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
+    "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "mllama",
+    "modernbert-decoder", "mpt", "mt5", "nanochat", "nemotron", "olmo", "olmo2", "olmo3",
+    "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "pix2struct",
+    "pop2piano", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "roformer", "seed_oss",
+    "smollm3", "solar_open", "stablelm", "starcoder2", "switch_transformers", "t5", "umt5",
+    "vaultgemma", "youtu", "zamba2",
 )
 
 

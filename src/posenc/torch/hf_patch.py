@@ -5,16 +5,18 @@ A part is recognised by what it is, not by the model's name:
 * a **rotary module**: a submodule with a ``config`` and ``rope_type`` or an ``inv_freq``
   buffer, called ``forward(x, position_ids) -> (cos, sin)``; replaced by
   :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config (its tables in the
-  interleaved order for Cohere's modules, one entry per pair for GPT-OSS's);
+  interleaved order for Cohere's modules, one entry per pair for GPT-OSS's, one complex
+  ``cos + i sin`` table for DeepSeek-V2's and Llama 4's);
 * the **apply function** an attention layer calls on it: a global of the layer's ``forward``
   named ``apply_*rot*`` taking ``(q, k, cos, sin, ...)``; replaced by posenc's
   :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
   GLM-style functions make it from the same ``cos``/``sin``; interleaved ``cos``/``sin`` as
   Cohere's modules give them; interleaved pairs stored back in the half order, DeepSeek's
   latent attention; half pairs from one ``cos``/``sin`` per pair, GPT-OSS; half pairs
-  turned by ``-angle``, NanoChat), partial rotary
-  included; GPT-J's ``apply(tensor, sin, cos)`` and RoFormer's static
-  ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])`` too (their own tables);
+  turned by ``-angle``, NanoChat), partial rotary included; the complex ``apply(xq, xk,
+  freqs_cis)`` of DeepSeek-V2 and Llama 4, GPT-J's ``apply(tensor, sin, cos)`` and
+  RoFormer's static ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])`` too
+  (the last two on their own tables);
 * a **T5 relative bias**: a layer holding a ``relative_attention_bias`` embedding with
   ``compute_bias`` (T5's signature, or LongT5's ``compute_bias(block_length)`` and its
   transient-global ``compute_side_bias``); replaced by
@@ -368,26 +370,40 @@ def _table_apply_for(fn, dtype, device):
 
 
 def _complex_apply_for(fn, dtype, device):
-    """DeepSeek-V2's form, ``apply(xq, xk, freqs_cis [batch, seq, r/2] complex)``: interleaved pairs times ``cos + i sin``."""
+    """The complex form, ``apply(xq, xk, freqs_cis [batch, seq, r/2] complex)``: interleaved pairs times ``cos + i sin``.
 
-    def apply_rotary_emb(xq, xk, freqs_cis):
-        cos = freqs_cis.real.unsqueeze(1).repeat_interleave(2, -1)
-        sin = freqs_cis.imag.unsqueeze(1).repeat_interleave(2, -1)
-        return pe.apply_rope(xq, cos.to(xq.dtype), sin.to(xq.dtype), layout="interleaved"), pe.apply_rope(
-            xk, cos.to(xk.dtype), sin.to(xk.dtype), layout="interleaved"
-        )
-
+    The heads are axis 1 (DeepSeek-V2, ``[batch, heads, seq, r]``) or axis 2 (Llama 4,
+    ``[batch, seq, heads, r]``): each is tried on probes of its own layout.
+    """
     generator = torch.Generator().manual_seed(0)
     angles = (torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8))[None] + torch.tensor([0.0, 0.5])[:, None, None]
     freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
-    xq = torch.randn(2, 3, 9, 8, generator=generator).to(dtype=dtype, device=device)
-    xk = torch.randn(2, 2, 9, 8, generator=generator).to(dtype=dtype, device=device)
-    diff = _compare_apply(fn, apply_rotary_emb, [((xq, xk, freqs_cis), {})], dtype)
-    if diff is None:
-        return "it does not run on (xq [batch, heads, seq, r], xk, freqs_cis [batch, seq, r/2] complex) probes"
-    if not diff[0] <= diff[1]:
-        return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
-    LAYOUTS[apply_rotary_emb] = "interleaved, complex cos + i sin"
+    differences = []
+    for heads_axis in (1, 2):
+        candidate = _complex_apply(heads_axis)
+        shape = [2, 9, 8]
+        shape.insert(heads_axis, 3)
+        xq = torch.randn(*shape, generator=generator).to(dtype=dtype, device=device)
+        xk = torch.randn(*shape, generator=generator).to(dtype=dtype, device=device)
+        diff = _compare_apply(fn, candidate, [((xq, xk, freqs_cis), {})], dtype)
+        if diff is None:
+            continue
+        if diff[0] <= diff[1]:
+            LAYOUTS[candidate] = f"interleaved, complex cos + i sin, heads on axis {heads_axis}"
+            return candidate
+        differences.append(f"heads on axis {heads_axis}: the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
+    if not differences:
+        return "it does not run on (xq [batch, heads, seq, r] or [batch, seq, heads, r], xk, freqs_cis [batch, seq, r/2] complex) probes"
+    return "; ".join(differences)
+
+
+def _complex_apply(heads_axis):
+    def apply_rotary_emb(xq, xk, freqs_cis):
+        """posenc's rotation of ``xq``, ``xk`` by ``freqs_cis = cos + i sin``: pairs ``(x[2i], x[2i+1])``."""
+        cos = freqs_cis.real.unsqueeze(heads_axis).repeat_interleave(2, -1)
+        sin = freqs_cis.imag.unsqueeze(heads_axis).repeat_interleave(2, -1)
+        return tuple(pe.apply_rope(x, cos.to(x.dtype), sin.to(x.dtype), layout="interleaved") for x in (xq, xk))
+
     return apply_rotary_emb
 
 
