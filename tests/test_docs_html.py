@@ -17,6 +17,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -163,6 +164,8 @@ def resolve(object_id):
     head, *attrs = object_id.split(".")
     obj = importlib.import_module(head)
     for attr in attrs:
+        if not hasattr(obj, attr) and isinstance(obj, types.ModuleType):  # a submodule not imported yet
+            importlib.import_module(f"{obj.__name__}.{attr}")
         obj = getattr(obj, attr)
     return obj
 
