@@ -99,10 +99,55 @@ def _t5(config_name, model_name):
     return build
 
 
+def _t5_family(config_name, model_name, **extra):
+    """T5's relative bias in other sequence-to-sequence models (UMT5: one per layer; LongT5: local blocks, transient-global
+    side bias; Switch Transformers: MoE; Pop2Piano)."""
+
+    def build():
+        import transformers
+
+        config = getattr(transformers, config_name)(
+            vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+            relative_attention_num_buckets=8, relative_attention_max_distance=12, decoder_start_token_id=0,
+            initializer_factor=5.0, tie_word_embeddings=False, pad_token_id=0, eos_token_id=1, **extra,
+        )
+        return getattr(transformers, model_name)(config)
+
+    return build
+
+
+def _pix2struct():
+    """Pix2Struct: a T5 decoder (always causal, no ``is_decoder``) over a vision encoder of image patches."""
+    from transformers import Pix2StructConfig, Pix2StructForConditionalGeneration
+
+    text = dict(
+        vocab_size=VOCAB, hidden_size=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+        relative_attention_max_distance=12, initializer_factor=5.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+    )
+    vision = dict(hidden_size=32, patch_embed_hidden_size=PATCH, d_ff=64, d_kv=8, num_hidden_layers=2, num_attention_heads=4, initializer_factor=5.0)
+    return Pix2StructForConditionalGeneration(Pix2StructConfig(text_config=text, vision_config=vision, tie_word_embeddings=False))
+
+
+PATCH = 48  # pixels per Pix2Struct image patch in the tiny model
+
+
 def _bloom():
     from transformers import BloomConfig, BloomForCausalLM
 
     return BloomForCausalLM(BloomConfig(vocab_size=VOCAB, hidden_size=48, n_layer=2, n_head=6, initializer_range=0.25))
+
+
+def _falcon_alibi():
+    from transformers import FalconConfig, FalconForCausalLM
+
+    config = FalconConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True, initializer_range=0.25)
+    return FalconForCausalLM(config)
+
+
+def _mpt():
+    from transformers import MptConfig, MptForCausalLM
+
+    return MptForCausalLM(MptConfig(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=64, initializer_range=0.25))
 
 
 MODELS = {
@@ -122,6 +167,19 @@ MODELS = {
     "t5": _t5("T5Config", "T5ForConditionalGeneration"),
     "mt5": _t5("MT5Config", "MT5ForConditionalGeneration"),
     "bloom": _bloom,
+    "umt5": _t5_family("UMT5Config", "UMT5ForConditionalGeneration"),
+    "longt5[local]": _t5_family("LongT5Config", "LongT5ForConditionalGeneration", encoder_attention_type="local", local_radius=3),
+    "longt5[tglobal]": _t5_family(
+        "LongT5Config", "LongT5ForConditionalGeneration", encoder_attention_type="transient-global", local_radius=3, global_block_size=4
+    ),
+    "switch_transformers": _t5_family(
+        "SwitchTransformersConfig", "SwitchTransformersForConditionalGeneration", num_experts=4, expert_capacity=64,
+        num_sparse_encoder_layers=1, num_sparse_decoder_layers=1,
+    ),
+    "pop2piano": _t5_family("Pop2PianoConfig", "Pop2PianoForConditionalGeneration"),
+    "pix2struct": _pix2struct,
+    "falcon[alibi]": _falcon_alibi,
+    "mpt": _mpt,
 }
 
 
@@ -140,16 +198,31 @@ def inputs(seed=1, length=PROMPT + NEW, *, lowest=1):
     return ids, mask
 
 
+def _encoder_inputs(model, ids, mask):
+    """The keyword inputs of ``model`` for the tokens ``ids``: Pix2Struct reads image patches instead
+    (``[row, column, pixels]``, the pixels drawn from the ids)."""
+    if model.config.model_type != "pix2struct":
+        return {"input_ids": ids, "attention_mask": mask}
+    generator = torch.Generator().manual_seed(int(ids.sum()))
+    rows, columns = torch.arange(ids.shape[1]) // 4 + 1, torch.arange(ids.shape[1]) % 4 + 1
+    pixels = torch.randn(*ids.shape, PATCH, generator=generator)
+    places = torch.stack([rows, columns], -1).float().expand(ids.shape[0], -1, -1)
+    return {"flattened_patches": torch.cat([places, pixels], -1), "attention_mask": mask}
+
+
 def logits(model, ids, mask):
     with torch.no_grad():
         if model.config.is_encoder_decoder:
             decoder = torch.roll(ids, 1, dims=1)
-            return model(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder).logits
+            return model(**_encoder_inputs(model, ids, mask), decoder_input_ids=decoder).logits
         return model(input_ids=ids, attention_mask=mask).logits
 
 
 def generate(model, ids, mask):
-    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW)
+    from transformers import GenerationMixin
+
+    # GenerationMixin's generate: Pop2Piano's own takes audio features and a composer
+    return GenerationMixin.generate(model, **_encoder_inputs(model, ids, mask), max_new_tokens=NEW, do_sample=False, min_new_tokens=NEW)
 
 
 def compare(name):

@@ -29,7 +29,8 @@ from hf_models import NEW, PROMPT, VOCAB
 
 LENGTH = PROMPT + NEW
 
-# Config fields shrunk when the default config has them.
+# Config fields set when the default config has them: sizes shrunk (and Zamba2's use_mem_rope
+# on, so that its attention runs its rotary path).
 SIZES = dict(
     vocab_size=VOCAB, hidden_size=64, d_model=64, n_embd=64, intermediate_size=96, ffn_hidden_size=96, n_inner=96,
     num_hidden_layers=2, n_layer=2, num_layers=2, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -41,6 +42,14 @@ SIZES = dict(
     expert_ffn_hidden_size=32, first_k_dense_replace=1, n_group=1, topk_group=1,
     kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     rotary_dim=8, sliding_window=8, attention_chunk_size=8, initializer_range=0.25, use_cache=True,
+    indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
+    ngram_vocab_size_base=VOCAB, split_ngram_parts=1, use_mem_rope=True,
+)
+# Sizes set even where the default config leaves them None: a None the model reads as a number
+# (head_dim = hidden / heads, a KV head count, Qwen4-Exp's indexer) fails the tiny build.
+SET_WHEN_NONE = (
+    "n_group", "topk_group", "num_experts_per_tok", "head_dim", "num_key_value_heads",
+    "indexer_n_heads", "indexer_kv_heads", "indexer_head_dim", "indexer_budget", "indexer_compress_ratio",
 )
 NOT_RUN = "no rotary, T5 relative-bias or ALiBi code in its modeling file (not run)"
 # Fields that must not be set (a tied embedding of another size, special ids beyond the vocab).
@@ -98,7 +107,7 @@ def _shrunk(config_class):
     layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
     kwargs = {
         k: v for k, v in SIZES.items()
-        if hasattr(default, k) and (getattr(default, k) is not None or k in ("n_group", "topk_group", "num_experts_per_tok"))
+        if hasattr(default, k) and (getattr(default, k) is not None or k in SET_WHEN_NONE)
         and not isinstance(getattr(config_class, k, None), property)
     }
     for name, sub in (getattr(config_class, "sub_configs", None) or {}).items():  # text/vision configs: shrunk too
@@ -110,18 +119,43 @@ def _shrunk(config_class):
             kwargs["num_key_value_heads"] = kwargs.get("num_attention_heads", 4)
     kwargs.update({k: v for k, v in UNSET.items() if hasattr(default, k) or k == "tie_word_embeddings"})
     count = 2
-    for name, value in vars(default).items():  # per-layer lists: one layer of each kind (attention, linear, ...)
-        if isinstance(value, list) and layers and len(value) == layers:
-            kinds = list(dict.fromkeys(map(repr, value)))
-            count = max(count, len(kinds))
-    for name, value in vars(default).items():
-        if isinstance(value, list) and layers and len(value) == layers:
-            firsts = [value[[repr(v) for v in value].index(kind)] for kind in dict.fromkeys(map(repr, value))]
-            kwargs[name] = (firsts * count)[:count]
+    per_layer = {
+        name: value for name, value in vars(default).items()
+        if isinstance(value, list) and layers and len(value) == layers and not _layer_indices(value, layers)
+    }
+    for value in per_layer.values():  # per-layer lists: one layer of each kind (attention, linear, ...)
+        count = max(count, len(dict.fromkeys(map(repr, value))))
+    for name, value in per_layer.items():
+        firsts = [value[[repr(v) for v in value].index(kind)] for kind in dict.fromkeys(map(repr, value))]
+        kwargs[name] = (firsts * count)[:count]
+    for name, value in vars(default).items():  # a list of every layer's index (LFM2's full_attn_idxs): those that remain
+        if isinstance(value, list) and layers and len(value) == layers and _layer_indices(value, layers):
+            kwargs[name] = [i for i in value if i < count]
     for name in ("num_hidden_layers", "n_layer", "num_layers"):
         if name in kwargs:
             kwargs[name] = count
-    return config_class(**kwargs)
+    config = config_class(**kwargs)
+    fraction = _partial_rotary_factor(config)
+    if fraction and kwargs.get("head_dim") and int(kwargs["head_dim"] * fraction) % 2:  # an odd rotary dimension: a wider head
+        kwargs["head_dim"] = next(h for h in range(16, 257, 8) if int(h * fraction) % 2 == 0 and int(h * fraction) >= 2)
+        config = config_class(**kwargs)
+    return config
+
+
+def _layer_indices(value, layers):
+    """A list of layer indices (distinct, increasing ints below ``layers``), not one value per layer."""
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    return ints and len(value) > 0 and value == sorted(set(value)) and value[-1] < layers
+
+
+def _partial_rotary_factor(config):
+    """The rotary fraction of the head: of the rope parameters, or of their first layer type (nested), or of the config."""
+    params = getattr(config, "rope_parameters", None)
+    if isinstance(params, dict):
+        for d in (params, *(v for v in params.values() if isinstance(v, dict))):
+            if isinstance(d.get("partial_rotary_factor"), float):
+                return d["partial_rotary_factor"]
+    return getattr(config, "partial_rotary_factor", None)
 
 
 def build(model_type, seed=0):
@@ -289,12 +323,12 @@ if __name__ == "__main__":
 
     resource.setrlimit(resource.RLIMIT_AS, (6 << 30, 6 << 30))  # a config that stays large fails, not the machine
     def too_slow(*_):
-        raise TimeoutError("over 120 s")
+        raise TimeoutError("over 300 s")
 
     signal.signal(signal.SIGALRM, too_slow)
     rows = []
     for model_type in args or model_types():
-        signal.alarm(120)
+        signal.alarm(300)
         try:
             row = check(model_type)
         except Exception as error:  # noqa: BLE001  (recorded in the table, the sweep goes on)

@@ -630,7 +630,7 @@ ROTARY = {
     ),
     "Llama3 zero low_freq_factor": (lambda: S.Llama3(8.0, 8192, low_freq_factor=0.0), ValueError, "low_freq_factor"),
     "from_hf unknown rope_type": (lambda: S.from_hf({"rope_type": "spiral"}, head_dim=64), ValueError, "rope_type"),
-    "from_hf rope_type of another library": (lambda: S.from_hf({"rope_type": "axial"}, head_dim=64), ValueError, "rope_type"),
+    "from_hf rope_type of another library": (lambda: S.from_hf({"rope_type": "su"}, head_dim=64), ValueError, "rope_type"),
     "from_hf unknown legacy type": (lambda: S.from_hf({"type": "ntk-by-parts"}, head_dim=64), ValueError, "rope_type"),
     "from_hf parameters a string": (lambda: S.from_hf("linear", head_dim=64), TypeError, "rope_parameters"),
     "from_hf config a number": (lambda: S.from_hf(42, head_dim=16), TypeError, "config"),

@@ -3,8 +3,9 @@
 The original model is the oracle: a patched copy must give its logits within float32
 rounding and the same greedy ``generate()`` tokens (KV cache, left-padded batch), for every
 ``rope_type`` (``dynamic`` and ``longrope`` across their switch length), the LLaMA family,
-T5/mT5 and BLOOM. ``tests/hf_models.py`` builds the models; ``python tests/hf_models.py``
-prints the table. Bad input (configs, layer types, other architectures): test_bad_inputs.py.
+T5's relative bias (T5, mT5, UMT5, LongT5 local and transient-global, Switch Transformers,
+Pop2Piano, Pix2Struct's decoder) and ALiBi (BLOOM, Falcon with ``alibi=True``, MPT).
+``tests/hf_models.py`` builds the models; ``python tests/hf_models.py`` prints the table. Bad input (configs, layer types, other architectures): test_bad_inputs.py.
 """
 
 from __future__ import annotations
@@ -66,12 +67,19 @@ def _assert_routed_through_posenc(model):
     from posenc.torch import hf_patch
 
     patched = model.posenc_patched
-    if model.config.model_type == "t5" or model.config.model_type == "mt5":
-        layers = [m for m in model.modules() if getattr(m, "has_relative_attention_bias", False)]
-        assert len(layers) == 2 and all(m.compute_bias.__qualname__.startswith("_t5_compute_bias") for m in layers)
-        assert len(patched) == 2
+    if model.config.is_encoder_decoder:  # the T5 family: every layer holding a bias table
+        layers = [m for m in model.modules() if isinstance(getattr(m, "relative_attention_bias", None), torch.nn.Embedding)]
+        assert layers and all(m.compute_bias.__qualname__.startswith("_t5_compute_bias") for m in layers)
+        sides = [m for m in model.modules() if hasattr(m, "global_relative_attention_bias")]  # LongT5 transient-global
+        assert all(m.compute_side_bias.__qualname__.startswith("_t5_side_bias_checked") for m in sides)
+        assert len(patched) == len(layers) + len(sides)
     elif model.config.model_type == "bloom":
         assert model.transformer.build_alibi_tensor is hf_patch.bloom_alibi_tensor
+    elif model.config.model_type == "mpt":
+        assert model.transformer.build_mpt_alibi_tensor is hf_patch.mpt_alibi_tensor
+    elif model.config.model_type == "falcon":  # the ALiBi builder Falcon's model calls as a global
+        assert model.transformer.forward.__func__.__globals__["build_alibi_tensor"] is hf_patch.falcon_alibi_tensor
+        assert "transformer build_alibi_tensor: alibi_bias (in bfloat16)" in patched
     else:
         rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
         assert rotary and all(isinstance(m, HFRotaryEmbedding) for m in rotary)
@@ -230,7 +238,7 @@ def test_t5_relative_bias_from_hf_shares_the_weight():
     assert not decoder.bidirectional
 
 
-@pytest.mark.parametrize("name", ["llama[yarn]", "t5", "bloom"])
+@pytest.mark.parametrize("name", ["llama[yarn]", "t5", "bloom", "falcon[alibi]", "mpt"])
 def test_patching_twice_is_refused(name):
     once = patch_hf(build(name))
     with pytest.raises(ValueError, match="already patched"):
@@ -275,3 +283,47 @@ def test_a_part_that_differs_is_named_and_nothing_is_swapped():
     with pytest.raises(ValueError, match=r"apply function .*shifted: no posenc layout reproduces it: half layout differs by 0\.001"):
         patch_hf(model)
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+
+
+def test_an_alibi_builder_that_differs_is_named():
+    model = build("mpt")
+    model.transformer.build_mpt_alibi_tensor = lambda num_heads, sequence_length, alibi_bias_max=8, device=None: torch.zeros(
+        num_heads, 1, sequence_length
+    )
+    with pytest.raises(ValueError, match=r"ALiBi builder transformer\.build_mpt_alibi_tensor \(MptModel\): alibi_bias differs by"):
+        patch_hf(model)
+
+
+def test_falcon_alibi_is_bfloat16_like_falcons():
+    """Falcon rounds its slopes and key positions to bfloat16 before multiplying: so does the replacement (a
+    float32 ALiBi would differ from the model's own bias by the bfloat16 rounding, and be refused)."""
+    from posenc.torch import hf_patch
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor
+
+    mask = torch.ones(2, 700, dtype=torch.long)
+    mask[1, :5] = 0
+    want = build_alibi_tensor(mask, 12, torch.float32)
+    torch.testing.assert_close(hf_patch.falcon_alibi_tensor(mask, 12, torch.float32), want, rtol=0, atol=0)
+    assert float((hf_patch.bloom_alibi_tensor(mask, 12, torch.float32) - want).abs().max()) > 0.1
+
+
+def test_udop_is_refused_naming_its_layout_biases():
+    """UDOP's encoder adds T5-style biases of the token boxes (1-D, horizontal, vertical) with no ``compute_bias``:
+    refused, the model left as it was."""
+    config = transformers.UdopConfig(
+        vocab_size=96, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        relative_attention_num_buckets=8, relative_attention_max_distance=12, image_size=32, patch_size=16,
+    )
+    model = transformers.UdopForConditionalGeneration(config).eval()
+    with pytest.raises(ValueError, match=r"relative attention bias encoder\.relative_bias\.biases\.1 \(RelativePositionBiasHorizontal\): no compute_bias"):
+        patch_hf(model)
+    assert not hasattr(model, "posenc_patched") and all("compute_bias" not in vars(m) for m in model.modules())
+
+
+def test_a_t5_bias_that_differs_is_named():
+    model = build("umt5")
+    layer = model.decoder.block[1].layer[0].SelfAttention
+    original = layer.compute_bias  # a bias twice the table's: posenc's (in either direction) is not it
+    layer.compute_bias = lambda query_length, key_length, device=None, past_seen_tokens=0: original(query_length, key_length) * 2
+    with pytest.raises(ValueError, match=r"relative attention bias decoder\.block\.1\.layer\.0\.SelfAttention \(UMT5Attention\): compute_bias differs"):
+        patch_hf(model)

@@ -4,7 +4,7 @@ Each architecture is either covered (patched logits within float32 rounding of t
 original's on a left-padded batch, identical greedy ``generate()`` tokens with the KV cache)
 or refused by a ``ValueError`` that names the part posenc does not reproduce; one that
 cannot be built tiny is skipped with the reason. By default a representative set runs
-(every apply layout, partial rotary, nested rope parameters, MoE, ALiBi, refusals);
+(every apply layout, partial rotary, nested rope parameters, MoE, both ALiBi builder forms);
 ``POSENC_HF_ZOO=all`` runs every model type (the docs' table comes from
 ``python tests/hf_zoo.py --markdown docs/transformers.md``).
 """
@@ -31,9 +31,12 @@ REPRESENTATIVE = (
     "qwen3_moe",  # MoE, q/k norms
     "deepseek_v3",  # latent attention: interleaved pairs in, half order out
     "gemma3_text",  # rope parameters nested per layer type
-    "bloom",  # ALiBi
+    "bloom",  # ALiBi of the padded key positions
     "gptj",  # its apply function takes (tensor, sin, cos), interleaved
-    "mpt",  # no part patch_hf recognises (its ALiBi builder is not BLOOM's): refused
+    "roformer",  # a static apply method on self, (sinusoidal_pos, q, k), interleaved
+    "gpt_oss",  # one cos/sin per pair, [..., r/2]
+    "deepseek_v2",  # a complex table cos + i sin, apply(xq, xk, freqs_cis)
+    "mpt",  # ALiBi from the last query, its builder (num_heads, sequence_length)
 )
 TYPES = hf_zoo.model_types() if os.environ.get("POSENC_HF_ZOO") == "all" else REPRESENTATIVE
 

@@ -250,10 +250,30 @@ def separate(out_value, *inputs):
                 )
 
 
+def writable_by_autograd(value):
+    """``out`` must not be a torch leaf that requires grad, nor a view of one, while grad mode is on.
+
+    Autograd cannot record a write into such a tensor (torch refuses any in-place op on it);
+    refused here, before anything is computed, instead of by torch from inside the kernel
+    path. A non-leaf (``x = w * 1``) can be written in place and gets its correct gradient.
+    """
+    if not torch_tensor(value) or not value.requires_grad or not _torch().is_grad_enabled():
+        return
+    base = value if value._base is None else value._base
+    if base.is_leaf:
+        what = "a leaf tensor" if base is value else "a view of a leaf tensor"
+        raise ValueError(
+            f"out is {what} that requires grad: autograd cannot record an in-place write into it. "
+            "Use the returned result (out=None), write into a non-leaf copy (e.g. x = x.clone()), "
+            "or rotate under torch.no_grad()"
+        )
+
+
 def out(value, *, shape, dtype, xp, device, inputs=()):
     """A caller's ``out`` buffer: right shape, dtype, namespace and device, and not a partial
     overlap of one of ``inputs`` (``(name, array)`` pairs; exactly an input is in place)."""
     array("out", value)
+    writable_by_autograd(value)
     found = namespace(value)
     if found is not xp and not (_compat.is_numpy_namespace(found) and _compat.is_numpy_namespace(xp)):  # NumPy or its wrapper
         raise TypeError(f"out must be an array of the same namespace as the inputs ({xp.__name__}), got {type(value).__name__}")

@@ -8,7 +8,7 @@ from .decay import rope_decay
 from .frequencies import rope_frequencies
 from .interop import convert_layout, permute_qk_weight, rerotate
 from .linear_attention import linear_attention
-from .mrope import mrope_cos_sin
+from .mrope import mrope_cos_sin, xdrope_cos_sin
 from .positions import positions_from_cu_seqlens, positions_from_mask
 from .xpos import xpos_scale
 
@@ -28,5 +28,6 @@ __all__ = [
     "rope_decay",
     "rope_frequencies",
     "scaling",
+    "xdrope_cos_sin",
     "xpos_scale",
 ]

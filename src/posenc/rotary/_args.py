@@ -106,6 +106,7 @@ def out_like(out, x, xp):
     if _compat.is_jax_array(out):
         raise TypeError("out is not supported for JAX arrays (they are immutable); use the returned array")
     if out is x:  # in place: x's own shape, dtype, namespace, device and memory
+        check.writable_by_autograd(out)
         return out
     return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x),))
 

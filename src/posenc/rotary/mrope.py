@@ -7,6 +7,10 @@ section ``s`` turning with position id ``s``. Its ``mrope_section`` lists the se
 sizes, in frequency pairs. Qwen3-VL (and keras_hub's and vLLM's interleaved M-RoPE) deal
 the pairs out in turn instead: pair ``i`` turns with axis ``i mod 3`` while that axis has
 pairs left, the rest with the temporal axis.
+
+HunyuanVL's XD-RoPE (``xdrope_section``) cuts the doubled table (each frequency twice,
+LLaMA's half order) into consecutive chunks instead, so the two members of a pair may turn
+with different axes: :func:`xdrope_cos_sin`.
 """
 
 from __future__ import annotations
@@ -143,3 +147,57 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
         back = xp.asarray(sorted(range(len(order)), key=order.__getitem__), device=device_of(cos))
         cos, sin = xp.take(cos, back, axis=-1), xp.take(sin, back, axis=-1)
     return args.tables(cos, sin)
+
+
+def xdrope_cos_sin(positions, inv_freq, sections, *, dtype=None, scale=1.0):
+    r"""``cos`` and ``sin`` of HunyuanVL's XD-RoPE: chunks of the doubled table, chunk ``a`` from ``positions[a]``.
+
+    .. math:: c_{\dots,e} = \cos(p_{a(e),\dots}\,\theta_{e \bmod r/2}), \qquad
+              a(e) = \text{the } a \text{ with } 2\textstyle\sum_{b<a} s_b \le e < 2\sum_{b\le a} s_b
+
+    for the ``r`` entries ``e`` of the table in the half order (``[c_0 .. c_{r/2-1}, c_0 ..
+    c_{r/2-1}]``, LLaMA's), ``s = sections`` summing to ``r/2`` (HunyuanVL's
+    ``xdrope_section``, e.g. four axes: sequence, width, height, image index). Where the
+    axes hold different ids, entry ``i`` and entry ``i + r/2`` of a pair may turn with
+    different axes: the tables are applied as transformers applies them, ``x * cos +
+    rotate_half(x) * sin``; :func:`apply_rope` (which reads each pair's first entry) agrees
+    where every axis holds the same ids (text). With equal ids on every axis this is
+    :func:`rope_cos_sin`.
+
+    Parameters
+    ----------
+    positions : integer or float array ``[len(sections), ...]``
+    inv_freq : array or sequence ``[r/2]`` (as for :func:`rope_cos_sin`)
+    sections : sequence of ints, summing to ``r/2``
+    dtype : float dtype, optional (as for :func:`rope_cos_sin`)
+    scale : float, multiplies both tables (the attention scale)
+
+    Returns
+    -------
+    cos, sin : arrays ``positions.shape[1:] + (r,)``, angles in float64.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> ids = np.array([[3], [0], [1], [2]])              # one token's four axis ids
+    >>> cos, _ = pe.xdrope_cos_sin(ids, [1.0, 0.5], [1, 0, 1, 0])
+    >>> bool(np.allclose(cos[0], np.cos([3 * 1.0, 3 * 0.5, 1 * 1.0, 1 * 0.5])))
+    True
+    """
+    args = TableArguments(positions, inv_freq, "half", dtype, scale)
+    sections = _sections(sections, args.pairs)
+    check.ndim("positions", positions, minimum=1)
+    if int(positions.shape[0]) != len(sections):
+        raise ValueError(
+            f"positions must have one row per section on axis 0 ({len(sections)}), got shape {tuple(positions.shape)}"
+        )
+    check.allocatable_unless_blocked("xdrope_cos_sin", (*positions.shape[1:], 2 * args.pairs), 8 * len(sections), positions)
+    xp = args.xp
+    cos_parts, sin_parts, start = [], [], 0
+    for axis, size in enumerate(sections):
+        if size:
+            c, s = args.tables(*args.cos_sin(positions[axis, ...], args.freqs))
+            cos_parts.append(c[..., start : start + 2 * size])
+            sin_parts.append(s[..., start : start + 2 * size])
+        start += 2 * size
+    return xp.concat(cos_parts, axis=-1), xp.concat(sin_parts, axis=-1)

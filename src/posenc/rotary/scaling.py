@@ -18,7 +18,8 @@ computed in float64 instead of float32. With :math:`\theta_i = b^{-2i/d}`,
 ========================  ===========================================================
 
 ``Proportional(fraction, factor)`` is Hugging Face's ``"proportional"`` type (rotate a fraction
-of the pairs, keep the others still). ``from_hf`` reads a transformers config or its
+of the pairs, keep the others still); ``Axial(axes)`` the ``"axial"`` type of vision encoders
+(Qwen3-VL's, GLM-4V's: RoPE's frequencies over ``d / axes`` channels, once per axis). ``from_hf`` reads a transformers config or its
 ``rope_parameters`` (or legacy ``rope_scaling``) dict.
 
 ``DynamicNTK`` and ``LongRoPE`` depend on the sequence length. Where it is a traced value
@@ -39,7 +40,7 @@ import numpy as np
 from .. import _validate as check
 from .._xp import trace_constant, widest_float
 
-__all__ = ["DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
+__all__ = ["Axial", "DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
 
 def default_inv_freq(dim: int, base: float) -> np.ndarray:
@@ -390,6 +391,36 @@ class Proportional(Scaling):
 
 
 @dataclass(frozen=True)
+class Axial(Scaling):
+    r"""Axial RoPE of a vision encoder: RoPE's frequencies over ``d / axes`` channels, once per axis.
+
+    .. math:: \theta = [\phi, \phi, \dots], \qquad \phi_j = b^{-2j/(d/A)}, \; j < d/(2A)
+
+    (``A = axes`` copies, ``d/2`` frequencies in all; attention scale 1). Pair ``i`` of block
+    ``a`` turns with axis ``a`` of the patch's position (height, width): pass the frequencies
+    to :func:`posenc.mrope_cos_sin` with ``sections = [d/(2A)] * A`` (what :func:`from_hf`
+    returns as ``.sections``). Hugging Face's ``rope_type="axial"``, the 2-D RoPE of Qwen3-VL's
+    and GLM-4V's vision encoders (their ``VisionRotaryEmbedding``); Heo et al., "Rotary
+    Position Embedding for Vision Transformer", 2024, for the axial form.
+    """
+
+    axes: int = 2
+
+    def __post_init__(self):
+        object.__setattr__(self, "axes", check.integer("axes", self.axes, minimum=1))
+
+    def frequencies(self, dim, base, seq_len=None):
+        block = dim // self.axes
+        if block < 2 or block % 2:
+            raise ValueError(f"Axial({self.axes}) needs dim // axes even and >= 2, got dim = {dim}")
+        return np.tile(default_inv_freq(block, base), self.axes), 1.0
+
+    def sections(self, dim):
+        """The pairs of each axis: ``[dim / (2 axes)] * axes``."""
+        return (dim // self.axes // 2,) * self.axes
+
+
+@dataclass(frozen=True)
 class HFRope:
     """What :func:`from_hf` read from a Hugging Face config.
 
@@ -403,12 +434,22 @@ class HFRope:
         ``int(head_dim * partial_rotary_factor)``: the ``dim`` to pass to
         :func:`posenc.rope_frequencies` and the ``rotary_dim`` of :func:`posenc.rope`.
     partial_rotary_factor : float
+    sections : tuple of int or None
+        Multimodal RoPE: the frequency pairs of each position axis (``mrope_section``,
+        ``xdrope_section``, or the vision encoders' two axes of ``"axial"``); None for text
+        RoPE.
+    multimodal : {"mrope", "mrope_interleaved", "xdrope"} or None
+        How ``sections`` deal out the pairs: :func:`posenc.mrope_cos_sin` (consecutive;
+        ``interleaved=True`` for ``"mrope_interleaved"``, Qwen3-VL) or
+        :func:`posenc.xdrope_cos_sin` (HunyuanVL).
     """
 
     scaling: Scaling | None
     base: float
     rotary_dim: int
     partial_rotary_factor: float
+    sections: tuple | None = None
+    multimodal: str | None = None
 
 
 class _Reader:
@@ -508,6 +549,10 @@ def _proportional(r, rotary_dim, base):
     return Proportional(r.get("partial_rotary_factor", 1.0), r.get("factor", 1.0))
 
 
+def _axial(r, rotary_dim, base):
+    return Axial(2)
+
+
 @dataclass(frozen=True)
 class _HFType:
     """How to read one ``rope_type``: the builder and the keys it reads besides the common ones."""
@@ -530,9 +575,13 @@ HF_ROPE_TYPES = {
     "longrope": _HFType(_longrope, ("short_factor", "long_factor", "original_max_position_embeddings", "attention_factor", "factor")),
     "llama3": _HFType(_llama3, ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor")),
     "proportional": _HFType(_proportional, ("factor",), whole_head=True),
+    # model-specific types of transformers' model files: HunyuanVL's (its config turns it into
+    # "dynamic", an alpha into the fixed NTK base), and the vision encoders' 2-D RoPE
+    "xdrope": _HFType(_dynamic, ("factor", "alpha")),
+    "axial": _HFType(_axial),
 }
-# Keys every type may carry; the multimodal ones are read by ``mrope_cos_sin``, not here.
-_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved")
+# Keys every type may carry; the multimodal sections are returned as ``HFRope.sections``.
+_COMMON_KEYS = ("rope_type", "type", "rope_theta", "partial_rotary_factor", "mrope_section", "mrope_interleaved", "xdrope_section")
 
 
 def _text_config(config):
@@ -545,7 +594,8 @@ def config_head_dim(config):
     config = _text_config(config)
     head_dim = getattr(config, "head_dim", None)
     if head_dim is None:
-        hidden, heads = getattr(config, "hidden_size", None), getattr(config, "num_attention_heads", None)
+        hidden = getattr(config, "hidden_size", None)
+        heads = getattr(config, "num_attention_heads", None) or getattr(config, "num_heads", None)  # vision configs: num_heads
         if hidden is None or heads is None:
             raise ValueError(f"config {type(config).__name__} has neither head_dim nor hidden_size and num_attention_heads")
         head_dim = hidden // heads
@@ -573,6 +623,7 @@ def _config_fields(config):
         "partial_rotary_factor": getattr(config, "partial_rotary_factor", None),
         "original_max_position_embeddings": getattr(config, "original_max_position_embeddings", None),
         "layer_types": tuple(getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None) or ()),
+        "model_type": getattr(config, "model_type", None),
     }
     return params, fields
 
@@ -600,7 +651,11 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
         nested per layer type (``{"full_attention": {...}, "sliding_attention": {...}}``,
         Gemma 3 style) need ``layer_type``. Every ``rope_type`` transformers ships is read
         (``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``,
-        ``proportional``), each by its entry of ``HF_ROPE_TYPES``.
+        ``proportional``), and the model-specific ``xdrope`` (HunyuanVL: ``dynamic``, with
+        ``alpha`` the fixed NTK base) and ``axial`` (the 2-D RoPE of Qwen3-VL's and GLM-4V's
+        vision encoders: :class:`Axial`), each by its entry of ``HF_ROPE_TYPES``. Multimodal
+        sections (``mrope_section``, ``xdrope_section``, the two axes of ``axial``) come back
+        as ``.sections`` and ``.multimodal``.
     head_dim : int, optional
         The attention head size; read from a config object (``head_dim`` or
         ``hidden_size // num_attention_heads``), required with a dict.
@@ -703,7 +758,21 @@ def _read_flat(p, head_dim, fields):
         )
     reader = _Reader({**p, "partial_rotary_factor": fraction}, rope_type, fields["max_position_embeddings"], fields["original_max_position_embeddings"])
     scaling = kind.build(reader, rotary_dim, base) if kind.build is not None else None
-    return HFRope(scaling, base, rotary_dim, fraction)
+    return HFRope(scaling, base, rotary_dim, fraction, *_multimodal(p, rope_type, scaling, rotary_dim, fields.get("model_type")))
+
+
+def _multimodal(p, rope_type, scaling, rotary_dim, model_type):
+    """``(sections, multimodal)`` of flat parameters: M-RoPE's, XD-RoPE's or the vision encoders' axes."""
+    if isinstance(scaling, Axial):
+        return scaling.sections(rotary_dim), "mrope"
+    sections = p.get("xdrope_section", p.get("mrope_section"))
+    if sections is None:
+        return None, None
+    sections = tuple(int(n) for n in sections)  # checked against the frequencies where they are used
+    # HunyuanVL's config renames xdrope_section to mrope_section and xdrope to dynamic: its model type tells
+    if rope_type == "xdrope" or "xdrope_section" in p or str(model_type or "").startswith("hunyuan_vl"):
+        return sections, "xdrope"
+    return sections, "mrope_interleaved" if p.get("mrope_interleaved") else "mrope"
 
 
 def check_scaling(scaling):

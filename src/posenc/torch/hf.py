@@ -17,22 +17,25 @@ import posenc as pe
 
 from . import hf_patch
 
-# Architectures (model types of transformers 5.23's causal-LM auto mapping, and T5/mT5) whose
+# Architectures (model types of transformers 5.23's causal-LM auto mapping, and the T5 family) whose
 # tiny random model, patched, gives the original's logits within float32 rounding and its
 # greedy tokens: the "covered" rows of docs/transformers.md (tests/hf_zoo.py, test_hf_zoo.py).
 SUPPORTED = (
     "afmoe", "apertus", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam", "bitnet",
-    "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v3", "deepseek_v32",
-    "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4", "exaone_moe", "falcon",
-    "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe",
-    "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_neox_japanese", "gptj", "granite",
-    "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared", "helium", "hrm_text",
-    "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1",
-    "laguna", "lfm2", "lfm3", "llama", "mellum", "minicpm3", "minimax", "minimax_m2",
-    "minimax_m3_vl_text", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mt5",
-    "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal",
-    "phimoe", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "seed_oss", "smollm3",
-    "solar_open", "stablelm", "starcoder2", "t5", "vaultgemma", "youtu",
+    "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3",
+    "deepseek_v32", "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4",
+    "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text",
+    "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_neox_japanese",
+    "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared",
+    "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
+    "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna", "lfm2", "lfm3", "llama",
+    "llama4", "llama4_text", "longt5", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
+    "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "mllama",
+    "modernbert-decoder", "mpt", "mt5", "nanochat", "nemotron", "olmo", "olmo2", "olmo3",
+    "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "pix2struct",
+    "pop2piano", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "roformer", "seed_oss",
+    "smollm3", "solar_open", "stablelm", "starcoder2", "switch_transformers", "t5", "umt5",
+    "vaultgemma", "youtu", "zamba2",
 )
 
 
@@ -148,9 +151,11 @@ def patch_hf(model):
       (the kernels, CPU and GPU) in the layout that reproduces it: half or interleaved,
       partial rotary, any ``unsqueeze_dim``;
     * every layer owning T5's ``relative_attention_bias`` computes its bias with
-      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`);
-    * BLOOM's ALiBi builder and slopes come from :func:`posenc.alibi_bias` and
-      :func:`posenc.alibi_slopes`.
+      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`):
+      T5, mT5, UMT5, LongT5 (local blocks, transient-global side bias), Switch
+      Transformers, Pop2Piano, Pix2Struct's decoder;
+    * the ALiBi builders of BLOOM (and its slopes), Falcon (``alibi=True``) and MPT come
+      from :func:`posenc.alibi_bias` and :func:`posenc.alibi_slopes`.
 
     Before anything is swapped, each replacement runs beside the model's own code on probe
     inputs in the model's dtype and on its device. If every part matches within that

@@ -4,17 +4,27 @@ A part is recognised by what it is, not by the model's name:
 
 * a **rotary module**: a submodule with a ``config`` and ``rope_type`` or an ``inv_freq``
   buffer, called ``forward(x, position_ids) -> (cos, sin)``; replaced by
-  :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config;
+  :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config (its tables in the
+  interleaved order for Cohere's modules, one entry per pair for GPT-OSS's, one complex
+  ``cos + i sin`` table for DeepSeek-V2's and Llama 4's);
 * the **apply function** an attention layer calls on it: a global of the layer's ``forward``
   named ``apply_*rot*`` taking ``(q, k, cos, sin, ...)``; replaced by posenc's
   :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
   GLM-style functions make it from the same ``cos``/``sin``; interleaved ``cos``/``sin`` as
   Cohere's modules give them; interleaved pairs stored back in the half order, DeepSeek's
-  latent attention), partial rotary included; GPT-J's ``apply(tensor, sin, cos)`` too;
-* a **T5 relative bias**: a layer owning ``relative_attention_bias`` and ``compute_bias``;
-  replaced by :class:`~posenc.torch.T5RelativeBias` on the same weight;
-* an **ALiBi builder**: a module with ``build_alibi_tensor`` (BLOOM); replaced by
-  :func:`posenc.alibi_bias` of the padded key positions.
+  latent attention; half pairs from one ``cos``/``sin`` per pair, GPT-OSS; half pairs
+  turned by ``-angle``, NanoChat), partial rotary included; the complex ``apply(xq, xk,
+  freqs_cis)`` of DeepSeek-V2 and Llama 4, GPT-J's ``apply(tensor, sin, cos)`` and
+  RoFormer's static ``apply_rotary_position_embeddings(sinusoidal_pos, q, k[, v])`` too
+  (the last two on their own tables);
+* a **T5 relative bias**: a layer holding a ``relative_attention_bias`` embedding with
+  ``compute_bias`` (T5's signature, or LongT5's ``compute_bias(block_length)`` and its
+  transient-global ``compute_side_bias``); replaced by
+  :class:`~posenc.torch.T5RelativeBias` on the same weight;
+* an **ALiBi builder**: a ``build_*alibi*`` method or global a module's ``forward`` calls,
+  ``(attention_mask, num_heads, dtype)`` (BLOOM; Falcon with ``alibi=True``, whose slopes are
+  rounded to bfloat16) or ``(num_heads, sequence_length, ...)`` (MPT); replaced by
+  :func:`posenc.alibi_bias` of the key positions.
 
 Every replacement is run beside the model's own code on probe inputs, in the model's dtype
 and on its device, before anything is swapped. All parts must match within the rounding of
@@ -58,6 +68,7 @@ def patch(model):
     swaps, refusals, done = [], [], []
     rotary = _rotary_parts(model, dtype, device, swaps, refusals)
     _apply_parts(model, rotary, dtype, device, swaps, refusals)
+    _sinusoidal_apply_parts(model, dtype, device, swaps, refusals)
     _t5_parts(model, swaps, refusals)
     _alibi_parts(model, device, swaps, refusals)
     if refusals:
@@ -70,12 +81,12 @@ def patch(model):
         raise ValueError(
             f"{type(model).__name__} (model_type={config.model_type!r}) has no positional part patch_hf recognises: "
             "no rotary module (forward(x, position_ids) -> (cos, sin) with rope_type or inv_freq), no attention layer calling "
-            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_alibi_tensor "
+            "apply_*rotary*, no relative_attention_bias with compute_bias, no build_*alibi* builder "
             f"(architectures verified in posenc's tests: {', '.join(SUPPORTED)})"
         )
     for swap, description in swaps:
         swap()
-        done.append(description)
+        done.extend([description] if isinstance(description, str) else description)
     # a plain attribute (not nn.Module's __setattr__): a tuple of what was swapped
     object.__setattr__(model, PATCHED_ATTRIBUTE, tuple(done))
     return model
@@ -84,7 +95,8 @@ def patch(model):
 def _is_ours(module):
     from .hf import HFRotaryEmbedding
 
-    return isinstance(module, (HFRotaryEmbedding, InterleavedHFRotaryEmbedding)) or getattr(module.forward, "__posenc__", False)
+    ours = (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding)
+    return isinstance(module, ours) or getattr(module.forward, "__posenc__", False)
 
 
 def _probe_dtype_device(model):
@@ -123,15 +135,7 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
             continue
         label = f"rotary module {name} ({type(module).__name__})"
         try:
-            ours = HFRotaryEmbedding(module.config, device=device)
-            try:
-                _check_rotary(module, ours, dtype, device)
-            except _Refusal as half:
-                ours = InterleavedHFRotaryEmbedding(module.config, device=device)
-                try:
-                    _check_rotary(module, ours, dtype, device)
-                except _Refusal:
-                    raise half from None
+            ours = _checked_rotary(module, dtype, device)
         except (_Refusal, ValueError, TypeError, NotImplementedError) as why:
             refusals.append(f"{label}: {why}")
             continue
@@ -141,6 +145,21 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
         found[name] = ours
         swaps.append((_replacer(model, name, ours), f"{name}: {type(ours).__name__}"))
     return found
+
+
+def _checked_rotary(module, dtype, device):
+    """The first of posenc's rotary modules whose ``(cos, sin)`` match ``module``'s (the half order's refusal if none)."""
+    from .hf import HFRotaryEmbedding
+
+    first = None
+    for kind in (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding, ComplexHFRotaryEmbedding):
+        ours = kind(module.config, device=device)
+        try:
+            _check_rotary(module, ours, dtype, device)
+            return ours
+        except _Refusal as why:
+            first = first or why
+    raise first
 
 
 class InterleavedHFRotaryEmbedding(nn.Module):
@@ -161,6 +180,51 @@ class InterleavedHFRotaryEmbedding(nn.Module):
         cos, sin = self.rotary(x, position_ids, layer_type)
         half = cos.shape[-1] // 2
         return cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
+
+
+class UndoubledHFRotaryEmbedding(nn.Module):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding` with one ``cos``/``sin`` per pair, ``[..., r/2]``.
+
+    ``[c_0, c_1, ..., c_{r/2-1}]``, not repeated: the tables of GPT-OSS's rotary modules, whose
+    apply function rotates ``(x[i], x[i + r/2])`` by entry ``i``.
+    """
+
+    def __init__(self, config, *, device=None):
+        from .hf import HFRotaryEmbedding
+
+        super().__init__()
+        self.rotary = HFRotaryEmbedding(config, device=device)
+        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = self.rotary(x, position_ids, layer_type)
+        half = cos.shape[-1] // 2
+        return cos[..., :half], sin[..., :half]
+
+
+class ComplexHFRotaryEmbedding(UndoubledHFRotaryEmbedding):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding` as one complex table ``cos + i sin``, ``[..., r/2]`` complex64.
+
+    DeepSeek-V2's rotary modules return it (``freqs_cis``); its apply function multiplies the
+    pairs ``x[2i] + i x[2i+1]`` by it.
+    """
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = super().forward(torch.zeros(1, dtype=torch.float32, device=x.device), position_ids, layer_type)
+        return torch.complex(cos, sin)
+
+
+def _kind_of(result):
+    return "one complex table" if isinstance(result, torch.Tensor) else "a (cos, sin) pair"
+
+
+def _cos_sin_pair(result):
+    """``(cos, sin)`` of a rotary module's result: the pair, or the parts of a complex ``cos + i sin``; None if neither."""
+    if isinstance(result, torch.Tensor) and result.is_complex():
+        return result.real, result.imag
+    if isinstance(result, tuple) and len(result) == 2 and all(isinstance(t, torch.Tensor) for t in result):
+        return result
+    return None
 
 
 def _probe_positions(config, device):
@@ -191,9 +255,12 @@ def _check_rotary(theirs, ours, dtype, device):
                     want = theirs(*args)
             except Exception as error:  # noqa: BLE001  (the model's own code: any failure means "not this kind of part")
                 raise _Refusal(f"its forward(x, position_ids) does not run ({type(error).__name__}: {_short(error)})") from None
-            if not (isinstance(want, tuple) and len(want) == 2 and all(isinstance(t, torch.Tensor) for t in want)):
-                raise _Refusal("its forward(x, position_ids) does not return (cos, sin)")
             got = ours(*args)
+            if isinstance(want, torch.Tensor) != isinstance(got, torch.Tensor):
+                raise _Refusal(f"it returns {_kind_of(want)}, posenc's {_kind_of(got)}")
+            want, got = _cos_sin_pair(want), _cos_sin_pair(got)
+            if want is None:
+                raise _Refusal("its forward(x, position_ids) does not return (cos, sin) or complex cos + i sin")
             for part, w, g in zip(("cos", "sin"), want, got):
                 if w.shape != g.shape:
                     raise _Refusal(f"{part} has shape {tuple(w.shape)}, posenc's {tuple(g.shape)}")
@@ -253,6 +320,8 @@ def _replacement_for(fn, rotary, config, dtype, device):
     params = list(signature.parameters)
     if params == ["tensor", "sin", "cos"]:
         return _table_apply_for(fn, dtype, device)
+    if params == ["xq", "xk", "freqs_cis"]:
+        return _complex_apply_for(fn, dtype, device)
     if params[:4] != ["q", "k", "cos", "sin"]:
         return f"takes ({', '.join(params)}), not (q, k, cos, sin, ...)"
     extra = params[4:]
@@ -264,7 +333,7 @@ def _replacement_for(fn, rotary, config, dtype, device):
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
     probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
     differences = []
-    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out"):
+    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair", "half, by -angle"):
         candidate = _make_apply(layout, extra, unsqueeze_default)
         diff = _compare_apply(fn, candidate, probes, dtype)
         if diff is None:
@@ -300,6 +369,44 @@ def _table_apply_for(fn, dtype, device):
     return apply_rotary_pos_emb
 
 
+def _complex_apply_for(fn, dtype, device):
+    """The complex form, ``apply(xq, xk, freqs_cis [batch, seq, r/2] complex)``: interleaved pairs times ``cos + i sin``.
+
+    The heads are axis 1 (DeepSeek-V2, ``[batch, heads, seq, r]``) or axis 2 (Llama 4,
+    ``[batch, seq, heads, r]``): each is tried on probes of its own layout.
+    """
+    generator = torch.Generator().manual_seed(0)
+    angles = (torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8))[None] + torch.tensor([0.0, 0.5])[:, None, None]
+    freqs_cis = torch.polar(torch.ones_like(angles), angles).to(device)
+    differences = []
+    for heads_axis in (1, 2):
+        candidate = _complex_apply(heads_axis)
+        shape = [2, 9, 8]
+        shape.insert(heads_axis, 3)
+        xq = torch.randn(*shape, generator=generator).to(dtype=dtype, device=device)
+        xk = torch.randn(*shape, generator=generator).to(dtype=dtype, device=device)
+        diff = _compare_apply(fn, candidate, [((xq, xk, freqs_cis), {})], dtype)
+        if diff is None:
+            continue
+        if diff[0] <= diff[1]:
+            LAYOUTS[candidate] = f"interleaved, complex cos + i sin, heads on axis {heads_axis}"
+            return candidate
+        differences.append(f"heads on axis {heads_axis}: the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
+    if not differences:
+        return "it does not run on (xq [batch, heads, seq, r] or [batch, seq, heads, r], xk, freqs_cis [batch, seq, r/2] complex) probes"
+    return "; ".join(differences)
+
+
+def _complex_apply(heads_axis):
+    def apply_rotary_emb(xq, xk, freqs_cis):
+        """posenc's rotation of ``xq``, ``xk`` by ``freqs_cis = cos + i sin``: pairs ``(x[2i], x[2i+1])``."""
+        cos = freqs_cis.real.unsqueeze(heads_axis).repeat_interleave(2, -1)
+        sin = freqs_cis.imag.unsqueeze(heads_axis).repeat_interleave(2, -1)
+        return tuple(pe.apply_rope(x, cos.to(x.dtype), sin.to(x.dtype), layout="interleaved") for x in (xq, xk))
+
+    return apply_rotary_emb
+
+
 def _apply_probes(ours, config, dtype, device, has_unsqueeze):
     heads = int(getattr(config, "num_attention_heads", 4) or 4)
     head_dim = getattr(config, "head_dim", None) or int(getattr(config, "hidden_size", 64)) // heads
@@ -331,7 +438,10 @@ def _compare_apply(theirs, ours, probes, dtype):
         except Exception:  # noqa: BLE001  (a probe shape this function does not take: e.g. a full head for a rotary-only one)
             continue
         ran = True
-        got = ours(*args, **kwargs)
+        try:
+            got = ours(*args, **kwargs)
+        except ValueError:  # a layout whose tables do not fit these shapes (one cos/sin per pair, doubled, on full tables)
+            return float("inf"), 0.0
         for w, g in zip(want, got):
             if w.shape != g.shape:
                 return float("inf"), 0.0
@@ -367,6 +477,16 @@ def _make_apply(layout, extra, unsqueeze_default):
             out = pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
             return torch.cat([out[..., 0::2], out[..., 1::2]], dim=-1)
 
+    elif layout == "half, by -angle":
+
+        def rotate(x, cos, sin):  # NanoChat: rotate_half gives (x2, -x1), a turn by -angle
+            return pe.apply_rope(x, cos, -sin)
+
+    elif layout == "half, one cos/sin per pair":
+
+        def rotate(x, cos, sin):  # GPT-OSS: cos/sin [..., r/2], entry i for the pair (x[i], x[i + r/2])
+            return pe.apply_rope(x, torch.cat([cos, cos], dim=-1), torch.cat([sin, sin], dim=-1))
+
     else:
 
         def rotate(x, cos, sin):  # cos/sin [..., r] in the half order: c_0 .. c_{r/2-1} repeated
@@ -395,67 +515,240 @@ def _make_apply(layout, extra, unsqueeze_default):
     return apply_rotary_pos_emb
 
 
+def _sinusoidal_apply_parts(model, dtype, device, swaps, refusals):
+    """RoFormer's form: a static method ``apply_*rot*(sinusoidal_pos, query_layer, key_layer, value_layer=None)``
+    an attention layer calls on ``self``, with ``sinusoidal_pos = [sin | cos]`` of its own table."""
+    checked = {}
+    for name, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        if not isinstance(forward, types.FunctionType):
+            continue
+        for method in sorted(n for n in forward.__code__.co_names if _APPLY_NAME.match(n)):
+            fn = inspect.getattr_static(type(module), method, None)
+            if not isinstance(fn, staticmethod):
+                continue
+            fn = fn.__func__
+            if fn not in checked:
+                checked[fn] = _sinusoidal_apply_for(fn, dtype, device)
+            if isinstance(checked[fn], str):
+                refusals.append(f"{name} ({type(module).__name__}).{method}: {checked[fn]}")
+                continue
+            swaps.append((_setter(module, method, checked[fn]), f"{name}.{method}: apply_rope (interleaved, the model's own sin/cos table)"))
+
+
+def _sinusoidal_apply_for(fn, dtype, device):
+    params = list(inspect.signature(fn).parameters)
+    if params[:3] != ["sinusoidal_pos", "query_layer", "key_layer"]:
+        return f"takes ({', '.join(params)}), not (sinusoidal_pos, query_layer, key_layer[, value_layer])"
+
+    def apply_rotary_position_embeddings(sinusoidal_pos, query_layer, key_layer, value_layer=None):
+        """posenc's rotation of RoFormer's ``q``, ``k`` (and ``v``): pairs ``(x[2i], x[2i+1])`` by ``[sin | cos]``."""
+        sin, cos = sinusoidal_pos.chunk(2, dim=-1)
+        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+        layers = (query_layer, key_layer) if value_layer is None else (query_layer, key_layer, value_layer)
+        return tuple(pe.apply_rope(x, cos, sin, layout="interleaved") for x in layers)
+
+    generator = torch.Generator().manual_seed(0)
+    angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
+    table = torch.cat([torch.sin(angles), torch.cos(angles)], -1)[None, None].to(dtype=dtype, device=device)
+    q, k, v = (torch.randn(2, 3, 9, 8, generator=generator).to(dtype=dtype, device=device) for _ in range(3))
+    diff = _compare_apply(fn, apply_rotary_position_embeddings, [((table, q, k), {}), ((table, q, k, v), {})], dtype)
+    if diff is None:
+        return "it does not run on (sinusoidal_pos [1, 1, seq, d], query_layer [batch, heads, seq, d], key_layer) probes"
+    if not diff[0] <= diff[1]:
+        return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
+    return apply_rotary_position_embeddings
+
+
 # --- T5 relative bias and ALiBi -------------------------------------------------------------
 
 
 def _t5_parts(model, swaps, refusals):
+    """Every layer holding a T5 ``relative_attention_bias`` embedding: its ``compute_bias`` (and LongT5's side bias)."""
     for name, layer in model.named_modules():
-        if not (getattr(layer, "has_relative_attention_bias", False) and hasattr(layer, "relative_attention_bias")):
+        embedding = getattr(layer, "relative_attention_bias", None)
+        if not isinstance(embedding, nn.Embedding) or getattr(layer, "has_relative_attention_bias", True) is False:
             continue
         label = f"relative attention bias {name} ({type(layer).__name__})"
-        if not callable(getattr(layer, "compute_bias", None)):
-            refusals.append(f"{label}: no compute_bias method to replace")
-            continue
         try:
-            bias = T5RelativeBias.from_hf(layer)
-            ours = _t5_compute_bias(bias)
-            for q_len, k_len, past in ((5, 7, 0), (1, 9, 8), (6, 6, 2)):
-                with torch.no_grad():
-                    want = layer.compute_bias(q_len, k_len, past_seen_tokens=past)
-                    got = ours(q_len, k_len, past_seen_tokens=past)
-                diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
-                if not diff <= 2 * _eps(want.dtype) * float(want.abs().max()):
-                    raise _Refusal(f"compute_bias({q_len}, {k_len}, past_seen_tokens={past}) differs from posenc's by {diff:.3g}")
+            bias = _t5_bias_checked(layer, embedding, label)
+            swaps.append((_setter(layer, "compute_bias", _t5_compute_bias(layer, bias)), f"{name}.compute_bias: T5RelativeBias"))
+            side = getattr(layer, "global_relative_attention_bias", None)
+            if isinstance(side, nn.Embedding):  # LongT5's transient-global attention: the local -> global side bias
+                side_bias = _t5_side_bias_checked(layer, side, bias.bidirectional)
+                swaps.append((_setter(layer, "compute_side_bias", side_bias), f"{name}.compute_side_bias: T5RelativeBias"))
         except (_Refusal, ValueError, TypeError, AttributeError) as why:
             refusals.append(f"{label}: {_short(why)}")
-            continue
-        swaps.append((_setter(layer, "compute_bias", ours), f"{name}.compute_bias: T5RelativeBias"))
 
 
-def _t5_compute_bias(bias):
-    def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-        """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
-        return bias(query_length, key_length, offset=past_seen_tokens)[None]
+def _t5_compute_bias(layer, bias):
+    """The replacement of ``layer.compute_bias`` in the signature the layer has."""
+    if _bias_form(layer) == "block":
+
+        def compute_bias(block_length):
+            """posenc's LongT5 local bias ``[1, 1, heads, block, 3 * block]``: queries of the middle block against all three."""
+            return bias(block_length, 3 * block_length, offset=block_length)[None, None]
+
+    else:
+
+        def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
+            """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
+            return bias(query_length, key_length, offset=past_seen_tokens)[None]
 
     return compute_bias
 
 
-def _alibi_parts(model, device, swaps, refusals):
-    for name, module in model.named_modules():
-        if not (hasattr(module, "build_alibi_tensor") and hasattr(module, "num_heads")):
-            continue
-        label = f"ALiBi builder {name or 'model'}.build_alibi_tensor ({type(module).__name__})"
-        mask = torch.ones(2, 11, dtype=torch.long, device=device)
-        mask[1, :4] = 0
-        try:
+def _bias_form(layer):
+    fn = getattr(layer, "compute_bias", None)
+    if not callable(fn):
+        raise _Refusal("no compute_bias method to replace (a relative bias posenc does not recognise)")
+    params = list(inspect.signature(fn).parameters)
+    if params == ["block_length"]:
+        return "block"
+    if params[:2] == ["query_length", "key_length"] and "past_seen_tokens" in params:
+        return "full"
+    raise _Refusal(f"compute_bias takes ({', '.join(params)}), not (query_length, key_length, ..., past_seen_tokens) or (block_length)")
+
+
+def _t5_bias_checked(layer, embedding, label):
+    """A ``T5RelativeBias`` on the layer's own weight that reproduces its ``compute_bias`` (both directions tried
+    when the layer does not say, as Pix2Struct's decoder, always causal, does not)."""
+    form = _bias_form(layer)
+    num_buckets, heads = embedding.weight.shape
+    max_distance = getattr(layer, "relative_attention_max_distance", None)
+    if max_distance is None:
+        raise _Refusal("no relative_attention_max_distance")
+    said = getattr(layer, "is_decoder", None)
+    directions = (not said,) if said is not None else (True, False)
+    probes = ((4,), (7,)) if form == "block" else ((5, 7, 0), (1, 9, 8), (6, 6, 2))
+    differences = []
+    for bidirectional in directions:
+        bias = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+        bias.table = embedding.weight
+        ours = _t5_compute_bias(layer, bias)
+        worst = 0.0
+        for args in probes:
+            kwargs = {} if form == "block" else {"past_seen_tokens": args[2]}
             with torch.no_grad():
-                want = module.build_alibi_tensor(mask, module.num_heads, torch.float32)
-            got = bloom_alibi_tensor(mask, module.num_heads, torch.float32)
-            diff = float((want - got).abs().max()) if want.shape == got.shape else float("inf")
-            if not diff <= 4 * _eps(torch.float32) * float(want.abs().max()):
-                raise _Refusal(f"differs from posenc's ALiBi by {diff:.3g}")
-        except (_Refusal, TypeError, RuntimeError) as why:
-            refusals.append(f"{label}: {_short(why)}")
-            continue
-        swaps.append((_setter(module, "build_alibi_tensor", bloom_alibi_tensor), f"{name or 'model'}.build_alibi_tensor: alibi_bias"))
+                want, got = layer.compute_bias(*args[:2], **kwargs), ours(*args[:2], **kwargs)
+            diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+            worst = max(worst, diff)
+        scale = float(embedding.weight.detach().abs().max())
+        if worst <= 2 * _eps(embedding.weight.dtype) * scale:
+            return bias
+        differences.append(f"compute_bias differs from posenc's ({'bidirectional' if bidirectional else 'causal'}) by {worst:.3g}")
+    raise _Refusal("; ".join(differences))
+
+
+def _t5_side_bias_checked(layer, embedding, bidirectional):
+    """LongT5's ``compute_side_bias(mask, global_segment_ids)``: each token's T5 bias to the global blocks.
+
+    A token of block ``b`` sits at position ``b``, global block ``g`` at ``g`` (``-1e10`` where
+    the token's segment is not the block's, as LongT5 masks it); the block ids are LongT5's own
+    (``_make_global_fixed_block_ids`` of its modeling module).
+    """
+    theirs = layer.compute_side_bias
+    block_ids_of = type(layer).compute_side_bias.__globals__.get("_make_global_fixed_block_ids")
+    if not callable(block_ids_of):
+        raise _Refusal("compute_side_bias: LongT5's _make_global_fixed_block_ids is not beside it")
+    num_buckets, heads = embedding.weight.shape
+    side = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=layer.relative_attention_max_distance, bidirectional=bidirectional)
+    side.table = embedding.weight
+
+    def compute_side_bias(mask, global_segment_ids):
+        """posenc's T5 bias from each token's block to every global block ``[batch, heads, seq, globals]``, masked."""
+        same_segment = torch.eq(mask[..., None], global_segment_ids[:, None, :])[:, None, ...]
+        block_ids, _ = block_ids_of(mask, layer.global_block_size)
+        globals_ = torch.arange(global_segment_ids.shape[-1], device=mask.device)
+        bias = side(mask.shape[-1], globals_.shape[0], query_positions=block_ids.long(), key_positions=globals_)
+        return torch.where(same_segment, 0.0, -1e10) + bias
+
+    for length, pad in ((12, 3), (9, 0), (17, 5)):
+        mask = torch.ones(2, length, dtype=torch.long, device=embedding.weight.device)
+        mask[1, :pad] = 0
+        _, segments = block_ids_of(mask, layer.global_block_size)
+        with torch.no_grad():
+            want, got = theirs(mask, segments), compute_side_bias(mask, segments)
+        diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+        if not diff <= 2 * _eps(embedding.weight.dtype) * float(embedding.weight.detach().abs().max()):
+            raise _Refusal(f"compute_side_bias differs from posenc's by {diff:.3g}")
+    return compute_side_bias
+
+
+_ALIBI_NAME = re.compile(r"^build_\w*alibi\w*$")
+
+
+def _alibi_parts(model, device, swaps, refusals):
+    """ALiBi builders a module's ``forward`` calls, as its method (BLOOM, MPT) or a global (Falcon)."""
+    for name, module in model.named_modules():
         forward = getattr(type(module), "forward", None)
-        if isinstance(forward, types.FunctionType) and "_get_alibi_slopes" in forward.__code__.co_names:
-            theirs = forward.__globals__["_get_alibi_slopes"]
-            diff = max(float((theirs(h, device) - _alibi_slopes(h, device)).abs().max()) for h in (module.num_heads, 5, 12))
+        if not isinstance(forward, types.FunctionType):
+            continue
+        where = name or "model"
+        rebinds, rebound = {}, []
+        for builder in sorted(n for n in forward.__code__.co_names if _ALIBI_NAME.match(n)):
+            method = callable(getattr(type(module), builder, None))
+            theirs = getattr(module, builder) if method else forward.__globals__.get(builder)
+            if not callable(theirs):
+                continue
+            label = f"ALiBi builder {where}.{builder} ({type(module).__name__})"
+            try:
+                ours, what = _alibi_replacement(theirs, module, device)
+            except (_Refusal, TypeError, ValueError, RuntimeError) as why:
+                refusals.append(f"{label}: {_short(why)}")
+                continue
+            if method:
+                swaps.append((_setter(module, builder, ours), f"{where}.{builder}: {what}"))
+            else:
+                rebinds[builder] = ours
+                rebound.append(f"{where} {builder}: {what}")
+        if "_get_alibi_slopes" in forward.__code__.co_names and callable(forward.__globals__.get("_get_alibi_slopes")):
+            theirs = forward.__globals__["_get_alibi_slopes"]  # BLOOM's forward reads the slopes themselves too
+            heads = int(getattr(module, "num_heads", 0) or 0) or 4
+            diff = max(float((theirs(h, device) - _alibi_slopes(h, device)).abs().max()) for h in (heads, 5, 12))
             if not diff <= 2 * _eps(torch.float32):
                 refusals.append(f"ALiBi slopes _get_alibi_slopes of {type(module).__name__}: differ from posenc's by {diff:.3g}")
                 continue
-            swaps.append((_rebinder(module, {"_get_alibi_slopes": _alibi_slopes}), f"{name or 'model'} _get_alibi_slopes: alibi_slopes"))
+            rebinds["_get_alibi_slopes"] = _alibi_slopes
+            rebound.append(f"{where} _get_alibi_slopes: alibi_slopes")
+        if rebinds:
+            swaps.append((_rebinder(module, rebinds), tuple(rebound)))
+
+
+def _alibi_replacement(theirs, module, device):
+    """``(replacement, description)`` of an ALiBi builder checked on probes, or ``_Refusal``.
+
+    Two forms: ``(attention_mask, num_heads, dtype)`` (BLOOM, Falcon: slopes times the padded
+    key positions, ``[batch * heads, 1, kv]``) and ``(num_heads, sequence_length,
+    alibi_bias_max, device)`` (MPT: slopes times ``key - (sequence_length - 1)``, ``[heads, 1,
+    kv]``).
+    """
+    params = list(inspect.signature(theirs).parameters)
+    heads = sorted({int(getattr(module, "num_heads", 0) or 0) or 4, 5, 12})
+    if params[:3] == ["attention_mask", "num_heads", "dtype"]:
+        candidates = ((bloom_alibi_tensor, "alibi_bias"), (falcon_alibi_tensor, "alibi_bias (in bfloat16)"))
+        probes = []
+        for length in (11, 300):
+            mask = torch.ones(2, length, dtype=torch.long, device=device)
+            mask[1, :4] = 0
+            probes += [(mask, h, torch.float32) for h in heads]
+    elif params[:2] == ["num_heads", "sequence_length"]:
+        candidates = ((mpt_alibi_tensor, "alibi_bias"),)
+        probes = [(h, length, 8, device) for h in heads for length in (1, 11, 300)]
+    else:
+        raise _Refusal(f"takes ({', '.join(params)}), not (attention_mask, num_heads, dtype) or (num_heads, sequence_length, ...)")
+    differences = []
+    for ours, what in candidates:
+        worst = 0.0
+        for args in probes:
+            with torch.no_grad():
+                want, got = theirs(*args), ours(*args)
+            diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+            worst = max(worst, diff / max(1.0, float(want.abs().max())))
+        if worst <= 4 * _eps(torch.float32):
+            return ours, what
+        differences.append(f"{what} differs by {worst:.3g} (relative)")
+    raise _Refusal("; ".join(differences))
 
 
 def _alibi_slopes(num_heads, device):
@@ -469,12 +762,39 @@ def bloom_alibi_tensor(attention_mask, num_heads, dtype):
     from ALiBi's ``-slope * (query - key)`` by a constant per query row that softmax
     ignores; it is :func:`posenc.alibi_bias` with the query at position 0.
     """
+    return _key_position_alibi(attention_mask, _alibi_slopes(num_heads, attention_mask.device), dtype)
+
+
+def falcon_alibi_tensor(attention_mask, num_heads, dtype):
+    """Falcon's ``build_alibi_tensor`` (``alibi=True``): BLOOM's, computed in bfloat16.
+
+    Falcon multiplies bfloat16 slopes by the key positions in bfloat16 (positions past 256
+    round to even numbers, then each product rounds), so its bias is the bfloat16
+    :func:`posenc.alibi_bias` of bfloat16 slopes and positions.
+    """
+    slopes = _alibi_slopes(num_heads, attention_mask.device).to(torch.bfloat16)
+    return _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=torch.bfloat16)
+
+
+def _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=None):
     batch, length = attention_mask.shape
     keys = pe.positions_from_mask(attention_mask)
+    if positions_dtype is not None:
+        keys = keys.to(positions_dtype)
     queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
-    slopes = _alibi_slopes(num_heads, attention_mask.device)
     bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
-    return bias.reshape(batch * num_heads, 1, length).to(dtype)
+    return bias.reshape(batch * slopes.shape[0], 1, length).to(dtype)
+
+
+def mpt_alibi_tensor(num_heads, sequence_length, alibi_bias_max=8, device=None):
+    """MPT's ``build_mpt_alibi_tensor`` with posenc: ``[heads, 1, sequence_length]``.
+
+    ``slope * (key - (sequence_length - 1))``: :func:`posenc.alibi_bias` of the last query
+    (``offset = sequence_length - 1``) with :func:`posenc.alibi_slopes` of ``max_bias =
+    alibi_bias_max`` (MPT's slopes are Press et al.'s). MPT ignores padding: so does this.
+    """
+    slopes = pe.alibi_slopes(num_heads, max_bias=float(alibi_bias_max), xp=torch, device=device)
+    return pe.alibi_bias(slopes, 1, sequence_length, offset=sequence_length - 1)
 
 
 # --- swapping -------------------------------------------------------------------------------
@@ -494,7 +814,8 @@ def _setter(obj, attr, value):
 
 def _rebinder(module, replacements):
     def swap():
-        fn = type(module).forward
+        current = vars(module).get("forward")  # an earlier rebinding of this instance (its scope is kept)
+        fn = current.__func__ if getattr(current, "__posenc__", False) else type(module).forward
         new = _with_globals(fn, replacements)
         new.__posenc__ = True
         module.forward = types.MethodType(new, module)

@@ -1,0 +1,70 @@
+"""In-place rotation (``out=x``) of torch tensors that autograd tracks.
+
+flash-attention rotates ``q``/``k`` in place. A leaf that requires grad (or a view of one)
+cannot be written in place while grad mode is on; posenc refuses it with its own
+``ValueError`` before anything is computed. A non-leaf is rotated in place with the same
+gradient as the out-of-place call; under ``torch.no_grad()`` a leaf is rotated in place.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+
+torch = pytest.importorskip("torch")
+
+INV_FREQ = [1.0, 0.3, 0.1, 0.02]
+
+
+def _calls():
+    positions = torch.arange(5, dtype=torch.float64)
+    cos, sin = pe.rope_cos_sin(positions, INV_FREQ)
+    return {
+        "rope": lambda x, out: pe.rope(x, out=out),
+        "apply_rope": lambda x, out: pe.apply_rope(x, cos, sin, out=out),
+        "rerotate": lambda x, out: pe.rerotate(x, 3, INV_FREQ, out=out),
+    }
+
+
+@pytest.mark.parametrize("name", ["rope", "apply_rope", "rerotate"])
+@pytest.mark.parametrize("view", [False, True])
+def test_a_leaf_that_requires_grad_is_refused_before_anything_runs(name, view):
+    leaf = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    before = leaf.detach().clone()
+    target = leaf[1] if view else leaf
+    what = "a view of a leaf tensor" if view else "a leaf tensor"
+    with pytest.raises(ValueError, match=f"out is {what} that requires grad"):
+        _calls()[name](target, target)
+    assert torch.equal(leaf.detach(), before)  # nothing written
+    with pytest.raises(ValueError, match="out is a leaf tensor that requires grad"):
+        _calls()[name](torch.randn(2, 5, 8, dtype=torch.float64), leaf)  # a separate out buffer, too
+
+
+@pytest.mark.parametrize("name", ["rope", "apply_rope", "rerotate"])
+def test_a_non_leaf_rotated_in_place_gets_the_out_of_place_gradient(name):
+    call = _calls()[name]
+    weight = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 5, 8, dtype=torch.float64)
+
+    expected = call(weight * 2.0, None)
+    (grad_expected,) = torch.autograd.grad((expected * upstream).sum(), weight)
+
+    x = weight * 2.0  # a non-leaf
+    result = call(x, x)
+    assert result is x
+    (grad,) = torch.autograd.grad((result * upstream).sum(), weight)
+    np.testing.assert_allclose(result.detach().numpy(), expected.detach().numpy(), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(grad.numpy(), grad_expected.numpy(), rtol=0, atol=1e-12)
+    # a rotation is orthogonal: the gradient is the upstream one turned back (times the 2 of x = 2w)
+    assert torch.allclose(grad.norm(dim=-1), 2 * upstream.norm(dim=-1), rtol=0, atol=1e-12)
+
+
+def test_a_leaf_is_rotated_in_place_under_no_grad():
+    leaf = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    expected = pe.rope(leaf.detach())
+    with torch.no_grad():
+        result = pe.rope(leaf, out=leaf)
+    assert result is leaf and leaf.is_leaf and leaf.requires_grad
+    np.testing.assert_allclose(leaf.detach().numpy(), expected.numpy(), rtol=0, atol=1e-12)
