@@ -38,6 +38,7 @@ import numpy as np
 
 from .. import _dispatch
 from .jax import tracer
+from . import jax_native
 from .jax_ffi import host_call
 from .rope import guard_apply, guard_rotate
 from .toeplitz import guard_expand, guard_gather, guard_scatter
@@ -155,7 +156,8 @@ def _rotation(inv_freq, layout, inverse, scale):
             _numpy_kernel("rope_rotate")(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale, out=out)
 
         key = ("rope_rotate", inv_freq, layout, inverse, scale, ndim)
-        return host_call(key, host, x.shape, x.dtype, x, positions)
+        native = jax_native.rotation(x, positions, freqs, layout, inverse, scale)
+        return host_call(key, host, x.shape, x.dtype, x, positions, native=native)
 
     def forward(x, positions):
         y = rotate(x, positions)
