@@ -484,3 +484,25 @@ def test_no_out_of_bounds_access_under_numba_boundscheck(tmp_path):
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+# --- posenc bench's JAX rows time what they name ------------------------------------------------------
+
+
+def test_bench_jax_rows_time_the_calls_they_name():
+    from posenc import _bench_jax
+    from posenc._bench_measure import _measure
+
+    rope, t5 = _bench_jax.RopeCalls((1, 2, 6, 16), offset=40), _bench_jax.T5Calls(3, 9)
+    for calls in (rope, t5):
+        want = calls.numpy()
+        for got in (calls.eager(), calls.jit()):
+            assert isinstance(got, jax.Array)
+            np.testing.assert_array_equal(_bits(got), _bits(want))
+        # The plain jnp formula computes the same values (XLA's cos/sin or log round differently).
+        np.testing.assert_allclose(np.asarray(calls.plain_jit()), want, rtol=1e-5, atol=1e-5)
+    rows = _measure("rope", _bench_jax._cases(rope, "rope", 2 * rope.x.nbytes), None, 1, lambda s: None)
+    assert [r.impl for r in rows] == ["jnp plain formula, jax.jit", "posenc rope (NumPy arrays)", "posenc rope (JAX, eager)", "posenc rope (JAX, jax.jit)"]
+    assert rows[0].plain_seconds is None and all(r.plain_seconds == rows[0].seconds for r in rows[1:])
+    line = _bench_jax.decode(rounds=1, calls=2)
+    assert line.startswith("rope jax.jit [1,32,1,128]") and line.split()[-1] == "1.5"
