@@ -95,15 +95,11 @@ def spy(monkeypatch):
     Python handler, which runs the launcher (not ``jax_native``'s compiled one)."""
     monkeypatch.setattr(jax_native, "rotation", lambda *args: None)
     calls = _launcher_spy(monkeypatch)
-    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion):
+    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion, jax_cpu._indexed):
         cache.cache_clear()
-    for of in jax_cpu._ops.values():
-        of.cache_clear()
     yield calls
-    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion):
+    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion, jax_cpu._indexed):
         cache.cache_clear()
-    for of in jax_cpu._ops.values():
-        of.cache_clear()
 
 
 def _x64(dtype):
@@ -329,6 +325,43 @@ def test_grad_of_each_op_is_its_adjoint(op, rng):
         with pe.use_backend("reference"):
             want = jax.grad(inner)(jargs[0])
         np.testing.assert_allclose(np.asarray(adjoint), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(_grad_cases(np.random.default_rng(0))))
+@pytest.mark.parametrize("jit", [False, True])
+def test_forward_mode_through_the_kernels_equals_the_reference(name, jit, spy, rng):
+    """``jax.jvp`` (every argument's tangent at once) and ``jax.jacfwd`` of the first argument."""
+    fn, args = _grad_cases(rng)[name]
+    tangents = tuple(jnp.asarray(rng.standard_normal(a.shape).astype(np.float32)) for a in args)
+    jvp = lambda *a: jax.jvp(fn, a, tangents)  # noqa: E731
+    jacfwd = jax.jacfwd(fn)
+    got = [(jax.jit(f) if jit else f)(*args) for f in (jvp, jacfwd)]
+    assert sum(spy.values()) >= 1
+    with pe.use_backend("reference"):
+        want = [f(*args) for f in (jvp, jacfwd)]
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_hessian_and_grad_of_vmap(rng):
+    # Forward over reverse (jax.hessian), and reverse mode over a batched call.
+    x = jnp.asarray(rng.standard_normal((3, 8)).astype(np.float32))
+    p = jnp.asarray([1.0, 2.5, 9.0])
+    c, s = (jnp.asarray(t, dtype=jnp.float32) for t in _cos_sin(np.arange(3) + 3, 4, "half"))
+
+    def cases():
+        return (
+            jax.hessian(lambda p: jnp.sum(pe.rope(x, p) ** 3))(p),
+            jax.grad(lambda x: jnp.sum(jax.vmap(lambda o: pe.rope(x, offset=o))(jnp.arange(4) * 5) ** 3))(x),
+            jax.grad(lambda c: jnp.sum(jax.vmap(lambda x: pe.apply_rope(x, c, s))(jnp.stack([x, 2 * x])) ** 3))(c),
+        )
+
+    got = cases()
+    with pe.use_backend("reference"):
+        want = cases()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
 
 
 def test_second_order_gradient_of_rope(rng):
