@@ -32,7 +32,6 @@ kernel unchecked.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
@@ -42,13 +41,9 @@ from jax.interpreters import ad
 from .. import _dispatch
 from . import jax_native
 from .jax import tracer
-from .jax_primitive import LinearOp, apply
+from .jax_primitive import LinearOp, adopt, aligned_empty, apply
 from .rope import guard_apply, guard_rotate
 from .toeplitz import guard_expand, guard_gather, guard_scatter
-
-# JAX adopts a NumPy buffer through DLPack without a copy only when it is 64-byte aligned.
-_ALIGN = 64
-
 
 @functools.lru_cache(maxsize=None)
 def _numpy_kernel(op):
@@ -65,28 +60,11 @@ def _view(a):
     return np.asarray(a)
 
 
-def _empty(shape, dtype):
-    """An uninitialised 64-byte aligned NumPy array."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
-def _adopt(result, like):
-    """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows."""
-    device = next(iter(like.devices()))
-    if result.dtype.name == "bfloat16":
-        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(result.view(np.uint16), device=device), jnp.bfloat16)
-    return jax.dlpack.from_dlpack(result, device=device)
-
-
 def _eager(op, values, shape, *args, **kwargs):
     """``op``'s NumPy kernel on NumPy views of ``args``, into a new buffer of ``shape`` adopted by JAX."""
-    out = _empty(shape, values.dtype)
+    out = aligned_empty(shape, values.dtype)
     _numpy_kernel(op)(*(_view(a) if isinstance(a, jax.Array) else a for a in args), out=out, **kwargs)
-    return _adopt(out, values)
+    return adopt(out, values)
 
 
 def _traced(*arrays):

@@ -9,9 +9,9 @@ addresses from XLA's call frame and runs the same kernel on the calling thread, 
 worker, as the launcher does at these sizes: the same bits, with no interpreter lock.
 
 Anything the plan did not foresee goes to ``jax_ffi``'s Python handler with the same call
-frame, which runs the full launcher: other shapes (a call batched by ``vmap``), angles
-beyond ``rope_cpu.FAST_ANGLE_LIMIT`` (which the launcher leaves to the reference's libm),
-and XLA's metadata query (the handler's API version).
+frame, which runs the full launcher: other shapes (a call batched by ``vmap``), and angles
+beyond ``rope_cpu.FAST_ANGLE_LIMIT`` or NaN (which the launcher leaves to the reference's
+libm). XLA's metadata query (the handler's API version) is answered as ``jax_ffi`` does.
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ _DATA = _Buffer.data.offset // _WORD
 _RANK = _Buffer.rank.offset // _WORD
 _DIMS = _Buffer.dims.offset // _WORD
 _SCALAR_VALUE = _Scalar.value.offset // _WORD
-_METADATA, _MAJOR, _MINOR = 1, 0, 3  # as jax_ffi answers
+_METADATA = jax_ffi._METADATA
+_MAJOR, _MINOR = jax_ffi._API_VERSION
 
 # The plan: int64 words, then the float64 words it points to.
 (P_FALLBACK, P_FLOATS, P_FREQS, P_HALF, P_XS, P_OS, P_HEADS, P_DIM, P_G, P_S, P_PG, P_PS, P_BLOCK, P_TASKS, P_NX, P_NP) = (
@@ -158,7 +159,7 @@ def _named(function, name, **names):
     return named
 
 
-_TARGETS: dict[tuple, str] = {}
+_TARGETS: dict[tuple, tuple] = {}  # (dtype, layout, positions dtype) -> (FFI target name, compiled handler)
 _PLANS: dict[tuple, "Plan"] = {}  # never freed: compiled computations hold their addresses
 _LOCK = threading.Lock()
 
@@ -201,13 +202,8 @@ class Plan:
         w[P_PG], w[P_PS] = _arrays.element_strides(view)
         w[P_BLOCK], w[P_TASKS] = block, grouping.g.size * -(-grouping.s.size // block)
         w[P_NX], w[P_NP] = xv.size, int(np.prod(positions_shape))
-        # Covered: one (G, H, S) group read from the start of the positions, one worker's size.
-        self.covered = (
-            not grouping.outer
-            and xv.size > 0
-            and view.ctypes.data == pv.ctypes.data
-            and xv.size < 2 * rope_cpu._ELEMENTS_PER_THREAD
-        )
+        # Covered: one (G, H, S) group, read from the start of the positions.
+        self.covered = not grouping.outer and xv.size > 0 and view.ctypes.data == pv.ctypes.data
 
 
 _POSITIONS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float32", "float64")
@@ -217,7 +213,7 @@ def rotation(x, positions, freqs, layout, inverse, scale):
     """``(FFI target, plan address)`` of this traced ``rope_rotate`` call, or None where the
     Python handler serves it (large calls: their Python is a small share of the time)."""
     dtype, position = _arrays.dtype_name(x.dtype), _arrays.dtype_name(positions.dtype)
-    if position not in _POSITIONS or x.size >= 2 * rope_cpu._ELEMENTS_PER_THREAD:
+    if position not in _POSITIONS or x.size >= 2 * rope_cpu._ELEMENTS_PER_THREAD:  # the launcher's one-worker sizes
         return None
     key = (tuple(x.shape), dtype, tuple(positions.shape), tuple(freqs.tolist()), bool(inverse), float(scale))
     with _LOCK:

@@ -22,6 +22,7 @@ its parameter ``op`` (a ``LinearOp``) saying which. Its rules:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import jax
@@ -61,6 +62,7 @@ class LinearOp:
         return tuple(self.lead(shapes)) + tuple(self.result(*unbatched))
 
 
+_ALIGN = 64
 kernel_p = Primitive("posenc_kernel")
 
 
@@ -73,12 +75,28 @@ def _abstract(*avals, op):
     return jax.core.ShapedArray(op.shape([a.shape for a in avals]), avals[0].dtype)
 
 
-def _eager(*args, op):
-    from .jax_cpu import _adopt, _empty
+def aligned_empty(shape, dtype):
+    """An uninitialised 64-byte aligned NumPy array: JAX adopts such a buffer through DLPack without a copy."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
 
-    out = _empty(op.shape([a.shape for a in args]), args[0].dtype)
+
+def adopt(result, like):
+    """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows
+    (bfloat16, which DLPack lacks, travels as its ``uint16`` bits and is bit-cast: one copy)."""
+    device = next(iter(like.devices()))
+    if result.dtype.name == "bfloat16":
+        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(result.view(np.uint16), device=device), jnp.bfloat16)
+    return jax.dlpack.from_dlpack(result, device=device)
+
+
+def _eager(*args, op):
+    out = aligned_empty(op.shape([a.shape for a in args]), args[0].dtype)
     op.host(*(np.asarray(a) for a in args), out=out)
-    return _adopt(out, args[0])
+    return adopt(out, args[0])
 
 
 def _lowered(*args, op):
