@@ -26,7 +26,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 pytest.importorskip("numba")
 
 from posenc._kernels import jax as jax_kernels  # noqa: E402
-from posenc._kernels import jax_cpu  # noqa: E402
+from posenc._kernels import jax_cpu, jax_native  # noqa: E402
 
 OPS = ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -73,9 +73,8 @@ def _bits(a):
     return a.view(f"u{a.dtype.itemsize}")
 
 
-@pytest.fixture
-def spy(monkeypatch):
-    """Counts the calls of each op's Numba CPU kernel (the function NumPy arrays get)."""
+def _launcher_spy(monkeypatch):
+    """``{op: calls}`` of each op's Numba CPU kernel launcher (the function NumPy arrays get), counted from now."""
     calls = {op: 0 for op in OPS}
     for op in OPS:
         (entry,) = (k for k in _dispatch.kernels(op) if k.name == f"{op}.numba_cpu")
@@ -86,15 +85,21 @@ def spy(monkeypatch):
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(entry, "_impl", counted)
-    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion):
+    jax_cpu._numpy_kernel.cache_clear()
+    return calls
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the calls of each op's Numba CPU kernel launcher; every traced call takes the
+    Python handler, which runs the launcher (not ``jax_native``'s compiled one)."""
+    monkeypatch.setattr(jax_native, "rotation", lambda *args: None)
+    calls = _launcher_spy(monkeypatch)
+    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion, jax_cpu._indexed):
         cache.cache_clear()
-    for of in jax_cpu._ops.values():
-        of.cache_clear()
     yield calls
-    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion):
+    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation, jax_cpu._cos_sin_rotation, jax_cpu._expansion, jax_cpu._indexed):
         cache.cache_clear()
-    for of in jax_cpu._ops.values():
-        of.cache_clear()
 
 
 def _x64(dtype):
@@ -128,6 +133,72 @@ def test_same_bits_as_numpy_eager_and_jitted(op, dtype, spy, rng):
     for got in (eager, jitted):
         assert isinstance(got, jax.Array) and got.dtype.name == dtype and got.shape == want.shape
         np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def _clear_traced():
+    for cache in (jax_cpu._numpy_kernel, jax_cpu._rotation):
+        cache.cache_clear()
+
+
+@pytest.mark.parametrize(
+    ("dtype", "layout", "positions"),
+    [(d, "half", "int32") for d in DTYPES] + [("float32", "interleaved", "int32"), ("float32", "half", "float32"), ("float64", "interleaved", "int64")],
+)
+def test_small_traced_rotations_run_in_the_compiled_handler(dtype, layout, positions, monkeypatch, rng):
+    """A decode-size ``rope_rotate`` under ``jit``: the compiled FFI handler (no launcher, no
+    Python), the NumPy path's bits."""
+    x = rng.standard_normal((1, 8, 3, 32)).astype(NUMPY_DTYPE[dtype])
+    p = (np.arange(3) + 1000).astype(positions)
+    kwargs = {"layout": layout, "inverse": True, "scale": 1.25}
+    with jax.enable_x64(dtype == "float64" or positions == "int64"):
+        want = _dispatch.call("rope_rotate", x, p, _frequencies(12), **kwargs)
+        calls = _launcher_spy(monkeypatch)
+        _clear_traced()
+        fn = jax.jit(lambda x, p: _dispatch.call("rope_rotate", x, p, _frequencies(12), **kwargs))
+        got = jax.block_until_ready(fn(jnp.asarray(x), jnp.asarray(p)))
+        assert f"posenc_rope_rotate_{dtype}_{layout}_{positions}" in fn.lower(jnp.asarray(x), jnp.asarray(p)).as_text()
+    assert calls["rope_rotate"] == 0
+    np.testing.assert_array_equal(_bits(got), _bits(want))
+
+
+def test_compiled_handler_hands_over_what_its_plan_does_not_cover(monkeypatch, rng):
+    """Other shapes (``vmap``'s batch) and angles beyond the kernel's reduction (or NaN) go to
+    the Python handler and the launcher, which gives them the NumPy path's results."""
+    x = rng.standard_normal((2, 4, 3, 16)).astype(np.float32)
+    calls = _launcher_spy(monkeypatch)
+    _clear_traced()
+    freqs = _frequencies(8)
+    rotate = jax.jit(lambda x, p: _dispatch.call("rope_rotate", x, p, freqs))
+    for p in (np.array([1.0, 2.0, 3e12], np.float32), np.array([1.0, np.nan, 3.0], np.float32)):
+        want = _dispatch.call("rope_rotate", x, p, freqs)
+        before = calls["rope_rotate"]
+        got = rotate(jnp.asarray(x), jnp.asarray(p))
+        assert calls["rope_rotate"] == before + 1
+        np.testing.assert_array_equal(_bits(got), _bits(want))
+    assert "posenc_rope_rotate_float32_half_float32" in rotate.lower(jnp.asarray(x), jnp.asarray(p)).as_text()
+    calls["rope_rotate"] = 0
+    offsets = jnp.asarray([0, 7, 300])
+    batched = jax.jit(jax.vmap(lambda o: pe.rope(jnp.asarray(x), offset=o)))(offsets)
+    assert calls["rope_rotate"] == 1  # the whole batch: one launcher call
+    for i, o in enumerate([0, 7, 300]):
+        np.testing.assert_array_equal(np.asarray(batched[i]), pe.rope(x, offset=o))
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_grad_through_the_compiled_handler_equals_the_reference(jit, rng):
+    x = jnp.asarray(rng.standard_normal((1, 8, 1, 32)).astype(np.float32))
+    weights = jnp.asarray(rng.standard_normal(x.shape).astype(np.float32))
+    p = jnp.asarray([3.5])
+
+    def loss(x, p):
+        return jnp.sum(weights * pe.rope(x, p, inverse=True))
+
+    grad = jax.grad(loss, argnums=(0, 1))
+    got = (jax.jit(grad) if jit else grad)(x, p)
+    with pe.use_backend("reference"):
+        want = grad(x, p)
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
@@ -254,6 +325,43 @@ def test_grad_of_each_op_is_its_adjoint(op, rng):
         with pe.use_backend("reference"):
             want = jax.grad(inner)(jargs[0])
         np.testing.assert_allclose(np.asarray(adjoint), np.asarray(want), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(_grad_cases(np.random.default_rng(0))))
+@pytest.mark.parametrize("jit", [False, True])
+def test_forward_mode_through_the_kernels_equals_the_reference(name, jit, spy, rng):
+    """``jax.jvp`` (every argument's tangent at once) and ``jax.jacfwd`` of the first argument."""
+    fn, args = _grad_cases(rng)[name]
+    tangents = tuple(jnp.asarray(rng.standard_normal(a.shape).astype(np.float32)) for a in args)
+    jvp = lambda *a: jax.jvp(fn, a, tangents)  # noqa: E731
+    jacfwd = jax.jacfwd(fn)
+    got = [(jax.jit(f) if jit else f)(*args) for f in (jvp, jacfwd)]
+    assert sum(spy.values()) >= 1
+    with pe.use_backend("reference"):
+        want = [f(*args) for f in (jvp, jacfwd)]
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=2e-5, atol=2e-5, err_msg=name)
+
+
+def test_hessian_and_grad_of_vmap(rng):
+    # Forward over reverse (jax.hessian), and reverse mode over a batched call.
+    x = jnp.asarray(rng.standard_normal((3, 8)).astype(np.float32))
+    p = jnp.asarray([1.0, 2.5, 9.0])
+    c, s = (jnp.asarray(t, dtype=jnp.float32) for t in _cos_sin(np.arange(3) + 3, 4, "half"))
+
+    def cases():
+        return (
+            jax.hessian(lambda p: jnp.sum(pe.rope(x, p) ** 3))(p),
+            jax.grad(lambda x: jnp.sum(jax.vmap(lambda o: pe.rope(x, offset=o))(jnp.arange(4) * 5) ** 3))(x),
+            jax.grad(lambda c: jnp.sum(jax.vmap(lambda x: pe.apply_rope(x, c, s))(jnp.stack([x, 2 * x])) ** 3))(c),
+        )
+
+    got = cases()
+    with pe.use_backend("reference"):
+        want = cases()
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
 
 
 def test_second_order_gradient_of_rope(rng):
@@ -409,3 +517,25 @@ def test_no_out_of_bounds_access_under_numba_boundscheck(tmp_path):
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+# --- posenc bench's JAX rows time what they name ------------------------------------------------------
+
+
+def test_bench_jax_rows_time_the_calls_they_name():
+    from posenc import _bench_jax
+    from posenc._bench_measure import _measure
+
+    rope, t5 = _bench_jax.RopeCalls((1, 2, 6, 16), offset=40), _bench_jax.T5Calls(3, 9)
+    for calls in (rope, t5):
+        want = calls.numpy()
+        for got in (calls.eager(), calls.jit()):
+            assert isinstance(got, jax.Array)
+            np.testing.assert_array_equal(_bits(got), _bits(want))
+        # The plain jnp formula computes the same values (XLA's cos/sin or log round differently).
+        np.testing.assert_allclose(np.asarray(calls.plain_jit()), want, rtol=1e-5, atol=1e-5)
+    rows = _measure("rope", _bench_jax._cases(rope, "rope", 2 * rope.x.nbytes), None, 1, lambda s: None)
+    assert [r.impl for r in rows] == ["jnp plain formula, jax.jit", "posenc rope (NumPy arrays)", "posenc rope (JAX, eager)", "posenc rope (JAX, jax.jit)"]
+    assert rows[0].plain_seconds is None and all(r.plain_seconds == rows[0].seconds for r in rows[1:])
+    line = _bench_jax.decode(rounds=1, calls=2)
+    assert line.startswith("rope jax.jit [1,32,1,128]") and line.split()[-1] == "1.5"

@@ -5,7 +5,8 @@
 the same call on JAX CPU arrays (the kernels on the arrays' memory); ``_posenc_jax_jit`` the
 call under ``jax.jit`` (a host call into the same kernels); ``_plain_jnp_jit`` the formula
 written in ``jax.numpy`` (precomputed ``cos``/``sin`` for rope, T5's bucket on the full
-relative matrix for the bias), compiled by XLA. JAX results are waited for
+relative matrix for the bias), compiled by XLA; the calls and formulas are
+``posenc._bench_jax``'s (``posenc bench``'s JAX rows). JAX results are waited for
 (``block_until_ready``). ``track_`` methods give the JAX times as multiples of the NumPy
 path's (the model sizes) or the plain formula's (the decode step), timed in turns.
 
@@ -16,10 +17,6 @@ path's (the model sizes) or the plain formula's (the decode step), timed in turn
 from __future__ import annotations
 
 import argparse
-
-import numpy as np
-
-import posenc as pe
 
 from .common import Benchmark, interleaved_best, require, sizes
 
@@ -33,83 +30,18 @@ def _shape(text):
     return tuple(int(n) for n in text.split("x"))
 
 
-def _jax():
-    jax = require("jax")
-    import jax.numpy as jnp
+def rope_calls(shape):
+    require("jax")
+    from posenc._bench_jax import RopeCalls
 
-    return jax, jnp
-
-
-def _ready(a):
-    return a.block_until_ready()
+    return RopeCalls(shape, OFFSET)
 
 
-def plain_rope(jnp, x, cos, sin):
-    """LLaMA's ``x * cos + rotate_half(x) * sin``, the formula a JAX model writes."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    return x * cos + rotated * sin
+def bias_calls(length):
+    require("jax")
+    from posenc._bench_jax import T5Calls
 
-
-def plain_t5(jnp, table, q_len, k_len, num_buckets=32, max_distance=128):
-    """T5's bidirectional bucket of ``key - query`` on the full ``[q, k]`` matrix, a table lookup and a transpose."""
-    rel = jnp.arange(k_len)[None, :] - jnp.arange(q_len)[:, None]
-    n = num_buckets // 2
-    bucket = (rel > 0).astype(jnp.int32) * n
-    rel = jnp.abs(rel)
-    exact = n // 2
-    large = exact + (jnp.log(jnp.maximum(rel, 1).astype(jnp.float32) / exact) / np.log(max_distance / exact) * (n - exact)).astype(jnp.int32)
-    bucket = bucket + jnp.where(rel < exact, rel, jnp.minimum(large, n - 1))
-    return jnp.transpose(table[bucket], (2, 0, 1))
-
-
-class RopeInputs:
-    def __init__(self, shape, decode=False):
-        jax, jnp = _jax()
-        rng = np.random.default_rng(0)
-        self.x = rng.standard_normal(shape, dtype=np.float32)
-        self.jx = jnp.asarray(self.x)
-        length, dim = shape[-2], shape[-1]
-        angle = (OFFSET + np.arange(length))[:, None] * (10000.0 ** (-np.arange(0, dim, 2) / dim))
-        angle = np.concatenate([angle, angle], -1)
-        self.cos, self.sin = (jnp.asarray(t, dtype=jnp.float32) for t in (np.cos(angle), np.sin(angle)))
-        self.jitted = jax.jit(lambda x, o: pe.rope(x, offset=o))
-        self.plain = jax.jit(lambda x, c, s: plain_rope(jnp, x, c, s))
-        self.offset = jnp.asarray(OFFSET)
-
-    def numpy(self):
-        return pe.rope(self.x, offset=OFFSET)
-
-    def eager(self):
-        return _ready(pe.rope(self.jx, offset=OFFSET))
-
-    def jit(self):
-        return _ready(self.jitted(self.jx, self.offset))
-
-    def plain_jit(self):
-        return _ready(self.plain(self.jx, self.cos, self.sin))
-
-
-class BiasInputs:
-    def __init__(self, length):
-        jax, jnp = _jax()
-        self.length = length
-        self.table = np.random.default_rng(0).standard_normal((32, HEADS)).astype(np.float32)
-        self.jtable = jnp.asarray(self.table)
-        self.jitted = jax.jit(lambda t: pe.t5_bias(t, length, length))
-        self.plain = jax.jit(lambda t: plain_t5(jnp, t, length, length))
-
-    def numpy(self):
-        return pe.t5_bias(self.table, self.length, self.length)
-
-    def eager(self):
-        return _ready(pe.t5_bias(self.jtable, self.length, self.length))
-
-    def jit(self):
-        return _ready(self.jitted(self.jtable))
-
-    def plain_jit(self):
-        return _ready(self.plain(self.jtable))
+    return T5Calls(HEADS, length)
 
 
 class JaxRope(Benchmark):
@@ -119,7 +51,7 @@ class JaxRope(Benchmark):
     param_names = ["shape"]
 
     def make(self, shape):
-        self.inputs = RopeInputs(_shape(shape))
+        self.inputs = rope_calls(_shape(shape))
 
     def time_rope_posenc_numpy(self, shape):
         self.inputs.numpy()
@@ -150,7 +82,7 @@ class JaxDecodeStep(Benchmark):
     """``pe.rope`` on a decode step ``[1, 32, 1, 128]`` under ``jax.jit`` (traced offset)."""
 
     def make(self):
-        self.inputs = RopeInputs((1, 32, 1, 128))
+        self.inputs = rope_calls((1, 32, 1, 128))
 
     def time_decode_posenc_jax_jit(self):
         self.inputs.jit()
@@ -175,7 +107,7 @@ class JaxT5Bias(Benchmark):
     param_names = ["length"]
 
     def make(self, length):
-        self.inputs = BiasInputs(length)
+        self.inputs = bias_calls(length)
 
     def time_t5_posenc_numpy(self, length):
         self.inputs.numpy()
@@ -200,9 +132,9 @@ def _table(repeat):
     """The issue's table: best of ``repeat`` of each call, timed in turns."""
     rows = []
     for label, inputs in (
-        ("pe.rope [1,32,4096,128] float32, positions 1000..", RopeInputs((1, 32, 4096, 128))),
-        (f"pe.t5_bias {HEADS} heads, 2048 x 2048", BiasInputs(2048)),
-        ("pe.rope [1,32,1,128] (a decode step)", RopeInputs((1, 32, 1, 128))),
+        ("pe.rope [1,32,4096,128] float32, positions 1000..", rope_calls((1, 32, 4096, 128))),
+        (f"pe.t5_bias {HEADS} heads, 2048 x 2048", bias_calls(2048)),
+        ("pe.rope [1,32,1,128] (a decode step)", rope_calls((1, 32, 1, 128))),
     ):
         fns = [inputs.numpy, inputs.eager, inputs.jit, inputs.plain_jit]
         for fn in fns:

@@ -140,5 +140,13 @@ def run(quick: bool = False, gpu: bool = False, progress=lambda s: print(s, file
     rows += alibi_rows(16, 512 if quick else 2048, repeat, progress)
     from . import _bench_decode
 
-    decode = _bench_decode.run(rounds=3 if quick else 7, progress=progress)
-    return f"{legend()}\n\n{table(rows)}\n\nA decode step, interleaved with the code it replaces (us per call, best round of 200 calls):\n\n{decode}"
+    rounds = 3 if quick else 7
+    decode = _bench_decode.run(rounds=rounds, progress=progress)
+    report = f"{legend()}\n\n{table(rows)}"
+    if importlib.util.find_spec("jax") is not None:
+        from . import _bench_jax
+
+        jax_rows = table(_bench_jax.rows(quick, repeat, progress))
+        report += f"\n\nJAX arrays on the CPU ('vs plain': over the jnp formula under jax.jit):\n\n{jax_rows}"
+        decode += "\n" + _bench_jax.decode(rounds, progress=progress)
+    return f"{report}\n\nA decode step, interleaved with the code it replaces (us per call, best round of 200 calls):\n\n{decode}"

@@ -231,7 +231,10 @@ def _add_bench(sub) -> None:
         "bench",
         help="time each hot operation beside the plain formula and the memory bandwidth",
         description="Times each hot operation (rope, t5_bias, alibi_bias) in posenc beside the plain\n"
-        "formula and a copy of the same bytes, and prints a table with these columns:\n\n" + _bench_legend(),
+        "formula and a copy of the same bytes, and prints a table with these columns:\n\n" + _bench_legend()
+        + "\n\nWhere JAX is installed, a second table has the same calls on JAX CPU arrays (eager and under\n"
+        "jax.jit, beside the NumPy path, 'vs plain' over the jnp formula under jax.jit), and the decode\n"
+        "section a jitted JAX decode step beside the jnp formula under jax.jit.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats (a few seconds)")

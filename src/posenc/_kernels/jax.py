@@ -2,8 +2,9 @@
 
 A JAX array on the CPU goes through the same Numba CPU kernel a NumPy array does
 (``jax_cpu``): eagerly on the array's own memory, and under tracing (``jax.jit``,
-``jax.grad``, ``jax.vmap``) as a host call with a ``custom_vjp`` whose backward is the
-kernel's adjoint. JAX on a GPU or TPU keeps the reference, which XLA fuses on the device.
+``jax.grad``, ``jax.jvp``, ``jax.vmap``) as a JAX primitive (``jax_primitive``) compiled to
+a host call, whose transpose is the kernel's adjoint. JAX on a GPU or TPU keeps the
+reference, which XLA fuses on the device.
 
 ``accepts`` looks at types, dtypes and devices only, through ``sys.modules`` (no JAX
 import): every array argument a JAX array on one CPU device (a tracer: the default

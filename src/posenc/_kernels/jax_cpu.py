@@ -7,21 +7,23 @@ so a JAX CPU array and a NumPy array with the same values give the same bits:
   (``np.asarray``, no copy) and writes a new 64-byte aligned NumPy buffer, which becomes
   the JAX result through DLPack without a copy (bfloat16, which DLPack lacks, travels as
   its ``uint16`` bits and is bit-cast back: one copy);
-* **traced** (``jax.jit``, ``jax.grad``, ``jax.vmap``, eager or not): a host call into the
-  same kernel (``jax_ffi``: an XLA FFI call that hands the kernel XLA's own buffers, where
-  ``jax.pure_callback`` would copy both ways), the result's shape and dtype declared up front, inside a
-  ``jax.custom_vjp`` whose backward is the kernel's adjoint, itself such a host call:
-  the inverse rotation (``rope_rotate``, and ``rope_apply`` with ``-sin``), the scatter for
-  ``toeplitz_gather`` and the gather for ``toeplitz_scatter``. The gradients of float
-  ``positions`` and of ``cos``/``sin`` are ``jax.numpy`` formulas (those of
-  ``posenc.torch._ops``, which the reference's gradients equal): ``g_b*y_a - g_a*y_b``
-  times the frequency, and ``g_a*a + g_b*b`` / ``g_b*a - g_a*b`` at the first copy of each
-  angle (the second copy is not read: its gradient is 0). ``toeplitz_expand``'s adjoint
-  sums the gradient along each diagonal, in ``jax.numpy``.
+* **traced** (``jax.jit``, ``jax.grad``, ``jax.jvp``, ``jax.vmap``, eager or not): the
+  primitive of ``jax_primitive``, whose parameter is one of the ``LinearOp``s built here
+  (every op is linear in its first array), compiled to a host call into the same kernel
+  (``jax_ffi``: an XLA FFI call that hands the kernel XLA's own buffers, where
+  ``jax.pure_callback`` would copy both ways; a small rotation runs in ``jax_native``'s
+  compiled handler). Its transpose is the kernel's adjoint, itself such a host call: the
+  inverse rotation (``rope_rotate``, and ``rope_apply`` with ``-sin``), the scatter for
+  ``toeplitz_gather`` and the gather for ``toeplitz_scatter``; ``toeplitz_expand``'s sums
+  the cotangent along each diagonal, in ``jax.numpy``. The tangents from float
+  ``positions`` and from ``cos``/``sin`` are ``jax.numpy`` formulas (JAX transposes them
+  for reverse mode, giving the gradients of ``posenc.torch._ops``, which the reference's
+  equal): ``(-y_b, y_a)`` times the frequency and the position's tangent, and
+  ``(a*dc - b*ds, b*dc + a*ds)`` from the first copy of each angle (the rotation does not
+  read the second: its gradient is 0).
 
 Under ``vmap`` a host call receives every argument with the batch axes in front (size 1
-where an argument is not batched); ``_batched``
-lines the per-position arguments up with ``x`` again, so the whole batch is one kernel
+where an argument is not batched); ``_batched`` lines the per-position arguments up with ``x`` again, so the whole batch is one kernel
 call. Values only known when the call runs (a traced ``offset`` in a Toeplitz index) meet
 the launchers' own checks inside the host call, which raise there: nothing reaches a
 kernel unchecked.
@@ -30,21 +32,18 @@ kernel unchecked.
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.interpreters import ad
 
 from .. import _dispatch
+from . import jax_native
 from .jax import tracer
-from .jax_ffi import host_call
+from .jax_primitive import LinearOp, adopt, aligned_empty, apply
 from .rope import guard_apply, guard_rotate
 from .toeplitz import guard_expand, guard_gather, guard_scatter
-
-# JAX adopts a NumPy buffer through DLPack without a copy only when it is 64-byte aligned.
-_ALIGN = 64
-
 
 @functools.lru_cache(maxsize=None)
 def _numpy_kernel(op):
@@ -61,28 +60,11 @@ def _view(a):
     return np.asarray(a)
 
 
-def _empty(shape, dtype):
-    """An uninitialised 64-byte aligned NumPy array."""
-    dtype = np.dtype(dtype)
-    nbytes = math.prod(shape) * dtype.itemsize
-    raw = np.empty(nbytes + _ALIGN, np.uint8)
-    start = -raw.ctypes.data % _ALIGN
-    return raw[start : start + nbytes].view(dtype).reshape(shape)
-
-
-def _adopt(result, like):
-    """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows."""
-    device = next(iter(like.devices()))
-    if result.dtype.name == "bfloat16":
-        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(result.view(np.uint16), device=device), jnp.bfloat16)
-    return jax.dlpack.from_dlpack(result, device=device)
-
-
 def _eager(op, values, shape, *args, **kwargs):
     """``op``'s NumPy kernel on NumPy views of ``args``, into a new buffer of ``shape`` adopted by JAX."""
-    out = _empty(shape, values.dtype)
+    out = aligned_empty(shape, values.dtype)
     _numpy_kernel(op)(*(_view(a) if isinstance(a, jax.Array) else a for a in args), out=out, **kwargs)
-    return _adopt(out, values)
+    return adopt(out, values)
 
 
 def _traced(*arrays):
@@ -113,11 +95,10 @@ def _batched(x, ndim, *per_position):
     return (x, *aligned)
 
 
-def _sum_to(a, shape):
-    """``a`` summed over the axes broadcasting added to ``shape`` (a gradient back to its argument's shape)."""
-    extra = a.ndim - len(shape)
-    axes = tuple(range(extra)) + tuple(extra + i for i, n in enumerate(shape) if n == 1 and a.shape[extra + i] != 1)
-    return jnp.reshape(jnp.sum(a, axis=axes), shape) if axes else a
+def _aligned(a, lead, target, rank):
+    """``a`` (``lead`` batch axes, then ``rank`` axes broadcasting against ``target`` ones)
+    with ones inserted after its batch axes, so it broadcasts against the batched target."""
+    return jnp.reshape(a, a.shape[:lead] + (1,) * (target - rank) + a.shape[lead:])
 
 
 def _pairs(t, layout, half):
@@ -127,86 +108,94 @@ def _pairs(t, layout, half):
     return t[..., :half], t[..., half : 2 * half]
 
 
-def _first_of_pairs(values, layout, shape):
-    """A ``cos``/``sin`` table of ``shape`` holding ``values`` at each pair's first copy, 0 at its second."""
-    zeros = jnp.zeros_like(values)
+def _from_pairs(a, b, layout, dim):
+    """A ``[..., dim]`` array with pairs ``(a, b)`` where ``_pairs`` reads them and 0 in the channels after."""
+    a, b = jnp.broadcast_arrays(a, b)
     if layout == "interleaved":
-        table = jnp.reshape(jnp.stack([values, zeros], axis=-1), (*values.shape[:-1], 2 * values.shape[-1]))
+        rotated = jnp.reshape(jnp.stack([a, b], axis=-1), (*a.shape[:-1], 2 * a.shape[-1]))
     else:
-        table = jnp.concatenate([values, zeros], axis=-1)
-    return _sum_to(table, shape)
+        rotated = jnp.concatenate([a, b], axis=-1)
+    rest = dim - rotated.shape[-1]
+    return jnp.concatenate([rotated, jnp.zeros((*rotated.shape[:-1], rest), rotated.dtype)], axis=-1) if rest else rotated
 
 
-def _is_integer(a):
-    return jnp.issubdtype(a.dtype, jnp.integer)
+def _zero(t):
+    return type(t) is ad.Zero
+
+
+def _work(*dtypes):
+    return functools.reduce(jnp.promote_types, dtypes, jnp.float32)
 
 
 @functools.lru_cache(maxsize=256)
-def _rotation(inv_freq, layout, inverse, scale):
-    """``rope_rotate`` with these host options, as a ``custom_vjp`` function of ``(x, positions)``."""
+def _rotation(inv_freq, layout, inverse, scale, ndim, positions_ndim):
+    """``rope_rotate(x, positions)`` with these host options and unbatched ranks."""
     freqs = np.asarray(inv_freq, dtype=np.float64)
 
-    @jax.custom_vjp
-    def rotate(x, positions):
-        ndim = x.ndim
+    def host(xv, pv, *, out):
+        xv, pv = _batched(xv, ndim, (pv, 0))
+        _numpy_kernel("rope_rotate")(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale, out=out)
 
-        def host(xv, pv, *, out):
-            xv, pv = _batched(xv, ndim, (pv, 0))
-            _numpy_kernel("rope_rotate")(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale, out=out)
+    def transpose(ct, x, positions):
+        return apply(_rotation(inv_freq, layout, not inverse, scale, ndim, positions_ndim), ct, positions)
 
-        key = ("rope_rotate", inv_freq, layout, inverse, scale, ndim)
-        return host_call(key, host, x.shape, x.dtype, x, positions)
-
-    def forward(x, positions):
-        y = rotate(x, positions)
-        return y, (positions, None if _is_integer(positions) else y)
-
-    def backward(saved, g):
-        positions, y = saved
-        grad_x = _rotation(inv_freq, layout, not inverse, scale)(g, positions)
-        if y is None:
-            return grad_x, None
-        # d angle / d position is the frequency; d (y_a, y_b) / d angle is (-y_b, y_a).
-        work = jnp.promote_types(jnp.promote_types(y.dtype, positions.dtype), jnp.float32)
+    def tangent(primals, tangents, y):
+        # d (y_a, y_b) / d position = (-y_b, y_a) times the frequency (negated for the inverse).
+        positions, dp = primals[1], tangents[1]
+        if _zero(dp) or jnp.issubdtype(positions.dtype, jnp.integer):
+            return None
+        work = _work(y.dtype, dp.dtype)
+        lead = positions.ndim - positions_ndim
+        rate = _aligned(dp, lead, ndim - 1, positions_ndim)[..., None].astype(work) * jnp.asarray(-freqs if inverse else freqs, work)
         y_a, y_b = _pairs(y.astype(work), layout, freqs.size)
-        g_a, g_b = _pairs(g.astype(work), layout, freqs.size)
-        per_token = jnp.sum((g_b * y_a - g_a * y_b) * jnp.asarray(freqs, dtype=work), axis=-1)
-        per_token = -per_token if inverse else per_token
-        return grad_x, _sum_to(per_token, positions.shape).astype(positions.dtype)
+        return _from_pairs(-y_b * rate, y_a * rate, layout, y.shape[-1])
 
-    rotate.defvjp(forward, backward)
-    return rotate
+    return LinearOp(
+        key=("rope_rotate", inv_freq, layout, inverse, scale, ndim),
+        host=host,
+        ranks=(ndim, positions_ndim),
+        result=lambda x, positions: x,
+        transpose=transpose,
+        tangent=tangent,
+        native=lambda x, positions: jax_native.rotation(x, positions, freqs, layout, inverse, scale),
+    )
 
 
-@functools.lru_cache(maxsize=None)
-def _cos_sin_rotation(layout):
-    """``rope_apply`` in ``layout``, as a ``custom_vjp`` function of ``(x, cos, sin)``."""
+@functools.lru_cache(maxsize=256)
+def _cos_sin_rotation(layout, ndim, width, table_ndim):
+    """``rope_apply(x, cos, sin)`` in ``layout``, ``width`` rotated channels, these unbatched ranks."""
+    half = width // 2
 
-    @jax.custom_vjp
-    def apply(x, cos, sin):
-        ndim, width = x.ndim, cos.shape[-1]
+    def host(xv, cv, sv, *, out):
+        xv, cv, sv = _batched(xv, ndim, (cv, width), (sv, width))
+        _numpy_kernel("rope_apply")(xv, cv, sv, layout=layout, out=out)
 
-        def host(xv, cv, sv, *, out):
-            xv, cv, sv = _batched(xv, ndim, (cv, width), (sv, width))
-            _numpy_kernel("rope_apply")(xv, cv, sv, layout=layout, out=out)
+    def transpose(ct, x, cos, sin):
+        return apply(_cos_sin_rotation(layout, ndim, width, table_ndim), ct, cos, -sin)
 
-        return host_call(("rope_apply", layout, ndim, width), host, x.shape, x.dtype, x, cos, sin)
-
-    def forward(x, cos, sin):
-        return apply(x, cos, sin), (x, cos, sin)
-
-    def backward(saved, g):
-        x, cos, sin = saved
-        half = cos.shape[-1] // 2
-        work = jnp.promote_types(jnp.promote_types(x.dtype, cos.dtype), jnp.float32)
+    def tangent(primals, tangents, y):
+        # y_a = a*c - b*s, y_b = b*c + a*s, with c and s the first copy of each angle.
+        x, cos, _ = primals
+        if _zero(tangents[1]) and _zero(tangents[2]):
+            return None
+        work = _work(x.dtype, cos.dtype)
+        lead = cos.ndim - table_ndim
         a, b = _pairs(x.astype(work), layout, half)
-        g_a, g_b = _pairs(g.astype(work), layout, half)
-        grad_cos = _first_of_pairs(g_a * a + g_b * b, layout, cos.shape).astype(cos.dtype)
-        grad_sin = _first_of_pairs(g_b * a - g_a * b, layout, sin.shape).astype(sin.dtype)
-        return apply(g, cos, -sin), grad_cos, grad_sin
+        y_a = y_b = jnp.zeros((), work)
+        for t, sign in ((tangents[1], None), (tangents[2], 1)):
+            if not _zero(t):
+                first, _ = _pairs(_aligned(t, lead, ndim, table_ndim).astype(work), layout, half)
+                y_a, y_b = (y_a + a * first, y_b + b * first) if sign is None else (y_a - b * first, y_b + a * first)
+        return _from_pairs(y_a, y_b, layout, x.shape[-1])
 
-    apply.defvjp(forward, backward)
-    return apply
+    return LinearOp(
+        key=("rope_apply", layout, ndim, width),
+        host=host,
+        ranks=(ndim, table_ndim, table_ndim),
+        result=lambda x, cos, sin: x,
+        transpose=transpose,
+        tangent=tangent,
+    )
 
 
 def _diagonal_sums(g):
@@ -224,26 +213,18 @@ def _diagonal_sums(g):
 
 
 @functools.lru_cache(maxsize=256)
-def _expansion(q_len, k_len):
-    """``toeplitz_expand`` to ``[..., q_len, k_len]``, as a ``custom_vjp`` function of ``vec``."""
+def _expansion(q_len, k_len, ndim):
+    """``toeplitz_expand(vec)`` to ``[..., q_len, k_len]``, ``vec`` of unbatched rank ``ndim``."""
 
-    @jax.custom_vjp
-    def expand(vec):
-        def host(v, *, out):
-            _numpy_kernel("toeplitz_expand")(v, q_len, k_len, out=out)
+    def host(v, *, out):
+        _numpy_kernel("toeplitz_expand")(v, q_len, k_len, out=out)
 
-        return host_call(("toeplitz_expand", q_len, k_len), host, (*vec.shape[:-1], q_len, k_len), vec.dtype, vec)
-
-    def forward(vec):
-        return expand(vec), None
-
-    def backward(_, g):
+    def transpose(ct, vec):
         if q_len == 0 or k_len == 0:  # an empty bias: every entry of vec (if any) unread
-            return (jnp.zeros((*g.shape[:-2], max(q_len + k_len - 1, 0)), g.dtype),)
-        return (_diagonal_sums(g),)
+            return jnp.zeros((*ct.shape[:-2], max(q_len + k_len - 1, 0)), ct.dtype)
+        return _diagonal_sums(ct)
 
-    expand.defvjp(forward, backward)
-    return expand
+    return LinearOp(("toeplitz_expand", q_len, k_len), host, (ndim,), lambda vec: (*vec[:-1], q_len, k_len), transpose)
 
 
 def _per_index(kernel, values, index, n, out):
@@ -260,33 +241,21 @@ def _per_index(kernel, values, index, n, out):
         kernel(values[row], index[row], n, out=out[row])
 
 
-def _indexed(op, adjoint_op):
-    """``toeplitz_gather``/``toeplitz_scatter`` as ``custom_vjp`` functions of ``(values, index)``,
-    given ``n`` (``k_len`` / ``m``); the backward is the other op."""
-
-    @functools.lru_cache(maxsize=256)
-    def of(n):
-        @jax.custom_vjp
-        def fn(values, index):
-            def host(vv, iv, *, out):
-                _per_index(_numpy_kernel(op), vv, iv, n, out)
-
-            return host_call((op, n), host, (*values.shape[:-1], n), values.dtype, values, index)
-
-        def forward(values, index):
-            return fn(values, index), (index, values.shape[-1])
-
-        def backward(saved, g):
-            index, width = saved
-            return _ops[adjoint_op](width)(g, index), None
-
-        fn.defvjp(forward, backward)
-        return fn
-
-    return of
+_ADJOINT = {"toeplitz_gather": "toeplitz_scatter", "toeplitz_scatter": "toeplitz_gather"}
 
 
-_ops = {"toeplitz_gather": _indexed("toeplitz_gather", "toeplitz_scatter"), "toeplitz_scatter": _indexed("toeplitz_scatter", "toeplitz_gather")}
+@functools.lru_cache(maxsize=256)
+def _indexed(op, n, ndim):
+    """``toeplitz_gather``/``toeplitz_scatter(values, index)`` given ``n`` (``k_len`` / ``m``),
+    ``values`` of unbatched rank ``ndim``; the transpose is the other op."""
+
+    def host(vv, iv, *, out):
+        _per_index(_numpy_kernel(op), vv, iv, n, out)
+
+    def transpose(ct, values, index):
+        return apply(_indexed(_ADJOINT[op], values.shape[-1], ndim), ct, index)
+
+    return LinearOp((op, n), host, (ndim, 1), lambda values, index: (*values[:-1], n), transpose)
 
 
 # ---------------------------------------------------------------- registry entries (the references' signatures)
@@ -297,14 +266,14 @@ _ops = {"toeplitz_gather": _indexed("toeplitz_gather", "toeplitz_scatter"), "toe
 def rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
     freqs = guard_rotate(x, positions, inv_freq, None)
     if _traced(x, positions):
-        return _rotation(tuple(freqs.tolist()), layout, bool(inverse), float(scale))(x, positions)
+        return apply(_rotation(tuple(freqs.tolist()), layout, bool(inverse), float(scale), x.ndim, positions.ndim), x, positions)
     return _eager("rope_rotate", x, x.shape, x, positions, freqs, layout=layout, inverse=inverse, scale=scale)
 
 
 def rope_apply(x, cos, sin, *, layout="half", out=None):
     guard_apply(x, cos, sin, None)
     if _traced(x, cos, sin):
-        return _cos_sin_rotation(layout)(x, cos, sin)
+        return apply(_cos_sin_rotation(layout, x.ndim, cos.shape[-1], cos.ndim), x, cos, sin)
     return _eager("rope_apply", x, x.shape, x, cos, sin, layout=layout)
 
 
@@ -312,19 +281,19 @@ def toeplitz_expand(vec, q_len, k_len, *, out=None):
     shape = guard_expand(vec, q_len, k_len, None)
     q_len, k_len = shape[-2:]
     if _traced(vec):
-        return _expansion(q_len, k_len)(vec)
+        return apply(_expansion(q_len, k_len, vec.ndim), vec)
     return _eager("toeplitz_expand", vec, shape, vec, q_len, k_len)
 
 
 def toeplitz_gather(scores, index, k_len, *, out=None):
     shape = guard_gather(scores, index, k_len, None)
     if _traced(scores, index):
-        return _ops["toeplitz_gather"](shape[-1])(scores, index)
+        return apply(_indexed("toeplitz_gather", shape[-1], scores.ndim), scores, index)
     return _eager("toeplitz_gather", scores, shape, scores, index, shape[-1])
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
     shape = guard_scatter(weights, index, m, None)
     if _traced(weights, index):
-        return _ops["toeplitz_scatter"](shape[-1])(weights, index)
+        return apply(_indexed("toeplitz_scatter", shape[-1], weights.ndim), weights, index)
     return _eager("toeplitz_scatter", weights, shape, weights, index, shape[-1])

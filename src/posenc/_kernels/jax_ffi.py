@@ -164,6 +164,7 @@ def _handle(frame_pointer):
 
 
 _HANDLER = C.CFUNCTYPE(C.c_void_p, C.POINTER(_CallFrame))(_handle)
+HANDLER_ADDRESS = C.cast(_HANDLER, C.c_void_p).value  # for handlers that hand a call over (``jax_native``)
 _HOSTS: dict[int, object] = {}
 _KEYS: dict[object, int] = {}
 _NEXT = itertools.count(1)
@@ -187,18 +188,24 @@ def _register():
             _registered = True
 
 
-def host_call(key, host, shape, dtype, *args):
+def host_call(key, host, shape, dtype, *args, native=None):
     """``host(*views of args, out=view of the result)`` inside the computation, the result
     ``shape``/``dtype`` declared here; under ``vmap`` the arguments arrive with the batch axes
     in front (size 1 where one is not batched) and ``out`` with the batch's.
 
     ``key``: hashable, the same for every ``host`` that does the same thing (the first one
-    is kept: compiled computations name it for as long as they live).
+    is kept: compiled computations name it for as long as they live). ``native``: an FFI
+    target compiled without Python and the address of its ``plan`` (``jax_native``), which
+    hands the calls it does not cover to ``host``.
     """
     _register()
     with _LOCK:
         if key not in _KEYS:
             _KEYS[key] = next(_NEXT)
             _HOSTS[_KEYS[key]] = host
-    call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, dtype), vmap_method="expand_dims")
-    return call(*args, host=np.int64(_KEYS[key]))
+    if native is None:
+        call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, dtype), vmap_method="expand_dims")
+        return call(*args, host=np.int64(_KEYS[key]))
+    target, plan = native
+    call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, dtype), vmap_method="expand_dims")
+    return call(*args, host=np.int64(_KEYS[key]), plan=np.int64(plan))

@@ -1,0 +1,149 @@
+"""One JAX primitive for every traced kernel op: a host call linear in its first argument.
+
+Every kernel op is linear in its first array (``x`` of the rotations, ``vec``, ``scores``,
+``weights`` of the Toeplitz ops), so one primitive, ``posenc_kernel``, serves them all,
+its parameter ``op`` (a ``LinearOp``) saying which. Its rules:
+
+* **evaluation**: eagerly (concrete arguments, as inside an eager ``jax.grad``), the op's
+  host function on NumPy views of the arrays, into a new buffer JAX adopts (``jax_cpu``'s
+  eager path); compiled, an XLA FFI call to the same function (``jax_ffi.host_call``, or
+  ``jax_native``'s compiled handler where the op has one);
+* **JVP** (``jax.jvp``, ``jax.jacfwd``, and the forward half of ``jax.grad``): the op on
+  the tangent of the first argument (the op is linear in it), plus ``op.tangent``, a
+  ``jax.numpy`` formula for the tangents of the other float arguments (float positions,
+  ``cos``/``sin``);
+* **transpose** (reverse mode): ``op.transpose``, the op's adjoint (the inverse rotation,
+  the Toeplitz scatter for the gather...), itself this primitive or ``jax.numpy``;
+* **batching** (``jax.vmap``): every argument with its batch axis in front, size 1 where
+  it is not batched, bound again: the host function lines them up (``jax_cpu._batched``),
+  so the batch is one kernel call. ``LinearOp.ranks`` are the unbatched ranks: the axes
+  in front of them are batch axes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
+
+from .jax_ffi import host_call
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: the constructors in jax_cpu cache them
+class LinearOp:
+    """A kernel op as the primitive's parameter.
+
+    ``host(*arrays, out=)``: the computation on NumPy views (batch axes in front);
+    ``result(*unbatched shapes)``: the unbatched result shape; ``transpose(ct, x, *others)``:
+    the adjoint applied to a cotangent (``x``: the first argument's abstract value); ``tangent(primals, tangents, out)``: the tangent
+    from the arguments after the first, or None; ``native(*args)``: ``jax_native``'s
+    ``(target, plan)`` for these unbatched arguments, or None.
+    """
+
+    key: tuple
+    host: object
+    ranks: tuple
+    result: object
+    transpose: object
+    tangent: object = None
+    native: object = None
+
+    def lead(self, shapes):
+        """The batch shape: the axes in front of the unbatched ranks, broadcast over the arguments."""
+        return np.broadcast_shapes(*(s[: len(s) - r] for s, r in zip(shapes, self.ranks)))
+
+    def shape(self, shapes):
+        unbatched = [s[len(s) - r :] for s, r in zip(shapes, self.ranks)]
+        return tuple(self.lead(shapes)) + tuple(self.result(*unbatched))
+
+
+_ALIGN = 64
+kernel_p = Primitive("posenc_kernel")
+
+
+def apply(op, *args):
+    """``op`` on traced ``args``."""
+    return kernel_p.bind(*args, op=op)
+
+
+def _abstract(*avals, op):
+    return jax.core.ShapedArray(op.shape([a.shape for a in avals]), avals[0].dtype)
+
+
+def aligned_empty(shape, dtype):
+    """An uninitialised 64-byte aligned NumPy array: JAX adopts such a buffer through DLPack without a copy."""
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    raw = np.empty(nbytes + _ALIGN, np.uint8)
+    start = -raw.ctypes.data % _ALIGN
+    return raw[start : start + nbytes].view(dtype).reshape(shape)
+
+
+def adopt(result, like):
+    """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows
+    (bfloat16, which DLPack lacks, travels as its ``uint16`` bits and is bit-cast: one copy)."""
+    device = next(iter(like.devices()))
+    if result.dtype.name == "bfloat16":
+        return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(result.view(np.uint16), device=device), jnp.bfloat16)
+    return jax.dlpack.from_dlpack(result, device=device)
+
+
+def _eager(*args, op):
+    out = aligned_empty(op.shape([a.shape for a in args]), args[0].dtype)
+    op.host(*(np.asarray(a) for a in args), out=out)
+    return adopt(out, args[0])
+
+
+def _lowered(*args, op):
+    shapes = [a.shape for a in args]
+    native = op.native(*args) if op.native is not None and not op.lead(shapes) else None
+    return host_call(op.key, op.host, op.shape(shapes), args[0].dtype, *args, native=native)
+
+
+def _jvp(primals, tangents, *, op):
+    out = apply(op, *primals)
+    parts = []
+    if type(tangents[0]) is not ad.Zero:
+        parts.append(apply(op, tangents[0], *primals[1:]))
+    if op.tangent is not None:
+        extra = op.tangent(primals, tangents, out)
+        if extra is not None:
+            parts.append(jnp.broadcast_to(extra, out.shape).astype(out.dtype))
+    if not parts:
+        return out, ad.Zero.from_primal_value(out)
+    return out, parts[0] if len(parts) == 1 else parts[0] + parts[1]
+
+
+def _sum_to(a, shape):
+    """``a`` summed over the axes broadcasting added to ``shape`` (a cotangent back to its argument's shape)."""
+    extra = a.ndim - len(shape)
+    axes = tuple(range(extra)) + tuple(extra + i for i, n in enumerate(shape) if n == 1 and a.shape[extra + i] != 1)
+    return jnp.reshape(jnp.sum(a, axis=axes), shape) if axes else a
+
+
+def _transpose(ct, *args, op):
+    x, others = args[0], args[1:]
+    if any(ad.is_undefined_primal(a) for a in others):
+        raise NotImplementedError(f"{op.key[0]} is linear in its first argument only")
+    if type(ct) is ad.Zero:
+        return (None,) * len(args)
+    # Under vmap, x may be broadcast over the batch of the other arguments: its cotangent sums over it.
+    return (_sum_to(op.transpose(ct, x.aval, *others), x.aval.shape), *(None for _ in others))
+
+
+def _batch(args, dims, *, op):
+    front = [jnp.expand_dims(a, 0) if d is None else jnp.moveaxis(a, d, 0) for a, d in zip(args, dims)]
+    return apply(op, *front), 0
+
+
+kernel_p.def_impl(_eager)
+kernel_p.def_abstract_eval(_abstract)
+mlir.register_lowering(kernel_p, mlir.lower_fun(_lowered, multiple_results=False), platform="cpu")
+ad.primitive_jvps[kernel_p] = _jvp
+ad.primitive_transposes[kernel_p] = _transpose
+batching.primitive_batchers[kernel_p] = _batch
