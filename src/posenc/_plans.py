@@ -79,6 +79,15 @@ def array_key(a):
     return None
 
 
+def out_key(out, x):
+    """An ``out`` argument's part of a key: allocating, in place (``out is x``), or the buffer's array key."""
+    if out is None:
+        return ("new",)
+    if out is x:
+        return ("x",)
+    return array_key(out)
+
+
 def context_key():
     """The state outside the arguments that a call's path depends on: backend, grad mode, tracing."""
     torch = sys.modules.get("torch")
@@ -97,10 +106,10 @@ class Rope:
 
     @staticmethod
     def key(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out):
-        if positions is not None or scaling is not None or seq_len is not None or out is not None or type(offset) is not int:
+        if positions is not None or scaling is not None or seq_len is not None or type(offset) is not int:
             return None
         options = (type(base), base, type(layout), layout, type(rotary_dim), rotary_dim, type(seq_axis), seq_axis, type(inverse), inverse)
-        return ("rope", array_key(x), context_key(), options)
+        return ("rope", array_key(x), context_key(), options, out_key(out, x))
 
     @staticmethod
     def build(*args, **kwargs):
@@ -112,9 +121,7 @@ class Rope:
 class ApplyRope:
     @staticmethod
     def key(x, cos, sin, *, layout, out):
-        if out is not None:
-            return None
-        return ("apply_rope", array_key(x), array_key(cos), array_key(sin), context_key(), type(layout), layout)
+        return ("apply_rope", array_key(x), array_key(cos), array_key(sin), context_key(), type(layout), layout, out_key(out, x))
 
     @staticmethod
     def build(*args, **kwargs):
