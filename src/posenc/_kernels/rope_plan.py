@@ -81,28 +81,22 @@ class _Launch:
             return result, held.view(self.element).reshape(-1)
         return held, held.view(self.element).reshape(-1)
 
-    def destination(self, x, xv, out):
-        """``(result, its flat NumPy view)``, or None for an ``out`` that shares memory with ``x``
-        without being ``x`` (the full path computes that one aside and copies it in)."""
-        if self.in_place:
-            return x, _arrays.flat_span(xv)[0]
-        if not self.into:
-            return self.result()
-        ov = _arrays.host_view(out)
-        if np.may_share_memory(ov, xv):
-            return None
-        return out, _arrays.flat_span(ov)[0]
-
     def run(self, x, arguments, out=None):
         """The kernel over every task; one worker runs on the calling thread, in the plan's own
         scratch unless another thread holds it (then in fresh buffers). ``NotImplemented`` for
-        an ``out`` the plan cannot write directly."""
+        an ``out`` that shares memory with ``x`` without being ``x`` (the full path computes
+        that one aside and copies it in)."""
         xv = self.host(x)
-        written = self.destination(x, xv, out)
-        if written is None:
-            return NotImplemented
-        result, o_flat = written
         x_flat, _ = _arrays.flat_span(xv)
+        if self.in_place:
+            result, o_flat = x, x_flat
+        elif self.into:
+            ov = self.host(out)
+            if np.may_share_memory(ov, xv):
+                return NotImplemented
+            result, o_flat = out, _arrays.flat_span(ov)[0]
+        else:
+            result, o_flat = self.result()
         arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
         if self.workers > 1:
             _layout.run_tasks(self.kernel, arguments, self.tasks, self.scratch())
