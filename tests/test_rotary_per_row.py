@@ -142,3 +142,46 @@ def test_rotary_embedding_module_takes_per_row_offset_and_seq_len():
             assert torch.equal(rq[row : row + 1], aq) and torch.equal(rk[row : row + 1], ak)
     with pytest.raises(ValueError, match="seq_len of shape \\(2,\\) must hold one value per batch row"):
         module(q, k, offset=offsets, seq_len=lengths[:2])
+
+
+def test_per_row_tables_are_the_single_row_tables_and_rotate_as_rope_does(rng):
+    lengths = np.array([40, 20, 33])
+    inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=lengths)
+    position_ids = np.array([[35, 36, 37, 38, 39], [15, 16, 17, 18, 19], [28, 29, 30, 31, 32]])
+    cos, sin = pe.rope_cos_sin(position_ids, inv_freq, dtype=np.float64)
+    assert cos.shape == (3, 5, 8)
+    for row in range(3):
+        alone = pe.rope_cos_sin(position_ids[row], inv_freq[row], dtype=np.float64)
+        np.testing.assert_array_equal(cos[row], alone[0])
+        np.testing.assert_array_equal(sin[row], alone[1])
+    shared, _ = pe.rope_cos_sin(np.arange(5), inv_freq)  # [seq] positions: every row's own frequencies
+    np.testing.assert_array_equal(shared[1], pe.rope_cos_sin(np.arange(5), inv_freq[1])[0])
+    x = rng.standard_normal((3, 2, 5, 8))  # [batch, heads, seq, dim]: the tables take a heads axis
+    rotated = pe.apply_rope(x, cos[:, None], sin[:, None])
+    want = pe.rope(x, position_ids, scaling=DYNAMIC, seq_len=lengths)
+    np.testing.assert_allclose(rotated, want, atol=1e-12)
+
+
+def test_per_row_tables_of_torch_positions():
+    torch = pytest.importorskip("torch")
+    inv_freq, _ = pe.rope_frequencies(8, scaling=LONGROPE, seq_len=torch.tensor([40, 20]), xp=torch)
+    cos, sin = pe.rope_cos_sin(torch.arange(6).reshape(2, 3), inv_freq)
+    assert tuple(cos.shape) == (2, 3, 8) and cos.dtype == torch.float32
+    assert torch.equal(sin[1], pe.rope_cos_sin(torch.arange(3, 6), inv_freq[1])[1])
+
+
+def test_per_row_tables_under_jax_jit_equal_single_row_jitted_calls():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    tables = jax.jit(lambda p, s: pe.rope_cos_sin(p, pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=s)[0])[0])
+    positions, lengths = np.arange(10).reshape(2, 5) + 30, np.array([40, 36])
+    got = np.asarray(tables(jnp.asarray(positions), jnp.asarray(lengths)))
+    for row in range(2):
+        alone = np.asarray(tables(jnp.asarray(positions[row]), jnp.asarray(lengths[row])))
+        np.testing.assert_array_equal(got[row], alone)
+
+
+def test_per_row_tables_with_positions_of_another_batch_are_refused():
+    inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=np.array([40, 20, 33]))
+    with pytest.raises(ValueError, match="positions of shape \\(2, 5\\) do not fit inv_freq's 3 rows"):
+        pe.rope_cos_sin(np.zeros((2, 5), int), inv_freq)
