@@ -174,9 +174,9 @@ HOSTILE = {
         lambda: pe.rope_cos_sin(np.array([3.0]), np.array([1.0, 0.5])),
         lambda: pe.rope_cos_sin(np.array([np.inf]), np.array([1.0, 0.5])),
     ),
-    "rope_cos_sin 2-d inv_freq": (
+    "rope_cos_sin 3-d inv_freq": (  # 2-d: a frequency set per row
         lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),
-        lambda: pe.rope_cos_sin(np.array([3]), np.array([[1.0, 0.5]])),
+        lambda: pe.rope_cos_sin(np.array([3]), np.array([[[1.0, 0.5]]])),
     ),
     "rope_cos_sin integer dtype": (
         lambda: pe.rope_cos_sin(np.array([3]), np.array([1.0, 0.5])),

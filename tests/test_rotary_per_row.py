@@ -78,3 +78,110 @@ def test_a_per_row_array_of_another_library_is_a_type_error():
     torch = pytest.importorskip("torch")
     with pytest.raises(TypeError, match="different kinds in one call: numpy.ndarray, torch.Tensor"):
         pe.rope(np.ones((3, 2, 5, 8)), offset=torch.tensor([1, 2, 3]))
+
+
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE, None], ids=["dynamic", "longrope", "none"])
+def test_per_row_frequencies_are_the_single_row_tables(scaling):
+    lengths = np.array([[40], [20], [33]])
+    inv_freq, scale = pe.rope_frequencies(8, scaling=scaling, seq_len=lengths)
+    assert inv_freq.shape == (3, 1, 4)
+    for row, length in enumerate(lengths[:, 0]):
+        alone, alone_scale = pe.rope_frequencies(8, scaling=scaling, seq_len=int(length))
+        np.testing.assert_array_equal(inv_freq[row, 0], alone)
+        assert scale == alone_scale
+    if scaling is not None:  # past the original length 32 the rows differ
+        assert not np.array_equal(inv_freq[0], inv_freq[1])
+
+
+def test_per_row_frequencies_of_a_torch_array_in_its_namespace():
+    torch = pytest.importorskip("torch")
+    inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=torch.tensor([40, 20]), xp=torch, dtype=torch.float32)
+    assert inv_freq.dtype == torch.float32 and tuple(inv_freq.shape) == (2, 4)
+    want, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=40, xp=torch, dtype=torch.float32)
+    assert torch.equal(inv_freq[0], want)
+
+
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+def test_per_row_frequencies_under_jax_jit_equal_single_row_jitted_calls(scaling):
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    table = jax.jit(lambda s: pe.rope_frequencies(8, scaling=scaling, seq_len=s)[0])
+    lengths = np.array([40, 35, 20])
+    got = np.asarray(table(jnp.asarray(lengths)))
+    assert got.shape == (3, 4)
+    for row, length in enumerate(lengths):
+        np.testing.assert_array_equal(got[row], np.asarray(table(jnp.asarray(length))))
+    # and the jitted table is the eager one
+    np.testing.assert_allclose(got, pe.rope_frequencies(8, scaling=scaling, seq_len=lengths)[0], rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "error", "message"),
+    [
+        (np.array([40.0, 35.0]), TypeError, "seq_len must be an integer or an integer array"),
+        (np.array([40, -1]), ValueError, "seq_len must be >= 0 in every row"),
+    ],
+)
+def test_bad_per_row_frequencies_are_refused(seq_len, error, message):
+    with pytest.raises(error, match=message):
+        pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=seq_len)
+
+
+def test_rotary_embedding_module_takes_per_row_offset_and_seq_len():
+    torch = pytest.importorskip("torch")
+    from posenc.torch import RotaryEmbedding
+
+    module = RotaryEmbedding(8, scaling=DYNAMIC)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 2, 1, 8, generator=gen)  # one decode step of 3 requests
+    offsets, lengths = torch.tensor([40, 20, 33]), torch.tensor([41, 21, 34])
+    for seq_len in (None, lengths):  # by default each row's offset + 1
+        rq, rk = module(q, k, offset=offsets, seq_len=seq_len)
+        for row in range(3):
+            aq, ak = module(q[row : row + 1], k[row : row + 1], offset=int(offsets[row]), seq_len=int(lengths[row]))
+            assert torch.equal(rq[row : row + 1], aq) and torch.equal(rk[row : row + 1], ak)
+    with pytest.raises(ValueError, match="seq_len of shape \\(2,\\) must hold one value per batch row"):
+        module(q, k, offset=offsets, seq_len=lengths[:2])
+
+
+def test_per_row_tables_are_the_single_row_tables_and_rotate_as_rope_does(rng):
+    lengths = np.array([40, 20, 33])
+    inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=lengths)
+    position_ids = np.array([[35, 36, 37, 38, 39], [15, 16, 17, 18, 19], [28, 29, 30, 31, 32]])
+    cos, sin = pe.rope_cos_sin(position_ids, inv_freq, dtype=np.float64)
+    assert cos.shape == (3, 5, 8)
+    for row in range(3):
+        alone = pe.rope_cos_sin(position_ids[row], inv_freq[row], dtype=np.float64)
+        np.testing.assert_array_equal(cos[row], alone[0])
+        np.testing.assert_array_equal(sin[row], alone[1])
+    shared, _ = pe.rope_cos_sin(np.arange(5), inv_freq)  # [seq] positions: every row's own frequencies
+    np.testing.assert_array_equal(shared[1], pe.rope_cos_sin(np.arange(5), inv_freq[1])[0])
+    x = rng.standard_normal((3, 2, 5, 8))  # [batch, heads, seq, dim]: the tables take a heads axis
+    rotated = pe.apply_rope(x, cos[:, None], sin[:, None])
+    want = pe.rope(x, position_ids, scaling=DYNAMIC, seq_len=lengths)
+    np.testing.assert_allclose(rotated, want, atol=1e-12)
+
+
+def test_per_row_tables_of_torch_positions():
+    torch = pytest.importorskip("torch")
+    inv_freq, _ = pe.rope_frequencies(8, scaling=LONGROPE, seq_len=torch.tensor([40, 20]), xp=torch)
+    cos, sin = pe.rope_cos_sin(torch.arange(6).reshape(2, 3), inv_freq)
+    assert tuple(cos.shape) == (2, 3, 8) and cos.dtype == torch.float32
+    assert torch.equal(sin[1], pe.rope_cos_sin(torch.arange(3, 6), inv_freq[1])[1])
+
+
+def test_per_row_tables_under_jax_jit_equal_single_row_jitted_calls():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    tables = jax.jit(lambda p, s: pe.rope_cos_sin(p, pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=s)[0])[0])
+    positions, lengths = np.arange(10).reshape(2, 5) + 30, np.array([40, 36])
+    got = np.asarray(tables(jnp.asarray(positions), jnp.asarray(lengths)))
+    for row in range(2):
+        alone = np.asarray(tables(jnp.asarray(positions[row]), jnp.asarray(lengths[row])))
+        np.testing.assert_array_equal(got[row], alone)
+
+
+def test_per_row_tables_with_positions_of_another_batch_are_refused():
+    inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=np.array([40, 20, 33]))
+    with pytest.raises(ValueError, match="positions of shape \\(2, 5\\) do not fit inv_freq's 3 rows"):
+        pe.rope_cos_sin(np.zeros((2, 5), int), inv_freq)

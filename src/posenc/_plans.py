@@ -84,6 +84,15 @@ def array_key(a):
     return None
 
 
+def out_key(out, x):
+    """An ``out`` argument's part of a key: allocating, in place (``out is x``), or the buffer's array key."""
+    if out is None:
+        return ("new",)
+    if out is x:
+        return ("x",)
+    return array_key(out)
+
+
 def context_key(*arrays):
     """The state outside the arguments that a call's path depends on: the backend, and
     torch's grad mode and tracing where ``arrays`` are not all NumPy's."""
@@ -130,10 +139,9 @@ class Rope:
         offset = kwargs.get("offset", 0)
         if len(args) != 1 or type(offset) is not int:
             return None
-        options, x, context = keywords_key(kwargs, "offset"), array_key(args[0]), context_key(args[0])
-        if options is None or x is None or context is None:
-            return None
-        return ("rope", x, context, options)
+        x = args[0]
+        key = ("rope", array_key(x), context_key(x), keywords_key(kwargs, "offset", "out"), out_key(kwargs.get("out"), x))
+        return None if None in key else key
 
     @staticmethod
     def build(*args, **kwargs):
@@ -147,7 +155,7 @@ class ApplyRope:
     def key(args, kwargs):
         if len(args) != 3:
             return None
-        key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs))
+        key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
         return None if None in key else key
 
     @staticmethod

@@ -129,9 +129,10 @@ def on_gpu(a) -> bool:
 
 def element_strides(a) -> tuple:
     """Strides in elements (torch counts elements, the others bytes)."""
-    if _compat.is_torch_array(a):
-        return tuple(a.stride())
-    return tuple(st // a.dtype.itemsize for st in a.strides)
+    if isinstance(a, np.ndarray) or not _compat.is_torch_array(a):
+        size = a.dtype.itemsize
+        return tuple([st // size for st in a.strides])
+    return tuple(a.stride())
 
 
 def whole_strides(a) -> bool:
@@ -141,7 +142,8 @@ def whole_strides(a) -> bool:
 
 def writes_each_element_once(a) -> bool:
     """No two indices of ``a`` share memory (no stride 0 along an axis longer than one)."""
-    return 0 in a.shape or all(st != 0 or n <= 1 for n, st in zip(a.shape, element_strides(a)))
+    steps = element_strides(a)
+    return 0 not in steps or 0 in a.shape or all(st != 0 or n <= 1 for n, st in zip(a.shape, steps))
 
 
 def writeable(a) -> bool:

@@ -4,7 +4,8 @@
 the registry, ``rope_cpu``'s launcher) and, where that path ends in ``rope_cpu``'s kernel,
 ``build_rotate`` / ``build_apply`` precompute here what the key fixes: the compiled
 specialisation, the ``(G, H, S)`` grouping and every offset and stride, the block and
-task split. A planned call then only views ``x``, allocates the result and launches the
+task split. A planned call then only views ``x``, allocates the result (or takes the caller's
+``out``: ``x`` itself, or a buffer sharing no memory with ``x``) and launches the
 same kernel on the same values (positions: the float64 positions of ``offset=0``, as the
 launcher converts them, plus the offset, exact below 2**52; ``cos``/``sin`` rows read in
 place), so its numbers are the full path's.
@@ -28,20 +29,23 @@ _EXACT = 2**52  # offsets whose float64 positions are exact integers
 
 
 class _Launch:
-    """The kernel launch of one signature: ``x``'s host view in, a new array of ``x``'s kind out."""
+    """The kernel launch of one signature: ``x``'s host view in; out, a new array of ``x``'s kind,
+    ``x`` itself, or the caller's buffer of the layout the plan was built for."""
 
-    def __init__(self, op, layout, x, xv, per_position, half):
+    def __init__(self, op, layout, x, xv, per_position, half, out=None):
         dtype = _arrays.dtype_name(x.dtype)
         self.torch = _arrays.library(x) == "torch"
         self.shape, self.dtype = tuple(xv.shape), x.dtype
         self.storage = _TORCH_STORAGE.get(dtype, _arrays.ELEMENT[dtype]) if self.torch else x.dtype
         self.element = _arrays.ELEMENT[dtype]
-        ov = np.empty(xv.shape, xv.dtype)  # the layout of every result: C order
-        self.grouping, _ = _layout.rotary_views(xv, ov, per_position)
+        self.in_place, self.into = out is x, out is not None and out is not x
+        # The layout written: x's own (in place), the caller's buffer's, or a new result's C order.
+        ov = xv if self.in_place else _arrays.host_view(out) if self.into else np.empty(xv.shape, xv.dtype)
+        self.grouping, self.views = _layout.rotary_views(xv, ov, per_position)
         plan = self.grouping
         _, x_offset = _arrays.flat_span(xv)
         self.xs = (x_offset, *plan.strides(0))
-        self.os = (0, *plan.strides(1))
+        self.os = (_arrays.flat_span(ov)[1], *plan.strides(1))
         self.heads, self.dim = plan.h.size, xv.shape[-1]
         workers = min(_layout.threads(), max(1, xv.size // rope_cpu._ELEMENTS_PER_THREAD))
         rows = plan.g.size * plan.s.size
@@ -82,12 +86,23 @@ class _Launch:
             return result, held.view(self.element).reshape(-1)
         return held, held.view(self.element).reshape(-1)
 
-    def run(self, x, arguments):
+    def run(self, x, arguments, out=None):
         """The kernel over every task; one worker runs on the calling thread, in the plan's own
-        scratch unless another thread holds it (then in fresh buffers)."""
-        x_flat, _ = _arrays.flat_span(self.host(x))
-        result, o_flat = self.result()
-        arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, True, *arguments)
+        scratch unless another thread holds it (then in fresh buffers). ``NotImplemented`` for
+        an ``out`` that shares memory with ``x`` without being ``x`` (the full path computes
+        that one aside and copies it in)."""
+        xv = self.host(x)
+        x_flat, _ = _arrays.flat_span(xv)
+        if self.in_place:
+            result, o_flat = x, x_flat
+        elif self.into:
+            ov = self.host(out)
+            if np.may_share_memory(ov, xv):
+                return NotImplemented
+            result, o_flat = out, _arrays.flat_span(ov)[0]
+        else:
+            result, o_flat = self.result()
+        arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
         if self.workers > 1:
             _layout.run_tasks(self.kernel, arguments, self.tasks, self.scratch())
         elif self._busy.acquire(blocking=False):
@@ -106,15 +121,20 @@ def _host_kernel(impl, name):
     return impl is getattr(rope_cpu, name)
 
 
+def _writable_directly(xv, out):
+    """The kernel reads ``x`` and writes ``out`` (or ``x`` itself) with unit-stride channels, as
+    ``rope_cpu._destination`` requires of the memory it writes directly."""
+    return rope_cpu._unit_channels(xv) and (out is None or rope_cpu._unit_channels(_arrays.host_view(out)))
+
+
 class RotatePlan:
     """``rope(x, offset=n)`` with default positions: the positions of ``offset=0``, plus ``n``."""
 
-    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale):
+    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale, out):
         # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
         pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
-        self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq))
-        _, (view,) = _layout.rotary_views(xv, np.empty(xv.shape, xv.dtype), [pv])
-        self.grid = np.ascontiguousarray(view)  # [G, S]: no outer axes in a plan
+        self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq), out)
+        self.grid = np.ascontiguousarray(self.launch.views[0])  # [G, S]: no outer axes in a plan
         self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
         self.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
         self.max_freq = float(np.abs(self.inv_freq).max())
@@ -128,7 +148,7 @@ class RotatePlan:
         # rope_cpu.rotate_positions leaves larger angles to the reference: so does the plan.
         if not max(abs(self.low + offset), abs(self.high + offset)) * self.max_freq <= FAST_ANGLE_LIMIT:
             return NotImplemented
-        return self.launch.run(args[0], (self.grid + float(offset), *self.angles, *self.tables))
+        return self.launch.run(args[0], (self.grid + float(offset), *self.angles, *self.tables), kwargs.get("out"))
 
 
 def _default_positions(xp, x, seq_axis, device):
@@ -143,7 +163,7 @@ def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset
     from ..rotary.scaling import frequency_table
     from .._xp import device_of, namespace
 
-    if positions is not None or scaling is not None or seq_len is not None or out is not None or type(offset) is not int:
+    if positions is not None or scaling is not None or seq_len is not None or type(offset) is not int:
         return None
     if x.ndim < 2 or 0 in tuple(x.shape):
         return None
@@ -152,25 +172,23 @@ def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset
     if inverse:
         scale = 1.0 / scale
     sample = _default_positions(namespace(x), x, seq_axis, device_of(x))
-    impl = _dispatch.select("rope_rotate", x, sample, inv_freq, layout=layout, inverse=inverse, scale=scale, out=None)
-    if not _host_kernel(impl, "rotate_positions"):
-        return None
+    impl = _dispatch.select("rope_rotate", x, sample, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out)
     xv = _arrays.host_view(x)
-    if not rope_cpu._unit_channels(xv):
+    if not _host_kernel(impl, "rotate_positions") or not _writable_directly(xv, out):
         return None
-    plan = RotatePlan(x, xv, layout, sample, inv_freq, -1.0 if inverse else 1.0, scale)
+    plan = RotatePlan(x, xv, layout, sample, inv_freq, -1.0 if inverse else 1.0, scale, out)
     return plan if plan.launch.viewable() else None
 
 
 class ApplyPlan:
     """``apply_rope(x, cos, sin)``: the kernel reads the first entry of each pair of ``cos``/``sin`` in place."""
 
-    def __init__(self, x, xv, cos, sin, layout):
+    def __init__(self, x, xv, cos, sin, layout, out):
         rotary = int(cos.shape[-1])
         target = xv.shape[:-1] + (rotary,)
         pairs = slice(None, rotary // 2) if layout == "half" else slice(0, None, 2)
         views = [np.broadcast_to(_arrays.host_view(t), target)[..., pairs] for t in (cos, sin)]
-        self.launch = _Launch("apply", layout, x, xv, views, rotary // 2)
+        self.launch = _Launch("apply", layout, x, xv, views, rotary // 2, out)
         lead = xv.ndim - 1
         self.tables = []
         for k, (table, view) in enumerate(zip((cos, sin), views), start=2):
@@ -207,7 +225,7 @@ class ApplyPlan:
 
     def __call__(self, args, kwargs):
         x, cos, sin = args
-        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)))
+        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)), kwargs.get("out"))
 
 
 def _flat_reader(table):
@@ -224,13 +242,11 @@ _RECENT = [None]  # (what the views read, (cos view, sin view)) of the last torc
 
 
 def build_apply(x, cos, sin, *, layout, out, **_):
-    if out is not None or 0 in tuple(x.shape) or 0 in tuple(cos.shape):
+    if 0 in tuple(x.shape) or 0 in tuple(cos.shape):
         return None
-    impl = _dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None)
-    if not _host_kernel(impl, "rotate_cos_sin"):
-        return None
+    impl = _dispatch.select("rope_apply", x, cos, sin, layout=layout, out=out)
     xv = _arrays.host_view(x)
-    if not rope_cpu._unit_channels(xv):
+    if not _host_kernel(impl, "rotate_cos_sin") or not _writable_directly(xv, out):
         return None
-    plan = ApplyPlan(x, xv, cos, sin, layout)
+    plan = ApplyPlan(x, xv, cos, sin, layout, out)
     return plan if plan.launch.viewable() else None

@@ -36,12 +36,16 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     ----------
     positions : array
         Integer or float positions, any shape (e.g. ``[batch, seq]`` position ids).
-    inv_freq : array or sequence ``[r/2]``
+    inv_freq : array or sequence ``[r/2]``, or array ``[batch, r/2]``
         Frequencies :math:`\theta_i`, e.g. from :func:`rope_frequencies`; a host (NumPy)
         array is fine for positions of any namespace. An array of the positions' namespace
         that carries a gradient (learned frequencies) or is traced (``jax.jit``,
         ``torch.compile``) is computed with in the graph: gradients reach it, and the angles
-        are then formed in the namespace's widest float.
+        are then formed in the namespace's widest float. ``[batch, r/2]``: one frequency
+        set per row (:func:`rope_frequencies` of a per-row ``seq_len``); the positions'
+        first axis is then the batch (length ``batch`` or 1), or the positions are
+        ``[seq]``, shared, and row ``b`` of the tables is the call with ``inv_freq[b]``
+        (bit-identical), ``[batch, ..., r]``.
     layout : {"half", "interleaved"}
         ``"half"``: ``[c_0 .. c_{n-1}, c_0 .. c_{n-1}]`` (GPT-NeoX, LLaMA);
         ``"interleaved"``: ``[c_0, c_0, c_1, c_1, ...]`` (RoFormer, GPT-J).
@@ -65,9 +69,32 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     >>> sin[2].round(4).tolist()
     [0.9093, 0.9093, 0.8415, 0.8415]
     """
+    if check.is_array(inv_freq) and inv_freq.ndim == 2:
+        return _tables_per_row(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     args = TableArguments(positions, inv_freq, layout, dtype, scale)
     check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * args.pairs), 8, positions)
     return args.tables(*args.cos_sin(positions, args.freqs))
+
+
+def _tables_per_row(positions, inv_freq, **options):
+    """``rope_cos_sin`` of a frequency set per row: row ``b`` is the call with ``inv_freq[b]``
+    and the positions' row ``b`` (or their only row, or all of ``[seq]`` positions)."""
+    check.array("positions", positions)
+    xp = namespace(positions)
+    rows = int(inv_freq.shape[0])
+    if rows == 0:
+        raise ValueError(f"inv_freq of shape {tuple(inv_freq.shape)} holds no row")
+    shared = positions.ndim < 2
+    if not shared and positions.shape[0] not in (1, rows):
+        raise ValueError(
+            f"positions of shape {tuple(positions.shape)} do not fit inv_freq's {rows} rows: their first axis "
+            f"is the batch, of length {rows} or 1 (or give [seq] positions, shared by every row)"
+        )
+    tables = [
+        rope_cos_sin(positions if shared else positions[b if positions.shape[0] > 1 else 0], inv_freq[b], **options)
+        for b in range(rows)
+    ]
+    return xp.stack([c for c, _ in tables]), xp.stack([s for _, s in tables])
 
 
 class TableArguments:

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import _validate as check
 from .._xp import device_of, namespace, result_dtype, widest_float
+from . import _args
 from .scaling import check_scaling, check_seq_len, frequency_table
 
 
@@ -27,33 +28,41 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     scaling : posenc.scaling object, optional
         Context extension: ``Linear``, ``NTK``, ``DynamicNTK``, ``YaRN``, ``LongRoPE``,
         ``Llama3``.
-    seq_len : int or 0-d integer array, optional
+    seq_len : int, 0-d integer array, or integer array ``[batch...]``, optional
         The current sequence length, read by ``DynamicNTK`` (base grows beyond the original
         length) and ``LongRoPE`` (long factors beyond it). ``None``: the original length.
         A traced value (``jax.jit``, ``torch.compile``) gives ``inv_freq`` as an array of
-        its namespace, computed from it.
+        its namespace, computed from it. An array of one length per batch row gives one
+        frequency set per row, ``inv_freq`` of shape ``seq_len.shape + (dim/2,)``, each row
+        bit-identical to the call with that row's length.
     xp, device, dtype
         Namespace, device and dtype of ``inv_freq``. By default a float64 NumPy array; with
         only ``xp`` given, the namespace's widest float.
 
     Returns
     -------
-    inv_freq : array ``[dim/2]``
+    inv_freq : array ``[dim/2]`` (``[batch..., dim/2]`` for a per-row ``seq_len``)
     attention_scale : float
-        Multiplies ``cos`` and ``sin`` (YaRN's temperature, LongRoPE's factor; 1 otherwise).
+        Multiplies ``cos`` and ``sin`` (YaRN's temperature, LongRoPE's factor; 1 otherwise),
+        the same for every row: no scaling's attention scale depends on the length.
 
     Examples
     --------
-    >>> import posenc as pe
+    >>> import numpy as np, posenc as pe
     >>> inv_freq, scale = pe.rope_frequencies(8)
     >>> inv_freq.tolist(), scale
     ([1.0, 0.1, 0.01, 0.001], 1.0)
     >>> pe.rope_frequencies(8, scaling=pe.scaling.Linear(4.0))[0].tolist()
     [0.25, 0.025, 0.0025, 0.00025]
+    >>> dynamic = pe.scaling.DynamicNTK(2.0, original_max_position=16)
+    >>> pe.rope_frequencies(8, scaling=dynamic, seq_len=np.array([16, 40]))[0][:, :3].round(3).tolist()
+    [[1.0, 0.1, 0.01], [1.0, 0.063, 0.004]]
     """
     dim = check.even_dim("dim", dim)
     base = check.real("base", base, positive=True)
     check_scaling(scaling)
+    if check.is_array(seq_len) and seq_len.ndim > 0:
+        return _per_row(dim, base, scaling, seq_len, xp, device, dtype)
     seq_len = check_seq_len(seq_len)
     if check.is_array(seq_len):
         if scaling is None or not scaling.uses_seq_len:
@@ -66,6 +75,33 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     inv_freq, attention_scale = frequency_table(scaling, dim, base, seq_len)
     if xp is None and device is None and dtype is None:
         return np.asarray(inv_freq), float(attention_scale)
+    xp = namespace(xp=xp)
+    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
+    return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
+
+
+def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
+    """``rope_frequencies`` of a ``seq_len`` array: ``[*seq_len.shape, dim/2]``, row by row the
+    frequencies of that row's length (eagerly: the very table a single-row call reads; traced:
+    the scaling's traced arithmetic on every row at once)."""
+    own = namespace(seq_len)
+    seq_len = _args.per_row("seq_len", seq_len, own)
+    uses = scaling is not None and scaling.uses_seq_len
+    if not check.is_eager(seq_len):
+        xp = namespace(seq_len, xp=xp)
+        device = device if device is not None else device_of(seq_len)
+        if uses:
+            inv_freq, attention_scale = scaling.traced_frequencies(xp, dim, base, seq_len[..., None], device)
+        else:  # every row's frequencies are the same table
+            table, attention_scale = frequency_table(scaling, dim, base, None)
+            inv_freq = xp.broadcast_to(xp.asarray(table, dtype=widest_float(xp, device), device=device), (*seq_len.shape, dim // 2))
+        return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+    lengths = [int(n) for n in own.reshape(seq_len, (-1,))]
+    rows = [frequency_table(scaling, dim, base, n if uses else None) for n in lengths]
+    inv_freq = np.asarray([row for row, _ in rows], dtype=np.float64).reshape(*seq_len.shape, dim // 2)
+    attention_scale = rows[0][1] if rows else frequency_table(scaling, dim, base, None)[1]
+    if xp is None and device is None and dtype is None:
+        return inv_freq, float(attention_scale)
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
     return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)

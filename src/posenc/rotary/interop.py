@@ -9,11 +9,25 @@ import numpy as np
 from .. import _dispatch
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace, widest_float
-from . import _args
+from . import _args, _chain, _rows
 from ._rotate import _join, _pairs
+from .scaling import check_scaling, frequency_table
 
 
-def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None, seq_axis=None, out=None):
+def rerotate(
+    x,
+    delta,
+    inv_freq=None,
+    *,
+    layout="half",
+    new_inv_freq=None,
+    scaling=None,
+    base=10000.0,
+    seq_len=None,
+    rotary_dim=None,
+    seq_axis=None,
+    out=None,
+):
     r"""Re-rotate already rotated keys (a KV cache) instead of recomputing them.
 
     Rotations compose, :math:`R_{m+\delta} = R_\delta R_m`, so a cached key rotated at
@@ -24,16 +38,41 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None, seq_axis=N
     by :math:`m(\theta'_i - \theta_i)` (a LongRoPE short-to-long switch, a dynamic-NTK
     base change). Attention scales are not touched.
 
+    With ``scaling`` (and ``seq_len``) instead of frequencies, the keys are those rotated
+    at the scaling's original length (``rope(k, scaling=scaling)`` with ``seq_len`` at
+    most the original length: dynamic NTK's original frequencies, LongRoPE's short
+    factors) and move in one step to the frequencies of ``seq_len``: the exact recipe for
+    a growing cache (one rounding, however many steps), which cannot chain.
+
+    **Chained rerotations.** Moving keys that were already moved to new frequencies on to
+    the next ones rounds once more at every step (a bfloat16 cache drifts by 21% in 1000
+    dynamic-NTK steps). The keys do not say which frequencies they hold, so rerotate
+    cannot see a chain in general; it can tell when ``x`` is memory that a
+    frequency-changing rerotate wrote itself (in place, or into the same buffer), and
+    then warns (``RuntimeWarning``). A chain through a copy (a concatenation) is not seen.
+
     Parameters
     ----------
     x : array ``[..., d]``, real floating, already rotated with ``inv_freq``
     delta : int or array
-        Shift in positions, or the positions the keys sit at when ``new_inv_freq`` is
-        given; an array is placed as :func:`rope` places ``positions`` (last axis along
-        the sequence axis, leading axes along the batch axes).
+        Shift in positions, or the positions the keys sit at when ``new_inv_freq`` or
+        ``scaling`` is given; an array is placed as :func:`rope` places ``positions``
+        (last axis along the sequence axis, leading axes along the batch axes).
     inv_freq : array or sequence ``[r/2]``, ``r <= d``
+        The frequencies ``x`` was rotated with (not with ``scaling``).
     layout : {"half", "interleaved"}
     new_inv_freq : array or sequence ``[r/2]``, optional
+    scaling : posenc.scaling object, optional
+        Instead of ``inv_freq``/``new_inv_freq``: from the scaling's frequencies at its
+        original length to those of ``seq_len``, with ``base`` and ``rotary_dim`` as in
+        :func:`rope`.
+    base : float
+    seq_len : int or integer array of one value per batch row
+        With ``scaling``: the length whose frequencies the keys move to; per row (placed
+        as :func:`rope` places it) each row moves to its own, bit-identical to a
+        single-row call.
+    rotary_dim : int, optional
+        With ``scaling``: the rotated channels (default ``d``).
     seq_axis : int or str, optional
         The sequence axis of the cache, or its named layout (``"bhsd"``, ``"bshd"``,
         ``"thd"``...), as in :func:`rope`; default -2.
@@ -57,12 +96,17 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None, seq_axis=N
     >>> _ = pe.rerotate(cache, -1, inv_freq, out=cache)   # in place: now at -1..2
     >>> bool(np.allclose(cache, pe.rope(k, offset=-1)))
     True
+    >>> dynamic = pe.scaling.DynamicNTK(2.0, original_max_position=2)
+    >>> moved = pe.rerotate(pe.rope(k), np.arange(4), scaling=dynamic, seq_len=9)
+    >>> bool(np.allclose(moved, pe.rope(k, scaling=dynamic, seq_len=9)))
+    True
     """
     check.array("x", x)
-    xp = namespace(x, delta if check.is_array(delta) else None)
+    per_row = [a for a in (delta, seq_len) if check.is_array(a)]
+    xp = namespace(x, *per_row)
     check.float_array("x", x, xp)
     check.ndim("x", x, minimum=1)
-    device = device_of(x, delta if check.is_array(delta) else None)
+    device = device_of(x, *per_row)
     if not check.is_array(delta):
         delta = _scalar_array(xp, "delta", delta, device)
     check.positions("delta", delta, xp)
@@ -71,15 +115,56 @@ def rerotate(x, delta, inv_freq, *, layout="half", new_inv_freq=None, seq_axis=N
         delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None)
     _args.out_like(out, x, xp)
     layout = _args.layout("layout", layout)
+    if scaling is not None:
+        return _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out)
+    if inv_freq is None:
+        raise TypeError("rerotate needs inv_freq (the frequencies x was rotated with), or scaling= and seq_len=")
+    if seq_len is not None or rotary_dim is not None:
+        raise ValueError("seq_len and rotary_dim are read with scaling= only; with inv_freq the frequencies say both")
     freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
     if 2 * freqs.size > x.shape[-1]:
         raise ValueError(f"inv_freq has {freqs.size} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
-    if new_inv_freq is not None:
-        new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
-        if new.shape != freqs.shape:
-            raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
-        freqs = new - freqs
-    return _dispatch.call("rope_rotate", x, delta, freqs, layout=layout, out=out)
+    if new_inv_freq is None:
+        return _dispatch.call("rope_rotate", x, delta, freqs, layout=layout, out=out)
+    new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
+    if new.shape != freqs.shape:
+        raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
+    _chain.warn_if_chained(x)
+    result = _dispatch.call("rope_rotate", x, delta, new - freqs, layout=layout, out=out)
+    _chain.note(result)
+    return result
+
+
+def _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out):
+    """``rerotate`` from a scaling's frequencies at its original length to those of ``seq_len``."""
+    if inv_freq is not None or new_inv_freq is not None:
+        raise ValueError("pass either inv_freq (and new_inv_freq) or scaling=, not both")
+    check_scaling(scaling)
+    base = check.real("base", base, positive=True)
+    width = int(x.shape[-1])
+    rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
+    if seq_len is None:
+        raise TypeError("rerotate with scaling= needs seq_len: the length whose frequencies the keys move to")
+    seq_len = _args.per_row("seq_len", seq_len, xp)
+    if check.is_array(seq_len) and not check.is_eager(seq_len):
+        raise TypeError("rerotate's seq_len must be readable now (an int or an eager integer array), got a traced value")
+    seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
+    first = np.asarray(frequency_table(scaling, rdim, base, None)[0])
+
+    def move(x_rows, delta_rows, length, out=None):  # from the first frequencies to those of `length`
+        step = np.asarray(frequency_table(scaling, rdim, base, length)[0]) - first
+        return _dispatch.call("rope_rotate", x_rows, delta_rows, step, layout=layout, out=out)
+
+    _chain.warn_if_chained(x)
+    if isinstance(seq_len, int):
+        result = move(x, delta, seq_len, out)
+    else:
+        result = _rows.rotate_each_row(xp, x, delta, seq_len, move)
+        if out is not None:
+            out[...] = result
+            result = out
+    _chain.note(result)
+    return result
 
 
 def _scalar_array(xp, name, value, device):

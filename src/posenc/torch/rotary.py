@@ -20,7 +20,9 @@ class RotaryEmbedding(PositionalModule):
     state that depends on the input: length-dependent scalings (``DynamicNTK``,
     ``LongRoPE``) are decided per call from the positions (the largest + 1, or
     ``seq_len``), exactly as :func:`posenc.rope` decides them, and q and k use the same
-    frequencies. Angles are float64; on the kernel path the rotation is the
+    frequencies. ``offset`` and ``seq_len`` may hold one value per batch row (``[batch]``
+    integer tensors: a batch of requests at different lengths); without ``positions`` a
+    row's length is its ``offset`` plus the longer of ``q`` and ``k``. Angles are float64; on the kernel path the rotation is the
     ``posenc::rope_rotate`` custom op (backward: the inverse rotation), so
     ``torch.compile(fullgraph=True)`` traces through it.
 

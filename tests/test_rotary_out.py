@@ -1,0 +1,65 @@
+"""``out=`` of ``rope`` and ``apply_rope`` on a cached plan (a decode step's second call on):
+the same numbers as allocating, written where asked, and the same refusals as the first call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+
+
+def _libraries():
+    yield "numpy", np.asarray
+    torch = pytest.importorskip("torch")
+    yield "torch", torch.from_numpy
+
+
+def _calls(lib):
+    inv_freq, _ = pe.rope_frequencies(16)
+    arange = np.arange if lib == "numpy" else __import__("torch").arange
+    cos, sin = pe.rope_cos_sin(arange(1) + 7, inv_freq)
+    return {
+        "rope": lambda x, **out: pe.rope(x, offset=7, **out),
+        "apply_rope": lambda x, **out: pe.apply_rope(x, cos, sin, **out),
+    }
+
+
+@pytest.mark.parametrize("name", ["rope", "apply_rope"])
+def test_out_on_a_cached_plan_is_the_allocating_result(rng, name):
+    for lib, wrap in _libraries():
+        call = _calls(lib)[name]
+        data = rng.standard_normal((2, 4, 1, 16)).astype(np.float32)
+        want = np.asarray(call(wrap(data.copy())))
+        for _ in range(3):  # the first call builds each plan; the next ones use it
+            buf = wrap(np.full_like(data, np.nan))
+            assert call(wrap(data.copy()), out=buf) is buf
+            np.testing.assert_array_equal(np.asarray(buf), want)
+            x = wrap(data.copy())
+            assert call(x, out=x) is x
+            np.testing.assert_array_equal(np.asarray(x), want)
+        function = pe.rope if name == "rope" else pe.apply_rope
+        assert sum(1 for plan in function.plans.values() if plan) >= 2, "in place and a buffer: planned"
+
+
+@pytest.mark.parametrize("name", ["rope", "apply_rope"])
+def test_a_partial_overlap_is_refused_on_a_cached_plan_too(name):
+    call = _calls("numpy")[name]
+    memory = np.zeros(2 * 4 * 16 + 16, np.float32)
+    x = memory[: 4 * 16 * 2].reshape(2, 4, 1, 16)
+    separate = np.zeros_like(x)
+    overlapping = memory[16:].reshape(2, 4, 1, 16)  # the same key as `separate`: contiguous, same shape
+    for _ in range(3):
+        call(x, out=separate)
+    with pytest.raises(ValueError, match="out overlaps the memory of x without being x itself"):
+        call(x, out=overlapping)
+
+
+def test_a_strided_out_buffer_is_written_by_the_full_path():
+    x = np.random.default_rng(0).standard_normal((2, 4, 1, 16)).astype(np.float32)
+    want = pe.rope(x, offset=7)
+    for _ in range(3):
+        wide = np.zeros((2, 4, 1, 32), np.float32)
+        pe.rope(x, offset=7, out=wide[..., ::2])  # channels of stride 2: computed aside, copied in
+        np.testing.assert_array_equal(wide[..., ::2], want)
+        assert not wide[..., 1::2].any()
