@@ -162,44 +162,44 @@ def _checked_rotary(module, dtype, device):
     raise first
 
 
-class InterleavedHFRotaryEmbedding(nn.Module):
+class _ReorderedHFRotaryEmbedding(nn.Module):
+    """:class:`~posenc.torch.hf.HFRotaryEmbedding`'s ``(cos, sin)``, handed on in another order (``_order``)."""
+
+    def __init__(self, config, *, device=None):
+        from .hf import HFRotaryEmbedding
+
+        super().__init__()
+        self.rotary = HFRotaryEmbedding(config, device=device)
+        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
+
+    def forward(self, x, position_ids, layer_type=None):
+        cos, sin = self.rotary(x, position_ids, layer_type)
+        half = cos.shape[-1] // 2
+        return self._order(cos[..., :half]), self._order(sin[..., :half])
+
+
+class InterleavedHFRotaryEmbedding(_ReorderedHFRotaryEmbedding):
     """:class:`~posenc.torch.hf.HFRotaryEmbedding` with ``cos``/``sin`` in the interleaved order.
 
     ``[c_0, c_0, c_1, c_1, ...]`` where transformers' LLaMA order is ``[c_0, c_1, ..., c_0, c_1, ...]``:
     the order of Cohere's rotary modules, whose apply function pairs ``(x[2i], x[2i+1])``.
     """
 
-    def __init__(self, config, *, device=None):
-        from .hf import HFRotaryEmbedding
-
-        super().__init__()
-        self.rotary = HFRotaryEmbedding(config, device=device)
-        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
-
-    def forward(self, x, position_ids, layer_type=None):
-        cos, sin = self.rotary(x, position_ids, layer_type)
-        half = cos.shape[-1] // 2
-        return cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1)
+    @staticmethod
+    def _order(half_table):
+        return half_table.repeat_interleave(2, -1)
 
 
-class UndoubledHFRotaryEmbedding(nn.Module):
+class UndoubledHFRotaryEmbedding(_ReorderedHFRotaryEmbedding):
     """:class:`~posenc.torch.hf.HFRotaryEmbedding` with one ``cos``/``sin`` per pair, ``[..., r/2]``.
 
     ``[c_0, c_1, ..., c_{r/2-1}]``, not repeated: the tables of GPT-OSS's rotary modules, whose
     apply function rotates ``(x[i], x[i + r/2])`` by entry ``i``.
     """
 
-    def __init__(self, config, *, device=None):
-        from .hf import HFRotaryEmbedding
-
-        super().__init__()
-        self.rotary = HFRotaryEmbedding(config, device=device)
-        self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
-
-    def forward(self, x, position_ids, layer_type=None):
-        cos, sin = self.rotary(x, position_ids, layer_type)
-        half = cos.shape[-1] // 2
-        return cos[..., :half], sin[..., :half]
+    @staticmethod
+    def _order(half_table):
+        return half_table
 
 
 class ComplexHFRotaryEmbedding(UndoubledHFRotaryEmbedding):
