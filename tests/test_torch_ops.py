@@ -17,6 +17,13 @@ def _x(*shape, dtype=torch.float64):
     return torch.randn(*shape, dtype=dtype, requires_grad=True)
 
 
+def _heads_first(batch, tokens, heads, dim):
+    """``[batch, heads, tokens, dim]`` with the strides of a ``[batch, tokens, heads, dim]`` tensor, as
+    attention layers hand ``q``/``k`` over (``view(...).transpose(1, 2)``): the ops' results are
+    contiguous, and their fake kernels must say so for inductor's stride asserts."""
+    return torch.randn(batch, tokens, heads, dim, dtype=torch.float64).transpose(1, 2).detach().requires_grad_()
+
+
 def _index(m, n):
     return torch.tensor(np.random.default_rng(0).integers(0, m, n))
 
@@ -40,6 +47,8 @@ OPCHECK_CASES = [
     (_ops.rope_rotate_op, lambda: (_x(2, 5, 6), _positions(2, 1), INV, True, True, 0.5)),
     (_ops.rope_apply_op, lambda: (_x(5, 6), *_cos_sin((5,), False), False)),
     (_ops.rope_apply_op, lambda: (_x(2, 5, 6), *_cos_sin((5,), True), True)),
+    (_ops.rope_rotate_op, lambda: (_heads_first(2, 5, 3, 6), torch.arange(5), INV, False, False, 1.0)),
+    (_ops.rope_apply_op, lambda: (_heads_first(2, 5, 3, 6), *_cos_sin((5,), False), False)),
     (_ops.toeplitz_expand_op, lambda: (_x(3, 4 + 5 - 1), 4, 5)),
     (_ops.toeplitz_gather_op, lambda: (_x(2, 4, 7), _index(7, 4 + 5 - 1), 5)),
     (_ops.toeplitz_scatter_op, lambda: (_x(2, 4, 5), _index(7, 4 + 5 - 1), 7)),

@@ -40,7 +40,7 @@ def rope_rotate_op(x: Tensor, positions: Tensor, inv_freq: list[float], interlea
 
 @rope_rotate_op.register_fake
 def _(x, positions, inv_freq, interleaved, inverse, scale):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as the kernel's result (not x's strides)
 
 
 def _pairs(t, interleaved, half):
@@ -92,7 +92,7 @@ def rope_apply_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Ten
 
 @rope_apply_op.register_fake
 def _(x, cos, sin, interleaved):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)  # contiguous, as the kernel's result (not x's strides)
 
 
 def _rope_apply_setup(ctx, inputs, output):
