@@ -5,6 +5,12 @@ tokens (greedy) after a 64-token prompt, and one forward over a 1024-token promp
 patched and the unpatched copy share their weights and run alternately, so a busy
 machine slows both alike; each figure is the best of ``repeat`` runs. ``ratio`` is patched
 over unpatched wall time (at most 1.0 is the goal), beside the same ratio of CPU time.
+
+``compiled=True`` (``--compile``) times both copies under ``torch.compile`` as transformers
+recommends it for generation: a static KV cache (``cache_implementation="static"``) and
+``model.forward = torch.compile(model.forward)`` (transformers compiles ``generate()`` by
+itself only on accelerators). The first ``generate()`` and the first prefill of each copy
+compile; they are reported apart ("first call") and left out of the best-of timings.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ import copy
 import time
 
 
-def models(dtype):
+def models(dtype, layers=8):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -21,7 +27,7 @@ def models(dtype):
 
     torch.manual_seed(0)
     config = LlamaConfig(
-        hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16, num_key_value_heads=4, vocab_size=32000
+        hidden_size=1024, intermediate_size=2816, num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4, vocab_size=32000
     )
     plain = LlamaForCausalLM(config).to(dtype).eval()
     return plain, patch_hf(copy.deepcopy(plain))
@@ -35,19 +41,31 @@ def _timed(fn):
     return time.perf_counter() - w0, time.process_time() - c0
 
 
-def ratios(dtype_name="float32", repeat=3, new_tokens=32, prompt=64, prefill=1024):
-    """``{"generate": ((patched wall, CPU), (unpatched wall, CPU)), "prefill": ...}`` and whether the tokens agree."""
+def ratios(dtype_name="float32", repeat=3, new_tokens=32, prompt=64, prefill=1024, compiled=False, layers=8):
+    """``{"generate": ((patched wall, CPU), (unpatched wall, CPU)), "prefill": ...}`` and whether the tokens agree.
+
+    With ``compiled``, also ``"generate, first call"`` and ``"prefill, first call"``: the calls
+    that compile (each copy's first, timed once)."""
     import torch
 
     dtype = getattr(torch, dtype_name)
-    plain, patched = models(dtype)
+    plain, patched = models(dtype, layers)
     ids = torch.randint(0, 32000, (1, prompt), generator=torch.Generator().manual_seed(1))
     long_ids = torch.randint(0, 32000, (1, prefill), generator=torch.Generator().manual_seed(2))
     kwargs = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False, "pad_token_id": 0}
+    if compiled:
+        kwargs["cache_implementation"] = "static"
+        torch._dynamo.reset()  # both copies share one code object: 3 graphs each, under the recompile limit
+        for m in (patched, plain):
+            m.forward = torch.compile(m.forward)
+    calls = (("generate", lambda m: m.generate(ids, **kwargs)), ("prefill", lambda m: m(long_ids)))
     results = {}
     with torch.no_grad():
+        if compiled:
+            for name, call in calls:
+                results[name + ", first call"] = tuple(_timed(lambda: call(m)) for m in (patched, plain))
         tokens = [m.generate(ids, **kwargs) for m in (patched, plain)]  # warm-up (kernels, plans)
-        for name, call in (("generate", lambda m: m.generate(ids, **kwargs)), ("prefill", lambda m: m(long_ids))):
+        for name, call in calls:
             best = [(float("inf"),) * 2, (float("inf"),) * 2]
             for _ in range(repeat):
                 for i, m in enumerate((patched, plain)):
@@ -57,22 +75,34 @@ def ratios(dtype_name="float32", repeat=3, new_tokens=32, prompt=64, prefill=102
     return results, bool(torch.equal(tokens[0], tokens[1]))
 
 
-def run(dtypes=("float32", "bfloat16"), repeat=3):
+def run(dtypes=("float32", "bfloat16"), repeat=3, compiled=False, layers=8):
     import torch
 
     threads = torch.get_num_threads()
     torch.set_num_threads(min(2, threads))
-    lines = [f"{'model call':<22} {'patched':>9} {'unpatched':>10} {'ratio':>6} {'CPU-time ratio':>15}"]
+    lines = [f"{'model call':<36} {'patched':>9} {'unpatched':>10} {'ratio':>6} {'CPU-time ratio':>15}"]
     try:
         for dtype in dtypes:
-            found, same = ratios(dtype, repeat)
+            found, same = ratios(dtype, repeat, compiled=compiled, layers=layers)
             for name, (ours, theirs) in found.items():
-                lines.append(f"{name + ' ' + dtype:<22} {ours[0]:8.3f}s {theirs[0]:9.3f}s {ours[0] / theirs[0]:6.3f} {ours[1] / theirs[1]:15.3f}")
+                lines.append(f"{name + ' ' + dtype:<36} {ours[0]:8.3f}s {theirs[0]:9.3f}s {ours[0] / theirs[0]:6.3f} {ours[1] / theirs[1]:15.3f}")
             lines.append(f"  greedy tokens equal ({dtype}): {same}")
     finally:
         torch.set_num_threads(threads)
     return "\n".join(lines)
 
 
+def main(argv=None):
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posenc._bench_generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--compile", action="store_true", help="both copies under torch.compile (static KV cache)")
+    parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"), help="repeat for several (default: both)")
+    parser.add_argument("--repeat", type=int, default=3, help="best of this many alternated runs (default 3)")
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers (default 8, the model of issue 18)")
+    args = parser.parse_args(argv)
+    print(run(tuple(args.dtype or ("float32", "bfloat16")), args.repeat, args.compile, args.layers))
+
+
 if __name__ == "__main__":
-    print(run())
+    main()
