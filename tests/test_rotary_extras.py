@@ -272,6 +272,17 @@ def test_mrope_cos_sin_formula(backend, layout, rng):
     assert_close(sin, 0.5 * dup(np.sin(angle)), backend=backend, dtype="float32")
 
 
+def test_xdrope_cos_sin_formula(backend, rng):
+    sections = [2, 1, 2, 1]  # sum to r/2 = 6: the doubled table's 12 entries go 4, 2, 4, 2 to the axes
+    ids = rng.integers(0, 5000, (4, 2, 5))
+    frequencies = pe.rope_frequencies(12, base=1000.0)[0]
+    cos, sin = backend.call(lambda i: pe.xdrope_cos_sin(i, frequencies, sections, scale=0.5), backend.asarray(ids))
+    axis = np.repeat(np.arange(4), 2 * np.array(sections))  # the position axis of each entry
+    angle = ids[axis, :, :].transpose(1, 2, 0) * np.tile(frequencies, 2)  # entry e turns at theta_(e mod 6)
+    assert_close(cos, 0.5 * np.cos(angle), backend=backend, dtype="float32")
+    assert_close(sin, 0.5 * np.sin(angle), backend=backend, dtype="float32")
+
+
 def test_mrope_cos_sin_of_text_tokens_is_rope_cos_sin(rng):
     ids = np.arange(7)
     frequencies = pe.rope_frequencies(16)[0]
