@@ -151,6 +151,16 @@ X = np.zeros((1, HEADS, 1, DIM), np.float32)
 COS, SIN = pe.rope_cos_sin(np.array([3]), pe.rope_frequencies(DIM)[0], dtype=np.float32)
 TABLE, SLOPES = np.zeros((32, HEADS), np.float32), pe.alibi_slopes(HEADS)
 
+T_Q, T_K = torch.zeros(1, HEADS, 1, DIM), torch.zeros(1, 2, 1, DIM)
+T_COS, T_SIN = (torch.from_numpy(t)[None] for t in (COS, SIN))
+
+
+def _hf_apply(*args, **kwargs):
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    return apply_rotary_pos_emb(*args, **kwargs)
+
+
 # name: (a good call that plans the signature, the hostile call)
 HOSTILE = {
     "rope integer x": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X.astype(np.int32), offset=3)),
@@ -213,6 +223,10 @@ HOSTILE = {
         lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 8),
         lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 9),
     ),
+    "hf apply_rotary_pos_emb cos width": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K, T_COS[..., :8], T_SIN)),
+    "hf apply_rotary_pos_emb integer k": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K.long(), T_COS, T_SIN)),
+    "hf apply_rotary_pos_emb k head dim": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K[..., :8], T_COS, T_SIN)),
+    "hf apply_rotary_pos_emb two rows": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K, torch.cat([T_COS] * 2, 1), torch.cat([T_SIN] * 2, 1))),
     "expand_bias 0-d vector": (lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 8), lambda: pe.expand_bias(np.zeros(()), 1, 8)),
 }
 
@@ -295,3 +309,21 @@ def test_planned_rope_cos_sin_sees_frequencies_written_in_place():
     freqs[1] = np.nan
     first = _error(lambda: pe.rope_cos_sin(pos, freqs))
     assert first[0] is ValueError and _error(lambda: pe.rope_cos_sin(pos, freqs)) == first
+
+
+@pytest.mark.parametrize("dtype", TORCH_DTYPES, ids=str)
+@pytest.mark.parametrize("unsqueeze_dim", [1, 2])
+def test_planned_hugging_face_apply_is_the_two_apply_rope_calls(dtype, unsqueeze_dim):
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    q, k = _x("torch", dtype, (1, HEADS, 1, DIM)), _x("torch", dtype, (1, 2, 1, DIM), seed=1)
+    if unsqueeze_dim == 2:  # [batch, seq, heads, dim]
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    table = pe.rope_cos_sin(torch.arange(40), pe.rope_frequencies(DIM)[0], dtype=dtype)
+    for t in (3, 39, 7):  # cos/sin rows are views into a longer table, at a different offset each step
+        cos, sin = (c[t : t + 1][None] for c in table)
+        want = [pe.apply_rope(x, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)) for x in (q, k)]
+        for i in (0, 1):
+            _same(_twice(lambda: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)[i]), want[i])
+            _same(_twice(lambda: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)[i]), want[i])
+    assert any(type(plan).__name__ == "_PairPlan" for plan in apply_rotary_pos_emb.plans.values())

@@ -165,6 +165,45 @@ class ApplyRope:
         return build_apply(*args, **kwargs)
 
 
+class HFApplyRotary:
+    """``posenc.torch.hf.apply_rotary_pos_emb(q, k, cos, sin[, unsqueeze_dim])``: q's and k's
+    ``apply_rope`` plans, under one key of the four arrays."""
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) == 5 and not kwargs:
+            dim = args[4]
+        elif len(args) == 4 and kwargs.keys() <= {"unsqueeze_dim"}:
+            dim = kwargs.get("unsqueeze_dim", 1)
+        else:
+            return None
+        if type(dim) is not int:
+            return None
+        arrays = args[:4]
+        key = ("hf_apply_rotary", *map(array_key, arrays), context_key(*arrays), dim)
+        return None if None in key else key
+
+    @staticmethod
+    def build(q, k, cos, sin, unsqueeze_dim=1):
+        import posenc
+
+        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
+        plans = [posenc.apply_rope.plans.get(ApplyRope.key((x, cos, sin), {})) for x in (q, k)]
+        return all(plans) and _PairPlan(*plans, unsqueeze_dim)
+
+
+class _PairPlan:
+    def __init__(self, q_plan, k_plan, dim):
+        self.q_plan, self.k_plan, self.dim = q_plan, k_plan, dim
+
+    def __call__(self, args, kwargs):
+        q, k, cos, sin = args[:4]
+        cos, sin = cos.unsqueeze(self.dim), sin.unsqueeze(self.dim)
+        rotated_q = self.q_plan((q, cos, sin), {})
+        rotated_k = NotImplemented if rotated_q is NotImplemented else self.k_plan((k, cos, sin), {})
+        return NotImplemented if rotated_k is NotImplemented else (rotated_q, rotated_k)
+
+
 def _bias_key(name, args, kwargs):
     """``(kind, params, 1, k_len)`` with an int ``k_len``, and ``offset`` None or an int: both the plan's arguments."""
     if len(args) != 4:

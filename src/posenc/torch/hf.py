@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 import posenc as pe
+from posenc import _plans
 
 from . import hf_patch
 
@@ -128,11 +129,13 @@ class HFRotaryEmbedding(nn.Module):
 _MOST_CACHED_ROWS = 1 << 16
 
 
+@_plans.planned(_plans.HFApplyRotary)
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
     """transformers' ``apply_rotary_pos_emb`` through :func:`posenc.apply_rope` (its kernels).
 
     ``cos``/``sin`` are ``[batch, seq, r]`` (``r`` may be smaller than the head: partial
-    rotary), unsqueezed at ``unsqueeze_dim`` to broadcast against ``q`` and ``k``.
+    rotary), unsqueezed at ``unsqueeze_dim`` to broadcast against ``q`` and ``k``. A
+    repeated call signature runs the two planned ``apply_rope`` launches under one key.
     """
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
