@@ -326,4 +326,6 @@ def test_planned_hugging_face_apply_is_the_two_apply_rope_calls(dtype, unsqueeze
         for i in (0, 1):
             _same(_twice(lambda: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)[i]), want[i])
             _same(_twice(lambda: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)[i]), want[i])
-    assert any(type(plan).__name__ == "_PairPlan" for plan in apply_rotary_pos_emb.plans.values())
+    from posenc.torch.hf import _rotate_pair
+
+    assert any(type(plan).__name__ == "_PairPlan" for plan in _rotate_pair.plans.values())

@@ -188,6 +188,21 @@ def test_hf_rotary_embedding_compiles_with_a_traced_switch():
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
+# Dynamo warns that it traces through array-api-compat's lru_cache'd type checks (a pure
+# function of the array's type: nothing to go stale).
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_a_patched_model_compiles_in_one_graph_to_the_same_logits():
+    """``torch.compile(fullgraph=True)`` of a patched model's forward: no graph break, and
+    the compiled logits are the eager patched model's (the attention's patched globals name
+    posenc's functions, which torch.compile must trace and guard)."""
+    patched = patch_hf(build("llama[default]"))
+    ids = torch.arange(1, 13)[None]
+    with torch.no_grad():
+        eager = patched(ids).logits
+        compiled = torch.compile(patched, fullgraph=True, backend="aot_eager")(ids).logits
+    torch.testing.assert_close(compiled, eager, atol=1e-5, rtol=1e-5)
+
+
 # --- from_hf on config objects --------------------------------------------------------------
 
 

@@ -166,25 +166,19 @@ class ApplyRope:
 
 
 class HFApplyRotary:
-    """``posenc.torch.hf.apply_rotary_pos_emb(q, k, cos, sin[, unsqueeze_dim])``: q's and k's
+    """``posenc.torch.hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)``: q's and k's
     ``apply_rope`` plans, under one key of the four arrays."""
 
     @staticmethod
     def key(args, kwargs):
-        if len(args) == 5 and not kwargs:
-            dim = args[4]
-        elif len(args) == 4 and kwargs.keys() <= {"unsqueeze_dim"}:
-            dim = kwargs.get("unsqueeze_dim", 1)
-        else:
-            return None
-        if type(dim) is not int:
+        if len(args) != 5 or type(args[4]) is not int:
             return None
         arrays = args[:4]
-        key = ("hf_apply_rotary", *map(array_key, arrays), context_key(*arrays), dim)
+        key = ("hf_apply_rotary", *map(array_key, arrays), context_key(*arrays), args[4])
         return None if None in key else key
 
     @staticmethod
-    def build(q, k, cos, sin, unsqueeze_dim=1):
+    def build(q, k, cos, sin, unsqueeze_dim):
         import posenc
 
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
