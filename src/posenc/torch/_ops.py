@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .. import _dispatch
+from .. import _dispatch, _plans
 
 
 def _kernel(op, *args, **kwargs):
@@ -87,7 +87,14 @@ rope_rotate_op.register_autograd(_rope_rotate_backward, setup_context=_rope_rota
 
 @torch.library.custom_op("posenc::rope_apply", mutates_args=())
 def rope_apply_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
-    return _kernel("rope_apply", x, cos, sin, layout="interleaved" if interleaved else "half")
+    with torch.no_grad():
+        return _apply_kernel(x, cos, sin, layout="interleaved" if interleaved else "half")
+
+
+@_plans.planned(_plans.ApplyRope)
+def _apply_kernel(x, cos, sin, *, layout, out=None):
+    """The kernel of ``rope_apply`` (a compiled graph's calls: each decode step's), planned as ``apply_rope``."""
+    return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
 @rope_apply_op.register_fake
