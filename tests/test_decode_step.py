@@ -329,3 +329,31 @@ def test_planned_hugging_face_apply_is_the_two_apply_rope_calls(dtype, unsqueeze
     from posenc.torch.hf import _rotate_pair
 
     assert any(type(plan).__name__ == "_PairPlan" for plan in _rotate_pair.plans.values())
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=str)
+def test_a_sequential_numpy_decode_loop_gets_the_long_calls_rows(dtype):
+    """One position a call, each the last plus one (the plan computes rows ahead), with jumps
+    back and ahead, a 0-d position, and frequencies rewritten in place mid-loop."""
+    from posenc.rotary._tables_plan import BLOCK
+
+    freqs = pe.rope_frequencies(DIM, base=500.0)[0]
+    steps = [*range(0, 2 * BLOCK + 3), 7, 8, 9, 500, 501, 502, *range(3 * BLOCK, 4 * BLOCK + 2)]
+    with pe.use_backend("reference"):
+        cos, sin = pe.rope_cos_sin(np.arange(4 * BLOCK + 2), freqs, dtype=dtype)
+        far = pe.rope_cos_sin(np.arange(500, 503), freqs, dtype=dtype)
+    for position in steps:
+        got = pe.rope_cos_sin(np.array([position]), freqs, dtype=dtype)
+        want = (far[0][position - 500 : position - 499], far[1][position - 500 : position - 499]) if position >= 500 else (cos[position : position + 1], sin[position : position + 1])
+        _same(got[0], want[0])
+        _same(got[1], want[1])
+        got[0][...] = 7  # the caller's own array: writing it changes no later call's rows
+        _same(pe.rope_cos_sin(np.array([position]), freqs, dtype=dtype)[0], want[0])
+    for position in range(3):
+        got = pe.rope_cos_sin(np.array(position), freqs, dtype=dtype)
+        _same(got[0], cos[position])
+    freqs[0] *= 0.5
+    with pe.use_backend("reference"):
+        halved = pe.rope_cos_sin(np.arange(4), freqs, dtype=dtype)
+    for position in (2, 3):
+        _same(pe.rope_cos_sin(np.array([position]), freqs, dtype=dtype)[0], halved[0][position : position + 1])

@@ -16,6 +16,9 @@ import math
 
 import numpy as np
 
+BLOCK = 32  # rows computed ahead in a sequential NumPy decode loop
+_EXACT = 2**52  # positions whose float64 values are exact
+
 
 class TablesPlan:
     def __init__(self, positions, inv_freq, layout, dtype):
@@ -31,6 +34,8 @@ class TablesPlan:
             self.dtype = np.dtype(np.float32 if dtype is None else dtype)
         self.half = layout == "half"
         self.freqs = (None, None)  # (the frequencies' bytes, their float64 values doubled in the layout's order)
+        self.last = None  # the position of the last one-position NumPy call
+        self.ahead = (None, 0, None, None)  # (the frequencies they were computed with, first position, cos rows, sin rows)
 
     def _doubled(self, inv_freq):
         """The float64 frequencies of every column, or None for non-finite ones; kept while
@@ -53,10 +58,31 @@ class TablesPlan:
         freqs = self._doubled(inv_freq)
         if freqs is None:
             return NotImplemented
+        scale = float(kwargs.get("scale", 1.0))  # the call's own: 0.0 and -0.0 share a key
+        if not self.torch and positions.size == 1 and scale == 1.0:
+            return self._sequential(positions, freqs)
+        return self._tables(positions, freqs, scale)
+
+    def _sequential(self, positions, freqs):
+        """One position: a copy of its rows when the rows ahead hold it, else computed; the
+        call after position ``p - 1`` computes the rows of ``p .. p + BLOCK - 1``."""
+        p = int(positions.reshape(-1)[0])
+        last, self.last = self.last, p
+        held, first, cos, sin = self.ahead
+        shape = positions.shape + (len(freqs),)
+        if held is freqs and 0 <= p - first < BLOCK:
+            return cos[p - first].reshape(shape).copy(), sin[p - first].reshape(shape).copy()
+        if last != p - 1 or not -_EXACT < p < _EXACT - BLOCK:
+            return self._tables(positions, freqs, 1.0)
+        cos, sin = self._tables(np.arange(p, p + BLOCK)[:, None], freqs, 1.0)
+        cos, sin = cos[:, 0], sin[:, 0]
+        self.ahead = (freqs, p, cos, sin)
+        return cos[0].reshape(shape).copy(), sin[0].reshape(shape).copy()
+
+    def _tables(self, positions, freqs, scale):
         # Integer positions times float64 frequencies: the positions promote to float64, as
         # the full path converts them.
         angle = positions[..., None] * freqs
-        scale = float(kwargs.get("scale", 1.0))  # the call's own: 0.0 and -0.0 share a key
         if self.torch:
             c, s = self.lib.cos(angle), self.lib.sin(angle)
         else:
