@@ -29,7 +29,7 @@ def _cases():
 NAMES = [
     "rope numpy [1,32,1,128]",
     "apply_rope numpy [1,32,1,128]",
-    "rope_cos_sin numpy [1] x 64",
+    "rope_cos_sin numpy [1] x 64, next position",
     "t5_bias numpy 16 heads, 1 x 512",
     "relative_bias t5 numpy 16 heads, 1 x 512",
     "alibi_bias numpy 16 heads, 1 x 512",

@@ -11,6 +11,7 @@ times the same cases.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 import time
 from dataclasses import dataclass
@@ -38,18 +39,25 @@ def _rotate_half(xp, x):
     return xp.concatenate([-x[..., half:], x[..., :half]], axis=-1) if xp is np else xp.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
+def _positions(steps=4096):
+    """``np.array([PAST])``, ``np.array([PAST + 1])``, ... (made ahead, so no timed call makes them), round and round."""
+    return itertools.cycle([np.array([PAST + i]) for i in range(steps)])
+
+
 def numpy_cases(dtype=np.float32):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, HEADS, 1, HEAD_DIM)).astype(dtype)
     inv_freq = 1.0 / 10000.0 ** (np.arange(0, HEAD_DIM, 2) / HEAD_DIM)
     pos = np.array([PAST])
 
-    def tables():
+    def tables(pos=pos):
         angles = pos[:, None] * inv_freq[None, :]
         emb = np.concatenate([angles, angles], axis=-1)
         return np.cos(emb).astype(dtype), np.sin(emb).astype(dtype)
 
     cos, sin = tables()
+    # A decode loop's tables: each call the position after the last one, the same on both sides.
+    ours, theirs = _positions(), _positions()
 
     def rope_formula():
         c, s = tables()
@@ -61,7 +69,7 @@ def numpy_cases(dtype=np.float32):
     return [
         Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
         Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
-        Case("rope_cos_sin numpy [1] x 64", lambda: pe.rope_cos_sin(pos, inv_freq, dtype=dtype), tables),
+        Case("rope_cos_sin numpy [1] x 64, next position", lambda: pe.rope_cos_sin(next(ours), inv_freq, dtype=dtype), lambda: tables(next(theirs))),
         Case("t5_bias numpy 16 heads, 1 x 512", lambda: pe.t5_bias(table, 1, PAST + 1, offset=PAST), lambda: _numpy_t5(table, PAST, keys), 1.0),
         Case(
             "relative_bias t5 numpy 16 heads, 1 x 512",
