@@ -19,6 +19,14 @@ def test_info(capsys):
         assert name in out
 
 
+def test_python_dash_m_posenc_is_the_posenc_command():
+    proc = subprocess.run([sys.executable, "-m", "posenc", "extrapolate", "--help"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage: posenc extrapolate")
+    wrong = subprocess.run([sys.executable, "-m", "posenc", "no-such-command"], capture_output=True, text=True, timeout=120)
+    assert wrong.returncode == 2 and "invalid choice" in wrong.stderr
+
+
 def test_demo_runs_every_family():
     proc = run_cli("demo", "--library", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr

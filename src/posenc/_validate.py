@@ -70,7 +70,12 @@ def integer(name, value, *, minimum=None):
     if minimum is not None and value < minimum:
         what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
         raise ValueError(f"{name} must be {what}, got {value}")
+    if not INT64_MIN <= value <= INT64_MAX:  # every integer argument becomes a shape, an index or an int64 position
+        raise ValueError(f"{name} must fit in int64 ({INT64_MIN} .. {INT64_MAX}), got {value}")
     return value
+
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 def integer_or_traced(name, value, *, minimum=None):

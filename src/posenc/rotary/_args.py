@@ -218,6 +218,8 @@ def positions(xp, x, given, seq_axis, offset, device):
                 "positions=pe.positions_from_cu_seqlens(cu_seqlens, total)"
             )
         length = int(shape[axis])
+        if isinstance(offset, int) and offset + length - 1 > check.INT64_MAX:
+            raise ValueError(f"offset + {length} tokens must stay within int64 (positions up to {check.INT64_MAX}), got offset={offset}")
         if check.is_array(offset) and offset.ndim:
             offset = place_rows("offset", offset, shape, axis)
         pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
