@@ -229,6 +229,16 @@ HOSTILE = {
     "hf apply_rotary_pos_emb integer k": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K.long(), T_COS, T_SIN)),
     "hf apply_rotary_pos_emb k head dim": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K[..., :8], T_COS, T_SIN)),
     "hf apply_rotary_pos_emb two rows": (lambda: _hf_apply(T_Q, T_K, T_COS, T_SIN), lambda: _hf_apply(T_Q, T_K, torch.cat([T_COS] * 2, 1), torch.cat([T_SIN] * 2, 1))),
+    "rerotate too many frequencies": (
+        lambda: pe.rerotate(X, 3, pe.rope_frequencies(DIM)[0]),
+        lambda: pe.rerotate(X, 3, pe.rope_frequencies(2 * DIM)[0]),
+    ),
+    "rerotate boolean delta": (lambda: pe.rerotate(X, 3, pe.rope_frequencies(DIM)[0]), lambda: pe.rerotate(X, True, pe.rope_frequencies(DIM)[0])),
+    "rerotate huge delta": (lambda: pe.rerotate(X, 3, pe.rope_frequencies(DIM)[0]), lambda: pe.rerotate(X, 2**64, pe.rope_frequencies(DIM)[0])),
+    "rerotate out dtype": (
+        lambda: pe.rerotate(X, 3, pe.rope_frequencies(DIM)[0], out=X.copy()),
+        lambda: pe.rerotate(X, 3, pe.rope_frequencies(DIM)[0], out=X.astype(np.float64)),
+    ),
     "expand_bias 0-d vector": (lambda: pe.expand_bias(np.zeros((HEADS, 8)), 1, 8), lambda: pe.expand_bias(np.zeros(()), 1, 8)),
 }
 
@@ -358,3 +368,32 @@ def test_a_sequential_numpy_decode_loop_gets_the_long_calls_rows(dtype):
         halved = pe.rope_cos_sin(np.arange(4), freqs, dtype=dtype)
     for position in (2, 3):
         _same(pe.rope_cos_sin(np.array([position]), freqs, dtype=dtype)[0], halved[0][position : position + 1])
+
+
+@pytest.mark.parametrize(("library", "dtype"), CASES, ids=str)
+def test_planned_rerotate_equals_the_full_path(library, dtype):
+    """By any delta, allocating, in place and into a buffer; frequencies rewritten in place
+    are read again."""
+    freqs = pe.rope_frequencies(DIM, base=500.0)[0]
+    x = _x(library, dtype)
+
+    def full(delta, f=freqs):
+        pe.rerotate.plans.clear()
+        return pe.rerotate(x, delta, f)
+
+    pe.rerotate.plans.clear()
+    for delta in (-3, 7, 0, -100, 2**40):
+        want = full(delta)
+        pe.rerotate(x, 1, freqs)  # plans the signature
+        _same(pe.rerotate(x, delta, freqs), want)
+        buf = x * 0
+        _same(pe.rerotate(x, 1, freqs, out=buf), full(1))
+        _same(pe.rerotate(x, delta, freqs, out=buf), want)
+        cache = x * 1
+        pe.rerotate(cache, 1, freqs, out=cache)
+        cache = x * 1
+        assert pe.rerotate(cache, delta, freqs, out=cache) is cache
+        _same(cache, want)
+    assert any(type(plan).__name__ == "RerotatePlan" for plan in pe.rerotate.plans.values())
+    freqs[0] *= 0.5
+    _same(pe.rerotate(x, 5, freqs), full(5))

@@ -150,6 +150,25 @@ class Rope:
         return build_rotate(*args, **kwargs)
 
 
+class Rerotate:
+    """``rerotate(x, delta, inv_freq, ...)``: an int ``delta`` (the plan's argument) and NumPy
+    frequencies, whose values the plan compares with those it was built with on every call."""
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 3 or type(args[1]) is not int or type(args[2]) is not np.ndarray:
+            return None
+        x, _, inv_freq = args
+        key = ("rerotate", array_key(x), array_key(inv_freq), context_key(x), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), x))
+        return None if None in key else key
+
+    @staticmethod
+    def build(*args, **kwargs):
+        from ._kernels.rope_plan import build_rerotate
+
+        return build_rerotate(*args, **kwargs)
+
+
 class ApplyRope:
     @staticmethod
     def key(args, kwargs):

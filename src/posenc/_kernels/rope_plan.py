@@ -41,6 +41,7 @@ class _Launch:
         self.in_place, self.into = out is x, out is not None and out is not x
         # The layout written: x's own (in place), the caller's buffer's, or a new result's C order.
         ov = xv if self.in_place else _arrays.host_view(out) if self.into else np.empty(xv.shape, xv.dtype)
+        self.numpy, self.out_contiguous = not self.torch, ov.flags.c_contiguous  # (a key fixes out's strides)
         self.grouping, self.views = _layout.rotary_views(xv, ov, per_position)
         plan = self.grouping
         _, x_offset = _arrays.flat_span(xv)
@@ -97,9 +98,10 @@ class _Launch:
             result, o_flat = x, x_flat
         elif self.into:
             ov = self.host(out)
-            if np.may_share_memory(ov, xv):
+            # Two distinct NumPy arrays that each own their memory cannot overlap.
+            if not (self.numpy and x.flags.owndata and out.flags.owndata) and np.may_share_memory(ov, xv):
                 return NotImplemented
-            result, o_flat = out, _arrays.flat_span(ov)[0]
+            result, o_flat = out, ov.reshape(-1) if self.out_contiguous else _arrays.flat_span(ov)[0]
         else:
             result, o_flat = self.result()
         arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
@@ -250,3 +252,37 @@ def build_apply(x, cos, sin, *, layout, out, **_):
         return None
     plan = ApplyPlan(x, xv, cos, sin, layout, out)
     return plan if plan.launch.viewable() else None
+
+
+class RerotatePlan:
+    """``rerotate(x, delta, inv_freq)``: ``rope``'s rotation of a zero position grid moved by
+    ``delta``, while ``inv_freq`` holds the bytes it was built with (else the full path)."""
+
+    def __init__(self, rotate, inv_freq):
+        self.rotate, self.raw = rotate, inv_freq.tobytes()
+
+    def __call__(self, args, kwargs):
+        x, delta, inv_freq = args
+        if inv_freq.tobytes() != self.raw:
+            return NotImplemented
+        return self.rotate((x,), {"offset": delta, "out": kwargs.get("out")})
+
+
+def build_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, seq_len, rotary_dim, out, **_):
+    """The plan of a validated ``rerotate`` by an int ``delta`` with NumPy ``inv_freq``, or None."""
+    from .._xp import device_of, index_dtype, namespace
+    from ..rotary import _args
+
+    if new_inv_freq is not None or scaling is not None or seq_len is not None or rotary_dim is not None:
+        return None
+    if x.ndim < 1 or 0 in tuple(x.shape):
+        return None
+    xp, device = namespace(x), device_of(x)
+    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
+    zero = xp.asarray(0, dtype=index_dtype(xp, device), device=device)  # rerotate's 0-d delta, at 0
+    impl = _dispatch.select("rope_rotate", x, zero, freqs, layout=_args.layout("layout", layout), out=out)
+    xv = _arrays.host_view(x)
+    if not _host_kernel(impl, "rotate_positions") or not _writable_directly(xv, out):
+        return None
+    rotate = RotatePlan(x, xv, _args.layout("layout", layout), zero, freqs, 1.0, 1.0, out)
+    return RerotatePlan(rotate, inv_freq) if rotate.launch.viewable() else None

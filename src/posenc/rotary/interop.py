@@ -6,7 +6,7 @@ import numbers
 
 import numpy as np
 
-from .. import _dispatch
+from .. import _dispatch, _plans
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace, widest_float
 from . import _args, _chain, _rows
@@ -14,6 +14,7 @@ from ._rotate import _join, _pairs
 from .scaling import check_scaling, frequency_table
 
 
+@_plans.planned(_plans.Rerotate)
 def rerotate(
     x,
     delta,
@@ -170,7 +171,7 @@ def _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base
 def _scalar_array(xp, name, value, device):
     """A Python int or real number as a 0-d array (index dtype or the widest float)."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return xp.asarray(int(value), dtype=index_dtype(xp, device), device=device)
+        return xp.asarray(check.integer(name, value), dtype=index_dtype(xp, device), device=device)
     value = check.real(name, value)
     return xp.asarray(value, dtype=widest_float(xp, device), device=device)
 
