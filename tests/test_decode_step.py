@@ -14,11 +14,15 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from formulas import exact_rope
 from posenc import _plans
 
 torch = pytest.importorskip("torch")
-# NumPy's bfloat16 (ml_dtypes) is not covered: np.isdtype refuses it in validation today.
-NUMPY_DTYPES = [np.float16, np.float32, np.float64]
+try:
+    from ml_dtypes import bfloat16 as NUMPY_BFLOAT16  # NumPy's bfloat16, where installed
+except ImportError:
+    NUMPY_BFLOAT16 = None
+NUMPY_DTYPES = [np.float16, np.float32, np.float64, *[NUMPY_BFLOAT16] * (NUMPY_BFLOAT16 is not None)]
 TORCH_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 LENGTH, HEADS, DIM = 9, 4, 16
 STEPS = (0, 1, 5, LENGTH - 1)
@@ -397,3 +401,51 @@ def test_planned_rerotate_equals_the_full_path(library, dtype):
     assert any(type(plan).__name__ == "RerotatePlan" for plan in pe.rerotate.plans.values())
     freqs[0] *= 0.5
     _same(pe.rerotate(x, 5, freqs), full(5))
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_planned_out_meeting_x_gets_the_full_paths_answer(library):
+    """x and out as views of one memory (neither owns it), under one planned key: a separate
+    buffer is served by the plan, one starting an element into x gets the full path's error,
+    and x's own memory under another array object is rotated in place."""
+    n, shape = HEADS * LENGTH * DIM, (1, HEADS, LENGTH, DIM)
+    dtype = torch.float64 if library == "torch" else np.float64
+    memory = _x(library, dtype, (3 * n,))
+    freqs = pe.rope_frequencies(DIM)[0]
+    cos, sin = pe.rope_cos_sin(torch.arange(LENGTH) if library == "torch" else np.arange(LENGTH), freqs, dtype=dtype)
+    calls = {
+        pe.rope: lambda x, **out: pe.rope(x, offset=3, **out),
+        pe.apply_rope: lambda x, **out: pe.apply_rope(x, cos, sin, **out),
+        pe.rerotate: lambda x, **out: pe.rerotate(x, 3, freqs, **out),
+    }
+
+    def view(start):
+        return memory[start : start + n].reshape(shape)
+
+    for fn, call in calls.items():
+        want = call(view(0) * 1)
+        buf = view(2 * n)
+        for _ in range(2):
+            assert call(view(0), out=buf) is buf
+            _same(buf, want)
+        assert fn.plans[next(reversed(fn.plans))]  # the buffer's signature has a plan
+        assert _plans.out_key(view(1), None) == _plans.out_key(buf, None)  # and serves these calls
+        for _ in range(2):
+            with pytest.raises(ValueError, match="out overlaps the memory of x without being x"):
+                call(view(0), out=view(1))
+        alias = view(0)
+        assert call(view(0), out=alias) is alias
+        _same(alias, want)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_planned_in_place_shift_loop_follows_the_rotation_formula(library):
+    """A cache shifted by -1 in place, step after step (planned from the second), holds the
+    keys rotated from scratch at the shifted positions (the float64 formula)."""
+    keys = np.random.default_rng(4).standard_normal((1, HEADS, LENGTH, DIM))
+    cache = pe.rope(torch.from_numpy(keys) if library == "torch" else keys.copy())
+    freqs = pe.rope_frequencies(DIM)[0]
+    for step in range(1, 6):
+        assert pe.rerotate(cache, -1, freqs, out=cache) is cache
+        got = cache.numpy() if library == "torch" else cache
+        np.testing.assert_allclose(got, exact_rope(keys, np.arange(LENGTH) - step), rtol=0, atol=1e-13)

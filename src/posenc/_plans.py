@@ -6,7 +6,7 @@ cache in front of a public function:
 
 * ``Signature.key(args, kwargs)``: a cheap hashable key of everything validation looks
   at, without reading array values, from the call's positional arguments and keywords as
-  given: each array's library, shape, strides, dtype, device and gradient tracking, the
+  given: each array's library, shape, strides, dtype, flags (NumPy), device and gradient tracking, the
   keywords' names, types and values, the backend in force (``array_key``,
   ``keywords_key``). It returns None for a call no plan serves (another library, a traced
   value, an array or object among the options ...); when it raises (an unhashable
@@ -75,9 +75,8 @@ def _tracing():
 def array_key(a):
     """What validation and kernel selection read from array ``a``: None for a library no plan serves."""
     kind = type(a)
-    if kind is np.ndarray:
-        flags = a.flags
-        return (kind, a.shape, a.strides, a.dtype, flags.writeable, flags.aligned)
+    if kind is np.ndarray:  # its flags as one int: writeable, aligned, owning its memory ...
+        return (kind, a.shape, a.strides, a.dtype, a.flags.num)
     torch = sys.modules.get("torch")
     if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.is_cpu and a.layout is torch.strided:
         return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)

@@ -189,7 +189,7 @@ def flat_span(a):
     is ``flat[offset + i*s_i + j*s_j + ...]`` with ``element_strides(a)``.
     """
     if a.flags.c_contiguous:
-        return a.reshape(-1), 0
+        return a.ravel(), 0  # (a view: C order needs no copy)
     steps = element_strides(a)
     low = sum((n - 1) * st for n, st in zip(a.shape, steps) if st < 0)
     high = sum((n - 1) * st for n, st in zip(a.shape, steps) if st > 0)

@@ -41,7 +41,12 @@ class _Launch:
         self.in_place, self.into = out is x, out is not None and out is not x
         # The layout written: x's own (in place), the caller's buffer's, or a new result's C order.
         ov = xv if self.in_place else _arrays.host_view(out) if self.into else np.empty(xv.shape, xv.dtype)
-        self.numpy, self.out_contiguous = not self.torch, ov.flags.c_contiguous  # (a key fixes out's strides)
+        self.out_contiguous = ov.flags.c_contiguous  # (a key fixes out's strides)
+        # Proofs that a buffer is not x's memory, from what the key fixes: two distinct NumPy
+        # arrays that each own their memory (the key holds that flag) cannot overlap; a torch
+        # buffer's bytes lie at fixed offsets from its data pointer, as x's do.
+        self.owned = not self.torch and self.into and x.flags.owndata and out.flags.owndata
+        self.extents = (_extent(xv), _extent(ov)) if self.torch and self.into else None
         self.grouping, self.views = _layout.rotary_views(xv, ov, per_position)
         plan = self.grouping
         _, x_offset = _arrays.flat_span(xv)
@@ -55,8 +60,8 @@ class _Launch:
         self.workers = min(workers, self.tasks)
         self.kernel = rope_cpu.FAMILY[op, dtype, layout]
         self.lib = sys.modules["torch"] if self.torch else np
-        # How ``host`` reads x: a torch 16-bit float through its int16 bits, as _arrays.host_view does.
-        self.bits = self.torch and x.dtype.itemsize == 2
+        # How ``host`` reads x: a 16-bit float through its bits, as _arrays.host_view does.
+        self.bits = x.dtype.itemsize == 2
         self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
 
@@ -72,9 +77,10 @@ class _Launch:
     def host(self, x):
         """``_arrays.host_view(x)`` for an ``x`` of this signature."""
         if self.torch:
-            x = x.detach()
+            if x.requires_grad:
+                x = x.detach()
             return x.view(self.lib.int16).numpy().view(np.uint16) if self.bits else x.numpy()
-        return x.view(np.uint16) if x.dtype == np.float16 else x
+        return x.view(np.uint16) if self.bits else x
 
     def result(self):
         """``(result, its flat NumPy view)``: as ``_arrays.empty`` allocates it."""
@@ -97,11 +103,17 @@ class _Launch:
         if self.in_place:
             result, o_flat = x, x_flat
         elif self.into:
-            ov = self.host(out)
-            # Two distinct NumPy arrays that each own their memory cannot overlap.
-            if not (self.numpy and x.flags.owndata and out.flags.owndata) and np.may_share_memory(ov, xv):
-                return NotImplemented
-            result, o_flat = out, ov.reshape(-1) if self.out_contiguous else _arrays.flat_span(ov)[0]
+            if self.torch:
+                (x_low, x_high), (o_low, o_high) = self.extents
+                at, to = x.data_ptr(), out.data_ptr()
+                if at + x_low < to + o_high and to + o_low < at + x_high:
+                    return NotImplemented
+                ov = self.host(out)
+            else:
+                ov = self.host(out)
+                if not self.owned and np.may_share_memory(ov, xv):
+                    return NotImplemented
+            result, o_flat = out, ov.ravel() if self.out_contiguous else _arrays.flat_span(ov)[0]
         else:
             result, o_flat = self.result()
         arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
@@ -117,6 +129,13 @@ class _Launch:
         else:
             self.kernel(*arguments, *self.scratch()[0], 0, self.tasks)
         return result
+
+
+def _extent(view):
+    """The bytes NumPy array ``view`` spans, as ``(low, high)`` offsets from its first element."""
+    low = sum((n - 1) * st for n, st in zip(view.shape, view.strides) if st < 0)
+    high = sum((n - 1) * st for n, st in zip(view.shape, view.strides) if st > 0)
+    return low, high + view.itemsize
 
 
 def _host_kernel(impl, name):
@@ -236,8 +255,8 @@ def _flat_reader(table):
     if not host.flags.c_contiguous:
         return lambda t: _arrays.flat_span(_arrays.host_view(t))[0]
     if isinstance(table, np.ndarray):
-        return (lambda t: t.reshape(-1)) if host.dtype == table.dtype else (lambda t: t.view(host.dtype).reshape(-1))
-    return lambda t: _arrays.host_view(t).reshape(-1)
+        return (lambda t: t.ravel()) if host.dtype == table.dtype else (lambda t: t.view(host.dtype).ravel())
+    return lambda t: _arrays.host_view(t).ravel()
 
 
 _RECENT = [None]  # (what the views read, (cos view, sin view)) of the last torch apply_rope
