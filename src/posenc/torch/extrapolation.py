@@ -44,13 +44,15 @@ FACTORS = (1, 2, 4, 8)
 @dataclasses.dataclass(frozen=True)
 class Config:
     """Model and training sizes (the default is the documented experiment); ``mlp``: the
-    MLP's hidden width as a multiple of ``d_model``."""
+    MLP's hidden width as a multiple of ``d_model``; each training step draws its item count
+    from ``ceil(shortest * train_len) .. train_len``."""
 
     d_model: int = 64
     heads: int = 4
     layers: int = 3
     mlp: int = 2
-    steps: int = 500
+    shortest: float = 0.5
+    steps: int = 400
     batch: int = 96
     lr: float = 5e-3
     eval_sequences: int = 64
@@ -168,7 +170,7 @@ def _loss_and_hits(model, task, rng, batch, n):
 
 
 def train(name, task, seed, cfg, train_len, max_seq):
-    """A model trained on ``task`` with ``n ~ U{1..train_len}`` items per step."""
+    """A model trained on ``task`` with ``n ~ U{ceil(cfg.shortest * train_len) .. train_len}`` items per step."""
     torch.manual_seed(_seed_of("init", name, task, seed))
     train_seq = _tasks.seq_len(task, train_len)
     model = Decoder(cfg, lambda: _positional(name, cfg, train_len, train_seq, max_seq, seed), shared=name == "t5")
@@ -177,7 +179,7 @@ def train(name, task, seed, cfg, train_len, max_seq):
     rng = np.random.default_rng(_seed_of("data", task, seed))
     model.train()
     for _ in range(cfg.steps):
-        n = int(rng.integers(1, train_len + 1))
+        n = int(rng.integers(max(1, math.ceil(cfg.shortest * train_len)), train_len + 1))
         loss, _, count = _loss_and_hits(model, task, rng, cfg.batch, n)
         opt.zero_grad()
         (loss / count).backward()
@@ -295,7 +297,8 @@ def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, trai
     seeds : int >= 1, seeds ``0 .. seeds - 1``
     quick : bool, one seed whatever ``seeds`` says (the small grid)
     progress : bool, a progress bar on stderr
-    train_len : int >= 1, items per training sequence (at most; each step draws ``1..train_len``)
+    train_len : int >= 1, items per training sequence (at most; each step draws from
+        ``ceil(config.shortest * train_len) .. train_len``)
     eval_lens : item counts to evaluate at, each ``>= train_len`` (default ``train_len`` x 1, 2, 4, 8)
     config : :class:`Config`, model and training sizes
     workers : processes training in parallel (default: 2, or 1 on a one-core machine);
