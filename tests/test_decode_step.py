@@ -370,6 +370,29 @@ def test_a_sequential_numpy_decode_loop_gets_the_long_calls_rows(dtype):
         _same(pe.rope_cos_sin(np.array([position]), freqs, dtype=dtype)[0], halved[0][position : position + 1])
 
 
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=str)
+@pytest.mark.parametrize("position_dtype", [np.int64, np.int32, np.uint64], ids=str)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_one_numpy_position_of_any_shape_gets_the_long_calls_row(dtype, position_dtype, layout):
+    """Positions ``[1, 1]`` (position ids) and ``[]``, each asked twice, in a loop that jumps
+    (each row computed alone), steps (rows ahead), and reaches positions near and beyond
+    2**52 and 2**62 (float64 no longer holds every integer)."""
+    freqs = pe.rope_frequencies(DIM, base=500.0)[0]
+    top = np.iinfo(position_dtype).max // 2
+    steps = [5, 3, 3, 9, 10, 11, 2**20, top - 40, top - 39, top - 38, top]
+    if position_dtype is not np.int32:
+        steps += [2**52 - 40, 2**52 - 1, 2**52, 2**52 + 1, 2**53 + 3, 2**62 + 1, 2**62 + 2]
+    ids = np.array(steps, dtype=position_dtype)
+    with pe.use_backend("reference"):
+        cos, sin = pe.rope_cos_sin(ids, freqs, layout=layout, dtype=dtype)
+    for shape in ((1, 1), ()):
+        for i in range(len(ids)):
+            for _ in range(2):
+                got = pe.rope_cos_sin(ids[i : i + 1].reshape(shape), freqs, layout=layout, dtype=dtype)
+                _same(got[0], cos[i].reshape(shape + cos.shape[1:]))
+                _same(got[1], sin[i].reshape(shape + sin.shape[1:]))
+
+
 @pytest.mark.parametrize(("library", "dtype"), CASES, ids=str)
 def test_planned_rerotate_equals_the_full_path(library, dtype):
     """By any delta, allocating, in place and into a buffer; frequencies rewritten in place
