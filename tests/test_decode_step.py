@@ -174,6 +174,12 @@ HOSTILE = {
     "rope huge offset": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=2**70)),
     "rope offset past int64": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X[:, :, :1].repeat(3, 2), offset=2**63 - 2)),
     "t5_bias huge offset": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=-(2**64))),
+    "t5_bias distances below int64": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=-(2**63) + 3)),
+    "alibi_bias distances below int64": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES, 1, 8, offset=-(2**63))),
+    "relative_bias_vector distances below int64": (
+        lambda: pe.relative_bias_vector("alibi", SLOPES, 1, 8, offset=7),
+        lambda: pe.relative_bias_vector("alibi", SLOPES, 1, 8, offset=-(2**63) + 6),
+    ),
     "apply_rope cos/sin shapes": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS, SIN[..., :8])),
     "apply_rope odd width": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS[..., :3], SIN[..., :3])),
     "apply_rope integer cos": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS.astype(np.int64), SIN)),
