@@ -178,6 +178,12 @@ HOSTILE = {
     "rope huge offset": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=2**70)),
     "rope offset past int64": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X[:, :, :1].repeat(3, 2), offset=2**63 - 2)),
     "t5_bias huge offset": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=-(2**64))),
+    "t5_bias distances below int64": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=-(2**63) + 3)),
+    "alibi_bias distances below int64": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES, 1, 8, offset=-(2**63))),
+    "relative_bias_vector distances below int64": (
+        lambda: pe.relative_bias_vector("alibi", SLOPES, 1, 8, offset=7),
+        lambda: pe.relative_bias_vector("alibi", SLOPES, 1, 8, offset=-(2**63) + 6),
+    ),
     "apply_rope cos/sin shapes": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS, SIN[..., :8])),
     "apply_rope odd width": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS[..., :3], SIN[..., :3])),
     "apply_rope integer cos": (lambda: pe.apply_rope(X, COS, SIN), lambda: pe.apply_rope(X, COS.astype(np.int64), SIN)),
@@ -372,6 +378,29 @@ def test_a_sequential_numpy_decode_loop_gets_the_long_calls_rows(dtype):
         halved = pe.rope_cos_sin(np.arange(4), freqs, dtype=dtype)
     for position in (2, 3):
         _same(pe.rope_cos_sin(np.array([position]), freqs, dtype=dtype)[0], halved[0][position : position + 1])
+
+
+@pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=str)
+@pytest.mark.parametrize("position_dtype", [np.int64, np.int32, np.uint64], ids=str)
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_one_numpy_position_of_any_shape_gets_the_long_calls_row(dtype, position_dtype, layout):
+    """Positions ``[1, 1]`` (position ids) and ``[]``, each asked twice, in a loop that jumps
+    (each row computed alone), steps (rows ahead), and reaches positions near and beyond
+    2**52 and 2**62 (float64 no longer holds every integer)."""
+    freqs = pe.rope_frequencies(DIM, base=500.0)[0]
+    top = np.iinfo(position_dtype).max // 2
+    steps = [5, 3, 3, 9, 10, 11, 2**20, top - 40, top - 39, top - 38, top]
+    if position_dtype is not np.int32:
+        steps += [2**52 - 40, 2**52 - 1, 2**52, 2**52 + 1, 2**53 + 3, 2**62 + 1, 2**62 + 2]
+    ids = np.array(steps, dtype=position_dtype)
+    with pe.use_backend("reference"):
+        cos, sin = pe.rope_cos_sin(ids, freqs, layout=layout, dtype=dtype)
+    for shape in ((1, 1), ()):
+        for i in range(len(ids)):
+            for _ in range(2):
+                got = pe.rope_cos_sin(ids[i : i + 1].reshape(shape), freqs, layout=layout, dtype=dtype)
+                _same(got[0], cos[i].reshape(shape + cos.shape[1:]))
+                _same(got[1], sin[i].reshape(shape + sin.shape[1:]))
 
 
 @pytest.mark.parametrize(("library", "dtype"), CASES, ids=str)

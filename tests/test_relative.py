@@ -324,3 +324,11 @@ def test_docs_t5_table_is_what_t5_bucket_gives():
         assert pe.t5_bucket(np.array(rel)).tolist() == want, (rel_cell, bucket_cell)
         checked += 1
     assert checked >= 9
+
+
+def test_relative_positions_reach_the_int64_edges_exactly():
+    """Offsets whose relative positions just fit in int64 are computed, without wrapping."""
+    low = pe.relative_positions(1, 8, offset=-(2**63) + 7)
+    assert low.dtype == np.int64 and low.tolist() == [[-(2**63) + 7 - j for j in range(8)]]
+    high = pe.relative_positions(3, 1, offset=2**63 - 3)
+    assert high.tolist() == [[2**63 - 3 + i] for i in range(3)]

@@ -30,6 +30,7 @@ NAMES = [
     "rope numpy [1,32,1,128]",
     "apply_rope numpy [1,32,1,128]",
     "rope_cos_sin numpy [1] x 64, next position",
+    "rope_cos_sin numpy [1] x 64, same position",
     "t5_bias numpy 16 heads, 1 x 512",
     "relative_bias t5 numpy 16 heads, 1 x 512",
     "alibi_bias numpy 16 heads, 1 x 512",

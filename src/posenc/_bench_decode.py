@@ -70,6 +70,7 @@ def numpy_cases(dtype=np.float32):
         Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
         Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
         Case("rope_cos_sin numpy [1] x 64, next position", lambda: pe.rope_cos_sin(next(ours), inv_freq, dtype=dtype), lambda: tables(next(theirs))),
+        Case("rope_cos_sin numpy [1] x 64, same position", lambda: pe.rope_cos_sin(pos, inv_freq, dtype=dtype), tables),
         Case("t5_bias numpy 16 heads, 1 x 512", lambda: pe.t5_bias(table, 1, PAST + 1, offset=PAST), lambda: _numpy_t5(table, PAST, keys), 1.0),
         Case(
             "relative_bias t5 numpy 16 heads, 1 x 512",
@@ -141,18 +142,19 @@ def torch_cases(torch, dtype=None):
         ]
 
 
-def interleaved(case, rounds=7, calls=200, no_grad=None):
-    """``(posenc seconds, framework seconds)`` per call: the best of ``rounds`` alternating rounds of ``calls`` calls."""
+def interleaved(case, rounds=7, calls=200, clock=time.perf_counter):
+    """``(posenc seconds, framework seconds)`` per call: the best of ``rounds`` alternating
+    rounds of ``calls`` calls, timed by ``clock`` (wall time, or ``time.process_time``)."""
     best = [math.inf, math.inf]
     fns = (case.posenc, case.framework)
     for fn in fns:
         fn()  # warm-up: compilation and plans are never timed
     for _ in range(rounds):
         for i, fn in enumerate(fns):
-            t0 = time.perf_counter()
+            t0 = clock()
             for _ in range(calls):
                 fn()
-            best[i] = min(best[i], (time.perf_counter() - t0) / calls)
+            best[i] = min(best[i], (clock() - t0) / calls)
     return tuple(best)
 
 
@@ -165,8 +167,9 @@ def cases():
     return found
 
 
-def run(rounds=7, calls=200, progress=lambda s: None):
-    """The decode-step table as text: posenc and framework microseconds per call, their ratio, the limit."""
+def run(rounds=7, calls=200, progress=lambda s: None, only="", clock=time.perf_counter):
+    """The decode-step table as text: posenc and framework microseconds per call, their
+    ratio, the limit; the cases whose name contains ``only``."""
     lines = [f"{'call (decode-step sizes)':<56} {'posenc':>9} {'framework':>10} {'ratio':>6} {'limit':>6}"]
     torch = None
     if importlib.util.find_spec("torch") is not None:
@@ -179,8 +182,10 @@ def run(rounds=7, calls=200, progress=lambda s: None):
         if grad is not None:
             grad.__enter__()
         for case in cases():
+            if only not in case.name:
+                continue
             progress(f"  {case.name} ...")
-            ours, theirs = interleaved(case, rounds, calls)
+            ours, theirs = interleaved(case, rounds, calls, clock)
             lines.append(f"{case.name:<56} {ours * 1e6:7.1f}us {theirs * 1e6:8.1f}us {ours / theirs:6.2f} {case.limit:6.1f}")
         if grad is not None:
             grad.__exit__(None, None, None)
@@ -191,4 +196,13 @@ def run(rounds=7, calls=200, progress=lambda s: None):
 
 
 if __name__ == "__main__":
-    print(run(progress=lambda s: print(s, flush=True)))
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m posenc._bench_decode", description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", "--only", default="", help="the cases whose name contains this text")
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--calls", type=int, default=200)
+    parser.add_argument("--cpu", action="store_true", help="process CPU time instead of wall time")
+    options = parser.parse_args()
+    clock = time.process_time if options.cpu else time.perf_counter
+    print(run(options.rounds, options.calls, lambda s: print(s, flush=True), options.only, clock))

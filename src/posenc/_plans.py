@@ -104,19 +104,20 @@ def context_key(*arrays):
 
 
 def keywords_key(kwargs, *varying):
-    """The keywords but ``varying`` as ``(names, values, types)`` (True and 1 are two keys);
-    None where one is not a plain value (None, bool, int, float, str, a dtype): an array, an object."""
-    if varying:
-        kwargs = kwargs.copy()
-        for name in varying:
-            kwargs.pop(name, None)
-    values = tuple(kwargs.values())
-    types = tuple(map(type, values))
-    if not _PLAIN.issuperset(types):
-        if not all(map(_dtype_type, types)):
-            return None
-        _PLAIN.update(types)
-    return (tuple(kwargs), values, types)
+    """The keywords but ``varying`` as flat ``(name, value, type, ...)`` triples (True and 1
+    are two keys); None where one is not a plain value (None, bool, int, float, str, a
+    dtype): an array, an object."""
+    key = []
+    for name, value in kwargs.items():
+        if name in varying:
+            continue
+        kind = type(value)
+        if kind not in _PLAIN:
+            if not _dtype_type(kind):
+                return None
+            _PLAIN.add(kind)
+        key += (name, value, kind)
+    return tuple(key)
 
 
 _NUMPY = frozenset((np.ndarray,))
@@ -273,13 +274,18 @@ class ExpandBias:
 
 
 class RopeCosSin:
-    """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on every call."""
+    """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on
+    every call. Its validation and plan read no NumPy array's strides or flags, which the
+    key of two NumPy arrays leaves out (a decode loop's key costs the least)."""
 
     @staticmethod
     def key(args, kwargs):
         if len(args) != 2:
             return None
         positions, inv_freq = args
+        if type(positions) is np.ndarray and type(inv_freq) is np.ndarray:
+            key = ("rope_cos_sin", positions.shape, positions.dtype, inv_freq.shape, inv_freq.dtype, _dispatch.get_backend(), keywords_key(kwargs))
+            return None if key[-1] is None else key
         if type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray:
             return None
         key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(positions, inv_freq), keywords_key(kwargs))

@@ -78,6 +78,20 @@ def integer(name, value, *, minimum=None):
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
+def relative_offset(offset, q_len, k_len):
+    """A validated ``offset`` of the first query (an int, or a traced array as it is) whose
+    query positions ``offset .. offset + q_len - 1`` and relative positions
+    ``(offset + i) - j``, down to ``offset - (k_len - 1)``, stay within int64."""
+    if isinstance(offset, int):
+        low, high = offset - max(k_len - 1, 0), offset + max(q_len - 1, 0)
+        if low < INT64_MIN or high > INT64_MAX:
+            raise ValueError(
+                f"offset={offset} with q_len={q_len} and k_len={k_len} puts the relative positions (offset + i) - j "
+                f"at {low} .. {high}, beyond int64 ({INT64_MIN} .. {INT64_MAX})"
+            )
+    return offset
+
+
 def integer_or_traced(name, value, *, minimum=None):
     """An integer argument that the computation may carry as an array (an offset, a length
     that no shape depends on): :func:`integer`, except that a 0-d integer array whose value

@@ -7,6 +7,7 @@ import math
 from .. import _validate as check
 from .._xp import cast, compute_dtype, device_of, index_dtype, namespace, shifted
 from . import _args
+from .indices import query_offset
 
 
 def _check(q, k, xp, causal, offset, scale):
@@ -15,7 +16,7 @@ def _check(q, k, xp, causal, offset, scale):
         raise ValueError(f"q and k must have at least one feature on their last axis, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)
+    offset = query_offset(offset, q_len, k_len)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     return q_len, k_len, offset, scale
 

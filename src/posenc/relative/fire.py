@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._xp import cast, device_of, index_dtype, namespace, result_dtype, shifted, widest_float
+from .indices import query_offset
 
 
 def _scalar(name, value, xp):
@@ -25,7 +26,7 @@ def fire_distances(q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)
+    offset = query_offset(offset, q_len, k_len)
     xp = namespace(*(a for a in (c, threshold) if check.is_array(a)), xp=xp)
     c = _scalar("c", c, xp)
     threshold = _scalar("threshold", threshold, xp)

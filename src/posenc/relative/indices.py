@@ -48,7 +48,7 @@ def query_offset(offset, q_len, k_len):
     the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal)."""
     if offset is None:
         return k_len - q_len
-    return check.integer_or_traced("offset", offset)
+    return check.relative_offset(check.integer_or_traced("offset", offset), q_len, k_len)
 
 
 def distances(q_len, k_len, offset, *, xp, device=None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import _validate as check
 from .._xp import cast, compute_dtype, cos_sin, device_of, namespace, result_dtype
 from .biases import expand_bias
-from .indices import distances
+from .indices import distances, query_offset
 
 KERPLE_KINDS = ("log", "power")
 
@@ -18,8 +18,7 @@ KERPLE_KINDS = ("log", "power")
 def _lengths(q_len, k_len, offset):
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = k_len - q_len if offset is None else check.integer_or_traced("offset", offset)
-    return q_len, k_len, offset
+    return q_len, k_len, query_offset(offset, q_len, k_len)
 
 
 def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):

@@ -29,9 +29,13 @@ class TablesPlan:
 
             self.lib = torch
             self.dtype = torch.float32 if dtype is None else dtype
+            self.single = None
         else:
             self.lib = None
             self.dtype = np.dtype(np.float32 if dtype is None else dtype)
+            # The key fixes the positions' shape: NumPy's frequencies are shaped to
+            # broadcast against ``positions[..., None]``, one position's to be its row.
+            self.single = positions.shape if positions.size == 1 else None
         self.half = layout == "half"
         self.freqs = (None, None)  # (the frequencies' bytes, their float64 values doubled in the layout's order)
         self.last = None  # the position of the last one-position NumPy call
@@ -50,6 +54,8 @@ class TablesPlan:
         doubled = np.concatenate([freqs, freqs]) if self.half else np.repeat(freqs, 2)
         if self.torch:
             doubled = self.lib.from_numpy(doubled)
+        elif self.single is not None:
+            doubled = doubled.reshape(self.single + doubled.shape)
         self.freqs = (raw, doubled)
         return doubled
 
@@ -59,25 +65,26 @@ class TablesPlan:
         if freqs is None:
             return NotImplemented
         scale = float(kwargs.get("scale", 1.0))  # the call's own: 0.0 and -0.0 share a key
-        if not self.torch and positions.size == 1 and scale == 1.0:
-            return self._sequential(positions, freqs)
+        if self.single is not None and scale == 1.0:
+            return self._single(positions, freqs)
         return self._tables(positions, freqs, scale)
 
-    def _sequential(self, positions, freqs):
-        """One position: a copy of its rows when the rows ahead hold it, else computed; the
-        call after position ``p - 1`` computes the rows of ``p .. p + BLOCK - 1``."""
-        p = int(positions.reshape(-1)[0])
+    def _single(self, positions, freqs):
+        """One position ``p``: a copy of its rows when the rows ahead hold them, else its
+        own; the call after position ``p - 1`` computes the rows of ``p .. p + BLOCK - 1``."""
+        p = positions.item(0)
         last, self.last = self.last, p
         held, first, cos, sin = self.ahead
-        shape = positions.shape + (len(freqs),)
         if held is freqs and 0 <= p - first < BLOCK:
-            return cos[p - first].reshape(shape).copy(), sin[p - first].reshape(shape).copy()
-        if last != p - 1 or not -_EXACT < p < _EXACT - BLOCK:
+            return cos[p - first].copy(), sin[p - first].copy()
+        if not -_EXACT < p < _EXACT - BLOCK:
             return self._tables(positions, freqs, 1.0)
-        cos, sin = self._tables(np.arange(p, p + BLOCK)[:, None], freqs, 1.0)
-        cos, sin = cos[:, 0], sin[:, 0]
+        if last != p - 1:
+            angle = float(p) * freqs  # float(p): the exact float64 the array product converts p to
+            return np.cos(angle).astype(self.dtype, copy=False), np.sin(angle).astype(self.dtype, copy=False)
+        cos, sin = self._tables(np.arange(p, p + BLOCK).reshape((BLOCK, *self.single)), freqs, 1.0)
         self.ahead = (freqs, p, cos, sin)
-        return cos[0].reshape(shape).copy(), sin[0].reshape(shape).copy()
+        return cos[0].copy(), sin[0].copy()
 
     def _tables(self, positions, freqs, scale):
         # Integer positions times float64 frequencies: the positions promote to float64, as
