@@ -155,3 +155,54 @@ def test_float_positions_get_their_gradient_through_rope():
     x = torch.randn(3, 5, 8, dtype=torch.float64)
     positions = (torch.rand(5, dtype=torch.float64) * 50).requires_grad_()
     assert torch.autograd.gradcheck(lambda p: pe.rope(x, p, scaling=pe.scaling.YaRN(2.0, 16)), (positions,))
+
+
+def _bits_equal(a, b):
+    """Equal bit for bit up to NaN payloads (a NaN's sign included): the same NaNs, values and signs of zero."""
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) and torch.equal(a.signbit() & ~nan, b.signbit() & ~nan)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_compiled_apply_rope_fuses_in_the_kernels_arithmetic(dtype, monkeypatch):
+    """Under inductor, ``apply_rope`` on CPU tensors of one dtype is torch operations, not the opaque
+    custom op (a decode step's compiled graph fuses it), and its result is the eager kernel's bit for
+    bit: both layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities and
+    ``cos = 0`` entries (where a 16-bit row's sign of zero comes from the kernel's second term)."""
+    torch._dynamo.reset()
+    gen = torch.Generator().manual_seed(0)
+    calls = []
+    kernel = _ops._apply_kernel
+    monkeypatch.setattr(_ops, "_apply_kernel", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    for layout in ("half", "interleaved"):
+        x = torch.randn(2, 3, 5, 12, generator=gen).to(dtype)
+        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, -0.0, 0.0])
+        x[0, 0, 1, :2] = torch.tensor([float("inf"), -float("inf")])
+        angles = torch.randn(2, 1, 5, 4, generator=gen, dtype=torch.float64) * 100
+        angles[0, 0, 0, :2] = 0.0
+        doubled = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
+        cos, sin = doubled.cos().to(dtype), doubled.sin().to(dtype)
+        cos[0, 0, 2, :3], sin[0, 0, 2, :3] = 0.0, -0.0
+
+        def f(x, cos, sin):
+            return pe.apply_rope(x, cos, sin, layout=layout)
+
+        eager = f(x, cos, sin)
+        calls.clear()
+        compiled = torch.compile(f, fullgraph=True, dynamic=False)(x, cos, sin)
+        assert not calls, "the compiled graph called the custom op"
+        assert compiled.dtype == dtype and _bits_equal(compiled, eager), layout
+
+
+def test_compiled_apply_rope_keeps_the_custom_op_for_gradients_and_float64():
+    """Where the formula's bits or backward could differ from the kernel's (float64 rows, recorded
+    gradients), the compiled graph keeps the custom op."""
+    torch._dynamo.reset()
+    cos, sin = (t.detach() for t in _cos_sin((5,), False))
+    x = torch.randn(3, 5, 4, dtype=torch.float64, requires_grad=True)
+    compiled = torch.compile(lambda x: pe.apply_rope(x, cos, sin), fullgraph=True, backend="aot_eager")
+    y = compiled(x)
+    torch.testing.assert_close(y, pe.apply_rope(x, cos, sin), rtol=0, atol=0)
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, pe.apply_rope(torch.ones_like(x), cos, -sin), rtol=0, atol=0)

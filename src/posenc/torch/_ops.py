@@ -212,7 +212,57 @@ def rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1
 
 
 def rope_apply(x, cos, sin, *, layout="half", out=None):
-    return _written(rope_apply_op(x, cos, sin, layout == "interleaved"), out)
+    interleaved = layout == "interleaved"
+    if _fuses(x, cos, sin):
+        return _written(_apply_in_kernel_arithmetic(x, cos, sin, interleaved), out)
+    return _written(rope_apply_op(x, cos, sin, interleaved), out)
+
+
+def _fuses(x, cos, sin):
+    """A traced call that ``_apply_in_kernel_arithmetic`` computes, bit for bit, as the CPU kernel
+    would: CPU tensors of one 16-bit or float32 dtype, no gradient recorded (the custom op keeps
+    its own backward)."""
+    return (
+        torch.compiler.is_compiling()
+        and x.device.type == "cpu"
+        and x.dtype in _WORK
+        and cos.dtype == x.dtype
+        and sin.dtype == x.dtype
+        and not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad))
+    )
+
+
+# The dtype each row dtype's rotation runs in (``rope_cpu``): the products of two such values
+# are exact in it, so ``a*c - b*s`` is rounded once there whether or not a compiler fuses a
+# multiply-add, and once more on the way back to the row's dtype. (float64 rows, whose products
+# are not exact, keep the custom op: a fused multiply-add would change their last bit.)
+_WORK = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
+    """``rope_apply`` as torch operations that inductor fuses into its neighbours' loops.
+
+    The CPU kernel's arithmetic (``_kernels/_pairs.py``), not a second definition: each pair
+    ``(a, b)`` becomes ``(a*c - b*s, b*c + a*s)`` in the row's work dtype, rounded once to
+    the row's dtype. 16-bit rows add the kernel's second term, ``fma(a, cl, -(b*sl))``, whose
+    ``cl = sl = 0`` for 16-bit ``cos``/``sin`` (their heads hold them whole): a signed zero,
+    ``a*0 - b*0`` with ``a``, ``b`` clamped to finite values, that decides the sign of a zero
+    result as the kernel's does. A compiled decode step then costs what the formula it
+    replaces costs, where the opaque custom op costs a dispatch per call (docs/benchmarks.md).
+    """
+    work = _WORK[x.dtype]
+    half = cos.shape[-1] // 2
+    a, b = (t.to(work) for t in _pairs(x, interleaved, half))
+    c, s = (_pairs(t, interleaved, half)[0].to(work) for t in (cos, sin))
+    ra, rb = a * c - b * s, b * c + a * s
+    if work == torch.float32:
+        bound = torch.finfo(torch.float32).max
+        af, bf = a.clamp(-bound, bound), b.clamp(-bound, bound)
+        ra, rb = ra + (af * 0.0 - bf * 0.0), rb + (bf * 0.0 + af * 0.0)
+    ra, rb = ra.to(x.dtype), rb.to(x.dtype)
+    rotated = torch.stack([ra, rb], dim=-1).flatten(-2) if interleaved else torch.cat([ra, rb], dim=-1)
+    rest = x[..., 2 * half :]
+    return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
