@@ -95,6 +95,24 @@ def test_hugging_face_drop_in_decode_rows_equal_the_long_call(dtype):
         _same(_twice(lambda: apply_rotary_pos_emb(q[:, :, t : t + 1], k[:, :, t : t + 1], c, s)[1]), full_k[:, :, t : t + 1])
 
 
+def test_rows_kept_between_calls_are_the_rows_computed_afresh_across_sets_and_evictions():
+    """``posenc.torch.hf.cached_rows`` keeps a few row sets (frequencies, scale, dtype): more
+    sets than it keeps, revisited and grown, read the rows ``rope_cos_sin`` computes afresh."""
+    from posenc.torch import hf
+
+    sets = [(pe.rope_frequencies(16, base=base)[0], scale) for base in (100.0, 1e4, 5e5) for scale in (1.0, 1.25, 0.5)]
+    for round_ in range(2):
+        for i, (inv_freq, scale) in enumerate(sets):
+            ids = torch.tensor([[3, 70 + 300 * round_ + i]])
+            for dtype in (torch.bfloat16, torch.float32):
+                got = hf.cached_rows(tuple(inv_freq.tolist()), scale, dtype, ids)
+                for table, want in zip(got, pe.rope_cos_sin(ids, inv_freq, dtype=dtype, scale=scale)):
+                    _same(table, want)
+            assert len(hf._ROWS) <= hf._MOST_CACHED_SETS
+    assert hf.cached_rows(tuple(sets[0][0].tolist()), 1.0, torch.float32, torch.tensor([[1 << 16]])) is None
+    assert hf.cached_rows(tuple(sets[0][0].tolist()), 1.0, torch.float32, torch.tensor([[-1]])) is None
+
+
 def _tables(library, dtype):
     rng = np.random.default_rng(2)
     table, slopes = rng.standard_normal((32, HEADS)), pe.alibi_slopes(HEADS, dtype=np.float64)

@@ -11,6 +11,7 @@ Pop2Piano, Pix2Struct's decoder) and ALiBi (BLOOM, Falcon with ``alibi=True``, M
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 
 import numpy as np
@@ -78,13 +79,13 @@ def _assert_routed_through_posenc(model):
     elif model.config.model_type == "mpt":
         assert model.transformer.build_mpt_alibi_tensor is hf_patch.mpt_alibi_tensor
     elif model.config.model_type == "falcon":  # the ALiBi builder Falcon's model calls as a global
-        assert model.transformer.forward.__func__.__globals__["build_alibi_tensor"] is hf_patch.falcon_alibi_tensor
+        assert inspect.unwrap(model.transformer.forward.__func__).__globals__["build_alibi_tensor"] is hf_patch.falcon_alibi_tensor
         assert "transformer build_alibi_tensor: alibi_bias (in bfloat16)" in patched
     else:
         rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
         assert rotary and all(isinstance(m, HFRotaryEmbedding) for m in rotary)
         attention = [m for m in model.modules() if "forward" in vars(m)]
-        assert attention and all(m.forward.__func__.__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
+        assert attention and all(inspect.unwrap(m.forward.__func__).__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
         assert len(patched) == len(rotary) + len(attention)
 
 
@@ -188,6 +189,32 @@ def test_hf_rotary_embedding_compiles_with_a_traced_switch():
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rope", ["default", "yarn", "dynamic"])
+def test_compiled_hf_rotary_embedding_gives_the_eager_tables_from_one_op(rope, dtype, monkeypatch):
+    """Under inductor, frequencies that do not depend on the call (every ``rope_type`` but
+    ``dynamic`` and ``longrope``) give their tables from the opaque ``posenc::rope_cos_sin``,
+    computed once per graph call, not the traced float64 formula that inductor recomputes
+    in every rotation reading the tables; the tables are the eager module's, bit for bit,
+    as are the traced tables of a ``dynamic`` model."""
+    torch._dynamo.reset()
+    module = HFRotaryEmbedding(_llama_config(rope))
+    x = torch.zeros(1, dtype=dtype)
+    compiled = torch.compile(module, fullgraph=True, dynamic=False)
+    compiled(x, torch.arange(9)[None])
+    calls = []  # the op's body runs the eager lookup at each call of the graph; the traced formula does not
+    eager = posenc_hf.cached_rows
+    monkeypatch.setattr(posenc_hf, "cached_rows", lambda *a: calls.append(1) or eager(*a))
+    positions = [torch.arange(start, start + 9)[None] for start in (0, 1000, 70000)]  # rows kept below 2**16
+    got = [compiled(x, p) for p in positions]
+    assert len(calls) == (0 if rope == "dynamic" else 3)
+    monkeypatch.undo()
+    for p, tables in zip(positions, got):
+        for table, want in zip(tables, module(x, p)):
+            assert table.dtype == dtype and torch.equal(table, want), (rope, p)
+
+
 # Dynamo warns that it traces through array-api-compat's lru_cache'd type checks (a pure
 # function of the array's type: nothing to go stale).
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
@@ -289,7 +316,7 @@ def test_a_part_that_differs_is_named_and_nothing_is_swapped():
         return q_embed + 1e-3, k_embed
 
     attention = type(model.model.layers[0].self_attn)
-    original = attention.forward
+    original = inspect.unwrap(attention.forward)
     scope = dict(original.__globals__, apply_rotary_pos_emb=shifted)
     import types
 
@@ -298,6 +325,45 @@ def test_a_part_that_differs_is_named_and_nothing_is_swapped():
     with pytest.raises(ValueError, match=r"apply function .*shifted: no posenc layout reproduces it: half layout differs by 0\.001"):
         patch_hf(model)
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+
+
+def _decorated(forward, holds_it):
+    """``forward`` under a ``functools.wraps`` decorator (as transformers' ``deprecate_kwarg``),
+    which holds the wrapped function in its closure, or reaches it some other way."""
+    import functools
+
+    elsewhere = {"forward": forward}
+
+    def holding(*args, **kwargs):
+        return forward(*args, **kwargs)
+
+    def looking_up(*args, **kwargs):
+        return elsewhere["forward"](*args, **kwargs)
+
+    return functools.wraps(forward)(holding if holds_it else looking_up)
+
+
+@pytest.mark.parametrize("holds_it", [True, False])
+def test_a_decorated_attention_forward_is_rebound_through_its_decorator_or_refused(holds_it):
+    model = build("llama[default]")
+    ids, mask = inputs()
+    with torch.no_grad():
+        want = model(ids, attention_mask=mask).logits
+    attention = type(model.model.layers[0].self_attn)
+    decorated = type("DecoratedAttention", (attention,), {"forward": _decorated(inspect.unwrap(attention.forward), holds_it)})
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = decorated
+    if not holds_it:
+        with pytest.raises(ValueError, match="wrapped by a decorator that does not hold the function it wraps"):
+            patch_hf(model)
+        return
+    patch_hf(model)
+    _assert_routed_through_posenc(model)
+    for layer in model.model.layers:
+        forward = layer.self_attn.forward.__func__
+        assert forward.__code__ is decorated.forward.__code__  # the decorator still runs, around the rebound forward
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, attention_mask=mask).logits, want, atol=1e-5, rtol=1e-5)
 
 
 def test_an_alibi_builder_that_differs_is_named():

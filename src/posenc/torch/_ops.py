@@ -265,6 +265,28 @@ def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
     return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
+@torch.library.custom_op("posenc::rope_cos_sin", mutates_args=())
+def rope_cos_sin_op(positions: Tensor, inv_freq: list[float], dtype: torch.dtype, scale: float) -> tuple[Tensor, Tensor]:
+    """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance,
+    as one opaque op of a compiled graph; its body is the eager call (``hf.cached_rows``, or
+    :func:`posenc.rope_cos_sin` where the rows do not serve)."""
+    from ..rotary.apply import rope_cos_sin
+    from .hf import cached_rows
+
+    rows = cached_rows(tuple(inv_freq), scale, dtype, positions)
+    if rows is not None:
+        return rows
+    with torch.no_grad():
+        cos, sin = rope_cos_sin(positions, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
+    return cos.contiguous(), sin.contiguous()
+
+
+@rope_cos_sin_op.register_fake
+def _(positions, inv_freq, dtype, scale):
+    shape = (*positions.shape, 2 * len(inv_freq))
+    return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
+
+
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     return _written(toeplitz_expand_op(vec, q_len, k_len), out)
 

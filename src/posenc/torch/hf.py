@@ -10,33 +10,37 @@ transformers itself is never imported here: the model in hand says what it is.
 
 from __future__ import annotations
 
+import threading
+
+import numpy as np
 import torch
 from torch import nn
 
 import posenc as pe
 from posenc import _plans
 
-from . import hf_patch
+from . import _ops, hf_patch
 
-# Architectures (model types of transformers 5.23's causal-LM auto mapping, and the T5 family) whose
+# Architectures (model types of transformers 5.24's causal-LM auto mapping, and the T5 family) whose
 # tiny random model, patched, gives the original's logits within float32 rounding and its
 # greedy tokens: the "covered" rows of docs/transformers.md (tests/hf_zoo.py, test_hf_zoo.py).
 SUPPORTED = (
-    "afmoe", "apertus", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam", "bitnet",
-    "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2", "deepseek_v3",
-    "deepseek_v32", "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe", "exaone4",
-    "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma", "gemma2", "gemma3_text",
-    "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox", "gpt_neox_japanese",
-    "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe", "granitemoe_swa", "granitemoeshared",
-    "helium", "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax",
-    "internlm3", "iquestcoder", "jais2", "jetmoe", "kolibri1", "laguna", "lfm2", "lfm3", "llama",
-    "llama4", "llama4_text", "longt5", "mellum", "mimo_v2_flash", "minicpm3", "minimax",
-    "minimax_m2", "minimax_m3_vl_text", "ministral", "ministral3", "mistral", "mixtral", "mllama",
-    "modernbert-decoder", "mpt", "mt5", "nanochat", "nemotron", "olmo", "olmo2", "olmo3",
-    "olmo_hybrid", "olmoe", "persimmon", "phi", "phi3", "phi4_multimodal", "phimoe", "pix2struct",
-    "pop2piano", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "qwen3_next", "roformer", "seed_oss",
-    "smollm3", "solar_open", "stablelm", "starcoder2", "switch_transformers", "t5", "umt5",
-    "vaultgemma", "youtu", "zamba2",
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid",
+    "beam", "bitnet", "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2",
+    "deepseek_v3", "deepseek_v32", "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe",
+    "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma",
+    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox",
+    "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
+    "granitemoe_swa", "granitemoeshared", "helium", "hrm_text", "hunyuan_v1_dense",
+    "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2",
+    "jetmoe", "kolibri1", "laguna", "lara_mini", "lfm2", "lfm3", "llama", "llama4", "llama4_text",
+    "longt5", "mellum", "mimo_v2_flash", "minicpm3", "minimax", "minimax_m2", "minimax_m3_vl_text",
+    "ministral", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5",
+    "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi",
+    "phi3", "phi4_multimodal", "phimoe", "pix2struct", "pop2piano", "qwen2", "qwen2_moe", "qwen3",
+    "qwen3_moe", "qwen3_next", "roformer", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+    "solar_open", "stablelm", "starcoder2", "switch_transformers", "t5", "umt5", "vaultgemma",
+    "youtu", "zamba2",
 )
 
 
@@ -56,11 +60,12 @@ class HFRotaryEmbedding(nn.Module):
     the two agree whenever lengths grow, as in ``generate``). Parameters nested per layer
     type (Gemma 3) are read for ``layer_type``, given here or per call.
 
-    Other scalings keep, per dtype, the rows of positions ``0 .. n - 1`` that
-    :func:`posenc.rope_cos_sin` computed (``n`` doubles as larger positions come), and a
-    call on CPU position ids looks its rows up: every value is the one computing afresh
-    gives, since each row depends on its position only (``tests/test_decode_step.py``).
-    Traced calls (``torch.compile``) and GPU position ids compute afresh.
+    Other scalings read CPU position ids' rows from :func:`cached_rows` (every value the
+    one computing afresh gives). Under ``torch.compile`` they are one opaque op,
+    ``posenc::rope_cos_sin``, whose body is that eager call: the graph computes its tables
+    once, in the eager bits, where inductor, given the traced float64 formula, would
+    recompute ``cos`` and ``sin`` inside every rotation that reads them (every layer and
+    head) and skip their rounding to a 16-bit dtype there. GPU position ids compute afresh.
 
     ``device`` is accepted for the transformers signature; the tables are computed on the
     device of ``position_ids``.
@@ -76,7 +81,12 @@ class HFRotaryEmbedding(nn.Module):
         first = next(iter(self._rope.values()))
         self.rotary_dim = first.rotary_dim
         self.attention_scaling = pe.rope_frequencies(first.rotary_dim, base=first.base, scaling=first.scaling)[1]
-        self._cache = {}
+        # Frequencies that do not depend on the call, as Python floats (constants of a traced graph).
+        self._fixed = {}
+        for key, rope in self._rope.items():
+            if rope.scaling is None or not rope.scaling.uses_seq_len:
+                inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
+                self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
 
     def _for(self, layer_type):
         if None in self._rope:
@@ -87,8 +97,12 @@ class HFRotaryEmbedding(nn.Module):
 
     def forward(self, x, position_ids, layer_type=None):
         rope = self._for(layer_type)
-        if rope.scaling is None or not rope.scaling.uses_seq_len:
-            rows = self._rows(rope, x.dtype, position_ids)
+        fixed = self._fixed.get(None if None in self._rope else layer_type)
+        if fixed is not None and not position_ids.dtype.is_floating_point:
+            inv_freq, scale = fixed
+            if torch.compiler.is_compiling():
+                return _ops.rope_cos_sin_op(position_ids, list(inv_freq), x.dtype, scale)
+            rows = cached_rows(inv_freq, scale, x.dtype, position_ids)
             if rows is not None:
                 return rows
         with torch.no_grad():
@@ -98,32 +112,46 @@ class HFRotaryEmbedding(nn.Module):
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
             return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
 
-    def _rows(self, rope, dtype, position_ids):
-        """``(cos, sin)`` rows of the position-keyed cache, or None where it does not serve.
 
-        The cache holds no autograd history (its rows are computed without it), so neither
-        do the rows read from it."""
-        if torch.compiler.is_compiling() or position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
-            return None
-        count = position_ids.numel()
-        if count == 1:  # a decode step: one position, one read of it
-            low = high = int(position_ids.reshape(()))
-        elif count:
-            low, high = (int(v) for v in torch.aminmax(position_ids))
-        else:
-            return None
-        if low < 0 or high >= _MOST_CACHED_ROWS:
-            return None
-        key = (id(rope), dtype)
-        cos, sin = self._cache.get(key, (None, None))
-        if cos is None or high >= cos.shape[0]:
-            count = max(high + 1, 2 * (0 if cos is None else cos.shape[0]), 64)
-            inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
-            with torch.no_grad():
-                cos, sin = pe.rope_cos_sin(torch.arange(count), inv_freq, dtype=dtype, scale=scale)
-            self._cache[key] = (cos, sin)
-        return cos[position_ids], sin[position_ids]
+def cached_rows(inv_freq, scale, dtype, position_ids):
+    """``(cos, sin)`` of ``rope_cos_sin`` for CPU integer ``position_ids``, read from rows
+    kept between calls, or None where the rows do not serve (other devices, negative
+    positions, positions from ``2**16``).
 
+    The rows of positions ``0 .. n - 1`` are kept per ``(inv_freq, scale, dtype)`` (a tuple
+    of floats, a float, a torch dtype; ``n`` doubles as larger positions come, the last
+    few sets are kept). Each row depends on its position only, so every value read is
+    the one computing afresh gives (``tests/test_decode_step.py``). The rows hold no
+    autograd history, nor do the rows read from them."""
+    if position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
+        return None
+    count = position_ids.numel()
+    if count == 1:  # a decode step: one position, one read of it
+        low = high = int(position_ids.reshape(()))
+    elif count:
+        low, high = (int(v) for v in torch.aminmax(position_ids))
+    else:
+        return None
+    if low < 0 or high >= _MOST_CACHED_ROWS:
+        return None
+    key = (inv_freq, scale, dtype)
+    cos, sin = _ROWS.get(key, (None, None))
+    if cos is None or high >= cos.shape[0]:
+        count = max(high + 1, 2 * (0 if cos is None else cos.shape[0]), 64)
+        with torch.no_grad():
+            cos, sin = pe.rope_cos_sin(torch.arange(count), np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
+        with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
+            _ROWS.pop(key, None)
+            _ROWS[key] = (cos, sin)
+            while len(_ROWS) > _MOST_CACHED_SETS:
+                del _ROWS[next(iter(_ROWS))]
+    return cos[position_ids], sin[position_ids]
+
+
+_ROWS = {}
+_ROWS_LOCK = threading.Lock()
+# The row sets kept: a model's one or two (Gemma 3's layer types), in each dtype it runs in.
+_MOST_CACHED_SETS = 8
 
 # Positions beyond this compute their rows afresh (a cache of 2**16 rows of 128 float32 is 64 MiB for cos and sin).
 _MOST_CACHED_ROWS = 1 << 16

@@ -277,10 +277,20 @@ def _check_rotary(theirs, ours, dtype, device):
 # --- apply functions ------------------------------------------------------------------------
 
 
+def _forward_code(module):
+    """The function whose code is ``type(module).forward``: the forward itself, or the function
+    its decorators wrap (``__wrapped__``, set by ``functools.wraps``: transformers 5.24 wraps
+    attention forwards in ``deprecate_kwarg``); None if it is not a Python function."""
+    fn = getattr(type(module), "forward", None)
+    while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+        fn = fn.__wrapped__
+    return fn if isinstance(fn, types.FunctionType) else None
+
+
 def _apply_globals(module):
     """``{global name: function}`` of the ``apply_*rot*`` functions ``module.forward`` calls."""
-    fn = getattr(type(module), "forward", None)
-    if not isinstance(fn, types.FunctionType):
+    fn = _forward_code(module)
+    if fn is None:
         return {}
     names = {n for n in fn.__code__.co_names if _APPLY_NAME.match(n)}
     return {n: fn.__globals__[n] for n in names if callable(fn.__globals__.get(n))}
@@ -293,8 +303,8 @@ def _apply_parts(model, rotary, dtype, device, swaps, refusals):
         used = _apply_globals(module)
         if not used:
             continue
-        if hasattr(type(module).forward, "__wrapped__"):
-            refusals.append(f"{name} ({type(module).__name__}): its forward is wrapped; cannot route {', '.join(used)} through posenc")
+        if not _rebindable(type(module).forward):
+            refusals.append(f"{name} ({type(module).__name__}): its forward is wrapped by a decorator that does not hold the function it wraps; cannot route {', '.join(used)} through posenc")
             continue
         users.append((name, module, used))
         for fn in used.values():
@@ -520,8 +530,8 @@ def _sinusoidal_apply_parts(model, dtype, device, swaps, refusals):
     an attention layer calls on ``self``, with ``sinusoidal_pos = [sin | cos]`` of its own table."""
     checked = {}
     for name, module in model.named_modules():
-        forward = getattr(type(module), "forward", None)
-        if not isinstance(forward, types.FunctionType):
+        forward = _forward_code(module)
+        if forward is None:
             continue
         for method in sorted(n for n in forward.__code__.co_names if _APPLY_NAME.match(n)):
             fn = inspect.getattr_static(type(module), method, None)
@@ -681,8 +691,8 @@ _ALIBI_NAME = re.compile(r"^build_\w*alibi\w*$")
 def _alibi_parts(model, device, swaps, refusals):
     """ALiBi builders a module's ``forward`` calls, as its method (BLOOM, MPT) or a global (Falcon)."""
     for name, module in model.named_modules():
-        forward = getattr(type(module), "forward", None)
-        if not isinstance(forward, types.FunctionType):
+        forward = _forward_code(module)
+        if forward is None:
             continue
         where = name or "model"
         rebinds, rebound = {}, []
@@ -711,7 +721,9 @@ def _alibi_parts(model, device, swaps, refusals):
                 continue
             rebinds["_get_alibi_slopes"] = _alibi_slopes
             rebound.append(f"{where} _get_alibi_slopes: alibi_slopes")
-        if rebinds:
+        if rebinds and not _rebindable(type(module).forward):
+            refusals.append(f"{where} ({type(module).__name__}): its forward is wrapped by a decorator that does not hold the function it wraps; cannot route {', '.join(sorted(rebinds))} through posenc")
+        elif rebinds:
             swaps.append((_rebinder(module, rebinds), tuple(rebound)))
 
 
@@ -823,11 +835,43 @@ def _rebinder(module, replacements):
     return swap
 
 
+def _wrapped_cell(fn):
+    """The index of the closure cell of the decorator ``fn`` that holds ``fn.__wrapped__``, or None."""
+    for i, cell in enumerate(fn.__closure__ or ()):
+        try:
+            if cell.cell_contents is fn.__wrapped__:
+                return i
+        except ValueError:  # an empty cell
+            continue
+    return None
+
+
+def _rebindable(fn):
+    """Whether ``_with_globals`` can rebind ``fn``: each decorator around it holds what it wraps in its closure."""
+    while isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+        if _wrapped_cell(fn) is None:
+            return False
+        fn = fn.__wrapped__
+    return isinstance(fn, types.FunctionType)
+
+
 def _with_globals(fn, replacements):
     """A copy of ``fn`` whose global names in ``replacements`` are bound to new values.
 
-    Only the instance that gets it changes; its class and the transformers module are untouched.
+    A decorated ``fn`` (``_rebindable``) is copied with a copy of the function it wraps in
+    its closure, rebound the same way. Only the instance that gets it changes; its class and
+    the transformers module are untouched.
     """
+    if isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
+        inner = _with_globals(fn.__wrapped__, replacements)
+        at = _wrapped_cell(fn)
+        closure = tuple(types.CellType(inner) if i == at else cell for i, cell in enumerate(fn.__closure__))
+        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
+        new.__kwdefaults__ = fn.__kwdefaults__
+        new.__dict__.update(fn.__dict__)
+        new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+        new.__wrapped__ = inner
+        return new
     scope = dict(fn.__globals__)
     scope.update(replacements)
     new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
