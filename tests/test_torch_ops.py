@@ -129,7 +129,7 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
         args = make()
         floats = {i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point}
         covered.setdefault(op, set()).update(floats if args[0].dtype == torch.float64 else ())
-    ops = {v for v in vars(_ops).values() if isinstance(v, torch._library.custom_ops.CustomOpDef)}
+    ops = {v for v in vars(_ops).values() if isinstance(v, (torch._library.custom_ops.CustomOpDef, torch._ops.OpOverload))}
     assert ops == set(covered)
     expected = {_ops.rope_rotate_op: {0, 1}, _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set()}

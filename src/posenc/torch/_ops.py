@@ -265,11 +265,10 @@ def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
     return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
-@torch.library.custom_op("posenc::rope_cos_sin", mutates_args=())
-def rope_cos_sin_op(positions: Tensor, inv_freq: list[float], dtype: torch.dtype, scale: float) -> tuple[Tensor, Tensor]:
-    """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance,
-    as one opaque op of a compiled graph; its body is the eager call (``hf.cached_rows``, or
-    :func:`posenc.rope_cos_sin` where the rows do not serve)."""
+def _rope_cos_sin(positions, inv_freq, dtype, scale):
+    """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance:
+    the eager call (``hf.cached_rows``, or :func:`posenc.rope_cos_sin` where the rows do not
+    serve) as one opaque op of a compiled graph."""
     from ..rotary.apply import rope_cos_sin
     from .hf import cached_rows
 
@@ -281,10 +280,21 @@ def rope_cos_sin_op(positions: Tensor, inv_freq: list[float], dtype: torch.dtype
     return cos.contiguous(), sin.contiguous()
 
 
-@rope_cos_sin_op.register_fake
+# Defined on a torch.library.Library rather than with custom_op: nothing in it is differentiable
+# (integer positions), and a compiled decode step calls it once, where custom_op's Python
+# autograd wrapper would double the cost of the call (tests/test_torch_ops.py opchecks it).
+_LIBRARY = torch.library.Library("posenc", "FRAGMENT")
+_LIBRARY.define("rope_cos_sin(Tensor positions, float[] inv_freq, ScalarType dtype, float scale) -> (Tensor, Tensor)")
+_LIBRARY.impl("rope_cos_sin", _rope_cos_sin, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("posenc::rope_cos_sin")
 def _(positions, inv_freq, dtype, scale):
     shape = (*positions.shape, 2 * len(inv_freq))
     return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
+
+
+rope_cos_sin_op = torch.ops.posenc.rope_cos_sin.default
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):

@@ -127,7 +127,7 @@ def cached_rows(inv_freq, scale, dtype, position_ids):
         return None
     count = position_ids.numel()
     if count == 1:  # a decode step: one position, one read of it
-        low = high = int(position_ids.reshape(()))
+        low = high = position_ids.item()
     elif count:
         low, high = (int(v) for v in torch.aminmax(position_ids))
     else:
