@@ -30,6 +30,13 @@ def test_the_report_has_a_line_per_call_and_says_whether_tokens_agree(monkeypatc
         return {"generate": ((2.0, 1.0), (4.0, 2.0), (0.5, 0.25))}, True
 
     monkeypatch.setattr(_bench_generate, "ratios", fake)
+    monkeypatch.setattr(_bench_generate, "positional", lambda *a, **k: {"posenc": 1e-5, "transformers": 2e-5})
     lines = _bench_generate.run(("float32",)).splitlines()
     assert lines[1].split()[:2] == ["generate", "float32"] and lines[1].split()[4:] == ["0.500", "0.500", "0.500", "/", "0.250"]
     assert lines[2].strip() == "greedy tokens equal (float32): True"
+    assert [line.split()[-1] for line in lines[3:]] == ["0.500", "0.500"]
+
+
+def test_positional_work_times_both_sides():
+    found = _bench_generate.positional("bfloat16", tokens=3, layers=2, calls=2, rounds=1)
+    assert set(found) == {"posenc", "transformers"} and all(t > 0 for t in found.values())

@@ -8,6 +8,10 @@ over unpatched wall time (at most 1.0 is the goal), beside the same ratio of CPU
 the median of the rounds' own ratios (wall / CPU), which a load that changes between
 rounds moves less.
 
+``positional`` times the positional work of the same forward alone (the rotary module and
+every layer's rotation), which the matrix products' spread does not hide; ``run`` reports
+it under each dtype's model calls.
+
 ``compiled=True`` (``--compile``) times both copies under ``torch.compile`` as transformers
 recommends it for generation: a static KV cache (``cache_implementation="static"``) and
 ``model.forward = torch.compile(model.forward)`` (transformers compiles ``generate()`` by
@@ -82,6 +86,50 @@ def ratios(dtype_name="float32", repeat=3, new_tokens=32, prompt=64, prefill=102
     return results, bool(torch.equal(tokens[0], tokens[1]))
 
 
+def positional(dtype_name="float32", tokens=1, compiled=False, layers=8, calls=200, rounds=7):
+    """``{"posenc": seconds, "transformers": seconds}``: the positional work of one forward of
+    the model above alone, the rotary module once and the rotation of q and k in every
+    layer, patched (``HFRotaryEmbedding``, ``posenc.torch.hf.apply_rotary_pos_emb``) and
+    unpatched (transformers' LLaMA code), at ``tokens`` new positions (1: a decode step),
+    eager or compiled (inductor, static shapes). The same work as in ``ratios`` without the
+    matrix products around it, whose run-to-run spread (several percent on a shared CPU)
+    hides differences of this size; the best of ``rounds`` alternated rounds of ``calls``."""
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    from .torch import hf
+
+    dtype = getattr(torch, dtype_name)
+    config = LlamaConfig(hidden_size=1024, num_hidden_layers=layers, num_attention_heads=16, num_key_value_heads=4)
+    gen = torch.Generator().manual_seed(0)
+    # q and k as the attention makes them: a projection viewed [1, tokens, heads, 64], transposed
+    qs = [torch.randn(1, tokens, 16 * 64, generator=gen).to(dtype).view(1, tokens, 16, 64).transpose(1, 2) for _ in range(layers)]
+    ks = [torch.randn(1, tokens, 4 * 64, generator=gen).to(dtype).view(1, tokens, 4, 64).transpose(1, 2) for _ in range(layers)]
+    x = torch.zeros(1, dtype=dtype)
+
+    def step(rotary, apply):
+        def forward(position_ids):
+            cos, sin = rotary(x, position_ids)
+            return [apply(q, k, cos, sin) for q, k in zip(qs, ks)]
+
+        return torch.compile(forward, fullgraph=True, dynamic=False) if compiled else forward
+
+    steps = {"posenc": step(hf.HFRotaryEmbedding(config), hf.apply_rotary_pos_emb), "transformers": step(LlamaRotaryEmbedding(config), apply_rotary_pos_emb)}
+    positions = [torch.arange(64 + i, 64 + i + tokens)[None] for i in range(calls)]
+    best = {}
+    with torch.no_grad():
+        for forward in steps.values():
+            forward(positions[0])
+        for _ in range(rounds):
+            for name, forward in steps.items():
+                start = time.perf_counter()
+                for p in positions:
+                    forward(p)
+                best[name] = min(best.get(name, float("inf")), (time.perf_counter() - start) / calls)
+    return best
+
+
 def run(dtypes=("float32", "bfloat16"), repeat=3, compiled=False, layers=8):
     import torch
 
@@ -95,6 +143,11 @@ def run(dtypes=("float32", "bfloat16"), repeat=3, compiled=False, layers=8):
                 paired = f"{median[0][0]:.3f} / {median[0][1]:.3f}" if median else "-"
                 lines.append(f"{name + ' ' + dtype:<36} {ours[0]:8.3f}s {theirs[0]:9.3f}s {ours[0] / theirs[0]:6.3f} {ours[1] / theirs[1]:15.3f} {paired:>19}")
             lines.append(f"  greedy tokens equal ({dtype}): {same}")
+            for tokens in (1, 1024):
+                found = positional(dtype, tokens, compiled, layers, calls=200 if tokens == 1 else 10)
+                ours, theirs = found["posenc"], found["transformers"]
+                name = f"positional work, {tokens} token{'s' * (tokens > 1)} {dtype}"
+                lines.append(f"{name:<36} {ours * 1e6:7.1f}us {theirs * 1e6:8.1f}us {ours / theirs:6.3f}")
     finally:
         torch.set_num_threads(threads)
     return "\n".join(lines)
