@@ -143,32 +143,38 @@ def _kernel_source(rotate, wide, bfloat16, interleaved, helpers):
                         ch, sh = tc - (tc - c), ts - (ts - s)
                         table[0, k, i], table[1, k, i] = np.float32(ch), np.float32(c - ch)
                         table[2, k, i], table[3, k, i] = np.float32(sh), np.float32(s - sh)
-            for h in range(heads):
-                for k in range(rows):
-                    s = start + k
-                    xo = xs[0] + g * xs[1] + h * xs[2] + s * xs[3]
-                    oo = os[0] + g * os[1] + h * os[2] + s * os[3]
-                    row, dst = x[xo : xo + dim], out[oo : oo + dim]
-                    i = 0
-                    if wide:
-                        c, sn = cos[k], sin[k]
-                        while i + _LANES <= half:
-                            rotate_wide(row, dst, c, sn, i, half, _LANES, interleaved)
-                            i += _LANES
-                        while i < half:
-                            rotate_wide(row, dst, c, sn, i, half, 1, interleaved)
-                            i += 1
-                    else:
-                        ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
-                        while i + _LANES <= half:
-                            rotate_16(row, dst, ch, cl, sh, sl, i, half, _LANES, bfloat16, interleaved)
-                            i += _LANES
-                        while i < half:
-                            rotate_16(row, dst, ch, cl, sh, sl, i, half, 1, bfloat16, interleaved)
-                            i += 1
-                    if copy_rest:
-                        for j in range(rotary, dim):
-                            dst[j] = row[j]
+            # Rows in the order x lies in memory: heads inner where they are nearer than
+            # positions (q, k viewed [B, S, H, D] and transposed), else positions inner.
+            heads_inner = abs(xs[2]) < abs(xs[3])
+            for n in range(heads * rows):
+                if heads_inner:
+                    k, h = n // heads, n % heads
+                else:
+                    h, k = n // rows, n % rows
+                s = start + k
+                xo = xs[0] + g * xs[1] + h * xs[2] + s * xs[3]
+                oo = os[0] + g * os[1] + h * os[2] + s * os[3]
+                row, dst = x[xo : xo + dim], out[oo : oo + dim]
+                i = 0
+                if wide:
+                    c, sn = cos[k], sin[k]
+                    while i + _LANES <= half:
+                        rotate_wide(row, dst, c, sn, i, half, _LANES, interleaved)
+                        i += _LANES
+                    while i < half:
+                        rotate_wide(row, dst, c, sn, i, half, 1, interleaved)
+                        i += 1
+                else:
+                    ch, cl, sh, sl = table[0, k], table[1, k], table[2, k], table[3, k]
+                    while i + _LANES <= half:
+                        rotate_16(row, dst, ch, cl, sh, sl, i, half, _LANES, bfloat16, interleaved)
+                        i += _LANES
+                    while i < half:
+                        rotate_16(row, dst, ch, cl, sh, sl, i, half, 1, bfloat16, interleaved)
+                        i += 1
+                if copy_rest:
+                    for j in range(rotary, dim):
+                        dst[j] = row[j]
 
     return kernel
 
