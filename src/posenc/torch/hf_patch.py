@@ -865,16 +865,15 @@ def _with_globals(fn, replacements):
     if isinstance(getattr(fn, "__wrapped__", None), types.FunctionType):
         inner = _with_globals(fn.__wrapped__, replacements)
         at = _wrapped_cell(fn)
-        closure = tuple(types.CellType(inner) if i == at else cell for i, cell in enumerate(fn.__closure__))
-        new = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, closure)
-        new.__kwdefaults__ = fn.__kwdefaults__
-        new.__dict__.update(fn.__dict__)
-        new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
+        new = _copy(fn, fn.__globals__, tuple(types.CellType(inner) if i == at else cell for i, cell in enumerate(fn.__closure__)))
         new.__wrapped__ = inner
         return new
-    scope = dict(fn.__globals__)
-    scope.update(replacements)
-    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    return _copy(fn, {**fn.__globals__, **replacements}, fn.__closure__)
+
+
+def _copy(fn, scope, closure):
+    """A copy of the function ``fn`` with globals ``scope`` and ``closure``, its name, defaults and attributes kept."""
+    new = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, closure)
     new.__kwdefaults__ = fn.__kwdefaults__
     new.__dict__.update(fn.__dict__)
     new.__qualname__, new.__doc__, new.__module__ = fn.__qualname__, fn.__doc__, fn.__module__
