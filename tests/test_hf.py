@@ -107,7 +107,7 @@ def test_length_dependent_scalings_really_switch_in_these_runs(rope):
 
 def _frozen_at(module, seq_len):
     def forward(x, position_ids, layer_type=None):
-        rope = module._for(layer_type)
+        rope = module._rope[module._key(layer_type)]
         inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
         return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
 

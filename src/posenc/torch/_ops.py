@@ -266,18 +266,11 @@ def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
 
 
 def _rope_cos_sin(positions, inv_freq, dtype, scale):
-    """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance:
-    the eager call (``hf.cached_rows``, or :func:`posenc.rope_cos_sin` where the rows do not
-    serve) as one opaque op of a compiled graph."""
-    from ..rotary.apply import rope_cos_sin
-    from .hf import cached_rows
+    """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance
+    (``hf.fixed_tables``, its eager call) as one opaque op of a compiled graph."""
+    from .hf import fixed_tables
 
-    rows = cached_rows(tuple(inv_freq), scale, dtype, positions)
-    if rows is not None:
-        return rows
-    with torch.no_grad():
-        cos, sin = rope_cos_sin(positions, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
-    return cos.contiguous(), sin.contiguous()
+    return tuple(t.contiguous() for t in fixed_tables(tuple(inv_freq), scale, dtype, positions))
 
 
 # Defined on a torch.library.Library rather than with custom_op: nothing in it is differentiable

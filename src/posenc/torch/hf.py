@@ -88,29 +88,39 @@ class HFRotaryEmbedding(nn.Module):
                 inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
                 self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
 
-    def _for(self, layer_type):
+    def _key(self, layer_type):
+        """The key of ``self._rope`` (and ``self._fixed``) for ``layer_type``."""
         if None in self._rope:
-            return self._rope[None]
+            return None
         if layer_type not in self._rope:
             raise ValueError(f"layer_type must be one of {', '.join(map(repr, self._rope))} for this config, got {layer_type!r}")
-        return self._rope[layer_type]
+        return layer_type
 
     def forward(self, x, position_ids, layer_type=None):
-        rope = self._for(layer_type)
-        fixed = self._fixed.get(None if None in self._rope else layer_type)
+        key = self._key(layer_type)
+        rope, fixed = self._rope[key], self._fixed.get(key)
         if fixed is not None and not position_ids.dtype.is_floating_point:
             inv_freq, scale = fixed
             if torch.compiler.is_compiling():
                 return _ops.rope_cos_sin_op(position_ids, list(inv_freq), x.dtype, scale)
-            rows = cached_rows(inv_freq, scale, x.dtype, position_ids)
-            if rows is not None:
-                return rows
+            return fixed_tables(inv_freq, scale, x.dtype, position_ids)
         with torch.no_grad():
             seq_len = None
             if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
                 seq_len = position_ids.max() + 1  # decided per call; a traced value under torch.compile
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
             return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
+
+
+def fixed_tables(inv_freq, scale, dtype, position_ids):
+    """``rope_cos_sin`` of integer ``position_ids`` for frequencies fixed in advance
+    (``inv_freq`` a tuple of floats): the rows :func:`cached_rows` keeps, or computed afresh
+    where it does not serve. The eager call, and the body of ``posenc::rope_cos_sin``."""
+    rows = cached_rows(inv_freq, scale, dtype, position_ids)
+    if rows is not None:
+        return rows
+    with torch.no_grad():
+        return pe.rope_cos_sin(position_ids, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
 
 
 def cached_rows(inv_freq, scale, dtype, position_ids):
