@@ -31,3 +31,14 @@ def rng():
 
 def has_module(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
+
+
+@pytest.fixture
+def uncached_compile():
+    """torch.compile without its on-disk caches: a test that asks which path a compiled graph
+    takes must not be served a graph compiled by an earlier version of the code."""
+    import torch._functorch.config
+    import torch._inductor.config
+
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield

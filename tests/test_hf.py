@@ -190,29 +190,65 @@ def test_hf_rotary_embedding_compiles_with_a_traced_switch():
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
+@pytest.mark.parametrize("kept", [False, True], ids=["op", "rows kept"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("rope", ["default", "yarn", "dynamic"])
-def test_compiled_hf_rotary_embedding_gives_the_eager_tables_from_one_op(rope, dtype, monkeypatch):
+def test_compiled_hf_rotary_embedding_gives_the_eager_tables(rope, dtype, kept, monkeypatch, uncached_compile):
     """Under inductor, frequencies that do not depend on the call (every ``rope_type`` but
-    ``dynamic`` and ``longrope``) give their tables from the opaque ``posenc::rope_cos_sin``,
-    computed once per graph call, not the traced float64 formula that inductor recomputes
-    in every rotation reading the tables; the tables are the eager module's, bit for bit,
-    as are the traced tables of a ``dynamic`` model."""
+    ``dynamic`` and ``longrope``) give their tables from the opaque ``posenc::rope_cos_sin``
+    (its body the eager lookup), at each call of the graph; with rows kept for compiling
+    (``keep_rows_for_compile``: positions below ``max_position_embeddings``), a decode step's
+    position that has its row is gathered in the graph, and only others reach the op. Either
+    way the tables are the eager module's, bit for bit, as are the traced tables of a
+    ``dynamic`` model; never the traced float64 formula, which inductor recomputes in every
+    rotation reading the tables."""
     torch._dynamo.reset()
-    module = HFRotaryEmbedding(_llama_config(rope))
+    module = HFRotaryEmbedding(_llama_config(rope))  # max_position_embeddings SWITCH
+    if kept:
+        module.keep_rows_for_compile(dtype)
     x = torch.zeros(1, dtype=dtype)
     compiled = torch.compile(module, fullgraph=True, dynamic=False)
     compiled(x, torch.arange(9)[None])
-    calls = []  # the op's body runs the eager lookup at each call of the graph; the traced formula does not
-    eager = posenc_hf.cached_rows
-    monkeypatch.setattr(posenc_hf, "cached_rows", lambda *a: calls.append(1) or eager(*a))
-    positions = [torch.arange(start, start + 9)[None] for start in (0, 1000, 70000)]  # rows kept below 2**16
+    calls = []  # the op's body runs the eager lookup; a gather in the graph does not
+    eager = posenc_hf.stacked_tables
+    monkeypatch.setattr(posenc_hf, "stacked_tables", lambda *a: calls.append(1) or eager(*a))
+    # a decode step's position: in the kept rows; their last; beyond them, the eager cache's; negative
+    # (not for dynamic, whose length max + 1 must be positive);
+    # then 9 positions (a prefill takes the op: inductor decomposes the gather for one position only)
+    singles = (0, SWITCH - 1, SWITCH, 1000, 70000, -3) if rope != "dynamic" else (0, SWITCH - 1, SWITCH, 1000, 70000)
+    positions = [torch.tensor([[p]]) for p in singles] + [torch.arange(9)[None]]
     got = [compiled(x, p) for p in positions]
-    assert len(calls) == (0 if rope == "dynamic" else 3)
+    assert len(calls) == (0 if rope == "dynamic" else 5 if kept else 7)
     monkeypatch.undo()
     for p, tables in zip(positions, got):
         for table, want in zip(tables, module(x, p)):
             assert table.dtype == dtype and torch.equal(table, want), (rope, p)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
+def test_compiled_tables_of_symbolic_shapes_take_the_op():
+    """Position ids of a symbolic shape (``dynamic=True``, or a recompiled prefill) reach
+    ``posenc::rope_cos_sin`` even with rows kept (inductor 2.13 miscompiles a ``torch.cond``
+    over them); the tables are still the eager module's."""
+    torch._dynamo.reset()
+    module = HFRotaryEmbedding(_llama_config("default"))
+    module.keep_rows_for_compile(torch.float32)
+    x = torch.zeros(1)
+    compiled = torch.compile(module, fullgraph=True, dynamic=True)
+    for length in (3, 5, 40):
+        p = torch.arange(length)[None]
+        for table, want in zip(compiled(x, p), module(x, p)):
+            assert torch.equal(table, want), length
+
+
+def test_patch_hf_keeps_rows_for_compiling_in_the_models_dtype():
+    patched = patch_hf(build("llama[default]").to(torch.bfloat16))
+    kept = patched.model.rotary_emb._rows_for_compile
+    assert [dtype for _, dtype in kept] == [torch.bfloat16]
+    rows = next(iter(kept.values()))
+    assert rows.shape[0] == patched.config.max_position_embeddings
+    cos, sin = patched.model.rotary_emb(torch.zeros(1, dtype=torch.bfloat16), torch.arange(rows.shape[0])[None])
+    assert torch.equal(rows[None, :, 0], cos) and torch.equal(rows[None, :, 1], sin)
 
 
 # Dynamo warns that it traces through array-api-compat's lru_cache'd type checks (a pure

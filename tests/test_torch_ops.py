@@ -9,6 +9,8 @@ import posenc as pe  # noqa: E402
 from formulas import rope_half_any  # noqa: E402
 from posenc import _dispatch  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
+from posenc.torch import hf as posenc_hf  # noqa: E402
+from posenc.torch.hf import frequencies_name, named_frequencies  # noqa: E402
 
 INV = [10000.0 ** (-i / 4) for i in range(0, 4, 2)]  # rotary_dim 4 of a head of 6
 
@@ -53,8 +55,11 @@ OPCHECK_CASES = [
     (_ops.toeplitz_gather_op, lambda: (_x(2, 4, 7), _index(7, 4 + 5 - 1), 5)),
     (_ops.toeplitz_scatter_op, lambda: (_x(2, 4, 5), _index(7, 4 + 5 - 1), 7)),
     # integer positions only: nothing differentiable (rows kept between calls, then computed afresh)
-    (_ops.rope_cos_sin_op, lambda: (torch.arange(5)[None], INV, torch.float32, 1.0)),
-    (_ops.rope_cos_sin_op, lambda: (torch.arange(70000, 70006).reshape(2, 3), INV, torch.bfloat16, 0.5)),
+    (_ops.rope_cos_sin_op, lambda: (torch.arange(5)[None], frequencies_name(tuple(INV), 1.0), torch.float32)),
+    (_ops.rope_cos_sin_op, lambda: (torch.arange(70000, 70006).reshape(2, 3), frequencies_name(tuple(INV), 0.5), torch.bfloat16)),
+    # rows kept for positions 0..7 (constants, float32: nothing differentiable); beyond them, rope_cos_sin
+    (_ops.rope_cos_sin_rows_op, lambda: (torch.tensor([[3, 0, 7]]), torch.randn(8, 2, 4), frequencies_name(tuple(INV), 1.0), torch.float32)),
+    (_ops.rope_cos_sin_rows_op, lambda: (torch.tensor([[3, 8]]), torch.randn(8, 2, 4), frequencies_name(tuple(INV), 1.0), torch.float32)),
 ]
 
 
@@ -132,8 +137,45 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
     ops = {v for v in vars(_ops).values() if isinstance(v, (torch._library.custom_ops.CustomOpDef, torch._ops.OpOverload))}
     assert ops == set(covered)
     expected = {_ops.rope_rotate_op: {0, 1}, _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
-                _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set()}
+                _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
+                _ops.rope_cos_sin_rows_op: set()}
     assert covered == expected
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
+@pytest.mark.parametrize("backend", [None, "aot_eager", "inductor"])
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_rope_cos_sin_rows_gathers_kept_rows_or_calls_rope_cos_sin(backend, dynamic, monkeypatch, uncached_compile):
+    """``posenc::rope_cos_sin_rows`` gives ``rope_cos_sin``'s tables: gathered from the 8 rows
+    kept where every position has its row, else from ``rope_cos_sin`` (whose body is
+    counted). Eager and under aot_eager the op's own kernel decides; inductor decomposes it
+    into a ``torch.cond`` over the gather for a single position of static shapes (rows
+    included), ``rope_cos_sin`` otherwise."""
+    name = frequencies_name(tuple(INV), 1.0)
+    rows = _ops.rope_cos_sin_op(torch.arange(8), name, torch.float32)
+    op = _ops.rope_cos_sin_rows_op
+    if backend:
+        torch._dynamo.reset()
+        _ops.decomposed_by_inductor()
+        op = torch.compile(op, backend=backend, fullgraph=True, dynamic=dynamic)
+    calls = []
+    body = posenc_hf.stacked_tables
+    monkeypatch.setattr(posenc_hf, "stacked_tables", lambda *a: calls.append(1) or body(*a))
+    for positions in ([[3]], [[7]], [[8]], [[-1]], [[70000]], [[3, 0, 7]], [[3, 8]]):
+        positions = torch.tensor(positions)
+        kept = bool((positions >= 0).all() and (positions < 8).all())
+        gathered = kept and (backend != "inductor" or (positions.numel() == 1 and not dynamic))
+        del calls[:]
+        got = op(positions, rows, name, torch.float32)
+        assert len(calls) == (0 if gathered else 1), (backend, positions)
+        assert torch.equal(got, body(*named_frequencies(name), torch.float32, positions)), (backend, positions)
+
+
+def test_frequencies_name_reads_back_every_bit():
+    rng = np.random.default_rng(0)
+    for inv_freq in (tuple(INV), tuple(rng.random(64).tolist()), (5e-324, 1.0 / 3.0, 1e308)):
+        for scale in (1.0, 0.1, 1.0 + 2.0**-52):
+            assert named_frequencies(frequencies_name(inv_freq, scale)) == (inv_freq, scale)
 
 
 def test_learned_frequencies_get_their_gradient():

@@ -265,29 +265,88 @@ def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
     return torch.cat([rotated, rest], dim=-1) if rest.shape[-1] else rotated
 
 
-def _rope_cos_sin(positions, inv_freq, dtype, scale):
+def _rope_cos_sin(positions, frequencies, dtype):
     """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance
-    (``hf.fixed_tables``, its eager call) as one opaque op of a compiled graph."""
-    from .hf import fixed_tables
+    (named by ``hf.frequencies_name``), ``cos`` and ``sin`` stacked on axis -2, as one opaque
+    op of a compiled graph (``hf.stacked_tables``, one gather of the kept rows). A name, not
+    a list of floats: the dispatcher converts it for free, and it cannot turn symbolic."""
+    from .hf import named_frequencies, stacked_tables
 
-    return tuple(t.contiguous() for t in fixed_tables(tuple(inv_freq), scale, dtype, positions))
+    return stacked_tables(*named_frequencies(frequencies), dtype, positions)
 
 
 # Defined on a torch.library.Library rather than with custom_op: nothing in it is differentiable
 # (integer positions), and a compiled decode step calls it once, where custom_op's Python
 # autograd wrapper would double the cost of the call (tests/test_torch_ops.py opchecks it).
 _LIBRARY = torch.library.Library("posenc", "FRAGMENT")
-_LIBRARY.define("rope_cos_sin(Tensor positions, float[] inv_freq, ScalarType dtype, float scale) -> (Tensor, Tensor)")
+_LIBRARY.define("rope_cos_sin(Tensor positions, str frequencies, ScalarType dtype) -> Tensor")
 _LIBRARY.impl("rope_cos_sin", _rope_cos_sin, "CompositeExplicitAutograd")
 
 
 @torch.library.register_fake("posenc::rope_cos_sin")
-def _(positions, inv_freq, dtype, scale):
-    shape = (*positions.shape, 2 * len(inv_freq))
-    return positions.new_empty(shape, dtype=dtype), positions.new_empty(shape, dtype=dtype)
+def _(positions, frequencies, dtype):
+    from .hf import named_frequencies
+
+    return positions.new_empty((*positions.shape, 2, 2 * len(named_frequencies(frequencies)[0])), dtype=dtype)
 
 
 rope_cos_sin_op = torch.ops.posenc.rope_cos_sin.default
+
+
+def _rope_cos_sin_rows(positions, rows, frequencies, dtype):
+    """``rope_cos_sin`` of integer ``positions`` gathered from ``rows`` (``rows[p]`` is
+    position ``p``'s ``[cos, sin]``) where every position has its row; otherwise the op
+    ``posenc::rope_cos_sin``. Inductor decomposes it (``_rows_in_graph``)."""
+    if positions.numel():
+        low, high = (int(v) for v in torch.aminmax(positions))
+        if low >= 0 and high < rows.shape[0]:
+            return rows[positions]
+    return rope_cos_sin_op(positions, frequencies, dtype)
+
+
+_LIBRARY.define("rope_cos_sin_rows(Tensor positions, Tensor rows, str frequencies, ScalarType dtype) -> Tensor")
+_LIBRARY.impl("rope_cos_sin_rows", _rope_cos_sin_rows, "CompositeExplicitAutograd")
+rope_cos_sin_rows_op = torch.ops.posenc.rope_cos_sin_rows.default
+
+
+@torch.library.register_fake("posenc::rope_cos_sin_rows")
+def _(positions, rows, frequencies, dtype):
+    return rows.new_empty((*positions.shape, *rows.shape[1:]))
+
+
+def _rows_in_graph(positions, rows, frequencies, dtype):
+    """``rope_cos_sin_rows`` in an inductor graph. One position (a decode step): the gather,
+    fused into the loops that read it, or the op where ``torch.cond`` finds the position
+    without its row. More positions, or symbolic shapes: the op, whose cost is small beside
+    a prefill's, and where inductor 2.13 trips on a ``torch.cond`` (a prefill recompiled
+    under dynamic shapes hands it a specialized size it fails to match; symbolic shapes
+    leave an undefined size in its code). A decomposition traced below Dynamo: Dynamo,
+    tracing a ``torch.cond`` itself, loses the attributes set afterwards on objects built
+    before it, as a transformers cache."""
+    def kept(positions, rows):
+        return rows[positions]
+
+    def afresh(positions, rows):
+        return rope_cos_sin_op(positions, frequencies, dtype)
+
+    layout = [n for t in (positions, rows) for n in (*t.shape, *t.stride())]
+    if positions.numel() != 1 or any(isinstance(n, torch.SymInt) for n in layout):  # see the docstring
+        return afresh(positions, rows)
+    low, high = torch.aminmax(positions)
+    return torch.cond((low >= 0) & (high < rows.shape[0]), kept, afresh, (positions, rows))
+
+
+@torch.compiler.assume_constant_result
+def decomposed_by_inductor():
+    """Register ``_rows_in_graph`` in inductor's decompositions (once, called while Dynamo
+    traces, which runs it as it is: a constant of the graph). Importing inductor costs a
+    second, so this waits for a compile that needs it."""
+    from torch._inductor import decomposition
+
+    if rope_cos_sin_rows_op not in decomposition.decompositions:
+        decomposition.decompositions[rope_cos_sin_rows_op] = _rows_in_graph
+        decomposition.fast_random_decomps.cache_clear()  # the table inductor reads, built once
+    return True
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):

@@ -10,6 +10,7 @@ transformers itself is never imported here: the model in hand says what it is.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import numpy as np
@@ -87,6 +88,20 @@ class HFRotaryEmbedding(nn.Module):
             if rope.scaling is None or not rope.scaling.uses_seq_len:
                 inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
                 self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
+        self._fixed_names = {key: frequencies_name(*fixed) for key, fixed in self._fixed.items()}
+        self._rows_for_compile = {}  # (key, dtype) -> rows: see keep_rows_for_compile
+
+    def keep_rows_for_compile(self, dtype):
+        """Keep, for graphs compiled in ``dtype`` (``torch.compile``), the ``[cos, sin]`` rows
+        of positions below ``config.max_position_embeddings`` (at most 8192): a compiled call
+        for one CPU position (a decode step) gathers its tables from them in the graph when
+        the position has its row (``posenc::rope_cos_sin_rows``); other calls, or calls in
+        a dtype with no rows kept, call ``posenc::rope_cos_sin``. They are the rows
+        :func:`cached_rows` reads, the eager call's bits. ``patch_hf`` keeps them for a CPU
+        model's dtype."""
+        count = min(getattr(self.config, "max_position_embeddings", None) or _MOST_ROWS_FOR_COMPILE, _MOST_ROWS_FOR_COMPILE)
+        for key, (inv_freq, scale) in self._fixed.items():
+            self._rows_for_compile[key, dtype] = _rows_through(inv_freq, scale, dtype, count - 1)[0][:count]
 
     def _key(self, layer_type):
         """The key of ``self._rope`` (and ``self._fixed``) for ``layer_type``."""
@@ -102,7 +117,8 @@ class HFRotaryEmbedding(nn.Module):
         if fixed is not None and not position_ids.dtype.is_floating_point:
             inv_freq, scale = fixed
             if torch.compiler.is_compiling():
-                return _ops.rope_cos_sin_op(position_ids, list(inv_freq), x.dtype, scale)
+                tables = self._compiled_tables(key, x.dtype, position_ids)
+                return tables[..., 0, :], tables[..., 1, :]
             return fixed_tables(inv_freq, scale, x.dtype, position_ids)
         with torch.no_grad():
             seq_len = None
@@ -111,16 +127,34 @@ class HFRotaryEmbedding(nn.Module):
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
             return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
 
+    def _compiled_tables(self, key, dtype, position_ids):
+        """``stacked_tables`` in a compiled graph: from the rows kept for ``dtype``
+        (``posenc::rope_cos_sin_rows``), or the op whose body is the eager lookup."""
+        name, rows = self._fixed_names[key], self._rows_for_compile.get((key, dtype))
+        if rows is not None and position_ids.numel() and position_ids.device.type == "cpu" and _ops.decomposed_by_inductor():
+            return _ops.rope_cos_sin_rows_op(position_ids, rows, name, dtype)
+        return _ops.rope_cos_sin_op(position_ids, name, dtype)
+
 
 def fixed_tables(inv_freq, scale, dtype, position_ids):
     """``rope_cos_sin`` of integer ``position_ids`` for frequencies fixed in advance
     (``inv_freq`` a tuple of floats): the rows :func:`cached_rows` keeps, or computed afresh
-    where it does not serve. The eager call, and the body of ``posenc::rope_cos_sin``."""
+    where it does not serve. The eager call."""
     rows = cached_rows(inv_freq, scale, dtype, position_ids)
     if rows is not None:
         return rows
     with torch.no_grad():
         return pe.rope_cos_sin(position_ids, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
+
+
+def stacked_tables(inv_freq, scale, dtype, position_ids):
+    """:func:`fixed_tables` as one tensor, ``cos`` and ``sin`` stacked on axis -2
+    (``position_ids.shape + (2, rotary_dim)``): the body of ``posenc::rope_cos_sin``, one
+    gather from the kept rows where they serve."""
+    kept = _kept_rows(inv_freq, scale, dtype, position_ids)
+    if kept is not None:
+        return kept[0][position_ids]
+    return torch.stack(fixed_tables(inv_freq, scale, dtype, position_ids), dim=-2)
 
 
 def cached_rows(inv_freq, scale, dtype, position_ids):
@@ -130,9 +164,20 @@ def cached_rows(inv_freq, scale, dtype, position_ids):
 
     The rows of positions ``0 .. n - 1`` are kept per ``(inv_freq, scale, dtype)`` (a tuple
     of floats, a float, a torch dtype; ``n`` doubles as larger positions come, the last
-    few sets are kept). Each row depends on its position only, so every value read is
-    the one computing afresh gives (``tests/test_decode_step.py``). The rows hold no
-    autograd history, nor do the rows read from them."""
+    few sets are kept), ``cos`` and ``sin`` stacked. Each row depends on its position
+    only, so every value read is the one computing afresh gives
+    (``tests/test_decode_step.py``). The rows hold no autograd history, nor do the rows
+    read from them."""
+    kept = _kept_rows(inv_freq, scale, dtype, position_ids)
+    if kept is None:
+        return None
+    return kept[1][position_ids], kept[2][position_ids]
+
+
+def _kept_rows(inv_freq, scale, dtype, position_ids):
+    """``(rows, cos, sin)`` kept for these frequencies with a row for every one of
+    ``position_ids`` (``rows[p]`` is position ``p``'s ``[cos, sin]``; ``cos`` and ``sin`` are
+    its two views), or None where they do not serve."""
     if position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
         return None
     count = position_ids.numel()
@@ -144,18 +189,39 @@ def cached_rows(inv_freq, scale, dtype, position_ids):
         return None
     if low < 0 or high >= _MOST_CACHED_ROWS:
         return None
+    return _rows_through(inv_freq, scale, dtype, high)
+
+
+def _rows_through(inv_freq, scale, dtype, high):
+    """``(rows, cos, sin)`` kept for these frequencies, with the rows of positions ``0 ..
+    high`` at least (grown to twice what was kept, at least, where fewer are kept)."""
     key = (inv_freq, scale, dtype)
-    cos, sin = _ROWS.get(key, (None, None))
-    if cos is None or high >= cos.shape[0]:
-        count = max(high + 1, 2 * (0 if cos is None else cos.shape[0]), 64)
+    kept = _ROWS.get(key)
+    if kept is None or high >= kept[0].shape[0]:
+        count = max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64)
         with torch.no_grad():
-            cos, sin = pe.rope_cos_sin(torch.arange(count), np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
+            rows = torch.stack(pe.rope_cos_sin(torch.arange(count), np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale), dim=1)
+        kept = (rows, rows[:, 0], rows[:, 1])
         with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
             _ROWS.pop(key, None)
-            _ROWS[key] = (cos, sin)
+            _ROWS[key] = kept
             while len(_ROWS) > _MOST_CACHED_SETS:
                 del _ROWS[next(iter(_ROWS))]
-    return cos[position_ids], sin[position_ids]
+    return kept
+
+
+def frequencies_name(inv_freq, scale):
+    """Fixed frequencies and scale as one string, every float in hexadecimal (exact): how
+    the ops ``posenc::rope_cos_sin`` and ``rope_cos_sin_rows`` take them, read back by
+    :func:`named_frequencies`."""
+    return ",".join(v.hex() for v in inv_freq) + ";" + scale.hex()
+
+
+@functools.lru_cache(maxsize=64)
+def named_frequencies(name):
+    """``(inv_freq, scale)`` of a :func:`frequencies_name`."""
+    inv_freq, scale = name.split(";")
+    return tuple(float.fromhex(v) for v in inv_freq.split(",")), float.fromhex(scale)
 
 
 _ROWS = {}
@@ -165,6 +231,10 @@ _MOST_CACHED_SETS = 8
 
 # Positions beyond this compute their rows afresh (a cache of 2**16 rows of 128 float32 is 64 MiB for cos and sin).
 _MOST_CACHED_ROWS = 1 << 16
+
+# keep_rows_for_compile keeps the rows of positions below max_position_embeddings, at most this
+# many (8 MiB for cos and sin of 128 float32): a compiled call beyond them costs the op's ~20 µs.
+_MOST_ROWS_FOR_COMPILE = 1 << 13
 
 
 def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):

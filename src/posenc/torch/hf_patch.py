@@ -142,6 +142,8 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
         for key, value in vars(module).items():  # plain settings the model may read (layer_types, rope_type, ...)
             if not key.startswith("_") and not hasattr(ours, key) and not isinstance(value, (torch.Tensor, nn.Module)):
                 setattr(ours, key, value)
+        if device.type == "cpu":  # the rows a compiled decode step gathers its tables from
+            ours.keep_rows_for_compile(dtype)
         found[name] = ours
         swaps.append((_replacer(model, name, ours), f"{name}: {type(ours).__name__}"))
     return found
@@ -171,6 +173,9 @@ class _ReorderedHFRotaryEmbedding(nn.Module):
         super().__init__()
         self.rotary = HFRotaryEmbedding(config, device=device)
         self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
+
+    def keep_rows_for_compile(self, dtype):
+        self.rotary.keep_rows_for_compile(dtype)
 
     def forward(self, x, position_ids, layer_type=None):
         cos, sin = self.rotary(x, position_ids, layer_type)
