@@ -16,6 +16,9 @@ the reference) computes it; the backward is the same machinery run on the gradie
 
 Every differentiable argument gets its gradient (``tests/test_torch_ops.py`` gradchecks each).
 The ops are opaque to ``torch.compile`` (no graph break) and pass ``torch.library.opcheck``.
+``rope_cos_sin`` and ``rope_cos_sin_rows`` give ``HFRotaryEmbedding``'s tables of integer
+positions in a compiled graph (nothing differentiable); inductor decomposes the second
+(``_rows_in_graph``).
 """
 
 from __future__ import annotations
