@@ -241,6 +241,14 @@ def test_compiled_tables_of_symbolic_shapes_take_the_op():
             assert torch.equal(table, want), length
 
 
+@pytest.mark.parametrize("dtype", ["float32", torch.int64, torch.complex64])
+def test_keep_rows_for_compile_refuses_a_dtype_that_is_not_real_floating(dtype):
+    module = HFRotaryEmbedding(_llama_config("default"))
+    with pytest.raises(TypeError, match="real floating dtype"):
+        module.keep_rows_for_compile(dtype)
+    assert module._rows_for_compile == {}
+
+
 def test_patch_hf_keeps_rows_for_compiling_in_the_models_dtype():
     patched = patch_hf(build("llama[default]").to(torch.bfloat16))
     kept = patched.model.rotary_emb._rows_for_compile

@@ -62,9 +62,10 @@ class HFRotaryEmbedding(nn.Module):
     type (Gemma 3) are read for ``layer_type``, given here or per call.
 
     Other scalings read CPU position ids' rows from :func:`cached_rows` (every value the
-    one computing afresh gives). Under ``torch.compile`` they are one opaque op,
-    ``posenc::rope_cos_sin``, whose body is that eager call: the graph computes its tables
-    once, in the eager bits, where inductor, given the traced float64 formula, would
+    one computing afresh gives). Under ``torch.compile`` a decode step's position is
+    gathered in the graph from the rows :meth:`keep_rows_for_compile` kept, and any other
+    call is one opaque op, ``posenc::rope_cos_sin``, whose body is the eager lookup: tables
+    in the eager bits either way, where inductor, given the traced float64 formula, would
     recompute ``cos`` and ``sin`` inside every rotation that reads them (every layer and
     head) and skip their rounding to a 16-bit dtype there. GPU position ids compute afresh.
 
@@ -131,7 +132,7 @@ class HFRotaryEmbedding(nn.Module):
         """``stacked_tables`` in a compiled graph: from the rows kept for ``dtype``
         (``posenc::rope_cos_sin_rows``), or the op whose body is the eager lookup."""
         name, rows = self._fixed_names[key], self._rows_for_compile.get((key, dtype))
-        if rows is not None and position_ids.numel() and position_ids.device.type == "cpu" and _ops.decomposed_by_inductor():
+        if rows is not None and position_ids.device.type == "cpu" and _ops.decomposed_by_inductor():
             return _ops.rope_cos_sin_rows_op(position_ids, rows, name, dtype)
         return _ops.rope_cos_sin_op(position_ids, name, dtype)
 
@@ -141,10 +142,7 @@ def fixed_tables(inv_freq, scale, dtype, position_ids):
     (``inv_freq`` a tuple of floats): the rows :func:`cached_rows` keeps, or computed afresh
     where it does not serve. The eager call."""
     rows = cached_rows(inv_freq, scale, dtype, position_ids)
-    if rows is not None:
-        return rows
-    with torch.no_grad():
-        return pe.rope_cos_sin(position_ids, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
+    return rows if rows is not None else _afresh(inv_freq, scale, dtype, position_ids)
 
 
 def stacked_tables(inv_freq, scale, dtype, position_ids):
@@ -154,7 +152,12 @@ def stacked_tables(inv_freq, scale, dtype, position_ids):
     kept = _kept_rows(inv_freq, scale, dtype, position_ids)
     if kept is not None:
         return kept[0][position_ids]
-    return torch.stack(fixed_tables(inv_freq, scale, dtype, position_ids), dim=-2)
+    return torch.stack(_afresh(inv_freq, scale, dtype, position_ids), dim=-2)
+
+
+def _afresh(inv_freq, scale, dtype, position_ids):
+    with torch.no_grad():
+        return pe.rope_cos_sin(position_ids, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
 
 
 def cached_rows(inv_freq, scale, dtype, position_ids):
@@ -199,8 +202,7 @@ def _rows_through(inv_freq, scale, dtype, high):
     kept = _ROWS.get(key)
     if kept is None or high >= kept[0].shape[0]:
         count = max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64)
-        with torch.no_grad():
-            rows = torch.stack(pe.rope_cos_sin(torch.arange(count), np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale), dim=1)
+        rows = torch.stack(_afresh(inv_freq, scale, dtype, torch.arange(count)), dim=1)
         kept = (rows, rows[:, 0], rows[:, 1])
         with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
             _ROWS.pop(key, None)
