@@ -309,7 +309,7 @@ def _apply_parts(model, rotary, dtype, device, swaps, refusals):
         if not used:
             continue
         if not _rebindable(type(module).forward):
-            refusals.append(f"{name} ({type(module).__name__}): its forward is wrapped by a decorator that does not hold the function it wraps; cannot route {', '.join(used)} through posenc")
+            refusals.append(_not_rebindable(name, module, used))
             continue
         users.append((name, module, used))
         for fn in used.values():
@@ -727,7 +727,7 @@ def _alibi_parts(model, device, swaps, refusals):
             rebinds["_get_alibi_slopes"] = _alibi_slopes
             rebound.append(f"{where} _get_alibi_slopes: alibi_slopes")
         if rebinds and not _rebindable(type(module).forward):
-            refusals.append(f"{where} ({type(module).__name__}): its forward is wrapped by a decorator that does not hold the function it wraps; cannot route {', '.join(sorted(rebinds))} through posenc")
+            refusals.append(_not_rebindable(where, module, sorted(rebinds)))
         elif rebinds:
             swaps.append((_rebinder(module, rebinds), tuple(rebound)))
 
@@ -858,6 +858,11 @@ def _rebindable(fn):
             return False
         fn = fn.__wrapped__
     return isinstance(fn, types.FunctionType)
+
+
+def _not_rebindable(where, module, names):
+    return (f"{where} ({type(module).__name__}): its forward is wrapped by a decorator that does not hold the function it wraps; "
+            f"cannot route {', '.join(names)} through posenc")
 
 
 def _with_globals(fn, replacements):
