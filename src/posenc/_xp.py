@@ -321,6 +321,23 @@ def cos_sin(positions, freqs, *, xp, device=None):
         return xp.cos(angle), xp.sin(angle)
     turns = tuple(f / (2.0 * math.pi) for f in freqs)
     g_chunks = [xp.asarray(c, dtype=xp.float32, device=device) for c in _split_chunks_cache(turns, 4)]
+    return _reduced_cos_sin(xp, positions, g_chunks)
+
+
+def cos_sin_of_turns(positions, turns, *, xp):
+    """``cos`` and ``sin`` of ``2*pi * positions[..., None] * turns`` for frequencies in turns
+    computed inside the computation as a double-float ``(hi, lo)`` of float32 arrays (a
+    traced ``DynamicNTK`` length without float64): the exact split reduction of
+    :func:`cos_sin`, each half cut into two 12-bit chunks."""
+    from ._doublefloat import split12
+
+    return _reduced_cos_sin(xp, positions, [*split12(turns[0]), *split12(turns[1])])
+
+
+def _reduced_cos_sin(xp, positions, g_chunks):
+    """The split reduction: ``p * g`` in turns as a compensated sum of exact float32 products
+    of 12-bit chunks of the positions and of ``g_chunks`` (12-bit float32 arrays), each
+    reduced modulo 1."""
     p_chunks = [c[..., None] for c in _split_positions(xp, positions)]
     total = None
     comp = None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import _dispatch, _plans
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype
+from .._xp import cast, cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, is_real_floating, namespace, result_dtype
 from . import _args, _rows
 from .scaling import check_scaling, frequency_table
 
@@ -309,8 +309,12 @@ def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, se
         seq_len = xp.asarray(seq_len, device=device)
     if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
         seq_len = seq_len[..., None]
-    inv_freq, scale = scaling.traced_frequencies(xp, rdim, base, seq_len, device)
-    c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
+    if has_float64(xp, device):
+        inv_freq, scale = scaling.traced_frequencies(xp, rdim, base, seq_len, device)
+        c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
+    else:  # the frequencies in double-float, the angles by the exact split reduction
+        turns, scale = scaling.traced_turns(xp, rdim, base, seq_len, device)
+        c, s = cos_sin_of_turns(positions, turns, xp=xp)
     if inverse:
         s, scale = -s, 1.0 / scale
     if scale != 1.0:

@@ -37,7 +37,10 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
         bit-identical to the call with that row's length.
     xp, device, dtype
         Namespace, device and dtype of ``inv_freq``. By default a float64 NumPy array; with
-        only ``xp`` given, the namespace's widest float.
+        only ``xp`` given, the namespace's widest float: float32 for JAX without x64, each
+        frequency rounded once, so tables built from it are below the angle contract at long
+        positions (docs: precision); ``rope_cos_sin`` and ``rope`` keep exact angles with the
+        default float64 NumPy frequencies, and a traced length computes them exactly inside.
 
     Returns
     -------

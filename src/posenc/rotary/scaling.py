@@ -37,8 +37,9 @@ from typing import Callable
 
 import numpy as np
 
+from .. import _doublefloat
 from .. import _validate as check
-from .._xp import trace_constant, widest_float
+from .._xp import has_float64, trace_constant, widest_float
 
 __all__ = ["Axial", "DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
@@ -74,6 +75,13 @@ class Scaling:
         Scalings that ignore the length return their constant frequencies."""
         inv_freq, scale = frequency_table(self, dim, base, None)
         return xp.asarray(inv_freq, dtype=widest_float(xp, device), device=device), scale
+
+    def traced_turns(self, xp, dim, base, seq_len, device=None):
+        """``(turns, attention_scale)`` for a traced ``seq_len`` where ``xp`` has no float64:
+        ``turns = inv_freq / (2 pi)`` as a double-float ``(hi, lo)`` of float32 arrays, for
+        the exact split reduction (:func:`posenc._xp.cos_sin_of_turns`)."""
+        inv_freq, scale = frequency_table(self, dim, base, None)
+        return _doublefloat.constant(xp, np.asarray(inv_freq) / (2 * math.pi), device), scale
 
 
 def frequency_table(scaling, dim, base, seq_len):
@@ -185,12 +193,33 @@ class DynamicNTK(Scaling):
         return default_inv_freq(dim, base * grow ** _base_exponent_dim(dim)), 1.0
 
     def traced_frequencies(self, xp, dim, base, seq_len, device=None):
+        if not has_float64(xp, device):
+            return self._inv_freq_doublefloat(xp, dim, base, seq_len, device)[0], 1.0
         # The same arithmetic as ``frequencies``, on the array.
         work = widest_float(xp, device)
         length = xp.maximum(xp.astype(seq_len, work), xp.asarray(float(self.original_max_position), dtype=work, device=device))
         grow = self.factor * length / self.original_max_position - (self.factor - 1)
         new_base = base * grow ** _base_exponent_dim(dim)
         return 1.0 / new_base ** _exponents(xp, dim, device), 1.0
+
+    def traced_turns(self, xp, dim, base, seq_len, device=None):
+        turns = _doublefloat.constant(xp, 1 / (2 * math.pi), device)
+        return _doublefloat.mul(self._inv_freq_doublefloat(xp, dim, base, seq_len, device), turns), 1.0
+
+    def _inv_freq_doublefloat(self, xp, dim, base, seq_len, device):
+        r"""``frequencies`` in double-float arithmetic on float32:
+        :math:`\theta_i = b^{-2i/d}\,q^i` with :math:`q = g^{-1/k}`, :math:`k = d/2 - 1`,
+        :math:`g = s\,n/L - (s - 1)` (the grown base's :math:`g^{d/(d-2)}` to the power
+        :math:`-2i/d`)."""
+        df = _doublefloat
+        _base_exponent_dim(dim)
+        length = df.from_integer(xp, xp.maximum(seq_len, self.original_max_position))
+        grow = df.add(
+            df.mul(length, df.constant(xp, self.factor / self.original_max_position, device)),
+            df.constant(xp, -(self.factor - 1), device),
+        )
+        powers = df.integer_power(xp, df.root_reciprocal(xp, grow, dim // 2 - 1), np.arange(dim // 2))
+        return df.mul(powers, df.constant(xp, default_inv_freq(dim, base), device))
 
 
 def _yarn_mscale(scale, mscale=1.0):
@@ -324,6 +353,12 @@ class LongRoPE(Scaling):
         choose_long = seq_len > self.original_max_position
         short, long = (xp.asarray(f, dtype=work, device=device) for f in (short, long))
         return xp.where(choose_long, long, short), scale
+
+    def traced_turns(self, xp, dim, base, seq_len, device=None):
+        choose_long = seq_len > self.original_max_position
+        (short, scale), (long, _) = (frequency_table(self, dim, base, n) for n in (None, self.original_max_position + 1))
+        short, long = (_doublefloat.constant(xp, np.asarray(f) / (2 * math.pi), device) for f in (short, long))
+        return (xp.where(choose_long, long[0], short[0]), xp.where(choose_long, long[1], short[1])), scale
 
 
 @dataclass(frozen=True)
