@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import os
+import sys
 
 import numpy as np
 import pytest
@@ -75,12 +77,16 @@ def test_bad_arguments_are_refused_before_training(kwargs, match, monkeypatch):
 
 
 def test_the_command_writes_json_markdown_and_figure(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(ex, "run", functools.partial(ex.run, config=TINY, workers=1))
+    monkeypatch.setattr(ex, "results", functools.partial(ex.results, config=TINY, workers=1))
     out = tmp_path / "out"
     argv = ["extrapolate", "--encodings", "none,alibi", "--tasks", "copy", "--train-len", "2", "--eval-lens", "2,4", "--seeds", "2", "--out", str(out)]
     assert cli.main(argv) == 0
-    records = json.loads((out / "results.json").read_text())
-    assert len(records) == 2 * 2 * 2 and {r["seed"] for r in records} == {0, 1}
+    document = json.loads((out / "results.json").read_text())
+    assert set(document) == {"config", "versions", "commit", "cpu", "seeds", "records"}
+    records = document["records"]
+    assert len(records) == 2 * 2 * 2 and {r["seed"] for r in records} == {0, 1} and document["seeds"] == [0, 1]
+    assert document["config"]["encodings"] == ["none", "alibi"] and document["config"]["steps"] == TINY.steps
+    assert document["versions"]["torch"] == torch.__version__ and document["cpu"]["cores"] >= 1
     md = (out / "results.md").read_text()
     assert "posenc extrapolate --encodings none,alibi --tasks copy --seeds 2 --train-len 2 --eval-lens 2,4 --out" in md
     assert "| encoding | **2** (train) | 4 (2x) |" in md and "### copy" in md
@@ -109,6 +115,25 @@ def test_the_command_refuses_bad_input(argv, message, tmp_path, monkeypatch, cap
     monkeypatch.setattr(ex, "train", lambda *a, **k: pytest.fail("trained despite a bad argument"))
     assert cli.main(["extrapolate", *argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_matplotlib_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ex, "train", lambda *a, **k: pytest.fail("trained without matplotlib"))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert cli.main(["extrapolate", "--quick", "--out", str(tmp_path)]) == 3
+    assert "needs PyTorch and matplotlib" in capsys.readouterr().err
+
+
+def test_the_command_refuses_an_out_it_cannot_write(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(ex, "train", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+
+    def refused(path, *args, **kwargs):  # what a read-only directory does (root would write anyway)
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(os, "makedirs", refused)
+    assert cli.main(["extrapolate", "--quick", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write to" in err and "Permission denied" in err
 
 
 def test_the_command_refuses_an_out_that_is_a_file(tmp_path, capsys):

@@ -117,6 +117,24 @@ def test_kerple_torch_gradients_reach_r1_and_r2():
     assert torch.autograd.gradcheck(lambda a, b: pe.kerple_bias(a, b, 3, 4, kind="power"), (r1, r2))
 
 
+@pytest.mark.parametrize("kind", ["log", "power"])
+def test_kerple_module_starts_where_the_authors_code_starts(kind):
+    """ParallelKerpleLog draws ``bias_p = rand * 2`` then ``bias_a = rand`` for ``-p log(1 + a d)``;
+    ParallelKerplePower draws ``bias_p = rand * 2`` then ``bias_a = rand`` for ``-a d ** p``
+    (github.com/chijames/KERPLE, megatron/mpu/layers.py)."""
+    from posenc.torch import lengthgen as lg
+
+    torch.manual_seed(7)
+    bias_p, bias_a = torch.rand(5) * 2, torch.rand(5)
+    torch.manual_seed(7)
+    module = lg.KERPLE(5, kind=kind)
+    multiplier, inner = (bias_p, bias_a) if kind == "log" else (bias_a, bias_p)
+    assert torch.equal(module.r1.detach(), multiplier) and torch.equal(module.r2.detach(), inner)
+    d = torch.arange(4.0)
+    authors = -bias_p[:, None] * torch.log(1 + bias_a[:, None] * d) if kind == "log" else -bias_a[:, None] * d ** bias_p[:, None]
+    torch.testing.assert_close(module.bias(1, 4)[:, 0], authors.flip(-1).to(module.bias(1, 4).dtype))
+
+
 # ---- Sandwich --------------------------------------------------------------------------
 
 

@@ -24,9 +24,11 @@ def cmd_extrapolate(args) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         return _error("extrapolate", f"--out {args.out!r} is a file, not a directory", 2)
     try:
+        import matplotlib  # noqa: F401  (the figure is drawn after the training: refuse now, not then)
+
         from posenc.torch import _report, extrapolation
     except ImportError as exc:
-        return _error("extrapolate", f"needs PyTorch and matplotlib ({exc})", 3)
+        return _error("extrapolate", f"needs PyTorch and matplotlib, pip install 'posenc[torch,plot]' ({exc})", 3)
     try:
         eval_lens = None if args.eval_lens is None else _lengths(args.eval_lens)
         extrapolation.check_arguments(args.encodings, args.tasks, args.seeds, args.train_len, eval_lens)
@@ -39,10 +41,11 @@ def cmd_extrapolate(args) -> int:
     options += [(f"--seeds {args.seeds}", not args.quick), (f"--train-len {args.train_len}", True), (f"--eval-lens {args.eval_lens}", args.eval_lens)]
     command = " ".join(["posenc extrapolate", *(text for text, given in options if given), "--out", shlex.quote(args.out)])
     start = time.perf_counter()
-    records = extrapolation.run(
+    document = extrapolation.results(
         encodings=args.encodings, tasks=args.tasks, seeds=args.seeds, quick=args.quick, train_len=args.train_len, eval_lens=eval_lens
     )
-    paths = _report.write(records, args.out, command=command)
+    records = document["records"]
+    paths = _report.write(document, args.out, command=command)
     print(f"{len(records)} records in {time.perf_counter() - start:.0f} s: {', '.join(paths)}", file=sys.stderr)
     for task, encoding, mean in _report.unlearned(records):
         print(f"posenc extrapolate: {task}/{encoding} reached only {mean:.2f} at the training length (< {_report.THRESHOLD})", file=sys.stderr)

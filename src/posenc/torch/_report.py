@@ -117,11 +117,12 @@ def _atomic_write(path, text):
         raise
 
 
-def write(records, out, *, command=None):
-    """``out/results.json``, ``out/results.md`` and ``out/extrapolation.png``; returns their paths."""
+def write(document, out, *, command=None):
+    """``out/results.json`` (``document``, :func:`posenc.torch.extrapolation.results`),
+    ``out/results.md`` and ``out/extrapolation.png``; returns their paths."""
     os.makedirs(out, exist_ok=True)
     paths = [os.path.join(out, name) for name in ("results.json", "results.md", "extrapolation.png")]
-    _atomic_write(paths[0], json.dumps(records, indent=1) + "\n")
-    _atomic_write(paths[1], markdown(records, command=command))
-    plot(records, paths[2])
+    _atomic_write(paths[0], json.dumps(document, indent=1) + "\n")
+    _atomic_write(paths[1], markdown(document["records"], command=command))
+    plot(document["records"], paths[2])
     return paths

@@ -347,3 +347,30 @@ def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, trai
     order = {name: i for i, name in enumerate(encodings)}
     records.sort(key=lambda r: (tasks.index(r["task"]), order[r["encoding"]], r["seed"], r["eval_len"]))
     return records
+
+
+def results(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, train_len=TRAIN_LEN, eval_lens=None, config=None, workers=None):
+    """What ``results.json`` holds: :func:`run`'s records beside what made them.
+
+    Returns ``{"config", "versions", "commit", "cpu", "seeds", "records"}``: every option
+    (``config``: the validated arguments and :class:`Config`'s fields), the Python and package
+    versions, the posenc source's git commit (``+changes`` when it differs from it), the CPU
+    (:mod:`posenc.torch._provenance`), the seeds run and the records. Nothing in it depends on
+    the clock or the load: the same call on the same machine returns the same document.
+    ``workers`` is left out: the records do not depend on it.
+    """
+    from . import _provenance
+
+    encodings, tasks, seeds, train_len, eval_lens = check_arguments(encodings, tasks, seeds, train_len, eval_lens)
+    seeds = 1 if quick else seeds
+    cfg = Config() if config is None else config
+    records = run(encodings=encodings, tasks=tasks, seeds=seeds, progress=progress, train_len=train_len, eval_lens=eval_lens, config=cfg, workers=workers)
+    options = {"encodings": encodings, "tasks": tasks, "quick": quick, "train_len": train_len, "eval_lens": eval_lens, **dataclasses.asdict(cfg)}
+    return {
+        "config": options,
+        "versions": _provenance.versions(),
+        "commit": _provenance.commit(),
+        "cpu": _provenance.cpu(),
+        "seeds": list(range(seeds)),
+        "records": records,
+    }

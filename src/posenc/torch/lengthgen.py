@@ -46,8 +46,12 @@ class KERPLE(PositionalModule):
     """KERPLE (Chi et al., NeurIPS 2022): the scaled dot product plus
     :func:`posenc.kerple_bias` with learned ``r1, r2 [heads]``, kept positive by clamping at
     ``eps`` (``r2 <= 2`` too for ``kind="power"``) in place before each use, as the paper's code
-does. Initial values:
-    ``r1`` uniform in ``(0, 2)``, ``r2`` uniform in ``(0, 1)`` (drawn from torch's generator).
+    does. Initial values as in the authors' ``ParallelKerpleLog`` / ``ParallelKerplePower``
+    (github.com/chijames/KERPLE, ``megatron/mpu/layers.py``): the parameter that may reach 2 is
+    drawn first, uniform in ``(0, 2)``, then the other, uniform in ``(0, 1)``, from torch's
+    generator: the multiplier ``r1 ~ U(0, 2)`` and ``r2 ~ U(0, 1)`` inside the logarithm for
+    ``kind="log"``; the exponent ``r2 ~ U(0, 2)`` and the multiplier ``r1 ~ U(0, 1)`` for
+    ``kind="power"``.
     """
 
     def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2):
@@ -56,8 +60,9 @@ does. Initial values:
         if kind not in pe.relative.kerple.KERPLE_KINDS:
             raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
         self.num_heads, self.kind, self.eps = heads, kind, eps
-        self.r1 = nn.Parameter(torch.rand(heads) * 2)
-        self.r2 = nn.Parameter(torch.rand(heads))
+        up_to_2, up_to_1 = torch.rand(heads) * 2, torch.rand(heads)
+        r1, r2 = (up_to_2, up_to_1) if kind == "log" else (up_to_1, up_to_2)
+        self.r1, self.r2 = nn.Parameter(r1), nn.Parameter(r2)
 
     def options(self):
         return {"num_heads": self.num_heads, "kind": self.kind, "eps": self.eps}
