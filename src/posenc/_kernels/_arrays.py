@@ -230,10 +230,14 @@ def device_values(a, dtype):
     elif lib == "cupy":
         a = a.astype(dtype)
     elif a.dtype != dtype:
-        from numba import cuda
-
-        a = cuda.to_device(a.copy_to_host().astype(dtype))
+        a = _converted(a, dtype)
     return device_view(a, bits16=False)
+
+
+def _converted(a, dtype):
+    from . import _device_flat
+
+    return _device_flat.converted(a, dtype)
 
 
 def strided(a, shape, strides):
@@ -349,5 +353,29 @@ def launch_context(a):
         handle, index = cupy.cuda.get_current_stream().ptr, a.device.id
     else:
         return a.stream or cuda.legacy_default_stream(), contextlib.nullcontext()
-    stream = cuda.external_stream(handle) if handle else cuda.legacy_default_stream()
-    return stream, cuda.gpus[index]
+    return _stream(handle), cuda.gpus[index]
+
+
+def device_index(a) -> int:
+    """The index of the GPU that array ``a`` lives on (0 for a numba array on the simulator)."""
+    lib = library(a)
+    if lib == "torch":
+        return a.device.index
+    if lib == "cupy":
+        return a.device.id
+    from numba import cuda
+
+    return getattr(cuda.get_current_device(), "id", 0)
+
+
+_STREAMS: dict = {}
+
+
+def _stream(handle):
+    """numba's view of the CUDA stream ``handle`` (0: the legacy default stream), made once."""
+    found = _STREAMS.get(handle)
+    if found is None:
+        from numba import cuda
+
+        found = _STREAMS[handle] = cuda.external_stream(handle) if handle else cuda.legacy_default_stream()
+    return found

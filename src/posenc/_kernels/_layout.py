@@ -47,12 +47,14 @@ class Plan(NamedTuple):
     h: Axis
     s: Axis
 
+    # (List comprehensions, not generators: the CUDA launchers' host work is the same
+    # count of Python calls whatever the number of axes, tests/test_cuda_host_work.py.)
     def shape(self):
-        return tuple(a.size for a in self.outer) + (self.g.size, self.h.size, self.s.size)
+        return tuple([a.size for a in self.outer]) + (self.g.size, self.h.size, self.s.size)
 
     def strides(self, array):
         """Strides (in elements) of array number ``array`` over ``outer + (G, H, S)``."""
-        return tuple(a.strides[array] for a in (*self.outer, self.g, self.h, self.s))
+        return tuple([a.strides[array] for a in (*self.outer, self.g, self.h, self.s)])
 
 
 def _merged(axes):

@@ -1,83 +1,127 @@
-"""numba.cuda kernels of the rotary ops ``rope_rotate`` and ``rope_apply``.
+"""numba.cuda kernels of the rotary ops ``rope_rotate`` and ``rope_apply``: one launch a call.
 
-Same regrouping as the CPU kernels (``_layout.plan``: ``x`` as ``[G, H, S, D]``, positions
-shared over ``H``). One thread per ``(g, s, pair)`` computes that pair's float64 angle,
-``cos`` and ``sin`` once (or reads them) and rotates the pair in every row ``h``;
-neighbouring threads touch neighbouring channels, so loads and stores coalesce. Extra
-threads copy the pass-through channels when ``out`` is not ``x``. Arithmetic is float64
-(``_codec``: 16-bit floats as ``uint16`` bits, rounded once on store).
+Same regrouping as the CPU kernels (``_layout.plan``: the rows of ``x`` as ``outer + [G, H,
+S]``, positions shared over ``H``). The kernel sees every operand as one flat device array
+over the memory it spans plus integer offsets and strides (``_device_flat``), never a view
+sliced on the host: the host work of a call is a fixed number of steps whatever the size of
+``x`` (numba's host-side indexing of a strided device array walks every element in Python),
+and the grid covers every leading axis, so a call is a single launch.
 
-Each ``(op, dtype, layout)`` is one specialisation (``FAMILY``, the same pattern as the CPU
-kernels), compiled on first use and cached. Takes CuPy arrays, torch CUDA tensors and numba
-device arrays and launches on the caller's current stream (``_arrays.launch_context``).
+One thread per ``(row of outer/G/S, pair)`` computes that pair's float64 angle, ``cos`` and
+``sin`` once (or reads them) and rotates the pair in every head ``h``, of ``x`` and, for
+``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``: one launch for both);
+neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
+last axis. Extra threads copy the pass-through channels when ``out`` is not ``x``.
+Arithmetic is float64, the angle included (``_codec``: 16-bit floats as ``uint16`` bits,
+rounded once on store), as the CPU kernels' contract says.
+
+Nothing in a call copies between host and device once the constants are on the device: the
+frequencies are kept per ``(device, frequencies)`` (``_on_device``), positions and tables
+already on the device are read where they are, and nothing synchronises. Each ``(op,
+dtype, layout)`` is one specialisation (``FAMILY``), compiled on first use and cached; a
+call launches on the caller's current stream (``_arrays.launch_context``): torch's or
+CuPy's current stream, which is what a CUDA graph capture records.
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 
 import numba
 import numpy as np
 from numba import cuda, types
 
-from . import _arrays, _codec, _family, _layout
+from . import _arrays, _codec, _device_flat, _family, _layout
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 
 _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
 
 _THREADS = 128
+_AXES = _device_flat.AXES  # leading axes (outer..., G, S) one launch walks
+# An operand's geometry: offset, strides over the _AXES axes, head stride, channel stride, heads.
+_OPERAND = _AXES + 4
+# A per-position table's: offset, strides over the _AXES axes, pair stride.
+_TABLE = _AXES + 2
+
+
+@cuda.jit(device=True, cache=True)
+def _turn(x, at, g, out, to, og, ia, ib, c, sn, storage):
+    """Rotate pair ``(ia, ib)`` by ``(c, sn)`` in each of the ``g[-1]`` heads of one row."""
+    xh, xc, oh, oc = g[_AXES + 1], g[_AXES + 2], og[_AXES + 1], og[_AXES + 2]
+    for h in range(g[_AXES + 3]):
+        a = _load(x[at + h * xh + ia * xc], storage)
+        b = _load(x[at + h * xh + ib * xc], storage)
+        _store(out, to + h * oh + ia * oc, a * c - b * sn, storage)
+        _store(out, to + h * oh + ib * oc, b * c + a * sn, storage)
+
+
+@cuda.jit(device=True, cache=True)
+def _copy(x, at, g, out, to, og, channel):
+    """Copy pass-through ``channel`` of every head of one row."""
+    for h in range(g[_AXES + 3]):
+        out[to + h * og[_AXES + 1] + channel * og[_AXES + 2]] = x[at + h * g[_AXES + 1] + channel * g[_AXES + 2]]
 
 
 def _kernel_source(rotate, storage, interleaved, helpers):
     """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
 
-    def kernel(x, positions, inv_freq, sign, scale, cos, sin, columns, out):
+    def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
-        groups, heads, length = x.shape[0], x.shape[1], x.shape[2]
-        half = inv_freq.shape[0] if rotate else cos.shape[2]
         t = cuda.grid(1)
-        if t >= groups * length * columns:
+        rest = t // columns
+        j = t - rest * columns
+        xi, oi, xi2, oi2, pi, ci, si = xg[0], og[0], xg2[0], og2[0], pg[0], cg[0], sg[0]
+        for k in range(_AXES - 1, -1, -1):  # the row's index along each leading axis, S first
+            n = sizes[k]
+            i = rest % n
+            rest = rest // n
+            xi += i * xg[k + 1]
+            oi += i * og[k + 1]
+            xi2 += i * xg2[k + 1]
+            oi2 += i * og2[k + 1]
+            pi += i * pg[k + 1]
+            ci += i * cg[k + 1]
+            si += i * sg[k + 1]
+        if rest:  # past the last row
             return
-        row = t // columns
-        j = t - row * columns
-        g = row // length
-        s = row - g * length
         if j >= half:  # a pass-through channel
-            for h in range(heads):
-                out[g, h, s, j + half] = x[g, h, s, j + half]
+            _copy(x, xi, xg, out, oi, og, j + half)
+            _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
             return
         if rotate:
-            angle = positions[g, s] * inv_freq[j]
+            angle = positions[pi] * inv_freq[j]
             c = math.cos(angle) * scale
             sn = sign * math.sin(angle) * scale
         else:
-            c = _load(cos[g, s, j], storage)
-            sn = _load(sin[g, s, j], storage)
+            c = _load(cos[ci + j * cg[_AXES + 1]], storage)
+            sn = _load(sin[si + j * sg[_AXES + 1]], storage)
         ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-        for h in range(heads):
-            a = _load(x[g, h, s, ia], storage)
-            b = _load(x[g, h, s, ib], storage)
-            dst = out[g, h, s]
-            _store(dst, ia, a * c - b * sn, storage)
-            _store(dst, ib, b * c + a * sn, storage)
+        _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
+        _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
 
     return kernel
 
 
 def _build(op, dtype, layout):
     t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
-    f64 = types.float64
+    f64, i64 = types.float64, types.int64
+    flat, operand, table = types.Array(t, 1, "C"), types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
     sig = types.void(
-        types.Array(t, 4, "A"),
-        types.Array(f64, 2, "A"),
+        types.UniTuple(i64, _AXES),
+        i64,
+        i64,
+        *(flat, operand) * 4,
+        types.Array(f64, 1, "C"),
+        table,
         types.Array(f64, 1, "C"),
         f64,
         f64,
-        types.Array(t, 3, "A"),
-        types.Array(t, 3, "A"),
-        types.int64,
-        types.Array(t, 4, "A"),
+        flat,
+        table,
+        flat,
+        table,
     )
     source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", _family.source_digest(_codec))
     return cuda.jit(sig, cache=True)(source)
@@ -90,83 +134,177 @@ FAMILY = _family.Family(
     lambda key: {key[1]},
 )
 
+# ---------------------------------------------------------------- device constants
 
-def _broadcast(a, shape, *, step=None):
-    """Device array ``a`` broadcast to ``shape`` (stride 0 along new or unit axes).
-
-    ``step``: the last axis keeps its first ``shape[-1]`` elements ``step`` apart.
-    """
-    lead = len(shape) - a.ndim
-    strides = [0] * lead
-    for axis, (n, st) in enumerate(zip(a.shape, _arrays.element_strides(a))):
-        if axis == a.ndim - 1 and step is not None:
-            strides.append(st * step)
-        else:
-            strides.append(st if n == shape[lead + axis] else 0)
-    return _arrays.strided(a, tuple(shape), tuple(strides))
+_KEPT = 64  # frequency tables kept on the devices
+_constants: OrderedDict = OrderedDict()
 
 
-def _launch(x, op, layout, xd, per_position, arguments, half, out):
-    """Run ``op``'s kernel over the ``[G, H, S]`` blocks of ``x`` into ``out`` (``None``: a new array)."""
+def _on_device(device, values, stream):
+    """Host float64 ``values`` (frequencies) as a device array on ``device``, copied there once."""
+    key = (device, values.tobytes())
+    found = _constants.get(key)
+    if found is None:
+        found = _constants[key] = cuda.to_device(values, stream=stream)
+        while len(_constants) > _KEPT:
+            _constants.popitem(last=False)
+    else:
+        _constants.move_to_end(key)
+    return found
+
+
+def _empty(device, dtype, stream):
+    """A cached empty flat device array (the operand or table a call does not use)."""
+    return _on_device(device, np.empty(0, dtype), stream)
+
+
+# ---------------------------------------------------------------- launch
+
+
+class _Operand:
+    """An array the kernel rotates (``x``) and where the result goes (``out``): flat device
+    views, their element strides, and whether ``out`` is ``x`` itself."""
+
+    def __init__(self, x, out, stream):
+        self.x, self.xd = x, _arrays.device_view(x)
+        self.result = _arrays.empty(x) if out is None else out
+        od = self.xd if out is x else _arrays.device_view(self.result)
+        self.in_place = out is x or (_arrays.extent(od) == _arrays.extent(self.xd) and tuple(od.strides) == tuple(self.xd.strides))
+        self.temporary = None
+        if not self.in_place and _arrays.overlap(od, self.xd):  # overlapping but not the same elements
+            self.temporary = _arrays.empty(x)
+            od = _arrays.device_view(self.temporary)
+        self.x_flat, self.x_strides = _device_flat.flat(self.xd)
+        self.o_flat, self.o_strides = (self.x_flat, self.x_strides) if self.in_place else _device_flat.flat(od)
+
+    def lead(self):
+        """Strides of ``x`` and ``out`` over the leading axes (the plan's arrays 0 and 1)."""
+        return self.x_strides[:-1], self.o_strides[:-1]
+
+    def finish(self):
+        if self.temporary is not None:
+            _arrays.copy_into(self.result, self.temporary)
+        return self.result
+
+
+def _tables(a, lead, step=None):
+    """Per-position device array ``a`` broadcast to ``lead`` axes (plus its pairs axis when
+    ``step`` is given, reading every ``step``-th channel): ``(flat, lead strides, pair stride)``."""
+    flat, steps = _device_flat.flat(a)
+    trailing = 1 if step is not None else 0
+    own = tuple(a.shape)[: len(a.shape) - trailing]
+    return flat, _device_flat.broadcast_strides(own, steps[: len(own)], lead), (steps[-1] * step if step is not None else 0)
+
+
+def _launch(op, layout, x, operands, tables, arguments, half, stream):
+    """One launch of ``op``'s kernel over ``operands`` (one ``_Operand``, or q and k sharing
+    the tables), reading ``tables`` (positions, or cos and sin: ``(flat, lead strides,
+    pair stride)``); ``arguments(views)`` completes the kernel's arguments."""
+    shape = tuple(x.shape)  # (the CUDA simulator's shapes take no negative index)
+    lead = shape[:-1]
+    first = operands[0]
+    found = _layout.plan(lead, (*first.lead(), *[t[1] for t in tables]), tuple(range(2, 2 + len(tables))))
+    walks = [(first, found.strides(0), found.strides(1), found.h.size)]
+    if len(operands) == 2:
+        second = operands[1]
+        if tuple(second.x.shape)[-1:] != shape[-1:]:
+            raise _device_flat.NotAligned("k's channels differ from q's")
+        walks.append((second, *_device_flat.follow(found, lead, second)))
+    else:
+        walks.append((first, found.strides(0), found.strides(1), 0))  # no second operand: no heads
+    columns = half + (0 if all([o.in_place for o in operands]) else shape[-1] - 2 * half)
+    if 0 in found.shape() or not columns:
+        return
+    kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
+    table_strides = [found.strides(2 + k) for k in range(len(tables))]
+    for sizes, index in _device_flat.launches(found):
+        blocks = -(-int(np.prod(sizes)) * columns // _THREADS)
+        ops = []
+        for operand, xs, os_, heads in walks:
+            ops += [
+                operand.x_flat,
+                _device_flat.operand(xs, index, operand.x_strides[-1], heads),
+                operand.o_flat,
+                _device_flat.operand(os_, index, operand.o_strides[-1], heads),
+            ]
+        views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
+        kernel[blocks, _THREADS, stream](sizes, columns, half, *ops, *arguments(views))
+
+
+def _context(x):
     stream, on_device = _arrays.launch_context(x)
-    with on_device:
-        result = _arrays.empty(x) if out is None else out
-        od = _arrays.device_view(result)
-        in_place = _arrays.extent(od) == _arrays.extent(xd) and tuple(od.strides) == tuple(xd.strides)
-        temporary = None
-        if not in_place and _arrays.overlap(od, xd):  # overlapping but not the same elements
-            temporary = _arrays.empty(x)
-            od = _arrays.device_view(temporary)
-        dim = tuple(xd.shape)[-1]
-        plan, per = _layout.rotary_views(xd, od, per_position)
-        shape = plan.shape()
-        x4 = _arrays.strided(xd, shape + (dim,), plan.strides(0) + (_arrays.element_strides(xd)[-1],))
-        o4 = x4 if in_place else _arrays.strided(od, shape + (dim,), plan.strides(1) + (_arrays.element_strides(od)[-1],))
-        columns = half + (0 if in_place else dim - 2 * half)
-        rows = plan.g.size * plan.s.size
-        if rows and columns and plan.h.size:
-            kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
-            blocks = (rows * columns + _THREADS - 1) // _THREADS
-            for index in np.ndindex(*shape[:-3]):
-                views = [p[index] for p in per]
-                if op == "rotate":
-                    args = (views[0], *arguments)
-                else:
-                    args = (*arguments, *views)
-                kernel[blocks, _THREADS, stream](x4[index], *args, columns, o4[index])
-        if temporary is not None:
-            _arrays.copy_into(result, temporary)
-    return result
-
-
-def _no_tables(x, stream):
-    empty = cuda.device_array((0, 0, 0), dtype=_arrays.ELEMENT[_arrays.dtype_name(x.dtype)], stream=stream)
-    return empty, empty
+    return stream, on_device, _arrays.device_index(x)
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
     """numba.cuda ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
     inv_freq = guard_rotate(x, positions, inv_freq, out)
-    xd = _arrays.device_view(x)
-    stream, on_device = _arrays.launch_context(x)
+    stream, on_device, device = _context(x)
     with on_device:
-        pd = _broadcast(_arrays.device_values(positions, np.float64), tuple(xd.shape[:-1]))
-        freqs = cuda.to_device(inv_freq, stream=stream)
-        arguments = (freqs, -1.0 if inverse else 1.0, float(scale), *_no_tables(x, stream))
-    return _launch(x, "rotate", layout, xd, [pd], arguments, inv_freq.shape[0], out)
+        operand = _Operand(x, out, stream)
+        positions_table = _tables(_arrays.device_values(positions, np.float64), tuple(x.shape)[:-1])
+        freqs = _on_device(device, inv_freq, stream)
+        element = _arrays.ELEMENT[_arrays.dtype_name(x.dtype)]
+        none = _empty(device, element, stream)
+        blank = _device_flat.BLANK_TABLE
+
+        def arguments(views):
+            ((p, pg),) = views
+            return (p, pg, freqs, -1.0 if inverse else 1.0, float(scale), none, blank, none, blank)
+
+        _launch("rotate", layout, x, [operand], [positions_table], arguments, inv_freq.shape[0], stream)
+        return operand.finish()
+
+
+def _cos_sin_tables(x, cos, sin, layout):
+    half = tuple(cos.shape)[-1] // 2
+    # Each angle appears twice in the layout's order; the kernel reads it once per pair:
+    # the first half of the channels ("half") or every other channel ("interleaved").
+    step = 2 if layout == "interleaved" else 1
+    lead = tuple(x.shape)[:-1]
+    return half, [_tables(_arrays.device_view(t), lead, step) for t in (cos, sin)]
+
+
+def _apply_arguments(device, stream):
+    positions, blank = _empty(device, np.float64, stream), _device_flat.BLANK_TABLE
+
+    def arguments(views):
+        (c, cg), (s, sg) = views
+        return (positions, blank, positions, 1.0, 1.0, c, cg, s, sg)
+
+    return arguments
 
 
 def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     """numba.cuda ``rope_apply`` (reference: ``posenc.rotary._rotate.rotate_cos_sin``)."""
     guard_apply(x, cos, sin, out)
-    xd = _arrays.device_view(x)
-    half = tuple(cos.shape)[-1] // 2
-    # Each angle appears twice in the layout's order; the kernel reads it once per pair:
-    # the first half of the channels ("half") or every other channel ("interleaved").
-    target, step = tuple(xd.shape[:-1]) + (half,), (2 if layout == "interleaved" else 1)
-    cd = _broadcast(_arrays.device_view(cos), target, step=step)
-    sd = _broadcast(_arrays.device_view(sin), target, step=step)
-    stream, on_device = _arrays.launch_context(x)
+    stream, on_device, device = _context(x)
     with on_device:
-        arguments = (cuda.device_array((0, 0), np.float64, stream=stream), cuda.to_device(np.zeros(0), stream=stream), 1.0, 1.0)
-    return _launch(x, "apply", layout, xd, [cd, sd], arguments, half, out)
+        operand = _Operand(x, out, stream)
+        half, tables = _cos_sin_tables(x, cos, sin, layout)
+        _launch("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half, stream)
+        return operand.finish()
+
+
+def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None):
+    """``rope_apply`` of ``q`` and of ``k`` with the same ``cos``/``sin``, in one launch where
+    their rows line up (Hugging Face's ``apply_rotary_pos_emb``: ``q [b, hq, s, d]`` and
+    ``k [b, hk, s, d]``, transposed views of ``[b, s, h, d]`` included), else one each.
+
+    ``q`` and ``k`` are GPU arrays of one library, dtype and device that ``rope_apply``'s
+    CUDA kernel accepts with these ``cos``/``sin`` (the caller checked); ``out_q``/``out_k``:
+    ``None`` (new arrays), the array itself (in place) or a buffer. Returns ``(q', k')``.
+    """
+    guard_apply(q, cos, sin, out_q)
+    guard_apply(k, cos, sin, out_k)
+    stream, on_device, device = _context(q)
+    with on_device:
+        operands = [_Operand(q, out_q, stream), _Operand(k, out_k, stream)]
+        half, tables = _cos_sin_tables(q, cos, sin, layout)
+        try:
+            _launch("apply", layout, q, operands, tables, _apply_arguments(device, stream), half, stream)
+        except _device_flat.NotAligned:  # rows of k that do not line up with q's: one launch each
+            for x, operand in zip((q, k), operands):
+                _, own = _cos_sin_tables(x, cos, sin, layout)
+                _launch("apply", layout, x, [operand], own, _apply_arguments(device, stream), half, stream)
+        return tuple(operand.finish() for operand in operands)

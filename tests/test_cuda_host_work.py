@@ -1,0 +1,160 @@
+"""The host-side work of a CUDA kernel call does not grow with the array (issue 30, item 7).
+
+Each launcher is called on numba device arrays (the CUDA simulator's, under ``make
+test``'s ``test-kernels-cudasim`` run; a GPU's with ``make test-gpu``) with its kernel
+replaced by a recorder, so what is measured is the host's work alone: the launches (exactly
+one a call), the host-side indexing of device arrays (none: on a GPU, numba walks every
+element of a strided view in Python to index it, which made a call grow with the array), and
+every Python-level call the launcher makes (``sys.setprofile``), which must be the same
+count for a sequence of 1, 64 and 4096 positions. The layouts include Hugging Face's
+transposed ``[b, s, h, d]`` views and batch axes that do not merge (which used to take one
+launch per index of the axes outside the kernel's grid).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+
+import numpy as np
+import pytest
+
+from posenc._kernels import _arrays
+
+pytestmark = [pytest.mark.kernels, pytest.mark.skipif(not _arrays.numba_cuda(), reason="no GPU and no CUDA simulator")]
+
+LENGTHS = (1, 64, 4096)
+
+
+class _Recorder:
+    """Stands for a kernel family: ``family[key][config](*args)`` records a launch, runs nothing."""
+
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, key):
+        return self
+
+    def __call__(self, *args):
+        self.launches.append(args)
+
+
+def _device_array_types():
+    from numba import cuda
+
+    found = [type(cuda.to_device(np.zeros(1)))]
+    if not _arrays.cuda_simulator():
+        from numba.cuda.cudadrv.devicearray import DeviceNDArray
+
+        found.append(DeviceNDArray)
+    return found
+
+
+def _host_work(monkeypatch, module, call):
+    """``(launches, host-side device-array indexings, Python calls)`` of one ``call()``, after a
+    first call (which may fill caches: compiled plans, frequencies on the device)."""
+    recorder = _Recorder()
+    monkeypatch.setattr(module, "FAMILY", recorder)
+    indexing = [0]
+    for cls in _device_array_types():
+        original = cls.__getitem__
+
+        def counted(self, item, original=original):
+            indexing[0] += 1
+            return original(self, item)
+
+        monkeypatch.setattr(cls, "__getitem__", counted)
+    call()
+    recorder.launches.clear()
+    indexing[0] = 0
+    calls = [0]
+
+    def profile(frame, event, arg):
+        if event in ("call", "c_call"):
+            calls[0] += 1
+
+    gc.collect()  # (a collection inside the call would run finalizers there)
+    gc.disable()
+    sys.setprofile(profile)
+    try:
+        call()
+    finally:
+        sys.setprofile(None)
+        gc.enable()
+    return len(recorder.launches), indexing[0], calls[0]
+
+
+def _device(a):
+    """A device copy of NumPy array ``a`` with ``a``'s strides (as ``kernel_samples.on_gpu``)."""
+    from kernel_samples import on_gpu
+
+    return on_gpu("none", [a], {})[0][0]
+
+
+def _rope_cases(s):
+    """``name -> (x, positions)``: [B, H, S, D] contiguous, HF's transposed [b, s, h, d], and
+    four batch axes that do not merge (positions shared by all but S)."""
+    rng = np.random.default_rng(0)
+    contiguous = rng.standard_normal((1, 4, s, 8)).astype(np.float32)
+    hf = rng.standard_normal((2, s, 4, 8)).astype(np.float32).transpose(0, 2, 1, 3)
+    unmerged = rng.standard_normal((3, 2, s, 2, 8)).transpose(1, 0, 3, 2, 4)  # [2, 3, 2, S, 8]
+    positions = np.arange(s, dtype=np.float64) + 5
+    return {
+        "contiguous": (contiguous, positions),
+        "hf": (hf, np.stack([positions, positions + 3])[:, None, :]),
+        "unmerged": (unmerged, positions),
+    }
+
+
+def _assert_constant(counts):
+    launches = {n: c[0] for n, c in counts.items()}
+    indexing = {n: c[1] for n, c in counts.items()}
+    calls = {n: c[2] for n, c in counts.items()}
+    assert set(launches.values()) == {1}, f"launches per call by sequence length: {launches}"
+    assert set(indexing.values()) == {0}, f"device arrays indexed on the host, by sequence length: {indexing}"
+    assert len(set(calls.values())) == 1, f"Python calls on the host by sequence length: {calls}"
+
+
+@pytest.mark.parametrize("case", ["contiguous", "hf", "unmerged"])
+@pytest.mark.parametrize("out", ["new", "in place", "buffer"])
+def test_rope_rotate_host_work_does_not_grow(monkeypatch, case, out):
+    from posenc._kernels import rope_cuda
+
+    counts = {}
+    for s in LENGTHS:
+        x, positions = _rope_cases(s)[case]
+        xd, pd = _device(x), _device(positions)
+        target = {"new": None, "in place": xd, "buffer": _device(np.zeros_like(x))}[out]
+        inv_freq = 10000.0 ** -(np.arange(4) / 4)
+        counts[s] = _host_work(monkeypatch, rope_cuda, lambda: rope_cuda.rotate_positions(xd, pd, inv_freq, out=target))
+    _assert_constant(counts)
+
+
+@pytest.mark.parametrize("case", ["contiguous", "hf", "unmerged"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_rope_apply_host_work_does_not_grow(monkeypatch, case, layout):
+    from posenc._kernels import rope_cuda
+
+    counts = {}
+    for s in LENGTHS:
+        x, _ = _rope_cases(s)[case]
+        angles = np.random.default_rng(1).uniform(-3, 3, (s, 6)).astype(x.dtype)  # partial rotary: 6 of 8
+        cos, sin = _device(np.cos(angles)), _device(np.sin(angles))
+        xd = _device(x)
+        counts[s] = _host_work(monkeypatch, rope_cuda, lambda: rope_cuda.rotate_cos_sin(xd, cos, sin, layout=layout))
+    _assert_constant(counts)
+
+
+def test_rope_apply_q_and_k_together_is_one_launch(monkeypatch):
+    """q [b, 4, s, d] and k [b, 2, s, d] as transposed views of [b, s, h, d]: one launch for both."""
+    from posenc._kernels import rope_cuda
+
+    counts = {}
+    rng = np.random.default_rng(2)
+    for s in LENGTHS:
+        q = _device(rng.standard_normal((2, s, 4, 8)).astype(np.float32).transpose(0, 2, 1, 3))
+        k = _device(rng.standard_normal((2, s, 2, 8)).astype(np.float32).transpose(0, 2, 1, 3))
+        angles = rng.uniform(-3, 3, (2, 1, s, 4)).astype(np.float32)
+        cos, sin = (_device(np.concatenate([f(angles)] * 2, -1)) for f in (np.cos, np.sin))
+        counts[s] = _host_work(monkeypatch, rope_cuda, lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos, sin, out_q=q, out_k=k))
+    _assert_constant(counts)
