@@ -141,8 +141,8 @@ ABSOLUTE = {
     "apply_absolute negative offset": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 6)), offset=-1), ValueError, "offset"),
     "apply_absolute unknown mode": (lambda: pe.apply_absolute(Z((5, 8)), Z((6, 8)), mode="concat"), ValueError, "mode"),
     "apply_absolute integer x": (lambda: pe.apply_absolute(Z((5, 8), dtype=int), Z((6, 8))), TypeError, "x"),
-    "apply_absolute numpy x, torch table": (lambda: pe.apply_absolute(Z((5, 8)), _torch().zeros(6, 8)), TypeError, "different kinds"),
-    "apply_absolute torch x, numpy table": (lambda: pe.apply_absolute(_torch().zeros(4, 6), Z((4, 6))), TypeError, "different kinds"),
+    "apply_absolute JAX x, torch table": (lambda: pe.apply_absolute(_jax().numpy.zeros((5, 8)), _torch().zeros(6, 8)), TypeError, "different kinds"),
+    "apply_absolute torch x, JAX table": (lambda: pe.apply_absolute(_torch().zeros(4, 6), _jax().numpy.zeros((4, 6))), TypeError, "different kinds"),
     "complex_order parameters do not broadcast": (
         lambda: pe.complex_order(np.ones(4), np.ones(3), np.ones(4), np.arange(2)), ValueError, "broadcast",
     ),
@@ -277,22 +277,22 @@ RELATIVE_BIASES = {
     "t5_bias key_positions of another length": (
         lambda: pe.t5_bias(T5_TABLE, 1, 3, key_positions=np.arange(4)), ValueError, ("key_positions", "k_len = 3"),
     ),
-    "t5_bias torch table, NumPy key_positions": (
-        lambda: pe.t5_bias(_torch().zeros(32, 2), 1, 3, key_positions=np.arange(3)), TypeError, ("different kinds", "numpy", "torch"),
+    "t5_bias torch table, JAX key_positions": (
+        lambda: pe.t5_bias(_torch().zeros(32, 2), 1, 3, key_positions=_jax().numpy.arange(3)), TypeError, ("different kinds", "jax", "torch", "xp="),
     ),
     "t5_bias torch table, NumPy out": (
         lambda: pe.t5_bias(_torch().zeros(32, 2), 2, 3, out=Z((2, 2, 3))), TypeError, ("different kinds", "numpy", "torch"),
     ),
-    "relative_bias Dask table, NumPy key_positions": (
-        lambda: pe.relative_bias("t5", _da().ones((32, 2)), 1, 3, key_positions=np.arange(3)), TypeError, "different kinds",
+    "relative_bias Dask table, torch key_positions": (
+        lambda: pe.relative_bias("t5", _da().ones((32, 2)), 1, 3, key_positions=_torch().arange(3)), TypeError, "different kinds",
     ),
     "t5_bias per-token too large": (
         lambda: pe.t5_bias(T5_TABLE, 2**20, 2**20, key_positions=Z((2**20,), dtype=np.int64)), ValueError, "memory",
     ),
     "attention integer mask": (lambda: pe.attention(Q, Q, Q, mask=np.ones((4, 4), dtype=int)), TypeError, "mask must be a boolean"),
     "attention mask of another length": (lambda: pe.attention(Q, Q, Q, mask=np.ones(5, dtype=bool)), ValueError, "mask of shape (5,)"),
-    "attention torch q, NumPy mask": (
-        lambda: pe.attention(*(_torch().zeros(4, 8),) * 3, mask=np.ones((4, 4), dtype=bool)), TypeError, ("different kinds", "numpy", "torch"),
+    "attention torch q, JAX mask": (
+        lambda: pe.attention(*(_torch().zeros(4, 8),) * 3, mask=_jax().numpy.ones((4, 4), dtype=bool)), TypeError, ("different kinds", "jax", "torch"),
     ),
 }
 
@@ -408,16 +408,16 @@ RELATIVE_LOGITS = {
     "tupe_logits head dimensions differ": (
         lambda: pe.tupe_logits(Z((2, 3, 4)), Z((2, 3, 5)), Z((3, 5)), Z((2, 5, 4)), Z((2, 5, 4))), ValueError, "head dimension",
     ),
-    "shaw_logits torch q and k, NumPy table_k": (
-        lambda: pe.shaw_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), Z((9, 4)), max_distance=4), TypeError, ("different kinds", "numpy", "torch"),
+    "shaw_logits torch q and k, JAX table_k": (
+        lambda: pe.shaw_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), _jax().numpy.zeros((9, 4)), max_distance=4), TypeError, ("different kinds", "jax", "torch"),
     ),
-    "deberta_logits NumPy pos_q among torch": (
-        lambda: pe.deberta_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), Z((2, 4, 4)), _torch().zeros(2, 4, 4), max_distance=2),
-        TypeError, ("different kinds", "numpy", "torch"),
+    "deberta_logits JAX pos_q among torch": (
+        lambda: pe.deberta_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), _jax().numpy.zeros((2, 4, 4)), _torch().zeros(2, 4, 4), max_distance=2),
+        TypeError, ("different kinds", "jax", "torch"),
     ),
-    "xl_logits NumPy r among torch": (
-        lambda: pe.xl_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), Z((2, 8, 4)), _torch().zeros(2, 1, 4), _torch().zeros(2, 1, 4)),
-        TypeError, ("different kinds", "numpy", "torch"),
+    "xl_logits JAX r among torch": (
+        lambda: pe.xl_logits(_torch().zeros(2, 3, 4), _torch().zeros(2, 5, 4), _jax().numpy.zeros((2, 8, 4)), _torch().zeros(2, 1, 4), _torch().zeros(2, 1, 4)),
+        TypeError, ("different kinds", "jax", "torch"),
     ),
     "shaw_logits float key_positions": (
         lambda: pe.shaw_logits(Q, K, Z((5, 8)), max_distance=2, key_positions=np.arange(6.0)), TypeError, "key_positions must have an integer dtype",
@@ -521,14 +521,14 @@ ROTARY = {
     "rope torch out overlaps x": (_overlapping_torch_rope, ValueError, "overlaps"),
     "rope torch out for NumPy x": (lambda: pe.rope(X4, out=_torch().zeros(*X4.shape)), TypeError, "out"),
     "rope NumPy out for torch x": (lambda: pe.rope(_torch().zeros(2, 3, 8), out=Z((2, 3, 8), dtype=np.float32)), TypeError, "out"),
-    "rope torch x, NumPy positions": (lambda: pe.rope(_torch().zeros(2, 3, 8), np.arange(3)), TypeError, "different kinds"),
-    "rope Dask x, NumPy positions": (lambda: pe.rope(_da().ones((5, 4), chunks=2), np.arange(5)), TypeError, "different kinds"),
+    "rope torch x, JAX positions": (lambda: pe.rope(_torch().zeros(2, 3, 8), _jax().numpy.arange(3)), TypeError, "different kinds"),
+    "rope Dask x, torch positions": (lambda: pe.rope(_da().ones((5, 4), chunks=2), _torch().arange(5)), TypeError, "different kinds"),
     "rope Dask positions do not broadcast": (lambda: pe.rope(_da().ones((5, 4), chunks=2), _da().arange(4)), ValueError, "positions"),
     "rope NumPy out for Dask x": (lambda: pe.rope(_da().ones((5, 4), chunks=2), out=Z((5, 4))), TypeError, "out"),
     "rope Dask out wrong shape": (lambda: pe.rope(_da().ones((5, 4), chunks=2), out=_da().zeros((5, 2))), ValueError, "out"),
     "rope integer Dask x": (lambda: pe.rope(_da().ones((5, 4), dtype=int)), TypeError, "x must have a real floating dtype"),
     "rope out on JAX": (lambda: pe.rope(_jax().numpy.ones((3, 4)), out=_jax().numpy.ones((3, 4))), TypeError, "out is not supported for JAX"),
-    "rope JAX x, NumPy positions": (lambda: pe.rope(_jax().numpy.ones((3, 4)), np.arange(3)), TypeError, "different kinds"),
+    "rope JAX x, torch positions": (lambda: pe.rope(_jax().numpy.ones((3, 4)), _torch().arange(3)), TypeError, "different kinds"),
     "rope traced positions do not broadcast": (
         lambda: _jax().jit(lambda a, p: pe.rope(a, p))(_jax().numpy.ones((3, 4)), _jax().numpy.arange(4)), ValueError, "positions",
     ),

@@ -236,10 +236,13 @@ def test_attention_mask_bad_input():
 MIXED = "arrays of different kinds in one call:"
 
 
-def _mixed_library_calls(torch):
-    """Every public function that takes two or more arrays, given one NumPy array among torch ones."""
-    t, n = (lambda *s: torch.zeros(*s, dtype=torch.float64)), (lambda *s: np.zeros(s))
-    ti, ni = (lambda *s: torch.zeros(*s, dtype=torch.int64)), (lambda *s: np.zeros(s, dtype=np.int64))
+def _filled(shape):
+    return (np.arange(int(np.prod(shape)), dtype=np.float64).reshape(shape) * 0.37) % 1.0
+
+
+def _mixed_library_calls(t, n, ti, ni):
+    """Every public function that takes two or more arrays, one of them built by ``n``/``ni``
+    among ``t``/``ti`` ones."""
     slopes, table = t(2), t(32, 2)
     return {
         "shaw_logits": lambda: pe.shaw_logits(t(2, 3, 4), t(2, 5, 4), n(9, 4), max_distance=4),
@@ -257,28 +260,80 @@ def _mixed_library_calls(torch):
         "deberta_logits per-token": lambda: pe.deberta_logits(
             t(2, 1, 4), t(2, 3, 4), t(2, 4, 4), t(2, 4, 4), max_distance=2, query_positions=ni(1)
         ),
-        "expand_bias out": lambda: pe.expand_bias(t(2, 5), 2, 4, out=n(2, 2, 4)),
-        "t5_bias out": lambda: pe.t5_bias(table, 2, 4, out=n(2, 2, 4)),
-        "alibi_bias out": lambda: pe.alibi_bias(slopes, 2, 4, out=n(2, 2, 4)),
         "attention": lambda: pe.attention(t(2, 3, 4), t(2, 3, 4), n(2, 3, 4)),
         "attention bias": lambda: pe.attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4), bias=n(3, 3)),
-        "attention mask": lambda: pe.attention(t(2, 3, 4), t(2, 3, 4), t(2, 3, 4), mask=np.ones((3, 3), dtype=bool)),
         "rope": lambda: pe.rope(t(2, 3, 8), ni(3)),
         "apply_rope": lambda: pe.apply_rope(t(3, 8), n(3, 8), t(3, 8)),
         "apply_absolute": lambda: pe.apply_absolute(t(3, 8), n(4, 8)),
     }
 
 
-def test_mixed_libraries_give_one_type_error_naming_both():
-    """``TypeError`` naming both libraries, the same wording in every family; the library is
-    checked before the device (which once gave a ``ValueError`` about devices)."""
+def _out_calls(t, n):
+    """Functions given an ``out=`` buffer of another library: never converted (it is written)."""
+    return {
+        "expand_bias out": lambda: pe.expand_bias(t(2, 5), 2, 4, out=n(2, 2, 4)),
+        "t5_bias out": lambda: pe.t5_bias(t(32, 2), 2, 4, out=n(2, 2, 4)),
+        "alibi_bias out": lambda: pe.alibi_bias(t(2), 2, 4, out=n(2, 2, 4)),
+    }
+
+
+def _torch_builders(torch):
+    return (
+        lambda *s: torch.asarray(_filled(s)),
+        lambda *s: torch.zeros(*s, dtype=torch.int64),
+    )
+
+
+def test_numpy_constants_among_torch_arrays_are_converted():
+    """A NumPy array among torch ones is a host constant: converted into torch, with its
+    float64 precision; the result equals the all-torch call's."""
     torch = pytest.importorskip("torch")
+    t, ti = _torch_builders(torch)
+    n, ni = (lambda *s: _filled(s)), (lambda *s: np.zeros(s, dtype=np.int64))
+    mixed, alike = _mixed_library_calls(t, n, ti, ni), _mixed_library_calls(t, t, ti, ti)
+    for case, call in mixed.items():
+        got, want = call(), alike[case]()
+        for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
+            assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, case
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)
+
+
+def test_numpy_constants_among_jax_arrays_are_converted():
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    t, ti = (lambda *s: jnp.asarray(_filled(s), dtype=jnp.float32)), (lambda *s: jnp.zeros(s, dtype=jnp.int32))
+    n, ni = (lambda *s: _filled(s)), (lambda *s: np.zeros(s, dtype=np.int64))
+    mixed, alike = _mixed_library_calls(t, n, ti, ni), _mixed_library_calls(t, t, ti, ti)
+    for case in ("shaw_logits", "alibi_bias per-token", "rope", "apply_absolute"):  # JAX eager compiles each op: a few
+        got, want = mixed[case](), alike[case]()
+        for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
+            assert isinstance(g, jax.Array) and g.dtype == w.dtype, case
+            np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-6, atol=1e-6, err_msg=case)
+    # the issue's call: NumPy slopes (host constants), JAX positions
+    got = pe.alibi_bias(pe.alibi_slopes(4), 3, 3, query_positions=jnp.arange(3))
+    np.testing.assert_array_equal(np.asarray(got), pe.alibi_bias(pe.alibi_slopes(4), 3, 3).astype(np.float32))
+    jitted = jax.jit(lambda q: pe.alibi_bias(pe.alibi_slopes(4), 3, 3, query_positions=q))(jnp.arange(3))
+    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(got))
+    with pytest.raises(ValueError, match="key_positions holds values outside int32"):
+        pe.alibi_bias(jnp.ones(2), 1, 1, key_positions=np.array([2**40]))
+
+
+def test_two_device_libraries_give_one_type_error_naming_both_and_xp():
+    """``TypeError`` naming both libraries and ``xp=``, the same wording in every family; the
+    library is checked before the device (which once gave a ``ValueError`` about devices);
+    a NumPy ``out=`` among torch arrays too (it is written, not converted)."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    t, ti = _torch_builders(torch)
+    n, ni = (lambda *s: jax.numpy.zeros(s)), (lambda *s: jax.numpy.zeros(s, dtype=jax.numpy.int32))
+    calls = {**_mixed_library_calls(t, n, ti, ni), **_out_calls(t, lambda *s: np.zeros(s))}
     wrong = {}
-    for case, call in _mixed_library_calls(torch).items():
+    for case, call in calls.items():
         try:
             call()
         except Exception as exc:  # noqa: BLE001 - the kind of exception is what is tested
-            if not (type(exc) is TypeError and str(exc).startswith(MIXED) and "numpy" in str(exc) and "torch" in str(exc)):
+            other = "numpy" if case.endswith(" out") else "jax"
+            if not (type(exc) is TypeError and str(exc).startswith(MIXED) and other in str(exc) and "torch" in str(exc) and "xp=" in str(exc)):
                 wrong[case] = f"{type(exc).__name__}: {exc}"
         else:
             wrong[case] = "no error"

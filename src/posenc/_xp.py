@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
-from functools import lru_cache
+from functools import lru_cache, wraps
 
 from numpy import ndarray as _ndarray
 
@@ -117,9 +117,11 @@ def torch_tensor(value) -> bool:
 def namespace(*arrays, xp=None):
     """The Array-API namespace of ``arrays`` (``None`` and Python scalars are skipped).
 
-    Arrays of two different kinds in one call raise ``TypeError``; with no array at all
-    the default namespace (NumPy) is returned. ``xp``, when given, wins; it may be a
-    framework module (``numpy``, ``torch``, ``jax.numpy``, ``cupy``) or a namespace.
+    Arrays of two different kinds in one call raise ``TypeError`` naming both (NumPy arrays
+    among another library's arrays are converted before this, by :func:`host_constants`,
+    in the functions that take them as constants); with no array at all the default
+    namespace (NumPy) is returned. ``xp``, when given, wins; it may be a framework module
+    (``numpy``, ``torch``, ``jax.numpy``, ``cupy``) or a namespace.
     """
     if xp is not None:
         return _given_namespace(xp)
@@ -134,11 +136,66 @@ def namespace(*arrays, xp=None):
     try:
         return _compat.array_namespace(*found)
     except TypeError as exc:
-        kinds = sorted({f"{type(a).__module__}.{type(a).__qualname__}" for a in found})
-        raise TypeError(
-            f"arrays of different kinds in one call: {', '.join(kinds)}; "
-            "pass arrays of a single namespace (convert with that library's asarray)"
-        ) from exc
+        raise _mixed(found) from exc
+
+
+def _mixed(arrays):
+    kinds = sorted({f"{type(a).__module__}.{type(a).__qualname__}" for a in arrays})
+    return TypeError(
+        f"arrays of different kinds in one call: {', '.join(kinds)}; pass arrays of a single namespace "
+        "(convert with that library's asarray; posenc's array-building functions take xp=, e.g. "
+        "xp=jax.numpy or xp=torch)"
+    )
+
+
+def _device_array(value) -> bool:
+    return type(value) is not _ndarray and (torch_tensor(value) or _compat.is_array_api_obj(value))
+
+
+def host_constants(fn):
+    """Decorate a public function whose array arguments may be host constants: a NumPy
+    array among arrays of another library (JAX, torch, CuPy, Dask) is converted into that
+    library, onto their device, with the precision it carries (its dtype, or the widest the
+    namespace holds: float32 / int32 for JAX without x64, whose int32 range is checked).
+    Arrays of two device libraries stay a ``TypeError`` (:func:`namespace`); ``out=`` is
+    never converted (it is written, not read)."""
+
+    @wraps(fn)
+    def call(*args, **kwargs):
+        if not any(type(v) is _ndarray for v in (*args, *kwargs.values())):
+            return fn(*args, **kwargs)
+        bound = _signature(fn).bind(*args, **kwargs)
+        host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
+        others = [v for n, v in bound.arguments.items() if n != "out" and _device_array(v)]
+        if host and others:
+            xp, device = namespace(*others), device_of(*others)
+            for n in host:
+                bound.arguments[n] = _converted(xp, n, bound.arguments[n], device)
+        return fn(*bound.args, **bound.kwargs)
+
+    return call
+
+
+@lru_cache(maxsize=None)
+def _signature(fn):
+    import inspect
+
+    return inspect.signature(fn)
+
+
+def _converted(xp, name, value, device):
+    """NumPy ``value`` as an array of ``xp`` on ``device``, keeping its precision where the
+    namespace holds it."""
+    import numpy
+
+    dtype = getattr(xp, value.dtype.name, None) if value.dtype.kind in "fiub" else None
+    if value.dtype == numpy.float64 and not has_float64(xp, device):
+        dtype = xp.float32
+    elif value.dtype.kind in "iu" and value.dtype.itemsize > 4 and index_dtype(xp, device) == xp.int32:
+        if value.size and (value.min() < -(2**31) or value.max() >= 2**31):
+            raise ValueError(f"{name} holds values outside int32, the widest integer of {xp.__name__} here (JAX without x64)")
+        dtype = xp.int32
+    return xp.asarray(value, dtype=dtype, device=device)
 
 
 def device_of(*arrays):

@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 from . import _validate as check
-from ._xp import broadcast_shapes, cast, compute_dtype, device_of, namespace
+from ._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace
 
 
+@host_constants
 def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     r"""Plain softmax attention, :math:`\mathrm{softmax}(q k^T \cdot s + B)\,v`.
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, index_dtype, namespace
+from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace
 
 MODES = ("add", "multiply")
 
 
+@host_constants
 def apply_absolute(x, table, *, mode="add", offset=0):
     r"""Apply an absolute position table to ``x``.
 

@@ -13,7 +13,7 @@ import math
 from .. import _compat, _plans
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, namespace, result_dtype
+from .._xp import cast, compute_dtype, device_of, host_constants, namespace, result_dtype
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_buckets
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -315,6 +315,7 @@ def _blocked_out(vec, shape, chunks, out):
     return blocked if blocked.size else None
 
 
+@host_constants
 @_plans.planned(_plans.RelativeBias)
 def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=None, key_positions=None, out=None, chunks=None, **options):
     """The ``[heads, q_len, k_len]`` bias of :func:`relative_bias_vector`'s kinds.
@@ -378,6 +379,7 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
     return out
 
 
+@host_constants
 def t5_bias(
     table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=None, query_positions=None, key_positions=None, out=None, chunks=None
 ):
@@ -429,6 +431,7 @@ def t5_bias(
     )  # fmt: skip
 
 
+@host_constants
 def alibi_bias(slopes, q_len, k_len, *, offset=None, symmetric=False, query_positions=None, key_positions=None, out=None, chunks=None):
     r"""ALiBi linear bias ``[heads, q_len, k_len]``: ``-slope[h] * rel[i, j]``.
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, index_dtype, namespace, shifted
+from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace, shifted
 from . import _args
 from .indices import query_offset
 
@@ -78,6 +78,7 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None):
     return cast(xp, _positions(xp, gates), q.dtype)
 
 
+@host_constants
 def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
     r"""CoPE attention logits ``[..., heads, q_len, k_len]``: ``s q_i.k_j + q_i.e[p_ij]``.
 

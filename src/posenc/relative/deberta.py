@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .._dispatch import call
-from .._xp import cast, device_of
+from .._xp import cast, device_of, host_constants
 from . import _args, _per_token
 from .biases import deberta_index, deberta_options
 from .indices import distances, query_offset
@@ -14,6 +14,7 @@ from .indices import distances, query_offset
 TERMS = ("c2p", "p2c")
 
 
+@host_constants
 def deberta_logits(
     q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, terms=TERMS, offset=None, query_positions=None, key_positions=None
 ):

@@ -8,7 +8,7 @@ Both depend on the distance only, so each computes its per-distance vector
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, cos_sin, device_of, namespace, result_dtype
+from .._xp import cast, compute_dtype, cos_sin, device_of, host_constants, namespace, result_dtype
 from .biases import expand_bias
 from .indices import distances, query_offset
 
@@ -21,6 +21,7 @@ def _lengths(q_len, k_len, offset):
     return q_len, k_len, query_offset(offset, q_len, k_len)
 
 
+@host_constants
 def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
     r"""KERPLE bias ``[heads, q_len, k_len]`` (Chi, Fan, Ramadge and Rudnicky, NeurIPS 2022).
 

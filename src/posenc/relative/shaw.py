@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, namespace, result_dtype
+from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -12,6 +12,7 @@ from .indices import clipped, distances, query_offset
 FORMS = ("released", "paper")
 
 
+@host_constants
 def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=None, key_positions=None):
     r"""Attention logits with Shaw et al.'s relative key embeddings (unscaled).
 
@@ -73,6 +74,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
 
+@host_constants
 def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positions=None, key_positions=None):
     r"""Attention output with Shaw et al.'s relative value embeddings.
 

@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, index_dtype, shifted
+from .._xp import broadcast_shapes, cast, device_of, host_constants, index_dtype, shifted
 from . import _args
 
 
@@ -22,6 +22,7 @@ def _cls_value(name, value, xp, batch, work, device):
     return cast(xp, value, work)[..., None, None]
 
 
+@host_constants
 def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     r"""TUPE logits: content and absolute-position correlations computed apart.
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, namespace
+from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
 from .indices import distances, query_offset
@@ -46,6 +46,7 @@ def rel_shift(x):
     return xp.reshape(padded[..., q_len:], tuple(x.shape))
 
 
+@host_constants
 def xl_logits(q, k, r, u, v):
     r"""Transformer-XL / XLNet relative attention logits (unscaled).
 
@@ -102,6 +103,7 @@ def xl_logits(q, k, r, u, v):
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 
+@host_constants
 def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved"):
     r"""TENER's direction-aware relative attention logits (unscaled).
 
@@ -160,6 +162,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 
+@host_constants
 def segment_logits(q, seg_q, seg_k, s_same, s_diff, b):
     r"""XLNet's relative segment term (unscaled).
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .. import _dispatch, _plans
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, is_real_floating, namespace, result_dtype
+from .._xp import cast, cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, is_real_floating, namespace, result_dtype
 from . import _args, _rows
 from .scaling import check_scaling, frequency_table
 
@@ -127,6 +127,7 @@ class TableArguments:
         return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
 
 
+@host_constants
 @_plans.planned(_plans.ApplyRope)
 def apply_rope(x, cos, sin, *, layout="half", out=None):
     r"""Rotate the channels of ``x`` with precomputed ``cos`` and ``sin``.
@@ -180,6 +181,7 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
+@host_constants
 @_plans.planned(_plans.Rope)
 def rope(
     x,
