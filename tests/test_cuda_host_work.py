@@ -158,3 +158,27 @@ def test_rope_apply_q_and_k_together_is_one_launch(monkeypatch):
         cos, sin = (_device(np.concatenate([f(angles)] * 2, -1)) for f in (np.cos, np.sin))
         counts[s] = _host_work(monkeypatch, rope_cuda, lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos, sin, out_q=q, out_k=k))
     _assert_constant(counts)
+
+
+def _toeplitz_cases(k_len):
+    """``op -> (args, kwargs)`` of one decoding query against ``k_len`` keys, batch axes that do not merge."""
+    rng = np.random.default_rng(3)
+    n, m = k_len, 5
+    index = np.clip(np.arange(n) - (k_len - 1), -2, 2) + 2
+    return {
+        "expand": ((_device(rng.standard_normal((3, 2, n)).transpose(1, 0, 2)), 1, k_len), {}),
+        "gather": ((_device(rng.standard_normal((3, 2, 1, m)).transpose(1, 0, 2, 3)), _device(index), k_len), {}),
+        "scatter": ((_device(rng.random((3, 2, 1, k_len)).transpose(1, 0, 2, 3)), _device(index), m), {}),
+    }
+
+
+@pytest.mark.parametrize("op", ["expand", "gather", "scatter"])
+def test_toeplitz_host_work_does_not_grow(monkeypatch, op):
+    from posenc._kernels import toeplitz_cuda
+
+    counts = {}
+    for k_len in LENGTHS:
+        args, kwargs = _toeplitz_cases(k_len)[op]
+        launcher = getattr(toeplitz_cuda, f"toeplitz_{op}")
+        counts[k_len] = _host_work(monkeypatch, toeplitz_cuda, lambda: launcher(*args, **kwargs))
+    _assert_constant(counts)

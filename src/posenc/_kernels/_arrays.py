@@ -140,6 +140,11 @@ def whole_strides(a) -> bool:
     return _compat.is_torch_array(a) or all(st % a.dtype.itemsize == 0 for st in a.strides)
 
 
+def forward_strides(a) -> bool:
+    """Every stride is a whole, non-negative number of elements (what the CUDA kernels address)."""
+    return whole_strides(a) and all(st >= 0 for st in element_strides(a))
+
+
 def writes_each_element_once(a) -> bool:
     """No two indices of ``a`` share memory (no stride 0 along an axis longer than one)."""
     steps = element_strides(a)
@@ -330,6 +335,36 @@ def copy_into(out, source):
 
 
 # ---------------------------------------------------------------- GPU stream and device
+
+
+def _device_name(a):
+    lib = library(a)
+    if lib == "torch":
+        return str(a.device)
+    if lib == "cupy":
+        return f"cuda:{a.device.id}"
+    return None  # a numba device array: its context's device
+
+
+def guard_gpu_operands(x, out=None, **named):
+    """What a CUDA launcher checks before it launches: each of ``named`` (and ``out``) is a GPU
+    array of ``x``'s library on ``x``'s device, and ``out`` is one the kernel can write (each
+    element once, non-negative whole strides). ``TypeError``/``ValueError`` naming the argument:
+    never a silent copy to or from the host."""
+    lib, device = library(x), _device_name(x)
+    for name, a in (*named.items(), ("out", out)):
+        if a is None:
+            continue
+        if library(a) != lib or not on_gpu(a):
+            raise TypeError(f"{name} must be a GPU array of x's kind ({lib}), got {type(a).__module__}.{type(a).__name__} (kernel launcher check)")
+        if _device_name(a) != device:
+            raise ValueError(f"{name} is on {_device_name(a)}, x on {device}: move them to one GPU first (kernel launcher check)")
+    for name, a in (("out", out), *named.items()):
+        if name.startswith("out") and a is not None and a is not x and not (forward_strides(a) and writes_each_element_once(a)):
+            raise ValueError(
+                f"{name} has strides {element_strides(a)} (elements): the CUDA kernel writes only arrays "
+                "with non-negative strides that hold each element once (kernel launcher check)"
+            )
 
 
 def launch_context(a):

@@ -15,13 +15,17 @@ merge) gets one launch per index of the extra ones (``launches``).
 from __future__ import annotations
 
 import itertools
+from collections import OrderedDict
 from functools import lru_cache
+
+import numpy as np
 
 from numba import cuda
 
-from . import _arrays
+from . import _arrays, _layout
 
 AXES = 5
+BATCH_AXES = 4  # batch axes (merged) one Toeplitz launch walks
 
 
 class NotAligned(ValueError):
@@ -79,6 +83,50 @@ def table(strides, index, pair):
 
 
 BLANK_TABLE = (0,) * (AXES + 2)
+
+
+@lru_cache(maxsize=256)
+def _batch_plan(shape, strides):
+    """The merged batch axes (``_layout``'s rule) of arrays with ``strides`` over ``shape``."""
+    return _layout._merged(_layout._axes(shape, strides))
+
+
+def batch_launches(shape, strides):
+    """``(sizes, geometries)`` per launch over batch axes ``shape`` of arrays with ``strides``
+    (a tuple per array): the ``BATCH_AXES`` sizes the grid walks (merged, padded in front
+    with ones) and per array ``(offset, *strides over them)``; one launch unless more than
+    ``BATCH_AXES`` axes stay apart after merging."""
+    axes = _batch_plan(shape, strides)
+    extra = max(0, len(axes) - BATCH_AXES)
+    pad = (1,) * (BATCH_AXES - len(axes) + extra)
+    sizes = pad + tuple([a.size for a in axes[extra:]])
+    walked = [(0,) * len(pad) + tuple([a.strides[n] for a in axes[extra:]]) for n in range(len(strides))]
+    for index in itertools.product(*[range(a.size) for a in axes[:extra]]):
+        offsets = [sum([i * a.strides[n] for i, a in zip(index, axes)]) for n in range(len(strides))]
+        yield sizes, [(offset, *steps) for offset, steps in zip(offsets, walked)]
+
+
+_KEPT = 64  # constant arrays kept on the devices
+_constants: OrderedDict = OrderedDict()
+
+
+def constant(device, values, stream):
+    """Host array ``values`` (frequencies, say) as a device array on ``device``, copied there
+    once and kept (the last ``_KEPT``): a call with device inputs copies nothing."""
+    key = (device, values.dtype.str, values.tobytes())
+    found = _constants.get(key)
+    if found is None:
+        found = _constants[key] = cuda.to_device(values, stream=stream)
+        while len(_constants) > _KEPT:
+            _constants.popitem(last=False)
+    else:
+        _constants.move_to_end(key)
+    return found
+
+
+def empty(device, dtype, stream):
+    """A kept empty device array (an operand a kernel does not read)."""
+    return constant(device, np.empty(0, dtype), stream)
 
 
 def _axis_stride(dims, shape, strides):

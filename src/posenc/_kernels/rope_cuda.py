@@ -16,7 +16,7 @@ Arithmetic is float64, the angle included (``_codec``: 16-bit floats as ``uint16
 rounded once on store), as the CPU kernels' contract says.
 
 Nothing in a call copies between host and device once the constants are on the device: the
-frequencies are kept per ``(device, frequencies)`` (``_on_device``), positions and tables
+frequencies are kept per ``(device, frequencies)`` (``_device_flat.constant``), positions and tables
 already on the device are read where they are, and nothing synchronises. Each ``(op,
 dtype, layout)`` is one specialisation (``FAMILY``), compiled on first use and cached; a
 call launches on the caller's current stream (``_arrays.launch_context``): torch's or
@@ -26,8 +26,6 @@ CuPy's current stream, which is what a CUDA graph capture records.
 from __future__ import annotations
 
 import math
-from collections import OrderedDict
-
 import numba
 import numpy as np
 from numba import cuda, types
@@ -134,30 +132,6 @@ FAMILY = _family.Family(
     lambda key: {key[1]},
 )
 
-# ---------------------------------------------------------------- device constants
-
-_KEPT = 64  # frequency tables kept on the devices
-_constants: OrderedDict = OrderedDict()
-
-
-def _on_device(device, values, stream):
-    """Host float64 ``values`` (frequencies) as a device array on ``device``, copied there once."""
-    key = (device, values.tobytes())
-    found = _constants.get(key)
-    if found is None:
-        found = _constants[key] = cuda.to_device(values, stream=stream)
-        while len(_constants) > _KEPT:
-            _constants.popitem(last=False)
-    else:
-        _constants.move_to_end(key)
-    return found
-
-
-def _empty(device, dtype, stream):
-    """A cached empty flat device array (the operand or table a call does not use)."""
-    return _on_device(device, np.empty(0, dtype), stream)
-
-
 # ---------------------------------------------------------------- launch
 
 
@@ -239,13 +213,14 @@ def _context(x):
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
     """numba.cuda ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
     inv_freq = guard_rotate(x, positions, inv_freq, out)
+    _arrays.guard_gpu_operands(x, out, positions=positions)
     stream, on_device, device = _context(x)
     with on_device:
         operand = _Operand(x, out, stream)
         positions_table = _tables(_arrays.device_values(positions, np.float64), tuple(x.shape)[:-1])
-        freqs = _on_device(device, inv_freq, stream)
+        freqs = _device_flat.constant(device, inv_freq, stream)
         element = _arrays.ELEMENT[_arrays.dtype_name(x.dtype)]
-        none = _empty(device, element, stream)
+        none = _device_flat.empty(device, element, stream)
         blank = _device_flat.BLANK_TABLE
 
         def arguments(views):
@@ -266,7 +241,7 @@ def _cos_sin_tables(x, cos, sin, layout):
 
 
 def _apply_arguments(device, stream):
-    positions, blank = _empty(device, np.float64, stream), _device_flat.BLANK_TABLE
+    positions, blank = _device_flat.empty(device, np.float64, stream), _device_flat.BLANK_TABLE
 
     def arguments(views):
         (c, cg), (s, sg) = views
@@ -278,6 +253,7 @@ def _apply_arguments(device, stream):
 def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     """numba.cuda ``rope_apply`` (reference: ``posenc.rotary._rotate.rotate_cos_sin``)."""
     guard_apply(x, cos, sin, out)
+    _arrays.guard_gpu_operands(x, out, cos=cos, sin=sin)
     stream, on_device, device = _context(x)
     with on_device:
         operand = _Operand(x, out, stream)
@@ -297,6 +273,7 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
     """
     guard_apply(q, cos, sin, out_q)
     guard_apply(k, cos, sin, out_k)
+    _arrays.guard_gpu_operands(q, out_q, k=k, cos=cos, sin=sin, out_k=out_k)
     stream, on_device, device = _context(q)
     with on_device:
         operands = [_Operand(q, out_q, stream), _Operand(k, out_k, stream)]

@@ -38,6 +38,9 @@ def _accepts(values, index=None, out=None, *, gpu):
     # CUDA kernels index with signed integers only.
     if index is not None and (_arrays.library(index) != lib or _arrays.dtype_name(index.dtype) not in (_arrays.SIGNED if gpu else _arrays.INTEGERS)):
         return False
+    # CUDA kernels address memory from each array's first element: whole, non-negative strides.
+    if gpu and not all(_arrays.forward_strides(a) for a in (values, index, out) if a is not None):
+        return False
     return out is None or (_arrays.library(out) == lib and not _arrays.tracks_gradient(out))
 
 

@@ -18,7 +18,7 @@ import numba
 import numpy as np
 from numba import cuda, types
 
-from . import _arrays, _codec, _family, _layout
+from . import _arrays, _codec, _device_flat, _family
 from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_values, guard_scatter, kernel_key, serves
 
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)
@@ -26,6 +26,24 @@ _MAX_GRID_Y = 65535
 
 _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
+_BATCH = _device_flat.BATCH_AXES  # batch axes one launch walks
+# An operand's geometry: offset, strides over the batch axes, the row (query) and the column.
+_GEOMETRY = _BATCH + 3
+
+
+@cuda.jit(device=True, cache=True)
+def _walk_row(row, sizes, q_len, vg, og):
+    """``(i, values offset, out offset)`` of flat row ``row`` (batch axes, then the query)."""
+    i = row % q_len
+    rest = row // q_len
+    vi, oi = vg[0] + i * vg[_BATCH + 1], og[0] + i * og[_BATCH + 1]
+    for k in range(_BATCH - 1, -1, -1):
+        n = sizes[k]
+        b = rest % n
+        rest = rest // n
+        vi += b * vg[k + 1]
+        oi += b * og[k + 1]
+    return i, vi, oi
 
 
 def _copy_source(gather):
@@ -34,16 +52,18 @@ def _copy_source(gather):
     ``values[b, i, index[t]]``. ``gather`` is a constant of the closure (expand's ``index``
     is an empty placeholder)."""
 
-    def copy(values, index, out):
-        batch, q_len, k_len = out.shape
+    def copy(sizes, q_len, k_len, values, vg, index, ig, out, og):
         j0, row0 = cuda.grid(2)
         step_j, step_row = cuda.gridsize(2)
-        for row in range(row0, batch * q_len, step_row):
-            b = row // q_len
-            i = row - b * q_len
+        rows = q_len
+        for k in range(_BATCH):
+            rows *= sizes[k]
+        for row in range(row0, rows, step_row):
+            i, vi, oi = _walk_row(row, sizes, q_len, vg, og)
             for j in range(j0, k_len, step_j):
                 t = i + k_len - 1 - j
-                out[b, i, j] = values[b, i, index[t]] if gather else values[b, t]
+                column = index[ig[0] + t * ig[1]] if gather else t
+                out[oi + j * og[_BATCH + 2]] = values[vi + column * vg[_BATCH + 2]]
 
     return copy
 
@@ -52,28 +72,28 @@ def _scatter_source(accumulator, storage, helpers):
     """The scatter kernel of elements held as ``storage``, summed in ``accumulator`` (constants;
     ``helpers``: see ``_family.source_digest``)."""
 
-    def scatter(weights, index, out):
+    def scatter(sizes, q_len, k_len, weights, wg, index, ig, out, og):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
-        batch, q_len, k_len = weights.shape
-        m = out.shape[2]
+        m = sizes[_BATCH]
         total = cuda.shared.array(_CHUNK, accumulator)
         first = cuda.blockIdx.x * _CHUNK
         count = min(_CHUNK, m - first)
         t, threads = cuda.threadIdx.x, cuda.blockDim.x
-        for row in range(cuda.blockIdx.y, batch * q_len, cuda.gridDim.y):
-            b = row // q_len
-            i = row - b * q_len
+        rows = q_len
+        for k in range(_BATCH):
+            rows *= sizes[k]
+        for row in range(cuda.blockIdx.y, rows, cuda.gridDim.y):
+            i, wi, oi = _walk_row(row, sizes, q_len, wg, og)
             for c in range(t, count, threads):
                 total[c] = 0
             cuda.syncthreads()
             for j in range(t, k_len, threads):
-                c = index[i + k_len - 1 - j] - first
+                c = index[ig[0] + (i + k_len - 1 - j) * ig[1]] - first
                 if 0 <= c < count:
-                    cuda.atomic.add(total, c, _load(weights[b, i, j], storage))
+                    cuda.atomic.add(total, c, _load(weights[wi + j * wg[_BATCH + 2]], storage))
             cuda.syncthreads()
-            row_out = out[b, i]
             for c in range(t, count, threads):
-                _store(row_out, first + c, total[c], storage)
+                _store(out, oi + (first + c) * og[_BATCH + 2], total[c], storage)
             cuda.syncthreads()
 
     return scatter
@@ -82,12 +102,13 @@ def _scatter_source(accumulator, storage, helpers):
 def _build(op, name):
     """``name``: the unsigned integer type whose bits the copies move, or the float dtype scatter sums."""
     t = numba.from_dtype(np.dtype(name if op != "scatter" else _arrays.ELEMENT[name]))
-    array3, index = types.Array(t, 3, "A"), types.Array(types.int64, 1, "A")
+    i64 = types.int64
+    flat, geometry = types.Array(t, 1, "C"), types.UniTuple(i64, _GEOMETRY)
+    sig = types.void(types.UniTuple(i64, _BATCH + 1), i64, i64, flat, geometry, types.Array(i64, 1, "C"), types.UniTuple(i64, 2), flat, geometry)
     if op != "scatter":
-        values = array3 if op == "gather" else types.Array(t, 2, "A")
-        return cuda.jit(types.void(values, index, array3), cache=True)(_copy_source(op == "gather"))
+        return cuda.jit(sig, cache=True)(_copy_source(op == "gather"))
     accumulator = numba.float64 if name == "float64" else numba.float32
-    return cuda.jit(types.void(array3, index, array3), cache=True)(_scatter_source(accumulator, _arrays.STORAGE[name], _family.source_digest(_codec)))
+    return cuda.jit(sig, cache=True)(_scatter_source(accumulator, _arrays.STORAGE[name], _family.source_digest(_codec)))
 
 
 FAMILY = _family.Family(
@@ -118,24 +139,33 @@ def _scatter_grid(shape, k_len):
     return grid, min(256, 32 * -(-k_len // 32)) or 32
 
 
-def _launch(key, config, like, values, shape, out, lead, index=None):
-    """The result of the ``key`` kernel on device views ``values`` (and ``index``): ``out`` or a new array.
-
-    Runs on ``like``'s GPU and the caller's stream, with the batch axes merged; an empty
-    result launches nothing.
-    """
+def _launch(key, config, like, values, shape, out, index=None):
+    """The result of the ``key`` kernel on device view ``values`` (and int64 device ``index``):
+    ``out`` or a new array of ``shape``, in one launch (batch axes in the grid, operands as
+    flat device arrays: ``_device_flat``), on ``like``'s GPU and the caller's stream. An
+    empty result launches nothing."""
     stream, on_device = _arrays.launch_context(like)
     with on_device:
         result = _arrays.empty(like, shape) if out is None else out
         if 0 in shape:
             return result
+        target = _arrays.device_view(result) if key[0] == "scatter" else _bits(result)
+        (v_flat, v_steps), (o_flat, o_steps) = _device_flat.flat(values), _device_flat.flat(target)
+        lead = len(shape) - 2
+        # The per-distance vector of expand has no query axis: its row stride is 0.
+        v_row = (0, v_steps[-1]) if key[0] == "expand" else v_steps[-2:]
+        if index is None:  # expand: an empty placeholder
+            index_flat, index_geometry = _device_flat.empty(_arrays.device_index(like), np.int64, stream), (0, 0)
+        else:
+            index_flat, (step,) = _device_flat.flat(index)
+            index_geometry = (0, step)
         kernel = FAMILY[key]
         grid, block = config
-        target = _arrays.device_view(result) if key[0] == "scatter" else _bits(result)
-        if index is None:  # expand: an empty placeholder
-            index = cuda.device_array(0, np.int64, stream=stream)
-        for values_b, result_b in _layout.batch_views([values, target], lead):
-            kernel[grid, block, stream](values_b, index, result_b)
+        for sizes, (vg, og) in _device_flat.batch_launches(tuple(shape[:lead]), (v_steps[:lead], o_steps[:lead])):
+            kernel[grid, block, stream](
+                (*sizes, shape[-1]), shape[-2], shape[-1] if key[0] != "scatter" else tuple(values.shape)[-1],
+                v_flat, (*vg, *v_row), index_flat, index_geometry, o_flat, (*og, *o_steps[-2:]),
+            )
     return result
 
 
@@ -149,17 +179,20 @@ def _index(index, m):
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     """numba.cuda ``toeplitz_expand``."""
     shape = guard_expand(vec, q_len, k_len, out)
-    return _launch(kernel_key("expand", vec), _grid(shape), vec, _bits(vec), shape, out, len(shape) - 2)
+    _arrays.guard_gpu_operands(vec, out)
+    return _launch(kernel_key("expand", vec), _grid(shape), vec, _bits(vec), shape, out)
 
 
 def toeplitz_gather(scores, index, k_len, *, out=None):
     """numba.cuda ``toeplitz_gather``."""
     shape = guard_gather(scores, index, k_len, out)
-    return _launch(kernel_key("gather", scores), _grid(shape), scores, _bits(scores), shape, out, len(shape) - 2, _index(index, tuple(scores.shape)[-1]))
+    _arrays.guard_gpu_operands(scores, out, index=index)
+    return _launch(kernel_key("gather", scores), _grid(shape), scores, _bits(scores), shape, out, _index(index, tuple(scores.shape)[-1]))
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
     """numba.cuda ``toeplitz_scatter``."""
     shape = guard_scatter(weights, index, m, out)
+    _arrays.guard_gpu_operands(weights, out, index=index)
     config = _scatter_grid(shape, tuple(weights.shape)[-1])
-    return _launch(kernel_key("scatter", weights), config, weights, _arrays.device_view(weights), shape, out, len(shape) - 2, _index(index, m))
+    return _launch(kernel_key("scatter", weights), config, weights, _arrays.device_view(weights), shape, out, _index(index, m))

@@ -1,0 +1,140 @@
+"""The CUDA launchers on Hugging Face's layouts, q and k in one launch, and the inputs they refuse.
+
+Run on numba device arrays: the CUDA simulator's under ``make test``'s cudasim pass, a GPU's
+under ``make test-gpu``. Results are compared with the NumPy references
+(``posenc.rotary._rotate``) within the kernels' tolerance (``arrays.tolerance``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from arrays import to_host, tolerance
+from kernel_samples import on_gpu
+from posenc._kernels import _arrays
+from posenc.rotary import _rotate
+
+pytestmark = [pytest.mark.kernels, pytest.mark.skipif(not _arrays.numba_cuda(), reason="no GPU and no CUDA simulator")]
+
+
+def _device(a):
+    return on_gpu("none", [a], {})[0][0]
+
+
+def _close(got, want, dtype):
+    tol = tolerance(np.dtype(dtype), "rope_apply")
+    np.testing.assert_allclose(to_host(got).astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol)
+
+
+def _hf_views(rng, b, s, heads, d, dtype):
+    """``[b, heads, s, d]`` as the transposed view of a ``[b, s, heads, d]`` projection."""
+    return rng.standard_normal((b, s, heads, d)).astype(dtype).transpose(0, 2, 1, 3)
+
+
+def _tables(rng, b, s, rotary, layout, dtype):
+    angles = rng.uniform(-40, 40, (b, 1, s, rotary // 2))
+    pairs = np.repeat(angles, 2, -1) if layout == "interleaved" else np.concatenate([angles, angles], -1)
+    return np.cos(pairs).astype(dtype), np.sin(pairs).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_q_and_k_together_match_the_reference(dtype, layout, in_place):
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(5)
+    q, k = _hf_views(rng, 2, 3, 4, 8, dtype), _hf_views(rng, 2, 3, 2, 8, dtype)
+    cos, sin = _tables(rng, 2, 3, 6, layout, dtype)  # partial rotary: 6 of 8 channels
+    want = [_rotate.rotate_cos_sin(a.copy(), cos, sin, layout=layout) for a in (q, k)]
+    qd, kd, cd, sd = (_device(a) for a in (q, k, cos, sin))
+    outs = dict(out_q=qd, out_k=kd) if in_place else {}
+    got = rope_cuda.rotate_cos_sin_pair(qd, kd, cd, sd, layout=layout, **outs)
+    if in_place:
+        assert got[0] is qd and got[1] is kd
+    for g, w in zip(got, want):
+        _close(g, w, dtype)
+
+
+def test_q_and_k_whose_rows_do_not_line_up_take_one_launch_each():
+    """k with another batch size than q (cos/sin broadcast over it): still each rotated right."""
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(6)
+    q, k = _hf_views(rng, 1, 3, 4, 8, "float32"), _hf_views(rng, 2, 3, 2, 8, "float32")
+    cos, sin = _tables(rng, 1, 3, 8, "half", "float32")
+    want = [_rotate.rotate_cos_sin(a.copy(), cos, sin) for a in (q, k)]
+    got = rope_cuda.rotate_cos_sin_pair(*(_device(a) for a in (q, k, cos, sin)))
+    for g, w in zip(got, want):
+        _close(g, w, "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("positions_dtype", ["int32", "int64", "float64"])
+def test_rope_on_hf_views_in_place(dtype, positions_dtype):
+    """The transposed ``[b, s, h, d]`` view rotated in place, per-batch positions converted on the device."""
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(7)
+    x = _hf_views(rng, 2, 5, 3, 10, dtype)
+    positions = rng.integers(0, 5000, (2, 1, 5)).astype(positions_dtype)
+    inv_freq = 10000.0 ** -(np.arange(4) / 4)  # partial rotary: 8 of 10 channels
+    want = _rotate.rotate_positions(x.copy(), positions, inv_freq, layout="interleaved")
+    xd = _device(x)
+    got = rope_cuda.rotate_positions(xd, _device(positions), inv_freq, layout="interleaved", out=xd)
+    assert got is xd
+    _close(xd, want, dtype)
+
+
+def test_rope_with_five_unmergeable_leading_axes():
+    """More leading axes than one launch walks (AXES): one launch per index of the extra ones, still right."""
+    from posenc._kernels import _device_flat, rope_cuda
+
+    rng = np.random.default_rng(8)
+    lead = (2, 3, 2, 2, 2, 2, 5)  # seven leading axes, in reversed memory order so none merge
+    x = rng.standard_normal(lead[::-1] + (4,)).transpose(*range(len(lead) - 1, -1, -1), len(lead))
+    assert x.shape == lead + (4,) and len(lead) - 1 > _device_flat.AXES
+    positions = rng.integers(0, 100, lead[-1])
+    inv_freq = np.array([1.0, 0.01])
+    want = _rotate.rotate_positions(x.copy(), positions, inv_freq)
+    _close(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq), want, "float64")
+
+
+# ------------------------------------------------------------------ refused before any launch
+
+
+def _refused(launcher, args, kwargs, error, words):
+    from numba import cuda
+
+    del cuda  # (the simulator or a GPU: the refusal comes before either runs anything)
+    with pytest.raises(error) as raised:
+        launcher(*args, **kwargs)
+    for word in words:
+        assert word in str(raised.value), str(raised.value)
+
+
+def test_host_arrays_beside_device_ones_are_refused(monkeypatch):
+    from posenc._kernels import rope_cuda, toeplitz_cuda
+
+    launched = []
+    monkeypatch.setattr(rope_cuda, "FAMILY", type("F", (), {"__getitem__": lambda self, key: launched.append(key)})())
+    x = _device(np.zeros((2, 3, 4), np.float32))
+    inv_freq = np.ones(2)
+    _refused(rope_cuda.rotate_positions, (x, np.arange(3), inv_freq), {}, TypeError, ["positions", "GPU array"])
+    _refused(rope_cuda.rotate_positions, (x, _device(np.arange(3)), inv_freq), {"out": np.zeros((2, 3, 4), np.float32)}, TypeError, ["out"])
+    cos = np.ones((3, 4), np.float32)
+    _refused(rope_cuda.rotate_cos_sin, (x, _device(cos), cos), {}, TypeError, ["sin"])
+    scores = _device(np.zeros((2, 5), np.float32))
+    _refused(toeplitz_cuda.toeplitz_gather, (scores, np.zeros(5, np.int64), 4), {}, TypeError, ["index"])
+    assert launched == []
+
+
+def test_out_the_kernel_cannot_write_is_refused():
+    from numba import cuda
+
+    from posenc._kernels import rope_cuda
+
+    x = _device(np.zeros((2, 3, 4), np.float32))
+    broadcast = _arrays.strided(cuda.to_device(np.zeros(4, np.float32)), (2, 3, 4), (0, 0, 1))  # every row the same memory
+    _refused(rope_cuda.rotate_positions, (x, _device(np.arange(3)), np.ones(2)), {"out": broadcast}, ValueError, ["out", "each element once"])
