@@ -5,43 +5,79 @@ more than the work (docs/benchmarks.md, "A decode step"). ``@planned(Signature)`
 cache in front of a public function:
 
 * ``Signature.key(args, kwargs)``: a cheap hashable key of everything validation looks
-  at, without reading array values, from the call's positional arguments and keywords as
-  given: each array's library, shape, strides, dtype, flags (NumPy), device and gradient tracking, the
-  keywords' names, types and values, the backend in force (``array_key``,
-  ``keywords_key``). It returns None for a call no plan serves (another library, a traced
-  value, an array or object among the options ...); when it raises (an unhashable
-  option), the call takes the full path too;
+  at, never an array's values, from the call's positional arguments and keywords as
+  given: each array's library, shape, strides, dtype, flags (NumPy), device and gradient
+  tracking (``array_key``), the static keywords' names, types and values
+  (``keywords_key``), the backend in force and torch's modes (``context_key``). Arrays
+  (``x``, ``positions``, an array ``offset``, frequencies, tables) are keyed by that
+  metadata and passed to the plan as they are, with their values of this call. The key
+  is None for a call no plan serves (another library, a traced value, an object among
+  the options ...); when it raises (an unhashable option), the call takes the full path too;
 * the first call with a key runs the public function itself (full validation, the kernel
   registry); only when it returns normally is ``Signature.build(*args, **kwargs)`` (the
   function's keyword defaults filled in) asked for a plan of that key (None: the key is
-  remembered as served by the full path);
+  remembered as served by the full path). ``build`` is a ``"module:function"`` string,
+  imported on first use (a family's signature names the kernel module that plans it
+  without importing it);
 * later calls with the key call ``plan(args, kwargs)``, which launches the same kernel
   with the same arithmetic on the values the full path would have computed, or returns
-  ``NotImplemented`` for values the plan does not cover (an angle beyond the fast
-  reduction, an offset near the integer limits), which then take the full path.
+  ``NotImplemented`` for values the plan does not cover or the contract refuses (an angle
+  beyond the fast reduction, an offset near the integer limits, a non-finite float
+  position): those take the full path, and meet its checks and its error word for word.
 
-So a plan is only ever used for a call that the full path has accepted with the same key,
-and bad input always meets the full validation and its error. A keyword left to its
-default and the same value given explicitly are two keys (each validated once); a plan
-reads a keyword the key leaves out (``offset``) with the function's own default.
+So a plan is only ever used for a call whose metadata the full path has accepted, the
+values the contract constrains are checked by the plan in one vectorised pass (a refusal
+is the full path's own), and bad input always meets the full validation and its error.
+A keyword left to its default and the same value given explicitly are two keys (each
+validated once); a plan reads a keyword the key leaves out (``offset``) with the
+function's own default.
+
+Each function keeps at most ``MAX_PLANS`` plans (``public.plans``, a ``PlanCache``): past
+it the least recently used one is dropped. A plan holds metadata and its own buffers,
+never a caller's array, so a dropped signature frees nothing of the caller's and a kept
+one keeps nothing of it alive.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import sys
+from collections import OrderedDict
 
 import numpy as np
 
 from . import _dispatch
 
-MAX_PLANS = 256  # per function; past it, new signatures take the full path
+MAX_PLANS = 256  # per function; past it, the least recently used plan is dropped
+
+
+class PlanCache(OrderedDict):
+    """At most ``limit`` plans by key, least recently used first (``get`` of a key makes it the most recent)."""
+
+    def __init__(self, limit=MAX_PLANS):
+        super().__init__()
+        self.limit = limit
+
+    def get(self, key, default=None):
+        plan = super().get(key, self)
+        if plan is self:
+            return default
+        self.move_to_end(key)
+        return plan
+
+    def put(self, key, plan):
+        self[key] = plan
+        self.move_to_end(key)
+        while len(self) > self.limit:
+            self.popitem(last=False)
 
 
 def planned(signature):
     def wrap(fn):
         defaults = dict(fn.__kwdefaults__ or {})
-        plans = {}
+        plans = PlanCache()
+        build = _loader(signature.build)
 
         @functools.wraps(fn)
         def public(*args, **kwargs):
@@ -57,14 +93,22 @@ def planned(signature):
                 if result is not NotImplemented:
                     return result
             result = fn(*args, **kwargs)
-            if key is not None and key not in plans and len(plans) < MAX_PLANS:
-                plans[key] = signature.build(*args, **{**defaults, **kwargs}) or False
+            if key is not None and plan is None:
+                plans.put(key, build()(*args, **{**defaults, **kwargs}) or False)
             return result
 
         public.plans = plans
         return public
 
     return wrap
+
+
+def _loader(target):
+    """``target`` itself, or for ``"module:function"`` a function that imports it on first use."""
+    if not isinstance(target, str):
+        return lambda: target
+    module, _, name = target.partition(":")
+    return lambda: getattr(importlib.import_module(module), name)
 
 
 def _tracing():
@@ -83,6 +127,15 @@ def array_key(a):
     return None
 
 
+def value_key(value):
+    """An argument that is an array (its ``array_key``, None where no plan serves it) or a
+    plain value (None, an int ...: its type, the value itself being the plan's argument)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        return kind
+    return array_key(value)
+
+
 def out_key(out, x):
     """An ``out`` argument's part of a key: allocating, in place (``out is x``), or the buffer's array key."""
     if out is None:
@@ -94,9 +147,10 @@ def out_key(out, x):
 
 def context_key(*arrays):
     """The state outside the arguments that a call's path depends on: the backend, and
-    torch's grad mode and tracing where ``arrays`` are not all NumPy's."""
+    torch's grad mode and tracing where ``arrays`` are not all NumPy's (plain values among
+    ``arrays`` are passed over)."""
     torch = sys.modules.get("torch")
-    if torch is None or _NUMPY.issuperset(map(type, arrays)):
+    if torch is None or _NUMPY_OR_PLAIN.issuperset(map(type, arrays)):
         return (_dispatch.get_backend(),)
     if torch.compiler.is_compiling():
         return None
@@ -120,179 +174,9 @@ def keywords_key(kwargs, *varying):
     return tuple(key)
 
 
-_NUMPY = frozenset((np.ndarray,))
 _PLAIN = {type(None), bool, int, float, str, type}  # grows by the dtype classes met (NumPy's, torch.dtype)
+_NUMPY_OR_PLAIN = frozenset((np.ndarray, type(None), bool, int, float, str))
 
 
 def _dtype_type(kind):
     return kind in _PLAIN or issubclass(kind, np.dtype) or (kind.__module__ == "torch" and kind.__name__ == "dtype")
-
-
-# ---------------------------------------------------------------- signatures of the planned functions
-
-
-class Rope:
-    """``rope(x, offset=n, ...)``: default positions, no scaling; the offset is the plan's argument."""
-
-    @staticmethod
-    def key(args, kwargs):
-        offset = kwargs.get("offset", 0)
-        if len(args) != 1 or type(offset) is not int:
-            return None
-        x = args[0]
-        key = ("rope", array_key(x), context_key(x), keywords_key(kwargs, "offset", "out"), out_key(kwargs.get("out"), x))
-        return None if None in key else key
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from ._kernels.rope_plan import build_rotate
-
-        return build_rotate(*args, **kwargs)
-
-
-class Rerotate:
-    """``rerotate(x, delta, inv_freq, ...)``: an int ``delta`` (the plan's argument) and NumPy
-    frequencies, whose values the plan compares with those it was built with on every call."""
-
-    @staticmethod
-    def key(args, kwargs):
-        if len(args) != 3 or type(args[1]) is not int or type(args[2]) is not np.ndarray:
-            return None
-        x, _, inv_freq = args
-        key = ("rerotate", array_key(x), array_key(inv_freq), context_key(x), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), x))
-        return None if None in key else key
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from ._kernels.rope_plan import build_rerotate
-
-        return build_rerotate(*args, **kwargs)
-
-
-class ApplyRope:
-    @staticmethod
-    def key(args, kwargs):
-        if len(args) != 3:
-            return None
-        key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
-        return None if None in key else key
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from ._kernels.rope_plan import build_apply
-
-        return build_apply(*args, **kwargs)
-
-
-class HFApplyRotary:
-    """``posenc.torch.hf.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)``: q's and k's
-    ``apply_rope`` plans, under one key of the four arrays."""
-
-    @staticmethod
-    def key(args, kwargs):
-        if len(args) != 5 or type(args[4]) is not int:
-            return None
-        arrays = args[:4]
-        key = ("hf_apply_rotary", *map(array_key, arrays), context_key(*arrays), args[4])
-        return None if None in key else key
-
-    @staticmethod
-    def build(q, k, cos, sin, unsqueeze_dim):
-        import posenc
-
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        plans = [posenc.apply_rope.plans.get(ApplyRope.key((x, cos, sin), {})) for x in (q, k)]
-        return all(plans) and _PairPlan(*plans, unsqueeze_dim)
-
-
-class _PairPlan:
-    def __init__(self, q_plan, k_plan, dim):
-        self.q_plan, self.k_plan, self.dim = q_plan, k_plan, dim
-
-    def __call__(self, args, kwargs):
-        q, k, cos, sin = args[:4]
-        cos, sin = cos.unsqueeze(self.dim), sin.unsqueeze(self.dim)
-        rotated_q = self.q_plan((q, cos, sin), {})
-        rotated_k = NotImplemented if rotated_q is NotImplemented else self.k_plan((k, cos, sin), {})
-        return NotImplemented if rotated_k is NotImplemented else (rotated_q, rotated_k)
-
-
-def _bias_key(name, args, kwargs):
-    """``(kind, params, 1, k_len)`` with an int ``k_len``, and ``offset`` None or an int: both the plan's arguments."""
-    if len(args) != 4:
-        return None
-    kind, params, q_len, k_len = args
-    offset = kwargs.get("offset")
-    if type(kind) is not str or type(q_len) is not int or q_len != 1 or type(k_len) is not int or (offset is not None and type(offset) is not int):
-        return None
-    key = (name, kind, array_key(params), context_key(params), offset is None, keywords_key(kwargs, "offset"))
-    return None if None in key else key
-
-
-class RelativeBias:
-    """``relative_bias`` (``t5_bias``, ``alibi_bias``) of one query row; ``k_len`` and ``offset`` are the plan's arguments."""
-
-    @staticmethod
-    def key(args, kwargs):
-        return _bias_key("relative_bias", args, kwargs)
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from .relative._decode import build_bias
-
-        return build_bias(*args, **kwargs)
-
-
-class RelativeBiasVector:
-    @staticmethod
-    def key(args, kwargs):
-        return _bias_key("relative_bias_vector", args, kwargs)
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from .relative._decode import build_vector
-
-        return build_vector(*args, **kwargs)
-
-
-class ExpandBias:
-    @staticmethod
-    def key(args, kwargs):
-        if len(args) != 3:
-            return None
-        vec, q_len, k_len = args
-        if type(q_len) is not int or q_len != 1 or type(k_len) is not int:
-            return None
-        key = ("expand_bias", array_key(vec), context_key(vec), k_len, keywords_key(kwargs))  # vec's shape fixes k_len
-        return None if None in key else key
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from .relative._decode import build_expand
-
-        return build_expand(*args, **kwargs)
-
-
-class RopeCosSin:
-    """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on
-    every call. Its validation and plan read no NumPy array's strides or flags, which the
-    key of two NumPy arrays leaves out (a decode loop's key costs the least)."""
-
-    @staticmethod
-    def key(args, kwargs):
-        if len(args) != 2:
-            return None
-        positions, inv_freq = args
-        if type(positions) is np.ndarray and type(inv_freq) is np.ndarray:
-            key = ("rope_cos_sin", positions.shape, positions.dtype, inv_freq.shape, inv_freq.dtype, _dispatch.get_backend(), keywords_key(kwargs))
-            return None if key[-1] is None else key
-        if type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray:
-            return None
-        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(positions, inv_freq), keywords_key(kwargs))
-        return None if None in key else key
-
-    @staticmethod
-    def build(*args, **kwargs):
-        from .rotary._tables_plan import build_tables
-
-        return build_tables(*args, **kwargs)

@@ -47,7 +47,9 @@ class _Launch:
         # buffer's bytes lie at fixed offsets from its data pointer, as x's do.
         self.owned = not self.torch and self.into and x.flags.owndata and out.flags.owndata
         self.extents = (_extent(xv), _extent(ov)) if self.torch and self.into else None
-        self.grouping, self.views = _layout.rotary_views(xv, ov, per_position)
+        # (The per-position views are the plan's to read once: a launch keeps none of the caller's arrays.)
+        self.grouping, views = _layout.rotary_views(xv, ov, per_position)
+        self.view_geometry = tuple((v.shape, v.strides) for v in views)
         plan = self.grouping
         _, x_offset = _arrays.flat_span(xv)
         self.xs = (x_offset, *plan.strides(0))
@@ -155,12 +157,9 @@ class RotatePlan:
         # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
         pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
         self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq), out)
-        self.grid = np.ascontiguousarray(self.launch.views[0])  # [G, S]: no outer axes in a plan
+        self.grid = _grid(pv, self.launch)  # [G, S]: no outer axes in a plan
         self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
-        self.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-        self.max_freq = float(np.abs(self.inv_freq).max())
-        self.angles = (self.inv_freq, sign, float(scale))
-        self.tables = (rope_cpu._NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2
+        _angles(self, x, inv_freq, sign, scale)
 
     def __call__(self, args, kwargs):
         offset = kwargs.get("offset", 0)
@@ -172,6 +171,104 @@ class RotatePlan:
         return self.launch.run(args[0], (self.grid + float(offset), *self.angles, *self.tables), kwargs.get("out"))
 
 
+def _angles(plan, x, inv_freq, sign, scale):
+    """A rotation plan's frequencies and the kernel's angle arguments."""
+    plan.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
+    plan.max_freq = float(np.abs(plan.inv_freq).max())
+    plan.angles = (plan.inv_freq, sign, float(scale))
+    plan.tables = (rope_cpu._NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2
+
+
+def _grid(pv, launch):
+    """The kernel's ``[G, S]`` float64 positions: ``pv`` (broadcast to ``x.shape[:-1]``) as the launch reads it."""
+    shape, strides = launch.view_geometry[0]
+    return np.ascontiguousarray(np.lib.stride_tricks.as_strided(pv, shape, strides))
+
+
+class PositionsPlan:
+    """``rope(x, positions, offset=...)`` with positions or an offset given as arrays: each
+    call forms the full path's positions from its own arrays (shifted by the same
+    operations of the arrays' library), converts them to float64 as the launcher does, and
+    launches the kernel. The one check of their values is the launcher's angle bound, which
+    also catches a non-finite float position: such a call takes the full path (its error,
+    or the reference for angles beyond the fast reduction)."""
+
+    def __init__(self, x, xv, layout, placed, source, inv_freq, sign, scale, out):
+        self.source = source
+        pv = _contiguous_float64(placed)
+        self.launch = _Launch("rotate", layout, x, xv, [np.broadcast_to(pv, xv.shape[:-1])], len(inv_freq), out)
+        # The view the kernel reads of a C-contiguous float64 copy of the positions, in its
+        # bytes: placing positions only adds axes of length 1, so their order is the same.
+        self.view = self.launch.view_geometry[0]
+        self.size = pv.size
+        self.host = _values_reader(placed)
+        _angles(self, x, inv_freq, sign, scale)
+
+    def __call__(self, args, kwargs):
+        positions = args[1] if len(args) > 1 else kwargs.get("positions")
+        pv = self.host(self.source(positions, kwargs.get("offset", 0)))
+        if pv.dtype != np.float64 or not pv.flags.c_contiguous:
+            pv = np.ascontiguousarray(pv, dtype=np.float64)
+        if self.size == 1:
+            if not abs(pv.item()) * self.max_freq <= FAST_ANGLE_LIMIT:
+                return NotImplemented
+            grid = pv.reshape(self.view[0])
+        else:
+            if self.size and not float(np.abs(pv).max()) * self.max_freq <= FAST_ANGLE_LIMIT:
+                return NotImplemented
+            grid = np.ascontiguousarray(np.ndarray(self.view[0], np.float64, pv, 0, self.view[1]))
+        return self.launch.run(args[0], (grid, *self.angles, *self.tables), kwargs.get("out"))
+
+
+def _contiguous_float64(positions):
+    """``positions`` as rope_cpu.rotate_positions converts them (``host_values``, float64), C-contiguous."""
+    return np.ascontiguousarray(_arrays.host_values(positions), dtype=np.float64)
+
+
+def _values_reader(positions):
+    """``_arrays.host_values`` for arrays of ``positions``' signature (NumPy, or a torch tensor NumPy can view)."""
+    if isinstance(positions, np.ndarray):
+        return lambda p: p
+    if positions.dtype.is_floating_point and positions.dtype.itemsize == 2 or positions.requires_grad:
+        return _arrays.host_values
+    return lambda p: p.numpy()
+
+
+class _Source:
+    """The positions ``rope`` hands its kernel, from a call's ``positions`` and ``offset``
+    whose metadata the plan's key fixes: the given positions or ``arange`` along the
+    sequence axis, plus the offset (an int, or per-row values reshaped onto the batch
+    axes, with the positions reshaped as ``rotary._args`` places them), by the arrays' own
+    operations. Without per-row values the positions keep their shape: placing them only
+    adds axes of length 1."""
+
+    def __init__(self, given_shape, base, offset_shape):
+        self.given_shape, self.base, self.offset_shape = given_shape, base, offset_shape
+
+    def __call__(self, positions, offset):
+        if self.base is not None:
+            positions = self.base
+        elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
+            positions = positions.reshape(self.given_shape)
+        if self.offset_shape is not None:
+            return positions + (offset if tuple(offset.shape) == self.offset_shape else offset.reshape(self.offset_shape))
+        return positions if type(offset) is int and offset == 0 else positions + offset
+
+
+def _source(xp, x, positions, seq_axis, offset, device):
+    """The ``_Source`` of a validated call: the shapes ``rotary._args`` gives its arrays."""
+    from ..rotary import _args
+
+    per_row = offset if not isinstance(offset, int) and offset.ndim else None
+    if positions is None:
+        base = _args.positions(xp, x, None, seq_axis, 0, device)
+        rows = None if per_row is None else _args.place_rows("offset", per_row, tuple(x.shape[:-1]), _args.sequence_axis(seq_axis, x)[0])
+        return _Source(None, base, None if rows is None else tuple(rows.shape))
+    given = _args.positions(xp, x, positions, seq_axis, 0, device)
+    rows = None if per_row is None else _args.rows("offset", per_row, x, seq_axis)
+    return _Source(tuple(given.shape), None, None if rows is None else tuple(rows.shape))
+
+
 def _default_positions(xp, x, seq_axis, device):
     """The positions ``rope`` gives the kernel for no ``positions`` and ``offset=0``."""
     from ..rotary import _args
@@ -181,23 +278,31 @@ def _default_positions(xp, x, seq_axis, device):
 
 def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out, **_):
     """The plan of a validated ``rope`` call, or None where the full path must serve it."""
+    from ..rotary import _args
     from ..rotary.scaling import frequency_table
     from .._xp import device_of, namespace
 
-    if positions is not None or scaling is not None or seq_len is not None or type(offset) is not int:
-        return None
-    if x.ndim < 2 or 0 in tuple(x.shape):
+    if scaling is not None or x.ndim < 2 or 0 in tuple(x.shape):
         return None
     rdim = int(x.shape[-1]) if rotary_dim is None else int(rotary_dim)
     inv_freq, scale = frequency_table(None, rdim, float(base), None)
     if inverse:
         scale = 1.0 / scale
-    sample = _default_positions(namespace(x), x, seq_axis, device_of(x))
+    xp, device = namespace(x), device_of(x)
+    if positions is None and type(offset) is int:
+        sample = _default_positions(xp, x, seq_axis, device)
+    else:
+        sample = _args.positions(xp, x, positions, seq_axis, offset, device)
     impl = _dispatch.select("rope_rotate", x, sample, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out)
     xv = _arrays.host_view(x)
     if not _host_kernel(impl, "rotate_positions") or not _writable_directly(xv, out):
         return None
-    plan = RotatePlan(x, xv, layout, sample, inv_freq, -1.0 if inverse else 1.0, scale, out)
+    sign = -1.0 if inverse else 1.0
+    if positions is None and type(offset) is int:
+        plan = RotatePlan(x, xv, layout, sample, inv_freq, sign, scale, out)
+    else:
+        source = _source(xp, x, positions, seq_axis, offset, device)
+        plan = PositionsPlan(x, xv, layout, sample, source, inv_freq, sign, scale, out)
     return plan if plan.launch.viewable() else None
 
 
@@ -230,23 +335,21 @@ class ApplyPlan:
         flat = reader(table)
         return np.ndarray(self.table_shape, flat.dtype, flat, *geometry)
 
-    def _cos_sin(self, cos, sin):
+    def cos_sin(self, cos, sin):
+        """The kernel's views of ``cos`` and ``sin`` (a pair of plans that read them alike share them: ``shares``)."""
         (cr, sr), (cg, sg) = self.readers, self.geometry
-        if not self.launch.torch:
-            return self._view(cos, cr, cg), self._view(sin, sr, sg)
-        # q and k of one layer share their cos and sin: the views of the last pair serve the
-        # next call that reads the same memory the same way (they hold that memory alive).
-        key = (cos.data_ptr(), sin.data_ptr(), cos.dtype, self.table_shape, *self.tables)
-        recent = _RECENT[0]
-        if recent is not None and recent[0] == key:
-            return recent[1]
-        views = self._view(cos, cr, cg), self._view(sin, sr, sg)
-        _RECENT[0] = (key, views)
-        return views
+        return self._view(cos, cr, cg), self._view(sin, sr, sg)
+
+    def shares(self, other):
+        """Whether ``other`` reads ``cos``/``sin`` of its key through the same views (q and k of one layer)."""
+        return (self.table_shape, self.geometry, self.launch.torch) == (other.table_shape, other.geometry, other.launch.torch)
+
+    def rotate(self, x, tables, out=None):
+        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *tables), out)
 
     def __call__(self, args, kwargs):
         x, cos, sin = args
-        return self.launch.run(x, (*rope_cpu._NO_ANGLES, *self._cos_sin(cos, sin)), kwargs.get("out"))
+        return self.rotate(x, self.cos_sin(cos, sin), kwargs.get("out"))
 
 
 def _flat_reader(table):
@@ -257,9 +360,6 @@ def _flat_reader(table):
     if isinstance(table, np.ndarray):
         return (lambda t: t.ravel()) if host.dtype == table.dtype else (lambda t: t.view(host.dtype).ravel())
     return lambda t: _arrays.host_view(t).ravel()
-
-
-_RECENT = [None]  # (what the views read, (cos view, sin view)) of the last torch apply_rope
 
 
 def build_apply(x, cos, sin, *, layout, out, **_):
@@ -275,15 +375,21 @@ def build_apply(x, cos, sin, *, layout, out, **_):
 
 class RerotatePlan:
     """``rerotate(x, delta, inv_freq)``: ``rope``'s rotation of a zero position grid moved by
-    ``delta``, while ``inv_freq`` holds the bytes it was built with (else the full path)."""
+    ``delta``, by the frequencies of the call: their float64 values are read again when
+    their bytes change (non-finite ones take the full path and its error)."""
 
     def __init__(self, rotate, inv_freq):
         self.rotate, self.raw = rotate, inv_freq.tobytes()
 
     def __call__(self, args, kwargs):
         x, delta, inv_freq = args
-        if inv_freq.tobytes() != self.raw:
-            return NotImplemented
+        raw = inv_freq.tobytes()
+        if raw != self.raw:
+            freqs = np.asarray(inv_freq, dtype=np.float64)  # as rotary._args.host_inv_freq reads them
+            if not np.isfinite(freqs).all():
+                return NotImplemented
+            _angles(self.rotate, x, freqs, 1.0, 1.0)
+            self.raw = raw
         return self.rotate((x,), {"offset": delta, "out": kwargs.get("out")})
 
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._xp import compute_dtype, device_of, index_dtype, namespace
-from . import biases
+from .._xp import cast, compute_dtype, device_of, index_dtype, is_integer, namespace, shifted
+from . import _per_token, biases
 from .buckets import t5_buckets
 
 _LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and its allocation check
@@ -62,10 +62,9 @@ class CachedRow(Row):
         super().__init__(kind, params, options)
         self.held = (-1, 0, None)  # (hi, lo, sources of hi .. lo)
 
-    def _descending(self, first, k_len):
-        """The sources of the distances ``first, first - 1, .., first - k_len + 1``, or None past the cache's reach."""
+    def _covering(self, first, last):
+        """``(hi, sources of hi .. lo)`` with ``lo <= last <= first <= hi``, or None past the cache's reach."""
         hi, lo, sources = self.held
-        last = first - k_len + 1
         if not (lo <= last and first <= hi):
             hi = max(first, 2 * hi + 1) if first > hi else hi
             lo = min(last, 2 * lo - 1) if last < lo else lo
@@ -73,8 +72,23 @@ class CachedRow(Row):
                 return None
             sources = self.source(self.xp.arange(hi, lo - 1, -1, dtype=self.keys.dtype, device=self.device))
             self.held = (hi, lo, sources)
-        start = hi - first
-        return sources[start : start + k_len]
+        return hi, sources
+
+    def _descending(self, first, k_len):
+        """The sources of the distances ``first, first - 1, .., first - k_len + 1``, or None past the cache's reach."""
+        held = self._covering(first, first - k_len + 1)
+        if held is None:
+            return None
+        start = held[0] - first
+        return held[1][start : start + k_len]
+
+    def at(self, params, dist):
+        """The vector of integer distances ``dist`` (1-D, not empty): the kept sources gathered."""
+        held = self._covering(int(self.xp.max(dist)), int(self.xp.min(dist)))
+        if held is None:
+            return self.vector(self.xp, params, dist, **self.options)
+        hi, sources = held
+        return self.finish(params, self.xp.take(sources, hi - dist, axis=0))
 
     def values(self, params, k_len, first, descending):
         sources = self._descending(first, k_len) if descending else None
@@ -161,8 +175,55 @@ class ExpandPlan:
         return vec[..., None, ::-1].copy()
 
 
+class PerTokenPlan:
+    """``relative_bias(kind, params, q_len, k_len, query_positions=..., key_positions=...)``:
+    ``rel = (offset + query_positions[..., i]) - key_positions[..., j]`` of the call's own
+    positions, the kind's values at every ``rel`` (T5's buckets from the kept ones), in the
+    operations of ``biases._per_token_bias``. Its one check of values is the full path's
+    for float positions (finite, ALiBi): a non-finite one takes the full path and its error."""
+
+    def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options):
+        self.row = _row(kind, params, options)
+        xp, device = self.row.xp, self.row.device
+        floats = compute_dtype(xp, params.dtype) if kind == "alibi" else None
+        qpos, kpos, batch = _per_token.positions(
+            namespace(params), q_len, k_len, None, query_positions, key_positions, device=device, float_dtype=floats
+        )
+        self.aranges = tuple(
+            xp.arange(length, dtype=index_dtype(xp, device), device=device) if given is None else None
+            for given, length in ((query_positions, q_len), (key_positions, k_len))
+        )
+        self.default_offset = 0 if query_positions is not None else k_len - q_len
+        self.floats = floats if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)) else None
+        self.checked = tuple(p is not None and not is_integer(xp, p.dtype) for p in (query_positions, key_positions))
+        heads = self.row.heads
+        self.shape = (heads, *batch, q_len, k_len)
+        self.order = (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2)
+        # T5's kept buckets are of index-dtype distances: other integer distances are bucketed afresh.
+        self.gather = isinstance(self.row, T5Row) and q_len * k_len > 0 and xp.result_type(qpos.dtype, kpos.dtype) == self.row.keys.dtype
+
+    def __call__(self, args, kwargs):
+        xp, params = self.row.xp, args[1]
+        given = (kwargs.get("query_positions"), kwargs.get("key_positions"))
+        for p, checked in zip(given, self.checked):
+            if checked and not bool(xp.all(xp.isfinite(p))):
+                return NotImplemented
+        qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
+        offset = kwargs.get("offset")
+        qpos = shifted(qpos, self.default_offset if offset is None else offset)
+        if self.floats is not None:
+            qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
+        rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
+        values = self.row.at(params, rel) if self.gather else self.row.vector(xp, params, rel, **self.row.options)
+        return xp.permute_dims(xp.reshape(values, self.shape), self.order)
+
+
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
-    if q_len != 1 or out is not None or chunks is not None or query_positions is not None or key_positions is not None:
+    if out is not None or chunks is not None:
+        return None
+    if _per_token.given(query_positions, key_positions):
+        return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options)
+    if q_len != 1:
         return None
     return BiasPlan(kind, params, options)
 

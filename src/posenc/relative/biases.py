@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import _compat, _plans
+from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
 from .._xp import cast, compute_dtype, device_of, host_constants, namespace, result_dtype
@@ -205,7 +206,7 @@ def _output(xp, like, name, shape, out, chunks):
     return out
 
 
-@_plans.planned(_plans.RelativeBiasVector)
+@_plans.planned(_signatures.RelativeBiasVector)
 def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     r"""Per-distance vector of a relative bias: ``[heads, q_len + k_len - 1]``.
 
@@ -263,7 +264,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     return _vector(xp, kind, params, q_len, k_len, offset, options)
 
 
-@_plans.planned(_plans.ExpandBias)
+@_plans.planned(_signatures.ExpandBias)
 def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     r"""The ``[..., q_len, k_len]`` bias of a per-distance vector: ``bias[..., i, j] = vec[..., i - j + k_len - 1]``.
 
@@ -316,7 +317,7 @@ def _blocked_out(vec, shape, chunks, out):
 
 
 @host_constants
-@_plans.planned(_plans.RelativeBias)
+@_plans.planned(_signatures.RelativeBias)
 def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=None, key_positions=None, out=None, chunks=None, **options):
     """The ``[heads, q_len, k_len]`` bias of :func:`relative_bias_vector`'s kinds.
 

@@ -1,4 +1,4 @@
-"""The plan of ``rope_cos_sin`` for integer positions of NumPy or torch CPU (``posenc._plans``).
+"""The plan of ``rope_cos_sin`` for positions of NumPy or torch CPU (``posenc._plans``).
 
 The full path validates, reads the frequencies as float64 host numbers and computes
 ``cos``/``sin`` of ``float64(positions)[..., None] * freqs`` with the namespace's own
@@ -7,7 +7,8 @@ result dtype. A planned call does those operations with the library's own functi
 namespace wrapper, no validation), doubling the frequencies rather than the tables (each
 column's value is the same function of the same float64 angle), and reads the
 frequencies' bytes each call: new or rewritten values are converted and checked again,
-and non-finite ones send the call to the full path and its error.
+and non-finite ones send the call to the full path and its error, as do non-finite float
+positions (checked in one pass per call).
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ _EXACT = 2**52  # positions whose float64 values are exact
 
 
 class TablesPlan:
-    def __init__(self, positions, inv_freq, layout, dtype):
+    def __init__(self, positions, inv_freq, layout, dtype, floating):
         self.torch = not isinstance(positions, np.ndarray)
         self.host = _host_reader(inv_freq)
+        self.floating = floating  # float positions: checked finite on every call, as the full path does
+        if dtype is None:
+            dtype = positions.dtype if floating else None
         if self.torch:
             import torch
 
@@ -34,8 +38,9 @@ class TablesPlan:
             self.lib = None
             self.dtype = np.dtype(np.float32 if dtype is None else dtype)
             # The key fixes the positions' shape: NumPy's frequencies are shaped to
-            # broadcast against ``positions[..., None]``, one position's to be its row.
-            self.single = positions.shape if positions.size == 1 else None
+            # broadcast against ``positions[..., None]``, one position's to be its row
+            # (integer positions: the rows ahead are of the next integers).
+            self.single = positions.shape if positions.size == 1 and not floating else None
         self.half = layout == "half"
         self.freqs = (None, None)  # (the frequencies' bytes, their float64 values doubled in the layout's order)
         self.last = None  # the position of the last one-position NumPy call
@@ -61,6 +66,8 @@ class TablesPlan:
 
     def __call__(self, args, kwargs):
         positions, inv_freq = args
+        if self.floating and not bool((self.lib or np).isfinite(positions).all()):
+            return NotImplemented
         freqs = self._doubled(inv_freq)
         if freqs is None:
             return NotImplemented
@@ -124,10 +131,10 @@ def build_tables(positions, inv_freq, *, layout, dtype, scale):
     from .._xp import is_integer, namespace
 
     xp = namespace(positions)
-    if not is_integer(xp, positions.dtype) or getattr(inv_freq, "requires_grad", False):
+    if getattr(inv_freq, "requires_grad", False) or getattr(positions, "requires_grad", False):
         return None
     if not isinstance(inv_freq, np.ndarray) and type(inv_freq) is not type(positions):
         return None
     if inv_freq.ndim != 1:
         return None
-    return TablesPlan(positions, inv_freq, layout, dtype)
+    return TablesPlan(positions, inv_freq, layout, dtype, not is_integer(xp, positions.dtype))

@@ -14,6 +14,7 @@ position ``rel = query - key`` of the library's sign convention).
 from __future__ import annotations
 
 from .. import _dispatch, _plans
+from . import _signatures
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, is_real_floating, namespace, result_dtype
 from . import _args, _rows
@@ -28,7 +29,7 @@ def duplicate(xp, half_table, layout):
     return xp.reshape(stacked, (*half_table.shape[:-1], 2 * half_table.shape[-1]))
 
 
-@_plans.planned(_plans.RopeCosSin)
+@_plans.planned(_signatures.RopeCosSin)
 def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     r"""``cos`` and ``sin`` of the rotary angles :math:`m\,\theta_i`, duplicated for every pair.
 
@@ -128,7 +129,7 @@ class TableArguments:
 
 
 @host_constants
-@_plans.planned(_plans.ApplyRope)
+@_plans.planned(_signatures.ApplyRope)
 def apply_rope(x, cos, sin, *, layout="half", out=None):
     r"""Rotate the channels of ``x`` with precomputed ``cos`` and ``sin``.
 
@@ -182,7 +183,7 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
 
 
 @host_constants
-@_plans.planned(_plans.Rope)
+@_plans.planned(_signatures.Rope)
 def rope(
     x,
     positions=None,

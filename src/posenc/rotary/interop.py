@@ -7,6 +7,7 @@ import numbers
 import numpy as np
 
 from .. import _dispatch, _plans
+from . import _signatures
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace, widest_float
 from . import _args, _chain, _rows
@@ -14,7 +15,7 @@ from ._rotate import _join, _pairs
 from .scaling import check_scaling, frequency_table
 
 
-@_plans.planned(_plans.Rerotate)
+@_plans.planned(_signatures.Rerotate)
 def rerotate(
     x,
     delta,

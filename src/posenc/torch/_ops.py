@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .. import _dispatch, _plans
+from ..rotary import _signatures
 
 
 def _kernel(op, *args, **kwargs):
@@ -94,7 +95,7 @@ def rope_apply_op(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Ten
         return _apply_kernel(x, cos, sin, layout="interleaved" if interleaved else "half")
 
 
-@_plans.planned(_plans.ApplyRope)
+@_plans.planned(_signatures.ApplyRope)
 def _apply_kernel(x, cos, sin, *, layout, out=None):
     """The kernel of ``rope_apply`` (a compiled graph's calls: each decode step's), planned as ``apply_rope``."""
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)

@@ -1,0 +1,66 @@
+"""The plan keys of the relative biases (``posenc._plans``) and their builders (``relative._decode``).
+
+A key holds the parameters' and per-token positions' ``array_key`` (never their values,
+which the plan is called with), the kind and static options by value, ``q_len``/``k_len``
+and the ``offset``'s type (its value is the plan's argument).
+"""
+
+from __future__ import annotations
+
+from .._plans import array_key, context_key, keywords_key, value_key
+
+_POSITIONS = ("query_positions", "key_positions")
+
+
+def _bias_key(name, args, kwargs):
+    """``(kind, params, q_len, k_len)``: one query row by ``offset`` (None or an int), or any
+    ``q_len``/``k_len`` with per-token positions (arrays)."""
+    if len(args) != 4:
+        return None
+    kind, params, q_len, k_len = args
+    offset = kwargs.get("offset")
+    if type(kind) is not str or type(q_len) is not int or type(k_len) is not int or (offset is not None and type(offset) is not int):
+        return None
+    positions = tuple(kwargs.get(n) for n in _POSITIONS)
+    if positions[0] is None and positions[1] is None:
+        if q_len != 1:
+            return None
+        key = (name, kind, array_key(params), context_key(params), offset is None, keywords_key(kwargs, "offset"))
+    else:
+        key = (
+            name, kind, q_len, k_len, array_key(params), *map(value_key, positions), context_key(params, *positions),
+            offset is None, keywords_key(kwargs, "offset", *_POSITIONS),
+        )  # fmt: skip
+    return None if None in key else key
+
+
+class RelativeBias:
+    """``relative_bias`` (``t5_bias``, ``alibi_bias``) of one query row, or of per-token positions."""
+
+    build = "posenc.relative._decode:build_bias"
+
+    @staticmethod
+    def key(args, kwargs):
+        return _bias_key("relative_bias", args, kwargs)
+
+
+class RelativeBiasVector:
+    build = "posenc.relative._decode:build_vector"
+
+    @staticmethod
+    def key(args, kwargs):
+        return _bias_key("relative_bias_vector", args, kwargs)
+
+
+class ExpandBias:
+    build = "posenc.relative._decode:build_expand"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 3:
+            return None
+        vec, q_len, k_len = args
+        if type(q_len) is not int or q_len != 1 or type(k_len) is not int:
+            return None
+        key = ("expand_bias", array_key(vec), context_key(vec), k_len, keywords_key(kwargs))  # vec's shape fixes k_len
+        return None if None in key else key

@@ -1,0 +1,83 @@
+"""The plan keys of the rotary functions (``posenc._plans``), and the kernel modules that build their plans.
+
+Each key holds what validation reads: every array's ``array_key`` (library, shape,
+strides, dtype, device, gradient tracking), never its values, which the plan is called
+with; the static options by value; ``context_key``'s state. A builder is named as
+``"module:function"``: the kernel layer plans these calls without the family importing it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import _dispatch
+from .._plans import array_key, context_key, keywords_key, out_key, value_key
+
+
+class Rope:
+    """``rope(x[, positions], offset=..., ...)``: ``positions`` None or an array, ``offset``
+    an int or an array (the plan's arguments); no scaling object."""
+
+    build = "posenc._kernels.rope_plan:build_rotate"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) == 1:
+            positions = kwargs.get("positions")
+        elif len(args) == 2 and "positions" not in kwargs:
+            positions = args[1]
+        else:
+            return None
+        x, offset = args[0], kwargs.get("offset", 0)
+        key = (
+            "rope", array_key(x), context_key(x, positions, offset), value_key(positions), value_key(offset),
+            keywords_key(kwargs, "positions", "offset", "out"), out_key(kwargs.get("out"), x),
+        )  # fmt: skip
+        return None if None in key else key
+
+
+class Rerotate:
+    """``rerotate(x, delta, inv_freq, ...)``: an int ``delta`` and NumPy frequencies, both the
+    plan's arguments (it reads the frequencies' values again when their bytes change)."""
+
+    build = "posenc._kernels.rope_plan:build_rerotate"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 3 or type(args[1]) is not int or type(args[2]) is not np.ndarray:
+            return None
+        x, _, inv_freq = args
+        key = ("rerotate", array_key(x), array_key(inv_freq), context_key(x), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), x))
+        return None if None in key else key
+
+
+class ApplyRope:
+    build = "posenc._kernels.rope_plan:build_apply"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 3:
+            return None
+        key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
+        return None if None in key else key
+
+
+class RopeCosSin:
+    """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on
+    every call. Its validation and plan read no NumPy array's strides or flags, which the
+    key of two NumPy arrays leaves out (a decode loop's key costs the least)."""
+
+    build = "posenc.rotary._tables_plan:build_tables"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 2:
+            return None
+        positions, inv_freq = args
+        if type(positions) is np.ndarray and type(inv_freq) is np.ndarray:
+            key = ("rope_cos_sin", positions.shape, positions.dtype, inv_freq.shape, inv_freq.dtype, _dispatch.get_backend(), keywords_key(kwargs))
+            return None if key[-1] is None else key
+        if type(positions) is not type(inv_freq) and type(inv_freq) is not np.ndarray:
+            return None
+        key = ("rope_cos_sin", array_key(positions), array_key(inv_freq), context_key(positions, inv_freq), keywords_key(kwargs))
+        return None if None in key else key

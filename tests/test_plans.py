@@ -1,0 +1,291 @@
+"""Plans of calls with array arguments: the cold call's numbers and errors, and a bounded cache.
+
+``posenc._plans`` keys a call on its arrays' metadata (library, dtype, device, shape,
+strides), never their values, and passes the arrays of each call to the plan. Here every
+planned function is called with values that change between calls: each planned result
+must equal, bit for bit, the result of the same call on an empty plan cache (the full
+path). Hostile input must get the full path's error word for word cold, once a plan of
+the signature exists, and when the array a plan has served is then spoiled in place.
+The caches drop their least recently used plan past ``MAX_PLANS`` and keep no caller's
+array alive.
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import numpy as np
+import pytest
+
+import posenc as pe
+from posenc import _plans
+
+torch = pytest.importorskip("torch")
+from posenc.torch import ALiBi, T5RelativeBias  # noqa: E402
+from posenc.torch import _ops  # noqa: E402
+from posenc.torch import hf as _hf  # noqa: E402
+
+PLANNED = (pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, _hf._rotate_pair, _ops._apply_kernel)
+HEADS, DIM = 4, 16
+
+
+def _clear():
+    for fn in PLANNED:
+        fn.plans.clear()
+
+
+def _cold(call):
+    """The full path's result: the call on empty plan caches (the caches are emptied after it too)."""
+    _clear()
+    try:
+        return call()
+    finally:
+        _clear()
+
+
+def _same(a, b):
+    if isinstance(a, tuple):
+        assert len(a) == len(b)
+        for u, v in zip(a, b):
+            _same(u, v)
+    elif isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), (a, b)
+    else:
+        assert a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=True), (a, b)
+
+
+def _served(fn):
+    return [type(plan).__name__ for plan in fn.plans.values() if plan]
+
+
+rng = np.random.default_rng(0)
+X = rng.standard_normal((2, HEADS, 3, DIM)).astype(np.float32)
+X1 = rng.standard_normal((1, HEADS, 1, DIM)).astype(np.float32)
+T_X = torch.from_numpy(X.copy())
+T_X1 = torch.from_numpy(X1.copy())
+INV = pe.rope_frequencies(DIM)[0]
+TABLE = rng.standard_normal((32, HEADS)).astype(np.float32)
+SHAW = rng.standard_normal((9, HEADS)).astype(np.float32)
+DEBERTA = rng.standard_normal((8, HEADS)).astype(np.float32)
+SLOPES = pe.alibi_slopes(HEADS)
+T_TABLE, T_SLOPES = torch.from_numpy(TABLE), torch.from_numpy(SLOPES)
+STEPS = (0, 1, 7, 511, 2**40)
+
+
+def _t5_module():
+    module = T5RelativeBias(HEADS)
+    with torch.no_grad():
+        module.table.copy_(T_TABLE)
+    return module
+
+
+T5_MODULE, ALIBI_MODULE = _t5_module(), ALiBi(HEADS)
+
+# name: (the planned function, call(step) -> result): the arrays made per step hold new values
+CALLS = {
+    "rope numpy [1] positions": (pe.rope, lambda t: pe.rope(X1, np.array([t]))),
+    "rope numpy [[p]] positions": (pe.rope, lambda t: pe.rope(X1, np.array([[t]]))),
+    "rope numpy [B, S] positions": (pe.rope, lambda t: pe.rope(X, np.arange(6).reshape(2, 3) * 3 + t)),
+    "rope numpy int32 positions and offset": (pe.rope, lambda t: pe.rope(X, np.arange(3, dtype=np.int32) + t % 1000, offset=t % 100)),
+    "rope numpy float positions": (pe.rope, lambda t: pe.rope(X, np.arange(3.0) + t / 3)),
+    "rope numpy negative positions": (pe.rope, lambda t: pe.rope(X, -np.arange(3) - t)),
+    "rope numpy per-row offset": (pe.rope, lambda t: pe.rope(X, offset=np.array([t, 2 * t]))),
+    "rope numpy positions and per-row offset": (pe.rope, lambda t: pe.rope(X, np.arange(3), offset=np.array([t, 5]))),
+    "rope numpy 0-d offset": (pe.rope, lambda t: pe.rope(X, offset=np.array(t))),
+    "rope numpy positions interleaved inverse": (pe.rope, lambda t: pe.rope(X, np.arange(3) + t, layout="interleaved", inverse=True)),
+    "rope numpy bshd positions": (pe.rope, lambda t: pe.rope(X.transpose(0, 2, 1, 3), np.arange(3) + t, seq_axis="bshd")),
+    "rope numpy float64 rotary_dim": (pe.rope, lambda t: pe.rope(X.astype(np.float64), np.array([[t], [t + 1]]), rotary_dim=8, offset=2)),
+    "rope numpy float16": (pe.rope, lambda t: pe.rope(X.astype(np.float16), np.array([t]))),
+    "rope numpy in place": (pe.rope, lambda t: (lambda x: pe.rope(x, np.array([t]), out=x))(X1.copy())),
+    "rope torch [[p]] positions": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([[t]]))),
+    "rope torch [B, S] positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(6).reshape(2, 3) + t)),
+    "rope torch bfloat16 x and positions": (pe.rope, lambda t: pe.rope(T_X.bfloat16(), (torch.arange(3) + t % 200).bfloat16())),
+    "rope torch per-row offset": (pe.rope, lambda t: pe.rope(T_X, offset=torch.tensor([t, t + 3]))),
+    "apply_rope numpy": (pe.apply_rope, lambda t: pe.apply_rope(X1, *pe.rope_cos_sin(np.array([t]), INV))),
+    "apply_rope torch": (pe.apply_rope, lambda t: pe.apply_rope(T_X, *(c[:, None] for c in pe.rope_cos_sin(torch.arange(6).reshape(2, 3) + t, INV)))),
+    "rerotate numpy new frequencies": (pe.rerotate, lambda t: pe.rerotate(X, 3, INV * (1 + t % 5))),
+    "rope_cos_sin numpy": (pe.rope_cos_sin, lambda t: pe.rope_cos_sin(np.array([t, t + 1]), INV)),
+    "rope_cos_sin numpy float positions": (pe.rope_cos_sin, lambda t: pe.rope_cos_sin(np.array([t / 3, t + 0.5]), INV, layout="interleaved")),
+    "rope_cos_sin torch float16 positions": (pe.rope_cos_sin, lambda t: pe.rope_cos_sin(torch.tensor([t % 2048], dtype=torch.float16), INV, scale=0.5)),
+    "rope_cos_sin torch": (pe.rope_cos_sin, lambda t: pe.rope_cos_sin(torch.tensor([[t]]), INV, dtype=torch.float32)),
+    "t5_bias numpy positions": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([t]), key_positions=np.arange(8) + t // 2)),
+    "t5_bias numpy batched positions": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 2, 8, query_positions=np.array([[t, t + 1], [3, 4]]), key_positions=np.arange(8))),
+    "t5_bias numpy int32 positions": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([t % 1000], np.int32), key_positions=np.arange(8, dtype=np.int32))),
+    "t5_bias numpy unidirectional, offset": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, bidirectional=False, offset=t % 9, query_positions=np.array([t]))),
+    "alibi_bias numpy positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([t]), key_positions=np.arange(8))),
+    "alibi_bias numpy float positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([t / 2]), key_positions=np.arange(8))),
+    "alibi_bias numpy symmetric key positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, symmetric=True, key_positions=np.arange(8) * t)),
+    "relative_bias shaw positions": (pe.relative_bias, lambda t: pe.relative_bias("shaw", SHAW, 1, 8, max_distance=4, query_positions=np.array([t]))),
+    "relative_bias deberta positions": (
+        pe.relative_bias,
+        lambda t: pe.relative_bias("deberta", DEBERTA, 1, 8, max_distance=4, bucket_size=2, max_position=64, query_positions=np.array([t])),
+    ),
+    "t5_bias torch positions": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8))),
+    "alibi_bias torch positions": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES, 1, 8, query_positions=torch.tensor([[t]]), key_positions=torch.arange(8))),
+    "T5RelativeBias positions": (pe.relative_bias, lambda t: T5_MODULE(1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8)).detach()),
+    "ALiBi positions": (pe.relative_bias, lambda t: ALIBI_MODULE(1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8))),
+    "hf apply_rotary_pos_emb q + k": (
+        _hf._rotate_pair,
+        lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CALLS)
+def test_a_planned_call_gives_the_cold_calls_bits(name):
+    fn, call = CALLS[name]
+    _clear()
+    for t in STEPS:
+        _same(call(t), _cold(lambda: call(t)))
+        if t == STEPS[0]:
+            _clear()
+            call(t)  # plans the signature for the steps after it
+            assert _served(fn), f"{name}: no plan"
+
+
+def test_hf_rotary_embedding_with_position_ids_gives_the_cold_calls_bits():
+    from transformers import LlamaConfig
+
+    module = _hf.HFRotaryEmbedding(LlamaConfig(hidden_size=HEADS * DIM, num_attention_heads=HEADS))
+    for t in STEPS[:-1]:
+        ids = torch.tensor([[t]])
+        _same(module(T_X1, ids), _cold(lambda: module(T_X1, ids)))
+
+
+# ---------------------------------------------------------------- hostile input, cold and planned
+
+
+def _spoil(a, value):
+    a[...] = value
+    return a
+
+
+def _error(call):
+    with pytest.raises((ValueError, TypeError)) as info:
+        call()
+    return type(info.value), str(info.value)
+
+
+# name: (call(array), a good array, a bad one, spoil(good array) -> it made bad in place, or
+# None where the bad one differs in its metadata)
+HOSTILE = {
+    "rope NaN positions": (lambda p: pe.rope(X1, p), lambda: np.array([3.0]), lambda: np.array([np.nan]), lambda a: _spoil(a, np.nan)),
+    "rope inf positions": (lambda p: pe.rope(X, p), lambda: np.arange(3.0), lambda: np.array([0.0, np.inf, 2.0]), lambda a: _spoil(a, [0.0, np.inf, 2.0])),
+    "rope torch NaN positions": (lambda p: pe.rope(T_X1, p), lambda: torch.tensor([[3.0]]), lambda: torch.tensor([[float("nan")]]), lambda a: _spoil(a, float("nan"))),
+    "rope NaN positions with an offset": (lambda p: pe.rope(X1, p, offset=4), lambda: np.array([3.0]), lambda: np.array([np.nan]), lambda a: _spoil(a, np.nan)),
+    "rope float per-row offset": (lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2]), lambda: np.array([1.0, 2.0]), None),
+    "rope positions of another length": (lambda p: pe.rope(X, p), lambda: np.arange(3), lambda: np.arange(4), None),
+    "rope positions of another library": (lambda p: pe.rope(X, p), lambda: np.arange(3), lambda: torch.arange(3), None),
+    "rope positions on another device": (lambda p: pe.rope(T_X, p), lambda: torch.arange(3), lambda: torch.arange(3, device="meta"), None),
+    "rope per-row offset of another length": (lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2]), lambda: np.array([1, 2, 3]), None),
+    "rope offset past int64": (lambda p: pe.rope(X, offset=p), lambda: 3, lambda: 2**63 - 2, None),
+    "rerotate NaN frequencies": (lambda f: pe.rerotate(X, 3, f), lambda: INV.copy(), lambda: np.full_like(INV, np.nan), lambda a: _spoil(a, np.nan)),
+    "rope_cos_sin inf positions": (lambda p: pe.rope_cos_sin(p, INV), lambda: np.array([3.0]), lambda: np.array([np.inf]), lambda a: _spoil(a, np.inf)),
+    "alibi_bias NaN query positions": (
+        lambda p: pe.alibi_bias(SLOPES, 1, 8, query_positions=p, key_positions=np.arange(8)),
+        lambda: np.array([7.0]), lambda: np.array([np.nan]), lambda a: _spoil(a, np.nan),
+    ),  # fmt: skip
+    "alibi_bias inf key positions": (
+        lambda p: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([7]), key_positions=p),
+        lambda: np.arange(8.0), lambda: np.full(8, -np.inf), lambda a: _spoil(a, -np.inf),
+    ),  # fmt: skip
+    "alibi_bias torch NaN key positions": (
+        lambda p: pe.alibi_bias(T_SLOPES, 1, 8, query_positions=torch.tensor([7]), key_positions=p),
+        lambda: torch.arange(8.0), lambda: torch.full((8,), float("nan")), lambda a: _spoil(a, float("nan")),
+    ),  # fmt: skip
+    "t5_bias float positions": (lambda p: pe.t5_bias(TABLE, 1, 8, query_positions=p), lambda: np.array([7]), lambda: np.array([7.0]), None),
+    "t5_bias positions of another length": (lambda p: pe.t5_bias(TABLE, 1, 8, key_positions=p), lambda: np.arange(8), lambda: np.arange(7), None),
+    "t5_bias positions of another library": (lambda p: pe.t5_bias(TABLE, 1, 8, key_positions=p), lambda: np.arange(8), lambda: torch.arange(8), None),
+    "t5_bias positions whose batches disagree": (
+        lambda p: pe.t5_bias(TABLE, 1, 8, query_positions=p, key_positions=np.zeros((3, 8), np.int64)),
+        lambda: np.zeros((3, 1), np.int64), lambda: np.zeros((2, 1), np.int64), None,
+    ),  # fmt: skip
+    "T5RelativeBias float positions": (lambda p: T5_MODULE(1, 8, query_positions=p), lambda: torch.tensor([7]), lambda: torch.tensor([7.0]), None),
+}
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_hostile_input_gets_the_full_paths_error_cold_planned_and_spoiled(name):
+    call, good, bad, spoil = HOSTILE[name]
+    _clear()
+    cold = _error(lambda: call(bad()))
+    served = good()
+    call(served)
+    call(served)  # the good signature is planned
+    assert any(any(fn.plans.values()) for fn in PLANNED)
+    assert _error(lambda: call(bad())) == cold
+    if spoil is not None:
+        assert _error(lambda: call(spoil(served))) == cold
+    call(good())  # and still serves good input
+    _clear()
+
+
+# ---------------------------------------------------------------- the caches
+
+
+def test_a_plan_cache_drops_its_least_recently_used_plan():
+    cache = _plans.PlanCache(limit=3)
+    for key in "abc":
+        cache.put(key, key.upper())
+    assert cache.get("a") == "A"  # a is now the most recent
+    cache.put("d", "D")
+    assert list(cache) == ["c", "a", "d"]
+    assert cache.get("b") is None
+    cache.put("e", "E")
+    assert list(cache) == ["a", "d", "e"]
+
+
+def test_a_planned_function_keeps_its_recent_signatures_past_the_bound(monkeypatch):
+    _clear()
+    limit = 4
+    monkeypatch.setattr(pe.rope.plans, "limit", limit)
+    xs = [np.zeros((1, HEADS, n, DIM), np.float32) for n in range(1, 2 * limit + 1)]
+    kept = xs[0]
+    for x in xs:
+        pe.rope(x, offset=1)
+        pe.rope(kept, offset=1)  # used again between every new signature
+    assert len(pe.rope.plans) == limit
+    shapes = {key[1][1] for key in pe.rope.plans}
+    assert kept.shape in shapes and xs[-1].shape in shapes and xs[1].shape not in shapes
+    _clear()
+
+
+def _freed(make, call):
+    """Whether the arrays ``make()`` returns die once the caller drops them, after planned calls."""
+    arrays = make()
+    call(*arrays)
+    call(*arrays)
+    assert any(any(fn.plans.values()) for fn in PLANNED)
+    refs = [weakref.ref(a) for a in arrays]
+    del arrays
+    gc.collect()
+    return [ref() is None for ref in refs]
+
+
+KEPT = {
+    "rope offset": (lambda: (np.ones((1, HEADS, 2, DIM), np.float32),), lambda x: pe.rope(x, offset=3)),
+    "rope positions": (lambda: (np.ones((1, HEADS, 2, DIM), np.float32), np.arange(2)), lambda x, p: pe.rope(x, p)),
+    "rope torch positions": (lambda: (torch.ones(1, HEADS, 2, DIM), torch.arange(2)[None]), lambda x, p: pe.rope(x, p)),
+    "apply_rope torch": (
+        lambda: (torch.ones(1, HEADS, 2, DIM), *pe.rope_cos_sin(torch.arange(2), INV)),
+        lambda x, c, s: pe.apply_rope(x, c, s),
+    ),
+    "apply_rope numpy": (lambda: (np.ones((1, HEADS, 2, DIM)), *pe.rope_cos_sin(np.arange(2), INV, dtype=np.float64)), pe.apply_rope),
+    "hf apply_rotary_pos_emb": (
+        lambda: (torch.ones(1, HEADS, 2, DIM), torch.ones(1, 2, 2, DIM), *(c[None] for c in pe.rope_cos_sin(torch.arange(2), INV))),
+        _hf.apply_rotary_pos_emb,
+    ),
+    "rerotate": (lambda: (np.ones((1, HEADS, 2, DIM)), INV.copy()), lambda x, f: pe.rerotate(x, 2, f)),
+    "rope_cos_sin": (lambda: (np.arange(2), INV.copy()), pe.rope_cos_sin),
+    "t5_bias positions": (lambda: (TABLE.copy(), np.array([3]), np.arange(8)), lambda t, q, k: pe.t5_bias(t, 1, 8, query_positions=q, key_positions=k)),
+    "alibi_bias offset": (lambda: (SLOPES.copy(),), lambda s: pe.alibi_bias(s, 1, 8)),
+}
+
+
+@pytest.mark.parametrize("name", KEPT)
+def test_a_plan_keeps_no_callers_array_alive(name):
+    _clear()
+    make, call = KEPT[name]
+    assert all(_freed(make, call)), name
+    _clear()
