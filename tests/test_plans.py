@@ -156,6 +156,11 @@ def test_hf_rotary_embedding_with_position_ids_gives_the_cold_calls_bits():
 # ---------------------------------------------------------------- hostile input, cold and planned
 
 
+def _jax_arange(n):
+    """Positions of a second device library (two are refused; a NumPy array among torch ones is converted)."""
+    return pytest.importorskip("jax.numpy").arange(n)
+
+
 def _spoil(a, value):
     a[...] = value
     return a
@@ -176,7 +181,7 @@ HOSTILE = {
     "rope NaN positions with an offset": (lambda p: pe.rope(X1, p, offset=4), lambda: np.array([3.0]), lambda: np.array([np.nan]), lambda a: _spoil(a, np.nan)),
     "rope float per-row offset": (lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2]), lambda: np.array([1.0, 2.0]), None),
     "rope positions of another length": (lambda p: pe.rope(X, p), lambda: np.arange(3), lambda: np.arange(4), None),
-    "rope positions of another library": (lambda p: pe.rope(X, p), lambda: np.arange(3), lambda: torch.arange(3), None),
+    "rope positions of another library": (lambda p: pe.rope(T_X, p), lambda: torch.arange(3), lambda: _jax_arange(3), None),
     "rope positions on another device": (lambda p: pe.rope(T_X, p), lambda: torch.arange(3), lambda: torch.arange(3, device="meta"), None),
     "rope per-row offset of another length": (lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2]), lambda: np.array([1, 2, 3]), None),
     "rope offset past int64": (lambda p: pe.rope(X, offset=p), lambda: 3, lambda: 2**63 - 2, None),
@@ -196,7 +201,7 @@ HOSTILE = {
     ),  # fmt: skip
     "t5_bias float positions": (lambda p: pe.t5_bias(TABLE, 1, 8, query_positions=p), lambda: np.array([7]), lambda: np.array([7.0]), None),
     "t5_bias positions of another length": (lambda p: pe.t5_bias(TABLE, 1, 8, key_positions=p), lambda: np.arange(8), lambda: np.arange(7), None),
-    "t5_bias positions of another library": (lambda p: pe.t5_bias(TABLE, 1, 8, key_positions=p), lambda: np.arange(8), lambda: torch.arange(8), None),
+    "t5_bias positions of another library": (lambda p: pe.t5_bias(T_TABLE, 1, 8, key_positions=p), lambda: torch.arange(8), lambda: _jax_arange(8), None),
     "t5_bias positions whose batches disagree": (
         lambda p: pe.t5_bias(TABLE, 1, 8, query_positions=p, key_positions=np.zeros((3, 8), np.int64)),
         lambda: np.zeros((3, 1), np.int64), lambda: np.zeros((2, 1), np.int64), None,

@@ -148,6 +148,9 @@ def _mixed(arrays):
     )
 
 
+_NDARRAY_OR_PLAIN = frozenset((_ndarray, type(None), bool, int, float, str))
+
+
 def _device_array(value) -> bool:
     return type(value) is not _ndarray and (torch_tensor(value) or _compat.is_array_api_obj(value))
 
@@ -162,7 +165,9 @@ def host_constants(fn):
 
     @wraps(fn)
     def call(*args, **kwargs):
-        if not any(type(v) is _ndarray for v in (*args, *kwargs.values())):
+        values = (*args, *kwargs.values())
+        # All NumPy (a decode step's planned call) or none: nothing to convert, nothing bound.
+        if _NDARRAY_OR_PLAIN.issuperset(map(type, values)) or not any(type(v) is _ndarray for v in values):
             return fn(*args, **kwargs)
         bound = _signature(fn).bind(*args, **kwargs)
         host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
