@@ -74,3 +74,51 @@ def test_traced_dynamic_frequencies_are_the_host_table_rounded_once():
     for row, n in zip(np.asarray(got), np.asarray(lengths)):
         table = dynamic_ntk_inv_freq(_DIM, 10000.0, 4.0, 4096, int(n))
         np.testing.assert_allclose(row, table, rtol=2.0**-24, atol=0)
+
+
+# --- 5. silent cases made errors ---------------------------------------------------------
+
+
+def test_transposed_t5_table_is_refused_unless_its_shape_is_said():
+    with pytest.raises(ValueError, match=r"table of shape \(4, 32\) is ambiguous.*num_buckets= or heads="):
+        pe.t5_bias(jnp.zeros((4, 32)), 8, 8)
+    with pytest.raises(ValueError, match=r"transposed\? .*pass table.T"):
+        pe.t5_bias(jnp.zeros((4, 32)), 8, 8, num_buckets=32)
+    with pytest.raises(ValueError, match=r"transposed\?"):
+        pe.t5_bias(jnp.zeros((4, 32)), 8, 8, heads=4)
+    table = np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32)  # T5-XXL: 32 buckets, 64 heads
+    got = pe.t5_bias(jnp.asarray(table), 3, 5, heads=64)
+    assert got.shape == (64, 3, 5)
+    np.testing.assert_array_equal(np.asarray(got), pe.t5_bias(table, 3, 5, num_buckets=32))
+
+
+def test_traced_cu_seqlens_checked_by_checkify():
+    from jax.experimental import checkify
+
+    packed = jax.jit(checkify.checkify(lambda cu: pe.positions_from_cu_seqlens(cu, 9)))
+    err, positions = packed(jnp.array([0, 3, 9]))
+    err.throw()
+    np.testing.assert_array_equal(np.asarray(positions), [0, 1, 2, 0, 1, 2, 3, 4, 5])
+    err, _ = packed(jnp.array([0, 3, 5]))  # ends before total: the trailing tokens had wrong positions
+    with pytest.raises(Exception, match="cu_seqlens must be non-decreasing from 0 to total = 9, got values from 0 to 5"):
+        err.throw()
+    with pytest.raises(ValueError, match="checkify.check which was not functionalized"):
+        jax.jit(lambda cu: pe.positions_from_cu_seqlens(cu, 9))(jnp.array([0, 3, 9]))
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing from 0 to total = 9"):
+        jax.jit(lambda: pe.positions_from_cu_seqlens(np.array([0, 3, 5]), 9))()  # a host constant: checked now
+    unchecked = jax.jit(lambda cu: pe.positions_from_cu_seqlens(cu, 9, check_traced=False))(jnp.array([0, 3, 9]))
+    np.testing.assert_array_equal(np.asarray(unchecked), [0, 1, 2, 0, 1, 2, 3, 4, 5])
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("q_len", lambda n: pe.t5_bias(jnp.zeros((32, 2)), n, 3)),
+        ("total", lambda n: pe.positions_from_cu_seqlens(jnp.array([0, 3]), n)),
+        ("rotary_dim", lambda n: pe.rope(jnp.zeros((3, 8)), rotary_dim=n)),
+        ("base", lambda n: pe.rope(jnp.zeros((3, 8)), base=n)),
+    ],
+)
+def test_traced_value_where_a_static_one_is_needed_names_static_argnums(name, call):
+    with pytest.raises(TypeError, match=f"^{name} must be a concrete .*traced.*static_argnums"):
+        jax.jit(call)(4)

@@ -61,7 +61,7 @@ def integer(name, value, *, minimum=None):
         if not is_eager(value):
             raise TypeError(
                 f"{name} must be a concrete integer here (it sets a shape), got a traced {type(value).__name__}; "
-                "pass a Python int (a static argument under jax.jit)"
+                f"pass a Python int ({STATIC_HINT})"
             )
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
@@ -76,6 +76,7 @@ def integer(name, value, *, minimum=None):
 
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+STATIC_HINT = "under jax.jit: a static argument, jax.jit(f, static_argnums=...) or static_argnames=..."
 
 
 def relative_offset(offset, q_len, k_len):
@@ -114,6 +115,8 @@ def even_dim(name, value):
 
 def real(name, value, *, positive=False, minimum=None, below=None):
     """A finite real Python number, optionally > 0, >= ``minimum``, < ``below``."""
+    if is_array(value) and not is_eager(value):
+        raise TypeError(f"{name} must be a concrete number here, got a traced {type(value).__name__}; pass a Python float ({STATIC_HINT})")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {_show(value)} ({type(value).__name__})")
     value = float(value)

@@ -85,9 +85,26 @@ def _lookup(xp, table, index):
 # (``_<kind>_vector``).
 
 
-def _check_t5(xp, table, *, bidirectional=True, max_distance=128):
+def _check_t5(xp, table, *, bidirectional=True, max_distance=128, num_buckets=None, heads=None):
+    check.float_array("table", table, xp)
+    check.ndim("table", table, exactly=2)
+    rows, columns = (int(n) for n in table.shape)
+    expected = (
+        None if num_buckets is None else check.integer("num_buckets", num_buckets, minimum=1),
+        None if heads is None else check.integer("heads", heads, minimum=1),
+    )
+    if expected == (None, None) and rows < columns:
+        raise ValueError(
+            f"table of shape {(rows, columns)} is ambiguous: the layout is [num_buckets, heads], {rows} buckets for "
+            f"{columns} heads here, but fewer buckets than heads is also what a transposed [heads, num_buckets] table "
+            "looks like; pass num_buckets= or heads= to say which (and table.T for a [heads, num_buckets] one)"
+        )
+    for axis, (name, want) in enumerate(zip(("num_buckets", "heads"), expected)):
+        if want is not None and (rows, columns)[axis] != want:
+            flipped = " (transposed? the layout is [num_buckets, heads]: pass table.T)" if (columns, rows)[axis] == want else ""
+            raise ValueError(f"table must have {name} = {want} along axis {axis} ([num_buckets, heads]), got shape {(rows, columns)}{flipped}")
     _table("table", table, xp, None)
-    num_buckets, max_distance, bidirectional = t5_bucket_options(int(table.shape[0]), max_distance, bidirectional)
+    num_buckets, max_distance, bidirectional = t5_bucket_options(rows, max_distance, bidirectional)
     return {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
 
 
@@ -163,7 +180,7 @@ def _heads_of(params):
 
 
 _KINDS = {
-    "t5": (_check_t5, _t5_vector, ("bidirectional", "max_distance")),
+    "t5": (_check_t5, _t5_vector, ("bidirectional", "max_distance", "num_buckets", "heads")),
     "alibi": (_check_alibi, _alibi_vector, ("symmetric",)),
     "shaw": (_check_shaw, _shaw_vector, ("max_distance",)),
     "deberta": (_check_deberta, _deberta_vector, ("max_distance", "bucket_size", "max_position")),
@@ -382,8 +399,9 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
 
 @host_constants
 def t5_bias(
-    table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=None, query_positions=None, key_positions=None, out=None, chunks=None
-):
+    table, q_len, k_len, *, bidirectional=True, max_distance=128, offset=None, query_positions=None, key_positions=None, out=None, chunks=None,
+    num_buckets=None, heads=None,
+):  # fmt: skip
     r"""T5 relative attention bias ``[heads, q_len, k_len]``.
 
     .. math:: B_{h,i,j} = T[\,\mathrm{bucket}(\mathrm{rel}_{ij}),\, h\,],
@@ -397,7 +415,12 @@ def t5_bias(
     Parameters
     ----------
     table : float array ``[num_buckets, heads]``
+        A table with fewer rows than columns (fewer buckets than heads: T5-XXL's 32 x 64,
+        or a transposed ``[heads, num_buckets]`` table) is refused as ambiguous unless
+        ``num_buckets`` or ``heads`` says which.
     q_len, k_len : int >= 0
+    num_buckets, heads : int, optional
+        The table's expected shape, checked (a transposed table is named as such).
     bidirectional, max_distance : as in :func:`t5_bucket` (``max_distance`` is where the
         log-spaced buckets end, not a clip; see the conventions page)
     offset : int or 0-d integer array (traced is fine), first query position; by default
@@ -428,7 +451,7 @@ def t5_bias(
     """
     return relative_bias(
         "t5", table, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions,
-        out=out, chunks=chunks, bidirectional=bidirectional, max_distance=max_distance,
+        out=out, chunks=chunks, bidirectional=bidirectional, max_distance=max_distance, num_buckets=num_buckets, heads=heads,
     )  # fmt: skip
 
 

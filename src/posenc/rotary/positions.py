@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import _compat
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace
 
@@ -41,7 +42,7 @@ def positions_from_mask(mask, *, start=0):
     return xp.where(token, count - 1 + start, xp.zeros_like(count))
 
 
-def positions_from_cu_seqlens(cu_seqlens, total):
+def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
     """Positions of a packed batch: they restart at 0 at every document boundary.
 
     ``cu_seqlens = [0, l0, l0 + l1, ..., total]`` (FlashAttention's varlen convention);
@@ -52,8 +53,19 @@ def positions_from_cu_seqlens(cu_seqlens, total):
     Parameters
     ----------
     cu_seqlens : integer array ``[n_docs + 1]``, non-decreasing, from 0 to ``total``
-        (checked when its values can be read now).
+        (checked when its values can be read now; under ``jax.jit`` by a ``checkify``
+        check, see ``check_traced``).
     total : int >= 0
+    check_traced : bool
+        A traced JAX ``cu_seqlens`` is checked with :func:`jax.experimental.checkify.check`:
+        run the jitted function under ``checkify.checkify`` (``err.throw()`` raises a
+        ``cu_seqlens`` that does not run from 0 to ``total``). Under a plain ``jax.jit`` the
+        check cannot run and JAX refuses to compile it ("a checkify.check which was not
+        functionalized", this function in the traceback). The ways out: ``cu_seqlens`` as
+        a static argument (``static_argnums``) or a NumPy array, checked now, or
+        ``check_traced=False``, which leaves it unchecked (the tokens past
+        ``cu_seqlens[-1]`` then count as one more document). Lazy Dask and
+        ``torch.compile`` values are not checked.
 
     Returns
     -------
@@ -72,6 +84,10 @@ def positions_from_cu_seqlens(cu_seqlens, total):
     if cu_seqlens.shape[0] < 1:
         raise ValueError("cu_seqlens must hold at least one boundary (0)")
     total = check.integer("total", total, minimum=0)
+    if not isinstance(check_traced, bool):
+        raise TypeError(f"check_traced must be True or False, got {check_traced!r}")
+    if check_traced and _compat.is_jax_array(cu_seqlens) and not check.is_eager(cu_seqlens):
+        _checkify_total(xp, cu_seqlens, total)
     if check.is_eager(cu_seqlens):
         first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
         if first != 0 or last != total or not bool(xp.all(cu_seqlens[1:] >= cu_seqlens[:-1])):
@@ -84,3 +100,18 @@ def positions_from_cu_seqlens(cu_seqlens, total):
     tokens = xp.arange(total, dtype=itype, device=device)
     document = xp.searchsorted(cu, tokens, side="right") - 1
     return tokens - xp.take(cu, document, axis=0)
+
+
+def _checkify_total(xp, cu_seqlens, total):
+    """``cu_seqlens`` from 0 to ``total``, non-decreasing, as a ``checkify`` check of a traced
+    value: under a plain ``jax.jit`` its lowering refuses the call ("a checkify.check which
+    was not functionalized"), with this function in the traceback."""
+    from jax.experimental import checkify
+
+    valid = (cu_seqlens[0] == 0) & (cu_seqlens[-1] == total) & xp.all(cu_seqlens[1:] >= cu_seqlens[:-1])
+    checkify.check(
+        valid,
+        "positions_from_cu_seqlens: cu_seqlens must be non-decreasing from 0 to total = {total}, got values from "
+        "{first} to {last}",
+        total=xp.asarray(total), first=cu_seqlens[0], last=cu_seqlens[-1],
+    )  # fmt: skip

@@ -90,11 +90,11 @@ class T5RelativeBias(_DistanceBias):
         return self.table
 
     def bias_options(self):
-        return {"bidirectional": self.bidirectional, "max_distance": self.max_distance}
+        return {"bidirectional": self.bidirectional, "max_distance": self.max_distance, "num_buckets": int(self.table.shape[0])}
 
     def options(self):
         num_buckets, heads = self.table.shape
-        return {"num_heads": int(heads), "num_buckets": int(num_buckets), **self.bias_options()}
+        return {"num_heads": int(heads), **self.bias_options()}
 
 
 class ALiBi(_DistanceBias):
