@@ -18,6 +18,19 @@ def _lengths(text):
         raise ValueError(f"--eval-lens must be comma-separated integers, got {text!r}") from None
 
 
+def _rates(text):
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"--lrs must be comma-separated numbers, got {text!r}") from None
+
+
+def _cpu_seconds():
+    """User + system CPU time of this process and its finished children (the workers)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
 def cmd_extrapolate(args) -> int:
     from posenc.cli import _error, _writable_directory
 
@@ -31,41 +44,72 @@ def cmd_extrapolate(args) -> int:
         return _error("extrapolate", f"needs PyTorch and matplotlib, pip install 'posenc[torch,plot]' ({exc})", 3)
     try:
         eval_lens = None if args.eval_lens is None else _lengths(args.eval_lens)
-        extrapolation.check_arguments(args.encodings, args.tasks, args.seeds, args.train_len, eval_lens)
+        run = _lm_run(args, eval_lens) if args.lm else _task_run(args, eval_lens, extrapolation)
     except ValueError as exc:
         return _error("extrapolate", str(exc), 2)
     problem = _writable_directory(args.out)
     if problem:
         return _error("extrapolate", problem, 2)
-    options = [("--quick", args.quick), (f"--encodings {args.encodings}", args.encodings), (f"--tasks {args.tasks}", args.tasks)]
-    options += [(f"--seeds {args.seeds}", not args.quick), (f"--train-len {args.train_len}", True), (f"--eval-lens {args.eval_lens}", args.eval_lens)]
+    options = [("--lm", args.lm), ("--quick", args.quick), (f"--encodings {args.encodings}", args.encodings), (f"--tasks {args.tasks}", args.tasks)]
+    options += [(f"--seeds {args.seeds}", args.seeds), (f"--train-len {args.train_len}", args.train_len), (f"--eval-lens {args.eval_lens}", args.eval_lens)]
+    options += [(f"--lrs {args.lrs}", args.lrs), *((f"--hparam {shlex.quote(h)}", True) for h in args.hparam or ())]
     command = " ".join(["posenc extrapolate", *(text for text, given in options if given), "--out", shlex.quote(args.out)])
-    start = time.perf_counter()
-    document = extrapolation.results(
-        encodings=args.encodings, tasks=args.tasks, seeds=args.seeds, quick=args.quick, train_len=args.train_len, eval_lens=eval_lens
-    )
+    start, cpu = time.perf_counter(), _cpu_seconds()
+    document = run()
     records = document["records"]
-    paths = _report.write(document, args.out, command=command)
-    print(f"{len(records)} records in {time.perf_counter() - start:.0f} s: {', '.join(paths)}", file=sys.stderr)
-    for task, encoding, mean in _report.unlearned(records):
-        print(f"posenc extrapolate: {task}/{encoding} reached only {mean:.2f} at the training length (< {_report.THRESHOLD})", file=sys.stderr)
+    paths = _report.write(document, args.out, command=command, lm=args.lm)
+    wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
+    print(f"{len(records)} records in {wall:.0f} s ({cpu:.0f} s of CPU, workers included): {', '.join(paths)}", file=sys.stderr)
+    for task, encoding, mean in [] if args.lm else _report.unlearned(records):
+        print(f"posenc extrapolate: {task}/{encoding} reached only {mean:.2f} exact match at the training length (< {_report.THRESHOLD})", file=sys.stderr)
     return 0
+
+
+def _task_run(args, eval_lens, extrapolation):
+    """The checked algorithmic-task run, as a function that trains when called."""
+    config = None if args.lrs is None else extrapolation.Config(lrs=_rates(args.lrs))
+    encodings, tasks, seeds, config = extrapolation.grid(args.encodings, args.tasks, args.seeds, args.quick, config)
+    train_len = extrapolation.TRAIN_LEN if args.train_len is None else args.train_len
+    extrapolation.check_arguments(encodings, tasks, seeds, train_len, eval_lens, args.hparam, config)
+    return lambda: extrapolation.results(
+        encodings=encodings, tasks=tasks, seeds=seeds, quick=args.quick, train_len=train_len, eval_lens=eval_lens, hparams=args.hparam, config=config
+    )
+
+
+def _lm_run(args, eval_lens):
+    """The checked ``--lm`` run, as a function that trains when called."""
+    from posenc.torch import lm
+
+    for flag, given in (("--tasks", args.tasks), ("--lrs", args.lrs)):
+        if given is not None:
+            raise ValueError(f"{flag} does not apply to --lm (one corpus, one learning rate: posenc.torch.lm.Config)")
+    seeds = 1 if args.seeds is None else args.seeds
+    train_len = lm.TRAIN_LEN if args.train_len is None else args.train_len
+    lm.check_arguments(args.encodings, seeds, train_len, eval_lens, args.hparam)
+    return lambda: lm.results(encodings=args.encodings, seeds=seeds, quick=args.quick, train_len=train_len, eval_lens=eval_lens, hparams=args.hparam)
 
 
 def add_parser(sub):
     p = sub.add_parser(
         "extrapolate",
         help="train a small transformer per encoding at one length, measure it at longer ones",
-        description="Trains one small causal transformer per (encoding, task, seed) on short sequences and "
-        "measures the answer accuracy at 1x, 2x, 4x and 8x the training length. Writes DIR/results.json, "
-        "DIR/results.md and DIR/extrapolation.png. Deterministic: the same command on the same machine writes "
-        "the same results.json.",
+        description="Trains one small causal transformer per (encoding, task, seed) on short sequences, its learning "
+        "rate chosen per (encoding, task) on in-distribution validation, and measures whole-answer exact match "
+        "(free-running greedy decoding) and per-token accuracy at 1x, 2x, 4x and 8x the training length. Writes "
+        "DIR/results.json, DIR/results.md and DIR/extrapolation.png. With --lm: one byte-level language model per "
+        "encoding on the Python standard library's source, perplexity at 1x-8x its training length, written to "
+        "DIR/lm_results.json, DIR/lm_results.md and DIR/lm_perplexity.png. Deterministic: the same command on the "
+        "same machine writes the same JSON.",
     )
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--quick", action="store_true", help="one seed: a third of the default grid's work")
+    p.add_argument("--quick", action="store_true", help="the small grid: 11 encodings, reverse, 3 seeds, one learning rate (with --lm: 12 encodings, 300 steps)")
+    p.add_argument("--lm", action="store_true", help="perplexity against length of a byte-level language model instead of the tasks")
     p.add_argument("--encodings", help="comma-separated encoding names (default: all)")
     p.add_argument("--tasks", help="comma-separated task names (default: all)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per (encoding, task) (default 3)")
-    p.add_argument("--train-len", type=int, default=8, help="items per training sequence, at most (default 8)")
-    p.add_argument("--eval-lens", help="comma-separated item counts to evaluate at, each >= --train-len (default 1x, 2x, 4x, 8x)")
+    p.add_argument("--seeds", type=int, help="seeds per (encoding, task) (default 5, --quick 3, --lm 1)")
+    p.add_argument("--train-len", type=int, help="items per training sequence, at most (default 8; --lm: bytes, default 64)")
+    p.add_argument("--eval-lens", help="comma-separated lengths to evaluate at, each >= --train-len (default 1x, 2x, 4x, 8x)")
+    p.add_argument("--lrs", help="comma-separated learning rates tried on seed 0, the best on in-distribution validation kept (default 0.0025,0.005,0.01; --quick 0.005)")
+    p.add_argument("--hparam", action="append", metavar="ENCODING.NAME=VALUE",
+                   help="a length-dependent hyperparameter in place of the scaling rule's (repeatable): fire.L, xpos.scale_base, cope.P, sandwich.dim, sandwich.base, randomized.M")  # fmt: skip
     p.set_defaults(func=cmd_extrapolate)

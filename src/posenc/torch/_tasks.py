@@ -1,11 +1,14 @@
 """Synthetic length-generalisation tasks, generated on the fly from a seeded NumPy generator.
 
-A task draws ``batch`` sequences of ``n`` items and returns ``(inputs, targets, answer)``:
-``int64 [batch, seq]`` token ids, the next-token targets, and a boolean mask of the
-target positions that are answers (accuracy and the training loss count those only).
-One vocabulary serves every task: ``SYMBOLS`` item tokens and ``SEP``. The items of a
-sequence are distinct, so "where is this token?" has one answer and copying can be learned
-by content (an induction head) as well as by position.
+A task draws ``batch`` sequences of ``n`` items and returns ``(sequences, prompt)``: token ids
+``int64 [batch, length]`` and the number of tokens before the answer (the prompt ends with
+``SEP``). The model reads the prompt and writes ``sequences[:, prompt:]``; accuracy and the
+training loss count those tokens only. One vocabulary serves every task: ``SYMBOLS`` item
+tokens (digits and bits are the first of them), ``SEP``, ``PLUS`` and ``MINUS``.
+
+The algorithmic tasks follow Delétang et al. (ICLR 2023) and Ruoss et al. (ACL 2023): reverse,
+duplicate, parity, modular arithmetic, sort and bucket sort; ``copy`` was this harness's first
+task, ``count`` is a selective count in the spirit of CoPE's counting task (Golovneva et al. 2024).
 """
 
 from __future__ import annotations
@@ -13,8 +16,11 @@ from __future__ import annotations
 import numpy as np
 
 SYMBOLS = 64
-SEP = SYMBOLS
-VOCAB = SEP + 1
+SEP, PLUS, MINUS = SYMBOLS, SYMBOLS + 1, SYMBOLS + 2
+VOCAB = SYMBOLS + 3
+BUCKETS = 5  # bucket sort's alphabet
+MODULUS = 5  # modular arithmetic's
+COUNT_ALPHABET, MAX_COUNT = 8, 4  # count: symbols drawn from, most times the query occurs
 
 
 def _items(rng, batch, n):
@@ -22,27 +28,88 @@ def _items(rng, batch, n):
     return np.argsort(rng.random((batch, SYMBOLS)), axis=1)[:, :n]
 
 
+def _join(*parts):
+    """Columns and ``[batch, k]`` blocks side by side; an int is a column of that token."""
+    batch = next(p.shape[0] for p in parts if not isinstance(p, int))
+    blocks = [np.full((batch, 1), p, dtype=np.int64) if isinstance(p, int) else p.astype(np.int64) for p in parts]
+    return np.concatenate(blocks, axis=1)
+
+
 def copy(rng, batch, n):
-    """``x_1 .. x_n SEP x_1 .. x_n``: after the separator the model repeats the items."""
+    """``x_1 .. x_n SEP x_1 .. x_n``, ``n`` distinct symbols."""
     x = _items(rng, batch, n)
-    seq = np.concatenate([x, np.full((batch, 1), SEP), x], axis=1)
-    answer = np.zeros(seq.shape[1] - 1, dtype=bool)
-    answer[n:] = True
-    return seq[:, :-1], seq[:, 1:], np.broadcast_to(answer, (batch, seq.shape[1] - 1))
+    return _join(x, SEP, x), n + 1
 
 
 def reverse(rng, batch, n):
-    """``x_1 .. x_n SEP x_n .. x_1``: after the separator the model writes the items backwards."""
+    """``x_1 .. x_n SEP x_n .. x_1`` (Delétang et al.'s reverse string)."""
     x = _items(rng, batch, n)
-    seq = np.concatenate([x, np.full((batch, 1), SEP), x[:, ::-1]], axis=1)
-    answer = np.zeros(seq.shape[1] - 1, dtype=bool)
-    answer[n:] = True
-    return seq[:, :-1], seq[:, 1:], np.broadcast_to(answer, (batch, seq.shape[1] - 1))
+    return _join(x, SEP, x[:, ::-1]), n + 1
 
 
-TASKS = {"copy": copy, "reverse": reverse}
+def duplicate(rng, batch, n):
+    """``x_1 .. x_n SEP x_1 .. x_n x_1 .. x_n`` (duplicate string)."""
+    x = _items(rng, batch, n)
+    return _join(x, SEP, x, x), n + 1
+
+
+def sort(rng, batch, n):
+    """``x_1 .. x_n SEP`` the items in increasing order (distinct symbols)."""
+    x = _items(rng, batch, n)
+    return _join(x, SEP, np.sort(x, axis=1)), n + 1
+
+
+def bucket_sort(rng, batch, n):
+    """``x_1 .. x_n SEP`` the items in increasing order, from an alphabet of ``BUCKETS``
+    symbols with repeats (Delétang et al.'s bucket sort)."""
+    x = rng.integers(0, BUCKETS, (batch, n))
+    return _join(x, SEP, np.sort(x, axis=1)), n + 1
+
+
+def parity(rng, batch, n):
+    """``b_1 .. b_n SEP p``: bits (symbols 0 and 1), ``p`` the parity of their sum (parity check)."""
+    bits = rng.integers(0, 2, (batch, n))
+    return _join(bits, SEP, bits.sum(axis=1, keepdims=True) % 2), n + 1
+
+
+def modular_arithmetic(rng, batch, n):
+    """``d_1 o_1 d_2 .. o_{n-1} d_n SEP r``: ``n`` digits ``0 .. MODULUS - 1`` joined by ``PLUS``
+    or ``MINUS``, ``r`` the value modulo ``MODULUS`` (Delétang et al.'s modular arithmetic,
+    without ``×``, so that left to right is the only reading)."""
+    digits = rng.integers(0, MODULUS, (batch, n))
+    signs = rng.integers(0, 2, (batch, n - 1))
+    expression = np.empty((batch, 2 * n - 1), dtype=np.int64)
+    expression[:, 0::2], expression[:, 1::2] = digits, np.where(signs == 1, MINUS, PLUS)
+    value = digits[:, :1] + (np.where(signs == 1, -1, 1) * digits[:, 1:]).sum(axis=1, keepdims=True)
+    return _join(expression, SEP, value % MODULUS), 2 * n
+
+
+def count(rng, batch, n):
+    """``q SEP x_1 .. x_n SEP c``: how often the query symbol ``q`` occurs among the ``n``
+    items, ``c`` drawn uniformly from ``0 .. min(n, MAX_COUNT)`` whatever ``n`` (so the answer's
+    range does not grow with the length, only the distractors do); the other items are
+    drawn from the rest of ``COUNT_ALPHABET`` symbols."""
+    query = rng.integers(0, COUNT_ALPHABET, batch)
+    c = rng.integers(0, min(n, MAX_COUNT) + 1, batch)
+    others = (query[:, None] + rng.integers(1, COUNT_ALPHABET, (batch, n))) % COUNT_ALPHABET
+    at = np.argsort(rng.random((batch, n)), axis=1) < c[:, None]  # c random places per row
+    items = np.where(at, query[:, None], others)
+    return _join(query[:, None], SEP, items, SEP, c[:, None]), n + 3
+
+
+TASKS = {
+    "copy": copy, "reverse": reverse, "duplicate": duplicate, "sort": sort, "bucket_sort": bucket_sort,
+    "parity": parity, "modular_arithmetic": modular_arithmetic, "count": count,
+}  # fmt: skip
+DISTINCT = ("copy", "reverse", "duplicate", "sort")  # at most SYMBOLS items
+
+
+def max_items(task):
+    """The largest item count ``task`` can draw (distinct symbols run out at ``SYMBOLS``)."""
+    return SYMBOLS if task in DISTINCT else None
 
 
 def seq_len(task, n):
-    """The model's input length for ``n`` items."""
-    return 2 * n
+    """The model's input length for ``n`` items (the whole sequence but its last token)."""
+    sequences, _ = TASKS[task](np.random.default_rng(0), 1, n)
+    return sequences.shape[1] - 1
