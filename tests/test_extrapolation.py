@@ -48,18 +48,19 @@ def test_records_are_bit_identical_on_a_rerun_and_with_two_workers():
     assert torch.get_num_threads() >= 1 and not torch.are_deterministic_algorithms_enabled()
 
 
-def test_the_learning_rate_is_chosen_on_seed_0s_validation_and_used_for_every_seed():
+def test_the_learning_rate_is_chosen_per_encoding_on_seed_0s_validation_and_used_everywhere():
     sweep = ex.Config(**{**TINY.__dict__, "lrs": (1e-4, 3e-2), "steps": 20})
-    document = tiny_results(encodings="alibi,rope,rope+ntk", tasks="copy", seeds=2, config=sweep)
+    document = tiny_results(encodings="alibi,rope,rope+ntk", tasks="copy,reverse", seeds=2, config=sweep)
     rows = document["sweep"]
-    assert {(r["encoding"], r["lr"]) for r in rows} == {(e, lr) for e in ("alibi", "rope") for lr in sweep.lrs}
+    assert {(r["task"], r["encoding"], r["lr"]) for r in rows} == {("reverse", e, lr) for e in ("alibi", "rope") for lr in sweep.lrs}
     for name in ("alibi", "rope"):
         mine = [r for r in rows if r["encoding"] == name]
         best = max(mine, key=lambda r: (r["valid_exact_match"], r["valid_token_accuracy"], -r["valid_loss"]))
         assert [r["lr"] for r in mine if r["chosen"]] == [best["lr"]]
         evaluated = ("rope", "rope+ntk") if name == "rope" else (name,)
-        assert {r["lr"] for r in document["records"] if r["encoding"] in evaluated} == {best["lr"]}
-    assert sorted({r["seed"] for r in document["records"]}) == [0, 1]
+        mine = [r for r in document["records"] if r["encoding"] in evaluated]
+        assert {r["lr"] for r in mine} == {best["lr"]} and {(r["task"], r["seed"]) for r in mine} == {(t, s) for t in ("copy", "reverse") for s in (0, 1)}
+    assert ex.sweep_task(["copy", "parity"]) == "copy"
 
 
 @torch.no_grad()
@@ -210,7 +211,7 @@ def test_the_command_writes_json_markdown_and_figure(tmp_path, monkeypatch, caps
         ({"train_len": 0}, "train_len"),
         ({"eval_lens": [8, 4]}, "eval_lens must be >= train_len = 8"),
         ({"eval_lens": [8, -1]}, "positive"),
-        ({"eval_lens": [8, 1000]}, "eval_lens must be <= 64 for task 'copy'"),
+        ({"eval_lens": [8, 1000]}, "eval_lens must be <= 64 for task 'reverse'"),
         ({"hparams": ["fire.threshold=3"]}, "ENCODING.NAME=VALUE with ENCODING.NAME one of fire.L"),
         ({"hparams": ["sandwich.dim=7"]}, "sandwich.dim must be an even positive integer"),
         ({"hparams": ["randomized.M=20"]}, "randomized.M must be >= 192, the longest test input"),

@@ -2,9 +2,9 @@
 
 One small decoder-only transformer (pre-LayerNorm, causal) whose positional encoding is a
 plug-in :class:`posenc.torch.PositionalModule`: ``embed`` on the token embeddings and
-``attend`` in every layer. For every (encoding, task) it picks a learning rate out of
-``Config.lrs`` on in-distribution validation data of seed 0, then trains every seed at that
-rate at ``train_len`` items and measures, at ``eval_lens`` (by default 1x, 2x, 4x and 8x the
+``attend`` in every layer. For every encoding it picks a learning rate out of ``Config.lrs``
+on in-distribution validation data (seed 0 of ``reverse``), then trains every (task, seed) at
+that rate at ``train_len`` items and measures, at ``eval_lens`` (by default 1x, 2x, 4x and 8x the
 training length):
 
 - **exact match**: the share of sequences whose whole answer greedy decoding writes right.
@@ -46,6 +46,8 @@ from . import _hparams, _tasks
 from .lengthgen import FIRE, KERPLE, CoPE, RandomizedRoPE, Sandwich
 
 TASKS = tuple(_tasks.TASKS)
+# the default grid's, within its hour on two cores (copy, sort and bucket_sort by --tasks)
+DEFAULT_TASKS = ("reverse", "duplicate", "parity", "modular_arithmetic", "count")
 TEST_TIME_SCALINGS = ("rope+ntk", "rope+dynamic", "rope+yarn")
 ENCODINGS = (
     "none", "learned", "sinusoidal", "shaw", "xl", "t5", "deberta", "tupe", "alibi", "rope", "xpos",
@@ -74,8 +76,8 @@ class Shape:
 class Config(Shape):
     """Model and training sizes (the default is the documented experiment); each training
     step draws its item count from ``ceil(shortest * train_len) .. train_len``; ``lrs``: the
-    learning rates tried per (encoding, task) on seed 0, the best on ``valid_sequences``
-    in-distribution sequences kept (one rate: no sweep)."""
+    learning rates tried per encoding on seed 0 of :func:`sweep_task`, the best on
+    ``valid_sequences`` in-distribution sequences kept for every task (one rate: no sweep)."""
 
     shortest: float = 0.5
     steps: int = 400
@@ -352,14 +354,14 @@ class Progress:
                 print(file=sys.stderr, flush=True)
 
 
-def _job(name, evaluated, task, seed, lr, cfg, train_len, eval_lens, hp):
+def _job(name, evaluated, task, seed, lr, cfg, train_len, eval_lens, hp, validate):
     """Train ``name`` once at ``lr`` and evaluate it as each of ``evaluated`` (``rope`` and its
-    test-time scalings share one training); returns ``(validation, records)``, validation on
-    seed 0 only (where the learning rate is chosen)."""
+    test-time scalings share one training); returns ``(validation, records)``, the validation
+    (in distribution, sequences of their own) when ``validate`` (the sweep), else ``None``."""
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     trained = train(name, task, seed, cfg, train_len, lr, hp, _tasks.seq_len(task, max(eval_lens)))
-    valid = evaluate(trained, task, seed, train_len, cfg.valid_sequences, split="valid") if seed == 0 and len(cfg.lrs) > 1 else None
+    valid = evaluate(trained, task, seed, train_len, cfg.valid_sequences, split="valid") if validate else None
     records = []
     train_seq, head_dim = _tasks.seq_len(task, train_len), cfg.d_model // cfg.heads
     for encoding in evaluated:
@@ -404,44 +406,47 @@ def _settings(task, train_len, eval_lens, overrides):
 
 
 def _sweep_rows(jobs, done):
-    """The learning-rate sweep as rows and the rate chosen per (task, trained name): the best
-    seed-0 validation exact match, then token accuracy, then the lower loss (first rate on a tie)."""
+    """The learning-rate sweep as rows and the rate chosen per trained name: the best seed-0
+    validation exact match, then token accuracy, then the lower loss (first rate on a tie)."""
     rows, best = [], {}
     for job, (valid, _) in zip(jobs, done):
         name, _, task, _, lr = job[:5]
         key = (valid["exact_match"], valid["token_accuracy"], -valid["loss"])
-        if (task, name) not in best or key > best[task, name][0]:
-            best[task, name] = (key, lr)
+        if name not in best or key > best[name][0]:
+            best[name] = (key, lr)
         rows.append({"task": task, "encoding": name, "lr": lr, **{f"valid_{k}": v for k, v in valid.items() if k != "matches"}})
-    chosen = {pair: lr for pair, (_, lr) in best.items()}
+    chosen = {name: lr for name, (_, lr) in best.items()}
     for row in rows:
-        row["chosen"] = chosen[row["task"], row["encoding"]] == row["lr"]
+        row["chosen"] = chosen[row["encoding"]] == row["lr"]
     return rows, chosen
 
 
+def sweep_task(tasks):
+    """The task the learning rate is chosen on: ``reverse`` when run, else the first task."""
+    return "reverse" if "reverse" in tasks else tasks[0]
+
+
 def _train_and_evaluate(encodings, tasks, seeds, train_len, eval_lens, overrides, cfg, workers, progress):
-    """``(records, sweep rows)``: the learning-rate sweep on seed 0, then every seed at the
-    chosen rate (seed 0's training at that rate reused)."""
+    """``(records, sweep rows)``: the learning-rate sweep on seed 0 of :func:`sweep_task`, then
+    every (task, seed) at the rate chosen for the encoding (the sweep's training at that rate
+    reused)."""
     groups = _groups(encodings)
     hp = {task: _settings(task, train_len, eval_lens, overrides) for task in tasks}
 
-    def job(name, task, seed, lr):
-        return (name, groups[name], task, seed, lr, cfg, train_len, eval_lens, hp[task])
+    def job(name, task, seed, lr, validate=False):
+        return (name, groups[name], task, seed, lr, cfg, train_len, eval_lens, hp[task], validate)
 
-    sweep = len(cfg.lrs) > 1
-    first = [job(name, task, 0, lr) for task in tasks for name in groups for lr in (cfg.lrs if sweep else cfg.lrs[:1])]
-    rest = len(tasks) * len(groups) * (seeds - 1)
-    bar = Progress(len(first) + rest, progress)
     def label(job):
         return f"{job[2]} {job[0]} seed {job[3]} lr {job[4]:g}"
 
+    swept = sweep_task(tasks) if len(cfg.lrs) > 1 else None
+    first = [job(name, swept, 0, lr, validate=True) for name in groups for lr in cfg.lrs] if swept else []
+    pending = [(task, seed) for task in tasks for seed in range(seeds) if (task, seed) != (swept, 0)]
+    bar = Progress(len(first) + len(pending) * len(groups), progress)
     done = execute(_job, first, workers, bar, label)
-    if sweep:
-        rows, chosen = _sweep_rows(first, done)
-    else:
-        rows, chosen = [], {(task, name): cfg.lrs[0] for task in tasks for name in groups}
-    records = [r for j, (_, found) in zip(first, done) if chosen[j[2], j[0]] == j[4] for r in found]
-    later = [job(name, task, seed, chosen[task, name]) for task in tasks for seed in range(1, seeds) for name in groups]
+    rows, chosen = _sweep_rows(first, done) if swept else ([], dict.fromkeys(groups, cfg.lrs[0]))
+    records = [r for j, (_, found) in zip(first, done) if chosen[j[0]] == j[4] for r in found]
+    later = [job(name, task, seed, chosen[name]) for task, seed in pending for name in groups]
     records += [r for _, found in execute(_job, later, workers, bar, label) for r in found]
     return records, rows
 
@@ -456,7 +461,7 @@ def grid(encodings, tasks, seeds, quick, config):
             QUICK_SEEDS if seeds is None else seeds,
             QUICK if config is None else config,
         )
-    return encodings, tasks, SEEDS if seeds is None else seeds, Config() if config is None else config
+    return encodings, DEFAULT_TASKS if tasks is None else tasks, SEEDS if seeds is None else seeds, Config() if config is None else config
 
 
 def results(*, encodings=None, tasks=None, seeds=None, quick=False, progress=True, train_len=TRAIN_LEN, eval_lens=None, hparams=None, config=None, workers=None):
@@ -464,8 +469,9 @@ def results(*, encodings=None, tasks=None, seeds=None, quick=False, progress=Tru
 
     Parameters
     ----------
-    encodings, tasks : names (a list, or a comma-separated string), default all of
-        :data:`ENCODINGS` / :data:`TASKS` (``quick``: :data:`QUICK_ENCODINGS` / :data:`QUICK_TASKS`)
+    encodings, tasks : names (a list, or a comma-separated string) out of :data:`ENCODINGS` /
+        :data:`TASKS`, default all encodings and :data:`DEFAULT_TASKS` (``quick``:
+        :data:`QUICK_ENCODINGS` / :data:`QUICK_TASKS`)
     seeds : int >= 1, seeds ``0 .. seeds - 1`` (default :data:`SEEDS`, ``quick``: :data:`QUICK_SEEDS`)
     quick : bool, the small grid: fewer encodings, one task, 3 seeds, one learning rate
         (:data:`QUICK`), unless ``encodings`` / ``tasks`` / ``config`` are given
