@@ -53,10 +53,15 @@ test-kernels-boundscheck: $(VENV)/.test-installed
 # The whole suite on a GPU: CuPy arrays and torch CUDA tensors through the numba.cuda
 # kernels (not the simulator). GPU_PYTHON is an interpreter that has numba-cuda and CuPy
 # or a CUDA build of torch (.venv holds the CPU torch); without a GPU it stops at once.
+# JAX is kept from preallocating the GPU's memory and Numba's low-occupancy warning is off
+# (tests/conftest.py sets both too); with pytest-xdist installed (the gpu-test extra) the
+# suite runs on GPU_WORKERS processes.
 GPU_PYTHON ?= python3
+GPU_WORKERS ?= 4
 test-gpu:
 	@$(GPU_PYTHON) tests/gpu/ready.py
-	PYTHONPATH=$(CURDIR)/src POSENC_TEST_GPU=1 $(GPU_PYTHON) -m pytest -p no:cacheprovider tests
+	PYTHONPATH=$(CURDIR)/src POSENC_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
+		$(GPU_PYTHON) -m pytest -p no:cacheprovider $$($(GPU_PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(GPU_WORKERS)") tests
 
 # asv as maintainers use it. The machine file (~/.asv-machine.json) is written first, so a
 # fresh clone needs no interactive `asv machine`. `make bench`: every benchmark once, small

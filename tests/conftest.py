@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 
-import numpy as np
-import pytest
+# Before any of JAX or Numba is imported. JAX takes 75 % of a GPU's memory when its GPU
+# client starts (every process that touches a JAX array), which leaves torch and CuPy out of
+# memory on tiny tensors; Numba warns of low occupancy on the small grids of the tests'
+# shapes, which filterwarnings=error would make failures (its other performance warnings,
+# a host array passed to a kernel say, stay errors).
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+os.environ.setdefault("NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS", "0")
 
-from arrays import Backend, available_backends
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from arrays import Backend, available_backends, gpu_run  # noqa: E402
 
 
 def pytest_report_header(config):
@@ -42,3 +52,19 @@ def uncached_compile():
 
     with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
         yield
+
+
+@pytest.fixture(autouse=gpu_run())
+def _free_gpu_memory():
+    """On the GPU run: each test's device memory goes back to the device when it ends (torch's
+    and CuPy's caching allocators keep it otherwise, which the next test cannot use)."""
+    yield
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+    cupy = sys.modules.get("cupy")
+    if cupy is not None:
+        cupy.cuda.Device().synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
+        cupy.get_default_pinned_memory_pool().free_all_blocks()

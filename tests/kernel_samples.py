@@ -283,7 +283,6 @@ def _jax_cpu(op):
         if not _installed("jax"):
             return
         import jax
-        import jax.numpy as jnp
 
         host = {2} if op == "rope_rotate" else set()
         for args, kwargs in SAMPLES[f"{op}.numba_cpu"](rng):
@@ -292,7 +291,9 @@ def _jax_cpu(op):
                 continue  # an out buffer, or torch tensors
             if any(a.dtype == np.float64 for a in arrays) and not jax.config.jax_enable_x64:
                 continue
-            yield [jnp.asarray(a) if i not in host and isinstance(a, np.ndarray) else a for i, a in enumerate(args)], dict(kwargs)
+            # On JAX's CPU device: its default device is the GPU where JAX has one.
+            cpu = jax.devices("cpu")[0]
+            yield [jax.device_put(a, cpu) if i not in host and isinstance(a, np.ndarray) else a for i, a in enumerate(args)], dict(kwargs)
 
     return samples
 

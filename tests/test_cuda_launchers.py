@@ -138,3 +138,27 @@ def test_out_the_kernel_cannot_write_is_refused():
     x = _device(np.zeros((2, 3, 4), np.float32))
     broadcast = _arrays.strided(cuda.to_device(np.zeros(4, np.float32)), (2, 3, 4), (0, 0, 1))  # every row the same memory
     _refused(rope_cuda.rotate_positions, (x, _device(np.arange(3)), np.ones(2)), {"out": broadcast}, ValueError, ["out", "each element once"])
+
+
+def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch):
+    """``posenc.rotary.apply.rotate_pair`` (under ``posenc.torch.hf.apply_rotary_pos_emb``): device
+    q and k go to the CUDA kernel together, once; the results equal the reference's."""
+    from posenc._kernels import rope_cuda
+    from posenc.rotary.apply import rotate_pair
+
+    launches = []
+    family = rope_cuda.FAMILY
+
+    class Counting:
+        def __getitem__(self, key):
+            launches.append(key)
+            return family[key]
+
+    monkeypatch.setattr(rope_cuda, "FAMILY", Counting())
+    rng = np.random.default_rng(9)
+    q, k = _hf_views(rng, 2, 4, 4, 8, "float32"), _hf_views(rng, 2, 4, 2, 8, "float32")
+    cos, sin = _tables(rng, 2, 4, 8, "half", "float32")
+    got = rotate_pair(*(_device(a) for a in (q, k, cos, sin)))
+    assert launches == [("apply", "float32", "half")]
+    for g, a in zip(got, (q, k)):
+        _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), "float32")

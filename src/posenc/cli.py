@@ -36,7 +36,8 @@ def cmd_info(args) -> int:
     from posenc._kernels import _arrays
 
     print(f"  numba CPU kernels  {'usable' if _arrays.numba_cpu() else 'unavailable'}")
-    print(f"  numba.cuda kernels {'usable' if _arrays.numba_cuda() else 'no CUDA device'}")
+    problem = _arrays.cuda_problem()
+    print(f"  numba.cuda kernels {'usable' if problem is None else 'unavailable: ' + problem}")
     return 0
 
 

@@ -2,16 +2,20 @@
 
 import importlib.util
 import sys
+from pathlib import Path
 
 
 def main() -> int:
     missing = [m for m in ("numpy", "numba", "array_api_compat", "pytest", "hypothesis") if importlib.util.find_spec(m) is None]
     if missing:
         return f"make test-gpu: {sys.executable} lacks {', '.join(missing)} (pip install -e '.[test,cuda]' into it)"
-    from numba import cuda
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+    from posenc._kernels import _arrays
 
-    if not cuda.is_available():
-        return "make test-gpu: no usable CUDA GPU here (numba.cuda.is_available() is False); the GPU suite needs an NVIDIA GPU and its driver"
+    problem = _arrays.cuda_problem()  # numba-cuda that does not import (NumPy >= 2.5), no GPU, ...
+    if problem is not None:
+        return f"make test-gpu: {problem}"
+    from numba import cuda
     libraries = []
     if importlib.util.find_spec("cupy") is not None:
         libraries.append("cupy")

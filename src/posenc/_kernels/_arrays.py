@@ -45,16 +45,34 @@ def cuda_simulator() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
-@lru_cache(maxsize=None)
 def numba_cuda() -> bool:
     """numba.cuda is importable and a GPU is usable (or the CUDA simulator is on)."""
+    return cuda_problem() is None
+
+
+@lru_cache(maxsize=None)
+def cuda_problem() -> str | None:
+    """Why the numba.cuda kernels cannot run here, in words (``posenc info``), or ``None``."""
     if not numba_cpu():
-        return False
+        return "numba is not installed"
     try:
         from numba import cuda
-    except ImportError:  # pragma: no cover - numba without its cuda target
-        return False
-    return cuda_simulator() or bool(cuda.is_available())
+    except Exception as exc:  # numba-cuda <= 0.30.4 raises AttributeError with NumPy >= 2.5
+        return import_failure(exc, np.__version__)
+    if cuda_simulator() or cuda.is_available():
+        return None
+    return "no usable CUDA GPU (numba.cuda.is_available() is False: no NVIDIA GPU or driver here)"
+
+
+def import_failure(exc, numpy_version) -> str:
+    """What to say when ``from numba import cuda`` raised ``exc`` under NumPy ``numpy_version``."""
+    said = f"numba.cuda failed to import ({type(exc).__name__}: {exc})"
+    if "row_stack" in str(exc) or np.lib.NumpyVersion(numpy_version) >= "2.5.0":
+        said += (
+            f"; numba-cuda up to 0.30.4 uses np.row_stack, which NumPy 2.5 removed, and NumPy here is "
+            f"{numpy_version}: install a set that works, pip install 'posenc[cuda]' (numpy<2.5)"
+        )
+    return said
 
 
 # ---------------------------------------------------------------- what an array is

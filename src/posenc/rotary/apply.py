@@ -182,6 +182,22 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
+def rotate_pair(q, k, cos, sin, *, layout="half"):
+    """``(apply_rope(q, cos, sin), apply_rope(k, cos, sin))``, the query and key of one
+    attention layer (Hugging Face's ``apply_rotary_pos_emb``): one CUDA launch for both where
+    both go to the numba.cuda kernel and their rows line up (``rope_cuda.rotate_cos_sin_pair``:
+    q ``[b, hq, s, d]`` and k ``[b, hk, s, d]``, transposed views of ``[b, s, h, d]``
+    included, read where they lie), else each through :func:`apply_rope`.
+    """
+    layout = _args.layout("layout", layout)
+    pair = [_dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None) for x in (q, k)]
+    if pair[0] is pair[1] and getattr(pair[0], "__module__", None) == "posenc._kernels.rope_cuda":
+        import sys
+
+        return sys.modules["posenc._kernels.rope_cuda"].rotate_cos_sin_pair(q, k, cos, sin, layout=layout)
+    return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
+
+
 @host_constants
 @_plans.planned(_signatures.Rope)
 def rope(

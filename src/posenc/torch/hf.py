@@ -20,6 +20,7 @@ from torch import nn
 import posenc as pe
 from posenc import _plans
 from posenc.rotary import _signatures
+from posenc.rotary.apply import rotate_pair
 
 from . import _ops, hf_patch
 
@@ -292,7 +293,7 @@ class _PairPlan:
 @_plans.planned(_HFApplyRotary)
 def _rotate_pair(q, k, cos, sin, unsqueeze_dim):
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin)
+    return rotate_pair(q, k, cos, sin)
 
 
 def patch_hf(model):

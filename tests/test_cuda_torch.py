@@ -1,0 +1,141 @@
+"""torch CUDA tensors through the numba.cuda kernels: q and k in one launch, CUDA graphs,
+``torch.compile(mode="reduce-overhead")`` of a patched model, tensors on two GPUs.
+
+These need a CUDA GPU and a CUDA build of torch (``make test-gpu``: ``POSENC_TEST_GPU=1``);
+without one every test here is skipped (the CUDA simulator has no torch CUDA tensors: the
+kernel-level counterparts run under it in ``test_cuda_launchers.py`` and
+``test_cuda_host_work.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from arrays import gpu_run
+from posenc._kernels import _arrays
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.skipif(
+    not (gpu_run() and torch.cuda.is_available() and _arrays.numba_cuda() and not _arrays.cuda_simulator()),
+    reason="needs a CUDA GPU, a CUDA build of torch and POSENC_TEST_GPU=1 (make test-gpu)",
+)
+
+import posenc as pe  # noqa: E402
+
+
+def _hf_view(b, s, heads, d, dtype, seed):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(b, s, heads, d, generator=g, device="cuda", dtype=dtype).transpose(1, 2)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+@pytest.fixture
+def counted_launches(monkeypatch):
+    from posenc._kernels import rope_cuda
+
+    launches, family = [], rope_cuda.FAMILY
+
+    class Counting:
+        def __getitem__(self, key):
+            launches.append(key)
+            return family[key]
+
+    monkeypatch.setattr(rope_cuda, "FAMILY", Counting())
+    return launches
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_hf_apply_rotary_pos_emb_rotates_q_and_k_in_one_launch(dtype, counted_launches):
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    q, k = _hf_view(2, 16, 8, 64, dtype, 0), _hf_view(2, 16, 2, 64, dtype, 1)
+    angles = torch.rand(2, 16, 32, device="cuda", dtype=torch.float64) * 50
+    cos, sin = (f(torch.cat([angles, angles], -1)) for f in (torch.cos, torch.sin))
+    got_q, got_k = apply_rotary_pos_emb(q, k, cos.to(dtype), sin.to(dtype))
+    assert counted_launches == [("apply", str(dtype).split(".")[-1], "half")]
+    for got, x in ((got_q, q), (got_k, k)):  # the formula in float64 from the same 16-bit tables
+        c, s = cos.to(dtype).double()[:, None], sin.to(dtype).double()[:, None]
+        want = (x.double() * c + _rotate_half(x.double()) * s).to(dtype)
+        torch.testing.assert_close(got, want, atol=0, rtol=2 * torch.finfo(dtype).eps)
+
+
+def _captured(fn):
+    """``fn()`` captured in a CUDA graph after warm-up calls on a side stream: ``(graph, output)``."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_decode_step_in_a_cuda_graph_replays_bit_identically(dtype):
+    x = torch.randn(1, 32, 1, 128, device="cuda", dtype=dtype)
+    position = torch.tensor([5], device="cuda")
+    graph, out = _captured(lambda: pe.rope(x, position))
+    for step in (6, 700, 40000):
+        x.copy_(torch.randn_like(x))
+        position.fill_(step)
+        graph.replay()
+        assert torch.equal(out, pe.rope(x, position))
+
+
+def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
+    x = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+    cos = torch.empty(1, 128, device="cuda", dtype=torch.bfloat16)
+    sin = torch.empty_like(cos)
+    table = torch.randn(32, 8, device="cuda")
+    graph, (rotated, bias) = _captured(lambda: (pe.apply_rope(x, cos, sin), pe.t5_bias(table, 1, 4096, offset=4095, max_distance=64)))
+    for seed in range(3):
+        angles = torch.rand(1, 64, device="cuda", dtype=torch.float64, generator=torch.Generator(device="cuda").manual_seed(seed)) * 100
+        cos.copy_(torch.cat([angles, angles], -1).cos())
+        sin.copy_(torch.cat([angles, angles], -1).sin())
+        table.copy_(torch.randn_like(table))
+        graph.replay()
+        assert torch.equal(rotated, pe.apply_rope(x, cos, sin))
+        assert torch.equal(bias, pe.t5_bias(table, 1, 4096, offset=4095, max_distance=64))
+
+
+def test_patched_model_under_reduce_overhead_compile_gives_the_eager_greedy_tokens():
+    from hf_models import build
+
+    from posenc.torch import patch_hf
+
+    model = patch_hf(build("llama[default]")).cuda()
+    ids = torch.arange(1, 11, device="cuda")[None]
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    with torch.no_grad():
+        eager = model.generate(ids, **options)
+        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        compiled = model.generate(ids, **options)
+    assert torch.equal(compiled, eager)
+
+
+def test_tensors_on_two_gpus_are_refused_before_any_launch(counted_launches):
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    x = torch.randn(1, 4, 3, 8, device="cuda:0")
+    with pytest.raises(ValueError, match="different devices"):
+        pe.rope(x, torch.arange(3, device="cuda:1"))
+    with pytest.raises(ValueError, match="out"):
+        pe.rope(x, torch.arange(3, device="cuda:0"), out=torch.empty_like(x, device="cuda:1"))
+    assert counted_launches == []
+
+
+def test_a_cpu_tensor_beside_a_cuda_one_is_refused(counted_launches):
+    x = torch.randn(1, 4, 3, 8, device="cuda")
+    with pytest.raises(ValueError, match="different devices"):
+        pe.rope(x, torch.arange(3))
+    with pytest.raises(ValueError, match="out"):
+        pe.apply_rope(x, torch.ones(3, 8, device="cuda"), torch.zeros(3, 8, device="cuda"), out=torch.empty(1, 4, 3, 8))
+    assert counted_launches == []

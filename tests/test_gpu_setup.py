@@ -1,0 +1,70 @@
+"""What ``make test-gpu`` and ``posenc info`` need of a machine, checked without a GPU.
+
+``posenc info`` says why the numba.cuda kernels cannot run (numba-cuda that fails to import
+next to NumPy 2.5, no GPU); the ``jax_cpu`` kernel samples lie on JAX's CPU device even
+where JAX's default device is a GPU.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from posenc import cli
+from posenc._kernels import _arrays
+
+
+def test_import_failure_under_numpy_2_5_names_the_cause_and_the_fix():
+    said = _arrays.import_failure(AttributeError("module 'numpy' has no attribute 'row_stack'"), "2.5.2")
+    assert "numba.cuda failed to import (AttributeError: module 'numpy' has no attribute 'row_stack')" in said
+    assert "NumPy 2.5 removed" in said and "NumPy here is 2.5.2" in said and "posenc[cuda]" in said
+    other = _arrays.import_failure(ImportError("libcudart.so: cannot open"), "2.4.6")
+    assert other == "numba.cuda failed to import (ImportError: libcudart.so: cannot open)"
+
+
+def test_posenc_info_says_what_is_wrong_when_numba_cuda_does_not_import():
+    """A fresh interpreter where ``from numba import cuda`` raises as numba-cuda 0.30.4 does
+    under NumPy 2.5: ``posenc info`` prints the reason instead of failing."""
+    script = textwrap.dedent(
+        """
+        import sys, numba
+        class Broken:
+            def find_spec(self, name, path=None, target=None):
+                if name == "numba.cuda":
+                    raise AttributeError("module 'numpy' has no attribute 'row_stack'")
+        sys.meta_path.insert(0, Broken())
+        sys.modules.pop("numba.cuda", None)
+        if hasattr(numba, "cuda"):
+            del numba.cuda
+        from posenc import cli
+        sys.exit(cli.main(["info"]))
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "numba.cuda kernels unavailable: numba.cuda failed to import (AttributeError: module 'numpy' has no attribute 'row_stack')" in proc.stdout
+
+
+def test_posenc_info_without_a_gpu_says_so(capsys):
+    if _arrays.numba_cuda():
+        pytest.skip("a GPU or the CUDA simulator is here")
+    assert cli.main(["info"]) == 0
+    assert "numba.cuda kernels unavailable: no usable CUDA GPU" in capsys.readouterr().out
+
+
+def test_jax_cpu_kernel_samples_lie_on_the_cpu_device():
+    jax = pytest.importorskip("jax")
+    from kernel_samples import SAMPLES
+
+    seen = 0
+    for op in ("rope_rotate", "rope_apply", "toeplitz_gather"):
+        for args, _ in SAMPLES[f"{op}.jax_cpu"](np.random.default_rng(0)):
+            for a in args:
+                if isinstance(a, jax.Array):
+                    assert {d.platform for d in a.devices()} == {"cpu"}
+                    seen += 1
+    assert seen
