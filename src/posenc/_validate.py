@@ -18,7 +18,7 @@ except ImportError:  # pragma: no cover - Windows
     resource = None
 
 from . import _compat
-from ._xp import broadcast_shapes, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
+from ._xp import broadcast_shapes, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -79,18 +79,117 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 STATIC_HINT = "under jax.jit: a static argument, jax.jit(f, static_argnums=...) or static_argnames=..."
 
 
-def relative_offset(offset, q_len, k_len):
+def relative_offset(offset, q_len, k_len, xp=None, device=None):
     """A validated ``offset`` of the first query (an int, or a traced array as it is) whose
     query positions ``offset .. offset + q_len - 1`` and relative positions
-    ``(offset + i) - j``, down to ``offset - (k_len - 1)``, stay within int64."""
+    ``(offset + i) - j``, down to ``offset - (k_len - 1)``, stay within the index dtype of
+    ``xp`` (int64; int32 for JAX without x64; int64 when ``xp`` is not known yet)."""
     if isinstance(offset, int):
+        bits, bottom, top = (64, INT64_MIN, INT64_MAX) if xp is None else index_bounds(xp, device)[1:]
         low, high = offset - max(k_len - 1, 0), offset + max(q_len - 1, 0)
-        if low < INT64_MIN or high > INT64_MAX:
+        if low < bottom or high > top:
             raise ValueError(
                 f"offset={offset} with q_len={q_len} and k_len={k_len} puts the relative positions (offset + i) - j "
-                f"at {low} .. {high}, beyond int64 ({INT64_MIN} .. {INT64_MAX})"
+                f"at {low} .. {high}, beyond int{bits} ({bottom} .. {top})"
             )
     return offset
+
+
+# ---------------------------------------------------------------- the integer rule
+# Integer positions, offsets and deltas of any integer dtype are widened to the namespace's
+# index dtype (int64; int32 for JAX without x64) before any arithmetic, and every sum or
+# difference formed from them is checked to stay within that dtype before a kernel runs
+# (values that can be read now; a traced value is computed with as it is).
+
+
+def index_bounds(xp, device=None):
+    """``(dtype, bits, low, high)`` of the namespace's index dtype."""
+    dtype = index_dtype(xp, device)
+    info = xp.iinfo(dtype)
+    return dtype, int(info.bits), int(info.min), int(info.max)
+
+
+def _size(value):
+    return math.prod(int(n) for n in value.shape)
+
+
+def _readable(*values):
+    """Whether every array among ``values`` can be read now and holds something."""
+    return all(not is_array(v) or (is_eager(v) and _size(v) > 0) for v in values)
+
+
+def widened(name, value, xp, device=None):
+    """An integer array ``value`` as the index dtype; values beyond its range (uint64 above
+    int64's, or int64 values for JAX without x64) refused, naming ``name``."""
+    dtype, bits, low, high = index_bounds(xp, device)
+    if value.dtype == dtype:
+        return value
+    info = xp.iinfo(value.dtype)
+    if (int(info.min) < low or int(info.max) > high) and _readable(value):
+        smallest, largest = int(xp.min(value)), int(xp.max(value))
+        if smallest < low or largest > high:
+            raise ValueError(f"{name} must fit in int{bits} ({low} .. {high}), got values from {smallest} to {largest}")
+    return xp.astype(value, dtype)
+
+
+def shifted(name, values, offset, xp, device=None, *, offset_name="offset", known=None):
+    """``values + offset``, where integer ``values`` are of the index dtype (:func:`widened`)
+    and ``offset`` is an int or an array of it: every sum is checked to stay within that
+    dtype (``ValueError`` naming both) when the values can be read now. ``known``: the
+    ``(min, max)`` of ``values`` when the caller knows them (an ``arange``)."""
+    if isinstance(offset, int) and offset == 0:
+        return values
+    if is_integer(xp, values.dtype):
+        _, bits, low, high = index_bounds(xp, device)
+        if isinstance(offset, int) and not low <= offset <= high:
+            raise ValueError(f"{offset_name} must fit in int{bits} ({low} .. {high}), got {offset}")
+        if _sum_leaves(xp, values, offset, low, high, known):
+            raise ValueError(
+                f"{offset_name} + {name} must stay within int{bits} ({low} .. {high}): "
+                f"{name} {_extent(xp, values, known)} with {offset_name} {_extent(xp, offset)} leave it"
+            )
+    return values + offset
+
+
+def _extent(xp, value, known=None):
+    if isinstance(value, int):
+        return str(value)
+    smallest, largest = known if known is not None else (int(xp.min(value)), int(xp.max(value)))
+    return f"from {smallest} to {largest}"
+
+
+def _sum_leaves(xp, a, b, low, high, known=None):
+    """Whether some ``a + b`` (broadcast) leaves ``[low, high]``; False where one cannot be read now."""
+    if not (_readable(b) and (known is not None or _readable(a))):
+        return False
+    amin, amax = known if known is not None else (int(xp.min(a)), int(xp.max(a)))
+    bmin, bmax = (b, b) if isinstance(b, int) else (int(xp.min(b)), int(xp.max(b)))
+    if low <= amin + bmin and amax + bmax <= high:
+        return False
+    if isinstance(b, int) or b.ndim == 0 or known is not None or a.ndim == 0:
+        return True  # one of the two is a single value: its bounds are the sums'
+    zero = xp.zeros_like(b)
+    up, down = xp.where(b > 0, b, zero), xp.where(b < 0, b, zero)  # high - up and low - down stay in range
+    return bool(xp.any((b > 0) & (a > high - up))) or bool(xp.any((b < 0) & (a < low - down)))
+
+
+def differences(xp, q, k, device=None, *, names=("query_positions", "key_positions")):
+    """``q[..., i] - k[..., j]`` (integer arrays of the index dtype, leading axes broadcast)
+    must stay within the index dtype for every pair: ``ValueError`` naming both otherwise."""
+    if not (is_integer(xp, q.dtype) and is_integer(xp, k.dtype)) or not _readable(q, k):
+        return
+    _, bits, low, high = index_bounds(xp, device)
+    qmin, qmax, kmin, kmax = xp.min(q, axis=-1), xp.max(q, axis=-1), xp.min(k, axis=-1), xp.max(k, axis=-1)
+    if low <= int(xp.min(qmin)) - int(xp.max(kmax)) and int(xp.max(qmax)) - int(xp.min(kmin)) <= high:
+        return
+    zero = xp.zeros_like(kmin)
+    over = (kmin < 0) & (qmax > high + xp.where(kmin < 0, kmin, zero))  # qmax - kmin > high
+    under = (kmax > 0) & (qmin < low + xp.where(kmax > 0, kmax, zero))  # qmin - kmax < low
+    if bool(xp.any(over)) or bool(xp.any(under)):
+        raise ValueError(
+            f"the relative positions {names[0]} - {names[1]} must stay within int{bits} ({low} .. {high}): "
+            f"{names[0]} {_extent(xp, q)} (offset included) and {names[1]} {_extent(xp, k)} leave it"
+        )
 
 
 def integer_or_traced(name, value, *, minimum=None):
@@ -201,11 +300,12 @@ def _is_tracer(value) -> bool:
         return False
 
 
-def positions(name, value, xp):
-    """Integer positions, or float positions that are all finite (checked when eager)."""
+def positions(name, value, xp, device=None):
+    """Integer positions widened to the index dtype (:func:`widened`), or float positions
+    that are all finite (checked when eager)."""
     array(name, value)
     if is_integer(xp, value.dtype):
-        return value
+        return widened(name, value, xp, device)
     if not is_real_floating(xp, value.dtype):
         raise TypeError(f"{name} must have an integer or real floating dtype, got {value.dtype}")
     if is_eager(value) and not bool(xp.all(xp.isfinite(value))):
@@ -231,49 +331,127 @@ def broadcast_shape(name, shape, target):
         raise ValueError(f"{name} of shape {shape} does not broadcast against shape {target}")
 
 
-def _byte_range(a):
-    """``(start, stop, strides)`` of the memory an array views, or ``None`` when unknown."""
-    if _compat.is_numpy_array(a):
-        import numpy as np
-
-        low, high = np.lib.array_utils.byte_bounds(a)
-        return low, high, a.strides
-    if torch_tensor(a):
-        size = a.element_size()
-        strides = tuple(s * size for s in a.stride())
-    elif _compat.is_cupy_array(a):
-        strides = a.strides
-        size = a.itemsize
-    else:
-        return None
-    start = a.data_ptr() if torch_tensor(a) else a.data.ptr
-    if any(n == 0 for n in a.shape):
-        return start, start, strides
-    low = start + sum((n - 1) * st for n, st in zip(a.shape, strides) if st < 0)
-    high = start + sum((n - 1) * st for n, st in zip(a.shape, strides) if st > 0) + size
-    return low, high, strides
-
-
-def separate(out_value, *inputs):
-    """``out`` must not share memory with an input unless it is exactly that input (in place)."""
+def _memory(a):
+    """A NumPy array over the memory addresses of array ``a`` (never read): ``a`` itself for
+    NumPy, else one built from the data pointer, shape and byte strides of a torch or CuPy
+    array; None for an empty array or one whose memory is not known."""
     numpy = sys.modules.get("numpy")
-    mine = None
+    if numpy is None or not is_array(a) or _size(a) == 0:
+        return None
+    if isinstance(a, numpy.ndarray):
+        return a
+    try:
+        if torch_tensor(a):
+            size = a.element_size()
+            pointer, strides = a.data_ptr(), tuple(s * size for s in a.stride())
+        elif _compat.is_cupy_array(a):
+            pointer, strides, size = a.data.ptr, tuple(a.strides), a.itemsize
+        else:
+            return None
+    except (RuntimeError, AttributeError, NotImplementedError):  # a tensor without storage (meta, sparse ...)
+        return None
+    interface = {"data": (pointer, False), "shape": tuple(a.shape), "strides": strides, "typestr": f"|V{size}", "version": 3}
+    return numpy.asarray(_Interface(interface))
+
+
+def byte_range(a):
+    """``(low, high)``: the bytes array ``a`` views, or None for an empty or unknown one."""
+    view = _memory(a)
+    return None if view is None else sys.modules["numpy"].lib.array_utils.byte_bounds(view)
+
+
+class _Interface:
+    def __init__(self, interface):
+        self.__array_interface__ = interface
+
+
+def _self_overlapping(view) -> bool:
+    """Whether two elements of NumPy array ``view`` share memory (a stride-0 view from
+    ``broadcast_to``/``expand``, or strides that fold onto themselves). Its axes sorted by
+    stride each stepping past everything the smaller ones reach proves they do not; else
+    the element addresses are compared (up to ``_ADDRESSES_COMPARED`` elements; a larger
+    view that fails the proof counts as overlapping)."""
+    reach, nested = view.itemsize, True
+    for stride, n in sorted((abs(st), n) for n, st in zip(view.shape, view.strides) if n > 1):
+        if stride == 0:
+            return True
+        nested = nested and stride >= reach
+        reach += stride * (n - 1)
+    if nested:
+        return False
+    if view.size > _ADDRESSES_COMPARED:
+        return True
+    numpy = sys.modules["numpy"]
+    starts = numpy.zeros((), numpy.int64)
+    for n, st in zip(view.shape, view.strides):
+        starts = numpy.add.outer(starts, numpy.arange(n, dtype=numpy.int64) * st)
+    starts = numpy.sort(starts.reshape(-1))
+    return bool(numpy.any(numpy.diff(starts) < view.itemsize))
+
+
+_ADDRESSES_COMPARED = 2**20
+
+
+def _same_memory_space(a, b) -> bool:
+    """Whether the addresses of ``a`` and ``b`` can be compared: one library, or host memory both."""
+    if type(a) is type(b):
+        return True
+    return all(_compat.is_numpy_array(v) or (torch_tensor(v) and v.device.type == "cpu") for v in (a, b))
+
+
+def _shares_memory(mine, theirs) -> bool:
+    """Whether an element of NumPy view ``mine`` shares memory with one of ``theirs`` (an
+    overlap too hard to decide counts as shared)."""
+    numpy = sys.modules["numpy"]
+    if not numpy.may_share_memory(mine, theirs):
+        return False
+    try:
+        return bool(numpy.shares_memory(mine, theirs, max_work=2**16))
+    except numpy.exceptions.TooHardError:
+        return True
+
+
+def separate(out_value, *inputs, in_place=("x",)):
+    """``out`` must not share memory with an input, by elements (disjoint slices of one
+    buffer are fine), unless it is exactly that input and the input is one that may be
+    written in place (``in_place``: ``x``)."""
+    mine = _memory(out_value)
+    if mine is None:
+        return
     for name, a in inputs:
-        if a is None or type(a) is not type(out_value):
+        theirs = None if a is None or not _same_memory_space(a, out_value) else _memory(a)
+        if theirs is None or not _shares_memory(mine, theirs):
             continue
-        if numpy is not None and isinstance(a, numpy.ndarray) and not numpy.may_share_memory(a, out_value):
-            continue  # NumPy's own test of the byte ranges below, in C: they do not meet
-        mine = _byte_range(out_value) if mine is None else mine
-        theirs = _byte_range(a)
-        if mine is None or theirs is None or mine[0] == mine[1] or theirs[0] == theirs[1]:
-            continue
-        if mine[0] < theirs[1] and theirs[0] < mine[1]:
-            exact = mine == theirs and tuple(out_value.shape) == tuple(a.shape)
-            if not exact:
+        exact = (
+            name in in_place
+            and mine.__array_interface__["data"][0] == theirs.__array_interface__["data"][0]
+            and mine.shape == theirs.shape
+            and mine.strides == theirs.strides
+            and mine.itemsize == theirs.itemsize
+        )
+        if not exact:
+            if name in in_place:
                 raise ValueError(
                     f"out overlaps the memory of {name} without being {name} itself; "
                     f"pass out={name} to work in place, or a separate buffer"
                 )
+            raise ValueError(f"out shares memory with {name}, which the computation reads: pass a separate buffer")
+
+
+def writable(value):
+    """A caller's ``out`` (or ``x`` given as ``out``) must be writable memory of its own
+    elements: not read-only (checked before any work), not a view whose elements share
+    memory (stride 0), not a tensor autograd cannot write (:func:`writable_by_autograd`)."""
+    if _compat.is_numpy_array(value) and not value.flags.writeable:
+        raise ValueError("out is read-only (its flags.writeable is False): pass a writable buffer, or out=None")
+    view = _memory(value)
+    if view is not None and _self_overlapping(view):
+        raise ValueError(
+            f"out of shape {tuple(value.shape)} has elements that share memory (a stride-0 view from "
+            "broadcast_to or expand, or self-overlapping strides): the result would not fit in it; "
+            "pass a buffer with one memory location per element"
+        )
+    writable_by_autograd(value)
 
 
 def writable_by_autograd(value):
@@ -299,18 +477,28 @@ def out(value, *, shape, dtype, xp, device, inputs=()):
     """A caller's ``out`` buffer: right shape, dtype, namespace and device, and not a partial
     overlap of one of ``inputs`` (``(name, array)`` pairs; exactly an input is in place)."""
     array("out", value)
-    writable_by_autograd(value)
     found = namespace(value)
     if found is not xp and not (_compat.is_numpy_namespace(found) and _compat.is_numpy_namespace(xp)):  # NumPy or its wrapper
         raise TypeError(f"out must be an array of the same namespace as the inputs ({xp.__name__}), got {type(value).__name__}")
     if tuple(value.shape) != tuple(shape):
         raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(value.shape)}")
-    if value.dtype != dtype:
+    if value.dtype != dtype and not _byte_order_only(value.dtype, dtype):
         raise ValueError(f"out must have dtype {dtype}, got {value.dtype}")
     if device is not None and _compat.device(value) != device:
         raise ValueError(f"out must be on device {device}, got {_compat.device(value)}")
+    writable(value)
     separate(value, *inputs)
     return value
+
+
+def _byte_order_only(a, b) -> bool:
+    """Whether NumPy dtypes ``a`` and ``b`` differ in byte order only (``>f4`` and ``float32``):
+    a result is computed in native order and written into an ``out`` of either."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(a, numpy.dtype) and isinstance(b, numpy.dtype) and a.newbyteorder("=") == b.newbyteorder("=")
+
+
+_SURELY_AVAILABLE = 2**26  # bytes any machine has: smaller results skip reading /proc/meminfo
 
 
 @trace_constant
@@ -344,7 +532,7 @@ def allocatable(name, shape, itemsize):
     if not all(isinstance(s, numbers.Integral) for s in shape):
         return
     count = math.prod([int(s) for s in shape])
-    if count * itemsize > _memory_limit():
+    if count * itemsize > _SURELY_AVAILABLE and count * itemsize > _memory_limit():
         raise ValueError(
             f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, "
             "more than the memory available to this process"

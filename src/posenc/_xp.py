@@ -307,7 +307,7 @@ def cast(xp, array, dtype):
     return xp.astype(array, dtype)
 
 
-@lru_cache(maxsize=None)
+@lru_cache(maxsize=64)  # frequency sets (a dynamic-NTK decode loop brings a new one per step): at most 64 kept
 def _split_chunks_cache(values: tuple, nchunks: int):
     return _split_float64(values, nchunks)
 

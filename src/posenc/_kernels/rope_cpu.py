@@ -279,16 +279,35 @@ def _launch(x, op, layout, xv, ov, per_position, angles, tables, in_place):
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
     """Numba CPU ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``).
 
-    Angles beyond ``FAST_ANGLE_LIMIT`` (positions beyond about 4e9) go to the reference,
-    whose libm reduces any angle.
+    Tokens whose angles reach beyond ``FAST_ANGLE_LIMIT`` (positions beyond about 4e9) take
+    the reference, whose libm reduces any angle: those tokens only, so every token gets the
+    numbers a call of it alone gives, whatever the rest of the call holds.
     """
     inv_freq = guard_rotate(x, positions, inv_freq, out)
     # Angles are float64 products, as in the reference: positions are converted once.
     pv = _arrays.host_values(positions).astype(np.float64, copy=False)
     if pv.size and inv_freq.size and not float(np.abs(pv).max()) * float(np.abs(inv_freq).max()) <= FAST_ANGLE_LIMIT:
-        from ..rotary import _rotate
+        return _rotate_beyond_limit(x, positions, pv, inv_freq, layout, inverse, scale, out)
+    return _rotate_fast(x, pv, inv_freq, layout, inverse, scale, out)
 
+
+def _rotate_beyond_limit(x, positions, pv, inv_freq, layout, inverse, scale, out):
+    """``rotate_positions`` where some angles pass ``FAST_ANGLE_LIMIT``: the reference's
+    numbers for those tokens (computed first, before an in-place write), the kernel's for the others."""
+    from ..rotary import _rotate
+
+    beyond = ~(np.abs(pv) * float(np.abs(inv_freq).max()) <= FAST_ANGLE_LIMIT)
+    if beyond.all():
         return _rotate.rotate_positions(x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out)
+    exact = _rotate.rotate_positions(x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale)
+    result = _rotate_fast(x, np.where(beyond, 0.0, pv), inv_freq, layout, inverse, scale, out)
+    rows = np.broadcast_to(beyond, tuple(x.shape[:-1]))
+    _arrays.host_view(result)[rows] = _arrays.host_view(exact)[rows]
+    return result
+
+
+def _rotate_fast(x, pv, inv_freq, layout, inverse, scale, out):
+    """The kernel's rotation by float64 positions ``pv`` (every angle within ``FAST_ANGLE_LIMIT``)."""
     xv = _host_x(x)
     pv = np.broadcast_to(pv, xv.shape[:-1])
     result, ov, in_place, copy_back = _destination(x, xv, out)

@@ -349,7 +349,18 @@ class ApplyPlan:
 
     def __call__(self, args, kwargs):
         x, cos, sin = args
-        return self.rotate(x, self.cos_sin(cos, sin), kwargs.get("out"))
+        out = kwargs.get("out")
+        if out is not None and (_may_meet(out, cos) or _may_meet(out, sin)):
+            return NotImplemented  # the full path decides by elements (and refuses a true overlap)
+        return self.rotate(x, self.cos_sin(cos, sin), out)
+
+
+def _may_meet(a, b):
+    """Whether arrays ``a`` and ``b`` of one library may share memory (NumPy's byte ranges,
+    torch's storage)."""
+    if type(a) is np.ndarray:
+        return np.may_share_memory(a, b)
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _flat_reader(table):
@@ -383,6 +394,9 @@ class RerotatePlan:
 
     def __call__(self, args, kwargs):
         x, delta, inv_freq = args
+        out = kwargs.get("out")
+        if out is not None and np.may_share_memory(_arrays.host_view(out), inv_freq):
+            return NotImplemented  # the full path refuses an out over the frequencies it reads
         raw = inv_freq.tobytes()
         if raw != self.raw:
             freqs = np.asarray(inv_freq, dtype=np.float64)  # as rotary._args.host_inv_freq reads them

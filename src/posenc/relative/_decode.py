@@ -7,10 +7,13 @@ skips the Toeplitz expansion: every entry is the value the full path writes, com
 the same way. ``posenc._plans`` keys the calls and builds these after a validated call.
 
 A plan calls the library's own namespace where it is one (NumPy >= 2), the namespace of
-the full path otherwise (array-api-compat's torch). T5's plan keeps the bucket of every
-distance it has met (``t5_buckets`` of those distances, an elementwise function), ALiBi's
-the negated distances in the compute dtype, so a decode step's row is one slice of that
-cache and one gather from the table, or one product with the slopes.
+the full path otherwise (array-api-compat's torch). T5's plan keeps the buckets of a window
+of distances (``t5_buckets`` of those distances, an elementwise function), ALiBi's the
+negated distances in the compute dtype, so a decode step's row is one slice of that cache
+and one gather from the table, or one product with the slopes. The window holds at most
+``HELD`` distances around the rows asked for (1 MiB per plan with the key indices); a row of
+more distances is computed directly, and a far offset moves the window rather than filling
+every distance below it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,9 @@ from . import _per_token, biases
 from .buckets import t5_buckets
 
 _LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and its allocation check
+# Distances a plan keeps the sources (T5 buckets, ALiBi's negated distances) and key indices
+# of, at most: 2**16 of each, 8 bytes apiece, 1 MiB per plan. Rows beyond are computed directly.
+HELD = 2**16
 _EXACT = 2**52
 
 
@@ -42,9 +48,11 @@ class Row:
         self.keys = xp.arange(0, dtype=index_dtype(xp, self.device), device=self.device)
 
     def _keys(self, k_len):
+        xp = self.xp
+        if k_len > HELD:  # longer rows than a plan keeps: their keys afresh
+            return xp.arange(k_len, dtype=self.keys.dtype, device=self.device)
         if self.keys.shape[0] < k_len:
-            xp = self.xp
-            self.keys = xp.arange(max(k_len, 2 * int(self.keys.shape[0])), dtype=self.keys.dtype, device=self.device)
+            self.keys = xp.arange(min(max(k_len, 2 * int(self.keys.shape[0])), HELD), dtype=self.keys.dtype, device=self.device)
         return self.keys[:k_len]
 
     def values(self, params, k_len, first, descending):
@@ -66,10 +74,12 @@ class CachedRow(Row):
         """``(hi, sources of hi .. lo)`` with ``lo <= last <= first <= hi``, or None past the cache's reach."""
         hi, lo, sources = self.held
         if not (lo <= last and first <= hi):
+            if first - last >= HELD:
+                return None  # more distances than a plan keeps: computed directly
             hi = max(first, 2 * hi + 1) if first > hi else hi
             lo = min(last, 2 * lo - 1) if last < lo else lo
-            if hi - lo >= _LARGEST:
-                return None
+            if hi - lo >= HELD:  # far from what is kept: a window from this row's distances up
+                lo, hi = last, max(first, min(hi, last + HELD - 1))
             sources = self.source(self.xp.arange(hi, lo - 1, -1, dtype=self.keys.dtype, device=self.device))
             self.held = (hi, lo, sources)
         return hi, sources

@@ -11,8 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, index_dtype, is_integer, shifted
-from .indices import query_offset
+from .._xp import broadcast_shapes, cast, index_dtype, is_integer
 
 
 def given(query_positions, key_positions):
@@ -31,9 +30,10 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
     ``float_dtype``: float positions are allowed and ``rel`` is computed in it when one is
     float (ALiBi); without it positions must be integers (table lookups).
     """
-    if offset is None and query_positions is not None:
-        offset = 0
-    offset = query_offset(offset, q_len, k_len)
+    if offset is None:
+        offset = 0 if query_positions is not None else k_len - q_len
+    # Checked below by value: the query positions it shifts and their differences with the keys.
+    offset = check.integer_or_traced("offset", offset)
     found = []
     for name, pos, length in (("query_positions", query_positions, q_len), ("key_positions", key_positions, k_len)):
         if pos is None:
@@ -41,8 +41,7 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
         else:
             if float_dtype is None:
                 check.integer_array(name, pos, xp)
-            else:
-                check.positions(name, pos, xp)
+            pos = check.positions(name, pos, xp, device)
             check.ndim(name, pos, minimum=1)
             if int(pos.shape[-1]) != length:
                 want = "q_len" if name == "query_positions" else "k_len"
@@ -50,7 +49,8 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
         found.append(pos)
     qpos, kpos = found
     batch = check.leading_axes(("query_positions", qpos), ("key_positions", kpos), 1, "leading (batch) axes")
-    qpos = shifted(qpos, offset)
+    qpos = check.shifted("query_positions", qpos, offset, xp, device)
+    check.differences(xp, qpos, kpos, device)
     if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
         qpos, kpos = cast(xp, qpos, float_dtype), cast(xp, kpos, float_dtype)
     return qpos, kpos, batch

@@ -127,8 +127,10 @@ def _alibi_vector(xp, slopes, dist, *, symmetric):
 
 def _alibi_distance(xp, dist, work, symmetric):
     """``-dist`` (``-|dist|``) as the float dtype ``work``, elementwise."""
-    # Negate the distance, not the product: a zero distance gives +0.0, not -0.0.
-    return xp.astype(-xp.abs(dist) if symmetric else -dist, work)
+    # In the float dtype first (-(-2**63) and |-2**63| do not exist in int64), then 0 - it:
+    # the distance negated, not the product, so a zero distance gives +0.0, not -0.0.
+    distance = xp.astype(dist, work)
+    return 0.0 - (xp.abs(distance) if symmetric else distance)
 
 
 def _alibi_scaled(xp, slopes, distance):
@@ -275,7 +277,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     [[0.0, 0.0, 1.0, 2.0, 3.0]]
     """
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
-    offset = query_offset(offset, q_len, k_len)
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable_unless_blocked("relative_bias_vector", (_heads_of(params), count), 8, params)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
@@ -366,7 +368,7 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **arrays)
     if _per_token.given(query_positions, key_positions):
         return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
-    offset = query_offset(offset, q_len, k_len)
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
     # The whole bias is checked before its per-distance vector is built.
     out = _output(xp, params, _params_name(kind), (_heads_of(params), q_len, k_len), out, chunks)
     vec = _vector(xp, kind, params, q_len, k_len, offset, options)
@@ -385,7 +387,8 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
     if out is None:
         check.allocatable("bias", shape, 8)
     else:
-        check.out(out, shape=shape, dtype=params.dtype, xp=xp, device=device, inputs=((_params_name(kind), params),))
+        read = ((_params_name(kind), params), ("query_positions", query_positions), ("key_positions", key_positions))
+        check.out(out, shape=shape, dtype=params.dtype, xp=xp, device=device, inputs=read)
     rel = _per_token.relative(qpos, kpos)
     values = _KINDS[kind][1](xp, params, xp.reshape(rel, (-1,)), **options)
     # [heads, *batch, q, k] -> [*batch, heads, q, k]

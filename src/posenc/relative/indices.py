@@ -32,8 +32,8 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = query_offset(offset, q_len, k_len)
     xp = namespace(xp=xp)
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
     dtype = index_dtype(xp, device) if dtype is None else dtype
     if not xp.isdtype(dtype, "integral"):
         raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
@@ -43,12 +43,14 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     return xp.astype(shifted(qpos[:, None] - kpos[None, :], offset), dtype)
 
 
-def query_offset(offset, q_len, k_len):
+def query_offset(offset, q_len, k_len, *, xp=None, device=None):
     """The validated ``offset`` of the first query; ``None`` (the default) is ``k_len - q_len``:
-    the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal)."""
+    the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal).
+    The relative positions it gives are checked against ``xp``'s index dtype (int64 when
+    ``xp`` is not given)."""
     if offset is None:
-        return k_len - q_len
-    return check.relative_offset(check.integer_or_traced("offset", offset), q_len, k_len)
+        offset = k_len - q_len
+    return check.relative_offset(check.integer_or_traced("offset", offset), q_len, k_len, xp, device)
 
 
 def distances(q_len, k_len, offset, *, xp, device=None):

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import index_dtype, is_integer, namespace, shifted, trace_constant
+from .._xp import index_dtype, is_integer, namespace, trace_constant
 
 LAYOUTS = ("half", "interleaved")
 
@@ -91,24 +91,37 @@ def positions_array(value):
     check.array("positions", value)
 
 
-def rotary_dim(value, width):
-    """A positive even rotary dimension no larger than the feature axis ``width``."""
+def rotary_dim(value, width, *, what="x.shape[-1]"):
+    """A positive even rotary dimension no larger than the feature axis ``width``; None
+    (not passed) is all of it, which must then be even."""
+    if value is None:
+        if width % 2 or width == 0:
+            raise ValueError(
+                f"{what} = {width} cannot be rotated whole: RoPE rotates pairs of channels, so the rotated "
+                "width must be a positive even number; pass rotary_dim= (even, at most "
+                f"{what}) to rotate the first channels only"
+            )
+        return width
     value = check.even_dim("rotary_dim", value)
     if value > width:
         raise ValueError(f"rotary_dim must be <= x.shape[-1] = {width}, got {value}")
     return value
 
 
-def out_like(out, x, xp):
-    """``out`` is None or a writable buffer of ``x``'s shape, dtype, namespace and device."""
+def out_like(out, x, xp, *inputs):
+    """``out`` is None or a writable buffer of ``x``'s shape, dtype, namespace and device,
+    sharing no memory with ``x`` (unless it is ``x``: in place) nor with the other
+    ``inputs`` (``(name, array)`` pairs that the computation reads), by elements."""
     if out is None:
+        check.allocatable_unless_blocked("the result", tuple(x.shape), getattr(x.dtype, "itemsize", 8), x)
         return None
     if _compat.is_jax_array(out):
         raise TypeError("out is not supported for JAX arrays (they are immutable); use the returned array")
     if out is x:  # in place: x's own shape, dtype, namespace, device and memory
-        check.writable_by_autograd(out)
+        check.writable(out)
+        check.separate(out, *inputs)
         return out
-    return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x),))
+    return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x), *inputs))
 
 
 def sequence_length(xp, positions):
@@ -218,19 +231,21 @@ def positions(xp, x, given, seq_axis, offset, device):
                 "positions=pe.positions_from_cu_seqlens(cu_seqlens, total)"
             )
         length = int(shape[axis])
-        if isinstance(offset, int) and offset + length - 1 > check.INT64_MAX:
-            raise ValueError(f"offset + {length} tokens must stay within int64 (positions up to {check.INT64_MAX}), got offset={offset}")
         if check.is_array(offset) and offset.ndim:
             offset = place_rows("offset", offset, shape, axis)
         pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
-        return shifted(xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape)))), offset)
-    check.positions("positions", given, xp)
+        pos = xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape))))
+        return check.shifted("the token positions", pos, offset, xp, device, known=(0, length - 1) if length else None)
+    check.array("positions", given)
     if check.is_array(offset) and offset.ndim:
         offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
         axis = sequence_axis(seq_axis, x)[0] if shape or seq_axis is not None else 0
         given = place("positions", given, shape, axis, seq_axis is not None)
-    return shifted(given, offset)
+    elif seq_axis is not None:  # 0-d positions use no axis, but a seq_axis given must be one
+        sequence_axis(seq_axis, x)
+    given = check.positions("positions", given, xp, device)  # (widened once their shape fits x)
+    return check.shifted("positions", given, offset, xp, device)
 
 
 def rows(name, value, x, seq_axis):
@@ -246,9 +261,11 @@ def per_row(name, value, xp):
     if value is None:
         return None
     if not (check.is_array(value) and value.ndim > 0):
-        return check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
+        value = check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
+        return check.widened(name, value, namespace(value)) if check.is_array(value) else value
     if not is_integer(xp, value.dtype):  # (its namespace is x's: checked with x's)
         raise TypeError(f"{name} must be an integer or an integer array (one value per batch row), got dtype {value.dtype}")
+    value = check.widened(name, value, xp)
     if name == "seq_len" and check.is_eager(value) and bool(xp.any(value < 0)):
         raise ValueError("seq_len must be >= 0 in every row")
     return value

@@ -26,8 +26,8 @@ def _owner_and_range(a):
     """The array that owns ``a``'s memory and the byte range ``a`` views, or None when unknown."""
     if not check.is_array(a) or not check.is_eager(a):
         return None
-    span = check._byte_range(a)
-    if span is None or span[0] == span[1]:
+    span = check.byte_range(a)
+    if span is None:
         return None
     owner = a
     while getattr(owner, "base", None) is not None and type(owner.base) is type(a):  # NumPy views

@@ -15,6 +15,8 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
     """``rotate_one(x_row, positions_row, seq_len_int)`` for every row along the leading axes
     on which ``seq_len`` varies, stacked back into ``x``'s shape."""
     lead = max((a + 1 for a, n in enumerate(seq_len.shape) if n > 1), default=1)
+    if 0 in tuple(x.shape[:lead]):  # no row: an empty result of x's shape
+        return xp.empty_like(x)
     rows = []
     for index in np.ndindex(*x.shape[:lead]):
         at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))

@@ -178,7 +178,7 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
         raise ValueError(f"cos.shape[-1] (the rotary dimension) must be <= x.shape[-1] = {x.shape[-1]}, got {width}")
     check.broadcast_shape("cos", cos.shape, (*x.shape[:-1], width))
     layout = _args.layout("layout", layout)
-    _args.out_like(out, x, xp)
+    _args.out_like(out, x, xp, ("cos", cos), ("sin", sin))
     return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
 
 
@@ -282,6 +282,7 @@ def rope(
     check.array("x", x)
     if positions is not None:
         _args.positions_array(positions)
+    read = [(name, a) for name, a in (("positions", positions), ("offset", offset), ("seq_len", seq_len)) if check.is_array(a)]
     per_row = [a for a in (offset, seq_len) if check.is_array(a) and a.ndim > 0]
     xp = namespace(x, positions, *per_row)
     device = device_of(x, positions, *per_row)
@@ -291,14 +292,14 @@ def rope(
     check_scaling(scaling)
     layout = _args.layout("layout", layout)
     width = int(x.shape[-1])
-    rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
+    rdim = _args.rotary_dim(rotary_dim, width)
     offset = _args.per_row("offset", offset, xp)
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     seq_len = _args.per_row("seq_len", seq_len, xp)
+    _args.out_like(out, x, xp, *read)
     positions = _args.positions(xp, x, positions, seq_axis, offset, device)
     seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
-    _args.out_like(out, x, xp)
     if scaling is not None and scaling.uses_seq_len:
         if seq_len is None:
             seq_len = _args.sequence_length(xp, positions)

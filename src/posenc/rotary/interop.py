@@ -9,7 +9,7 @@ import numpy as np
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import device_of, index_dtype, namespace, widest_float
+from .._xp import device_of, namespace, widest_float
 from . import _args, _chain, _rows
 from ._rotate import _join, _pairs
 from .scaling import check_scaling, frequency_table
@@ -104,6 +104,7 @@ def rerotate(
     True
     """
     check.array("x", x)
+    read = [(name, a) for name, a in (("delta", delta), ("inv_freq", inv_freq), ("new_inv_freq", new_inv_freq), ("seq_len", seq_len)) if check.is_array(a)]
     per_row = [a for a in (delta, seq_len) if check.is_array(a)]
     xp = namespace(x, *per_row)
     check.float_array("x", x, xp)
@@ -111,11 +112,13 @@ def rerotate(
     device = device_of(x, *per_row)
     if not check.is_array(delta):
         delta = _scalar_array(xp, "delta", delta, device)
-    check.positions("delta", delta, xp)
+    delta = check.positions("delta", delta, xp, device)
     if delta.ndim:
         axis = _args.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
         delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None)
-    _args.out_like(out, x, xp)
+    elif seq_axis is not None:  # a single delta uses no axis, but a seq_axis given must be one
+        _args.sequence_axis(seq_axis, x)
+    _args.out_like(out, x, xp, *read)
     layout = _args.layout("layout", layout)
     if scaling is not None:
         return _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out)
@@ -144,7 +147,7 @@ def _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base
     check_scaling(scaling)
     base = check.real("base", base, positive=True)
     width = int(x.shape[-1])
-    rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
+    rdim = _args.rotary_dim(rotary_dim, width)
     if seq_len is None:
         raise TypeError("rerotate with scaling= needs seq_len: the length whose frequencies the keys move to")
     seq_len = _args.per_row("seq_len", seq_len, xp)
@@ -172,7 +175,11 @@ def _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base
 def _scalar_array(xp, name, value, device):
     """A Python int or real number as a 0-d array (index dtype or the widest float)."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return xp.asarray(check.integer(name, value), dtype=index_dtype(xp, device), device=device)
+        dtype, bits, low, high = check.index_bounds(xp, device)
+        value = check.integer(name, value)
+        if not low <= value <= high:
+            raise ValueError(f"{name} must fit in int{bits} ({low} .. {high}), got {value}")
+        return xp.asarray(value, dtype=dtype, device=device)
     value = check.real(name, value)
     return xp.asarray(value, dtype=widest_float(xp, device), device=device)
 
@@ -198,7 +205,7 @@ def convert_layout(x, src, dst, *, rotary_dim=None):
     src = _args.layout("src", src)
     dst = _args.layout("dst", dst)
     width = int(x.shape[-1])
-    rdim = _args.rotary_dim(width if rotary_dim is None else rotary_dim, width)
+    rdim = _args.rotary_dim(rotary_dim, width)
     if src == dst:
         return x
     a, b, rest = _pairs(xp, x, rdim, src)
@@ -240,7 +247,7 @@ def permute_qk_weight(w, src, dst, *, head_dim, rotary_dim=None):
     rows = int(w.shape[0])
     if rows % head_dim:
         raise ValueError(f"w.shape[0] must be a multiple of head_dim = {head_dim}, got shape {tuple(w.shape)}")
-    rdim = _args.rotary_dim(head_dim if rotary_dim is None else rotary_dim, head_dim)
+    rdim = _args.rotary_dim(rotary_dim, head_dim, what="head_dim")
     per_head = _row_permutation(head_dim, rdim, src, dst)
     index = (np.arange(rows // head_dim)[:, None] * head_dim + per_head).reshape(-1)
     return xp.take(w, xp.asarray(index.tolist(), device=device_of(w)), axis=0)

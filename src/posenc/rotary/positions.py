@@ -36,6 +36,10 @@ def positions_from_mask(mask, *, start=0):
     if not (mask.dtype == xp.bool or xp.isdtype(mask.dtype, "integral")):
         raise TypeError(f"mask must have a bool or integer dtype, got {mask.dtype}")
     start = check.integer("start", start)
+    check.allocatable_unless_blocked("positions_from_mask", tuple(mask.shape), 8, mask)
+    _, bits, low, high = check.index_bounds(xp, device_of(mask))
+    if not low <= start - 1 and start + int(mask.shape[-1]) - 1 <= high:
+        raise ValueError(f"start + the positions of {int(mask.shape[-1])} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
     itype = index_dtype(xp, device_of(mask))
     token = mask if mask.dtype == xp.bool else mask != 0
     count = xp.cumulative_sum(xp.astype(token, itype), axis=-1)
@@ -88,6 +92,7 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
         raise TypeError(f"check_traced must be True or False, got {check_traced!r}")
     if check_traced and _compat.is_jax_array(cu_seqlens) and not check.is_eager(cu_seqlens):
         _checkify_total(xp, cu_seqlens, total)
+    check.allocatable_unless_blocked("positions_from_cu_seqlens", (total,), 8, cu_seqlens)
     if check.is_eager(cu_seqlens):
         first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
         if first != 0 or last != total or not bool(xp.all(cu_seqlens[1:] >= cu_seqlens[:-1])):

@@ -199,11 +199,12 @@ def _kept_rows(inv_freq, scale, dtype, position_ids):
 
 def _rows_through(inv_freq, scale, dtype, high):
     """``(rows, cos, sin)`` kept for these frequencies, with the rows of positions ``0 ..
-    high`` at least (grown to twice what was kept, at least, where fewer are kept)."""
+    high`` at least (grown to twice what was kept, at least, where fewer are kept; never
+    beyond ``_MOST_CACHED_ROWS``, which ``high`` is below)."""
     key = (inv_freq, scale, dtype)
     kept = _ROWS.get(key)
     if kept is None or high >= kept[0].shape[0]:
-        count = max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64)
+        count = min(max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64), _MOST_CACHED_ROWS)
         rows = torch.stack(_afresh(inv_freq, scale, dtype, torch.arange(count)), dim=1)
         kept = (rows, rows[:, 0], rows[:, 1])
         with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays

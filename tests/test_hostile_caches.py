@@ -1,0 +1,152 @@
+"""Issue 35: caches that stay bounded in a long decode loop (their sizes, which are
+deterministic, rather than the process's RSS), and random differential tests of the
+``out=`` aliasing rule and of the integer rule against float64 formulas."""
+
+import numpy as np
+import pytest
+from formulas import exact_rope, hf_t5_bucket
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import posenc as pe
+from posenc import _xp
+from posenc.relative import _decode
+
+STEPS = 3000
+
+
+def _bias_plans():
+    return [plan for plan in pe.relative_bias.plans.values() if plan]
+
+
+def test_9_decode_loop_of_the_one_query_biases_keeps_a_bounded_window():
+    pe.relative_bias.plans.clear()
+    table = np.arange(32.0)[:, None] * np.array([1.0, -1.0])
+    slopes = np.array([0.5, 0.25])
+    for step in range(1, STEPS + 1):
+        t5 = pe.t5_bias(table, 1, step)
+        alibi = pe.alibi_bias(slopes, 1, step)
+        if step in (1, 7, 1000, STEPS):  # every distance step - 1 .. 0 against the formulas
+            distances = step - 1 - np.arange(step)
+            buckets = hf_t5_bucket(-distances, num_buckets=32, max_distance=128)
+            np.testing.assert_array_equal(t5[:, 0], (buckets[None, :] * np.array([1.0, -1.0])[:, None]))
+            np.testing.assert_array_equal(alibi[:, 0], -slopes[:, None] * distances[None, :])
+    # A far offset moves the window, it does not fill every distance below it.
+    for offset in (2**24, 2**24 + 1, 2**40, -(2**40)):
+        far = pe.t5_bias(table, 1, 2, offset=offset)
+        np.testing.assert_array_equal(far[0, 0], hf_t5_bucket(-np.array([offset, offset - 1]), num_buckets=32, max_distance=128))
+        assert pe.alibi_bias(slopes, 1, 2, offset=offset)[0, 0].tolist() == [-0.5 * offset, -0.5 * (offset - 1)]
+    plans = _bias_plans()
+    assert plans, "the decode loop was served by no plan"
+    for plan in plans:
+        hi, lo, sources = plan.row.held
+        assert hi - lo < _decode.HELD and (sources is None or sources.shape[0] <= _decode.HELD)
+        assert plan.row.keys.shape[0] <= _decode.HELD
+
+
+def test_10_split_chunks_cache_is_bounded():
+    jnp = pytest.importorskip("jax.numpy")
+    import jax
+
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on: no split reduction")
+    positions = jnp.arange(3)
+    for step in range(200):  # a dynamic-NTK loop: new frequencies every step
+        pe.rope_cos_sin(positions, [1.0 / (step + 2), 0.5 / (step + 2)])
+    info = _xp._split_chunks_cache.cache_info()
+    assert info.maxsize is not None and info.currsize <= info.maxsize <= 64
+
+
+def test_12_hf_rows_stay_at_their_documented_bound():
+    torch = pytest.importorskip("torch")
+    from posenc.torch import hf
+
+    inv_freq, bound = (1.0, 0.5), hf._MOST_CACHED_ROWS
+    for high in (40000, 40001, bound - 1):
+        rows, cos, sin = hf._rows_through(inv_freq, 1.0, torch.float32, high)
+        assert high < rows.shape[0] <= bound
+        angle = np.arange(rows.shape[0])[:, None] * np.array(inv_freq)
+        np.testing.assert_allclose(cos[:, :2].numpy(), np.cos(angle), atol=1e-6)
+    assert hf.cached_rows(inv_freq, 1.0, torch.float32, torch.tensor([bound])) is None  # beyond: computed afresh
+
+
+def test_rope_decode_loop_keeps_one_plan():
+    x = np.random.default_rng(0).standard_normal((2, 1, 8))
+    pe.rope(x, offset=0)
+    before = len(pe.rope.plans)
+    for step in range(STEPS):
+        result = pe.rope(x, offset=step)
+    assert len(pe.rope.plans) == before
+    np.testing.assert_allclose(result, exact_rope(x, [STEPS - 1]), atol=1e-12)
+
+
+# ---------------------------------------------------------------- random differential tests
+
+BUFFER = 160
+
+
+def _view(buffer, start, row_stride, column_stride):
+    size = buffer.itemsize
+    return np.lib.stride_tricks.as_strided(buffer[start:], (4, 8), (row_stride * size, column_stride * size))
+
+
+def _addresses(start, row_stride, column_stride):
+    return [start + r * row_stride + c * column_stride for r in range(4) for c in range(8)]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    x_at=st.integers(0, 40), out_at=st.integers(0, 40), x_rows=st.sampled_from([8, 9, 16]), out_rows=st.sampled_from([8, 9, 16, 20]),
+    out_columns=st.sampled_from([1, 2]), positions_at=st.one_of(st.none(), st.integers(0, 150)),
+)  # fmt: skip
+def test_out_aliasing_rule_differentially(x_at, out_at, x_rows, out_rows, out_columns, positions_at):
+    buffer = np.random.default_rng(x_at * 1000 + out_at).standard_normal(BUFFER)
+    x = _view(buffer, x_at, x_rows, 1)
+    out = _view(buffer, out_at, out_rows, out_columns)
+    positions = np.arange(4.0) * 3 if positions_at is None else buffer[positions_at : positions_at + 4]
+    if positions.shape[0] < 4:
+        return
+    x_copy, positions_copy, before = x.copy(), positions.copy(), buffer.copy()
+    same = x.__array_interface__ == out.__array_interface__
+    written = _addresses(out_at, out_rows, out_columns)
+    folded = len(set(written)) < len(written)  # two elements of out at one address
+    refused = folded or (np.shares_memory(out, x) and not same) or np.shares_memory(out, positions)
+    if refused:
+        with pytest.raises(ValueError, match="out (overlaps|shares memory|of shape)"):
+            pe.rope(x, positions, out=out)
+        np.testing.assert_array_equal(buffer, before)  # refused before anything was written
+        return
+    result = pe.rope(x, positions, out=out)
+    assert result is out
+    np.testing.assert_allclose(out, exact_rope(x_copy, positions_copy), atol=1e-9)
+    written = np.zeros(BUFFER, bool)
+    _view(written, out_at, out_rows, out_columns)[...] = True
+    np.testing.assert_array_equal(buffer[~written], before[~written])  # no stray write
+
+
+DTYPES = [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.int64, np.uint64]
+EDGES = [0, 1, -1, 200, -300, 2**31, -(2**31), 2**62, -(2**62), 2**63 - 1, -(2**63)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(dtype=st.sampled_from(DTYPES), offset=st.sampled_from(EDGES), values=st.lists(st.integers(-(2**64), 2**64), min_size=1, max_size=4))
+def test_integer_rule_differentially(dtype, offset, values):
+    info = np.iinfo(dtype)
+    values = [min(max(v, int(info.min)), int(info.max)) for v in values]
+    positions = np.array(values, dtype=dtype)
+    x = np.random.default_rng(len(values)).standard_normal((len(values), 8))
+    sums = [v + offset for v in values]
+    fits = all(-(2**63) <= v <= 2**63 - 1 for v in values) and all(-(2**63) <= s <= 2**63 - 1 for s in sums)
+    if not fits:
+        with pytest.raises(ValueError, match="positions|offset"):
+            pe.rope(x, positions, offset=offset)
+        return
+    np.testing.assert_allclose(pe.rope(x, positions, offset=offset), exact_rope(x, np.array(sums, dtype=np.float64)), atol=1e-9)
+    keys = np.array(values[::-1], dtype=dtype)
+    differences = [[q - k for k in values[::-1]] for q in sums]
+    if all(-(2**63) <= d <= 2**63 - 1 for row in differences for d in row):
+        alibi = pe.alibi_bias(np.array([1.0]), len(values), len(values), offset=offset, query_positions=positions, key_positions=keys)
+        np.testing.assert_array_equal(alibi[0], -np.array(differences, dtype=np.float64))
+    else:
+        with pytest.raises(ValueError, match="query_positions - key_positions"):
+            pe.alibi_bias(np.array([1.0]), len(values), len(values), offset=offset, query_positions=positions, key_positions=keys)

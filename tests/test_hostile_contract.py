@@ -1,0 +1,277 @@
+"""The contract under hostile input (issue 35): a clear error naming the argument before any
+kernel runs, never a silently wrong number, results independent of the rest of the call,
+and caches that stay bounded. Numbers are compared with float64 formulas (tests/formulas.py)
+or Python integers, never with posenc's own output of another path.
+
+Numbered as the issue's items.
+"""
+
+import numpy as np
+import pytest
+from formulas import exact_rope, hf_t5_bucket, inv_freq
+
+import posenc as pe
+
+torch = pytest.importorskip("torch")
+
+RNG = np.random.default_rng(35)
+SLOPE = np.array([0.5])
+T5_TABLE = np.arange(32.0)[:, None]  # bias = the bucket number
+
+
+def strided(buffer, shape, strides):
+    """A writable view of ``buffer`` with element ``strides``."""
+    return np.lib.stride_tricks.as_strided(buffer, shape, tuple(s * buffer.itemsize for s in strides))
+
+
+def alibi_formula(q, k, slope=0.5):
+    """``-slope * (q - k)`` in Python integers, then float64."""
+    return np.array([[-slope * float(int(a) - int(b)) for b in k] for a in q])
+
+
+# ---------------------------------------------------------------- 1. out sharing memory with an input
+
+
+def test_1_out_overlapping_cos_or_sin_is_refused_cold_and_cached():
+    x = RNG.standard_normal((4, 8))
+    tables = np.stack(pe.rope_cos_sin(np.arange(4), inv_freq(8), dtype=np.float64))
+    cos, sin = tables[0], tables[1]
+    pe.apply_rope(x, cos, sin, out=np.empty_like(x))  # a plan of this signature now exists
+    for name, out in (("cos", tables[0]), ("sin", tables[1])):
+        with pytest.raises(ValueError, match=f"out shares memory with {name}"):
+            pe.apply_rope(x, cos, sin, out=out)
+        with pytest.raises(ValueError, match=f"out shares memory with {name}"):
+            pe.apply_rope(out, cos, sin, out=out)  # in place, into the tables
+
+
+def test_1_out_overlapping_float_positions_or_delta_is_refused():
+    buffer = np.zeros((4, 9))
+    with pytest.raises(ValueError, match="out shares memory with positions"):
+        pe.rope(np.ones((4, 8)), buffer[:, 0], out=buffer[:, :8])
+    with pytest.raises(ValueError, match="out shares memory with delta"):
+        pe.rerotate(np.ones((4, 8)), buffer[:, 0], inv_freq(8), out=buffer[:, :8])
+    # Disjoint columns of the same buffer are fine (18): the positions are read, the rest written.
+    buffer[:, 8] = [3.0, 5.0, 7.0, 11.0]
+    x = RNG.standard_normal((4, 8))
+    result = pe.rope(x, buffer[:, 8], out=buffer[:, :8])
+    np.testing.assert_allclose(result, exact_rope(x, [3.0, 5.0, 7.0, 11.0]), atol=1e-12)
+
+
+# ---------------------------------------------------------------- 2. stride-0 and self-overlapping out
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda x, out: pe.rope(x, out=out),
+        lambda x, out: pe.rerotate(x, 3, inv_freq(8), out=out),
+        lambda x, out: pe.apply_rope(x, *pe.rope_cos_sin(pe.positions_from_mask(x[:, 0] == x[:, 0]), inv_freq(8), dtype=x.dtype), out=out),
+    ],
+    ids=["rope", "rerotate", "apply_rope"],
+)
+def test_2_stride_zero_out_is_refused(call):
+    with pytest.raises(ValueError, match="share memory.*stride-0"):
+        call(np.ones((4, 8)), strided(np.zeros(8), (4, 8), (0, 1)))
+    with pytest.raises(ValueError, match="share memory.*stride-0"):
+        call(torch.ones(4, 8, dtype=torch.float64), torch.zeros(1, 8, dtype=torch.float64).expand(4, 8))
+
+
+def test_2_stride_zero_out_of_per_token_alibi_and_rope_in_place_are_refused():
+    with pytest.raises(ValueError, match="stride-0"):
+        pe.alibi_bias(np.ones(2), 1, 3, query_positions=np.array([2]), key_positions=np.arange(3), out=strided(np.zeros(3), (2, 1, 3), (0, 0, 1)))
+    expanded = torch.zeros(1, 8, dtype=torch.float64).expand(4, 8)
+    with pytest.raises(ValueError, match="stride-0"):
+        pe.rope(expanded, out=expanded)
+    folded = strided(np.zeros(16), (4, 8), (2, 1))  # rows overlap by 6 elements
+    with pytest.raises(ValueError, match="share memory"):
+        pe.rope(np.ones((4, 8)), out=folded)
+
+
+# ---------------------------------------------------------------- 3-6. the integer rule
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [2**63 - 1, np.array([2**63 - 1]), np.array(2**63 - 1), np.array([2**63], dtype=np.uint64), np.array([0, 2**63 - 1])],
+    ids=["int", "per-row", "0-d", "uint64", "two rows"],
+)
+def test_3_offsets_beyond_int64_are_refused_on_every_path(offset):
+    x = np.ones((2 if np.ndim(offset) and np.size(offset) == 2 else 1, 3, 8))
+    with pytest.raises(ValueError, match="offset"):
+        pe.rope(x, offset=offset)
+    with pytest.raises(ValueError, match="offset"):
+        pe.rope(x, np.arange(3), offset=offset)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.uint16, np.int32, np.uint32, np.uint64])
+def test_4_narrow_and_unsigned_positions_are_widened_before_the_offset(dtype):
+    positions = np.array([0, 100, 120, min(int(np.iinfo(dtype).max), 2**40)], dtype=dtype)
+    x = RNG.standard_normal((4, 8))
+    for offset in (10, -1, 200):
+        expected = exact_rope(x, [int(p) + offset for p in positions])
+        np.testing.assert_allclose(pe.rope(x, positions, offset=offset), expected, atol=1e-9)
+    tp = torch.tensor([0, 1, 200], dtype=torch.uint8)
+    xt = torch.from_numpy(x[:3].copy())
+    np.testing.assert_allclose(pe.rope(xt, tp, offset=-1).numpy(), exact_rope(x[:3], [-1, 0, 199]), atol=1e-12)
+
+
+def test_4_narrow_per_token_positions_of_the_biases():
+    q, k = np.array([0], np.uint8), np.array([1, 255], np.uint8)
+    np.testing.assert_array_equal(pe.alibi_bias(SLOPE, 1, 2, query_positions=q, key_positions=k)[0], alibi_formula([0], [1, 255]))
+    q8, k8 = np.array([100], np.int8), np.array([-100], np.int8)
+    np.testing.assert_array_equal(pe.alibi_bias(np.array([1.0]), 1, 1, query_positions=q8, key_positions=k8)[0], [[-200.0]])
+    t5 = pe.t5_bias(T5_TABLE, 1, 2, query_positions=q, key_positions=k)[0, 0]
+    np.testing.assert_array_equal(t5, hf_t5_bucket(np.array([1, 255]) - 0, num_buckets=32, max_distance=128).astype(float))
+    shaw = pe.relative_bias("shaw", np.arange(5.0)[:, None], 1, 2, max_distance=2, query_positions=q, key_positions=k)[0, 0]
+    np.testing.assert_array_equal(shaw, [np.clip(0 - 1, -2, 2) + 2, np.clip(0 - 255, -2, 2) + 2])
+
+
+@pytest.mark.parametrize("kind", ["alibi", "t5"])
+def test_5_per_token_differences_beyond_int64_are_refused(kind):
+    params = SLOPE if kind == "alibi" else T5_TABLE
+    for q, k in (([-(2**63)], [1]), ([2**63 - 1], [-1])):
+        with pytest.raises(ValueError, match="query_positions - key_positions must stay within int64"):
+            pe.relative_bias(kind, params, 1, 1, query_positions=np.array(q), key_positions=np.array(k))
+    with pytest.raises(ValueError, match="offset"):  # the offset added to the query positions
+        pe.relative_bias(kind, params, 1, 1, offset=2**62, query_positions=np.array([2**62]), key_positions=np.array([0]))
+    # A difference at the very edge is exact.
+    edge = pe.alibi_bias(np.array([1.0]), 1, 1, query_positions=np.array([2**62]), key_positions=np.array([-(2**62) + 1]))
+    assert float(edge[0, 0, 0]) == -float(2**63 - 1)
+
+
+def test_6_jax_without_x64_checks_int32_with_posencs_error():
+    jnp = pytest.importorskip("jax.numpy")
+    import jax
+
+    if jax.config.jax_enable_x64:
+        pytest.skip("x64 is on")
+    x = jnp.ones((2, 8))
+    with pytest.raises(ValueError, match="int32"):
+        pe.rope(x, offset=2**31 - 1)
+    with pytest.raises(ValueError, match="offset must fit in int32"):
+        pe.rope(x, offset=2**31)
+    with pytest.raises(ValueError, match="int32"):
+        pe.t5_bias(jnp.asarray(T5_TABLE), 1, 3, offset=-(2**31) + 1)
+    with pytest.raises(ValueError, match="int32"):
+        pe.alibi_bias(jnp.ones(1), 1, 1, query_positions=jnp.asarray([2**31 - 1]), key_positions=jnp.asarray([-5]))
+    with pytest.raises(ValueError, match="delta must fit in int32"):
+        pe.rerotate(x, 2**31, [1.0])
+
+
+# ---------------------------------------------------------------- 7. rows independent of the call
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.float16])
+def test_7_a_position_beyond_the_fast_limit_changes_no_other_row(dtype):
+    x = RNG.standard_normal((64, 8)).astype(dtype)
+    positions = np.arange(64) * 7919
+    positions[-1] = 5 * 10**9  # angle beyond rope_cpu.FAST_ANGLE_LIMIT
+    together = pe.rope(x, positions)
+    np.testing.assert_array_equal(together[:-1], pe.rope(x[:-1], positions[:-1]))
+    np.testing.assert_array_equal(together[-1:], pe.rope(x[-1:], positions[-1:]))
+    in_place = x.copy()
+    pe.rope(in_place, positions, out=in_place)
+    np.testing.assert_array_equal(in_place, together)
+
+
+# ---------------------------------------------------------------- 8, 17. size checks before allocating
+
+
+def _huge(*lead):
+    return np.broadcast_to(np.ones(8), (*lead, 8))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: pe.rope(_huge(2, 2**40), seq_len=np.array([4, 5]), scaling=pe.scaling.DynamicNTK(2.0, original_max_position=2)),
+        lambda: pe.rope(_huge(2**22, 2**20)),
+        lambda: pe.apply_rope(_huge(2**22, 2**20), *pe.rope_cos_sin(np.arange(1), inv_freq(8))),
+        lambda: pe.rerotate(_huge(2**22, 2**20), 3, inv_freq(8)),
+        lambda: pe.positions_from_cu_seqlens(np.array([0, 2**45]), 2**45),
+        lambda: pe.positions_from_mask(np.broadcast_to(np.ones(1, bool), (2**22, 2**20))),
+        lambda: pe.attention(_huge(2**20), _huge(2**20), _huge(2**20)),
+    ],
+    ids=["rope per-row seq_len", "rope", "apply_rope", "rerotate", "positions_from_cu_seqlens", "positions_from_mask", "attention"],
+)
+def test_8_17_results_too_large_are_refused_before_allocating(call):
+    with pytest.raises(ValueError, match=r"of shape \(.*\) needs .* GiB"):
+        call()
+
+
+# ---------------------------------------------------------------- 13, 14, 15, 16. late or unclear refusals
+
+
+def test_13_read_only_out_is_refused_before_any_work(monkeypatch):
+    from posenc import _dispatch
+
+    monkeypatch.setattr(_dispatch, "call", lambda *a, **k: pytest.fail("a kernel ran"))
+    read_only = np.zeros((4, 8))
+    read_only.flags.writeable = False
+    for call in (lambda: pe.rope(np.ones((4, 8)), out=read_only), lambda: pe.rope(read_only, out=read_only)):
+        with pytest.raises(ValueError, match="out is read-only"):
+            call()
+
+
+@pytest.mark.parametrize("seq_axis", [1.5, True, "zz", 99, -1])
+def test_14_seq_axis_is_validated_with_0d_positions_and_an_integer_delta(seq_axis):
+    error = TypeError if isinstance(seq_axis, (bool, float)) else ValueError
+    with pytest.raises(error, match="seq_axis"):
+        pe.rope(np.ones((4, 8)), np.array(3), seq_axis=seq_axis)
+    with pytest.raises(error, match="seq_axis"):
+        pe.rerotate(np.ones((4, 8)), 3, inv_freq(8), seq_axis=seq_axis)
+
+
+def test_15_position_dtype_problems_name_the_argument():
+    with pytest.raises(ValueError, match="key_positions must fit in int64"):
+        pe.t5_bias(T5_TABLE, 1, 1, query_positions=np.array([0], np.uint64), key_positions=np.array([2**63], np.uint64))
+    with pytest.raises(ValueError, match="positions must fit in int64"):
+        pe.rope(np.ones((1, 8)), np.array([2**63], np.uint64))
+    with pytest.raises(TypeError, match="query_positions must have an integer dtype"):
+        pe.t5_bias(T5_TABLE, 1, 1, query_positions=np.array([0.5]), key_positions=np.array([0]))
+    # torch's narrow unsigned positions of a table lookup: widened, the rows right.
+    shaw = pe.relative_bias(
+        "shaw", torch.arange(5.0)[:, None], 1, 2, max_distance=2,
+        query_positions=torch.tensor([0], dtype=torch.uint8), key_positions=torch.tensor([1, 255], dtype=torch.uint8),
+    )  # fmt: skip
+    assert shaw[0, 0].tolist() == [1.0, 0.0]
+
+
+def test_16_an_empty_batch_with_a_per_row_seq_len():
+    dynamic = pe.scaling.DynamicNTK(2.0, original_max_position=2)
+    result = pe.rope(np.ones((0, 4, 8)), seq_len=np.zeros(0, np.int64), scaling=dynamic)
+    assert result.shape == (0, 4, 8) and result.dtype == np.float64
+
+
+# ---------------------------------------------------------------- 18, 19, odd dimension
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_18_disjoint_slices_of_one_buffer_are_accepted(library):
+    cache = RNG.standard_normal((2, 3, 16))
+    expected = exact_rope(cache[:, :, :4], np.arange(3))
+    buffer = cache.copy() if library == "numpy" else torch.from_numpy(cache.copy())
+    result = pe.rope(buffer[:, :, :4], out=buffer[:, :, 4:8])
+    np.testing.assert_allclose(np.asarray(result), expected, atol=1e-12)
+    np.testing.assert_array_equal(np.asarray(buffer[:, :, 8:]), cache[:, :, 8:])  # nothing else written
+    with pytest.raises(ValueError, match="overlaps the memory of x"):
+        pe.rope(buffer[:, :, :4], out=buffer[:, :, 2:6])
+
+
+def test_19_byte_order_of_x_and_out():
+    x = RNG.standard_normal((4, 8))
+    expected = exact_rope(x, np.arange(4))
+    big = x.astype(">f8")
+    assert pe.rope(big).dtype == np.float64  # native order out
+    for order in (">f8", "<f8"):
+        out = np.zeros((4, 8), order)
+        assert pe.rope(big, out=out) is out
+        np.testing.assert_allclose(out, expected, atol=1e-12)
+
+
+def test_odd_last_dimension_does_not_blame_rotary_dim():
+    with pytest.raises(ValueError, match=r"x.shape\[-1\] = 7 cannot be rotated whole") as info:
+        pe.rope(np.ones((4, 7)))
+    assert "got 7" not in str(info.value)
+    with pytest.raises(ValueError, match="rotary_dim must be a positive even integer, got 7"):
+        pe.rope(np.ones((4, 8)), rotary_dim=7)
