@@ -275,3 +275,27 @@ def test_odd_last_dimension_does_not_blame_rotary_dim():
     assert "got 7" not in str(info.value)
     with pytest.raises(ValueError, match="rotary_dim must be a positive even integer, got 7"):
         pe.rope(np.ones((4, 8)), rotary_dim=7)
+
+
+@pytest.mark.parametrize(
+    "positions, offset",
+    [
+        (np.array([2**31 - 1, 0], np.int32), 1),
+        (np.array([2**63 - 1, 0], np.int64), 2**63 - 1),
+        (np.array([2**63, 0], np.uint64), 0),
+        (np.array([0, 1], np.int64), np.array([2**63], np.uint64)),
+    ],
+    ids=["int32 past its range", "int64 wrap", "uint64", "uint64 per-row offset"],
+)
+def test_3_4_the_integer_rule_holds_on_planned_calls(positions, offset):
+    """The first call of a signature is served by the full path, later ones by a plan: both
+    widen first and refuse the same sums."""
+    x = RNG.standard_normal((1, 2, 8))
+    small = np.zeros_like(positions)
+    small_offset = 0 if isinstance(offset, int) else np.zeros_like(offset)
+    np.testing.assert_allclose(pe.rope(x, small, offset=small_offset), x[..., :8], atol=0)  # position 0: x itself
+    if positions.dtype == np.int32:  # within int64 once widened: the true sum
+        np.testing.assert_allclose(pe.rope(x, positions, offset=offset), exact_rope(x, [2**31, 1]), atol=1e-9)
+        return
+    with pytest.raises(ValueError, match="int64"):
+        pe.rope(x, positions, offset=offset)

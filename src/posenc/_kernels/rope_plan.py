@@ -206,7 +206,10 @@ class PositionsPlan:
 
     def __call__(self, args, kwargs):
         positions = args[1] if len(args) > 1 else kwargs.get("positions")
-        pv = self.host(self.source(positions, kwargs.get("offset", 0)))
+        placed = self.source(positions, kwargs.get("offset", 0))
+        if placed is None:
+            return NotImplemented  # a sum beyond int64: the full path's error
+        pv = self.host(placed)
         if pv.dtype != np.float64 or not pv.flags.c_contiguous:
             pv = np.ascontiguousarray(pv, dtype=np.float64)
         if self.size == 1:
@@ -248,11 +251,46 @@ class _Source:
     def __call__(self, positions, offset):
         if self.base is not None:
             positions = self.base
+        # The integer rule: every value and sum within int64 (read before widening), int64 values.
+        if not _sums_fit(positions if _integer(positions) else None, offset):
+            return None
+        if _integer(positions):
+            positions = _int64(positions)
         elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
             positions = positions.reshape(self.given_shape)
+        if type(offset) is not int:
+            offset = _int64(offset)
         if self.offset_shape is not None:
             return positions + (offset if tuple(offset.shape) == self.offset_shape else offset.reshape(self.offset_shape))
         return positions if type(offset) is int and offset == 0 else positions + offset
+
+
+def _integer(a):
+    return not _arrays.dtype_name(a.dtype).startswith(("float", "bfloat"))
+
+
+def _int64(a):
+    """Integer array ``a`` as int64 (as ``posenc._validate.widened``), in its own library."""
+    if _arrays.dtype_name(a.dtype) == "int64":
+        return a
+    if isinstance(a, np.ndarray):
+        return a.astype(np.int64)
+    return a.to(sys.modules["torch"].int64)
+
+
+def _sums_fit(positions, offset):
+    """Whether integer ``positions`` (or None), ``offset`` (an int or an integer array) and
+    every sum of the two stay within int64, by the extremes of each (where they do not, the
+    full path checks them one by one)."""
+    values = [_arrays.host_values(a) for a in (positions, offset) if a is not None and type(a) is not int]
+    if any(v.size == 0 for v in values):
+        return True
+    extremes = [(int(v.min()), int(v.max())) for v in values] + ([(offset, offset)] if type(offset) is int else [])
+    low, high = sum(lo for lo, _ in extremes), sum(hi for _, hi in extremes)
+    return all(_INT64_MIN <= lo and hi <= _INT64_MAX for lo, hi in extremes) and _INT64_MIN <= low and high <= _INT64_MAX
+
+
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _source(xp, x, positions, seq_axis, offset, device):
@@ -301,6 +339,8 @@ def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset
     if positions is None and type(offset) is int:
         plan = RotatePlan(x, xv, layout, sample, inv_freq, sign, scale, out)
     else:
+        if out is not None and out is not x:
+            return None  # whether out shares memory with the positions: the full path decides
         source = _source(xp, x, positions, seq_axis, offset, device)
         plan = PositionsPlan(x, xv, layout, sample, source, inv_freq, sign, scale, out)
     return plan if plan.launch.viewable() else None

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._xp import cast, compute_dtype, device_of, index_dtype, is_integer, namespace, shifted
+from .._xp import compute_dtype, device_of, index_dtype, is_integer, namespace
 from . import _per_token, biases
 from .buckets import t5_buckets
 
@@ -220,9 +220,10 @@ class PerTokenPlan:
                 return NotImplemented
         qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
         offset = kwargs.get("offset")
-        qpos = shifted(qpos, self.default_offset if offset is None else offset)
-        if self.floats is not None:
-            qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
+        try:  # the integer rule of the full path: widened, sums and differences checked
+            qpos, kpos = _per_token.shifted(xp, qpos, kpos, self.default_offset if offset is None else offset, self.row.device, self.floats)
+        except ValueError:
+            return NotImplemented  # the full path raises its error
         rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
         values = self.row.at(params, rel) if self.gather else self.row.vector(xp, params, rel, **self.row.options)
         return xp.permute_dims(xp.reshape(values, self.shape), self.order)

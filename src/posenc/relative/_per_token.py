@@ -41,7 +41,7 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
         else:
             if float_dtype is None:
                 check.integer_array(name, pos, xp)
-            pos = check.positions(name, pos, xp, device)
+            check.positions(name, pos, xp, device)  # (dtype and finite values; widened by shifted)
             check.ndim(name, pos, minimum=1)
             if int(pos.shape[-1]) != length:
                 want = "q_len" if name == "query_positions" else "k_len"
@@ -49,11 +49,20 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
         found.append(pos)
     qpos, kpos = found
     batch = check.leading_axes(("query_positions", qpos), ("key_positions", kpos), 1, "leading (batch) axes")
-    qpos = check.shifted("query_positions", qpos, offset, xp, device)
+    qpos, kpos = shifted(xp, qpos, kpos, offset, device, float_dtype)
+    return qpos, kpos, batch
+
+
+def shifted(xp, qpos, kpos, offset, device, float_dtype):
+    """The query positions shifted by ``offset`` and the key positions, integer ones of the
+    index dtype (:func:`posenc._validate.widened`), every ``offset + query`` and ``query -
+    key`` checked to stay within it; both as ``float_dtype`` where one is float."""
+    qpos = check.shifted("query_positions", check.positions("query_positions", qpos, xp, device), offset, xp, device)
+    kpos = check.positions("key_positions", kpos, xp, device)
     check.differences(xp, qpos, kpos, device)
     if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
         qpos, kpos = cast(xp, qpos, float_dtype), cast(xp, kpos, float_dtype)
-    return qpos, kpos, batch
+    return qpos, kpos
 
 
 def relative(qpos, kpos, *, heads=False):
