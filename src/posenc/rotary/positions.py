@@ -88,11 +88,11 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
     if cu_seqlens.shape[0] < 1:
         raise ValueError("cu_seqlens must hold at least one boundary (0)")
     total = check.integer("total", total, minimum=0)
+    check.allocatable_unless_blocked("positions_from_cu_seqlens", (total,), 8, cu_seqlens)
     if not isinstance(check_traced, bool):
         raise TypeError(f"check_traced must be True or False, got {check_traced!r}")
     if check_traced and _compat.is_jax_array(cu_seqlens) and not check.is_eager(cu_seqlens):
         _checkify_total(xp, cu_seqlens, total)
-    check.allocatable_unless_blocked("positions_from_cu_seqlens", (total,), 8, cu_seqlens)
     if check.is_eager(cu_seqlens):
         first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
         if first != 0 or last != total or not bool(xp.all(cu_seqlens[1:] >= cu_seqlens[:-1])):
