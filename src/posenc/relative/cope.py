@@ -16,7 +16,7 @@ def _check(q, k, xp, causal, offset, scale):
         raise ValueError(f"q and k must have at least one feature on their last axis, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    offset = query_offset(offset, q_len, k_len)
+    offset = query_offset(offset, q_len, k_len, xp=xp)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     return q_len, k_len, offset, scale
 

@@ -98,7 +98,7 @@ def deberta_logits(
         rel = _per_token.relative(qpos, kpos, heads=q.ndim >= 3)
     else:
         _args.logits_shape(batch, q_len, k_len)
-        rel = distances(q_len, k_len, query_offset(offset, q_len, k_len), xp=xp, device=device)
+        rel = distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device), xp=xp, device=device)
     q, k = cast(xp, q, work), cast(xp, k, work)
     total = q @ xp.matrix_transpose(k)
     delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)

@@ -26,8 +26,8 @@ def fire_distances(q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    offset = query_offset(offset, q_len, k_len)
     xp = namespace(*(a for a in (c, threshold) if check.is_array(a)), xp=xp)
+    offset = query_offset(offset, q_len, k_len, xp=xp)
     c = _scalar("c", c, xp)
     threshold = _scalar("threshold", threshold, xp)
     eps = check.real("eps", eps, minimum=0.0)

@@ -64,7 +64,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
         index = clipped(xp, _per_token.relative(qpos, kpos, heads=q.ndim >= 3), max_distance)
     else:
         _args.logits_shape(batch, q_len, k_len)
-        index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len), xp=xp, device=device), max_distance)
+        index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device), xp=xp, device=device), max_distance)
     q, k, table_k = (cast(xp, a, work) for a in (q, k, table_k))
     scores = q @ xp.matrix_transpose(table_k)
     if index.ndim > 1:
