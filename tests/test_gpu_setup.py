@@ -68,3 +68,25 @@ def test_jax_cpu_kernel_samples_lie_on_the_cpu_device():
                     assert {d.platform for d in a.devices()} == {"cpu"}
                     seen += 1
     assert seen
+
+
+def test_the_gpu_benchmark_anchors_compute_what_posenc_computes():
+    """``posenc bench --gpu`` times its anchors beside posenc: each must compute the same thing
+    (checked here on CPU tensors: the formulas are device-agnostic torch)."""
+    torch = pytest.importorskip("torch")
+    import posenc as pe
+    from posenc import _bench_gpu
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    x = torch.randn(1, 4, 1, 16, dtype=torch.float64)
+    position = torch.tensor([4095])
+    # transformers' float32 angles: at 4095 radians one float32 rounding is up to 2.4e-4 (posenc's are exact).
+    torch.testing.assert_close(_bench_gpu.decode_formula(torch, x, position)(), pe.rope(x, position), rtol=0, atol=5e-4 * float(x.abs().max()))
+    slopes = torch.tensor(pe.alibi_slopes(4), dtype=torch.float32)
+    positions = torch.arange(9)
+    torch.testing.assert_close(_bench_gpu.alibi_formula(slopes, positions), pe.alibi_bias(slopes, 9, 9, symmetric=True))
+    q, k = torch.randn(2, 5, 4, 16).transpose(1, 2), torch.randn(2, 5, 2, 16).transpose(1, 2)
+    angles = torch.rand(2, 5, 8, dtype=torch.float64) * 9
+    cos, sin = (f(torch.cat([angles, angles], -1)).float() for f in (torch.cos, torch.sin))
+    for got, want in zip(_bench_gpu._hf_apply(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)):
+        torch.testing.assert_close(got, want)

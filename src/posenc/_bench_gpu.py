@@ -1,28 +1,43 @@
-"""``posenc bench --gpu``: the rotation and bias rows on a CUDA GPU.
+"""``posenc bench --gpu``: the rotation and bias rows on a CUDA GPU, with their anchors.
 
-posenc's numba.cuda kernels on CuPy arrays and torch CUDA tensors, beside the plain formula
-in torch eager (the ``vs plain`` baseline) and the device's own copy of the same bytes
-(``cupy.copyto`` or ``Tensor.copy_``, and ``fill`` for the biases: the ``of copy``
-reference). Every timed call ends with a device synchronisation.
+posenc's numba.cuda kernels on torch CUDA tensors (and CuPy arrays where CuPy is installed)
+beside what a GPU user would run instead: the plain formula in torch eager (the ``vs plain``
+baseline), ``torch.compile`` of the same formula, Liger-Kernel's Triton RoPE where
+``liger_kernel`` is installed, and the device's own ``Tensor.copy_`` / ``fill_`` of the same
+bytes (the ``of copy`` reference: 1.00 = the device's copy bandwidth). Every timed call
+ends with a device synchronisation, except the decode step's rows, which time
+``DECODE_CALLS`` calls back to back and one synchronisation (a call's host time is what a
+decode step costs there).
+
+Rows: ``rope`` and ``apply_rope`` on ``[4, 32, 8192, 128]`` (``--quick``: ``[1, 32, 1024,
+128]``) in float32 and bfloat16, allocating and in place; Hugging Face's ``q [4, 4096, 32,
+128]`` and ``k [4, 4096, 8, 128]`` bfloat16 as transposed views of ``[b, s, h, d]``, rotated
+together (posenc's one launch for both, in place and as ``apply_rotary_pos_emb``); a decode
+step ``[1, 32, 1, 128]`` with its position on the device; ``t5_bias`` and ``alibi_bias`` of 16
+heads over ``L x L``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import numpy as np
 
 import posenc as pe
 
 from . import _oracles
-from ._bench_measure import Case, _measure, best
+from ._bench_measure import Case, Row, _measure, best
 from ._kernels import _arrays
+
+DECODE_CALLS = 200
 
 
 def requirements() -> str | None:
     """Why ``--gpu`` cannot run here, or None."""
-    if _arrays.cuda_simulator() or not _arrays.numba_cuda():
-        return "--gpu needs an NVIDIA GPU that numba.cuda can use (numba-cuda installed, a CUDA driver, not the simulator)"
+    problem = _arrays.cuda_problem()
+    if problem is not None or _arrays.cuda_simulator():
+        return f"--gpu needs an NVIDIA GPU that numba.cuda can use ({problem or 'the CUDA simulator is on'})"
     if importlib.util.find_spec("torch") is None:
         return "--gpu needs a CUDA build of torch (the plain formula and the bfloat16 rows are torch eager)"
     import torch
@@ -41,30 +56,46 @@ def rows(quick, repeat, progress):
     def sync():
         torch.cuda.synchronize()
 
+    progress(f"  device: {torch.cuda.get_device_name()}")
     shape = (1, 32, 1024, 128) if quick else (4, 32, 8192, 128)
     result = []
     for dtype in (torch.float32, torch.bfloat16):
         result += _rope_rows(torch, shape, dtype, repeat, progress, sync)
+    result += _hf_pair_rows(torch, (1, 1024) if quick else (4, 4096), repeat, progress, sync)
+    for dtype in (torch.float32, torch.bfloat16):
+        result += _decode_rows(torch, dtype, repeat, progress, sync)
     for length in (512,) if quick else (2048, 8192):
-        result += _t5_rows(torch, 16, length, repeat, progress, sync)
+        result += _bias_rows(torch, 16, length, repeat, progress, sync)
     return result
+
+
+def _compiled(torch, fn):
+    """``torch.compile(fn)``, compiled on its first (warm-up) call."""
+    return torch.compile(fn, dynamic=False)
+
+
+def _tables(torch, seq, dim, dtype, device="cuda"):
+    inv_freq, _ = pe.rope_frequencies(dim)
+    return (torch.from_numpy(a).to(device=device, dtype=dtype) for a in pe.rope_cos_sin(np.arange(seq), inv_freq))
 
 
 def _rope_rows(torch, shape, dtype, repeat, progress, sync):
     x = torch.randn(shape, device="cuda").to(dtype)
-    buf = torch.empty_like(x)
+    buf = x.clone()
     seq, dim = shape[-2], shape[-1]
-    inv_freq, _ = pe.rope_frequencies(dim)
-    cos, sin = (torch.from_numpy(a).to(device="cuda", dtype=dtype) for a in pe.rope_cos_sin(np.arange(seq), inv_freq))
+    cos, sin = _tables(torch, seq, dim, dtype)
     positions = torch.arange(seq, device="cuda")
     nbytes = 2 * x.numel() * x.element_size()  # read x, write the result
     copy = nbytes / best(lambda: buf.copy_(x), repeat, sync)
     name = str(dtype).rsplit(".", 1)[-1]
+    formula = _compiled(torch, _oracles.rope_rotate_half)
     with torch.no_grad():
         cases = [
             Case("torch eager plain formula", lambda: _oracles.rope_rotate_half(x, cos, sin), nbytes, name),
+            Case("torch.compile plain formula", lambda: formula(x, cos, sin), nbytes, name),
             Case("posenc rope (torch)", lambda: pe.rope(x, positions), nbytes, name),
             Case("posenc rope in place (torch)", lambda: pe.rope(buf, positions, out=buf), nbytes, name),
+            Case("posenc apply_rope in place (torch)", lambda: pe.apply_rope(buf, cos, sin, out=buf), nbytes, name),
             Case("Tensor.copy_ (bandwidth)", lambda: buf.copy_(x), nbytes, name, comparable=False, bandwidth_row=True),
         ]
         if importlib.util.find_spec("cupy") is not None and dtype == torch.float32:
@@ -73,7 +104,7 @@ def _rope_rows(torch, shape, dtype, repeat, progress, sync):
             cx = cupy.asarray(x)
             cbuf = cupy.empty_like(cx)
             cpos = cupy.arange(seq)
-            cases[3:3] = [
+            cases[-1:-1] = [
                 Case("posenc rope (cupy)", lambda: pe.rope(cx, cpos), nbytes, name),
                 Case("posenc rope in place (cupy)", lambda: pe.rope(cbuf, cpos, out=cbuf), nbytes, name),
                 Case("cupy.copyto (bandwidth)", lambda: cupy.copyto(cbuf, cx), nbytes, name, comparable=False, bandwidth_row=True),
@@ -81,17 +112,130 @@ def _rope_rows(torch, shape, dtype, repeat, progress, sync):
         return _measure(f"rope {list(shape)} (GPU)", cases, copy, repeat, progress, sync)
 
 
-def _t5_rows(torch, heads, length, repeat, progress, sync):
+def _hf_apply(q, k, cos, sin):
+    """transformers' ``apply_rotary_pos_emb`` (``unsqueeze_dim=1``)."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return _oracles.rope_rotate_half(q, cos, sin), _oracles.rope_rotate_half(k, cos, sin)
+
+
+def liger_rope():
+    """Liger-Kernel's ``liger_rotary_pos_emb(q, k, cos, sin)`` (in place on q and k), or None."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        return None
+    from liger_kernel.transformers.rope import liger_rotary_pos_emb
+
+    return liger_rotary_pos_emb
+
+
+def _hf_pair_rows(torch, batch_seq, repeat, progress, sync):
+    from ._kernels import rope_cuda
+    from .torch.hf import apply_rotary_pos_emb
+
+    b, s = batch_seq
+    dtype = torch.bfloat16
+    q = torch.randn(b, s, 32, 128, device="cuda", dtype=dtype).transpose(1, 2)
+    k = torch.randn(b, s, 8, 128, device="cuda", dtype=dtype).transpose(1, 2)
+    cos, sin = (t.expand(b, s, 128) for t in _tables(torch, s, 128, dtype))
+    nbytes = 2 * (q.numel() + k.numel()) * q.element_size()
+    source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=dtype)  # the same bytes, for the copy
+    target = torch.empty_like(source)
+    formula = _compiled(torch, _hf_apply)
+    cases = [
+        Case("torch eager plain formula (HF apply_rotary_pos_emb)", lambda: _hf_apply(q, k, cos, sin), nbytes, "bfloat16"),
+        Case("torch.compile plain formula", lambda: formula(q, k, cos, sin), nbytes, "bfloat16"),
+        Case("posenc apply_rotary_pos_emb (one launch)", lambda: apply_rotary_pos_emb(q, k, cos, sin), nbytes, "bfloat16"),
+        Case(
+            "posenc q+k in place (one launch)",
+            lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos[:, None], sin[:, None], out_q=q, out_k=k),
+            nbytes,
+            "bfloat16",
+        ),
+    ]
+    liger = liger_rope()
+    if liger is not None:
+        cases.append(Case("Liger-Kernel liger_rotary_pos_emb (in place)", lambda: liger(q, k, cos, sin), nbytes, "bfloat16"))
+    else:
+        progress("  (liger_kernel not installed: no Liger-Kernel row)")
+    cases.append(Case("Tensor.copy_ (bandwidth)", lambda: target.copy_(source), nbytes, "bfloat16", comparable=False, bandwidth_row=True))
+    copy = nbytes / best(lambda: target.copy_(source), repeat, sync)
+    with torch.no_grad():
+        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, sync)
+
+
+def _decode_rows(torch, dtype, repeat, progress, sync):
+    """One token of 32 heads at a position held on the device: the eager formula from the
+    position (the angles, cos and sin, the rotation: about ten small kernels) against
+    ``pe.rope``; each row is the time of one call, ``DECODE_CALLS`` calls back to back."""
+    x = torch.randn(1, 32, 1, 128, device="cuda").to(dtype)
+    position = torch.tensor([4095], device="cuda")
+    formula = decode_formula(torch, x, position)
+
+    name = str(dtype).rsplit(".", 1)[-1]
+    op = "decode step rope [1, 32, 1, 128], position on the device (GPU)"
+    rows = []
+    with torch.no_grad():
+        for impl, fn in (("torch eager plain formula", formula), ("posenc rope (torch)", lambda: pe.rope(x, position))):
+            progress(f"  {op}: {impl} ...")
+            rows.append(Row(op, impl, name, _per_call(fn, repeat, sync), 2 * x.numel() * x.element_size()))
+    rows[1].plain_seconds = rows[0].seconds
+    return rows
+
+
+def decode_formula(torch, x, position):
+    """The eager decode step of ``x [..., 1, d]`` at ``position`` (a device tensor): angles,
+    ``cos``/``sin`` in ``x``'s dtype, the rotation (transformers' rotary embedding and
+    ``apply_rotary_pos_emb``), as a function of no arguments."""
+    inv_freq = torch.from_numpy(pe.rope_frequencies(int(x.shape[-1]))[0]).to(x.device, torch.float32)
+
+    def formula():
+        freqs = position[:, None].float() * inv_freq[None, :]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return _oracles.rope_rotate_half(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+
+    return formula
+
+
+def alibi_formula(slopes, positions):
+    """The symmetric ALiBi bias ``-slope[h] * |j - i|`` in torch eager."""
+    return -slopes[:, None, None] * (positions[None, :] - positions[:, None]).abs().float()[None]
+
+
+def _per_call(fn, repeat, sync):
+    """Seconds per call of ``fn`` run ``DECODE_CALLS`` times back to back (best of ``repeat``)."""
+    fn()
+    sync()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(DECODE_CALLS):
+            fn()
+        sync()
+        times.append((time.perf_counter() - t0) / DECODE_CALLS)
+    return min(times)
+
+
+def _bias_rows(torch, heads, length, repeat, progress, sync):
     table = torch.randn(32, heads, device="cuda")
+    slopes = torch.from_numpy(pe.alibi_slopes(heads)).to("cuda", torch.float32)
     out = torch.empty(heads, length, length, device="cuda")
     nbytes = out.numel() * out.element_size()  # write the bias
     fill = nbytes / best(lambda: out.fill_(1.0), repeat, sync)
     embedding = torch.nn.Embedding.from_pretrained(table)
+    positions = torch.arange(length, device="cuda")
+
     with torch.no_grad():
-        cases = [
+        t5 = [
             Case("torch eager plain formula", lambda: _oracles.t5_compute_bias(torch, embedding, length, length), nbytes),
             Case("posenc t5_bias (torch)", lambda: pe.t5_bias(table, length, length), nbytes),
             Case("posenc t5_bias out= (torch)", lambda: pe.t5_bias(table, length, length, out=out), nbytes),
             Case("Tensor.fill_ (bandwidth)", lambda: out.fill_(1.0), nbytes, comparable=False, bandwidth_row=True),
         ]
-        return _measure(f"t5_bias h={heads} L={length} (GPU)", cases, fill, repeat, progress, sync)
+        alibi = [
+            Case("torch eager plain formula (symmetric)", lambda: alibi_formula(slopes, positions), nbytes),
+            Case("posenc alibi_bias symmetric (torch)", lambda: pe.alibi_bias(slopes, length, length, symmetric=True), nbytes),
+            Case("posenc alibi_bias symmetric out= (torch)", lambda: pe.alibi_bias(slopes, length, length, symmetric=True, out=out), nbytes),
+            Case("Tensor.fill_ (bandwidth)", lambda: out.fill_(1.0), nbytes, comparable=False, bandwidth_row=True),
+        ]
+        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, fill, repeat, progress, sync) + _measure(
+            f"alibi_bias h={heads} L={length} (GPU)", alibi, fill, repeat, progress, sync
+        )

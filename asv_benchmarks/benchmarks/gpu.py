@@ -1,0 +1,203 @@
+"""GPU benchmarks (torch CUDA tensors): posenc's numba.cuda kernels beside their anchors.
+
+The anchors are what a GPU user would run instead, timed on the same inputs: the plain formula
+in torch eager, ``torch.compile`` of it, Liger-Kernel's Triton RoPE (``liger_kernel``, where
+installed), and ``Tensor.copy_`` / ``fill_`` of the same bytes, the floor of a pass that
+reads and writes each element once. ``track_time_over_copy`` reports a variant's time in units
+of that copy's (lower is better: 1.11 is 0.9 of the device's copy bandwidth). Every timed
+call ends with ``torch.cuda.synchronize()``. Without a CUDA GPU (or with a numba.cuda that
+cannot run) ``setup`` raises ``NotImplementedError``, which asv reports as skipped.
+``posenc bench --gpu`` prints the same rows as one table.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .common import LARGE, require, sizes
+
+ROPE_SHAPES = sizes(["1x32x1024x128"], ["4x32x8192x128"])
+BIAS_LENGTHS = sizes([512], [8192])
+
+
+def _cuda():
+    """torch, after checking that a GPU and the numba.cuda kernels are usable."""
+    torch = require("torch")
+    if not torch.cuda.is_available():
+        raise NotImplementedError("no CUDA GPU for torch")
+    from posenc._kernels import _arrays
+
+    problem = _arrays.cuda_problem()
+    if problem is not None or _arrays.cuda_simulator():
+        raise NotImplementedError(f"numba.cuda kernels unusable: {problem or 'the CUDA simulator is on'}")
+    return torch
+
+
+def _best(torch, fn, repeat=10):
+    fn()
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+class _GPUBenchmark:
+    """A variant ``self.fn`` and its copy ``self.copy`` (made by ``make``), timed with a sync."""
+
+    timeout = 600
+    warmup_time = 0.2
+    repeat = (3, 10, 10.0)
+
+    def setup(self, *params):
+        self.torch = _cuda()
+        self.make(*params)
+        self.fn()  # compiles (Numba, torch.compile, Triton) outside the timing
+        self.torch.cuda.synchronize()
+
+    def timed(self):
+        self.fn()
+        self.torch.cuda.synchronize()
+
+    def track_time_over_copy(self, *params):
+        return _best(self.torch, self.fn) / _best(self.torch, self.copy)
+
+    track_time_over_copy.unit = "copy times"
+
+
+def _tables(torch, seq, dim, dtype):
+    import posenc as pe
+
+    inv_freq, _ = pe.rope_frequencies(dim)
+    return [torch.from_numpy(a).to(device="cuda", dtype=dtype) for a in pe.rope_cos_sin(np.arange(seq), inv_freq)]
+
+
+class GPURope(_GPUBenchmark):
+    """``rope`` of ``[B, H, S, D]`` (positions on the device) against torch eager/compile and copy."""
+
+    params = (ROPE_SHAPES, ["float32", "bfloat16"], ["torch eager", "torch.compile", "posenc", "posenc in place", "Tensor.copy_"])
+    param_names = ["shape", "dtype", "variant"]
+
+    def make(self, shape, dtype, variant):
+        import posenc as pe
+        from posenc._oracles import rope_rotate_half
+
+        torch = self.torch
+        shape = tuple(int(n) for n in shape.split("x"))
+        x = torch.randn(shape, device="cuda").to(getattr(torch, dtype))
+        buf = torch.empty_like(x)
+        cos, sin = _tables(torch, shape[-2], shape[-1], x.dtype)
+        positions = torch.arange(shape[-2], device="cuda")
+        self.copy = lambda: buf.copy_(x)
+        compiled = torch.compile(rope_rotate_half, dynamic=False) if variant == "torch.compile" else None
+        self.fn = {
+            "torch eager": lambda: rope_rotate_half(x, cos, sin),
+            "torch.compile": lambda: compiled(x, cos, sin),
+            "posenc": lambda: pe.rope(x, positions),
+            "posenc in place": lambda: pe.rope(buf, positions, out=buf),
+            "Tensor.copy_": self.copy,
+        }[variant]
+
+    def time_rope(self, *params):
+        self.timed()
+
+
+class GPUHFPair(_GPUBenchmark):
+    """Hugging Face's q ``[4, 32, 4096, 128]`` and k ``[4, 8, 4096, 128]`` bfloat16 (transposed
+    views of ``[b, s, h, d]``) rotated together: eager, compiled, Liger-Kernel, posenc."""
+
+    params = (["torch eager", "torch.compile", "Liger-Kernel in place", "posenc", "posenc in place", "Tensor.copy_"],)
+    param_names = ["variant"]
+
+    def make(self, variant):
+        from posenc import _bench_gpu
+        from posenc._kernels import rope_cuda
+        from posenc.torch.hf import apply_rotary_pos_emb
+
+        torch = self.torch
+        b, s = (4, 4096) if LARGE else (1, 1024)
+        q = torch.randn(b, s, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        k = torch.randn(b, s, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+        cos, sin = (t.expand(b, s, 128) for t in _tables(torch, s, 128, torch.bfloat16))
+        source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=torch.bfloat16)
+        target = torch.empty_like(source)
+        self.copy = lambda: target.copy_(source)
+        liger = _bench_gpu.liger_rope()
+        if variant == "Liger-Kernel in place" and liger is None:
+            raise NotImplementedError("liger_kernel is not installed")
+        compiled = torch.compile(_bench_gpu._hf_apply, dynamic=False) if variant == "torch.compile" else None
+        self.fn = {
+            "torch eager": lambda: _bench_gpu._hf_apply(q, k, cos, sin),
+            "torch.compile": lambda: compiled(q, k, cos, sin),
+            "Liger-Kernel in place": lambda: liger(q, k, cos, sin),
+            "posenc": lambda: apply_rotary_pos_emb(q, k, cos, sin),
+            "posenc in place": lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos[:, None], sin[:, None], out_q=q, out_k=k),
+            "Tensor.copy_": self.copy,
+        }[variant]
+
+    def time_pair(self, variant):
+        self.timed()
+
+
+class GPUBias(_GPUBenchmark):
+    """``t5_bias`` / ``alibi_bias`` of 16 heads over ``L x L`` float32 against the eager formula and ``fill_``."""
+
+    params = (BIAS_LENGTHS, ["t5 eager", "t5 posenc out=", "alibi eager", "alibi posenc out=", "Tensor.fill_"])
+    param_names = ["length", "variant"]
+
+    def make(self, length, variant):
+        import posenc as pe
+        from posenc import _bench_gpu
+        from posenc._oracles import t5_compute_bias
+
+        torch = self.torch
+        table = torch.randn(32, 16, device="cuda")
+        slopes = torch.from_numpy(pe.alibi_slopes(16)).to("cuda", torch.float32)
+        out = torch.empty(16, length, length, device="cuda")
+        embedding = torch.nn.Embedding.from_pretrained(table)
+        positions = torch.arange(length, device="cuda")
+        self.copy = lambda: out.fill_(1.0)
+        self.fn = {
+            "t5 eager": lambda: t5_compute_bias(torch, embedding, length, length),
+            "t5 posenc out=": lambda: pe.t5_bias(table, length, length, out=out),
+            "alibi eager": lambda: _bench_gpu.alibi_formula(slopes, positions),
+            "alibi posenc out=": lambda: pe.alibi_bias(slopes, length, length, symmetric=True, out=out),
+            "Tensor.fill_": self.copy,
+        }[variant]
+
+    def time_bias(self, length, variant):
+        self.timed()
+
+    def track_time_over_copy(self, length, variant):
+        """Time in units of ``fill_`` of the same bytes (a bias is written, not read)."""
+        return super().track_time_over_copy(length, variant)
+
+    track_time_over_copy.unit = "fill times"
+
+
+class GPUDecode(_GPUBenchmark):
+    """A decode step ``[1, 32, 1, 128]`` with its position on the device: the eager formula from
+    the position (about ten small kernels) against ``pe.rope`` (one launch); the copy is of the
+    same bytes (a decode step is launch-bound: its time over the copy's is large for both)."""
+
+    params = (["float32", "bfloat16"], ["torch eager", "posenc"])
+    param_names = ["dtype", "variant"]
+
+    def make(self, dtype, variant):
+        import posenc as pe
+        from posenc import _bench_gpu
+
+        torch = self.torch
+        x = torch.randn(1, 32, 1, 128, device="cuda").to(getattr(torch, dtype))
+        buf = torch.empty_like(x)
+        position = torch.tensor([4095], device="cuda")
+        self.copy = lambda: buf.copy_(x)
+        self.fn = {"torch eager": _bench_gpu.decode_formula(torch, x, position), "posenc": lambda: pe.rope(x, position)}[variant]
+
+    def time_decode_step(self, dtype, variant):
+        self.timed()
