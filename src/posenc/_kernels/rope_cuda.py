@@ -7,9 +7,10 @@ sliced on the host: the host work of a call is a fixed number of steps whatever 
 ``x`` (numba's host-side indexing of a strided device array walks every element in Python),
 and the grid covers every leading axis, so a call is a single launch.
 
-One thread per ``(row of outer/G/S, pair)`` computes that pair's float64 angle, ``cos`` and
-``sin`` once (or reads them) and rotates the pair in every head ``h``, of ``x`` and, for
-``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``: one launch for both);
+One thread per ``(row of outer/G/S, pair, group of _HEADS heads)`` computes that pair's
+float64 angle, ``cos`` and ``sin`` once (or reads them) and rotates the pair in each head of
+its group, of ``x`` and, for ``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``:
+one launch for both), all loads of the group issued before its stores;
 neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
 last axis. Extra threads copy the pass-through channels when ``out`` is not ``x``.
 Arithmetic is float64, the angle included (``_codec``: 16-bit floats as ``uint16`` bits,
@@ -37,6 +38,9 @@ _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
 
 _THREADS = 128
+# Heads one thread rotates with one cos/sin; the grid's second axis walks the groups, so a
+# decode step (one row) still spreads over many threads and each keeps 2 * _HEADS loads in flight.
+_HEADS = 8
 _AXES = _device_flat.AXES  # leading axes (outer..., G, S) one launch walks
 # An operand's geometry: offset, strides over the _AXES axes, head stride, channel stride, heads.
 _OPERAND = _AXES + 4
@@ -45,21 +49,29 @@ _TABLE = _AXES + 2
 
 
 @cuda.jit(device=True, cache=True)
-def _turn(x, at, g, out, to, og, ia, ib, c, sn, storage):
-    """Rotate pair ``(ia, ib)`` by ``(c, sn)`` in each of the ``g[-1]`` heads of one row."""
-    xh, xc, oh, oc = g[_AXES + 1], g[_AXES + 2], og[_AXES + 1], og[_AXES + 2]
-    for h in range(g[_AXES + 3]):
-        a = _load(x[at + h * xh + ia * xc], storage)
-        b = _load(x[at + h * xh + ib * xc], storage)
-        _store(out, to + h * oh + ia * oc, a * c - b * sn, storage)
-        _store(out, to + h * oh + ib * oc, b * c + a * sn, storage)
+def _turn(x, at, g, out, to, og, ia, ib, c, sn, storage, first):
+    """Rotate pair ``(ia, ib)`` by ``(c, sn)`` in heads ``first .. first + _HEADS - 1`` of one
+    row (those below ``g``'s head count): every load of the group is issued before the first
+    store (which may write where a later head's load reads, in place)."""
+    xh, xc, oh, oc, heads = g[_AXES + 1], g[_AXES + 2], og[_AXES + 1], og[_AXES + 2], g[_AXES + 3]
+    a = cuda.local.array(_HEADS, types.float64)
+    b = cuda.local.array(_HEADS, types.float64)
+    for u in range(_HEADS):
+        if first + u < heads:
+            a[u] = _load(x[at + (first + u) * xh + ia * xc], storage)
+            b[u] = _load(x[at + (first + u) * xh + ib * xc], storage)
+    for u in range(_HEADS):
+        if first + u < heads:
+            _store(out, to + (first + u) * oh + ia * oc, a[u] * c - b[u] * sn, storage)
+            _store(out, to + (first + u) * oh + ib * oc, b[u] * c + a[u] * sn, storage)
 
 
 @cuda.jit(device=True, cache=True)
-def _copy(x, at, g, out, to, og, channel):
-    """Copy pass-through ``channel`` of every head of one row."""
-    for h in range(g[_AXES + 3]):
-        out[to + h * og[_AXES + 1] + channel * og[_AXES + 2]] = x[at + h * g[_AXES + 1] + channel * g[_AXES + 2]]
+def _copy(x, at, g, out, to, og, channel, first):
+    """Copy pass-through ``channel`` of heads ``first .. first + _HEADS - 1`` of one row."""
+    for u in range(_HEADS):
+        if first + u < g[_AXES + 3]:
+            out[to + (first + u) * og[_AXES + 1] + channel * og[_AXES + 2]] = x[at + (first + u) * g[_AXES + 1] + channel * g[_AXES + 2]]
 
 
 def _kernel_source(rotate, storage, interleaved, helpers):
@@ -67,7 +79,8 @@ def _kernel_source(rotate, storage, interleaved, helpers):
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
-        t = cuda.grid(1)
+        t, group = cuda.grid(2)
+        first = group * _HEADS
         rest = t // columns
         j = t - rest * columns
         xi, oi, xi2, oi2, pi, ci, si = xg[0], og[0], xg2[0], og2[0], pg[0], cg[0], sg[0]
@@ -85,8 +98,8 @@ def _kernel_source(rotate, storage, interleaved, helpers):
         if rest:  # past the last row
             return
         if j >= half:  # a pass-through channel
-            _copy(x, xi, xg, out, oi, og, j + half)
-            _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
+            _copy(x, xi, xg, out, oi, og, j + half, first)
+            _copy(x2, xi2, xg2, out2, oi2, og2, j + half, first)
             return
         if rotate:
             angle = positions[pi] * inv_freq[j]
@@ -96,8 +109,8 @@ def _kernel_source(rotate, storage, interleaved, helpers):
             c = _load(cos[ci + j * cg[_AXES + 1]], storage)
             sn = _load(sin[si + j * sg[_AXES + 1]], storage)
         ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-        _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
-        _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
+        _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage, first)
+        _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage, first)
 
     return kernel
 
@@ -192,7 +205,7 @@ def _launch(op, layout, x, operands, tables, arguments, half, stream):
     kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
     for sizes, index in _device_flat.launches(found):
-        blocks = -(-int(np.prod(sizes)) * columns // _THREADS)
+        blocks = (-(-int(np.prod(sizes)) * columns // _THREADS), -(-max(found.h.size, walks[1][3]) // _HEADS))
         ops = []
         for operand, xs, os_, heads in walks:
             ops += [
