@@ -5,6 +5,8 @@ sharding. JAX runs here without x64 (float32 at most).
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -122,3 +124,69 @@ def test_traced_cu_seqlens_checked_by_checkify():
 def test_traced_value_where_a_static_one_is_needed_names_static_argnums(name, call):
     with pytest.raises(TypeError, match=f"^{name} must be a concrete .*traced.*static_argnums"):
         jax.jit(call)(4)
+
+
+# --- 3. export, and the backend in the jit cache key ------------------------------------
+
+
+def _model(x, table, offset):
+    y = pe.rope(x, offset=offset)
+    scores = jnp.einsum("bhqd,bhkd->bhqk", y, y)
+    return scores + pe.t5_bias(table, x.shape[-2], x.shape[-2])
+
+
+def _model_inputs():
+    rng = np.random.default_rng(3)
+    return jnp.asarray(rng.standard_normal((2, 4, 5, 16)), jnp.float32), jnp.asarray(rng.standard_normal((32, 4)), jnp.float32)
+
+
+def test_export_for_cpu_cuda_and_tpu_serializes_and_runs():
+    from jax import export
+
+    x, table = _model_inputs()
+    jitted = jax.jit(_model)
+    assert "custom_call" in jitted.lower(x, table, 3).as_text()  # the CPU kernel's host call under jit
+    want = np.asarray(jitted(x, table, 3))
+    for platforms in (("cpu",), ("cuda",), ("tpu",), ("cpu", "cuda", "tpu")):
+        exported = export.export(jitted, platforms=platforms)(x, table, 3)
+        assert "custom_call" not in exported.mlir_module()  # the reference, lowered for every platform
+        back = export.deserialize(exported.serialize())
+        assert back.platforms == platforms
+        if "cpu" in platforms:
+            np.testing.assert_allclose(np.asarray(back.call(x, table, 3)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_export_with_kernels_keeps_the_cpu_host_call():
+    from jax import export
+
+    from posenc.jax import export_with_kernels
+
+    x, table = _model_inputs()
+    jitted = jax.jit(_model)
+    with export_with_kernels():
+        with pytest.raises(ValueError, match="custom call"):
+            export.export(jitted, platforms=["cpu"])(x, table, 3)
+        targets = sorted(set(re.findall(r"custom_call @(posenc\w+)", jitted.lower(x, table, 3).as_text())))
+        exported = export.export(
+            jitted, platforms=["cpu"], disabled_checks=[export.DisabledSafetyCheck.custom_call(t) for t in targets]
+        )(x, table, 3)
+    assert "custom_call" in exported.mlir_module()
+    np.testing.assert_allclose(np.asarray(exported.call(x, table, 3)), np.asarray(jitted(x, table, 3)), rtol=1e-5, atol=1e-5)
+
+
+def test_use_backend_retraces_a_function_jitted_before():
+    x, table = _model_inputs()
+    jitted = jax.jit(_model)
+    jitted(x, table, 3)
+    assert "custom_call" in jitted.lower(x, table, 3).as_text()
+    with pe.use_backend("reference"):
+        assert "custom_call" not in jitted.lower(x, table, 3).as_text()
+        reference = np.asarray(jitted(x, table, 3))
+    np.testing.assert_allclose(reference, np.asarray(jitted(x, table, 3)), rtol=1e-5, atol=1e-5)
+    assert "custom_call" in jitted.lower(x, table, 3).as_text()
+    pe.set_backend("reference")
+    try:
+        assert "custom_call" not in jitted.lower(x, table, 3).as_text()
+    finally:
+        pe.set_backend("auto")
+    assert "custom_call" in jitted.lower(x, table, 3).as_text()

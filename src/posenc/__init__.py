@@ -33,7 +33,7 @@ __all__ = [
 
 def __getattr__(name):
     # Framework adapters, the CLI and the figures import heavy packages: load them only when asked.
-    if name in ("torch", "cli", "plots"):
+    if name in ("torch", "jax", "flax", "cli", "plots"):
         import importlib
 
         return importlib.import_module(f"{__name__}.{name}")

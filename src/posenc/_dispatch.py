@@ -25,6 +25,7 @@ import contextvars
 import importlib
 import inspect
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -53,14 +54,28 @@ def set_backend(name: str) -> None:
     """Set the process-wide backend: ``"auto"`` or ``"reference"``."""
     global _default
     _default = _checked(name)
+    if "jax" in sys.modules:  # in jax.jit's cache key: functions jitted before trace again
+        from . import jax as posenc_jax
+
+        posenc_jax.backend_state.set_global(name)
 
 
 @contextlib.contextmanager
 def use_backend(name: str):
-    """Use backend ``name`` inside a ``with`` block (per thread / async task)."""
+    """Use backend ``name`` inside a ``with`` block (per thread / async task).
+
+    Once JAX is loaded the choice is also part of ``jax.jit``'s cache key
+    (:mod:`posenc.jax`): a function jitted before the block is traced again inside it.
+    """
     token = _override.set(_checked(name))
     try:
-        yield
+        if "jax" in sys.modules:
+            from . import jax as posenc_jax
+
+            with posenc_jax.backend_state(name):
+                yield
+        else:
+            yield
     finally:
         _override.reset(token)
 

@@ -158,6 +158,9 @@ def _rotation(inv_freq, layout, inverse, scale, ndim, positions_ndim):
         transpose=transpose,
         tangent=tangent,
         native=lambda x, positions: jax_native.rotation(x, positions, freqs, layout, inverse, scale),
+        reference=lambda xv, pv: _reference("rope_rotate")(
+            xv, _aligned(pv, xv.ndim - ndim, ndim - 1, positions_ndim), freqs, layout=layout, inverse=inverse, scale=scale
+        ),
     )
 
 
@@ -195,6 +198,9 @@ def _cos_sin_rotation(layout, ndim, width, table_ndim):
         result=lambda x, cos, sin: x,
         transpose=transpose,
         tangent=tangent,
+        reference=lambda xv, cv, sv: _reference("rope_apply")(
+            xv, *(_aligned(t, xv.ndim - ndim, ndim, table_ndim) for t in (cv, sv)), layout=layout
+        ),
     )
 
 
@@ -224,7 +230,10 @@ def _expansion(q_len, k_len, ndim):
             return jnp.zeros((*ct.shape[:-2], max(q_len + k_len - 1, 0)), ct.dtype)
         return _diagonal_sums(ct)
 
-    return LinearOp(("toeplitz_expand", q_len, k_len), host, (ndim,), lambda vec: (*vec[:-1], q_len, k_len), transpose)
+    return LinearOp(
+        ("toeplitz_expand", q_len, k_len), host, (ndim,), lambda vec: (*vec[:-1], q_len, k_len), transpose,
+        reference=lambda v: _reference("toeplitz_expand")(v, q_len, k_len),
+    )  # fmt: skip
 
 
 def _per_index(kernel, values, index, n, out):
@@ -255,7 +264,30 @@ def _indexed(op, n, ndim):
     def transpose(ct, values, index):
         return apply(_indexed(_ADJOINT[op], values.shape[-1], ndim), ct, index)
 
-    return LinearOp((op, n), host, (ndim, 1), lambda values, index: (*values[:-1], n), transpose)
+    return LinearOp((op, n), host, (ndim, 1), lambda values, index: (*values[:-1], n), transpose, reference=_per_index_reference(op, n))
+
+
+def _per_index_reference(op, n):
+    """``op``'s reference on ``(values, index)`` with ``vmap``'s batch axes in front: one call
+    for a shared ``index``, the reference vmapped over a batched one."""
+
+    def reference(vv, iv):
+        lead = iv.ndim - 1
+        if all(d == 1 for d in iv.shape[:lead]):
+            return _reference(op)(vv, jnp.reshape(iv, iv.shape[-1:]), n)
+        batch = tuple(np.broadcast_shapes(vv.shape[:lead], iv.shape[:lead]))
+        rows = jax.vmap(lambda v, i: _reference(op)(v, i, n))
+        flat = rows(
+            jnp.reshape(jnp.broadcast_to(vv, batch + vv.shape[lead:]), (-1, *vv.shape[lead:])),
+            jnp.reshape(jnp.broadcast_to(iv, batch + iv.shape[-1:]), (-1, iv.shape[-1])),
+        )
+        return jnp.reshape(flat, batch + flat.shape[1:])
+
+    return reference
+
+
+def _reference(op):
+    return _dispatch.references()[op]
 
 
 # ---------------------------------------------------------------- registry entries (the references' signatures)

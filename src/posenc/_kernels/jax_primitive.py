@@ -42,7 +42,9 @@ class LinearOp:
     ``result(*unbatched shapes)``: the unbatched result shape; ``transpose(ct, x, *others)``:
     the adjoint applied to a cotangent (``x``: the first argument's abstract value); ``tangent(primals, tangents, out)``: the tangent
     from the arguments after the first, or None; ``native(*args)``: ``jax_native``'s
-    ``(target, plan)`` for these unbatched arguments, or None.
+    ``(target, plan)`` for these unbatched arguments, or None; ``reference(*args)``: the
+    op's ``jax.numpy`` reference on the (batched) arguments, lowered where the host call
+    cannot go (``jax.export``, platforms other than the CPU).
     """
 
     key: tuple
@@ -52,6 +54,7 @@ class LinearOp:
     transpose: object
     tangent: object = None
     native: object = None
+    reference: object = None
 
     def lead(self, shapes):
         """The batch shape: the axes in front of the unbatched ranks, broadcast over the arguments."""
@@ -141,9 +144,28 @@ def _batch(args, dims, *, op):
     return apply(op, *front), 0
 
 
+def _reference(*args, op):
+    return jnp.broadcast_to(op.reference(*args), op.shape([a.shape for a in args])).astype(args[0].dtype)
+
+
+_host_rule = mlir.lower_fun(_lowered, multiple_results=False)
+_reference_rule = mlir.lower_fun(_reference, multiple_results=False)
+
+
+def _cpu_rule(ctx, *args, op):
+    """The host call; the reference in a ``jax.export`` (portable), unless
+    ``posenc.jax.export_with_kernels`` asks for the kernel."""
+    from .. import jax as posenc_jax
+
+    if ctx.module_context.lowering_parameters.for_export and not posenc_jax.export_kernels_state.value:
+        return _reference_rule(ctx, *args, op=op)
+    return _host_rule(ctx, *args, op=op)
+
+
 kernel_p.def_impl(_eager)
 kernel_p.def_abstract_eval(_abstract)
-mlir.register_lowering(kernel_p, mlir.lower_fun(_lowered, multiple_results=False), platform="cpu")
+mlir.register_lowering(kernel_p, _reference_rule)  # every platform the kernel does not serve
+mlir.register_lowering(kernel_p, _cpu_rule, platform="cpu")
 ad.primitive_jvps[kernel_p] = _jvp
 ad.primitive_transposes[kernel_p] = _transpose
 batching.primitive_batchers[kernel_p] = _batch
