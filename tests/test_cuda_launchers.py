@@ -162,3 +162,19 @@ def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch):
     assert launches == [("apply", "float32", "half")]
     for g, a in zip(got, (q, k)):
         _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), "float32")
+
+
+def test_an_out_overlapping_x_other_than_exactly_gets_the_reference_values():
+    """``out`` one element past ``x`` in the same memory: computed aside, then copied in."""
+    from numba import cuda
+
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(10)
+    memory = cuda.to_device(rng.standard_normal(3 * 8 + 1))
+    x = _arrays.strided(memory, (3, 8), (8, 1))
+    out = _arrays.strided(memory[1:], (3, 8), (8, 1))
+    positions, inv_freq = np.arange(3), np.array([1.0, 0.1, 0.01, 0.001])
+    want = _rotate.rotate_positions(x.copy_to_host(), positions, inv_freq)
+    assert rope_cuda.rotate_positions(x, _device(positions), inv_freq, out=out) is out
+    _close(out, want, "float64")

@@ -156,9 +156,11 @@ class _Operand:
         self.x, self.xd = x, _arrays.device_view(x)
         self.result = _arrays.empty(x) if out is None else out
         od = self.xd if out is x else _arrays.device_view(self.result)
-        self.in_place = out is x or (_arrays.extent(od) == _arrays.extent(self.xd) and tuple(od.strides) == tuple(self.xd.strides))
+        # A new result shares nothing with x; a caller's buffer may be x's memory, or part of it.
+        given = out is not None and out is not x
+        self.in_place = out is x or (given and _arrays.extent(od) == _arrays.extent(self.xd) and tuple(od.strides) == tuple(self.xd.strides))
         self.temporary = None
-        if not self.in_place and _arrays.overlap(od, self.xd):  # overlapping but not the same elements
+        if given and not self.in_place and _arrays.overlap(od, self.xd):  # overlapping but not the same elements
             self.temporary = _arrays.empty(x)
             od = _arrays.device_view(self.temporary)
         self.x_flat, self.x_strides = _device_flat.flat(self.xd)
