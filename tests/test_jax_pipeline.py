@@ -190,3 +190,24 @@ def test_use_backend_retraces_a_function_jitted_before():
     finally:
         pe.set_backend("auto")
     assert "custom_call" in jitted.lower(x, table, 3).as_text()
+
+
+# --- 2. sharding: a per-shard kernel call -------------------------------------------------
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_sharded_inputs_stay_sharded_without_all_gather(devices):
+    """Values, output shardings and the compiled HLO (no all-gather) of batch-, head- and
+    sequence-sharded calls; a sharded last axis is gathered (documented cost). In a child
+    process: the forced host device count must be set before JAX initialises."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "jax_sharding" / "check_sharded.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(pe.__file__).parents[1]), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script), str(devices)], capture_output=True, text=True, timeout=300, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(lines) == 7 and all(line.endswith(" ok") for line in lines), "\n".join(lines)

@@ -29,9 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.extend.core import Primitive
+from jax._src import dispatch as _jax_dispatch
 from jax.interpreters import ad, batching, mlir
 
 from .jax_ffi import host_call
+from .jax_sharding import partitioned
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: the constructors in jax_cpu cache them
@@ -108,6 +110,12 @@ def _lowered(*args, op):
     return host_call(op.key, op.host, op.shape(shapes), args[0].dtype, *args, native=native)
 
 
+def _sharded(*args, op):
+    """The host call per shard (``jax_sharding``) where the computation spans devices."""
+    shapes = [tuple(a.shape) for a in args]
+    return partitioned(op, lambda *local: _lowered(*local, op=op), shapes, tuple(op.shape(shapes)))(*args)
+
+
 def _jvp(primals, tangents, *, op):
     out = apply(op, *primals)
     parts = []
@@ -149,6 +157,7 @@ def _reference(*args, op):
 
 
 _host_rule = mlir.lower_fun(_lowered, multiple_results=False)
+_sharded_rule = mlir.lower_fun(_sharded, multiple_results=False)
 _reference_rule = mlir.lower_fun(_reference, multiple_results=False)
 
 
@@ -159,13 +168,16 @@ def _cpu_rule(ctx, *args, op):
 
     if ctx.module_context.lowering_parameters.for_export and not posenc_jax.export_kernels_state.value:
         return _reference_rule(ctx, *args, op=op)
-    return _host_rule(ctx, *args, op=op)
+    devices = getattr(ctx.module_context.axis_context, "num_devices", 1)
+    return (_sharded_rule if devices > 1 else _host_rule)(ctx, *args, op=op)
 
 
 kernel_p.def_impl(_eager)
 kernel_p.def_abstract_eval(_abstract)
 mlir.register_lowering(kernel_p, _reference_rule)  # every platform the kernel does not serve
 mlir.register_lowering(kernel_p, _cpu_rule, platform="cpu")
+# custom_partitioning's lowering needs the devices of a multi-device computation
+_jax_dispatch.prim_requires_devices_during_lowering.add(kernel_p)
 ad.primitive_jvps[kernel_p] = _jvp
 ad.primitive_transposes[kernel_p] = _transpose
 batching.primitive_batchers[kernel_p] = _batch
