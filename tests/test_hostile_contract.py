@@ -299,3 +299,28 @@ def test_3_4_the_integer_rule_holds_on_planned_calls(positions, offset):
         return
     with pytest.raises(ValueError, match="int64"):
         pe.rope(x, positions, offset=offset)
+
+
+@pytest.mark.parametrize("dtype", [np.int8, np.int64, np.uint64])
+@pytest.mark.parametrize("kind", ["alibi", "t5"])
+def test_4_5_per_token_biases_keep_the_integer_rule_when_planned(kind, dtype):
+    """A first call of small positions makes the plan; later calls of the same signature
+    with narrow values that wrap in their own dtype, or differences beyond int64, get the
+    cold call's numbers or its error."""
+    params = SLOPE if kind == "alibi" else T5_TABLE
+    call = lambda q, k, **kw: pe.relative_bias(kind, params, 1, 2, query_positions=np.array(q, dtype), key_positions=np.array(k, dtype), **kw)  # noqa: E731
+    call([0], [0, 1])
+    info = np.iinfo(dtype)
+    q, k = [int(info.max)], [int(info.min), 0]
+    rel = [q[0] - k[0], q[0] - k[1]]
+    if rel[0] > 2**63 - 1:
+        with pytest.raises(ValueError, match="int64"):
+            call(q, k)
+        return
+    got = call(q, k)[0, 0]
+    if kind == "alibi":
+        np.testing.assert_array_equal(got, [-0.5 * r for r in rel])
+    else:
+        np.testing.assert_array_equal(got, hf_t5_bucket(-np.array(rel), num_buckets=32, max_distance=128))
+    if dtype == np.int8:
+        np.testing.assert_array_equal(call([100], [0, 1], offset=100)[0, 0], call([0], [0, 1], offset=200)[0, 0])

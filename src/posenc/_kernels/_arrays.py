@@ -83,6 +83,44 @@ def dtype_name(dtype) -> str:
     return str(dtype).rsplit(".", 1)[-1]
 
 
+def integer_kind(a):
+    """How a plan applies the integer rule to array ``a`` (positions, an offset): None for no
+    array or a float one, ``"int64"``, ``"uint64"``, or ``"narrow"`` (at most 32 bits: widened,
+    its sums cannot leave int64 unless an offset is within 2**62 of its limits)."""
+    if a is None or isinstance(a, int):
+        return None
+    name = dtype_name(a.dtype)
+    if name.startswith(("float", "bfloat")):
+        return None
+    return name if name in ("int64", "uint64") else "narrow"
+
+
+def int64_extremes_fit(*parts) -> bool:
+    """Whether every sum ``a + b + ...`` of one value from each of ``parts`` (ints, or host
+    or torch CPU integer arrays, each with a sign ``(part, +1 or -1)``) and each value stays
+    within int64, by their extremes."""
+    low = high = 0
+    for part, sign in parts:
+        ends = extremes(part)
+        if ends is None:
+            return True
+        smallest, largest = ends
+        if not -(2**63) <= smallest <= largest <= 2**63 - 1:
+            return False
+        low, high = (low + smallest, high + largest) if sign > 0 else (low - largest, high - smallest)
+    return -(2**63) <= low and high <= 2**63 - 1
+
+
+def extremes(part):
+    """``(min, max)`` as Python ints of an int or an integer array (None when it is empty)."""
+    if isinstance(part, int):
+        return part, part
+    values = part if type(part) is np.ndarray else host_values(part)
+    if values.size == 0:
+        return None
+    return int(np.minimum.reduce(values, axis=None)), int(np.maximum.reduce(values, axis=None))
+
+
 def is_numba_device_array(a) -> bool:
     return type(a).__module__.startswith("numba.cuda") and hasattr(a, "shape") and hasattr(a, "dtype")
 

@@ -245,52 +245,42 @@ class _Source:
     operations. Without per-row values the positions keep their shape: placing them only
     adds axes of length 1."""
 
-    def __init__(self, given_shape, base, offset_shape):
+    def __init__(self, given_shape, base, offset_shape, positions_kind, offset_kind):
         self.given_shape, self.base, self.offset_shape = given_shape, base, offset_shape
+        # The integer rule: integer values widened to int64, every value and sum within int64.
+        # The key fixes the dtypes: their kinds ("narrow": at most 32 bits, "int64", "uint64",
+        # "small": the plan's own arange, None: float or no array) say which calls must
+        # read extremes first.
+        self.positions_kind, self.offset_kind = positions_kind, offset_kind
+
+    def _must_check(self, offset):
+        if "uint64" in (self.positions_kind, self.offset_kind) or self.offset_kind == "int64":
+            return True
+        return type(offset) is int and offset != 0 and (self.positions_kind == "int64" or abs(offset) >= 2**62)
 
     def __call__(self, positions, offset):
         if self.base is not None:
             positions = self.base
-        # The integer rule: every value and sum within int64 (read before widening), int64 values.
-        if not _sums_fit(positions if _integer(positions) else None, offset):
-            return None
-        if _integer(positions):
-            positions = _int64(positions)
         elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
             positions = positions.reshape(self.given_shape)
-        if type(offset) is not int:
+        if self._must_check(offset):
+            parts = [(offset, 1)] + ([(positions, 1)] if self.positions_kind else [])
+            if not _arrays.int64_extremes_fit(*parts):
+                return None  # the full path checks them one by one
+        if self.positions_kind in ("narrow", "uint64"):
+            positions = _int64(positions)
+        if self.offset_kind in ("narrow", "uint64"):
             offset = _int64(offset)
         if self.offset_shape is not None:
             return positions + (offset if tuple(offset.shape) == self.offset_shape else offset.reshape(self.offset_shape))
         return positions if type(offset) is int and offset == 0 else positions + offset
 
 
-def _integer(a):
-    return not _arrays.dtype_name(a.dtype).startswith(("float", "bfloat"))
-
-
 def _int64(a):
     """Integer array ``a`` as int64 (as ``posenc._validate.widened``), in its own library."""
-    if _arrays.dtype_name(a.dtype) == "int64":
-        return a
     if isinstance(a, np.ndarray):
         return a.astype(np.int64)
     return a.to(sys.modules["torch"].int64)
-
-
-def _sums_fit(positions, offset):
-    """Whether integer ``positions`` (or None), ``offset`` (an int or an integer array) and
-    every sum of the two stay within int64, by the extremes of each (where they do not, the
-    full path checks them one by one)."""
-    values = [_arrays.host_values(a) for a in (positions, offset) if a is not None and type(a) is not int]
-    if any(v.size == 0 for v in values):
-        return True
-    extremes = [(int(v.min()), int(v.max())) for v in values] + ([(offset, offset)] if type(offset) is int else [])
-    low, high = sum(lo for lo, _ in extremes), sum(hi for _, hi in extremes)
-    return all(_INT64_MIN <= lo and hi <= _INT64_MAX for lo, hi in extremes) and _INT64_MIN <= low and high <= _INT64_MAX
-
-
-_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
 def _source(xp, x, positions, seq_axis, offset, device):
@@ -301,10 +291,10 @@ def _source(xp, x, positions, seq_axis, offset, device):
     if positions is None:
         base = _args.positions(xp, x, None, seq_axis, 0, device)
         rows = None if per_row is None else _args.place_rows("offset", per_row, tuple(x.shape[:-1]), _args.sequence_axis(seq_axis, x)[0])
-        return _Source(None, base, None if rows is None else tuple(rows.shape))
+        return _Source(None, base, None if rows is None else tuple(rows.shape), "small", _arrays.integer_kind(offset))
     given = _args.positions(xp, x, positions, seq_axis, 0, device)
     rows = None if per_row is None else _args.rows("offset", per_row, x, seq_axis)
-    return _Source(tuple(given.shape), None, None if rows is None else tuple(rows.shape))
+    return _Source(tuple(given.shape), None, None if rows is None else tuple(rows.shape), _arrays.integer_kind(positions), _arrays.integer_kind(offset))
 
 
 def _default_positions(xp, x, seq_axis, device):

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._xp import compute_dtype, device_of, index_dtype, is_integer, namespace
+from .._kernels import _arrays
+from .._xp import cast, compute_dtype, device_of, index_dtype, is_integer, namespace
 from . import _per_token, biases
 from .buckets import t5_buckets
 
@@ -204,6 +205,7 @@ class PerTokenPlan:
             for given, length in ((query_positions, q_len), (key_positions, k_len))
         )
         self.default_offset = 0 if query_positions is not None else k_len - q_len
+        self.kinds = tuple(_arrays.integer_kind(p) for p in (query_positions, key_positions))
         self.floats = floats if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)) else None
         self.checked = tuple(p is not None and not is_integer(xp, p.dtype) for p in (query_positions, key_positions))
         heads = self.row.heads
@@ -220,13 +222,38 @@ class PerTokenPlan:
                 return NotImplemented
         qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
         offset = kwargs.get("offset")
-        try:  # the integer rule of the full path: widened, sums and differences checked
-            qpos, kpos = _per_token.shifted(xp, qpos, kpos, self.default_offset if offset is None else offset, self.row.device, self.floats)
-        except ValueError:
-            return NotImplemented  # the full path raises its error
+        offset = self.default_offset if offset is None else offset
+        # The integer rule: offset + query and query - key within int64 (else the full path
+        # checks them pair by pair), integer positions widened to int64.
+        if "int64" in self.kinds or "uint64" in self.kinds or abs(offset) >= 2**62:
+            if not _fit(*(_arrays.extremes(p) if kind or arange is not None else None for p, kind, arange in zip((qpos, kpos), self.kinds, self.aranges)), offset):
+                return NotImplemented
+        qpos, kpos = (_widened(p) if kind in ("narrow", "uint64") else p for p, kind in zip((qpos, kpos), self.kinds))
+        qpos = qpos if offset == 0 else qpos + offset
+        if self.floats is not None:
+            qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
         rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
         values = self.row.at(params, rel) if self.gather else self.row.vector(xp, params, rel, **self.row.options)
         return xp.permute_dims(xp.reshape(values, self.shape), self.order)
+
+
+def _fit(query, key, offset):
+    """Whether query positions (``(min, max)``, or None: float or empty) shifted by ``offset``,
+    and their differences with the key positions', stay within int64; and the positions themselves."""
+    ends = [e for e in (query, key) if e is not None]
+    if not all(-(2**63) <= low and high <= 2**63 - 1 for low, high in ends):
+        return False
+    if query is None:
+        return True
+    low, high = query[0] + int(offset), query[1] + int(offset)
+    if key is not None:
+        low, high = min(low, low - key[1]), max(high, high - key[0])
+    return -(2**63) <= low and high <= 2**63 - 1
+
+
+def _widened(positions):
+    """Integer positions as int64 (``posenc._validate.widened``), in their own library."""
+    return positions.astype(np.int64) if isinstance(positions, np.ndarray) else positions.long()
 
 
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
