@@ -337,12 +337,23 @@ def overlap(a, b) -> bool:
 
 
 def bounds(index):
-    """``(min, max)`` of a non-empty integer array of any library (a small synchronising reduction)."""
+    """``(min, max)`` of a non-empty integer array of any library. On a GPU (torch, CuPy) both
+    are reduced on the device and read back together: one synchronisation, two integers."""
     lib = library(index)
     if lib == "numba":
         index = index.copy_to_host()
     elif lib == "numpy" or (lib == "torch" and index.device.type == "cpu"):
         index = host_values(index)
+    elif lib == "torch":
+        import torch
+
+        low, high = torch.stack([index.min(), index.max()]).tolist()
+        return int(low), int(high)
+    elif lib == "cupy":
+        import cupy
+
+        low, high = cupy.stack([index.min(), index.max()]).get().tolist()
+        return int(low), int(high)
     return int(index.min()), int(index.max())
 
 

@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 import posenc as pe
+from posenc.rotary.apply import rotate_pair
 
 from .modules import T5RelativeBias
 
@@ -468,24 +469,10 @@ def _compare_apply(theirs, ours, probes, dtype):
 LAYOUTS = weakref.WeakKeyDictionary()  # replacement apply function -> the layout it was checked in
 
 
-def _make_apply(layout, extra, unsqueeze_default):
-    """posenc's ``apply_rotary_pos_emb`` with the parameters of the model's (``q, k, cos, sin`` + ``extra``)."""
-    if layout == "half" and extra == ["unsqueeze_dim"] and unsqueeze_default == 1:
-        from .hf import apply_rotary_pos_emb  # LLaMA's signature: posenc.torch.hf's own (its fast path)
-
-        LAYOUTS[apply_rotary_pos_emb] = layout
-        return apply_rotary_pos_emb
-    if layout == "half":
-
-        def rotate(x, cos, sin):
-            return pe.apply_rope(x, cos, sin)
-
-    elif layout == "interleaved cos/sin":
-
-        def rotate(x, cos, sin):  # cos/sin [..., r] already in the interleaved order (c_0, c_0, c_1, c_1, ...)
-            return pe.apply_rope(x, cos, sin, layout="interleaved")
-
-    elif layout == "interleaved in, half out":
+def _rotation(layout):
+    """``rotate(x, cos, sin)``: one tensor turned by a model's ``cos``/``sin`` in ``layout``
+    (one that is not ``pe.apply_rope``'s own), through ``pe.apply_rope``."""
+    if layout == "interleaved in, half out":
 
         def rotate(x, cos, sin):  # DeepSeek's MLA: pairs (x[2i], x[2i+1]), results stored as [evens, odds]
             half = cos.shape[-1] // 2
@@ -508,23 +495,46 @@ def _make_apply(layout, extra, unsqueeze_default):
             half = cos.shape[-1] // 2
             return pe.apply_rope(x, cos[..., :half].repeat_interleave(2, -1), sin[..., :half].repeat_interleave(2, -1), layout="interleaved")
 
+    return rotate
+
+
+def _make_apply(layout, extra, unsqueeze_default):
+    """posenc's ``apply_rotary_pos_emb`` with the parameters of the model's (``q, k, cos, sin`` + ``extra``)."""
+    if layout == "half" and extra == ["unsqueeze_dim"] and unsqueeze_default == 1:
+        from .hf import apply_rotary_pos_emb  # LLaMA's signature: posenc.torch.hf's own (its fast path)
+
+        LAYOUTS[apply_rotary_pos_emb] = layout
+        return apply_rotary_pos_emb
+    if layout in ("half", "interleaved cos/sin"):
+        # cos/sin in pe.apply_rope's own layouts: q and k in one CUDA launch where both reach the kernel.
+        own = "half" if layout == "half" else "interleaved"
+
+        def pair(q, k, cos, sin):
+            return rotate_pair(q, k, cos, sin, layout=own)
+
+    else:
+        rotate = _rotation(layout)
+
+        def pair(q, k, cos, sin):
+            return rotate(q, cos, sin), rotate(k, cos, sin)
+
     if extra == ["position_ids", "unsqueeze_dim"]:
 
         def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None, unsqueeze_dim=unsqueeze_default):
             cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-            return rotate(q, cos, sin), rotate(k, cos, sin)
+            return pair(q, k, cos, sin)
 
     elif extra == ["position_ids"]:
 
         def apply_rotary_pos_emb(q, k, cos, sin, position_ids=None):
             cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-            return rotate(q, cos, sin), rotate(k, cos, sin)
+            return pair(q, k, cos, sin)
 
     else:
 
         def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_default):
             cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-            return rotate(q, cos, sin), rotate(k, cos, sin)
+            return pair(q, k, cos, sin)
 
     LAYOUTS[apply_rotary_pos_emb] = layout
     return apply_rotary_pos_emb

@@ -1,0 +1,67 @@
+"""Compile every numba.cuda kernel specialisation of posenc to PTX, without a GPU.
+
+The CUDA simulator runs the kernels as Python, so it cannot catch what only Numba's CUDA
+target rejects (typing, unsupported constructs). This compiles each specialisation of the
+``rope_cuda`` and ``toeplitz_cuda`` families, and the device-side conversion kernel, for a
+compute capability (default 9.0: H100/H200) with NVIDIA's NVVM, which needs no GPU or
+driver: ``pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12`` and put their library
+folders on ``LD_LIBRARY_PATH`` (``.../nvidia/cuda_nvcc/nvvm/lib64`` and
+``.../nvidia/cuda_nvrtc/lib``). Usage: ``PYTHONPATH=src python tests/gpu/compile_ptx.py [MAJOR.MINOR]``;
+exits 1 if a specialisation fails to compile.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv) -> int:
+    import numba.cuda.dispatcher
+    from numba import cuda, types
+
+    cc = tuple(int(n) for n in (argv[0] if argv else "9.0").split("."))
+
+    class Device:  # a device function compiles for the current device's capability: this one
+        compute_capability = cc
+
+    numba.cuda.dispatcher.get_current_device = lambda: Device()
+
+    from posenc._kernels import _device_flat, rope_cuda, toeplitz_cuda
+
+    jit, built = cuda.jit, {}
+
+    def capture(signature=None, **options):  # what a family's build would compile
+        def keep(fn):
+            built["fn"], built["signature"] = fn, signature
+            return fn
+
+        return keep
+
+    failures = 0
+    for family, module in ((rope_cuda.FAMILY, rope_cuda), (toeplitz_cuda.FAMILY, toeplitz_cuda)):
+        for key in family.keys:
+            cuda.jit = capture
+            try:
+                module._build(*key)
+            finally:
+                cuda.jit = jit
+            failures += _compile(cuda, f"{family.name}{key}", built["fn"], built["signature"], cc)
+    flat = types.Array(types.float64, 1, "C")
+    for source in (types.int32, types.int64, types.float32):
+        failures += _compile(cuda, f"_device_flat._convert({source})", _device_flat._convert.py_func, (types.Array(source, 1, "C"), flat), cc)
+    print(f"{failures} failed")
+    return 1 if failures else 0
+
+
+def _compile(cuda, name, fn, signature, cc) -> int:
+    try:
+        ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
+    except Exception as exc:  # noqa: BLE001 (reported, counted)
+        print(f"FAIL {name}: {type(exc).__name__}: {exc}")
+        return 1
+    print(f"ok   {name}: {len(ptx)} characters of PTX, {ptx.count('ld.local')} local loads")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
