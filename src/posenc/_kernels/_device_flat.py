@@ -15,6 +15,7 @@ merge) gets one launch per index of the extra ones (``launches``).
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict
 from functools import lru_cache
 
@@ -108,19 +109,21 @@ def batch_launches(shape, strides):
 
 _KEPT = 64  # constant arrays kept on the devices
 _constants: OrderedDict = OrderedDict()
+_constants_lock = threading.Lock()
 
 
 def constant(device, values, stream):
     """Host array ``values`` (frequencies, say) as a device array on ``device``, copied there
     once and kept (the last ``_KEPT``): a call with device inputs copies nothing."""
     key = (device, values.dtype.str, values.tobytes())
-    found = _constants.get(key)
-    if found is None:
-        found = _constants[key] = cuda.to_device(values, stream=stream)
-        while len(_constants) > _KEPT:
-            _constants.popitem(last=False)
-    else:
-        _constants.move_to_end(key)
+    with _constants_lock:
+        found = _constants.get(key)
+        if found is None:
+            found = _constants[key] = cuda.to_device(values, stream=stream)
+            while len(_constants) > _KEPT:
+                _constants.popitem(last=False)
+        else:
+            _constants.move_to_end(key)
     return found
 
 
