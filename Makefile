@@ -8,7 +8,7 @@ PIP    := $(BIN)/python -m pip --disable-pip-version-check
 
 SITE   := site
 
-.PHONY: demo test test-gpu test-kernels-cudasim test-kernels-boundscheck asv-check docs bench bench-continuous clean
+.PHONY: demo test test-gpu test-kernels-cudasim test-kernels-boundscheck asv-check docs bench bench-machine bench-record bench-report bench-continuous clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -63,19 +63,44 @@ test-gpu:
 	PYTHONPATH=$(CURDIR)/src POSENC_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
 		$(GPU_PYTHON) -m pytest -p no:cacheprovider $$($(GPU_PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(GPU_WORKERS)") tests
 
-# asv as maintainers use it. The machine file (~/.asv-machine.json) is written first, so a
-# fresh clone needs no interactive `asv machine`. `make bench`: every benchmark once, small
-# shapes, against this checkout's .venv (POSENC_ASV_LARGE=1 adds the model-sized shapes).
-# `make bench-continuous`: main against HEAD, each in its own virtualenv, rounds interleaved
-# so both commits see the same machine load, flagged only beyond a 1.5x change.
+# asv as maintainers use it (docs/benchmarks.md, "Tracking performance"). The machine file
+# (~/.asv-machine.json) is written first, so a fresh clone needs no interactive `asv machine`.
+# `make bench`: a smoke test, every benchmark once (asv --quick: one sample of each row,
+# nothing stored) against this checkout's .venv. `make bench-record`: the whole suite with
+# full sampling, stored for HEAD. `make bench-report`: those results as a site that renders
+# with no network, in asv_benchmarks/.asv/report/. `make bench-continuous`: the regression
+# check, BENCH_BASE against BENCH_HEAD, each built into asv's own virtualenv (torch==2.13.0
+# installed first and alone), on BENCH_REGRESSION: the hot paths' ratios to an in-process
+# floor (a copy, a fill, the framework's own decode step), flagged beyond BENCH_FACTOR;
+# it exits 1 on a regression, and prints every row of the comparison.
 ASV_ARGS ?=
-bench: $(VENV)/.bench-installed
-	cd asv_benchmarks && ../$(BIN)/asv machine --yes > /dev/null
-	cd asv_benchmarks && ../$(BIN)/asv run --quick --show-stderr -E existing:$(CURDIR)/$(BIN)/python $(ASV_ARGS)
+ASV := cd asv_benchmarks && ../$(BIN)/asv
+BENCH_BASE ?= main
+BENCH_HEAD ?= HEAD
+BENCH_FACTOR ?= 1.1
+BENCH_REGRESSION ?= \
+	-b '^rope\.RopeRotate\.track_in_place_time_over_copy\(.1x8x1024x128' \
+	-b '^bias\.(T5|Alibi)Bias\.track_[a-z0-9]+_out_time_over_fill\(512\)' \
+	-b '^decode\.DecodeStep\.track_ratio\(.((rope|apply_rope|t5_bias|alibi_bias) numpy|HF apply_rotary|rope torch|t5_bias torch)'
 
-bench-continuous: $(VENV)/.bench-installed
-	cd asv_benchmarks && ../$(BIN)/asv machine --yes > /dev/null
-	cd asv_benchmarks && ../$(BIN)/asv continuous --factor 1.5 --interleave-rounds --show-stderr $(ASV_ARGS) main HEAD
+bench-machine: $(VENV)/.bench-installed
+	$(ASV) machine --yes > /dev/null
+
+bench: bench-machine
+	$(ASV) run --quick --show-stderr -E existing:$(CURDIR)/$(BIN)/python $(ASV_ARGS)
+
+bench-record: bench-machine
+	$(ASV) run --show-stderr --set-commit-hash $$(git rev-parse HEAD) -E existing:$(CURDIR)/$(BIN)/python $(ASV_ARGS)
+
+bench-report: $(VENV)/.bench-installed
+	$(BIN)/python asv_benchmarks/report.py asv_benchmarks/.asv/results asv_benchmarks/.asv/report
+
+bench-continuous: bench-machine
+	base=$$(git rev-parse $(BENCH_BASE)) head=$$(git rev-parse $(BENCH_HEAD)); \
+	$(ASV) continuous --factor $(BENCH_FACTOR) --interleave-rounds --show-stderr $(BENCH_REGRESSION) $(ASV_ARGS) $$base $$head; \
+	status=$$?; \
+	$(ASV) compare --factor $(BENCH_FACTOR) $$base $$head; \
+	exit $$status
 
 asv-check: $(VENV)/.test-installed
 	cd asv_benchmarks && ../$(BIN)/asv check -E existing:$(CURDIR)/$(BIN)/python

@@ -5,10 +5,12 @@ per-distance vector once (``O(L)``) and expands it with one write pass over the
 ``[heads, q, k]`` output. The baselines are the formulas as the original code writes them
 (T5's bucket on the full ``[q, k]`` relative matrix, an embedding lookup and a permute;
 ALiBi's ``-slopes[:, None, None] * rel``; Shaw's ``einsum`` over ``table[idx]``), and a
-plain ``fill`` of the output's bytes, the bandwidth ceiling of any method. ``track_``
-methods give times as multiples of a baseline's (``out=`` over ``fill``, posenc over T5's
-code) and the peak memory in units of the output (``tracemalloc``, which sees NumPy's
-allocations): all lower is better, as asv assumes of every benchmark.
+plain ``fill`` of the output's bytes, the bandwidth ceiling of any method. ``time_`` and
+``peakmem_`` rows run posenc alone; the baselines run only inside ``track_`` ratios, timed
+in turns with posenc (``out=`` over ``fill``, posenc over T5's code or the formula). The
+peak memory is in units of the output (``tracemalloc``, which sees NumPy's allocations):
+all lower is better, as asv assumes of every benchmark. Lengths 512 and a model-sized
+2048 (a 256 MiB bias); ``python -m benchmarks.bias`` adds 4096.
 """
 
 from __future__ import annotations
@@ -22,12 +24,12 @@ from posenc import _dispatch
 
 from posenc._oracles import t5_compute_bias
 
-from .common import Benchmark, best_time, interleaved_best, require, sizes
+from .common import Benchmark, best_time, floor_ratio, interleaved_best, ratio, require
 
 HEADS = 16
 NUM_BUCKETS = 32
 MAX_DISTANCE = 128
-LENGTHS = sizes([512], [2048, 4096])
+LENGTHS = [512, 2048]
 
 
 def _distances(q_len, k_len):
@@ -60,17 +62,13 @@ def peak_over(nbytes, fn):
 
 
 class T5Bias(Benchmark):
-    """16-head T5 bias ``[16, L, L]`` float32."""
+    """16-head T5 bias ``[16, L, L]`` float32 (NumPy)."""
 
     params = [LENGTHS]
     param_names = ["length"]
 
     def make(self, n):
-        self.torch = require("torch")
-        rng = np.random.default_rng(0)
-        self.table = rng.standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
-        self.embedding = self.torch.nn.Embedding(NUM_BUCKETS, HEADS)
-        self.embedding.requires_grad_(False)
+        self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
         self.out = np.empty((HEADS, n, n), dtype=np.float32)
 
     def time_t5_posenc(self, n):
@@ -79,23 +77,10 @@ class T5Bias(Benchmark):
     def time_t5_posenc_out(self, n):
         posenc_t5(self.table, n, n, out=self.out)
 
-    def time_t5_compute_bias(self, n):
-        t5_compute_bias(self.torch, self.embedding, n, n)
-
-    def time_t5_plain_fill(self, n):
-        self.out.fill(1.0)
-
     def track_t5_out_time_over_fill(self, n):
-        fill, posenc = interleaved_best([lambda: self.out.fill(1.0), lambda: posenc_t5(self.table, n, n, out=self.out)], 5)
-        return posenc / fill
+        return floor_ratio(lambda: posenc_t5(self.table, n, n, out=self.out), lambda: self.out.fill(1.0))
 
     track_t5_out_time_over_fill.unit = "x fill time"
-
-    def track_t5_time_over_original_torch(self, n):
-        original = best_time(lambda: t5_compute_bias(self.torch, self.embedding, n, n), repeat=3)
-        return best_time(lambda: posenc_t5(self.table, n, n)) / original
-
-    track_t5_time_over_original_torch.unit = "x original time"
 
     def track_t5_peak_memory_over_output(self, n):
         return peak_over(self.out.nbytes, lambda: posenc_t5(self.table, n, n))
@@ -103,16 +88,32 @@ class T5Bias(Benchmark):
     track_t5_peak_memory_over_output.unit = "x output"
 
 
-class AlibiBias(Benchmark):
-    """16-head ALiBi bias ``[16, L, L]`` float32."""
+class T5VsOriginal(Benchmark):
+    """posenc's ``t5_bias`` over T5's own ``compute_bias`` (torch), same table, in turns."""
 
     params = [LENGTHS]
     param_names = ["length"]
 
     def make(self, n):
-        self.torch = require("torch")
+        torch = require("torch")
+        self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
+        embedding = torch.nn.Embedding.from_pretrained(torch.from_numpy(self.table))
+        self.original = lambda: t5_compute_bias(torch, embedding, n, n)
+
+    def track_t5_time_over_original_torch(self, n):
+        return ratio(lambda: posenc_t5(self.table, n, n), self.original, repeat=3)
+
+    track_t5_time_over_original_torch.unit = "x original time"
+
+
+class AlibiBias(Benchmark):
+    """16-head ALiBi bias ``[16, L, L]`` float32 (NumPy)."""
+
+    params = [LENGTHS]
+    param_names = ["length"]
+
+    def make(self, n):
         self.slopes = pe.alibi_slopes(HEADS)
-        self.slopes_torch = self.torch.from_numpy(self.slopes)
         self.out = np.empty((HEADS, n, n), dtype=np.float32)
 
     def time_alibi_posenc(self, n):
@@ -121,20 +122,8 @@ class AlibiBias(Benchmark):
     def time_alibi_posenc_out(self, n):
         posenc_alibi(self.slopes, n, n, out=self.out)
 
-    def time_alibi_naive_numpy(self, n):
-        alibi_naive_numpy(self.slopes, n, n)
-
-    def time_alibi_naive_torch(self, n):
-        torch = self.torch
-        rel = torch.arange(n, dtype=torch.float32)[:, None] - torch.arange(n, dtype=torch.float32)[None, :]
-        -self.slopes_torch[:, None, None] * rel
-
-    def time_alibi_plain_fill(self, n):
-        self.out.fill(1.0)
-
     def track_alibi_out_time_over_fill(self, n):
-        fill, posenc = interleaved_best([lambda: self.out.fill(1.0), lambda: posenc_alibi(self.slopes, n, n, out=self.out)], 5)
-        return posenc / fill
+        return floor_ratio(lambda: posenc_alibi(self.slopes, n, n, out=self.out), lambda: self.out.fill(1.0))
 
     track_alibi_out_time_over_fill.unit = "x fill time"
 
@@ -143,10 +132,31 @@ class AlibiBias(Benchmark):
 
     track_alibi_peak_memory_over_output.unit = "x output"
 
-    def track_alibi_naive_peak_memory_over_output(self, n):
-        return peak_over(self.out.nbytes, lambda: alibi_naive_numpy(self.slopes, n, n))
 
-    track_alibi_naive_peak_memory_over_output.unit = "x output"
+class AlibiVsFormula(Benchmark):
+    """posenc's ``alibi_bias`` over ``-slopes[:, None, None] * (i - j)`` in NumPy or torch eager, in turns."""
+
+    params = [LENGTHS, ["numpy", "torch"]]
+    param_names = ["length", "formula"]
+
+    def make(self, n, formula):
+        self.slopes = pe.alibi_slopes(HEADS)
+        if formula == "numpy":
+            self.formula = lambda: alibi_naive_numpy(self.slopes, n, n)
+            return
+        torch = require("torch")
+        slopes = torch.from_numpy(self.slopes)
+
+        def formula_torch():
+            rel = torch.arange(n, dtype=torch.float32)[:, None] - torch.arange(n, dtype=torch.float32)[None, :]
+            return -slopes[:, None, None] * rel
+
+        self.formula = formula_torch
+
+    def track_alibi_time_over_formula(self, n, formula):
+        return ratio(lambda: posenc_alibi(self.slopes, n, n), self.formula, repeat=3)
+
+    track_alibi_time_over_formula.unit = "x formula time"
 
 
 class BiasPeakMemory:
@@ -154,65 +164,69 @@ class BiasPeakMemory:
 
     asv's ``peakmem_`` is the process's maximum resident size, setup included, so this
     class only warms the kernel on a tiny input. The ``[16, L, L]`` float32 output is
-    16 MiB at 512, 64 MiB at 1024 and 256 MiB at 2048.
+    16 MiB at 512 and 256 MiB at 2048.
     """
 
-    params = [sizes([512], [1024, 2048])]
+    params = [LENGTHS]
     param_names = ["length"]
     timeout = 120
 
     def setup(self, n):
-        self.torch = require("torch")
         self.table = np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32)
-        self.embedding = self.torch.nn.Embedding(NUM_BUCKETS, HEADS)
-        self.embedding.requires_grad_(False)
         self.slopes = pe.alibi_slopes(HEADS)
         posenc_t5(self.table, 4, 4)
+        posenc_alibi(self.slopes, 4, 4)
 
     def peakmem_t5_posenc(self, n):
         posenc_t5(self.table, n, n)
 
-    def peakmem_t5_compute_bias(self, n):
-        t5_compute_bias(self.torch, self.embedding, n, n)
-
     def peakmem_alibi_posenc(self, n):
         posenc_alibi(self.slopes, n, n)
 
-    def peakmem_alibi_naive_numpy(self, n):
-        alibi_naive_numpy(self.slopes, n, n)
-
 
 class ShawGather(Benchmark):
-    """Shaw's position term ``q_i . table[clip(i - j)]`` for 16 heads, ``d = 64``, ``K = 128``."""
+    """Shaw's position term ``q_i . table[clip(i - j)]`` for 16 heads, ``d = 64``, ``K = 128``:
+    posenc's Toeplitz gather of the ``[heads, q, 2K + 1]`` scores, on NumPy arrays or torch
+    tensors; the ratio is over the ``einsum`` of ``q`` with the gathered ``[q, k, d]`` table
+    in the same library."""
 
-    params = [sizes([512], [2048])]
-    param_names = ["length"]
+    params = [[512, 1024], ["numpy", "torch"]]
+    param_names = ["length", "library"]
 
-    def make(self, n):
-        torch = self.torch = require("torch")
-        gen = torch.Generator().manual_seed(0)
-        self.q = torch.randn(HEADS, n, 64, generator=gen)
-        self.table = torch.randn(2 * MAX_DISTANCE + 1, 64, generator=gen)
-        rel = torch.arange(n)[:, None] - torch.arange(n)[None, :]
-        self.idx = torch.clamp(rel, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
-        self.index = torch.clamp(torch.from_numpy(_distances(n, n)), -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
-        self.out = torch.empty(HEADS, n, n)
+    def make(self, n, library):
+        rng = np.random.default_rng(0)
+        q = rng.standard_normal((HEADS, n, 64), dtype=np.float32)
+        table = rng.standard_normal((2 * MAX_DISTANCE + 1, 64), dtype=np.float32)
+        rel = np.arange(n)[:, None] - np.arange(n)[None, :]
+        idx = np.clip(rel, -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
+        index = np.clip(_distances(n, n), -MAX_DISTANCE, MAX_DISTANCE) + MAX_DISTANCE
+        if library == "torch":
+            torch = require("torch")
+            q, table, idx, index = (torch.from_numpy(a) for a in (q, table, idx, index))
+            self.einsum = torch.einsum
+        else:
+            self.einsum = np.einsum
+        self.q, self.table, self.idx, self.index = q, table, idx, index
+        self.out = self._posenc(n)
+        self.n = n
 
     def _posenc(self, n, out=None):
         scores = self.q @ self.table.T  # [heads, q, 2K + 1]: O(L) per head
         return _dispatch.call("toeplitz_gather", scores, self.index, n, out=out)
 
-    def time_shaw_posenc_gather(self, n):
+    def _naive(self):
+        return self.einsum("hqd,qkd->hqk", self.q, self.table[self.idx])
+
+    def time_shaw_posenc_gather(self, n, library):
         self._posenc(n)
 
-    def time_shaw_posenc_gather_out(self, n):
+    def time_shaw_posenc_gather_out(self, n, library):
         self._posenc(n, out=self.out)
 
-    def time_shaw_naive_einsum_torch(self, n):
-        self.torch.einsum("hqd,qkd->hqk", self.q, self.table[self.idx])
+    def track_shaw_time_over_einsum(self, n, library):
+        return ratio(lambda: self._posenc(n), self._naive, repeat=3)
 
-    def time_shaw_plain_fill(self, n):
-        self.out.fill_(1.0)
+    track_shaw_time_over_einsum.unit = "x einsum time"
 
 
 def _report(lengths=(512, 2048, 4096), repeat=7):
@@ -247,17 +261,16 @@ def _report(lengths=(512, 2048, 4096), repeat=7):
         del out
     for n in (512, 2048):
         bench = ShawGather()
-        bench.make(n)
-        naive = bench.torch.einsum("hqd,qkd->hqk", bench.q, bench.table[bench.idx])
+        bench.make(n, "torch")
+        naive = bench._naive()
         torch.testing.assert_close(bench._posenc(n), naive, rtol=1e-4, atol=1e-3)
         del naive
         t_alloc, t_out, fill = interleaved_best(
             [lambda: bench._posenc(n), lambda: bench._posenc(n, out=bench.out), lambda: bench.out.fill_(1.0)], repeat
         )
-        t_base = best_time(lambda: bench.torch.einsum("hqd,qkd->hqk", bench.q, bench.table[bench.idx]), 3)
+        t_base = best_time(bench._naive, 3)
         print(f"| {n} | shaw gather vs einsum torch | {t_alloc * 1e3:.1f} ms | {t_out * 1e3:.1f} ms | {t_base * 1e3:.1f} ms | "
               f"{fill * 1e3:.1f} ms | {t_base / t_alloc:.1f}x | {fill / t_out:.2f} | - |")
-
 
 if __name__ == "__main__":
     _report()

@@ -1,29 +1,31 @@
 """Shared base for posenc benchmarks.
 
-Benchmarks parametrise over implementations and put posenc beside the plain formula in
-NumPy and in torch eager. ``setup`` makes the inputs and calls the timed function once, so
-Numba compilation and first-call caches are never timed. A missing optional library
-raises ``NotImplementedError`` in ``setup``, which asv reports as skipped.
+What the rows are. ``time_`` and ``peakmem_`` rows run posenc's code and nothing else, so
+a change in one of them is a change in posenc. The code posenc is compared with (the plain
+formula in NumPy or torch eager, T5's own code, a copy or fill of the same bytes) runs only
+inside ``track_`` ratios: posenc and the other code timed in turns in one process
+(``interleaved_best``), posenc's time over the other's. A load that slows the machine slows
+both sides of a ratio alike, and the other side's code is the same on every commit, so a
+ratio that moves names posenc too; lower is better, as asv assumes of every row.
 
-Sizes: by default every benchmark runs on small shapes, so ``asv run --quick`` finishes in a
-few minutes on a 2-core machine; ``POSENC_ASV_LARGE=1`` adds the model-sized shapes (up to
-``4x32x8192x128``), for the numbers quoted in ``docs/benchmarks.md``.
+Libraries. posenc's own rows need only NumPy. A row on another library's arrays (torch,
+JAX, CuPy) or against another library's code is a parameter or a class whose ``setup``
+raises ``NotImplementedError`` where that library is missing, which asv reports as
+skipped (``n/a``); ``setup_cache`` and ``teardown`` never raise for a missing library.
 
-Timing settings: on a shared, noisy 2-core machine a single sample is noise. ``Benchmark``
-takes several samples in two rounds after a warm-up, and ``make bench-continuous`` runs
-``asv continuous`` with interleaved rounds (both commits see the same load) and a 1.5x
-factor, which the plain-NumPy baselines (identical code on both sides) stay within.
+Sizes are ordinary parameters, recorded by asv with each result: a small shape and a
+model-sized (prefill) one. ``setup`` makes the inputs and calls every timed function
+once, so Numba compilation and first-call caches are never timed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
-import os
+import sys
 import time
 
 import numpy as np
-
-LARGE = os.environ.get("POSENC_ASV_LARGE", "") not in ("", "0")
 
 if importlib.util.find_spec("torch") is not None:
     # Imported with the suite, so asv's forkserver (``launch_method`` in asv.conf.json)
@@ -31,68 +33,109 @@ if importlib.util.find_spec("torch") is not None:
     import torch  # noqa: F401
 
 
-def sizes(small: list, large: list) -> list:
-    """``small``, plus ``large`` when ``POSENC_ASV_LARGE`` is set."""
-    return small + large if LARGE else small
-
-
 def require(module: str):
+    """The module, or ``NotImplementedError`` (asv: skipped) when it is not installed."""
     if importlib.util.find_spec(module) is None:
         raise NotImplementedError(f"{module} is not installed")
     return __import__(module)
 
 
-def copy_bandwidth(nbytes: int, repeat: int = 5) -> float:
-    """Bytes per second of ``np.copyto`` reading and writing ``nbytes`` each (best of ``repeat``)."""
-    src = np.ones(nbytes // 4, dtype=np.float32)
-    dst = np.empty_like(src)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.nbytes / best
-
-
-def interleaved_best(fns, repeat: int = 7) -> list:
-    """Best time of each of ``fns``, timed in turns (one round times each once), so the load
-    of a shared machine hits every one of them alike: ratios between them stay fair."""
+def interleaved_best(fns, repeat: int = 7, seconds: float = 0.0, calls: int = 1) -> list:
+    """Best time per call of each of ``fns``, timed in turns (one round times each ``calls``
+    times), over at least ``repeat`` rounds and at least ``seconds`` of rounds: a load that
+    comes and goes hits every one of them alike, so ratios between them stay fair. Each
+    function is called once before the rounds (compilation, plans, caches)."""
+    for fn in fns:
+        fn()
     best = [float("inf")] * len(fns)
-    for _ in range(repeat):
+    start, rounds = time.perf_counter(), 0
+    while rounds < repeat or time.perf_counter() - start < seconds:
         for k, fn in enumerate(fns):
             t0 = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - t0)
+            for _ in range(calls):
+                fn()
+            best[k] = min(best[k], (time.perf_counter() - t0) / calls)
+        rounds += 1
     return best
+
+
+def ratio(ours, theirs, repeat: int = 7, seconds: float = 0.0, calls: int = 1) -> float:
+    """``ours``' best time over ``theirs``', timed in turns (``interleaved_best``)."""
+    theirs_time, ours_time = interleaved_best([theirs, ours], repeat, seconds, calls)
+    return ours_time / theirs_time
+
+
+@contextlib.contextmanager
+def one_thread():
+    """posenc's kernels (Numba's thread count) and torch on one thread. The regression
+    check's ratios run so: on a machine that other jobs load, a kernel on two threads
+    waits for whichever runs last, and its time over a one-thread floor moves with
+    the load (by 40 % between runs at load average 10), not with the code."""
+    import numba
+
+    torch = sys.modules.get("torch")
+    before = numba.get_num_threads(), torch.get_num_threads() if torch else None
+    numba.set_num_threads(1)
+    if torch:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        numba.set_num_threads(before[0])
+        if torch:
+            torch.set_num_threads(before[1])
+
+
+def floor_ratio(ours, floor, seconds: float = 2.0, calls: int = 1) -> float:
+    """A regression-check row: ``ours``' best time over ``floor``'s, both on one thread
+    (``one_thread``), timed in turns for at least ``seconds`` (short rounds of ``calls``
+    calls, so that many rounds run undisturbed on a loaded machine, and the best of each
+    side is one of those)."""
+    with one_thread():
+        return ratio(ours, floor, repeat=20, seconds=seconds, calls=calls)
 
 
 def best_time(fn, repeat: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return interleaved_best([fn], repeat)[0]
+
+
+def shape(text: str) -> tuple:
+    """``"1x8x1024x128"`` -> ``(1, 8, 1024, 128)``."""
+    return tuple(int(n) for n in text.split("x"))
 
 
 class Benchmark:
-    """Base: subclasses set ``params``/``param_names`` and implement ``make``."""
+    """Base: subclasses set ``params``/``param_names`` and implement ``make``.
 
-    timeout = 120
+    ``repeat`` keeps at least 5 samples in each of 2 rounds, so the decode-step rows mean
+    something under ``--quick`` too (asv's quick mode takes one sample of every row)."""
+
+    timeout = 180
     warmup_time = 0.2
     rounds = 2
-    repeat = (3, 10, 10.0)
-    min_run_count = 3
+    repeat = (5, 20, 10.0)
+    min_run_count = 5
+
+    def __init_subclass__(cls, **kwargs):
+        # A ``track_`` row's value is one number (asv keeps the last round's): one round,
+        # which does its own rounds in turns.
+        super().__init_subclass__(**kwargs)
+        for name, fn in vars(cls).items():
+            if name.startswith("track_"):
+                fn.rounds = getattr(fn, "rounds", 1)
 
     def setup(self, *params):
         self.make(*params)
-        self.warm_up(*params)
+        for name in dir(self):
+            if name.startswith("time_"):  # every timed row is posenc's: compile and plan it here
+                getattr(self, name)(*params)
 
     def make(self, *params):  # pragma: no cover - overridden
         raise NotImplementedError
 
-    def warm_up(self, *params):
-        """Call every posenc variant once: Numba compiles or loads its kernels here."""
-        for name in dir(self):
-            if name.startswith("time_") and "posenc" in name:
-                getattr(self, name)(*params)
+
+def floor_copy(like):
+    """``np.copyto`` of NumPy array ``like``'s bytes into a second buffer: the time of one read and one
+    write of them, the floor of a pass over ``like``."""
+    target = np.empty_like(like)
+    return lambda: np.copyto(target, like)

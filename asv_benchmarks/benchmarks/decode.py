@@ -2,28 +2,40 @@
 
 The cases are ``posenc._bench_decode``'s (``posenc bench`` prints the same table): one new
 token after a cache of 511, heads ``[1, 32, 1, 128]`` and ``[1, 8, 1, 128]``, biases of 16
-heads over 512 keys. ``time_posenc`` and ``time_framework`` time each side alone;
-``track_ratio`` times them interleaved (best round of 200 calls each) and reports posenc's
-time over the framework's (lower is better; the goal is 1.5, 1.0 for T5). ``Generate``
-tracks patched over unpatched ``generate()`` and prefill of the LLaMA-like model
-(``posenc._bench_generate``), float32 and bfloat16, in one run.
+heads over 512 keys. ``time_posenc`` times ``CALLS`` calls of posenc's side alone (so that
+one sample, as ``asv run --quick`` takes, is not one timer tick); ``track_ratio`` times
+posenc and the framework's code in turns on one thread (``common.floor_ratio``: best round
+of 20 calls each, rounds for at least 2 s) and reports posenc's time over the framework's
+(lower is better; the goal is 1.5, 1.0 for T5). The torch rows skip without torch and transformers.
+``Generate`` tracks patched over unpatched ``generate()`` and prefill of the LLaMA-like
+model (``posenc._bench_generate``), float32 and bfloat16, measured once in ``setup_cache``.
 """
 
 from __future__ import annotations
 
-from .common import require
+import importlib.util
+
+from .common import floor_ratio, require
+
+CALLS = 100  # calls of one decode step per ``time_posenc`` sample
+
+if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None:
+    # Imported with the suite (once, in asv's forkserver), not in each benchmark's process.
+    import transformers.models.llama.modeling_llama  # noqa: F401
+    import transformers.models.t5.modeling_t5  # noqa: F401
 
 
-def _cases():
+def _cases(name):
     from posenc import _bench_decode
 
-    found = _bench_decode.numpy_cases()
+    if "numpy" in name:
+        return _bench_decode.numpy_cases()
     try:
         torch = require("torch")
         require("transformers")
-    except NotImplementedError:
-        return found
-    return found + _bench_decode.torch_cases(torch)
+    except NotImplementedError as missing:
+        raise NotImplementedError(f"{name}: {missing}") from None
+    return _bench_decode.torch_cases(torch)
 
 
 NAMES = [
@@ -51,43 +63,40 @@ class DecodeStep:
     params = [NAMES]
     param_names = ["call"]
     timeout = 120
+    rounds = 2
+    repeat = (5, 20, 10.0)
+    min_run_count = 5
 
     def setup(self, name):
-        found = {case.name: case for case in _cases()}
-        if name not in found:
-            raise NotImplementedError(f"{name}: torch or transformers is not installed")
+        self._restore = []  # undone by teardown, which asv runs after a skipped setup too
+        found = {case.name: case for case in _cases(name)}
         self.case = found[name]
-        self._threads = None
         if "numpy" not in name:
             import torch
 
-            self._threads = torch.get_num_threads()
-            torch.set_num_threads(min(2, self._threads))
-            self._grad = torch.no_grad()
-            self._grad.__enter__()
+            threads = torch.get_num_threads()
+            torch.set_num_threads(min(2, threads))
+            self._restore.append(lambda: torch.set_num_threads(threads))
+            grad = torch.no_grad()
+            grad.__enter__()
+            self._restore.append(lambda: grad.__exit__(None, None, None))
         self.case.posenc()
         self.case.framework()
 
     def teardown(self, name):
-        if self._threads is not None:
-            import torch
-
-            self._grad.__exit__(None, None, None)
-            torch.set_num_threads(self._threads)
+        for undo in reversed(getattr(self, "_restore", [])):
+            undo()
 
     def time_posenc(self, name):
-        self.case.posenc()
-
-    def time_framework(self, name):
-        self.case.framework()
+        step = self.case.posenc
+        for _ in range(CALLS):
+            step()
 
     def track_ratio(self, name):
-        from posenc._bench_decode import interleaved
-
-        ours, theirs = interleaved(self.case, rounds=5, calls=200)
-        return ours / theirs
+        return floor_ratio(self.case.posenc, self.case.framework, calls=20)
 
     track_ratio.unit = "x framework time"
+    track_ratio.rounds = 1  # one number, from its own rounds in turns
 
 
 class Generate:
@@ -96,15 +105,19 @@ class Generate:
     params = [["float32", "bfloat16"], ["generate", "prefill"]]
     param_names = ["dtype", "call"]
     timeout = 900
-    number = 1
-    repeat = 1
 
     def setup_cache(self):
-        require("torch")
-        require("transformers")
+        """The ratios, or ``None`` without torch and transformers (``setup`` skips then)."""
+        if importlib.util.find_spec("torch") is None or importlib.util.find_spec("transformers") is None:
+            return None
         from posenc._bench_generate import ratios
 
         return {dtype: ratios(dtype, repeat=3)[0] for dtype in ("float32", "bfloat16")}
+
+    def setup(self, found, dtype, call):
+        if found is None:
+            require("torch")
+            require("transformers")
 
     def track_patched_over_unpatched(self, found, dtype, call):
         ours, theirs, _ = found[dtype][call]

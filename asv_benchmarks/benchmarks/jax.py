@@ -1,14 +1,15 @@
 """JAX CPU arrays through posenc's kernels, beside the same call on NumPy arrays and the plain
 ``jax.numpy`` formula under ``jax.jit``.
 
-``time_*_posenc_numpy`` is the NumPy path (the kernels on NumPy arrays); ``_posenc_jax_eager``
+Every ``time_`` row is posenc's: ``time_*_posenc_numpy`` is the NumPy path (the kernels on NumPy arrays); ``_posenc_jax_eager``
 the same call on JAX CPU arrays (the kernels on the arrays' memory); ``_posenc_jax_jit`` the
 call under ``jax.jit`` (a host call into the same kernels); ``_plain_jnp_jit`` the formula
 written in ``jax.numpy`` (precomputed ``cos``/``sin`` for rope, T5's bucket on the full
 relative matrix for the bias), compiled by XLA; the calls and formulas are
-``posenc._bench_jax``'s (``posenc bench``'s JAX rows). JAX results are waited for
-(``block_until_ready``). ``track_`` methods give the JAX times as multiples of the NumPy
-path's (the model sizes) or the plain formula's (the decode step), timed in turns.
+``posenc._bench_jax``'s (``posenc bench``'s JAX rows). The plain formula runs only inside
+``track_`` ratios. JAX results are waited for (``block_until_ready``). ``track_`` methods
+give the JAX times as multiples of the NumPy path's or the plain formula's, timed in
+turns. Every class skips without JAX. Shapes: a small one and a model-sized one.
 
 ``python -m benchmarks.jax`` (from ``asv_benchmarks``) prints the issue's table, best of
 ``--repeat`` in one process: ``--rounds`` tables in a row show the spread of a shared machine.
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import argparse
 
-from .common import Benchmark, interleaved_best, require, sizes
+from .common import Benchmark, interleaved_best, ratio, require
 
-ROPE_SHAPES = sizes(["1x8x1024x128"], ["1x32x4096x128"])
-BIAS_LENGTHS = sizes([512], [2048])
+ROPE_SHAPES = ["1x8x1024x128", "1x32x4096x128"]
+BIAS_LENGTHS = [512, 2048]
 HEADS = 16
 OFFSET = 1000
 
@@ -62,23 +63,23 @@ class JaxRope(Benchmark):
     def time_rope_posenc_jax_jit(self, shape):
         self.inputs.jit()
 
-    def time_rope_plain_jnp_jit(self, shape):
-        self.inputs.plain_jit()
-
     def track_jax_jit_over_numpy(self, shape):
-        numpy, jit = interleaved_best([self.inputs.numpy, self.inputs.jit])
-        return jit / numpy
+        return ratio(self.inputs.jit, self.inputs.numpy)
 
     track_jax_jit_over_numpy.unit = "x NumPy time"
 
     def track_jax_eager_over_numpy(self, shape):
-        numpy, eager = interleaved_best([self.inputs.numpy, self.inputs.eager])
-        return eager / numpy
+        return ratio(self.inputs.eager, self.inputs.numpy)
 
     track_jax_eager_over_numpy.unit = "x NumPy time"
 
+    def track_jax_jit_over_plain_jnp_jit(self, shape):
+        return ratio(self.inputs.jit, self.inputs.plain_jit)
 
-class JaxDecodeStep(Benchmark):
+    track_jax_jit_over_plain_jnp_jit.unit = "x plain formula time"
+
+
+class JaxDecode(Benchmark):
     """``pe.rope`` on a decode step ``[1, 32, 1, 128]`` under ``jax.jit`` (traced offset)."""
 
     def make(self):
@@ -87,15 +88,11 @@ class JaxDecodeStep(Benchmark):
     def time_decode_posenc_jax_jit(self):
         self.inputs.jit()
 
-    def time_decode_plain_jnp_jit(self):
-        self.inputs.plain_jit()
-
     def time_decode_posenc_jax_eager(self):
         self.inputs.eager()
 
     def track_jax_jit_over_plain_jnp_jit(self):
-        plain, jit = interleaved_best([self.inputs.plain_jit, self.inputs.jit], repeat=50)
-        return jit / plain
+        return ratio(self.inputs.jit, self.inputs.plain_jit, repeat=50, calls=20)
 
     track_jax_jit_over_plain_jnp_jit.unit = "x plain formula time"
 
@@ -118,14 +115,15 @@ class JaxT5Bias(Benchmark):
     def time_t5_posenc_jax_jit(self, length):
         self.inputs.jit()
 
-    def time_t5_plain_jnp_jit(self, length):
-        self.inputs.plain_jit()
-
     def track_jax_jit_over_numpy(self, length):
-        numpy, jit = interleaved_best([self.inputs.numpy, self.inputs.jit])
-        return jit / numpy
+        return ratio(self.inputs.jit, self.inputs.numpy)
 
     track_jax_jit_over_numpy.unit = "x NumPy time"
+
+    def track_jax_jit_over_plain_jnp_jit(self, length):
+        return ratio(self.inputs.jit, self.inputs.plain_jit)
+
+    track_jax_jit_over_plain_jnp_jit.unit = "x plain formula time"
 
 
 def _table(repeat):

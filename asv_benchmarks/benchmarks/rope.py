@@ -1,14 +1,19 @@
-"""Rotary kernels (op ``rope_rotate``) beside the plain formula and a plain copy.
+"""Rotary kernels (ops ``rope_rotate`` and ``rope_apply``): posenc's rows, and its ratios to
+a copy of the same bytes and to the plain formula.
 
-posenc (allocating, ``out=``, in place) against ``x*cos + rotate_half(x)*sin`` with
-precomputed ``cos``/``sin`` in NumPy and in torch eager, and against ``np.copyto`` of the
-same bytes, the floor for a pass that reads ``x`` once and writes once. bfloat16 inputs
-are torch tensors (NumPy has no bfloat16). ``track_`` methods report the in-place time in
-units of the copy's (lower is better, as asv assumes of every benchmark: 1.25 is 0.8 of
-copy bandwidth) and the error at positions near 2**24.
+``time_`` rows time posenc alone (allocating, ``out=``, in place). ``track_`` rows time posenc
+and a baseline in turns in one process (``common.interleaved_best``) and report posenc's
+time over the baseline's (lower is better): ``np.copyto`` of the same bytes, the floor of a
+pass that reads ``x`` once and writes once (both on one thread, ``common.floor_ratio``:
+the regression check's rows), and the plain
+formula ``x*cos + rotate_half(x)*sin`` with precomputed tables in NumPy or torch eager.
+bfloat16 inputs are torch tensors (NumPy has no bfloat16): those rows skip without torch.
+
+Shapes: ``1x8x1024x128`` (4 MiB in float32) and a model-sized prefill ``1x32x8192x128``
+(one layer's q of an 8192-token prompt, 128 MiB).
 
 ``python -m benchmarks.rope`` (from ``asv_benchmarks``) prints the same comparison as a
-best-of-N table without asv.
+best-of-N table without asv, with the 4x shape too.
 """
 
 from __future__ import annotations
@@ -18,15 +23,10 @@ import numpy as np
 from posenc import _dispatch
 from posenc._oracles import rope_rotate_half
 
-from .common import Benchmark, interleaved_best, require, sizes
+from .common import Benchmark, floor_copy, floor_ratio, interleaved_best, ratio, require, shape
 
-LARGE_SHAPES = ["1x32x8192x128", "4x32x8192x128"]
-SHAPES = sizes(["1x8x1024x128"], LARGE_SHAPES)
+SHAPES = ["1x8x1024x128", "1x32x8192x128"]
 DTYPES = ["float32", "bfloat16"]
-
-
-def _shape(text):
-    return tuple(int(n) for n in text.split("x"))
 
 
 def inv_freq(dim, base=10000.0):
@@ -45,102 +45,111 @@ def cos_sin_table(length, frequencies):
 
 
 class Inputs:
-    """``x`` (NumPy float32 or torch bfloat16), positions, buffers and the torch formula's tables."""
+    """``x`` (NumPy float32, or torch bfloat16), positions, buffers, ``cos``/``sin`` tables in ``x``'s kind."""
 
-    def __init__(self, shape, dtype):
-        torch = require("torch")
+    def __init__(self, dims, dtype):
         rng = np.random.default_rng(0)
-        data = rng.standard_normal(shape, dtype=np.float32)
-        length, dim = shape[-2], shape[-1]
+        data = rng.standard_normal(dims, dtype=np.float32)
+        length, dim = dims[-2], dims[-1]
         self.frequencies = inv_freq(dim)
         cos, sin = cos_sin_table(length, self.frequencies)
         if dtype == "bfloat16":
+            torch = require("torch")
             self.x = torch.from_numpy(data).to(torch.bfloat16)
             self.positions = torch.arange(length)
             self.raw = self.x.view(torch.int16).numpy()  # the same bytes, for np.copyto
-            self.torch_x = self.x
-            self.torch_cos, self.torch_sin = (torch.from_numpy(t).to(torch.bfloat16) for t in (cos, sin))
+            self.cos, self.sin = (torch.from_numpy(t).to(torch.bfloat16) for t in (cos, sin))
         else:
             self.x = data
             self.positions = np.arange(length)
             self.raw = data
-            self.torch_x = torch.from_numpy(data)
-            self.torch_cos, self.torch_sin = (torch.from_numpy(t.astype(np.float32)) for t in (cos, sin))
-            self.numpy_cos, self.numpy_sin = cos.astype(np.float32), sin.astype(np.float32)
+            self.cos, self.sin = cos.astype(np.float32), sin.astype(np.float32)
         self.out = rope_posenc(self.x, self.positions, self.frequencies)
         self.in_place = rope_posenc(self.x, self.positions, self.frequencies)
-        self.copy_target = np.empty_like(self.raw)
+        self.copy = floor_copy(self.raw)
+
+    def allocating(self):
+        return rope_posenc(self.x, self.positions, self.frequencies)
+
+    def into_out(self):
+        return rope_posenc(self.x, self.positions, self.frequencies, out=self.out)
+
+    def rotate_in_place(self):
+        return rope_posenc(self.in_place, self.positions, self.frequencies, out=self.in_place)
+
+    def formula(self, x):
+        """The plain formula on ``x`` (the same values as ``self.x``, in NumPy or torch)."""
+        if isinstance(x, np.ndarray) == isinstance(self.x, np.ndarray):
+            return lambda: rope_rotate_half(x, self.cos, self.sin)
+        torch = require("torch")
+        cos, sin = torch.from_numpy(self.cos), torch.from_numpy(self.sin)
+        return lambda: rope_rotate_half(x, cos, sin)
 
 
 class RopeRotate(Benchmark):
+    """``rope_rotate`` on ``x`` at positions ``0..S-1``; ratios to ``np.copyto`` of the same bytes."""
+
     params = (SHAPES, DTYPES)
     param_names = ["shape", "dtype"]
 
-    def make(self, shape, dtype):
-        self.inputs = Inputs(_shape(shape), dtype)
+    def make(self, dims, dtype):
+        self.inputs = Inputs(shape(dims), dtype)
 
-    def time_rope_posenc_allocating(self, shape, dtype):
-        i = self.inputs
-        rope_posenc(i.x, i.positions, i.frequencies)
+    def time_rope_posenc_allocating(self, dims, dtype):
+        self.inputs.allocating()
 
-    def time_rope_posenc_out(self, shape, dtype):
-        i = self.inputs
-        rope_posenc(i.x, i.positions, i.frequencies, out=i.out)
+    def time_rope_posenc_out(self, dims, dtype):
+        self.inputs.into_out()
 
-    def time_rope_posenc_in_place(self, shape, dtype):
-        i = self.inputs
-        rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place)
+    def time_rope_posenc_in_place(self, dims, dtype):
+        self.inputs.rotate_in_place()
 
-    def time_rope_plain_torch_eager(self, shape, dtype):
-        i = self.inputs
-        rope_rotate_half(i.torch_x, i.torch_cos, i.torch_sin)
+    def track_in_place_time_over_copy(self, dims, dtype):
+        return floor_ratio(self.inputs.rotate_in_place, self.inputs.copy)
 
-    def time_copyto_same_bytes(self, shape, dtype):
-        np.copyto(self.inputs.copy_target, self.inputs.raw)
+    def track_out_time_over_copy(self, dims, dtype):
+        return floor_ratio(self.inputs.into_out, self.inputs.copy)
 
-    def track_in_place_time_over_copy(self, shape, dtype):
-        i = self.inputs
-        copy, rope = interleaved_best(
-            [lambda: np.copyto(i.copy_target, i.raw), lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place)]
-        )
-        return rope / copy
+    track_in_place_time_over_copy.unit = track_out_time_over_copy.unit = "x copy time"
 
-    track_in_place_time_over_copy.unit = "x copy time"
+
+class RopeVsFormula(Benchmark):
+    """posenc's allocating ``rope_rotate`` over the plain formula (precomputed tables) in
+    NumPy or torch eager, on the same values in that library; bfloat16 in torch only."""
+
+    params = (SHAPES, DTYPES, ["numpy", "torch"])
+    param_names = ["shape", "dtype", "formula"]
+
+    def make(self, dims, dtype, formula):
+        if dtype == "bfloat16" and formula == "numpy":
+            raise NotImplementedError("NumPy has no bfloat16")
+        self.inputs = Inputs(shape(dims), dtype)
+        x = self.inputs.x
+        self.formula = self.inputs.formula(require("torch").from_numpy(x) if formula == "torch" and isinstance(x, np.ndarray) else x)
+
+    def track_posenc_time_over_formula(self, dims, dtype, formula):
+        return ratio(self.inputs.allocating, self.formula, repeat=3)
+
+    track_posenc_time_over_formula.unit = "x formula time"
 
 
 class RopeApply(Benchmark):
     """Op ``rope_apply`` (``pe.apply_rope``: precomputed ``cos``/``sin``, the Hugging Face
-    drop-in's path). Its plain formula and copy baselines are ``RopeRotate``'s
-    ``time_rope_plain_torch_eager`` and ``time_copyto_same_bytes``: the same formula and
-    bytes on the same inputs."""
+    drop-in's path), on the same inputs as ``RopeRotate``."""
 
     params = (SHAPES, DTYPES)
     param_names = ["shape", "dtype"]
 
-    def make(self, shape, dtype):
-        i = self.inputs = Inputs(_shape(shape), dtype)
-        self.tables = (i.numpy_cos, i.numpy_sin) if dtype == "float32" else (i.torch_cos, i.torch_sin)
+    def make(self, dims, dtype):
+        self.inputs = Inputs(shape(dims), dtype)
 
-    def time_apply_posenc_out(self, shape, dtype):
-        _dispatch.call("rope_apply", self.inputs.x, *self.tables, out=self.inputs.out)
-
-    def time_apply_posenc_in_place(self, shape, dtype):
+    def time_apply_posenc_out(self, dims, dtype):
         i = self.inputs
-        _dispatch.call("rope_apply", i.in_place, *self.tables, out=i.in_place)
+        _dispatch.call("rope_apply", i.x, i.cos, i.sin, out=i.out)
 
-
-class RopeRotatePlainNumpy(Benchmark):
-    """The formula in NumPy (float32 only: NumPy has no bfloat16)."""
-
-    params = (SHAPES,)
-    param_names = ["shape"]
-
-    def make(self, shape):
-        self.inputs = Inputs(_shape(shape), "float32")
-
-    def time_rope_rotate_half(self, shape):
+    def time_apply_posenc_in_place(self, dims, dtype):
         i = self.inputs
-        rope_rotate_half(i.x, i.numpy_cos, i.numpy_sin)
+        _dispatch.call("rope_apply", i.in_place, i.cos, i.sin, out=i.in_place)
 
 
 class RopePrecision:
@@ -164,28 +173,30 @@ class RopePrecision:
     track_rope_max_abs_error_at_2_24.unit = "abs error"
 
 
-def _table(shapes=LARGE_SHAPES, repeat=7):
+def _table(shapes=("1x32x8192x128", "4x32x8192x128"), repeat=7):
     """Best-of-``repeat`` times of every variant, and ratios to torch eager and to copy."""
+    torch = require("torch")
     rows = []
-    for shape in shapes:
+    for text in shapes:
         for dtype in DTYPES:
-            i = Inputs(_shape(shape), dtype)
+            i = Inputs(shape(text), dtype)
+            torch_x = torch.from_numpy(i.x) if dtype == "float32" else i.x
             variants = {
-                "np.copyto same bytes": lambda: np.copyto(i.copy_target, i.raw),
-                "torch eager formula": lambda: rope_rotate_half(i.torch_x, i.torch_cos, i.torch_sin),
-                "posenc allocating": lambda: rope_posenc(i.x, i.positions, i.frequencies),
-                "posenc out=": lambda: rope_posenc(i.x, i.positions, i.frequencies, out=i.out),
-                "posenc in place": lambda: rope_posenc(i.in_place, i.positions, i.frequencies, out=i.in_place),
+                "np.copyto same bytes": i.copy,
+                "torch eager formula": i.formula(torch_x),
+                "posenc allocating": i.allocating,
+                "posenc out=": i.into_out,
+                "posenc in place": i.rotate_in_place,
             }
             if dtype == "float32":
-                variants["numpy formula"] = lambda: rope_rotate_half(i.x, i.numpy_cos, i.numpy_sin)
+                variants["numpy formula"] = i.formula(i.x)
             times = dict(zip(variants, interleaved_best(list(variants.values()), repeat)))
             for name, t in times.items():
                 # The copy is the bandwidth reference, not a rotation: no ratio means anything there.
                 ratios = "| - | - |" if name == "np.copyto same bytes" else (
                     f"| {times['torch eager formula'] / t:.1f}x | {times['np.copyto same bytes'] / t:.2f} |"
                 )
-                rows.append(f"| {shape} | {dtype} | {name} | {t * 1e3:.1f} {ratios}")
+                rows.append(f"| {text} | {dtype} | {name} | {t * 1e3:.1f} {ratios}")
             del i
     print("| shape | dtype | variant | best ms | speed-up vs torch eager | fraction of copy bandwidth |")
     print("|---|---|---|---|---|---|")
