@@ -82,7 +82,7 @@ def load(results_dir):
             params = result.get_result_params(key)
             value = result.get_result_value(key, params)
             combos = [", ".join(c) for c in itertools.product(*params)] if params else [""]
-            values[key] = dict(zip(combos, value if params else [value]))
+            values[key] = dict(zip(combos, value if isinstance(value, list) else [value]))
         found[(machine, result.env_name)][result.commit_hash] = (result.date or 0, values)
     return found, benchmarks
 

@@ -6,8 +6,9 @@ The suite's modules are imported in child processes (cwd ``asv_benchmarks``, as 
 them), some with torch, transformers and JAX hidden from the import system (``HIDE``).
 """
 
-import itertools
+import html.parser
 import json
+import os
 import pathlib
 import re
 import shlex
@@ -140,13 +141,13 @@ def test_without_torch_posencs_numpy_rows_run_and_the_rest_skip_in_setup(without
     ran = {name for name, state in without_libraries.items() if state == "ok"}
     skipped = {name: state for name, state in without_libraries.items() if state != "ok"}
     for numpy_row in (
-        "rope.RopeRotate['1x8x1024x128', 'float32']",
-        "rope.RopeApply['1x8x1024x128', 'float32']",
-        "rope.RopeVsFormula['1x8x1024x128', 'float32', 'numpy']",
-        "bias.T5Bias[512]",
-        "bias.AlibiBias[512]",
-        "bias.AlibiVsFormula[512, 'numpy']",
-        "bias.BiasPeakMemory[512]",
+        "rope.RopeRotate['1x8x256x128', 'float32']",
+        "rope.RopeApply['1x8x256x128', 'float32']",
+        "rope.RopeVsFormula['1x8x256x128', 'float32', 'numpy']",
+        "bias.T5Bias[256]",
+        "bias.AlibiBias[256]",
+        "bias.AlibiVsFormula[256, 'numpy']",
+        "bias.BiasPeakMemory[256]",
         "bias.ShawGather[512, 'numpy']",
         "absolute.Sinusoidal[2048, 128]",
         "decode.DecodeStep['rope numpy [1,32,1,128]']",
@@ -154,9 +155,9 @@ def test_without_torch_posencs_numpy_rows_run_and_the_rest_skip_in_setup(without
     ):
         assert numpy_row in ran
     for other_row, library in (
-        ("rope.RopeRotate['1x8x1024x128', 'bfloat16']", "torch"),
-        ("rope.RopeVsFormula['1x8x1024x128', 'float32', 'torch']", "torch"),
-        ("bias.T5VsOriginal[512]", "torch"),
+        ("rope.RopeRotate['1x8x256x128', 'bfloat16']", "torch"),
+        ("rope.RopeVsFormula['1x8x256x128', 'float32', 'torch']", "torch"),
+        ("bias.T5VsOriginal[256]", "torch"),
         ("bias.ShawGather[512, 'torch']", "torch"),
         ("decode.DecodeStep['rope torch [1,32,1,128]']", "torch"),
         ("decode.Generate['float32', 'generate']", "torch"),
@@ -220,8 +221,8 @@ def test_the_regression_check_selects_posencs_hot_paths_and_ratios_only(rows):
     names = [name for name, _ in rows]
     chosen = selected(regression_regexes(), names)
     assert all(".track_" in name for name in chosen)
-    assert "rope.RopeRotate.track_in_place_time_over_copy('1x8x1024x128', 'float32')" in chosen
-    assert "bias.T5Bias.track_t5_out_time_over_fill(512)" in chosen
+    assert "rope.RopeRotate.track_in_place_time_over_copy('1x8x256x128', 'float32')" in chosen
+    assert "bias.T5Bias.track_t5_out_time_over_fill(256)" in chosen
     assert "decode.DecodeStep.track_ratio('rope numpy [1,32,1,128]')" in chosen
     assert "decode.DecodeStep.track_ratio('t5_bias torch 16 heads, 1 x 512')" in chosen
     assert not [name for name in chosen if "2048" in name or "8192" in name or "jax." in name]
@@ -248,3 +249,84 @@ def test_every_plant_wraps_a_function_that_exists_and_runs_rows_of_the_check(row
         owner, _, attr = target.rpartition(".")
         assert re.search(rf"^def {attr or owner}\(" if not owner else rf"def {attr}\(", source, re.M), name
         assert [row for row in chosen if re.search(expected, row)], name
+
+
+# ---------------------------------------------------------------- the offline report
+
+
+class Resources(html.parser.HTMLParser):
+    """Every URL the page would load or link, its scripts, and its table cells' text."""
+
+    def __init__(self):
+        super().__init__()
+        self.urls, self.scripts, self.cells, self.polylines = [], 0, [], 0
+        self._cell = None
+
+    def handle_starttag(self, tag, attrs):
+        for name, value in attrs:
+            if name in ("src", "href", "data", "xlink:href", "action") and value:
+                self.urls.append(value)
+            if name == "style" and value and "url(" in value:
+                self.urls.append(value)
+        self.scripts += tag == "script"
+        self.polylines += tag == "polyline"
+        if tag == "td":
+            self._cell = ""
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell += data
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            self.cells.append(self._cell.strip())
+            self._cell = None
+
+
+def asv(*args, config, timeout=600):
+    env = {**os.environ, "ASV_PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, "-m", "asv", *args, "--config", str(config)], cwd=SUITE, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    """asv results of two commits (HEAD~1 where the clone has it, and HEAD) for two cheap
+    benchmarks, stored as ``make bench-record`` stores them, and the page made of them."""
+    pytest.importorskip("asv")
+    tmp = tmp_path_factory.mktemp("asv")
+    config = json.loads((SUITE / "asv.conf.json").read_text())
+    config.update(repo=str(ROOT), benchmark_dir=str(SUITE / "benchmarks"), results_dir=str(tmp / "results"),
+                  env_dir=str(tmp / "env"), html_dir=str(tmp / "html"))
+    path = tmp / "asv.conf.json"
+    path.write_text(json.dumps(config))
+    asv("machine", "--yes", config=path)
+    commits = []
+    for name in ("HEAD~1", "HEAD"):
+        found = subprocess.run(["git", "rev-parse", "--verify", "-q", name], cwd=ROOT, capture_output=True, text=True)
+        if found.returncode == 0:
+            commits.append(found.stdout.strip())
+    for commit in commits:
+        asv("run", "--quick", "-b", r"^rope\.RopePrecision\.", "-b", r"^absolute\.Sinusoidal\.time_",
+            "--set-commit-hash", commit, "-E", f"existing:{sys.executable}", config=path)
+    out = tmp / "report"
+    proc = subprocess.run([sys.executable, str(SUITE / "report.py"), str(tmp / "results"), str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    page = Resources()
+    page.feed((out / "index.html").read_text(encoding="utf-8"))
+    return page, commits, tmp / "results"
+
+
+def test_the_report_loads_nothing_from_the_network_and_holds_the_results(report):
+    page, commits, results = report
+    assert page.scripts == 0
+    assert [url for url in page.urls if "//" in url or url.endswith((".js", ".css"))] == []
+    stored = [json.loads(p.read_text()) for p in results.rglob("*.json") if p.name not in ("benchmarks.json", "machine.json")]
+    assert len(stored) == len(commits)
+    error = stored[-1]["results"]["rope.RopePrecision.track_rope_max_abs_error_at_2_24"][0][0]  # column "result", one value
+    assert f"{error:.4g}" in page.cells  # the value, as the page shows it
+    assert len([cell for cell in page.cells if cell.endswith(("µs", "ms"))]) >= 4 * len(commits)  # Sinusoidal's 4 parameter sets
+    if len(commits) == 2:
+        assert page.polylines >= 5  # a line over the commits for each series

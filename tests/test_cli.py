@@ -1,5 +1,6 @@
 """The posenc command line: info, demo, plot, bench; clean errors without tracebacks."""
 
+import re
 import subprocess
 import sys
 
@@ -181,27 +182,54 @@ def tiny_bench_rows():
 def test_bench_table_explains_itself_and_leaves_meaningless_ratios_blank():
     rows = tiny_bench_rows()
     text = _bench.table(rows)
-    header = text.splitlines()[0].split()
-    assert " ".join(header) == " ".join(_bench.COLUMNS)
-    assert all(r.seconds > 0 for r in rows)
-    cells = {(r.op, r.impl): dict(zip(_bench.COLUMNS, r.cells())) for r in rows}
-    for (op, impl), row in cells.items():
+    header = text.splitlines()[0]
+    assert header.split("  ")[0] == "operation" and re.sub(r"\s{2,}", "|", header.strip()).split("|") == list(_bench.COLUMNS)
+    assert all(0 < r.seconds <= r.median for r in rows)
+    cells = {(r.op, r.impl, r.dtype): dict(zip(_bench.COLUMNS, r.cells())) for r in rows}
+    for (op, impl, dtype), row in cells.items():
         if "(bandwidth)" in impl:
-            assert row["of copy"] == "" and row["vs plain"] == "", impl
+            assert row["of copy"] == "" and row["vs framework"] == "", impl
         else:
             assert row["of copy"] != "", impl
-        if impl == "numpy plain formula" or row["dtype"] != "float32":
-            assert row["vs plain"] == "", impl
-    assert cells[("rope [1, 2, 16, 8]", "posenc rope")]["vs plain"].endswith("x")
+        if "formula" in impl or "original" in impl:
+            assert row["vs framework"] == "", impl  # a baseline
+        elif "(bandwidth)" not in impl:
+            assert row["vs framework"].endswith("x"), impl
+    assert cells[("rope [1, 2, 16, 8]", "posenc rope", "float32")]["vs framework"].endswith("x")
+
+
+def test_bench_compares_each_library_with_its_own_formula():
+    """'vs framework' is the same library's formula in the row's dtype over the row's time."""
+    pytest.importorskip("torch")
+    rows = _bench.rope_rows((1, 2, 16, 8), 1, lambda s: None) + _bench.t5_rows(2, 16, 1, lambda s: None)
+    found = {(r.op, r.impl, r.dtype): r for r in rows}
+    rope = "rope [1, 2, 16, 8]"
+    for dtype in ("float32", "bfloat16"):
+        ours, theirs = found[(rope, "posenc rope (torch)", dtype)], found[(rope, "torch eager formula", dtype)]
+        assert ours.plain_seconds == theirs.seconds
+    assert found[(rope, "posenc rope", "float32")].plain_seconds == found[(rope, "numpy plain formula", "float32")].seconds
+    t5 = "t5_bias h=2 L=16"
+    assert found[(t5, "posenc t5_bias (torch)", "float32")].plain_seconds == found[(t5, "torch T5 original", "float32")].seconds
+
+
+def test_bench_names_what_it_skips_and_why(monkeypatch):
+    missing = {"torch", "transformers", "jax"}
+    monkeypatch.setattr(_bench, "installed", lambda module: module not in missing)
+    reasons = _bench.skipped()
+    assert any("torch is not installed" in r for r in reasons) and any("jax is not installed" in r for r in reasons)
+    missing = {"transformers"}
+    assert _bench.skipped() == ["the torch and Hugging Face decode-step rows and the patched-model row: transformers is not installed"]
+    missing = set()
+    assert _bench.skipped() == []
 
 
 def test_bench_counts_bytes_in_each_rows_dtype():
     pytest.importorskip("torch")
-    rows = {r.impl: r for r in _bench.rope_rows((1, 2, 16, 8), 1, lambda s: None)}
+    rows = {(r.impl, r.dtype): r for r in _bench.rope_rows((1, 2, 16, 8), 1, lambda s: None)}
     elements = 1 * 2 * 16 * 8
-    assert rows["posenc rope"].nbytes == 2 * elements * 4  # read and write float32
-    assert rows["posenc rope (torch)"].dtype == "bfloat16"
-    assert rows["posenc rope (torch)"].nbytes == 2 * elements * 2  # read and write bfloat16
+    assert rows[("posenc rope", "float32")].nbytes == 2 * elements * 4  # read and write float32
+    assert rows[("posenc rope (torch)", "bfloat16")].nbytes == 2 * elements * 2  # read and write bfloat16
+    assert rows[("torch eager formula", "bfloat16")].nbytes == 2 * elements * 2
     t5 = _bench.t5_rows(2, 16, 1, lambda s: None)
     assert {r.nbytes for r in t5} == {2 * 16 * 16 * 4}  # write the float32 bias
 
@@ -211,7 +239,7 @@ def test_bench_help_describes_every_column():
     assert proc.returncode == 0
     for column in _bench.COLUMNS:
         assert f"\n{column} " in proc.stdout
-    assert "vs plain" in proc.stdout and "np.copyto" in proc.stdout
+    assert "vs framework" in proc.stdout and "np.copyto" in proc.stdout
 
 
 def test_bench_gpu_without_a_gpu_says_why():

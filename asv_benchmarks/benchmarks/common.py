@@ -100,7 +100,7 @@ def best_time(fn, repeat: int = 5) -> float:
 
 
 def shape(text: str) -> tuple:
-    """``"1x8x1024x128"`` -> ``(1, 8, 1024, 128)``."""
+    """``"1x8x256x128"`` -> ``(1, 8, 256, 128)``."""
     return tuple(int(n) for n in text.split("x"))
 
 

@@ -1,8 +1,9 @@
 """``posenc bench``: each hot operation beside the plain formula, timed on this machine.
 
-Every row is the best of ``repeat`` runs after a warm-up call (Numba compiles on the first
-call, which is never timed). ``COLUMNS`` says what each column of the table means; the
-command prints it above the table and in ``posenc bench --help``.
+Every row is the best and the median of ``repeat`` runs after a warm-up call (Numba compiles
+on the first call, which is never timed). ``COLUMNS`` says what each column of the table
+means; the command prints it above the table and in ``posenc bench --help``. Rows that need
+a library that is not installed are left out, and a last line says which and why.
 """
 
 from __future__ import annotations
@@ -19,20 +20,27 @@ from . import _oracles
 from ._bench_measure import Case, _measure, best
 
 
+def installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
 COLUMNS = {
     "operation": "the op and its shape",
     "dtype": "the dtype of the row's input and output",
-    "implementation": "who computes it: posenc (kernel unless 'reference'), the plain formula in NumPy or "
-    "torch eager, or a copy/fill of the same bytes (the bandwidth rows)",
-    "ms": "best of the repeats, milliseconds, after one warm-up call",
+    "implementation": "who computes it: posenc (kernel unless 'reference'; '(torch)': on torch tensors), the "
+    "plain formula in NumPy or torch eager, T5's own torch code, or a copy/fill of the same bytes (the "
+    "bandwidth rows)",
+    "best ms": "best of the repeats, milliseconds, after one warm-up call",
+    "median ms": "median of the same repeats: its distance from the best is the spread of this machine's timings",
     "GB/s": "bytes an ideal implementation moves, counted in the row's dtype (rope: read x and write "
     "the result; biases: write the bias), divided by the time",
     "of copy": "GB/s over the machine's copy bandwidth (np.copyto for rope, ndarray.fill for biases, "
     "on buffers of the same size; with --gpu the device's: cupy.copyto / torch copy_ and fill): 1.00 = as "
     "fast as copying the bytes; blank on the bandwidth rows",
-    "vs plain": "time of the plain formula over this row's time (NumPy on the CPU, torch eager with --gpu), "
-    "same dtype only (2.0x = twice as fast); blank where the comparison means nothing: the baseline "
-    "itself, the bandwidth rows, other dtypes",
+    "vs framework": "best time of the same library's own formula over this row's, in the row's dtype (NumPy "
+    "rows against the NumPy formula, torch rows against torch eager or T5's torch code, bfloat16 against "
+    "torch eager in bfloat16; JAX rows against the jnp formula under jax.jit; 2.0x = twice as fast); blank "
+    "on the baselines themselves and the bandwidth rows",
 }
 
 
@@ -61,14 +69,15 @@ def rope_rows(shape, repeat, progress):
         Case("posenc reference", lambda: _reference(lambda: pe.rope(x)), nbytes),
         Case("np.copyto (bandwidth)", lambda: np.copyto(buf, x), nbytes, comparable=False, bandwidth_row=True),
     ]
-    if importlib.util.find_spec("torch") is not None:
+    if installed("torch"):
         import torch
 
-        tx, tc, ts = (torch.from_numpy(a) for a in (x, cos, sin))
-        bf16 = tx.to(torch.bfloat16)
-        cases.insert(1, Case("torch eager formula", lambda: _oracles.rope_rotate_half(tx, tc, ts), nbytes))
-        bf16_bytes = 2 * bf16.numel() * bf16.element_size()
-        cases.insert(5, Case("posenc rope (torch)", lambda: pe.rope(bf16), bf16_bytes, "bfloat16", comparable=False))
+        formula = "torch eager formula"
+        for dtype in (torch.float32, torch.bfloat16):
+            tx, tc, ts = (torch.from_numpy(a).to(dtype) for a in (x, cos, sin))
+            name, size = str(dtype).removeprefix("torch."), 2 * tx.numel() * tx.element_size()
+            cases.insert(-1, Case(formula, lambda tx=tx, tc=tc, ts=ts: _oracles.rope_rotate_half(tx, tc, ts), size, name, against=formula))
+            cases.insert(-1, Case("posenc rope (torch)", lambda tx=tx: pe.rope(tx), size, name, against=formula))
     return _measure(f"rope {list(shape)}", cases, copy, repeat, progress)
 
 
@@ -84,8 +93,13 @@ def t5_rows(heads, length, repeat, progress):
         Case("posenc reference", lambda: _reference(lambda: pe.t5_bias(table, length, length)), nbytes),
         Case("ndarray.fill (bandwidth)", lambda: out.fill(1.0), nbytes, comparable=False, bandwidth_row=True),
     ]
-    if importlib.util.find_spec("torch") is not None:
-        cases.insert(1, Case("torch T5 original", _torch_t5(table, length), nbytes))
+    if installed("torch"):
+        import torch
+
+        original = "torch T5 original"
+        cases.insert(-1, Case(original, _torch_t5(table, length), nbytes, against=original))
+        torch_table = torch.from_numpy(table)
+        cases.insert(-1, Case("posenc t5_bias (torch)", lambda: pe.t5_bias(torch_table, length, length), nbytes, against=original))
     return _measure(f"t5_bias h={heads} L={length}", cases, fill, repeat, progress)
 
 
@@ -108,6 +122,13 @@ def alibi_rows(heads, length, repeat, progress):
         Case("posenc alibi_bias out=", lambda: pe.alibi_bias(slopes, length, length, out=out), nbytes),
         Case("ndarray.fill (bandwidth)", lambda: out.fill(1.0), nbytes, comparable=False, bandwidth_row=True),
     ]
+    if installed("torch"):
+        import torch
+
+        formula = "torch eager formula"
+        torch_slopes, torch_rel = torch.from_numpy(slopes), torch.from_numpy(rel).to(torch.float32)
+        cases.insert(-1, Case(formula, lambda: -torch_slopes[:, None, None] * torch_rel, nbytes, against=formula))
+        cases.insert(-1, Case("posenc alibi_bias (torch)", lambda: pe.alibi_bias(torch_slopes, length, length), nbytes, against=formula))
     return _measure(f"alibi_bias h={heads} L={length}", cases, fill, repeat, progress)
 
 
@@ -122,6 +143,34 @@ def table(rows) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(header, *body)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)), "  ".join("-" * w for w in widths)]
     lines += ["  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip() for cells in body]
+    return "\n".join(lines)
+
+
+def skipped() -> list[str]:
+    """What ``run`` leaves out here, and why: one entry per missing library."""
+    reasons = []
+    if not installed("torch"):
+        reasons.append("torch rows (the torch eager formula, T5's torch code, posenc on torch tensors, bfloat16), "
+                       "the torch decode-step rows and the patched-model row: torch is not installed")
+    elif not installed("transformers"):
+        reasons.append("the torch and Hugging Face decode-step rows and the patched-model row: transformers is not installed")
+    if not installed("jax"):
+        reasons.append("the JAX table and JAX decode step: jax is not installed")
+    return reasons
+
+
+def model_lines(quick: bool, progress) -> str:
+    """``patch_hf`` on the LLaMA-like model of ``posenc._bench_generate``, float32: patched
+    against unpatched ``generate()`` and prefill, the copies alternating (2 layers with ``quick``)."""
+    from . import _bench_generate
+
+    progress("  patched model ...")
+    layers = 2 if quick else 8
+    found, same = _bench_generate.ratios("float32", repeat=3, layers=layers)
+    lines = [f"{'model call (float32, ' + str(layers) + ' layers)':<36} {'patched':>9} {'unpatched':>10} {'ratio':>6}"]
+    for name, (ours, theirs, _) in found.items():
+        lines.append(f"{name:<36} {ours[0]:8.3f}s {theirs[0]:9.3f}s {ours[0] / theirs[0]:6.3f}")
+    lines.append(f"greedy tokens equal: {same}")
     return "\n".join(lines)
 
 
@@ -143,10 +192,14 @@ def run(quick: bool = False, gpu: bool = False, progress=lambda s: print(s, file
     rounds = 3 if quick else 7
     decode = _bench_decode.run(rounds=rounds, progress=progress)
     report = f"{legend()}\n\n{table(rows)}"
-    if importlib.util.find_spec("jax") is not None:
+    if installed("jax"):
         from . import _bench_jax
 
         jax_rows = table(_bench_jax.rows(quick, repeat, progress))
-        report += f"\n\nJAX arrays on the CPU ('vs plain': over the jnp formula under jax.jit):\n\n{jax_rows}"
+        report += f"\n\nJAX arrays on the CPU ('vs framework': over the jnp formula under jax.jit):\n\n{jax_rows}"
         decode += "\n" + _bench_jax.decode(rounds, progress=progress)
-    return f"{report}\n\nA decode step, interleaved with the code it replaces (us per call, best round of 200 calls):\n\n{decode}"
+    report += f"\n\nA decode step, interleaved with the code it replaces (us per call, best round of 200 calls):\n\n{decode}"
+    if installed("torch") and installed("transformers"):
+        report += f"\n\npatch_hf on a LLaMA-like model (best of 3 alternated runs):\n\n{model_lines(quick, progress)}"
+    reasons = skipped()
+    return report + "\n\nSkipped: " + ("; ".join(reasons) if reasons else "nothing (torch, transformers and jax are installed)") + "."

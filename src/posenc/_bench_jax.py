@@ -1,7 +1,7 @@
 """``posenc bench``'s JAX section: posenc on JAX CPU arrays, eager and under ``jax.jit``,
 beside the same call on NumPy arrays and the plain ``jax.numpy`` formula under ``jax.jit``.
 
-Rows (the ``posenc bench`` table's columns; ``vs plain`` is over the plain ``jnp`` formula
+Rows (the ``posenc bench`` table's columns; ``vs framework`` is over the plain ``jnp`` formula
 compiled by XLA): ``pe.rope`` at positions ``1000..`` and ``pe.t5_bias``, at the model
 sizes of issue 21 (``[1, 32, 4096, 128]``, 16 heads over ``2048 x 2048``). Then a decode
 step (``pe.rope`` on ``[1, 32, 1, 128]``, traced offset) under ``jit`` against the plain

@@ -1,4 +1,4 @@
-"""How ``posenc bench`` times a row: ``best`` of repeated calls, ``Case`` and ``Row``, ``_measure``.
+"""How ``posenc bench`` times a row: ``timings`` of repeated calls, ``Case`` and ``Row``, ``_measure``.
 
 Shared by the CPU table (``_bench``) and the GPU one (``_bench_gpu``), which imports this
 module and not ``_bench`` (``_bench`` runs ``_bench_gpu`` for ``--gpu``).
@@ -6,13 +6,16 @@ module and not ``_bench`` (``_bench`` runs ``_bench_gpu`` for ``--gpu``).
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass
 
 
 @dataclass
 class Case:
-    """One implementation of an operation: ``nbytes`` moved, and whether ``vs plain`` applies."""
+    """One implementation of an operation: ``nbytes`` moved, whether ``vs framework`` applies,
+    and against which case: ``against`` names the implementation of the row in the same dtype
+    that is its baseline (default: the first case, a plain formula)."""
 
     impl: str
     fn: object
@@ -20,6 +23,7 @@ class Case:
     dtype: str = "float32"
     comparable: bool = True
     bandwidth_row: bool = False
+    against: str | None = None
 
 
 @dataclass
@@ -31,17 +35,19 @@ class Row:
     nbytes: int
     copy_rate: float | None = None
     plain_seconds: float | None = None
+    median: float | None = None
 
     def cells(self):
         rate = self.nbytes / self.seconds
         frac = f"{rate / self.copy_rate:.2f}" if self.copy_rate else ""
         speed = f"{self.plain_seconds / self.seconds:.1f}x" if self.plain_seconds else ""
-        return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", f"{rate / 1e9:.1f}", frac, speed]
+        median = f"{self.median * 1e3:.2f}" if self.median is not None else ""
+        return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", median, f"{rate / 1e9:.1f}", frac, speed]
 
 
-def best(fn, repeat, sync=lambda: None):
-    """The best of ``repeat`` timed calls of ``fn`` after one warm-up call; ``sync`` waits
-    for the device (GPU work is asynchronous)."""
+def timings(fn, repeat, sync=lambda: None):
+    """``repeat`` timed calls of ``fn`` after one warm-up call, sorted; ``sync`` waits for
+    the device (GPU work is asynchronous)."""
     fn()
     sync()
     times = []
@@ -50,18 +56,26 @@ def best(fn, repeat, sync=lambda: None):
         fn()
         sync()
         times.append(time.perf_counter() - t0)
-    return min(times)
+    return sorted(times)
+
+
+def best(fn, repeat, sync=lambda: None):
+    """The best of ``timings``."""
+    return timings(fn, repeat, sync)[0]
 
 
 def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None):
-    """Time every case; the first, a plain formula, is the baseline of ``vs plain``."""
+    """Time every case (best and median); ``vs framework`` is over the time of the case it
+    names in ``against`` in its dtype, by default the first, a plain formula."""
     assert "plain formula" in cases[0].impl
     rows = []
     for case in cases:
         progress(f"  {op}: {case.impl} ...")
-        rows.append(Row(op, case.impl, case.dtype, best(case.fn, repeat, sync), case.nbytes))
-    plain = rows[0].seconds
+        times = timings(case.fn, repeat, sync)
+        rows.append(Row(op, case.impl, case.dtype, times[0], case.nbytes, median=statistics.median(times)))
+    found = {(row.impl, row.dtype): row for row in reversed(rows)}
     for case, row in zip(cases, rows):
         row.copy_rate = None if case.bandwidth_row else copy_rate
-        row.plain_seconds = plain if case.comparable and row is not rows[0] else None
+        base = found[(case.against, case.dtype)] if case.against else rows[0]
+        row.plain_seconds = base.seconds if case.comparable and base is not row else None
     return rows

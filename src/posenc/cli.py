@@ -234,8 +234,10 @@ def _add_bench(sub) -> None:
         description="Times each hot operation (rope, t5_bias, alibi_bias) in posenc beside the plain\n"
         "formula and a copy of the same bytes, and prints a table with these columns:\n\n" + _bench_legend()
         + "\n\nWhere JAX is installed, a second table has the same calls on JAX CPU arrays (eager and under\n"
-        "jax.jit, beside the NumPy path, 'vs plain' over the jnp formula under jax.jit), and the decode\n"
-        "section a jitted JAX decode step beside the jnp formula under jax.jit.",
+        "jax.jit, beside the NumPy path, 'vs framework' over the jnp formula under jax.jit), and the decode\n"
+        "section a jitted JAX decode step beside the jnp formula under jax.jit. Where transformers is\n"
+        "installed, patch_hf's patched LLaMA-like model against the unpatched one. A last line names the\n"
+        "rows left out for a missing library.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     bench.add_argument("--quick", action="store_true", help="small shapes, fewer repeats (a few seconds)")
