@@ -223,6 +223,17 @@ def test_bench_names_what_it_skips_and_why(monkeypatch):
     assert _bench.skipped() == []
 
 
+def test_bench_has_the_patched_model_rows_where_transformers_is_installed():
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    lines = _bench.model_lines(True, lambda s: None, layers=1).splitlines()
+    rows = {line.split()[0]: line.split() for line in lines[1:3]}
+    for call in ("generate", "prefill"):
+        patched, unpatched, ratio = float(rows[call][1].rstrip("s")), float(rows[call][2].rstrip("s")), float(rows[call][3])
+        assert ratio == pytest.approx(patched / unpatched, abs=2e-3)
+    assert lines[-1] == "greedy tokens equal: True"  # float32: the same tokens
+
+
 def test_bench_counts_bytes_in_each_rows_dtype():
     pytest.importorskip("torch")
     rows = {(r.impl, r.dtype): r for r in _bench.rope_rows((1, 2, 16, 8), 1, lambda s: None)}
