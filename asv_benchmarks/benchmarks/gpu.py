@@ -16,10 +16,12 @@ import time
 
 import numpy as np
 
-from .common import LARGE, require, sizes
+from .common import require
 
-ROPE_SHAPES = sizes(["1x32x1024x128"], ["4x32x8192x128"])
-BIAS_LENGTHS = sizes([512], [8192])
+# A small size and a model-sized one of each, ordinary parameters that asv records.
+ROPE_SHAPES = ["1x32x1024x128", "4x32x8192x128"]
+BIAS_LENGTHS = [512, 8192]
+HF_SIZES = ["1x1024", "4x4096"]  # batch x tokens
 
 
 def _cuda():
@@ -108,19 +110,19 @@ class GPURope(_GPUBenchmark):
 
 
 class GPUHFPair(_GPUBenchmark):
-    """Hugging Face's q ``[4, 32, 4096, 128]`` and k ``[4, 8, 4096, 128]`` bfloat16 (transposed
+    """Hugging Face's q ``[b, 32, s, 128]`` and k ``[b, 8, s, 128]`` bfloat16 (``b x s`` 1x1024, 4x4096; transposed
     views of ``[b, s, h, d]``) rotated together: eager, compiled, Liger-Kernel, posenc."""
 
-    params = (["torch eager", "torch.compile", "Liger-Kernel in place", "posenc", "posenc in place", "Tensor.copy_"],)
-    param_names = ["variant"]
+    params = (HF_SIZES, ["torch eager", "torch.compile", "Liger-Kernel in place", "posenc", "posenc in place", "Tensor.copy_"])
+    param_names = ["batch x tokens", "variant"]
 
-    def make(self, variant):
+    def make(self, size, variant):
         from posenc import _bench_gpu
         from posenc._kernels import rope_cuda
         from posenc.torch.hf import apply_rotary_pos_emb
 
         torch = self.torch
-        b, s = (4, 4096) if LARGE else (1, 1024)
+        b, s = (int(n) for n in size.split("x"))
         q = torch.randn(b, s, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         k = torch.randn(b, s, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
         cos, sin = (t.expand(b, s, 128) for t in _tables(torch, s, 128, torch.bfloat16))
@@ -140,7 +142,7 @@ class GPUHFPair(_GPUBenchmark):
             "Tensor.copy_": self.copy,
         }[variant]
 
-    def time_pair(self, variant):
+    def time_pair(self, size, variant):
         self.timed()
 
 
