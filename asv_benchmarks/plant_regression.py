@@ -54,7 +54,7 @@ def _planted_slowdown(fn):
 PLANTS = {
     "rope": (
         "src/posenc/_kernels/rope_cpu.py",
-        "_launch",
+        "rotate_positions",
         r"^rope\.RopeRotate\.",
     ),
     "t5_bias": (
@@ -70,7 +70,6 @@ PLANTS = {
     "none": ("README.md", None, r"$^"),
 }
 
-FLAG = re.compile(r"^\s*\+\s.*?\s((?:[a-z_0-9]+\.)+[A-Za-z_0-9]+(?:\(.*\))?)\s*$")
 
 
 def git(*args, cwd=ROOT):
@@ -94,13 +93,14 @@ def plant(name, base, fraction, workdir):
 
 
 def flags(output):
-    """The benchmark names of the rows the comparison marks as slower (``+``)."""
-    found = []
+    """The benchmark names of the rows asv's comparison tables mark as slower: ``| + | before |
+    after | ratio | name |``."""
+    found = set()
     for line in output.splitlines():
-        match = FLAG.match(line)
-        if match:
-            found.append(match.group(1))
-    return sorted(set(found))
+        cells = [cell.strip() for cell in line.split("|")]
+        if len(cells) == 7 and cells[1] == "+":
+            found.add(cells[5])
+    return sorted(found)
 
 
 def check(name, base, fraction, make_args, max_false):

@@ -332,3 +332,21 @@ def test_the_report_loads_nothing_from_the_network_and_holds_the_results(report)
     assert len([cell for cell in page.cells if cell.endswith(("µs", "ms"))]) >= 4 * len(commits)  # Sinusoidal's 4 parameter sets
     if len(commits) == 2:
         assert page.polylines >= 5  # a line over the commits for each series
+
+
+def test_the_plant_script_reads_the_rows_asv_marks_slower():
+    sys.path.insert(0, str(SUITE))
+    try:
+        import plant_regression
+    finally:
+        sys.path.remove(str(SUITE))
+    output = """| Change   | Before [6a9d780f] <plant-rope~1>   | After [c794c035] <plant-rope>   | Ratio   | Benchmark (Parameter) |
+|----------|------------------------------------|---------------------------------|---------|-----------------------|
+|          | 0.9005167311610505                 | 0.8574347778821587              | 0.95    | decode.DecodeStep.track_ratio('apply_rope numpy [1,32,1,128]') |
+| -        | 0.5                                | 0.4                             | 0.80    | bias.T5Bias.track_t5_out_time_over_fill(256) |
+| +        | 13.628042643959592                 | 15.17197892520802               | 1.11    | rope.RopeRotate.track_in_place_time_over_copy('1x8x256x128', 'bfloat16') |
+| +        | 6.324601016056232                  | 7.081409800115644               | 1.12    | rope.RopeRotate.track_in_place_time_over_copy('1x8x256x128', 'float32') |"""
+    assert plant_regression.flags(output + "\n" + output) == [
+        "rope.RopeRotate.track_in_place_time_over_copy('1x8x256x128', 'bfloat16')",
+        "rope.RopeRotate.track_in_place_time_over_copy('1x8x256x128', 'float32')",
+    ]
