@@ -53,8 +53,11 @@ def _device_array_types():
 def _host_work(monkeypatch, module, call):
     """``(launches, host-side device-array indexings, Python calls)`` of one ``call()``, after a
     first call (which may fill caches: compiled plans, frequencies on the device)."""
+    from posenc._kernels import _device_flat
+
     recorder = _Recorder()
     monkeypatch.setattr(module, "FAMILY", recorder)
+    monkeypatch.setattr(_device_flat, "_convert", recorder)  # a conversion on the device is a launch too
     indexing = [0]
     for cls in _device_array_types():
         original = cls.__getitem__
@@ -117,13 +120,14 @@ def _assert_constant(counts):
 
 @pytest.mark.parametrize("case", ["contiguous", "hf", "unmerged"])
 @pytest.mark.parametrize("out", ["new", "in place", "buffer"])
-def test_rope_rotate_host_work_does_not_grow(monkeypatch, case, out):
+@pytest.mark.parametrize("positions_dtype", ["float64", "int64"])  # int64: read as they are, no conversion
+def test_rope_rotate_host_work_does_not_grow(monkeypatch, case, out, positions_dtype):
     from posenc._kernels import rope_cuda
 
     counts = {}
     for s in LENGTHS:
         x, positions = _rope_cases(s)[case]
-        xd, pd = _device(x), _device(positions)
+        xd, pd = _device(x), _device(positions.astype(positions_dtype))
         target = {"new": None, "in place": xd, "buffer": _device(np.zeros_like(x))}[out]
         inv_freq = 10000.0 ** -(np.arange(4) / 4)
         counts[s] = _host_work(monkeypatch, rope_cuda, lambda: rope_cuda.rotate_positions(xd, pd, inv_freq, out=target))

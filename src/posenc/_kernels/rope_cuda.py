@@ -77,7 +77,7 @@ def _copy(x, at, g, out, to, og, channel, first):
 def _kernel_source(rotate, storage, interleaved, helpers):
     """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
 
-    def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, pg, inv_freq, sign, scale, cos, cg, sin, sg):
+    def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
         t, group = cuda.grid(2)
         first = group * _HEADS
@@ -102,7 +102,10 @@ def _kernel_source(rotate, storage, interleaved, helpers):
             _copy(x2, xi2, xg2, out2, oi2, og2, j + half, first)
             return
         if rotate:
-            angle = positions[pi] * inv_freq[j]
+            # int64 positions are read as they are (``counts``), others converted to float64
+            # (``positions``): whichever is not empty.
+            position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
+            angle = position * inv_freq[j]
             c = math.cos(angle) * scale
             sn = sign * math.sin(angle) * scale
         else:
@@ -125,6 +128,7 @@ def _build(op, dtype, layout):
         i64,
         *(flat, operand) * 4,
         types.Array(f64, 1, "C"),
+        types.Array(i64, 1, "C"),
         table,
         types.Array(f64, 1, "C"),
         f64,
@@ -232,15 +236,20 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     stream, on_device, device = _context(x)
     with on_device:
         operand = _Operand(x, out, stream)
-        positions_table = _tables(_arrays.device_values(positions, np.float64), tuple(x.shape)[:-1])
+        # int64 positions (torch.arange, position_ids) are read where they are; others become float64.
+        counting = _arrays.dtype_name(positions.dtype) == "int64"
+        held = _arrays.device_view(positions, bits16=False) if counting else _arrays.device_values(positions, np.float64)
+        positions_table = _tables(held, tuple(x.shape)[:-1])
         freqs = _device_flat.constant(device, inv_freq, stream)
         element = _arrays.ELEMENT[_arrays.dtype_name(x.dtype)]
         none = _device_flat.empty(device, element, stream)
         blank = _device_flat.BLANK_TABLE
+        no_floats, no_counts = _device_flat.empty(device, np.float64, stream), _device_flat.empty(device, np.int64, stream)
 
         def arguments(views):
             ((p, pg),) = views
-            return (p, pg, freqs, -1.0 if inverse else 1.0, float(scale), none, blank, none, blank)
+            p, c = (no_floats, p) if counting else (p, no_counts)
+            return (p, c, pg, freqs, -1.0 if inverse else 1.0, float(scale), none, blank, none, blank)
 
         _launch("rotate", layout, x, [operand], [positions_table], arguments, inv_freq.shape[0], stream)
         return operand.finish()
@@ -256,11 +265,11 @@ def _cos_sin_tables(x, cos, sin, layout):
 
 
 def _apply_arguments(device, stream):
-    positions, blank = _device_flat.empty(device, np.float64, stream), _device_flat.BLANK_TABLE
+    positions, counts, blank = _device_flat.empty(device, np.float64, stream), _device_flat.empty(device, np.int64, stream), _device_flat.BLANK_TABLE
 
     def arguments(views):
         (c, cg), (s, sg) = views
-        return (positions, blank, positions, 1.0, 1.0, c, cg, s, sg)
+        return (positions, counts, blank, positions, 1.0, 1.0, c, cg, s, sg)
 
     return arguments
 
