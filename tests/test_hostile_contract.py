@@ -324,3 +324,25 @@ def test_4_5_per_token_biases_keep_the_integer_rule_when_planned(kind, dtype):
         np.testing.assert_array_equal(got, hf_t5_bucket(-np.array(rel), num_buckets=32, max_distance=128))
     if dtype == np.int8:
         np.testing.assert_array_equal(call([100], [0, 1], offset=100)[0, 0], call([0], [0, 1], offset=200)[0, 0])
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_1_planned_rope_refuses_positions_inside_out(library):
+    """Plans of the signatures exist (first calls: positions in a buffer of their own, of
+    the same strides); a later call whose float positions lie inside ``out`` (or inside
+    ``x``, rotated in place) gets the cold call's error, not a rotation by positions being
+    overwritten."""
+    wrap = (lambda a: a) if library == "numpy" else torch.from_numpy
+
+    def buffers():
+        return wrap(RNG.standard_normal((4, 9))), wrap(RNG.standard_normal((4, 9)))
+
+    for _ in range(2):
+        data, apart = buffers()
+        pe.rope(data[:, 1:], apart[:, 1], out=wrap(np.zeros((4, 9)))[:, 1:])
+        pe.rope(data[:, 1:], apart[:, 1], out=data[:, 1:])
+    data, _ = buffers()
+    with pytest.raises(ValueError, match="out shares memory with positions"):
+        pe.rope(wrap(RNG.standard_normal((4, 9)))[:, 1:], data[:, 1], out=data[:, 1:])
+    with pytest.raises(ValueError, match="out shares memory with positions"):
+        pe.rope(data[:, 1:], data[:, 1], out=data[:, 1:])

@@ -206,7 +206,10 @@ class PositionsPlan:
 
     def __call__(self, args, kwargs):
         positions = args[1] if len(args) > 1 else kwargs.get("positions")
-        placed = self.source(positions, kwargs.get("offset", 0))
+        out, offset = kwargs.get("out"), kwargs.get("offset", 0)
+        if out is not None and any(a is not None and type(a) is not int and _may_meet(out, a) for a in (positions, offset)):
+            return NotImplemented  # the full path decides by elements (and refuses a true overlap)
+        placed = self.source(positions, offset)
         if placed is None:
             return NotImplemented  # a sum beyond int64: the full path's error
         pv = self.host(placed)
@@ -329,8 +332,6 @@ def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset
     if positions is None and type(offset) is int:
         plan = RotatePlan(x, xv, layout, sample, inv_freq, sign, scale, out)
     else:
-        if out is not None and out is not x:
-            return None  # whether out shares memory with the positions: the full path decides
         source = _source(xp, x, positions, seq_axis, offset, device)
         plan = PositionsPlan(x, xv, layout, sample, source, inv_freq, sign, scale, out)
     return plan if plan.launch.viewable() else None
