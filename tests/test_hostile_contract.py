@@ -346,3 +346,15 @@ def test_1_planned_rope_refuses_positions_inside_out(library):
         pe.rope(wrap(RNG.standard_normal((4, 9)))[:, 1:], data[:, 1], out=data[:, 1:])
     with pytest.raises(ValueError, match="out shares memory with positions"):
         pe.rope(data[:, 1:], data[:, 1], out=data[:, 1:])
+
+
+def test_5_the_relative_position_int64_min_is_exact():
+    """``rel = -2**63`` is within int64, but its negation and its absolute value are not: the
+    biases take them in float (ALiBi, KERPLE) or saturate them (T5's buckets)."""
+    q, k = np.array([-(2**63)]), np.array([0])
+    beyond = hf_t5_bucket(np.array([2**63 - 1]), num_buckets=32, max_distance=128)[0]  # key - query, saturated
+    assert pe.t5_bias(T5_TABLE, 1, 1, query_positions=q, key_positions=k).item() == beyond
+    assert pe.t5_bias(T5_TABLE, 1, 1, offset=-(2**63)).item() == beyond
+    assert pe.alibi_bias(np.array([1.0]), 1, 1, query_positions=q, key_positions=k).item() == 2.0**63
+    assert pe.alibi_bias(np.array([1.0]), 1, 1, offset=-(2**63), symmetric=True).item() == -(2.0**63)
+    assert pe.kerple_bias(np.ones(1), np.ones(1), 1, 1, offset=-(2**63), kind="power").item() == -(2.0**63)

@@ -114,13 +114,13 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
     """:func:`t5_bucket` of validated arguments (``t5_bucket_options``)."""
     side = num_buckets // 2 if bidirectional else num_buckets
     exact = side // 2
+    largest = xp.iinfo(rel.dtype).max
     if bidirectional:
-        n = xp.abs(rel)
+        n = xp.abs(xp.clip(rel, -largest, None))  # |int64 min| does not exist: beyond every threshold, as -largest
         base = xp.where(rel < 0, xp.asarray(side, dtype=rel.dtype, device=device_of(rel)), xp.zeros_like(rel))
     else:
         n = xp.clip(rel, 0, None)
         base = xp.zeros_like(rel)
-    largest = xp.iinfo(rel.dtype).max
     logarithmic = xp.full_like(rel, exact)
     for start in _t5_thresholds(side, max_distance):
         if start <= largest:

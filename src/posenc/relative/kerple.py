@@ -70,7 +70,7 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
     q_len, k_len, offset = _lengths(q_len, k_len, offset)
     check.allocatable("kerple_bias", (int(r1.shape[0]), q_len, k_len), 8)
     work = compute_dtype(xp, r1.dtype)
-    dist = xp.astype(xp.abs(distances(q_len, k_len, offset, xp=xp, device=device_of(r1, r2))), work)
+    dist = xp.abs(xp.astype(distances(q_len, k_len, offset, xp=xp, device=device_of(r1, r2)), work))  # |int64 min| only as a float
     a, b = cast(xp, r1, work)[:, None], cast(xp, r2, work)[:, None]
     if kind == "log":
         vec = -a * xp.log(1 + b * dist)
