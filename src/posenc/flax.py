@@ -1,0 +1,431 @@
+r"""Flax NNX modules: the module protocol of :mod:`posenc.torch` for JAX models.
+
+Every module answers the same three calls as its torch twin
+(:class:`posenc.torch.PositionalModule`), on JAX arrays:
+
+- ``embed(x, positions=None, *, offset=0)``: token embeddings ``x [batch, seq, d_model]``
+  with the absolute table added (``Sinusoidal``, ``Learned``), unchanged otherwise;
+- ``logits(q, k, *, offset=None) -> [batch, heads, q_len, k_len]``: the pre-softmax scores,
+  scale included (``1/sqrt(head_dim)`` unless the paper fixes another);
+- ``attend(q, k, v, *, causal=False, offset=None, mask=None) -> [batch, heads, q_len, d_v]``
+  (also ``__call__``): :math:`\mathrm{softmax}(\text{logits} + \text{masks})\,v`, plus the
+  module's own value term where its paper has one (Shaw's ``table_v``).
+
+``q, k, v`` are ``[batch, heads, seq, head_dim]``; queries sit at ``offset + arange(q_len)``
+(``offset=None``: ``k_len - q_len``, the queries being the last keys, as after a KV cache),
+keys at ``arange(k_len)``; ``mask`` is boolean, ``True`` where a query may attend; a query
+that may attend to no key gets zeros. ``T5``, ``ALiBi``, ``Shaw`` and ``DeBERTa`` take
+per-token ``query_positions``/``key_positions`` too (packed or padded batches). Learned
+parts are ``nnx.Param`` (initialised as the torch modules initialise theirs, from
+``rngs``), so ``nnx.jit``, ``nnx.grad`` and optax train them; each module's output is the
+functional call with its parameters (:func:`posenc.t5_bias`, :func:`posenc.rope`, ...).
+
+Examples
+--------
+>>> import jax, jax.numpy as jnp, posenc as pe
+>>> from flax import nnx
+>>> from posenc.flax import T5, Rotary
+>>> q = k = v = jax.random.normal(jax.random.key(0), (1, 2, 5, 8))
+>>> bias = T5(2, rngs=nnx.Rngs(0))
+>>> bias.logits(q, k).shape
+(1, 2, 5, 5)
+>>> want = q @ jnp.swapaxes(k, -1, -2) / jnp.sqrt(8.0) + pe.t5_bias(bias.table[...], 5, 5)
+>>> bool(jnp.allclose(bias.logits(q, k), want, atol=1e-5))
+True
+>>> rope = Rotary(8, scaling=pe.scaling.YaRN(4.0, 16))
+>>> rope.attend(q, k, v, causal=True).shape
+(1, 2, 5, 8)
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import posenc as pe
+from posenc.relative import indices
+from posenc.relative.deberta import TERMS
+
+__all__ = [
+    "ALiBi",
+    "CoPE",
+    "DeBERTa",
+    "FIRE",
+    "KERPLE",
+    "Learned",
+    "NoPE",
+    "PositionalModule",
+    "Rotary",
+    "Sandwich",
+    "Shaw",
+    "Sinusoidal",
+    "T5",
+    "TUPE",
+    "XL",
+    "XPos",
+]
+
+
+def dot_scores(q, k, scale=None):
+    """``q k^T * scale``, ``scale = 1/sqrt(head_dim)`` by default."""
+    return q @ jnp.swapaxes(k, -1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
+
+
+def _normal(rngs, shape, scale):
+    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32) * scale)
+
+
+def _positive(name, value, minimum=1):
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"{name} must be a {'positive' if minimum else 'non-negative'} integer, got {value!r}")
+    return value
+
+
+class PositionalModule(nnx.Module):
+    """Base of every module: ``embed``, ``logits``, ``attend`` (see the module docstring).
+
+    A subclass supplies ``embed`` (absolute encodings), ``scores(q, k, offset)`` (the
+    logits for a resolved offset; default the scaled dot product) and ``values(weights, v,
+    offset)`` (default ``weights @ v``), with ``query_positions``/``key_positions`` keywords
+    when ``takes_positions``.
+    """
+
+    takes_positions = False
+
+    def embed(self, x, positions=None, *, offset=0):
+        return x
+
+    def logits(self, q, k, *, offset=None, query_positions=None, key_positions=None):
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        return self.scores(q, k, offset, **positions)
+
+    def attend(self, q, k, v, *, causal=False, offset=None, mask=None, query_positions=None, key_positions=None):
+        if not isinstance(causal, bool):
+            raise TypeError(f"causal must be a bool, got {causal!r}")
+        start = indices.query_offset(offset, q.shape[-2], k.shape[-2])
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        logits = self.scores(q, k, offset, **positions)
+        weights = _masked_softmax(logits, _allowed_keys(logits, causal, start, mask))
+        return self.values(weights.astype(v.dtype), v, offset, **positions)
+
+    def __call__(self, q, k, v, **options):
+        return self.attend(q, k, v, **options)
+
+    def _alignment(self, q, k, offset, query_positions, key_positions):
+        if query_positions is None and key_positions is None:
+            return indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
+        if not self.takes_positions:
+            raise TypeError(f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5, ALiBi, Shaw, DeBERTa)")
+        return offset, {"query_positions": query_positions, "key_positions": key_positions}
+
+    def scores(self, q, k, offset):
+        return dot_scores(q, k)
+
+    def values(self, weights, v, offset, **positions):
+        return weights @ v
+
+
+def _allowed_keys(logits, causal, offset, mask):
+    allowed = None
+    if causal:
+        q_len, k_len = logits.shape[-2:]
+        allowed = (offset + jnp.arange(q_len))[:, None] >= jnp.arange(k_len)[None, :]
+    if mask is not None:
+        if getattr(mask, "dtype", None) != jnp.bool_:
+            raise TypeError(f"mask must be a boolean array (True = may attend), got {getattr(mask, 'dtype', type(mask).__name__)}")
+        allowed = mask if allowed is None else allowed & mask
+    return allowed
+
+
+def _masked_softmax(logits, allowed):
+    """Softmax over the keys (float32 for 16-bit logits); a row with no allowed key gets zeros."""
+    if logits.dtype in (jnp.float16, jnp.bfloat16):
+        logits = logits.astype(jnp.float32)
+    if allowed is None:
+        return jax.nn.softmax(logits, axis=-1)
+    some = jnp.any(allowed, axis=-1, keepdims=True)
+    logits = jnp.where(some, jnp.where(allowed, logits, -jnp.inf), 0.0)
+    return jax.nn.softmax(logits, axis=-1) * some
+
+
+def _positions(x, positions, offset):
+    return offset + jnp.arange(x.shape[-2]) if positions is None else positions
+
+
+# ---------------------------------------------------------------- absolute
+
+
+class NoPE(PositionalModule):
+    """No positional encoding: the plain scaled dot product (a causal mask gives the order)."""
+
+
+class Sinusoidal(PositionalModule):
+    """The fixed sinusoidal table (:func:`posenc.sinusoidal`) added to the token embeddings."""
+
+    def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
+        pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
+        self.dim, self.base, self.layout = dim, base, layout
+
+    def embed(self, x, positions=None, *, offset=0):
+        return x + pe.sinusoidal(_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
+
+
+class Learned(PositionalModule):
+    """A learned absolute table ``weight [num_positions, dim]`` (``nnx.Param``) added to the tokens."""
+
+    def __init__(self, num_positions: int, dim: int, *, rngs: nnx.Rngs):
+        self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02)
+
+    def embed(self, x, positions=None, *, offset=0):
+        return x + jnp.take(self.weight[...], _positions(x, positions, offset), axis=0).astype(x.dtype)
+
+
+# ---------------------------------------------------------------- rotary
+
+
+class Rotary(PositionalModule):
+    """RoPE (:func:`posenc.rope`) of queries and keys, every scaling of :mod:`posenc.scaling`.
+
+    ``rotate(x, positions=None, *, offset=0, seq_len=None)`` rotates one array
+    (``[batch, heads, seq, head_dim]``); ``logits`` rotates the queries at ``offset +
+    arange(q_len)`` and the keys at ``arange(k_len)`` with one length for both (the longer:
+    what ``DynamicNTK`` and ``LongRoPE`` adapt to, traced or not).
+    """
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, scaling=None, layout: str = "half", rotary_dim: int | None = None):
+        self.head_dim, self.rotary_dim = head_dim, head_dim if rotary_dim is None else rotary_dim
+        if self.rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {self.rotary_dim}")
+        if layout not in ("half", "interleaved"):
+            raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+        pe.rope_frequencies(self.rotary_dim, base=base, scaling=scaling)  # validates the arguments now
+        self.base, self.scaling, self.layout = base, scaling, layout
+
+    def rotate(self, x, positions=None, *, offset=0, seq_len=None):
+        options = {"base": self.base, "scaling": self.scaling, "layout": self.layout, "rotary_dim": self.rotary_dim}
+        return pe.rope(x, positions, offset=offset, seq_len=seq_len, seq_axis=-2, **options)
+
+    def scores(self, q, k, offset):
+        seq_len = None
+        if self.scaling is not None and self.scaling.uses_seq_len:
+            end = offset + q.shape[-2]
+            seq_len = max(end, k.shape[-2]) if isinstance(end, int) else jnp.maximum(end, k.shape[-2])
+        return dot_scores(self.rotate(q, offset=offset, seq_len=seq_len), self.rotate(k, seq_len=seq_len))
+
+
+class XPos(PositionalModule):
+    """xPos (Sun et al., 2022): RoPE whose scores decay with the distance (:func:`posenc.xpos_scale`),
+    both sides centred at ``k_len // 2`` and scaled in float32 at least, as ``posenc.torch.XPos``."""
+
+    def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512, layout: str = "half"):
+        pe.xpos_scale(np.zeros(1), head_dim, scale_base=scale_base, layout=layout)  # validates the arguments now
+        pe.rope_frequencies(head_dim, base=base)
+        self.head_dim, self.base, self.scale_base, self.layout = head_dim, base, scale_base, layout
+
+    def scores(self, q, k, offset):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        center = k_len // 2
+        work = jnp.promote_types(q.dtype, jnp.float32)
+        scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": work}
+        q_scale = pe.xpos_scale(offset - center + jnp.arange(q_len), q.shape[-1], **scale)
+        k_scale = pe.xpos_scale(jnp.arange(k_len) - center, k.shape[-1], **scale)
+        rope = {"base": self.base, "layout": self.layout}
+        logits = dot_scores(pe.rope(q, offset=offset, **rope).astype(work) * q_scale, pe.rope(k, **rope).astype(work) / k_scale)
+        return logits.astype(q.dtype)
+
+
+# ---------------------------------------------------------------- biases
+
+
+class _Bias(PositionalModule):
+    """The scaled dot product plus a bias ``[heads, q_len, k_len]`` from ``bias(q_len, k_len, offset=)``."""
+
+    def scores(self, q, k, offset, **positions):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions).astype(q.dtype)
+
+
+class T5(_Bias):
+    """T5's learned bucketed bias (:func:`posenc.t5_bias`): ``table [num_buckets, heads]``."""
+
+    takes_positions = True
+
+    def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True, rngs: nnx.Rngs):
+        pe.t5_bucket(np.zeros(1, dtype=np.int64), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+        self.table = _normal(rngs, (num_buckets, _positive("num_heads", num_heads)), 0.02)
+        self.max_distance, self.bidirectional = max_distance, bidirectional
+
+    def bias(self, q_len, k_len, *, offset=None, **positions):
+        table = self.table[...]
+        options = {"bidirectional": self.bidirectional, "max_distance": self.max_distance, "num_buckets": table.shape[0]}
+        return pe.relative_bias("t5", table, q_len, k_len, offset=offset, **positions, **options)
+
+
+class ALiBi(_Bias):
+    """ALiBi's fixed linear bias (:func:`posenc.alibi_bias`) with :func:`posenc.alibi_slopes`."""
+
+    takes_positions = True
+
+    def __init__(self, num_heads: int, *, max_bias: float = 8.0, symmetric: bool = False):
+        self.slopes = pe.alibi_slopes(_positive("num_heads", num_heads), max_bias=max_bias)  # a host constant
+        self.symmetric = symmetric
+
+    def bias(self, q_len, k_len, *, offset=None, **positions):
+        slopes = jnp.asarray(self.slopes, jnp.float32)
+        return pe.alibi_bias(slopes, q_len, k_len, offset=offset, symmetric=self.symmetric, **positions)
+
+
+class FIRE(_Bias):
+    """FIRE (Li et al., 2024): :func:`posenc.fire_bias` of a learned MLP ``1 -> mlp_width -> heads``
+    (ReLU), learned ``c`` and threshold multiplier, as ``posenc.torch.FIRE``."""
+
+    def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6, rngs: nnx.Rngs):
+        pe.fire_distances(1, 1, c=c, threshold=threshold, eps=eps)  # validates the options now
+        self.hidden = nnx.Linear(1, _positive("mlp_width", mlp_width), rngs=rngs)
+        self.out = nnx.Linear(mlp_width, _positive("num_heads", num_heads), rngs=rngs)
+        self.c = nnx.Param(jnp.asarray(float(c), jnp.float32))
+        self.L_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
+        self.threshold, self.eps = threshold, eps
+
+    def mlp(self, distances):
+        return self.out(jax.nn.relu(self.hidden(distances)))
+
+    def bias(self, q_len, k_len, *, offset=None):
+        threshold = self.L_multiplier[...] * self.threshold
+        return pe.fire_bias(self.mlp, q_len, k_len, offset=offset, c=self.c[...], threshold=threshold, eps=self.eps, xp=jnp, dtype=jnp.float32)
+
+
+class KERPLE(_Bias):
+    """KERPLE (Chi et al., 2022): :func:`posenc.kerple_bias` with learned ``r1, r2 [heads]``,
+    clamped at ``eps`` (``r2 <= 2`` for ``"power"``) in the forward pass while the gradient
+    passes unclamped, as the paper's in-place clamp of ``.data`` does."""
+
+    def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2, rngs: nnx.Rngs):
+        if kind not in pe.relative.kerple.KERPLE_KINDS:
+            raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
+        heads = _positive("num_heads", num_heads)
+        up_to_2 = jax.random.uniform(rngs.params(), (heads,)) * 2
+        up_to_1 = jax.random.uniform(rngs.params(), (heads,))
+        r1, r2 = (up_to_2, up_to_1) if kind == "log" else (up_to_1, up_to_2)
+        self.r1, self.r2, self.kind, self.eps = nnx.Param(r1), nnx.Param(r2), kind, eps
+
+    def bias(self, q_len, k_len, *, offset=None):
+        def clamped(r, high):
+            return r + jax.lax.stop_gradient(jnp.clip(r, self.eps, high) - r)
+
+        r1, r2 = clamped(self.r1[...], None), clamped(self.r2[...], 2.0 if self.kind == "power" else None)
+        return pe.kerple_bias(r1, r2, q_len, k_len, kind=self.kind, offset=offset)
+
+
+class Sandwich(_Bias):
+    """Sandwich (Chi et al., 2023): the parameter-free :func:`posenc.sandwich_bias`."""
+
+    def __init__(self, num_heads: int, *, dim: int = 128, base: float = 10000.0):
+        pe.sandwich_vector(1, 1, dim, heads=num_heads, base=base)  # validates the options now
+        self.num_heads, self.dim, self.base = num_heads, dim, base
+
+    def bias(self, q_len, k_len, *, offset=None):
+        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, xp=jnp)
+
+
+# ---------------------------------------------------------------- relative logits
+
+
+class Shaw(PositionalModule):
+    """Shaw et al.'s relative attention: :func:`posenc.shaw_logits` over ``sqrt(head_dim)`` with
+    ``table_k``, and :func:`posenc.shaw_output`'s value term with ``table_v`` ``[2K+1, head_dim]``."""
+
+    takes_positions = True
+
+    def __init__(self, head_dim: int, *, max_distance: int, rngs: nnx.Rngs):
+        rows = 2 * _positive("max_distance", max_distance, minimum=0) + 1
+        self.table_k = _normal(rngs, (rows, _positive("head_dim", head_dim)), 0.02)
+        self.table_v = _normal(rngs, (rows, head_dim), 0.02)
+        self.max_distance = max_distance
+
+    def scores(self, q, k, offset, **positions):
+        logits = pe.shaw_logits(q, k, self.table_k[...], max_distance=self.max_distance, offset=offset, **positions)
+        return logits / math.sqrt(q.shape[-1])
+
+    def values(self, weights, v, offset, **positions):
+        return pe.shaw_output(weights, v, self.table_v[...], max_distance=self.max_distance, offset=offset, **positions)
+
+
+class DeBERTa(PositionalModule):
+    """DeBERTa's disentangled attention (:func:`posenc.deberta_logits`) with ``pos_q``/``pos_k
+    [heads, 2K, head_dim]`` (those of the ``terms`` in use)."""
+
+    takes_positions = True
+
+    def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size=None, max_position=None, terms=TERMS, rngs: nnx.Rngs):
+        terms = tuple(terms)
+        if not terms or any(t not in TERMS for t in terms) or len(set(terms)) != len(terms):
+            raise ValueError(f"terms must be a non-empty subset of {TERMS!r}, got {terms!r}")
+        shape = (_positive("num_heads", num_heads), 2 * _positive("max_distance", max_distance), _positive("head_dim", head_dim))
+        self.pos_q = _normal(rngs, shape, 0.02) if "p2c" in terms else None
+        self.pos_k = _normal(rngs, shape, 0.02) if "c2p" in terms else None
+        self.max_distance, self.bucket_size, self.max_position, self.terms = max_distance, bucket_size, max_position, terms
+
+    def scores(self, q, k, offset, **positions):
+        tables = [None if t is None else t[...] for t in (self.pos_q, self.pos_k)]
+        return pe.deberta_logits(q, k, *tables, max_distance=self.max_distance, bucket_size=self.bucket_size,
+                                 max_position=self.max_position, terms=self.terms, offset=offset, **positions)  # fmt: skip
+
+
+class XL(PositionalModule):
+    """Transformer-XL's relative attention (:func:`posenc.xl_logits`): sinusoids of the distances
+    projected by ``r_proj [heads, dim, head_dim]``, global biases ``u``, ``v [heads, 1, head_dim]``."""
+
+    def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved", rngs: nnx.Rngs):
+        heads, head_dim = _positive("num_heads", num_heads), _positive("head_dim", head_dim)
+        dim = heads * head_dim if dim is None else dim
+        pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
+        self.r_proj = _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim))
+        self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02), _normal(rngs, (heads, 1, head_dim), 0.02)
+        self.dim, self.base, self.layout = dim, base, layout
+
+    def scores(self, q, k, offset):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        distances = (offset - (k_len - q_len)) + jnp.arange(k_len - 1, -q_len - 1, -1)
+        r = pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=jnp.float32) @ self.r_proj[...]
+        return pe.xl_logits(q, k, r, self.u[...], self.v[...]) / math.sqrt(q.shape[-1])
+
+
+class TUPE(PositionalModule):
+    """TUPE's untied positional attention (:func:`posenc.tupe_logits`): a learned table ``p
+    [max_positions, dim]`` correlated through ``uq``, ``uk [heads, dim, head_dim]``; ``cls [2,
+    heads]`` with ``untie_cls``; ``bias`` a bias module (``T5``, ``ALiBi``: TUPE-R)."""
+
+    def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False,
+                 bias=None, rngs: nnx.Rngs):  # fmt: skip
+        heads, head_dim = _positive("num_heads", num_heads), _positive("head_dim", head_dim)
+        dim = _positive("dim", heads * head_dim if dim is None else dim)
+        if bias is not None and not isinstance(bias, _Bias):
+            raise TypeError(f"bias must be a bias module (T5, ALiBi) or None, got {type(bias).__name__}")
+        self.p = _normal(rngs, (_positive("max_positions", max_positions), dim), 0.02)
+        self.uq, self.uk = _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim)), _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim))
+        self.cls = nnx.Param(jnp.zeros((2, heads))) if untie_cls else None
+        self.max_positions, self.bias = max_positions, bias
+
+    def scores(self, q, k, offset):
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        if isinstance(offset, int) and max(offset + q_len, k_len) > self.max_positions:
+            raise ValueError(f"TUPE positions must lie in [0, max_positions = {self.max_positions}), got queries up to {offset + q_len - 1}")
+        cls = None if self.cls is None else (self.cls[...][0], self.cls[...][1])
+        bias = None if self.bias is None else self.bias.bias(q_len, k_len, offset=offset).astype(q.dtype)
+        return pe.tupe_logits(q, k, self.p[...], self.uq[...], self.uk[...], offset=offset, bias=bias, cls=cls)
+
+
+class CoPE(PositionalModule):
+    """CoPE (Golovneva et al., 2024): :func:`posenc.cope_logits` with learned ``pos_emb [npos_max,
+    head_dim]`` (zeros at first, as in the paper's code)."""
+
+    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
+        self.pos_emb = nnx.Param(jnp.zeros((_positive("npos_max", npos_max), _positive("head_dim", head_dim))))
+        self.causal = causal
+
+    def scores(self, q, k, offset):
+        return pe.cope_logits(q, k, self.pos_emb[...].astype(q.dtype), causal=self.causal, offset=offset)

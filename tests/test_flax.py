@@ -1,0 +1,133 @@
+"""posenc.flax: every NNX module equal to its torch twin given the same parameters (the same
+protocol: embed, logits, attend), and to the functional call it wraps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import posenc as pe
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+nnx = pytest.importorskip("flax.nnx")
+torch = pytest.importorskip("torch")
+pf = pytest.importorskip("posenc.flax")
+pt = pytest.importorskip("posenc.torch")
+
+HEADS, DIM = 2, 8
+rngs = nnx.Rngs(0)
+
+
+def _set(flax_param, tensor, transpose=False):
+    value = tensor.detach().numpy()
+    flax_param[...] = jnp.asarray(value.T if transpose else value)
+
+
+def _randomised(module):
+    """The torch module's parameters drawn again (CoPE's start at zero)."""
+    generator = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=generator) * 0.3)
+    return module
+
+
+def _fire():
+    t = _randomised(pt.FIRE(HEADS, mlp_width=4, threshold=8.0))
+    f = pf.FIRE(HEADS, mlp_width=4, threshold=8.0, rngs=rngs)
+    _set(f.hidden.kernel, t.mlp[0].weight, True), _set(f.hidden.bias, t.mlp[0].bias)
+    _set(f.out.kernel, t.mlp[2].weight, True), _set(f.out.bias, t.mlp[2].bias)
+    _set(f.c, t.c), _set(f.L_multiplier, t.L_multiplier)
+    return t, f
+
+
+def _pair(torch_module, flax_module, *names):
+    _randomised(torch_module)
+    for name in names:
+        _set(getattr(flax_module, name), getattr(torch_module, name))
+    return torch_module, flax_module
+
+
+SCALINGS = {
+    "plain": None,
+    "linear": pe.scaling.Linear(2.0),
+    "ntk": pe.scaling.NTK(2.0),
+    "dynamic": pe.scaling.DynamicNTK(2.0, 4),
+    "yarn": pe.scaling.YaRN(4.0, 4),
+    "longrope": pe.scaling.LongRoPE((1.0, 1.5, 2.0, 3.0), (2.0, 3.0, 4.0, 8.0), 4, factor=4.0),
+    "llama3": pe.scaling.Llama3(8.0, 4, low_freq_factor=1.0, high_freq_factor=4.0),
+}
+
+PAIRS = {
+    **{f"rotary {n}": (lambda s=s: (pt.RotaryEmbedding(DIM, scaling=s), pf.Rotary(DIM, scaling=s))) for n, s in SCALINGS.items()},
+    "xpos": lambda: (pt.XPos(DIM, scale_base=16), pf.XPos(DIM, scale_base=16)),
+    "t5": lambda: _pair(pt.T5RelativeBias(HEADS, num_buckets=8, max_distance=16), pf.T5(HEADS, num_buckets=8, max_distance=16, rngs=rngs), "table"),
+    "alibi": lambda: (pt.ALiBi(HEADS), pf.ALiBi(HEADS)),
+    "fire": _fire,
+    "kerple log": lambda: _pair(pt.KERPLE(HEADS), pf.KERPLE(HEADS, rngs=rngs), "r1", "r2"),
+    "kerple power": lambda: _pair(pt.KERPLE(HEADS, kind="power"), pf.KERPLE(HEADS, kind="power", rngs=rngs), "r1", "r2"),
+    "sandwich": lambda: (pt.Sandwich(HEADS, dim=16), pf.Sandwich(HEADS, dim=16)),
+    "shaw": lambda: _pair(pt.ShawRelative(DIM, max_distance=3), pf.Shaw(DIM, max_distance=3, rngs=rngs), "table_k", "table_v"),
+    "deberta": lambda: _pair(pt.DeBERTaRelative(HEADS, DIM, max_distance=4), pf.DeBERTa(HEADS, DIM, max_distance=4, rngs=rngs), "pos_q", "pos_k"),
+    "xl": lambda: _pair(pt.TransformerXLRelative(HEADS, DIM), pf.XL(HEADS, DIM, rngs=rngs), "r_proj", "u", "v"),
+    "tupe": lambda: _pair(pt.TUPE(HEADS, DIM, max_positions=16, untie_cls=True), pf.TUPE(HEADS, DIM, max_positions=16, untie_cls=True, rngs=rngs), "p", "uq", "uk", "cls"),
+    "cope": lambda: _pair(pt.CoPE(DIM, npos_max=8), pf.CoPE(DIM, npos_max=8), "pos_emb"),
+    "nope": lambda: (pt.NoPE(), pf.NoPE()),
+    "sinusoidal": lambda: (pt.SinusoidalEmbedding(DIM), pf.Sinusoidal(DIM)),
+    "learned": lambda: _pair(pt.LearnedEmbedding(16, DIM), pf.Learned(16, DIM, rngs=rngs), "weight"),
+}
+
+
+def _qkv(q_len, k_len):
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal((2, HEADS, n, DIM)).astype(np.float32) for n in (q_len, k_len, k_len)]
+
+
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_flax_module_equals_the_torch_module_with_the_same_parameters(name):
+    torch_module, flax_module = PAIRS[name]()
+    for q_len, k_len, options in ((5, 5, {}), (2, 6, {"causal": True, "offset": 3})):
+        q, k, v = _qkv(q_len, k_len)
+        tq, tk, tv = (torch.from_numpy(a) for a in (q, k, v))
+        jq, jk, jv = (jnp.asarray(a) for a in (q, k, v))
+        logit_options = {"offset": options["offset"]} if "offset" in options else {}
+        with torch.no_grad():
+            want_logits = torch_module.logits(tq, tk, **logit_options).numpy()
+            want = torch_module.attend(tq, tk, tv, **options).numpy()
+        # under jax.jit: one compilation instead of JAX's eager op-by-op ones (the test's time)
+        logits, out = jax.jit(lambda q, k, v: (flax_module.logits(q, k, **logit_options), flax_module(q, k, v, **options)))(jq, jk, jv)
+        np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=2e-5, atol=2e-5)
+        np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-5)
+    x = np.random.default_rng(1).standard_normal((2, 5, DIM)).astype(np.float32)
+    with torch.no_grad():
+        want = torch_module.embed(torch.from_numpy(x), offset=3).numpy()
+    np.testing.assert_allclose(np.asarray(jax.jit(lambda x: flax_module.embed(x, offset=3))(jnp.asarray(x))), want, rtol=2e-5, atol=2e-5)
+
+
+def test_flax_modules_are_the_functional_calls():
+    q, k, v = (jnp.asarray(a) for a in _qkv(3, 5))
+    dot = q @ jnp.swapaxes(k, -1, -2) / np.sqrt(DIM)
+    t5 = pf.T5(HEADS, rngs=rngs)
+    np.testing.assert_allclose(t5.logits(q, k), dot + pe.t5_bias(t5.table[...], 3, 5), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pf.ALiBi(HEADS).logits(q, k), dot + pe.alibi_bias(pe.alibi_slopes(HEADS), 3, 5), rtol=1e-6, atol=1e-6)
+    dyn = pe.scaling.DynamicNTK(2.0, 4)
+    rotated = pe.rope(q, offset=2, scaling=dyn, seq_len=5) @ jnp.swapaxes(pe.rope(k, scaling=dyn, seq_len=5), -1, -2) / np.sqrt(DIM)
+    np.testing.assert_allclose(pf.Rotary(DIM, scaling=dyn).logits(q, k), rotated, rtol=1e-6, atol=1e-6)
+    shaw = pf.Shaw(DIM, max_distance=2, rngs=rngs)
+    np.testing.assert_allclose(shaw.logits(q, k), pe.shaw_logits(q, k, shaw.table_k[...], max_distance=2) / np.sqrt(DIM), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(pf.Sandwich(HEADS, dim=16).logits(q, k), dot + pe.sandwich_bias(3, 5, 16, heads=HEADS, xp=jnp), rtol=1e-6, atol=1e-6)
+
+
+def test_flax_modules_train_under_nnx_jit_and_grad():
+    q, k, v = (jnp.asarray(a) for a in _qkv(4, 4))
+    model = pf.T5(HEADS, rngs=rngs)
+
+    @nnx.jit
+    def loss_and_grad(model):
+        return nnx.value_and_grad(lambda m: jnp.sum(m(q, k, v, causal=True) ** 2))(model)
+
+    loss, grads = loss_and_grad(model)
+    assert np.isfinite(float(loss)) and float(jnp.abs(grads.table[...]).sum()) > 0
+    with pytest.raises(TypeError, match="takes no query_positions"):
+        pf.XL(HEADS, DIM, rngs=rngs).logits(q, k, query_positions=jnp.arange(4))
