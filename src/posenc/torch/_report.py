@@ -72,9 +72,10 @@ def markdown(document, *, command=None):
         "tokens predicted right given the true prefix (teacher forcing), mean over the seeds. Lengths are item "
         f"counts; **bold**: the training length (in distribution). ✗: exact match below {THRESHOLD} at the training "
         "length, so the model did not learn the task and its longer-length numbers say little about extrapolation. "
-        "lr: the learning rate chosen on seed 0's in-distribution validation sequences.",
+        + (f"lr: the learning rate chosen per encoding on in-distribution validation sequences of seed 0 of {document['sweep'][0]['task']}."
+           if document.get("sweep") else "lr: the one learning rate of this run (no sweep)."),
         "",
-    ]
+    ]  # fmt: skip
     marked = {(t, e) for t, e, _ in unlearned(records)}
     matches, accuracy = _grouped(records, "matches"), _grouped(records, "token_accuracy")
     rates = {(r["task"], r["encoding"]): r["lr"] for r in records}

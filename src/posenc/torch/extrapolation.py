@@ -375,7 +375,7 @@ def _job(name, evaluated, task, seed, lr, cfg, train_len, eval_lens, hp, validat
 def execute(function, jobs, workers, bar, label):
     """``[function(*job) for job in jobs]``, on ``workers`` processes when more than one;
     ``bar`` (:class:`Progress`) steps with ``label(job)`` as each ends."""
-    if workers == 1:
+    if workers == 1 or not jobs:
         done = []
         for job in jobs:
             done.append(function(*job))
@@ -487,14 +487,16 @@ def results(*, encodings=None, tasks=None, seeds=None, quick=False, progress=Tru
 
     Returns
     -------
-    ``{"config", "versions", "commit", "cpu", "seeds", "sweep", "records"}``: every option
-    (the validated arguments, :class:`Config`'s fields and each task's hyperparameters), the
-    Python and package versions, the posenc source's git commit (``+changes`` when it differs),
-    the CPU (:mod:`posenc.torch._provenance`), the seeds, the learning-rate sweep (seed 0's
-    validation per rate, ``chosen``) and the records ``{"task", "encoding", "seed",
-    "train_len", "eval_len", "lr", "exact_match", "token_accuracy", "loss", "matches"}``
-    (:func:`evaluate`), ordered by task, encoding, seed and length. Nothing depends on the
-    clock or the load: the same call on the same machine returns the same document.
+    dict
+        ``{"config", "versions", "commit", "cpu", "seeds", "sweep", "records"}``: every option
+        (the validated arguments, :class:`Config`'s fields and each task's hyperparameters),
+        the Python and package versions, the posenc source's git commit (``+changes`` when it
+        differs), the CPU (:mod:`posenc.torch._provenance`), the seeds, the learning-rate
+        sweep (seed 0's validation per rate, ``chosen``) and the records, each ``{"task",
+        "encoding", "seed", "train_len", "eval_len", "lr", "exact_match", "token_accuracy",
+        "loss", "matches"}`` (:func:`evaluate`), ordered by task, encoding, seed and length.
+        Nothing depends on the clock or the load: the same call on the same machine returns
+        the same document.
     """
     from . import _provenance
 
@@ -525,5 +527,5 @@ def results(*, encodings=None, tasks=None, seeds=None, quick=False, progress=Tru
 
 
 def run(**kwargs):
-    """:func:`results`' records alone (the same arguments)."""
+    """The records of :func:`posenc.torch.extrapolation.results` alone; the same keyword arguments."""
     return results(**kwargs)["records"]

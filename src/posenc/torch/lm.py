@@ -47,7 +47,7 @@ class Config(ex.Shape):
     ``spans`` test stretches of the longest evaluation length."""
 
     layers: int = 2
-    steps: int = 600
+    steps: int = 2000
     batch: int = 32
     lr: float = 3e-3
     spans: int = 16
