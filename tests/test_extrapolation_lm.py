@@ -77,6 +77,14 @@ def test_the_command_writes_the_lm_files(tmp_path, monkeypatch):
     assert (out / "lm_perplexity.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_a_machine_without_the_standard_librarys_source_is_told_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(lm, "train", lambda *a, **k: pytest.fail("trained without a corpus"))
+    empty = np.zeros(0, dtype=np.uint8)
+    monkeypatch.setattr(lm, "corpus", lambda: (empty, empty, {}))
+    assert cli.main(["extrapolate", "--lm", "--out", str(tmp_path)]) == 2
+    assert "--lm needs the Python standard library's .py files, found 0 training and 0 test bytes" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

@@ -144,6 +144,10 @@ def check_arguments(encodings=None, seeds=1, train_len=TRAIN_LEN, eval_lens=None
     overrides = _hparams.parse(hparams)
     if overrides.get("randomized", {}).get("M", max(eval_lens)) < max(eval_lens):
         raise ValueError(f"--hparam randomized.M must be >= {max(eval_lens)}, the longest test input (bytes), got {overrides['randomized']['M']}")
+    train, test, _ = corpus()
+    if train.size <= train_len or test.size <= max(eval_lens):
+        root = sysconfig.get_paths()["stdlib"]
+        raise ValueError(f"--lm needs the Python standard library's .py files, found {train.size} training and {test.size} test bytes under {root}")
     return encodings, seeds, train_len, sorted(set(eval_lens)), overrides
 
 
