@@ -94,7 +94,7 @@ class T5RelativeBias(_DistanceBias):
 
     def options(self):
         num_buckets, heads = self.table.shape
-        return {"num_heads": int(heads), **self.bias_options()}
+        return {"num_heads": int(heads), "num_buckets": int(num_buckets), **self.bias_options()}
 
 
 class ALiBi(_DistanceBias):
