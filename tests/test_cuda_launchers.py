@@ -178,3 +178,23 @@ def test_an_out_overlapping_x_other_than_exactly_gets_the_reference_values():
     want = _rotate.rotate_positions(x.copy_to_host(), positions, inv_freq)
     assert rope_cuda.rotate_positions(x, _device(positions), inv_freq, out=out) is out
     _close(out, want, "float64")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout):
+    """The same HF-layout rotation by the CUDA kernel and by the Numba CPU kernel (angles up to
+    5e5 radians from the same float64 products): one ulp of the dtype at the result, plus, for
+    the results that cancel in ``a*cos - b*sin``, a few ulps of the inputs' magnitude (the CPU
+    kernel's cos and sin are within 2**-52 absolute, docs/precision)."""
+    from arrays import EPS, ulp
+
+    from posenc._kernels import rope_cpu, rope_cuda
+
+    rng = np.random.default_rng(11)
+    x = _hf_views(rng, 2, 6, 3, 16, dtype)
+    positions = rng.integers(0, 500_000, (2, 1, 6))
+    inv_freq = 10000.0 ** -(np.arange(8) / 8)
+    cpu = rope_cpu.rotate_positions(x.copy(), positions, inv_freq, layout=layout).astype(np.float64)
+    gpu = to_host(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq, layout=layout)).astype(np.float64)
+    assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
