@@ -156,7 +156,7 @@ class _Operand:
     """An array the kernel rotates (``x``) and where the result goes (``out``): flat device
     views, their element strides, and whether ``out`` is ``x`` itself."""
 
-    def __init__(self, x, out, stream):
+    def __init__(self, x, out):
         self.x, self.xd = x, _arrays.device_view(x)
         self.result = _arrays.empty(x) if out is None else out
         od = self.xd if out is x else _arrays.device_view(self.result)
@@ -235,7 +235,7 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     _arrays.guard_gpu_operands(x, out, positions=positions)
     stream, on_device, device = _context(x)
     with on_device:
-        operand = _Operand(x, out, stream)
+        operand = _Operand(x, out)
         # int64 positions (torch.arange, position_ids) are read where they are; others become float64.
         counting = _arrays.dtype_name(positions.dtype) == "int64"
         held = _arrays.device_view(positions, bits16=False) if counting else _arrays.device_values(positions, np.float64)
@@ -280,7 +280,7 @@ def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     _arrays.guard_gpu_operands(x, out, cos=cos, sin=sin)
     stream, on_device, device = _context(x)
     with on_device:
-        operand = _Operand(x, out, stream)
+        operand = _Operand(x, out)
         half, tables = _cos_sin_tables(x, cos, sin, layout)
         _launch("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half, stream)
         return operand.finish()
@@ -300,7 +300,7 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
     _arrays.guard_gpu_operands(q, out_q, k=k, cos=cos, sin=sin, out_k=out_k)
     stream, on_device, device = _context(q)
     with on_device:
-        operands = [_Operand(q, out_q, stream), _Operand(k, out_k, stream)]
+        operands = [_Operand(q, out_q), _Operand(k, out_k)]
         half, tables = _cos_sin_tables(q, cos, sin, layout)
         try:
             _launch("apply", layout, q, operands, tables, _apply_arguments(device, stream), half, stream)
