@@ -23,6 +23,7 @@ transformers = pytest.importorskip("transformers")
 import posenc as pe  # noqa: E402
 from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, build, compare, inputs, logits  # noqa: E402
 from posenc.torch import HFRotaryEmbedding, T5RelativeBias, patch_hf  # noqa: E402
+from posenc.torch import _rows  # noqa: E402
 from posenc.torch import hf as posenc_hf  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
@@ -210,8 +211,8 @@ def test_compiled_hf_rotary_embedding_gives_the_eager_tables(rope, dtype, kept, 
     compiled = torch.compile(module, fullgraph=True, dynamic=False)
     compiled(x, torch.arange(9)[None])
     calls = []  # the op's body runs the eager lookup; a gather in the graph does not
-    eager = posenc_hf.stacked_tables
-    monkeypatch.setattr(posenc_hf, "stacked_tables", lambda *a: calls.append(1) or eager(*a))
+    eager = _rows.stacked_tables  # the torch table op's body
+    monkeypatch.setattr(_rows, "stacked_tables", lambda *a: calls.append(1) or eager(*a))
     # a decode step's position: in the kept rows; their last; beyond them, the eager cache's; negative
     # (not for dynamic, whose length max + 1 must be positive);
     # then 9 positions (a prefill takes the op: inductor decomposes the gather for one position only)

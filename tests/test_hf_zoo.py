@@ -20,7 +20,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import hf_zoo  # noqa: E402
-from posenc.torch import HFRotaryEmbedding, hf  # noqa: E402
+from posenc.torch import HFRotaryEmbedding, hf, patch_hf  # noqa: E402
 
 REPRESENTATIVE = (
     "llama",  # half layout, every layer through the decoder's rotary module
@@ -62,7 +62,7 @@ def test_a_refused_model_is_left_unchanged():
     rotary = model.model.rotary_emb
     rotary.inv_freq.mul_(1.001)  # its own frequencies no longer follow its config
     with pytest.raises(ValueError, match=r"rotary module model\.rotary_emb \(LlamaRotaryEmbedding\): (cos|sin) differs from posenc's by"):
-        hf.patch_hf(model)
+        patch_hf(model)
     assert model.model.rotary_emb is rotary and not hasattr(model, "posenc_patched")
     assert not any(isinstance(m, HFRotaryEmbedding) for m in model.modules())
     assert all("forward" not in vars(m) for m in model.modules())

@@ -9,8 +9,9 @@ import posenc as pe  # noqa: E402
 from formulas import rope_half_any  # noqa: E402
 from posenc import _dispatch  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
+from posenc.torch import _rows  # noqa: E402
 from posenc.torch import hf as posenc_hf  # noqa: E402
-from posenc.torch.hf import frequencies_name, named_frequencies  # noqa: E402
+from posenc.torch._rows import frequencies_name, named_frequencies  # noqa: E402
 
 INV = [10000.0 ** (-i / 4) for i in range(0, 4, 2)]  # rotary_dim 4 of a head of 6
 
@@ -159,8 +160,8 @@ def test_rope_cos_sin_rows_gathers_kept_rows_or_calls_rope_cos_sin(backend, dyna
         _ops.decomposed_by_inductor()
         op = torch.compile(op, backend=backend, fullgraph=True, dynamic=dynamic)
     calls = []
-    body = posenc_hf.stacked_tables
-    monkeypatch.setattr(posenc_hf, "stacked_tables", lambda *a: calls.append(1) or body(*a))
+    body = _rows.stacked_tables  # the torch table op's body
+    monkeypatch.setattr(_rows, "stacked_tables", lambda *a: calls.append(1) or body(*a))
     for positions in ([[3]], [[7]], [[8]], [[-1]], [[70000]], [[3, 0, 7]], [[3, 8]]):
         positions = torch.tensor(positions)
         kept = bool((positions >= 0).all() and (positions < 8).all())

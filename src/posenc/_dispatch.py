@@ -29,6 +29,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ._xp import torch_compiling as _compiling
 from ._xp import trace_constant
 
 BACKENDS = ("auto", "reference")
@@ -155,8 +156,43 @@ def references() -> dict[str, Callable]:
     return dict(_references)
 
 
+# The framework adapters that register kernels here, by name. The registry imports none of
+# them: an adapter is imported, and so registers itself, the first time a call holds an
+# array of its library (``select``), when every kernel is listed (``kernels``), or when a
+# layer below it needs it ready (``adapter``: the torch custom ops before torch.compile
+# traces a call to them).
+ADAPTERS = {"torch": "posenc.torch._ops", "dask": "posenc._kernels.dask", "jax": "posenc._kernels.jax"}
+_SELF_REGISTERING = {"dask": "dask", "jax": "jax", "jaxlib": "jax"}  # an array type's top module -> its adapter
+_registered: set = set()
+
+
+def adapter(name: str):
+    """The adapter module of library ``name`` (a key of ``ADAPTERS``), imported on first use."""
+    _registered.add(name)
+    return importlib.import_module(ADAPTERS[name])
+
+
+@trace_constant
+def ready(name: str) -> bool:
+    """Import (register) the adapter of library ``name``; under ``torch.compile`` this runs
+    eagerly while tracing, not traced."""
+    adapter(name)
+    return True
+
+
+def _register_adapters(values):
+    if _compiling():  # torch.compile traces torch tensors alone (and cannot trace str methods)
+        return
+    for value in values:
+        name = _SELF_REGISTERING.get(type(value).__module__.partition(".")[0])
+        if name is not None and name not in _registered:
+            adapter(name)
+
+
 def kernels(op: str | None = None) -> list[Kernel]:
-    """Registered kernels, all or those of ``op``."""
+    """Registered kernels, all or those of ``op`` (every adapter's included)."""
+    for name in set(_SELF_REGISTERING.values()) - _registered:
+        adapter(name)
     if op is not None:
         return list(_kernels.get(op, ()))
     return [k for ks in _kernels.values() for k in ks]
@@ -165,6 +201,7 @@ def kernels(op: str | None = None) -> list[Kernel]:
 def select(op, *args, **kwargs) -> Callable:
     """The implementation ``call`` would run for these arguments."""
     if get_backend() != "reference":
+        _register_adapters((*args, *kwargs.values()))
         candidates = _kernels.get(op, ())
         if candidates:
             named = _parameters[op].bind(args, kwargs)

@@ -32,7 +32,7 @@ def _cpu_seconds():
 
 
 def cmd_extrapolate(args) -> int:
-    from posenc.cli import _error, _writable_directory
+    from posenc._cli_errors import _error, _writable_directory
 
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         return _error("extrapolate", f"--out {args.out!r} is a file, not a directory", 2)

@@ -15,6 +15,7 @@ import os
 import sys
 import time
 
+from posenc._cli_errors import _error, _writable_directory
 from posenc.plots import SCALINGS
 
 OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "torch", "jax", "dask", "array-api-strict", "matplotlib")
@@ -66,31 +67,6 @@ def cmd_bench(args) -> int:
             return _error("bench", problem, 2)
     print(_bench.run(quick=args.quick, gpu=args.gpu))
     return 0
-
-
-def _error(command: str, message: str, status: int) -> int:
-    print(f"posenc {command}: {message}", file=sys.stderr)
-    return status
-
-
-def _writable_directory(path: str) -> str | None:
-    """Why ``path`` cannot be the output directory, or ``None`` once it exists and is writable."""
-    if os.path.exists(path) and not os.path.isdir(path):
-        return f"--out {path!r} is not a directory"
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        return f"--out {path!r}: {parent!r} is not a directory"
-    try:
-        os.makedirs(path, exist_ok=True)
-        probe = os.path.join(path, ".posenc-write-test")
-        with open(probe, "w"):
-            pass
-        os.remove(probe)
-    except OSError as exc:
-        return f"cannot write to {path!r}: {exc.strerror or exc}"
-    return None
 
 
 def cmd_plot(args) -> int:

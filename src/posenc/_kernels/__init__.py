@@ -1,11 +1,13 @@
 """Fast kernels (Numba CPU, numba.cuda, Dask blocks, torch autograd), registered against their references.
 
-Importing this package registers every kernel with ``posenc._dispatch`` without importing
-numba, a framework or Dask: each registration names its implementation ``"module:function"``,
-loaded on first use. The registry tries an op's kernels in registration order: the torch
-custom ops first (a tensor autograd records, or any tensor while ``torch.compile``
-traces), then the Numba CPU and numba.cuda kernels (``rope.py``, ``toeplitz.py``), then
-the Dask block paths (``dask.py``), then the JAX CPU paths (``jax.py``).
+Importing this package registers the Numba kernels with ``posenc._dispatch`` without
+importing numba or a framework: each registration names its implementation
+``"module:function"``, loaded on first use. The registry tries an op's kernels in
+registration order: the torch custom ops first (a tensor autograd records, or any tensor
+while ``torch.compile`` traces), then the Numba CPU and numba.cuda kernels (``rope.py``,
+``toeplitz.py``). The Dask block paths (``dask.py``) and the JAX CPU paths (``jax.py``) are
+framework adapters: ``posenc._dispatch.ADAPTERS`` names them and imports each (which
+registers its kernels) the first time a call holds an array of its library.
 
 The files, one line each:
 
@@ -32,4 +34,4 @@ The files, one line each:
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 
-from . import rope, toeplitz, dask, jax  # noqa: F401
+from . import rope, toeplitz  # noqa: F401

@@ -22,7 +22,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .. import _compat
+from .. import _compat, _dispatch
 from .._xp import torch_compiling
 from ._codec import BFLOAT16, FLOAT, FLOAT16
 
@@ -163,7 +163,7 @@ def to_custom_op(arrays, out) -> bool:
     if torch is None or not any(isinstance(a, torch.Tensor) for a in arrays):
         return False
     if torch_compiling():
-        from ..torch import _ops  # noqa: F401  (binds the registry entries: no import while tracing)
+        _dispatch.ready("torch")  # binds the registry entries: no import traced
 
         return True
     return out is None and torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in arrays)
@@ -278,27 +278,6 @@ def device_view(a, *, bits16=True):
     if bits16 and (a.dtype == np.float16 or a.dtype == np.int16):
         a = a.view(np.uint16)
     return a
-
-
-def device_values(a, dtype):
-    """A numba device array of GPU array ``a``'s values as NumPy ``dtype`` (positions, indices:
-    small arrays, converted on the device for torch and CuPy)."""
-    lib = library(a)
-    if lib == "torch":
-        import torch
-
-        a = a.detach().to(getattr(torch, np.dtype(dtype).name))
-    elif lib == "cupy":
-        a = a.astype(dtype)
-    elif a.dtype != dtype:
-        a = _converted(a, dtype)
-    return device_view(a, bits16=False)
-
-
-def _converted(a, dtype):
-    from . import _device_flat
-
-    return _device_flat.converted(a, dtype)
 
 
 def strided(a, shape, strides):

@@ -191,3 +191,18 @@ def converted(a, dtype):
     if source.shape[0]:
         _convert[-(-source.shape[0] // 128), 128, a.stream](source, target)
     return _arrays.strided(target, tuple(a.shape), steps)
+
+
+def device_values(a, dtype):
+    """A numba device array of GPU array ``a``'s values as NumPy ``dtype`` (positions, indices:
+    small arrays, converted on the device for torch and CuPy)."""
+    lib = _arrays.library(a)
+    if lib == "torch":
+        import torch
+
+        a = a.detach().to(getattr(torch, np.dtype(dtype).name))
+    elif lib == "cupy":
+        a = a.astype(dtype)
+    elif a.dtype != dtype:
+        a = converted(a, dtype)
+    return _arrays.device_view(a, bits16=False)

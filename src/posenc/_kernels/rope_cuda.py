@@ -238,7 +238,7 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
         operand = _Operand(x, out)
         # int64 positions (torch.arange, position_ids) are read where they are; others become float64.
         counting = _arrays.dtype_name(positions.dtype) == "int64"
-        held = _arrays.device_view(positions, bits16=False) if counting else _arrays.device_values(positions, np.float64)
+        held = _arrays.device_view(positions, bits16=False) if counting else _device_flat.device_values(positions, np.float64)
         positions_table = _tables(held, tuple(x.shape)[:-1])
         freqs = _device_flat.constant(device, inv_freq, stream)
         element = _arrays.ELEMENT[_arrays.dtype_name(x.dtype)]

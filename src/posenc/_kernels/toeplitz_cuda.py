@@ -173,7 +173,7 @@ def _index(index, m):
     """``index`` as an int64 numba device array, after checking its values lie in ``[0, m)``."""
     if index.shape[0]:
         guard_index_values(index, m)
-    return _arrays.device_values(index, np.int64)
+    return _device_flat.device_values(index, np.int64)
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from .. import _compat, _plans
+from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
@@ -329,9 +329,7 @@ def _blocked_out(vec, shape, chunks, out):
         raise TypeError(f"chunks applies to Dask arrays only (a Dask table or slopes), got {type(vec).__name__}")
     if out is not None:
         raise ValueError("pass chunks or out, not both (a Dask out gives its own chunks)")
-    from .._kernels import dask as _dask
-
-    blocked = _dask.empty_blocked(vec, shape, chunks)
+    blocked = _dispatch.adapter("dask").empty_blocked(vec, shape, chunks)
     return blocked if blocked.size else None
 
 

@@ -10,7 +10,8 @@ except ImportError as exc:  # pragma: no cover - exercised in a venv without tor
 
 from . import _ops  # noqa: F401  (registers the posenc:: custom ops)
 from .flex import score_mod
-from .hf import HFRotaryEmbedding, patch_hf
+from .hf import HFRotaryEmbedding
+from .hf_patch import patch_hf
 from .lengthgen import FIRE, KERPLE, CoPE, RandomizedRoPE, Sandwich
 from .modules import *  # noqa: F403  (every positional module of the protocol)
 from .modules import __all__ as _modules_all

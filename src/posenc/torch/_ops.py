@@ -271,10 +271,10 @@ def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
 
 def _rope_cos_sin(positions, frequencies, dtype):
     """``HFRotaryEmbedding``'s tables of integer ``positions`` for frequencies fixed in advance
-    (named by ``hf.frequencies_name``), ``cos`` and ``sin`` stacked on axis -2, as one opaque
-    op of a compiled graph (``hf.stacked_tables``, one gather of the kept rows). A name, not
+    (named by ``_rows.frequencies_name``), ``cos`` and ``sin`` stacked on axis -2, as one opaque
+    op of a compiled graph (``_rows.stacked_tables``, one gather of the kept rows). A name, not
     a list of floats: the dispatcher converts it for free, and it cannot turn symbolic."""
-    from .hf import named_frequencies, stacked_tables
+    from ._rows import named_frequencies, stacked_tables
 
     return stacked_tables(*named_frequencies(frequencies), dtype, positions)
 
@@ -289,7 +289,7 @@ _LIBRARY.impl("rope_cos_sin", _rope_cos_sin, "CompositeExplicitAutograd")
 
 @torch.library.register_fake("posenc::rope_cos_sin")
 def _(positions, frequencies, dtype):
-    from .hf import named_frequencies
+    from ._rows import named_frequencies
 
     return positions.new_empty((*positions.shape, 2, 2 * len(named_frequencies(frequencies)[0])), dtype=dtype)
 

@@ -10,10 +10,6 @@ transformers itself is never imported here: the model in hand says what it is.
 
 from __future__ import annotations
 
-import functools
-import threading
-
-import numpy as np
 import torch
 from torch import nn
 
@@ -22,7 +18,8 @@ from posenc import _plans
 from posenc.rotary import _signatures
 from posenc.rotary.apply import rotate_pair
 
-from . import _ops, hf_patch
+from . import _ops
+from ._rows import _MOST_CACHED_SETS, _ROWS, _rows_through, cached_rows, fixed_tables, frequencies_name, stacked_tables  # noqa: F401  (kept rows: ``_rows``)
 
 # Architectures (model types of transformers 5.24's causal-LM auto mapping, and the T5 family) whose
 # tiny random model, patched, gives the original's logits within float32 rounding and its
@@ -139,104 +136,6 @@ class HFRotaryEmbedding(nn.Module):
         return _ops.rope_cos_sin_op(position_ids, name, dtype)
 
 
-def fixed_tables(inv_freq, scale, dtype, position_ids):
-    """``rope_cos_sin`` of integer ``position_ids`` for frequencies fixed in advance
-    (``inv_freq`` a tuple of floats): the rows :func:`cached_rows` keeps, or computed afresh
-    where it does not serve. The eager call."""
-    rows = cached_rows(inv_freq, scale, dtype, position_ids)
-    return rows if rows is not None else _afresh(inv_freq, scale, dtype, position_ids)
-
-
-def stacked_tables(inv_freq, scale, dtype, position_ids):
-    """:func:`fixed_tables` as one tensor, ``cos`` and ``sin`` stacked on axis -2
-    (``position_ids.shape + (2, rotary_dim)``): the body of ``posenc::rope_cos_sin``, one
-    gather from the kept rows where they serve."""
-    kept = _kept_rows(inv_freq, scale, dtype, position_ids)
-    if kept is not None:
-        return kept[0][position_ids]
-    return torch.stack(_afresh(inv_freq, scale, dtype, position_ids), dim=-2)
-
-
-def _afresh(inv_freq, scale, dtype, position_ids):
-    with torch.no_grad():
-        return pe.rope_cos_sin(position_ids, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
-
-
-def cached_rows(inv_freq, scale, dtype, position_ids):
-    """``(cos, sin)`` of ``rope_cos_sin`` for CPU integer ``position_ids``, read from rows
-    kept between calls, or None where the rows do not serve (other devices, negative
-    positions, positions from ``2**16``).
-
-    The rows of positions ``0 .. n - 1`` are kept per ``(inv_freq, scale, dtype)`` (a tuple
-    of floats, a float, a torch dtype; ``n`` doubles as larger positions come, the last
-    few sets are kept), ``cos`` and ``sin`` stacked. Each row depends on its position
-    only, so every value read is the one computing afresh gives
-    (``tests/test_decode_step.py``). The rows hold no autograd history, nor do the rows
-    read from them."""
-    kept = _kept_rows(inv_freq, scale, dtype, position_ids)
-    if kept is None:
-        return None
-    return kept[1][position_ids], kept[2][position_ids]
-
-
-def _kept_rows(inv_freq, scale, dtype, position_ids):
-    """``(rows, cos, sin)`` kept for these frequencies with a row for every one of
-    ``position_ids`` (``rows[p]`` is position ``p``'s ``[cos, sin]``; ``cos`` and ``sin`` are
-    its two views), or None where they do not serve."""
-    if position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
-        return None
-    count = position_ids.numel()
-    if count == 1:  # a decode step: one position, one read of it
-        low = high = position_ids.item()
-    elif count:
-        low, high = (int(v) for v in torch.aminmax(position_ids))
-    else:
-        return None
-    if low < 0 or high >= _MOST_CACHED_ROWS:
-        return None
-    return _rows_through(inv_freq, scale, dtype, high)
-
-
-def _rows_through(inv_freq, scale, dtype, high):
-    """``(rows, cos, sin)`` kept for these frequencies, with the rows of positions ``0 ..
-    high`` at least (grown to twice what was kept, at least, where fewer are kept; never
-    beyond ``_MOST_CACHED_ROWS``, which ``high`` is below)."""
-    key = (inv_freq, scale, dtype)
-    kept = _ROWS.get(key)
-    if kept is None or high >= kept[0].shape[0]:
-        count = min(max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64), _MOST_CACHED_ROWS)
-        rows = torch.stack(_afresh(inv_freq, scale, dtype, torch.arange(count)), dim=1)
-        kept = (rows, rows[:, 0], rows[:, 1])
-        with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
-            _ROWS.pop(key, None)
-            _ROWS[key] = kept
-            while len(_ROWS) > _MOST_CACHED_SETS:
-                del _ROWS[next(iter(_ROWS))]
-    return kept
-
-
-def frequencies_name(inv_freq, scale):
-    """Fixed frequencies and scale as one string, every float in hexadecimal (exact): how
-    the ops ``posenc::rope_cos_sin`` and ``rope_cos_sin_rows`` take them, read back by
-    :func:`named_frequencies`."""
-    return ",".join(v.hex() for v in inv_freq) + ";" + scale.hex()
-
-
-@functools.lru_cache(maxsize=64)
-def named_frequencies(name):
-    """``(inv_freq, scale)`` of a :func:`frequencies_name`."""
-    inv_freq, scale = name.split(";")
-    return tuple(float.fromhex(v) for v in inv_freq.split(",")), float.fromhex(scale)
-
-
-_ROWS = {}
-_ROWS_LOCK = threading.Lock()
-# The row sets kept: a model's one or two (Gemma 3's layer types), in each dtype it runs in.
-_MOST_CACHED_SETS = 8
-
-# Positions beyond this compute their rows afresh (a cache of 2**16 rows of 128 float32 is 64 MiB for cos and sin).
-_MOST_CACHED_ROWS = 1 << 16
-
 # keep_rows_for_compile keeps the rows of positions below max_position_embeddings, at most this
 # many (8 MiB for cos and sin of 128 float32): a compiled call beyond them costs the op's ~20 µs.
 _MOST_ROWS_FOR_COMPILE = 1 << 13
@@ -295,45 +194,3 @@ class _PairPlan:
 def _rotate_pair(q, k, cos, sin, unsqueeze_dim):
     cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
     return rotate_pair(q, k, cos, sin)
-
-
-def patch_hf(model):
-    """Route a loaded transformers model's positional computation through posenc, in place.
-
-    The parts are recognised, not looked up by architecture name
-    (:mod:`posenc.torch.hf_patch`):
-
-    * every rotary module (``forward(x, position_ids) -> (cos, sin)`` with ``rope_type`` or
-      ``inv_freq``) becomes an :class:`HFRotaryEmbedding` (float64 angles, every
-      ``rope_type``);
-    * every attention layer's ``apply_*rotary*`` function becomes :func:`posenc.apply_rope`
-      (the kernels, CPU and GPU) in the layout that reproduces it: half or interleaved,
-      partial rotary, any ``unsqueeze_dim``;
-    * every layer owning T5's ``relative_attention_bias`` computes its bias with
-      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`):
-      T5, mT5, UMT5, LongT5 (local blocks, transient-global side bias), Switch
-      Transformers, Pop2Piano, Pix2Struct's decoder;
-    * the ALiBi builders of BLOOM (and its slopes), Falcon (``alibi=True``) and MPT come
-      from :func:`posenc.alibi_bias` and :func:`posenc.alibi_slopes`.
-
-    Before anything is swapped, each replacement runs beside the model's own code on probe
-    inputs in the model's dtype and on its device. If every part matches within that
-    dtype's rounding, all are swapped and ``model.posenc_patched`` lists them; otherwise
-    nothing is swapped. In a float32 model the logits then equal the unpatched model's
-    within float32 rounding and greedy ``generate()`` gives the same tokens (tested on every
-    architecture transformers builds tiny: :data:`SUPPORTED`). In a float16 or bfloat16
-    model they differ by that dtype's rounding (posenc rounds each rotated value once,
-    transformers three times). The check runs once, here: the patched model's calls cost
-    what posenc's kernels cost. Returns ``model``.
-
-    Raises
-    ------
-    TypeError
-        ``model`` is not a transformers model (a ``torch.nn.Module`` with a ``config``), or
-        its dtype is not floating.
-    ValueError
-        A recognised part that posenc does not reproduce (the message names each part and
-        the difference; the model is left unchanged), a model with no part posenc
-        recognises, a model already patched, or one whose probe cannot run (meta device).
-    """
-    return hf_patch.patch(model)

@@ -903,3 +903,45 @@ def _copy(fn, scope, closure):
 def _short(error, limit=200):
     text = re.sub(r"\s+", " ", str(error)).strip()
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def patch_hf(model):
+    """Route a loaded transformers model's positional computation through posenc, in place.
+
+    The parts are recognised, not looked up by architecture name
+    (:mod:`posenc.torch.hf_patch`):
+
+    * every rotary module (``forward(x, position_ids) -> (cos, sin)`` with ``rope_type`` or
+      ``inv_freq``) becomes an :class:`HFRotaryEmbedding` (float64 angles, every
+      ``rope_type``);
+    * every attention layer's ``apply_*rotary*`` function becomes :func:`posenc.apply_rope`
+      (the kernels, CPU and GPU) in the layout that reproduces it: half or interleaved,
+      partial rotary, any ``unsqueeze_dim``;
+    * every layer owning T5's ``relative_attention_bias`` computes its bias with
+      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`):
+      T5, mT5, UMT5, LongT5 (local blocks, transient-global side bias), Switch
+      Transformers, Pop2Piano, Pix2Struct's decoder;
+    * the ALiBi builders of BLOOM (and its slopes), Falcon (``alibi=True``) and MPT come
+      from :func:`posenc.alibi_bias` and :func:`posenc.alibi_slopes`.
+
+    Before anything is swapped, each replacement runs beside the model's own code on probe
+    inputs in the model's dtype and on its device. If every part matches within that
+    dtype's rounding, all are swapped and ``model.posenc_patched`` lists them; otherwise
+    nothing is swapped. In a float32 model the logits then equal the unpatched model's
+    within float32 rounding and greedy ``generate()`` gives the same tokens (tested on every
+    architecture transformers builds tiny: :data:`SUPPORTED`). In a float16 or bfloat16
+    model they differ by that dtype's rounding (posenc rounds each rotated value once,
+    transformers three times). The check runs once, here: the patched model's calls cost
+    what posenc's kernels cost. Returns ``model``.
+
+    Raises
+    ------
+    TypeError
+        ``model`` is not a transformers model (a ``torch.nn.Module`` with a ``config``), or
+        its dtype is not floating.
+    ValueError
+        A recognised part that posenc does not reproduce (the message names each part and
+        the difference; the model is left unchanged), a model with no part posenc
+        recognises, a model already patched, or one whose probe cannot run (meta device).
+    """
+    return patch(model)

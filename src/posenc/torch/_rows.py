@@ -1,0 +1,112 @@
+"""The rows of fixed frequencies' ``cos``/``sin`` tables that ``HFRotaryEmbedding`` and the
+torch table ops (``_ops``) share: a bounded cache of the rows computed once per set of
+frequencies, scale and dtype, and the tables of positions looked up in it or computed afresh."""
+
+from __future__ import annotations
+
+import functools
+import threading
+
+import numpy as np
+import torch
+
+import posenc as pe
+
+
+def fixed_tables(inv_freq, scale, dtype, position_ids):
+    """``rope_cos_sin`` of integer ``position_ids`` for frequencies fixed in advance
+    (``inv_freq`` a tuple of floats): the rows :func:`cached_rows` keeps, or computed afresh
+    where it does not serve. The eager call."""
+    rows = cached_rows(inv_freq, scale, dtype, position_ids)
+    return rows if rows is not None else _afresh(inv_freq, scale, dtype, position_ids)
+
+
+def stacked_tables(inv_freq, scale, dtype, position_ids):
+    """:func:`fixed_tables` as one tensor, ``cos`` and ``sin`` stacked on axis -2
+    (``position_ids.shape + (2, rotary_dim)``): the body of ``posenc::rope_cos_sin``, one
+    gather from the kept rows where they serve."""
+    kept = _kept_rows(inv_freq, scale, dtype, position_ids)
+    if kept is not None:
+        return kept[0][position_ids]
+    return torch.stack(_afresh(inv_freq, scale, dtype, position_ids), dim=-2)
+
+
+def _afresh(inv_freq, scale, dtype, position_ids):
+    with torch.no_grad():
+        return pe.rope_cos_sin(position_ids, np.asarray(inv_freq, dtype=np.float64), dtype=dtype, scale=scale)
+
+
+def cached_rows(inv_freq, scale, dtype, position_ids):
+    """``(cos, sin)`` of ``rope_cos_sin`` for CPU integer ``position_ids``, read from rows
+    kept between calls, or None where the rows do not serve (other devices, negative
+    positions, positions from ``2**16``).
+
+    The rows of positions ``0 .. n - 1`` are kept per ``(inv_freq, scale, dtype)`` (a tuple
+    of floats, a float, a torch dtype; ``n`` doubles as larger positions come, the last
+    few sets are kept), ``cos`` and ``sin`` stacked. Each row depends on its position
+    only, so every value read is the one computing afresh gives
+    (``tests/test_decode_step.py``). The rows hold no autograd history, nor do the rows
+    read from them."""
+    kept = _kept_rows(inv_freq, scale, dtype, position_ids)
+    if kept is None:
+        return None
+    return kept[1][position_ids], kept[2][position_ids]
+
+
+def _kept_rows(inv_freq, scale, dtype, position_ids):
+    """``(rows, cos, sin)`` kept for these frequencies with a row for every one of
+    ``position_ids`` (``rows[p]`` is position ``p``'s ``[cos, sin]``; ``cos`` and ``sin`` are
+    its two views), or None where they do not serve."""
+    if position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
+        return None
+    count = position_ids.numel()
+    if count == 1:  # a decode step: one position, one read of it
+        low = high = position_ids.item()
+    elif count:
+        low, high = (int(v) for v in torch.aminmax(position_ids))
+    else:
+        return None
+    if low < 0 or high >= _MOST_CACHED_ROWS:
+        return None
+    return _rows_through(inv_freq, scale, dtype, high)
+
+
+def _rows_through(inv_freq, scale, dtype, high):
+    """``(rows, cos, sin)`` kept for these frequencies, with the rows of positions ``0 ..
+    high`` at least (grown to twice what was kept, at least, where fewer are kept; never
+    beyond ``_MOST_CACHED_ROWS``, which ``high`` is below)."""
+    key = (inv_freq, scale, dtype)
+    kept = _ROWS.get(key)
+    if kept is None or high >= kept[0].shape[0]:
+        count = min(max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64), _MOST_CACHED_ROWS)
+        rows = torch.stack(_afresh(inv_freq, scale, dtype, torch.arange(count)), dim=1)
+        kept = (rows, rows[:, 0], rows[:, 1])
+        with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
+            _ROWS.pop(key, None)
+            _ROWS[key] = kept
+            while len(_ROWS) > _MOST_CACHED_SETS:
+                del _ROWS[next(iter(_ROWS))]
+    return kept
+
+
+def frequencies_name(inv_freq, scale):
+    """Fixed frequencies and scale as one string, every float in hexadecimal (exact): how
+    the ops ``posenc::rope_cos_sin`` and ``rope_cos_sin_rows`` take them, read back by
+    :func:`named_frequencies`."""
+    return ",".join(v.hex() for v in inv_freq) + ";" + scale.hex()
+
+
+@functools.lru_cache(maxsize=64)
+def named_frequencies(name):
+    """``(inv_freq, scale)`` of a :func:`frequencies_name`."""
+    inv_freq, scale = name.split(";")
+    return tuple(float.fromhex(v) for v in inv_freq.split(",")), float.fromhex(scale)
+
+
+_ROWS = {}
+_ROWS_LOCK = threading.Lock()
+# The row sets kept: a model's one or two (Gemma 3's layer types), in each dtype it runs in.
+_MOST_CACHED_SETS = 8
+
+# Positions beyond this compute their rows afresh (a cache of 2**16 rows of 128 float32 is 64 MiB for cos and sin).
+_MOST_CACHED_ROWS = 1 << 16
