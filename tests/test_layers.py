@@ -3,7 +3,7 @@
 Layers, from the ground up: core (namespaces, validation, the kernel registry, plan
 caches) <- families (absolute, relative, rotary, attention: each owning its references and
 plan keys) <- kernels (``_kernels``: Numba CPU and CUDA) <- the package's face
-(``posenc/__init__``) <- adapters (torch, JAX, Dask: they register into the layers below)
+(``posenc/__init__``) <- adapters (torch, JAX, Dask, Flax: they register into the layers below)
 <- tools (CLI, benchmarks, figures, demos). Every import statement of ``src/posenc`` is
 read (module level and inside functions alike); a name loaded by ``"module:function"``
 strings (the registry's loaders, ``_dispatch.ADAPTERS``) is not an import.
@@ -19,8 +19,11 @@ import posenc
 ROOT = pathlib.Path(posenc.__file__).parent
 CORE = {"_compat", "_xp", "_validate", "_dispatch", "_plans", "_doublefloat"}
 FAMILIES = {"absolute", "relative", "rotary", "attention"}
-ADAPTERS = {"torch", "flax", "adapters"}
+ADAPTERS = {"torch", "jax", "flax", "adapters"}
 LAYERS = ("core", "families", "kernels", "face", "adapters", "tools")
+# A family's plan builders stand on the kernel layer beside ``_kernels/rope_plan.py``: they
+# launch what the registry chose; the family's keys (``_signatures.py``) name them as strings.
+PLAN_BUILDERS = {"posenc.relative._decode", "posenc.rotary._tables_plan"}
 
 
 def _modules():
@@ -67,6 +70,8 @@ def layer(module):
         return LAYERS.index("tools")
     if top in CORE:
         return LAYERS.index("core")
+    if module in PLAN_BUILDERS:
+        return LAYERS.index("kernels")
     if top in FAMILIES:
         return LAYERS.index("families")
     if top in ADAPTERS or (top == "_kernels" and len(parts) > 2 and (parts[2].startswith("jax") or parts[2] == "dask")):

@@ -56,6 +56,13 @@ NAMES = [
     "relative_bias t5 torch 16 heads, 1 x 512",
     "ALiBi 16 heads, 1 x 512",
     "alibi_bias torch 16 heads, 1 x 512",
+    "rope numpy [1,32,1,128], positions [511]",
+    "rope numpy [1,32,1,128], positions [[511]]",
+    "t5_bias numpy 16 heads, 1 x 512, positions",
+    "alibi_bias numpy 16 heads, 1 x 512, positions",
+    "rope torch [1,32,1,128], position_ids [[511]]",
+    "T5RelativeBias 16 heads, 1 x 512, positions",
+    "ALiBi 16 heads, 1 x 512, positions",
 ]
 
 

@@ -79,6 +79,20 @@ def numpy_cases(dtype=np.float32):
             1.0,
         ),
         Case("alibi_bias numpy 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :]),
+        # The same steps with positions as arrays (an engine's position ids, per-token positions).
+        Case("rope numpy [1,32,1,128], positions [511]", lambda: pe.rope(x, pos), rope_formula),
+        Case("rope numpy [1,32,1,128], positions [[511]]", lambda: pe.rope(x, pos[None]), rope_formula),
+        Case(
+            "t5_bias numpy 16 heads, 1 x 512, positions",
+            lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=pos, key_positions=keys),
+            lambda: _numpy_t5(table, PAST, keys),
+            1.0,
+        ),
+        Case(
+            "alibi_bias numpy 16 heads, 1 x 512, positions",
+            lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
+            lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :],
+        ),
     ]
 
 
@@ -124,7 +138,7 @@ def torch_cases(torch, dtype=None):
     table = t5.relative_attention_bias.weight.detach()
     alibi = ALiBi(BIAS_HEADS)
     slopes = alibi.slopes
-    keys = torch.arange(PAST + 1)
+    keys, query = torch.arange(PAST + 1), torch.tensor([PAST])
     alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].to(slopes.dtype)  # noqa: E731
     t5_formula = lambda: t5.compute_bias(1, PAST + 1, past_seen_tokens=PAST)  # noqa: E731
     with torch.no_grad():
@@ -139,6 +153,10 @@ def torch_cases(torch, dtype=None):
             Case("relative_bias t5 torch 16 heads, 1 x 512", lambda: pe.relative_bias("t5", table, 1, PAST + 1, offset=PAST), t5_formula, 1.0),
             Case("ALiBi 16 heads, 1 x 512", lambda: alibi(1, PAST + 1, offset=PAST), alibi_formula),
             Case("alibi_bias torch 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), alibi_formula),
+            # The same steps with positions as tensors (position_ids, per-token positions).
+            Case("rope torch [1,32,1,128], position_ids [[511]]", lambda: pe.rope(q, position_ids), rope_formula),
+            Case("T5RelativeBias 16 heads, 1 x 512, positions", lambda: t5_module(1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
+            Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
         ]
 
 

@@ -56,9 +56,7 @@ def set_backend(name: str) -> None:
     global _default
     _default = _checked(name)
     if "jax" in sys.modules:  # in jax.jit's cache key: functions jitted before trace again
-        from . import jax as posenc_jax
-
-        posenc_jax.backend_state.set_global(name)
+        adapter("jax.jit").backend_state.set_global(name)
 
 
 @contextlib.contextmanager
@@ -71,9 +69,7 @@ def use_backend(name: str):
     token = _override.set(_checked(name))
     try:
         if "jax" in sys.modules:
-            from . import jax as posenc_jax
-
-            with posenc_jax.backend_state(name):
+            with adapter("jax.jit").backend_state(name):
                 yield
         else:
             yield
@@ -161,7 +157,12 @@ def references() -> dict[str, Callable]:
 # array of its library (``select``), when every kernel is listed (``kernels``), or when a
 # layer below it needs it ready (``adapter``: the torch custom ops before torch.compile
 # traces a call to them).
-ADAPTERS = {"torch": "posenc.torch._ops", "dask": "posenc._kernels.dask", "jax": "posenc._kernels.jax"}
+ADAPTERS = {
+    "torch": "posenc.torch._ops",
+    "dask": "posenc._kernels.dask",
+    "jax": "posenc._kernels.jax",
+    "jax.jit": "posenc.jax",  # the backend's part of jax.jit's cache key (set_backend, use_backend)
+}
 _SELF_REGISTERING = {"dask": "dask", "jax": "jax", "jaxlib": "jax"}  # an array type's top module -> its adapter
 _registered: set = set()
 

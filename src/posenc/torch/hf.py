@@ -168,7 +168,8 @@ class _HFApplyRotary:
     @staticmethod
     def build(q, k, cos, sin, unsqueeze_dim):
         cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        plans = [pe.apply_rope.plans.get(_signatures.ApplyRope.key((x, cos, sin), {})) for x in (q, k)]
+        # (rotate_pair's apply_rope calls, which name their layout)
+        plans = [pe.apply_rope.plans.get(_signatures.ApplyRope.key((x, cos, sin), {"layout": "half"})) for x in (q, k)]
         return all(plans) and _PairPlan(*plans, unsqueeze_dim)
 
 
