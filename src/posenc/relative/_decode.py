@@ -32,6 +32,16 @@ HELD = 2**16
 _EXACT = 2**52
 
 
+def _gather(params, xp):
+    """``take(a, indices, axis)`` of non-negative ``indices``: torch's own ``index_select`` for
+    a tensor (array-api-compat's ``take`` also remaps negative indices), else ``xp.take``."""
+    if type(params).__module__.startswith("torch"):
+        import torch
+
+        return lambda a, indices, axis: torch.index_select(a, axis, indices)
+    return lambda a, indices, axis: xp.take(a, indices, axis=axis)
+
+
 def _plan_namespace(params):
     """NumPy itself for NumPy arrays (an Array API namespace since 2.0), else the full path's."""
     return np if type(params) is np.ndarray else namespace(params)
@@ -47,6 +57,7 @@ class Row:
         self.heads = int(params.shape[-1]) if params.ndim else 1
         self.options = biases._KINDS[kind][0](xp, params, **options)
         self.keys = xp.arange(0, dtype=index_dtype(xp, self.device), device=self.device)
+        self.take = _gather(params, xp)
 
     def _keys(self, k_len):
         xp = self.xp
@@ -99,7 +110,7 @@ class CachedRow(Row):
         if held is None:
             return self.vector(self.xp, params, dist, **self.options)
         hi, sources = held
-        return self.finish(params, self.xp.take(sources, hi - dist, axis=0))
+        return self.finish(params, self.take(sources, hi - dist, 0))
 
     def values(self, params, k_len, first, descending):
         sources = self._descending(first, k_len) if descending else None
@@ -115,7 +126,8 @@ class T5Row(CachedRow):
         return t5_buckets(self.xp, dist, **self.options)
 
     def finish(self, table, buckets):
-        return biases._lookup(self.xp, table, buckets)
+        """``biases._lookup``: ``[heads, len(buckets)]`` of the table's entries (non-negative indices)."""
+        return self.take(self.xp.matrix_transpose(table), buckets, 1)
 
 
 class AlibiRow(CachedRow):

@@ -19,7 +19,7 @@ from posenc.rotary import _signatures
 from posenc.rotary.apply import rotate_pair
 
 from . import _ops
-from ._rows import _MOST_CACHED_SETS, _ROWS, _rows_through, cached_rows, fixed_tables, frequencies_name, stacked_tables  # noqa: F401  (kept rows: ``_rows``)
+from ._rows import _MOST_CACHED_ROWS, _MOST_CACHED_SETS, _ROWS, _rows_through, cached_rows, fixed_tables, frequencies_name, stacked_tables  # noqa: F401  (kept rows: ``_rows``)
 
 # Architectures (model types of transformers 5.24's causal-LM auto mapping, and the T5 family) whose
 # tiny random model, patched, gives the original's logits within float32 rounding and its
