@@ -92,6 +92,7 @@ def test_transposed_t5_table_is_refused_unless_its_shape_is_said():
     got = pe.t5_bias(jnp.asarray(table), 3, 5, heads=64)
     assert got.shape == (64, 3, 5)
     np.testing.assert_array_equal(np.asarray(got), pe.t5_bias(table, 3, 5, num_buckets=32))
+    np.testing.assert_array_equal(np.asarray(got), pe.t5_bias(table, 3, 5))  # T5's 32 buckets: not ambiguous
 
 
 def test_traced_cu_seqlens_checked_by_checkify():

@@ -80,6 +80,10 @@ def _lookup(xp, table, index):
     return xp.take(xp.matrix_transpose(table), index, axis=1)
 
 
+# T5's bucket count in every released checkpoint: a table with this many rows is read as
+# [num_buckets, heads] without asking, however many heads it has (T5-XXL: 32 x 64).
+T5_NUM_BUCKETS = 32
+
 # Each kind checks its parameters and options once (``_check_<kind>``, returning the
 # validated options) and computes its per-distance vector from validated values
 # (``_<kind>_vector``).
@@ -93,7 +97,7 @@ def _check_t5(xp, table, *, bidirectional=True, max_distance=128, num_buckets=No
         None if num_buckets is None else check.integer("num_buckets", num_buckets, minimum=1),
         None if heads is None else check.integer("heads", heads, minimum=1),
     )
-    if expected == (None, None) and rows < columns:
+    if expected == (None, None) and rows < min(columns, T5_NUM_BUCKETS):
         raise ValueError(
             f"table of shape {(rows, columns)} is ambiguous: the layout is [num_buckets, heads], {rows} buckets for "
             f"{columns} heads here, but fewer buckets than heads is also what a transposed [heads, num_buckets] table "
@@ -416,8 +420,9 @@ def t5_bias(
     Parameters
     ----------
     table : float array ``[num_buckets, heads]``
-        A table with fewer rows than columns (fewer buckets than heads: T5-XXL's 32 x 64,
-        or a transposed ``[heads, num_buckets]`` table) is refused as ambiguous unless
+        A table with fewer rows than columns and fewer than T5's 32 buckets (which every
+        released checkpoint uses, so T5-XXL's 32 x 64 is taken as it is) is what a transposed
+        ``[heads, num_buckets]`` table looks like: it is refused as ambiguous unless
         ``num_buckets`` or ``heads`` says which.
     q_len, k_len : int >= 0
     num_buckets, heads : int, optional
