@@ -81,7 +81,7 @@ BENCH_FACTOR ?= 1.1
 BENCH_REGRESSION ?= \
 	-b '^rope\.RopeRotate\.track_in_place_time_over_copy\(.1x8x256x128' \
 	-b '^bias\.(T5|Alibi)Bias\.track_[a-z0-9]+_out_time_over_fill\(256\)' \
-	-b '^decode\.DecodeStep\.track_ratio\(.((rope|apply_rope|t5_bias|alibi_bias) numpy|HF apply_rotary|rope torch|t5_bias torch)'
+	-b '^decode\.DecodeStep\.track_ratio\(.((rope|apply_rope) numpy \[1,32,1,128\]|(t5_bias|alibi_bias) numpy 16 heads, 1 x 512|HF apply_rotary_pos_emb .*|rope torch \[1,32,1,128\]|t5_bias torch 16 heads, 1 x 512).\)$$'
 
 bench-machine: $(VENV)/.bench-installed
 	$(ASV) machine --yes > /dev/null
