@@ -1,7 +1,7 @@
 """``posenc bench --gpu``: the rotation and bias rows on a CUDA GPU, with their anchors.
 
 posenc's numba.cuda kernels on torch CUDA tensors (and CuPy arrays where CuPy is installed)
-beside what a GPU user would run instead: the plain formula in torch eager (the ``vs plain``
+beside what a GPU user would run instead: the plain formula in torch eager (the ``vs framework``
 baseline), ``torch.compile`` of the same formula, Liger-Kernel's Triton RoPE where
 ``liger_kernel`` is installed, and the device's own ``Tensor.copy_`` / ``fill_`` of the same
 bytes (the ``of copy`` reference: 1.00 = the device's copy bandwidth). Every timed call
