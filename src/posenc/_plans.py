@@ -14,9 +14,10 @@ cache in front of a public function:
   is None for a call no plan serves (another library, a traced value, an object among
   the options ...); when it raises (an unhashable option), the call takes the full path too;
 * the first call with a key runs the public function itself (full validation, the kernel
-  registry); only when it returns normally is ``Signature.build(*args, **kwargs)`` (the
-  function's keyword defaults filled in) asked for a plan of that key (None: the key is
-  remembered as served by the full path). ``build`` is a ``"module:function"`` string,
+  registry) and is only remembered (a one-off call costs what it did without plans); the
+  second runs it too and, when it returns normally, asks ``Signature.build(*args,
+  **kwargs)`` (the function's keyword defaults filled in) for a plan of that key (None:
+  the key is remembered as served by the full path). ``build`` is a ``"module:function"`` string,
   imported on first use (a family's signature names the kernel module that plans it
   without importing it);
 * later calls with the key call ``plan(args, kwargs)``, which launches the same kernel
@@ -93,14 +94,30 @@ def planned(signature):
                 if result is not NotImplemented:
                     return result
             result = fn(*args, **kwargs)
-            if key is not None and plan is None:
-                plans.put(key, build()(*args, **{**defaults, **kwargs}) or False)
+            if key is not None:
+                if plan is None:  # the first call of a signature pays for no plan
+                    plans.put(key, _SEEN)
+                elif plan is _SEEN:
+                    plans.put(key, build()(*args, **{**defaults, **kwargs}) or False)
             return result
 
         public.plans = plans
         return public
 
     return wrap
+
+
+class _Seen:
+    """A signature called once, whose plan the next call builds (falsy: no plan to run)."""
+
+    def __bool__(self):
+        return False
+
+    def __repr__(self):
+        return "<seen once>"
+
+
+_SEEN = _Seen()
 
 
 def _loader(target):
