@@ -1,53 +1,57 @@
 """Run by tests/test_jax_pipeline.py in a child process: XLA_FLAGS must force the host
-device count before JAX initialises. Prints one line per check: ``name ok`` or a failure."""
+device count before JAX initialises (so nothing runs on import: pytest's doctest collection
+imports this file). Prints one line per check: ``name ok`` or a failure."""
 
 from __future__ import annotations
 
 import os
 import sys
 
-count = int(sys.argv[1])
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count}"
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+def main(count):
+    os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={count}"
 
-import posenc as pe  # noqa: E402
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
 
-mesh = jax.make_mesh((count,), ("d",))
-rng = np.random.default_rng(0)
-x = rng.standard_normal((4, 8, 12, 16)).astype(np.float32)  # [batch, heads, seq, dim]
-table = rng.standard_normal((32, 8)).astype(np.float32)
-cos, sin = (t.astype(np.float32) for t in pe.rope_cos_sin(np.arange(12) + 3, pe.rope_frequencies(16)[0]))
+    import posenc as pe
+
+    mesh = jax.make_mesh((count,), ("d",))
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4, 8, 12, 16)).astype(np.float32)  # [batch, heads, seq, dim]
+    table = rng.standard_normal((32, 8)).astype(np.float32)
+    cos, sin = (t.astype(np.float32) for t in pe.rope_cos_sin(np.arange(12) + 3, pe.rope_frequencies(16)[0]))
+
+    def put(a, spec):
+        return jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))
+
+    def check(name, fn, args, want, spec, gathers=False):
+        jitted = jax.jit(fn)
+        got = jitted(*args)
+        hlo = jitted.lower(*args).compile().as_text()
+        problems = []
+        if not np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5):
+            problems.append(f"values off by {np.abs(np.asarray(got) - want).max()}")
+        if tuple(got.sharding.spec) + (None,) * (got.ndim - len(got.sharding.spec)) != tuple(spec) + (None,) * (got.ndim - len(spec)):
+            problems.append(f"sharding {got.sharding.spec}, wanted {spec}")
+        if ("all-gather" in hlo) != gathers:
+            problems.append("an all-gather" if not gathers else "no all-gather")
+        print(name, "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
 
 
-def put(a, spec):
-    return jax.device_put(jnp.asarray(a), NamedSharding(mesh, spec))
+    rotated = pe.rope(x, offset=3)
+    check("rope batch", lambda a: pe.rope(a, offset=3), (put(x, P("d")),), rotated, P("d"))
+    check("rope heads", lambda a: pe.rope(a, offset=3), (put(x, P(None, "d")),), rotated, P(None, "d"))
+    check("rope seq", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, "d")),), rotated, P(None, None, "d"))
+    check("rope dim gathers", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, None, "d")),), rotated, P(None, None, None, "d"), gathers=True)
+    check("apply_rope heads", lambda a, c, s: pe.apply_rope(a, c, s), (put(x, P(None, "d")), jnp.asarray(cos), jnp.asarray(sin)), pe.apply_rope(x, cos, sin), P(None, "d"))
+    check("t5_bias heads", lambda t: pe.t5_bias(t, 12, 12), (put(table, P(None, "d")),), pe.t5_bias(table, 12, 12), P("d"))
+    grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # R a + R^T a
+    check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
 
 
-def check(name, fn, args, want, spec, gathers=False):
-    jitted = jax.jit(fn)
-    got = jitted(*args)
-    hlo = jitted.lower(*args).compile().as_text()
-    problems = []
-    if not np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5):
-        problems.append(f"values off by {np.abs(np.asarray(got) - want).max()}")
-    if tuple(got.sharding.spec) + (None,) * (got.ndim - len(got.sharding.spec)) != tuple(spec) + (None,) * (got.ndim - len(spec)):
-        problems.append(f"sharding {got.sharding.spec}, wanted {spec}")
-    if ("all-gather" in hlo) != gathers:
-        problems.append("an all-gather" if not gathers else "no all-gather")
-    print(name, "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
-
-
-rotated = pe.rope(x, offset=3)
-check("rope batch", lambda a: pe.rope(a, offset=3), (put(x, P("d")),), rotated, P("d"))
-check("rope heads", lambda a: pe.rope(a, offset=3), (put(x, P(None, "d")),), rotated, P(None, "d"))
-check("rope seq", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, "d")),), rotated, P(None, None, "d"))
-check("rope dim gathers", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, None, "d")),), rotated, P(None, None, None, "d"), gathers=True)
-check("apply_rope heads", lambda a, c, s: pe.apply_rope(a, c, s), (put(x, P(None, "d")), jnp.asarray(cos), jnp.asarray(sin)), pe.apply_rope(x, cos, sin), P(None, "d"))
-check("t5_bias heads", lambda t: pe.t5_bias(t, 12, 12), (put(table, P(None, "d")),), pe.t5_bias(table, 12, 12), P("d"))
-grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # R a + R^T a
-check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
+if __name__ == "__main__":
+    main(int(sys.argv[1]))
