@@ -152,6 +152,10 @@ def test_6_jax_without_x64_checks_int32_with_posencs_error():
         pe.rope(x, offset=2**31)
     with pytest.raises(ValueError, match="int32"):
         pe.t5_bias(jnp.asarray(T5_TABLE), 1, 3, offset=-(2**31) + 1)
+    with pytest.raises(ValueError, match="beyond int32"):
+        pe.kerple_bias(jnp.ones(1), jnp.ones(1), 1, 3, offset=-(2**31) + 1)
+    with pytest.raises(ValueError, match="beyond int32"):
+        pe.sandwich_bias(3, 1, 4, offset=2**31 - 2, xp=jnp)
     with pytest.raises(ValueError, match="int32"):
         pe.alibi_bias(jnp.ones(1), 1, 1, query_positions=jnp.asarray([2**31 - 1]), key_positions=jnp.asarray([-5]))
     with pytest.raises(ValueError, match="delta must fit in int32"):

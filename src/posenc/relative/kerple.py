@@ -15,10 +15,10 @@ from .indices import distances, query_offset
 KERPLE_KINDS = ("log", "power")
 
 
-def _lengths(q_len, k_len, offset):
+def _lengths(q_len, k_len, offset, xp, device):
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    return q_len, k_len, query_offset(offset, q_len, k_len)
+    return q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device)
 
 
 @host_constants
@@ -67,10 +67,11 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
     if r1.shape != r2.shape:
         raise ValueError(f"r1 and r2 must both be [heads], got shapes {tuple(r1.shape)} and {tuple(r2.shape)}")
     kind = check.choice("kind", kind, KERPLE_KINDS)
-    q_len, k_len, offset = _lengths(q_len, k_len, offset)
+    device = device_of(r1, r2)
+    q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
     check.allocatable("kerple_bias", (int(r1.shape[0]), q_len, k_len), 8)
     work = compute_dtype(xp, r1.dtype)
-    dist = xp.abs(xp.astype(distances(q_len, k_len, offset, xp=xp, device=device_of(r1, r2)), work))  # |int64 min| only as a float
+    dist = xp.abs(xp.astype(distances(q_len, k_len, offset, xp=xp, device=device), work))  # |int64 min| only as a float
     a, b = cast(xp, r1, work)[:, None], cast(xp, r2, work)[:, None]
     if kind == "log":
         vec = -a * xp.log(1 + b * dist)
@@ -86,8 +87,8 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     base = check.real("base", base, positive=True)
     if heads is not None:
         heads = check.integer("heads", heads, minimum=1)
-    q_len, k_len, offset = _lengths(q_len, k_len, offset)
     xp = namespace(xp=xp)
+    q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
     dtype = result_dtype(xp, dtype)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
