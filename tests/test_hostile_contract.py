@@ -178,6 +178,29 @@ def test_7_a_position_beyond_the_fast_limit_changes_no_other_row(dtype):
     np.testing.assert_array_equal(in_place, together)
 
 
+@pytest.mark.parametrize(("dtype", "shape"), [("float64", (1, 4, 8, 16)), ("float32", (1, 4, 8, 16)), ("float32", (4, 2048, 64))])
+def test_7_jitted_jax_a_position_beyond_the_fast_limit_changes_no_other_row(dtype, shape):
+    """Under ``jax.jit`` on CPU: a decode-size call (the compiled FFI handler's plan, which
+    hands a call holding a far angle to the Python handler) and a large one (the Python
+    handler itself). float64 with int64 positions under x64; float32 with float32
+    positions (int32 positions cannot reach the limit)."""
+    jax = pytest.importorskip("jax")
+    jnp = pytest.importorskip("jax.numpy")
+    rope = jax.jit(lambda x, p: pe.rope(x, p))
+    with jax.enable_x64(dtype == "float64"):
+        x = jnp.asarray(RNG.standard_normal(shape).astype(dtype))
+        positions = np.arange(shape[-2]) * 7919
+        positions[-1] = 5 * 10**9  # angle beyond rope_cpu.FAST_ANGLE_LIMIT
+        p = jnp.asarray(positions if dtype == "float64" else positions.astype(np.float32))
+        if shape[-2] == 8:
+            assert f"posenc_rope_rotate_{dtype}_half_{p.dtype.name}" in rope.lower(x, p).as_text()
+        together = np.asarray(rope(x, p))
+        np.testing.assert_array_equal(together[..., :-1, :], np.asarray(rope(x[..., :-1, :], p[:-1])))
+        np.testing.assert_array_equal(together[..., -1:, :], np.asarray(rope(x[..., -1:, :], p[-1:])))
+    tolerance = 1e-9 if dtype == "float64" else 1e-5
+    np.testing.assert_allclose(together, exact_rope(np.asarray(x, np.float64), np.asarray(p, np.float64)), atol=tolerance)
+
+
 # ---------------------------------------------------------------- 8, 17. size checks before allocating
 
 

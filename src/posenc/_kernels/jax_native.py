@@ -10,8 +10,9 @@ worker, as the launcher does at these sizes: the same bits, with no interpreter 
 
 Anything the plan did not foresee goes to ``jax_ffi``'s Python handler with the same call
 frame, which runs the full launcher: other shapes (a call batched by ``vmap``), and angles
-beyond ``rope_cpu.FAST_ANGLE_LIMIT`` or NaN (which the launcher leaves to the reference's
-libm). XLA's metadata query (the handler's API version) is answered as ``jax_ffi`` does.
+beyond ``rope_cpu.FAST_ANGLE_LIMIT`` or NaN (``rope_cpu.rotate_positions`` gives those rows
+alone the reference's libm, the other rows the kernel's bits). XLA's metadata query (the
+handler's API version) is answered as ``jax_ffi`` does.
 """
 
 from __future__ import annotations
@@ -126,7 +127,7 @@ def _handler_source(specialisation, element, position, helpers):
         for g in range(g_size):
             for s in range(s_size):
                 p = np.float64(values[g * pg + s * ps])
-                # As rope_cpu.rotate_positions: larger angles (and NaN) go to the reference.
+                # Larger angles (and NaN): the Python handler, whose launcher sends their rows only to the reference.
                 if not abs(p) * floats[F_MAX_FREQ] <= rope_cpu.FAST_ANGLE_LIMIT:
                     return _call(plan[P_FALLBACK], frame_address)
                 grid[g, s] = p
