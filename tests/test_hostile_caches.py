@@ -9,7 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import posenc as pe
-from posenc import _xp
+from posenc import _plans, _xp
+from posenc._kernels import rope_plan
 from posenc.relative import _decode
 
 STEPS = 3000
@@ -78,6 +79,114 @@ def test_rope_decode_loop_keeps_one_plan():
         result = pe.rope(x, offset=step)
     assert len(pe.rope.plans) == before
     np.testing.assert_allclose(result, exact_rope(x, [STEPS - 1]), atol=1e-12)
+
+
+def _held_arrays(plan):
+    """The NumPy arrays a plan (or a ``_SEEN`` marker) holds: reachable from its attributes
+    through posenc's own objects, tuples, lists and dicts (not through compiled kernels)."""
+    found, seen, todo = [], set(), [plan]
+    while todo:
+        obj = todo.pop()
+        if id(obj) in seen:
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, np.ndarray):
+            found.append(obj)
+        elif isinstance(obj, (tuple, list)):
+            todo.extend(obj)
+        elif isinstance(obj, dict):
+            todo.extend(obj.values())
+        elif type(obj).__module__.startswith("posenc") and hasattr(obj, "__dict__"):
+            todo.extend(vars(obj).values())
+    return found
+
+
+def _held_bytes(plans):
+    return sum(a.nbytes for plan in plans for a in _held_arrays(plan))
+
+
+def _holds_none_of(plans, *arrays):
+    return not any(np.may_share_memory(held, a) for plan in plans for held in _held_arrays(plan) for a in arrays)
+
+
+@pytest.mark.parametrize("kind", ["t5", "alibi"])
+def test_per_token_bias_decode_loop_keeps_bounded_plans(kind):
+    """Per-token positions in a decode loop: with every key so far (``k_len`` grows: a new
+    signature each step, past ``MAX_PLANS`` the least recent dropped), then with a sliding
+    window of ``WINDOW`` keys (one signature from step ``WINDOW`` on, served by one plan)."""
+    window = 64
+    table = np.arange(32.0)[:, None] * np.array([1.0, -1.0])
+    slopes = np.array([0.5, 0.25])
+
+    def bias(q, k):
+        if kind == "t5":
+            return pe.t5_bias(table, 1, k.shape[0], query_positions=q, key_positions=k)
+        return pe.alibi_bias(slopes, 1, k.shape[0], query_positions=q, key_positions=k)
+
+    def formula(q, k):
+        rel = q[:, None] - k[None, :]
+        if kind == "t5":
+            return hf_t5_bucket(-rel, num_buckets=32, max_distance=128)[None] * np.array([1.0, -1.0])[:, None, None]
+        return -slopes[:, None, None] * rel[None].astype(np.float64)
+
+    pe.relative_bias.plans.clear()
+    for step in range(STEPS):
+        q, k = np.array([step]), np.arange(step + 1)
+        result = bias(q, k)
+        if step in (0, 1, 2, 300, STEPS - 1):
+            np.testing.assert_array_equal(result, formula(q, k))
+    assert len(pe.relative_bias.plans) == _plans.MAX_PLANS  # one per signature, the oldest dropped
+    assert not any(pe.relative_bias.plans.values())  # each signature met once: no plan built
+
+    pe.relative_bias.plans.clear()
+    for step in range(STEPS):
+        q, k = np.array([step]), np.arange(max(0, step - window + 1), step + 1)
+        result = bias(q, k)
+        if step in (0, window - 1, window, 1000, STEPS - 1):
+            np.testing.assert_array_equal(result, formula(q, k))
+        if step == 2 * window:
+            plans = [plan for plan in pe.relative_bias.plans.values() if plan]
+            held = _held_bytes(plans)
+    assert len(pe.relative_bias.plans) == window  # one signature per k_len 1 .. window
+    plans = [plan for plan in pe.relative_bias.plans.values() if plan]
+    assert [type(plan) for plan in plans] == [_decode.PerTokenPlan]  # only the window's signature was called twice
+    assert _held_bytes(plans) == held <= 2 * _decode.HELD * 8  # not grown over the last STEPS - 2 * window steps
+    assert _holds_none_of(plans, table, slopes, q, k)
+
+
+@pytest.mark.parametrize("placed", ["[1]", "[batch, 1]", "torch [batch, 1]"])
+def test_rope_decode_loop_with_positions_arrays_keeps_one_plan(placed):
+    """``rope(x, positions)`` of one new token a step, positions as an array (the HF
+    ``position_ids`` shape among them): one signature, one ``PositionsPlan`` of constant
+    size holding none of the caller's arrays."""
+    x = np.random.default_rng(1).standard_normal((2, 4, 1, 16))
+    if placed == "torch [batch, 1]":
+        torch = pytest.importorskip("torch")
+        x = torch.from_numpy(x)
+
+    def positions(step):
+        if placed == "[1]":
+            return np.array([step])
+        if placed == "[batch, 1]":
+            return np.array([[step], [step]])
+        return torch.tensor([[step], [step]])
+
+    def bits(a):
+        return a.numpy() if placed.startswith("torch") else a
+
+    pe.rope.plans.clear()
+    for step in range(STEPS):
+        p = positions(step)
+        result = pe.rope(x, p)
+        if step == 2:  # built after step 1's call; its scratch allocated by its first run
+            (plan,) = pe.rope.plans.values()
+            assert isinstance(plan, rope_plan.PositionsPlan)
+            held = _held_bytes([plan])
+        if step in (0, 1, 2, 1000, STEPS - 1):
+            np.testing.assert_allclose(bits(result), exact_rope(bits(x), [step]), atol=1e-12)
+    assert list(pe.rope.plans.values()) == [plan]
+    assert _held_bytes([plan]) == held
+    assert _holds_none_of([plan], bits(x), bits(p), bits(result))
 
 
 # ---------------------------------------------------------------- random differential tests
