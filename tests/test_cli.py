@@ -230,7 +230,8 @@ def test_bench_has_the_patched_model_rows_where_transformers_is_installed():
     rows = {line.split()[0]: line.split() for line in lines[1:3]}
     for call in ("generate", "prefill"):
         patched, unpatched, ratio = float(rows[call][1].rstrip("s")), float(rows[call][2].rstrip("s")), float(rows[call][3])
-        assert ratio == pytest.approx(patched / unpatched, abs=2e-3)
+        rounding = 5e-4 * (1 + patched / unpatched) / unpatched + 5e-4  # times printed to 1 ms, the ratio to 0.001
+        assert ratio == pytest.approx(patched / unpatched, abs=rounding)
     assert lines[-1] == "greedy tokens equal: True"  # float32: the same tokens
 
 
