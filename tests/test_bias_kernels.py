@@ -286,7 +286,7 @@ def test_dispatch_leaves_other_arrays_and_autograd_to_the_reference():
     assert _dispatch.select("toeplitz_expand", np.zeros(5, dtype=np.int64), 3, 3) is _toeplitz.toeplitz_expand
     assert _dispatch.select("toeplitz_expand", np.zeros(5, dtype=">f4"), 3, 3) is _toeplitz.toeplitz_expand
     jnp = pytest.importorskip("jax.numpy")  # JAX CPU arrays have kernels of their own (tests/test_jax_kernels.py)
-    from posenc._kernels import jax_cpu
+    from posenc._jax import cpu as jax_cpu
 
     assert _dispatch.select("toeplitz_expand", jnp.zeros(5), 3, 3) is jax_cpu.toeplitz_expand
     assert _dispatch.select("toeplitz_expand", jnp.zeros(5, dtype=jnp.int32), 3, 3) is _toeplitz.toeplitz_expand

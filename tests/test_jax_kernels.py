@@ -1,4 +1,4 @@
-"""JAX CPU arrays through the Numba kernels (``posenc._kernels.jax``): the kernel is taken,
+"""JAX CPU arrays through the Numba kernels (``posenc._jax``): the kernel is taken,
 eagerly and under ``jax.jit``; it gives the NumPy path's bits; ``jax.grad`` through it equals
 the reference backend's; ``jax.vmap`` is one batched kernel call equal to a loop; bad input
 meets the NumPy path's errors (at trace time where values are static, inside the host
@@ -25,8 +25,9 @@ jnp = jax.numpy
 ml_dtypes = pytest.importorskip("ml_dtypes")
 pytest.importorskip("numba")
 
-from posenc._kernels import jax as jax_kernels  # noqa: E402
-from posenc._kernels import jax_cpu, jax_native  # noqa: E402
+from posenc._jax import cpu as jax_cpu  # noqa: E402
+from posenc._jax import native as jax_native  # noqa: E402
+from posenc._jax import register as jax_kernels  # noqa: E402
 
 OPS = ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")
 DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -6,7 +6,8 @@ plan keys) <- kernels (``_kernels``: Numba CPU and CUDA) <- the package's face
 (``posenc/__init__``) <- adapters (torch, JAX, Dask, Flax: they register into the layers below)
 <- tools (CLI, benchmarks, figures, demos). Every import statement of ``src/posenc`` is
 read (module level and inside functions alike); a name loaded by ``"module:function"``
-strings (the registry's loaders, ``_dispatch.ADAPTERS``) is not an import.
+strings (the registry's loaders, ``_dispatch.ADAPTERS``) is not an import. The kernel layer
+imports no JAX or Dask: their bridges are the adapters ``posenc._jax`` and ``posenc._dask``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import posenc
 ROOT = pathlib.Path(posenc.__file__).parent
 CORE = {"_compat", "_xp", "_validate", "_dispatch", "_plans", "_doublefloat"}
 FAMILIES = {"absolute", "relative", "rotary", "attention"}
-ADAPTERS = {"torch", "jax", "flax", "adapters"}
+ADAPTERS = {"torch", "jax", "flax", "_jax", "_dask"}
+FRAMEWORKS_OF_ADAPTERS = {"jax", "jaxlib", "flax", "dask", "distributed"}  # imported by adapters only
 LAYERS = ("core", "families", "kernels", "face", "adapters", "tools")
 # A family's plan builders stand on the kernel layer beside ``_kernels/rope_plan.py``: they
 # launch what the registry chose; the family's keys (``_signatures.py``) name them as strings.
@@ -36,29 +38,33 @@ def _modules():
     return found
 
 
-def _imports(modules):
-    """``{module: {(imported posenc module, line)}}``: every import of a posenc module."""
-    edges = {}
-    for name, (path, package) in modules.items():
-        here = name.split(".") if package else name.split(".")[:-1]
-        found = set()
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom):
-                base = node.module or ""
-                if node.level:
-                    base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-            else:
-                continue
-            for target in targets:
+def _imported(modules, name):
+    """``[(imported module, line)]``: every import statement of module ``name``, its
+    targets made absolute (a posenc name: the posenc module it loads)."""
+    path, package = modules[name]
+    here = name.split(".") if package else name.split(".")[:-1]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[: len(here) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            if target.startswith("posenc"):
                 while target and target not in modules:
                     target = target.rpartition(".")[0]
-                if target.startswith("posenc") and target != name:
-                    found.add((target, node.lineno))
-        edges[name] = found
-    return edges
+            found.append((target, node.lineno))
+    return found
+
+
+def _imports(modules):
+    """``{module: {(imported posenc module, line)}}``: every import of a posenc module."""
+    return {name: {(t, line) for t, line in _imported(modules, name) if t.startswith("posenc") and t != name} for name in modules}
 
 
 def layer(module):
@@ -74,7 +80,7 @@ def layer(module):
         return LAYERS.index("kernels")
     if top in FAMILIES:
         return LAYERS.index("families")
-    if top in ADAPTERS or (top == "_kernels" and len(parts) > 2 and (parts[2].startswith("jax") or parts[2] == "dask")):
+    if top in ADAPTERS:
         return LAYERS.index("adapters")
     return LAYERS.index("kernels")
 
@@ -111,7 +117,8 @@ def _circles(edges):
     return circles
 
 
-EDGES = _imports(_modules())
+MODULES = _modules()
+EDGES = _imports(MODULES)
 
 
 def test_the_reader_sees_the_package():
@@ -120,7 +127,10 @@ def test_the_reader_sees_the_package():
     assert "posenc._dispatch" in {t for t, _ in EDGES["posenc.rotary.apply"]}
     assert "posenc.rotary._args" in {t for t, _ in EDGES["posenc._kernels.rope_plan"]}
     assert layer("posenc._xp") < layer("posenc.rotary.apply") < layer("posenc._kernels.rope_cpu") < layer("posenc") < layer("posenc.torch.hf") < layer("posenc.cli")
-    assert layer("posenc._kernels.jax_cpu") == layer("posenc.torch._ops") == LAYERS.index("adapters")
+    assert layer("posenc._jax.cpu") == layer("posenc._dask") == layer("posenc.torch._ops") == LAYERS.index("adapters")
+    # imports of other libraries, one inside a function
+    assert "jax" in {t for t, _ in _imported(MODULES, "posenc._jax.cpu")}
+    assert "dask.array" in {t for t, _ in _imported(MODULES, "posenc._dask")}
 
 
 def test_no_module_imports_from_a_layer_above_its_own():
@@ -131,6 +141,20 @@ def test_no_module_imports_from_a_layer_above_its_own():
         if layer(t) > layer(m)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_the_kernel_layer_imports_no_framework_of_an_adapter():
+    """No kernel module imports JAX, Flax or Dask: the code that needs one is an adapter's
+    (``posenc._jax``, ``posenc._dask``). (Below the kernels, the namespaces and validation
+    read JAX arrays through the Array API, as they read every library's.)"""
+    found = [
+        f"{m} line {line} imports {t}"
+        for m in sorted(MODULES)
+        if layer(m) == LAYERS.index("kernels")
+        for t, line in _imported(MODULES, m)
+        if t.partition(".")[0] in FRAMEWORKS_OF_ADAPTERS
+    ]
+    assert not found, "\n".join(found)
 
 
 def test_no_import_circle():

@@ -159,8 +159,8 @@ def references() -> dict[str, Callable]:
 # traces a call to them).
 ADAPTERS = {
     "torch": "posenc.torch._ops",
-    "dask": "posenc._kernels.dask",
-    "jax": "posenc._kernels.jax",
+    "dask": "posenc._dask",
+    "jax": "posenc._jax.register",
     "jax.jit": "posenc.jax",  # the backend's part of jax.jit's cache key (set_backend, use_backend)
 }
 _SELF_REGISTERING = {"dask": "dask", "jax": "jax", "jaxlib": "jax"}  # an array type's top module -> its adapter

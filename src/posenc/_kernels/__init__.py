@@ -1,12 +1,13 @@
-"""Fast kernels (Numba CPU, numba.cuda, Dask blocks, torch autograd), registered against their references.
+"""Fast kernels (Numba CPU, numba.cuda, torch autograd), registered against their references.
 
 Importing this package registers the Numba kernels with ``posenc._dispatch`` without
 importing numba or a framework: each registration names its implementation
 ``"module:function"``, loaded on first use. The registry tries an op's kernels in
 registration order: the torch custom ops first (a tensor autograd records, or any tensor
 while ``torch.compile`` traces), then the Numba CPU and numba.cuda kernels (``rope.py``,
-``toeplitz.py``). The Dask block paths (``dask.py``) and the JAX CPU paths (``jax.py``) are
-framework adapters: ``posenc._dispatch.ADAPTERS`` names them and imports each (which
+``toeplitz.py``). The Dask block paths (``posenc._dask``) and the JAX CPU paths
+(``posenc._jax``) are framework adapters, a layer above this one (none of these files
+imports JAX or Dask): ``posenc._dispatch.ADAPTERS`` names them and imports each (which
 registers its kernels) the first time a call holds an array of its library.
 
 The files, one line each:
@@ -27,10 +28,6 @@ The files, one line each:
   ``rope_cuda.py``;
 * ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
   ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
-* ``dask.py``: registrations and blockwise graphs of the Dask paths;
-* ``jax.py``: registrations and accepts of the JAX CPU paths (every op), in ``jax_cpu``:
-  the Numba CPU kernels on JAX CPU arrays, eagerly and as host calls under ``jax.jit``,
-  ``jax.grad`` and ``jax.vmap``;
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 

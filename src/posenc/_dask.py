@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from .. import _compat, _dispatch
+from . import _compat, _dispatch
 
 
 def _known(*arrays) -> bool:
@@ -163,11 +163,11 @@ _dispatch.register(
     "rope_rotate",
     "rope_rotate.dask_blocks",
     accepts=lambda a: _compat.is_dask_array(a["x"]) and _known(a["x"], a["positions"], a["out"]),
-    loader="posenc._kernels.dask:rope_rotate_blocks",
+    loader="posenc._dask:rope_rotate_blocks",
 )
 _dispatch.register(
     "toeplitz_expand",
     "toeplitz_expand.dask_blocks",
     accepts=lambda a: _compat.is_dask_array(a["vec"]) and _known(a["vec"], a["out"]) and a["q_len"] > 0 and a["k_len"] > 0,
-    loader="posenc._kernels.dask:toeplitz_expand_blocks",
+    loader="posenc._dask:toeplitz_expand_blocks",
 )

@@ -8,10 +8,10 @@ so a JAX CPU array and a NumPy array with the same values give the same bits:
   the JAX result through DLPack without a copy (bfloat16, which DLPack lacks, travels as
   its ``uint16`` bits and is bit-cast back: one copy);
 * **traced** (``jax.jit``, ``jax.grad``, ``jax.jvp``, ``jax.vmap``, eager or not): the
-  primitive of ``jax_primitive``, whose parameter is one of the ``LinearOp``s built here
+  primitive of ``primitive.py``, whose parameter is one of the ``LinearOp``s built here
   (every op is linear in its first array), compiled to a host call into the same kernel
-  (``jax_ffi``: an XLA FFI call that hands the kernel XLA's own buffers, where
-  ``jax.pure_callback`` would copy both ways; a small rotation runs in ``jax_native``'s
+  (``ffi.py``: an XLA FFI call that hands the kernel XLA's own buffers, where
+  ``jax.pure_callback`` would copy both ways; a small rotation runs in ``native.py``'s
   compiled handler). Its transpose is the kernel's adjoint, itself such a host call: the
   inverse rotation (``rope_rotate``, and ``rope_apply`` with ``-sin``), the scatter for
   ``toeplitz_gather`` and the gather for ``toeplitz_scatter``; ``toeplitz_expand``'s sums
@@ -39,11 +39,11 @@ import numpy as np
 from jax.interpreters import ad
 
 from .. import _dispatch
-from . import jax_native
-from .jax import tracer
-from .jax_primitive import LinearOp, adopt, aligned_empty, apply
-from .rope import guard_apply, guard_rotate
-from .toeplitz import guard_expand, guard_gather, guard_scatter
+from .._kernels.rope import guard_apply, guard_rotate
+from .._kernels.toeplitz import guard_expand, guard_gather, guard_scatter
+from . import native
+from .primitive import LinearOp, adopt, aligned_empty, apply
+from .register import tracer
 
 @functools.lru_cache(maxsize=None)
 def _numpy_kernel(op):
@@ -157,7 +157,7 @@ def _rotation(inv_freq, layout, inverse, scale, ndim, positions_ndim):
         result=lambda x, positions: x,
         transpose=transpose,
         tangent=tangent,
-        native=lambda x, positions: jax_native.rotation(x, positions, freqs, layout, inverse, scale),
+        native=lambda x, positions: native.rotation(x, positions, freqs, layout, inverse, scale),
         reference=lambda xv, pv: _reference("rope_rotate")(
             xv, _aligned(pv, xv.ndim - ndim, ndim - 1, positions_ndim), freqs, layout=layout, inverse=inverse, scale=scale
         ),

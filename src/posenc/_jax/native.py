@@ -1,6 +1,6 @@
 """Small ``rope_rotate`` calls under ``jax.jit`` with no Python: a Numba ``cfunc`` as the XLA FFI handler.
 
-``jax_ffi``'s handler is Python: for a decode step (``[1, 32, 1, 128]``, a few µs of
+``ffi.py``'s handler is Python: for a decode step (``[1, 32, 1, 128]``, a few µs of
 rotation) its ``ctypes`` callback, buffer views and the kernel launcher cost ten times the
 rotation. Here the shapes, known when the call is traced, fix everything the launcher
 computes (the ``(G, H, S)`` grouping, offsets, strides, blocks), kept in a ``Plan``; the
@@ -8,11 +8,11 @@ handler, compiled by Numba per ``(dtype, layout, positions dtype)``, reads the b
 addresses from XLA's call frame and runs the same kernel on the calling thread, one
 worker, as the launcher does at these sizes: the same bits, with no interpreter lock.
 
-Anything the plan did not foresee goes to ``jax_ffi``'s Python handler with the same call
+Anything the plan did not foresee goes to ``ffi.py``'s Python handler with the same call
 frame, which runs the full launcher: other shapes (a call batched by ``vmap``), and angles
 beyond ``rope_cpu.FAST_ANGLE_LIMIT`` or NaN (``rope_cpu.rotate_positions`` gives those rows
 alone the reference's libm, the other rows the kernel's bits). XLA's metadata query (the
-handler's API version) is answered as ``jax_ffi`` does.
+handler's API version) is answered as ``ffi.py`` does.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from llvmlite import ir
 from numba import carray, cfunc, njit, types
 from numba.extending import intrinsic
 
-from . import _arrays, _codec_f32, _family, _layout, _pairs, jax_ffi, rope_cpu
-from .jax_ffi import _Attrs, _Buffer, _CallFrame, _Extension, _List, _Metadata, _MetadataExtension, _Scalar, HANDLER_ADDRESS
+from .._kernels import _arrays, _codec_f32, _family, _layout, _pairs, rope_cpu
+from . import ffi
+from .ffi import _Attrs, _Buffer, _CallFrame, _Extension, _List, _Metadata, _MetadataExtension, _Scalar, HANDLER_ADDRESS
 
-# Offsets (bytes) in XLA's C API structs (``xla/ffi/api/c_api.h``), as ``jax_ffi`` declares them.
+# Offsets (bytes) in XLA's C API structs (``xla/ffi/api/c_api.h``), as ``ffi.py`` declares them.
 _WORD = 8
 _EXTENSION = _CallFrame.extension_start.offset // _WORD
 _ARGS = (_CallFrame.args.offset + _List.items.offset) // _WORD
@@ -46,8 +47,8 @@ _DATA = _Buffer.data.offset // _WORD
 _RANK = _Buffer.rank.offset // _WORD
 _DIMS = _Buffer.dims.offset // _WORD
 _SCALAR_VALUE = _Scalar.value.offset // _WORD
-_METADATA = jax_ffi._METADATA
-_MAJOR, _MINOR = jax_ffi._API_VERSION
+_METADATA = ffi._METADATA
+_MAJOR, _MINOR = ffi._API_VERSION
 
 # The plan: int64 words, then the float64 words it points to.
 (P_FALLBACK, P_FLOATS, P_FREQS, P_HALF, P_XS, P_OS, P_HEADS, P_DIM, P_G, P_S, P_PG, P_PS, P_BLOCK, P_TASKS, P_NX, P_NP) = (
@@ -174,7 +175,7 @@ def _target(dtype, layout, position):
             kernel_helpers = _family.source_digest(_codec_f32, _pairs)  # as rope_cpu builds its kernels
             kernel = rope_cpu._kernel_source(True, dtype in ("float32", "float64"), dtype == "bfloat16", layout == "interleaved", kernel_helpers)
             kernel = njit(nogil=True)(_named(kernel, f"{name}_kernel"))
-            helpers = _family.source_digest(rope_cpu, _codec_f32, _pairs, jax_ffi)
+            helpers = _family.source_digest(rope_cpu, _codec_f32, _pairs, ffi)
             source = _handler_source(key, np.dtype(_arrays.ELEMENT[dtype]), np.dtype(position), helpers)
             handler = cfunc(types.int64(types.int64), cache=True)(_named(source, name, kernel=kernel))
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.address), platform="cpu")

@@ -5,9 +5,9 @@ Every kernel op is linear in its first array (``x`` of the rotations, ``vec``, `
 its parameter ``op`` (a ``LinearOp``) saying which. Its rules:
 
 * **evaluation**: eagerly (concrete arguments, as inside an eager ``jax.grad``), the op's
-  host function on NumPy views of the arrays, into a new buffer JAX adopts (``jax_cpu``'s
-  eager path); compiled, an XLA FFI call to the same function (``jax_ffi.host_call``, or
-  ``jax_native``'s compiled handler where the op has one);
+  host function on NumPy views of the arrays, into a new buffer JAX adopts (``cpu.py``'s
+  eager path); compiled, an XLA FFI call to the same function (``ffi.host_call``, or
+  ``native.py``'s compiled handler where the op has one);
 * **JVP** (``jax.jvp``, ``jax.jacfwd``, and the forward half of ``jax.grad``): the op on
   the tangent of the first argument (the op is linear in it), plus ``op.tangent``, a
   ``jax.numpy`` formula for the tangents of the other float arguments (float positions,
@@ -15,7 +15,7 @@ its parameter ``op`` (a ``LinearOp``) saying which. Its rules:
 * **transpose** (reverse mode): ``op.transpose``, the op's adjoint (the inverse rotation,
   the Toeplitz scatter for the gather...), itself this primitive or ``jax.numpy``;
 * **batching** (``jax.vmap``): every argument with its batch axis in front, size 1 where
-  it is not batched, bound again: the host function lines them up (``jax_cpu._batched``),
+  it is not batched, bound again: the host function lines them up (``cpu._batched``),
   so the batch is one kernel call. ``LinearOp.ranks`` are the unbatched ranks: the axes
   in front of them are batch axes.
 """
@@ -32,18 +32,18 @@ from jax.extend.core import Primitive
 from jax._src import dispatch as _jax_dispatch
 from jax.interpreters import ad, batching, mlir
 
-from .jax_ffi import host_call
-from .jax_sharding import partitioned
+from .ffi import host_call
+from .sharding import partitioned
 
 
-@dataclass(frozen=True, eq=False)  # compared by identity: the constructors in jax_cpu cache them
+@dataclass(frozen=True, eq=False)  # compared by identity: the constructors in cpu.py cache them
 class LinearOp:
     """A kernel op as the primitive's parameter.
 
     ``host(*arrays, out=)``: the computation on NumPy views (batch axes in front);
     ``result(*unbatched shapes)``: the unbatched result shape; ``transpose(ct, x, *others)``:
     the adjoint applied to a cotangent (``x``: the first argument's abstract value); ``tangent(primals, tangents, out)``: the tangent
-    from the arguments after the first, or None; ``native(*args)``: ``jax_native``'s
+    from the arguments after the first, or None; ``native(*args)``: ``native.py``'s
     ``(target, plan)`` for these unbatched arguments, or None; ``reference(*args)``: the
     op's ``jax.numpy`` reference on the (batched) arguments, lowered where the host call
     cannot go (``jax.export``, platforms other than the CPU).
@@ -111,7 +111,7 @@ def _lowered(*args, op):
 
 
 def _sharded(*args, op):
-    """The host call per shard (``jax_sharding``) where the computation spans devices."""
+    """The host call per shard (``sharding.py``) where the computation spans devices."""
     shapes = [tuple(a.shape) for a in args]
     return partitioned(op, lambda *local: _lowered(*local, op=op), shapes, tuple(op.shape(shapes)))(*args)
 

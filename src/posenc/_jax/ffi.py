@@ -164,7 +164,7 @@ def _handle(frame_pointer):
 
 
 _HANDLER = C.CFUNCTYPE(C.c_void_p, C.POINTER(_CallFrame))(_handle)
-HANDLER_ADDRESS = C.cast(_HANDLER, C.c_void_p).value  # for handlers that hand a call over (``jax_native``)
+HANDLER_ADDRESS = C.cast(_HANDLER, C.c_void_p).value  # for handlers that hand a call over (``native.py``)
 _HOSTS: dict[int, object] = {}
 _KEYS: dict[object, int] = {}
 _NEXT = itertools.count(1)
@@ -195,7 +195,7 @@ def host_call(key, host, shape, dtype, *args, native=None):
 
     ``key``: hashable, the same for every ``host`` that does the same thing (the first one
     is kept: compiled computations name it for as long as they live). ``native``: an FFI
-    target compiled without Python and the address of its ``plan`` (``jax_native``), which
+    target compiled without Python and the address of its ``plan`` (``native.py``), which
     hands the calls it does not cover to ``host``.
     """
     _register()

@@ -1,8 +1,8 @@
 """Registrations of the JAX CPU paths of every kernel op (``<op>.jax_cpu``), and their accepts.
 
 A JAX array on the CPU goes through the same Numba CPU kernel a NumPy array does
-(``jax_cpu``): eagerly on the array's own memory, and under tracing (``jax.jit``,
-``jax.grad``, ``jax.jvp``, ``jax.vmap``) as a JAX primitive (``jax_primitive``) compiled to
+(``cpu.py``): eagerly on the array's own memory, and under tracing (``jax.jit``,
+``jax.grad``, ``jax.jvp``, ``jax.vmap``) as a JAX primitive (``primitive.py``) compiled to
 a host call, whose transpose is the kernel's adjoint. JAX on a GPU or TPU keeps the
 reference, which XLA fuses on the device.
 
@@ -18,9 +18,9 @@ import operator
 import sys
 
 from .._dispatch import register
+from .._kernels import _arrays
 from ..relative import _toeplitz  # noqa: F401  (registers the references these kernels optimise)
 from ..rotary import _rotate  # noqa: F401
-from . import _arrays
 
 _FLOAT_POSITIONS = ("float16", "bfloat16", "float32", "float64")
 
@@ -111,4 +111,4 @@ for _op, _accepts in (
     ("toeplitz_gather", _gather_ok),
     ("toeplitz_scatter", _scatter_ok),
 ):
-    register(_op, f"{_op}.jax_cpu", accepts=_accepts, loader=f"posenc._kernels.jax_cpu:{_op}")
+    register(_op, f"{_op}.jax_cpu", accepts=_accepts, loader=f"posenc._jax.cpu:{_op}")
