@@ -116,6 +116,25 @@ CALLS = {
     "alibi_bias numpy positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([t]), key_positions=np.arange(8))),
     "alibi_bias numpy float positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([t / 2]), key_positions=np.arange(8))),
     "alibi_bias numpy symmetric key positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, symmetric=True, key_positions=np.arange(8) * t)),
+    # The per-token T5/ALiBi plans gather from their kept window: queries one or many, given or
+    # not, keys before or after them, far from zero, batched, reversed, in every float dtype.
+    "t5_bias numpy keys after the query": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([t]), key_positions=np.arange(8) + t + 3)),
+    "t5_bias numpy keys only": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, key_positions=np.arange(8) * (t % 7) - t)),
+    "t5_bias numpy queries of arange, keys given": (pe.relative_bias, lambda t: pe.t5_bias(TABLE.astype(np.float64), 3, 8, key_positions=np.arange(8) + t, offset=t % 5)),
+    "t5_bias numpy one query, batched keys": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([[t]]), key_positions=np.arange(24).reshape(3, 8) - t)),
+    "t5_bias numpy reversed keys": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([t]), key_positions=np.arange(16)[::-2] + t)),
+    "t5_bias numpy positions near 2**62": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([2**62 + t]), key_positions=np.arange(8) + 2**62)),
+    "t5_bias numpy empty batch": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.zeros((0, 1), np.int64) + t, key_positions=np.arange(8))),
+    "alibi_bias numpy negative positions, offset": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, offset=-t, query_positions=np.array([-t]), key_positions=-np.arange(8))),
+    "alibi_bias numpy float16 slopes": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES.astype(np.float16), 1, 8, query_positions=np.array([t % 4096]), key_positions=np.arange(8))),
+    "alibi_bias numpy float64 slopes, batched queries": (
+        pe.relative_bias,
+        lambda t: pe.alibi_bias(SLOPES.astype(np.float64), 2, 8, query_positions=np.array([[t, t + 1], [1, 9]]), key_positions=np.arange(8)),
+    ),
+    "t5_bias torch batched positions": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, query_positions=torch.tensor([[t], [3]]), key_positions=torch.arange(16).reshape(2, 8))),
+    "t5_bias torch keys after the query": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8) + t + 3)),
+    "alibi_bias torch bfloat16 slopes": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES.bfloat16(), 1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8))),
+    "alibi_bias torch float16 slopes, queries of arange": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES.half(), 2, 8, key_positions=torch.arange(8) - t, symmetric=True)),
     "relative_bias shaw positions": (pe.relative_bias, lambda t: pe.relative_bias("shaw", SHAW, 1, 8, max_distance=4, query_positions=np.array([t]))),
     "relative_bias deberta positions": (
         pe.relative_bias,
@@ -134,15 +153,17 @@ CALLS = {
 
 @pytest.mark.parametrize("name", CALLS)
 def test_a_planned_call_gives_the_cold_calls_bits(name):
+    """Every step through one plan, twice over: what a plan keeps between calls (a window
+    of distances it moves, a row cache) changes no bit."""
     fn, call = CALLS[name]
+    cold = [_cold(lambda: call(t)) for t in STEPS]
+    call(STEPS[0])
+    call(STEPS[0])  # the second call of a signature plans it, for the steps after it
+    assert _served(fn), f"{name}: no plan"
+    for _ in range(2):
+        for t, expected in zip(STEPS, cold):
+            _same(call(t), expected)
     _clear()
-    for t in STEPS:
-        _same(call(t), _cold(lambda: call(t)))
-        if t == STEPS[0]:
-            _clear()
-            call(t)
-            call(t)  # the second call of a signature plans it, for the steps after it
-            assert _served(fn), f"{name}: no plan"
 
 
 def test_hf_rotary_embedding_with_position_ids_gives_the_cold_calls_bits():
@@ -208,6 +229,27 @@ HOSTILE = {
         lambda: np.zeros((3, 1), np.int64), lambda: np.zeros((2, 1), np.int64), None,
     ),  # fmt: skip
     "T5RelativeBias float positions": (lambda p: T5_MODULE(1, 8, query_positions=p), lambda: torch.tensor([7]), lambda: torch.tensor([7.0]), None),
+    # Integer positions whose sums leave int64 (the per-token plans index their kept window without forming them).
+    "t5_bias key positions whose differences leave int64": (
+        lambda p: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([7]), key_positions=p),
+        lambda: np.arange(8), lambda: np.full(8, -(2**63)), lambda a: _spoil(a, -(2**63)),
+    ),  # fmt: skip
+    "alibi_bias query positions past int64 with the offset": (
+        lambda p: pe.alibi_bias(SLOPES, 1, 8, offset=5, query_positions=p, key_positions=np.arange(8)),
+        lambda: np.array([7]), lambda: np.array([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "t5_bias batched query positions whose differences leave int64": (
+        lambda p: pe.t5_bias(TABLE, 1, 8, query_positions=p, key_positions=-np.arange(8)),
+        lambda: np.array([[0], [1]]), lambda: np.full((2, 1), 2**63 - 1), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "t5_bias torch key positions whose differences leave int64": (
+        lambda p: pe.t5_bias(T_TABLE, 1, 8, query_positions=torch.tensor([7]), key_positions=p),
+        lambda: torch.arange(8), lambda: torch.full((8,), -(2**63)), lambda a: _spoil(a, -(2**63)),
+    ),  # fmt: skip
+    "ALiBi query positions past int64 with the offset": (
+        lambda p: ALIBI_MODULE(1, 8, offset=5, query_positions=p, key_positions=torch.arange(8)),
+        lambda: torch.tensor([7]), lambda: torch.tensor([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
 }
 
 
@@ -217,13 +259,32 @@ def test_hostile_input_gets_the_full_paths_error_cold_planned_and_spoiled(name):
     _clear()
     cold = _error(lambda: call(bad()))
     served = good()
-    call(served)
-    call(served)  # the good signature is planned
+    for _ in range(3):  # the good signature is planned, and the plan has served it (what it keeps is set)
+        call(served)
     assert any(any(fn.plans.values()) for fn in PLANNED)
     assert _error(lambda: call(bad())) == cold
     if spoil is not None:
         assert _error(lambda: call(spoil(served))) == cold
     call(good())  # and still serves good input
+    _clear()
+
+
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+def test_a_per_token_bias_plan_refuses_a_query_past_int64_whose_distances_it_keeps(lib):
+    """``offset + query_positions`` leaves int64 while every distance to the keys is one the
+    plan's window holds (the same distances as the good call's): the full path's error."""
+    arange = np.arange if lib == "numpy" else torch.arange
+    offset, table = 2**63 - 105, TABLE if lib == "numpy" else T_TABLE
+
+    def call(query, keys):
+        return pe.t5_bias(table, 1, 8, offset=offset, query_positions=arange(query, query + 1), key_positions=keys)
+
+    _clear()
+    cold = _error(lambda: call(110, arange(8) + 10))
+    assert "offset + query_positions must stay within int64" in cold[1]
+    for _ in range(3):  # planned, and its window holds the distances 2**63 - 12 .. 2**63 - 5
+        call(100, arange(8))
+    assert _error(lambda: call(110, arange(8) + 10)) == cold
     _clear()
 
 

@@ -18,6 +18,8 @@ every distance below it.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._kernels import _arrays
@@ -201,9 +203,10 @@ class ExpandPlan:
 class PerTokenPlan:
     """``relative_bias(kind, params, q_len, k_len, query_positions=..., key_positions=...)``:
     ``rel = (offset + query_positions[..., i]) - key_positions[..., j]`` of the call's own
-    positions, the kind's values at every ``rel`` (T5's buckets from the kept ones), in the
-    operations of ``biases._per_token_bias``. Its one check of values is the full path's
-    for float positions (finite, ALiBi): a non-finite one takes the full path and its error."""
+    positions, the kind's values at every ``rel`` (T5's buckets, ALiBi's negated distances
+    from the kept ones), in the operations of ``biases._per_token_bias``. Its one check of
+    values is the full path's for float positions (finite, ALiBi): a non-finite one takes
+    the full path and its error."""
 
     def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options):
         self.row = _row(kind, params, options)
@@ -222,19 +225,27 @@ class PerTokenPlan:
         self.checked = tuple(p is not None and not is_integer(xp, p.dtype) for p in (query_positions, key_positions))
         heads = self.row.heads
         self.shape = (heads, *batch, q_len, k_len)
-        self.order = (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2)
-        # T5's kept buckets are of index-dtype distances: other integer distances are bucketed afresh.
-        self.gather = isinstance(self.row, T5Row) and q_len * k_len > 0 and xp.result_type(qpos.dtype, kpos.dtype) == self.row.keys.dtype
+        self.order = (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2) if batch else None
+        self.torch = type(params).__module__.startswith("torch")
+        # The kept sources are of index-dtype distances: other integer distances are computed afresh.
+        self.gather = isinstance(self.row, CachedRow) and math.prod(self.shape) > 0 and self.floats is None and qpos.dtype == kpos.dtype == self.row.keys.dtype
+        # Index-dtype positions (or left out) index the kept sources straight (``_indexed``).
+        self.indexed = self.gather and all(kind in (None, "int64") for kind in self.kinds)
+        self.queries = (0, q_len - 1) if query_positions is None else None
+        self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
 
     def __call__(self, args, kwargs):
+        if self.indexed:
+            values = self._indexed(args[1], kwargs)
+            if values is not None:
+                return self._placed(values)
         xp, params = self.row.xp, args[1]
         given = (kwargs.get("query_positions"), kwargs.get("key_positions"))
         for p, checked in zip(given, self.checked):
             if checked and not bool(xp.all(xp.isfinite(p))):
                 return NotImplemented
         qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
-        offset = kwargs.get("offset")
-        offset = self.default_offset if offset is None else offset
+        offset = self._offset(kwargs)
         # The integer rule: offset + query and query - key within int64 (else the full path
         # checks them pair by pair), integer positions widened to int64.
         if "int64" in self.kinds or "uint64" in self.kinds or abs(offset) >= 2**62:
@@ -246,7 +257,65 @@ class PerTokenPlan:
             qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
         rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
         values = self.row.at(params, rel) if self.gather else self.row.vector(xp, params, rel, **self.row.options)
-        return xp.permute_dims(xp.reshape(values, self.shape), self.order)
+        return self._placed(values)
+
+    def _offset(self, kwargs):
+        offset = kwargs.get("offset")
+        return self.default_offset if offset is None else offset
+
+    def _placed(self, values):
+        """``[heads, batch * q_len * k_len]`` values as the ``[*batch, heads, q_len, k_len]`` bias."""
+        values = values.reshape(self.shape)
+        if self.order is None:
+            return values
+        return values.permute(self.order) if self.torch else values.transpose(self.order)
+
+    def _indexed(self, params, kwargs):
+        """The values at ``rel = (offset + qpos) - kpos`` of index-dtype positions, gathered
+        from the kept sources at ``hi - rel = (hi - offset - qpos) + kpos``; None where a
+        query position or the offset is near the integer limits or some ``rel`` lies outside
+        the kept window (the general path then checks, or moves the window).
+
+        No ``rel`` is formed: with ``|hi - offset - qpos| < 2**62``, an index sum that wraps
+        cannot land in ``[0, len(sources))``, so indices all found there are the true ones,
+        every ``rel`` is within the window and the full path's range checks all pass. One
+        query's indices are first its keys themselves, into the sources from ``hi - offset -
+        qpos`` on (no sum to form: keys at 0 and up)."""
+        hi, _, sources = self.row.held
+        if sources is None:
+            return None
+        qpos, kpos = kwargs.get("query_positions"), kwargs.get("key_positions")
+        offset = self._offset(kwargs)
+        if qpos is None:
+            (low, high), qpos = self.queries, self.aranges[0]
+        elif self.single:
+            low = high = qpos.item()
+        else:
+            low, high = _arrays.extremes(qpos)
+        shift = hi - offset
+        if not (-(2**62) < shift < 2**62 and -(2**62) < shift - high <= shift - low < 2**62 and -(2**63) <= low + offset and high + offset < 2**63):
+            return None
+        kpos = self.aranges[1] if kpos is None else kpos
+        if not self.single:
+            found = self._found(sources, (shift - qpos)[..., :, None] + kpos[..., None, :])
+        elif shift - low < 0 or (found := self._found(sources[shift - low :], kpos)) is None:
+            found = self._found(sources, kpos + (shift - low))
+        return None if found is None else self.row.finish(params, found)
+
+    def _found(self, sources, index):
+        """``sources`` at ``index`` (flattened), or None for an index outside ``[0, len(sources))``."""
+        index = index.reshape(-1)
+        if self.torch:  # index_select refuses such an index itself
+            try:
+                return self.row.take(sources, index, 0)
+            except IndexError:
+                return None
+        if _LARGEST_OF(index.view(_UNSIGNED)) < sources.shape[0]:  # a negative index is past the end as unsigned
+            return sources.take(index)
+        return None
+
+
+_LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
 
 
 def _fit(query, key, offset):
