@@ -124,6 +124,15 @@ CALLS = {
     "t5_bias numpy one query, batched keys": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([[t]]), key_positions=np.arange(24).reshape(3, 8) - t)),
     "t5_bias numpy reversed keys": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([t]), key_positions=np.arange(16)[::-2] + t)),
     "t5_bias numpy positions near 2**62": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([2**62 + t]), key_positions=np.arange(8) + 2**62)),
+    "t5_bias numpy positions rising to int64's top": (
+        pe.relative_bias,
+        lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([2**63 - 1 - max(0, 70000 - 10 * t)]), key_positions=np.arange(8)),
+    ),  # the window grows past int64 (an OverflowError before)
+    "t5_bias numpy keys at int64's least": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.array([-(2**63) + 7]), key_positions=np.arange(8) - t % 3)),
+    "t5_bias torch keys at int64's least": (
+        pe.relative_bias,
+        lambda t: pe.t5_bias(T_TABLE, 1, 8, query_positions=torch.tensor([-(2**63) + 7]), key_positions=torch.arange(8) - t % 3),
+    ),
     "t5_bias numpy empty batch": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, query_positions=np.zeros((0, 1), np.int64) + t, key_positions=np.arange(8))),
     "alibi_bias numpy negative positions, offset": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, offset=-t, query_positions=np.array([-t]), key_positions=-np.arange(8))),
     "alibi_bias numpy float16 slopes": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES.astype(np.float16), 1, 8, query_positions=np.array([t % 4096]), key_positions=np.arange(8))),

@@ -88,12 +88,13 @@ class CachedRow(Row):
         """``(hi, sources of hi .. lo)`` with ``lo <= last <= first <= hi``, or None past the cache's reach."""
         hi, lo, sources = self.held
         if not (lo <= last and first <= hi):
-            if first - last >= HELD:
-                return None  # more distances than a plan keeps: computed directly
+            if first - last >= HELD or last == -(2**63):
+                return None  # more distances than a plan keeps (or int64's least, below arange's end): computed directly
             hi = max(first, 2 * hi + 1) if first > hi else hi
             lo = min(last, 2 * lo - 1) if last < lo else lo
             if hi - lo >= HELD:  # far from what is kept: a window from this row's distances up
                 lo, hi = last, max(first, min(hi, last + HELD - 1))
+            hi, lo = min(hi, 2**63 - 1), max(lo, -(2**63) + 1)  # grown within int64 (the index dtype of a plan's arrays)
             sources = self.source(self.xp.arange(hi, lo - 1, -1, dtype=self.keys.dtype, device=self.device))
             self.held = (hi, lo, sources)
         return hi, sources
@@ -304,7 +305,7 @@ class PerTokenPlan:
 
     def _found(self, sources, index):
         """``sources`` at ``index`` (flattened), or None for an index outside ``[0, len(sources))``."""
-        index = index.reshape(-1)
+        index = index if index.ndim == 1 else index.reshape(-1)
         if self.torch:  # index_select refuses such an index itself
             try:
                 return self.row.take(sources, index, 0)

@@ -21,7 +21,7 @@ def _bias_key(name, args, kwargs):
     offset = kwargs.get("offset")
     if type(kind) is not str or type(q_len) is not int or type(k_len) is not int or (offset is not None and type(offset) is not int):
         return None
-    positions = tuple(kwargs.get(n) for n in _POSITIONS)
+    positions = kwargs.get("query_positions"), kwargs.get("key_positions")
     if positions[0] is None and positions[1] is None:
         if q_len != 1:
             return None

@@ -139,7 +139,7 @@ def _alibi_distance(xp, dist, work, symmetric):
 
 def _alibi_scaled(xp, slopes, distance):
     """``slopes[h] * distance[t]`` in ``distance``'s dtype, rounded to ``slopes``' dtype."""
-    return cast(xp, cast(xp, slopes, distance.dtype)[:, None] * distance[None, :], slopes.dtype)
+    return cast(xp, cast(xp, slopes, distance.dtype)[:, None] * distance, slopes.dtype)
 
 
 def _check_shaw(xp, table, *, max_distance):
