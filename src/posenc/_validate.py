@@ -17,6 +17,9 @@ try:
 except ImportError:  # pragma: no cover - Windows
     resource = None
 
+from numpy import dtype as _numpy_dtype
+from numpy import ndarray as _ndarray
+
 from . import _compat
 from ._xp import broadcast_shapes, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
 
@@ -105,8 +108,17 @@ def relative_offset(offset, q_len, k_len, xp=None, device=None):
 def index_bounds(xp, device=None):
     """``(dtype, bits, low, high)`` of the namespace's index dtype."""
     dtype = index_dtype(xp, device)
-    info = xp.iinfo(dtype)
-    return dtype, int(info.bits), int(info.min), int(info.max)
+    known = isinstance(dtype, _numpy_dtype)  # (a NumPy dtype's range is the same in every namespace)
+    bounds = _BOUNDS.get(dtype) if known else None
+    if bounds is None:
+        info = xp.iinfo(dtype)
+        bounds = dtype, int(info.bits), int(info.min), int(info.max)
+        if known:
+            _BOUNDS[dtype] = bounds
+    return bounds
+
+
+_BOUNDS = {}  # NumPy dtype -> index_bounds
 
 
 def _size(value):
@@ -238,6 +250,8 @@ def choice(name, value, choices):
 
 def is_array(value) -> bool:
     """An array of a supported namespace (NumPy scalars count as numbers, not arrays)."""
+    if type(value) is _ndarray:
+        return True
     if value is None or isinstance(value, (numbers.Number, str, list, tuple)):
         return False
     return torch_tensor(value) or _compat.is_array_api_obj(value)
@@ -542,7 +556,7 @@ def allocatable(name, shape, itemsize):
 def allocatable_unless_blocked(name, shape, itemsize, like):
     """:func:`allocatable`, skipped when ``like`` is a Dask array: its result is built
     block by block (and stored block by block), never whole."""
-    if torch_tensor(like) or not _compat.is_dask_array(like):
+    if type(like) is _ndarray or torch_tensor(like) or not _compat.is_dask_array(like):
         allocatable(name, shape, itemsize)
 
 

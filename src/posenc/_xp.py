@@ -11,6 +11,7 @@ import math
 import sys
 from functools import lru_cache, wraps
 
+import numpy as _numpy
 from numpy import ndarray as _ndarray
 
 from . import _compat
@@ -213,7 +214,7 @@ def device_of(*arrays):
     for a in arrays:
         if a is None or isinstance(a, (bool, int, float, complex)):
             continue
-        d = a.device if torch_tensor(a) else _compat.device(a)
+        d = "cpu" if type(a) is _ndarray else a.device if torch_tensor(a) else _compat.device(a)
         if d is None:
             continue
         if all(d != e for e in devices):
@@ -245,6 +246,8 @@ def shifted(values, offset):
 
 
 def is_real_floating(xp, dtype) -> bool:
+    if xp is _numpy and type(dtype) in _NUMPY_DTYPE_KINDS:  # a NumPy dtype of a kind isdtype knows: by its kind
+        return dtype.kind == "f"
     try:
         return xp.isdtype(dtype, "real floating")
     except TypeError:  # NumPy's isdtype refuses the dtypes of ml_dtypes
@@ -252,10 +255,16 @@ def is_real_floating(xp, dtype) -> bool:
 
 
 def is_integer(xp, dtype) -> bool:
+    if xp is _numpy and type(dtype) in _NUMPY_DTYPE_KINDS:
+        return dtype.kind in "iu"
     try:
         return xp.isdtype(dtype, "integral")
     except TypeError:
         return False
+
+
+# The classes of NumPy's boolean, integer and float dtypes (ml_dtypes' bfloat16 is none of them).
+_NUMPY_DTYPE_KINDS = frozenset(type(_numpy.dtype(c)) for c in "?bhilqBHILQefdg")
 
 
 def has_float64(xp, device=None) -> bool:
@@ -271,8 +280,15 @@ def has_float64(xp, device=None) -> bool:
 
 def index_dtype(xp, device=None):
     """The namespace's default index dtype (int64, or int32 for JAX without x64)."""
+    if xp is _numpy and device in (None, "cpu"):  # fixed for NumPy: asked once
+        return _numpy_index_dtype()
     info = getattr(xp, "__array_namespace_info__", None)
     return info().default_dtypes(device=device)["indexing"] if info is not None else xp.int64
+
+
+@lru_cache(maxsize=None)
+def _numpy_index_dtype():
+    return _numpy.__array_namespace_info__().default_dtypes()["indexing"]
 
 
 def widest_float(xp, device=None):

@@ -80,7 +80,14 @@ def import_failure(exc, numpy_version) -> str:
 
 def dtype_name(dtype) -> str:
     """``"float32"`` for ``numpy.float32``, ``torch.float32`` and ``dtype('float32')`` alike."""
-    return str(dtype).rsplit(".", 1)[-1]
+    key = (type(dtype), dtype)
+    name = _DTYPE_NAMES.get(key)
+    if name is None:
+        name = _DTYPE_NAMES[key] = str(dtype).rsplit(".", 1)[-1]
+    return name
+
+
+_DTYPE_NAMES = {}  # (dtype's class, dtype) -> name: a call asks several times
 
 
 def integer_kind(a):

@@ -33,6 +33,7 @@ import math
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -97,9 +98,17 @@ def frequency_table(scaling, dim, base, seq_len):
 @trace_constant
 def _table(kind, parameters, dim, base, seq_len):
     if kind is None:
+        if type(dim) is int and type(base) is float:  # (not a symbolic size of torch.compile)
+            return _default_table(dim, base), 1.0
         return tuple(default_inv_freq(dim, base).tolist()), 1.0
     inv_freq, scale = kind(*parameters).frequencies(dim, base, seq_len)
     return tuple(np.asarray(inv_freq, dtype=np.float64).tolist()), float(scale)
+
+
+@lru_cache(maxsize=64)
+def _default_table(dim, base):
+    """RoPE's frequencies as float64 Python numbers, kept for the dims and bases last used."""
+    return tuple(default_inv_freq(dim, base).tolist())
 
 
 def _exponents(xp, dim, device):
