@@ -297,6 +297,40 @@ def test_a_per_token_bias_plan_refuses_a_query_past_int64_whose_distances_it_kee
     _clear()
 
 
+# A layout by its earlier name ("split" for "half"): the full path warns (FutureWarning)
+# and computes "half"; a plan built for it served later calls silently, and apply_rope's and
+# rope_cos_sin's read "split" as interleaved. Calls that name it are never planned.
+SPLIT = {
+    "rope": (pe.rope, lambda layout: pe.rope(X, np.arange(3) + 5, layout=layout)),
+    "rope offset": (pe.rope, lambda layout: pe.rope(X, offset=5, layout=layout)),
+    "apply_rope": (pe.apply_rope, lambda layout: pe.apply_rope(X1, *pe.rope_cos_sin(np.array([5]), INV), layout=layout)),
+    "rope_cos_sin": (pe.rope_cos_sin, lambda layout: pe.rope_cos_sin(np.array([3, 4]), INV, layout=layout)),
+    "rerotate": (pe.rerotate, lambda layout: pe.rerotate(X, 3, np.asarray(INV), layout=layout)),
+}
+
+
+@pytest.mark.parametrize("name", SPLIT)
+def test_a_layouts_earlier_name_warns_and_means_half_on_every_call(name):
+    fn, call = SPLIT[name]
+    _clear()
+    half = _cold(lambda: call("half"))
+    for _ in range(4):
+        with pytest.warns(FutureWarning, match='layout="split" is the earlier name of "half"'):
+            _same(call("split"), half)
+    assert not _served(fn)
+
+
+def test_a_numpy_constant_among_torch_arrays_is_converted_on_every_call():
+    """``host_constants`` converts a NumPy ``positions`` (or ``cos``/``sin``) to torch on the
+    full path; a plan's key refuses the mix, so no plan ever gets the NumPy array as it is."""
+    _clear()
+    cos, sin = pe.rope_cos_sin(np.array([5]), INV)
+    for _ in range(4):
+        _same(pe.rope(T_X1, np.array([[5]])), _cold(lambda: pe.rope(T_X1, torch.tensor([[5]]))))
+        _same(pe.apply_rope(T_X1, cos, sin), _cold(lambda: pe.apply_rope(T_X1, torch.from_numpy(cos), torch.from_numpy(sin))))
+    assert not _served(pe.rope) and not _served(pe.apply_rope)
+
+
 # ---------------------------------------------------------------- the caches
 
 

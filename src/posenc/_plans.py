@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import sys
 from collections import OrderedDict
 
@@ -76,7 +77,7 @@ class PlanCache(OrderedDict):
 
 def planned(signature):
     def wrap(fn):
-        defaults = dict(fn.__kwdefaults__ or {})
+        defaults = dict(inspect.unwrap(fn).__kwdefaults__ or {})  # (fn may be another decorator's: host_constants)
         plans = PlanCache()
         build = _loader(signature.build)
 
@@ -151,6 +152,14 @@ def value_key(value):
     if kind in _PLAIN:
         return kind
     return array_key(value)
+
+
+def one_library(*values) -> bool:
+    """Whether the arrays among ``values`` are all NumPy's or none is (a key of arrays of two
+    libraries would pass a NumPy constant to the plan as it is: ``host_constants`` converts
+    it on the full path)."""
+    numpy = [type(v) is np.ndarray for v in values if type(v) not in _PLAIN]
+    return all(numpy) or not any(numpy)
 
 
 def out_key(out, x):

@@ -19,7 +19,6 @@ import threading
 
 import numpy as np
 
-from .. import _dispatch
 from . import _arrays, _layout, rope_cpu
 from .rope_cpu import FAST_ANGLE_LIMIT
 
@@ -286,55 +285,38 @@ def _int64(a):
     return a.to(sys.modules["torch"].int64)
 
 
-def _source(xp, x, positions, seq_axis, offset, device):
-    """The ``_Source`` of a validated call: the shapes ``rotary._args`` gives its arrays."""
-    from ..rotary import _args
-
-    per_row = offset if not isinstance(offset, int) and offset.ndim else None
-    if positions is None:
-        base = _args.positions(xp, x, None, seq_axis, 0, device)
-        rows = None if per_row is None else _args.place_rows("offset", per_row, tuple(x.shape[:-1]), _args.sequence_axis(seq_axis, x)[0])
-        return _Source(None, base, None if rows is None else tuple(rows.shape), "small", _arrays.integer_kind(offset))
-    given = _args.positions(xp, x, positions, seq_axis, 0, device)
-    rows = None if per_row is None else _args.rows("offset", per_row, x, seq_axis)
-    return _Source(tuple(given.shape), None, None if rows is None else tuple(rows.shape), _arrays.integer_kind(positions), _arrays.integer_kind(offset))
+def _source(call, positions, offset):
+    """The ``_Source`` of a parsed call (``rotary._call.RopeCall``) whose arguments were
+    ``positions`` and ``offset``: the shapes the parse gave its arrays."""
+    rows = None if isinstance(call.offset, int) or not call.offset.ndim else tuple(call.offset.shape)
+    kinds = _arrays.integer_kind(positions), _arrays.integer_kind(offset)
+    if positions is None:  # the parse's own arange (no array of the caller's)
+        return _Source(None, call.placed, rows, "small", kinds[1])
+    return _Source(tuple(call.placed.shape), None, rows, *kinds)
 
 
-def _default_positions(xp, x, seq_axis, device):
-    """The positions ``rope`` gives the kernel for no ``positions`` and ``offset=0``."""
-    from ..rotary import _args
+def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
+    """The plan of a ``rope`` call that the full path served, or None where it must serve it
+    again. Built from the call's own parse (``rotary._call.parse_rope``)."""
+    from ..rotary._call import parse_rope
 
-    return _args.positions(xp, x, None, seq_axis, 0, device)
-
-
-def build_rotate(x, positions=None, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out, **_):
-    """The plan of a validated ``rope`` call, or None where the full path must serve it."""
-    from ..rotary import _args
-    from ..rotary.scaling import frequency_table
-    from .._xp import device_of, namespace
-
-    if scaling is not None or x.ndim < 2 or 0 in tuple(x.shape):
+    if scaling is not None or layout not in _LAYOUTS or x.ndim < 2 or 0 in tuple(x.shape):
         return None
-    rdim = int(x.shape[-1]) if rotary_dim is None else int(rotary_dim)
-    inv_freq, scale = frequency_table(None, rdim, float(base), None)
-    if inverse:
-        scale = 1.0 / scale
-    xp, device = namespace(x), device_of(x)
-    if positions is None and type(offset) is int:
-        sample = _default_positions(xp, x, seq_axis, device)
-    else:
-        sample = _args.positions(xp, x, positions, seq_axis, offset, device)
-    impl = _dispatch.select("rope_rotate", x, sample, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out)
+    call = parse_rope(x, positions, scaling=scaling, layout=layout, offset=offset, out=out, **options)
     xv = _arrays.host_view(x)
-    if not _host_kernel(impl, "rotate_positions") or not _writable_directly(xv, out):
+    if not _host_kernel(call.kernel(), "rotate_positions") or not _writable_directly(xv, out):
         return None
-    sign = -1.0 if inverse else 1.0
-    if positions is None and type(offset) is int:
-        plan = RotatePlan(x, xv, layout, sample, inv_freq, sign, scale, out)
+    sign = -1.0 if call.inverse else 1.0
+    if positions is None and type(offset) is int:  # the positions of offset 0, plus each call's
+        plan = RotatePlan(x, xv, layout, call.placed, call.inv_freq, sign, call.scale, out)
     else:
-        source = _source(xp, x, positions, seq_axis, offset, device)
-        plan = PositionsPlan(x, xv, layout, sample, source, inv_freq, sign, scale, out)
+        plan = PositionsPlan(x, xv, layout, call.positions, _source(call, positions, offset), call.inv_freq, sign, call.scale, out)
     return plan if plan.launch.viewable() else None
+
+
+# Layouts by their own names: a call that names one by an earlier name ("split") takes the
+# full path every time, and its FutureWarning with it.
+_LAYOUTS = ("half", "interleaved")
 
 
 class ApplyPlan:
@@ -405,11 +387,14 @@ def _flat_reader(table):
 
 
 def build_apply(x, cos, sin, *, layout, out, **_):
-    if 0 in tuple(x.shape) or 0 in tuple(cos.shape):
+    """The plan of an ``apply_rope`` call that the full path served (from its parse,
+    ``rotary._call.parse_apply``), or None."""
+    from ..rotary._call import parse_apply
+
+    if layout not in _LAYOUTS or 0 in tuple(x.shape) or 0 in tuple(cos.shape):
         return None
-    impl = _dispatch.select("rope_apply", x, cos, sin, layout=layout, out=out)
     xv = _arrays.host_view(x)
-    if not _host_kernel(impl, "rotate_cos_sin") or not _writable_directly(xv, out):
+    if not _host_kernel(parse_apply(x, cos, sin, layout=layout, out=out).kernel(), "rotate_cos_sin") or not _writable_directly(xv, out):
         return None
     plan = ApplyPlan(x, xv, cos, sin, layout, out)
     return plan if plan.launch.viewable() else None
@@ -438,21 +423,21 @@ class RerotatePlan:
         return self.rotate((x,), {"offset": delta, "out": kwargs.get("out")})
 
 
-def build_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, seq_len, rotary_dim, out, **_):
-    """The plan of a validated ``rerotate`` by an int ``delta`` with NumPy ``inv_freq``, or None."""
-    from .._xp import device_of, index_dtype, namespace
-    from ..rotary import _args
+def build_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, seq_len, rotary_dim, out, **options):
+    """The plan of a ``rerotate`` by an int ``delta`` with NumPy ``inv_freq`` that the full
+    path served, from its parse (``rotary._call.parse_rerotate``), or None."""
+    from ..rotary._call import parse_rerotate
 
     if new_inv_freq is not None or scaling is not None or seq_len is not None or rotary_dim is not None:
         return None
-    if x.ndim < 1 or 0 in tuple(x.shape):
+    if layout not in _LAYOUTS or x.ndim < 1 or 0 in tuple(x.shape):
         return None
-    xp, device = namespace(x), device_of(x)
-    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
-    zero = xp.asarray(0, dtype=index_dtype(xp, device), device=device)  # rerotate's 0-d delta, at 0
-    impl = _dispatch.select("rope_rotate", x, zero, freqs, layout=_args.layout("layout", layout), out=out)
+    call = parse_rerotate(
+        x, delta, inv_freq, layout=layout, new_inv_freq=None, scaling=None, seq_len=None, rotary_dim=None, out=out, **options
+    )  # fmt: skip
     xv = _arrays.host_view(x)
-    if not _host_kernel(impl, "rotate_positions") or not _writable_directly(xv, out):
+    if not _host_kernel(call.kernel(), "rotate_positions") or not _writable_directly(xv, out):
         return None
-    rotate = RotatePlan(x, xv, _args.layout("layout", layout), zero, freqs, 1.0, 1.0, out)
+    zero = call.xp.zeros_like(call.delta)  # the 0-d delta of the call, at 0: the plan adds each call's
+    rotate = RotatePlan(x, xv, layout, zero, call.freqs, 1.0, 1.0, out)
     return RerotatePlan(rotate, inv_freq) if rotate.launch.viewable() else None

@@ -220,8 +220,9 @@ def _misfit(name, pshape, shape, axis):
 
 
 def positions(xp, x, given, seq_axis, offset, device):
-    """``rope``'s positions, validated and placed against ``x``: ``offset + arange`` along
-    the sequence axis by default, else ``given + offset`` (see :func:`place`)."""
+    """``rope``'s positions, validated and placed against ``x``: ``(placed, offset, placed +
+    offset)``, ``placed`` being ``arange`` along the sequence axis by default, else ``given``
+    (see :func:`place`), widened, and ``offset`` an int or placed on the batch axes."""
     shape = tuple(x.shape[:-1])
     if given is None:
         axis, packed = sequence_axis(seq_axis, x)
@@ -235,7 +236,7 @@ def positions(xp, x, given, seq_axis, offset, device):
             offset = place_rows("offset", offset, shape, axis)
         pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
         pos = xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape))))
-        return check.shifted("the token positions", pos, offset, xp, device, known=(0, length - 1) if length else None)
+        return pos, offset, check.shifted("the token positions", pos, offset, xp, device, known=(0, length - 1) if length else None)
     check.array("positions", given)
     if check.is_array(offset) and offset.ndim:
         offset = rows("offset", offset, x, seq_axis)
@@ -245,7 +246,7 @@ def positions(xp, x, given, seq_axis, offset, device):
     elif seq_axis is not None:  # 0-d positions use no axis, but a seq_axis given must be one
         sequence_axis(seq_axis, x)
     given = check.positions("positions", given, xp, device)  # (widened once their shape fits x)
-    return check.shifted("positions", given, offset, xp, device)
+    return given, offset, check.shifted("positions", given, offset, xp, device)
 
 
 def rows(name, value, x, seq_axis):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dispatch
-from .._plans import array_key, context_key, keywords_key, out_key, value_key
+from .._plans import array_key, context_key, keywords_key, one_library, out_key, value_key
 
 
 class Rope:
@@ -29,6 +29,8 @@ class Rope:
         else:
             return None
         x, offset = args[0], kwargs.get("offset", 0)
+        if not one_library(x, positions, offset):
+            return None
         key = (
             "rope", array_key(x), context_key(x, positions, offset), value_key(positions), value_key(offset),
             keywords_key(kwargs, "positions", "offset", "out"), out_key(kwargs.get("out"), x),
@@ -56,7 +58,7 @@ class ApplyRope:
 
     @staticmethod
     def key(args, kwargs):
-        if len(args) != 3:
+        if len(args) != 3 or not one_library(*args):
             return None
         key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
         return None if None in key else key

@@ -128,13 +128,17 @@ def _float64(inv_freq):
 
 
 def build_tables(positions, inv_freq, *, layout, dtype, scale):
-    from .._xp import is_integer, namespace
+    """The plan of a ``rope_cos_sin`` call that the full path served, from its parse
+    (``rotary._call.parse_tables``), or None. A layout named by an earlier name
+    (``"split"``) takes the full path every time, and its ``FutureWarning`` with it."""
+    from .._xp import is_integer
+    from ._call import parse_tables
 
-    xp = namespace(positions)
     if getattr(inv_freq, "requires_grad", False) or getattr(positions, "requires_grad", False):
         return None
     if not isinstance(inv_freq, np.ndarray) and type(inv_freq) is not type(positions):
         return None
-    if inv_freq.ndim != 1:
+    if inv_freq.ndim != 1 or layout not in ("half", "interleaved"):
         return None
-    return TablesPlan(positions, inv_freq, layout, dtype, not is_integer(xp, positions.dtype))
+    call = parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
+    return TablesPlan(positions, inv_freq, call.layout, dtype, not is_integer(call.xp, positions.dtype))

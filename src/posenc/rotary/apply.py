@@ -9,6 +9,11 @@ rotates every pair of channels :math:`(a_i, b_i)` of a query or key at position 
 
 so that :math:`\langle R_m q, R_n k\rangle` depends on ``m - n`` only (the relative
 position ``rel = query - key`` of the library's sign convention).
+
+A call goes parse -> plan -> run: its arguments are parsed once into a description of the
+call (``_call``: validated, in the forms the kernel takes), which selects the kernel or the
+reference and runs it; ``@_plans.planned`` serves the later calls of a signature from a plan
+built from that same parse (``posenc._kernels.rope_plan``).
 """
 
 from __future__ import annotations
@@ -16,17 +21,9 @@ from __future__ import annotations
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, is_real_floating, namespace, result_dtype
-from . import _args, _rows
-from .scaling import check_scaling, frequency_table
-
-
-def duplicate(xp, half_table, layout):
-    """``[..., n] -> [..., 2n]`` in the layout's order: ``[f0..fn, f0..fn]`` or ``[f0, f0, f1, f1, ...]``."""
-    if layout == "half":
-        return xp.concat([half_table, half_table], axis=-1)
-    stacked = xp.stack([half_table, half_table], axis=-1)
-    return xp.reshape(stacked, (*half_table.shape[:-1], 2 * half_table.shape[-1]))
+from .._xp import cos_sin_of_array, cos_sin_of_turns, has_float64, host_constants, namespace
+from . import _args, _call, _rows
+from ._call import duplicate
 
 
 @_plans.planned(_signatures.RopeCosSin)
@@ -72,9 +69,9 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     """
     if check.is_array(inv_freq) and inv_freq.ndim == 2:
         return _tables_per_row(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
-    args = TableArguments(positions, inv_freq, layout, dtype, scale)
-    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * args.pairs), 8, positions)
-    return args.tables(*args.cos_sin(positions, args.freqs))
+    call = _call.parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
+    check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * call.pairs), 8, positions)
+    return call.tables(*call.cos_sin(positions, call.freqs))
 
 
 def _tables_per_row(positions, inv_freq, **options):
@@ -98,38 +95,8 @@ def _tables_per_row(positions, inv_freq, **options):
     return xp.stack([c for c, _ in tables]), xp.stack([s for _, s in tables])
 
 
-class TableArguments:
-    """The validated arguments of the ``cos``/``sin`` table builders (``rope_cos_sin``,
-    ``mrope_cos_sin``), and the two steps they share."""
-
-    def __init__(self, positions, inv_freq, layout, dtype, scale):
-        check.array("positions", positions)
-        self.xp = xp = namespace(positions)
-        self.device = device_of(positions)
-        check.positions("positions", positions, xp)
-        self.layout = _args.layout("layout", layout)
-        self.freqs = _args.inv_freq("inv_freq", inv_freq, xp)
-        self.pairs = len(self.freqs) if isinstance(self.freqs, tuple) else int(self.freqs.shape[0])
-        self.scale = check.real("scale", scale)
-        if dtype is None:
-            dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-        self.dtype = result_dtype(xp, dtype)
-
-    def cos_sin(self, positions, freqs):
-        """Undoubled ``cos, sin`` of ``positions * freqs`` (host numbers or an in-graph array)."""
-        compute = cos_sin if isinstance(freqs, tuple) else cos_sin_of_array
-        return compute(positions, freqs, xp=self.xp, device=self.device)
-
-    def tables(self, c, s):
-        """Scaled, doubled in the layout's order, in the result dtype."""
-        xp = self.xp
-        if self.scale != 1.0:
-            c, s = c * self.scale, s * self.scale
-        return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
-
-
-@host_constants
 @_plans.planned(_signatures.ApplyRope)
+@host_constants
 def apply_rope(x, cos, sin, *, layout="half", out=None):
     r"""Rotate the channels of ``x`` with precomputed ``cos`` and ``sin``.
 
@@ -160,26 +127,7 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     >>> pe.apply_rope(np.array([[1.0, 0.0]]), cos, sin).round(6).tolist()
     [[0.0, 1.0]]
     """
-    for name, a in (("x", x), ("cos", cos), ("sin", sin)):
-        check.array(name, a)
-    xp = namespace(x, cos, sin)
-    device_of(x, cos, sin)
-    check.float_array("x", x, xp)
-    check.ndim("x", x, minimum=1)
-    check.float_array("cos", cos, xp)
-    check.float_array("sin", sin, xp)
-    check.ndim("cos", cos, minimum=1)
-    if tuple(cos.shape) != tuple(sin.shape):
-        raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    width = int(cos.shape[-1])
-    if width % 2 or width == 0:
-        raise ValueError(f"cos.shape[-1] (the rotary dimension) must be a positive even integer, got {width}")
-    if width > x.shape[-1]:
-        raise ValueError(f"cos.shape[-1] (the rotary dimension) must be <= x.shape[-1] = {x.shape[-1]}, got {width}")
-    check.broadcast_shape("cos", cos.shape, (*x.shape[:-1], width))
-    layout = _args.layout("layout", layout)
-    _args.out_like(out, x, xp, ("cos", cos), ("sin", sin))
-    return _dispatch.call("rope_apply", x, cos, sin, layout=layout, out=out)
+    return _call.parse_apply(x, cos, sin, layout=layout, out=out).run()
 
 
 def rotate_pair(q, k, cos, sin, *, layout="half"):
@@ -198,8 +146,8 @@ def rotate_pair(q, k, cos, sin, *, layout="half"):
     return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
 
 
-@host_constants
 @_plans.planned(_signatures.Rope)
+@host_constants
 def rope(
     x,
     positions=None,
@@ -279,73 +227,48 @@ def rope(
     >>> bool(np.allclose(pe.rope(k, seq_axis="bshd")[:, 1, 0], pe.rope(q)[0, 1]))
     True
     """
-    check.array("x", x)
-    if positions is not None:
-        _args.positions_array(positions)
-    read = [(name, a) for name, a in (("positions", positions), ("offset", offset), ("seq_len", seq_len)) if check.is_array(a)]
-    per_row = [a for a in (offset, seq_len) if check.is_array(a) and a.ndim > 0]
-    xp = namespace(x, positions, *per_row)
-    device = device_of(x, positions, *per_row)
-    check.float_array("x", x, xp)
-    check.ndim("x", x, minimum=1)
-    base = check.real("base", base, positive=True)
-    check_scaling(scaling)
-    layout = _args.layout("layout", layout)
-    width = int(x.shape[-1])
-    rdim = _args.rotary_dim(rotary_dim, width)
-    offset = _args.per_row("offset", offset, xp)
-    if not isinstance(inverse, bool):
-        raise TypeError(f"inverse must be a bool, got {inverse!r}")
-    seq_len = _args.per_row("seq_len", seq_len, xp)
-    _args.out_like(out, x, xp, *read)
-    positions = _args.positions(xp, x, positions, seq_axis, offset, device)
-    seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
-    if scaling is not None and scaling.uses_seq_len:
-        if seq_len is None:
-            seq_len = _args.sequence_length(xp, positions)
-        if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
-
-            def one_row(x_row, positions_row, length):  # the call a single row makes
-                options = {"base": base, "scaling": scaling, "layout": layout, "rotary_dim": rdim, "inverse": inverse}
-                return rope(x_row, positions_row, seq_axis=-2, seq_len=length, **options)
-
-            return _rows_written(xp, x, positions, seq_len, out, one_row)
-        if seq_len is not None and not isinstance(seq_len, int):
-            return _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device)
-    else:
-        seq_len = None
-    inv_freq, scale = frequency_table(scaling, rdim, base, seq_len)
-    if inverse:
-        scale = 1.0 / scale
-    return _dispatch.call(
-        "rope_rotate", x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out
-    )
+    call = _call.parse_rope(
+        x, positions, base=base, scaling=scaling, layout=layout, rotary_dim=rotary_dim, offset=offset,
+        seq_axis=seq_axis, inverse=inverse, seq_len=seq_len, out=out,
+    )  # fmt: skip
+    if call.path == "rows":
+        return _rows_written(call)
+    if call.path == "traced":
+        return _rotate_traced_length(call)
+    return call.run()
 
 
-def _rotate_traced_length(x, positions, base, scaling, layout, rdim, inverse, seq_len, out, xp, device):
+def _rotate_traced_length(call):
     """``rope`` for a length known only inside the computation: frequencies computed from it,
     then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
+    xp, device, seq_len, scaling, rdim = call.xp, call.device, call.seq_len, call.scaling, call.rotary_dim
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
         seq_len = xp.asarray(seq_len, device=device)
     if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
         seq_len = seq_len[..., None]
     if has_float64(xp, device):
-        inv_freq, scale = scaling.traced_frequencies(xp, rdim, base, seq_len, device)
-        c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
+        inv_freq, scale = scaling.traced_frequencies(xp, rdim, call.base, seq_len, device)
+        c, s = cos_sin_of_array(call.positions, inv_freq, xp=xp, device=device)
     else:  # the frequencies in double-float, the angles by the exact split reduction
-        turns, scale = scaling.traced_turns(xp, rdim, base, seq_len, device)
-        c, s = cos_sin_of_turns(positions, turns, xp=xp)
-    if inverse:
+        turns, scale = scaling.traced_turns(xp, rdim, call.base, seq_len, device)
+        c, s = cos_sin_of_turns(call.positions, turns, xp=xp)
+    if call.inverse:
         s, scale = -s, 1.0 / scale
     if scale != 1.0:
         c, s = c * scale, s * scale
-    return _dispatch.call("rope_apply", x, duplicate(xp, c, layout), duplicate(xp, s, layout), layout=layout, out=out)
+    tables = duplicate(xp, c, call.layout), duplicate(xp, s, call.layout)
+    return _dispatch.call("rope_apply", call.x, *tables, layout=call.layout, out=call.out)
 
 
-def _rows_written(xp, x, positions, seq_len, out, rotate_one):
+def _rows_written(call):
     """A per-row ``seq_len``, eagerly: each row rotated by the call a single row makes."""
-    result = _rows.rotate_each_row(xp, x, positions, seq_len, rotate_one)
-    if out is None:
+    options = {"base": call.base, "scaling": call.scaling, "layout": call.layout, "rotary_dim": call.rotary_dim, "inverse": call.inverse}
+
+    def one_row(x_row, positions_row, length):
+        return rope(x_row, positions_row, seq_axis=-2, seq_len=length, **options)
+
+    result = _rows.rotate_each_row(call.xp, call.x, call.positions, call.seq_len, one_row)
+    if call.out is None:
         return result
-    out[...] = result
-    return out
+    call.out[...] = result
+    return call.out

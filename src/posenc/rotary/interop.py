@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import device_of, namespace, widest_float
-from . import _args, _chain, _rows
+from .._xp import device_of, namespace
+from . import _args, _call, _chain, _rows
 from ._rotate import _join, _pairs
-from .scaling import check_scaling, frequency_table
+from .scaling import frequency_table
 
 
 @_plans.planned(_signatures.Rerotate)
@@ -103,85 +101,39 @@ def rerotate(
     >>> bool(np.allclose(moved, pe.rope(k, scaling=dynamic, seq_len=9)))
     True
     """
-    check.array("x", x)
-    read = [(name, a) for name, a in (("delta", delta), ("inv_freq", inv_freq), ("new_inv_freq", new_inv_freq), ("seq_len", seq_len)) if check.is_array(a)]
-    per_row = [a for a in (delta, seq_len) if check.is_array(a)]
-    xp = namespace(x, *per_row)
-    check.float_array("x", x, xp)
-    check.ndim("x", x, minimum=1)
-    device = device_of(x, *per_row)
-    if not check.is_array(delta):
-        delta = _scalar_array(xp, "delta", delta, device)
-    delta = check.positions("delta", delta, xp, device)
-    if delta.ndim:
-        axis = _args.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
-        delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None)
-    elif seq_axis is not None:  # a single delta uses no axis, but a seq_axis given must be one
-        _args.sequence_axis(seq_axis, x)
-    _args.out_like(out, x, xp, *read)
-    layout = _args.layout("layout", layout)
-    if scaling is not None:
-        return _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out)
-    if inv_freq is None:
-        raise TypeError("rerotate needs inv_freq (the frequencies x was rotated with), or scaling= and seq_len=")
-    if seq_len is not None or rotary_dim is not None:
-        raise ValueError("seq_len and rotary_dim are read with scaling= only; with inv_freq the frequencies say both")
-    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
-    if 2 * freqs.size > x.shape[-1]:
-        raise ValueError(f"inv_freq has {freqs.size} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
-    if new_inv_freq is None:
-        return _dispatch.call("rope_rotate", x, delta, freqs, layout=layout, out=out)
-    new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
-    if new.shape != freqs.shape:
-        raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
+    call = _call.parse_rerotate(
+        x, delta, inv_freq, layout=layout, new_inv_freq=new_inv_freq, scaling=scaling, base=base, seq_len=seq_len,
+        rotary_dim=rotary_dim, seq_axis=seq_axis, out=out,
+    )  # fmt: skip
+    if call.scaling is not None:
+        return _rerotate_scaled(call)
+    if call.new_freqs is None:
+        return call.run(call.freqs)
     _chain.warn_if_chained(x)
-    result = _dispatch.call("rope_rotate", x, delta, new - freqs, layout=layout, out=out)
+    result = call.run(call.new_freqs - call.freqs)
     _chain.note(result)
     return result
 
 
-def _rerotate_scaled(xp, x, delta, layout, inv_freq, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out):
+def _rerotate_scaled(call):
     """``rerotate`` from a scaling's frequencies at its original length to those of ``seq_len``."""
-    if inv_freq is not None or new_inv_freq is not None:
-        raise ValueError("pass either inv_freq (and new_inv_freq) or scaling=, not both")
-    check_scaling(scaling)
-    base = check.real("base", base, positive=True)
-    width = int(x.shape[-1])
-    rdim = _args.rotary_dim(rotary_dim, width)
-    if seq_len is None:
-        raise TypeError("rerotate with scaling= needs seq_len: the length whose frequencies the keys move to")
-    seq_len = _args.per_row("seq_len", seq_len, xp)
-    if check.is_array(seq_len) and not check.is_eager(seq_len):
-        raise TypeError("rerotate's seq_len must be readable now (an int or an eager integer array), got a traced value")
-    seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
+    scaling, rdim, base, layout = call.scaling, call.rotary_dim, call.base, call.layout
     first = np.asarray(frequency_table(scaling, rdim, base, None)[0])
 
     def move(x_rows, delta_rows, length, out=None):  # from the first frequencies to those of `length`
         step = np.asarray(frequency_table(scaling, rdim, base, length)[0]) - first
         return _dispatch.call("rope_rotate", x_rows, delta_rows, step, layout=layout, out=out)
 
-    _chain.warn_if_chained(x)
-    if isinstance(seq_len, int):
-        result = move(x, delta, seq_len, out)
+    _chain.warn_if_chained(call.x)
+    if isinstance(call.seq_len, int):
+        result = move(call.x, call.delta, call.seq_len, call.out)
     else:
-        result = _rows.rotate_each_row(xp, x, delta, seq_len, move)
-        if out is not None:
-            out[...] = result
-            result = out
+        result = _rows.rotate_each_row(call.xp, call.x, call.delta, call.seq_len, move)
+        if call.out is not None:
+            call.out[...] = result
+            result = call.out
     _chain.note(result)
     return result
-
-
-def _scalar_array(xp, name, value, device):
-    """A Python int or real number as a 0-d array (index dtype or the widest float)."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        dtype, bits, low, high = check.index_bounds(xp, device)
-        value = check.integer(name, value)
-        if not low <= value <= high:
-            raise ValueError(f"{name} must fit in int{bits} ({low} .. {high}), got {value}")
-        return xp.asarray(value, dtype=dtype, device=device)
-    value = check.real(name, value)
-    return xp.asarray(value, dtype=widest_float(xp, device), device=device)
 
 
 def convert_layout(x, src, dst, *, rotary_dim=None):

@@ -19,7 +19,7 @@ import numbers
 
 from .. import _validate as check
 from .._xp import device_of
-from .apply import TableArguments
+from ._call import parse_tables
 
 
 def _sections(sections, pairs):
@@ -120,7 +120,7 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
     >>> bool(np.allclose(cos[0, :4], np.cos([2 * 1.0, 5 * 0.5, 7 * 0.25, 2 * 0.125])))
     True
     """
-    args = TableArguments(positions, inv_freq, layout, dtype, scale)
+    args = parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     sections = _sections(sections, args.pairs)
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be True or False, got {interleaved!r}")
@@ -184,7 +184,7 @@ def xdrope_cos_sin(positions, inv_freq, sections, *, dtype=None, scale=1.0):
     >>> bool(np.allclose(cos[0], np.cos([3 * 1.0, 3 * 0.5, 1 * 1.0, 1 * 0.5])))
     True
     """
-    args = TableArguments(positions, inv_freq, "half", dtype, scale)
+    args = parse_tables(positions, inv_freq, layout="half", dtype=dtype, scale=scale)
     sections = _sections(sections, args.pairs)
     check.ndim("positions", positions, minimum=1)
     if int(positions.shape[0]) != len(sections):

@@ -7,7 +7,7 @@ import math
 from .. import _validate as check
 from .._xp import cast, device_of, is_real_floating, namespace, result_dtype, widest_float
 from . import _args
-from .apply import duplicate
+from ._call import duplicate
 
 
 def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
