@@ -25,7 +25,7 @@ FRAMEWORKS_OF_ADAPTERS = {"jax", "jaxlib", "flax", "dask", "distributed"}  # imp
 LAYERS = ("core", "families", "kernels", "face", "adapters", "tools")
 # A family's plan builders stand on the kernel layer beside ``_kernels/rope_plan.py``: they
 # launch what the registry chose; the family's keys (``_signatures.py``) name them as strings.
-PLAN_BUILDERS = {"posenc.relative._decode", "posenc.rotary._tables_plan"}
+PLAN_BUILDERS = {"posenc.relative._decode", "posenc.relative._logits_plan", "posenc.rotary._tables_plan"}
 
 
 def _modules():

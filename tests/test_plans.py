@@ -26,7 +26,10 @@ from posenc.torch import ALiBi, T5RelativeBias  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
 from posenc.torch import hf as _hf  # noqa: E402
 
-PLANNED = (pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, _hf._rotate_pair, _ops._apply_kernel)
+PLANNED = (
+    pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, pe.shaw_logits,
+    _hf._rotate_pair, _ops._apply_kernel,
+)  # fmt: skip
 HEADS, DIM = 4, 16
 
 
@@ -81,6 +84,14 @@ def _t5_module():
 
 
 T5_MODULE, ALIBI_MODULE = _t5_module(), ALiBi(HEADS)
+# Shaw's attention logits: q [1, heads, 1, d] / [2, heads, 3, d], keys [.., 8, d], a table of K = 4.
+SHAW_K = rng.standard_normal((2, HEADS, 8, DIM)).astype(np.float32)
+SHAW_TABLE = rng.standard_normal((9, DIM)).astype(np.float32)
+T_SHAW_K, T_SHAW_TABLE = torch.from_numpy(SHAW_K), torch.from_numpy(SHAW_TABLE)
+
+
+def _shaw(q, k, table=SHAW_TABLE, **options):
+    return pe.shaw_logits(q, k, table, max_distance=4, **options)
 
 # name: (the planned function, call(step) -> result): the arrays made per step hold new values
 CALLS = {
@@ -153,6 +164,31 @@ CALLS = {
     "alibi_bias torch positions": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES, 1, 8, query_positions=torch.tensor([[t]]), key_positions=torch.arange(8))),
     "T5RelativeBias positions": (pe.relative_bias, lambda t: T5_MODULE(1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8)).detach()),
     "ALiBi positions": (pe.relative_bias, lambda t: ALIBI_MODULE(1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8))),
+    "shaw_logits numpy offset": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], offset=t)),
+    "shaw_logits numpy prefill, default offset": (pe.shaw_logits, lambda t: _shaw(X, SHAW_K, SHAW_TABLE * (t % 7)),),
+    "shaw_logits numpy [1] positions": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], query_positions=np.array([t]), key_positions=np.arange(8) + t // 2)),
+    "shaw_logits numpy [[p]] positions and offset": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], query_positions=np.array([[t]]), offset=t % 5)),
+    "shaw_logits numpy key positions only": (pe.shaw_logits, lambda t: _shaw(X, SHAW_K, key_positions=np.arange(8) * (t % 3))),
+    "shaw_logits numpy [B, S] positions": (pe.shaw_logits, lambda t: _shaw(X, SHAW_K, query_positions=np.array([[t, t + 1, t + 2], [0, 5, 9]]))),
+    "shaw_logits numpy int32 positions": (
+        pe.shaw_logits,
+        lambda t: _shaw(X, SHAW_K, query_positions=np.arange(3, dtype=np.int32) + t % 1000, key_positions=np.arange(8, dtype=np.uint8)),
+    ),
+    "shaw_logits numpy uint64 positions": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], query_positions=np.array([t], np.uint64))),
+    "shaw_logits numpy float64 and float16": (pe.shaw_logits, lambda t: _shaw(X.astype(np.float64), SHAW_K.astype(np.float16), offset=t)),
+    "shaw_logits numpy float16 positions": (pe.shaw_logits, lambda t: _shaw(X1.astype(np.float16), SHAW_K[:1], query_positions=np.array([t]))),
+    "shaw_logits numpy table with a batch axis": (pe.shaw_logits, lambda t: _shaw(X, SHAW_K, np.stack([SHAW_TABLE, SHAW_TABLE + t % 3])[:, None], offset=t)),
+    "shaw_logits numpy 5-d positions": (pe.shaw_logits, lambda t: _shaw(X1[0], SHAW_K[0], query_positions=np.array([[[t]]]))),
+    "shaw_logits torch offset": (pe.shaw_logits, lambda t: _shaw(T_X1, T_SHAW_K[:1], T_SHAW_TABLE, offset=t)),
+    "shaw_logits torch position_ids": (
+        pe.shaw_logits,
+        lambda t: _shaw(T_X1, T_SHAW_K[:1], T_SHAW_TABLE, query_positions=torch.tensor([[t]]), key_positions=torch.arange(8)),
+    ),
+    "shaw_logits torch [B, S] positions": (pe.shaw_logits, lambda t: _shaw(T_X, T_SHAW_K, T_SHAW_TABLE, query_positions=torch.arange(6).reshape(2, 3) + t)),
+    "shaw_logits torch bfloat16 int32 positions": (
+        pe.shaw_logits,
+        lambda t: _shaw(T_X.bfloat16(), T_SHAW_K.bfloat16(), T_SHAW_TABLE.bfloat16(), query_positions=torch.arange(3, dtype=torch.int32) + t % 1000),
+    ),
     "hf apply_rotary_pos_emb q + k": (
         _hf._rotate_pair,
         lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),
@@ -172,6 +208,24 @@ def test_a_planned_call_gives_the_cold_calls_bits(name):
     for _ in range(2):
         for t, expected in zip(STEPS, cold):
             _same(call(t), expected)
+    _clear()
+
+
+@pytest.mark.parametrize("positions", [False, True])
+def test_a_planned_shaw_call_gives_the_cold_calls_gradients(positions):
+    options = {"query_positions": torch.tensor([[5]]), "key_positions": torch.arange(8)} if positions else {"offset": 5}
+
+    def grads(scale):
+        q, k, table = (a.clone().requires_grad_() for a in (T_X1, T_SHAW_K[:1], T_SHAW_TABLE))
+        (_shaw(q, k, table, **options) * scale).sum().backward()
+        return tuple(a.grad for a in (q, k, table))
+
+    _clear()
+    grads(1.0)
+    grads(1.0)
+    assert _served(pe.shaw_logits)
+    for scale in (2.0, -0.5):
+        _same(grads(scale), _cold(lambda: grads(scale)))
     _clear()
 
 
@@ -259,6 +313,28 @@ HOSTILE = {
         lambda p: ALIBI_MODULE(1, 8, offset=5, query_positions=p, key_positions=torch.arange(8)),
         lambda: torch.tensor([7]), lambda: torch.tensor([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
     ),  # fmt: skip
+    "shaw_logits float positions": (lambda p: _shaw(X1, SHAW_K[:1], query_positions=p), lambda: np.array([7]), lambda: np.array([7.0]), None),
+    "shaw_logits positions of another length": (lambda p: _shaw(X, SHAW_K, key_positions=p), lambda: np.arange(8), lambda: np.arange(7), None),
+    "shaw_logits positions whose batches disagree": (
+        lambda p: _shaw(X, SHAW_K, query_positions=p, key_positions=np.zeros((2, 8), np.int64)),
+        lambda: np.zeros((2, 3), np.int64), lambda: np.zeros((3, 3), np.int64), None,
+    ),  # fmt: skip
+    "shaw_logits positions of another library": (lambda p: _shaw(T_X, T_SHAW_K, T_SHAW_TABLE, key_positions=p), lambda: torch.arange(8), lambda: _jax_arange(8), None),
+    "shaw_logits positions on another device": (
+        lambda p: _shaw(T_X, T_SHAW_K, T_SHAW_TABLE, key_positions=p), lambda: torch.arange(8), lambda: torch.arange(8, device="meta"), None,
+    ),  # fmt: skip
+    "shaw_logits relative positions past int64": (
+        lambda p: _shaw(X1, SHAW_K[:1], query_positions=np.array([-5]), key_positions=p),
+        lambda: np.arange(8), lambda: np.full(8, 2**63 - 1), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "shaw_logits torch offset + positions past int64": (
+        lambda p: _shaw(T_X1, T_SHAW_K[:1], T_SHAW_TABLE, query_positions=p, offset=7),
+        lambda: torch.tensor([[3]]), lambda: torch.tensor([[2**63 - 3]]), lambda a: _spoil(a, 2**63 - 3),
+    ),  # fmt: skip
+    "shaw_logits uint64 positions past int64": (
+        lambda p: _shaw(X1, SHAW_K[:1], query_positions=p), lambda: np.array([3], np.uint64), lambda: np.array([2**63], np.uint64), lambda a: _spoil(a, 2**63),
+    ),  # fmt: skip
+    "shaw_logits offset past int64": (lambda o: _shaw(X1, SHAW_K[:1], offset=o), lambda: 3, lambda: -(2**63) + 3, None),
 }
 
 
@@ -390,6 +466,11 @@ KEPT = {
     "rope_cos_sin": (lambda: (np.arange(2), INV.copy()), pe.rope_cos_sin),
     "t5_bias positions": (lambda: (TABLE.copy(), np.array([3]), np.arange(8)), lambda t, q, k: pe.t5_bias(t, 1, 8, query_positions=q, key_positions=k)),
     "alibi_bias offset": (lambda: (SLOPES.copy(),), lambda s: pe.alibi_bias(s, 1, 8)),
+    "shaw_logits offset": (lambda: (X1.copy(), SHAW_K[:1].copy(), SHAW_TABLE.copy()), lambda q, k, t: _shaw(q, k, t, offset=5)),
+    "shaw_logits torch positions": (
+        lambda: (T_X1.clone(), T_SHAW_K[:1].clone(), T_SHAW_TABLE.clone(), torch.tensor([[5]]), torch.arange(8)),
+        lambda q, k, t, qp, kp: _shaw(q, k, t, query_positions=qp, key_positions=kp),
+    ),
 }
 
 

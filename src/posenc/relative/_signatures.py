@@ -1,4 +1,5 @@
-"""The plan keys of the relative biases (``posenc._plans``) and their builders (``relative._decode``).
+"""The plan keys of the relative biases and of ``shaw_logits`` (``posenc._plans``), whose
+builders are ``relative._decode`` and ``relative._logits_plan``.
 
 A key holds the parameters' and per-token positions' ``array_key`` (never their values,
 which the plan is called with), the kind and static options by value, ``q_len``/``k_len``
@@ -63,4 +64,22 @@ class ExpandBias:
         if type(q_len) is not int or q_len != 1 or type(k_len) is not int:
             return None
         key = ("expand_bias", array_key(vec), context_key(vec), k_len, keywords_key(kwargs))  # vec's shape fixes k_len
+        return None if None in key else key
+
+
+class ShawLogits:
+    """``shaw_logits(q, k, table_k, max_distance=K)`` with an ``offset`` (None or an int) or per-token positions."""
+
+    build = "posenc.relative._logits_plan:build_shaw"
+
+    @staticmethod
+    def key(args, kwargs):
+        offset = kwargs.get("offset")
+        if len(args) != 3 or (offset is not None and type(offset) is not int):
+            return None
+        positions = tuple(kwargs.get(n) for n in _POSITIONS)
+        key = (
+            "shaw_logits", *map(array_key, args), *map(value_key, positions), context_key(*args, *positions),
+            offset is None, keywords_key(kwargs, "offset", *_POSITIONS),
+        )  # fmt: skip
         return None if None in key else key

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from .. import _plans
 from .. import _validate as check
 from .._dispatch import call
 from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype
 from ..absolute.sinusoidal import sinusoidal
-from . import _args, _per_token
+from . import _args, _per_token, _signatures
 from .indices import clipped, distances, query_offset
 
 FORMS = ("released", "paper")
 
 
 @host_constants
+@_plans.planned(_signatures.ShawLogits)
 def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=None, key_positions=None):
     r"""Attention logits with Shaw et al.'s relative key embeddings (unscaled).
 
