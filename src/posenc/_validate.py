@@ -108,7 +108,8 @@ def relative_offset(offset, q_len, k_len, xp=None, device=None):
 def index_bounds(xp, device=None):
     """``(dtype, bits, low, high)`` of the namespace's index dtype."""
     dtype = index_dtype(xp, device)
-    known = isinstance(dtype, _numpy_dtype)  # (a NumPy dtype's range is the same in every namespace)
+    torch = _torch()
+    known = isinstance(dtype, _numpy_dtype) or (torch is not None and isinstance(dtype, torch.dtype))  # (hashable; ranges fixed)
     bounds = _BOUNDS.get(dtype) if known else None
     if bounds is None:
         info = xp.iinfo(dtype)
@@ -118,7 +119,7 @@ def index_bounds(xp, device=None):
     return bounds
 
 
-_BOUNDS = {}  # NumPy dtype -> index_bounds
+_BOUNDS = {}  # index dtype (NumPy's, torch's) -> index_bounds
 
 
 def _size(value):
@@ -250,11 +251,17 @@ def choice(name, value, choices):
 
 def is_array(value) -> bool:
     """An array of a supported namespace (NumPy scalars count as numbers, not arrays)."""
-    if type(value) is _ndarray:
+    kind = type(value)
+    if kind is _ndarray:
         return True
-    if value is None or isinstance(value, (numbers.Number, str, list, tuple)):
+    if value is None or kind in _PLAIN:
         return False
-    return torch_tensor(value) or _compat.is_array_api_obj(value)
+    if torch_tensor(value):
+        return True
+    return not isinstance(value, (numbers.Number, str, list, tuple)) and _compat.is_array_api_obj(value)
+
+
+_PLAIN = frozenset((bool, int, float, complex, str, list, tuple))  # never arrays: said before the ABC check
 
 
 def array(name, value):
@@ -512,6 +519,7 @@ def _byte_order_only(a, b) -> bool:
     return numpy is not None and isinstance(a, numpy.dtype) and isinstance(b, numpy.dtype) and a.newbyteorder("=") == b.newbyteorder("=")
 
 
+_INTS = frozenset((int,))
 _SURELY_AVAILABLE = 2**26  # bytes any machine has: smaller results skip reading /proc/meminfo
 
 
@@ -543,9 +551,12 @@ def allocatable(name, shape, itemsize):
     Checked before anything is allocated. Sizes that ``torch.compile`` keeps symbolic are
     known only when the compiled code runs; such a shape is not checked here.
     """
-    if not all(isinstance(s, numbers.Integral) for s in shape):
+    if _INTS.issuperset(map(type, shape)):
+        count = math.prod(shape)
+    elif all(isinstance(s, numbers.Integral) for s in shape):
+        count = math.prod([int(s) for s in shape])
+    else:
         return
-    count = math.prod([int(s) for s in shape])
     if count * itemsize > _SURELY_AVAILABLE and count * itemsize > _memory_limit():
         raise ValueError(
             f"{name} of shape {tuple(shape)} needs {count * itemsize / 2**30:.1f} GiB, "

@@ -280,15 +280,17 @@ def has_float64(xp, device=None) -> bool:
 
 def index_dtype(xp, device=None):
     """The namespace's default index dtype (int64, or int32 for JAX without x64)."""
-    if xp is _numpy and device in (None, "cpu"):  # fixed for NumPy: asked once
-        return _numpy_index_dtype()
+    name = getattr(xp, "__name__", None)
+    if name in _FIXED_INDEX:  # one for every device of NumPy and torch: asked once
+        dtype = _FIXED_INDEX[name]
+        if dtype is None:
+            dtype = _FIXED_INDEX[name] = xp.__array_namespace_info__().default_dtypes()["indexing"]
+        return dtype
     info = getattr(xp, "__array_namespace_info__", None)
     return info().default_dtypes(device=device)["indexing"] if info is not None else xp.int64
 
 
-@lru_cache(maxsize=None)
-def _numpy_index_dtype():
-    return _numpy.__array_namespace_info__().default_dtypes()["indexing"]
+_FIXED_INDEX = {"numpy": None, "array_api_compat.torch": None}  # namespace -> its index dtype, once asked
 
 
 def widest_float(xp, device=None):
