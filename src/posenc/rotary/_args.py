@@ -222,7 +222,8 @@ def _misfit(name, pshape, shape, axis):
 def positions(xp, x, given, seq_axis, offset, device):
     """``rope``'s positions, validated and placed against ``x``: ``(placed, offset, placed +
     offset)``, ``placed`` being ``arange`` along the sequence axis by default, else ``given``
-    (see :func:`place`), widened, and ``offset`` an int or placed on the batch axes."""
+    (an array: :func:`positions_array`; see :func:`place`), widened, and ``offset`` (checked
+    by :func:`per_row`) an int or placed on the batch axes."""
     shape = tuple(x.shape[:-1])
     if given is None:
         axis, packed = sequence_axis(seq_axis, x)
@@ -237,7 +238,6 @@ def positions(xp, x, given, seq_axis, offset, device):
         pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
         pos = xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape))))
         return pos, offset, check.shifted("the token positions", pos, offset, xp, device, known=(0, length - 1) if length else None)
-    check.array("positions", given)
     if check.is_array(offset) and offset.ndim:
         offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
