@@ -281,11 +281,15 @@ def has_float64(xp, device=None) -> bool:
 def index_dtype(xp, device=None):
     """The namespace's default index dtype (int64, or int32 for JAX without x64)."""
     name = getattr(xp, "__name__", None)
-    if name in _FIXED_INDEX:  # one for every device of NumPy and torch: asked once
-        dtype = _FIXED_INDEX[name]
-        if dtype is None:
-            dtype = _FIXED_INDEX[name] = xp.__array_namespace_info__().default_dtypes()["indexing"]
-        return dtype
+    if name not in _FIXED_INDEX:
+        return _asked_index_dtype(xp, device)
+    dtype = _FIXED_INDEX[name]  # one for every device of NumPy and torch: asked once
+    if dtype is None:
+        dtype = _FIXED_INDEX[name] = _asked_index_dtype(xp, None)
+    return dtype
+
+
+def _asked_index_dtype(xp, device):
     info = getattr(xp, "__array_namespace_info__", None)
     return info().default_dtypes(device=device)["indexing"] if info is not None else xp.int64
 

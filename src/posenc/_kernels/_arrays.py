@@ -81,9 +81,12 @@ def import_failure(exc, numpy_version) -> str:
 def dtype_name(dtype) -> str:
     """``"float32"`` for ``numpy.float32``, ``torch.float32`` and ``dtype('float32')`` alike."""
     key = (type(dtype), dtype)
-    name = _DTYPE_NAMES.get(key)
-    if name is None:
+    try:
+        return _DTYPE_NAMES[key]
+    except KeyError:
         name = _DTYPE_NAMES[key] = str(dtype).rsplit(".", 1)[-1]
+    except TypeError:  # an unhashable dtype object
+        name = str(dtype).rsplit(".", 1)[-1]
     return name
 
 
