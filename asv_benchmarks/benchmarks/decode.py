@@ -59,10 +59,13 @@ NAMES = [
     "rope numpy [1,32,1,128], positions [511]",
     "rope numpy [1,32,1,128], positions [[511]]",
     "t5_bias numpy 16 heads, 1 x 512, positions",
+    "relative_bias t5 numpy 16 heads, 1 x 512, positions",
     "alibi_bias numpy 16 heads, 1 x 512, positions",
     "rope torch [1,32,1,128], position_ids [[511]]",
     "T5RelativeBias 16 heads, 1 x 512, positions",
+    "t5_bias torch 16 heads, 1 x 512, positions",
     "ALiBi 16 heads, 1 x 512, positions",
+    "alibi_bias torch 16 heads, 1 x 512, positions",
 ]
 
 

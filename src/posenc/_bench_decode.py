@@ -89,6 +89,12 @@ def numpy_cases(dtype=np.float32):
             1.0,
         ),
         Case(
+            "relative_bias t5 numpy 16 heads, 1 x 512, positions",
+            lambda: pe.relative_bias("t5", table, 1, PAST + 1, query_positions=pos, key_positions=keys),
+            lambda: _numpy_t5(table, PAST, keys),
+            1.0,
+        ),
+        Case(
             "alibi_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
             lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :],
@@ -156,7 +162,9 @@ def torch_cases(torch, dtype=None):
             # The same steps with positions as tensors (position_ids, per-token positions).
             Case("rope torch [1,32,1,128], position_ids [[511]]", lambda: pe.rope(q, position_ids), rope_formula),
             Case("T5RelativeBias 16 heads, 1 x 512, positions", lambda: t5_module(1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
+            Case("t5_bias torch 16 heads, 1 x 512, positions", lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
+            Case("alibi_bias torch 16 heads, 1 x 512, positions", lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
         ]
 
 
