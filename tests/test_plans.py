@@ -28,6 +28,7 @@ from posenc.torch import hf as _hf  # noqa: E402
 
 PLANNED = (
     pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, pe.shaw_logits,
+    pe.deberta_logits,
     _hf._rotate_pair, _ops._apply_kernel,
 )  # fmt: skip
 HEADS, DIM = 4, 16
@@ -92,6 +93,16 @@ T_SHAW_K, T_SHAW_TABLE = torch.from_numpy(SHAW_K), torch.from_numpy(SHAW_TABLE)
 
 def _shaw(q, k, table=SHAW_TABLE, **options):
     return pe.shaw_logits(q, k, table, max_distance=4, **options)
+
+
+# DeBERTa's: projected tables [heads, 2K, d] of K = 4, log buckets of 4 up to 12 where asked.
+POS_Q, POS_K = (rng.standard_normal((HEADS, 8, DIM)).astype(np.float32) for _ in range(2))
+T_POS_Q, T_POS_K = torch.from_numpy(POS_Q), torch.from_numpy(POS_K)
+BUCKETS = {"bucket_size": 4, "max_position": 12}
+
+
+def _deberta(q, k, pos_q=POS_Q, pos_k=POS_K, **options):
+    return pe.deberta_logits(q, k, pos_q, pos_k, max_distance=4, **options)
 
 # name: (the planned function, call(step) -> result): the arrays made per step hold new values
 CALLS = {
@@ -189,6 +200,31 @@ CALLS = {
         pe.shaw_logits,
         lambda t: _shaw(T_X.bfloat16(), T_SHAW_K.bfloat16(), T_SHAW_TABLE.bfloat16(), query_positions=torch.arange(3, dtype=torch.int32) + t % 1000),
     ),
+    "deberta_logits numpy offset": (pe.deberta_logits, lambda t: _deberta(X1, SHAW_K[:1], offset=t)),
+    "deberta_logits numpy buckets, default offset": (pe.deberta_logits, lambda t: _deberta(X, SHAW_K, POS_Q * (t % 7), **BUCKETS)),
+    "deberta_logits numpy c2p, list of terms": (pe.deberta_logits, lambda t: _deberta(X1, SHAW_K[:1], None, offset=t, terms=["c2p"], **BUCKETS)),
+    "deberta_logits numpy p2c": (pe.deberta_logits, lambda t: _deberta(X, SHAW_K, pos_k=None, offset=t, terms=("p2c",))),
+    "deberta_logits numpy [[p]] positions": (
+        pe.deberta_logits,
+        lambda t: _deberta(X1, SHAW_K[:1], query_positions=np.array([[t]]), key_positions=np.arange(8) + t // 2, **BUCKETS),
+    ),
+    "deberta_logits numpy [B, S] positions": (
+        pe.deberta_logits,
+        lambda t: _deberta(X, SHAW_K, query_positions=np.array([[t, t + 1, t + 2], [0, 5, 9]]), offset=3, **BUCKETS),
+    ),
+    "deberta_logits numpy int32 positions, float64": (
+        pe.deberta_logits,
+        lambda t: _deberta(X.astype(np.float64), SHAW_K, query_positions=np.arange(3, dtype=np.int32) + t % 1000),
+    ),
+    "deberta_logits torch offset": (pe.deberta_logits, lambda t: _deberta(T_X1, T_SHAW_K[:1], T_POS_Q, T_POS_K, offset=t, **BUCKETS)),
+    "deberta_logits torch position_ids": (
+        pe.deberta_logits,
+        lambda t: _deberta(T_X1, T_SHAW_K[:1], T_POS_Q, T_POS_K, query_positions=torch.tensor([[t]]), key_positions=torch.arange(8), **BUCKETS),
+    ),
+    "deberta_logits torch [B, S] positions, float16": (
+        pe.deberta_logits,
+        lambda t: _deberta(T_X.half(), T_SHAW_K.half(), T_POS_Q.half(), T_POS_K.half(), query_positions=torch.arange(6).reshape(2, 3) + t),
+    ),
     "hf apply_rotary_pos_emb q + k": (
         _hf._rotate_pair,
         lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),
@@ -211,19 +247,21 @@ def test_a_planned_call_gives_the_cold_calls_bits(name):
     _clear()
 
 
+@pytest.mark.parametrize("fn", [pe.shaw_logits, pe.deberta_logits])
 @pytest.mark.parametrize("positions", [False, True])
-def test_a_planned_shaw_call_gives_the_cold_calls_gradients(positions):
+def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):
     options = {"query_positions": torch.tensor([[5]]), "key_positions": torch.arange(8)} if positions else {"offset": 5}
+    tables = (T_SHAW_TABLE,) if fn is pe.shaw_logits else (T_POS_Q, T_POS_K)
 
     def grads(scale):
-        q, k, table = (a.clone().requires_grad_() for a in (T_X1, T_SHAW_K[:1], T_SHAW_TABLE))
-        (_shaw(q, k, table, **options) * scale).sum().backward()
-        return tuple(a.grad for a in (q, k, table))
+        arrays = [a.clone().requires_grad_() for a in (T_X1, T_SHAW_K[:1], *tables)]
+        (fn(*arrays, max_distance=4, **options) * scale).sum().backward()
+        return tuple(a.grad for a in arrays)
 
     _clear()
     grads(1.0)
     grads(1.0)
-    assert _served(pe.shaw_logits)
+    assert _served(fn)
     for scale in (2.0, -0.5):
         _same(grads(scale), _cold(lambda: grads(scale)))
     _clear()
@@ -335,6 +373,17 @@ HOSTILE = {
         lambda p: _shaw(X1, SHAW_K[:1], query_positions=p), lambda: np.array([3], np.uint64), lambda: np.array([2**63], np.uint64), lambda a: _spoil(a, 2**63),
     ),  # fmt: skip
     "shaw_logits offset past int64": (lambda o: _shaw(X1, SHAW_K[:1], offset=o), lambda: 3, lambda: -(2**63) + 3, None),
+    "deberta_logits float positions": (lambda p: _deberta(X1, SHAW_K[:1], query_positions=p), lambda: np.array([7]), lambda: np.array([7.0]), None),
+    "deberta_logits positions of another length": (lambda p: _deberta(X, SHAW_K, key_positions=p, **BUCKETS), lambda: np.arange(8), lambda: np.arange(9), None),
+    "deberta_logits a term's table missing": (lambda t: _deberta(X1, SHAW_K[:1], t, offset=3), lambda: POS_Q.copy(), lambda: None, None),
+    "deberta_logits relative positions past int64": (
+        lambda p: _deberta(X1, SHAW_K[:1], query_positions=p, key_positions=-np.arange(8), **BUCKETS),
+        lambda: np.array([3]), lambda: np.array([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "deberta_logits torch relative positions past int64": (
+        lambda p: _deberta(T_X1, T_SHAW_K[:1], T_POS_Q, T_POS_K, query_positions=torch.tensor([[-3]]), key_positions=p),
+        lambda: torch.arange(8), lambda: torch.full((8,), 2**63 - 1), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
 }
 
 
@@ -470,6 +519,10 @@ KEPT = {
     "shaw_logits torch positions": (
         lambda: (T_X1.clone(), T_SHAW_K[:1].clone(), T_SHAW_TABLE.clone(), torch.tensor([[5]]), torch.arange(8)),
         lambda q, k, t, qp, kp: _shaw(q, k, t, query_positions=qp, key_positions=kp),
+    ),
+    "deberta_logits positions": (
+        lambda: (X1.copy(), SHAW_K[:1].copy(), POS_Q.copy(), POS_K.copy(), np.array([5]), np.arange(8)),
+        lambda q, k, pq, pk, qp, kp: _deberta(q, k, pq, pk, query_positions=qp, key_positions=kp, **BUCKETS),
     ),
 }
 

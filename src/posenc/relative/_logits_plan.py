@@ -1,52 +1,57 @@
-"""Plans of ``shaw_logits`` at decode-step and small-prefill sizes: the call's arithmetic, straight.
+"""Plans of ``shaw_logits`` and ``deberta_logits`` at decode-step and small-prefill sizes: the call's arithmetic, straight.
 
-``shaw_logits(q, k, table_k, max_distance=K, ...)`` is ``q @ k.T`` plus ``q @ table_k.T``
-gathered at ``clip(rel, -K, K) + K``. A planned call does those operations on the call's
-own arrays in the library's own functions (NumPy; torch, so gradients flow as they do on
-the full path): the same casts, the same two products, the same sum; only the gather's
-index is formed differently, and a gather copies values, so every entry is the full
-path's, bit for bit. With a scalar ``offset`` the index is ``clip(offset + i - j) + K``
-from the plan's own ``i - j``; with per-token positions it is ``clip((offset +
-query_positions[..., i]) - key_positions[..., j]) + K`` of this call's positions. Positions
-of one batch entry (or none) give one ``[q, k]`` index for every batch entry and head,
-read in one pass (NumPy: a ``take`` from the flattened scores; torch: ``gather``);
-positions with a batch are gathered by the full path's ``_per_token.gather``.
+``shaw_logits`` is ``q @ k.T`` plus ``q @ table_k.T`` gathered at ``clip(rel, -K, K) + K``;
+``deberta_logits`` adds ``q @ pos_k.T`` and ``k @ pos_q.T`` gathered at DeBERTa's
+``delta(rel)`` (``biases.deberta_index``) and divides by ``sqrt((1 + len(terms)) d)``. A
+planned call does those operations on the call's own arrays in the library's own
+functions (NumPy; torch, so gradients flow as they do on the full path): the same casts,
+the same products, sums and division, in the same order; only the gathers' index is
+formed differently, and a gather copies values, so every entry is the full path's, bit
+for bit. With a scalar ``offset``, ``rel = offset + i - j`` from the plan's own ``i - j``;
+with per-token positions, ``rel = (offset + query_positions[..., i]) -
+key_positions[..., j]`` of this call's positions. Positions of one batch entry (or none)
+give one ``[q, k]`` index for every batch entry and head, read in one pass (NumPy: a
+``take`` from the flattened scores; torch: ``gather``); positions with a batch are
+gathered by the full path's ``_per_token.gather``.
 
 Values are checked as the full path checks them, in one pass: integer positions and
 ``offset`` whose sums could leave int64 (int64 or uint64 positions, an offset within
 ``2**62`` of the limits) are read for their extremes, and a call where a sum might leave
 it takes the full path and its error. Calls of more than ``LARGEST`` query-key pairs are
-not planned (their products and gather dwarf the checks a plan skips).
+not planned (their products and gathers dwarf the checks a plan skips).
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from .._kernels import _arrays
 from .._xp import broadcast_shapes, namespace
 from . import _args, _per_token
+from .biases import deberta_index, deberta_options
+from .deberta import canonical_terms
 
 LARGEST = 2**16  # query-key pairs: the plan's own i - j (offset calls) stay within 512 KiB
 _NEAR = 2**62
 _INT64 = (-(2**63), 2**63 - 1)
 
 
-class ShawPlan:
-    """``shaw_logits(q, k, table_k, max_distance=K, offset=n)`` or with ``query_positions`` /
-    ``key_positions``: the full path's casts, products and sum, the gather from this call's index."""
+class LogitsPlan:
+    """What the relative logits share: the call's casts, its relative positions (the plan's
+    own ``i - j`` shifted by the ``offset``, or this call's positions) and the gathers of
+    projected scores at table rows of them. ``tables``: the float arrays besides ``q``, ``k``."""
 
-    def __init__(self, q, k, table_k, max_distance, query_positions, key_positions):
+    def __init__(self, q, k, tables, query_positions, key_positions):
         self.torch = type(q).__module__.startswith("torch")
-        self.xp = xp = namespace(q, k, table_k)
-        self.dtype, self.work = _args.dtypes(xp, q, k, table_k)
-        self.max_distance = max_distance
-        q_len, k_len, m = int(q.shape[-2]), int(k.shape[-2]), 2 * max_distance + 1
-        rows = np.arange(q_len)[:, None]
-        self.starts, self.flat = rows * m, (q_len * m,)  # where each query's row starts in flattened NumPy scores
+        self.xp = xp = namespace(q, k, *tables)
+        self.dtype, self.work = _args.dtypes(xp, q, k, *tables)
+        q_len, k_len = int(q.shape[-2]), int(k.shape[-2])
+        self.starts = {}
         self.per_token = _per_token.given(query_positions, key_positions)
         if not self.per_token:
-            self.ij = self._own(rows - np.arange(k_len))
+            self.ij = self._own(np.arange(q_len)[:, None] - np.arange(k_len))
             self.shape = None
             return
         self.default_offset = 0 if query_positions is not None else k_len - q_len
@@ -57,11 +62,11 @@ class ShawPlan:
         self.heads = q.ndim >= 3
         batch = broadcast_shapes(*(tuple(p.shape[:-1]) for p in (query_positions, key_positions) if p is not None))
         index_batch = (*batch, 1) if self.heads else batch
-        # Positions of one batch entry: one flat index for every (batch, head) of the scores.
+        # Positions of one batch entry: one [q, k] index for every (batch, head) of the scores.
         self.single = all(n == 1 for n in index_batch)
-        scores_batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(table_k.shape[:-2]))
-        full = broadcast_shapes(scores_batch, tuple(k.shape[:-2]), index_batch)
-        self.shape = (*full, q_len, k_len) if len(full) > len(broadcast_shapes(scores_batch, tuple(k.shape[:-2]))) else None
+        arrays = broadcast_shapes(*(tuple(a.shape[:-2]) for a in (q, k, *tables)))
+        full = broadcast_shapes(arrays, index_batch)
+        self.shape = (*full, q_len, k_len) if len(full) > len(arrays) else None
 
     def _own(self, a):
         """A NumPy int64 array of the plan's as the library's (its index dtype)."""
@@ -71,28 +76,67 @@ class ShawPlan:
             return torch.from_numpy(a)
         return a
 
-    def __call__(self, args, kwargs):
-        q, k, table = (self._as(a, self.work) for a in args)
-        index = self._index(kwargs) if self.per_token else self._offset_index(kwargs.get("offset"), q.shape[-2], k.shape[-2])
-        if index is None:
-            return NotImplemented
-        scores = q @ table.mT
-        if index.ndim > 2:
-            position = _per_token.gather(self.xp, scores, index, device=None)
-        elif self.torch:
-            position = scores.gather(-1, index.expand(*scores.shape[:-1], index.shape[-1]))
-        else:
-            position = scores.reshape(*scores.shape[:-2], *self.flat).take(index + self.starts, axis=-1)
-        total = q @ k.mT + position
-        if self.shape is not None:
-            total = total.reshape(self.shape)
-        return self._as(total, self.dtype)
-
     def _as(self, a, dtype):
         """``cast``: ``a`` as ``dtype``, no copy when it already is."""
         if a.dtype == dtype:
             return a
         return a.to(dtype) if self.torch else a.astype(dtype)
+
+    def _finished(self, total):
+        """The logits in the full path's shape and result dtype."""
+        if self.shape is not None:
+            total = total.reshape(self.shape)
+        return self._as(total, self.dtype)
+
+    def _gather(self, scores, index):
+        """``out[..., i, j] = scores[..., i, index[..., i, j]]`` (``toeplitz_gather`` and
+        ``_per_token.gather`` read the same entries)."""
+        if index.ndim > 2:
+            return _per_token.gather(self.xp, scores, index, device=None)
+        if self.torch:
+            return scores.gather(-1, index.expand(*scores.shape[:-1], index.shape[-1]))
+        rows, m = index.shape[0], scores.shape[-1]
+        starts = self.starts.get((rows, m))
+        if starts is None:  # where each row starts in the flattened scores
+            starts = self.starts[rows, m] = np.arange(rows)[:, None] * m
+        return scores.reshape(*scores.shape[:-2], rows * m).take(index + starts, axis=-1)
+
+    def _rel(self, kwargs, q_len, k_len):
+        """``rel = (offset + query) - key``: ``[q, k]`` for an offset or positions of one batch
+        entry, else ``[..., (1,) q, k]``; None near the integer limits (the full path checks)."""
+        offset = kwargs.get("offset")
+        if not self.per_token:
+            offset = k_len - q_len if offset is None else offset
+            return self.ij + offset if -_NEAR < offset < _NEAR else None
+        given = (kwargs.get("query_positions"), kwargs.get("key_positions"))
+        qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
+        offset = self.default_offset if offset is None else offset
+        if (self.wide or not -_NEAR < offset < _NEAR) and not _fit(qpos, kpos, offset):
+            return None
+        qpos, kpos = (_widened(p) if widen else p for p, widen in zip((qpos, kpos), self.widen))
+        if offset:
+            qpos = qpos + offset
+        rel = qpos[..., :, None] - kpos[..., None, :]
+        if self.single:
+            return rel.reshape(rel.shape[-2:])
+        return rel[..., None, :, :] if self.heads else rel
+
+
+class ShawPlan(LogitsPlan):
+    """``shaw_logits(q, k, table_k, max_distance=K, offset=n)`` or with ``query_positions`` /
+    ``key_positions``: ``q @ k.T + gather(q @ table_k.T, clip(rel, -K, K) + K)``."""
+
+    def __init__(self, q, k, table_k, max_distance, query_positions, key_positions):
+        super().__init__(q, k, (table_k,), query_positions, key_positions)
+        self.max_distance = max_distance
+
+    def __call__(self, args, kwargs):
+        q, k, table = (self._as(a, self.work) for a in args)
+        rel = self._rel(kwargs, q.shape[-2], k.shape[-2])
+        if rel is None:
+            return NotImplemented
+        position = self._gather(q @ table.mT, self._clipped(rel))
+        return self._finished(q @ k.mT + position)
 
     def _clipped(self, rel):
         """``clip(rel, -K, K) + K``, in place of the plan's own ``rel``."""
@@ -103,30 +147,30 @@ class ShawPlan:
         rel += K
         return rel
 
-    def _offset_index(self, offset, q_len, k_len):
-        """``[q, k]`` table rows ``clip(offset + i - j) + K``; None near the integer limits."""
-        offset = k_len - q_len if offset is None else offset
-        if not -_NEAR < offset < _NEAR:
-            return None
-        return self._clipped(self.ij + offset)
 
-    def _index(self, kwargs):
-        """The table rows of ``(offset + query) - key`` of this call's positions: ``[q, k]`` for
-        positions of one batch entry, else ``[..., (1,) q, k]``; None where a sum might leave
-        int64 (the full path then checks)."""
-        given = (kwargs.get("query_positions"), kwargs.get("key_positions"))
-        qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
-        offset = kwargs.get("offset")
-        offset = self.default_offset if offset is None else offset
-        if (self.wide or not -_NEAR < offset < _NEAR) and not _fit(qpos, kpos, offset):
-            return None
-        qpos, kpos = (_widened(p) if widen else p for p, widen in zip((qpos, kpos), self.widen))
-        if offset:
-            qpos = qpos + offset
-        rel = self._clipped(qpos[..., :, None] - kpos[..., None, :])
-        if self.single:
-            return rel.reshape(rel.shape[-2:])
-        return rel[..., None, :, :] if self.heads else rel
+class DebertaPlan(LogitsPlan):
+    """``deberta_logits(q, k, pos_q, pos_k, max_distance=K, ...)``: ``(q @ k.T + c2p + p2c) /
+    sqrt((1 + len(terms)) d)`` with ``c2p = gather(q @ pos_k.T, delta)`` and ``p2c[i, j] =
+    (k @ pos_q.T)[j, delta[i, j]]``, ``delta = deberta_index(rel)``."""
+
+    def __init__(self, q, k, pos_q, pos_k, options, terms, query_positions, key_positions):
+        super().__init__(q, k, tuple(t for t in (pos_q, pos_k) if t is not None), query_positions, key_positions)
+        self.options, self.terms = options, terms
+        self.scale = math.sqrt((1 + len(terms)) * int(q.shape[-1]))
+
+    def __call__(self, args, kwargs):
+        q, k, pos_q, pos_k = args
+        q, k = self._as(q, self.work), self._as(k, self.work)
+        rel = self._rel(kwargs, q.shape[-2], k.shape[-2])
+        if rel is None:
+            return NotImplemented
+        total = q @ k.mT
+        delta = deberta_index(self.xp, rel, *self.options)
+        if "c2p" in self.terms:
+            total = total + self._gather(q @ self._as(pos_k, self.work).mT, delta)
+        if "p2c" in self.terms:
+            total = total + self._gather(k @ self._as(pos_q, self.work).mT, delta.mT).mT
+        return self._finished(total / self.scale)
 
 
 def _fit(qpos, kpos, offset):
@@ -155,7 +199,16 @@ def _widened(positions):
     return positions.astype(np.int64) if isinstance(positions, np.ndarray) else positions.long()
 
 
+def _sized(q, k):
+    return 0 < int(q.shape[-2]) * int(k.shape[-2]) <= LARGEST
+
+
 def build_shaw(q, k, table_k, *, max_distance, offset, query_positions, key_positions):
-    if not 0 < int(q.shape[-2]) * int(k.shape[-2]) <= LARGEST:
+    return ShawPlan(q, k, table_k, max_distance, query_positions, key_positions) if _sized(q, k) else None
+
+
+def build_deberta(q, k, pos_q, pos_k, *, max_distance, bucket_size, max_position, terms, offset, query_positions, key_positions):
+    if not _sized(q, k):
         return None
-    return ShawPlan(q, k, table_k, max_distance, query_positions, key_positions)
+    options = deberta_options(max_distance, bucket_size, max_position)
+    return DebertaPlan(q, k, pos_q, pos_k, options, canonical_terms(terms), query_positions, key_positions)

@@ -83,3 +83,23 @@ class ShawLogits:
             offset is None, keywords_key(kwargs, "offset", *_POSITIONS),
         )  # fmt: skip
         return None if None in key else key
+
+
+class DebertaLogits:
+    """``deberta_logits(q, k, pos_q, pos_k, max_distance=K, ...)`` with an ``offset`` (None
+    or an int) or per-token positions; ``terms`` by value (a tuple or list of names)."""
+
+    build = "posenc.relative._logits_plan:build_deberta"
+
+    @staticmethod
+    def key(args, kwargs):
+        offset, terms = kwargs.get("offset"), kwargs.get("terms", ())
+        if len(args) != 4 or (offset is not None and type(offset) is not int) or type(terms) not in (tuple, list):
+            return None
+        positions = tuple(kwargs.get(n) for n in _POSITIONS)
+        tables = tuple(a for a in args if a is not None)
+        key = (
+            "deberta_logits", *map(value_key, args), *map(value_key, positions), context_key(*tables, *positions),
+            offset is None, "terms" in kwargs, type(terms), *((type(t), t) for t in terms), keywords_key(kwargs, "offset", "terms", *_POSITIONS),
+        )  # fmt: skip
+        return None if None in key else key

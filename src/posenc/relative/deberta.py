@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+from .. import _plans
 from .._dispatch import call
 from .._xp import cast, device_of, host_constants
-from . import _args, _per_token
+from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options
 from .indices import distances, query_offset
 
@@ -15,6 +16,7 @@ TERMS = ("c2p", "p2c")
 
 
 @host_constants
+@_plans.planned(_signatures.DebertaLogits)
 def deberta_logits(
     q, k, pos_q, pos_k, *, max_distance, bucket_size=None, max_position=None, terms=TERMS, offset=None, query_positions=None, key_positions=None
 ):
@@ -76,7 +78,7 @@ def deberta_logits(
     >>> pe.deberta_logits(q, k, None, pos_k, max_distance=2, terms=("c2p",)).round(4).tolist()
     [[[2.4495, 1.2247], [3.6742, 2.4495]]]
     """
-    terms = _terms(terms)
+    terms = canonical_terms(terms)
     tables = {"c2p": ("pos_k", pos_k), "p2c": ("pos_q", pos_q)}
     for term in terms:
         name, table = tables[term]
@@ -120,7 +122,7 @@ def _gather(xp, scores, index, k_len, device):
     return call("toeplitz_gather", scores, index, k_len)
 
 
-def _terms(terms):
+def canonical_terms(terms):
     """``terms`` as a tuple in canonical order; a subset of ``("c2p", "p2c")`` without repeats."""
     if isinstance(terms, str) or not hasattr(terms, "__iter__"):
         raise TypeError(f"terms must be a tuple of term names, a subset of {TERMS}, got {terms!r}")
