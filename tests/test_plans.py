@@ -22,7 +22,7 @@ import posenc as pe
 from posenc import _plans
 
 torch = pytest.importorskip("torch")
-from posenc.torch import ALiBi, T5RelativeBias  # noqa: E402
+from posenc.torch import ALiBi, T5RelativeBias, score_mod  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
 from posenc.torch import hf as _hf  # noqa: E402
 
@@ -103,6 +103,12 @@ BUCKETS = {"bucket_size": 4, "max_position": 12}
 
 def _deberta(q, k, pos_q=POS_Q, pos_k=POS_K, **options):
     return pe.deberta_logits(q, k, pos_q, pos_k, max_distance=4, **options)
+
+
+def _flex(kind, params, offset, **options):
+    """A FlexAttention ``score_mod`` of one query and 8 keys, applied to every (head, key)."""
+    mod = score_mod(kind, params, 1, 8, offset=offset, **options)
+    return mod(torch.zeros(()), 0, torch.arange(HEADS)[:, None, None], torch.zeros((1, 1), dtype=torch.int64), torch.arange(8)[None])
 
 # name: (the planned function, call(step) -> result): the arrays made per step hold new values
 CALLS = {
@@ -225,6 +231,9 @@ CALLS = {
         pe.deberta_logits,
         lambda t: _deberta(T_X.half(), T_SHAW_K.half(), T_POS_Q.half(), T_POS_K.half(), query_positions=torch.arange(6).reshape(2, 3) + t),
     ),
+    "score_mod t5 int offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, t)),
+    "score_mod t5 0-d tensor offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, torch.tensor(t))),
+    "score_mod alibi 0-d int32 tensor offset": (pe.relative_bias_vector, lambda t: _flex("alibi", T_SLOPES, torch.tensor(t % 2**31, dtype=torch.int32))),
     "hf apply_rotary_pos_emb q + k": (
         _hf._rotate_pair,
         lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),
@@ -373,6 +382,9 @@ HOSTILE = {
         lambda p: _shaw(X1, SHAW_K[:1], query_positions=p), lambda: np.array([3], np.uint64), lambda: np.array([2**63], np.uint64), lambda a: _spoil(a, 2**63),
     ),  # fmt: skip
     "shaw_logits offset past int64": (lambda o: _shaw(X1, SHAW_K[:1], offset=o), lambda: 3, lambda: -(2**63) + 3, None),
+    "score_mod float 0-d offset": (lambda o: _flex("t5", T_TABLE, o), lambda: torch.tensor(3), lambda: torch.tensor(3.0), None),
+    "score_mod 1-d offset": (lambda o: _flex("t5", T_TABLE, o), lambda: torch.tensor(3), lambda: torch.tensor([3]), None),
+    "score_mod 0-d offset past int64": (lambda o: _flex("t5", T_TABLE, o), lambda: torch.tensor(3), lambda: torch.tensor(-(2**63)), lambda a: _spoil(a, -(2**63))),
     "deberta_logits float positions": (lambda p: _deberta(X1, SHAW_K[:1], query_positions=p), lambda: np.array([7]), lambda: np.array([7.0]), None),
     "deberta_logits positions of another length": (lambda p: _deberta(X, SHAW_K, key_positions=p, **BUCKETS), lambda: np.arange(8), lambda: np.arange(9), None),
     "deberta_logits a term's table missing": (lambda t: _deberta(X1, SHAW_K[:1], t, offset=3), lambda: POS_Q.copy(), lambda: None, None),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import posenc as pe
 from posenc import _validate as check
+from posenc._xp import is_integer, namespace
 
 KINDS = ("t5", "alibi", "shaw", "deberta", "vector")
 
@@ -47,10 +48,20 @@ def score_mod(kind: str, params, q_len: int, k_len: int, *, offset=None, **optio
         if vec.ndim != 2 or vec.shape[-1] != want:
             raise ValueError(f"params must be a vector [heads, q_len + k_len - 1 = {want}], got shape {tuple(vec.shape)}")
     else:
-        vec = pe.relative_bias_vector(kind, params, q_len, k_len, offset=offset, **options)
+        vec = pe.relative_bias_vector(kind, params, q_len, k_len, offset=_read(offset), **options)
     shift = k_len - 1
 
     def mod(score, b, h, q_idx, kv_idx):
         return score + vec[h, q_idx - kv_idx + shift]
 
     return mod
+
+
+def _read(offset):
+    """An eager 0-d integer array ``offset`` (a cache length held as a tensor) as the int the
+    full path reads from it (``_validate.integer_or_traced``), so the call meets
+    ``relative_bias_vector``'s plan of int offsets; anything else as it is, for the full
+    path to compute with (a traced value) or to refuse with its own error."""
+    if check.is_array(offset) and offset.ndim == 0 and check.is_eager(offset) and is_integer(namespace(offset), offset.dtype):
+        return int(offset)
+    return offset
