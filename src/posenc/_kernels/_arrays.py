@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _compat, _dispatch
-from .._xp import torch_compiling
+from .._xp import torch_compiling, torch_tensor
 from ._codec import BFLOAT16, FLOAT, FLOAT16
 
 STORAGE = {"float32": FLOAT, "float64": FLOAT, "float16": FLOAT16, "bfloat16": BFLOAT16}
@@ -138,7 +138,7 @@ def is_numba_device_array(a) -> bool:
 def library(a) -> str | None:
     if isinstance(a, np.ndarray):
         return "numpy"
-    if _compat.is_torch_array(a):
+    if torch_tensor(a):
         return "torch"
     if _compat.is_cupy_array(a):
         return "cupy"
@@ -183,19 +183,19 @@ def on_host(a) -> bool:
     """A NumPy array, or a torch CPU tensor autograd does not record."""
     if isinstance(a, np.ndarray):
         return True
-    return _compat.is_torch_array(a) and a.device.type == "cpu" and not tracks_gradient(a)
+    return torch_tensor(a) and a.device.type == "cpu" and not tracks_gradient(a)
 
 
 def on_gpu(a) -> bool:
     """A CuPy array, a numba device array, or a torch CUDA tensor autograd does not record."""
     if _compat.is_cupy_array(a) or is_numba_device_array(a):
         return True
-    return _compat.is_torch_array(a) and a.device.type == "cuda" and not tracks_gradient(a)
+    return torch_tensor(a) and a.device.type == "cuda" and not tracks_gradient(a)
 
 
 def element_strides(a) -> tuple:
     """Strides in elements (torch counts elements, the others bytes)."""
-    if isinstance(a, np.ndarray) or not _compat.is_torch_array(a):
+    if isinstance(a, np.ndarray) or not torch_tensor(a):
         size = a.dtype.itemsize
         return tuple([st // size for st in a.strides])
     return tuple(a.stride())
@@ -203,7 +203,7 @@ def element_strides(a) -> tuple:
 
 def whole_strides(a) -> bool:
     """Every stride is a whole number of elements (byte strides of NumPy or CuPy views need not be)."""
-    return _compat.is_torch_array(a) or all(st % a.dtype.itemsize == 0 for st in a.strides)
+    return torch_tensor(a) or all(st % a.dtype.itemsize == 0 for st in a.strides)
 
 
 def forward_strides(a) -> bool:
@@ -226,7 +226,7 @@ def writeable(a) -> bool:
 
 def host_view(a):
     """``a`` as a NumPy array over the same memory; 16-bit floats as ``uint16`` bits."""
-    if _compat.is_torch_array(a):
+    if torch_tensor(a):
         a = a.detach()
         if a.dtype.itemsize == 2 and a.dtype.is_floating_point:
             import torch
@@ -238,7 +238,7 @@ def host_view(a):
 
 def host_values(a):
     """The values of a host array as NumPy (torch 16-bit floats, which NumPy lacks, as float64)."""
-    if _compat.is_torch_array(a):
+    if torch_tensor(a):
         a = a.detach()
         if a.dtype.itemsize == 2 and a.dtype.is_floating_point:
             import torch

@@ -171,11 +171,12 @@ def _named(value, shape):
     return axis, "t" in letters
 
 
-def place(name, positions, shape, axis, explicit):
+def place(name, positions, shape, axis, explicit, xp=None):
     """``positions`` reshaped to broadcast against ``shape`` (``x.shape[:-1]``) along the
     sequence ``axis``: their last axis there, their leading axes on the leading axes of
     ``shape``. ``explicit`` is whether the caller named the axis; if not, positions that
-    could also run along another axis of the same length are refused."""
+    could also run along another axis of the same length are refused. ``xp``: their
+    namespace, where the caller has it."""
     n, k = len(shape), positions.ndim
     if k == 0:
         return positions
@@ -202,7 +203,7 @@ def place(name, positions, shape, axis, explicit):
                 f"{name} of shape {tuple(positions.shape)} could run along axis {axis} or axis {others[0]} of x "
                 f"(token axes {shape}, both of length {length}): pass {LAYOUT_HINT} to say which is the sequence"
             )
-    return namespace(positions).reshape(positions, tuple(placed))
+    return (xp or namespace(positions)).reshape(positions, tuple(placed))
 
 
 def _misfit(name, pshape, shape, axis):
@@ -242,7 +243,7 @@ def positions(xp, x, given, seq_axis, offset, device):
         offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
         axis = sequence_axis(seq_axis, x)[0] if shape or seq_axis is not None else 0
-        given = place("positions", given, shape, axis, seq_axis is not None)
+        given = place("positions", given, shape, axis, seq_axis is not None, xp)
     elif seq_axis is not None:  # 0-d positions use no axis, but a seq_axis given must be one
         sequence_axis(seq_axis, x)
     given = check.positions("positions", given, xp, device)  # (widened once their shape fits x)
@@ -261,6 +262,8 @@ def per_row(name, value, xp):
     """``value`` validated: None, an int, a 0-d integer array (traced ok), or a per-row integer array."""
     if value is None:
         return None
+    if type(value) is int:
+        return check.integer(name, value, minimum=0 if name == "seq_len" else None)
     if not (check.is_array(value) and value.ndim > 0):
         value = check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
         return check.widened(name, value, namespace(value)) if check.is_array(value) else value
