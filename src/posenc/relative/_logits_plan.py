@@ -108,15 +108,19 @@ class LogitsPlan:
         if not self.per_token:
             offset = k_len - q_len if offset is None else offset
             return self.ij + offset if -_NEAR < offset < _NEAR else None
-        given = (kwargs.get("query_positions"), kwargs.get("key_positions"))
-        qpos, kpos = (a if p is None else p for p, a in zip(given, self.aranges))
+        qpos, kpos = kwargs.get("query_positions"), kwargs.get("key_positions")
+        qpos = self.aranges[0] if qpos is None else qpos
+        kpos = self.aranges[1] if kpos is None else kpos
         offset = self.default_offset if offset is None else offset
         if (self.wide or not -_NEAR < offset < _NEAR) and not _fit(qpos, kpos, offset):
             return None
-        qpos, kpos = (_widened(p) if widen else p for p, widen in zip((qpos, kpos), self.widen))
+        if self.widen[0]:
+            qpos = _widened(qpos)
+        if self.widen[1]:
+            kpos = _widened(kpos)
         if offset:
             qpos = qpos + offset
-        rel = qpos[..., :, None] - kpos[..., None, :]
+        rel = qpos.unsqueeze(-1) - kpos.unsqueeze(-2) if self.torch else qpos[..., :, None] - kpos[..., None, :]
         if self.single:
             return rel.reshape(rel.shape[-2:])
         return rel[..., None, :, :] if self.heads else rel
@@ -191,7 +195,8 @@ def _extremes(positions):
         return _arrays.extremes(positions)
     if positions.numel() == 0:
         return None
-    return tuple(int(end) for end in positions.aminmax())
+    low, high = positions.aminmax()
+    return int(low), int(high)
 
 
 def _widened(positions):
