@@ -22,7 +22,7 @@ import posenc as pe
 from posenc import _plans
 
 torch = pytest.importorskip("torch")
-from posenc.torch import ALiBi, T5RelativeBias, score_mod  # noqa: E402
+from posenc.torch import ALiBi, DeBERTaRelative, ShawRelative, T5RelativeBias, score_mod  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
 from posenc.torch import hf as _hf  # noqa: E402
 
@@ -103,6 +103,9 @@ BUCKETS = {"bucket_size": 4, "max_position": 12}
 
 def _deberta(q, k, pos_q=POS_Q, pos_k=POS_K, **options):
     return pe.deberta_logits(q, k, pos_q, pos_k, max_distance=4, **options)
+
+
+SHAW_MODULE, DEBERTA_MODULE = ShawRelative(DIM, max_distance=4), DeBERTaRelative(HEADS, DIM, max_distance=4, **BUCKETS)
 
 
 def _flex(kind, params, offset, **options):
@@ -231,6 +234,12 @@ CALLS = {
         pe.deberta_logits,
         lambda t: _deberta(T_X.half(), T_SHAW_K.half(), T_POS_Q.half(), T_POS_K.half(), query_positions=torch.arange(6).reshape(2, 3) + t),
     ),
+    "ShawRelative logits position_ids": (
+        pe.shaw_logits, lambda t: SHAW_MODULE.logits(T_X1, T_SHAW_K[:1], query_positions=torch.tensor([[t]]), key_positions=torch.arange(8)).detach(),
+    ),  # fmt: skip
+    "DeBERTaRelative logits position_ids": (
+        pe.deberta_logits, lambda t: DEBERTA_MODULE.logits(T_X1, T_SHAW_K[:1], query_positions=torch.tensor([[t]]), key_positions=torch.arange(8)).detach(),
+    ),  # fmt: skip
     "score_mod t5 int offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, t)),
     "score_mod t5 0-d tensor offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, torch.tensor(t))),
     "score_mod alibi 0-d int32 tensor offset": (pe.relative_bias_vector, lambda t: _flex("alibi", T_SLOPES, torch.tensor(t % 2**31, dtype=torch.int32))),
@@ -273,6 +282,19 @@ def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):
     assert _served(fn)
     for scale in (2.0, -0.5):
         _same(grads(scale), _cold(lambda: grads(scale)))
+    _clear()
+
+
+def test_logits_calls_past_the_plans_bound_are_not_planned():
+    from posenc.relative import _logits_plan
+
+    _clear()
+    k = np.zeros((1, 1, _logits_plan.LARGEST + 1, DIM), np.float32)
+    for _ in range(3):
+        _shaw(X1[:, :1], k, offset=5)
+        _deberta(X1[:, :1], k, POS_Q[:1], POS_K[:1], query_positions=np.array([5]))
+    assert len(pe.shaw_logits.plans) == len(pe.deberta_logits.plans) == 1
+    assert not any(pe.shaw_logits.plans.values()) and not any(pe.deberta_logits.plans.values())
     _clear()
 
 
