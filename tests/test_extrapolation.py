@@ -96,8 +96,9 @@ def test_exact_match_is_that_of_free_running_greedy_decoding():
 def _prompt_and_answer(task, n, batch=16, seed=0):
     sequences, prompt = _tasks.TASKS[task](np.random.default_rng(seed), batch, n)
     assert sequences.dtype == np.int64 and sequences.shape == (batch, _tasks.seq_len(task, n) + 1)
-    assert (sequences[:, prompt - 1] == _tasks.SEP).all() and (sequences >= 0).all() and (sequences < _tasks.VOCAB).all()
-    return [(row[: prompt - 1].tolist(), row[prompt:].tolist()) for row in sequences]
+    sep = prompt - (2 if task == "count" else 1)  # count's query follows its SEP
+    assert (sequences[:, sep] == _tasks.SEP).all() and (sequences >= 0).all() and (sequences < _tasks.VOCAB).all()
+    return [(row[:sep].tolist() + row[sep + 1 : prompt].tolist(), row[prompt:].tolist()) for row in sequences]
 
 
 @pytest.mark.parametrize("n", [1, 5, 64])
@@ -126,8 +127,8 @@ def test_parity_and_modular_arithmetic_answer_by_their_definitions(n):
 def test_count_answers_how_often_the_query_occurs(n):
     counts = []
     for prompt, answer in _prompt_and_answer("count", n, batch=200):
-        query, sep, items = prompt[0], prompt[1], prompt[2:]
-        assert sep == _tasks.SEP and len(items) == n and set(items) <= set(range(_tasks.COUNT_ALPHABET))
+        items, query = prompt[:-1], prompt[-1]
+        assert len(items) == n and set(items) <= set(range(_tasks.COUNT_ALPHABET))
         assert answer == [items.count(query)]
         counts.append(answer[0])
     assert set(counts) == set(range(min(n, _tasks.MAX_COUNT) + 1))  # every count occurs, none above the cap
@@ -240,6 +241,8 @@ def test_lengths_past_the_distinct_symbols_are_allowed_where_items_repeat():
         (["--seeds", "0"], "seeds must be a positive integer"),
         (["--lrs", "0.01,fast"], "--lrs must be comma-separated numbers"),
         (["--lrs", "-1"], "learning rates must be positive"),
+        (["--steps", "0"], "steps must be a positive integer"),
+        (["--lm", "--steps", "10"], "--steps does not apply to --lm"),
         (["--hparam", "cope.P=0"], "cope.P must be a positive integer"),
         (["--quick", "--hparam", "xpos=4"], "expected ENCODING.NAME=VALUE"),
     ],
@@ -298,3 +301,17 @@ def test_an_interrupted_write_leaves_no_partial_json(tmp_path, monkeypatch):
         _report.write({"records": []}, str(tmp_path))
     assert (tmp_path / "results.json").read_text() == "old"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+@pytest.mark.parametrize(("argv", "steps", "lrs"), [([], 400, (2.5e-3, 5e-3, 1e-2)), (["--quick"], 400, (5e-3,)), (["--quick", "--steps", "7"], 7, (5e-3,)), (["--steps", "9", "--lrs", "0.1"], 9, (0.1,))])
+def test_steps_and_rates_reach_the_training_configuration(argv, steps, lrs, tmp_path, monkeypatch):
+    class Called(Exception):
+        pass
+
+    def results(**kwargs):
+        raise Called(kwargs["config"])
+
+    monkeypatch.setattr(ex, "results", results)
+    with pytest.raises(Called) as called:
+        cli.main(["extrapolate", *argv, "--out", str(tmp_path)])
+    assert (called.value.args[0].steps, called.value.args[0].lrs) == (steps, lrs)

@@ -5,6 +5,7 @@ Arguments are checked before torch is imported and before any training starts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import sys
@@ -52,7 +53,7 @@ def cmd_extrapolate(args) -> int:
         return _error("extrapolate", problem, 2)
     options = [("--lm", args.lm), ("--quick", args.quick), (f"--encodings {args.encodings}", args.encodings), (f"--tasks {args.tasks}", args.tasks)]
     options += [(f"--seeds {args.seeds}", args.seeds), (f"--train-len {args.train_len}", args.train_len), (f"--eval-lens {args.eval_lens}", args.eval_lens)]
-    options += [(f"--lrs {args.lrs}", args.lrs), *((f"--hparam {shlex.quote(h)}", True) for h in args.hparam or ())]
+    options += [(f"--lrs {args.lrs}", args.lrs), (f"--steps {args.steps}", args.steps), *((f"--hparam {shlex.quote(h)}", True) for h in args.hparam or ())]
     command = " ".join(["posenc extrapolate", *(text for text, given in options if given), "--out", shlex.quote(args.out)])
     start, cpu = time.perf_counter(), _cpu_seconds()
     document = run()
@@ -67,7 +68,10 @@ def cmd_extrapolate(args) -> int:
 
 def _task_run(args, eval_lens, extrapolation):
     """The checked algorithmic-task run, as a function that trains when called."""
-    config = None if args.lrs is None else extrapolation.Config(lrs=_rates(args.lrs))
+    changes = {"lrs": None if args.lrs is None else _rates(args.lrs), "steps": args.steps}
+    changes = {name: value for name, value in changes.items() if value is not None}
+    base = extrapolation.QUICK if args.quick else extrapolation.Config()
+    config = dataclasses.replace(base, **changes) if changes else None
     encodings, tasks, seeds, config = extrapolation.grid(args.encodings, args.tasks, args.seeds, args.quick, config)
     train_len = extrapolation.TRAIN_LEN if args.train_len is None else args.train_len
     extrapolation.check_arguments(encodings, tasks, seeds, train_len, eval_lens, args.hparam, config)
@@ -80,9 +84,9 @@ def _lm_run(args, eval_lens):
     """The checked ``--lm`` run, as a function that trains when called."""
     from posenc.torch import lm
 
-    for flag, given in (("--tasks", args.tasks), ("--lrs", args.lrs)):
+    for flag, given in (("--tasks", args.tasks), ("--lrs", args.lrs), ("--steps", args.steps)):
         if given is not None:
-            raise ValueError(f"{flag} does not apply to --lm (one corpus, one learning rate: posenc.torch.lm.Config)")
+            raise ValueError(f"{flag} does not apply to --lm (one corpus, one learning rate and length of training: posenc.torch.lm.Config)")
     seeds = 1 if args.seeds is None else args.seeds
     train_len = lm.TRAIN_LEN if args.train_len is None else args.train_len
     lm.check_arguments(args.encodings, seeds, train_len, eval_lens, args.hparam)
@@ -110,6 +114,7 @@ def add_parser(sub):
     p.add_argument("--train-len", type=int, help="items per training sequence, at most (default 8; --lm: bytes, default 64)")
     p.add_argument("--eval-lens", help="comma-separated lengths to evaluate at, each >= --train-len (default 1x, 2x, 4x, 8x)")
     p.add_argument("--lrs", help="comma-separated learning rates tried per encoding on seed 0 of reverse, the best on in-distribution validation kept for every task (default 0.0025,0.005,0.01; --quick 0.005)")
+    p.add_argument("--steps", type=int, help="training steps per model (default 400)")
     p.add_argument("--hparam", action="append", metavar="ENCODING.NAME=VALUE",
                    help="a length-dependent hyperparameter in place of the scaling rule's (repeatable): fire.L, xpos.scale_base, cope.P, sandwich.dim, sandwich.base, randomized.M")  # fmt: skip
     p.set_defaults(func=cmd_extrapolate)

@@ -2,7 +2,7 @@
 
 A task draws ``batch`` sequences of ``n`` items and returns ``(sequences, prompt)``: token ids
 ``int64 [batch, length]`` and the number of tokens before the answer (the prompt ends with
-``SEP``). The model reads the prompt and writes ``sequences[:, prompt:]``; accuracy and the
+``SEP``, or for ``count`` with ``SEP`` and the query). The model reads the prompt and writes ``sequences[:, prompt:]``; accuracy and the
 training loss count those tokens only. One vocabulary serves every task: ``SYMBOLS`` item
 tokens (digits and bits are the first of them), ``SEP``, ``PLUS`` and ``MINUS``.
 
@@ -85,16 +85,18 @@ def modular_arithmetic(rng, batch, n):
 
 
 def count(rng, batch, n):
-    """``q SEP x_1 .. x_n SEP c``: how often the query symbol ``q`` occurs among the ``n``
-    items, ``c`` drawn uniformly from ``0 .. min(n, MAX_COUNT)`` whatever ``n`` (so the answer's
-    range does not grow with the length, only the distractors do); the other items are
-    drawn from the rest of ``COUNT_ALPHABET`` symbols."""
+    """``x_1 .. x_n SEP q c``: how often the query symbol ``q`` occurs among the ``n`` items,
+    ``c`` drawn uniformly from ``0 .. min(n, MAX_COUNT)`` whatever ``n`` (so the answer's range
+    does not grow with the length, only the distractors do); the other items are drawn from
+    the rest of ``COUNT_ALPHABET`` symbols. The query comes last, where the answer is read, so
+    the count is a question of which earlier tokens to count (CoPE's gates), not of carrying
+    the query there from the start."""
     query = rng.integers(0, COUNT_ALPHABET, batch)
     c = rng.integers(0, min(n, MAX_COUNT) + 1, batch)
     others = (query[:, None] + rng.integers(1, COUNT_ALPHABET, (batch, n))) % COUNT_ALPHABET
     at = np.argsort(rng.random((batch, n)), axis=1) < c[:, None]  # c random places per row
     items = np.where(at, query[:, None], others)
-    return _join(query[:, None], SEP, items, SEP, c[:, None]), n + 3
+    return _join(items, SEP, query[:, None], c[:, None]), n + 2
 
 
 TASKS = {

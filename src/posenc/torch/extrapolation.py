@@ -332,6 +332,7 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     if overrides.get("randomized", {}).get("M", longest) < longest:
         raise ValueError(f"--hparam randomized.M must be >= {longest}, the longest test input (tokens), got {overrides['randomized']['M']}")
     cfg = Config() if config is None else config
+    _positive_int("steps", cfg.steps)
     if not cfg.lrs or any(isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf for lr in cfg.lrs):
         raise ValueError(f"learning rates must be positive numbers, got {cfg.lrs!r}")
     return encodings, tasks, seeds, train_len, sorted(set(eval_lens)), overrides
