@@ -194,6 +194,13 @@ CALLS = {
         pe.shaw_logits,
         lambda t: _shaw(X, SHAW_K, query_positions=np.arange(3, dtype=np.int32) + t % 1000, key_positions=np.arange(8, dtype=np.uint8)),
     ),
+    "shaw_logits numpy decode step, int32 query, uint8 keys": (
+        pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], query_positions=np.array([[t % 2**31]], np.int32), key_positions=np.arange(8, dtype=np.uint8) * 30),
+    ),  # fmt: skip
+    "shaw_logits torch decode step, uint8 keys, offset": (
+        pe.shaw_logits,
+        lambda t: _shaw(T_X1, T_SHAW_K[:1], T_SHAW_TABLE, query_positions=torch.tensor([t]), key_positions=torch.arange(8, dtype=torch.uint8), offset=-3),
+    ),
     "shaw_logits numpy uint64 positions": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], query_positions=np.array([t], np.uint64))),
     "shaw_logits numpy float64 and float16": (pe.shaw_logits, lambda t: _shaw(X.astype(np.float64), SHAW_K.astype(np.float16), offset=t)),
     "shaw_logits numpy float16 positions": (pe.shaw_logits, lambda t: _shaw(X1.astype(np.float16), SHAW_K[:1], query_positions=np.array([t]))),

@@ -64,6 +64,7 @@ class LogitsPlan:
         index_batch = (*batch, 1) if self.heads else batch
         # Positions of one batch entry: one [q, k] index for every (batch, head) of the scores.
         self.single = all(n == 1 for n in index_batch)
+        self.step = self.single and q_len == 1  # one query position: a decode step
         arrays = broadcast_shapes(*(tuple(a.shape[:-2]) for a in (q, k, *tables)))
         full = broadcast_shapes(arrays, index_batch)
         self.shape = (*full, q_len, k_len) if len(full) > len(arrays) else None
@@ -112,12 +113,16 @@ class LogitsPlan:
         qpos = self.aranges[0] if qpos is None else qpos
         kpos = self.aranges[1] if kpos is None else kpos
         offset = self.default_offset if offset is None else offset
+        if self.step:  # its one value read, the keys' differences from it in one operation
+            qpos = qpos.item()
         if (self.wide or not -_NEAR < offset < _NEAR) and not _fit(qpos, kpos, offset):
             return None
-        if self.widen[0]:
-            qpos = _widened(qpos)
         if self.widen[1]:
             kpos = _widened(kpos)
+        if self.step:
+            return ((qpos + offset) - kpos).reshape(1, k_len)
+        if self.widen[0]:
+            qpos = _widened(qpos)
         if offset:
             qpos = qpos + offset
         rel = qpos.unsqueeze(-1) - kpos.unsqueeze(-2) if self.torch else qpos[..., :, None] - kpos[..., None, :]
@@ -190,8 +195,8 @@ def _fit(qpos, kpos, offset):
 
 
 def _extremes(positions):
-    """``(min, max)`` of integer positions as Python ints, None when there are none."""
-    if isinstance(positions, np.ndarray):
+    """``(min, max)`` of integer positions (or of an int) as Python ints, None when there are none."""
+    if isinstance(positions, (int, np.ndarray)):
         return _arrays.extremes(positions)
     if positions.numel() == 0:
         return None
