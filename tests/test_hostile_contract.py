@@ -115,6 +115,19 @@ def test_4_narrow_and_unsigned_positions_are_widened_before_the_offset(dtype):
     np.testing.assert_allclose(pe.rope(xt, tp, offset=-1).numpy(), exact_rope(x[:3], [-1, 0, 199]), atol=1e-12)
 
 
+def test_4_torch_uint64_positions_are_widened_or_refused():
+    """torch has no min/max of uint64 on the CPU; its positions are still read exactly."""
+    x = torch.from_numpy(RNG.standard_normal((3, 8)))
+    small = torch.tensor([0, 7, 2**40], dtype=torch.uint64)
+    np.testing.assert_allclose(pe.rope(x, small, offset=-1).numpy(), exact_rope(x.numpy(), [-1, 6, 2**40 - 1]), atol=1e-9)
+    q, k = torch.tensor([5], dtype=torch.uint64), torch.tensor([1, 9], dtype=torch.uint64)
+    np.testing.assert_array_equal(pe.t5_bias(T5_TABLE, 1, 2, query_positions=q, key_positions=k)[0, 0].numpy(), hf_t5_bucket(np.array([1, 9]) - 5, num_buckets=32, max_distance=128).astype(float))
+    for values, extent in (([3, 2**63], "from 3 to 9223372036854775808"), ([2**64 - 1, 2**63 + 1], "from 9223372036854775809 to 18446744073709551615")):
+        big = torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64).view(torch.uint64)
+        with pytest.raises(ValueError, match=f"positions must fit in int64 .*got values {extent}$"):
+            pe.rope(x[:2], big)
+
+
 def test_4_narrow_per_token_positions_of_the_biases():
     q, k = np.array([0], np.uint8), np.array([1, 255], np.uint8)
     np.testing.assert_array_equal(pe.alibi_bias(SLOPE, 1, 2, query_positions=q, key_positions=k)[0], alibi_formula([0], [1, 255]))

@@ -139,10 +139,29 @@ def widened(name, value, xp, device=None):
         return value
     info = xp.iinfo(value.dtype)
     if (int(info.min) < low or int(info.max) > high) and _readable(value):
-        smallest, largest = int(xp.min(value)), int(xp.max(value))
+        smallest, largest = _integer_range(xp, value, dtype, bits)
         if smallest < low or largest > high:
             raise ValueError(f"{name} must fit in int{bits} ({low} .. {high}), got values from {smallest} to {largest}")
     return xp.astype(value, dtype)
+
+
+def _integer_range(xp, value, index_dtype, bits):
+    """``(min, max)`` of an integer array as Python ints. torch has no min or max of uint64 on
+    the CPU: there they are read from the array cast to the 64-bit index dtype, where values
+    above its largest wrap to negatives in the same order."""
+    try:
+        return int(xp.min(value)), int(xp.max(value))
+    except (NotImplementedError, RuntimeError):
+        if not (bits == 64 and xp.iinfo(value.dtype).bits == 64 and int(xp.iinfo(value.dtype).min) == 0):
+            raise
+    signed = xp.astype(value, index_dtype)
+    wrapped = signed < 0
+    low, high = xp.iinfo(index_dtype).min, xp.iinfo(index_dtype).max
+    unwrapped_min = int(xp.min(xp.where(wrapped, high, signed)))
+    if not bool(xp.any(wrapped)):
+        return unwrapped_min, int(xp.max(signed))
+    largest = 2**64 + int(xp.max(xp.where(wrapped, signed, low)))
+    return (unwrapped_min if not bool(xp.all(wrapped)) else 2**64 + int(xp.min(signed))), largest
 
 
 def shifted(name, values, offset, xp, device=None, *, offset_name="offset", known=None):
