@@ -23,7 +23,7 @@ extensions = [
 
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 root_doc = "index"
-exclude_patterns = ["_build", "extrapolation/results.md", "extrapolation/lm_results.md", "extrapolation/count/results.md"]  # included by extrapolation.md
+exclude_patterns = ["_build", "extrapolation/results.md", "extrapolation/lm_results.md", "extrapolation/count/results.md", "extrapolation/default/results.md"]  # included by (or a download of) extrapolation.md
 
 myst_enable_extensions = ["dollarmath"]
 myst_heading_anchors = 3
