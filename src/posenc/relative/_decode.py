@@ -250,9 +250,9 @@ class PerTokenPlan:
         # The integer rule: offset + query and query - key within int64 (else the full path
         # checks them pair by pair), integer positions widened to int64.
         if "int64" in self.kinds or "uint64" in self.kinds or abs(offset) >= 2**62:
-            if not _fit(*(_arrays.extremes(p) if kind or arange is not None else None for p, kind, arange in zip((qpos, kpos), self.kinds, self.aranges)), offset):
+            if not fits_int64(*(_arrays.extremes(p) if kind or arange is not None else None for p, kind, arange in zip((qpos, kpos), self.kinds, self.aranges)), offset):
                 return NotImplemented
-        qpos, kpos = (_widened(p) if kind in ("narrow", "uint64") else p for p, kind in zip((qpos, kpos), self.kinds))
+        qpos, kpos = (as_int64(p) if kind in ("narrow", "uint64") else p for p, kind in zip((qpos, kpos), self.kinds))
         qpos = qpos if offset == 0 else qpos + offset
         if self.floats is not None:
             qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
@@ -319,7 +319,7 @@ class PerTokenPlan:
 _LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
 
 
-def _fit(query, key, offset):
+def fits_int64(query, key, offset):
     """Whether query positions (``(min, max)``, or None: float or empty) shifted by ``offset``,
     and their differences with the key positions', stay within int64; and the positions themselves."""
     ends = [e for e in (query, key) if e is not None]
@@ -333,7 +333,7 @@ def _fit(query, key, offset):
     return -(2**63) <= low and high <= 2**63 - 1
 
 
-def _widened(positions):
+def as_int64(positions):
     """Integer positions as int64 (``posenc._validate.widened``), in their own library."""
     return positions.astype(np.int64) if isinstance(positions, np.ndarray) else positions.long()
 

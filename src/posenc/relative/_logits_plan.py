@@ -30,12 +30,12 @@ import numpy as np
 from .._kernels import _arrays
 from .._xp import broadcast_shapes, namespace
 from . import _args, _per_token
+from ._decode import as_int64, fits_int64
 from .biases import deberta_index, deberta_options
 from .deberta import canonical_terms
 
 LARGEST = 2**16  # query-key pairs: the plan's own i - j (offset calls) stay within 512 KiB
 _NEAR = 2**62
-_INT64 = (-(2**63), 2**63 - 1)
 
 
 class LogitsPlan:
@@ -115,14 +115,14 @@ class LogitsPlan:
         offset = self.default_offset if offset is None else offset
         if self.step:  # its one value read, the keys' differences from it in one operation
             qpos = qpos.item()
-        if (self.wide or not -_NEAR < offset < _NEAR) and not _fit(qpos, kpos, offset):
+        if (self.wide or not -_NEAR < offset < _NEAR) and not fits_int64(_extremes(qpos), _extremes(kpos), offset):
             return None
         if self.widen[1]:
-            kpos = _widened(kpos)
+            kpos = as_int64(kpos)
         if self.step:
             return ((qpos + offset) - kpos).reshape(1, k_len)
         if self.widen[0]:
-            qpos = _widened(qpos)
+            qpos = as_int64(qpos)
         if offset:
             qpos = qpos + offset
         rel = qpos.unsqueeze(-1) - kpos.unsqueeze(-2) if self.torch else qpos[..., :, None] - kpos[..., None, :]
@@ -182,18 +182,6 @@ class DebertaPlan(LogitsPlan):
         return self._finished(total / self.scale)
 
 
-def _fit(qpos, kpos, offset):
-    """Whether the positions, ``offset + query`` and ``(offset + query) - key`` stay within
-    int64, by the positions' extremes."""
-    ends = _extremes(qpos), _extremes(kpos)
-    if None in ends:  # no position: nothing is computed
-        return True
-    (q_low, q_high), (k_low, k_high) = ends
-    low, high = q_low + offset, q_high + offset
-    values = (q_low, q_high, k_low, k_high, low, high, low - k_high, high - k_low)
-    return _INT64[0] <= min(values) and max(values) <= _INT64[1]
-
-
 def _extremes(positions):
     """``(min, max)`` of integer positions (or of an int) as Python ints, None when there are none."""
     if isinstance(positions, (int, np.ndarray)):
@@ -202,11 +190,6 @@ def _extremes(positions):
         return None
     low, high = positions.aminmax()
     return int(low), int(high)
-
-
-def _widened(positions):
-    """Integer positions of at most 32 bits, or uint64 ones within int64 (``_fit``), as int64 (``posenc._validate.widened``), in their own library."""
-    return positions.astype(np.int64) if isinstance(positions, np.ndarray) else positions.long()
 
 
 def _sized(q, k):
