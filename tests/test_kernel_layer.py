@@ -125,7 +125,7 @@ def test_a_failed_build_propagates_and_is_tried_again_next_time():
 
 def test_warmup_builds_what_the_plan_lists():
     plan = warmup.plan("float32", gpu=False)
-    assert {f.name for f, _ in plan} == {"rope_cpu", "toeplitz_cpu"}
+    assert {f.name for f, _ in plan} == {"bias_rows_cpu", "rope_cpu", "toeplitz_cpu"}
     assert ("rotate", "float32", "half") in [key for f, key in plan if f.name == "rope_cpu"]
     assert all("bfloat16" not in key for _, key in plan)
     built = pe.warmup("float32", gpu=False)
@@ -147,7 +147,7 @@ def test_cli_warmup():
 
     out = subprocess.run([sys.executable, "-m", "posenc.cli", "warmup", "--dtype", "float32", "--no-gpu"], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
-    assert "7 kernel specialisations ready" in out.stdout and "7/7" in out.stderr
+    assert "9 kernel specialisations ready" in out.stdout and "9/9" in out.stderr
     assert "warmup" in cli.build_parser().format_help()
     bad = subprocess.run([sys.executable, "-m", "posenc.cli", "warmup", "--dtype", "int8"], capture_output=True, text=True)
     assert bad.returncode == 2 and "invalid choice" in bad.stderr

@@ -8,7 +8,7 @@ DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 def _families(gpu):
-    from . import rope_cpu, toeplitz_cpu  # noqa: F401  (register their families)
+    from . import bias_rows_cpu, rope_cpu, toeplitz_cpu  # noqa: F401  (register their families)
 
     if gpu:
         from . import rope_cuda, toeplitz_cuda  # noqa: F401
@@ -64,7 +64,7 @@ def warmup(dtypes=None, *, gpu=None, progress=None):
     >>> import posenc as pe
     >>> built = pe.warmup("float32")
     >>> sorted({b.family for b in built})
-    ['rope_cpu', 'toeplitz_cpu']
+    ['bias_rows_cpu', 'rope_cpu', 'toeplitz_cpu']
     """
     if progress is not None and not callable(progress):
         raise TypeError(f"progress must be a callable or None, got {type(progress).__name__}")

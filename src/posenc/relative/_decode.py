@@ -22,6 +22,7 @@ import math
 
 import numpy as np
 
+from .. import _dispatch
 from .._kernels import _arrays
 from .._xp import cast, compute_dtype, device_of, index_dtype, is_integer, namespace
 from . import _per_token, biases
@@ -234,9 +235,14 @@ class PerTokenPlan:
         self.indexed = self.gather and all(kind in (None, "int64") for kind in self.kinds)
         self.queries = (0, q_len - 1) if query_positions is None else None
         self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
+        self.launcher = _launcher(kind, params, batch, heads, q_len, k_len, query_positions, key_positions) if self.indexed else None
 
     def __call__(self, args, kwargs):
-        if self.indexed:
+        if self.launcher is not None:
+            values = self._launched(args[1], kwargs)
+            if values is not None:
+                return values
+        elif self.indexed:
             values = self._indexed(args[1], kwargs)
             if values is not None:
                 return self._placed(values)
@@ -303,6 +309,16 @@ class PerTokenPlan:
             found = self._found(sources, kpos + (shift - low))
         return None if found is None else self.row.finish(params, found)
 
+    def _launched(self, params, kwargs):
+        """``_indexed``'s values in one pass of ``bias_rows_cpu``, placed: None where it
+        does not serve the values (a window that does not cover them, positions near the
+        integer limits), which the general path then takes."""
+        hi, _, sources = self.row.held
+        if sources is None:
+            return None
+        offset = self._offset(kwargs)
+        return self.launcher(params, sources, hi - offset, offset, kwargs.get("query_positions"), kwargs.get("key_positions"))
+
     def _found(self, sources, index):
         """``sources`` at ``index`` (flattened), or None for an index outside ``[0, len(sources))``."""
         index = index if index.ndim == 1 else index.reshape(-1)
@@ -317,6 +333,19 @@ class PerTokenPlan:
 
 
 _LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
+
+
+def _launcher(kind, params, batch, heads, q_len, k_len, query_positions, key_positions):
+    """``bias_rows_cpu``'s launcher of a plan whose positions index its kept sources, or None
+    where the reference's operations serve it: no Numba, the reference backend in force, a
+    result autograd records, or parameters of a dtype the kernels do not take."""
+    if not _arrays.numba_cpu() or _dispatch.get_backend() != "auto" or _arrays.tracks_gradient(params):
+        return None
+    from .._kernels import bias_rows_cpu
+
+    if bias_rows_cpu.element(kind, _arrays.dtype_name(params.dtype)) is None:
+        return None
+    return bias_rows_cpu.Launcher(kind, params, batch, heads, q_len, k_len, query_positions is not None, key_positions is not None)
 
 
 def fits_int64(query, key, offset):

@@ -1,0 +1,193 @@
+"""Numba CPU kernels of a planned per-token bias (``posenc.relative._decode.PerTokenPlan``).
+
+A plan of ``t5_bias`` / ``alibi_bias`` keeps the per-distance *sources* of a window of
+distances ``hi, hi - 1, .., lo`` (T5's bucket of each distance, ALiBi's negated distance in
+the compute dtype: ``relative._decode.CachedRow``). With per-token positions the bias entry
+``[b, h, i, j]`` is the kind's value at ``rel = (offset + q[b, i]) - k[b, j]``, that is the
+kept source at ``t = hi - rel = (shift - q[b, i]) + k[b, j]`` with ``shift = hi - offset``,
+finished with the parameters:
+
+* T5: ``out[b, h, i, j] = table[sources[t], h]``, a copy (moved as bits: one kernel per
+  element size, 16-bit floats included);
+* ALiBi: ``out[b, h, i, j] = slopes[h] * sources[t]``, float32 or float64, the product the
+  reference (``relative.biases._alibi_scaled``) takes in that dtype.
+
+One pass reads each pair's index once and writes the ``[batch, heads, q, k]`` result in
+place of the reference's ``rel`` matrix, gather, product and transposition. A kernel checks
+every value it indexes with: positions within ``(-2**62, 2**62)``, ``offset + q`` within
+int64, ``t`` inside the window and a bucket inside the table. It returns False at the first
+value outside (the result is then discarded and the plan's general path, or the full path,
+judges the call), so no index it forms wraps and none reads out of bounds.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+from numba import njit, types
+
+from . import _arrays, _family
+
+_LIMIT = 2**62
+_INT64_MAX = 2**63 - 1
+_INT64_MIN = -(2**63)
+
+
+@njit(inline="always")
+def _row_index(shift, offset, q, kpos, n, index):
+    """``index[j] = (shift - q) + kpos[j]`` when every one is in ``[0, n)`` and the rules above hold."""
+    if not -_LIMIT < q < _LIMIT:
+        return False
+    if offset >= 0:
+        if q > _INT64_MAX - offset:
+            return False
+    elif q < _INT64_MIN - offset:
+        return False
+    start = shift - q  # |shift| < 2**62 (the launcher's check): no wrap
+    if not -_LIMIT < start < _LIMIT:
+        return False
+    for j in range(kpos.shape[0]):
+        k = kpos[j]
+        if not -_LIMIT < k < _LIMIT:
+            return False
+        t = start + k
+        if t < 0 or t >= n:
+            return False
+        index[j] = t
+    return True
+
+
+def _t5(table, buckets, shift, offset, qpos, kpos, out):
+    """``out[b, h, i, j] = table[buckets[(shift - qpos[b, i]) + kpos[b, j]], h]``."""
+    batch, heads, q_len, k_len = out.shape
+    index = np.empty(k_len, np.int64)
+    rows = table.shape[0]
+    columns = np.empty((heads, rows), table.dtype)  # each head's entries contiguous: gathered from the cache
+    for h in range(heads):
+        for r in range(rows):
+            columns[h, r] = table[r, h]
+    for b in range(batch):
+        for i in range(q_len):
+            if not _row_index(shift, offset, qpos[b, i], kpos[b], buckets.shape[0], index):
+                return False
+            for j in range(k_len):
+                bucket = buckets[index[j]]
+                if bucket < 0 or bucket >= rows:
+                    return False
+                index[j] = bucket
+            for h in range(heads):
+                column = columns[h]
+                dst = out[b, h, i]
+                for j in range(k_len):
+                    dst[j] = column[index[j]]
+    return True
+
+
+def _alibi(slopes, distance, shift, offset, qpos, kpos, out):
+    """``out[b, h, i, j] = slopes[h] * distance[(shift - qpos[b, i]) + kpos[b, j]]``."""
+    batch, heads, q_len, k_len = out.shape
+    index = np.empty(k_len, np.int64)
+    row = np.empty(k_len, distance.dtype)
+    for b in range(batch):
+        for i in range(q_len):
+            if not _row_index(shift, offset, qpos[b, i], kpos[b], distance.shape[0], index):
+                return False
+            for j in range(k_len):
+                row[j] = distance[index[j]]
+            for h in range(heads):
+                slope = slopes[h]
+                dst = out[b, h, i]
+                for j in range(k_len):
+                    dst[j] = slope * row[j]
+    return True
+
+
+# (kind, element): T5 copies bits of the table's element size, ALiBi computes in its float dtype.
+KEYS = [("t5", "int16"), ("t5", "int32"), ("t5", "int64"), ("alibi", "float32"), ("alibi", "float64")]
+_SERVES = {"int16": {"float16", "bfloat16"}, "int32": {"float32"}, "int64": {"float64"}, "float32": {"float32"}, "float64": {"float64"}}
+
+
+def _build(kind, element):
+    t = numba.from_dtype(np.dtype(element))
+    positions = types.Array(types.int64, 2, "A", readonly=True)
+    if kind == "t5":
+        params, sources = types.Array(t, 2, "A", readonly=True), types.Array(types.int64, 1, "C", readonly=True)
+    else:
+        params, sources = types.Array(t, 1, "A", readonly=True), types.Array(t, 1, "C", readonly=True)
+    signature = types.boolean(params, sources, types.int64, types.int64, positions, positions, types.Array(t, 4, "C"))
+    return njit(signature, nogil=True, cache=True)(_t5 if kind == "t5" else _alibi)
+
+
+FAMILY = _family.Family("bias_rows_cpu", _build, KEYS, lambda key: _SERVES[key[1]], prepare=_family.start_numba_cpu)
+
+
+def element(kind, dtype_name):
+    """The kernel element of a ``kind`` plan whose parameters are ``dtype_name``, or None (no kernel)."""
+    if kind == "t5":
+        return {"float16": "int16", "bfloat16": "int16", "float32": "int32", "float64": "int64"}.get(dtype_name)
+    return dtype_name if kind == "alibi" and dtype_name in ("float32", "float64") else None
+
+
+class Launcher:
+    """One plan's kernel and the NumPy views it reads: ``params`` of the plan's signature
+    (NumPy, or torch CPU tensors viewed without a copy), int64 positions ``[*batch, q_len]`` /
+    ``[*batch, k_len]`` or None (``arange``, kept here), and the result ``[*batch, heads,
+    q_len, k_len]`` in ``params``' library and dtype. Built once per plan (with its kernel)."""
+
+    def __init__(self, kind, params, batch, heads, q_len, k_len, query_given, key_given):
+        name = _arrays.dtype_name(params.dtype)
+        self.element = element(kind, name)
+        self.kernel = FAMILY[(kind, self.element)]
+        self.torch = type(params) is not np.ndarray
+        self.shape = (*batch, heads, q_len, k_len)
+        self.merged = (math.prod(batch), heads, q_len, k_len)
+        self.bfloat16 = name == "bfloat16"  # (NumPy has none: its bits, viewed as torch's bfloat16)
+        self.result = np.dtype(self.element if self.bfloat16 else name)
+        self.view_result = self.result != self.element
+        self.params = _host_reader(params, self.element)
+        self.queries, self.keys = (
+            _rows_reader(batch, length) if given else np.broadcast_to(np.arange(length, dtype=np.int64), (self.merged[0], length))
+            for given, length in ((query_given, q_len), (key_given, k_len))
+        )
+        self.sources = (None, None)  # the plan's sources and their NumPy view
+
+    def __call__(self, params, sources, shift, offset, query_positions, key_positions):
+        """The bias, or None where a value lies outside what the kernel takes (see the module docstring)."""
+        if not -_LIMIT < shift < _LIMIT:
+            return None
+        if self.sources[0] is not sources:
+            self.sources = (sources, sources if type(sources) is np.ndarray else sources.numpy())
+        qpos = self.queries if query_positions is None else self.queries(query_positions)
+        kpos = self.keys if key_positions is None else self.keys(key_positions)
+        result = np.empty(self.shape, self.result)
+        merged = result.reshape(self.merged)
+        if not self.kernel(self.params(params), self.sources[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
+            return None
+        if not self.torch:
+            return result
+        import torch
+
+        result = torch.from_numpy(result)
+        return result.view(torch.bfloat16) if self.bfloat16 else result
+
+
+def _host_reader(params, element):
+    """``params`` (NumPy, or a torch CPU tensor) as the NumPy array of ``element`` a kernel reads."""
+    if type(params) is np.ndarray:
+        return (lambda a: a) if params.dtype == element else (lambda a: a.view(element))
+    if params.dtype.itemsize == 2:  # float16, bfloat16: bits
+        return lambda a: _arrays.host_view(a).view(element)
+    import torch
+
+    host = (lambda a: a.detach().numpy()) if params.requires_grad else torch.Tensor.numpy
+    return host if _arrays.dtype_name(params.dtype) == element else (lambda a: host(a).view(element))
+
+
+def _rows_reader(batch, length):
+    """int64 positions ``[..., length]`` (NumPy or torch CPU, never tracking gradients) as
+    ``[prod(batch), length]``, a view where one serves."""
+    if batch:
+        return lambda p: np.broadcast_to(_arrays.host_view(p), (*batch, length)).reshape(-1, length)
+    return lambda p: (p if type(p) is np.ndarray else p.numpy()).reshape(1, length)

@@ -1,0 +1,188 @@
+"""The per-token bias kernels (``posenc._kernels.bias_rows_cpu``) against the reference.
+
+A planned ``t5_bias`` / ``alibi_bias`` call with int64 positions reads its plan's kept
+per-distance sources through one kernel pass. Hypothesis draws batch shapes (broadcast
+query and key batches, empty axes left to the general path), lengths, strided and
+broadcast positions, offsets and dtypes, for NumPy arrays and torch CPU tensors: every
+result the kernel gives is bit-identical to the reference's (the full path under the
+``"reference"`` backend, which runs no kernel), and the test checks the kernel did give
+it. The launcher's refusals (values outside the kept window, positions near the integer
+limits) are called directly: each gives None, never a value read out of bounds (``make
+test`` runs this file again with Numba's bounds checking compiled in).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import posenc as pe
+from posenc import use_backend
+from posenc._kernels import bias_rows_cpu
+
+pytestmark = pytest.mark.kernels
+
+torch = pytest.importorskip("torch")
+
+DTYPES = {"t5": ("float16", "bfloat16", "float32", "float64"), "alibi": ("float32", "float64")}
+
+
+@pytest.fixture
+def launches(monkeypatch):
+    """The results the kernel gave (None: it declined the call), in order."""
+    given_back = []
+    call = bias_rows_cpu.Launcher.__call__
+
+    def spy(self, *args):
+        given_back.append(result := call(self, *args))
+        return result
+
+    monkeypatch.setattr(bias_rows_cpu.Launcher, "__call__", spy)
+    return given_back
+
+
+def _params(kind, library, dtype, heads, rng):
+    values = rng.standard_normal((32, heads) if kind == "t5" else (heads,))
+    if kind == "alibi":
+        values = np.abs(values) / 4
+    if library == "numpy":
+        if dtype == "bfloat16":
+            return None
+        return values.astype(dtype)
+    return torch.tensor(values).to(getattr(torch, dtype))
+
+
+def _positions(values, stride, library):
+    """int64 positions with ``values`` along the last axis, as a strided view when ``stride > 1``."""
+    spread = np.repeat(values, stride, axis=-1)[..., ::stride] if stride > 1 else values
+    if library == "numpy":
+        return spread
+    tensor = torch.from_numpy(np.repeat(values, stride, axis=-1).copy())
+    return tensor[..., ::stride] if stride > 1 else tensor
+
+
+@st.composite
+def problems(draw):
+    kind = draw(st.sampled_from(("t5", "alibi")))
+    library = draw(st.sampled_from(("numpy", "torch")))
+    dtype = draw(st.sampled_from(DTYPES[kind] if library == "torch" else tuple(d for d in DTYPES[kind] if d != "bfloat16")))
+    batch = draw(st.sampled_from(((), (2,), (1, 3), (2, 1))))
+    query_batch = draw(st.sampled_from([batch, batch[1:], ()] if batch else [()]))
+    key_batch = draw(st.sampled_from([batch, (1,) * len(batch)] if batch else [()]))
+    q_len, k_len = draw(st.integers(1, 4)), draw(st.integers(1, 40))
+    start = draw(st.integers(-(2**40), 2**40) | st.integers(-300, 300))
+    spread = draw(st.integers(0, 600))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    queries = start + rng.integers(0, spread + 1, (*query_batch, q_len))
+    keys = start + rng.integers(0, spread + 1, (*key_batch, k_len))
+    return {
+        "kind": kind, "library": library, "dtype": dtype, "heads": draw(st.integers(1, 5)), "seed": seed,
+        "queries": queries, "keys": keys, "strides": (draw(st.integers(1, 3)), draw(st.integers(1, 3))),
+        "offset": draw(st.none() | st.integers(-50, 50)), "symmetric": draw(st.booleans()),
+        "bidirectional": draw(st.booleans()), "max_distance": draw(st.sampled_from((20, 128))),
+    }  # fmt: skip
+
+
+def _call(problem, params, queries, keys):
+    q_len, k_len = queries.shape[-1], keys.shape[-1]
+    options = {"query_positions": queries, "key_positions": keys, "offset": problem["offset"]}
+    if problem["kind"] == "t5":
+        return pe.t5_bias(params, q_len, k_len, bidirectional=problem["bidirectional"], max_distance=problem["max_distance"], **options)
+    return pe.alibi_bias(params, q_len, k_len, symmetric=problem["symmetric"], **options)
+
+
+def _bits(a):
+    if isinstance(a, np.ndarray):
+        return a.view(f"u{a.dtype.itemsize}"), a.dtype.name
+    return a.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[a.dtype.itemsize]).numpy(), str(a.dtype)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # (cleared per example)
+@given(problem=problems())
+def test_the_kernel_gives_the_references_bits(problem, launches):
+    rng = np.random.default_rng(problem["seed"])
+    params = _params(problem["kind"], problem["library"], problem["dtype"], problem["heads"], rng)
+    queries, keys = (_positions(p, s, problem["library"]) for p, s in zip((problem["queries"], problem["keys"]), problem["strides"]))
+    with use_backend("reference"):
+        expected = _call(problem, params, queries, keys)
+    pe.relative_bias.plans.clear()
+    launches.clear()
+    for step in range(4):  # seen, planned, then the plan: its first call keeps the window the next ones read
+        got = _call(problem, params, queries, keys)
+        assert type(got) is type(expected) and tuple(got.shape) == tuple(expected.shape)
+        (got_bits, got_dtype), (bits, dtype) = _bits(got), _bits(expected)
+        assert got_dtype == dtype
+        np.testing.assert_array_equal(got_bits, bits, err_msg=f"step {step}")
+    assert launches and launches[-1] is not None, "the last call did not reach the kernel"
+
+
+def test_a_torch_table_that_requires_grad_reaches_the_kernel_under_no_grad_only(launches):
+    table = torch.nn.Parameter(torch.randn(32, 4))
+    queries, keys = torch.tensor([[9], [3]]), torch.arange(12)
+    with torch.no_grad():
+        expected = pe.t5_bias(table, 1, 12, query_positions=queries, key_positions=keys)
+        for _ in range(4):
+            assert torch.equal(pe.t5_bias(table, 1, 12, query_positions=queries, key_positions=keys), expected)
+    assert launches[-1] is not None
+    launches.clear()
+    for _ in range(4):
+        result = pe.t5_bias(table, 1, 12, query_positions=queries, key_positions=keys)
+        assert result.requires_grad and torch.equal(result.detach(), expected)
+    assert not launches  # autograd records it: the reference's operations
+
+
+def test_the_reference_backend_plans_without_the_kernel(launches):
+    slopes = pe.alibi_slopes(4)
+    with use_backend("reference"):
+        for _ in range(4):
+            pe.alibi_bias(slopes, 1, 16, query_positions=np.array([20]), key_positions=np.arange(16))
+    assert not launches
+
+
+# --- the launcher's refusals, called directly --------------------------------------------------
+
+
+def _launcher(kind="alibi", heads=2, q_len=1, k_len=4, params=None):
+    params = np.array([0.5, 0.25], np.float32) if params is None else params
+    return bias_rows_cpu.Launcher(kind, params, (), heads, q_len, k_len, True, True), params
+
+
+def _window(hi, lo):
+    """ALiBi's kept sources of the distances ``hi .. lo``: each negated, float32."""
+    return (0.0 - np.arange(hi, lo - 1, -1).astype(np.float32)).astype(np.float32)
+
+
+def test_the_launcher_reads_the_window_at_hi_minus_rel():
+    launcher, slopes = _launcher()
+    sources = _window(10, -5)  # distances 10 .. -5
+    result = launcher(slopes, sources, 10 - 3, 3, np.array([4]), np.array([0, 2, 7, 12]))  # rel = 3 + 4 - k
+    rel = np.array([7, 5, 0, -5], np.float32)
+    np.testing.assert_array_equal(result, slopes[:, None, None] * -rel)
+
+
+@pytest.mark.parametrize(
+    "shift, offset, queries, keys",
+    [
+        (7, 3, [4], [0, 2, 7, 13]),  # rel = -6: below the window's least distance
+        (7, 3, [4], [-4, 0, 1, 2]),  # rel = 11: above its greatest
+        (7, 3, [2**62], [0, 1, 2, 3]),  # a query position at 2**62
+        (7, 3, [4], [0, 1, 2, -(2**62)]),  # a key position at -2**62
+        (2**62, 3, [4], [0, 1, 2, 3]),  # the window's shift at 2**62
+        (7, 2**63 - 3, [4], [0, 1, 2, 3]),  # offset + query past int64's greatest
+        (7, -(2**63) + 3, [-4], [0, 1, 2, 3]),  # offset + query past int64's least
+    ],
+)
+def test_the_launcher_declines_what_it_does_not_cover(shift, offset, queries, keys):
+    launcher, slopes = _launcher()
+    assert launcher(slopes, _window(10, -5), shift, offset, np.array(queries), np.array(keys)) is None
+
+
+def test_a_t5_bucket_outside_the_table_is_declined():
+    table = np.arange(8.0, dtype=np.float32).reshape(4, 2)
+    launcher, _ = _launcher("t5", params=table)
+    buckets = np.array([0, 1, 2, 3, 4, 0], np.int64)  # 4: past the table's rows
+    assert launcher(table, buckets, 0, 0, np.array([0]), np.array([0, 1, 2, 3])) is not None
+    assert launcher(table, buckets, 0, 0, np.array([0]), np.array([1, 2, 3, 4])) is None
