@@ -50,6 +50,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _dispatch
+from ._xp import NDARRAY_OR_PLAIN, PLAIN
 
 MAX_PLANS = 256  # per function; past it, the least recently used plan is dropped
 
@@ -176,7 +177,7 @@ def context_key(*arrays):
     torch's grad mode and tracing where ``arrays`` are not all NumPy's (plain values among
     ``arrays`` are passed over)."""
     torch = sys.modules.get("torch")
-    if torch is None or _NUMPY_OR_PLAIN.issuperset(map(type, arrays)):
+    if torch is None or NDARRAY_OR_PLAIN.issuperset(map(type, arrays)):
         return (_dispatch.get_backend(),)
     if torch.compiler.is_compiling():
         return None
@@ -200,8 +201,7 @@ def keywords_key(kwargs, *varying):
     return tuple(key)
 
 
-_PLAIN = {type(None), bool, int, float, str, type}  # grows by the dtype classes met (NumPy's, torch.dtype)
-_NUMPY_OR_PLAIN = frozenset((np.ndarray, type(None), bool, int, float, str))
+_PLAIN = set(PLAIN | {type})  # grows by the dtype classes met (NumPy's, torch.dtype)
 
 
 def _dtype_type(kind):

@@ -21,7 +21,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import broadcast_shapes, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
+from ._xp import PLAIN, broadcast_shapes, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -273,14 +273,14 @@ def is_array(value) -> bool:
     kind = type(value)
     if kind is _ndarray:
         return True
-    if value is None or kind in _PLAIN:
+    if kind in _NEVER_ARRAYS:
         return False
     if torch_tensor(value):
         return True
     return not isinstance(value, (numbers.Number, str, list, tuple)) and _compat.is_array_api_obj(value)
 
 
-_PLAIN = frozenset((bool, int, float, complex, str, list, tuple))  # never arrays: said before the ABC check
+_NEVER_ARRAYS = PLAIN | {complex, list, tuple}  # said before the ABC check
 
 
 def array(name, value):

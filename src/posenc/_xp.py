@@ -149,7 +149,9 @@ def _mixed(arrays):
     )
 
 
-_NDARRAY_OR_PLAIN = frozenset((_ndarray, type(None), bool, int, float, str))
+# A call's plain values (never arrays, nothing to convert or key by metadata), and those with NumPy's arrays.
+PLAIN = frozenset((type(None), bool, int, float, str))
+NDARRAY_OR_PLAIN = PLAIN | {_ndarray}
 
 
 def _device_array(value) -> bool:
@@ -168,7 +170,7 @@ def host_constants(fn):
     def call(*args, **kwargs):
         values = (*args, *kwargs.values())
         # All NumPy (a decode step's planned call) or none: nothing to convert, nothing bound.
-        if _NDARRAY_OR_PLAIN.issuperset(map(type, values)) or not any(type(v) is _ndarray for v in values):
+        if NDARRAY_OR_PLAIN.issuperset(map(type, values)) or not any(type(v) is _ndarray for v in values):
             return fn(*args, **kwargs)
         bound = _signature(fn).bind(*args, **kwargs)
         host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
