@@ -108,10 +108,10 @@ def _deberta(q, k, pos_q=POS_Q, pos_k=POS_K, **options):
 SHAW_MODULE, DEBERTA_MODULE = ShawRelative(DIM, max_distance=4), DeBERTaRelative(HEADS, DIM, max_distance=4, **BUCKETS)
 
 
-def _flex(kind, params, offset, **options):
-    """A FlexAttention ``score_mod`` of one query and 8 keys, applied to every (head, key)."""
-    mod = score_mod(kind, params, 1, 8, offset=offset, **options)
-    return mod(torch.zeros(()), 0, torch.arange(HEADS)[:, None, None], torch.zeros((1, 1), dtype=torch.int64), torch.arange(8)[None])
+def _flex(kind, params, offset, q_len=1, **options):
+    """A FlexAttention ``score_mod`` of ``q_len`` queries and 8 keys, applied to every (head, query, key)."""
+    mod = score_mod(kind, params, q_len, 8, offset=offset, **options)
+    return mod(torch.zeros(()), 0, torch.arange(HEADS)[:, None, None], torch.arange(q_len)[:, None], torch.arange(8)[None])
 
 # name: (the planned function, call(step) -> result): the arrays made per step hold new values
 CALLS = {
@@ -248,6 +248,10 @@ CALLS = {
         pe.deberta_logits, lambda t: DEBERTA_MODULE.logits(T_X1, T_SHAW_K[:1], query_positions=torch.tensor([[t]]), key_positions=torch.arange(8)).detach(),
     ),  # fmt: skip
     "score_mod t5 int offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, t)),
+    "score_mod t5 prefill of 5 queries": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, t, q_len=5)),
+    "score_mod alibi prefill, symmetric": (pe.relative_bias_vector, lambda t: _flex("alibi", T_SLOPES, t - 40, q_len=3, symmetric=True)),
+    "relative_bias_vector t5 numpy 4 queries": (pe.relative_bias_vector, lambda t: pe.relative_bias_vector("t5", TABLE, 4, 8, offset=t, bidirectional=False)),
+    "relative_bias_vector alibi numpy 2 queries, default offset": (pe.relative_bias_vector, lambda t: pe.relative_bias_vector("alibi", SLOPES, 2, 8 + t % 7)),
     "score_mod t5 0-d tensor offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, torch.tensor(t))),
     "score_mod alibi 0-d int32 tensor offset": (pe.relative_bias_vector, lambda t: _flex("alibi", T_SLOPES, torch.tensor(t % 2**31, dtype=torch.int32))),
     "hf apply_rotary_pos_emb q + k": (

@@ -108,6 +108,14 @@ class CachedRow(Row):
         start = held[0] - first
         return held[1][start : start + k_len]
 
+    def _ascending(self, first, n):
+        """The sources of the distances ``first, first + 1, .., first + n - 1`` (the kept ones
+        read backwards), or None past the cache's reach."""
+        held = self._descending(first + n - 1, n) if first < 2**63 - n else None
+        if held is None:
+            return None
+        return held[::-1] if type(held) is np.ndarray else held.flip(0)
+
     def at(self, params, dist):
         """The vector of integer distances ``dist`` (1-D, not empty): the kept sources gathered."""
         held = self._covering(int(self.xp.max(dist)), int(self.xp.min(dist)))
@@ -117,7 +125,7 @@ class CachedRow(Row):
         return self.finish(params, self.take(sources, hi - dist, 0))
 
     def values(self, params, k_len, first, descending):
-        sources = self._descending(first, k_len) if descending else None
+        sources = self._descending(first, k_len) if descending else self._ascending(first, k_len)
         if sources is None:
             return super().values(params, k_len, first, descending)
         return self.finish(params, sources)
@@ -177,6 +185,10 @@ class BiasPlan:
 
 
 class VectorPlan:
+    """``relative_bias_vector(kind, params, q_len, k_len, offset=n)``: the ``q_len + k_len - 1``
+    distances from ``n - (k_len - 1)`` up, ``[heads, q_len + k_len - 1]`` (FlexAttention's
+    ``score_mod`` of a prefill or a decode step)."""
+
     def __init__(self, kind, params, options):
         self.row = _row(kind, params, options)
         self.most = _LARGEST // self.row.heads
@@ -184,9 +196,9 @@ class VectorPlan:
     def __call__(self, args, kwargs):
         _, params, q_len, k_len = args
         offset = _offset(kwargs.get("offset"), q_len, k_len)
-        if offset is None or not 0 < k_len <= self.most:
+        if offset is None or not (q_len > 0 and k_len > 0 and q_len + k_len - 1 <= self.most):
             return NotImplemented
-        return self.row.values(params, k_len, offset - (k_len - 1), descending=False)
+        return self.row.values(params, q_len + k_len - 1, offset - (k_len - 1), descending=False)
 
 
 class ExpandPlan:
@@ -378,7 +390,7 @@ def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positio
 
 
 def build_vector(kind, params, q_len, k_len, *, offset, **options):
-    return VectorPlan(kind, params, options) if q_len == 1 else None
+    return VectorPlan(kind, params, options)
 
 
 def build_expand(vec, q_len, k_len, *, out, chunks):

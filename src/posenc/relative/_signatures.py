@@ -13,9 +13,9 @@ from .._plans import array_key, context_key, keywords_key, value_key
 _POSITIONS = ("query_positions", "key_positions")
 
 
-def _bias_key(name, args, kwargs):
-    """``(kind, params, q_len, k_len)``: one query row by ``offset`` (None or an int), or any
-    ``q_len``/``k_len`` with per-token positions (arrays)."""
+def _bias_key(name, args, kwargs, rows=1):
+    """``(kind, params, q_len, k_len)``: ``rows`` query rows by ``offset`` (None or an int;
+    ``rows=None``: any count), or any ``q_len``/``k_len`` with per-token positions (arrays)."""
     if len(args) != 4:
         return None
     kind, params, q_len, k_len = args
@@ -24,7 +24,7 @@ def _bias_key(name, args, kwargs):
         return None
     positions = kwargs.get("query_positions"), kwargs.get("key_positions")
     if positions[0] is None and positions[1] is None:
-        if q_len != 1:
+        if rows is not None and q_len != rows:
             return None
         key = (name, kind, array_key(params), context_key(params), offset is None, keywords_key(kwargs, "offset"))
     else:
@@ -50,7 +50,7 @@ class RelativeBiasVector:
 
     @staticmethod
     def key(args, kwargs):
-        return _bias_key("relative_bias_vector", args, kwargs)
+        return _bias_key("relative_bias_vector", args, kwargs, rows=None)
 
 
 class ExpandBias:
