@@ -147,7 +147,7 @@ def test_the_reference_backend_plans_without_the_kernel(launches):
 
 def _launcher(kind="alibi", heads=2, q_len=1, k_len=4, params=None):
     params = np.array([0.5, 0.25], np.float32) if params is None else params
-    return bias_rows_cpu.Launcher(kind, params, (), heads, q_len, k_len, True, True), params
+    return bias_rows_cpu.Launcher(kind, params, (), heads, q_len, k_len, (q_len,), (k_len,)), params
 
 
 def _window(hi, lo):

@@ -132,11 +132,12 @@ def element(kind, dtype_name):
 
 class Launcher:
     """One plan's kernel and the NumPy views it reads: ``params`` of the plan's signature
-    (NumPy, or torch CPU tensors viewed without a copy), int64 positions ``[*batch, q_len]`` /
-    ``[*batch, k_len]`` or None (``arange``, kept here), and the result ``[*batch, heads,
+    (NumPy, or torch CPU tensors viewed without a copy), int64 positions of the shapes
+    ``query_shape`` / ``key_shape`` (``[..., q_len]`` / ``[..., k_len]`` whose leading axes
+    broadcast to ``batch``) or None (``arange``, kept here), and the result ``[*batch, heads,
     q_len, k_len]`` in ``params``' library and dtype. Built once per plan (with its kernel)."""
 
-    def __init__(self, kind, params, batch, heads, q_len, k_len, query_given, key_given):
+    def __init__(self, kind, params, batch, heads, q_len, k_len, query_shape, key_shape):
         name = _arrays.dtype_name(params.dtype)
         self.element = element(kind, name)
         self.kernel = FAMILY[(kind, self.element)]
@@ -148,8 +149,8 @@ class Launcher:
         self.view_result = self.result != self.element
         self.params = _host_reader(params, self.element)
         self.queries, self.keys = (
-            _rows_reader(batch, length) if given else np.broadcast_to(np.arange(length, dtype=np.int64), (self.merged[0], length))
-            for given, length in ((query_given, q_len), (key_given, k_len))
+            np.broadcast_to(np.arange(length, dtype=np.int64), (self.merged[0], length)) if shape is None else _rows_reader(shape, batch, length)
+            for shape, length in ((query_shape, q_len), (key_shape, k_len))
         )
         self.sources = (None, None)  # the plan's sources and their NumPy view
 
@@ -185,9 +186,10 @@ def _host_reader(params, element):
     return host if _arrays.dtype_name(params.dtype) == element else (lambda a: host(a).view(element))
 
 
-def _rows_reader(batch, length):
-    """int64 positions ``[..., length]`` (NumPy or torch CPU, never tracking gradients) as
-    ``[prod(batch), length]``, a view where one serves."""
-    if batch:
-        return lambda p: np.broadcast_to(_arrays.host_view(p), (*batch, length)).reshape(-1, length)
-    return lambda p: (p if type(p) is np.ndarray else p.numpy()).reshape(1, length)
+def _rows_reader(shape, batch, length):
+    """int64 positions of ``shape`` (NumPy or torch CPU, never tracking gradients) as
+    ``[prod(batch), length]``, a view where one serves: broadcast only where their leading
+    axes are not the batch's already."""
+    if tuple(shape) == (*batch, length):
+        return lambda p: (p if type(p) is np.ndarray else p.numpy()).reshape(-1, length)
+    return lambda p: np.broadcast_to(_arrays.host_view(p), (*batch, length)).reshape(-1, length)

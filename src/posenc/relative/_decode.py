@@ -357,7 +357,8 @@ def _launcher(kind, params, batch, heads, q_len, k_len, query_positions, key_pos
 
     if bias_rows_cpu.element(kind, _arrays.dtype_name(params.dtype)) is None:
         return None
-    return bias_rows_cpu.Launcher(kind, params, batch, heads, q_len, k_len, query_positions is not None, key_positions is not None)
+    shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
+    return bias_rows_cpu.Launcher(kind, params, batch, heads, q_len, k_len, *shapes)
 
 
 def fits_int64(query, key, offset):
