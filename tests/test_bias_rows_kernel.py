@@ -25,6 +25,7 @@ from posenc._kernels import bias_rows_cpu
 pytestmark = pytest.mark.kernels
 
 torch = pytest.importorskip("torch")
+ml_dtypes = pytest.importorskip("ml_dtypes")  # NumPy's bfloat16
 
 DTYPES = {"t5": ("float16", "bfloat16", "float32", "float64"), "alibi": ("float32", "float64")}
 
@@ -33,13 +34,13 @@ DTYPES = {"t5": ("float16", "bfloat16", "float32", "float64"), "alibi": ("float3
 def launches(monkeypatch):
     """The results the kernel gave (None: it declined the call), in order."""
     given_back = []
-    call = bias_rows_cpu.Launcher.__call__
+    run = bias_rows_cpu.Launcher._run
 
     def spy(self, *args):
-        given_back.append(result := call(self, *args))
+        given_back.append(result := run(self, *args))
         return result
 
-    monkeypatch.setattr(bias_rows_cpu.Launcher, "__call__", spy)
+    monkeypatch.setattr(bias_rows_cpu.Launcher, "_run", spy)
     return given_back
 
 
@@ -48,9 +49,7 @@ def _params(kind, library, dtype, heads, rng):
     if kind == "alibi":
         values = np.abs(values) / 4
     if library == "numpy":
-        if dtype == "bfloat16":
-            return None
-        return values.astype(dtype)
+        return values.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
     return torch.tensor(values).to(getattr(torch, dtype))
 
 
@@ -67,7 +66,7 @@ def _positions(values, stride, library):
 def problems(draw):
     kind = draw(st.sampled_from(("t5", "alibi")))
     library = draw(st.sampled_from(("numpy", "torch")))
-    dtype = draw(st.sampled_from(DTYPES[kind] if library == "torch" else tuple(d for d in DTYPES[kind] if d != "bfloat16")))
+    dtype = draw(st.sampled_from(DTYPES[kind]))
     batch = draw(st.sampled_from(((), (2,), (1, 3), (2, 1))))
     query_batch = draw(st.sampled_from([batch, batch[1:], ()] if batch else [()]))
     key_batch = draw(st.sampled_from([batch, (1,) * len(batch)] if batch else [()]))
@@ -119,6 +118,32 @@ def test_the_kernel_gives_the_references_bits(problem, launches):
     assert launches and launches[-1] is not None, "the last call did not reach the kernel"
 
 
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # (cleared per example)
+@given(
+    kind=st.sampled_from(("t5", "alibi")), library=st.sampled_from(("numpy", "torch")), data=st.data(),
+    offsets=st.lists(st.integers(-(2**40), 2**40) | st.integers(-100, 700), min_size=1, max_size=4),
+    lengths=st.lists(st.integers(1, 700), min_size=1, max_size=4),
+)  # fmt: skip
+def test_one_query_row_by_offset_gives_the_references_bits(kind, library, data, offsets, lengths, launches):
+    """``BiasPlan``: a decode step's row by a scalar offset, every step of a drawn sequence."""
+    dtype = data.draw(st.sampled_from(DTYPES[kind]))
+    params = _params(kind, library, dtype, data.draw(st.integers(1, 5)), np.random.default_rng(len(offsets)))
+    steps = [(o, k) for o in offsets for k in lengths]
+    call = (lambda o, k: pe.t5_bias(params, 1, k, offset=o)) if kind == "t5" else (lambda o, k: pe.alibi_bias(params, 1, k, offset=o))
+    with use_backend("reference"):
+        expected = [call(*step) for step in steps]
+    pe.relative_bias.plans.clear()
+    call(*steps[0]), call(*steps[0])  # seen, planned
+    launches.clear()
+    for _ in range(2):
+        for step, want in zip(steps, expected):
+            got = call(*step)
+            (got_bits, got_dtype), (bits, dtype_name) = _bits(got), _bits(want)
+            assert got_dtype == dtype_name and got_bits.shape == bits.shape
+            np.testing.assert_array_equal(got_bits, bits, err_msg=f"step {step}")
+    assert any(result is not None for result in launches), "no row reached the kernel"
+
+
 def test_a_torch_table_that_requires_grad_reaches_the_kernel_under_no_grad_only(launches):
     table = torch.nn.Parameter(torch.randn(32, 4))
     queries, keys = torch.tensor([[9], [3]]), torch.arange(12)
@@ -147,7 +172,7 @@ def test_the_reference_backend_plans_without_the_kernel(launches):
 
 def _launcher(kind="alibi", heads=2, q_len=1, k_len=4, params=None):
     params = np.array([0.5, 0.25], np.float32) if params is None else params
-    return bias_rows_cpu.Launcher(kind, params, (), heads, q_len, k_len, (q_len,), (k_len,)), params
+    return bias_rows_cpu.Launcher(kind, params, heads, (), q_len, k_len, (q_len,), (k_len,)), params
 
 
 def _window(hi, lo):

@@ -118,6 +118,7 @@ def _numpy_t5(table, query, keys, num_buckets=32, max_distance=128):
 
 def torch_cases(torch, dtype=None):
     from transformers import LlamaConfig, T5Config
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
     from transformers.models.t5.modeling_t5 import T5Attention
@@ -147,6 +148,8 @@ def torch_cases(torch, dtype=None):
     keys, query = torch.arange(PAST + 1), torch.tensor([PAST])
     alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].to(slopes.dtype)  # noqa: E731
     t5_formula = lambda: t5.compute_bias(1, PAST + 1, past_seen_tokens=PAST)  # noqa: E731
+    mask = torch.ones(1, PAST + 1, dtype=torch.long)
+    mask_positions = (mask.cumsum(-1) - 1) * mask  # BLOOM's key positions of an attention mask, [1, 512]
     with torch.no_grad():
         return [
             Case("HF apply_rotary_pos_emb q [1,32,1,128] + k [1,8,1,128]", lambda: apply_rotary_pos_emb(q, k, cos, sin), lambda: hf_apply(q, k, cos, sin)),
@@ -165,6 +168,13 @@ def torch_cases(torch, dtype=None):
             Case("t5_bias torch 16 heads, 1 x 512, positions", lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
             Case("alibi_bias torch 16 heads, 1 x 512, positions", lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
+            # transformers' own ALiBi step: BLOOM's build_alibi_tensor of the mask (slopes times key positions).
+            Case(
+                "ALiBi 16 heads, 1 x 512, mask positions [1,512] vs BLOOM",
+                lambda: alibi(1, PAST + 1, query_positions=mask_positions[:, -1:], key_positions=mask_positions),
+                lambda: build_alibi_tensor(mask, BIAS_HEADS, dtype),
+                1.0,
+            ),
         ]
 
 

@@ -174,13 +174,12 @@ def out_key(out, x):
 
 def context_key(*arrays):
     """The state outside the arguments that a call's path depends on: the backend, and
-    torch's grad mode and tracing where ``arrays`` are not all NumPy's (plain values among
-    ``arrays`` are passed over)."""
+    torch's grad mode where ``arrays`` are not all NumPy's (plain values among ``arrays``
+    are passed over). A signature's key is only asked for outside ``torch.compile``'s
+    tracing (``planned`` sends a traced call to the full path first)."""
     torch = sys.modules.get("torch")
     if torch is None or NDARRAY_OR_PLAIN.issuperset(map(type, arrays)):
         return (_dispatch.get_backend(),)
-    if torch.compiler.is_compiling():
-        return None
     return (_dispatch.get_backend(), torch.is_grad_enabled(), torch.is_inference_mode_enabled())
 
 

@@ -132,38 +132,56 @@ def element(kind, dtype_name):
 
 class Launcher:
     """One plan's kernel and the NumPy views it reads: ``params`` of the plan's signature
-    (NumPy, or torch CPU tensors viewed without a copy), int64 positions of the shapes
-    ``query_shape`` / ``key_shape`` (``[..., q_len]`` / ``[..., k_len]`` whose leading axes
-    broadcast to ``batch``) or None (``arange``, kept here), and the result ``[*batch, heads,
-    q_len, k_len]`` in ``params``' library and dtype. Built once per plan (with its kernel)."""
+    (NumPy, or torch CPU tensors viewed without a copy), the positions, and the result in
+    ``params``' library and dtype. Built once per plan (with its kernel).
 
-    def __init__(self, kind, params, batch, heads, q_len, k_len, query_shape, key_shape):
+    ``__call__``: per-token positions, int64 of the shapes ``query_shape`` / ``key_shape``
+    (``[..., q_len]`` / ``[..., k_len]`` whose leading axes broadcast to ``batch``) or None
+    (``arange``, kept here), the result ``[*batch, heads, q_len, k_len]``. ``row``: one
+    query row of any length (``BiasPlan``), ``[heads, 1, k_len]``."""
+
+    def __init__(self, kind, params, heads, batch=(), q_len=1, k_len=0, query_shape=None, key_shape=None):
         name = _arrays.dtype_name(params.dtype)
         self.element = element(kind, name)
         self.kernel = FAMILY[(kind, self.element)]
         self.torch = type(params) is not np.ndarray
-        self.shape = (*batch, heads, q_len, k_len)
-        self.merged = (math.prod(batch), heads, q_len, k_len)
-        self.bfloat16 = name == "bfloat16"  # (NumPy has none: its bits, viewed as torch's bfloat16)
-        self.result = np.dtype(self.element if self.bfloat16 else name)
+        self.heads, self.shape = heads, (*batch, heads, q_len, k_len)
+        self.bfloat16 = self.torch and name == "bfloat16"  # (NumPy has none of torch's: its bits, viewed as torch's)
+        self.result = np.dtype(self.element) if self.bfloat16 else params.dtype if not self.torch else np.dtype(name)
         self.view_result = self.result != self.element
         self.params = _host_reader(params, self.element)
+        rows = math.prod(batch)
         self.queries, self.keys = (
-            np.broadcast_to(np.arange(length, dtype=np.int64), (self.merged[0], length)) if shape is None else _rows_reader(shape, batch, length)
+            np.broadcast_to(np.arange(length, dtype=np.int64), (rows, length)) if shape is None else _rows_reader(shape, batch, length)
             for shape, length in ((query_shape, q_len), (key_shape, k_len))
         )
         self.sources = (None, None)  # the plan's sources and their NumPy view
+        self.one_query = query_shape is not None and tuple(query_shape) == (1,)  # a decode step's [position]
 
     def __call__(self, params, sources, shift, offset, query_positions, key_positions):
         """The bias, or None where a value lies outside what the kernel takes (see the module docstring)."""
+        kpos = self.keys if key_positions is None else self.keys(key_positions)
+        if self.one_query:  # the kernel's query checks here, its one index start as the shift
+            q = query_positions.item()
+            if not (-_LIMIT < q < _LIMIT and _INT64_MIN <= offset + q <= _INT64_MAX):
+                return None
+            return self._run(params, sources, shift - q, 0, _FIRST, kpos, self.shape)
+        qpos = self.queries if query_positions is None else self.queries(query_positions)
+        return self._run(params, sources, shift, offset, qpos, kpos, self.shape)
+
+    def row(self, params, sources, start, k_len):
+        """``[heads, 1, k_len]`` of the sources ``start .. start + k_len - 1``, or None past their end."""
+        if self.keys.shape[1] < k_len:
+            self.keys = np.arange(max(k_len, 2 * self.keys.shape[1]), dtype=np.int64)[None]
+        return self._run(params, sources, start, 0, _FIRST, self.keys[:, :k_len], (self.heads, 1, k_len))
+
+    def _run(self, params, sources, shift, offset, qpos, kpos, shape):
         if not -_LIMIT < shift < _LIMIT:
             return None
         if self.sources[0] is not sources:
             self.sources = (sources, sources if type(sources) is np.ndarray else sources.numpy())
-        qpos = self.queries if query_positions is None else self.queries(query_positions)
-        kpos = self.keys if key_positions is None else self.keys(key_positions)
-        result = np.empty(self.shape, self.result)
-        merged = result.reshape(self.merged)
+        result = np.empty(shape, self.result)
+        merged = result.reshape(-1, *shape[-3:])
         if not self.kernel(self.params(params), self.sources[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
             return None
         if not self.torch:
@@ -172,6 +190,9 @@ class Launcher:
 
         result = torch.from_numpy(result)
         return result.view(torch.bfloat16) if self.bfloat16 else result
+
+
+_FIRST = np.zeros((1, 1), np.int64)  # one query at 0: a row's index is its start plus the key's
 
 
 def _host_reader(params, element):

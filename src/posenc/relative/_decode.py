@@ -100,13 +100,16 @@ class CachedRow(Row):
             self.held = (hi, lo, sources)
         return hi, sources
 
+    def window(self, first, k_len):
+        """``(start, sources)``: the kept sources, of the distances ``first, first - 1, .., first
+        - k_len + 1`` from ``start`` on; None past the cache's reach."""
+        held = self._covering(first, first - k_len + 1)
+        return None if held is None else (held[0] - first, held[1])
+
     def _descending(self, first, k_len):
         """The sources of the distances ``first, first - 1, .., first - k_len + 1``, or None past the cache's reach."""
-        held = self._covering(first, first - k_len + 1)
-        if held is None:
-            return None
-        start = held[0] - first
-        return held[1][start : start + k_len]
+        held = self.window(first, k_len)
+        return None if held is None else held[1][held[0] : held[0] + k_len]
 
     def _ascending(self, first, n):
         """The sources of the distances ``first, first + 1, .., first + n - 1`` (the kept ones
@@ -174,6 +177,7 @@ class BiasPlan:
     def __init__(self, kind, params, options):
         self.row = _row(kind, params, options)
         self.most = _LARGEST // self.row.heads
+        self.launcher = _launcher(kind, params, self.row.heads) if isinstance(self.row, CachedRow) else None
 
     def __call__(self, args, kwargs):
         _, params, _, k_len = args
@@ -181,6 +185,10 @@ class BiasPlan:
         offset = k_len - 1 if offset is None else offset
         if not (0 < k_len <= self.most and -_EXACT < offset < _EXACT):
             return NotImplemented
+        if self.launcher is not None and (held := self.row.window(offset, k_len)) is not None:
+            bias = self.launcher.row(params, held[1], held[0], k_len)
+            if bias is not None:
+                return bias
         return self.row.values(params, k_len, offset, descending=True)[:, None]
 
 
@@ -247,7 +255,8 @@ class PerTokenPlan:
         self.indexed = self.gather and all(kind in (None, "int64") for kind in self.kinds)
         self.queries = (0, q_len - 1) if query_positions is None else None
         self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
-        self.launcher = _launcher(kind, params, batch, heads, q_len, k_len, query_positions, key_positions) if self.indexed else None
+        shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
+        self.launcher = _launcher(kind, params, heads, batch, q_len, k_len, *shapes) if self.indexed else None
 
     def __call__(self, args, kwargs):
         if self.launcher is not None:
@@ -347,18 +356,17 @@ class PerTokenPlan:
 _LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
 
 
-def _launcher(kind, params, batch, heads, q_len, k_len, query_positions, key_positions):
-    """``bias_rows_cpu``'s launcher of a plan whose positions index its kept sources, or None
-    where the reference's operations serve it: no Numba, the reference backend in force, a
-    result autograd records, or parameters of a dtype the kernels do not take."""
+def _launcher(kind, params, heads, *shape):
+    """``bias_rows_cpu.Launcher(kind, params, heads, *shape)`` for a plan that reads its kept
+    sources, or None where the reference's operations serve it: no Numba, the reference
+    backend in force, a result autograd records, or parameters of a dtype the kernels do not take."""
     if not _arrays.numba_cpu() or _dispatch.get_backend() != "auto" or _arrays.tracks_gradient(params):
         return None
     from .._kernels import bias_rows_cpu
 
     if bias_rows_cpu.element(kind, _arrays.dtype_name(params.dtype)) is None:
         return None
-    shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
-    return bias_rows_cpu.Launcher(kind, params, batch, heads, q_len, k_len, *shapes)
+    return bias_rows_cpu.Launcher(kind, params, heads, *shape)
 
 
 def fits_int64(query, key, offset):

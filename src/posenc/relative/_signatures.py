@@ -22,17 +22,14 @@ def _bias_key(name, args, kwargs, rows=1):
     offset = kwargs.get("offset")
     if type(kind) is not str or type(q_len) is not int or type(k_len) is not int or (offset is not None and type(offset) is not int):
         return None
-    positions = kwargs.get("query_positions"), kwargs.get("key_positions")
-    if positions[0] is None and positions[1] is None:
+    query, keys = kwargs.get("query_positions"), kwargs.get("key_positions")
+    if query is None and keys is None:
         if rows is not None and q_len != rows:
             return None
-        key = (name, kind, array_key(params), context_key(params), offset is None, keywords_key(kwargs, "offset"))
-    else:
-        key = (
-            name, kind, q_len, k_len, array_key(params), *map(value_key, positions), context_key(params, *positions),
-            offset is None, keywords_key(kwargs, "offset", *_POSITIONS),
-        )  # fmt: skip
-    return None if None in key else key
+        parts = (array_key(params), context_key(params), keywords_key(kwargs, "offset"))
+        return None if None in parts else (name, kind, offset is None, *parts)
+    parts = (array_key(params), value_key(query), value_key(keys), context_key(params, query, keys), keywords_key(kwargs, "offset", *_POSITIONS))
+    return None if None in parts else (name, kind, q_len, k_len, offset is None, *parts)
 
 
 class RelativeBias:

@@ -377,6 +377,11 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
 
+# t5_bias and alibi_bias convert host constants themselves (their own ``host_constants``):
+# they call the planned function beneath relative_bias's conversion, not a second one.
+_planned_relative_bias = relative_bias.__wrapped__
+
+
 def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options):
     """:func:`relative_bias` with per-token positions: the kind's values at every ``rel``."""
     if chunks is not None:
@@ -455,7 +460,7 @@ def t5_bias(
     >>> pe.t5_bias(table, 1, 4, query_positions=pos[-1:], key_positions=pos)[0].tolist()
     [[1.0, 0.0, 1.0, 0.0]]
     """
-    return relative_bias(
+    return _planned_relative_bias(
         "t5", table, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions,
         out=out, chunks=chunks, bidirectional=bidirectional, max_distance=max_distance, num_buckets=num_buckets, heads=heads,
     )  # fmt: skip
@@ -500,7 +505,7 @@ def alibi_bias(slopes, q_len, k_len, *, offset=None, symmetric=False, query_posi
     >>> pe.alibi_bias(np.array([0.5]), 1, 3, query_positions=np.array([[1]]), key_positions=keys).tolist()
     [[[[-0.5, -0.5, 0.0]]]]
     """
-    return relative_bias(
+    return _planned_relative_bias(
         "alibi", slopes, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions,
         out=out, chunks=chunks, symmetric=symmetric,
     )  # fmt: skip
