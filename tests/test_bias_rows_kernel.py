@@ -211,3 +211,41 @@ def test_a_t5_bucket_outside_the_table_is_declined():
     buckets = np.array([0, 1, 2, 3, 4, 0], np.int64)  # 4: past the table's rows
     assert launcher(table, buckets, 0, 0, np.array([0]), np.array([0, 1, 2, 3])) is not None
     assert launcher(table, buckets, 0, 0, np.array([0]), np.array([1, 2, 3, 4])) is None
+
+
+def test_threads_that_move_one_plans_window_each_get_their_own_rows():
+    """Four threads through one plan, each at queries far from the others' (the window moves
+    back and forth, the kernel runs without the GIL): every result is the reference's."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    table = np.random.default_rng(3).standard_normal((32, 4)).astype(np.float32)
+    keys = np.arange(64)
+
+    def call(q):
+        return pe.t5_bias(table, 1, 64, query_positions=np.array([q]), key_positions=keys + (q - 63))
+
+    starts = [63, 10**6, 10**9, 2**40]
+    with use_backend("reference"):
+        expected = {q + step: call(q + step) for q in starts for step in range(25)}
+    call(63), call(63)  # seen, planned
+
+    def steps(q):
+        return [(q + step, call(q + step)) for step in range(25) for _ in range(4)]
+
+    with ThreadPoolExecutor(4) as pool:
+        for found in pool.map(steps, starts):
+            for q, got in found:
+                np.testing.assert_array_equal(got, expected[q], err_msg=f"query {q}")
+
+
+@pytest.mark.parametrize("kind", ["t5", "alibi"])
+def test_a_kernel_given_shapes_that_disagree_reads_nothing(kind):
+    params = np.ones((4, 2) if kind == "t5" else (2,), np.float32)
+    element = bias_rows_cpu.element(kind, "float32")
+    kernel = bias_rows_cpu.FAMILY[(kind, element)]
+    params = params.view(element)
+    sources = np.zeros(8, np.int64 if kind == "t5" else np.float32)
+    queries, keys = np.zeros((2, 1), np.int64), np.zeros((2, 3), np.int64)
+    for out_shape, q, k in [((3, 2, 1, 3), queries, keys), ((2, 3, 1, 3), queries, keys), ((2, 2, 1, 3), queries[:1], keys), ((2, 2, 1, 3), queries, keys[:, :2])]:
+        assert not kernel(params, sources, 0, 0, q, k, np.zeros(out_shape, element))
+    assert kernel(params, sources, 0, 0, queries, keys, np.zeros((2, 2, 1, 3), element))

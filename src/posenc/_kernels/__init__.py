@@ -28,6 +28,9 @@ The files, one line each:
   ``rope_cuda.py``;
 * ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
   ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
+* ``bias_rows_cpu.py``: the T5 and ALiBi plans' one-pass rows (``relative/_decode.py``'s
+  kept window of per-distance sources read at each query's keys), not registered: a plan
+  launches it, and declines to the reference's operations where it does not serve;
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 

@@ -17,7 +17,8 @@ place of the reference's ``rel`` matrix, gather, product and transposition. A ke
 every value it indexes with: positions within ``(-2**62, 2**62)``, ``offset + q`` within
 int64, ``t`` inside the window and a bucket inside the table. It returns False at the first
 value outside (the result is then discarded and the plan's general path, or the full path,
-judges the call), so no index it forms wraps and none reads out of bounds.
+judges the call), so no index it forms wraps and none reads out of bounds; and it reads
+nothing when its arrays' shapes disagree.
 """
 
 from __future__ import annotations
@@ -59,8 +60,17 @@ def _row_index(shift, offset, q, kpos, n, index):
     return True
 
 
+@njit(inline="always")
+def _shapes_agree(heads, qpos, kpos, out):
+    """Whether ``out [B, heads, q, k]``, ``qpos [B, q]`` and ``kpos [B, k]`` agree (else nothing is read)."""
+    batch, h, q_len, k_len = out.shape
+    return h == heads and qpos.shape[0] == batch and kpos.shape[0] == batch and qpos.shape[1] == q_len and kpos.shape[1] == k_len
+
+
 def _t5(table, buckets, shift, offset, qpos, kpos, out):
     """``out[b, h, i, j] = table[buckets[(shift - qpos[b, i]) + kpos[b, j]], h]``."""
+    if not _shapes_agree(table.shape[1], qpos, kpos, out):
+        return False
     batch, heads, q_len, k_len = out.shape
     index = np.empty(k_len, np.int64)
     rows = table.shape[0]
@@ -87,6 +97,8 @@ def _t5(table, buckets, shift, offset, qpos, kpos, out):
 
 def _alibi(slopes, distance, shift, offset, qpos, kpos, out):
     """``out[b, h, i, j] = slopes[h] * distance[(shift - qpos[b, i]) + kpos[b, j]]``."""
+    if not _shapes_agree(slopes.shape[0], qpos, kpos, out):
+        return False
     batch, heads, q_len, k_len = out.shape
     index = np.empty(k_len, np.int64)
     row = np.empty(k_len, distance.dtype)
@@ -156,7 +168,7 @@ class Launcher:
             for shape, length in ((query_shape, q_len), (key_shape, k_len))
         )
         self.sources = (None, None)  # the plan's sources and their NumPy view
-        self.one_query = query_shape is not None and tuple(query_shape) == (1,)  # a decode step's [position]
+        self.one_query = not batch and query_shape is not None and tuple(query_shape) == (1,)  # a decode step's [position]
 
     def __call__(self, params, sources, shift, offset, query_positions, key_positions):
         """The bias, or None where a value lies outside what the kernel takes (see the module docstring)."""
@@ -171,18 +183,20 @@ class Launcher:
 
     def row(self, params, sources, start, k_len):
         """``[heads, 1, k_len]`` of the sources ``start .. start + k_len - 1``, or None past their end."""
-        if self.keys.shape[1] < k_len:
-            self.keys = np.arange(max(k_len, 2 * self.keys.shape[1]), dtype=np.int64)[None]
-        return self._run(params, sources, start, 0, _FIRST, self.keys[:, :k_len], (self.heads, 1, k_len))
+        keys = self.keys
+        if keys.shape[1] < k_len:
+            keys = self.keys = np.arange(max(k_len, 2 * keys.shape[1]), dtype=np.int64)[None]
+        return self._run(params, sources, start, 0, _FIRST, keys[:, :k_len], (self.heads, 1, k_len))
 
     def _run(self, params, sources, shift, offset, qpos, kpos, shape):
         if not -_LIMIT < shift < _LIMIT:
             return None
-        if self.sources[0] is not sources:
-            self.sources = (sources, sources if type(sources) is np.ndarray else sources.numpy())
+        held = self.sources  # (one read: another thread may keep other sources meanwhile)
+        if held[0] is not sources:
+            held = self.sources = (sources, sources if type(sources) is np.ndarray else sources.numpy())
         result = np.empty(shape, self.result)
         merged = result.reshape(-1, *shape[-3:])
-        if not self.kernel(self.params(params), self.sources[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
+        if not self.kernel(self.params(params), held[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
             return None
         if not self.torch:
             return result
