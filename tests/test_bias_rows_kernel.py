@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import posenc as pe
@@ -101,6 +101,12 @@ def _bits(a):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # (cleared per example)
 @given(problem=problems())
+@example(  # one query without batch axes beside batched keys: still one row per batch entry
+    problem={
+        "kind": "t5", "library": "numpy", "dtype": "float16", "heads": 1, "seed": 0, "queries": np.array([0]),
+        "keys": np.array([[0], [0]]), "strides": (1, 1), "offset": None, "symmetric": False, "bidirectional": False, "max_distance": 20,
+    },
+)  # fmt: skip
 def test_the_kernel_gives_the_references_bits(problem, launches):
     rng = np.random.default_rng(problem["seed"])
     params = _params(problem["kind"], problem["library"], problem["dtype"], problem["heads"], rng)
