@@ -123,7 +123,7 @@ def torch_cases(torch, dtype=None):
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
     from transformers.models.t5.modeling_t5 import T5Attention
 
-    from .torch import ALiBi, T5RelativeBias
+    from .torch import ALiBi, T5RelativeBias, score_mod
     from .torch.hf import HFRotaryEmbedding, apply_rotary_pos_emb
 
     dtype = dtype or torch.float32
@@ -148,6 +148,12 @@ def torch_cases(torch, dtype=None):
     keys, query = torch.arange(PAST + 1), torch.tensor([PAST])
     alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].to(slopes.dtype)  # noqa: E731
     t5_formula = lambda: t5.compute_bias(1, PAST + 1, past_seen_tokens=PAST)  # noqa: E731
+    key_minus_query = -torch.arange(PAST + 1)  # a decode step's q_len + k_len - 1 distances rel = 0 .. 511, as T5 signs them
+
+    def t5_vector():  # what score_mod captures, in T5's own code: the buckets of the distances, looked up
+        buckets = T5Attention._relative_position_bucket(key_minus_query, bidirectional=True, num_buckets=32, max_distance=128)
+        return table[buckets].T
+
     mask = torch.ones(1, PAST + 1, dtype=torch.long)
     mask_positions = (mask.cumsum(-1) - 1) * mask  # BLOOM's key positions of an attention mask, [1, 512]
     with torch.no_grad():
@@ -168,6 +174,7 @@ def torch_cases(torch, dtype=None):
             Case("t5_bias torch 16 heads, 1 x 512, positions", lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
             Case("alibi_bias torch 16 heads, 1 x 512, positions", lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
+            Case("score_mod t5 16 heads, 1 x 512", lambda: score_mod("t5", table, 1, PAST + 1, offset=PAST), t5_vector, 1.0),
             # transformers' own ALiBi step: BLOOM's build_alibi_tensor of the mask (slopes times key positions).
             Case(
                 "ALiBi 16 heads, 1 x 512, mask positions [1,512] vs BLOOM",
