@@ -148,11 +148,12 @@ class Launcher:
     ``params``' library and dtype. Built once per plan (with its kernel).
 
     ``__call__``: per-token positions, int64 of the shapes ``query_shape`` / ``key_shape``
-    (``[..., q_len]`` / ``[..., k_len]`` whose leading axes broadcast to ``batch``) or None
-    (``arange``, kept here), the result ``[*batch, heads, q_len, k_len]``. ``row``: one
-    query row of any length (``BiasPlan``), ``[heads, 1, k_len]``."""
+    (``[..., q_len]`` / ``[..., k_len]`` whose leading axes broadcast to ``batch``), or None
+    for the plan's own ``ranges`` (``arange(q_len)`` / ``arange(k_len)``, NumPy or torch CPU,
+    read without a copy); the result ``[*batch, heads, q_len, k_len]``. ``row``: one query
+    row of any length up to a plan's window (``BiasPlan``), ``[heads, 1, k_len]``."""
 
-    def __init__(self, kind, params, heads, batch=(), q_len=1, k_len=0, query_shape=None, key_shape=None):
+    def __init__(self, kind, params, heads, batch=(), q_len=1, k_len=0, query_shape=None, key_shape=None, ranges=(None, None)):
         name = _arrays.dtype_name(params.dtype)
         self.element = element(kind, name)
         self.kernel = FAMILY[(kind, self.element)]
@@ -164,8 +165,10 @@ class Launcher:
         self.params = _host_reader(params, self.element)
         rows = math.prod(batch)
         self.queries, self.keys = (
-            np.broadcast_to(np.arange(length, dtype=np.int64), (rows, length)) if shape is None else _rows_reader(shape, batch, length)
-            for shape, length in ((query_shape, q_len), (key_shape, k_len))
+            _rows_reader(shape, batch, length)
+            if shape is not None
+            else np.broadcast_to(np.arange(length, dtype=np.int64) if arange is None else _arrays.host_view(arange), (rows, length))
+            for shape, length, arange in zip((query_shape, key_shape), (q_len, k_len), ranges)
         )
         self.sources = (None, None)  # the plan's sources and their NumPy view
         self.one_query = not batch and query_shape is not None and tuple(query_shape) == (1,)  # a decode step's [position]
@@ -184,8 +187,8 @@ class Launcher:
     def row(self, params, sources, start, k_len):
         """``[heads, 1, k_len]`` of the sources ``start .. start + k_len - 1``, or None past their end."""
         keys = self.keys
-        if keys.shape[1] < k_len:
-            keys = self.keys = np.arange(max(k_len, 2 * keys.shape[1]), dtype=np.int64)[None]
+        if keys.shape[1] < k_len:  # (at most a window's 2**16 distances: relative._decode.HELD)
+            keys = self.keys = np.arange(max(k_len, min(2 * keys.shape[1], 2**16)), dtype=np.int64)[None]
         return self._run(params, sources, start, 0, _FIRST, keys[:, :k_len], (self.heads, 1, k_len))
 
     def _run(self, params, sources, shift, offset, qpos, kpos, shape):

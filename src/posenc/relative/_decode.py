@@ -1,4 +1,4 @@
-"""Plans of the relative biases for one query row (a decode step): the per-distance vector, straight.
+"""Plans of the relative biases: one query row (a decode step), the per-distance vector, per-token positions.
 
 With ``q_len == 1`` the ``[heads, 1, k_len]`` bias is the per-distance vector of the
 ``k_len`` distances ``offset - j`` read backwards, so a planned call computes the vector
@@ -9,11 +9,14 @@ the same way. ``posenc._plans`` keys the calls and builds these after a validate
 A plan calls the library's own namespace where it is one (NumPy >= 2), the namespace of
 the full path otherwise (array-api-compat's torch). T5's plan keeps the buckets of a window
 of distances (``t5_buckets`` of those distances, an elementwise function), ALiBi's the
-negated distances in the compute dtype, so a decode step's row is one slice of that cache
-and one gather from the table, or one product with the slopes. The window holds at most
-``HELD`` distances around the rows asked for (1 MiB per plan with the key indices); a row of
-more distances is computed directly, and a far offset moves the window rather than filling
-every distance below it.
+negated distances in the compute dtype. A decode step's row is a run of that window, and
+per-token positions index it (``(hi - offset - q) + k``): one pass of
+``_kernels/bias_rows_cpu`` reads and finishes them (the table's entries, or the product
+with the slopes) where it serves the call (NumPy and torch CPU, no autograd, the ``"auto"``
+backend), else a slice and one gather from the table or one product with the slopes. The
+window holds at most ``HELD`` distances around the rows asked for (1.5 MiB per plan with
+the key indices, its own and its kernel launcher's); a row of more distances is computed
+directly, and a far offset moves the window rather than filling every distance below it.
 """
 
 from __future__ import annotations
@@ -256,7 +259,7 @@ class PerTokenPlan:
         self.queries = (0, q_len - 1) if query_positions is None else None
         self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
         shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
-        self.launcher = _launcher(kind, params, heads, batch, q_len, k_len, *shapes) if self.indexed else None
+        self.launcher = _launcher(kind, params, heads, batch, q_len, k_len, *shapes, self.aranges) if self.indexed else None
 
     def __call__(self, args, kwargs):
         if self.launcher is not None:
