@@ -44,13 +44,16 @@ def launches(monkeypatch):
     return given_back
 
 
-def _params(kind, library, dtype, heads, rng):
+def _params(kind, library, dtype, heads, rng, strided=False):
+    """The table or slopes; ``strided``: a view whose elements are not contiguous (column-major, every other one)."""
     values = rng.standard_normal((32, heads) if kind == "t5" else (heads,))
     if kind == "alibi":
         values = np.abs(values) / 4
     if library == "numpy":
-        return values.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
-    return torch.tensor(values).to(getattr(torch, dtype))
+        params = values.astype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+        return (np.asfortranarray(params) if kind == "t5" else np.repeat(params, 2)[::2]) if strided else params
+    params = torch.tensor(values).to(getattr(torch, dtype))
+    return (params.T.contiguous().T if kind == "t5" else params.repeat_interleave(2)[::2]) if strided else params
 
 
 def _positions(values, stride, library):
@@ -81,7 +84,7 @@ def problems(draw):
         "kind": kind, "library": library, "dtype": dtype, "heads": draw(st.integers(1, 5)), "seed": seed,
         "queries": queries, "keys": keys, "strides": (draw(st.integers(1, 3)), draw(st.integers(1, 3))),
         "offset": draw(st.none() | st.integers(-50, 50)), "symmetric": draw(st.booleans()),
-        "bidirectional": draw(st.booleans()), "max_distance": draw(st.sampled_from((20, 128))),
+        "bidirectional": draw(st.booleans()), "max_distance": draw(st.sampled_from((20, 128))), "strided": draw(st.booleans()),
     }  # fmt: skip
 
 
@@ -105,11 +108,12 @@ def _bits(a):
     problem={
         "kind": "t5", "library": "numpy", "dtype": "float16", "heads": 1, "seed": 0, "queries": np.array([0]),
         "keys": np.array([[0], [0]]), "strides": (1, 1), "offset": None, "symmetric": False, "bidirectional": False, "max_distance": 20,
+        "strided": False,
     },
 )  # fmt: skip
 def test_the_kernel_gives_the_references_bits(problem, launches):
     rng = np.random.default_rng(problem["seed"])
-    params = _params(problem["kind"], problem["library"], problem["dtype"], problem["heads"], rng)
+    params = _params(problem["kind"], problem["library"], problem["dtype"], problem["heads"], rng, problem["strided"])
     queries, keys = (_positions(p, s, problem["library"]) for p, s in zip((problem["queries"], problem["keys"]), problem["strides"]))
     with use_backend("reference"):
         expected = _call(problem, params, queries, keys)
