@@ -1,11 +1,14 @@
 """A decode step's bias with positions as arrays, beside the same call with a scalar offset and the plain formula.
 
-``python docs/positions_bench.py [numpy,torch]`` prints, for 16 heads, 512 keys
-(``arange(512)``) and one query at 511, float32, the best per-call process CPU time of
-``t5_bias`` / ``alibi_bias`` / ``relative_bias`` and the torch modules with
-``query_positions=[511], key_positions=arange(512)``, of the same call with ``offset=511``,
-and of the framework's formula (NumPy: ``posenc._bench_decode``'s; torch: transformers'
-``T5Attention.compute_bias`` and ALiBi's ``-slopes[:, None, None] * (511 - keys)``),
+``python docs/positions_bench.py [numpy,torch]`` prints the best per-call process CPU time
+of a decode step with positions as arrays, of the same call with a scalar offset, and of
+the framework's formula, all float32: ``rope`` of ``q [1, 32, 1, 128]`` with ``positions=[777]``
+or ``[[777]]`` (torch: ``torch.tensor([[777]])``, Hugging Face's ``position_ids``) against
+``offset=777`` and the rotate-half formula with its cos/sin tables; ``t5_bias`` /
+``alibi_bias`` / ``relative_bias`` and the torch modules, 16 heads, with
+``query_positions=[511], key_positions=arange(512)`` against ``offset=511`` and the formula
+(NumPy: ``posenc._bench_decode``'s; torch: transformers' ``T5Attention.compute_bias`` and
+ALiBi's ``-slopes[:, None, None] * (511 - keys)``),
 interleaved round by round (a load change slows all alike), with the positions call's ratio
 to each. Process CPU time rather than wall time: on a shared machine it moves less with the
 other jobs (torch's 2 threads both count in it).
@@ -20,8 +23,10 @@ import numpy as np
 
 import posenc as pe
 from posenc._bench_decode import _numpy_t5
+from posenc._oracles import rope_rotate_half
 
 PAST, HEADS = 511, 16
+POSITION, ROPE_HEADS, HEAD_DIM = 777, 32, 128
 
 
 def _per_call(fn, number):
@@ -43,13 +48,29 @@ def compare(calls, number=1000, rounds=5):
     return best
 
 
+def _rope_rows(xp, x, positions, name):
+    """``rope(x, positions)`` against ``offset=777`` and the rotate-half formula of ``xp``."""
+    inv_freq = 1.0 / 10000.0 ** (xp.arange(0, HEAD_DIM, 2) / HEAD_DIM)
+    cast = (lambda a: a.astype(x.dtype)) if xp is np else (lambda a: a.to(x.dtype))
+
+    def formula():
+        angles = xp.asarray([float(POSITION)])[:, None] * inv_freq[None, :]
+        emb = xp.concat([angles, angles], axis=-1)
+        return rope_rotate_half(x, cast(xp.cos(emb)), cast(xp.sin(emb)))
+
+    return [(f"rope {name} {list(p.shape)}", lambda p=p: pe.rope(x, p), lambda: pe.rope(x, offset=POSITION), formula) for p in positions]
+
+
 def numpy_rows():
+    x = np.random.default_rng(0).standard_normal((1, ROPE_HEADS, 1, HEAD_DIM)).astype(np.float32)
+    rope = _rope_rows(np, x, (np.array([POSITION]), np.array([[POSITION]])), "numpy")
     slopes = pe.alibi_slopes(HEADS)
     table = np.random.default_rng(0).standard_normal((32, HEADS)).astype(np.float32)
     keys, query = np.arange(PAST + 1), np.array([PAST])
     alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :]  # noqa: E731
     at = {"query_positions": query, "key_positions": keys}
     return [
+        *rope,
         ("alibi_bias numpy", lambda: pe.alibi_bias(slopes, 1, 512, **at), lambda: pe.alibi_bias(slopes, 1, 512), alibi_formula),
         ("t5_bias numpy", lambda: pe.t5_bias(table, 1, 512, **at), lambda: pe.t5_bias(table, 1, 512), lambda: _numpy_t5(table, PAST, keys)),
         ("relative_bias t5 numpy", lambda: pe.relative_bias("t5", table, 1, 512, **at), lambda: pe.relative_bias("t5", table, 1, 512), lambda: _numpy_t5(table, PAST, keys)),
@@ -72,7 +93,9 @@ def torch_rows():
     alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].to(slopes.dtype)  # noqa: E731
     t5_formula = lambda: t5.compute_bias(1, 512, past_seen_tokens=PAST)  # noqa: E731
     at = {"query_positions": query, "key_positions": keys}
+    x = torch.from_numpy(np.random.default_rng(0).standard_normal((1, ROPE_HEADS, 1, HEAD_DIM)).astype(np.float32))
     return [
+        *_rope_rows(torch, x, (torch.tensor([[POSITION]]),), "torch"),
         ("ALiBi module torch", lambda: alibi(1, 512, **at), lambda: alibi(1, 512, offset=PAST), alibi_formula),
         ("T5RelativeBias module torch", lambda: t5_module(1, 512, **at), lambda: t5_module(1, 512, offset=PAST), t5_formula),
         ("t5_bias torch", lambda: pe.t5_bias(table, 1, 512, **at), lambda: pe.t5_bias(table, 1, 512, offset=PAST), t5_formula),
