@@ -1,4 +1,4 @@
-"""Numba CPU kernels of a planned per-token bias (``posenc.relative._decode.PerTokenPlan``).
+"""Numba CPU kernels of a planned T5 / ALiBi bias (``posenc.relative._decode``): per-token positions, or one row by offset.
 
 A plan of ``t5_bias`` / ``alibi_bias`` keeps the per-distance *sources* of a window of
 distances ``hi, hi - 1, .., lo`` (T5's bucket of each distance, ALiBi's negated distance in
@@ -11,6 +11,9 @@ finished with the parameters:
   element size, 16-bit floats included);
 * ALiBi: ``out[b, h, i, j] = slopes[h] * sources[t]``, float32 or float64, the product the
   reference (``relative.biases._alibi_scaled``) takes in that dtype.
+
+A decode step's row by a scalar offset is the case of one query at 0 whose ``shift`` is the
+row's first index in the window (``Launcher.row``: ``BiasPlan``).
 
 One pass reads each pair's index once and writes the ``[batch, heads, q, k]`` result in
 place of the reference's ``rel`` matrix, gather, product and transposition. A kernel checks
