@@ -33,7 +33,8 @@ from .buckets import t5_buckets
 
 _LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and its allocation check
 # Distances a plan keeps the sources (T5 buckets, ALiBi's negated distances) and key indices
-# of, at most: 2**16 of each, 8 bytes apiece, 1 MiB per plan. Rows beyond are computed directly.
+# of, at most: 2**16 of each, 8 bytes apiece, 1 MiB per plan (and as many key indices again in
+# its kernel launcher, bias_rows_cpu.Launcher.row). Rows beyond are computed directly.
 HELD = 2**16
 _EXACT = 2**52
 
