@@ -129,6 +129,14 @@ CALLS = {
     "rope numpy float64 rotary_dim": (pe.rope, lambda t: pe.rope(X.astype(np.float64), np.array([[t], [t + 1]]), rotary_dim=8, offset=2)),
     "rope numpy float16": (pe.rope, lambda t: pe.rope(X.astype(np.float16), np.array([t]))),
     "rope numpy in place": (pe.rope, lambda t: (lambda x: pe.rope(x, np.array([t]), out=x))(X1.copy())),
+    "rope numpy Llama 3 scaling, positions": (pe.rope, lambda t: pe.rope(X1, np.array([t]), scaling=pe.scaling.Llama3(8.0, 8192))),
+    "rope numpy YaRN scaling (attention factor), offset": (pe.rope, lambda t: pe.rope(X, offset=t, scaling=pe.scaling.YaRN(4.0, 4096))),
+    "rope numpy linear scaling, interleaved": (pe.rope, lambda t: pe.rope(X, np.arange(3) + t, scaling=pe.scaling.Linear(2.0), layout="interleaved")),
+    "rope numpy NTK, proportional and axial scalings": (
+        pe.rope,
+        lambda t: tuple(pe.rope(X1, offset=t, scaling=s) for s in (pe.scaling.NTK(2.0), pe.scaling.Proportional(0.5, 2.0), pe.scaling.Axial(2))),
+    ),
+    "rope torch YaRN scaling, position_ids": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([[t]]), scaling=pe.scaling.YaRN(2.0, 64, attention_factor=0.8))),
     "rope torch [[p]] positions": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([[t]]))),
     "rope torch [B, S] positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(6).reshape(2, 3) + t)),
     "rope torch bfloat16 x and positions": (pe.rope, lambda t: pe.rope(T_X.bfloat16(), (torch.arange(3) + t % 200).bfloat16())),
@@ -293,6 +301,33 @@ def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):
     assert _served(fn)
     for scale in (2.0, -0.5):
         _same(grads(scale), _cold(lambda: grads(scale)))
+    _clear()
+
+
+def test_rope_plans_posencs_static_scalings_only():
+    """Dynamic NTK (frequencies of the length) and a scaling of the user's own (its fields may
+    change between calls) take the full path every call; equal static scalings share a plan."""
+    from dataclasses import dataclass
+
+    @dataclass
+    class Halved(pe.scaling.Scaling):  # a user's mutable scaling: frequencies / factor
+        factor: float = 2.0
+
+        def frequencies(self, dim, base, seq_len=None):
+            return pe.rope_frequencies(dim, base=base)[0] / self.factor, 1.0
+
+    _clear()
+    users = Halved()
+    for scaling in (pe.scaling.DynamicNTK(2.0, 4), users):
+        for _ in range(3):
+            pe.rope(X1, offset=7, scaling=scaling)
+    assert not _served(pe.rope)
+    users.factor = 4.0
+    np.testing.assert_array_equal(pe.rope(X1, offset=7, scaling=users), _cold(lambda: pe.rope(X1, offset=7, scaling=pe.scaling.Linear(4.0))))
+    for _ in range(3):
+        pe.rope(X1, offset=7, scaling=pe.scaling.Llama3(8.0, 8192))
+    pe.rope(X1, offset=7, scaling=pe.scaling.Llama3(8.0, 8192))
+    assert _served(pe.rope) == ["RotatePlan"]
     _clear()
 
 

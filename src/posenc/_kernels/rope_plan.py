@@ -300,7 +300,7 @@ def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
     again. Built from the call's own parse (``rotary._call.parse_rope``)."""
     from ..rotary._call import parse_rope
 
-    if scaling is not None or layout not in _LAYOUTS or x.ndim < 2 or 0 in tuple(x.shape):
+    if (scaling is not None and scaling.uses_seq_len) or layout not in _LAYOUTS or x.ndim < 2 or 0 in tuple(x.shape):
         return None
     call = parse_rope(x, positions, scaling=scaling, layout=layout, offset=offset, out=out, **options)
     xv = _arrays.host_view(x)

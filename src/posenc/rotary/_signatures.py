@@ -12,11 +12,19 @@ import numpy as np
 
 from .. import _dispatch
 from .._plans import array_key, context_key, keywords_key, one_library, out_key, value_key
+from .scaling import NTK, YaRN, Axial, Linear, Llama3, Proportional
+
+# posenc's frozen scalings whose frequencies are constants of their fields (``uses_seq_len``
+# False): a plan keeps the parse's frequencies. Dynamic NTK and LongRoPE, and any other
+# class (a user's subclass may change between calls), take the full path.
+_STATIC_SCALINGS = frozenset((Linear, NTK, YaRN, Llama3, Proportional, Axial))
 
 
 class Rope:
     """``rope(x[, positions], offset=..., ...)``: ``positions`` None or an array, ``offset``
-    an int or an array (the plan's arguments); no scaling object."""
+    an int or an array (the plan's arguments); ``scaling`` None or one of posenc's scalings
+    whose frequencies do not depend on the length (keyed by its class and field values,
+    which fix its frequencies: ``scaling.frequency_table``)."""
 
     build = "posenc._kernels.rope_plan:build_rotate"
 
@@ -28,14 +36,15 @@ class Rope:
             positions = args[1]
         else:
             return None
-        x, offset = args[0], kwargs.get("offset", 0)
-        if not one_library(x, positions, offset):
+        x, offset, scaling = args[0], kwargs.get("offset", 0), kwargs.get("scaling")
+        if not one_library(x, positions, offset) or not (scaling is None or type(scaling) in _STATIC_SCALINGS):
             return None
         key = (
             "rope", array_key(x), context_key(x, positions, offset), value_key(positions), value_key(offset),
-            keywords_key(kwargs, "positions", "offset", "out"), out_key(kwargs.get("out"), x),
+            keywords_key(kwargs, "positions", "offset", "out", "scaling"), out_key(kwargs.get("out"), x),
+            type(scaling), scaling,
         )  # fmt: skip
-        return None if None in key else key
+        return None if None in key[:-2] else key
 
 
 class Rerotate:
