@@ -137,6 +137,18 @@ CALLS = {
         lambda t: tuple(pe.rope(X1, offset=t, scaling=s) for s in (pe.scaling.NTK(2.0), pe.scaling.Proportional(0.5, 2.0), pe.scaling.Axial(2))),
     ),
     "rope torch YaRN scaling, position_ids": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([[t]]), scaling=pe.scaling.YaRN(2.0, 64, attention_factor=0.8))),
+    "rope numpy dynamic NTK, positions past its length": (pe.rope, lambda t: pe.rope(X1, np.array([t]), scaling=pe.scaling.DynamicNTK(2.0, 8))),
+    "rope numpy dynamic NTK, offset, inverse": (pe.rope, lambda t: pe.rope(X, offset=t, scaling=pe.scaling.DynamicNTK(4.0, 16), inverse=True)),
+    "rope numpy dynamic NTK, seq_len given": (pe.rope, lambda t: pe.rope(X, np.arange(3), scaling=pe.scaling.DynamicNTK(2.0, 8), seq_len=t % 1000)),
+    "rope numpy dynamic NTK, per-row seq_len": (
+        pe.rope,
+        lambda t: pe.rope(X, np.arange(3) + t % 500, scaling=pe.scaling.DynamicNTK(2.0, 8), seq_len=np.array([t % 500 + 3, 40])),
+    ),
+    "rope numpy LongRoPE, short and long factors": (
+        pe.rope,
+        lambda t: pe.rope(X1, offset=t % 100, scaling=pe.scaling.LongRoPE([1.0, 1.5, 2.0, 3.0] * 2, [2.0, 3.0, 5.0, 8.0] * 2, 50)),
+    ),
+    "rope torch dynamic NTK, position_ids": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([[t]]), scaling=pe.scaling.DynamicNTK(2.0, 8))),
     "rope torch [[p]] positions": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([[t]]))),
     "rope torch [B, S] positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(6).reshape(2, 3) + t)),
     "rope torch bfloat16 x and positions": (pe.rope, lambda t: pe.rope(T_X.bfloat16(), (torch.arange(3) + t % 200).bfloat16())),
@@ -305,8 +317,9 @@ def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):
 
 
 def test_rope_plans_posencs_static_scalings_only():
-    """Dynamic NTK (frequencies of the length) and a scaling of the user's own (its fields may
-    change between calls) take the full path every call; equal static scalings share a plan."""
+    """A scaling of the user's own (its fields may change between calls) takes the full path
+    every call; equal scalings of posenc's share a plan; a plan in place, a negative
+    ``seq_len`` meets the full path's error."""
     from dataclasses import dataclass
 
     @dataclass
@@ -318,9 +331,8 @@ def test_rope_plans_posencs_static_scalings_only():
 
     _clear()
     users = Halved()
-    for scaling in (pe.scaling.DynamicNTK(2.0, 4), users):
-        for _ in range(3):
-            pe.rope(X1, offset=7, scaling=scaling)
+    for _ in range(3):
+        pe.rope(X1, offset=7, scaling=users)
     assert not _served(pe.rope)
     users.factor = 4.0
     np.testing.assert_array_equal(pe.rope(X1, offset=7, scaling=users), _cold(lambda: pe.rope(X1, offset=7, scaling=pe.scaling.Linear(4.0))))
@@ -328,6 +340,11 @@ def test_rope_plans_posencs_static_scalings_only():
         pe.rope(X1, offset=7, scaling=pe.scaling.Llama3(8.0, 8192))
     pe.rope(X1, offset=7, scaling=pe.scaling.Llama3(8.0, 8192))
     assert _served(pe.rope) == ["RotatePlan"]
+    dynamic = pe.scaling.DynamicNTK(2.0, 4)
+    for _ in range(3):
+        pe.rope(X1, offset=7, scaling=dynamic, seq_len=9)
+    with pytest.raises(ValueError, match="seq_len"):
+        pe.rope(X1, offset=7, scaling=dynamic, seq_len=-1)
     _clear()
 
 

@@ -14,6 +14,7 @@ Plans cover a single ``(G, H, S)`` group (no outer loop) and a unit-stride chann
 
 from __future__ import annotations
 
+import math
 import sys
 import threading
 
@@ -152,30 +153,69 @@ def _writable_directly(xv, out):
 class RotatePlan:
     """``rope(x, offset=n)`` with default positions: the positions of ``offset=0``, plus ``n``."""
 
-    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale, out):
+    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale, out, lengths=None):
         # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
         pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
         self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq), out)
         self.grid = _grid(pv, self.launch)  # [G, S]: no outer axes in a plan
         self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
-        _angles(self, x, inv_freq, sign, scale)
+        _angles(self, x, inv_freq, sign, scale, lengths)
 
     def __call__(self, args, kwargs):
         offset = kwargs.get("offset", 0)
         if not -_EXACT < offset < _EXACT:
             return NotImplemented
+        angles = self.angles_of(kwargs, self.high + offset)
         # rope_cpu.rotate_positions leaves larger angles to the reference: so does the plan.
-        if not max(abs(self.low + offset), abs(self.high + offset)) * self.max_freq <= FAST_ANGLE_LIMIT:
+        if angles is None or not max(abs(self.low + offset), abs(self.high + offset)) * angles[1] <= FAST_ANGLE_LIMIT:
             return NotImplemented
-        return self.launch.run(args[0], (self.grid + float(offset), *self.angles, *self.tables), kwargs.get("out"))
+        return self.launch.run(args[0], (self.grid + float(offset), *angles[0], *self.tables), kwargs.get("out"))
 
 
-def _angles(plan, x, inv_freq, sign, scale):
-    """A rotation plan's frequencies and the kernel's angle arguments."""
+def _angles(plan, x, inv_freq, sign, scale, lengths):
+    """A rotation plan's frequencies and the kernel's angle arguments: the parse's, or for a
+    length-dependent scaling (``lengths``) those of each call's length."""
     plan.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-    plan.max_freq = float(np.abs(plan.inv_freq).max())
-    plan.angles = (plan.inv_freq, sign, float(scale))
+    fixed = ((plan.inv_freq, sign, float(scale)), float(np.abs(plan.inv_freq).max()))
+    plan.lengths = lengths
+    plan.angles_of = (lambda kwargs, top: fixed) if lengths is None else lengths.angles_of
     plan.tables = (rope_cpu._NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2
+
+
+class _LengthAngles:
+    """The kernel's angle arguments under a scaling whose frequencies depend on the length
+    (dynamic NTK, LongRoPE), for each call's length: its ``seq_len`` (an int >= 0: the key
+    refuses others), else ``floor(largest position) + 1`` as the full path reads it
+    (``rotary._args.sequence_length``). The frequencies are the scaling's own at that length
+    in float64, as the full path's ``scaling.frequency_table`` gives them, kept for the last
+    ``KEPT`` lengths."""
+
+    KEPT = 64
+
+    def __init__(self, scaling, rotary_dim, base, sign, inverse):
+        self.scaling, self.rotary_dim, self.base, self.sign, self.inverse = scaling, rotary_dim, base, sign, inverse
+        self.kept = {}
+
+    def angles_of(self, kwargs, top):
+        """``(angles, largest frequency)`` of the call, or None where the full path must decide
+        (a largest position that is not finite, a length the scaling refuses)."""
+        seq_len = kwargs.get("seq_len")
+        if seq_len is None:
+            if not math.isfinite(top):
+                return None
+            seq_len = math.floor(top) + 1
+        found = self.kept.get(seq_len)
+        if found is None:
+            try:
+                inv_freq, scale = self.scaling.frequencies(self.rotary_dim, self.base, seq_len)
+            except Exception:  # the full path raises its own error
+                return None
+            inv_freq, scale = np.ascontiguousarray(inv_freq, dtype=np.float64), float(scale)
+            found = ((inv_freq, self.sign, 1.0 / scale if self.inverse else scale), float(np.abs(inv_freq).max()))
+            if len(self.kept) >= self.KEPT:
+                self.kept.clear()
+            self.kept[seq_len] = found
+        return found
 
 
 def _grid(pv, launch):
@@ -192,7 +232,7 @@ class PositionsPlan:
     also catches a non-finite float position: such a call takes the full path (its error,
     or the reference for angles beyond the fast reduction)."""
 
-    def __init__(self, x, xv, layout, placed, source, inv_freq, sign, scale, out):
+    def __init__(self, x, xv, layout, placed, source, inv_freq, sign, scale, out, lengths=None):
         self.source = source
         pv = _contiguous_float64(placed)
         self.launch = _Launch("rotate", layout, x, xv, [np.broadcast_to(pv, xv.shape[:-1])], len(inv_freq), out)
@@ -201,7 +241,7 @@ class PositionsPlan:
         self.view = self.launch.view_geometry[0]
         self.size = pv.size
         self.host = _values_reader(placed)
-        _angles(self, x, inv_freq, sign, scale)
+        _angles(self, x, inv_freq, sign, scale, lengths)
 
     def __call__(self, args, kwargs):
         positions = args[1] if len(args) > 1 else kwargs.get("positions")
@@ -214,15 +254,18 @@ class PositionsPlan:
         pv = self.host(placed)
         if pv.dtype != np.float64 or not pv.flags.c_contiguous:
             pv = np.ascontiguousarray(pv, dtype=np.float64)
+        angles = self.angles_of(kwargs, float(pv.max()) if self.lengths is not None and self.size else math.nan)
+        if angles is None:
+            return NotImplemented
         if self.size == 1:
-            if not abs(pv.item()) * self.max_freq <= FAST_ANGLE_LIMIT:
+            if not abs(pv.item()) * angles[1] <= FAST_ANGLE_LIMIT:
                 return NotImplemented
             grid = pv.reshape(self.view[0])
         else:
-            if self.size and not float(np.abs(pv).max()) * self.max_freq <= FAST_ANGLE_LIMIT:
+            if self.size and not float(np.abs(pv).max()) * angles[1] <= FAST_ANGLE_LIMIT:
                 return NotImplemented
             grid = np.ascontiguousarray(np.ndarray(self.view[0], np.float64, pv, 0, self.view[1]))
-        return self.launch.run(args[0], (grid, *self.angles, *self.tables), kwargs.get("out"))
+        return self.launch.run(args[0], (grid, *angles[0], *self.tables), kwargs.get("out"))
 
 
 def _contiguous_float64(positions):
@@ -300,17 +343,20 @@ def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
     again. Built from the call's own parse (``rotary._call.parse_rope``)."""
     from ..rotary._call import parse_rope
 
-    if (scaling is not None and scaling.uses_seq_len) or layout not in _LAYOUTS or x.ndim < 2 or 0 in tuple(x.shape):
+    if layout not in _LAYOUTS or x.ndim < 2 or 0 in tuple(x.shape):
         return None
     call = parse_rope(x, positions, scaling=scaling, layout=layout, offset=offset, out=out, **options)
+    if call.path != "kernel":
+        return None
     xv = _arrays.host_view(x)
     if not _host_kernel(call.kernel(), "rotate_positions") or not _writable_directly(xv, out):
         return None
     sign = -1.0 if call.inverse else 1.0
+    lengths = _LengthAngles(scaling, call.rotary_dim, call.base, sign, call.inverse) if scaling is not None and scaling.uses_seq_len else None
     if positions is None and type(offset) is int:  # the positions of offset 0, plus each call's
-        plan = RotatePlan(x, xv, layout, call.placed, call.inv_freq, sign, call.scale, out)
+        plan = RotatePlan(x, xv, layout, call.placed, call.inv_freq, sign, call.scale, out, lengths)
     else:
-        plan = PositionsPlan(x, xv, layout, call.positions, _source(call, positions, offset), call.inv_freq, sign, call.scale, out)
+        plan = PositionsPlan(x, xv, layout, call.positions, _source(call, positions, offset), call.inv_freq, sign, call.scale, out, lengths)
     return plan if plan.launch.viewable() else None
 
 
@@ -418,7 +464,7 @@ class RerotatePlan:
             freqs = np.asarray(inv_freq, dtype=np.float64)  # as rotary._args.host_inv_freq reads them
             if not np.isfinite(freqs).all():
                 return NotImplemented
-            _angles(self.rotate, x, freqs, 1.0, 1.0)
+            _angles(self.rotate, x, freqs, 1.0, 1.0, None)
             self.raw = raw
         return self.rotate((x,), {"offset": delta, "out": kwargs.get("out")})
 

@@ -12,19 +12,19 @@ import numpy as np
 
 from .. import _dispatch
 from .._plans import array_key, context_key, keywords_key, one_library, out_key, value_key
-from .scaling import NTK, YaRN, Axial, Linear, Llama3, Proportional
+from .scaling import NTK, YaRN, Axial, DynamicNTK, Linear, Llama3, LongRoPE, Proportional
 
-# posenc's frozen scalings whose frequencies are constants of their fields (``uses_seq_len``
-# False): a plan keeps the parse's frequencies. Dynamic NTK and LongRoPE, and any other
-# class (a user's subclass may change between calls), take the full path.
-_STATIC_SCALINGS = frozenset((Linear, NTK, YaRN, Llama3, Proportional, Axial))
+# posenc's frozen scalings, whose frequencies are functions of their fields (and of the
+# length for DynamicNTK and LongRoPE); any other class (a user's may change between
+# calls) takes the full path.
+_SCALINGS = frozenset((Linear, NTK, YaRN, Llama3, Proportional, Axial, DynamicNTK, LongRoPE))
 
 
 class Rope:
     """``rope(x[, positions], offset=..., ...)``: ``positions`` None or an array, ``offset``
-    an int or an array (the plan's arguments); ``scaling`` None or one of posenc's scalings
-    whose frequencies do not depend on the length (keyed by its class and field values,
-    which fix its frequencies: ``scaling.frequency_table``)."""
+    an int or an array, ``seq_len`` None or an int (the plan's arguments); ``scaling`` None
+    or one of posenc's scalings (keyed by its class and field values, which fix its
+    frequencies, at each length for dynamic NTK and LongRoPE: ``scaling.frequency_table``)."""
 
     build = "posenc._kernels.rope_plan:build_rotate"
 
@@ -36,15 +36,17 @@ class Rope:
             positions = args[1]
         else:
             return None
-        x, offset, scaling = args[0], kwargs.get("offset", 0), kwargs.get("scaling")
-        if not one_library(x, positions, offset) or not (scaling is None or type(scaling) in _STATIC_SCALINGS):
+        x, offset, scaling, seq_len = args[0], kwargs.get("offset", 0), kwargs.get("scaling"), kwargs.get("seq_len")
+        if not one_library(x, positions, offset) or not (scaling is None or type(scaling) in _SCALINGS):
             return None
+        if seq_len is not None and (type(seq_len) is not int or seq_len < 0):
+            return None  # an array (per row, or traced), or a length the full path refuses
         key = (
             "rope", array_key(x), context_key(x, positions, offset), value_key(positions), value_key(offset),
-            keywords_key(kwargs, "positions", "offset", "out", "scaling"), out_key(kwargs.get("out"), x),
-            type(scaling), scaling,
+            keywords_key(kwargs, "positions", "offset", "out", "scaling", "seq_len"), out_key(kwargs.get("out"), x),
+            seq_len is None, type(scaling), scaling,
         )  # fmt: skip
-        return None if None in key[:-2] else key
+        return None if None in key[:-3] else key
 
 
 class Rerotate:
