@@ -126,6 +126,11 @@ def test_4_torch_uint64_positions_are_widened_or_refused():
         big = torch.tensor([v - 2**64 if v >= 2**63 else v for v in values], dtype=torch.int64).view(torch.uint64)
         with pytest.raises(ValueError, match=f"positions must fit in int64 .*got values {extent}$"):
             pe.rope(x[:2], big)
+    # A planned logits call reads their extremes too (from its third call on).
+    qx, kx, table = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 2, 8), torch.randn(9, 8)
+    expected = pe.shaw_logits(qx, kx, table, max_distance=4, query_positions=q.long(), key_positions=k.long())
+    for _ in range(4):
+        assert torch.equal(pe.shaw_logits(qx, kx, table, max_distance=4, query_positions=q, key_positions=k), expected)
 
 
 def test_4_narrow_per_token_positions_of_the_biases():

@@ -115,7 +115,7 @@ class LogitsPlan:
         offset = self.default_offset if offset is None else offset
         if self.step:  # its one value read, the keys' differences from it in one operation
             qpos = qpos.item()
-        if (self.wide or not -_NEAR < offset < _NEAR) and not fits_int64(_extremes(qpos), _extremes(kpos), offset):
+        if (self.wide or not -_NEAR < offset < _NEAR) and not fits_int64(_arrays.extremes(qpos), _arrays.extremes(kpos), offset):
             return None
         if self.widen[1]:
             kpos = as_int64(kpos)
@@ -180,16 +180,6 @@ class DebertaPlan(LogitsPlan):
         if "p2c" in self.terms:
             total = total + self._gather(k @ self._as(pos_q, self.work).mT, delta.mT).mT
         return self._finished(total / self.scale)
-
-
-def _extremes(positions):
-    """``(min, max)`` of integer positions (or of an int) as Python ints, None when there are none."""
-    if isinstance(positions, (int, np.ndarray)):
-        return _arrays.extremes(positions)
-    if positions.numel() == 0:
-        return None
-    low, high = positions.aminmax()
-    return int(low), int(high)
 
 
 def _sized(q, k):
