@@ -175,11 +175,17 @@ class RotatePlan:
 def _angles(plan, x, inv_freq, sign, scale, lengths):
     """A rotation plan's frequencies and the kernel's angle arguments: the parse's, or for a
     length-dependent scaling (``lengths``) those of each call's length."""
-    plan.inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
-    fixed = ((plan.inv_freq, sign, float(scale)), float(np.abs(plan.inv_freq).max()))
+    fixed = _angle_arguments(inv_freq, sign, scale)
     plan.lengths = lengths
     plan.angles_of = (lambda kwargs, top: fixed) if lengths is None else lengths.angles_of
     plan.tables = (rope_cpu._NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2
+
+
+def _angle_arguments(inv_freq, sign, scale):
+    """``((inv_freq, sign, scale), largest frequency)``: the kernel's angle arguments, the
+    frequencies in float64, and the bound the fast angle reduction is checked against."""
+    inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
+    return (inv_freq, sign, float(scale)), float(np.abs(inv_freq).max())
 
 
 class _LengthAngles:
@@ -210,8 +216,7 @@ class _LengthAngles:
                 inv_freq, scale = self.scaling.frequencies(self.rotary_dim, self.base, seq_len)
             except Exception:  # the full path raises its own error
                 return None
-            inv_freq, scale = np.ascontiguousarray(inv_freq, dtype=np.float64), float(scale)
-            found = ((inv_freq, self.sign, 1.0 / scale if self.inverse else scale), float(np.abs(inv_freq).max()))
+            found = _angle_arguments(inv_freq, self.sign, 1.0 / float(scale) if self.inverse else scale)
             if len(self.kept) >= self.KEPT:
                 self.kept.clear()
             self.kept[seq_len] = found
