@@ -43,7 +43,7 @@ def test_9_decode_loop_of_the_one_query_biases_keeps_a_bounded_window():
         hi, lo, sources = plan.row.held
         assert hi - lo < _decode.HELD and (sources is None or sources.shape[0] <= _decode.HELD)
         assert plan.row.keys.shape[0] <= _decode.HELD
-        assert plan.launcher is not None and plan.launcher.keys.shape[1] <= _decode.HELD  # the kernel's key indices
+        assert plan.launcher is not None and plan.launcher.row_keys.shape[1] <= _decode.HELD  # the kernel's key indices
 
 
 def test_10_split_chunks_cache_is_bounded():

@@ -160,10 +160,14 @@ class Launcher:
         name = _arrays.dtype_name(params.dtype)
         self.element = element(kind, name)
         self.kernel = FAMILY[(kind, self.element)]
-        self.torch = type(params) is not np.ndarray
         self.heads, self.shape = heads, (*batch, heads, q_len, k_len)
-        self.bfloat16 = self.torch and name == "bfloat16"  # (NumPy has none of torch's: its bits, viewed as torch's)
-        self.result = np.dtype(self.element) if self.bfloat16 else params.dtype if not self.torch else np.dtype(name)
+        if type(params) is np.ndarray:
+            self.result, self.wrap = params.dtype, None
+        else:  # a NumPy result under a torch tensor; torch's bfloat16 (NumPy has none) as its bits
+            import torch
+
+            self.result = np.dtype(self.element if name == "bfloat16" else name)
+            self.wrap = (lambda r: torch.from_numpy(r).view(torch.bfloat16)) if name == "bfloat16" else torch.from_numpy
         self.view_result = self.result != self.element
         self.params = _host_reader(params, self.element)
         rows = math.prod(batch)
@@ -174,6 +178,7 @@ class Launcher:
             for shape, length, arange in zip((query_shape, key_shape), (q_len, k_len), ranges)
         )
         self.sources = (None, None)  # the plan's sources and their NumPy view
+        self.row_keys = np.arange(0, dtype=np.int64)[None]  # a row's key indices, grown as rows grow
         self.one_query = not batch and query_shape is not None and tuple(query_shape) == (1,)  # a decode step's [position]
 
     def __call__(self, params, sources, shift, offset, query_positions, key_positions):
@@ -189,9 +194,9 @@ class Launcher:
 
     def row(self, params, sources, start, k_len):
         """``[heads, 1, k_len]`` of the sources ``start .. start + k_len - 1``, or None past their end."""
-        keys = self.keys
+        keys = self.row_keys
         if keys.shape[1] < k_len:  # (at most a window's 2**16 distances: relative._decode.HELD)
-            keys = self.keys = np.arange(max(k_len, min(2 * keys.shape[1], 2**16)), dtype=np.int64)[None]
+            keys = self.row_keys = np.arange(max(k_len, min(2 * keys.shape[1], 2**16)), dtype=np.int64)[None]
         return self._run(params, sources, start, 0, _FIRST, keys[:, :k_len], (self.heads, 1, k_len))
 
     def _run(self, params, sources, shift, offset, qpos, kpos, shape):
@@ -204,12 +209,7 @@ class Launcher:
         merged = result.reshape(-1, *shape[-3:])
         if not self.kernel(self.params(params), held[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
             return None
-        if not self.torch:
-            return result
-        import torch
-
-        result = torch.from_numpy(result)
-        return result.view(torch.bfloat16) if self.bfloat16 else result
+        return result if self.wrap is None else self.wrap(result)
 
 
 _FIRST = np.zeros((1, 1), np.int64)  # one query at 0: a row's index is its start plus the key's
