@@ -41,12 +41,11 @@ class Rope:
             return None
         if seq_len is not None and (type(seq_len) is not int or seq_len < 0):
             return None  # an array (per row, or traced), or a length the full path refuses
-        key = (
-            "rope", array_key(x), context_key(x, positions, offset), value_key(positions), value_key(offset),
+        parts = (
+            array_key(x), context_key(x, positions, offset), value_key(positions), value_key(offset),
             keywords_key(kwargs, "positions", "offset", "out", "scaling", "seq_len"), out_key(kwargs.get("out"), x),
-            seq_len is None, type(scaling), scaling,
         )  # fmt: skip
-        return None if None in key[:-3] else key
+        return None if None in parts else ("rope", *parts, seq_len is None, type(scaling), scaling)
 
 
 class Rerotate:
