@@ -60,8 +60,8 @@ GPU_PYTHON ?= python3
 GPU_WORKERS ?= 4
 test-gpu:
 	@$(GPU_PYTHON) tests/gpu/ready.py
-	PYTHONPATH=$(CURDIR)/src POSENC_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
-		$(GPU_PYTHON) -m pytest -p no:cacheprovider $$($(GPU_PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(GPU_WORKERS)") tests
+	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} POSENC_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
+		$(GPU_PYTHON) -m pytest -p no:cacheprovider -p no:benchmark $$($(GPU_PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(GPU_WORKERS)") tests
 
 # asv as maintainers use it (docs/benchmarks.md, "Tracking performance"). The machine file
 # (~/.asv-machine.json) is written first, so a fresh clone needs no interactive `asv machine`.

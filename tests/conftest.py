@@ -20,6 +20,16 @@ import pytest  # noqa: E402
 from arrays import Backend, available_backends, gpu_run  # noqa: E402
 
 
+if gpu_run() and importlib.util.find_spec("jax") is not None:
+    # JAX puts new arrays on its first device, the GPU here: the suite's JAX arrays stay on
+    # the CPU, where posenc's JAX kernels run (tests/test_jax_gpu.py places its own on the
+    # GPU), and so do those of the processes tests start (bounds checking, sharding).
+    import jax
+
+    jax.config.update("jax_default_device", jax.devices("cpu")[0])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
 def pytest_report_header(config):
     return "posenc array backends: " + ", ".join(available_backends())
 

@@ -1,5 +1,6 @@
 """Backend selection and the kernel registry (unknown backends, mixed devices: test_bad_inputs.py)."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -31,7 +32,7 @@ def test_use_backend_is_per_thread():
 
 def test_environment_variable_forces_reference():
     code = "import posenc; print(posenc.get_backend())"
-    env = {"POSENC_BACKEND": "reference", "PATH": ""}
+    env = {"POSENC_BACKEND": "reference", "PATH": "", **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "reference"
 

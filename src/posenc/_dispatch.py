@@ -192,7 +192,7 @@ def _register_adapters(values):
 
 def kernels(op: str | None = None) -> list[Kernel]:
     """Registered kernels, all or those of ``op`` (every adapter's included)."""
-    for name in set(_SELF_REGISTERING.values()) - _registered:
+    for name in sorted(set(_SELF_REGISTERING.values()) - _registered):  # (one order in every process: xdist)
         adapter(name)
     if op is not None:
         return list(_kernels.get(op, ()))
