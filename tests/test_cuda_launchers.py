@@ -198,3 +198,31 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout):
     cpu = rope_cpu.rotate_positions(x.copy(), positions, inv_freq, layout=layout).astype(np.float64)
     gpu = to_host(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq, layout=layout)).astype(np.float64)
     assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
+
+
+def test_direct_launch_lays_out_arguments_as_numba_does():
+    """On a GPU, ``_device_flat.launch`` hands the driver numba's layout of each argument
+    (a 1-D C array as meminfo, parent, size, itemsize, data, shape, stride), checked against
+    the kernel's signature: a wrong element type or tuple length is refused, never launched."""
+    import ctypes
+
+    from numba import types
+
+    from posenc._kernels import _device_flat
+
+    writers = _device_flat.parameter_writers(
+        (types.Array(types.uint16, 1, "C"), types.UniTuple(types.int64, 3), types.int64, types.float64)
+    )
+    params = []
+    arguments = (_device_flat.Flat(4096, 10, np.dtype(np.uint16)), (1, -2, 3), 7, 0.5)
+    for write, a in zip(writers, arguments):
+        write(a, params)
+    assert params[:7] == [0, 0, 10, 2, 4096, 10, 2]
+    assert [type(p) for p in params[7:]] == [ctypes.c_int64] * 4 + [ctypes.c_double]
+    assert [p.value for p in params[7:]] == [1, -2, 3, 7, 0.5]
+    with pytest.raises(TypeError, match="reads uint16"):
+        writers[0](_device_flat.Flat(4096, 10, np.dtype(np.float32)), [])
+    with pytest.raises(TypeError, match="reads 3"):
+        writers[1]((1, 2), [])
+    with pytest.raises(TypeError, match="no direct launch"):
+        _device_flat.parameter_writers((types.Array(types.float32, 2, "C"),))

@@ -14,7 +14,7 @@ Rows: ``rope`` and ``apply_rope`` on ``[4, 32, 8192, 128]`` (``--quick``: ``[1, 
 128]`` and ``k [4, 4096, 8, 128]`` bfloat16 as transposed views of ``[b, s, h, d]``, rotated
 together (posenc's one launch for both, in place and as ``apply_rotary_pos_emb``); a decode
 step ``[1, 32, 1, 128]`` with its position on the device; ``t5_bias`` and ``alibi_bias`` of 16
-heads over ``L x L``.
+heads over ``L x L``; ``pe.rope`` on a JAX GPU array under ``jax.jit`` where JAX runs on the GPU.
 """
 
 from __future__ import annotations
@@ -66,7 +66,39 @@ def rows(quick, repeat, progress):
         result += _decode_rows(torch, dtype, repeat, progress, sync)
     for length in (512,) if quick else (2048, 8192):
         result += _bias_rows(torch, 16, length, repeat, progress, sync)
+    if importlib.util.find_spec("jax") is not None:
+        result += _jax_rows(shape, repeat, progress)
     return result
+
+
+def _jax_rows(shape, repeat, progress):
+    """``pe.rope`` on a JAX GPU array under ``jax.jit`` (traced offset) beside the plain ``jnp``
+    formula under ``jit`` and a negation under ``jit`` (XLA's read-and-write of the same
+    bytes: the copy anchor; a copy itself is elided)."""
+    import jax
+
+    from ._bench_jax import RopeCalls
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"]
+    if not gpus:
+        progress("  (JAX sees no GPU: no JAX row)")
+        return []
+    with jax.default_device(gpus[0]):
+        return _jax_measure(RopeCalls(shape), shape, repeat, progress)
+
+
+def _jax_measure(calls, shape, repeat, progress):
+    import jax
+
+    negate = jax.jit(lambda x: -x)
+    nbytes = 2 * calls.x.nbytes
+    copy = nbytes / best(lambda: negate(calls.jx).block_until_ready(), repeat)
+    cases = [
+        Case("jnp plain formula, jax.jit", calls.plain_jit, nbytes),
+        Case("posenc rope (JAX, jax.jit)", calls.jit, nbytes),
+        Case("jnp negation, jax.jit (bandwidth)", lambda: negate(calls.jx).block_until_ready(), nbytes, comparable=False, bandwidth_row=True),
+    ]
+    return _measure(f"JAX rope {list(shape)} (GPU)", cases, copy, repeat, progress)
 
 
 def _compiled(torch, fn):

@@ -1,10 +1,15 @@
-"""How a CUDA kernel sees its operands: flat device arrays, offsets and strides as integers.
+"""How a CUDA kernel sees its operands, and how it is launched.
 
 A numba device array indexed on the host (``a[i]``) walks every element of a strided
-view in Python (numba's ``dummyarray``), so the CUDA launchers never slice one: each
-operand reaches its kernel as one 1-D device array over the memory it spans (``flat``,
-built in a fixed number of steps from the array's pointer, shape and strides) and the
-kernel computes every address from integer offsets and strides passed with it.
+view in Python (numba's ``dummyarray``), and numba's launch prepares each argument in
+Python (tens of microseconds a call, more than a decode step's whole kernel work), so the
+CUDA launchers do neither: each operand is read once from its library's own metadata
+(``span``: address, shape, element strides), reaches its kernel as one 1-D array over the
+memory it spans (``flat``), and the kernel computes every address from integer offsets and
+strides passed with it. ``launch`` hands those arguments to the driver as numba's calling
+convention lays them out, checked once per kernel against its signature. The CUDA
+simulator has no addresses: there a span keeps the numba device view and ``launch`` is
+numba's own.
 
 The rotary kernels walk ``AXES`` leading axes in their grid (``outer...``, ``G``, ``S`` of
 ``_layout.plan``, padded in front with axes of one element); the heads (``H``) loop inside
@@ -14,10 +19,12 @@ merge) gets one launch per index of the extra ones (``launches``).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import threading
 from collections import OrderedDict
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -33,12 +40,76 @@ class NotAligned(ValueError):
     """A second operand's rows do not line up with the first's (``follow``)."""
 
 
-def flat(view):
-    """``(flat, strides)``: a 1-D device array over the memory numba device array ``view``
-    spans from its first element (non-negative strides), and ``view``'s element strides."""
-    steps = _arrays.element_strides(view)
-    span = 0 if 0 in view.shape else 1 + sum([(n - 1) * st for n, st in zip(view.shape, steps)])
-    return _arrays.strided(view, (span,), (1,)), steps
+class Span(NamedTuple):
+    """A GPU array as a kernel reads it: the byte address of its first element, its shape,
+    its element strides and the element type the kernel sees (16-bit floats as ``uint16``);
+    ``view``: in the CUDA simulator, the numba device view itself (``None`` on a GPU)."""
+
+    ptr: int
+    shape: tuple
+    strides: tuple
+    dtype: np.dtype
+    view: object = None
+
+
+class Flat(NamedTuple):
+    """A kernel's 1-D C-contiguous array argument on a GPU: ``size`` elements of ``dtype`` from ``ptr``."""
+
+    ptr: int
+    size: int
+    dtype: np.dtype
+
+
+def _element(name, bits16):
+    return np.dtype(_arrays.ELEMENT[name] if bits16 and name in _arrays.ELEMENT else name)
+
+
+def span(a, *, bits16=True, unsigned=False):
+    """``a`` (a torch CUDA tensor, CuPy or numba device array) as a ``Span``, its 16-bit floats
+    as ``uint16`` bits when ``bits16``, or every element as the unsigned integer of its width
+    when ``unsigned`` (kernels that move bits)."""
+    lib = _arrays.library(a)
+    if lib == "torch":
+        ptr, shape, strides = a.data_ptr(), tuple(a.shape), tuple(a.stride())
+        element = _element(_arrays.dtype_name(a.dtype), bits16)
+    elif lib == "cupy":
+        ptr, shape, element = a.data.ptr, tuple(a.shape), _element(a.dtype.name, bits16)
+        strides = tuple([st // a.dtype.itemsize for st in a.strides])
+    elif type(a).__module__.startswith("numba.cuda.simulator"):
+        view = _arrays.device_view(a, bits16=bits16)
+        if unsigned:
+            view = view.view(np.dtype(f"u{view.dtype.itemsize}"))
+        ptr = view._ary.__array_interface__["data"][0]
+        return Span(ptr, tuple(view.shape), _arrays.element_strides(view), view.dtype, view)
+    else:  # a numba device array on a GPU
+        ptr, shape, element = a.__cuda_array_interface__["data"][0] or 0, tuple(a.shape), _element(a.dtype.name, bits16)
+        strides = _arrays.element_strides(a)
+    return Span(ptr, shape, strides, np.dtype(f"u{element.itemsize}") if unsigned else element)
+
+
+def extent(s):
+    """``(lowest, highest + 1)`` byte addresses that ``Span`` ``s`` touches."""
+    if 0 in s.shape:
+        return s.ptr, s.ptr
+    size = s.dtype.itemsize
+    low = sum([(n - 1) * st for n, st in zip(s.shape, s.strides) if st < 0])
+    high = sum([(n - 1) * st for n, st in zip(s.shape, s.strides) if st > 0])
+    return s.ptr + low * size, s.ptr + (high + 1) * size
+
+
+def overlap(a, b) -> bool:
+    """Whether spans ``a`` and ``b`` touch any common byte range."""
+    (al, ah), (bl, bh) = extent(a), extent(b)
+    return al < bh and bl < ah
+
+
+def flat(s):
+    """``(flat, strides)``: the 1-D kernel argument over the memory ``Span`` ``s`` spans from
+    its first element (non-negative strides), and ``s``'s element strides."""
+    n = 0 if 0 in s.shape else 1 + sum([(k - 1) * st for k, st in zip(s.shape, s.strides)])
+    if s.view is not None:
+        return _arrays.strided(s.view, (n,), (1,)), s.strides
+    return Flat(s.ptr, n, s.dtype), s.strides
 
 
 def broadcast_strides(shape, strides, lead):
@@ -112,24 +183,126 @@ _constants: OrderedDict = OrderedDict()
 _constants_lock = threading.Lock()
 
 
+def _argument(array):
+    """A numba device array as a kernel argument: itself in the simulator, a ``Flat`` on a GPU."""
+    if _arrays.cuda_simulator():
+        return array
+    return Flat(array.__cuda_array_interface__["data"][0] or 0, array.shape[0], array.dtype)
+
+
 def constant(device, values, stream):
-    """Host array ``values`` (frequencies, say) as a device array on ``device``, copied there
-    once and kept (the last ``_KEPT``): a call with device inputs copies nothing."""
+    """Host array ``values`` (frequencies, say) as a 1-D kernel argument on ``device``, copied
+    there once and kept (the last ``_KEPT``): a call with device inputs copies nothing."""
     key = (device, values.dtype.str, values.tobytes())
     with _constants_lock:
         found = _constants.get(key)
         if found is None:
-            found = _constants[key] = cuda.to_device(values, stream=stream)
+            array = cuda.to_device(values, stream=stream)
+            found = _constants[key] = (array, _argument(array))  # (the array keeps its memory)
             while len(_constants) > _KEPT:
                 _constants.popitem(last=False)
         else:
             _constants.move_to_end(key)
-    return found
+    return found[1]
 
 
 def empty(device, dtype, stream):
-    """A kept empty device array (an operand a kernel does not read)."""
+    """A kept empty kernel argument (an operand a kernel does not read)."""
     return constant(device, np.empty(0, dtype), stream)
+
+
+# ---------------------------------------------------------------- launch
+
+
+def _array_parameters(want):
+    def convert(a, params):
+        if a.dtype != want:
+            raise TypeError(f"kernel argument of {a.dtype}, the kernel reads {want} (posenc internal error)")
+        itemsize = want.itemsize
+        params += (0, 0, a.size, itemsize, a.ptr, a.size, itemsize)  # numba's layout of a 1-D C array
+
+    return convert
+
+
+def _tuple_parameters(count):
+    def convert(a, params):
+        if len(a) != count:
+            raise TypeError(f"kernel argument of {len(a)} integers, the kernel reads {count} (posenc internal error)")
+        params += [ctypes.c_int64(int(v)) for v in a]
+
+    return convert
+
+
+def _int_parameter(a, params):
+    params.append(ctypes.c_int64(int(a)))
+
+
+def _float_parameter(a, params):
+    params.append(ctypes.c_double(float(a)))
+
+
+def parameter_writers(argument_types):
+    """Per argument of a kernel of ``argument_types`` (numba types), a function that appends
+    it to the driver's parameter list as numba lays it out: a 1-D C-contiguous array as
+    ``(meminfo, parent, size, itemsize, data, shape, stride)``, a tuple of int64 element by
+    element, an int64 or a float64 as itself. Any other type: ``TypeError``."""
+    from numba import types
+
+    writers = []
+    for t in argument_types:
+        if isinstance(t, types.Array) and t.ndim == 1 and t.layout == "C":
+            writers.append(_array_parameters(np.dtype(str(t.dtype))))
+        elif isinstance(t, types.UniTuple) and t.dtype == types.int64:
+            writers.append(_tuple_parameters(t.count))
+        elif t == types.int64:
+            writers.append(_int_parameter)
+        elif t == types.float64:
+            writers.append(_float_parameter)
+        else:
+            raise TypeError(f"no direct launch for a kernel argument of type {t}")
+    return writers
+
+
+_direct: dict = {}
+
+
+def _direct_launch(kernel, device):
+    """``(driver kernel, parameter writers, launch, LaunchConfig)`` of numba dispatcher ``kernel``
+    (compiled for one signature) on GPU ``device``, or ``None`` where numba's launch must do
+    (the simulator; anything that is not such a dispatcher)."""
+    key = (id(kernel), device)
+    found = _direct.get(key, False)
+    if found is False:
+        found = None
+        overloads = getattr(kernel, "overloads", None)
+        if not _arrays.cuda_simulator() and isinstance(overloads, dict) and len(overloads) == 1:
+            from cuda.core import LaunchConfig, launch
+
+            (compiled,) = overloads.values()
+            found = (compiled._codelibrary.get_cufunc().kernel, parameter_writers(compiled.argument_types), launch, LaunchConfig, kernel)
+        _direct[key] = found  # (the dispatcher is kept alive with its entry: its id stays its own)
+    return found
+
+
+@lru_cache(maxsize=64)
+def _core_stream(stream):
+    from numba.cuda.cudadrv import driver
+
+    return driver._to_core_stream(stream)
+
+
+def launch(kernel, device, grid, block, stream, *args):
+    """``kernel[grid, block, stream](*args)`` on GPU ``device``: on a GPU straight to the driver
+    (arguments: ``Flat``, tuples of ints, ints, floats, as the signature reads them)."""
+    direct = _direct_launch(kernel, device)
+    if direct is None:
+        kernel[grid, block, stream](*args)
+        return
+    function, writers, core_launch, config, _ = direct
+    params = []
+    for write, a in zip(writers, args):
+        write(a, params)
+    core_launch(_core_stream(stream), config(grid=grid, block=block), function, *params)
 
 
 def _axis_stride(dims, shape, strides):
@@ -186,23 +359,22 @@ def _convert(source, target):
 def converted(a, dtype):
     """Numba device array ``a``'s values as ``dtype``, converted on the device (no host copy):
     the memory ``a`` spans, element by element, then viewed with ``a``'s own strides."""
-    source, steps = flat(a)
-    target = cuda.device_array(source.shape, dtype, stream=a.stream)
-    if source.shape[0]:
-        _convert[-(-source.shape[0] // 128), 128, a.stream](source, target)
+    steps = _arrays.element_strides(a)
+    n = 0 if 0 in a.shape else 1 + sum([(k - 1) * st for k, st in zip(a.shape, steps)])
+    target = cuda.device_array((n,), dtype, stream=a.stream)
+    if n:
+        _convert[-(-n // 128), 128, a.stream](_arrays.strided(a, (n,), (1,)), target)
     return _arrays.strided(target, tuple(a.shape), steps)
 
 
 def device_values(a, dtype):
-    """A numba device array of GPU array ``a``'s values as NumPy ``dtype`` (positions, indices:
-    small arrays, converted on the device for torch and CuPy)."""
+    """GPU array ``a``'s values as NumPy ``dtype`` (positions, indices: small arrays, converted on
+    the device for torch and CuPy), as an array of ``a``'s library or a numba device array."""
     lib = _arrays.library(a)
     if lib == "torch":
         import torch
 
-        a = a.detach().to(getattr(torch, np.dtype(dtype).name))
-    elif lib == "cupy":
-        a = a.astype(dtype)
-    elif a.dtype != dtype:
-        a = converted(a, dtype)
-    return _arrays.device_view(a, bits16=False)
+        return a.detach().to(getattr(torch, np.dtype(dtype).name))
+    if lib == "cupy":
+        return a.astype(dtype)
+    return a if a.dtype == dtype else converted(a, dtype)

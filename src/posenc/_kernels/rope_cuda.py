@@ -7,18 +7,20 @@ sliced on the host: the host work of a call is a fixed number of steps whatever 
 ``x`` (numba's host-side indexing of a strided device array walks every element in Python),
 and the grid covers every leading axis, so a call is a single launch.
 
-One thread per ``(row of outer/G/S, pair, group of _HEADS heads)`` computes that pair's
-float64 angle, ``cos`` and ``sin`` once (or reads them) and rotates the pair in each head of
-its group, of ``x`` and, for ``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``:
-one launch for both), all loads of the group issued before its stores;
-neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
-last axis. Extra threads copy the pass-through channels when ``out`` is not ``x``.
+A block's ``z`` threads walk rows (of outer/G/S), its ``x`` threads the pairs of a row and
+its ``y`` threads the heads: a thread computes its pair's float64 angle, ``cos`` and ``sin``
+once (or reads them) and rotates that pair in every ``blockDim.y``-th head of ``x`` and, for
+``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``: one launch for both).
+Neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
+last axis, and a row's index arithmetic is done once per thread, not per element. Extra
+``x`` threads copy the pass-through channels when ``out`` is not ``x``.
 Arithmetic is float64, the angle included (``_codec``: 16-bit floats as ``uint16`` bits,
 rounded once on store), as the CPU kernels' contract says.
 
 Nothing in a call copies between host and device once the constants are on the device: the
 frequencies are kept per ``(device, frequencies)`` (``_device_flat.constant``), positions and tables
-already on the device are read where they are, and nothing synchronises. Each ``(op,
+already on the device are read where they are, and nothing synchronises. Operands are read
+from their library's metadata and launched straight to the driver (``_device_flat.launch``). Each ``(op,
 dtype, layout)`` is one specialisation (``FAMILY``), compiled on first use and cached; a
 call launches on the caller's current stream (``_arrays.launch_context``): torch's or
 CuPy's current stream, which is what a CUDA graph capture records.
@@ -37,10 +39,7 @@ from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
 
-_THREADS = 128
-# Heads one thread rotates with one cos/sin; the grid's second axis walks the groups, so a
-# decode step (one row) still spreads over many threads and each keeps 2 * _HEADS loads in flight.
-_HEADS = 8
+_THREADS = 256
 _AXES = _device_flat.AXES  # leading axes (outer..., G, S) one launch walks
 # An operand's geometry: offset, strides over the _AXES axes, head stride, channel stride, heads.
 _OPERAND = _AXES + 4
@@ -49,29 +48,33 @@ _TABLE = _AXES + 2
 
 
 @cuda.jit(device=True, cache=True)
-def _turn(x, at, g, out, to, og, ia, ib, c, sn, storage, first):
-    """Rotate pair ``(ia, ib)`` by ``(c, sn)`` in heads ``first .. first + _HEADS - 1`` of one
-    row (those below ``g``'s head count): every load of the group is issued before the first
-    store (which may write where a later head's load reads, in place)."""
-    xh, xc, oh, oc, heads = g[_AXES + 1], g[_AXES + 2], og[_AXES + 1], og[_AXES + 2], g[_AXES + 3]
-    a = cuda.local.array(_HEADS, types.float64)
-    b = cuda.local.array(_HEADS, types.float64)
-    for u in range(_HEADS):
-        if first + u < heads:
-            a[u] = _load(x[at + (first + u) * xh + ia * xc], storage)
-            b[u] = _load(x[at + (first + u) * xh + ib * xc], storage)
-    for u in range(_HEADS):
-        if first + u < heads:
-            _store(out, to + (first + u) * oh + ia * oc, a[u] * c - b[u] * sn, storage)
-            _store(out, to + (first + u) * oh + ib * oc, b[u] * c + a[u] * sn, storage)
+def _turn(x, at, g, out, to, og, ia, ib, c, sn, storage):
+    """Rotate pair ``(ia, ib)`` of one row by ``(c, sn)`` in this thread's heads (every
+    ``blockDim.y``-th from ``threadIdx.y``), addresses stepped from head to head."""
+    first, step = cuda.threadIdx.y, cuda.blockDim.y
+    xa, oa = at + first * g[_AXES + 1] + ia * g[_AXES + 2], to + first * og[_AXES + 1] + ia * og[_AXES + 2]
+    xb, ob = xa + (ib - ia) * g[_AXES + 2], oa + (ib - ia) * og[_AXES + 2]
+    x_step, o_step = step * g[_AXES + 1], step * og[_AXES + 1]
+    for _ in range(first, g[_AXES + 3], step):
+        a = _load(x[xa], storage)
+        b = _load(x[xb], storage)
+        _store(out, oa, a * c - b * sn, storage)
+        _store(out, ob, b * c + a * sn, storage)
+        xa += x_step
+        xb += x_step
+        oa += o_step
+        ob += o_step
 
 
 @cuda.jit(device=True, cache=True)
-def _copy(x, at, g, out, to, og, channel, first):
-    """Copy pass-through ``channel`` of heads ``first .. first + _HEADS - 1`` of one row."""
-    for u in range(_HEADS):
-        if first + u < g[_AXES + 3]:
-            out[to + (first + u) * og[_AXES + 1] + channel * og[_AXES + 2]] = x[at + (first + u) * g[_AXES + 1] + channel * g[_AXES + 2]]
+def _copy(x, at, g, out, to, og, channel):
+    """Copy pass-through ``channel`` of one row in this thread's heads."""
+    first, step = cuda.threadIdx.y, cuda.blockDim.y
+    xa, oa = at + first * g[_AXES + 1] + channel * g[_AXES + 2], to + first * og[_AXES + 1] + channel * og[_AXES + 2]
+    for _ in range(first, g[_AXES + 3], step):
+        out[oa] = x[xa]
+        xa += step * g[_AXES + 1]
+        oa += step * og[_AXES + 1]
 
 
 def _kernel_source(rotate, storage, interleaved, helpers):
@@ -79,14 +82,15 @@ def _kernel_source(rotate, storage, interleaved, helpers):
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
-        t, group = cuda.grid(2)
-        first = group * _HEADS
-        rest = t // columns
-        j = t - rest * columns
+        # The row's index along each leading axis, S first, in 32-bit arithmetic (the launcher
+        # keeps rows below 2**31); an axis of one element is passed over.
+        rest = np.uint32(cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z)
         xi, oi, xi2, oi2, pi, ci, si = xg[0], og[0], xg2[0], og2[0], pg[0], cg[0], sg[0]
-        for k in range(_AXES - 1, -1, -1):  # the row's index along each leading axis, S first
-            n = sizes[k]
-            i = rest % n
+        for k in range(_AXES - 1, -1, -1):
+            n = np.uint32(sizes[k])
+            if n == 1:
+                continue
+            i = np.int64(rest % n)
             rest = rest // n
             xi += i * xg[k + 1]
             oi += i * og[k + 1]
@@ -97,23 +101,24 @@ def _kernel_source(rotate, storage, interleaved, helpers):
             si += i * sg[k + 1]
         if rest:  # past the last row
             return
-        if j >= half:  # a pass-through channel
-            _copy(x, xi, xg, out, oi, og, j + half, first)
-            _copy(x2, xi2, xg2, out2, oi2, og2, j + half, first)
-            return
-        if rotate:
-            # int64 positions are read as they are (``counts``), others converted to float64
-            # (``positions``): whichever is not empty.
-            position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
-            angle = position * inv_freq[j]
-            c = math.cos(angle) * scale
-            sn = sign * math.sin(angle) * scale
-        else:
-            c = _load(cos[ci + j * cg[_AXES + 1]], storage)
-            sn = _load(sin[si + j * sg[_AXES + 1]], storage)
-        ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-        _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage, first)
-        _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage, first)
+        for j in range(cuda.threadIdx.x, columns, cuda.blockDim.x):
+            if j >= half:  # a pass-through channel
+                _copy(x, xi, xg, out, oi, og, j + half)
+                _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
+                continue
+            if rotate:
+                # int64 positions are read as they are (``counts``), others converted to float64
+                # (``positions``): whichever is not empty.
+                position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
+                angle = position * inv_freq[j]
+                c = math.cos(angle) * scale
+                sn = sign * math.sin(angle) * scale
+            else:
+                c = _load(cos[ci + j * cg[_AXES + 1]], storage)
+                sn = _load(sin[si + j * sg[_AXES + 1]], storage)
+            ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+            _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
+            _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
 
     return kernel
 
@@ -153,22 +158,22 @@ FAMILY = _family.Family(
 
 
 class _Operand:
-    """An array the kernel rotates (``x``) and where the result goes (``out``): flat device
-    views, their element strides, and whether ``out`` is ``x`` itself."""
+    """An array the kernel rotates (``x``) and where the result goes (``out``): flat kernel
+    arguments, their element strides, and whether ``out`` is ``x`` itself."""
 
     def __init__(self, x, out):
-        self.x, self.xd = x, _arrays.device_view(x)
+        self.x, xs = x, _device_flat.span(x)
         self.result = _arrays.empty(x) if out is None else out
-        od = self.xd if out is x else _arrays.device_view(self.result)
+        os_ = xs if out is x else _device_flat.span(self.result)
         # A new result shares nothing with x; a caller's buffer may be x's memory, or part of it.
         given = out is not None and out is not x
-        self.in_place = out is x or (given and _arrays.extent(od) == _arrays.extent(self.xd) and tuple(od.strides) == tuple(self.xd.strides))
+        self.in_place = out is x or (given and _device_flat.extent(os_) == _device_flat.extent(xs) and os_.strides == xs.strides)
         self.temporary = None
-        if given and not self.in_place and _arrays.overlap(od, self.xd):  # overlapping but not the same elements
+        if given and not self.in_place and _device_flat.overlap(os_, xs):  # overlapping but not the same elements
             self.temporary = _arrays.empty(x)
-            od = _arrays.device_view(self.temporary)
-        self.x_flat, self.x_strides = _device_flat.flat(self.xd)
-        self.o_flat, self.o_strides = (self.x_flat, self.x_strides) if self.in_place else _device_flat.flat(od)
+            os_ = _device_flat.span(self.temporary)
+        self.x_flat, self.x_strides = _device_flat.flat(xs)
+        self.o_flat, self.o_strides = (self.x_flat, self.x_strides) if self.in_place else _device_flat.flat(os_)
 
     def lead(self):
         """Strides of ``x`` and ``out`` over the leading axes (the plan's arrays 0 and 1)."""
@@ -181,7 +186,7 @@ class _Operand:
 
 
 def _tables(a, lead, step=None):
-    """Per-position device array ``a`` broadcast to ``lead`` axes (plus its pairs axis when
+    """Per-position ``Span`` ``a`` broadcast to ``lead`` axes (plus its pairs axis when
     ``step`` is given, reading every ``step``-th channel): ``(flat, lead strides, pair stride)``."""
     flat, steps = _device_flat.flat(a)
     trailing = 1 if step is not None else 0
@@ -189,7 +194,14 @@ def _tables(a, lead, step=None):
     return flat, _device_flat.broadcast_strides(own, steps[: len(own)], lead), (steps[-1] * step if step is not None else 0)
 
 
-def _launch(op, layout, x, operands, tables, arguments, half, stream):
+def _block(columns, heads):
+    """Threads of a block: ``x`` over a row's columns, ``y`` over its heads, ``z`` over rows."""
+    bx = min(32 * -(-columns // 32), _THREADS)
+    by = 2 if heads > 1 and 2 * bx <= _THREADS else 1
+    return bx, by, _THREADS // (bx * by)
+
+
+def _launch(op, layout, x, operands, tables, arguments, half, stream, device):
     """One launch of ``op``'s kernel over ``operands`` (one ``_Operand``, or q and k sharing
     the tables), reading ``tables`` (positions, or cos and sin: ``(flat, lead strides,
     pair stride)``); ``arguments(views)`` completes the kernel's arguments."""
@@ -210,8 +222,12 @@ def _launch(op, layout, x, operands, tables, arguments, half, stream):
         return
     kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
+    block = _block(columns, max(found.h.size, walks[1][3]))
     for sizes, index in _device_flat.launches(found):
-        blocks = (-(-int(np.prod(sizes)) * columns // _THREADS), -(-max(found.h.size, walks[1][3]) // _HEADS))
+        rows = int(np.prod(sizes))
+        if rows >= 2**31:
+            raise ValueError(f"x has {rows} rows of positions: the CUDA kernel takes fewer than 2**31 a launch")
+        grid = -(-rows // block[2])
         ops = []
         for operand, xs, os_, heads in walks:
             ops += [
@@ -221,7 +237,7 @@ def _launch(op, layout, x, operands, tables, arguments, half, stream):
                 _device_flat.operand(os_, index, operand.o_strides[-1], heads),
             ]
         views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
-        kernel[blocks, _THREADS, stream](sizes, columns, half, *ops, *arguments(views))
+        _device_flat.launch(kernel, device, grid, block, stream, sizes, columns, half, *ops, *arguments(views))
 
 
 def _context(x):
@@ -238,7 +254,7 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
         operand = _Operand(x, out)
         # int64 positions (torch.arange, position_ids) are read where they are; others become float64.
         counting = _arrays.dtype_name(positions.dtype) == "int64"
-        held = _arrays.device_view(positions, bits16=False) if counting else _device_flat.device_values(positions, np.float64)
+        held = _device_flat.span(positions if counting else _device_flat.device_values(positions, np.float64), bits16=False)
         positions_table = _tables(held, tuple(x.shape)[:-1])
         freqs = _device_flat.constant(device, inv_freq, stream)
         element = _arrays.ELEMENT[_arrays.dtype_name(x.dtype)]
@@ -251,7 +267,7 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
             p, c = (no_floats, p) if counting else (p, no_counts)
             return (p, c, pg, freqs, -1.0 if inverse else 1.0, float(scale), none, blank, none, blank)
 
-        _launch("rotate", layout, x, [operand], [positions_table], arguments, inv_freq.shape[0], stream)
+        _launch("rotate", layout, x, [operand], [positions_table], arguments, inv_freq.shape[0], stream, device)
         return operand.finish()
 
 
@@ -261,7 +277,7 @@ def _cos_sin_tables(x, cos, sin, layout):
     # the first half of the channels ("half") or every other channel ("interleaved").
     step = 2 if layout == "interleaved" else 1
     lead = tuple(x.shape)[:-1]
-    return half, [_tables(_arrays.device_view(t), lead, step) for t in (cos, sin)]
+    return half, [_tables(_device_flat.span(t), lead, step) for t in (cos, sin)]
 
 
 def _apply_arguments(device, stream):
@@ -282,7 +298,7 @@ def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     with on_device:
         operand = _Operand(x, out)
         half, tables = _cos_sin_tables(x, cos, sin, layout)
-        _launch("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half, stream)
+        _launch("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half, stream, device)
         return operand.finish()
 
 
@@ -303,9 +319,9 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
         operands = [_Operand(q, out_q), _Operand(k, out_k)]
         half, tables = _cos_sin_tables(q, cos, sin, layout)
         try:
-            _launch("apply", layout, q, operands, tables, _apply_arguments(device, stream), half, stream)
+            _launch("apply", layout, q, operands, tables, _apply_arguments(device, stream), half, stream, device)
         except _device_flat.NotAligned:  # rows of k that do not line up with q's: one launch each
             for x, operand in zip((q, k), operands):
                 _, own = _cos_sin_tables(x, cos, sin, layout)
-                _launch("apply", layout, x, [operand], own, _apply_arguments(device, stream), half, stream)
+                _launch("apply", layout, x, [operand], own, _apply_arguments(device, stream), half, stream, device)
         return tuple(operand.finish() for operand in operands)

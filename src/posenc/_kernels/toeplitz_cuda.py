@@ -1,15 +1,17 @@
 """numba.cuda kernels of the Toeplitz ops, for CuPy arrays, torch CUDA tensors and numba device arrays.
 
-Same contracts as ``toeplitz_cpu``. Expand and gather give one thread per output element
-(``x`` along the key axis, so writes coalesce; the per-distance vector is read backwards,
-which coalesces as well) and copy bits, so they are specialised by element size. Scatter
+Same contracts as ``toeplitz_cpu``. Expand and gather give each output row to a block's
+row of threads (``y``; a row's index arithmetic once per thread), whose ``x`` threads walk
+its keys (writes coalesce; the per-distance vector is read backwards, which coalesces as
+well); they copy bits, so they are specialised by element size. Scatter
 gives one block per (row, chunk of ``_CHUNK`` classes): the block's threads add the row's
 weights into a shared-memory accumulator with shared atomics, then write the chunk once;
 it sums 16-bit floats and float32 in float32 (native shared-memory atomics), float64 in
 float64, and rounds once (``_codec``).
 
 Each specialisation compiles on first use (``FAMILY``, the pattern of every kernel
-family) and runs on the caller's current stream (``_arrays.launch_context``).
+family) and runs on the caller's current stream (``_arrays.launch_context``), launched
+straight to the driver (``_device_flat.launch``).
 """
 
 from __future__ import annotations
@@ -33,13 +35,19 @@ _GEOMETRY = _BATCH + 3
 
 @cuda.jit(device=True, cache=True)
 def _walk_row(row, sizes, q_len, vg, og):
-    """``(i, values offset, out offset)`` of flat row ``row`` (batch axes, then the query)."""
-    i = row % q_len
-    rest = row // q_len
+    """``(i, values offset, out offset)`` of flat row ``row`` (batch axes, then the query), in
+    32-bit arithmetic (the launchers keep rows below 2**31); a batch axis of one element is
+    passed over."""
+    rest = np.uint32(row)
+    n = np.uint32(q_len)
+    i = np.int64(rest % n)
+    rest = rest // n
     vi, oi = vg[0] + i * vg[_BATCH + 1], og[0] + i * og[_BATCH + 1]
     for k in range(_BATCH - 1, -1, -1):
-        n = sizes[k]
-        b = rest % n
+        n = np.uint32(sizes[k])
+        if n == 1:
+            continue
+        b = np.int64(rest % n)
         rest = rest // n
         vi += b * vg[k + 1]
         oi += b * og[k + 1]
@@ -53,17 +61,21 @@ def _copy_source(gather):
     is an empty placeholder)."""
 
     def copy(sizes, q_len, k_len, values, vg, index, ig, out, og):
-        j0, row0 = cuda.grid(2)
-        step_j, step_row = cuda.gridsize(2)
+        row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
         rows = q_len
         for k in range(_BATCH):
             rows *= sizes[k]
-        for row in range(row0, rows, step_row):
-            i, vi, oi = _walk_row(row, sizes, q_len, vg, og)
-            for j in range(j0, k_len, step_j):
-                t = i + k_len - 1 - j
-                column = index[ig[0] + t * ig[1]] if gather else t
-                out[oi + j * og[_BATCH + 2]] = values[vi + column * vg[_BATCH + 2]]
+        if row >= rows:
+            return
+        i, vi, oi = _walk_row(row, sizes, q_len, vg, og)
+        step = cuda.blockDim.x
+        t = i + k_len - 1 - cuda.threadIdx.x  # the distance's entry of key j, stepped with j
+        at, out_step = oi + cuda.threadIdx.x * og[_BATCH + 2], step * og[_BATCH + 2]
+        for _ in range(cuda.threadIdx.x, k_len, step):
+            column = index[ig[0] + t * ig[1]] if gather else t
+            out[at] = values[vi + column * vg[_BATCH + 2]]
+            t -= step
+            at += out_step
 
     return copy
 
@@ -120,17 +132,16 @@ FAMILY = _family.Family(
 
 
 def _bits(a):
-    """A numba device view of ``a`` as unsigned integers of its width (the copies move bits)."""
-    view = _arrays.device_view(a)
-    return view.view(np.dtype(f"u{view.dtype.itemsize}"))
+    """``a``'s span as unsigned integers of its width (the copies move bits)."""
+    return _device_flat.span(a, unsigned=True)
 
 
 def _grid(shape):
-    """Grid and block of the expand and gather kernels for an output of ``shape``."""
-    threads_x, threads_y = 32, 4
-    blocks_x = min(-(-shape[-1] // threads_x), 1024)
-    blocks_y = min(-(-int(np.prod(shape[:-1])) // threads_y), _MAX_GRID_Y)
-    return (blocks_x, blocks_y), (threads_x, threads_y)
+    """Grid and block of the expand and gather kernels for an output of ``shape``: 256 threads,
+    ``x`` along a row's keys (up to 128), ``y`` over rows."""
+    threads_x = min(32 * -(-shape[-1] // 32), 128) or 32
+    threads_y = 256 // threads_x
+    return -(-int(np.prod(shape[:-1])) // threads_y), (threads_x, threads_y)
 
 
 def _scatter_grid(shape, k_len):
@@ -140,7 +151,7 @@ def _scatter_grid(shape, k_len):
 
 
 def _launch(key, config, like, values, shape, out, index=None):
-    """The result of the ``key`` kernel on device view ``values`` (and int64 device ``index``):
+    """The result of the ``key`` kernel on ``Span`` ``values`` (and int64 device ``index``):
     ``out`` or a new array of ``shape``, in one launch (batch axes in the grid, operands as
     flat device arrays: ``_device_flat``), on ``like``'s GPU and the caller's stream. An
     empty result launches nothing."""
@@ -149,20 +160,24 @@ def _launch(key, config, like, values, shape, out, index=None):
         result = _arrays.empty(like, shape) if out is None else out
         if 0 in shape:
             return result
-        target = _arrays.device_view(result) if key[0] == "scatter" else _bits(result)
+        if int(np.prod(shape[:-1])) >= 2**31:
+            raise ValueError(f"{int(np.prod(shape[:-1]))} rows of queries: the CUDA kernels take fewer than 2**31")
+        device = _arrays.device_index(like)
+        target = _device_flat.span(result) if key[0] == "scatter" else _bits(result)
         (v_flat, v_steps), (o_flat, o_steps) = _device_flat.flat(values), _device_flat.flat(target)
         lead = len(shape) - 2
         # The per-distance vector of expand has no query axis: its row stride is 0.
         v_row = (0, v_steps[-1]) if key[0] == "expand" else v_steps[-2:]
         if index is None:  # expand: an empty placeholder
-            index_flat, index_geometry = _device_flat.empty(_arrays.device_index(like), np.int64, stream), (0, 0)
+            index_flat, index_geometry = _device_flat.empty(device, np.int64, stream), (0, 0)
         else:
-            index_flat, (step,) = _device_flat.flat(index)
+            index_flat, (step,) = _device_flat.flat(_device_flat.span(index, bits16=False))
             index_geometry = (0, step)
         kernel = FAMILY[key]
         grid, block = config
         for sizes, (vg, og) in _device_flat.batch_launches(tuple(shape[:lead]), (v_steps[:lead], o_steps[:lead])):
-            kernel[grid, block, stream](
+            _device_flat.launch(
+                kernel, device, grid, block, stream,
                 (*sizes, shape[-1]), shape[-2], shape[-1] if key[0] != "scatter" else tuple(values.shape)[-1],
                 v_flat, (*vg, *v_row), index_flat, index_geometry, o_flat, (*og, *o_steps[-2:]),
             )
@@ -170,7 +185,7 @@ def _launch(key, config, like, values, shape, out, index=None):
 
 
 def _index(index, m):
-    """``index`` as an int64 numba device array, after checking its values lie in ``[0, m)``."""
+    """``index`` as int64 on its device, after checking its values lie in ``[0, m)``."""
     if index.shape[0]:
         guard_index_values(index, m)
     return _device_flat.device_values(index, np.int64)
@@ -195,4 +210,4 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     shape = guard_scatter(weights, index, m, out)
     _arrays.guard_gpu_operands(weights, out, index=index)
     config = _scatter_grid(shape, tuple(weights.shape)[-1])
-    return _launch(kernel_key("scatter", weights), config, weights, _arrays.device_view(weights), shape, out, _index(index, m))
+    return _launch(kernel_key("scatter", weights), config, weights, _device_flat.span(weights), shape, out, _index(index, m))
