@@ -57,7 +57,7 @@ def test_hf_apply_rotary_pos_emb_rotates_q_and_k_in_one_launch(dtype, counted_la
     angles = torch.rand(2, 16, 32, device="cuda", dtype=torch.float64) * 50
     cos, sin = (f(torch.cat([angles, angles], -1)) for f in (torch.cos, torch.sin))
     got_q, got_k = apply_rotary_pos_emb(q, k, cos.to(dtype), sin.to(dtype))
-    assert counted_launches == [("apply", str(dtype).split(".")[-1], "half")]
+    assert [key[:3] for key in counted_launches] == [("apply", str(dtype).split(".")[-1], "half")]
     for got, x in ((got_q, q), (got_k, k)):  # the formula in float64 from the same 16-bit tables
         c, s = cos.to(dtype).double()[:, None], sin.to(dtype).double()[:, None]
         want = (x.double() * c + _rotate_half(x.double()) * s).to(dtype)
@@ -88,6 +88,40 @@ def test_rope_decode_step_in_a_cuda_graph_replays_bit_identically(dtype):
         position.fill_(step)
         graph.replay()
         assert torch.equal(out, pe.rope(x, position))
+
+
+def _decode_calls():
+    """``name -> call(x, step)``: decode steps of ``pe.rope`` on CUDA tensors as models make them."""
+    long = lambda step: torch.tensor([[step]], device="cuda")  # noqa: E731
+    return {
+        "position_ids": lambda x, step: pe.rope(x, long(100 + step)),
+        "int32 positions": lambda x, step: pe.rope(x, torch.tensor([7 * step], device="cuda", dtype=torch.int32)),
+        "float positions": lambda x, step: pe.rope(x, torch.tensor([0.5 + step], device="cuda")),
+        "offset": lambda x, step: pe.rope(x, offset=4000 + step),
+        "offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor(9 + step, device="cuda")),
+        "out buffer": lambda x, step: pe.rope(x.clone(), long(step), out=x.clone()),
+        "in place, interleaved, inverse": lambda x, step: (lambda y: pe.rope(y, long(3 * step), out=y, layout="interleaved", inverse=True))(x.clone()),
+        "linear scaling": lambda x, step: pe.rope(x, long(step), scaling=pe.scaling.Linear(4.0)),
+    }
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("name", list(_decode_calls()))
+def test_planned_decode_steps_give_the_full_paths_bits(dtype, name):
+    """From a signature's third call on, a decode step on CUDA tensors is planned
+    (``rope_cuda_plan``): its result equals the full path's (empty plan caches) bit for bit."""
+    call = _decode_calls()[name]
+    x = torch.randn(1, 32, 1, 128, device="cuda").to(dtype)
+    pe.rope.plans.clear()
+    cold = []
+    for step in range(4):
+        cold.append(call(x, step))
+        pe.rope.plans.clear()
+    for step in range(4):
+        assert torch.equal(call(x, step), cold[step]), (name, step)
+    if name != "out buffer":  # (a buffer other than x: no plan)
+        assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in pe.rope.plans.values() if plan), name
+    pe.rope.plans.clear()
 
 
 def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():

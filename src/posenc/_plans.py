@@ -135,24 +135,29 @@ def _tracing():
     return torch is not None and torch.compiler.is_compiling()
 
 
-def array_key(a):
-    """What validation and kernel selection read from array ``a``: None for a library no plan serves."""
+def array_key(a, *, cuda=False):
+    """What validation and kernel selection read from array ``a``: None for a library no plan
+    serves. ``cuda``: a torch CUDA tensor too (by its device as well), for a signature whose
+    plan serves one (``rope``)."""
     kind = type(a)
     if kind is np.ndarray:  # its flags as one int: writeable, aligned, owning its memory ...
         return (kind, a.shape, a.strides, a.dtype, a.flags.num)
     torch = sys.modules.get("torch")
-    if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.is_cpu and a.layout is torch.strided:
-        return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)
+    if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided:
+        if a.is_cpu:
+            return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)
+        if cuda and a.is_cuda:
+            return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.device)
     return None
 
 
-def value_key(value):
+def value_key(value, *, cuda=False):
     """An argument that is an array (its ``array_key``, None where no plan serves it) or a
     plain value (None, an int ...: its type, the value itself being the plan's argument)."""
     kind = type(value)
     if kind in _PLAIN:
         return kind
-    return array_key(value)
+    return array_key(value, cuda=cuda)
 
 
 def one_library(*values) -> bool:

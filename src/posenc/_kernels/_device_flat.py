@@ -53,11 +53,13 @@ class Span(NamedTuple):
 
 
 class Flat(NamedTuple):
-    """A kernel's 1-D C-contiguous array argument on a GPU: ``size`` elements of ``dtype`` from ``ptr``."""
+    """A kernel's 1-D C-contiguous array argument on a GPU: ``size`` elements of ``dtype`` from
+    ``ptr``; ``owner``: the device array whose memory it is, where posenc holds one (a constant)."""
 
     ptr: int
     size: int
     dtype: np.dtype
+    owner: object = None
 
 
 def _element(name, bits16):
@@ -110,6 +112,18 @@ def flat(s):
     if s.view is not None:
         return _arrays.strided(s.view, (n,), (1,)), s.strides
     return Flat(s.ptr, n, s.dtype), s.strides
+
+
+def words(flat, width):
+    """Kernel argument ``flat`` read as 64-bit words of ``width`` elements, or None where its
+    address is not a multiple of 8 bytes or its size of ``width``."""
+    if isinstance(flat, Flat):
+        if flat.ptr % 8 or flat.size % width:
+            return None
+        return Flat(flat.ptr, flat.size // width, np.dtype(np.uint64), flat.owner)
+    if flat.shape[0] % width or flat._ary.__array_interface__["data"][0] % 8:  # the simulator's
+        return None
+    return flat.view(np.uint64)
 
 
 def broadcast_strides(shape, strides, lead):
@@ -187,7 +201,7 @@ def _argument(array):
     """A numba device array as a kernel argument: itself in the simulator, a ``Flat`` on a GPU."""
     if _arrays.cuda_simulator():
         return array
-    return Flat(array.__cuda_array_interface__["data"][0] or 0, array.shape[0], array.dtype)
+    return Flat(array.__cuda_array_interface__["data"][0] or 0, array.shape[0], array.dtype, array)
 
 
 def constant(device, values, stream):
@@ -198,12 +212,12 @@ def constant(device, values, stream):
         found = _constants.get(key)
         if found is None:
             array = cuda.to_device(values, stream=stream)
-            found = _constants[key] = (array, _argument(array))  # (the array keeps its memory)
+            found = _constants[key] = _argument(array)  # (a Flat keeps its array: a plan may outlive the entry)
             while len(_constants) > _KEPT:
                 _constants.popitem(last=False)
         else:
             _constants.move_to_end(key)
-    return found[1]
+    return found
 
 
 def empty(device, dtype, stream):
@@ -289,6 +303,45 @@ def _core_stream(stream):
     from numba.cuda.cudadrv import driver
 
     return driver._to_core_stream(stream)
+
+
+class Prepared:
+    """Launches whose arguments are fixed but for the addresses of some arrays: a plan's
+    (``posenc._kernels.rope_cuda_plan``). ``launches``: ``(kernel, grid, block, arguments)``;
+    ``roles``: ``{address: name}`` of the arrays (``Flat`` arguments at those addresses)
+    whose address each call gives by name. Built only where the driver is launched
+    directly (``ready``)."""
+
+    def __init__(self, launches, device, roles):
+        self.steps, self.ready, self.alignment = [], True, {}
+        for kernel, grid, block, args in launches:
+            direct = _direct_launch(kernel, device)
+            if direct is None:
+                self.ready = False
+                return
+            function, writers, core_launch, config, _ = direct
+            params, slots = [], []
+            for write, a in zip(writers, args):
+                if type(a) is Flat and a.ptr in roles:
+                    role = roles[a.ptr]
+                    slots.append((len(params) + 4, role))  # the data pointer of numba's array layout
+                    self.alignment[role] = max(self.alignment.get(role, 1), a.dtype.itemsize)
+                write(a, params)
+            self.steps.append((function, config(grid=grid, block=block), params, slots, core_launch))
+
+    def __call__(self, stream, addresses):
+        """Launch with ``addresses`` by role; False (nothing launched) where one is not
+        aligned as the build's was (a kernel reading words needs whole words)."""
+        for role, alignment in self.alignment.items():
+            if addresses[role] % alignment:
+                return False
+        core = _core_stream(stream)
+        for function, config, params, slots, core_launch in self.steps:
+            params = list(params)
+            for slot, role in slots:
+                params[slot] = addresses[role]
+            core_launch(core, config, function, *params)
+        return True
 
 
 def launch(kernel, device, grid, block, stream, *args):

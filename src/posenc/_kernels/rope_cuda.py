@@ -77,8 +77,62 @@ def _copy(x, at, g, out, to, og, channel):
         oa += step * og[_AXES + 1]
 
 
-def _kernel_source(rotate, storage, interleaved, helpers):
-    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
+@cuda.jit(device=True, cache=True)
+def _unpack(word, u, storage, width):
+    """Element ``u`` of a word of ``width`` elements (float32, or 16-bit floats' bits) as float64."""
+    shift = np.uint64((64 // width) * u)
+    if width == 2:
+        return np.float64(np.uint32((word >> shift) & np.uint64(0xFFFFFFFF)).view(np.float32))
+    return _load(np.uint16((word >> shift) & np.uint64(0xFFFF)), storage)
+
+
+@cuda.jit(device=True, cache=True)
+def _pack(value, u, storage, width):
+    """``value`` rounded once to the storage (as ``_store`` rounds it), as element ``u`` of a word."""
+    shift = np.uint64((64 // width) * u)
+    if width == 2:
+        return np.uint64(np.uint32(np.float32(value).view(np.uint32))) << shift
+    bits = cuda.local.array(1, types.uint16)
+    _store(bits, 0, value, storage)
+    return np.uint64(bits[0]) << shift
+
+
+@cuda.jit(device=True, cache=True)
+def _turn_words(x, at, g, out, to, og, ia, ib, cs, ss, storage, width):
+    """``_turn`` on 64-bit words of ``width`` elements: pairs ``(ia*width + u, ib*width + u)``
+    rotated by ``(cs[u], ss[u])``, one load and one store per word."""
+    first, step = cuda.threadIdx.y, cuda.blockDim.y
+    xa, oa = at + first * g[_AXES + 1] + ia, to + first * og[_AXES + 1] + ia
+    xb, ob = xa + (ib - ia), oa + (ib - ia)
+    x_step, o_step = step * g[_AXES + 1], step * og[_AXES + 1]
+    for _ in range(first, g[_AXES + 3], step):
+        wa, wb = x[xa], x[xb]
+        ra, rb = np.uint64(0), np.uint64(0)
+        for u in range(width):
+            a, b = _unpack(wa, u, storage, width), _unpack(wb, u, storage, width)
+            ra |= _pack(a * cs[u] - b * ss[u], u, storage, width)
+            rb |= _pack(b * cs[u] + a * ss[u], u, storage, width)
+        out[oa] = ra
+        out[ob] = rb
+        xa += x_step
+        xb += x_step
+        oa += o_step
+        ob += o_step
+
+
+@cuda.jit(device=True, cache=True)
+def _cos_sin(rotate, p, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage):
+    """``(cos, sin)`` of pair ``p``: from the float64 angle (``rotate``) or read from the tables."""
+    if rotate:
+        angle = position * inv_freq[p]
+        return math.cos(angle) * scale, sign * math.sin(angle) * scale
+    return _load(cos[ci + p * cg[_AXES + 1]], storage), _load(sin[si + p * sg[_AXES + 1]], storage)
+
+
+def _kernel_source(rotate, storage, interleaved, width, helpers):
+    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``).
+    ``width`` > 1: ``x`` and ``out`` are read as 64-bit words of ``width`` elements, and
+    ``columns``, ``half`` and every offset and stride count words (``_words``)."""
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
@@ -101,32 +155,37 @@ def _kernel_source(rotate, storage, interleaved, helpers):
             si += i * sg[k + 1]
         if rest:  # past the last row
             return
+        # int64 positions are read as they are (``counts``), others converted to float64
+        # (``positions``): whichever is not empty.
+        position = 0.0
+        if rotate:
+            position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
         for j in range(cuda.threadIdx.x, columns, cuda.blockDim.x):
-            if j >= half:  # a pass-through channel
+            if j >= half:  # a pass-through channel (word)
                 _copy(x, xi, xg, out, oi, og, j + half)
                 _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
                 continue
-            if rotate:
-                # int64 positions are read as they are (``counts``), others converted to float64
-                # (``positions``): whichever is not empty.
-                position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
-                angle = position * inv_freq[j]
-                c = math.cos(angle) * scale
-                sn = sign * math.sin(angle) * scale
+            if width == 1:
+                c, sn = _cos_sin(rotate, j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+                _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
+                _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
             else:
-                c = _load(cos[ci + j * cg[_AXES + 1]], storage)
-                sn = _load(sin[si + j * sg[_AXES + 1]], storage)
-            ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-            _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
-            _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
+                cs = cuda.local.array(width, types.float64)
+                ss = cuda.local.array(width, types.float64)
+                for u in range(width):
+                    cs[u], ss[u] = _cos_sin(rotate, j * width + u, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                _turn_words(x, xi, xg, out, oi, og, j, j + half, cs, ss, storage, width)
+                _turn_words(x2, xi2, xg2, out2, oi2, og2, j, j + half, cs, ss, storage, width)
 
     return kernel
 
 
-def _build(op, dtype, layout):
-    t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
+def _build(op, dtype, layout, width=1):
+    element = types.Array(numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype])), 1, "C")
     f64, i64 = types.float64, types.int64
-    flat, operand, table = types.Array(t, 1, "C"), types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
+    flat = element if width == 1 else types.Array(types.uint64, 1, "C")
+    operand, table = types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
     sig = types.void(
         types.UniTuple(i64, _AXES),
         i64,
@@ -138,19 +197,22 @@ def _build(op, dtype, layout):
         types.Array(f64, 1, "C"),
         f64,
         f64,
-        flat,
+        element,
         table,
-        flat,
+        element,
         table,
     )
-    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", _family.source_digest(_codec))
+    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", width, _family.source_digest(_codec))
     return cuda.jit(sig, cache=True)(source)
 
+
+# Elements of a 64-bit word, by element size: the "half" layout's words (``_words``).
+_WIDTH = {2: 4, 4: 2}
 
 FAMILY = _family.Family(
     "rope_cuda",
     _build,
-    SPECIALISATIONS,
+    [*SPECIALISATIONS, *[(op, dtype, "half", _WIDTH[np.dtype(_arrays.ELEMENT[dtype]).itemsize]) for op, dtype, layout in SPECIALISATIONS if layout == "half" and dtype != "float64"]],
     lambda key: {key[1]},
 )
 
@@ -201,10 +263,11 @@ def _block(columns, heads):
     return bx, by, _THREADS // (bx * by)
 
 
-def _launch(op, layout, x, operands, tables, arguments, half, stream, device):
-    """One launch of ``op``'s kernel over ``operands`` (one ``_Operand``, or q and k sharing
-    the tables), reading ``tables`` (positions, or cos and sin: ``(flat, lead strides,
-    pair stride)``); ``arguments(views)`` completes the kernel's arguments."""
+def _launches(op, layout, x, operands, tables, arguments, half):
+    """``(kernel, grid, block, arguments)`` of each launch of ``op``'s kernel over ``operands``
+    (one ``_Operand``, or q and k sharing the tables), reading ``tables`` (positions, or cos
+    and sin: ``(flat, lead strides, pair stride)``); ``arguments(views)`` completes the
+    kernel's arguments. One launch but for eight or more leading axes that do not merge."""
     shape = tuple(x.shape)  # (the CUDA simulator's shapes take no negative index)
     lead = shape[:-1]
     first = operands[0]
@@ -219,15 +282,14 @@ def _launch(op, layout, x, operands, tables, arguments, half, stream, device):
         walks.append((first, found.strides(0), found.strides(1), 0))  # no second operand: no heads
     columns = half + (0 if all([o.in_place for o in operands]) else shape[-1] - 2 * half)
     if 0 in found.shape() or not columns:
-        return
-    kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
+        return []
+    dtype = _arrays.dtype_name(x.dtype)
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
-    block = _block(columns, max(found.h.size, walks[1][3]))
+    each = []
     for sizes, index in _device_flat.launches(found):
         rows = int(np.prod(sizes))
         if rows >= 2**31:
             raise ValueError(f"x has {rows} rows of positions: the CUDA kernel takes fewer than 2**31 a launch")
-        grid = -(-rows // block[2])
         ops = []
         for operand, xs, os_, heads in walks:
             ops += [
@@ -237,12 +299,71 @@ def _launch(op, layout, x, operands, tables, arguments, half, stream, device):
                 _device_flat.operand(os_, index, operand.o_strides[-1], heads),
             ]
         views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
-        _device_flat.launch(kernel, device, grid, block, stream, sizes, columns, half, *ops, *arguments(views))
+        each.append((rows, sizes, ops, arguments(views)))
+    width = _WIDTH.get(np.dtype(_arrays.ELEMENT[dtype]).itemsize, 1) if layout == "half" else 1
+    words = [_words(ops, width, half, shape[-1]) for _, _, ops, _ in each] if width > 1 else [None]
+    if None in words:  # elements one by one
+        width, words = 1, [ops for _, _, ops, _ in each]
+    kernel = FAMILY[(op, dtype, layout) if width == 1 else (op, dtype, layout, width)]
+    block = _block(columns // width, max(found.h.size, walks[1][3]))
+    return [
+        (kernel, -(-rows // block[2]), block, (sizes, columns // width, half // width, *ops, *rest))
+        for (rows, sizes, _, rest), ops in zip(each, words)
+    ]
+
+
+def _words(ops, width, half, dim):
+    """A launch's operands (``x``, ``out`` and their geometries, twice) read as 64-bit words
+    of ``width`` elements, or None where an address, offset or stride is not a whole number
+    of words, channels are not adjacent, or the rotated or passed-through channels do not
+    fill whole words."""
+    if half % width or (dim - 2 * half) % width:
+        return None
+    found = []
+    for k in range(0, len(ops), 2):
+        flat, (offset, *steps, channel, heads) = _device_flat.words(ops[k], width), ops[k + 1]
+        if flat is None or channel != 1 or offset % width or any([st % width for st in steps]):
+            return None
+        found += [flat, (offset // width, *[st // width for st in steps], 1, heads)]
+    return found
+
+
+def _run(launches, device, stream):
+    for kernel, grid, block, arguments in launches:
+        _device_flat.launch(kernel, device, grid, block, stream, *arguments)
 
 
 def _context(x):
     stream, on_device = _arrays.launch_context(x)
     return stream, on_device, _arrays.device_index(x)
+
+
+def kernel_positions(positions):
+    """The positions array the rotation kernel reads: int64 positions (torch.arange,
+    position_ids) as they are, others as float64 (converted on the device)."""
+    if _arrays.dtype_name(positions.dtype) == "int64":
+        return positions
+    return _device_flat.device_values(positions, np.float64)
+
+
+def rotation(x, positions, inv_freq, *, layout, inverse, scale, out, device, stream):
+    """``(operand, launches, positions argument)`` of ``rotate_positions`` (checked, on
+    ``device``'s context): what it launches, not yet launched."""
+    operand = _Operand(x, out)
+    held = kernel_positions(positions)
+    counting = _arrays.dtype_name(held.dtype) == "int64"
+    positions_table = _tables(_device_flat.span(held, bits16=False), tuple(x.shape)[:-1])
+    freqs = _device_flat.constant(device, inv_freq, stream)
+    none = _device_flat.empty(device, _arrays.ELEMENT[_arrays.dtype_name(x.dtype)], stream)
+    blank = _device_flat.BLANK_TABLE
+    no_floats, no_counts = _device_flat.empty(device, np.float64, stream), _device_flat.empty(device, np.int64, stream)
+
+    def arguments(views):
+        ((p, pg),) = views
+        p, c = (no_floats, p) if counting else (p, no_counts)
+        return (p, c, pg, freqs, -1.0 if inverse else 1.0, float(scale), none, blank, none, blank)
+
+    return operand, _launches("rotate", layout, x, [operand], [positions_table], arguments, inv_freq.shape[0]), positions_table[0]
 
 
 def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
@@ -251,23 +372,8 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     _arrays.guard_gpu_operands(x, out, positions=positions)
     stream, on_device, device = _context(x)
     with on_device:
-        operand = _Operand(x, out)
-        # int64 positions (torch.arange, position_ids) are read where they are; others become float64.
-        counting = _arrays.dtype_name(positions.dtype) == "int64"
-        held = _device_flat.span(positions if counting else _device_flat.device_values(positions, np.float64), bits16=False)
-        positions_table = _tables(held, tuple(x.shape)[:-1])
-        freqs = _device_flat.constant(device, inv_freq, stream)
-        element = _arrays.ELEMENT[_arrays.dtype_name(x.dtype)]
-        none = _device_flat.empty(device, element, stream)
-        blank = _device_flat.BLANK_TABLE
-        no_floats, no_counts = _device_flat.empty(device, np.float64, stream), _device_flat.empty(device, np.int64, stream)
-
-        def arguments(views):
-            ((p, pg),) = views
-            p, c = (no_floats, p) if counting else (p, no_counts)
-            return (p, c, pg, freqs, -1.0 if inverse else 1.0, float(scale), none, blank, none, blank)
-
-        _launch("rotate", layout, x, [operand], [positions_table], arguments, inv_freq.shape[0], stream, device)
+        operand, launches, _ = rotation(x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out, device=device, stream=stream)
+        _run(launches, device, stream)
         return operand.finish()
 
 
@@ -298,7 +404,7 @@ def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     with on_device:
         operand = _Operand(x, out)
         half, tables = _cos_sin_tables(x, cos, sin, layout)
-        _launch("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half, stream, device)
+        _run(_launches("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half), device, stream)
         return operand.finish()
 
 
@@ -319,9 +425,11 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
         operands = [_Operand(q, out_q), _Operand(k, out_k)]
         half, tables = _cos_sin_tables(q, cos, sin, layout)
         try:
-            _launch("apply", layout, q, operands, tables, _apply_arguments(device, stream), half, stream, device)
+            launches = _launches("apply", layout, q, operands, tables, _apply_arguments(device, stream), half)
         except _device_flat.NotAligned:  # rows of k that do not line up with q's: one launch each
+            launches = []
             for x, operand in zip((q, k), operands):
                 _, own = _cos_sin_tables(x, cos, sin, layout)
-                _launch("apply", layout, x, [operand], own, _apply_arguments(device, stream), half, stream, device)
+                launches += _launches("apply", layout, x, [operand], own, _apply_arguments(device, stream), half)
+        _run(launches, device, stream)
         return tuple(operand.finish() for operand in operands)

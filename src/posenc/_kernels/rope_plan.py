@@ -353,6 +353,10 @@ def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
     call = parse_rope(x, positions, scaling=scaling, layout=layout, offset=offset, out=out, **options)
     if call.path != "kernel":
         return None
+    if _arrays.torch_tensor(x) and x.device.type == "cuda":
+        from . import rope_cuda_plan
+
+        return rope_cuda_plan.build(x, call, _source(call, positions, offset), out=out, layout=layout, scaling=scaling)
     xv = _arrays.host_view(x)
     if not _host_kernel(call.kernel(), "rotate_positions") or not _writable_directly(xv, out):
         return None
