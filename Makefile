@@ -57,7 +57,7 @@ test-kernels-boundscheck: $(VENV)/.test-installed
 # (tests/conftest.py sets both too); with pytest-xdist installed (the gpu-test extra) the
 # suite runs on GPU_WORKERS processes.
 GPU_PYTHON ?= python3
-GPU_WORKERS ?= 4
+GPU_WORKERS ?= $(shell nproc 2>/dev/null || echo 4)
 test-gpu:
 	@$(GPU_PYTHON) tests/gpu/ready.py
 	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} POSENC_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 \
