@@ -159,7 +159,7 @@ def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch):
     q, k = _hf_views(rng, 2, 4, 4, 8, "float32"), _hf_views(rng, 2, 4, 2, 8, "float32")
     cos, sin = _tables(rng, 2, 4, 8, "half", "float32")
     got = rotate_pair(*(_device(a) for a in (q, k, cos, sin)))
-    assert [key[:3] for key in launches] == [("apply", "float32", "half")]  # (elements or 64-bit words: key[3])
+    assert launches == [("apply", "float32", "half")]
     for g, a in zip(got, (q, k)):
         _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), "float32")
 
@@ -246,67 +246,10 @@ def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     x, positions = _device_flat.Flat(1000, 8, np.dtype(np.float32)), _device_flat.Flat(2000, 1, np.dtype(np.int64))
     prepared = _device_flat.Prepared([("kernel", 3, (64, 2, 2), (x, (5, 6), positions))], 0, {1000: "x", 2000: "positions"})
     assert prepared.ready
-    assert prepared("stream", {"x": 4096, "positions": 8192})
-    assert prepared("stream", {"x": 112, "positions": 224})
-    assert not prepared("stream", {"x": 4098, "positions": 8192})  # not a whole float32: nothing launched
+    prepared("stream", {"x": 4096, "positions": 8192})
+    prepared("stream", {"x": 112, "positions": 224})
     first, second = launched
     assert first[:7] == (0, 0, 8, 4, 4096, 8, 4) and first[9:] == (0, 0, 1, 8, 8192, 1, 8)
     assert len(launched) == 2 and second[4] == 112 and second[13] == 224
     assert [p.value for p in first[7:9]] == [5, 6] and first[7:9] == second[7:9]
 
-
-def _rotations(rng, dtype):
-    """``name -> (call(x), x)``: rotations the word kernels take (64-bit words of 2 float32 or
-    4 float16), in the layouts they serve."""
-    from posenc._kernels import rope_cuda
-
-    inv_freq = 10000.0 ** -(np.arange(8) / 8)
-    positions = rng.integers(0, 50_000, (2, 1, 6))
-    cos, sin = _tables(rng, 2, 6, 16, "half", dtype)
-    partial = 10000.0 ** -(np.arange(4) / 4)
-    return {
-        "hf views": (lambda x: rope_cuda.rotate_positions(x, _device(positions), inv_freq), _hf_views(rng, 2, 6, 4, 16, dtype)),
-        "in place": (lambda x: rope_cuda.rotate_positions(x, _device(positions), inv_freq, out=x, inverse=True), rng.standard_normal((2, 3, 6, 16)).astype(dtype)),
-        "partial, pass-through": (lambda x: rope_cuda.rotate_positions(x, _device(positions), partial, scale=0.5), rng.standard_normal((2, 3, 6, 16)).astype(dtype)),
-        "cos/sin tables": (lambda x: rope_cuda.rotate_cos_sin(x, _device(cos), _device(sin)), _hf_views(rng, 2, 6, 3, 16, dtype)),
-        "q and k together": (lambda x: rope_cuda.rotate_cos_sin_pair(x, x[:, :2], _device(cos), _device(sin)), rng.standard_normal((2, 4, 6, 16)).astype(dtype)),
-    }
-
-
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
-@pytest.mark.parametrize("name", ["hf views", "in place", "partial, pass-through", "cos/sin tables", "q and k together"])
-def test_word_kernels_give_the_element_kernels_bits(monkeypatch, dtype, name):
-    """The "half" layout's 64-bit word kernels (one load and one store per word of 2 float32
-    or 4 16-bit floats) compute each element as the element kernels do: the same bits. A
-    view whose rows do not start on a whole word takes the element kernels."""
-    from posenc._kernels import rope_cuda
-
-    family, widths, keys = rope_cuda.FAMILY, rope_cuda._WIDTH, []
-
-    class Counting:
-        def __getitem__(self, key):
-            keys.append(key)
-            return family[key]
-
-    call, x = _rotations(np.random.default_rng(5), dtype)[name]
-
-    def run(a):
-        got = call(_device(a))
-        return [to_host(g) for g in got] if isinstance(got, tuple) else [to_host(got)]
-
-    monkeypatch.setattr(rope_cuda, "FAMILY", Counting())
-    words = run(x)
-    assert keys and all(len(key) == 4 for key in keys), keys
-    monkeypatch.setattr(rope_cuda, "_WIDTH", {})
-    keys.clear()
-    elements = run(x)
-    assert keys and all(len(key) == 3 for key in keys), keys
-    for w, e in zip(words, elements):
-        np.testing.assert_array_equal(w.view(np.uint8), e.view(np.uint8))
-    monkeypatch.setattr(rope_cuda, "_WIDTH", widths)
-    keys.clear()
-    off_word = _device(np.concatenate([x[..., :1], x], -1))[..., 1:]  # each row one element past a word
-    got = call(off_word)
-    assert keys and all(len(key) == 3 for key in keys), keys
-    for g, e in zip(got if isinstance(got, tuple) else [got], elements):
-        np.testing.assert_array_equal(to_host(g).view(np.uint8), e.view(np.uint8))

@@ -57,7 +57,7 @@ def test_hf_apply_rotary_pos_emb_rotates_q_and_k_in_one_launch(dtype, counted_la
     angles = torch.rand(2, 16, 32, device="cuda", dtype=torch.float64) * 50
     cos, sin = (f(torch.cat([angles, angles], -1)) for f in (torch.cos, torch.sin))
     got_q, got_k = apply_rotary_pos_emb(q, k, cos.to(dtype), sin.to(dtype))
-    assert [key[:3] for key in counted_launches] == [("apply", str(dtype).split(".")[-1], "half")]
+    assert counted_launches == [("apply", str(dtype).split(".")[-1], "half")]
     for got, x in ((got_q, q), (got_k, k)):  # the formula in float64 from the same 16-bit tables
         c, s = cos.to(dtype).double()[:, None], sin.to(dtype).double()[:, None]
         want = (x.double() * c + _rotate_half(x.double()) * s).to(dtype)

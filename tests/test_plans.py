@@ -630,3 +630,22 @@ def test_a_plan_keeps_no_callers_array_alive(name):
     make, call = KEPT[name]
     assert all(_freed(make, call)), name
     _clear()
+
+
+def test_a_plan_that_cannot_be_built_leaves_the_call_to_the_full_path(monkeypatch):
+    """A signature whose plan build raises keeps its results (the full path's), says so once
+    as a RuntimeWarning, and stays on the full path."""
+    from posenc._kernels import rope_plan
+
+    def broken(*args, **kwargs):
+        raise AttributeError("a builder's bug")
+
+    monkeypatch.setattr(rope_plan, "build_rotate", broken)
+    _clear()
+    want = _cold(lambda: pe.rope(X, offset=3))
+    _same(pe.rope(X, offset=3), want)
+    with pytest.warns(RuntimeWarning, match="no plan for this call signature .AttributeError: a builder's bug"):
+        _same(pe.rope(X, offset=3), want)
+    _same(pe.rope(X, offset=3), want)  # no second warning (filterwarnings = error)
+    assert not _served(pe.rope)
+    _clear()

@@ -17,7 +17,8 @@ cache in front of a public function:
   registry) and is only remembered (a one-off call costs what it did without plans); the
   second runs it too and, when it returns normally, asks ``Signature.build(*args,
   **kwargs)`` (the function's keyword defaults filled in) for a plan of that key (None:
-  the key is remembered as served by the full path). ``build`` is a ``"module:function"`` string,
+  the key is remembered as served by the full path; a build that raises does the same and
+  warns once, ``RuntimeWarning``). ``build`` is a ``"module:function"`` string,
   imported on first use (a family's signature names the kernel module that plans it
   without importing it);
 * later calls with the key call ``plan(args, kwargs)``, which launches the same kernel
@@ -45,6 +46,7 @@ import functools
 import importlib
 import inspect
 import sys
+import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -100,13 +102,24 @@ def planned(signature):
                 if plan is None:  # the first call of a signature pays for no plan
                     plans.put(key, _SEEN)
                 elif plan is _SEEN:
-                    plans.put(key, build()(*args, **{**defaults, **kwargs}) or False)
+                    plans.put(key, _built(build, args, {**defaults, **kwargs}))
             return result
 
         public.plans = plans
         return public
 
     return wrap
+
+
+def _built(build, args, kwargs):
+    """The plan ``build`` makes for a call the full path has just served, or False. A build
+    that raises leaves the signature on the full path (the call's result stands) and says so
+    once, as a ``RuntimeWarning``: a plan is only ever a faster way to the same numbers."""
+    try:
+        return build()(*args, **kwargs) or False
+    except Exception as exc:  # noqa: BLE001 (reported)
+        warnings.warn(f"posenc: no plan for this call signature ({type(exc).__name__}: {exc}); its calls keep the full path", RuntimeWarning, stacklevel=4)
+        return False
 
 
 class _Seen:

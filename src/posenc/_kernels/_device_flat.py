@@ -83,8 +83,8 @@ def span(a, *, bits16=True, unsigned=False):
             view = view.view(np.dtype(f"u{view.dtype.itemsize}"))
         ptr = view._ary.__array_interface__["data"][0]
         return Span(ptr, tuple(view.shape), _arrays.element_strides(view), view.dtype, view)
-    else:  # a numba device array on a GPU
-        ptr, shape, element = a.__cuda_array_interface__["data"][0] or 0, tuple(a.shape), _element(a.dtype.name, bits16)
+    else:  # a numba device array on a GPU (its __cuda_array_interface__ costs more Python, by its layout)
+        ptr, shape, element = a.device_ctypes_pointer.value or 0, tuple(a.shape), _element(a.dtype.name, bits16)
         strides = _arrays.element_strides(a)
     return Span(ptr, shape, strides, np.dtype(f"u{element.itemsize}") if unsigned else element)
 
@@ -112,18 +112,6 @@ def flat(s):
     if s.view is not None:
         return _arrays.strided(s.view, (n,), (1,)), s.strides
     return Flat(s.ptr, n, s.dtype), s.strides
-
-
-def words(flat, width):
-    """Kernel argument ``flat`` read as 64-bit words of ``width`` elements, or None where its
-    address is not a multiple of 8 bytes or its size of ``width``."""
-    if isinstance(flat, Flat):
-        if flat.ptr % 8 or flat.size % width:
-            return None
-        return Flat(flat.ptr, flat.size // width, np.dtype(np.uint64), flat.owner)
-    if flat.shape[0] % width or flat._ary.__array_interface__["data"][0] % 8:  # the simulator's
-        return None
-    return flat.view(np.uint64)
 
 
 def broadcast_strides(shape, strides, lead):
@@ -201,7 +189,7 @@ def _argument(array):
     """A numba device array as a kernel argument: itself in the simulator, a ``Flat`` on a GPU."""
     if _arrays.cuda_simulator():
         return array
-    return Flat(array.__cuda_array_interface__["data"][0] or 0, array.shape[0], array.dtype, array)
+    return Flat(array.device_ctypes_pointer.value or 0, array.shape[0], array.dtype, array)
 
 
 def constant(device, values, stream):
@@ -313,7 +301,7 @@ class Prepared:
     directly (``ready``)."""
 
     def __init__(self, launches, device, roles):
-        self.steps, self.ready, self.alignment = [], True, {}
+        self.steps, self.ready = [], True
         for kernel, grid, block, args in launches:
             direct = _direct_launch(kernel, device)
             if direct is None:
@@ -323,25 +311,18 @@ class Prepared:
             params, slots = [], []
             for write, a in zip(writers, args):
                 if type(a) is Flat and a.ptr in roles:
-                    role = roles[a.ptr]
-                    slots.append((len(params) + 4, role))  # the data pointer of numba's array layout
-                    self.alignment[role] = max(self.alignment.get(role, 1), a.dtype.itemsize)
+                    slots.append((len(params) + 4, roles[a.ptr]))  # the data pointer of numba's array layout
                 write(a, params)
             self.steps.append((function, config(grid=grid, block=block), params, slots, core_launch))
 
     def __call__(self, stream, addresses):
-        """Launch with ``addresses`` by role; False (nothing launched) where one is not
-        aligned as the build's was (a kernel reading words needs whole words)."""
-        for role, alignment in self.alignment.items():
-            if addresses[role] % alignment:
-                return False
+        """Launch with ``addresses`` (by role) on ``stream``."""
         core = _core_stream(stream)
         for function, config, params, slots, core_launch in self.steps:
             params = list(params)
             for slot, role in slots:
                 params[slot] = addresses[role]
             core_launch(core, config, function, *params)
-        return True
 
 
 def launch(kernel, device, grid, block, stream, *args):

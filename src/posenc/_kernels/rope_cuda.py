@@ -77,62 +77,8 @@ def _copy(x, at, g, out, to, og, channel):
         oa += step * og[_AXES + 1]
 
 
-@cuda.jit(device=True, cache=True)
-def _unpack(word, u, storage, width):
-    """Element ``u`` of a word of ``width`` elements (float32, or 16-bit floats' bits) as float64."""
-    shift = np.uint64((64 // width) * u)
-    if width == 2:
-        return np.float64(np.uint32((word >> shift) & np.uint64(0xFFFFFFFF)).view(np.float32))
-    return _load(np.uint16((word >> shift) & np.uint64(0xFFFF)), storage)
-
-
-@cuda.jit(device=True, cache=True)
-def _pack(value, u, storage, width):
-    """``value`` rounded once to the storage (as ``_store`` rounds it), as element ``u`` of a word."""
-    shift = np.uint64((64 // width) * u)
-    if width == 2:
-        return np.uint64(np.uint32(np.float32(value).view(np.uint32))) << shift
-    bits = cuda.local.array(1, types.uint16)
-    _store(bits, 0, value, storage)
-    return np.uint64(bits[0]) << shift
-
-
-@cuda.jit(device=True, cache=True)
-def _turn_words(x, at, g, out, to, og, ia, ib, cs, ss, storage, width):
-    """``_turn`` on 64-bit words of ``width`` elements: pairs ``(ia*width + u, ib*width + u)``
-    rotated by ``(cs[u], ss[u])``, one load and one store per word."""
-    first, step = cuda.threadIdx.y, cuda.blockDim.y
-    xa, oa = at + first * g[_AXES + 1] + ia, to + first * og[_AXES + 1] + ia
-    xb, ob = xa + (ib - ia), oa + (ib - ia)
-    x_step, o_step = step * g[_AXES + 1], step * og[_AXES + 1]
-    for _ in range(first, g[_AXES + 3], step):
-        wa, wb = x[xa], x[xb]
-        ra, rb = np.uint64(0), np.uint64(0)
-        for u in range(width):
-            a, b = _unpack(wa, u, storage, width), _unpack(wb, u, storage, width)
-            ra |= _pack(a * cs[u] - b * ss[u], u, storage, width)
-            rb |= _pack(b * cs[u] + a * ss[u], u, storage, width)
-        out[oa] = ra
-        out[ob] = rb
-        xa += x_step
-        xb += x_step
-        oa += o_step
-        ob += o_step
-
-
-@cuda.jit(device=True, cache=True)
-def _cos_sin(rotate, p, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage):
-    """``(cos, sin)`` of pair ``p``: from the float64 angle (``rotate``) or read from the tables."""
-    if rotate:
-        angle = position * inv_freq[p]
-        return math.cos(angle) * scale, sign * math.sin(angle) * scale
-    return _load(cos[ci + p * cg[_AXES + 1]], storage), _load(sin[si + p * sg[_AXES + 1]], storage)
-
-
-def _kernel_source(rotate, storage, interleaved, width, helpers):
-    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``).
-    ``width`` > 1: ``x`` and ``out`` are read as 64-bit words of ``width`` elements, and
-    ``columns``, ``half`` and every offset and stride count words (``_words``)."""
+def _kernel_source(rotate, storage, interleaved, helpers):
+    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
@@ -155,37 +101,32 @@ def _kernel_source(rotate, storage, interleaved, width, helpers):
             si += i * sg[k + 1]
         if rest:  # past the last row
             return
-        # int64 positions are read as they are (``counts``), others converted to float64
-        # (``positions``): whichever is not empty.
-        position = 0.0
-        if rotate:
-            position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
         for j in range(cuda.threadIdx.x, columns, cuda.blockDim.x):
-            if j >= half:  # a pass-through channel (word)
+            if j >= half:  # a pass-through channel
                 _copy(x, xi, xg, out, oi, og, j + half)
                 _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
                 continue
-            if width == 1:
-                c, sn = _cos_sin(rotate, j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
-                ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-                _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
-                _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
+            if rotate:
+                # int64 positions are read as they are (``counts``), others converted to float64
+                # (``positions``): whichever is not empty.
+                position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
+                angle = position * inv_freq[j]
+                c = math.cos(angle) * scale
+                sn = sign * math.sin(angle) * scale
             else:
-                cs = cuda.local.array(width, types.float64)
-                ss = cuda.local.array(width, types.float64)
-                for u in range(width):
-                    cs[u], ss[u] = _cos_sin(rotate, j * width + u, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
-                _turn_words(x, xi, xg, out, oi, og, j, j + half, cs, ss, storage, width)
-                _turn_words(x2, xi2, xg2, out2, oi2, og2, j, j + half, cs, ss, storage, width)
+                c = _load(cos[ci + j * cg[_AXES + 1]], storage)
+                sn = _load(sin[si + j * sg[_AXES + 1]], storage)
+            ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+            _turn(x, xi, xg, out, oi, og, ia, ib, c, sn, storage)
+            _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, sn, storage)
 
     return kernel
 
 
-def _build(op, dtype, layout, width=1):
-    element = types.Array(numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype])), 1, "C")
+def _build(op, dtype, layout):
+    t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
     f64, i64 = types.float64, types.int64
-    flat = element if width == 1 else types.Array(types.uint64, 1, "C")
-    operand, table = types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
+    flat, operand, table = types.Array(t, 1, "C"), types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
     sig = types.void(
         types.UniTuple(i64, _AXES),
         i64,
@@ -197,22 +138,19 @@ def _build(op, dtype, layout, width=1):
         types.Array(f64, 1, "C"),
         f64,
         f64,
-        element,
+        flat,
         table,
-        element,
+        flat,
         table,
     )
-    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", width, _family.source_digest(_codec))
+    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", _family.source_digest(_codec))
     return cuda.jit(sig, cache=True)(source)
 
-
-# Elements of a 64-bit word, by element size: the "half" layout's words (``_words``).
-_WIDTH = {2: 4, 4: 2}
 
 FAMILY = _family.Family(
     "rope_cuda",
     _build,
-    [*SPECIALISATIONS, *[(op, dtype, "half", _WIDTH[np.dtype(_arrays.ELEMENT[dtype]).itemsize]) for op, dtype, layout in SPECIALISATIONS if layout == "half" and dtype != "float64"]],
+    SPECIALISATIONS,
     lambda key: {key[1]},
 )
 
@@ -283,9 +221,10 @@ def _launches(op, layout, x, operands, tables, arguments, half):
     columns = half + (0 if all([o.in_place for o in operands]) else shape[-1] - 2 * half)
     if 0 in found.shape() or not columns:
         return []
-    dtype = _arrays.dtype_name(x.dtype)
+    kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
-    each = []
+    block = _block(columns, max(found.h.size, walks[1][3]))
+    found_launches = []
     for sizes, index in _device_flat.launches(found):
         rows = int(np.prod(sizes))
         if rows >= 2**31:
@@ -299,33 +238,8 @@ def _launches(op, layout, x, operands, tables, arguments, half):
                 _device_flat.operand(os_, index, operand.o_strides[-1], heads),
             ]
         views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
-        each.append((rows, sizes, ops, arguments(views)))
-    width = _WIDTH.get(np.dtype(_arrays.ELEMENT[dtype]).itemsize, 1) if layout == "half" else 1
-    words = [_words(ops, width, half, shape[-1]) for _, _, ops, _ in each] if width > 1 else [None]
-    if None in words:  # elements one by one
-        width, words = 1, [ops for _, _, ops, _ in each]
-    kernel = FAMILY[(op, dtype, layout) if width == 1 else (op, dtype, layout, width)]
-    block = _block(columns // width, max(found.h.size, walks[1][3]))
-    return [
-        (kernel, -(-rows // block[2]), block, (sizes, columns // width, half // width, *ops, *rest))
-        for (rows, sizes, _, rest), ops in zip(each, words)
-    ]
-
-
-def _words(ops, width, half, dim):
-    """A launch's operands (``x``, ``out`` and their geometries, twice) read as 64-bit words
-    of ``width`` elements, or None where an address, offset or stride is not a whole number
-    of words, channels are not adjacent, or the rotated or passed-through channels do not
-    fill whole words."""
-    if half % width or (dim - 2 * half) % width:
-        return None
-    found = []
-    for k in range(0, len(ops), 2):
-        flat, (offset, *steps, channel, heads) = _device_flat.words(ops[k], width), ops[k + 1]
-        if flat is None or channel != 1 or offset % width or any([st % width for st in steps]):
-            return None
-        found += [flat, (offset // width, *[st // width for st in steps], 1, heads)]
-    return found
+        found_launches.append((kernel, -(-rows // block[2]), block, (sizes, columns, half, *ops, *arguments(views))))
+    return found_launches
 
 
 def _run(launches, device, stream):

@@ -30,9 +30,10 @@ class RotatePlan:
 
         self.torch, self.source, self.in_place = torch, source, in_place
         stream, self.on_device, device = rope_cuda._context(x)
+        inv_freq = rope_cuda.guard_rotate(x, call.positions, call.inv_freq, None)  # as rotate_positions converts them
         with self.on_device:
             operand, launches, positions_flat = rope_cuda.rotation(
-                x, call.positions, call.inv_freq, layout=layout, inverse=call.inverse, scale=call.scale,
+                x, call.positions, inv_freq, layout=layout, inverse=call.inverse, scale=call.scale,
                 out=x if in_place else None, device=device, stream=stream,
             )  # fmt: skip
             held = rope_cuda.kernel_positions(call.positions)
@@ -62,8 +63,7 @@ class RotatePlan:
         with self.on_device:
             result = x if self.in_place else torch.empty(self.shape, dtype=self.dtype, device=self.device)
             stream = _arrays._stream(torch.cuda.current_stream(self.device).cuda_stream)
-            if not self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()}):
-                return NotImplemented  # x not aligned as the plan's words need: the full path
+            self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()})
         return result
 
 
