@@ -303,28 +303,6 @@ def strided(a, shape, strides):
     return DeviceNDArray(shape, byte_strides, a.dtype, stream=a.stream, gpu_data=a.gpu_data)
 
 
-def extent(a):
-    """``(lowest, highest + 1)`` byte addresses that numba device array ``a`` touches."""
-    if type(a).__module__.startswith("numba.cuda.simulator"):
-        start = a._ary.__array_interface__["data"][0]
-    else:
-        start = a.device_ctypes_pointer.value or 0
-    low = high = 0
-    for n, st in zip(a.shape, a.strides):
-        if n == 0:
-            return start, start
-        if st < 0:
-            low += (n - 1) * st
-        else:
-            high += (n - 1) * st
-    return start + low, start + high + a.dtype.itemsize
-
-
-def overlap(a, b) -> bool:
-    (al, ah), (bl, bh) = extent(a), extent(b)
-    return al < bh and bl < ah
-
-
 def bounds(index):
     """``(min, max)`` of a non-empty integer array of any library. On a GPU (torch, CuPy) both
     are reduced on the device and read back together: one synchronisation, two integers."""

@@ -105,10 +105,15 @@ def overlap(a, b) -> bool:
     return al < bh and bl < ah
 
 
+def _spanned(shape, strides):
+    """Elements from an array's first to its last, for non-negative element ``strides``."""
+    return 0 if 0 in shape else 1 + sum([(k - 1) * st for k, st in zip(shape, strides)])
+
+
 def flat(s):
     """``(flat, strides)``: the 1-D kernel argument over the memory ``Span`` ``s`` spans from
     its first element (non-negative strides), and ``s``'s element strides."""
-    n = 0 if 0 in s.shape else 1 + sum([(k - 1) * st for k, st in zip(s.shape, s.strides)])
+    n = _spanned(s.shape, s.strides)
     if s.view is not None:
         return _arrays.strided(s.view, (n,), (1,)), s.strides
     return Flat(s.ptr, n, s.dtype), s.strides
@@ -394,7 +399,7 @@ def converted(a, dtype):
     """Numba device array ``a``'s values as ``dtype``, converted on the device (no host copy):
     the memory ``a`` spans, element by element, then viewed with ``a``'s own strides."""
     steps = _arrays.element_strides(a)
-    n = 0 if 0 in a.shape else 1 + sum([(k - 1) * st for k, st in zip(a.shape, steps)])
+    n = _spanned(a.shape, steps)
     target = cuda.device_array((n,), dtype, stream=a.stream)
     if n:
         _convert[-(-n // 128), 128, a.stream](_arrays.strided(a, (n,), (1,)), target)

@@ -32,11 +32,11 @@ class RotatePlan:
         stream, self.on_device, device = rope_cuda._context(x)
         inv_freq = rope_cuda.guard_rotate(x, call.positions, call.inv_freq, None)  # as rotate_positions converts them
         with self.on_device:
+            held = rope_cuda.kernel_positions(call.positions)
             operand, launches, positions_flat = rope_cuda.rotation(
-                x, call.positions, inv_freq, layout=layout, inverse=call.inverse, scale=call.scale,
+                x, held, inv_freq, layout=layout, inverse=call.inverse, scale=call.scale,
                 out=x if in_place else None, device=device, stream=stream,
             )  # fmt: skip
-            held = rope_cuda.kernel_positions(call.positions)
         self.counting = _arrays.dtype_name(held.dtype) == "int64"
         self.positions_geometry = (tuple(held.shape), tuple(held.stride()))
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device

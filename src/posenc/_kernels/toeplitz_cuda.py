@@ -160,8 +160,9 @@ def _launch(key, config, like, values, shape, out, index=None):
         result = _arrays.empty(like, shape) if out is None else out
         if 0 in shape:
             return result
-        if int(np.prod(shape[:-1])) >= 2**31:
-            raise ValueError(f"{int(np.prod(shape[:-1]))} rows of queries: the CUDA kernels take fewer than 2**31")
+        rows = int(np.prod(shape[:-1]))
+        if rows >= 2**31:
+            raise ValueError(f"{rows} rows of queries: the CUDA kernels take fewer than 2**31")
         device = _arrays.device_index(like)
         target = _device_flat.span(result) if key[0] == "scatter" else _bits(result)
         (v_flat, v_steps), (o_flat, o_steps) = _device_flat.flat(values), _device_flat.flat(target)
