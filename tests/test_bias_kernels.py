@@ -351,6 +351,21 @@ def test_cuda_kernels_match_the_cpu_definitions(cuda, problem):
     assert np.all(np.abs(got.astype(np.float64) - want) <= (EPS[dtype] + accumulate) * magnitude + 1e-300)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_cuda_copies_of_long_rows_are_bit_exact(cuda, dtype):
+    """Rows of 600 keys: each thread copies four keys at a time (128 threads along a row),
+    then the rest one at a time; expand and gather both, bit for bit."""
+    rng = np.random.default_rng(3)
+    q_len, k_len, m = 2, 600, 7
+    vec = rng.standard_normal((2, q_len + k_len - 1)).astype(dtype)
+    got = _gpu("toeplitz_expand")(cuda.to_device(vec), q_len, k_len).copy_to_host()
+    np.testing.assert_array_equal(got, expand_loops(vec, q_len, k_len))
+    scores = rng.standard_normal((2, q_len, m)).astype(dtype)
+    idx = rng.integers(0, m, q_len + k_len - 1)
+    got = _gpu("toeplitz_gather")(cuda.to_device(scores), cuda.to_device(idx), k_len).copy_to_host()
+    np.testing.assert_array_equal(got, gather_loops(scores, idx, k_len))
+
+
 def test_dispatch_picks_the_cuda_kernel_for_device_arrays(cuda):
     vec = cuda.to_device(np.zeros((2, 5), dtype=np.float32))
     assert _dispatch.select("toeplitz_expand", vec, 3, 3) is _gpu("toeplitz_expand")

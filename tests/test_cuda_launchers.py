@@ -182,7 +182,8 @@ def test_an_out_overlapping_x_other_than_exactly_gets_the_reference_values():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout):
+@pytest.mark.parametrize("heads", [3, 11])
+def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads):
     """The same HF-layout rotation by the CUDA kernel and by the Numba CPU kernel (angles up to
     5e5 radians from the same float64 products): one ulp of the dtype at the result, plus, for
     the results that cancel in ``a*cos - b*sin``, a few ulps of the inputs' magnitude (the CPU
@@ -192,12 +193,32 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout):
     from posenc._kernels import rope_cpu, rope_cuda
 
     rng = np.random.default_rng(11)
-    x = _hf_views(rng, 2, 6, 3, 16, dtype)
+    x = _hf_views(rng, 2, 6, heads, 16, dtype)
     positions = rng.integers(0, 500_000, (2, 1, 6))
     inv_freq = 10000.0 ** -(np.arange(8) / 8)
     cpu = rope_cpu.rotate_positions(x.copy(), positions, inv_freq, layout=layout).astype(np.float64)
     gpu = to_host(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq, layout=layout)).astype(np.float64)
     assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
+    """A thread rotates its heads four at a time, then one at a time: eleven heads (two y
+    threads: six and five heads each) against each head alone (one at a time only), bit for
+    bit, so no result depends on how many heads share a call."""
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(12)
+    x = _hf_views(rng, 2, 3, 11, 16, dtype)
+    positions = _device(rng.integers(0, 500_000, (2, 1, 3)))
+    inv_freq = 10000.0 ** -(np.arange(8) / 8)
+
+    def rotated(a):
+        return to_host(rope_cuda.rotate_positions(_device(np.ascontiguousarray(a)), positions, inv_freq))
+
+    together = rotated(x)
+    for h in range(x.shape[1]):
+        np.testing.assert_array_equal(together[:, h], rotated(x[:, h : h + 1])[:, 0])
 
 
 def test_direct_launch_lays_out_arguments_as_numba_does():

@@ -2,8 +2,8 @@
 
 Same contracts as ``toeplitz_cpu``. Expand and gather give each output row to a block's
 row of threads (``y``; a row's index arithmetic once per thread), whose ``x`` threads walk
-its keys (writes coalesce; the per-distance vector is read backwards, which coalesces as
-well); they copy bits, so they are specialised by element size. Scatter
+its keys four at a time, loads before stores (writes coalesce; the per-distance vector is
+read backwards, which coalesces as well); they copy bits, so they are specialised by element size. Scatter
 gives one block per (row, chunk of ``_CHUNK`` classes): the block's threads add the row's
 weights into a shared-memory accumulator with shared atomics, then write the chunk once;
 it sums 16-bit floats and float32 in float32 (native shared-memory atomics), float64 in
@@ -54,6 +54,12 @@ def _walk_row(row, sizes, q_len, vg, og):
     return i, vi, oi
 
 
+@cuda.jit(device=True, cache=True)
+def _column(index, ig, t, gather):
+    """The column of ``values`` that distance entry ``t`` reads: ``index[t]``, or ``t``."""
+    return index[ig[0] + t * ig[1]] if gather else t
+
+
 def _copy_source(gather):
     """Expand (``gather=False``) or gather, one thread per output element: with
     ``t = i + k_len - 1 - j``, ``out[b, i, j] = values[b, t]`` (a per-distance vector) or
@@ -69,11 +75,24 @@ def _copy_source(gather):
             return
         i, vi, oi = _walk_row(row, sizes, q_len, vg, og)
         step = cuda.blockDim.x
-        t = i + k_len - 1 - cuda.threadIdx.x  # the distance's entry of key j, stepped with j
-        at, out_step = oi + cuda.threadIdx.x * og[_BATCH + 2], step * og[_BATCH + 2]
-        for _ in range(cuda.threadIdx.x, k_len, step):
-            column = index[ig[0] + t * ig[1]] if gather else t
-            out[at] = values[vi + column * vg[_BATCH + 2]]
+        j = cuda.threadIdx.x
+        t = i + k_len - 1 - j  # the distance's entry of key j, stepped with j
+        at, out_step = oi + j * og[_BATCH + 2], step * og[_BATCH + 2]
+        while j + 3 * step < k_len:  # four keys' loads before their stores
+            v0 = values[vi + _column(index, ig, t, gather) * vg[_BATCH + 2]]
+            v1 = values[vi + _column(index, ig, t - step, gather) * vg[_BATCH + 2]]
+            v2 = values[vi + _column(index, ig, t - 2 * step, gather) * vg[_BATCH + 2]]
+            v3 = values[vi + _column(index, ig, t - 3 * step, gather) * vg[_BATCH + 2]]
+            out[at] = v0
+            out[at + out_step] = v1
+            out[at + 2 * out_step] = v2
+            out[at + 3 * out_step] = v3
+            j += 4 * step
+            t -= 4 * step
+            at += 4 * out_step
+        while j < k_len:
+            out[at] = values[vi + _column(index, ig, t, gather) * vg[_BATCH + 2]]
+            j += step
             t -= step
             at += out_step
 
