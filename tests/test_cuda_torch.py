@@ -124,6 +124,26 @@ def test_planned_decode_steps_give_the_full_paths_bits(dtype, name):
     pe.rope.plans.clear()
 
 
+@pytest.mark.parametrize("name", ["position_ids", "int32 positions", "float positions", "offset", "in place, interleaved, inverse"])
+def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name):
+    """What makes a decode step cheap on the host: once planned, a call of the signature
+    launches from its plan and never reaches the launcher's geometry (``rope_cuda.rotation``)."""
+    from posenc._kernels import rope_cuda
+
+    call = _decode_calls()[name]
+    x = torch.randn(1, 32, 1, 128, device="cuda")
+    pe.rope.plans.clear()
+    for step in range(3):
+        call(x, step)
+    full_path = []
+    original = rope_cuda.rotation  # (what the launcher computes its launches with; a plan has them)
+    monkeypatch.setattr(rope_cuda, "rotation", lambda *a, **k: full_path.append(1) or original(*a, **k))
+    for step in range(3, 6):
+        call(x, step)
+    pe.rope.plans.clear()
+    assert not full_path, f"{name}: {len(full_path)} of 3 planned calls took the full path"
+
+
 def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
     x = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     cos = torch.empty(1, 128, device="cuda", dtype=torch.bfloat16)
