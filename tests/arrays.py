@@ -59,6 +59,15 @@ def gpu_run() -> bool:
     return os.environ.get("POSENC_TEST_GPU") == "1"
 
 
+def child_pythonpath(first) -> str:
+    """``PYTHONPATH`` for a child process that must import posenc from ``first``: that folder,
+    then what this process's ``PYTHONPATH`` held but the checkout's ``src`` (a GPU image's
+    own NumPy, say, which its numba-cuda needs)."""
+    src = os.path.realpath(os.path.join(os.path.dirname(__file__), os.pardir, "src"))
+    kept = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) != src]
+    return os.pathsep.join([str(first), *kept])
+
+
 def _usable(name) -> bool:
     if importlib.util.find_spec(_MODULES[name]) is None:
         return False

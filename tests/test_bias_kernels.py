@@ -323,7 +323,10 @@ def _device_strided(cuda, data):
     """A device view with a gapped last axis (``[..., ::2]`` of a wider device array)."""
     wide = np.zeros((*data.shape[:-1], 2 * data.shape[-1]), dtype=data.dtype)
     wide[..., ::2] = data
-    return cuda.to_device(wide)[..., ::2]
+    if not data.size:  # (numba's device arrays refuse a step slice of an empty axis, and take no Ellipsis)
+        return cuda.to_device(data)
+    every_other = (slice(None),) * (data.ndim - 1) + (slice(None, None, 2),)
+    return cuda.to_device(wide)[every_other]
 
 
 @settings(max_examples=15, deadline=None)

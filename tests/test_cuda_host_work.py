@@ -79,16 +79,20 @@ def _host_work(monkeypatch, module, call):
     from numba import cuda
 
     gc.collect()  # (a collection inside the call would run finalizers there)
+    if not _arrays.cuda_simulator():  # frees pending from earlier calls made: each measurement starts alike
+        getattr(cuda.current_context().memory_manager, "deallocations", cuda.current_context().deallocations).clear()
     gc.disable()
+    result = None
     # On a GPU, numba frees device memory in batches once enough is pending, which a call
     # that allocates its result may happen to trigger: freeing is deferred while measuring.
     with cuda.defer_cleanup():
         sys.setprofile(profile)
         try:
-            call()
+            result = call()  # (held: freeing it here would run numba's finalizers, whose work depends on what is pending)
         finally:
             sys.setprofile(None)
             gc.enable()
+    del result
     return len(recorder.launches), indexing[0], calls[0]
 
 

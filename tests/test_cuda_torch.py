@@ -160,6 +160,8 @@ def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
         assert torch.equal(bias, pe.t5_bias(table, 1, 4096, offset=4095, max_distance=64))
 
 
+# torch 2.11's CUDA graph trees capture an empty graph of their own when they start, and say so.
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
 def test_patched_model_under_reduce_overhead_compile_gives_the_eager_greedy_tokens():
     from hf_models import build
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from arrays import child_pythonpath
 from posenc._kernels import _arrays, _family, _layout, warmup
 
 # ---------------------------------------------------------------- Family
@@ -91,7 +92,7 @@ def test_an_edit_to_a_helper_module_recompiles_the_cached_kernels_that_inline_it
         "_dispatch.call('toeplitz_scatter', np.ones((1, 2, 3)), np.array([0, 1, 2, 1]), 3);"
         "print(sorted((str(b), b.compiled) for b in _family.BUILDS))"
     )
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(tmp_path / "src")}
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": child_pythonpath(tmp_path / "src")}
 
     def builds():
         run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -223,7 +224,10 @@ def test_rope_on_a_torch_tensor_enters_few_files_and_never_climbs_out_of_kernels
         sys.setprofile(None)
     files = list(dict.fromkeys(entered))
     assert len(files) <= 10, files
-    first_kernel = next(i for i, f in enumerate(entered) if f.startswith("_kernels/rope_cpu"))
+    # (Numba reports a jitted call to a profiler on Python 3.11, not on 3.12: the first frame
+    # in _kernels/ is the plan's or the launcher's, whichever Python this is.)
+    first_kernel = next((i for i, f in enumerate(entered) if f.startswith("_kernels/")), None)
+    assert first_kernel is not None, entered
     assert all(f.startswith("_kernels/") for f in entered[first_kernel:]), entered[first_kernel:]
 
 
@@ -243,6 +247,12 @@ def test_numba_device_arrays_launch_on_their_own_stream():
     assert _arrays.launch_context(b)[0] is own
 
 
+def _handle(stream):
+    """A numba stream's CUDA handle as an int (a ctypes pointer, or a cuda-python ``CUstream``)."""
+    handle = stream.handle
+    return handle.value if hasattr(handle, "value") else int(handle)
+
+
 def test_torch_cuda_tensors_launch_on_torch_s_current_stream():
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available() or not _arrays.numba_cuda() or _arrays.cuda_simulator():
@@ -251,11 +261,11 @@ def test_torch_cuda_tensors_launch_on_torch_s_current_stream():
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
         stream, _ = _arrays.launch_context(x)
-    assert stream.handle.value == side.cuda_stream
+    assert _handle(stream) == side.cuda_stream
     stream, _ = _arrays.launch_context(x)  # the default stream, handle 0: CUDA's legacy default stream
     from numba import cuda
 
-    assert stream.handle.value == cuda.legacy_default_stream().handle.value
+    assert _handle(stream) == _handle(cuda.legacy_default_stream())
 
 
 def test_a_bias_validates_its_lengths_once_and_its_launcher_guards_them_once(monkeypatch):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
+from arrays import child_pythonpath
 
 RUNNER = pathlib.Path(__file__).parent / "reliability" / "kernel_run.py"
 SRC = pathlib.Path(pe.__file__).parent
@@ -97,7 +98,7 @@ def test_read_only_package_directory(tmp_path):
     shutil.copytree(SRC, site / "posenc", ignore=shutil.ignore_patterns("__pycache__"))
     path, prefix = _read_only_view(site, tmp_path / "ro")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    env.update(PYTHONPATH=str(path), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "user-cache"))
+    env.update(PYTHONPATH=child_pythonpath(path), HOME=str(tmp_path), XDG_CACHE_HOME=str(tmp_path / "user-cache"))
     # The Toeplitz kernels compile in seconds; the cold/warm test above covers the rotation.
     log, ro = _run(env, tmp_path / "ro.npz", prefix, cases=("t5_bias",))
     assert f"posenc from {path}" in log and "posenc._kernels" in log, log

@@ -109,17 +109,23 @@ def index_bounds(xp, device=None):
     """``(dtype, bits, low, high)`` of the namespace's index dtype."""
     dtype = index_dtype(xp, device)
     torch = _torch()
-    known = isinstance(dtype, _numpy_dtype) or (torch is not None and isinstance(dtype, torch.dtype))  # (hashable; ranges fixed)
-    bounds = _BOUNDS.get(dtype) if known else None
+    # NumPy's dtypes and torch's in separate caches (hashable, ranges fixed): torch.compile
+    # traces the lookup in the torch one, and some versions cannot hash a NumPy dtype key.
+    if isinstance(dtype, _numpy_dtype):
+        cache = _NUMPY_BOUNDS
+    else:
+        cache = _TORCH_BOUNDS if torch is not None and isinstance(dtype, torch.dtype) else None
+    bounds = cache.get(dtype) if cache is not None else None
     if bounds is None:
         info = xp.iinfo(dtype)
         bounds = dtype, int(info.bits), int(info.min), int(info.max)
-        if known:
-            _BOUNDS[dtype] = bounds
+        if cache is not None:
+            cache[dtype] = bounds
     return bounds
 
 
-_BOUNDS = {}  # index dtype (NumPy's, torch's) -> index_bounds
+_NUMPY_BOUNDS = {}  # NumPy index dtype -> index_bounds
+_TORCH_BOUNDS = {}  # torch index dtype -> index_bounds
 
 
 def _size(value):

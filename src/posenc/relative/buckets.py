@@ -117,7 +117,7 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
     largest = xp.iinfo(rel.dtype).max
     if bidirectional:
         n = xp.abs(xp.clip(rel, -largest, None))  # |int64 min| does not exist: beyond every threshold, as -largest
-        base = xp.where(rel < 0, xp.asarray(side, dtype=rel.dtype, device=device_of(rel)), xp.zeros_like(rel))
+        base = xp.astype(rel < 0, rel.dtype) * side  # (no host scalar copied to the device: CUDA graphs capture this)
     else:
         n = xp.clip(rel, 0, None)
         base = xp.zeros_like(rel)
@@ -201,7 +201,7 @@ def deberta_buckets(xp, rel, bucket_size, max_position):
         safe = xp.astype(xp.where(identity, xp.full_like(magnitude, mid), magnitude), work)
         # The log of the same rounded ratio as the numerator's, so |rel| = max_position - 1
         # gives exactly 1 (bucket 2m - 1) in float32 too, as in the original.
-        span = xp.log(xp.asarray((max_position - 1) / mid, dtype=work, device=device_of(rel)))
+        span = xp.log(xp.full((), (max_position - 1) / mid, dtype=work, device=device_of(rel)))
         steps = xp.ceil(xp.log(safe / mid) / span * (mid - 1))
         logarithmic = xp.astype(steps, rel.dtype) + mid
     return xp.where(identity, rel, xp.where(rel < 0, -logarithmic, logarithmic))
