@@ -4,10 +4,11 @@ posenc's numba.cuda kernels on torch CUDA tensors (and CuPy arrays where CuPy is
 beside what a GPU user would run instead: the plain formula in torch eager (the ``vs framework``
 baseline), ``torch.compile`` of the same formula, Liger-Kernel's Triton RoPE where
 ``liger_kernel`` is installed, and the device's own ``Tensor.copy_`` / ``fill_`` of the same
-bytes (the ``of copy`` reference: 1.00 = the device's copy bandwidth). Every timed call
-ends with a device synchronisation, except the decode step's rows, which time
-``DECODE_CALLS`` calls back to back and one synchronisation (a call's host time is what a
-decode step costs there).
+bytes (the ``of copy`` reference: 1.00 = the device's copy bandwidth). A row's time is per
+call, from samples of calls enqueued back to back before one device synchronisation:
+``BACK_TO_BACK`` for the bandwidth rows (the host prepares the next call while the device
+runs this one, as in a model's forward: what is measured is the device's time), and
+``DECODE_CALLS`` for the decode step's rows (there a call's host time is what it costs).
 
 Rows: ``rope`` and ``apply_rope`` on ``[4, 32, 8192, 128]`` (``--quick``: ``[1, 32, 1024,
 128]``) in float32 and bfloat16, allocating and in place; Hugging Face's ``q [4, 4096, 32,
@@ -19,6 +20,7 @@ heads over ``L x L``; ``pe.rope`` on a JAX GPU array under ``jax.jit`` where JAX
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import time
 
@@ -31,6 +33,7 @@ from ._bench_measure import Case, Row, _measure, best
 from ._kernels import _arrays
 
 DECODE_CALLS = 200
+BACK_TO_BACK = 10  # calls a sample of a bandwidth row enqueues before it synchronises
 
 
 def requirements() -> str | None:
@@ -118,12 +121,12 @@ def _rope_rows(torch, shape, dtype, repeat, progress, sync):
     cos, sin = _tables(torch, seq, dim, dtype)
     positions = torch.arange(seq, device="cuda")
     nbytes = 2 * x.numel() * x.element_size()  # read x, write the result
-    copy = nbytes / best(lambda: buf.copy_(x), repeat, sync)
+    copy = nbytes / best(lambda: buf.copy_(x), repeat, sync, BACK_TO_BACK)
     name = str(dtype).rsplit(".", 1)[-1]
-    formula = _compiled(torch, _oracles.rope_rotate_half)
+    formula = _compiled(torch, functools.partial(_oracles.hf_rope, torch))
     with torch.no_grad():
         cases = [
-            Case("torch eager plain formula", lambda: _oracles.rope_rotate_half(x, cos, sin), nbytes, name),
+            Case("torch eager plain formula", lambda: _oracles.hf_rope(torch, x, cos, sin), nbytes, name),
             Case("torch.compile plain formula", lambda: formula(x, cos, sin), nbytes, name),
             Case("posenc rope (torch)", lambda: pe.rope(x, positions), nbytes, name),
             Case("posenc rope in place (torch)", lambda: pe.rope(buf, positions, out=buf), nbytes, name),
@@ -141,13 +144,15 @@ def _rope_rows(torch, shape, dtype, repeat, progress, sync):
                 Case("posenc rope in place (cupy)", lambda: pe.rope(cbuf, cpos, out=cbuf), nbytes, name),
                 Case("cupy.copyto (bandwidth)", lambda: cupy.copyto(cbuf, cx), nbytes, name, comparable=False, bandwidth_row=True),
             ]
-        return _measure(f"rope {list(shape)} (GPU)", cases, copy, repeat, progress, sync)
+        return _measure(f"rope {list(shape)} (GPU)", cases, copy, repeat, progress, sync, BACK_TO_BACK)
 
 
 def _hf_apply(q, k, cos, sin):
     """transformers' ``apply_rotary_pos_emb`` (``unsqueeze_dim=1``)."""
+    import torch
+
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return _oracles.rope_rotate_half(q, cos, sin), _oracles.rope_rotate_half(k, cos, sin)
+    return _oracles.hf_rope(torch, q, cos, sin), _oracles.hf_rope(torch, k, cos, sin)
 
 
 def liger_rope():
@@ -189,9 +194,9 @@ def _hf_pair_rows(torch, batch_seq, repeat, progress, sync):
     else:
         progress("  (liger_kernel not installed: no Liger-Kernel row)")
     cases.append(Case("Tensor.copy_ (bandwidth)", lambda: target.copy_(source), nbytes, "bfloat16", comparable=False, bandwidth_row=True))
-    copy = nbytes / best(lambda: target.copy_(source), repeat, sync)
+    copy = nbytes / best(lambda: target.copy_(source), repeat, sync, BACK_TO_BACK)
     with torch.no_grad():
-        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, sync)
+        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, sync, BACK_TO_BACK)
 
 
 def _decode_rows(torch, dtype, repeat, progress, sync):
@@ -208,7 +213,7 @@ def _decode_rows(torch, dtype, repeat, progress, sync):
     with torch.no_grad():
         for impl, fn in (("torch eager plain formula", formula), ("posenc rope (torch)", lambda: pe.rope(x, position))):
             progress(f"  {op}: {impl} ...")
-            rows.append(Row(op, impl, name, _per_call(fn, repeat, sync), 2 * x.numel() * x.element_size()))
+            rows.append(Row(op, impl, name, best(fn, repeat, sync, DECODE_CALLS), 2 * x.numel() * x.element_size()))
     rows[1].plain_seconds = rows[0].seconds
     return rows
 
@@ -222,7 +227,7 @@ def decode_formula(torch, x, position):
     def formula():
         freqs = position[:, None].float() * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return _oracles.rope_rotate_half(x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
+        return _oracles.hf_rope(torch, x, emb.cos().to(x.dtype), emb.sin().to(x.dtype))
 
     return formula
 
@@ -232,26 +237,12 @@ def alibi_formula(slopes, positions):
     return -slopes[:, None, None] * (positions[None, :] - positions[:, None]).abs().float()[None]
 
 
-def _per_call(fn, repeat, sync):
-    """Seconds per call of ``fn`` run ``DECODE_CALLS`` times back to back (best of ``repeat``)."""
-    fn()
-    sync()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        for _ in range(DECODE_CALLS):
-            fn()
-        sync()
-        times.append((time.perf_counter() - t0) / DECODE_CALLS)
-    return min(times)
-
-
 def _bias_rows(torch, heads, length, repeat, progress, sync):
     table = torch.randn(32, heads, device="cuda")
     slopes = torch.from_numpy(pe.alibi_slopes(heads)).to("cuda", torch.float32)
     out = torch.empty(heads, length, length, device="cuda")
     nbytes = out.numel() * out.element_size()  # write the bias
-    fill = nbytes / best(lambda: out.fill_(1.0), repeat, sync)
+    fill = nbytes / best(lambda: out.fill_(1.0), repeat, sync, BACK_TO_BACK)
     embedding = torch.nn.Embedding.from_pretrained(table)
     positions = torch.arange(length, device="cuda")
 
@@ -268,6 +259,6 @@ def _bias_rows(torch, heads, length, repeat, progress, sync):
             Case("posenc alibi_bias symmetric out= (torch)", lambda: pe.alibi_bias(slopes, length, length, symmetric=True, out=out), nbytes),
             Case("Tensor.fill_ (bandwidth)", lambda: out.fill_(1.0), nbytes, comparable=False, bandwidth_row=True),
         ]
-        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, fill, repeat, progress, sync) + _measure(
-            f"alibi_bias h={heads} L={length} (GPU)", alibi, fill, repeat, progress, sync
+        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, fill, repeat, progress, sync, BACK_TO_BACK) + _measure(
+            f"alibi_bias h={heads} L={length} (GPU)", alibi, fill, repeat, progress, sync, BACK_TO_BACK
         )

@@ -45,33 +45,36 @@ class Row:
         return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", median, f"{rate / 1e9:.1f}", frac, speed]
 
 
-def timings(fn, repeat, sync=lambda: None):
-    """``repeat`` timed calls of ``fn`` after one warm-up call, sorted; ``sync`` waits for
-    the device (GPU work is asynchronous)."""
+def timings(fn, repeat, sync=lambda: None, calls=1):
+    """Seconds a call of ``fn`` took in each of ``repeat`` samples after one warm-up call,
+    sorted: a sample is ``calls`` calls back to back and then ``sync``, which waits for the
+    device (GPU work is asynchronous; with several calls the host's work on the next one
+    overlaps the device's on this one, as in a pipeline)."""
     fn()
     sync()
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        fn()
+        for _ in range(calls):
+            fn()
         sync()
-        times.append(time.perf_counter() - t0)
+        times.append((time.perf_counter() - t0) / calls)
     return sorted(times)
 
 
-def best(fn, repeat, sync=lambda: None):
+def best(fn, repeat, sync=lambda: None, calls=1):
     """The best of ``timings``."""
-    return timings(fn, repeat, sync)[0]
+    return timings(fn, repeat, sync, calls)[0]
 
 
-def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None):
+def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None, calls=1):
     """Time every case (best and median); ``vs framework`` is over the time of the case it
     names in ``against`` in its dtype, by default the first, a plain formula."""
     assert "plain formula" in cases[0].impl
     rows = []
     for case in cases:
         progress(f"  {op}: {case.impl} ...")
-        times = timings(case.fn, repeat, sync)
+        times = timings(case.fn, repeat, sync, calls)
         rows.append(Row(op, case.impl, case.dtype, times[0], case.nbytes, median=statistics.median(times)))
     found = {(row.impl, row.dtype): row for row in reversed(rows)}
     for case, row in zip(cases, rows):

@@ -20,6 +20,14 @@ def rotate_half(x):
     return xp.concat([-x[..., half:], x[..., :half]], axis=-1)
 
 
+def hf_rope(torch, x, cos, sin):
+    """Hugging Face's ``rotate_half`` and ``apply_rotary_pos_emb`` on one tensor, in torch as
+    written there: ``x * cos + torch.cat((-x2, x1), dim=-1) * sin`` (no namespace lookup:
+    the torch anchors of ``posenc bench --gpu``, eager and under ``torch.compile``)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
 def rope_rotate_half(x, cos, sin):
     """Hugging Face's ``apply_rotary_pos_emb`` on one tensor: ``x * cos + rotate_half(x) * sin``,
     ``cos``/``sin`` ``[..., d]`` in the "half" layout."""
