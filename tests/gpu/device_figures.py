@@ -1,0 +1,113 @@
+"""The device-time figures of docs/benchmarks.md ("On a GPU"), on a CUDA GPU.
+
+Usage: ``PYTHONPATH=src python tests/gpu/device_figures.py`` (torch with CUDA, numba-cuda;
+Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
+
+* a decode step ``pe.rope`` on ``[1, 32, 1, 128]`` with its position on the device: whether
+  its planned calls stay off the full path (``rope_cuda.rotation``) and equal it bit for bit,
+  then the wall time per call over 300 calls back to back, beside the eager torch formula;
+* ``rope`` / ``apply_rope`` ``[4, 32, 8192, 128]`` float32 and bfloat16, in place and
+  allocating; Hugging Face's q ``[4, 32, 4096, 128]`` + k ``[4, 8, 4096, 128]`` bfloat16
+  views rotated in place in one launch, beside Liger-Kernel's; ``t5_bias`` and
+  ``alibi_bias`` of 16 x 8192 x 8192 float32 into ``out=``: device time per call from CUDA
+  events around 10 calls enqueued back to back (best of 5), and its fraction of
+  ``Tensor.copy_`` (``fill_`` for the biases) of the same bytes.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+def main():
+    import torch
+
+    import posenc as pe
+    from posenc._kernels import rope_cuda
+
+    def gpu_ms(fn, n=10, reps=5):
+        fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(reps):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(n):
+                fn()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end) / n)
+        return best
+
+    def wall_ms(fn, n=300):
+        for _ in range(20):
+            fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - t0) / n * 1e3
+
+    print(torch.cuda.get_device_name(), torch.__version__)
+    xs, p1 = torch.randn(1, 32, 1, 128, device="cuda"), torch.tensor([4095], device="cuda")
+    inv = torch.from_numpy(pe.rope_frequencies(128)[0]).float().cuda()
+
+    def eager():
+        angles = p1[:, None].float() * inv[None]
+        emb = torch.cat([angles, angles], -1)
+        return xs * emb.cos() + torch.cat([-xs[..., 64:], xs[..., :64]], -1) * emb.sin()
+
+    pe.rope.plans.clear()
+    want = pe.rope(xs, p1)
+    for _ in range(3):
+        pe.rope(xs, p1)
+    full, rotation = [], rope_cuda.rotation
+    rope_cuda.rotation = lambda *a, **k: full.append(1) or rotation(*a, **k)
+    got = [pe.rope(xs, p1) for _ in range(5)]
+    rope_cuda.rotation = rotation
+    print("decode: full-path calls of 5 planned:", len(full), "| planned equals full path bitwise:", all(torch.equal(g, want) for g in got))
+    d, e = wall_ms(lambda: pe.rope(xs, p1)), wall_ms(eager)
+    print(f"decode ms/call: pe.rope positions {d:.4f} | offset {wall_ms(lambda: pe.rope(xs, offset=4095)):.4f} | in place "
+          f"{wall_ms(lambda: pe.rope(xs, p1, out=xs)):.4f} | eager formula {e:.4f} | ratio {d / e:.2f}")  # fmt: skip
+
+    shape, seq = (4, 32, 8192, 128), 8192
+    pos = torch.arange(seq, device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(shape, device="cuda").to(dtype)
+        y = torch.empty_like(x)
+        copy = gpu_ms(lambda: y.copy_(x))
+        inplace, alloc = gpu_ms(lambda: pe.rope(x, pos, out=x)), gpu_ms(lambda: pe.rope(x, pos))
+        cos, sin = (torch.randn(seq, 128, device="cuda").to(dtype) for _ in range(2))
+        apply = gpu_ms(lambda: pe.apply_rope(x, cos, sin, out=x))
+        print(f"{dtype} {list(shape)} copy_ {copy:.3f} ms | rope in place {inplace:.3f} ({copy / inplace:.2f}) alloc {alloc:.3f} "
+              f"({copy / alloc:.2f}) | apply_rope in place {apply:.3f} ({copy / apply:.2f})")  # fmt: skip
+        del x, y
+        torch.cuda.empty_cache()
+
+    q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = (torch.randn(4, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=torch.bfloat16)
+    target = torch.empty_like(source)
+    copy = gpu_ms(lambda: target.copy_(source))
+    ours = gpu_ms(lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos[:, None], sin[:, None], out_q=q, out_k=k))
+    try:
+        from liger_kernel.ops.rope import LigerRopeFunction
+
+        liger = gpu_ms(lambda: LigerRopeFunction.apply(q, k, cos, sin))
+    except ImportError:
+        liger = float("nan")
+    print(f"HF q+k bf16 in place: copy_ {copy:.3f} | posenc {ours:.3f} ({copy / ours:.2f}) | Liger {liger:.3f} ({copy / liger:.2f})")
+
+    heads, length = 16, 8192
+    out = torch.empty(heads, length, length, device="cuda")
+    fill = gpu_ms(lambda: out.fill_(1.0), n=5)
+    table, slopes = torch.randn(32, heads, device="cuda"), torch.from_numpy(pe.alibi_slopes(heads)).cuda()
+    t5 = gpu_ms(lambda: pe.t5_bias(table, length, length, out=out), n=5)
+    alibi = gpu_ms(lambda: pe.alibi_bias(slopes, length, length, out=out), n=5)
+    print(f"16x8192^2 f32: fill_ {fill:.3f} | t5_bias out= {t5:.3f} ({fill / t5:.2f}) | alibi_bias out= {alibi:.3f} ({fill / alibi:.2f})")
+
+
+if __name__ == "__main__":
+    main()
