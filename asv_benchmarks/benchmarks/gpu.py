@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from .common import require
+from .common import interleaved_best, require
 
 # A small size and a model-sized one of each, ordinary parameters that asv records.
 ROPE_SHAPES = ["1x32x1024x128", "4x32x8192x128"]
@@ -215,3 +215,38 @@ class GPUDecode(_GPUBenchmark):
 
     def time_decode_step(self, dtype, variant):
         self.timed()
+
+
+class GPUJaxRope:
+    """``rope`` under ``jax.jit`` on a JAX GPU array ``[B, H, S, D]`` float32 (a traced offset)
+    beside the plain ``jnp`` formula under ``jit`` and XLA's own read and write of the same
+    bytes (a negation under ``jit``: a copy would be elided); every call waits for its result
+    (``block_until_ready``). Without JAX on a GPU ``setup`` raises ``NotImplementedError``."""
+
+    timeout = 600
+    warmup_time = 0.2
+    params = (ROPE_SHAPES, ["jnp plain formula", "posenc", "jnp negation"])
+    param_names = ["shape", "variant"]
+
+    def setup(self, shape, variant):
+        jax = require("jax")
+        gpus = [d for d in jax.devices() if d.platform == "gpu"]
+        if not gpus:
+            raise NotImplementedError("JAX sees no GPU")
+        from posenc._bench_jax import RopeCalls
+
+        with jax.default_device(gpus[0]):
+            calls = RopeCalls(tuple(int(n) for n in shape.split("x")))
+        negate = jax.jit(lambda x: -x)
+        self.copy = lambda: negate(calls.jx).block_until_ready()
+        self.fn = {"jnp plain formula": calls.plain_jit, "posenc": calls.jit, "jnp negation": self.copy}[variant]
+        self.fn()  # compiles outside the timing
+
+    def time_rope(self, shape, variant):
+        self.fn()
+
+    def track_time_over_copy(self, shape, variant):
+        rope, copy = interleaved_best([self.fn, self.copy])
+        return rope / copy
+
+    track_time_over_copy.unit = "copy times"
