@@ -38,7 +38,7 @@ class RotatePlan:
                 out=x if in_place else None, device=device, stream=stream,
             )  # fmt: skip
         self.counting = _arrays.dtype_name(held.dtype) == "int64"
-        self.positions_shape, self.positions_steps = tuple(held.shape), _steps(held)
+        self.positions_geometry = _geometry(held)
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
         roles = {positions_flat.ptr: "positions", operand.x_flat.ptr: "x"} if type(positions_flat) is _device_flat.Flat else {}
         if roles and not in_place:
@@ -56,9 +56,7 @@ class RotatePlan:
         placed = self.source(positions, offset)
         torch = self.torch
         held = placed if self.counting else placed.detach().to(torch.float64)
-        if tuple(held.shape) != self.positions_shape:  # the caller's shape: placing adds axes of length 1 (rotary._args.place)
-            held = held.reshape(self.positions_shape)
-        if _steps(held) != self.positions_steps:
+        if _geometry(held) != self.positions_geometry:
             return NotImplemented
         if self.in_place and held.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             return NotImplemented  # positions in x's own memory: the full path decides
@@ -69,9 +67,11 @@ class RotatePlan:
         return result
 
 
-def _steps(a):
-    """The strides the kernel reads positions ``a`` by: those of its axes longer than one."""
-    return tuple([step for n, step in zip(a.shape, a.stride()) if n != 1])
+def _geometry(a):
+    """``(length, stride)`` of each axis of positions ``a`` longer than one: what the kernel
+    reads them by. The caller's positions and the call's placed ones (the caller's with
+    axes of length one inserted: ``rotary._args.place``) have the same."""
+    return tuple([(n, step) for n, step in zip(a.shape, a.stride()) if n != 1])
 
 
 def build(x, call, source, *, out, layout, scaling):
