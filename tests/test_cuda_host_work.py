@@ -80,7 +80,8 @@ def _host_work(monkeypatch, module, call):
 
     gc.collect()  # (a collection inside the call would run finalizers there)
     if not _arrays.cuda_simulator():  # frees pending from earlier calls made: each measurement starts alike
-        getattr(cuda.current_context().memory_manager, "deallocations", cuda.current_context().deallocations).clear()
+        context = cuda.current_context()
+        getattr(context.memory_manager, "deallocations", context.deallocations).clear()
     gc.disable()
     result = None
     # On a GPU, numba frees device memory in batches once enough is pending, which a call

@@ -229,16 +229,13 @@ class GPUJaxRope:
     param_names = ["shape", "variant"]
 
     def setup(self, shape, variant):
-        jax = require("jax")
-        gpus = [d for d in jax.devices() if d.platform == "gpu"]
-        if not gpus:
-            raise NotImplementedError("JAX sees no GPU")
-        from posenc._bench_jax import RopeCalls
+        require("jax")
+        from posenc import _bench_gpu
 
-        with jax.default_device(gpus[0]):
-            calls = RopeCalls(tuple(int(n) for n in shape.split("x")))
-        negate = jax.jit(lambda x: -x)
-        self.copy = lambda: negate(calls.jx).block_until_ready()
+        found = _bench_gpu.jax_gpu_rope(tuple(int(n) for n in shape.split("x")))
+        if found is None:
+            raise NotImplementedError("JAX sees no GPU")
+        calls, self.copy = found
         self.fn = {"jnp plain formula": calls.plain_jit, "posenc": calls.jit, "jnp negation": self.copy}[variant]
         self.fn()  # compiles outside the timing
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import time
 
 import numpy as np
 
@@ -78,30 +77,36 @@ def _jax_rows(shape, repeat, progress):
     """``pe.rope`` on a JAX GPU array under ``jax.jit`` (traced offset) beside the plain ``jnp``
     formula under ``jit`` and a negation under ``jit`` (XLA's read-and-write of the same
     bytes: the copy anchor; a copy itself is elided)."""
+    found = jax_gpu_rope(shape)
+    if found is None:
+        progress("  (JAX sees no GPU: no JAX row)")
+        return []
+    calls, copy_fn = found
+    nbytes = 2 * calls.x.nbytes
+    copy = nbytes / best(copy_fn, repeat)
+    cases = [
+        Case("jnp plain formula, jax.jit", calls.plain_jit, nbytes),
+        Case("posenc rope (JAX, jax.jit)", calls.jit, nbytes),
+        Case("jnp negation, jax.jit (bandwidth)", copy_fn, nbytes, comparable=False, bandwidth_row=True),
+    ]
+    return _measure(f"JAX rope {list(shape)} (GPU)", cases, copy, repeat, progress)
+
+
+def jax_gpu_rope(shape):
+    """``(calls, copy)`` of the JAX row on JAX's first GPU, or None where JAX sees none:
+    ``calls`` a ``_bench_jax.RopeCalls`` whose arrays are on the GPU, ``copy`` XLA's negation
+    of the same array under ``jit``, waited for (the asv class ``GPUJaxRope`` times them too)."""
     import jax
 
     from ._bench_jax import RopeCalls
 
     gpus = [d for d in jax.devices() if d.platform == "gpu"]
     if not gpus:
-        progress("  (JAX sees no GPU: no JAX row)")
-        return []
+        return None
     with jax.default_device(gpus[0]):
-        return _jax_measure(RopeCalls(shape), shape, repeat, progress)
-
-
-def _jax_measure(calls, shape, repeat, progress):
-    import jax
-
+        calls = RopeCalls(shape)
     negate = jax.jit(lambda x: -x)
-    nbytes = 2 * calls.x.nbytes
-    copy = nbytes / best(lambda: negate(calls.jx).block_until_ready(), repeat)
-    cases = [
-        Case("jnp plain formula, jax.jit", calls.plain_jit, nbytes),
-        Case("posenc rope (JAX, jax.jit)", calls.jit, nbytes),
-        Case("jnp negation, jax.jit (bandwidth)", lambda: negate(calls.jx).block_until_ready(), nbytes, comparable=False, bandwidth_row=True),
-    ]
-    return _measure(f"JAX rope {list(shape)} (GPU)", cases, copy, repeat, progress)
+    return calls, lambda: negate(calls.jx).block_until_ready()
 
 
 def _compiled(torch, fn):

@@ -23,6 +23,7 @@ def main():
     import torch
 
     import posenc as pe
+    from posenc import _bench_gpu
     from posenc._kernels import rope_cuda
 
     def gpu_ms(fn, n=10, reps=5):
@@ -51,12 +52,7 @@ def main():
 
     print(torch.cuda.get_device_name(), torch.__version__)
     xs, p1 = torch.randn(1, 32, 1, 128, device="cuda"), torch.tensor([4095], device="cuda")
-    inv = torch.from_numpy(pe.rope_frequencies(128)[0]).float().cuda()
-
-    def eager():
-        angles = p1[:, None].float() * inv[None]
-        emb = torch.cat([angles, angles], -1)
-        return xs * emb.cos() + torch.cat([-xs[..., 64:], xs[..., :64]], -1) * emb.sin()
+    eager = _bench_gpu.decode_formula(torch, xs, p1)
 
     pe.rope.plans.clear()
     want = pe.rope(xs, p1)

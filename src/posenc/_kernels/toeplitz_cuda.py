@@ -61,7 +61,7 @@ def _column(index, ig, t, gather):
 
 
 def _copy_source(gather):
-    """Expand (``gather=False``) or gather, one thread per output element: with
+    """Expand (``gather=False``) or gather, a block row of threads per output row: with
     ``t = i + k_len - 1 - j``, ``out[b, i, j] = values[b, t]`` (a per-distance vector) or
     ``values[b, i, index[t]]``. ``gather`` is a constant of the closure (expand's ``index``
     is an empty placeholder)."""
