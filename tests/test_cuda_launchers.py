@@ -224,9 +224,8 @@ def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
 def test_direct_launch_lays_out_arguments_as_numba_does():
     """On a GPU, ``_device_flat.launch`` hands the driver numba's layout of each argument
     (a 1-D C array as meminfo, parent, size, itemsize, data, shape, stride), checked against
-    the kernel's signature: a wrong element type or tuple length is refused, never launched."""
-    import ctypes
-
+    the kernel's signature: a wrong element type or tuple length is refused, never launched.
+    The driver receives each parameter as the 8 bytes of an int64 or a float64."""
     from numba import types
 
     from posenc._kernels import _device_flat
@@ -238,15 +237,25 @@ def test_direct_launch_lays_out_arguments_as_numba_does():
     arguments = (_device_flat.Flat(4096, 10, np.dtype(np.uint16)), (1, -2, 3), 7, 0.5)
     for write, a in zip(writers, arguments):
         write(a, params)
-    assert params[:7] == [0, 0, 10, 2, 4096, 10, 2]
-    assert [type(p) for p in params[7:]] == [ctypes.c_int64] * 4 + [ctypes.c_double]
-    assert [p.value for p in params[7:]] == [1, -2, 3, 7, 0.5]
+    assert params == [0, 0, 10, 2, 4096, 10, 2, 1, -2, 3, 7, 0.5]
+    assert [type(p) for p in params] == [int] * 11 + [float]
+    assert _driver_bytes(params) == np.array(params[:-1], np.int64).tobytes() + np.float64(0.5).tobytes()
     with pytest.raises(TypeError, match="reads uint16"):
         writers[0](_device_flat.Flat(4096, 10, np.dtype(np.float32)), [])
     with pytest.raises(TypeError, match="reads 3"):
         writers[1]((1, 2), [])
     with pytest.raises(TypeError, match="no direct launch"):
         _device_flat.parameter_writers((types.Array(types.float32, 2, "C"),))
+
+
+def _driver_bytes(params):
+    """The parameter bytes ``cuda.core.launch`` hands the driver for ``params`` (its ``ParamHolder``)."""
+    import ctypes
+
+    handler = pytest.importorskip("cuda.core._kernel_arg_handler")
+    held = handler.ParamHolder(params)
+    addresses = (ctypes.c_void_p * len(params)).from_address(held.ptr)
+    return b"".join([ctypes.string_at(a, 8) for a in addresses])
 
 
 def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
@@ -272,5 +281,5 @@ def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     first, second = launched
     assert first[:7] == (0, 0, 8, 4, 4096, 8, 4) and first[9:] == (0, 0, 1, 8, 8192, 1, 8)
     assert len(launched) == 2 and second[4] == 112 and second[13] == 224
-    assert [p.value for p in first[7:9]] == [5, 6] and first[7:9] == second[7:9]
+    assert first[7:9] == second[7:9] == (5, 6)
 
