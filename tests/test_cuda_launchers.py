@@ -260,26 +260,38 @@ def _driver_bytes(params):
 
 def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     """``_device_flat.Prepared`` (the CUDA plans' launch): each call hands the driver the
-    parameters of its build but for the data pointers of the arrays given by role."""
+    parameters of its build but for the data pointers of the arrays given by role, in the
+    context it was built in: numba's device context is entered only where another is current."""
+    import contextlib
+
     from numba import types
 
     from posenc._kernels import _device_flat
 
-    launched = []
+    launched, current = [], [11]
     writers = _device_flat.parameter_writers((types.Array(types.float32, 1, "C"), types.UniTuple(types.int64, 2), types.Array(types.int64, 1, "C")))
 
     def direct(kernel, device):
-        return "function", writers, lambda stream, config, function, *params: launched.append(params), lambda grid, block: (grid, block), kernel
+        return "function", writers, lambda stream, config, function, *params: launched.append((current[0], params)), lambda grid, block: (grid, block), kernel
+
+    @contextlib.contextmanager
+    def on_device():
+        before, current[0] = current[0], 11
+        yield
+        current[0] = before
 
     monkeypatch.setattr(_device_flat, "_direct_launch", direct)
     monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
+    monkeypatch.setattr(_device_flat, "current_context", lambda: current[0])
     x, positions = _device_flat.Flat(1000, 8, np.dtype(np.float32)), _device_flat.Flat(2000, 1, np.dtype(np.int64))
-    prepared = _device_flat.Prepared([("kernel", 3, (64, 2, 2), (x, (5, 6), positions))], 0, {1000: "x", 2000: "positions"})
+    prepared = _device_flat.Prepared([("kernel", 3, (64, 2, 2), (x, (5, 6), positions))], 0, {1000: "x", 2000: "positions"}, on_device())
     assert prepared.ready
     prepared("stream", {"x": 4096, "positions": 8192})
+    current[0] = 0  # a thread with no current context (or another device's)
     prepared("stream", {"x": 112, "positions": 224})
-    first, second = launched
+    (context, first), (second_context, second) = launched
     assert first[:7] == (0, 0, 8, 4, 4096, 8, 4) and first[9:] == (0, 0, 1, 8, 8192, 1, 8)
     assert len(launched) == 2 and second[4] == 112 and second[13] == 224
     assert first[7:9] == second[7:9] == (5, 6)
+    assert context == second_context == 11 and current[0] == 0
 

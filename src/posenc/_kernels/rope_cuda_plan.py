@@ -29,21 +29,21 @@ class RotatePlan:
         import torch
 
         self.torch, self.source, self.in_place = torch, source, in_place
-        stream, self.on_device, device = rope_cuda._context(x)
+        stream, on_device, device = rope_cuda._context(x)
         inv_freq = rope_cuda.guard_rotate(x, call.positions, call.inv_freq, None)  # as rotate_positions converts them
-        with self.on_device:
+        with on_device:
             held = rope_cuda.kernel_positions(call.positions)
             operand, launches, positions_flat = rope_cuda.rotation(
                 x, held, inv_freq, layout=layout, inverse=call.inverse, scale=call.scale,
                 out=x if in_place else None, device=device, stream=stream,
             )  # fmt: skip
+            roles = {positions_flat.ptr: "positions", operand.x_flat.ptr: "x"} if type(positions_flat) is _device_flat.Flat else {}
+            if roles and not in_place:
+                roles[operand.o_flat.ptr] = "out"
+            self.prepared = _device_flat.Prepared(launches, device, roles, on_device)
         self.counting = _arrays.dtype_name(held.dtype) == "int64"
         self.positions_geometry = _geometry(held)
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
-        roles = {positions_flat.ptr: "positions", operand.x_flat.ptr: "x"} if type(positions_flat) is _device_flat.Flat else {}
-        if roles and not in_place:
-            roles[operand.o_flat.ptr] = "out"
-        self.prepared = _device_flat.Prepared(launches, device, roles)
         # (distinct addresses: a new result, or x itself in place, never the positions' memory)
         self.ready = len(launches) == 1 and self.prepared.ready and len(roles) == (2 if in_place else 3)
 
@@ -60,10 +60,9 @@ class RotatePlan:
             return NotImplemented
         if self.in_place and held.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             return NotImplemented  # positions in x's own memory: the full path decides
-        with self.on_device:
-            result = x if self.in_place else torch.empty(self.shape, dtype=self.dtype, device=self.device)
-            stream = _arrays._stream(torch.cuda.current_stream(self.device).cuda_stream)
-            self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()})
+        result = x if self.in_place else torch.empty(self.shape, dtype=self.dtype, device=self.device)
+        stream = _arrays._stream(torch.cuda.current_stream(self.device).cuda_stream)
+        self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()})
         return result
 
 
