@@ -182,7 +182,7 @@ def test_an_out_overlapping_x_other_than_exactly_gets_the_reference_values():
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
-@pytest.mark.parametrize("heads", [3, 11])
+@pytest.mark.parametrize("heads", [3, 11, 27])
 def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads):
     """The same HF-layout rotation by the CUDA kernel and by the Numba CPU kernel (angles up to
     5e5 radians from the same float64 products): one ulp of the dtype at the result, plus, for
@@ -203,13 +203,14 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads)
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
-    """A thread rotates its heads four at a time, then one at a time: eleven heads (two y
-    threads: six and five heads each) against each head alone (one at a time only), bit for
-    bit, so no result depends on how many heads share a call."""
+    """A thread rotates its heads eight at a time (16-bit elements), then four, then one at a
+    time: 27 heads (two y threads: 14 and 13 heads each, every loop taken) against each head
+    alone (one at a time only), bit for bit, so no result depends on how many heads share a
+    call."""
     from posenc._kernels import rope_cuda
 
     rng = np.random.default_rng(12)
-    x = _hf_views(rng, 2, 3, 11, 16, dtype)
+    x = _hf_views(rng, 2, 3, 27, 16, dtype)
     positions = _device(rng.integers(0, 500_000, (2, 1, 3)))
     inv_freq = 10000.0 ** -(np.arange(8) / 8)
 

@@ -32,7 +32,7 @@ def main(argv) -> int:
 
     def capture(signature=None, **options):  # what a family's build would compile
         def keep(fn):
-            built["fn"], built["signature"] = fn, signature
+            built["fn"], built["signature"], built["options"] = fn, signature, options
             return fn
 
         return keep
@@ -45,7 +45,8 @@ def main(argv) -> int:
                 module._build(*key)
             finally:
                 cuda.jit = jit
-            failures += _compile(cuda, f"{family.name}{key}", built["fn"], built["signature"], cc)
+            bounds = built["options"].get("launch_bounds")
+            failures += _compile(cuda, f"{family.name}{key}", built["fn"], built["signature"], cc, bounds)
     flat = types.Array(types.float64, 1, "C")
     for source in (types.int32, types.int64, types.float32):
         failures += _compile(cuda, f"_device_flat._convert({source})", _device_flat._convert.py_func, (types.Array(source, 1, "C"), flat), cc)
@@ -53,13 +54,14 @@ def main(argv) -> int:
     return 1 if failures else 0
 
 
-def _compile(cuda, name, fn, signature, cc) -> int:
+def _compile(cuda, name, fn, signature, cc, launch_bounds=None) -> int:
     try:
-        ptx, _ = cuda.compile_ptx(fn, signature, cc=cc)
+        ptx, _ = cuda.compile_ptx(fn, signature, cc=cc, launch_bounds=launch_bounds)
     except Exception as exc:  # noqa: BLE001 (reported, counted)
         print(f"FAIL {name}: {type(exc).__name__}: {exc}")
         return 1
-    print(f"ok   {name}: {len(ptx)} characters of PTX, {ptx.count('ld.local')} local loads")
+    bounds = f", launch bounds {launch_bounds}" if launch_bounds else ""
+    print(f"ok   {name}: {len(ptx)} characters of PTX, {ptx.count('ld.local')} local loads{bounds}")
     return 0
 
 

@@ -12,7 +12,8 @@ its ``y`` threads the heads: a thread computes its pair's float64 angle, ``cos``
 once (or reads them) and rotates that pair in every ``blockDim.y``-th head of ``x`` and, for
 ``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``: one launch for both), loading
 four heads before storing any (eight loads in flight a thread rather than two: a memory-bound
-kernel needs many loads in flight to reach the device's bandwidth).
+kernel needs many bytes in flight to reach the device's bandwidth), eight heads for 16-bit
+elements (the same bytes), their registers capped at three 256-thread blocks an SM.
 Neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
 last axis, and a row's index arithmetic is done once per thread, not per element. Extra
 ``x`` threads copy the pass-through channels when ``out`` is not ``x``.
@@ -42,6 +43,7 @@ _load = cuda.jit(device=True, cache=True)(_codec.load)
 _store = cuda.jit(device=True, cache=True)(_codec.store)
 
 _THREADS = 256
+_BLOCKS_16BIT = 3  # blocks an SM holds at least, for 16-bit elements (80 registers a thread)
 _AXES = _device_flat.AXES  # leading axes (outer..., G, S) one launch walks
 # An operand's geometry: offset, strides over the _AXES axes, head stride, channel stride, heads.
 _OPERAND = _AXES + 4
@@ -61,12 +63,33 @@ def _pair(out, oa, ob, a, b, c, sn, storage):
 def _turn(x, at, g, out, to, og, ia, ib, c, sn, storage):
     """Rotate pair ``(ia, ib)`` of one row by ``(c, sn)`` in this thread's heads (every
     ``blockDim.y``-th from ``threadIdx.y``), addresses stepped from head to head. Four heads
-    at a time are loaded before any is stored: eight loads in flight a thread, not two."""
+    at a time are loaded before any is stored (eight loads in flight a thread, not two);
+    eight heads for 16-bit elements, the same bytes in flight as four heads of float32."""
     first, step = cuda.threadIdx.y, cuda.blockDim.y
     xa, oa = at + first * g[_AXES + 1] + ia * g[_AXES + 2], to + first * og[_AXES + 1] + ia * og[_AXES + 2]
     xd, od = (ib - ia) * g[_AXES + 2], (ib - ia) * og[_AXES + 2]
     xs, os_ = step * g[_AXES + 1], step * og[_AXES + 1]
     head, heads = first, g[_AXES + 3]
+    while storage != _codec.FLOAT and head + 7 * step < heads:
+        a0, b0 = x[xa], x[xa + xd]
+        a1, b1 = x[xa + xs], x[xa + xs + xd]
+        a2, b2 = x[xa + 2 * xs], x[xa + 2 * xs + xd]
+        a3, b3 = x[xa + 3 * xs], x[xa + 3 * xs + xd]
+        a4, b4 = x[xa + 4 * xs], x[xa + 4 * xs + xd]
+        a5, b5 = x[xa + 5 * xs], x[xa + 5 * xs + xd]
+        a6, b6 = x[xa + 6 * xs], x[xa + 6 * xs + xd]
+        a7, b7 = x[xa + 7 * xs], x[xa + 7 * xs + xd]
+        _pair(out, oa, oa + od, a0, b0, c, sn, storage)
+        _pair(out, oa + os_, oa + os_ + od, a1, b1, c, sn, storage)
+        _pair(out, oa + 2 * os_, oa + 2 * os_ + od, a2, b2, c, sn, storage)
+        _pair(out, oa + 3 * os_, oa + 3 * os_ + od, a3, b3, c, sn, storage)
+        _pair(out, oa + 4 * os_, oa + 4 * os_ + od, a4, b4, c, sn, storage)
+        _pair(out, oa + 5 * os_, oa + 5 * os_ + od, a5, b5, c, sn, storage)
+        _pair(out, oa + 6 * os_, oa + 6 * os_ + od, a6, b6, c, sn, storage)
+        _pair(out, oa + 7 * os_, oa + 7 * os_ + od, a7, b7, c, sn, storage)
+        xa += 8 * xs
+        oa += 8 * os_
+        head += 8 * step
     while head + 3 * step < heads:
         a0, b0 = x[xa], x[xa + xd]
         a1, b1 = x[xa + xs], x[xa + xs + xd]
@@ -163,8 +186,12 @@ def _build(op, dtype, layout):
         flat,
         table,
     )
-    source = _kernel_source(op == "rotate", _arrays.STORAGE[dtype], layout == "interleaved", _family.source_digest(_codec))
-    return cuda.jit(sig, cache=True)(source)
+    storage = _arrays.STORAGE[dtype]
+    source = _kernel_source(op == "rotate", storage, layout == "interleaved", _family.source_digest(_codec))
+    # 16-bit kernels hold eight heads' loads: registers capped so that three blocks fit on an
+    # SM (the simulator takes no launch bounds)
+    bounds = {} if storage == _codec.FLOAT or _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS_16BIT)}
+    return cuda.jit(sig, cache=True, **bounds)(source)
 
 
 FAMILY = _family.Family(
