@@ -296,3 +296,17 @@ def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     assert first[7:9] == second[7:9] == (5, 6)
     assert context == second_context == 11 and current[0] == 0
 
+
+
+def test_torch_stream_is_the_raw_handle_of_the_current_stream():
+    """``_arrays.torch_stream``: torch's raw current-stream query where torch has it (no
+    ``torch.cuda.Stream`` object made a call), else the current stream's ``cuda_stream``."""
+    import types as pytypes
+
+    calls = []
+    current = pytypes.SimpleNamespace(cuda_stream=7)
+    cuda = pytypes.SimpleNamespace(current_stream=lambda index: calls.append(("stream", index)) or current)
+    with_raw = pytypes.SimpleNamespace(_C=pytypes.SimpleNamespace(_cuda_getCurrentRawStream=lambda index: calls.append(("raw", index)) or 9), cuda=cuda)
+    assert _arrays.torch_stream(with_raw, 1) == 9 and calls == [("raw", 1)]
+    without = pytypes.SimpleNamespace(_C=pytypes.SimpleNamespace(), cuda=cuda)
+    assert _arrays.torch_stream(without, 0) == 7 and calls[1:] == [("stream", 0)]

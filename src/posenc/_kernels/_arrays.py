@@ -415,7 +415,8 @@ def launch_context(a):
     if lib == "torch":
         import torch
 
-        handle, index = torch.cuda.current_stream(a.device).cuda_stream, a.device.index
+        index = a.device.index
+        handle = torch_stream(torch, index)
     elif lib == "cupy":
         import cupy
 
@@ -423,6 +424,14 @@ def launch_context(a):
     else:
         return a.stream or cuda.legacy_default_stream(), contextlib.nullcontext()
     return _stream(handle), cuda.gpus[index]
+
+
+def torch_stream(torch, index) -> int:
+    """The handle of torch's current CUDA stream on device ``index``: by the query inductor's
+    generated code makes (``get_raw_stream``), which builds no ``torch.cuda.Stream`` object,
+    where this torch has it."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 def device_index(a) -> int:

@@ -61,7 +61,7 @@ class RotatePlan:
         if self.in_place and held.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
             return NotImplemented  # positions in x's own memory: the full path decides
         result = x if self.in_place else torch.empty(self.shape, dtype=self.dtype, device=self.device)
-        stream = _arrays._stream(torch.cuda.current_stream(self.device).cuda_stream)
+        stream = _arrays._stream(_arrays.torch_stream(torch, self.device.index))
         self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()})
         return result
 
