@@ -49,6 +49,31 @@ def test_posenc_info_says_what_is_wrong_when_numba_cuda_does_not_import():
     assert "numba.cuda kernels unavailable: numba.cuda failed to import (AttributeError: module 'numpy' has no attribute 'row_stack')" in proc.stdout
 
 
+@pytest.mark.parametrize(("release", "found"), [(None, "no numba-cuda package (numba's own numba.cuda)"), ((0, 20), "numba-cuda 0.20")])
+def test_an_old_or_missing_numba_cuda_is_named_with_the_fix(monkeypatch, release, found):
+    """numba.cuda that imports but is not numba-cuda >= the ``cuda`` extra's floor (launch
+    bounds, launches through cuda.core): the kernels are off and ``posenc info`` says why."""
+    pytest.importorskip("numba")
+    monkeypatch.setattr(_arrays, "numba_cuda_release", lambda: release)
+    _arrays.cuda_problem.cache_clear()
+    try:
+        said = _arrays.cuda_problem()
+    finally:
+        _arrays.cuda_problem.cache_clear()
+    assert said == f"{found}: posenc's CUDA kernels need numba-cuda >= 0.30, pip install 'posenc[cuda]'"
+
+
+def test_the_numba_cuda_floor_is_the_cuda_extras():
+    """``_arrays.NUMBA_CUDA_MIN`` and pyproject's ``cuda`` and ``test`` extras name one release."""
+    import pathlib
+    import tomllib
+
+    project = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
+    floor = "numba-cuda>=" + ".".join(map(str, _arrays.NUMBA_CUDA_MIN))
+    extras = project["optional-dependencies"]
+    assert floor in extras["cuda"] and floor in extras["test"]
+
+
 def test_posenc_info_without_a_gpu_says_so(capsys):
     if _arrays.numba_cuda():
         pytest.skip("a GPU or the CUDA simulator is here")

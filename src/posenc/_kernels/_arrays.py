@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import os
+import re
 import sys
 from functools import lru_cache
 
@@ -59,9 +60,28 @@ def cuda_problem() -> str | None:
         from numba import cuda
     except Exception as exc:  # numba-cuda <= 0.30.4 raises AttributeError with NumPy >= 2.5
         return import_failure(exc, np.__version__)
+    release = numba_cuda_release()
+    if release is None or release < NUMBA_CUDA_MIN:
+        found = "no numba-cuda package (numba's own numba.cuda)" if release is None else f"numba-cuda {'.'.join(map(str, release))}"
+        wanted = ".".join(map(str, NUMBA_CUDA_MIN))
+        return f"{found}: posenc's CUDA kernels need numba-cuda >= {wanted}, pip install 'posenc[cuda]'"
     if cuda_simulator() or cuda.is_available():
         return None
     return "no usable CUDA GPU (numba.cuda.is_available() is False: no NVIDIA GPU or driver here)"
+
+
+NUMBA_CUDA_MIN = (0, 30)  # launch bounds, launches through cuda.core (the cuda extra's floor)
+
+
+def numba_cuda_release() -> tuple | None:
+    """``(major, minor)`` of the installed numba-cuda distribution, or ``None`` without one."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("numba-cuda")
+    except metadata.PackageNotFoundError:
+        return None
+    return tuple([int(part) for part in re.findall(r"\d+", version)[:2]])
 
 
 def import_failure(exc, numpy_version) -> str:
