@@ -20,12 +20,7 @@ def main():
 
     from posenc._kernels import _device_flat, rope_cuda
 
-    f32, f64, i64 = types.float32, types.float64, types.int64
-    flat, operand, table = types.Array(f32, 1, "C"), types.UniTuple(i64, rope_cuda._OPERAND), types.UniTuple(i64, rope_cuda._TABLE)
-    signature = (
-        types.UniTuple(i64, rope_cuda._AXES), i64, i64, *(flat, operand) * 4, types.Array(f64, 1, "C"), types.Array(i64, 1, "C"),
-        table, types.Array(f64, 1, "C"), f64, f64, flat, table, flat, table,
-    )  # fmt: skip  (rope_cuda._build's, for float32)
+    signature = rope_cuda._signature("float32").args
     writers = _device_flat.parameter_writers(signature)
 
     def array(dtype):

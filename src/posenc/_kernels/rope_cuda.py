@@ -166,11 +166,12 @@ def _kernel_source(rotate, storage, interleaved, helpers):
     return kernel
 
 
-def _build(op, dtype, layout):
+def _signature(dtype):
+    """The numba signature of every kernel of ``dtype`` (the kernel's arguments, in order)."""
     t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
     f64, i64 = types.float64, types.int64
     flat, operand, table = types.Array(t, 1, "C"), types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
-    sig = types.void(
+    return types.void(
         types.UniTuple(i64, _AXES),
         i64,
         i64,
@@ -186,12 +187,15 @@ def _build(op, dtype, layout):
         flat,
         table,
     )
+
+
+def _build(op, dtype, layout):
     storage = _arrays.STORAGE[dtype]
     source = _kernel_source(op == "rotate", storage, layout == "interleaved", _family.source_digest(_codec))
     # 16-bit kernels hold eight heads' loads: registers capped so that three blocks fit on an
     # SM (the simulator takes no launch bounds)
     bounds = {} if storage == _codec.FLOAT or _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS_16BIT)}
-    return cuda.jit(sig, cache=True, **bounds)(source)
+    return cuda.jit(_signature(dtype), cache=True, **bounds)(source)
 
 
 FAMILY = _family.Family(
