@@ -310,3 +310,80 @@ def test_torch_stream_is_the_raw_handle_of_the_current_stream():
     assert _arrays.torch_stream(with_raw, 1) == 9 and calls == [("raw", 1)]
     without = pytypes.SimpleNamespace(_C=pytypes.SimpleNamespace(), cuda=cuda)
     assert _arrays.torch_stream(without, 0) == 7 and calls[1:] == [("stream", 0)]
+
+
+class _Constant:
+    """Stands for the numba device array a constant ``Flat`` owns (weakly referenced by the tests)."""
+
+
+def _fake_driver(monkeypatch, capturing):
+    """``_device_flat`` launching into a list, its streams capturing a CUDA graph or not."""
+    from numba import types
+
+    from posenc._kernels import _device_flat
+
+    launched = []
+    writers = _device_flat.parameter_writers((types.Array(types.float64, 1, "C"), types.Array(types.float32, 1, "C")))
+
+    def direct(kernel, device):
+        return "function", writers, lambda stream, config, function, *params: launched.append(params), lambda grid, block: (grid, block), kernel
+
+    monkeypatch.setattr(_device_flat, "_direct_launch", direct)
+    monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
+    monkeypatch.setattr(_device_flat, "current_context", lambda: 1)
+    monkeypatch.setattr(_device_flat, "capturing", lambda stream: capturing)
+    monkeypatch.setattr(_device_flat, "_captured", {})
+    monkeypatch.setattr(_device_flat, "_constants", type(_device_flat._constants)())
+    return _device_flat, launched
+
+
+def test_a_prepared_launch_holds_the_constants_it_reads(monkeypatch):
+    """A CUDA plan's launch keeps the addresses of its constants (frequencies), not the
+    arrays: it holds those arrays itself, so a constant that leaves the last ``_KEPT`` is not
+    freed under a plan that still reads it (which would read freed or reused memory)."""
+    import contextlib
+    import gc
+    import weakref
+
+    device_flat, launched = _fake_driver(monkeypatch, capturing=False)
+    owner = _Constant()
+    gone = weakref.ref(owner)
+    freqs = device_flat.Flat(5000, 64, np.dtype(np.float64), owner)
+    x = device_flat.Flat(1000, 8, np.dtype(np.float32))
+    prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), (freqs, x))], 0, {1000: "x"}, contextlib.nullcontext())
+    del owner, freqs
+    gc.collect()
+    assert gone() is not None
+    prepared("stream", {"x": 2048})
+    assert launched[0][4] == 5000 and launched[0][11] == 2048
+    del prepared
+    gc.collect()
+    assert gone() is None  # (held by the plan, not for good)
+
+
+@pytest.mark.parametrize("planned", [False, True], ids=["launch", "prepared"])
+def test_constants_a_cuda_graph_capture_reads_are_kept_for_good(monkeypatch, planned):
+    """A launch recorded into a CUDA graph reads its constants at every replay: those it
+    reads while its stream is capturing stay alive for the rest of the process, those of an
+    ordinary launch only as long as the constants cache (or a plan) holds them."""
+    import contextlib
+    import gc
+    import weakref
+
+    from posenc._kernels import _device_flat
+
+    for capturing in (False, True):
+        device_flat, _ = _fake_driver(monkeypatch, capturing)
+        owner, empty = _Constant(), _Constant()
+        gone = weakref.ref(owner)
+        args = (device_flat.Flat(5000, 64, np.dtype(np.float64), owner), device_flat.Flat(7000, 0, np.dtype(np.float32), empty))
+        if planned:
+            prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), args)], 0, {}, contextlib.nullcontext())
+            prepared("stream", {})
+            del prepared
+        else:
+            device_flat.launch("kernel", 0, 1, (32, 1, 1), "stream", *args)
+        del owner, args
+        gc.collect()
+        assert (gone() is not None) is capturing
+        assert list(_device_flat._captured) == ([5000] if capturing else [])  # (an empty one has no memory to keep)

@@ -144,6 +144,44 @@ def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name)
     assert not full_path, f"{name}: {len(full_path)} of 3 planned calls took the full path"
 
 
+def _replace_constants():
+    """More than ``_KEPT`` new frequency constants in the launchers' cache, the ones they
+    replace freed (numba's pending deallocations flushed) and their memory allocated again."""
+    from numba import cuda
+
+    from posenc._kernels import _device_flat
+
+    y = torch.randn(1, 1, 1, 128, device="cuda")
+    for round in range(2):
+        for k in range(2 * _device_flat._KEPT):
+            pe.rope(y, offset=1, base=20000.0 + 1000 * round + k)
+        cuda.current_context().deallocations.clear()
+    torch.cuda.synchronize()
+
+
+def test_plans_and_cuda_graphs_read_their_frequencies_after_the_cache_replaced_them():
+    """The rotation's frequencies are a device constant that the launchers keep among the
+    last ``_KEPT``: a decode plan and a captured graph (full path and planned) still read
+    their own after that cache has replaced and freed them, bit for bit a fresh call's."""
+    x = torch.randn(1, 32, 1, 128, device="cuda")
+    position = torch.tensor([5], device="cuda")
+    pe.rope.plans.clear()
+    full = _captured(lambda: pe.rope.plans.clear() or pe.rope(x, position, base=12345.0))
+    planned = _captured(lambda: pe.rope(x, position, base=23456.0))  # (planned from the warm-up's third call)
+    cold = pe.rope(x, position + 1, base=34567.0)
+    assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in pe.rope.plans.values() if plan)
+    for _ in range(2):
+        pe.rope(x, position + 1, base=34567.0)  # (its plan built)
+    _replace_constants()
+    for graph, _ in (full, planned):
+        graph.replay()
+    later = pe.rope(x, position + 1, base=34567.0)
+    pe.rope.plans.clear()
+    assert torch.equal(later, cold)
+    for (_, captured), base in zip((full, planned), (12345.0, 23456.0)):
+        assert torch.equal(captured, pe.rope(x, position, base=base))
+
+
 def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
     x = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     cos = torch.empty(1, 128, device="cuda", dtype=torch.bfloat16)

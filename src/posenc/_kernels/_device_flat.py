@@ -187,6 +187,7 @@ def batch_launches(shape, strides):
 _KEPT = 64  # constant arrays kept on the devices
 _constants: OrderedDict = OrderedDict()
 _constants_lock = threading.Lock()
+_captured: dict = {}  # address -> constant that a launch read while its stream was capturing a CUDA graph
 
 
 def _argument(array):
@@ -198,7 +199,11 @@ def _argument(array):
 
 def constant(device, values, stream):
     """Host array ``values`` (frequencies, say) as a 1-D kernel argument on ``device``, copied
-    there once and kept (the last ``_KEPT``): a call with device inputs copies nothing."""
+    there once and kept (the last ``_KEPT``): a call with device inputs copies nothing.
+
+    A constant dropped from the last ``_KEPT`` is freed once nothing else holds it, so whatever
+    launches it later holds it: a plan (``Prepared``), and for a launch recorded into a CUDA
+    graph (which may replay it at any time) the process, from that launch on (``_keep_captured``)."""
     key = (device, values.dtype.str, values.tobytes())
     with _constants_lock:
         found = _constants.get(key)
@@ -215,6 +220,27 @@ def constant(device, values, stream):
 def empty(device, dtype, stream):
     """A kept empty kernel argument (an operand a kernel does not read)."""
     return constant(device, np.empty(0, dtype), stream)
+
+
+def _held(args):
+    """The constants among kernel arguments ``args``: ``Flat`` arguments over memory posenc holds."""
+    return tuple([a for a in args if type(a) is Flat and a.owner is not None and a.size])
+
+
+def capturing(stream) -> bool:
+    """Whether cuda.core ``stream`` is capturing a CUDA graph (the driver's ``cuStreamIsCapturing``)."""
+    from cuda.bindings import driver
+
+    status, state = driver.cuStreamIsCapturing(stream.handle)
+    return status == driver.CUresult.CUDA_SUCCESS and state != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _keep_captured(stream, held):
+    """Keep constants ``held`` for good where ``stream`` is capturing: the graph reads their
+    memory at every replay, long after they may have left the last ``_KEPT``."""
+    if held and capturing(stream):
+        with _constants_lock:
+            _captured.update([(a.ptr, a) for a in held])
 
 
 # ---------------------------------------------------------------- launch
@@ -316,10 +342,12 @@ class Prepared:
     ``roles``: ``{address: name}`` of the arrays (``Flat`` arguments at those addresses)
     whose address each call gives by name; ``on_device``: numba's context manager of the
     device, entered when the build's context (current while it is built) is not current.
-    Built only where the driver is launched directly (``ready``)."""
+    Built only where the driver is launched directly (``ready``). ``held``: the constants
+    its launches read, alive as long as it is (a plan outlives their place among the last
+    ``_KEPT``)."""
 
     def __init__(self, launches, device, roles, on_device):
-        self.steps, self.ready, self.on_device = [], True, on_device
+        self.steps, self.ready, self.on_device, self.held = [], True, on_device, ()
         for kernel, grid, block, args in launches:
             direct = _direct_launch(kernel, device)
             if direct is None:
@@ -332,6 +360,7 @@ class Prepared:
                     slots.append((len(params) + 4, roles[a.ptr]))  # the data pointer of numba's array layout
                 write(a, params)
             self.steps.append((function, config(grid=grid, block=block), params, slots, core_launch))
+            self.held += _held(args)  # (its parameters hold their addresses only)
         self.context = current_context()
 
     def __call__(self, stream, addresses):
@@ -346,6 +375,7 @@ class Prepared:
 
     def _launch(self, stream, addresses):
         core = _core_stream(stream)
+        _keep_captured(core, self.held)
         for function, config, params, slots, core_launch in self.steps:
             params = list(params)
             for slot, role in slots:
@@ -364,7 +394,9 @@ def launch(kernel, device, grid, block, stream, *args):
     params = []
     for write, a in zip(writers, args):
         write(a, params)
-    core_launch(_core_stream(stream), config(grid=grid, block=block), function, *params)
+    core = _core_stream(stream)
+    _keep_captured(core, _held(args))
+    core_launch(core, config(grid=grid, block=block), function, *params)
 
 
 def _axis_stride(dims, shape, strides):
