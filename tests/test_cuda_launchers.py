@@ -259,12 +259,48 @@ def _driver_bytes(params):
     return b"".join([ctypes.string_at(a, 8) for a in addresses])
 
 
-def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
-    """``_device_flat.Prepared`` (the CUDA plans' launch): each call hands the driver the
-    parameters of its build but for the data pointers of the arrays given by role, in the
-    context it was built in: numba's device context is entered only where another is current."""
+def _numba_device_contexts(monkeypatch, current):
+    """Device contexts as ``_arrays.on_device`` sees them: each GPU's primary context is
+    ``10 + index``, the thread's current one ``current[0]``; numba's manager of GPU ``i``
+    (``cuda.gpus[i]``) makes ``10 + i`` current and restores the one before."""
     import contextlib
 
+    from numba import cuda
+
+    class Gpus:
+        def __getitem__(self, index):
+            @contextlib.contextmanager
+            def manager():
+                before, current[0] = current[0], 10 + index
+                yield
+                current[0] = before
+
+            return manager()
+
+    monkeypatch.setattr(cuda, "gpus", Gpus())
+    monkeypatch.setattr(_arrays, "current_context", lambda: current[0])
+    monkeypatch.setattr(_arrays, "_primary_context", lambda index: 10 + index)
+
+
+def test_a_launch_enters_numbas_device_context_only_where_another_is_current(monkeypatch):
+    """``_arrays.on_device``: a launch on GPU ``i`` runs in its primary context; numba's
+    context manager (a push and a pop through Python) is entered only where another context
+    is current on the thread (torch and CuPy make it current on the threads they use)."""
+    current = [11]
+    _numba_device_contexts(monkeypatch, current)
+    seen = []
+    for index, now in ((1, 11), (0, 11), (1, 0), (1, 10)):
+        current[0] = now
+        with _arrays.on_device(index) as entered:
+            seen.append((current[0], entered))
+        assert current[0] == now
+    assert [c for c, _ in seen] == [11, 10, 11, 11]
+
+
+def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
+    """``_device_flat.Prepared`` (the CUDA plans' launch): each call hands the driver the
+    parameters of its build but for the data pointers of the arrays given by role, in its
+    device's primary context whatever context is current on the calling thread."""
     from numba import types
 
     from posenc._kernels import _device_flat
@@ -275,17 +311,11 @@ def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     def direct(kernel, device):
         return "function", writers, lambda stream, config, function, *params: launched.append((current[0], params)), lambda grid, block: (grid, block), kernel
 
-    @contextlib.contextmanager
-    def on_device():
-        before, current[0] = current[0], 11
-        yield
-        current[0] = before
-
+    _numba_device_contexts(monkeypatch, current)
     monkeypatch.setattr(_device_flat, "_direct_launch", direct)
     monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
-    monkeypatch.setattr(_device_flat, "current_context", lambda: current[0])
     x, positions = _device_flat.Flat(1000, 8, np.dtype(np.float32)), _device_flat.Flat(2000, 1, np.dtype(np.int64))
-    prepared = _device_flat.Prepared([("kernel", 3, (64, 2, 2), (x, (5, 6), positions))], 0, {1000: "x", 2000: "positions"}, on_device())
+    prepared = _device_flat.Prepared([("kernel", 3, (64, 2, 2), (x, (5, 6), positions))], 1, {1000: "x", 2000: "positions"})
     assert prepared.ready
     prepared("stream", {"x": 4096, "positions": 8192})
     current[0] = 0  # a thread with no current context (or another device's)
@@ -295,7 +325,6 @@ def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     assert len(launched) == 2 and second[4] == 112 and second[13] == 224
     assert first[7:9] == second[7:9] == (5, 6)
     assert context == second_context == 11 and current[0] == 0
-
 
 
 def test_torch_stream_is_the_raw_handle_of_the_current_stream():
@@ -318,6 +347,8 @@ class _Constant:
 
 def _fake_driver(monkeypatch, capturing):
     """``_device_flat`` launching into a list, its streams capturing a CUDA graph or not."""
+    import contextlib
+
     from numba import types
 
     from posenc._kernels import _device_flat
@@ -330,7 +361,7 @@ def _fake_driver(monkeypatch, capturing):
 
     monkeypatch.setattr(_device_flat, "_direct_launch", direct)
     monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
-    monkeypatch.setattr(_device_flat, "current_context", lambda: 1)
+    monkeypatch.setattr(_arrays, "on_device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(_device_flat, "capturing", lambda stream: capturing)
     monkeypatch.setattr(_device_flat, "_captured", {})
     monkeypatch.setattr(_device_flat, "_constants", type(_device_flat._constants)())
@@ -341,7 +372,6 @@ def test_a_prepared_launch_holds_the_constants_it_reads(monkeypatch):
     """A CUDA plan's launch keeps the addresses of its constants (frequencies), not the
     arrays: it holds those arrays itself, so a constant that leaves the last ``_KEPT`` is not
     freed under a plan that still reads it (which would read freed or reused memory)."""
-    import contextlib
     import gc
     import weakref
 
@@ -350,7 +380,7 @@ def test_a_prepared_launch_holds_the_constants_it_reads(monkeypatch):
     gone = weakref.ref(owner)
     freqs = device_flat.Flat(5000, 64, np.dtype(np.float64), owner)
     x = device_flat.Flat(1000, 8, np.dtype(np.float32))
-    prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), (freqs, x))], 0, {1000: "x"}, contextlib.nullcontext())
+    prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), (freqs, x))], 0, {1000: "x"})
     del owner, freqs
     gc.collect()
     assert gone() is not None
@@ -366,7 +396,6 @@ def test_constants_a_cuda_graph_capture_reads_are_kept_for_good(monkeypatch, pla
     """A launch recorded into a CUDA graph reads its constants at every replay: those it
     reads while its stream is capturing stay alive for the rest of the process, those of an
     ordinary launch only as long as the constants cache (or a plan) holds them."""
-    import contextlib
     import gc
     import weakref
 
@@ -378,7 +407,7 @@ def test_constants_a_cuda_graph_capture_reads_are_kept_for_good(monkeypatch, pla
         gone = weakref.ref(owner)
         args = (device_flat.Flat(5000, 64, np.dtype(np.float64), owner), device_flat.Flat(7000, 0, np.dtype(np.float32), empty))
         if planned:
-            prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), args)], 0, {}, contextlib.nullcontext())
+            prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), args)], 0, {})
             prepared("stream", {})
             del prepared
         else:

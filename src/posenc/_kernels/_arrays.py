@@ -427,7 +427,7 @@ def launch_context(a):
     The one stream policy of every CUDA kernel: torch's current stream on ``a``'s device,
     CuPy's current stream, or a numba device array's own stream. Handle 0 (torch's and
     CuPy's default) is CUDA's legacy default stream, so a kernel orders with the caller's
-    work exactly as the caller's own kernels do.
+    work exactly as the caller's own kernels do. The device context: ``on_device``.
     """
     from numba import cuda
 
@@ -442,8 +442,40 @@ def launch_context(a):
 
         handle, index = cupy.cuda.get_current_stream().ptr, a.device.id
     else:
-        return a.stream or cuda.legacy_default_stream(), contextlib.nullcontext()
-    return _stream(handle), cuda.gpus[index]
+        return a.stream or cuda.legacy_default_stream(), _STAY
+    return _stream(handle), on_device(index)
+
+
+_STAY = contextlib.nullcontext()
+
+
+def current_context() -> int:
+    """The handle of the CUDA context current on this thread (0: none)."""
+    from cuda.bindings import driver
+
+    status, context = driver.cuCtxGetCurrent()
+    return int(context) if status == driver.CUresult.CUDA_SUCCESS else 0
+
+
+@lru_cache(maxsize=None)
+def _primary_context(index) -> int:
+    """The handle of GPU ``index``'s primary context: numba's, retained (not made current)."""
+    from cuda.bindings.utils import get_cuda_native_handle
+    from numba import cuda
+
+    return int(get_cuda_native_handle(cuda.gpus[index].get_primary_context().handle))
+
+
+def on_device(index):
+    """The context manager a launch on GPU ``index`` runs under: nothing to do where the
+    device's primary context (the one numba loads kernels in) is current on this thread, as
+    torch and CuPy make it on the threads that use the device; else numba's (a push of that
+    context and a pop: driver calls through Python)."""
+    if current_context() == _primary_context(index):
+        return _STAY
+    from numba import cuda
+
+    return cuda.gpus[index]
 
 
 def torch_stream(torch, index) -> int:

@@ -328,26 +328,17 @@ def _core_stream(stream):
     return driver._to_core_stream(stream)
 
 
-def current_context() -> int:
-    """The handle of the CUDA context current on this thread (0: none)."""
-    from cuda.bindings import driver
-
-    status, context = driver.cuCtxGetCurrent()
-    return int(context) if status == driver.CUresult.CUDA_SUCCESS else 0
-
-
 class Prepared:
     """Launches whose arguments are fixed but for the addresses of some arrays: a plan's
     (``posenc._kernels.rope_cuda_plan``). ``launches``: ``(kernel, grid, block, arguments)``;
     ``roles``: ``{address: name}`` of the arrays (``Flat`` arguments at those addresses)
-    whose address each call gives by name; ``on_device``: numba's context manager of the
-    device, entered when the build's context (current while it is built) is not current.
+    whose address each call gives by name, under GPU ``device``'s ``_arrays.on_device``.
     Built only where the driver is launched directly (``ready``). ``held``: the constants
     its launches read, alive as long as it is (a plan outlives their place among the last
     ``_KEPT``)."""
 
-    def __init__(self, launches, device, roles, on_device):
-        self.steps, self.ready, self.on_device, self.held = [], True, on_device, ()
+    def __init__(self, launches, device, roles):
+        self.steps, self.ready, self.device, self.held = [], True, device, ()
         for kernel, grid, block, args in launches:
             direct = _direct_launch(kernel, device)
             if direct is None:
@@ -361,26 +352,17 @@ class Prepared:
                 write(a, params)
             self.steps.append((function, config(grid=grid, block=block), params, slots, core_launch))
             self.held += _held(args)  # (its parameters hold their addresses only)
-        self.context = current_context()
 
     def __call__(self, stream, addresses):
-        """Launch with ``addresses`` (by role) on ``stream``; numba's context push and pop (a
-        few driver calls through Python) only where the thread's current context is another
-        (torch makes the device's primary context current, the one numba loads kernels in)."""
-        if current_context() != self.context:
-            with self.on_device:
-                self._launch(stream, addresses)
-        else:
-            self._launch(stream, addresses)
-
-    def _launch(self, stream, addresses):
+        """Launch with ``addresses`` (by role) on ``stream``."""
         core = _core_stream(stream)
         _keep_captured(core, self.held)
-        for function, config, params, slots, core_launch in self.steps:
-            params = list(params)
-            for slot, role in slots:
-                params[slot] = addresses[role]
-            core_launch(core, config, function, *params)
+        with _arrays.on_device(self.device):
+            for function, config, params, slots, core_launch in self.steps:
+                params = list(params)
+                for slot, role in slots:
+                    params[slot] = addresses[role]
+                core_launch(core, config, function, *params)
 
 
 def launch(kernel, device, grid, block, stream, *args):

@@ -40,7 +40,7 @@ class RotatePlan:
             roles = {positions_flat.ptr: "positions", operand.x_flat.ptr: "x"} if type(positions_flat) is _device_flat.Flat else {}
             if roles and not in_place:
                 roles[operand.o_flat.ptr] = "out"
-            self.prepared = _device_flat.Prepared(launches, device, roles, on_device)
+            self.prepared = _device_flat.Prepared(launches, device, roles)
         self.counting = _arrays.dtype_name(held.dtype) == "int64"
         self.positions_geometry = _geometry(held)
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
