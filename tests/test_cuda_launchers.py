@@ -416,3 +416,47 @@ def test_constants_a_cuda_graph_capture_reads_are_kept_for_good(monkeypatch, pla
         gc.collect()
         assert (gone() is not None) is capturing
         assert list(_device_flat._captured) == ([5000] if capturing else [])  # (an empty one has no memory to keep)
+
+
+def test_a_new_constant_is_on_the_device_before_any_stream_reads_it(monkeypatch):
+    """A constant's copy from host memory is queued behind the caller's stream; the constant
+    then serves calls on every stream, so the copy is waited for once, when it is made:
+    not on a later call that finds it, nor for an empty one (nothing copied)."""
+    import types as pytypes
+
+    from posenc._kernels import _device_flat
+
+    events = []
+
+    class Stream:
+        def synchronize(self):
+            events.append("synchronize")
+
+    def to_device(values, stream):
+        events.append(("copy", values.tolist()))
+        return values
+
+    monkeypatch.setattr(_device_flat, "cuda", pytypes.SimpleNamespace(to_device=to_device))
+    monkeypatch.setattr(_device_flat, "_constants", type(_device_flat._constants)())
+    monkeypatch.setattr(_arrays, "cuda_simulator", lambda: True)  # (the constant as to_device returned it)
+    stream = Stream()
+    first = _device_flat.constant(0, np.array([0.5, 0.25]), stream)
+    assert events == [("copy", [0.5, 0.25]), "synchronize"]
+    assert _device_flat.constant(0, np.array([0.5, 0.25]), stream) is first and len(events) == 2
+    _device_flat.empty(0, np.float64, stream)
+    assert events[2:] == [("copy", [])]
+
+
+def test_numbas_views_of_streams_are_kept_for_the_last_64_handles(monkeypatch):
+    """A program may make a CUDA stream per request: the launchers' views of streams are
+    kept for the last 64 handles, not one per handle ever met."""
+    from numba import cuda
+
+    monkeypatch.setattr(cuda, "external_stream", lambda handle: ("stream", handle), raising=False)
+    _arrays._stream.cache_clear()
+    try:
+        views = [_arrays._stream(handle) for handle in range(1, 1001)]
+        assert views[-1] == ("stream", 1000) and _arrays._stream(1000) is views[-1]
+        assert _arrays._stream.cache_info().currsize == 64
+    finally:
+        _arrays._stream.cache_clear()

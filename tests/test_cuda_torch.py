@@ -182,6 +182,24 @@ def test_plans_and_cuda_graphs_read_their_frequencies_after_the_cache_replaced_t
         assert torch.equal(captured, pe.rope(x, position, base=base))
 
 
+def test_frequencies_copied_behind_a_busy_stream_are_complete_for_another_stream():
+    """A rotation's first call copies its frequencies to the device on the caller's stream,
+    behind that stream's queued work; a call on another stream right after reads the same
+    constant: it gets the rotation's numbers, not memory the copy has yet to fill."""
+    x = torch.randn(1, 8, 4, 128, device="cuda")
+    positions = torch.arange(4, device="cuda")
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    for stream in (busy, other):
+        stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)  # (about a tenth of a second of queued work)
+        pe.rope(x, positions, base=45678.0)
+    with torch.cuda.stream(other):
+        raced = pe.rope(x, positions, base=45678.0)
+    torch.cuda.synchronize()
+    assert torch.equal(raced, pe.rope(x, positions, base=45678.0))
+
+
 def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
     x = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     cos = torch.empty(1, 128, device="cuda", dtype=torch.bfloat16)

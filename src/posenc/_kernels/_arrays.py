@@ -498,14 +498,10 @@ def device_index(a) -> int:
     return getattr(cuda.get_current_device(), "id", 0)
 
 
-_STREAMS: dict = {}
-
-
+@lru_cache(maxsize=64)
 def _stream(handle):
-    """numba's view of the CUDA stream ``handle`` (0: the legacy default stream), made once."""
-    found = _STREAMS.get(handle)
-    if found is None:
-        from numba import cuda
+    """numba's view of the CUDA stream ``handle`` (0: the legacy default stream), kept for
+    the last 64 handles (a program may make a stream per request)."""
+    from numba import cuda
 
-        found = _STREAMS[handle] = cuda.external_stream(handle) if handle else cuda.legacy_default_stream()
-    return found
+    return cuda.external_stream(handle) if handle else cuda.legacy_default_stream()

@@ -200,6 +200,9 @@ def _argument(array):
 def constant(device, values, stream):
     """Host array ``values`` (frequencies, say) as a 1-D kernel argument on ``device``, copied
     there once and kept (the last ``_KEPT``): a call with device inputs copies nothing.
+    The copy is complete when this returns (``stream`` synchronised, once per constant): a
+    copy from host memory is queued behind ``stream``'s work, and the constant serves calls
+    on every stream.
 
     A constant dropped from the last ``_KEPT`` is freed once nothing else holds it, so whatever
     launches it later holds it: a plan (``Prepared``), and for a launch recorded into a CUDA
@@ -209,6 +212,8 @@ def constant(device, values, stream):
         found = _constants.get(key)
         if found is None:
             array = cuda.to_device(values, stream=stream)
+            if values.size:
+                stream.synchronize()
             found = _constants[key] = _argument(array)  # (a Flat keeps its array: a plan may outlive the entry)
             while len(_constants) > _KEPT:
                 _constants.popitem(last=False)
