@@ -361,8 +361,8 @@ class Prepared:
     def __call__(self, stream, addresses):
         """Launch with ``addresses`` (by role) on ``stream``."""
         core = _core_stream(stream)
-        _keep_captured(core, self.held)
         with _arrays.on_device(self.device):
+            _keep_captured(core, self.held)
             for function, config, params, slots, core_launch in self.steps:
                 params = list(params)
                 for slot, role in slots:
