@@ -12,7 +12,8 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   ``alibi_bias`` of 16 x 8192 x 8192 float32 into ``out=``: device time per call from CUDA
   events around 10 calls enqueued back to back (best of 5; 5 calls for the biases, timed
   twice: from an idle device, so the first call's host work counts, and with a call
-  already enqueued before the start), and its fraction of ``Tensor.copy_`` (``fill_`` for
+  already enqueued before the start; and ``expand_bias`` of T5's per-distance vector made
+  beforehand, the expansion alone), and its fraction of ``Tensor.copy_`` (``fill_`` for
   the biases) of the same bytes.
 """
 
@@ -104,7 +105,13 @@ def main():
     out = torch.empty(heads, length, length, device="cuda")
     fill = gpu_ms(lambda: out.fill_(1.0), n=5)
     table, slopes = torch.randn(32, heads, device="cuda"), torch.from_numpy(pe.alibi_slopes(heads)).cuda()
-    for name, call in (("t5_bias", lambda: pe.t5_bias(table, length, length, out=out)), ("alibi_bias", lambda: pe.alibi_bias(slopes, length, length, out=out))):
+    vec = pe.relative_bias_vector("t5", table, length, length)  # (the expansion alone: what the vector's operations cost beside it)
+    calls = (
+        ("t5_bias", lambda: pe.t5_bias(table, length, length, out=out)),
+        ("alibi_bias", lambda: pe.alibi_bias(slopes, length, length, out=out)),
+        ("expand_bias of T5's vector", lambda: pe.expand_bias(vec, length, length, out=out)),
+    )
+    for name, call in calls:
         idle, busy = gpu_ms(call, n=5), gpu_ms(call, n=5, busy=True)
         print(f"16x8192^2 f32 {name} out=: {idle:.3f} ({fill / idle:.2f} of fill_ {fill:.3f}) | device busy at the start {busy:.3f} ({fill / busy:.2f})")
 
