@@ -460,3 +460,19 @@ def test_numbas_views_of_streams_are_kept_for_the_last_64_handles(monkeypatch):
         assert _arrays._stream.cache_info().currsize == 64
     finally:
         _arrays._stream.cache_clear()
+
+
+def test_a_cupy_launch_takes_the_current_stream_of_the_arrays_device(monkeypatch):
+    """CuPy keeps a current stream per device: a kernel on an array of GPU 1 launches on GPU
+    1's current stream, whichever device is current on the thread."""
+    import sys
+    import types as pytypes
+
+    streams = {0: pytypes.SimpleNamespace(ptr=100), 1: pytypes.SimpleNamespace(ptr=111)}
+    cupy = pytypes.SimpleNamespace(cuda=pytypes.SimpleNamespace(get_current_stream=lambda device_id=-1: streams[0 if device_id == -1 else device_id]))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(_arrays, "library", lambda a: "cupy")
+    monkeypatch.setattr(_arrays, "_stream", lambda handle: ("stream", handle))
+    monkeypatch.setattr(_arrays, "on_device", lambda index: ("device", index))
+    on_gpu_1 = pytypes.SimpleNamespace(device=pytypes.SimpleNamespace(id=1))
+    assert _arrays.launch_context(on_gpu_1) == (("stream", 111), ("device", 1))

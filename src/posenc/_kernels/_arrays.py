@@ -424,8 +424,8 @@ def guard_gpu_operands(x, out=None, **named):
 def launch_context(a):
     """``(stream, device context)`` for a kernel on GPU array ``a``: the caller's current stream.
 
-    The one stream policy of every CUDA kernel: torch's current stream on ``a``'s device,
-    CuPy's current stream, or a numba device array's own stream. Handle 0 (torch's and
+    The one stream policy of every CUDA kernel: torch's or CuPy's current stream on ``a``'s
+    device (whichever device is current), or a numba device array's own stream. Handle 0 (torch's and
     CuPy's default) is CUDA's legacy default stream, so a kernel orders with the caller's
     work exactly as the caller's own kernels do. The device context: ``on_device``.
     """
@@ -440,7 +440,8 @@ def launch_context(a):
     elif lib == "cupy":
         import cupy
 
-        handle, index = cupy.cuda.get_current_stream().ptr, a.device.id
+        index = a.device.id
+        handle = cupy.cuda.get_current_stream(index).ptr  # (the array's device's: CuPy keeps one per device)
     else:
         return a.stream or cuda.legacy_default_stream(), _STAY
     return _stream(handle), on_device(index)
