@@ -197,6 +197,23 @@ def _toeplitz_device(op):
     return samples
 
 
+# ---------------------------------------------------------------- T5 buckets
+
+
+def _t5_buckets(rng):
+    """Distances of a bias's per-distance vector (an arange across 0), random ones over the
+    whole range of their dtype (its least and greatest included), a strided view and an
+    empty one, under T5's own maps and small and large ones, both ways."""
+    maps = [(32, 128, True), (32, 128, False), (2, 3, False), (4, 3, True), (64, 1000, True), (320, 10**6, False)]
+    for dtype in (np.int32, np.int64):
+        info = np.iinfo(dtype)
+        arange = np.arange(-700, 300, dtype=dtype)
+        spread = np.concatenate([rng.integers(info.min, info.max, 300, dtype=dtype, endpoint=True), [info.min, info.min + 1, info.max, 0, -1]]).astype(dtype)
+        for num_buckets, max_distance, bidirectional in maps:
+            for rel in (arange, spread, spread[::3] if bidirectional else arange[:0]):
+                yield (rel,), {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
+
+
 # ---------------------------------------------------------------- Dask blocks
 
 
@@ -306,6 +323,7 @@ SAMPLES = {
     **{f"toeplitz_{op}.numba_cpu": _toeplitz_host(op) for op in ("expand", "gather", "scatter")},
     **{f"toeplitz_{op}.numba_cuda": _toeplitz_device(op) for op in ("expand", "gather", "scatter")},
     "rope_rotate.dask_blocks": _dask_rotate,
+    "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
     **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
     **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},

@@ -196,3 +196,17 @@ def test_toeplitz_host_work_does_not_grow(monkeypatch, op):
         launcher = getattr(toeplitz_cuda, f"toeplitz_{op}")
         counts[k_len] = _host_work(monkeypatch, toeplitz_cuda, lambda: launcher(*args, **kwargs))
     _assert_constant(counts)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_buckets_host_work_does_not_grow(monkeypatch, bidirectional):
+    """T5's buckets of a bias's distances (what a T5 bias on a GPU launches besides its
+    expansion): one launch, whatever the number of distances."""
+    from posenc._kernels import buckets_cuda
+
+    counts = {}
+    for n in LENGTHS:
+        rel = _device(np.arange(n, dtype=np.int64) - n // 2)
+        call = lambda rel=rel: buckets_cuda.t5_buckets(rel, num_buckets=32, max_distance=128, bidirectional=bidirectional)  # noqa: E731
+        counts[n] = _host_work(monkeypatch, buckets_cuda, call)
+    _assert_constant(counts)

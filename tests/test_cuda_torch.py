@@ -34,19 +34,24 @@ def _rotate_half(x):
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-@pytest.fixture
-def counted_launches(monkeypatch):
-    from posenc._kernels import rope_cuda
-
-    launches, family = [], rope_cuda.FAMILY
+def _count_launches(monkeypatch, module):
+    """The keys of ``module``'s kernel family asked for from now on: one per launch."""
+    launches, family = [], module.FAMILY
 
     class Counting:
         def __getitem__(self, key):
             launches.append(key)
             return family[key]
 
-    monkeypatch.setattr(rope_cuda, "FAMILY", Counting())
+    monkeypatch.setattr(module, "FAMILY", Counting())
     return launches
+
+
+@pytest.fixture
+def counted_launches(monkeypatch):
+    from posenc._kernels import rope_cuda
+
+    return _count_launches(monkeypatch, rope_cuda)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -214,6 +219,22 @@ def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
         graph.replay()
         assert torch.equal(rotated, pe.apply_rope(x, cos, sin))
         assert torch.equal(bias, pe.t5_bias(table, 1, 4096, offset=4095, max_distance=64))
+
+
+def test_t5_bias_on_cuda_buckets_its_distances_in_one_launch(monkeypatch):
+    """A T5 bias of CUDA tensors buckets its per-distance vector with the bucket kernel (one
+    launch, not the reference's thirty small operations), to the CPU's numbers bit for bit;
+    ``pe.t5_bucket`` of a 1-D CUDA tensor too."""
+    from posenc._kernels import buckets_cuda
+
+    launches = _count_launches(monkeypatch, buckets_cuda)
+    table = torch.randn(32, 8)
+    for q_len, k_len, bidirectional in ((7, 300, True), (1, 4096, False)):
+        got = pe.t5_bias(table.cuda(), q_len, k_len, bidirectional=bidirectional)
+        assert torch.equal(got.cpu(), pe.t5_bias(table, q_len, k_len, bidirectional=bidirectional))
+    rel = torch.arange(-5000, 5000, dtype=torch.int32)
+    assert torch.equal(pe.t5_bucket(rel.cuda()).cpu(), pe.t5_bucket(rel))
+    assert launches == [("int64",), ("int64",), ("int32",)]
 
 
 # torch 2.11's CUDA graph trees capture an empty graph of their own when they start, and say so.

@@ -2,10 +2,10 @@
 
 The CUDA simulator runs the kernels as Python, so it cannot catch what only Numba's CUDA
 target rejects (typing, unsupported constructs). This compiles each specialisation of the
-``rope_cuda`` and ``toeplitz_cuda`` families, and the device-side conversion kernel, for a
-compute capability (default 9.0: H100/H200) with NVIDIA's NVVM, which needs no GPU or
-driver: ``pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12`` and put their library
-folders on ``LD_LIBRARY_PATH`` (``.../nvidia/cuda_nvcc/nvvm/lib64`` and
+``rope_cuda``, ``toeplitz_cuda`` and ``buckets_cuda`` families, and the device-side
+conversion kernel, for a compute capability (default 9.0: H100/H200) with NVIDIA's NVVM,
+which needs no GPU or driver: ``pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12``
+and put their library folders on ``LD_LIBRARY_PATH`` (``.../nvidia/cuda_nvcc/nvvm/lib64`` and
 ``.../nvidia/cuda_nvrtc/lib``). Usage: ``PYTHONPATH=src python tests/gpu/compile_ptx.py [MAJOR.MINOR]``;
 exits 1 if a specialisation fails to compile.
 """
@@ -26,7 +26,7 @@ def main(argv) -> int:
 
     numba.cuda.dispatcher.get_current_device = lambda: Device()
 
-    from posenc._kernels import _device_flat, rope_cuda, toeplitz_cuda
+    from posenc._kernels import _device_flat, buckets_cuda, rope_cuda, toeplitz_cuda
 
     jit, built = cuda.jit, {}
 
@@ -38,7 +38,7 @@ def main(argv) -> int:
         return keep
 
     failures = 0
-    for family, module in ((rope_cuda.FAMILY, rope_cuda), (toeplitz_cuda.FAMILY, toeplitz_cuda)):
+    for family, module in ((rope_cuda.FAMILY, rope_cuda), (toeplitz_cuda.FAMILY, toeplitz_cuda), (buckets_cuda.FAMILY, buckets_cuda)):
         for key in family.keys:
             cuda.jit = capture
             try:

@@ -5,7 +5,7 @@ importing numba or a framework: each registration names its implementation
 ``"module:function"``, loaded on first use. The registry tries an op's kernels in
 registration order: the torch custom ops first (a tensor autograd records, or any tensor
 while ``torch.compile`` traces), then the Numba CPU and numba.cuda kernels (``rope.py``,
-``toeplitz.py``). The Dask block paths (``posenc._dask``) and the JAX CPU paths
+``toeplitz.py``, ``buckets.py``). The Dask block paths (``posenc._dask``) and the JAX CPU paths
 (``posenc._jax``) are framework adapters, a layer above this one (none of these files
 imports JAX or Dask): ``posenc._dispatch.ADAPTERS`` names them and imports each (which
 registers its kernels) the first time a call holds an array of its library.
@@ -28,10 +28,12 @@ The files, one line each:
   ``rope_cuda.py``;
 * ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
   ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
+* ``buckets.py``: the same for ``t5_buckets`` (T5's buckets of a GPU bias's distances); its
+  kernel in ``buckets_cuda.py``;
 * ``bias_rows_cpu.py``: the T5 and ALiBi plans' one-pass rows (``relative/_decode.py``'s
   kept window of per-distance sources read at each query's keys), not registered: a plan
   launches it, and declines to the reference's operations where it does not serve;
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 
-from . import rope, toeplitz  # noqa: F401
+from . import buckets, rope, toeplitz  # noqa: F401

@@ -11,7 +11,7 @@ def _families(gpu):
     from . import bias_rows_cpu, rope_cpu, toeplitz_cpu  # noqa: F401  (register their families)
 
     if gpu:
-        from . import rope_cuda, toeplitz_cuda  # noqa: F401
+        from . import buckets_cuda, rope_cuda, toeplitz_cuda  # noqa: F401
     return [f for name, f in _family.FAMILIES.items() if gpu or not name.endswith("cuda")]
 
 

@@ -15,7 +15,7 @@ from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
 from .._xp import cast, compute_dtype, device_of, host_constants, namespace, result_dtype
-from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_buckets
+from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
 
@@ -113,7 +113,8 @@ def _check_t5(xp, table, *, bidirectional=True, max_distance=128, num_buckets=No
 
 
 def _t5_vector(xp, table, dist, *, num_buckets, max_distance, bidirectional):
-    return _lookup(xp, table, t5_buckets(xp, dist, num_buckets, max_distance, bidirectional))
+    buckets = call("t5_buckets", dist, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    return _lookup(xp, table, buckets)
 
 
 def _check_alibi(xp, slopes, *, symmetric=False):

@@ -8,6 +8,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _validate as check
+from .._dispatch import call, reference
 from .._xp import device_of, namespace, trace_constant, widest_float
 
 
@@ -25,7 +26,7 @@ def t5_bucket_options(num_buckets, max_distance, bidirectional):
 
 
 @trace_constant
-def _t5_thresholds(side_buckets: int, max_distance: int) -> tuple[int, ...]:
+def t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
     """:func:`_t5_starts`, computed once per map (a constant for ``torch.compile``)."""
     return _t5_starts(side_buckets, max_distance)
 
@@ -105,13 +106,20 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
     [17, 26, 15]
     """
     check.array("rel", rel)
-    xp = namespace(rel)
-    check.integer_array("rel", rel, xp)
-    return t5_buckets(xp, rel, *t5_bucket_options(num_buckets, max_distance, bidirectional))
+    check.integer_array("rel", rel, namespace(rel))
+    num_buckets, max_distance, bidirectional = t5_bucket_options(num_buckets, max_distance, bidirectional)
+    return call("t5_buckets", rel, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+
+
+@reference("t5_buckets")
+def t5_bucket_values(rel, *, num_buckets, max_distance, bidirectional):
+    """The op ``t5_buckets``, which kernels register against: :func:`t5_buckets` in ``rel``'s namespace."""
+    return t5_buckets(namespace(rel), rel, num_buckets, max_distance, bidirectional)
 
 
 def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
-    """:func:`t5_bucket` of validated arguments (``t5_bucket_options``)."""
+    """:func:`t5_bucket` of validated arguments (``t5_bucket_options``): one comparison per
+    boundary of the log-spaced buckets (``t5_starts``)."""
     side = num_buckets // 2 if bidirectional else num_buckets
     exact = side // 2
     largest = xp.iinfo(rel.dtype).max
@@ -122,7 +130,7 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
         n = xp.clip(rel, 0, None)
         base = xp.zeros_like(rel)
     logarithmic = xp.full_like(rel, exact)
-    for start in _t5_thresholds(side, max_distance):
+    for start in t5_starts(side, max_distance):
         if start <= largest:
             logarithmic = logarithmic + xp.astype(n >= start, rel.dtype)
     return base + xp.where(n < exact, n, logarithmic)
