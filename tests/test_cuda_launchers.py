@@ -476,3 +476,22 @@ def test_a_cupy_launch_takes_the_current_stream_of_the_arrays_device(monkeypatch
     monkeypatch.setattr(_arrays, "on_device", lambda index: ("device", index))
     on_gpu_1 = pytypes.SimpleNamespace(device=pytypes.SimpleNamespace(id=1))
     assert _arrays.launch_context(on_gpu_1) == (("stream", 111), ("device", 1))
+
+
+def test_the_t5_bucket_launcher_refuses_what_its_kernel_cannot_read(monkeypatch):
+    """``buckets_cuda.t5_buckets`` called directly (past the registry's accepts): a host array,
+    another dtype, another shape, a negative stride or an invalid bucket map is refused with
+    the argument named, before any launch."""
+    from posenc._kernels import buckets_cuda
+
+    launched = []
+    monkeypatch.setattr(buckets_cuda, "FAMILY", type("F", (), {"__getitem__": lambda self, key: launched.append(key)})())
+    options = {"num_buckets": 32, "max_distance": 128, "bidirectional": True}
+    rel = np.arange(-4, 5)
+    _refused(buckets_cuda.t5_buckets, (rel,), options, TypeError, ["GPU array"])
+    _refused(buckets_cuda.t5_buckets, (_device(rel.astype(np.int16)),), options, TypeError, ["rel", "int16"])
+    _refused(buckets_cuda.t5_buckets, (_device(np.zeros((2, 3), np.int64)),), options, ValueError, ["rel", "dimension"])
+    _refused(buckets_cuda.t5_buckets, (_arrays.strided(_device(rel)[8:], (5,), (-2,)),), options, ValueError, ["rel", "stride"])
+    _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "num_buckets": 7}, ValueError, ["num_buckets"])
+    _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "max_distance": 16}, ValueError, ["max_distance"])
+    assert launched == []

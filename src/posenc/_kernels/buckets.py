@@ -42,12 +42,17 @@ def _accepts(a):
 
 
 def guard(rel, num_buckets, max_distance, bidirectional):
-    """The checks before the kernel reads ``rel``: a 1-D int32/int64 array, T5's options
+    """The checks before the kernel reads ``rel``: a 1-D int32/int64 GPU array with a whole,
+    non-negative stride (the kernel addresses it from its first element), T5's options
     (``t5_bucket_options``). Returns the validated options."""
+    if not _arrays.on_gpu(rel):
+        raise TypeError(f"rel must be a GPU array (CuPy, torch CUDA, numba device), got {type(rel).__module__}.{type(rel).__name__} (kernel launcher check)")
     name = _arrays.dtype_name(rel.dtype)
     if name not in ("int32", "int64"):
         raise TypeError(f"rel must be int32 or int64, got {name} (kernel launcher check)")
     check.ndim("rel", rel, exactly=1)
+    if not _arrays.forward_strides(rel):
+        raise ValueError(f"rel has stride {_arrays.element_strides(rel)} (elements): the CUDA kernel reads whole, non-negative strides (kernel launcher check)")
     return t5_bucket_options(num_buckets, max_distance, bidirectional)
 
 
