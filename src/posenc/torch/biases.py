@@ -7,6 +7,7 @@ from torch import nn
 
 import posenc as pe
 
+from ..relative.buckets import t5_bucket_options
 from ._protocol import PositionalModule, dot_scores, positive_int
 
 
@@ -59,7 +60,7 @@ class T5RelativeBias(_DistanceBias):
 
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
         super().__init__()
-        pe.t5_bucket(torch.zeros(1, dtype=torch.int64), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+        t5_bucket_options(num_buckets, max_distance, bidirectional)
         self.table = nn.Parameter(torch.randn(num_buckets, positive_int("num_heads", num_heads)) * 0.02)
         self.max_distance, self.bidirectional = max_distance, bidirectional
 
