@@ -48,6 +48,7 @@ from flax import nnx
 
 import posenc as pe
 from posenc.relative import indices
+from posenc.relative.buckets import t5_bucket_options
 from posenc.relative.deberta import TERMS
 
 __all__ = [
@@ -254,7 +255,7 @@ class T5(_Bias):
     takes_positions = True
 
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True, rngs: nnx.Rngs):
-        pe.t5_bucket(np.zeros(1, dtype=np.int64), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+        t5_bucket_options(num_buckets, max_distance, bidirectional)
         self.table = _normal(rngs, (num_buckets, _positive("num_heads", num_heads)), 0.02)
         self.max_distance, self.bidirectional = max_distance, bidirectional
 
