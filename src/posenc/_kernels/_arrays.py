@@ -425,9 +425,10 @@ def launch_context(a):
     """``(stream, device context)`` for a kernel on GPU array ``a``: the caller's current stream.
 
     The one stream policy of every CUDA kernel: torch's or CuPy's current stream on ``a``'s
-    device (whichever device is current), or a numba device array's own stream. Handle 0 (torch's and
-    CuPy's default) is CUDA's legacy default stream, so a kernel orders with the caller's
-    work exactly as the caller's own kernels do. The device context: ``on_device``.
+    device (whichever device is current), or a numba device array's own stream. Handle 0
+    (torch's and CuPy's default) is CUDA's legacy default stream, so a kernel orders with
+    the caller's work exactly as the caller's own kernels do. The device context:
+    ``on_device``.
     """
     from numba import cuda
 

@@ -20,7 +20,8 @@ from .._xp import torch_compiling
 from ..relative.buckets import t5_bucket_options
 from . import _arrays
 
-SPECIALISATIONS = [("int32",), ("int64",)]
+DISTANCES = ("int32", "int64")  # the dtypes of distances (and buckets) the kernel reads
+SPECIALISATIONS = [(name,) for name in DISTANCES]
 
 
 def serves(key):
@@ -35,7 +36,7 @@ def _accepts(a):
         and not torch_compiling()
         and _arrays.on_gpu(rel)
         and rel.ndim == 1
-        and _arrays.dtype_name(rel.dtype) in ("int32", "int64")
+        and _arrays.dtype_name(rel.dtype) in DISTANCES
         and _arrays.forward_strides(rel)
         and _arrays.numba_cuda()
     )
@@ -48,7 +49,7 @@ def guard(rel, num_buckets, max_distance, bidirectional):
     if not _arrays.on_gpu(rel):
         raise TypeError(f"rel must be a GPU array (CuPy, torch CUDA, numba device), got {type(rel).__module__}.{type(rel).__name__} (kernel launcher check)")
     name = _arrays.dtype_name(rel.dtype)
-    if name not in ("int32", "int64"):
+    if name not in DISTANCES:
         raise TypeError(f"rel must be int32 or int64, got {name} (kernel launcher check)")
     check.ndim("rel", rel, exactly=1)
     if not _arrays.forward_strides(rel):
