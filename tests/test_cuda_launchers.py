@@ -327,6 +327,65 @@ def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
     assert context == second_context == 11 and current[0] == 0
 
 
+def test_a_prepared_launch_is_not_ready_where_a_role_names_no_argument(monkeypatch):
+    """A plan's role whose address no launch argument has (a table viewed at another
+    address than the caller's array, say) would launch every call with the build's
+    address: such a ``Prepared`` is not ``ready`` (its call keeps the full path)."""
+    device_flat, _ = _fake_driver(monkeypatch, capturing=False)
+    x, freqs = device_flat.Flat(1000, 8, np.dtype(np.float32)), device_flat.Flat(5000, 4, np.dtype(np.float64))
+    launches = [("kernel", 1, (32, 1, 1), (freqs, x))]
+    assert device_flat.Prepared(launches, 0, {1000: "x"}).ready
+    assert not device_flat.Prepared(launches, 0, {1000: "x", 3000: "cos"}).ready
+    assert not device_flat.Prepared(launches, 0, {1004: "x"}).ready  # (inside x, not its first element)
+
+
+def test_a_q_and_k_pair_plan_launches_with_each_calls_six_addresses(monkeypatch):
+    """``rope_cuda_plan.PairPlan`` (``rotate_pair`` on CUDA tensors): its build finds q, k,
+    ``cos``, ``sin`` and the two results among the launch's arguments by address; each call
+    launches with that call's q, k, tables and two new results in those places and returns
+    the results. Tables at one address leave it unready (the full path keeps the call).
+    (torch CPU tensors stand in for CUDA ones, a list for the driver.)"""
+    import contextlib
+    import types as pytypes
+
+    from numba import types
+
+    torch = pytest.importorskip("torch")
+    from posenc._kernels import _device_flat, rope_cuda, rope_cuda_plan
+
+    launched = []
+    writers = _device_flat.parameter_writers((types.Array(types.float32, 1, "C"), types.int64) * 3)
+
+    def direct(kernel, device):
+        return "function", writers, lambda stream, config, function, *params: launched.append(params), lambda grid, block: (grid, block), kernel
+
+    def pair_rotation(q, k, cos, sin, **_):
+        results = [torch.empty(x.shape) for x in (q, k)]
+        flats = [_device_flat.Flat(a.data_ptr(), a.numel(), np.dtype(np.float32)) for a in (q, k, cos, sin, *results)]
+        operands = [pytypes.SimpleNamespace(result=r) for r in results]
+        return operands, [("kernel", 1, (32, 1, 1), (flats[0], 1, flats[4], 2, flats[1], 3)), ("kernel", 1, (32, 1, 1), (flats[5], 4, flats[2], 5, flats[3], 6))]
+
+    monkeypatch.setattr(_device_flat, "_direct_launch", direct)
+    monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
+    monkeypatch.setattr(_device_flat, "capturing", lambda stream: False)
+    monkeypatch.setattr(_arrays, "on_device", lambda index: contextlib.nullcontext())
+    monkeypatch.setattr(_arrays, "torch_stream", lambda torch, index: 0)
+    monkeypatch.setattr(rope_cuda, "_context", lambda x: ("stream", contextlib.nullcontext(), 0))
+    monkeypatch.setattr(rope_cuda, "pair_rotation", pair_rotation)
+    arrays = lambda: [torch.randn(1, 4, 1, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8)]  # noqa: E731
+    plan = rope_cuda_plan.PairPlan(*arrays(), "half")
+    assert plan.ready
+    launched.clear()
+    q, k, cos, sin = arrays()
+    got_q, got_k = plan((q, k, cos, sin), {})
+    assert got_q.shape == q.shape and got_k.shape == k.shape
+    data = [params[i] for params in launched for i in (4, 12, 20)]  # (each array's data pointer: numba's layout, an int between)
+    assert data == [q.data_ptr(), got_q.data_ptr(), k.data_ptr(), got_k.data_ptr(), cos.data_ptr(), sin.data_ptr()]
+    assert [params[i] for params in launched for i in (7, 15, 23)] == [1, 2, 3, 4, 5, 6]
+    q, k, cos, _ = arrays()
+    assert not rope_cuda_plan.PairPlan(q, k, cos, cos, "half").ready
+
+
 def test_torch_stream_is_the_raw_handle_of_the_current_stream():
     """``_arrays.torch_stream``: torch's raw current-stream query where torch has it (no
     ``torch.cuda.Stream`` object made a call), else the current stream's ``cuda_stream``."""

@@ -205,6 +205,78 @@ def test_frequencies_copied_behind_a_busy_stream_are_complete_for_another_stream
     assert torch.equal(raced, pe.rope(x, positions, base=45678.0))
 
 
+_PAIRS = ("hf decode bf16", "hf prefill f32, partial rotary", "contiguous q and k, interleaved", "k without the batch axis (two launches)")
+
+
+def _pair_call(name):
+    """``call(step)``: an attention layer's q and k rotated together on CUDA tensors (the
+    Hugging Face drop-in's ``apply_rotary_pos_emb``, ``rotate_pair``), new tables each step."""
+    from posenc.rotary.apply import rotate_pair
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    def tables(batch, rows, width, dtype, step):
+        angles = torch.rand(batch, rows, width // 2, device="cuda", dtype=torch.float64, generator=torch.Generator(device="cuda").manual_seed(step)) * 100
+        return [f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin)]
+
+    if name == "hf decode bf16":
+        q, k = _hf_view(1, 1, 32, 128, torch.bfloat16, 0), _hf_view(1, 1, 8, 128, torch.bfloat16, 1)
+        return lambda step: apply_rotary_pos_emb(q, k, *tables(1, 1, 128, torch.bfloat16, step))
+    q, k = _hf_view(2, 16, 8, 64, torch.float32, 2), _hf_view(2, 16, 2, 64, torch.float32, 3)
+    if name == "hf prefill f32, partial rotary":
+        return lambda step: apply_rotary_pos_emb(q, k, *tables(2, 16, 32, torch.float32, step))
+    if name == "contiguous q and k, interleaved":
+        q, k = q.contiguous(), k.contiguous()
+        return lambda step: rotate_pair(q, k, *[t[:, None] for t in tables(2, 16, 64, torch.float32, step)], layout="interleaved")
+    return lambda step: rotate_pair(q, k[0], *[t[0] for t in tables(1, 16, 64, torch.float32, step)])
+
+
+@pytest.mark.parametrize("name", _PAIRS)
+def test_planned_q_and_k_pairs_give_the_full_paths_bits(monkeypatch, name):
+    """From a signature's third call on, ``rotate_pair`` on CUDA tensors (what the HF drop-in
+    and ``patch_hf`` call every layer) launches from its plan (``rope_cuda_plan.PairPlan``),
+    never reaching the launcher's geometry, and equals the full path (empty plan caches)
+    bit for bit."""
+    from posenc._kernels import rope_cuda
+    from posenc.rotary.apply import rotate_pair
+
+    call = _pair_call(name)
+    rotate_pair.plans.clear()
+    cold = []
+    for step in range(4):
+        cold.append(call(step))
+        rotate_pair.plans.clear()
+    for step in range(2):
+        call(step)
+    full_path, original = [], rope_cuda.pair_rotation
+    monkeypatch.setattr(rope_cuda, "pair_rotation", lambda *a, **k: full_path.append(1) or original(*a, **k))
+    for step in range(4):
+        got = call(step)
+        assert torch.equal(got[0], cold[step][0]) and torch.equal(got[1], cold[step][1]), (name, step)
+    assert any(type(plan).__name__ == "PairPlan" for plan in rotate_pair.plans.values() if plan), name
+    assert not full_path, f"{name}: {len(full_path)} of 4 planned calls took the full path"
+    rotate_pair.plans.clear()
+
+
+def test_a_planned_q_and_k_pair_in_a_cuda_graph_replays_bit_identically():
+    from posenc.rotary.apply import rotate_pair
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    q, k = _hf_view(1, 1, 32, 128, torch.bfloat16, 0), _hf_view(1, 1, 8, 128, torch.bfloat16, 1)
+    cos, sin = torch.empty(1, 1, 128, device="cuda", dtype=torch.bfloat16), torch.empty(1, 1, 128, device="cuda", dtype=torch.bfloat16)
+    rotate_pair.plans.clear()
+    graph, (rotated_q, rotated_k) = _captured(lambda: apply_rotary_pos_emb(q, k, cos, sin))  # (planned from the warm-up's third call)
+    assert any(type(plan).__name__ == "PairPlan" for plan in rotate_pair.plans.values() if plan)
+    for seed in range(3):
+        angles = torch.rand(1, 1, 64, device="cuda", dtype=torch.float64, generator=torch.Generator(device="cuda").manual_seed(seed)) * 100
+        cos.copy_(torch.cat([angles, angles], -1).cos())
+        sin.copy_(torch.cat([angles, angles], -1).sin())
+        q.copy_(torch.randn_like(q))
+        graph.replay()
+        rotate_pair.plans.clear()
+        want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)  # (the full path)
+        assert torch.equal(rotated_q, want_q) and torch.equal(rotated_k, want_k)
+
+
 def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
     x = torch.randn(1, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
     cos = torch.empty(1, 128, device="cuda", dtype=torch.bfloat16)

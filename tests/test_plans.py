@@ -25,11 +25,12 @@ torch = pytest.importorskip("torch")
 from posenc.torch import ALiBi, DeBERTaRelative, ShawRelative, T5RelativeBias, score_mod  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
 from posenc.torch import hf as _hf  # noqa: E402
+from posenc.rotary.apply import rotate_pair  # noqa: E402
 
 PLANNED = (
     pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, pe.shaw_logits,
     pe.deberta_logits,
-    _hf._rotate_pair, _ops._apply_kernel,
+    _hf._rotate_pair, _ops._apply_kernel, rotate_pair,
 )  # fmt: skip
 HEADS, DIM = 4, 16
 
@@ -345,6 +346,20 @@ def test_rope_plans_posencs_static_scalings_only():
         pe.rope(X1, offset=7, scaling=dynamic, seq_len=9)
     with pytest.raises(ValueError, match="seq_len"):
         pe.rope(X1, offset=7, scaling=dynamic, seq_len=-1)
+    _clear()
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_rotate_pair_of_host_arrays_is_planned_by_its_two_apply_rope_calls(library):
+    """``rotate_pair`` keys torch CUDA tensors only (``rope_cuda_plan.PairPlan``: one launch
+    for q and k); on a CPU it is two ``apply_rope`` calls, each planned by its own key."""
+    make = np.asarray if library == "numpy" else torch.as_tensor
+    q, k = make(X), make(X[:, :1])
+    _clear()
+    for t in range(3):
+        cos, sin = pe.rope_cos_sin(make(np.arange(3) + t), INV)
+        _same(rotate_pair(q, k, cos, sin), (pe.apply_rope(q, cos, sin, layout="half"), pe.apply_rope(k, cos, sin, layout="half")))
+    assert not rotate_pair.plans and _served(pe.apply_rope) == ["ApplyPlan"] * 2
     _clear()
 
 

@@ -6,6 +6,9 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
 * a decode step ``pe.rope`` on ``[1, 32, 1, 128]`` with its position on the device: whether
   its planned calls stay off the full path (``rope_cuda.rotation``) and equal it bit for bit,
   then the wall time per call over 300 calls back to back, beside the eager torch formula;
+  the same for a decode step of the Hugging Face drop-in's ``apply_rotary_pos_emb`` (q
+  ``[1, 32, 1, 128]`` and k ``[1, 8, 1, 128]`` bfloat16 views), beside transformers'
+  formula on q and k;
 * ``rope`` / ``apply_rope`` ``[4, 32, 8192, 128]`` float32 and bfloat16, in place and
   allocating; Hugging Face's q ``[4, 32, 4096, 128]`` + k ``[4, 8, 4096, 128]`` bfloat16
   views rotated in place in one launch, beside Liger-Kernel's; ``t5_bias`` and
@@ -71,6 +74,28 @@ def main():
     d, e = wall_ms(lambda: pe.rope(xs, p1)), wall_ms(eager)
     print(f"decode ms/call: pe.rope positions {d:.4f} | offset {wall_ms(lambda: pe.rope(xs, offset=4095)):.4f} | in place "
           f"{wall_ms(lambda: pe.rope(xs, p1, out=xs)):.4f} | eager formula {e:.4f} | ratio {d / e:.2f}")  # fmt: skip
+
+    from posenc import _oracles
+    from posenc.rotary.apply import rotate_pair
+    from posenc.torch.hf import apply_rotary_pos_emb
+
+    qs = torch.randn(1, 1, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    ks = torch.randn(1, 1, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cs, sn = (torch.randn(1, 1, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    pair = lambda: apply_rotary_pos_emb(qs, ks, cs, sn)  # noqa: E731
+    hf_eager = lambda: (_oracles.hf_rope(torch, qs, cs[:, None], sn[:, None]), _oracles.hf_rope(torch, ks, cs[:, None], sn[:, None]))  # noqa: E731
+    rotate_pair.plans.clear()
+    want = pair()
+    for _ in range(3):
+        pair()
+    full, pair_rotation = [], rope_cuda.pair_rotation
+    rope_cuda.pair_rotation = lambda *a, **k: full.append(1) or pair_rotation(*a, **k)
+    got = [pair() for _ in range(5)]
+    rope_cuda.pair_rotation = pair_rotation
+    same = all(torch.equal(g[0], want[0]) and torch.equal(g[1], want[1]) for g in got)
+    print("HF apply_rotary_pos_emb decode: full-path calls of 5 planned:", len(full), "| planned equals full path bitwise:", same)
+    d, e = wall_ms(pair), wall_ms(hf_eager)
+    print(f"HF q [1,32,1,128] + k [1,8,1,128] bf16 decode ms/call: posenc {d:.4f} | HF's formula on q and k {e:.4f} | ratio {d / e:.2f}")
 
     shape, seq = (4, 32, 8192, 128), 8192
     pos = torch.arange(seq, device="cuda")

@@ -338,9 +338,10 @@ class Prepared:
     (``posenc._kernels.rope_cuda_plan``). ``launches``: ``(kernel, grid, block, arguments)``;
     ``roles``: ``{address: name}`` of the arrays (``Flat`` arguments at those addresses)
     whose address each call gives by name, under GPU ``device``'s ``_arrays.on_device``.
-    Built only where the driver is launched directly (``ready``). ``held``: the constants
-    its launches read, alive as long as it is (a plan outlives their place among the last
-    ``_KEPT``)."""
+    Built only where the driver is launched directly and every role is an argument of some
+    launch (``ready``: a role never found would leave the build's address in place).
+    ``held``: the constants its launches read, alive as long as it is (a plan outlives their
+    place among the last ``_KEPT``)."""
 
     def __init__(self, launches, device, roles):
         self.steps, self.ready, self.device, self.held = [], True, device, ()
@@ -357,6 +358,7 @@ class Prepared:
                 write(a, params)
             self.steps.append((function, config(grid=grid, block=block), params, slots, core_launch))
             self.held += _held(args)  # (its parameters hold their addresses only)
+        self.ready = {role for step in self.steps for _, role in step[3]} == set(roles.values())
 
     def __call__(self, stream, addresses):
         """Launch with ``addresses`` (by role) on ``stream``."""

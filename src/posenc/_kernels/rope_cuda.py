@@ -382,19 +382,26 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
     CUDA kernel accepts with these ``cos``/``sin`` (the caller checked); ``out_q``/``out_k``:
     ``None`` (new arrays), the array itself (in place) or a buffer. Returns ``(q', k')``.
     """
+    stream, on_device, device = _context(q)
+    with on_device:
+        operands, launches = pair_rotation(q, k, cos, sin, layout=layout, out_q=out_q, out_k=out_k, device=device, stream=stream)
+        _run(launches, device, stream)
+        return tuple(operand.finish() for operand in operands)
+
+
+def pair_rotation(q, k, cos, sin, *, layout, out_q, out_k, device, stream):
+    """``(operands, launches)`` of ``rotate_cos_sin_pair`` (checked, on ``device``'s context):
+    what it launches, not yet launched."""
     guard_apply(q, cos, sin, out_q)
     guard_apply(k, cos, sin, out_k)
     _arrays.guard_gpu_operands(q, out_q, k=k, cos=cos, sin=sin, out_k=out_k)
-    stream, on_device, device = _context(q)
-    with on_device:
-        operands = [_Operand(q, out_q), _Operand(k, out_k)]
-        half, tables = _cos_sin_tables(q, cos, sin, layout)
-        try:
-            launches = _launches("apply", layout, q, operands, tables, _apply_arguments(device, stream), half)
-        except _device_flat.NotAligned:  # rows of k that do not line up with q's: one launch each
-            launches = []
-            for x, operand in zip((q, k), operands):
-                _, own = _cos_sin_tables(x, cos, sin, layout)
-                launches += _launches("apply", layout, x, [operand], own, _apply_arguments(device, stream), half)
-        _run(launches, device, stream)
-        return tuple(operand.finish() for operand in operands)
+    operands = [_Operand(q, out_q), _Operand(k, out_k)]
+    half, tables = _cos_sin_tables(q, cos, sin, layout)
+    try:
+        return operands, _launches("apply", layout, q, operands, tables, _apply_arguments(device, stream), half)
+    except _device_flat.NotAligned:  # rows of k that do not line up with q's: one launch each
+        launches = []
+        for x, operand in zip((q, k), operands):
+            _, own = _cos_sin_tables(x, cos, sin, layout)
+            launches += _launches("apply", layout, x, [operand], own, _apply_arguments(device, stream), half)
+        return operands, launches

@@ -15,10 +15,16 @@ Covered: one launch, a result that is new or ``x`` itself, positions and offsets
 ints or CUDA tensors on ``x``'s device, no length-dependent scaling (its frequencies
 depend on the positions' values, which the host would have to read); anything else keeps
 the full path.
+
+``rotate_pair(q, k, cos, sin)`` (an attention layer's query and key with its ``cos``/``sin``
+tables: Hugging Face's ``apply_rotary_pos_emb``, every layer of every step) is planned the
+same way (``PairPlan``): the launch of ``rope_cuda.pair_rotation`` with every argument fixed
+but six addresses (q, k, cos, sin and the two new results).
 """
 
 from __future__ import annotations
 
+from .. import _dispatch
 from . import _arrays, _device_flat, rope_cuda
 
 
@@ -81,4 +87,42 @@ def build(x, call, source, *, out, layout, scaling):
     if call.kernel() is not rope_cuda.rotate_positions or _arrays.library(call.positions) != "torch" or call.positions.device != x.device:
         return None
     plan = RotatePlan(x, call, source, out is x, layout)
+    return plan if plan.ready else None
+
+
+class PairPlan:
+    """``rotate_pair(q, k, cos, sin)`` on torch CUDA tensors: new results, by the kernel's addresses."""
+
+    def __init__(self, q, k, cos, sin, layout):
+        import torch
+
+        self.torch = torch
+        stream, on_device, device = rope_cuda._context(q)
+        with on_device:
+            operands, launches = rope_cuda.pair_rotation(q, k, cos, sin, layout=layout, out_q=None, out_k=None, device=device, stream=stream)
+            arrays = {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": operands[0].result, "k_out": operands[1].result}
+            roles = {a.data_ptr(): role for role, a in arrays.items()}
+            self.prepared = _device_flat.Prepared(launches, device, roles)
+        self.shapes, self.dtype, self.device = (tuple(q.shape), tuple(k.shape)), q.dtype, q.device
+        # (six distinct addresses: q, k, cos and sin apart, and two new results)
+        self.ready = bool(launches) and self.prepared.ready and len(roles) == len(arrays)
+
+    def __call__(self, args, kwargs):
+        q, k, cos, sin = args
+        torch = self.torch
+        rotated = [torch.empty(shape, dtype=self.dtype, device=self.device) for shape in self.shapes]  # (as _arrays.empty)
+        addresses = {"q": q.data_ptr(), "k": k.data_ptr(), "cos": cos.data_ptr(), "sin": sin.data_ptr()}
+        addresses["q_out"], addresses["k_out"] = rotated[0].data_ptr(), rotated[1].data_ptr()
+        self.prepared(_arrays._stream(_arrays.torch_stream(torch, self.device.index)), addresses)
+        return rotated[0], rotated[1]
+
+
+def build_pair(q, k, cos, sin, *, layout):
+    """The plan of a ``rotate_pair`` call on torch CUDA tensors whose full path ended in
+    ``rope_cuda.rotate_cos_sin_pair``, or None where the full path must serve it again."""
+    if _arrays.cuda_simulator() or layout not in ("half", "interleaved") or 0 in tuple(q.shape) or 0 in tuple(k.shape):
+        return None
+    if any(_dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None) is not rope_cuda.rotate_cos_sin for x in (q, k)):
+        return None
+    plan = PairPlan(q, k, cos, sin, layout)
     return plan if plan.ready else None

@@ -75,6 +75,21 @@ class ApplyRope:
         return None if None in key else key
 
 
+class RotatePair:
+    """``rotate_pair(q, k, cos, sin, layout=...)`` of torch CUDA tensors (``rope_cuda_plan``:
+    the one launch of both). No key for other arrays: on a CPU, ``rotate_pair`` is two
+    ``apply_rope`` calls, each planned by its own key."""
+
+    build = "posenc._kernels.rope_cuda_plan:build_pair"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 4 or not getattr(args[0], "is_cuda", False):
+            return None
+        key = ("rotate_pair", *[array_key(a, cuda=True) for a in args], context_key(*args), keywords_key(kwargs))
+        return None if None in key else key
+
+
 class RopeCosSin:
     """``rope_cos_sin`` of integer positions; the frequencies' values are read by the plan on
     every call. Its validation and plan read no NumPy array's strides or flags, which the

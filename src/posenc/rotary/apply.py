@@ -130,12 +130,14 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     return _call.parse_apply(x, cos, sin, layout=layout, out=out).run()
 
 
+@_plans.planned(_signatures.RotatePair)
 def rotate_pair(q, k, cos, sin, *, layout="half"):
     """``(apply_rope(q, cos, sin), apply_rope(k, cos, sin))``, the query and key of one
     attention layer (Hugging Face's ``apply_rotary_pos_emb``): one CUDA launch for both where
     both go to the numba.cuda kernel and their rows line up (``rope_cuda.rotate_cos_sin_pair``:
     q ``[b, hq, s, d]`` and k ``[b, hk, s, d]``, transposed views of ``[b, s, h, d]``
-    included, read where they lie), else each through :func:`apply_rope`.
+    included, read where they lie), else each through :func:`apply_rope`. The later calls of
+    a signature of torch CUDA tensors launch from a plan (``rope_cuda_plan.PairPlan``).
     """
     layout = _args.layout("layout", layout)
     pair = [_dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None) for x in (q, k)]

@@ -146,7 +146,8 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 
     ``cos``/``sin`` are ``[batch, seq, r]`` (``r`` may be smaller than the head: partial
     rotary), unsqueezed at ``unsqueeze_dim`` to broadcast against ``q`` and ``k``. A
-    repeated call signature runs the two planned ``apply_rope`` launches under one key.
+    repeated call signature runs the two planned ``apply_rope`` launches under one key (on
+    CUDA tensors, ``rotate_pair``'s plan: one launch for both).
     """
     # A plain function: a patched attention's globals name it, and torch.compile guards on
     # the closure of what those globals hold (the planned wrapper has one) by a wrong path.
