@@ -365,9 +365,9 @@ def test_planned_hugging_face_apply_is_the_two_apply_rope_calls(dtype, unsqueeze
         for i in (0, 1):
             _same(_twice(lambda: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)[i]), want[i])
             _same(_twice(lambda: apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=unsqueeze_dim)[i]), want[i])
-    from posenc.torch.hf import _rotate_pair
+    from posenc.rotary.apply import rotate_pair
 
-    assert any(type(plan).__name__ == "_PairPlan" for plan in _rotate_pair.plans.values())
+    assert any(type(plan).__name__ == "PairPlan" for plan in rotate_pair.plans.values())
 
 
 @pytest.mark.parametrize("dtype", NUMPY_DTYPES, ids=str)

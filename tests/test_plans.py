@@ -30,7 +30,7 @@ from posenc.rotary.apply import rotate_pair  # noqa: E402
 PLANNED = (
     pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, pe.shaw_logits,
     pe.deberta_logits,
-    _hf._rotate_pair, _ops._apply_kernel, rotate_pair,
+    rotate_pair, _ops._apply_kernel,
 )  # fmt: skip
 HEADS, DIM = 4, 16
 
@@ -276,7 +276,7 @@ CALLS = {
     "score_mod t5 0-d tensor offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, torch.tensor(t))),
     "score_mod alibi 0-d int32 tensor offset": (pe.relative_bias_vector, lambda t: _flex("alibi", T_SLOPES, torch.tensor(t % 2**31, dtype=torch.int32))),
     "hf apply_rotary_pos_emb q + k": (
-        _hf._rotate_pair,
+        rotate_pair,
         lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),
     ),
 }
@@ -350,16 +350,17 @@ def test_rope_plans_posencs_static_scalings_only():
 
 
 @pytest.mark.parametrize("library", ["numpy", "torch"])
-def test_rotate_pair_of_host_arrays_is_planned_by_its_two_apply_rope_calls(library):
-    """``rotate_pair`` keys torch CUDA tensors only (``rope_cuda_plan.PairPlan``: one launch
-    for q and k); on a CPU it is two ``apply_rope`` calls, each planned by its own key."""
+def test_rotate_pair_on_a_cpu_is_planned_by_its_two_apply_rope_plans(library):
+    """``rotate_pair`` (an attention layer's q and k: ``patch_hf``'s and the HF drop-in's
+    ``apply_rotary_pos_emb``) is served on a CPU by the plans its two ``apply_rope`` calls
+    made, under one key; torch CUDA tensors get one launch (``test_cuda_torch.py``)."""
     make = np.asarray if library == "numpy" else torch.as_tensor
     q, k = make(X), make(X[:, :1])
-    _clear()
-    for t in range(3):
-        cos, sin = pe.rope_cos_sin(make(np.arange(3) + t), INV)
-        _same(rotate_pair(q, k, cos, sin), (pe.apply_rope(q, cos, sin, layout="half"), pe.apply_rope(k, cos, sin, layout="half")))
-    assert not rotate_pair.plans and _served(pe.apply_rope) == ["ApplyPlan"] * 2
+    tables = [pe.rope_cos_sin(make(np.arange(3) + t), INV) for t in range(5)]
+    cold = [_cold(lambda: (pe.apply_rope(q, cos, sin), pe.apply_rope(k, cos, sin))) for cos, sin in tables]
+    for (cos, sin), want in zip(tables, cold):
+        _same(rotate_pair(q, k, cos, sin), want)
+    assert _served(rotate_pair) == ["PairPlan"]
     _clear()
 
 

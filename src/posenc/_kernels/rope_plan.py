@@ -423,6 +423,40 @@ class ApplyPlan:
         return self.rotate(x, self.cos_sin(cos, sin), out)
 
 
+class PairPlan:
+    """``rotate_pair(q, k, cos, sin)`` on a CPU: q's and k's ``apply_rope`` plans, the views of
+    ``cos``/``sin`` made once for both where they read them alike (an attention layer's q and k)."""
+
+    def __init__(self, q_plan, k_plan):
+        self.q_plan, self.k_plan = q_plan, k_plan
+        self.shared = q_plan.shares(k_plan)
+
+    def __call__(self, args, kwargs):
+        q, k, cos, sin = args
+        tables = self.q_plan.cos_sin(cos, sin)
+        rotated_q = self.q_plan.rotate(q, tables)
+        if rotated_q is NotImplemented:
+            return NotImplemented
+        rotated_k = self.k_plan.rotate(k, tables if self.shared else self.k_plan.cos_sin(cos, sin))
+        return NotImplemented if rotated_k is NotImplemented else (rotated_q, rotated_k)
+
+
+def build_pair(q, k, cos, sin, *, layout):
+    """The plan of a ``rotate_pair`` call that the full path served: on torch CUDA tensors
+    ``rope_cuda_plan``'s (one launch), else the ``apply_rope`` plans its two calls made
+    (``PairPlan``), or None."""
+    if _arrays.torch_tensor(q) and q.device.type == "cuda":
+        from . import rope_cuda_plan
+
+        return rope_cuda_plan.build_pair(q, k, cos, sin, layout=layout)
+    if layout not in _LAYOUTS:
+        return None
+    from ..rotary import _signatures, apply
+
+    plans = [apply.apply_rope.plans.get(_signatures.ApplyRope.key((x, cos, sin), {"layout": layout})) for x in (q, k)]
+    return PairPlan(*plans) if all(plans) else None
+
+
 def _may_meet(a, b):
     """Whether arrays ``a`` and ``b`` of one library may share memory (NumPy's byte ranges,
     torch's storage)."""

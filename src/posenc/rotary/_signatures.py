@@ -76,15 +76,15 @@ class ApplyRope:
 
 
 class RotatePair:
-    """``rotate_pair(q, k, cos, sin, layout=...)`` of torch CUDA tensors (``rope_cuda_plan``:
-    the one launch of both). No key for other arrays: on a CPU, ``rotate_pair`` is two
-    ``apply_rope`` calls, each planned by its own key."""
+    """``rotate_pair(q, k, cos, sin, layout=...)``: an attention layer's q and k, on a CPU by
+    the plans of its two ``apply_rope`` calls, on torch CUDA tensors by the one launch of
+    both (``rope_cuda_plan``)."""
 
-    build = "posenc._kernels.rope_cuda_plan:build_pair"
+    build = "posenc._kernels.rope_plan:build_pair"
 
     @staticmethod
     def key(args, kwargs):
-        if len(args) != 4 or not getattr(args[0], "is_cuda", False):
+        if len(args) != 4 or not one_library(*args):
             return None
         key = ("rotate_pair", *[array_key(a, cuda=True) for a in args], context_key(*args), keywords_key(kwargs))
         return None if None in key else key

@@ -14,8 +14,6 @@ import torch
 from torch import nn
 
 import posenc as pe
-from posenc import _plans
-from posenc.rotary import _signatures
 from posenc.rotary.apply import rotate_pair
 
 from . import _ops
@@ -146,53 +144,9 @@ def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
 
     ``cos``/``sin`` are ``[batch, seq, r]`` (``r`` may be smaller than the head: partial
     rotary), unsqueezed at ``unsqueeze_dim`` to broadcast against ``q`` and ``k``. A
-    repeated call signature runs the two planned ``apply_rope`` launches under one key (on
-    CUDA tensors, ``rotate_pair``'s plan: one launch for both).
+    repeated call signature launches from ``rotate_pair``'s plan: the two planned
+    ``apply_rope`` launches on a CPU, one launch for both on CUDA tensors.
     """
     # A plain function: a patched attention's globals name it, and torch.compile guards on
     # the closure of what those globals hold (the planned wrapper has one) by a wrong path.
-    return _rotate_pair(q, k, cos, sin, unsqueeze_dim)
-
-
-class _HFApplyRotary:
-    """``_rotate_pair(q, k, cos, sin, unsqueeze_dim)``'s plan key: q's and k's ``apply_rope``
-    plans, under one key of the four arrays (``posenc._plans``)."""
-
-    @staticmethod
-    def key(args, kwargs):
-        if len(args) != 5 or type(args[4]) is not int:
-            return None
-        arrays = args[:4]
-        key = ("hf_apply_rotary", *map(_plans.array_key, arrays), _plans.context_key(*arrays), args[4])
-        return None if None in key else key
-
-    @staticmethod
-    def build(q, k, cos, sin, unsqueeze_dim):
-        cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-        # (rotate_pair's apply_rope calls, which name their layout)
-        plans = [pe.apply_rope.plans.get(_signatures.ApplyRope.key((x, cos, sin), {"layout": "half"})) for x in (q, k)]
-        return all(plans) and _PairPlan(*plans, unsqueeze_dim)
-
-
-class _PairPlan:
-    """q's and k's ``apply_rope`` plans; the views of ``cos``/``sin`` made once for both where they read them alike."""
-
-    def __init__(self, q_plan, k_plan, dim):
-        self.q_plan, self.k_plan, self.dim = q_plan, k_plan, dim
-        self.shared = q_plan.shares(k_plan)
-
-    def __call__(self, args, kwargs):
-        q, k, cos, sin = args[:4]
-        cos, sin = cos.unsqueeze(self.dim), sin.unsqueeze(self.dim)
-        tables = self.q_plan.cos_sin(cos, sin)
-        rotated_q = self.q_plan.rotate(q, tables)
-        if rotated_q is NotImplemented:
-            return NotImplemented
-        rotated_k = self.k_plan.rotate(k, tables if self.shared else self.k_plan.cos_sin(cos, sin))
-        return NotImplemented if rotated_k is NotImplemented else (rotated_q, rotated_k)
-
-
-@_plans.planned(_HFApplyRotary)
-def _rotate_pair(q, k, cos, sin, unsqueeze_dim):
-    cos, sin = cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim)
-    return rotate_pair(q, k, cos, sin)
+    return rotate_pair(q, k, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
