@@ -115,3 +115,20 @@ def test_the_gpu_benchmark_anchors_compute_what_posenc_computes():
     cos, sin = (f(torch.cat([angles, angles], -1)).float() for f in (torch.cos, torch.sin))
     for got, want in zip(_bench_gpu._hf_apply(q, k, cos, sin), apply_rotary_pos_emb(q, k, cos, sin)):
         torch.testing.assert_close(got, want)
+
+
+def test_the_gpu_decode_rows_pair_each_posenc_call_with_its_eager_anchor():
+    """``posenc bench --gpu``'s decode rows (made here on the CPU): ``pe.rope`` beside the
+    eager formula, the HF drop-in's ``apply_rotary_pos_emb`` beside transformers' own, each
+    posenc row's ratio taken against the anchor timed with it."""
+    torch = pytest.importorskip("torch")
+    from posenc import _bench_gpu
+
+    rows = _bench_gpu._decode_rows(torch, torch.bfloat16, 1, lambda line: None, lambda: None, device="cpu")
+    assert [(r.impl, r.dtype) for r in rows] == [
+        ("torch eager plain formula", "bfloat16"), ("posenc rope (torch)", "bfloat16"),
+        ("torch eager plain formula", "bfloat16"), ("posenc apply_rotary_pos_emb (torch)", "bfloat16"),
+    ]  # fmt: skip
+    assert rows[0].op == rows[1].op != rows[2].op == rows[3].op
+    assert rows[1].plain_seconds == rows[0].seconds and rows[3].plain_seconds == rows[2].seconds
+    assert rows[3].nbytes == 2 * (32 + 8) * 128 * 2 and all(r.seconds > 0 for r in rows)

@@ -14,7 +14,8 @@ Rows: ``rope`` and ``apply_rope`` on ``[4, 32, 8192, 128]`` (``--quick``: ``[1, 
 128]``) in float32 and bfloat16, allocating and in place; Hugging Face's ``q [4, 4096, 32,
 128]`` and ``k [4, 4096, 8, 128]`` bfloat16 as transposed views of ``[b, s, h, d]``, rotated
 together (posenc's one launch for both, in place and as ``apply_rotary_pos_emb``); a decode
-step ``[1, 32, 1, 128]`` with its position on the device; ``t5_bias`` and ``alibi_bias`` of 16
+step ``[1, 32, 1, 128]`` with its position on the device, and one of Hugging Face's q and k
+(``apply_rotary_pos_emb``); ``t5_bias`` and ``alibi_bias`` of 16
 heads over ``L x L``; ``pe.rope`` on a JAX GPU array under ``jax.jit`` where JAX runs on the GPU.
 """
 
@@ -204,22 +205,36 @@ def _hf_pair_rows(torch, batch_seq, repeat, progress, sync):
         return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, sync, BACK_TO_BACK)
 
 
-def _decode_rows(torch, dtype, repeat, progress, sync):
+def _decode_rows(torch, dtype, repeat, progress, sync, device="cuda"):
     """One token of 32 heads at a position held on the device: the eager formula from the
     position (the angles, cos and sin, the rotation: about ten small kernels) against
-    ``pe.rope``; each row is the time of one call, ``DECODE_CALLS`` calls back to back."""
-    x = torch.randn(1, 32, 1, 128, device="cuda").to(dtype)
-    position = torch.tensor([4095], device="cuda")
-    formula = decode_formula(torch, x, position)
+    ``pe.rope``; and an attention layer's q (32 heads) and k (8) of one token rotated by given
+    ``cos``/``sin``, transformers' ``apply_rotary_pos_emb`` against posenc's drop-in. Each row
+    is the time of one call, ``DECODE_CALLS`` calls back to back."""
+    x = torch.randn(1, 32, 1, 128, device=device).to(dtype)
+    position = torch.tensor([4095], device=device)
+    q = torch.randn(1, 1, 32, 128, device=device).to(dtype).transpose(1, 2)
+    k = torch.randn(1, 1, 8, 128, device=device).to(dtype).transpose(1, 2)
+    cos, sin = (t[None] for t in _tables(torch, 1, 128, dtype, device))
+    from .torch.hf import apply_rotary_pos_emb
 
     name = str(dtype).rsplit(".", 1)[-1]
-    op = "decode step rope [1, 32, 1, 128], position on the device (GPU)"
+    ops = (
+        ("decode step rope [1, 32, 1, 128], position on the device (GPU)", x.numel(), decode_formula(torch, x, position), "posenc rope (torch)", lambda: pe.rope(x, position)),
+        (
+            "decode step HF q [1, 32, 1, 128] + k [1, 8, 1, 128] (GPU)", q.numel() + k.numel(), lambda: _hf_apply(q, k, cos, sin),
+            "posenc apply_rotary_pos_emb (torch)", lambda: apply_rotary_pos_emb(q, k, cos, sin),
+        ),
+    )  # fmt: skip
     rows = []
     with torch.no_grad():
-        for impl, fn in (("torch eager plain formula", formula), ("posenc rope (torch)", lambda: pe.rope(x, position))):
-            progress(f"  {op}: {impl} ...")
-            rows.append(Row(op, impl, name, best(fn, repeat, sync, DECODE_CALLS), 2 * x.numel() * x.element_size()))
-    rows[1].plain_seconds = rows[0].seconds
+        for op, elements, formula, impl, ours in ops:
+            pair = []
+            for label, fn in (("torch eager plain formula", formula), (impl, ours)):
+                progress(f"  {op}: {label} ...")
+                pair.append(Row(op, label, name, best(fn, repeat, sync, DECODE_CALLS), 2 * elements * x.element_size()))
+            pair[1].plain_seconds = pair[0].seconds
+            rows += pair
     return rows
 
 
