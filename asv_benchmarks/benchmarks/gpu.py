@@ -217,6 +217,33 @@ class GPUDecode(_GPUBenchmark):
         self.timed()
 
 
+class GPUDecodePair(_GPUBenchmark):
+    """A decode step of an attention layer's q ``[1, 32, 1, 128]`` and k ``[1, 8, 1, 128]``
+    (transposed ``[b, s, h, d]`` views) by given ``cos``/``sin``: transformers' eager
+    ``apply_rotary_pos_emb`` against posenc's drop-in (planned: one launch); the copy is of
+    the same bytes."""
+
+    params = (["float32", "bfloat16"], ["torch eager", "posenc"])
+    param_names = ["dtype", "variant"]
+
+    def make(self, dtype, variant):
+        from posenc import _bench_gpu
+        from posenc.torch.hf import apply_rotary_pos_emb
+
+        torch = self.torch
+        kind = getattr(torch, dtype)
+        q = torch.randn(1, 1, 32, 128, device="cuda").to(kind).transpose(1, 2)
+        k = torch.randn(1, 1, 8, 128, device="cuda").to(kind).transpose(1, 2)
+        cos, sin = (t[None] for t in _bench_gpu._tables(torch, 1, 128, kind))
+        source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=kind)
+        target = torch.empty_like(source)
+        self.copy = lambda: target.copy_(source)
+        self.fn = {"torch eager": lambda: _bench_gpu._hf_apply(q, k, cos, sin), "posenc": lambda: apply_rotary_pos_emb(q, k, cos, sin)}[variant]
+
+    def time_decode_step(self, dtype, variant):
+        self.timed()
+
+
 class GPUJaxRope:
     """``rope`` under ``jax.jit`` on a JAX GPU array ``[B, H, S, D]`` float32 (a traced offset)
     beside the plain ``jnp`` formula under ``jit`` and XLA's own read and write of the same
