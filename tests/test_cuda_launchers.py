@@ -339,19 +339,16 @@ def test_a_prepared_launch_is_not_ready_where_a_role_names_no_argument(monkeypat
     assert not device_flat.Prepared(launches, 0, {1004: "x"}).ready  # (inside x, not its first element)
 
 
-def test_a_q_and_k_pair_plan_launches_with_each_calls_six_addresses(monkeypatch):
-    """``rope_cuda_plan.PairPlan`` (``rotate_pair`` on CUDA tensors): its build finds q, k,
-    ``cos``, ``sin`` and the two results among the launch's arguments by address; each call
-    launches with that call's q, k, tables and two new results in those places and returns
-    the results. Tables at one address leave it unready (the full path keeps the call).
-    (torch CPU tensors stand in for CUDA ones, a list for the driver.)"""
+def _fake_plan_launches(monkeypatch, torch):
+    """The CUDA plans (``rope_cuda_plan``) built and launched on torch CPU tensors standing in
+    for CUDA ones: the launchers' geometry (``apply_rotation``, ``pair_rotation``) gives a
+    launch of three arrays and three ints per two operands, the driver is a list."""
     import contextlib
     import types as pytypes
 
     from numba import types
 
-    torch = pytest.importorskip("torch")
-    from posenc._kernels import _device_flat, rope_cuda, rope_cuda_plan
+    from posenc._kernels import _device_flat, rope_cuda
 
     launched = []
     writers = _device_flat.parameter_writers((types.Array(types.float32, 1, "C"), types.int64) * 3)
@@ -359,11 +356,20 @@ def test_a_q_and_k_pair_plan_launches_with_each_calls_six_addresses(monkeypatch)
     def direct(kernel, device):
         return "function", writers, lambda stream, config, function, *params: launched.append(params), lambda grid, block: (grid, block), kernel
 
+    def flat(a):
+        return _device_flat.Flat(a.data_ptr(), a.numel(), np.dtype(np.float32))
+
+    def operand(x, out):
+        return pytypes.SimpleNamespace(result=torch.empty(x.shape) if out is None else out)
+
+    def apply_rotation(x, cos, sin, *, out, **_):
+        result = operand(x, out)
+        return result, [("kernel", 1, (32, 1, 1), (flat(x), 1, flat(result.result), 2, flat(cos), 3)), ("kernel", 1, (32, 1, 1), (flat(sin), 4, flat(x), 5, flat(x), 6))]
+
     def pair_rotation(q, k, cos, sin, **_):
-        results = [torch.empty(x.shape) for x in (q, k)]
-        flats = [_device_flat.Flat(a.data_ptr(), a.numel(), np.dtype(np.float32)) for a in (q, k, cos, sin, *results)]
-        operands = [pytypes.SimpleNamespace(result=r) for r in results]
-        return operands, [("kernel", 1, (32, 1, 1), (flats[0], 1, flats[4], 2, flats[1], 3)), ("kernel", 1, (32, 1, 1), (flats[5], 4, flats[2], 5, flats[3], 6))]
+        results = [operand(x, None) for x in (q, k)]
+        flats = [flat(a) for a in (q, k, cos, sin, results[0].result, results[1].result)]
+        return results, [("kernel", 1, (32, 1, 1), (flats[0], 1, flats[4], 2, flats[1], 3)), ("kernel", 1, (32, 1, 1), (flats[5], 4, flats[2], 5, flats[3], 6))]
 
     monkeypatch.setattr(_device_flat, "_direct_launch", direct)
     monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
@@ -371,7 +377,25 @@ def test_a_q_and_k_pair_plan_launches_with_each_calls_six_addresses(monkeypatch)
     monkeypatch.setattr(_arrays, "on_device", lambda index: contextlib.nullcontext())
     monkeypatch.setattr(_arrays, "torch_stream", lambda torch, index: 0)
     monkeypatch.setattr(rope_cuda, "_context", lambda x: ("stream", contextlib.nullcontext(), 0))
+    monkeypatch.setattr(rope_cuda, "apply_rotation", apply_rotation)
     monkeypatch.setattr(rope_cuda, "pair_rotation", pair_rotation)
+    return launched
+
+
+def _launched_data(launched):
+    """Per launch of ``_fake_plan_launches``: its arrays' data pointers (numba's layout, an int between), then its ints."""
+    return [params[i] for params in launched for i in (4, 12, 20)], [params[i] for params in launched for i in (7, 15, 23)]
+
+
+def test_a_q_and_k_pair_plan_launches_with_each_calls_six_addresses(monkeypatch):
+    """``rope_cuda_plan.PairPlan`` (``rotate_pair`` on CUDA tensors): its build finds q, k,
+    ``cos``, ``sin`` and the two results among the launch's arguments by address; each call
+    launches with that call's q, k, tables and two new results in those places and returns
+    the results. Tables at one address leave it unready (the full path keeps the call)."""
+    torch = pytest.importorskip("torch")
+    from posenc._kernels import rope_cuda_plan
+
+    launched = _fake_plan_launches(monkeypatch, torch)
     arrays = lambda: [torch.randn(1, 4, 1, 8), torch.randn(1, 2, 1, 8), torch.randn(1, 1, 8), torch.randn(1, 1, 8)]  # noqa: E731
     plan = rope_cuda_plan.PairPlan(*arrays(), "half")
     assert plan.ready
@@ -379,11 +403,36 @@ def test_a_q_and_k_pair_plan_launches_with_each_calls_six_addresses(monkeypatch)
     q, k, cos, sin = arrays()
     got_q, got_k = plan((q, k, cos, sin), {})
     assert got_q.shape == q.shape and got_k.shape == k.shape
-    data = [params[i] for params in launched for i in (4, 12, 20)]  # (each array's data pointer: numba's layout, an int between)
+    data, ints = _launched_data(launched)
     assert data == [q.data_ptr(), got_q.data_ptr(), k.data_ptr(), got_k.data_ptr(), cos.data_ptr(), sin.data_ptr()]
-    assert [params[i] for params in launched for i in (7, 15, 23)] == [1, 2, 3, 4, 5, 6]
+    assert ints == [1, 2, 3, 4, 5, 6]
     q, k, cos, _ = arrays()
     assert not rope_cuda_plan.PairPlan(q, k, cos, cos, "half").ready
+
+
+@pytest.mark.parametrize("in_place", [False, True], ids=["new result", "in place"])
+def test_an_apply_rope_plan_launches_with_each_calls_addresses(monkeypatch, in_place):
+    """``rope_cuda_plan.ApplyPlan`` (``apply_rope`` on CUDA tensors): each call launches with
+    that call's x, tables and result (new, or x itself) where its build found theirs; in
+    place, tables in x's own memory leave the call to the full path (which judges overlap by
+    elements), and nothing is launched."""
+    torch = pytest.importorskip("torch")
+    from posenc._kernels import rope_cuda_plan
+
+    launched = _fake_plan_launches(monkeypatch, torch)
+    arrays = lambda: [torch.randn(1, 4, 1, 8), torch.randn(1, 8), torch.randn(1, 8)]  # noqa: E731
+    assert rope_cuda_plan.ApplyPlan(*arrays(), "half", in_place).ready
+    plan = rope_cuda_plan.ApplyPlan(*arrays(), "half", in_place)
+    launched.clear()
+    x, cos, sin = arrays()
+    got = plan((x, cos, sin), {})
+    assert (got is x) is in_place and got.shape == x.shape
+    data, ints = _launched_data(launched)
+    assert data == [x.data_ptr(), got.data_ptr(), cos.data_ptr(), sin.data_ptr(), x.data_ptr(), x.data_ptr()] and ints == [1, 2, 3, 4, 5, 6]
+    buffer = torch.randn(5, 8)  # (x in its first four rows, cos in the last)
+    launched.clear()
+    result = plan((buffer[:4].view(1, 4, 1, 8), buffer[4:], sin), {})
+    assert (result is NotImplemented and not launched) if in_place else len(launched) == 2
 
 
 def test_torch_stream_is_the_raw_handle_of_the_current_stream():

@@ -205,6 +205,64 @@ def test_frequencies_copied_behind_a_busy_stream_are_complete_for_another_stream
     assert torch.equal(raced, pe.rope(x, positions, base=45678.0))
 
 
+_APPLIES = ("decode bf16", "decode f32 in place", "hf prefill f32, partial rotary", "interleaved bf16", "in place, tables in x's buffer")
+
+
+def _apply_call(name):
+    """``call(step)``: ``pe.apply_rope`` on CUDA tensors, new tables (and a new x in place) each step."""
+
+    def tables(lead, width, dtype, step):
+        angles = torch.rand(*lead, width // 2, device="cuda", dtype=torch.float64, generator=torch.Generator(device="cuda").manual_seed(step)) * 100
+        return [f(torch.cat([angles, angles], -1)).to(dtype) for f in (torch.cos, torch.sin)]
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    x16, x32 = (torch.randn(1, 32, 1, 128, device="cuda", generator=g).to(dtype) for dtype in (torch.bfloat16, torch.float32))
+    if name == "decode bf16":
+        return lambda step: pe.apply_rope(x16, *tables((1,), 128, torch.bfloat16, step))
+    if name == "decode f32 in place":
+        return lambda step: (lambda y: pe.apply_rope(y, *tables((1,), 128, torch.float32, step), out=y))(x32.clone())
+    if name == "hf prefill f32, partial rotary":
+        x = _hf_view(2, 16, 8, 64, torch.float32, 4)
+        return lambda step: pe.apply_rope(x, *[t[:, None] for t in tables((2, 16), 32, torch.float32, step)])
+    if name == "interleaved bf16":
+        return lambda step: pe.apply_rope(x16, *tables((1,), 128, torch.bfloat16, step), layout="interleaved")
+    buffer = torch.randn(1, 33, 1, 128, device="cuda", generator=g)  # x in its first 32 heads, cos in the last
+
+    def in_buffer(step):
+        b = buffer.clone()
+        cos, sin = tables((1,), 128, torch.float32, step)
+        b[0, 32].copy_(cos)
+        x = b[:, :32]
+        return pe.apply_rope(x, b[0, 32], sin, out=x)
+
+    return in_buffer
+
+
+@pytest.mark.parametrize("name", _APPLIES)
+def test_planned_apply_rope_steps_give_the_full_paths_bits(monkeypatch, name):
+    """From a signature's third call on, ``apply_rope`` on CUDA tensors launches from its plan
+    (``rope_cuda_plan.ApplyPlan``), never reaching the launcher's geometry, and equals the
+    full path (empty plan caches) bit for bit; in place with its tables in x's own memory,
+    the plan leaves each call to the full path."""
+    from posenc._kernels import rope_cuda
+
+    call = _apply_call(name)
+    pe.apply_rope.plans.clear()
+    cold = []
+    for step in range(4):
+        cold.append(call(step))
+        pe.apply_rope.plans.clear()
+    for step in range(2):
+        call(step)
+    full_path, original = [], rope_cuda.apply_rotation
+    monkeypatch.setattr(rope_cuda, "apply_rotation", lambda *a, **k: full_path.append(1) or original(*a, **k))
+    for step in range(4):
+        assert torch.equal(call(step), cold[step]), (name, step)
+    assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in pe.apply_rope.plans.values() if plan), name
+    assert len(full_path) == (4 if name == "in place, tables in x's buffer" else 0), name
+    pe.apply_rope.plans.clear()
+
+
 _PAIRS = ("hf decode bf16", "hf prefill f32, partial rotary", "contiguous q and k, interleaved", "k without the batch axis (two launches)")
 
 
@@ -282,13 +340,16 @@ def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
     cos = torch.empty(1, 128, device="cuda", dtype=torch.bfloat16)
     sin = torch.empty_like(cos)
     table = torch.randn(32, 8, device="cuda")
+    pe.apply_rope.plans.clear()
     graph, (rotated, bias) = _captured(lambda: (pe.apply_rope(x, cos, sin), pe.t5_bias(table, 1, 4096, offset=4095, max_distance=64)))
+    assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in pe.apply_rope.plans.values() if plan)
     for seed in range(3):
         angles = torch.rand(1, 64, device="cuda", dtype=torch.float64, generator=torch.Generator(device="cuda").manual_seed(seed)) * 100
         cos.copy_(torch.cat([angles, angles], -1).cos())
         sin.copy_(torch.cat([angles, angles], -1).sin())
         table.copy_(torch.randn_like(table))
         graph.replay()
+        pe.apply_rope.plans.clear()  # (the comparison on the full path; the capture launched from the plan)
         assert torch.equal(rotated, pe.apply_rope(x, cos, sin))
         assert torch.equal(bias, pe.t5_bias(table, 1, 4096, offset=4095, max_distance=64))
 

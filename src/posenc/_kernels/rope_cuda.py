@@ -367,10 +367,17 @@ def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     _arrays.guard_gpu_operands(x, out, cos=cos, sin=sin)
     stream, on_device, device = _context(x)
     with on_device:
-        operand = _Operand(x, out)
-        half, tables = _cos_sin_tables(x, cos, sin, layout)
-        _run(_launches("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half), device, stream)
+        operand, launches = apply_rotation(x, cos, sin, layout=layout, out=out, device=device, stream=stream)
+        _run(launches, device, stream)
         return operand.finish()
+
+
+def apply_rotation(x, cos, sin, *, layout, out, device, stream):
+    """``(operand, launches)`` of ``rotate_cos_sin`` on checked arguments, on ``device``'s
+    context: what it launches, not yet launched."""
+    operand = _Operand(x, out)
+    half, tables = _cos_sin_tables(x, cos, sin, layout)
+    return operand, _launches("apply", layout, x, [operand], tables, _apply_arguments(device, stream), half)
 
 
 def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None):
@@ -382,6 +389,9 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
     CUDA kernel accepts with these ``cos``/``sin`` (the caller checked); ``out_q``/``out_k``:
     ``None`` (new arrays), the array itself (in place) or a buffer. Returns ``(q', k')``.
     """
+    guard_apply(q, cos, sin, out_q)
+    guard_apply(k, cos, sin, out_k)
+    _arrays.guard_gpu_operands(q, out_q, k=k, cos=cos, sin=sin, out_k=out_k)
     stream, on_device, device = _context(q)
     with on_device:
         operands, launches = pair_rotation(q, k, cos, sin, layout=layout, out_q=out_q, out_k=out_k, device=device, stream=stream)
@@ -390,11 +400,8 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
 
 
 def pair_rotation(q, k, cos, sin, *, layout, out_q, out_k, device, stream):
-    """``(operands, launches)`` of ``rotate_cos_sin_pair`` (checked, on ``device``'s context):
-    what it launches, not yet launched."""
-    guard_apply(q, cos, sin, out_q)
-    guard_apply(k, cos, sin, out_k)
-    _arrays.guard_gpu_operands(q, out_q, k=k, cos=cos, sin=sin, out_k=out_k)
+    """``(operands, launches)`` of ``rotate_cos_sin_pair`` on checked arguments, on
+    ``device``'s context: what it launches, not yet launched."""
     operands = [_Operand(q, out_q), _Operand(k, out_k)]
     half, tables = _cos_sin_tables(q, cos, sin, layout)
     try:

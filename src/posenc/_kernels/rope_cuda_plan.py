@@ -1,4 +1,4 @@
-"""Plans of the rotary CUDA kernel: ``rope`` on torch CUDA tensors launched without the front of a call.
+"""Plans of the rotary CUDA kernel: ``rope``, ``apply_rope`` and ``rotate_pair`` on torch CUDA tensors launched without the front of a call.
 
 A decode step on a GPU is bound by the host: its kernel runs in microseconds, while
 validation, the kernel registry and the launcher's geometry take hundreds of microseconds
@@ -16,10 +16,12 @@ ints or CUDA tensors on ``x``'s device, no length-dependent scaling (its frequen
 depend on the positions' values, which the host would have to read); anything else keeps
 the full path.
 
-``rotate_pair(q, k, cos, sin)`` (an attention layer's query and key with its ``cos``/``sin``
-tables: Hugging Face's ``apply_rotary_pos_emb``, every layer of every step) is planned the
-same way (``PairPlan``): the launch of ``rope_cuda.pair_rotation`` with every argument fixed
-but six addresses (q, k, cos, sin and the two new results).
+``apply_rope(x, cos, sin)`` is planned the same way (``ApplyPlan``: the addresses of ``x``,
+``cos``, ``sin`` and the result), and so is ``rotate_pair(q, k, cos, sin)`` (an attention
+layer's query and key with its ``cos``/``sin`` tables: Hugging Face's
+``apply_rotary_pos_emb``, every layer of every step; ``PairPlan``: the launch of
+``rope_cuda.pair_rotation`` with every argument fixed but six addresses, q, k, cos, sin and
+the two new results).
 """
 
 from __future__ import annotations
@@ -87,6 +89,43 @@ def build(x, call, source, *, out, layout, scaling):
     if call.kernel() is not rope_cuda.rotate_positions or _arrays.library(call.positions) != "torch" or call.positions.device != x.device:
         return None
     plan = RotatePlan(x, call, source, out is x, layout)
+    return plan if plan.ready else None
+
+
+class ApplyPlan:
+    """``apply_rope(x, cos, sin)`` on torch CUDA tensors, into a new result or ``x`` itself, by the kernel's addresses."""
+
+    def __init__(self, x, cos, sin, layout, in_place):
+        import torch
+
+        self.torch, self.in_place = torch, in_place
+        stream, on_device, device = rope_cuda._context(x)
+        with on_device:
+            operand, launches = rope_cuda.apply_rotation(x, cos, sin, layout=layout, out=x if in_place else None, device=device, stream=stream)
+            arrays = {"x": x, "cos": cos, "sin": sin} | ({} if in_place else {"out": operand.result})
+            roles = {a.data_ptr(): role for role, a in arrays.items()}
+            self.prepared = _device_flat.Prepared(launches, device, roles)
+        self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
+        # (distinct addresses: x, cos and sin apart, and a new result or x itself)
+        self.ready = bool(launches) and self.prepared.ready and len(roles) == len(arrays)
+
+    def __call__(self, args, kwargs):
+        x, cos, sin = args
+        if self.in_place and x.untyped_storage().data_ptr() in (cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()):
+            return NotImplemented  # tables in the memory rotated in place: the full path decides
+        result = x if self.in_place else self.torch.empty(self.shape, dtype=self.dtype, device=self.device)  # (as _arrays.empty)
+        addresses = {"x": x.data_ptr(), "cos": cos.data_ptr(), "sin": sin.data_ptr(), "out": result.data_ptr()}
+        self.prepared(_arrays._stream(_arrays.torch_stream(self.torch, self.device.index)), addresses)
+        return result
+
+
+def build_apply(x, cos, sin, call, *, out, layout):
+    """The plan of an ``apply_rope`` call on torch CUDA tensors whose full path ended in
+    ``rope_cuda.rotate_cos_sin`` (``call``: its parse), into a new result or ``x`` itself,
+    or None where the full path must serve it again."""
+    if _arrays.cuda_simulator() or (out is not None and out is not x) or call.kernel() is not rope_cuda.rotate_cos_sin:
+        return None
+    plan = ApplyPlan(x, cos, sin, layout, out is x)
     return plan if plan.ready else None
 
 

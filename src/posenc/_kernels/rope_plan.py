@@ -482,8 +482,13 @@ def build_apply(x, cos, sin, *, layout, out, **_):
 
     if layout not in _LAYOUTS or 0 in tuple(x.shape) or 0 in tuple(cos.shape):
         return None
+    call = parse_apply(x, cos, sin, layout=layout, out=out)
+    if _arrays.torch_tensor(x) and x.device.type == "cuda":
+        from . import rope_cuda_plan
+
+        return rope_cuda_plan.build_apply(x, cos, sin, call, out=out, layout=layout)
     xv = _arrays.host_view(x)
-    if not _host_kernel(parse_apply(x, cos, sin, layout=layout, out=out).kernel(), "rotate_cos_sin") or not _writable_directly(xv, out):
+    if not _host_kernel(call.kernel(), "rotate_cos_sin") or not _writable_directly(xv, out):
         return None
     plan = ApplyPlan(x, xv, cos, sin, layout, out)
     return plan if plan.launch.viewable() else None

@@ -65,13 +65,16 @@ class Rerotate:
 
 
 class ApplyRope:
+    """``apply_rope(x, cos, sin, ...)``: torch CUDA tensors too (``rope_cuda_plan``: a new
+    result or ``x`` itself)."""
+
     build = "posenc._kernels.rope_plan:build_apply"
 
     @staticmethod
     def key(args, kwargs):
         if len(args) != 3 or not one_library(*args):
             return None
-        key = ("apply_rope", *map(array_key, args), context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
+        key = ("apply_rope", *[array_key(a, cuda=True) for a in args], context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
         return None if None in key else key
 
 
