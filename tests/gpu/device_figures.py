@@ -5,10 +5,10 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
 
 * a decode step ``pe.rope`` on ``[1, 32, 1, 128]`` with its position on the device: whether
   its planned calls stay off the full path (``rope_cuda.rotation``) and equal it bit for bit,
-  then the wall time per call over 300 calls back to back, beside the eager torch formula;
-  the same for a decode step of the Hugging Face drop-in's ``apply_rotary_pos_emb`` (q
-  ``[1, 32, 1, 128]`` and k ``[1, 8, 1, 128]`` bfloat16 views), beside transformers'
-  formula on q and k;
+  then the wall time per call over 300 calls back to back, beside the eager torch formula
+  (and ``apply_rope`` of given tables, planned likewise); the same for a decode step of
+  the Hugging Face drop-in's ``apply_rotary_pos_emb`` (q ``[1, 32, 1, 128]`` and k
+  ``[1, 8, 1, 128]`` bfloat16 views), beside transformers' formula on q and k;
 * ``rope`` / ``apply_rope`` ``[4, 32, 8192, 128]`` float32 and bfloat16, in place and
   allocating; Hugging Face's q ``[4, 32, 4096, 128]`` + k ``[4, 8, 4096, 128]`` bfloat16
   views rotated in place in one launch, beside Liger-Kernel's; ``t5_bias`` and
@@ -72,8 +72,10 @@ def main():
     rope_cuda.rotation = rotation
     print("decode: full-path calls of 5 planned:", len(full), "| planned equals full path bitwise:", all(torch.equal(g, want) for g in got))
     d, e = wall_ms(lambda: pe.rope(xs, p1)), wall_ms(eager)
+    c1, s1 = torch.randn(1, 128, device="cuda"), torch.randn(1, 128, device="cuda")
     print(f"decode ms/call: pe.rope positions {d:.4f} | offset {wall_ms(lambda: pe.rope(xs, offset=4095)):.4f} | in place "
-          f"{wall_ms(lambda: pe.rope(xs, p1, out=xs)):.4f} | eager formula {e:.4f} | ratio {d / e:.2f}")  # fmt: skip
+          f"{wall_ms(lambda: pe.rope(xs, p1, out=xs)):.4f} | apply_rope {wall_ms(lambda: pe.apply_rope(xs, c1, s1)):.4f} | "
+          f"eager formula {e:.4f} | ratio {d / e:.2f}")  # fmt: skip
 
     from posenc import _oracles
     from posenc.rotary.apply import rotate_pair
