@@ -370,6 +370,29 @@ def test_t5_bias_on_cuda_buckets_its_distances_in_one_launch(monkeypatch):
     assert launches == [("int64",), ("int64",), ("int32",)]
 
 
+@pytest.mark.parametrize("name", ["llama[default]", "gpt_neox[partial]", "llama[yarn]"])
+def test_a_patched_model_on_cuda_gives_the_originals_logits_and_greedy_tokens(name):
+    """A patched model on the GPU against the original on the GPU (the tolerance and the
+    inputs of test_hf.py): its decode steps rotate q and k from ``rotate_pair``'s CUDA plan."""
+    import copy
+
+    from hf_models import PROMPT, build, generate, inputs, logits
+
+    from posenc.rotary.apply import rotate_pair
+    from posenc.torch import patch_hf
+
+    original = build(name).cuda()
+    patched = patch_hf(copy.deepcopy(original))
+    ids, mask = (t.cuda() for t in inputs())
+    real = mask.bool()[..., None].expand(-1, -1, original.config.vocab_size)
+    want, got = logits(original, ids, mask)[real], logits(patched, ids, mask)[real]
+    assert float((want - got).abs().max()) <= 1e-5 * float(got.abs().max())
+    rotate_pair.plans.clear()
+    prompt, prompt_mask = ids[:, :PROMPT], mask[:, :PROMPT]
+    assert torch.equal(generate(original, prompt, prompt_mask), generate(patched, prompt, prompt_mask))
+    assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in rotate_pair.plans.values() if plan)
+
+
 # torch 2.11's CUDA graph trees capture an empty graph of their own when they start, and say so.
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
 def test_patched_model_under_reduce_overhead_compile_gives_the_eager_greedy_tokens():
