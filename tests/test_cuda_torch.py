@@ -149,6 +149,23 @@ def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name)
     assert not full_path, f"{name}: {len(full_path)} of 3 planned calls took the full path"
 
 
+def test_a_planned_decode_step_refuses_an_int64_sum_as_the_full_path_does():
+    """int64 positions with an int32 offset tensor: a sum past int64 meets the full path's
+    error from a planned signature too, never a wrapped position (the CUDA plan has no angle
+    bound behind it, as the CPU plan has)."""
+    x = torch.randn(1, 32, 1, 128, device="cuda")
+    one = torch.tensor(1, dtype=torch.int32, device="cuda")
+    pe.rope.plans.clear()
+    for _ in range(3):
+        pe.rope(x, torch.tensor([5], device="cuda"), offset=one)
+    with pytest.raises(ValueError, match="int64") as planned:
+        pe.rope(x, torch.tensor([2**63 - 1], device="cuda"), offset=one)
+    pe.rope.plans.clear()
+    with pytest.raises(ValueError, match="int64") as cold:
+        pe.rope(x, torch.tensor([2**63 - 1], device="cuda"), offset=one)
+    assert str(planned.value) == str(cold.value)
+
+
 def _replace_constants():
     """More than ``_KEPT`` new frequency constants in the launchers' cache, the ones they
     replace freed (numba's pending deallocations flushed) and their memory allocated again."""

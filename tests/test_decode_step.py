@@ -195,6 +195,10 @@ HOSTILE = {
     "rope unknown keyword": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=3, offest=2)),
     "rope huge offset": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X, offset=2**70)),
     "rope offset past int64": (lambda: pe.rope(X, offset=3), lambda: pe.rope(X[:, :, :1].repeat(3, 2), offset=2**63 - 2)),
+    "rope int64 positions past int64 by an int32 offset tensor": (
+        lambda: pe.rope(T_Q, torch.tensor([5]), offset=torch.tensor(1, dtype=torch.int32)),
+        lambda: pe.rope(T_Q, torch.tensor([2**63 - 1]), offset=torch.tensor(1, dtype=torch.int32)),
+    ),
     "t5_bias huge offset": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=-(2**64))),
     "t5_bias distances below int64": (lambda: pe.t5_bias(TABLE, 1, 8, offset=7), lambda: pe.t5_bias(TABLE, 1, 8, offset=-(2**63) + 3)),
     "alibi_bias distances below int64": (lambda: pe.alibi_bias(SLOPES, 1, 8, offset=7), lambda: pe.alibi_bias(SLOPES, 1, 8, offset=-(2**63))),
@@ -286,6 +290,21 @@ def test_hostile_input_gets_the_same_error_cold_and_planned(name):
     assert first[0] in (ValueError, TypeError), first
     assert _error(hostile) == first
     good()  # the plan still serves the good call
+
+
+def test_a_plan_reads_the_extremes_of_every_sum_that_may_leave_int64():
+    """The integer rule in a plan (``rope_plan._Source._must_check``): positions and an offset
+    whose sum may leave int64 are read before they are added (the full path's error, not a
+    wrapped position); a CUDA plan leaves such calls to the full path. int64 positions with
+    an offset tensor of at most 32 bits (or a NumPy int32) may: int64 + 1 wraps."""
+    from posenc._kernels.rope_plan import _Source
+
+    int64_positions = _Source((1,), None, None, "int64", "narrow")
+    assert int64_positions._must_check(torch.tensor(1, dtype=torch.int32)) and int64_positions._must_check(np.int32(1))
+    assert int64_positions._must_check(3) and not int64_positions._must_check(0)
+    narrow = _Source((1,), None, None, "narrow", "narrow")
+    assert not narrow._must_check(torch.tensor(1, dtype=torch.int32)) and not narrow._must_check(2**61)
+    assert narrow._must_check(2**62) and _Source((1,), None, None, "narrow", "int64")._must_check(torch.tensor(1))
 
 
 def test_a_plan_made_without_grad_does_not_serve_a_call_autograd_records():

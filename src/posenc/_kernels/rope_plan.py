@@ -306,7 +306,9 @@ class _Source:
     def _must_check(self, offset):
         if "uint64" in (self.positions_kind, self.offset_kind) or self.offset_kind == "int64":
             return True
-        return type(offset) is int and offset != 0 and (self.positions_kind == "int64" or abs(offset) >= 2**62)
+        if type(offset) is not int:  # an array (or scalar) of at most 32 bits: only int64 positions may leave int64 with it
+            return self.positions_kind == "int64"
+        return offset != 0 and (self.positions_kind == "int64" or abs(offset) >= 2**62)
 
     def __call__(self, positions, offset):
         if self.base is not None:
