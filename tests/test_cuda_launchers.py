@@ -382,6 +382,42 @@ def _fake_plan_launches(monkeypatch, torch):
     return launched
 
 
+def test_a_rope_plan_without_positions_keeps_no_array_and_makes_each_calls_arange(monkeypatch):
+    """``rope_cuda_plan.RotatePlan`` of ``rope(x, offset=...)``: the arange its build's parse
+    made is not kept (a device array kept by a plan would be read by calls on other streams
+    before its writes, and by a captured graph after the plan is gone); each call forms the
+    positions ``offset .. offset + n - 1`` itself, as int64."""
+    import types as pytypes
+
+    torch = pytest.importorskip("torch")
+    from posenc._kernels import _device_flat, rope_cuda, rope_cuda_plan, rope_plan
+
+    _fake_plan_launches(monkeypatch, torch)
+
+    def rotation(x, positions, inv_freq, *, out, **_):
+        result = pytypes.SimpleNamespace(x_flat=_device_flat.Flat(x.data_ptr(), x.numel(), np.dtype(np.float32)))
+        result.o_flat = result.x_flat if out is x else _device_flat.Flat(torch.empty(x.shape).data_ptr(), x.numel(), np.dtype(np.float32))
+        flat = _device_flat.Flat(positions.data_ptr(), positions.numel(), np.dtype(np.float32))
+        return result, [("kernel", 1, (32, 1, 1), (result.x_flat, 1, result.o_flat, 2, flat, 3))], flat
+
+    monkeypatch.setattr(rope_cuda, "guard_rotate", lambda x, positions, inv_freq, out: inv_freq)
+    monkeypatch.setattr(rope_cuda, "kernel_positions", lambda positions: positions)
+    monkeypatch.setattr(rope_cuda, "rotation", rotation)
+    formed, geometry = [], rope_cuda_plan._geometry
+    monkeypatch.setattr(rope_cuda_plan, "_geometry", lambda a: formed.append(a) or geometry(a))
+    x, base = torch.randn(1, 4, 3, 8), torch.arange(3).reshape(1, 1, 3)
+    call = pytypes.SimpleNamespace(positions=base + 2, inv_freq=np.ones(4), inverse=False, scale=1.0)
+    plan = rope_cuda_plan.RotatePlan(x, call, rope_plan._Source(None, base, None, "small", None), False, "half")
+    assert plan.ready
+    kept = [*vars(plan).values(), *vars(plan.source).values()]
+    assert not any(isinstance(v, torch.Tensor) for v in kept)
+    formed.clear()
+    for offset in (5, 0, 2**40):
+        plan((x,), {"offset": offset})
+    assert [f.dtype for f in formed] == [torch.int64] * 3
+    assert [f.flatten().tolist() for f in formed] == [[5, 6, 7], [0, 1, 2], [2**40, 2**40 + 1, 2**40 + 2]]
+
+
 def _launched_data(launched):
     """Per launch of ``_fake_plan_launches``: its arrays' data pointers (numba's layout, an int between), then its ints."""
     return [params[i] for params in launched for i in (4, 12, 20)], [params[i] for params in launched for i in (7, 15, 23)]

@@ -149,6 +149,48 @@ def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name)
     assert not full_path, f"{name}: {len(full_path)} of 3 planned calls took the full path"
 
 
+def test_a_plan_built_on_a_busy_stream_serves_another_stream():
+    """``pe.rope(x, offset=...)`` forms its positions (an arange) on each call's stream: a plan
+    built on a stream still busy serves a call on another stream with the call's own
+    positions, not memory the busy stream has yet to write."""
+    x = torch.randn(1, 32, 4, 128, device="cuda")
+    pe.rope.plans.clear()
+    want = pe.rope(x, offset=7)
+    pe.rope.plans.clear()
+    busy, other = torch.cuda.Stream(), torch.cuda.Stream()
+    for stream in (busy, other):
+        stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(busy):
+        torch.cuda._sleep(200_000_000)  # (about a tenth of a second of queued work)
+        for _ in range(2):
+            pe.rope(x, offset=7)  # (the second builds the plan, its own calls queued behind the sleep)
+    with torch.cuda.stream(other):
+        got = pe.rope(x, offset=7)
+    torch.cuda.synchronize()
+    assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in pe.rope.plans.values() if plan)
+    pe.rope.plans.clear()
+    assert torch.equal(got, want)
+
+
+def test_a_captured_planned_rope_without_positions_outlives_its_plan():
+    """A graph captured through a plan of ``pe.rope(x, offset=...)`` replays its own positions
+    after the plan is dropped and torch's allocator has handed out freed memory again."""
+    x = torch.randn(1, 32, 1, 128, device="cuda")
+    pe.rope.plans.clear()
+    for _ in range(3):
+        pe.rope(x, offset=5)  # (warm-up on this stream: planned from the second call)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = pe.rope(x, offset=5)
+    pe.rope.plans.clear()
+    reused = [torch.full((n,), -(2**40), dtype=torch.int64, device="cuda") for n in (1, 1, 2, 4) * 256]
+    for _ in range(2):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        assert torch.equal(out, pe.rope(x, offset=5))
+    del reused
+
+
 def test_a_planned_decode_step_refuses_an_int64_sum_as_the_full_path_does():
     """int64 positions with an int32 offset tensor: a sum past int64 meets the full path's
     error from a planned signature too, never a wrapped position (the CUDA plan has no angle

@@ -7,9 +7,11 @@ tensors by shape, strides, dtype, device and gradient tracking); the second call
 builds here, from that call's own parse and launcher (``rope_cuda.rotation``), its launch
 with every argument fixed but three addresses: ``x``, the result and the positions. A
 planned call forms the positions the full path would (``rope_plan._Source``: the same torch
-operations), converts them as the launcher does (``rope_cuda.kernel_positions``), allocates
-the result (or rotates ``x`` in place) and launches the same kernel with the same
-arguments on the caller's current stream, so its numbers are the full path's.
+operations; without positions, the arange made on the call's own stream), converts them as
+the launcher does (``rope_cuda.kernel_positions``), allocates the result (or rotates ``x``
+in place) and launches the same kernel with the same arguments on the caller's current
+stream, so its numbers are the full path's. A plan keeps no device array of its own but
+the constants its launch reads (``_device_flat.Prepared``).
 
 Covered: one launch, a result that is new or ``x`` itself, positions and offsets that are
 ints or CUDA tensors on ``x``'s device, no length-dependent scaling (its frequencies
@@ -27,7 +29,7 @@ the two new results).
 from __future__ import annotations
 
 from .. import _dispatch
-from . import _arrays, _device_flat, rope_cuda
+from . import _arrays, _device_flat, rope_cuda, rope_plan
 
 
 class RotatePlan:
@@ -36,7 +38,13 @@ class RotatePlan:
     def __init__(self, x, call, source, in_place, layout):
         import torch
 
-        self.torch, self.source, self.in_place = torch, source, in_place
+        self.torch, self.source, self.in_place, self.arange = torch, source, in_place, None
+        if source.base is not None:
+            # The positions of a call without them (``arange`` along the sequence axis) are made
+            # on each call's stream, never kept: a kept device array would be read by calls on
+            # other streams before its writes, and by a captured graph after the plan is gone.
+            self.arange = tuple(source.base.shape), int(source.base.numel())
+            self.source = rope_plan._Source(self.arange[0], None, source.offset_shape, "small", source.offset_kind)
         stream, on_device, device = rope_cuda._context(x)
         inv_freq = rope_cuda.guard_rotate(x, call.positions, call.inv_freq, None)  # as rotate_positions converts them
         with on_device:
@@ -61,8 +69,14 @@ class RotatePlan:
         offset = kwargs.get("offset", 0)
         if self.source._must_check(offset):
             return NotImplemented  # sums that may leave int64: the full path reads their extremes
-        placed = self.source(positions, offset)
         torch = self.torch
+        if self.arange is not None:
+            shape, n = self.arange
+            if type(offset) is int:  # offset .. offset + n - 1 in one kernel: the int64 values of arange + offset
+                positions, offset = torch.arange(offset, offset + n, device=self.device).reshape(shape), 0
+            else:
+                positions = torch.arange(n, device=self.device).reshape(shape)
+        placed = self.source(positions, offset)
         held = placed if self.counting else placed.detach().to(torch.float64)
         if _geometry(held) != self.positions_geometry:
             return NotImplemented
