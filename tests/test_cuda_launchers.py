@@ -130,6 +130,38 @@ def test_host_arrays_beside_device_ones_are_refused(monkeypatch):
     assert launched == []
 
 
+def test_toeplitz_indices_are_checked_and_converted_on_their_arrays_device(monkeypatch):
+    """A gather's or scatter's index is read (its range) and converted to int64 under the
+    launch's device context (``_arrays.launch_context``), as the rotary launchers' positions
+    are: for an array on a GPU that is not the current one, that is its own device and
+    stream. Out of range, it is refused there, before any launch."""
+    import contextlib
+
+    from posenc._kernels import toeplitz_cuda
+
+    inside, seen = [False], []
+
+    @contextlib.contextmanager
+    def device_context():
+        inside[0] = True
+        yield
+        inside[0] = False
+
+    context = _arrays.launch_context
+    monkeypatch.setattr(_arrays, "launch_context", lambda a: (context(a)[0], device_context()))
+    convert = toeplitz_cuda._index
+    monkeypatch.setattr(toeplitz_cuda, "_index", lambda i, m: seen.append(inside[0]) or convert(i, m))
+    from posenc.relative import _toeplitz
+
+    scores, weights, index = np.arange(10, dtype=np.float32).reshape(2, 5), np.ones((2, 3), np.float32), np.array([4, 0, 2, 1], np.int32)
+    gathered = toeplitz_cuda.toeplitz_gather(_device(scores), _device(index), 3)
+    np.testing.assert_array_equal(to_host(gathered), _toeplitz.toeplitz_gather(scores, index, 3))
+    scattered = toeplitz_cuda.toeplitz_scatter(_device(weights), _device(index), 5)
+    np.testing.assert_array_equal(to_host(scattered), _toeplitz.toeplitz_scatter(weights, index, 5))
+    _refused(toeplitz_cuda.toeplitz_gather, (_device(scores), _device(index + 1), 3), {}, ValueError, ["index"])
+    assert seen == [True, True, True]
+
+
 def test_out_the_kernel_cannot_write_is_refused():
     from numba import cuda
 

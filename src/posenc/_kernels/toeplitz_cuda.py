@@ -169,13 +169,16 @@ def _scatter_grid(shape, k_len):
     return grid, min(256, 32 * -(-k_len // 32)) or 32
 
 
-def _launch(key, config, like, values, shape, out, index=None):
-    """The result of the ``key`` kernel on ``Span`` ``values`` (and int64 device ``index``):
+def _launch(key, config, like, values, shape, out, index=None, classes=None):
+    """The result of the ``key`` kernel on ``Span`` ``values`` (and device ``index``, its
+    values checked to lie in ``[0, classes)`` and converted to int64 on ``like``'s GPU):
     ``out`` or a new array of ``shape``, in one launch (batch axes in the grid, operands as
     flat device arrays: ``_device_flat``), on ``like``'s GPU and the caller's stream. An
     empty result launches nothing."""
     stream, on_device = _arrays.launch_context(like)
     with on_device:
+        if index is not None:
+            index = _index(index, classes)
         result = _arrays.empty(like, shape) if out is None else out
         if 0 in shape:
             return result
@@ -222,7 +225,7 @@ def toeplitz_gather(scores, index, k_len, *, out=None):
     """numba.cuda ``toeplitz_gather``."""
     shape = guard_gather(scores, index, k_len, out)
     _arrays.guard_gpu_operands(scores, out, index=index)
-    return _launch(kernel_key("gather", scores), _grid(shape), scores, _bits(scores), shape, out, _index(index, tuple(scores.shape)[-1]))
+    return _launch(kernel_key("gather", scores), _grid(shape), scores, _bits(scores), shape, out, index, tuple(scores.shape)[-1])
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
@@ -230,4 +233,4 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     shape = guard_scatter(weights, index, m, out)
     _arrays.guard_gpu_operands(weights, out, index=index)
     config = _scatter_grid(shape, tuple(weights.shape)[-1])
-    return _launch(kernel_key("scatter", weights), config, weights, _device_flat.span(weights), shape, out, _index(index, m))
+    return _launch(kernel_key("scatter", weights), config, weights, _device_flat.span(weights), shape, out, index, m)
