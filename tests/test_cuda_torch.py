@@ -56,8 +56,10 @@ def counted_launches(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_hf_apply_rotary_pos_emb_rotates_q_and_k_in_one_launch(dtype, counted_launches):
+    from posenc.rotary.apply import rotate_pair
     from posenc.torch.hf import apply_rotary_pos_emb
 
+    rotate_pair.plans.clear()  # (a plan left by another test would serve this call without the lookup counted)
     q, k = _hf_view(2, 16, 8, 64, dtype, 0), _hf_view(2, 16, 2, 64, dtype, 1)
     angles = torch.rand(2, 16, 32, device="cuda", dtype=torch.float64) * 50
     cos, sin = (f(torch.cat([angles, angles], -1)) for f in (torch.cos, torch.sin))
@@ -103,7 +105,7 @@ def _decode_calls():
         "int32 positions": lambda x, step: pe.rope(x, torch.tensor([7 * step], device="cuda", dtype=torch.int32)),
         "float positions": lambda x, step: pe.rope(x, torch.tensor([0.5 + step], device="cuda")),
         "offset": lambda x, step: pe.rope(x, offset=4000 + step),
-        "offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor(9 + step, device="cuda")),
+        "offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor(9 + step, device="cuda", dtype=torch.int32)),  # (int64: read, full path)
         "out buffer": lambda x, step: pe.rope(x.clone(), long(step), out=x.clone()),
         "in place, interleaved, inverse": lambda x, step: (lambda y: pe.rope(y, long(3 * step), out=y, layout="interleaved", inverse=True))(x.clone()),
         "linear scaling": lambda x, step: pe.rope(x, long(step), scaling=pe.scaling.Linear(4.0)),
@@ -129,7 +131,7 @@ def test_planned_decode_steps_give_the_full_paths_bits(dtype, name):
     pe.rope.plans.clear()
 
 
-@pytest.mark.parametrize("name", ["position_ids", "int32 positions", "float positions", "offset", "in place, interleaved, inverse"])
+@pytest.mark.parametrize("name", ["position_ids", "int32 positions", "float positions", "offset", "offset tensor", "in place, interleaved, inverse"])
 def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name):
     """What makes a decode step cheap on the host: once planned, a call of the signature
     launches from its plan and never reaches the launcher's geometry (``rope_cuda.rotation``)."""
@@ -219,14 +221,18 @@ def _replace_constants():
     for round in range(2):
         for k in range(2 * _device_flat._KEPT):
             pe.rope(y, offset=1, base=20000.0 + 1000 * round + k)
-        cuda.current_context().deallocations.clear()
+        context = cuda.current_context()
+        getattr(context.memory_manager, "deallocations", context.deallocations).clear()  # (where numba-cuda queues frees)
     torch.cuda.synchronize()
 
 
-def test_plans_and_cuda_graphs_read_their_frequencies_after_the_cache_replaced_them():
+def test_plans_and_cuda_graphs_read_their_frequencies_after_the_cache_replaced_them(monkeypatch):
     """The rotation's frequencies are a device constant that the launchers keep among the
     last ``_KEPT``: a decode plan and a captured graph (full path and planned) still read
     their own after that cache has replaced and freed them, bit for bit a fresh call's."""
+    from posenc._kernels import rope_cuda
+
+    monkeypatch.setattr(pe.rope.plans, "limit", 4096)  # (the 256 new signatures below would evict the plan under test)
     x = torch.randn(1, 32, 1, 128, device="cuda")
     position = torch.tensor([5], device="cuda")
     pe.rope.plans.clear()
@@ -239,7 +245,11 @@ def test_plans_and_cuda_graphs_read_their_frequencies_after_the_cache_replaced_t
     _replace_constants()
     for graph, _ in (full, planned):
         graph.replay()
+    full_path, original = [], rope_cuda.rotation
+    monkeypatch.setattr(rope_cuda, "rotation", lambda *a, **k: full_path.append(1) or original(*a, **k))
     later = pe.rope(x, position + 1, base=34567.0)
+    monkeypatch.setattr(rope_cuda, "rotation", original)
+    assert not full_path  # (from its plan, which still holds its frequencies)
     pe.rope.plans.clear()
     assert torch.equal(later, cold)
     for (_, captured), base in zip((full, planned), (12345.0, 23456.0)):

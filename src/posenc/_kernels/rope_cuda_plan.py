@@ -29,7 +29,7 @@ the two new results).
 from __future__ import annotations
 
 from .. import _dispatch
-from . import _arrays, _device_flat, rope_cuda, rope_plan
+from . import _arrays, _device_flat, rope_cuda
 
 
 class RotatePlan:
@@ -44,7 +44,7 @@ class RotatePlan:
             # on each call's stream, never kept: a kept device array would be read by calls on
             # other streams before its writes, and by a captured graph after the plan is gone.
             self.arange = tuple(source.base.shape), int(source.base.numel())
-            self.source = rope_plan._Source(self.arange[0], None, source.offset_shape, "small", source.offset_kind)
+            self.source = source.without_base()
         stream, on_device, device = rope_cuda._context(x)
         inv_freq = rope_cuda.guard_rotate(x, call.positions, call.inv_freq, None)  # as rotate_positions converts them
         with on_device:

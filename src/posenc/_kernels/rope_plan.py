@@ -303,6 +303,11 @@ class _Source:
         # read extremes first.
         self.positions_kind, self.offset_kind = positions_kind, offset_kind
 
+    def without_base(self):
+        """This source for positions given as its ``base`` would be (an arange a caller makes
+        for each call: a CUDA plan keeps no device array)."""
+        return _Source(tuple(self.base.shape), None, self.offset_shape, "small", self.offset_kind)
+
     def _must_check(self, offset):
         if "uint64" in (self.positions_kind, self.offset_kind) or self.offset_kind == "int64":
             return True
