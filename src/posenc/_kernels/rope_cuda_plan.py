@@ -28,7 +28,6 @@ the two new results).
 
 from __future__ import annotations
 
-from .. import _dispatch
 from . import _arrays, _device_flat, rope_cuda
 
 
@@ -116,12 +115,9 @@ class ApplyPlan:
         stream, on_device, device = rope_cuda._context(x)
         with on_device:
             operand, launches = rope_cuda.apply_rotation(x, cos, sin, layout=layout, out=x if in_place else None, device=device, stream=stream)
-            arrays = {"x": x, "cos": cos, "sin": sin} | ({} if in_place else {"out": operand.result})
-            roles = {a.data_ptr(): role for role, a in arrays.items()}
-            self.prepared = _device_flat.Prepared(launches, device, roles)
+            self.prepared = _by_address(launches, device, {"x": x, "cos": cos, "sin": sin} | ({} if in_place else {"out": operand.result}))
         self.shape, self.dtype, self.device = tuple(x.shape), x.dtype, x.device
-        # (distinct addresses: x, cos and sin apart, and a new result or x itself)
-        self.ready = bool(launches) and self.prepared.ready and len(roles) == len(arrays)
+        self.ready = self.prepared is not None
 
     def __call__(self, args, kwargs):
         x, cos, sin = args
@@ -154,11 +150,9 @@ class PairPlan:
         with on_device:
             operands, launches = rope_cuda.pair_rotation(q, k, cos, sin, layout=layout, out_q=None, out_k=None, device=device, stream=stream)
             arrays = {"q": q, "k": k, "cos": cos, "sin": sin, "q_out": operands[0].result, "k_out": operands[1].result}
-            roles = {a.data_ptr(): role for role, a in arrays.items()}
-            self.prepared = _device_flat.Prepared(launches, device, roles)
+            self.prepared = _by_address(launches, device, arrays)
         self.shapes, self.dtype, self.device = (tuple(q.shape), tuple(k.shape)), q.dtype, q.device
-        # (six distinct addresses: q, k, cos and sin apart, and two new results)
-        self.ready = bool(launches) and self.prepared.ready and len(roles) == len(arrays)
+        self.ready = self.prepared is not None
 
     def __call__(self, args, kwargs):
         q, k, cos, sin = args
@@ -170,12 +164,23 @@ class PairPlan:
         return rotated[0], rotated[1]
 
 
+def _by_address(launches, device, arrays):
+    """The ``Prepared`` launches whose arguments are fixed but for the addresses of
+    ``arrays`` (``{role: torch tensor}``, each at an address of its own, each an argument of
+    some launch), or None where that does not hold (or nothing is launched)."""
+    roles = {a.data_ptr(): role for role, a in arrays.items()}
+    prepared = _device_flat.Prepared(launches, device, roles)
+    return prepared if launches and prepared.ready and len(roles) == len(arrays) else None
+
+
 def build_pair(q, k, cos, sin, *, layout):
     """The plan of a ``rotate_pair`` call on torch CUDA tensors whose full path ended in
     ``rope_cuda.rotate_cos_sin_pair``, or None where the full path must serve it again."""
+    from ..rotary.apply import cuda_pair_launcher
+
     if _arrays.cuda_simulator() or layout not in ("half", "interleaved") or 0 in tuple(q.shape) or 0 in tuple(k.shape):
         return None
-    if any(_dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None) is not rope_cuda.rotate_cos_sin for x in (q, k)):
+    if cuda_pair_launcher(q, k, cos, sin, layout) is None:
         return None
     plan = PairPlan(q, k, cos, sin, layout)
     return plan if plan.ready else None

@@ -137,15 +137,25 @@ def rotate_pair(q, k, cos, sin, *, layout="half"):
     both go to the numba.cuda kernel and their rows line up (``rope_cuda.rotate_cos_sin_pair``:
     q ``[b, hq, s, d]`` and k ``[b, hk, s, d]``, transposed views of ``[b, s, h, d]``
     included, read where they lie), else each through :func:`apply_rope`. The later calls of
-    a signature of torch CUDA tensors launch from a plan (``rope_cuda_plan.PairPlan``).
+    a signature launch from a plan (``rope_plan.build_pair``: the one launch on CUDA tensors,
+    the two ``apply_rope`` plans on a CPU).
     """
     layout = _args.layout("layout", layout)
+    launcher = cuda_pair_launcher(q, k, cos, sin, layout)
+    if launcher is not None:
+        return launcher(q, k, cos, sin, layout=layout)
+    return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
+
+
+def cuda_pair_launcher(q, k, cos, sin, layout):
+    """``rope_cuda.rotate_cos_sin_pair`` where the kernel registry sends both ``q`` and ``k``
+    (with these tables, in ``layout``) to the numba.cuda kernel, else None."""
     pair = [_dispatch.select("rope_apply", x, cos, sin, layout=layout, out=None) for x in (q, k)]
     if pair[0] is pair[1] and getattr(pair[0], "__module__", None) == "posenc._kernels.rope_cuda":
         import sys
 
-        return sys.modules["posenc._kernels.rope_cuda"].rotate_cos_sin_pair(q, k, cos, sin, layout=layout)
-    return apply_rope(q, cos, sin, layout=layout), apply_rope(k, cos, sin, layout=layout)
+        return sys.modules["posenc._kernels.rope_cuda"].rotate_cos_sin_pair
+    return None
 
 
 @_plans.planned(_signatures.Rope)
