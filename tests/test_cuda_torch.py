@@ -462,21 +462,60 @@ def test_a_patched_model_on_cuda_gives_the_originals_logits_and_greedy_tokens(na
     assert any(type(plan).__module__.endswith("rope_cuda_plan") for plan in rotate_pair.plans.values() if plan)
 
 
+def _recorded_graphs():
+    """How many CUDA graphs ``torch.compile(mode="reduce-overhead")``'s graph trees have
+    recorded on the current device."""
+    from torch._inductor import cudagraph_trees
+
+    manager = cudagraph_trees.get_manager(torch.cuda.current_device(), create_if_none_exists=False)
+    nodes = [] if manager is None else [n for ns in manager.roots.values() for n in ns]
+    count = 0
+    while nodes:
+        count += len(nodes)
+        nodes = [c for n in nodes for cs in n.children.values() for c in cs]
+    return count
+
+
 # torch 2.11's CUDA graph trees capture an empty graph of their own when they start, and say so.
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
 def test_patched_model_under_reduce_overhead_compile_gives_the_eager_greedy_tokens():
+    """A static cache (every decode step the same shapes and addresses) lets the graph trees
+    record the decode step and replay it: the rotary tables of the GPU position ids
+    (``posenc::rope_cos_sin``) and q and k's rotation inside a captured graph."""
     from hf_models import build
 
     from posenc.torch import patch_hf
 
     model = patch_hf(build("llama[default]")).cuda()
     ids = torch.arange(1, 11, device="cuda")[None]
-    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static", disable_compile=True)
     with torch.no_grad():
         eager = model.generate(ids, **options)
         model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        recorded = _recorded_graphs()
         compiled = model.generate(ids, **options)
+    assert _recorded_graphs() > recorded
     assert torch.equal(compiled, eager)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_tables_of_gpu_positions_in_a_cuda_graph_replay_bit_identically(dtype):
+    """``rope_cos_sin`` of positions on the GPU, and the op a compiled patched model calls
+    for them, neither copy from the host nor wait once their frequencies are kept on the
+    device: they can be captured, and a replay gives a fresh call's bits."""
+    from posenc.torch import _ops
+    from posenc.torch._rows import frequencies_name
+
+    inv_freq = pe.rope_frequencies(128)[0]
+    name = frequencies_name(tuple(inv_freq.tolist()), 1.0)
+    positions = torch.tensor([[5]], device="cuda")
+    graph, (cos, sin, stacked) = _captured(lambda: (*pe.rope_cos_sin(positions, inv_freq, dtype=dtype), _ops.rope_cos_sin_op(positions, name, dtype)))
+    for step in (6, 700, 40000, 1_000_000):
+        positions.fill_(step)
+        graph.replay()
+        want_cos, want_sin = pe.rope_cos_sin(positions, inv_freq, dtype=dtype)
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin)
+        assert torch.equal(stacked, torch.stack([want_cos, want_sin], dim=-2))
 
 
 def test_tensors_on_two_gpus_are_refused_before_any_launch(counted_launches):

@@ -402,12 +402,22 @@ def cos_sin(positions, freqs, *, xp, device=None):
     """
     freqs = tuple(float(f) for f in freqs)
     if has_float64(xp, device):
-        f = xp.asarray(freqs, dtype=xp.float64, device=device)
+        f = _frequencies_on(xp, freqs, device)
         angle = xp.astype(positions, xp.float64)[..., None] * f
         return xp.cos(angle), xp.sin(angle)
     turns = tuple(f / (2.0 * math.pi) for f in freqs)
     g_chunks = [xp.asarray(c, dtype=xp.float32, device=device) for c in _split_chunks_cache(turns, 4)]
     return _reduced_cos_sin(xp, positions, g_chunks)
+
+
+def _frequencies_on(xp, freqs, device):
+    """float64 ``freqs`` on ``device``: kept there between calls for a torch GPU
+    (``_device_constants``: no copy or wait a call), else made afresh."""
+    if getattr(device, "type", None) == "cuda" and not torch_compiling():
+        from ._device_constants import torch_constant
+
+        return torch_constant(freqs, xp.float64, device)
+    return xp.asarray(freqs, dtype=xp.float64, device=device)
 
 
 def cos_sin_of_turns(positions, turns, *, xp):

@@ -1,0 +1,99 @@
+"""Frequencies kept on a torch GPU between table-building calls (``posenc._device_constants``):
+without a GPU, the CUDA stream functions it calls are stood in for (a stream is a name, a
+capture a flag), and the constants are CPU tensors."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import posenc as pe  # noqa: E402
+from posenc import _device_constants, _xp  # noqa: E402
+
+
+class _FakeCuda:
+    """``torch.cuda.current_stream`` / ``is_current_stream_capturing`` / ``Tensor.record_stream``
+    as a test sets them: which streams each tensor was recorded on."""
+
+    def __init__(self, monkeypatch):
+        self.stream, self.capturing, self.recorded, self.made = "s0", False, [], 0
+        monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.stream)
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: self.capturing)
+        monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: self.recorded.append((t, s)))
+        real = torch.tensor
+
+        def counted(*args, **kwargs):
+            self.made += 1
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(torch, "tensor", counted)
+        monkeypatch.setattr(_device_constants, "_kept", type(_device_constants._kept)())
+        monkeypatch.setattr(_device_constants, "_captured", {})
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    return _FakeCuda(monkeypatch)
+
+
+CPU = torch.device("cpu")
+
+
+def test_a_constant_is_made_once_and_read_where_it_is(fake_cuda):
+    first = _device_constants.torch_constant((1.0, 0.5), torch.float64, CPU)
+    again = _device_constants.torch_constant((1.0, 0.5), torch.float64, CPU)
+    assert again is first and fake_cuda.made == 1
+    assert first.dtype == torch.float64 and first.tolist() == [1.0, 0.5]
+    other = _device_constants.torch_constant((1.0, 0.25), torch.float64, CPU)
+    assert other is not first and fake_cuda.made == 2 and fake_cuda.recorded == []
+
+
+def test_the_kept_constants_are_bounded_and_the_last_used_stay(fake_cuda):
+    kept = _device_constants.torch_constant((1.0,), torch.float64, CPU)
+    for step in range(3 * _device_constants._KEPT):  # a dynamic-NTK loop: a new set per step
+        _device_constants.torch_constant((1.0 / (step + 2),), torch.float64, CPU)
+        assert _device_constants.torch_constant((1.0,), torch.float64, CPU) is kept  # used every step
+    assert len(_device_constants._kept) == _device_constants._KEPT
+    assert fake_cuda.made == 1 + 3 * _device_constants._KEPT
+
+
+def test_a_call_on_another_stream_records_it_and_a_capture_keeps_the_constant_for_good(fake_cuda):
+    made = _device_constants.torch_constant((2.0,), torch.float64, CPU)
+    fake_cuda.stream = "s1"
+    assert _device_constants.torch_constant((2.0,), torch.float64, CPU) is made
+    assert fake_cuda.recorded == [(made, "s1")]
+    fake_cuda.capturing = True
+    assert _device_constants.torch_constant((2.0,), torch.float64, CPU) is made
+    assert len(fake_cuda.recorded) == 1  # a captured read is kept instead
+    fake_cuda.capturing = False
+    for step in range(2 * _device_constants._KEPT):
+        _device_constants.torch_constant((float(step + 3),), torch.float64, CPU)
+    assert (CPU, torch.float64, (2.0,)) not in _device_constants._kept
+    made_before = fake_cuda.made
+    assert _device_constants.torch_constant((2.0,), torch.float64, CPU) is made  # still the graph's memory
+    assert fake_cuda.made == made_before
+
+
+def test_rope_cos_sin_of_gpu_positions_reads_the_kept_frequencies(fake_cuda, monkeypatch):
+    """The table builder on a "cuda" device (positions on the CPU standing in) takes its
+    frequencies from the kept constants: made once over many calls, the same tables."""
+    real_device_of = _xp.device_of
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr("posenc._xp.has_float64", lambda xp, device=None: True)
+    asked, real_constant = [], _device_constants.torch_constant
+
+    def constant(values, dtype, device):
+        assert device == cuda
+        asked.append(values)
+        return real_constant(values, dtype, CPU)
+
+    monkeypatch.setattr(_device_constants, "torch_constant", constant)
+    positions = torch.arange(5)
+    inv_freq = pe.rope_frequencies(8)[0]
+    want = pe.rope_cos_sin(positions, inv_freq)
+    monkeypatch.setattr("posenc.rotary._call.device_of", lambda *a: cuda if a[0] is positions else real_device_of(*a))
+    for _ in range(3):
+        pe.rope_cos_sin.plans.clear()  # (a CPU plan would serve these CPU positions; none serves GPU ones)
+        got = pe.rope_cos_sin(positions, inv_freq)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+    assert asked == [tuple(np.asarray(inv_freq, dtype=np.float64).tolist())] * 3 and fake_cuda.made == 1
