@@ -212,7 +212,7 @@ def test_an_out_overlapping_x_other_than_exactly_gets_the_reference_values():
     _close(out, want, "float64")
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "float64"])
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
 @pytest.mark.parametrize("heads", [3, 11, 27])
 def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads):
@@ -233,7 +233,7 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads)
     assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
 
 
-@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
     """A thread rotates its heads eight at a time (16-bit elements), then four, then one at a
     time: 27 heads (two y threads: 14 and 13 heads each, every loop taken) against each head
@@ -252,6 +252,56 @@ def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
     together = rotated(x)
     for h in range(x.shape[1]):
         np.testing.assert_array_equal(together[:, h], rotated(x[:, h : h + 1])[:, 0])
+
+
+@pytest.mark.parametrize("layout", ["half", "interleaved"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_16_bit_rotation_is_within_one_ulp_of_float64_under_cancellation(dtype, layout):
+    """The CUDA kernel rotates 16-bit elements in float32, ``cos`` and ``sin`` cut into a head
+    whose products with the elements are exact and a rest: ``a*cos - b*sin`` with ``a == b``
+    at angles near pi/4 cancels up to 23 bits, where plain float32 would be many ulps off; the
+    result stays within one ulp of float64 (angles given as float positions at frequency 1)."""
+    from arrays import ulp
+
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(13)
+    rows, pairs = 48, 3
+    a = rng.uniform(0.5, 2.0, (rows, pairs)).astype(dtype).astype(np.float64)
+    angle = np.pi / 4 + np.pi * rng.integers(0, 1000, rows) + rng.choice([-1, 1], rows) * 10.0 ** rng.uniform(-7, -2, rows)
+    c, s = np.cos(angle)[:, None], np.sin(angle)[:, None]
+    exact = np.stack([a * c - a * s, a * c + a * s], axis=-1)
+    if layout == "half":
+        x, exact = np.concatenate([a, a], -1), np.concatenate([exact[..., 0], exact[..., 1]], -1)
+    else:
+        x, exact = np.repeat(a, 2, -1), exact.reshape(rows, 2 * pairs)
+    got = to_host(rope_cuda.rotate_positions(_device(x.astype(dtype)), _device(angle), np.ones(pairs), layout=layout))
+    assert np.all(np.abs(got.astype(np.float64) - exact) <= ulp(exact, dtype))
+
+
+# (inf * 0 makes the NaNs meant here; NumPy, which runs the simulator's threads and the reference, says so)
+@pytest.mark.filterwarnings("ignore:.*invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_16_bit_rotation_keeps_infinities_as_float64_does(dtype):
+    """An infinite element stays out of the rests' terms of the float32 rotation (they take
+    it clamped to the largest float32), so that it never makes ``inf * 0`` there: the
+    infinities and NaNs are those of the float64 formula, the finite results within one ulp
+    of it."""
+    from arrays import ulp
+
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(14)
+    x = rng.standard_normal((2, 3, 6, 8)).astype(dtype)
+    x[..., 0], x[..., 5], x[0, 1, 2, 2] = np.inf, -np.inf, np.nan
+    positions, inv_freq = rng.integers(0, 10_000, (2, 1, 6)), 10000.0 ** -(np.arange(4) / 4)
+    positions[..., 0] = 0  # cos 1 and sin 0: rests of zero, which an infinity turns to NaN
+    want = _rotate.rotate_positions(x.astype(np.float64), positions, inv_freq)
+    got = to_host(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq)).astype(np.float64)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    infinite, finite = np.isinf(want), np.isfinite(want)
+    assert infinite.sum() > 0 and np.array_equal(np.isinf(got), infinite) and np.array_equal(got[infinite], want[infinite])
+    assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
 
 
 def test_direct_launch_lays_out_arguments_as_numba_does():

@@ -6,7 +6,8 @@ target rejects (typing, unsupported constructs). This compiles each specialisati
 conversion kernel, for a compute capability (default 9.0: H100/H200) with NVIDIA's NVVM,
 which needs no GPU or driver: ``pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12``
 and put their library folders on ``LD_LIBRARY_PATH`` (``.../nvidia/cuda_nvcc/nvvm/lib64`` and
-``.../nvidia/cuda_nvrtc/lib``). Usage: ``PYTHONPATH=src python tests/gpu/compile_ptx.py [MAJOR.MINOR]``;
+``.../nvidia/cuda_nvrtc/lib``). Each line counts the instructions, those converting to or
+from float64 among them (the slow ones on an H100), and the local loads (spills). Usage: ``PYTHONPATH=src python tests/gpu/compile_ptx.py [MAJOR.MINOR]``;
 exits 1 if a specialisation fails to compile.
 """
 
@@ -61,8 +62,21 @@ def _compile(cuda, name, fn, signature, cc, launch_bounds=None) -> int:
         print(f"FAIL {name}: {type(exc).__name__}: {exc}")
         return 1
     bounds = f", launch bounds {launch_bounds}" if launch_bounds else ""
-    print(f"ok   {name}: {len(ptx)} characters of PTX, {ptx.count('ld.local')} local loads{bounds}")
+    ops = _instructions(ptx)
+    wide = sum([1 for op in ops if op.startswith("cvt") and "f64" in op])
+    print(f"ok   {name}: {len(ops)} PTX instructions ({wide} conversions to or from float64), {ptx.count('ld.local')} local loads{bounds}")
     return 0
+
+
+def _instructions(ptx):
+    """The opcodes of ``ptx``'s instructions (a predicate's guard left out)."""
+    ops = []
+    for line in ptx.splitlines():
+        words = line.split()
+        if not words or words[0].startswith(("//", ".", "{", "}", "$")) or words[0].endswith(":"):
+            continue
+        ops.append(words[1] if words[0].startswith("@") and len(words) > 1 else words[0])
+    return ops
 
 
 if __name__ == "__main__":

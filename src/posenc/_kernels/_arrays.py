@@ -25,7 +25,10 @@ import numpy as np
 
 from .. import _compat, _dispatch
 from .._xp import torch_compiling, torch_tensor
-from ._codec import BFLOAT16, FLOAT, FLOAT16
+
+# How a kernel holds one element (``_codec`` converts): as it is (float32, float64), or the
+# raw bits of an IEEE binary16 or of a bfloat16.
+FLOAT, FLOAT16, BFLOAT16 = 0, 1, 2
 
 STORAGE = {"float32": FLOAT, "float64": FLOAT, "float16": FLOAT16, "bfloat16": BFLOAT16}
 # The element type a kernel sees for each float dtype.
@@ -305,8 +308,8 @@ def device_view(a, *, bits16=True):
         a = cuda.as_cuda_array(a, sync=False)
     elif lib == "cupy":
         a = cuda.as_cuda_array(a, sync=False)
-    if bits16 and (a.dtype == np.float16 or a.dtype == np.int16):
-        a = a.view(np.uint16)
+    if bits16 and (a.dtype == np.float16 or a.dtype == np.int16 or dtype_name(a.dtype) == "bfloat16"):
+        a = a.view(np.uint16)  # (bfloat16: ml_dtypes' arrays, which the CUDA simulator holds)
     return a
 
 
