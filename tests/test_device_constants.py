@@ -48,6 +48,23 @@ def test_a_constant_is_made_once_and_read_where_it_is(fake_cuda):
     assert other is not first and fake_cuda.made == 2 and fake_cuda.recorded == []
 
 
+def test_a_constant_first_made_in_inference_mode_serves_autograd_later(fake_cuda):
+    with torch.inference_mode():
+        made = _device_constants.torch_constant((0.5,), torch.float64, CPU)
+    assert not made.is_inference()
+    position = torch.tensor([3.0], dtype=torch.float64, requires_grad=True)
+    (position * _device_constants.torch_constant((0.5,), torch.float64, CPU)).sum().backward()
+    assert position.grad.tolist() == [0.5]
+
+
+def test_no_constant_is_kept_under_a_dispatch_mode(fake_cuda):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        assert _device_constants.torch_constant((0.5,), torch.float64, CPU) is None
+    assert fake_cuda.made == 0 and not _device_constants._kept
+
+
 def test_the_kept_constants_are_bounded_and_the_last_used_stay(fake_cuda):
     kept = _device_constants.torch_constant((1.0,), torch.float64, CPU)
     for step in range(3 * _device_constants._KEPT):  # a dynamic-NTK loop: a new set per step

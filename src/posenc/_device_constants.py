@@ -27,16 +27,22 @@ _lock = threading.Lock()
 
 def torch_constant(values, dtype, device):
     """``torch.tensor(values, dtype=dtype, device=device)`` (``values`` a tuple of floats,
-    ``device`` a torch device), made once and kept. Not for a traced call: a kept tensor is
-    no graph constant."""
+    ``device`` a torch device), made once and kept; None under a torch dispatch mode (fake
+    tensors, ...), whose tensors are no real memory. Not for a traced call: a kept tensor is
+    no graph constant. Made outside inference mode, so that any later call may save it for
+    a backward pass."""
     import torch
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
 
+    if _get_current_dispatch_mode() is not None:
+        return None
     key = (device, dtype, values)
     stream = torch.cuda.current_stream(device)
     with _lock:
         found = _kept.get(key) or _captured.get(key)
         if found is None:
-            found = (torch.tensor(values, dtype=dtype, device=device), stream)
+            with torch.inference_mode(False):
+                found = (torch.tensor(values, dtype=dtype, device=device), stream)
             _kept[key] = found
             while len(_kept) > _KEPT:
                 _kept.popitem(last=False)

@@ -416,7 +416,9 @@ def _frequencies_on(xp, freqs, device):
     if getattr(device, "type", None) == "cuda" and not torch_compiling():
         from ._device_constants import torch_constant
 
-        return torch_constant(freqs, xp.float64, device)
+        kept = torch_constant(freqs, xp.float64, device)
+        if kept is not None:
+            return kept
     return xp.asarray(freqs, dtype=xp.float64, device=device)
 
 
