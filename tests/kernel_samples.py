@@ -375,7 +375,11 @@ def _device_copy(a, library):
 
     from posenc._kernels import _arrays
 
-    return _arrays.strided(cuda.to_device(flat)[offset:], a.shape, steps)
+    if flat.dtype.name == "bfloat16":  # (numba's copy to a GPU exports a buffer, which NumPy refuses for ml_dtypes' bfloat16)
+        device = cuda.to_device(flat.view(np.uint16)).view(flat.dtype)
+    else:
+        device = cuda.to_device(flat)
+    return _arrays.strided(device[offset:], a.shape, steps)
 
 
 # Arguments that stay on the host by contract: rope_rotate's frequencies.

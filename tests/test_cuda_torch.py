@@ -479,23 +479,50 @@ def _recorded_graphs():
 # torch 2.11's CUDA graph trees capture an empty graph of their own when they start, and say so.
 @pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
 def test_patched_model_under_reduce_overhead_compile_gives_the_eager_greedy_tokens():
-    """A static cache (every decode step the same shapes and addresses) lets the graph trees
-    record the decode step and replay it: the rotary tables of the GPU position ids
-    (``posenc::rope_cos_sin``) and q and k's rotation inside a captured graph."""
+    """transformers' own compiled decoding (a static cache made before the compiled step, the
+    decode step compiled with ``mode="reduce-overhead"``, the prefill eager): the graph trees
+    record decode steps and replay them, the rotary tables of the GPU position ids
+    (``posenc::rope_cos_sin``) and q and k's rotation inside captured graphs, and the tokens
+    are eager decoding's."""
     from hf_models import build
+    from transformers import CompileConfig
 
     from posenc.torch import patch_hf
 
     model = patch_hf(build("llama[default]")).cuda()
     ids = torch.arange(1, 11, device="cuda")[None]
-    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static", disable_compile=True)
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=0, cache_implementation="static")
     with torch.no_grad():
-        eager = model.generate(ids, **options)
-        model.forward = torch.compile(model.forward, mode="reduce-overhead")
+        eager = model.generate(ids, disable_compile=True, **options)
         recorded = _recorded_graphs()
-        compiled = model.generate(ids, **options)
+        compiled = model.generate(ids, compile_config=CompileConfig(mode="reduce-overhead", fullgraph=False), **options)
     assert _recorded_graphs() > recorded
     assert torch.equal(compiled, eager)
+
+
+# (torch 2.11's graph trees say when a graph they capture is empty)
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty:UserWarning")
+def test_frequencies_first_made_in_a_graph_tree_warm_up_stay_out_of_its_memory_pool(monkeypatch):
+    """The op a compiled patched model calls for GPU position ids, first called inside a
+    ``reduce-overhead`` graph tree's warm-up (nothing kept yet): its kept frequencies are
+    made outside the trees' private memory pool, whose checks (``slow_path_cudagraph_asserts``)
+    find no tensor they do not track, and the replayed steps give the eager op's bits."""
+    from collections import OrderedDict
+
+    from posenc import _device_constants
+    from posenc.torch import _ops
+    from posenc.torch._rows import frequencies_name
+
+    monkeypatch.setattr(_device_constants, "_kept", OrderedDict())
+    name = frequencies_name(tuple(pe.rope_frequencies(32, base=777.0)[0].tolist()), 1.0)
+    step = torch.compile(lambda p: _ops.rope_cos_sin_op(p, name, torch.float32) * 2.0, mode="reduce-overhead")
+    recorded = _recorded_graphs()
+    with torch._inductor.config.patch({"triton.slow_path_cudagraph_asserts": True}):
+        for position in range(6):
+            p = torch.tensor([[position * 1000]], device="cuda")
+            got = step(p).clone()
+            assert torch.equal(got, _ops.rope_cos_sin_op(p, name, torch.float32) * 2.0)
+    assert _recorded_graphs() > recorded
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -2,6 +2,8 @@
 without a GPU, the CUDA stream functions it calls are stood in for (a stream is a name, a
 capture a flag), and the constants are CPU tensors."""
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -16,14 +18,16 @@ class _FakeCuda:
     as a test sets them: which streams each tensor was recorded on."""
 
     def __init__(self, monkeypatch):
-        self.stream, self.capturing, self.recorded, self.made = "s0", False, [], 0
+        self.stream, self.capturing, self.recorded, self.made, self.makers = "s0", False, [], 0, []
         monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: self.stream)
+        monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "s0")
         monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: self.capturing)
         monkeypatch.setattr(torch.Tensor, "record_stream", lambda t, s: self.recorded.append((t, s)))
         real = torch.tensor
 
         def counted(*args, **kwargs):
             self.made += 1
+            self.makers.append(threading.current_thread())
             return real(*args, **kwargs)
 
         monkeypatch.setattr(torch, "tensor", counted)
@@ -46,6 +50,15 @@ def test_a_constant_is_made_once_and_read_where_it_is(fake_cuda):
     assert first.dtype == torch.float64 and first.tolist() == [1.0, 0.5]
     other = _device_constants.torch_constant((1.0, 0.25), torch.float64, CPU)
     assert other is not first and fake_cuda.made == 2 and fake_cuda.recorded == []
+    # Made by threads of their own: a CUDA graph tree sends the allocations of the thread
+    # that runs its warm-up to the graphs' private pool, which would not know of them.
+    assert threading.current_thread() not in fake_cuda.makers
+
+
+def test_zero_and_minus_zero_are_two_constants(fake_cuda):
+    plus = _device_constants.torch_constant((0.0, 1.0), torch.float64, CPU)
+    minus = _device_constants.torch_constant((-0.0, 1.0), torch.float64, CPU)
+    assert torch.signbit(minus[0]) and not torch.signbit(plus[0])
 
 
 def test_a_constant_first_made_in_inference_mode_serves_autograd_later(fake_cuda):
@@ -82,6 +95,9 @@ def test_a_call_on_another_stream_records_it_and_a_capture_keeps_the_constant_fo
     fake_cuda.capturing = True
     assert _device_constants.torch_constant((2.0,), torch.float64, CPU) is made
     assert len(fake_cuda.recorded) == 1  # a captured read is kept instead
+    with pytest.raises(RuntimeError, match="outside the capture first"):
+        _device_constants.torch_constant((7.0,), torch.float64, CPU)  # a copy cannot be captured
+    assert fake_cuda.made == 1
     fake_cuda.capturing = False
     for step in range(2 * _device_constants._KEPT):
         _device_constants.torch_constant((float(step + 3),), torch.float64, CPU)

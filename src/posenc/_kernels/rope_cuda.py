@@ -20,8 +20,8 @@ last axis, and a row's index arithmetic is done once per thread, not per element
 The angle and its ``cos`` and ``sin`` are float64, as the CPU kernels' contract says.
 float32 and float64 elements rotate in float64, rounded once on store. 16-bit elements
 (``uint16`` bits, ``_codec``) rotate in float32 with the CPU kernel's arithmetic (``_pair``):
-``cos`` and ``sin`` cut into a head whose products with the elements are exact and a
-float32 rest, four fused multiply-adds, one rounding to 16 bits; within one ulp of the
+``cos`` and ``sin`` cut into a head whose products with the elements are exact (in
+float32's normal range) and a float32 rest, four fused multiply-adds, one rounding to 16 bits; within one ulp of the
 float64 result wherever ``a*cos - b*sin`` cancels by fewer than 24 bits. float64
 arithmetic there cost three conversions between float32 and float64 an element (16 a clock
 an SM on compute capability 9.0, against 128 float32 operations): the likeliest reason the
@@ -92,7 +92,8 @@ def _finite(v):
 @cuda.jit(device=True, cache=True)
 def _split(v, storage):
     """float64 ``v`` as float32 ``(head, rest)``: ``v`` cut to 16 significant bits (13 for
-    float16), so that its product with a 16-bit float is exact in float32, and the rest
+    float16), so that its product with a 16-bit float is exact in float32 (unless it
+    leaves float32's normal range), and the rest
     ``v - head`` rounded once. Cut by a mask, not Veltkamp's product, which the compiler
     may fuse into a multiply-add."""
     mask = _HEAD_BFLOAT16 if storage == _codec.BFLOAT16 else _HEAD_FLOAT16
