@@ -243,6 +243,24 @@ def test_compiled_apply_rope_fuses_in_the_kernels_arithmetic(dtype, monkeypatch)
         assert compiled.dtype == dtype and _bits_equal(compiled, eager), layout
 
 
+@pytest.mark.parametrize("kernels", [True, False])
+def test_a_traced_apply_rope_on_a_gpu_fuses_where_the_cuda_kernel_runs_eagerly(kernels, monkeypatch):
+    """On CUDA tensors (fake ones here) the fused formula stands in for the numba.cuda kernel,
+    whose arithmetic it is: only where that kernel runs (else eager calls take the reference,
+    and so does the custom op), for one 16-bit or float32 dtype on one device."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(_ops, "_cuda_kernels", lambda: kernels)
+    with FakeTensorMode():
+        for dtype in (torch.bfloat16, torch.float16, torch.float32, torch.float64):
+            x, cos, sin = (torch.empty(1, 2, 3, 8, dtype=dtype, device="cuda") for _ in range(3))
+            assert _ops._fuses(x, cos, sin) == (kernels and dtype != torch.float64)
+        x = torch.empty(1, 2, 3, 8, dtype=torch.bfloat16, device="cuda")
+        assert not _ops._fuses(x, x.float(), x.float())
+        assert not _ops._fuses(x, torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(3, 8, dtype=torch.bfloat16))
+
+
 def test_compiled_apply_rope_keeps_the_custom_op_for_gradients_and_float64():
     """Where the formula's bits or backward could differ from the kernel's (float64 rows, recorded
     gradients), the compiled graph keeps the custom op."""

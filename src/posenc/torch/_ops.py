@@ -223,12 +223,14 @@ def rope_apply(x, cos, sin, *, layout="half", out=None):
 
 
 def _fuses(x, cos, sin):
-    """A traced call that ``_apply_in_kernel_arithmetic`` computes, bit for bit, as the CPU kernel
-    would: CPU tensors of one 16-bit or float32 dtype, no gradient recorded (the custom op keeps
-    its own backward)."""
+    """A traced call that ``_apply_in_kernel_arithmetic`` computes, bit for bit, as the kernel of
+    the eager call would: tensors of one 16-bit or float32 dtype on the CPU, or on a GPU where
+    the numba.cuda kernel runs (its 16-bit rows rotate in the CPU kernel's arithmetic, its
+    float32 rows in float64 like the CPU's), no gradient recorded (the custom op keeps its own
+    backward)."""
     return (
         torch.compiler.is_compiling()
-        and x.device.type == "cpu"
+        and (x.device.type == "cpu" or (x.device.type == "cuda" and cos.device == x.device == sin.device and _cuda_kernels()))
         and x.dtype in _WORK
         and cos.dtype == x.dtype
         and sin.dtype == x.dtype
@@ -236,19 +238,28 @@ def _fuses(x, cos, sin):
     )
 
 
-# The dtype each row dtype's rotation runs in (``rope_cpu``): the products of two such values
-# are exact in it, so ``a*c - b*s`` is rounded once there whether or not a compiler fuses a
-# multiply-add, and once more on the way back to the row's dtype. (float64 rows, whose products
-# are not exact, keep the custom op: a fused multiply-add would change their last bit.)
+@torch.compiler.assume_constant_result
+def _cuda_kernels():
+    """Whether the numba.cuda kernels run here (what an eager CUDA call of ``apply_rope`` takes)."""
+    from .._kernels import _arrays
+
+    return _arrays.numba_cuda()
+
+
+# The dtype each row dtype's rotation runs in (``rope_cpu``, ``rope_cuda``): the products of
+# two such values are exact in it, so ``a*c - b*s`` is rounded once there whether or not a
+# compiler fuses a multiply-add, and once more on the way back to the row's dtype. (float64
+# rows, whose products are not exact, keep the custom op: a fused multiply-add would change
+# their last bit.)
 _WORK = {torch.float32: torch.float64, torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
 
 def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
     """``rope_apply`` as torch operations that inductor fuses into its neighbours' loops.
 
-    The CPU kernel's arithmetic (``_kernels/_pairs.py``), not a second definition: each pair
-    ``(a, b)`` becomes ``(a*c - b*s, b*c + a*s)`` in the row's work dtype, rounded once to
-    the row's dtype. 16-bit rows add the kernel's second term, ``fma(a, cl, -(b*sl))``, whose
+    The kernels' arithmetic (``_kernels/_pairs.py``, ``rope_cuda._pair``), not a second
+    definition: each pair ``(a, b)`` becomes ``(a*c - b*s, b*c + a*s)`` in the row's work
+    dtype, rounded once to the row's dtype. 16-bit rows add the kernel's second term, ``fma(a, cl, -(b*sl))``, whose
     ``cl = sl = 0`` for 16-bit ``cos``/``sin`` (their heads hold them whole): a signed zero,
     ``a*0 - b*0`` with ``a``, ``b`` clamped to finite values, that decides the sign of a zero
     result as the kernel's does. A compiled decode step then costs what the formula it
