@@ -64,7 +64,9 @@ def _copy_source(gather):
     """Expand (``gather=False``) or gather, a block row of threads per output row: with
     ``t = i + k_len - 1 - j``, ``out[b, i, j] = values[b, t]`` (a per-distance vector) or
     ``values[b, i, index[t]]``. ``gather`` is a constant of the closure (expand's ``index``
-    is an empty placeholder)."""
+    is an empty placeholder). Element indices are read as unsigned (the launchers keep them
+    in bounds): no negative-index wraparound, three 64-bit operations an access (sm_90 PTX
+    of expand: 322 -> 250 instructions, 32 registers either way)."""
 
     def copy(sizes, q_len, k_len, values, vg, index, ig, out, og):
         row = cuda.blockIdx.x * cuda.blockDim.y + cuda.threadIdx.y
@@ -79,19 +81,19 @@ def _copy_source(gather):
         t = i + k_len - 1 - j  # the distance's entry of key j, stepped with j
         at, out_step = oi + j * og[_BATCH + 2], step * og[_BATCH + 2]
         while j + 3 * step < k_len:  # four keys' loads before their stores
-            v0 = values[vi + _column(index, ig, t, gather) * vg[_BATCH + 2]]
-            v1 = values[vi + _column(index, ig, t - step, gather) * vg[_BATCH + 2]]
-            v2 = values[vi + _column(index, ig, t - 2 * step, gather) * vg[_BATCH + 2]]
-            v3 = values[vi + _column(index, ig, t - 3 * step, gather) * vg[_BATCH + 2]]
-            out[at] = v0
-            out[at + out_step] = v1
-            out[at + 2 * out_step] = v2
-            out[at + 3 * out_step] = v3
+            v0 = values[np.uint64(vi + _column(index, ig, t, gather) * vg[_BATCH + 2])]
+            v1 = values[np.uint64(vi + _column(index, ig, t - step, gather) * vg[_BATCH + 2])]
+            v2 = values[np.uint64(vi + _column(index, ig, t - 2 * step, gather) * vg[_BATCH + 2])]
+            v3 = values[np.uint64(vi + _column(index, ig, t - 3 * step, gather) * vg[_BATCH + 2])]
+            out[np.uint64(at)] = v0
+            out[np.uint64(at + out_step)] = v1
+            out[np.uint64(at + 2 * out_step)] = v2
+            out[np.uint64(at + 3 * out_step)] = v3
             j += 4 * step
             t -= 4 * step
             at += 4 * out_step
         while j < k_len:
-            out[at] = values[vi + _column(index, ig, t, gather) * vg[_BATCH + 2]]
+            out[np.uint64(at)] = values[np.uint64(vi + _column(index, ig, t, gather) * vg[_BATCH + 2])]
             j += step
             t -= step
             at += out_step
