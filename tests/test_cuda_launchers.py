@@ -304,6 +304,29 @@ def test_cuda_16_bit_rotation_keeps_infinities_as_float64_does(dtype):
     assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
 
 
+# (inf * 0 makes the NaNs meant here; NumPy, which runs the simulator's threads and the reference, says so)
+@pytest.mark.filterwarnings("ignore:.*invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cuda_16_bit_apply_with_infinite_tables_gives_the_float64_formulas_values(dtype):
+    """An infinite ``cos``/``sin`` entry is its own head with a rest of 0, not ``inf - inf``:
+    the infinities and NaNs of the float64 formula (as the CPU kernel, and the fused formula
+    of a compiled call, give them)."""
+    from arrays import ulp
+
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(16)
+    x = rng.standard_normal((2, 3, 5, 8)).astype(dtype)
+    cos, sin = (rng.uniform(-1, 1, (5, 8)).astype(dtype) for _ in range(2))
+    cos[1, :2], sin[2, 4:6], cos[3, 1], sin[3, 1] = np.inf, -np.inf, np.inf, np.inf
+    want = _rotate.rotate_cos_sin(*(t.astype(np.float64) for t in (x, cos, sin)))
+    got = to_host(rope_cuda.rotate_cos_sin(_device(x), _device(cos), _device(sin))).astype(np.float64)
+    assert np.isinf(want).any() and np.array_equal(np.isnan(got), np.isnan(want))
+    infinite, finite = np.isinf(want), np.isfinite(want)
+    assert np.array_equal(got[infinite], want[infinite])
+    assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
+
+
 def test_direct_launch_lays_out_arguments_as_numba_does():
     """On a GPU, ``_device_flat.launch`` hands the driver numba's layout of each argument
     (a 1-D C array as meminfo, parent, size, itemsize, data, shape, stride), checked against

@@ -555,7 +555,8 @@ def _bits_equal(a, b):
 def test_compiled_apply_rope_on_cuda_fuses_in_the_kernels_arithmetic(dtype, monkeypatch):
     """Under inductor, ``apply_rope`` on CUDA tensors is torch operations (a Triton kernel fused
     with its neighbours), not the custom op, and gives the numba.cuda kernel's bits: both
-    layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities, ``cos = 0``."""
+    layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities (in ``x`` and
+    in the tables), ``cos = 0``."""
     from posenc.torch import _ops
 
     torch._dynamo.reset()
@@ -571,6 +572,7 @@ def test_compiled_apply_rope_on_cuda_fuses_in_the_kernels_arithmetic(dtype, monk
         doubled = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
         cos, sin = doubled.cos().to(dtype), doubled.sin().to(dtype)
         cos[0, 0, 2, :3], sin[0, 0, 2, :3] = 0.0, -0.0
+        cos[1, 0, 3, :2], sin[1, 0, 4, 2:4] = float("inf"), -float("inf")
 
         def f(x, cos, sin):
             return pe.apply_rope(x, cos, sin, layout=layout)

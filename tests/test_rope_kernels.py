@@ -403,6 +403,26 @@ def test_cpu_16_bit_rotation_is_within_one_ulp_of_float64_under_cancellation(dty
     assert np.all(np.abs(to_float64(got) - exact) <= ulp(exact, dtype))
 
 
+# (inf * 0 in the float64 reference: the NaNs meant here)
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_cpu_16_bit_apply_with_infinite_tables_gives_the_float64_formulas_values(dtype):
+    """An infinite ``cos``/``sin`` entry is its own head with a rest of 0 (Veltkamp's split
+    of it would be ``inf - inf``): the infinities and NaNs of the float64 formula."""
+    from posenc.rotary import _rotate
+
+    rng = np.random.default_rng(15)
+    x = make(rng.standard_normal((2, 3, 5, 8)), dtype, "torch")
+    cos, sin = (make(rng.uniform(-1, 1, (5, 8)), dtype, "torch") for _ in range(2))
+    cos[1, :2], sin[2, 4:6], cos[3, 1], sin[3, 1] = float("inf"), -float("inf"), float("inf"), float("inf")
+    got = to_float64(cpu_apply()(x, cos, sin))
+    want = _rotate.rotate_cos_sin(*(to_float64(t) for t in (x, cos, sin)))
+    assert np.isinf(want).any() and np.array_equal(np.isnan(got), np.isnan(want))
+    finite = np.isfinite(want)
+    assert np.array_equal(got[~finite & ~np.isnan(want)], want[~finite & ~np.isnan(want)])
+    assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
+
+
 @pytest.mark.parametrize("op", ["rotate", "apply"])
 def test_cpu_bfloat16_nan_of_every_payload_stays_nan(op):
     """The bfloat16 store rounds without a NaN select (``_codec_f32.narrow``): every NaN

@@ -216,8 +216,9 @@ def _bits_equal(a, b):
 def test_compiled_apply_rope_fuses_in_the_kernels_arithmetic(dtype, monkeypatch):
     """Under inductor, ``apply_rope`` on CPU tensors of one dtype is torch operations, not the opaque
     custom op (a decode step's compiled graph fuses it), and its result is the eager kernel's bit for
-    bit: both layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities and
-    ``cos = 0`` entries (where a 16-bit row's sign of zero comes from the kernel's second term)."""
+    bit: both layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities (in ``x``
+    and in the tables) and ``cos = 0`` entries (where a 16-bit row's sign of zero comes from the
+    kernel's second term)."""
     torch._dynamo.reset()
     gen = torch.Generator().manual_seed(0)
     calls = []
@@ -232,6 +233,7 @@ def test_compiled_apply_rope_fuses_in_the_kernels_arithmetic(dtype, monkeypatch)
         doubled = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
         cos, sin = doubled.cos().to(dtype), doubled.sin().to(dtype)
         cos[0, 0, 2, :3], sin[0, 0, 2, :3] = 0.0, -0.0
+        cos[1, 0, 3, :2], sin[1, 0, 4, 2:4] = float("inf"), -float("inf")
 
         def f(x, cos, sin):
             return pe.apply_rope(x, cos, sin, layout=layout)
@@ -257,8 +259,25 @@ def test_a_traced_apply_rope_on_a_gpu_fuses_where_the_cuda_kernel_runs_eagerly(k
             x, cos, sin = (torch.empty(1, 2, 3, 8, dtype=dtype, device="cuda") for _ in range(3))
             assert _ops._fuses(x, cos, sin) == (kernels and dtype != torch.float64)
         x = torch.empty(1, 2, 3, 8, dtype=torch.bfloat16, device="cuda")
+        recorded = torch.empty(1, 2, 3, 8, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        assert not _ops._fuses(x, x, x, recorded)  # (an eager call writing into it takes the reference)
         assert not _ops._fuses(x, x.float(), x.float())
         assert not _ops._fuses(x, torch.empty(3, 8, dtype=torch.bfloat16), torch.empty(3, 8, dtype=torch.bfloat16))
+
+
+def test_compiled_calls_write_into_out_as_eager_ones_do():
+    """``out=`` (a buffer, or ``x`` in place) traces under ``fullgraph=True``: the memory checks
+    that need addresses are left to the run (the traced call computes its result before writing
+    it into ``out``), and the result is the eager call's, in ``out``."""
+    torch._dynamo.reset()
+    x = torch.randn(2, 3, 5, 8)
+    cos, sin = pe.rope_cos_sin(torch.arange(5), pe.rope_frequencies(8)[0])
+    buffer = torch.empty_like(x)
+    applied = torch.compile(lambda x: pe.apply_rope(x, cos, sin, out=buffer), fullgraph=True)(x)
+    assert applied.data_ptr() == buffer.data_ptr() and torch.equal(buffer, pe.apply_rope(x, cos, sin))
+    y = x.clone()
+    rotated = torch.compile(lambda y: pe.rope(y, torch.arange(5), out=y), fullgraph=True)(y)
+    assert rotated.data_ptr() == y.data_ptr() and torch.equal(y, pe.rope(x, torch.arange(5)))
 
 
 def test_compiled_apply_rope_keeps_the_custom_op_for_gradients_and_float64():

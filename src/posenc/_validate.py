@@ -21,7 +21,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -380,9 +380,11 @@ def broadcast_shape(name, shape, target):
 def _memory(a):
     """A NumPy array over the memory addresses of array ``a`` (never read): ``a`` itself for
     NumPy, else one built from the data pointer, shape and byte strides of a torch or CuPy
-    array; None for an empty array or one whose memory is not known."""
+    array; None for an empty array or one whose memory is not known (a torch tensor while
+    torch compiles: a traced call computes its result before writing it into ``out``, and
+    torch refuses to write into overlapping elements)."""
     numpy = sys.modules.get("numpy")
-    if numpy is None or not is_array(a) or _size(a) == 0:
+    if numpy is None or not is_array(a) or (torch_tensor(a) and torch_compiling()) or _size(a) == 0:
         return None
     if isinstance(a, numpy.ndarray):
         return a
@@ -488,7 +490,7 @@ def writable(value):
     """A caller's ``out`` (or ``x`` given as ``out``) must be writable memory of its own
     elements: not read-only (checked before any work), not a view whose elements share
     memory (stride 0), not a tensor autograd cannot write (:func:`writable_by_autograd`)."""
-    if _compat.is_numpy_array(value) and not value.flags.writeable:
+    if isinstance(value, _ndarray) and not value.flags.writeable:
         raise ValueError("out is read-only (its flags.writeable is False): pass a writable buffer, or out=None")
     view = _memory(value)
     if view is not None and _self_overlapping(view):
@@ -530,8 +532,8 @@ def out(value, *, shape, dtype, xp, device, inputs=()):
         raise ValueError(f"out must have shape {tuple(shape)}, got {tuple(value.shape)}")
     if value.dtype != dtype and not _byte_order_only(value.dtype, dtype):
         raise ValueError(f"out must have dtype {dtype}, got {value.dtype}")
-    if device is not None and _compat.device(value) != device:
-        raise ValueError(f"out must be on device {device}, got {_compat.device(value)}")
+    if device is not None and device_of(value) != device:
+        raise ValueError(f"out must be on device {device}, got {device_of(value)}")
     writable(value)
     separate(value, *inputs)
     return value

@@ -61,6 +61,19 @@ _SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
 _LANES = 8
 
 @njit(inline="always")
+def _head_rest(v, split):
+    """float64 ``v`` as float32 ``(head, rest)``, Veltkamp's split by ``split``: the head
+    rounded to the significant bits whose product with a 16-bit float is exact in float32, the
+    rest ``v - head`` rounded once. A value whose split overflows (infinite, or beyond about
+    ``1e27``) is its own head with a rest of 0 (not ``inf - inf``)."""
+    t = v * split
+    head = t - (t - v)
+    if not np.isfinite(head):
+        return np.float32(v), np.float32(0.0)
+    return np.float32(head), np.float32(v - head)
+
+
+@njit(inline="always")
 def _cos_sin(angle):
     """``(cos, sin)`` of a float64 ``angle``, ``|angle| <= FAST_ANGLE_LIMIT``, within ~2 ulp.
 
@@ -137,12 +150,9 @@ def _kernel_source(rotate, wide, bfloat16, interleaved, helpers):
             if not wide:
                 for k in range(rows):
                     for i in range(half):
-                        c, s = cos[k, i], sin[k, i]
                         split = _SPLIT_BFLOAT16 if bfloat16 else _SPLIT_FLOAT16
-                        tc, ts = c * split, s * split
-                        ch, sh = tc - (tc - c), ts - (ts - s)
-                        table[0, k, i], table[1, k, i] = np.float32(ch), np.float32(c - ch)
-                        table[2, k, i], table[3, k, i] = np.float32(sh), np.float32(s - sh)
+                        table[0, k, i], table[1, k, i] = _head_rest(cos[k, i], split)
+                        table[2, k, i], table[3, k, i] = _head_rest(sin[k, i], split)
             # Rows in the order x lies in memory: heads inner where they are nearer than
             # positions (q, k viewed [B, S, H, D] and transposed), else positions inner.
             heads_inner = abs(xs[2]) < abs(xs[3])

@@ -96,6 +96,8 @@ def _split(v, storage):
     leaves float32's normal range), and the rest
     ``v - head`` rounded once. Cut by a mask, not Veltkamp's product, which the compiler
     may fuse into a multiply-add."""
+    if not math.isfinite(v):  # (an infinite table entry: its rest is 0, not inf - inf)
+        return np.float32(v), np.float32(0.0)
     mask = _HEAD_BFLOAT16 if storage == _codec.BFLOAT16 else _HEAD_FLOAT16
     head = (np.float64(v).view(np.uint64) & mask).view(np.float64)
     return np.float32(head), np.float32(v - head)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import index_dtype, is_integer, namespace, trace_constant
+from .._xp import device_of, index_dtype, is_integer, namespace, torch_tensor, trace_constant
 
 LAYOUTS = ("half", "interleaved")
 
@@ -115,13 +115,13 @@ def out_like(out, x, xp, *inputs):
     if out is None:
         check.allocatable_unless_blocked("the result", tuple(x.shape), getattr(x.dtype, "itemsize", 8), x)
         return None
-    if _compat.is_jax_array(out):
+    if not torch_tensor(out) and _compat.is_jax_array(out):
         raise TypeError("out is not supported for JAX arrays (they are immutable); use the returned array")
     if out is x:  # in place: x's own shape, dtype, namespace, device and memory
         check.writable(out)
         check.separate(out, *inputs)
         return out
-    return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=_compat.device(x), inputs=(("x", x), *inputs))
+    return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=device_of(x), inputs=(("x", x), *inputs))
 
 
 def sequence_length(xp, positions):

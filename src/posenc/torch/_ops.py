@@ -217,24 +217,25 @@ def rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1
 
 def rope_apply(x, cos, sin, *, layout="half", out=None):
     interleaved = layout == "interleaved"
-    if _fuses(x, cos, sin):
+    if _fuses(x, cos, sin, out):
         return _written(_apply_in_kernel_arithmetic(x, cos, sin, interleaved), out)
     return _written(rope_apply_op(x, cos, sin, interleaved), out)
 
 
-def _fuses(x, cos, sin):
+def _fuses(x, cos, sin, out=None):
     """A traced call that ``_apply_in_kernel_arithmetic`` computes, bit for bit, as the kernel of
     the eager call would: tensors of one 16-bit or float32 dtype on the CPU, or on a GPU where
     the numba.cuda kernel runs (its 16-bit rows rotate in the CPU kernel's arithmetic, its
-    float32 rows in float64 like the CPU's), no gradient recorded (the custom op keeps its own
-    backward)."""
+    float32 rows in float64 like the CPU's), no gradient recorded, ``out`` included (the custom
+    op keeps its own backward; an eager call writing into a recorded ``out`` takes the
+    reference)."""
     return (
         torch.compiler.is_compiling()
         and (x.device.type == "cpu" or (x.device.type == "cuda" and cos.device == x.device == sin.device and _cuda_kernels()))
         and x.dtype in _WORK
         and cos.dtype == x.dtype
         and sin.dtype == x.dtype
-        and not (torch.is_grad_enabled() and (x.requires_grad or cos.requires_grad or sin.requires_grad))
+        and not (torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, cos, sin, out)))
     )
 
 
