@@ -290,3 +290,48 @@ def assert_close(actual, expected, *, backend: Backend, dtype=None, shape=None, 
         np.testing.assert_allclose(
             got.astype(expected.dtype) if expected.dtype.kind != "O" else got, expected, rtol=tol if rtol is None else rtol, atol=tol if atol is None else atol
         )
+
+
+def torch_bits_equal(a, b):
+    """torch tensors equal bit for bit up to NaN payloads (a NaN's sign included): the same
+    NaNs, values and signs of zero."""
+    import torch
+
+    nan = a.isnan()
+    return torch.equal(nan, b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) and torch.equal(a.signbit() & ~nan, b.signbit() & ~nan)
+
+
+def check_compiled_apply_rope_fuses(dtype, device, monkeypatch):
+    """``apply_rope`` compiled by inductor (``fullgraph``) on ``device`` tensors of ``dtype``
+    calls no custom op and gives the eager kernel's result bit for bit: both layouts, partial
+    rotary, broadcast ``cos``/``sin``, signed zeros, infinities (in ``x`` and in the tables)
+    and ``cos = 0`` entries (where a 16-bit row's sign of zero comes from the kernel's second
+    term)."""
+    import torch
+
+    import posenc as pe
+    from posenc.torch import _ops
+
+    torch._dynamo.reset()
+    gen = torch.Generator(device=device).manual_seed(0)
+    calls, kernel = [], _ops._apply_kernel
+    monkeypatch.setattr(_ops, "_apply_kernel", lambda *a, **k: calls.append(1) or kernel(*a, **k))
+    for layout in ("half", "interleaved"):
+        x = torch.randn(2, 3, 5, 12, generator=gen, device=device).to(dtype)
+        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, -0.0, 0.0])
+        x[0, 0, 1, :2] = torch.tensor([float("inf"), -float("inf")])
+        angles = torch.randn(2, 1, 5, 4, generator=gen, device=device, dtype=torch.float64) * 100
+        angles[0, 0, 0, :2] = 0.0
+        doubled = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
+        cos, sin = doubled.cos().to(dtype), doubled.sin().to(dtype)
+        cos[0, 0, 2, :3], sin[0, 0, 2, :3] = 0.0, -0.0
+        cos[1, 0, 3, :2], sin[1, 0, 4, 2:4] = float("inf"), -float("inf")
+
+        def f(x, cos, sin):
+            return pe.apply_rope(x, cos, sin, layout=layout)
+
+        eager = f(x, cos, sin)
+        calls.clear()
+        compiled = torch.compile(f, fullgraph=True, dynamic=False)(x, cos, sin)
+        assert not calls, "the compiled graph called the custom op"
+        assert compiled.dtype == dtype and torch_bits_equal(compiled, eager), layout

@@ -545,43 +545,14 @@ def test_tables_of_gpu_positions_in_a_cuda_graph_replay_bit_identically(dtype):
         assert torch.equal(stacked, torch.stack([want_cos, want_sin], dim=-2))
 
 
-def _bits_equal(a, b):
-    """Equal bit for bit up to NaN payloads: the same NaNs, values and signs of zero."""
-    nan = a.isnan()
-    return torch.equal(nan, b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) and torch.equal(a.signbit() & ~nan, b.signbit() & ~nan)
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_compiled_apply_rope_on_cuda_fuses_in_the_kernels_arithmetic(dtype, monkeypatch):
     """Under inductor, ``apply_rope`` on CUDA tensors is torch operations (a Triton kernel fused
-    with its neighbours), not the custom op, and gives the numba.cuda kernel's bits: both
-    layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities (in ``x`` and
-    in the tables), ``cos = 0``."""
-    from posenc.torch import _ops
+    with its neighbours), not the custom op, and gives the numba.cuda kernel's bits
+    (``arrays.check_compiled_apply_rope_fuses``)."""
+    from arrays import check_compiled_apply_rope_fuses
 
-    torch._dynamo.reset()
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    calls, kernel = [], _ops._apply_kernel
-    monkeypatch.setattr(_ops, "_apply_kernel", lambda *a, **k: calls.append(1) or kernel(*a, **k))
-    for layout in ("half", "interleaved"):
-        x = torch.randn(2, 3, 5, 12, generator=gen, device="cuda").to(dtype)
-        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, -0.0, 0.0])
-        x[0, 0, 1, :2] = torch.tensor([float("inf"), -float("inf")])
-        angles = torch.randn(2, 1, 5, 4, generator=gen, device="cuda", dtype=torch.float64) * 100
-        angles[0, 0, 0, :2] = 0.0
-        doubled = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
-        cos, sin = doubled.cos().to(dtype), doubled.sin().to(dtype)
-        cos[0, 0, 2, :3], sin[0, 0, 2, :3] = 0.0, -0.0
-        cos[1, 0, 3, :2], sin[1, 0, 4, 2:4] = float("inf"), -float("inf")
-
-        def f(x, cos, sin):
-            return pe.apply_rope(x, cos, sin, layout=layout)
-
-        eager = f(x, cos, sin)
-        calls.clear()
-        compiled = torch.compile(f, fullgraph=True, dynamic=False)(x, cos, sin)
-        assert not calls, "the compiled graph called the custom op"
-        assert compiled.dtype == dtype and _bits_equal(compiled, eager), layout
+    check_compiled_apply_rope_fuses(dtype, "cuda", monkeypatch)
 
 
 def test_tensors_on_two_gpus_are_refused_before_any_launch(counted_launches):

@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import posenc as pe  # noqa: E402
+from arrays import check_compiled_apply_rope_fuses  # noqa: E402
 from formulas import rope_half_any  # noqa: E402
 from posenc import _dispatch  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
@@ -205,44 +206,13 @@ def test_float_positions_get_their_gradient_through_rope():
     assert torch.autograd.gradcheck(lambda p: pe.rope(x, p, scaling=pe.scaling.YaRN(2.0, 16)), (positions,))
 
 
-def _bits_equal(a, b):
-    """Equal bit for bit up to NaN payloads (a NaN's sign included): the same NaNs, values and signs of zero."""
-    nan = a.isnan()
-    return torch.equal(nan, b.isnan()) and torch.equal(torch.nan_to_num(a), torch.nan_to_num(b)) and torch.equal(a.signbit() & ~nan, b.signbit() & ~nan)
-
-
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_compiled_apply_rope_fuses_in_the_kernels_arithmetic(dtype, monkeypatch):
     """Under inductor, ``apply_rope`` on CPU tensors of one dtype is torch operations, not the opaque
     custom op (a decode step's compiled graph fuses it), and its result is the eager kernel's bit for
-    bit: both layouts, partial rotary, broadcast ``cos``/``sin``, signed zeros, infinities (in ``x``
-    and in the tables) and ``cos = 0`` entries (where a 16-bit row's sign of zero comes from the
-    kernel's second term)."""
-    torch._dynamo.reset()
-    gen = torch.Generator().manual_seed(0)
-    calls = []
-    kernel = _ops._apply_kernel
-    monkeypatch.setattr(_ops, "_apply_kernel", lambda *a, **k: calls.append(1) or kernel(*a, **k))
-    for layout in ("half", "interleaved"):
-        x = torch.randn(2, 3, 5, 12, generator=gen).to(dtype)
-        x[0, 0, 0, :4] = torch.tensor([-0.0, 0.0, -0.0, 0.0])
-        x[0, 0, 1, :2] = torch.tensor([float("inf"), -float("inf")])
-        angles = torch.randn(2, 1, 5, 4, generator=gen, dtype=torch.float64) * 100
-        angles[0, 0, 0, :2] = 0.0
-        doubled = angles.repeat_interleave(2, -1) if layout == "interleaved" else torch.cat([angles, angles], -1)
-        cos, sin = doubled.cos().to(dtype), doubled.sin().to(dtype)
-        cos[0, 0, 2, :3], sin[0, 0, 2, :3] = 0.0, -0.0
-        cos[1, 0, 3, :2], sin[1, 0, 4, 2:4] = float("inf"), -float("inf")
-
-        def f(x, cos, sin):
-            return pe.apply_rope(x, cos, sin, layout=layout)
-
-        eager = f(x, cos, sin)
-        calls.clear()
-        compiled = torch.compile(f, fullgraph=True, dynamic=False)(x, cos, sin)
-        assert not calls, "the compiled graph called the custom op"
-        assert compiled.dtype == dtype and _bits_equal(compiled, eager), layout
+    bit (``arrays.check_compiled_apply_rope_fuses``)."""
+    check_compiled_apply_rope_fuses(dtype, "cpu", monkeypatch)
 
 
 @pytest.mark.parametrize("kernels", [True, False])
