@@ -54,6 +54,15 @@ def ulp(values, dtype):
     return EPS[dtype] * 2.0 ** np.floor(np.log2(np.maximum(np.abs(values), tiny)))
 
 
+def assert_float64_specials(got, want, dtype):
+    """``got`` (float64 values of a ``dtype`` result) has the infinities (some) and NaNs of the
+    float64 formula's ``want`` where it has them, and is within one ulp of it elsewhere."""
+    infinite, finite = np.isinf(want), np.isfinite(want)
+    assert infinite.any() and np.array_equal(np.isnan(got), np.isnan(want))
+    assert np.array_equal(np.isinf(got), infinite) and np.array_equal(got[infinite], want[infinite])
+    assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
+
+
 def gpu_run() -> bool:
     """The suite runs on the GPU too (``make test-gpu`` sets ``POSENC_TEST_GPU=1``)."""
     return os.environ.get("POSENC_TEST_GPU") == "1"

@@ -287,7 +287,7 @@ def test_cuda_16_bit_rotation_keeps_infinities_as_float64_does(dtype):
     it clamped to the largest float32), so that it never makes ``inf * 0`` there: the
     infinities and NaNs are those of the float64 formula, the finite results within one ulp
     of it."""
-    from arrays import ulp
+    from arrays import assert_float64_specials
 
     from posenc._kernels import rope_cuda
 
@@ -298,10 +298,7 @@ def test_cuda_16_bit_rotation_keeps_infinities_as_float64_does(dtype):
     positions[..., 0] = 0  # cos 1 and sin 0: rests of zero, which an infinity turns to NaN
     want = _rotate.rotate_positions(x.astype(np.float64), positions, inv_freq)
     got = to_host(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq)).astype(np.float64)
-    assert np.array_equal(np.isnan(got), np.isnan(want))
-    infinite, finite = np.isinf(want), np.isfinite(want)
-    assert infinite.sum() > 0 and np.array_equal(np.isinf(got), infinite) and np.array_equal(got[infinite], want[infinite])
-    assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
+    assert_float64_specials(got, want, dtype)
 
 
 # (inf * 0 makes the NaNs meant here; NumPy, which runs the simulator's threads and the reference, says so)
@@ -311,7 +308,7 @@ def test_cuda_16_bit_apply_with_infinite_tables_gives_the_float64_formulas_value
     """An infinite ``cos``/``sin`` entry is its own head with a rest of 0, not ``inf - inf``:
     the infinities and NaNs of the float64 formula (as the CPU kernel, and the fused formula
     of a compiled call, give them)."""
-    from arrays import ulp
+    from arrays import assert_float64_specials
 
     from posenc._kernels import rope_cuda
 
@@ -321,10 +318,7 @@ def test_cuda_16_bit_apply_with_infinite_tables_gives_the_float64_formulas_value
     cos[1, :2], sin[2, 4:6], cos[3, 1], sin[3, 1] = np.inf, -np.inf, np.inf, np.inf
     want = _rotate.rotate_cos_sin(*(t.astype(np.float64) for t in (x, cos, sin)))
     got = to_host(rope_cuda.rotate_cos_sin(_device(x), _device(cos), _device(sin))).astype(np.float64)
-    assert np.isinf(want).any() and np.array_equal(np.isnan(got), np.isnan(want))
-    infinite, finite = np.isinf(want), np.isfinite(want)
-    assert np.array_equal(got[infinite], want[infinite])
-    assert np.all(np.abs(got[finite] - want[finite]) <= ulp(want[finite], dtype))
+    assert_float64_specials(got, want, dtype)
 
 
 def test_direct_launch_lays_out_arguments_as_numba_does():
