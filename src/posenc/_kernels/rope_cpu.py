@@ -60,6 +60,7 @@ _SPLIT_FLOAT16 = 2.0**40 + 1.0  # 13-bit heads
 # Pairs per vector (``_pairs``): 8 float32 lanes fill an AVX2 register, 8 float64 lanes two.
 _LANES = 8
 
+
 @njit(inline="always")
 def _head_rest(v, split):
     """float64 ``v`` as float32 ``(head, rest)``, Veltkamp's split by ``split``: the head

@@ -21,8 +21,9 @@ The angle and its ``cos`` and ``sin`` are float64, as the CPU kernels' contract 
 float32 and float64 elements rotate in float64, rounded once on store. 16-bit elements
 (``uint16`` bits, ``_codec``) rotate in float32 with the CPU kernel's arithmetic (``_pair``):
 ``cos`` and ``sin`` cut into a head whose products with the elements are exact (in
-float32's normal range) and a float32 rest, four fused multiply-adds, one rounding to 16 bits; within one ulp of the
-float64 result wherever ``a*cos - b*sin`` cancels by fewer than 24 bits. float64
+float32's normal range) and a float32 rest, four fused multiply-adds, one rounding to 16
+bits; within one ulp of the float64 result wherever ``a*cos - b*sin`` cancels by fewer
+than 24 bits. float64
 arithmetic there cost three conversions between float32 and float64 an element (16 a clock
 an SM on compute capability 9.0, against 128 float32 operations): the likeliest reason the
 16-bit kernels moved half of float32's bytes a second on an H100.
@@ -93,9 +94,8 @@ def _finite(v):
 def _split(v, storage):
     """float64 ``v`` as float32 ``(head, rest)``: ``v`` cut to 16 significant bits (13 for
     float16), so that its product with a 16-bit float is exact in float32 (unless it
-    leaves float32's normal range), and the rest
-    ``v - head`` rounded once. Cut by a mask, not Veltkamp's product, which the compiler
-    may fuse into a multiply-add."""
+    leaves float32's normal range), and the rest ``v - head`` rounded once. Cut by a mask,
+    not Veltkamp's product, which the compiler may fuse into a multiply-add."""
     if not math.isfinite(v):  # (an infinite table entry: its rest is 0, not inf - inf)
         return np.float32(v), np.float32(0.0)
     mask = _HEAD_BFLOAT16 if storage == _codec.BFLOAT16 else _HEAD_FLOAT16

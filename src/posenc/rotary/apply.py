@@ -37,8 +37,8 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     inv_freq : array or sequence ``[r/2]``, or array ``[batch, r/2]``
         Frequencies :math:`\theta_i`, e.g. from :func:`rope_frequencies`; a host (NumPy)
         array is fine for positions of any namespace (for torch GPU positions its values
-        are copied to the device once and kept: no copy or wait a call). An array of the positions' namespace
-        that carries a gradient (learned frequencies) or is traced (``jax.jit``,
+        are copied to the device once and kept: no copy or wait a call). An array of the
+        positions' namespace that carries a gradient (learned frequencies) or is traced (``jax.jit``,
         ``torch.compile``) is computed with in the graph: gradients reach it, and the angles
         are then formed in the namespace's widest float. ``[batch, r/2]``: one frequency
         set per row (:func:`rope_frequencies` of a per-row ``seq_len``); the positions'

@@ -260,11 +260,12 @@ def _apply_in_kernel_arithmetic(x, cos, sin, interleaved):
 
     The kernels' arithmetic (``_kernels/_pairs.py``, ``rope_cuda._pair``), not a second
     definition: each pair ``(a, b)`` becomes ``(a*c - b*s, b*c + a*s)`` in the row's work
-    dtype, rounded once to the row's dtype. 16-bit rows add the kernel's second term, ``fma(a, cl, -(b*sl))``, whose
-    ``cl = sl = 0`` for 16-bit ``cos``/``sin`` (their heads hold them whole): a signed zero,
-    ``a*0 - b*0`` with ``a``, ``b`` clamped to finite values, that decides the sign of a zero
-    result as the kernel's does. A compiled decode step then costs what the formula it
-    replaces costs, where the opaque custom op costs a dispatch per call (docs/benchmarks.md).
+    dtype, rounded once to the row's dtype. 16-bit rows add the kernel's second term,
+    ``fma(a, cl, -(b*sl))``, whose ``cl = sl = 0`` for 16-bit ``cos``/``sin`` (their heads
+    hold them whole): a signed zero, ``a*0 - b*0`` with ``a``, ``b`` clamped to finite
+    values, that decides the sign of a zero result as the kernel's does. A compiled decode
+    step then costs what the formula it replaces costs, where the opaque custom op costs a
+    dispatch per call (docs/benchmarks.md).
     """
     work = _WORK[x.dtype]
     half = cos.shape[-1] // 2
