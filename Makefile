@@ -55,14 +55,19 @@ test-kernels-boundscheck: $(VENV)/.test-installed
 # or a CUDA build of torch (.venv holds the CPU torch); without a GPU it stops at once.
 # JAX is kept from preallocating the GPU's memory and Numba's low-occupancy warning is off
 # (tests/conftest.py sets both too); with pytest-xdist installed (the gpu-test extra) the
-# suite runs on GPU_WORKERS processes (each compiling torch.compile's code in-process:
-# TORCHINDUCTOR_COMPILE_THREADS=1, rather than a pool of processes per worker).
+# suite runs on GPU_WORKERS processes, each stealing work from the others once its own is
+# done (tests/gpu/workers.py), each compiling torch.compile's code in-process
+# (TORCHINDUCTOR_COMPILE_THREADS=1, rather than a pool of processes per worker) and each
+# with GPU_THREADS CPU threads for torch and Numba (not one per core each: sixteen workers
+# with sixteen threads apiece oversubscribe the CPU some tests run on).
 GPU_PYTHON ?= python3
 GPU_WORKERS ?= $(shell nproc 2>/dev/null || echo 4)
+GPU_THREADS ?= 2
 test-gpu:
 	@$(GPU_PYTHON) tests/gpu/ready.py
 	PYTHONPATH=$(CURDIR)/src$${PYTHONPATH:+:$$PYTHONPATH} POSENC_TEST_GPU=1 XLA_PYTHON_CLIENT_PREALLOCATE=false NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS=0 TORCHINDUCTOR_COMPILE_THREADS=1 \
-		$(GPU_PYTHON) -m pytest -p no:cacheprovider -p no:benchmark $$($(GPU_PYTHON) -c "import xdist" 2>/dev/null && echo "-n $(GPU_WORKERS)") tests
+		OMP_NUM_THREADS=$(GPU_THREADS) NUMBA_NUM_THREADS=$(GPU_THREADS) \
+		$(GPU_PYTHON) -m pytest -p no:cacheprovider -p no:benchmark $$($(GPU_PYTHON) tests/gpu/workers.py $(GPU_WORKERS)) tests
 
 # asv as maintainers use it (docs/benchmarks.md, "Tracking performance"). The machine file
 # (~/.asv-machine.json) is written first, so a fresh clone needs no interactive `asv machine`.
