@@ -301,6 +301,20 @@ def assert_close(actual, expected, *, backend: Backend, dtype=None, shape=None, 
         )
 
 
+def counting_kernel_keys(monkeypatch, module):
+    """The keys of kernel module ``module``'s family (``module.FAMILY``) asked for from now
+    on, in order: one per launch."""
+    keys, family = [], module.FAMILY
+
+    class Counting:
+        def __getitem__(self, key):
+            keys.append(key)
+            return family[key]
+
+    monkeypatch.setattr(module, "FAMILY", Counting())
+    return keys
+
+
 def torch_bits_equal(a, b):
     """torch tensors equal bit for bit up to NaN payloads (a NaN's sign included): the same
     NaNs, values and signs of zero."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from arrays import to_host, tolerance
+from arrays import counting_kernel_keys, to_host, tolerance
 from kernel_samples import on_gpu
 from posenc._kernels import _arrays
 from posenc.rotary import _rotate
@@ -174,24 +174,17 @@ def test_out_the_kernel_cannot_write_is_refused():
 
 def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch):
     """``posenc.rotary.apply.rotate_pair`` (under ``posenc.torch.hf.apply_rotary_pos_emb``): device
-    q and k go to the CUDA kernel together, once; the results equal the reference's."""
+    q and k go to the CUDA kernel together, once (in words of two channels: ``rope_cuda.WORDS``);
+    the results equal the reference's."""
     from posenc._kernels import rope_cuda
     from posenc.rotary.apply import rotate_pair
 
-    launches = []
-    family = rope_cuda.FAMILY
-
-    class Counting:
-        def __getitem__(self, key):
-            launches.append(key)
-            return family[key]
-
-    monkeypatch.setattr(rope_cuda, "FAMILY", Counting())
+    launches = counting_kernel_keys(monkeypatch, rope_cuda)
     rng = np.random.default_rng(9)
     q, k = _hf_views(rng, 2, 4, 4, 8, "float32"), _hf_views(rng, 2, 4, 2, 8, "float32")
     cos, sin = _tables(rng, 2, 4, 8, "half", "float32")
     got = rotate_pair(*(_device(a) for a in (q, k, cos, sin)))
-    assert launches == [("apply", "float32", "half")]
+    assert launches == [("apply", "float32", rope_cuda.WORDS_LAYOUT)]
     for g, a in zip(got, (q, k)):
         _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), "float32")
 
@@ -252,6 +245,90 @@ def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
     together = rotated(x)
     for h in range(x.shape[1]):
         np.testing.assert_array_equal(together[:, h], rotated(x[:, h : h + 1])[:, 0])
+
+
+def _one_element_on(a):
+    """``a``'s values in a host array that starts one element into its memory (so on a
+    device one element past an address the kernels' words could be read at)."""
+    buffer = np.zeros(a.size + 1, a.dtype)
+    view = buffer[1:].reshape(a.shape)
+    view[...] = a
+    return view
+
+
+def _rotated_on_device(op, x, positions, inv_freq, cos, sin, *, layout="half", out=None):
+    """``rope_cuda``'s ``op`` of host arrays on the device, ``out``: ``None``, ``"x"`` (in
+    place) or a host array (a device buffer)."""
+    from posenc._kernels import rope_cuda
+
+    x = _device(x)
+    out = x if isinstance(out, str) else None if out is None else _device(out)
+    if op == "rotate":
+        return to_host(rope_cuda.rotate_positions(x, _device(positions), inv_freq, layout=layout, out=out))
+    return to_host(rope_cuda.rotate_cos_sin(x, _device(cos), _device(sin), layout=layout, out=out))
+
+
+@pytest.mark.parametrize("rotary", [16, 8], ids=["every channel", "partial rotary"])
+@pytest.mark.parametrize("in_place", [False, True], ids=["new result", "in place"])
+@pytest.mark.parametrize("op", ["rotate", "apply"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_words_of_two_channels_give_the_bits_of_one_channel_at_a_time(monkeypatch, dtype, op, in_place, rotary):
+    """Where every operand allows, the "half"-layout kernels read and write words of two
+    adjacent channels (``rope_cuda.WORDS``): the same bits as the kernel of one channel at a
+    time, which the same values one element further on take (27 heads of Hugging Face's
+    layout: every loop over a thread's heads; with pass-through channels, copied as words)."""
+    from posenc._kernels import rope_cuda
+
+    keys = counting_kernel_keys(monkeypatch, rope_cuda)
+    rng = np.random.default_rng(13)
+    x = rng.standard_normal((2, 3, 27, 16)).astype(dtype)
+    positions = rng.integers(0, 500_000, (2, 1, 3))
+    inv_freq = 10000.0 ** -(np.arange(rotary // 2) / (rotary // 2))
+    cos, sin = _tables(rng, 2, 3, rotary, "half", dtype)
+    out = "x" if in_place else None
+    words = _rotated_on_device(op, x.transpose(0, 2, 1, 3), positions, inv_freq, cos, sin, out=out)
+    elements = _rotated_on_device(op, _one_element_on(x).transpose(0, 2, 1, 3), positions, inv_freq, cos, sin, out=out)
+    assert [key[2] for key in keys] == [rope_cuda.WORDS_LAYOUT, "half"]
+    bits = f"u{x.dtype.itemsize}"
+    np.testing.assert_array_equal(words.view(bits), elements.view(bits))
+
+
+def _words_refused(rng, case):
+    """``(x, out, layout, dtype, rotary)`` of a call some operand of which cannot be read in words."""
+    dtype = "float64" if case == "float64" else "float32"
+    layout, rotary, out = "interleaved" if case == "interleaved" else "half", 6 if case == "an odd number of pairs" else 16, None
+    x = rng.standard_normal((2, 4, 3, 16)).astype(dtype)
+    if case == "channels two apart":
+        x = rng.standard_normal((2, 4, 3, 32)).astype(dtype)[..., ::2]
+    elif case == "an odd stride":
+        x = rng.standard_normal((2, 4, 3, 17)).astype(dtype)[..., :16]
+    elif case == "out one element off":
+        out = _one_element_on(np.zeros(x.shape, dtype))
+    return x, out, layout, dtype, rotary
+
+
+@pytest.mark.parametrize("op", ["rotate", "apply"])
+@pytest.mark.parametrize("case", ["channels two apart", "an odd stride", "an odd number of pairs", "out one element off", "float64", "interleaved"])
+def test_the_kernel_moves_one_channel_at_a_time_where_an_operand_does_not_allow_words(monkeypatch, case, op):
+    """Words of two channels only where every operand's channels are adjacent, its other
+    strides even, its address a multiple of a word, the pairs and channels even, the layout
+    "half" and the elements 16- or 32-bit; otherwise the kernel of one channel at a time, with
+    the reference's values."""
+    from posenc._kernels import rope_cuda
+
+    keys = counting_kernel_keys(monkeypatch, rope_cuda)
+    rng = np.random.default_rng(14)
+    x, out, layout, dtype, rotary = _words_refused(rng, case)
+    positions = rng.integers(0, 5_000, (1, 3))
+    inv_freq = 10000.0 ** -(np.arange(rotary // 2) / (rotary // 2))
+    cos, sin = _tables(rng, 2, 3, rotary, layout, dtype)
+    got = _rotated_on_device(op, x, positions, inv_freq, cos, sin, layout=layout, out=out)
+    assert [key[2] for key in keys] == [layout]
+    if op == "rotate":
+        want = _rotate.rotate_positions(x.copy(), positions, inv_freq, layout=layout)
+    else:
+        want = _rotate.rotate_cos_sin(x.copy(), cos, sin, layout=layout)
+    _close(got, want, dtype)
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])
@@ -588,16 +665,18 @@ class _Constant:
     """Stands for the numba device array a constant ``Flat`` owns (weakly referenced by the tests)."""
 
 
-def _fake_driver(monkeypatch, capturing):
-    """``_device_flat`` launching into a list, its streams capturing a CUDA graph or not."""
+def _fake_driver(monkeypatch, capturing, second=np.float32):
+    """``_device_flat`` launching into a list, its streams capturing a CUDA graph or not (the
+    kernel reads a float64 array and one of ``second``)."""
     import contextlib
 
+    import numba
     from numba import types
 
     from posenc._kernels import _device_flat
 
     launched = []
-    writers = _device_flat.parameter_writers((types.Array(types.float64, 1, "C"), types.Array(types.float32, 1, "C")))
+    writers = _device_flat.parameter_writers((types.Array(types.float64, 1, "C"), types.Array(numba.from_dtype(np.dtype(second)), 1, "C")))
 
     def direct(kernel, device):
         return "function", writers, lambda stream, config, function, *params: launched.append(params), lambda grid, block: (grid, block), kernel
@@ -632,6 +711,17 @@ def test_a_prepared_launch_holds_the_constants_it_reads(monkeypatch):
     del prepared
     gc.collect()
     assert gone() is None  # (held by the plan, not for good)
+
+
+def test_a_prepared_launch_of_words_launches_nothing_at_an_address_between_words(monkeypatch):
+    """A plan built where the kernel reads ``x`` in words (``rope_cuda.WORDS``) is not for a
+    later ``x`` at an address that is not a multiple of a word: the call launches nothing
+    and says so (the plan's call then takes the full path)."""
+    device_flat, launched = _fake_driver(monkeypatch, capturing=False, second=np.uint64)
+    freqs, x = device_flat.Flat(5000, 64, np.dtype(np.float64)), device_flat.Flat(1000, 8, np.dtype(np.uint64))
+    prepared = device_flat.Prepared([("kernel", 1, (32, 1, 1), (freqs, x))], 0, {1000: "x"})
+    assert prepared("stream", {"x": 2052}) is False and not launched
+    assert prepared("stream", {"x": 2056}) is True and launched[0][11] == 2056
 
 
 @pytest.mark.parametrize("planned", [False, True], ids=["launch", "prepared"])

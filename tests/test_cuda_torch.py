@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from arrays import gpu_run
+from arrays import counting_kernel_keys, gpu_run
 from posenc._kernels import _arrays
 
 torch = pytest.importorskip("torch")
@@ -34,24 +34,11 @@ def _rotate_half(x):
     return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
 
 
-def _count_launches(monkeypatch, module):
-    """The keys of ``module``'s kernel family asked for from now on: one per launch."""
-    launches, family = [], module.FAMILY
-
-    class Counting:
-        def __getitem__(self, key):
-            launches.append(key)
-            return family[key]
-
-    monkeypatch.setattr(module, "FAMILY", Counting())
-    return launches
-
-
 @pytest.fixture
 def counted_launches(monkeypatch):
     from posenc._kernels import rope_cuda
 
-    return _count_launches(monkeypatch, rope_cuda)
+    return counting_kernel_keys(monkeypatch, rope_cuda)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -64,7 +51,10 @@ def test_hf_apply_rotary_pos_emb_rotates_q_and_k_in_one_launch(dtype, counted_la
     angles = torch.rand(2, 16, 32, device="cuda", dtype=torch.float64) * 50
     cos, sin = (f(torch.cat([angles, angles], -1)) for f in (torch.cos, torch.sin))
     got_q, got_k = apply_rotary_pos_emb(q, k, cos.to(dtype), sin.to(dtype))
-    assert counted_launches == [("apply", str(dtype).split(".")[-1], "half")]
+    from posenc._kernels import rope_cuda
+
+    # (one launch, in words of two channels: torch's allocations are aligned, the strides even)
+    assert counted_launches == [("apply", str(dtype).split(".")[-1], rope_cuda.WORDS_LAYOUT)]
     for got, x in ((got_q, q), (got_k, k)):  # the formula in float64 from the same 16-bit tables
         c, s = cos.to(dtype).double()[:, None], sin.to(dtype).double()[:, None]
         want = (x.double() * c + _rotate_half(x.double()) * s).to(dtype)
@@ -429,7 +419,7 @@ def test_t5_bias_on_cuda_buckets_its_distances_in_one_launch(monkeypatch):
     ``pe.t5_bucket`` of a 1-D CUDA tensor too."""
     from posenc._kernels import buckets_cuda
 
-    launches = _count_launches(monkeypatch, buckets_cuda)
+    launches = counting_kernel_keys(monkeypatch, buckets_cuda)
     table = torch.randn(32, 8)
     for q_len, k_len, bidirectional in ((7, 300, True), (1, 4096, False)):
         got = pe.t5_bias(table.cuda(), q_len, k_len, bidirectional=bidirectional)

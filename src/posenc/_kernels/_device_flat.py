@@ -118,6 +118,14 @@ def flat(s):
     return Flat(s.ptr, n, s.dtype), s.strides
 
 
+def words(a, word):
+    """Flat kernel argument ``a`` (``flat``'s) read as ``word``s, each several of its
+    elements (its address a multiple of the word's size: the caller checked)."""
+    if type(a) is Flat:
+        return Flat(a.ptr, a.size * a.dtype.itemsize // word.itemsize, word, a.owner)
+    return type(a)(a._ary.view(word), stream=a.stream)  # (the CUDA simulator's device array)
+
+
 def broadcast_strides(shape, strides, lead):
     """Element strides over ``lead`` of an array of ``shape``/``strides`` broadcast to it
     (0 along new axes and along axes of one element)."""
@@ -354,22 +362,27 @@ class Prepared:
             params, slots = [], []
             for write, a in zip(writers, args):
                 if type(a) is Flat and a.ptr in roles:
-                    slots.append((len(params) + 4, roles[a.ptr]))  # the data pointer of numba's array layout
+                    slots.append((len(params) + 4, roles[a.ptr], a.dtype.itemsize))  # the data pointer of numba's array layout
                 write(a, params)
             self.steps.append((function, config(grid=grid, block=block), params, slots, core_launch))
             self.held += _held(args)  # (its parameters hold their addresses only)
-        self.ready = {role for step in self.steps for _, role in step[3]} == set(roles.values())
+        self.ready = {role for step in self.steps for _, role, _ in step[3]} == set(roles.values())
 
-    def __call__(self, stream, addresses):
-        """Launch with ``addresses`` (by role) on ``stream``."""
+    def __call__(self, stream, addresses) -> bool:
+        """Launch with ``addresses`` (by role) on ``stream``; ``False``, launching nothing, where
+        an address is not a multiple of the size of what the kernel reads there (a word of
+        two elements, ``rope_cuda.WORDS``, where the build's was)."""
+        if any([addresses[role] % size for step in self.steps for _, role, size in step[3]]):
+            return False
         core = _core_stream(stream)
         with _arrays.on_device(self.device):
             _keep_captured(core, self.held)
             for function, config, params, slots, core_launch in self.steps:
                 params = list(params)
-                for slot, role in slots:
+                for slot, role, _ in slots:
                     params[slot] = addresses[role]
                 core_launch(core, config, function, *params)
+        return True
 
 
 def launch(kernel, device, grid, block, stream, *args):

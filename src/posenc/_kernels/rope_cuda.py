@@ -43,6 +43,7 @@ import math
 import numba
 import numpy as np
 from numba import cuda, types
+from numba.core.extending import overload
 
 from . import _arrays, _codec, _device_flat, _family, _layout
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
@@ -64,23 +65,89 @@ _OPERAND = _AXES + 4
 _TABLE = _AXES + 2
 
 
-@cuda.jit(device=True, cache=True)
 def _pair(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+    """Store the rotation of loaded ``a``, ``b`` at ``oa``, ``ob``: two elements
+    (``_pair_elements``), or where ``cos`` and ``sin`` come in pairs, two words of two
+    adjacent channels each (``_pair_float32_words``, ``_pair16_words``). Chosen by type
+    (``_pair_typed``) when compiled; called as it is in the CUDA simulator."""
+    if not isinstance(ch, tuple):
+        _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    elif storage == _codec.FLOAT:
+        _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    else:
+        _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+
+
+@overload(_pair, target="cuda")
+def _pair_typed(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+    if not isinstance(ch, types.BaseTuple):
+        return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    if a == types.uint64:
+        return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+
+
+@cuda.jit(device=True, cache=True)
+def _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """Store the rotation of stored elements ``a``, ``b`` at ``oa``, ``ob``. float32 and
     float64 elements: in float64 by ``(cos, sin) = (ch, sh)``. 16-bit elements: in float32
-    by ``cos = ch + cl``, ``sin = sh + sl`` (``_split``), the CPU kernel's four fused
-    multiply-adds (``_pairs``), with operands clamped to finite values in the rests' terms."""
+    (``_rotated16``)."""
     if storage == _codec.FLOAT:
-        a, b = np.float64(a), np.float64(b)
-        out[oa] = a * ch - b * sh
-        out[ob] = b * ch + a * sh
+        wa, wb = np.float64(a), np.float64(b)
+        out[oa] = wa * ch - wb * sh
+        out[ob] = wb * ch + wa * sh
         return
+    ra, rb = _rotated16(a, b, ch, cl, sh, sl, storage)
+    out[oa] = ra
+    out[ob] = rb
+
+
+@cuda.jit(device=True, cache=True)
+def _rotated16(a, b, ch, cl, sh, sl, storage):
+    """The 16-bit bits of the rotation of 16-bit element bits ``a``, ``b`` by ``cos = ch +
+    cl``, ``sin = sh + sl`` (``_split``): the CPU kernel's four fused multiply-adds
+    (``_pairs``) in float32, operands clamped to finite values in the rests' terms, one
+    rounding to 16 bits."""
     a, b = _codec.widen16(a, storage), _codec.widen16(b, storage)
     af, bf = _finite(a), _finite(b)
     ra = cuda.fma(a, ch, -(b * sh)) + cuda.fma(af, cl, -(bf * sl))
     rb = cuda.fma(b, ch, a * sh) + cuda.fma(bf, cl, af * sl)
-    out[oa] = _codec.narrow16(np.float32(ra).view(np.uint32), storage)
-    out[ob] = _codec.narrow16(np.float32(rb).view(np.uint32), storage)
+    return _codec.narrow16(np.float32(ra).view(np.uint32), storage), _codec.narrow16(np.float32(rb).view(np.uint32), storage)
+
+
+@cuda.jit(device=True, cache=True)
+def _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+    """``_pair_elements`` of the two float32 pairs in uint64 words ``a`` and ``b`` (channel
+    ``2i`` in the low half, ``2i + 1`` in the high half), by ``ch[0]``, ``sh[0]`` and
+    ``ch[1]``, ``sh[1]``: the same float64 arithmetic and rounding, one load and one store
+    of eight bytes for every two elements."""
+    a0, a1 = _float32_of(a), _float32_of(a >> np.uint64(32))
+    b0, b1 = _float32_of(b), _float32_of(b >> np.uint64(32))
+    out[oa] = _float32_word(a0 * ch[0] - b0 * sh[0], a1 * ch[1] - b1 * sh[1])
+    out[ob] = _float32_word(b0 * ch[0] + a0 * sh[0], b1 * ch[1] + a1 * sh[1])
+
+
+@cuda.jit(device=True, cache=True)
+def _float32_of(word):
+    """The float64 value of the float32 in the low half of uint64 ``word``."""
+    return np.float64(np.uint32(word & np.uint64(0xFFFFFFFF)).view(np.float32))
+
+
+@cuda.jit(device=True, cache=True)
+def _float32_word(low, high):
+    """float64 ``low`` and ``high`` rounded to float32, as one uint64 word (``low`` in the low half)."""
+    return np.uint64(np.float32(low).view(np.uint32)) | (np.uint64(np.float32(high).view(np.uint32)) << np.uint64(32))
+
+
+@cuda.jit(device=True, cache=True)
+def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+    """``_rotated16`` of the two 16-bit pairs in uint32 words ``a`` and ``b`` (channel ``2i``
+    in the low half), each by its own ``ch``, ``cl``, ``sh``, ``sl``: one load and one store
+    of four bytes for every two elements."""
+    ra0, rb0 = _rotated16(a, b, ch[0], cl[0], sh[0], sl[0], storage)
+    ra1, rb1 = _rotated16(a >> np.uint32(16), b >> np.uint32(16), ch[1], cl[1], sh[1], sl[1], storage)
+    out[oa] = np.uint32(ra0) | (np.uint32(ra1) << np.uint32(16))
+    out[ob] = np.uint32(rb0) | (np.uint32(rb1) << np.uint32(16))
 
 
 @cuda.jit(device=True, cache=True)
@@ -165,8 +232,23 @@ def _copy(x, at, g, out, to, og, channel):
         oa += step * og[_AXES + 1]
 
 
-def _kernel_source(rotate, storage, interleaved, helpers):
-    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``)."""
+@cuda.jit(device=True, cache=True)
+def _cos_sin(rotate, pair, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage):
+    """float64 ``(cos, sin)`` of channel pair ``pair`` of a row: of its angle ``position *
+    inv_freq[pair]`` (times ``scale``, the sine's sign ``sign``) where ``rotate``, else read
+    from the row's tables."""
+    if rotate:
+        angle = position * inv_freq[pair]
+        return math.cos(angle) * scale, sign * math.sin(angle) * scale
+    return _load(cos[ci + pair * cg[_AXES + 1]], storage), _load(sin[si + pair * sg[_AXES + 1]], storage)
+
+
+def _kernel_source(rotate, storage, interleaved, words, helpers):
+    """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``).
+    ``words``: ``x`` and ``out`` (and ``x2``, ``out2``) are read and written as words of two
+    adjacent channels (uint32 of 16-bit elements, uint64 of float32), in "half" layout, their
+    geometry and ``columns`` and ``half`` counted in words; a thread rotates two pairs."""
+    floats = storage == _codec.FLOAT  # (a closure's constant: Numba prunes the branches it decides)
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
@@ -190,43 +272,58 @@ def _kernel_source(rotate, storage, interleaved, helpers):
         if rest:  # past the last row
             return
         for j in range(cuda.threadIdx.x, columns, cuda.blockDim.x):
-            if j >= half:  # a pass-through channel
+            if j >= half:  # a pass-through channel (word)
                 _copy(x, xi, xg, out, oi, og, j + half)
                 _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
                 continue
+            position = 0.0
             if rotate:
                 # int64 positions are read as they are (``counts``), others converted to float64
                 # (``positions``): whichever is not empty.
                 position = np.float64(counts[pi]) if counts.shape[0] else positions[pi]
-                angle = position * inv_freq[j]
-                c = math.cos(angle) * scale
-                sn = sign * math.sin(angle) * scale
+            if words:
+                c0, s0 = _cos_sin(rotate, 2 * j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                c1, s1 = _cos_sin(rotate, 2 * j + 1, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                if floats:
+                    ch, cl, sh, sl = (c0, c1), (0.0, 0.0), (s0, s1), (0.0, 0.0)
+                else:
+                    ch0, cl0 = _split(c0, storage)
+                    ch1, cl1 = _split(c1, storage)
+                    sh0, sl0 = _split(s0, storage)
+                    sh1, sl1 = _split(s1, storage)
+                    ch, cl, sh, sl = (ch0, ch1), (cl0, cl1), (sh0, sh1), (sl0, sl1)
+                ia, ib = j, j + half
             else:
-                c = _load(cos[ci + j * cg[_AXES + 1]], storage)
-                sn = _load(sin[si + j * sg[_AXES + 1]], storage)
-            ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-            if storage == _codec.FLOAT:
-                _turn(x, xi, xg, out, oi, og, ia, ib, c, 0.0, sn, 0.0, storage)
-                _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, c, 0.0, sn, 0.0, storage)
-            else:
-                ch, cl = _split(c, storage)
-                sh, sl = _split(sn, storage)
-                _turn(x, xi, xg, out, oi, og, ia, ib, ch, cl, sh, sl, storage)
-                _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, ch, cl, sh, sl, storage)
+                c, sn = _cos_sin(rotate, j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                if floats:
+                    ch, cl, sh, sl = c, 0.0, sn, 0.0
+                else:
+                    ch, cl = _split(c, storage)
+                    sh, sl = _split(sn, storage)
+                ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
+            _turn(x, xi, xg, out, oi, og, ia, ib, ch, cl, sh, sl, storage)
+            _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, ch, cl, sh, sl, storage)
 
     return kernel
 
 
-def _signature(dtype):
-    """The numba signature of every kernel of ``dtype`` (the kernel's arguments, in order)."""
+# Words of two adjacent channels the "half"-layout kernels move where ``x`` and ``out`` allow (``_in_words``).
+WORDS = {"float32": np.dtype(np.uint64), "float16": np.dtype(np.uint32), "bfloat16": np.dtype(np.uint32)}
+WORDS_LAYOUT = "half, words"
+
+
+def _signature(dtype, words):
+    """The numba signature of every kernel of ``dtype`` (the kernel's arguments, in order);
+    ``words``: ``x`` and ``out`` as ``WORDS[dtype]``."""
     t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
     f64, i64 = types.float64, types.int64
     flat, operand, table = types.Array(t, 1, "C"), types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
+    rotated = types.Array(numba.from_dtype(WORDS[dtype]), 1, "C") if words else flat
     return types.void(
         types.UniTuple(i64, _AXES),
         i64,
         i64,
-        *(flat, operand) * 4,
+        *(rotated, operand) * 4,
         types.Array(f64, 1, "C"),
         types.Array(i64, 1, "C"),
         table,
@@ -241,18 +338,18 @@ def _signature(dtype):
 
 
 def _build(op, dtype, layout):
-    storage = _arrays.STORAGE[dtype]
-    source = _kernel_source(op == "rotate", storage, layout == "interleaved", _family.source_digest(_codec))
+    storage, words = _arrays.STORAGE[dtype], layout == WORDS_LAYOUT
+    source = _kernel_source(op == "rotate", storage, layout == "interleaved", words, _family.source_digest(_codec))
     # 16-bit kernels hold eight heads' loads: registers capped so that three blocks fit on an
     # SM (the simulator takes no launch bounds)
     bounds = {} if storage == _codec.FLOAT or _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS_16BIT)}
-    return cuda.jit(_signature(dtype), cache=True, **bounds)(source)
+    return cuda.jit(_signature(dtype, words), cache=True, **bounds)(source)
 
 
 FAMILY = _family.Family(
     "rope_cuda",
     _build,
-    SPECIALISATIONS,
+    SPECIALISATIONS + [(op, dtype, WORDS_LAYOUT) for op in ("rotate", "apply") for dtype in WORDS],
     lambda key: {key[1]},
 )
 
@@ -276,6 +373,7 @@ class _Operand:
             os_ = _device_flat.span(self.temporary)
         self.x_flat, self.x_strides = _device_flat.flat(xs)
         self.o_flat, self.o_strides = (self.x_flat, self.x_strides) if self.in_place else _device_flat.flat(os_)
+        self.addresses = (xs.ptr, os_.ptr)
 
     def lead(self):
         """Strides of ``x`` and ``out`` over the leading axes (the plan's arrays 0 and 1)."""
@@ -303,11 +401,32 @@ def _block(columns, heads):
     return bx, by, _THREADS // (bx * by)
 
 
+def _in_words(layout, x, walks, half):
+    """Whether the launch over ``walks`` may read and write ``x`` and ``out`` as ``WORDS``:
+    "half" layout, an even number of pairs and of channels, and for every operand channels
+    one element apart, even strides elsewhere and addresses that are multiples of a word."""
+    word = WORDS.get(_arrays.dtype_name(x.dtype))
+    if layout != "half" or word is None or half % 2 or tuple(x.shape)[-1] % 2:
+        return False
+    for operand, xs, os_, _ in walks:
+        if operand.x_strides[-1] != 1 or operand.o_strides[-1] != 1 or any([st % 2 for st in (*xs, *os_)]):
+            return False
+        if any([address % word.itemsize for address in operand.addresses]):
+            return False
+    return True
+
+
+def _halved(geometry):
+    """An operand's geometry (``_device_flat.operand``) counted in words of two elements."""
+    return (*[v // 2 for v in geometry[: _AXES + 2]], 1, geometry[-1])
+
+
 def _launches(op, layout, x, operands, tables, arguments, half):
     """``(kernel, grid, block, arguments)`` of each launch of ``op``'s kernel over ``operands``
     (one ``_Operand``, or q and k sharing the tables), reading ``tables`` (positions, or cos
     and sin: ``(flat, lead strides, pair stride)``); ``arguments(views)`` completes the
-    kernel's arguments. One launch but for eight or more leading axes that do not merge."""
+    kernel's arguments. One launch but for eight or more leading axes that do not merge.
+    Where ``_in_words`` allows, the kernel moves words of two channels (``WORDS``)."""
     shape = tuple(x.shape)  # (the CUDA simulator's shapes take no negative index)
     lead = shape[:-1]
     first = operands[0]
@@ -323,7 +442,11 @@ def _launches(op, layout, x, operands, tables, arguments, half):
     columns = half + (0 if all([o.in_place for o in operands]) else shape[-1] - 2 * half)
     if 0 in found.shape() or not columns:
         return []
-    kernel = FAMILY[op, _arrays.dtype_name(x.dtype), layout]
+    words = _in_words(layout, x, walks, half)
+    name = _arrays.dtype_name(x.dtype)
+    kernel = FAMILY[op, name, WORDS_LAYOUT if words else layout]
+    if words:
+        columns, half = columns // 2, half // 2
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
     block = _block(columns, max(found.h.size, walks[1][3]))
     found_launches = []
@@ -333,12 +456,12 @@ def _launches(op, layout, x, operands, tables, arguments, half):
             raise ValueError(f"x has {rows} rows of positions: the CUDA kernel takes fewer than 2**31 a launch")
         ops = []
         for operand, xs, os_, heads in walks:
-            ops += [
-                operand.x_flat,
-                _device_flat.operand(xs, index, operand.x_strides[-1], heads),
-                operand.o_flat,
-                _device_flat.operand(os_, index, operand.o_strides[-1], heads),
-            ]
+            x_geometry = _device_flat.operand(xs, index, operand.x_strides[-1], heads)
+            o_geometry = _device_flat.operand(os_, index, operand.o_strides[-1], heads)
+            if words:
+                ops += [_device_flat.words(operand.x_flat, WORDS[name]), _halved(x_geometry), _device_flat.words(operand.o_flat, WORDS[name]), _halved(o_geometry)]
+            else:
+                ops += [operand.x_flat, x_geometry, operand.o_flat, o_geometry]
         views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
         found_launches.append((kernel, -(-rows // block[2]), block, (sizes, columns, half, *ops, *arguments(views))))
     return found_launches

@@ -83,7 +83,8 @@ class RotatePlan:
             return NotImplemented  # positions in x's own memory: the full path decides
         result = x if self.in_place else torch.empty(self.shape, dtype=self.dtype, device=self.device)
         stream = _arrays._stream(_arrays.torch_stream(torch, self.device.index))
-        self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()})
+        if not self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()}):
+            return NotImplemented  # x not where the planned kernel's words may be read
         return result
 
 
@@ -125,7 +126,8 @@ class ApplyPlan:
             return NotImplemented  # tables in the memory rotated in place: the full path decides
         result = x if self.in_place else self.torch.empty(self.shape, dtype=self.dtype, device=self.device)  # (as _arrays.empty)
         addresses = {"x": x.data_ptr(), "cos": cos.data_ptr(), "sin": sin.data_ptr(), "out": result.data_ptr()}
-        self.prepared(_arrays._stream(_arrays.torch_stream(self.torch, self.device.index)), addresses)
+        if not self.prepared(_arrays._stream(_arrays.torch_stream(self.torch, self.device.index)), addresses):
+            return NotImplemented
         return result
 
 
@@ -160,7 +162,8 @@ class PairPlan:
         rotated = [torch.empty(shape, dtype=self.dtype, device=self.device) for shape in self.shapes]  # (as _arrays.empty)
         addresses = {"q": q.data_ptr(), "k": k.data_ptr(), "cos": cos.data_ptr(), "sin": sin.data_ptr()}
         addresses["q_out"], addresses["k_out"] = rotated[0].data_ptr(), rotated[1].data_ptr()
-        self.prepared(_arrays._stream(_arrays.torch_stream(torch, self.device.index)), addresses)
+        if not self.prepared(_arrays._stream(_arrays.torch_stream(torch, self.device.index)), addresses):
+            return NotImplemented
         return rotated[0], rotated[1]
 
 
