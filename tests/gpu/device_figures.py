@@ -17,7 +17,10 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   twice: from an idle device, so the first call's host work counts, and with a call
   already enqueued before the start; and ``expand_bias`` of T5's per-distance vector made
   beforehand, the expansion alone), and its fraction of ``Tensor.copy_`` (``fill_`` for
-  the biases) of the same bytes.
+  the biases) of the same bytes;
+* ``pe.rope`` of a JAX GPU array under ``jax.jit``, a call waited for, beside XLA's
+  negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
+  under ``jit`` (``_jax_row``).
 """
 
 from __future__ import annotations
@@ -141,6 +144,40 @@ def main():
     for name, call in calls:
         idle, busy = gpu_ms(call, n=5), gpu_ms(call, n=5, busy=True)
         print(f"16x8192^2 f32 {name} out=: {idle:.3f} ({fill / idle:.2f} of fill_ {fill:.3f}) | device busy at the start {busy:.3f} ({fill / busy:.2f})")
+    del out, vec
+    torch.cuda.empty_cache()
+    _jax_row(torch, gpu_ms)
+
+
+def _jax_row(torch, gpu_ms):
+    """``pe.rope`` of a JAX GPU array under ``jax.jit`` (``_bench_gpu.jax_gpu_rope``): the
+    wall time of a call waited for (best of 20), beside XLA's negation of the same array
+    under ``jit`` (its copy: a copy itself is elided) and torch's ``Tensor.copy_`` of the
+    same bytes."""
+    from posenc._bench_gpu import jax_gpu_rope
+
+    shape = (4, 32, 8192, 128)
+    found = jax_gpu_rope(shape)
+    if found is None:
+        print("JAX sees no GPU: no JAX row")
+        return
+    calls, negate = found
+
+    def best_ms(fn, reps=20):
+        fn()
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best * 1e3
+
+    x = torch.empty(shape, device="cuda")
+    y = torch.empty_like(x)
+    copy = gpu_ms(lambda: y.copy_(x))
+    neg, jit, plain = best_ms(negate), best_ms(calls.jit), best_ms(calls.plain_jit)
+    print(f"JAX {list(shape)} f32 under jax.jit, ms a call waited for: pe.rope {jit:.3f} ({neg / jit:.2f} of XLA's negation {neg:.3f}, "
+          f"{copy / jit:.2f} of torch's copy_ {copy:.3f}) | plain jnp formula {plain:.3f} ({neg / plain:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":
