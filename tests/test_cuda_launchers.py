@@ -226,21 +226,24 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads)
     assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
 
 
+@pytest.mark.parametrize("where", ["words", "one channel at a time"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype):
+def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype, where):
     """A thread rotates its heads eight at a time (16-bit elements), then four, then one at a
     time: 27 heads (two y threads: 14 and 13 heads each, every loop taken) against each head
     alone (one at a time only), bit for bit, so no result depends on how many heads share a
-    call."""
+    call; in words of two channels, and one channel at a time (the same values one element
+    into their memory)."""
     from posenc._kernels import rope_cuda
 
     rng = np.random.default_rng(12)
     x = _hf_views(rng, 2, 3, 27, 16, dtype)
     positions = _device(rng.integers(0, 500_000, (2, 1, 3)))
     inv_freq = 10000.0 ** -(np.arange(8) / 8)
+    placed = np.ascontiguousarray if where == "words" else _one_element_on
 
     def rotated(a):
-        return to_host(rope_cuda.rotate_positions(_device(np.ascontiguousarray(a)), positions, inv_freq))
+        return to_host(rope_cuda.rotate_positions(_device(placed(a)), positions, inv_freq))
 
     together = rotated(x)
     for h in range(x.shape[1]):
@@ -329,6 +332,22 @@ def test_the_kernel_moves_one_channel_at_a_time_where_an_operand_does_not_allow_
     else:
         want = _rotate.rotate_cos_sin(x.copy(), cos, sin, layout=layout)
     _close(got, want, dtype)
+
+
+def test_q_and_k_take_one_channel_at_a_time_where_k_starts_between_words(monkeypatch):
+    """q in words of two channels, k one element into its memory: one launch for both, one
+    channel at a time, with the reference's values."""
+    from posenc._kernels import rope_cuda
+
+    keys = counting_kernel_keys(monkeypatch, rope_cuda)
+    rng = np.random.default_rng(15)
+    q, k = _hf_views(rng, 2, 4, 4, 8, "bfloat16"), _hf_views(rng, 2, 4, 2, 8, "bfloat16")
+    k = _one_element_on(k.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
+    cos, sin = _tables(rng, 2, 4, 8, "half", "bfloat16")
+    got = rope_cuda.rotate_cos_sin_pair(*(_device(a) for a in (q, k, cos, sin)))
+    assert keys == [("apply", "bfloat16", "half")]
+    for g, a in zip(got, (q, k)):
+        _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), "bfloat16")
 
 
 @pytest.mark.parametrize("layout", ["half", "interleaved"])

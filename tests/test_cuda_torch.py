@@ -141,6 +141,28 @@ def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name)
     assert not full_path, f"{name}: {len(full_path)} of 3 planned calls took the full path"
 
 
+def test_a_plan_in_words_sends_an_x_between_words_to_the_full_path(monkeypatch):
+    """A decode step planned on an x the kernel read in words of two channels
+    (``rope_cuda.WORDS``): a later x of the same shape and strides one element into its
+    memory is not launched by the plan (an address between words) but by the full path,
+    with the full path's bits."""
+    from posenc._kernels import rope_cuda
+
+    shape, positions = (1, 32, 1, 128), torch.tensor([[77]], device="cuda")
+    x = torch.randn(shape, device="cuda").to(torch.bfloat16)
+    between = torch.empty(x.numel() + 1, device="cuda", dtype=torch.bfloat16)[1:].view(shape)
+    between.copy_(x)
+    pe.rope.plans.clear()
+    for _ in range(3):
+        want = pe.rope(x, positions)
+    full_path = []
+    original = rope_cuda.rotation
+    monkeypatch.setattr(rope_cuda, "rotation", lambda *a, **k: full_path.append(1) or original(*a, **k))
+    assert torch.equal(pe.rope(x, positions), want) and not full_path  # (planned)
+    assert torch.equal(pe.rope(between, positions), want) and full_path == [1]
+    pe.rope.plans.clear()
+
+
 def test_a_plan_built_on_a_busy_stream_serves_another_stream():
     """``pe.rope(x, offset=...)`` forms its positions (an arange) on each call's stream: a plan
     built on a stream still busy serves a call on another stream with the call's own

@@ -120,10 +120,13 @@ def flat(s):
 
 def words(a, word):
     """Flat kernel argument ``a`` (``flat``'s) read as ``word``s, each several of its
-    elements (its address a multiple of the word's size: the caller checked)."""
+    elements: its address and its size in bytes multiples of the word's size (the caller
+    checked; ``ValueError`` where not, rather than a kernel reading past them)."""
     if type(a) is Flat:
+        if a.ptr % word.itemsize or a.size * a.dtype.itemsize % word.itemsize:
+            raise ValueError(f"{a.size} elements at {a.ptr:#x} are not whole words of {word.itemsize} bytes (posenc internal error)")
         return Flat(a.ptr, a.size * a.dtype.itemsize // word.itemsize, word, a.owner)
-    return type(a)(a._ary.view(word), stream=a.stream)  # (the CUDA simulator's device array)
+    return type(a)(a._ary.view(word), stream=a.stream)  # (the CUDA simulator's device array; its view checks the same)
 
 
 def broadcast_strides(shape, strides, lead):
@@ -349,7 +352,8 @@ class Prepared:
     Built only where the driver is launched directly and every role is an argument of some
     launch (``ready``: a role never found would leave the build's address in place).
     ``held``: the constants its launches read, alive as long as it is (a plan outlives their
-    place among the last ``_KEPT``)."""
+    place among the last ``_KEPT``). A call launches nothing where an address is not a
+    multiple of the size of what its kernel reads there (``__call__``)."""
 
     def __init__(self, launches, device, roles):
         self.steps, self.ready, self.device, self.held = [], True, device, ()

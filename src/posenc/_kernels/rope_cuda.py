@@ -23,20 +23,19 @@ of 16-bit elements then moves 128 bytes, not 64 (on an H200, bfloat16 went from 
 of the device's copy rate; float32, in uint64 words, did not change).
 The angle and its ``cos`` and ``sin`` are float64, as the CPU kernels' contract says.
 float32 and float64 elements rotate in float64, rounded once on store. 16-bit elements
-(``uint16`` bits, ``_codec``) rotate in float32 with the CPU kernel's arithmetic (``_pair``):
-``cos`` and ``sin`` cut into a head whose products with the elements are exact (in
-float32's normal range) and a float32 rest, four fused multiply-adds, one rounding to 16
-bits; within one ulp of the float64 result wherever ``a*cos - b*sin`` cancels by fewer
-than 24 bits. float64
-arithmetic there cost three conversions between float32 and float64 an element (16 a clock
-an SM on compute capability 9.0, against 128 float32 operations): the likeliest reason the
-16-bit kernels moved half of float32's bytes a second on an H100.
+(``uint16`` bits, ``_codec``) rotate in float32 with the CPU kernel's arithmetic
+(``_rotated16``): ``cos`` and ``sin`` cut into a head whose products with the elements are
+exact (in float32's normal range) and a float32 rest, four fused multiply-adds, one
+rounding to 16 bits; within one ulp of the float64 result wherever ``a*cos - b*sin``
+cancels by fewer than 24 bits. (On an H200 that float32 arithmetic, in place of float64's,
+gained about a tenth for bfloat16; the words, about 1.7x.)
 
 Nothing in a call copies between host and device once the constants are on the device: the
 frequencies are kept per ``(device, frequencies)`` (``_device_flat.constant``), positions and tables
 already on the device are read where they are, and nothing synchronises. Operands are read
 from their library's metadata and launched straight to the driver (``_device_flat.launch``). Each ``(op,
-dtype, layout)`` is one specialisation (``FAMILY``), compiled on first use and cached; a
+dtype, layout)`` is one specialisation (``FAMILY``; the layout "half, words" for the words),
+compiled on first use and cached; a
 call launches on the caller's current stream (``_arrays.launch_context``): torch's or
 CuPy's current stream, which is what a CUDA graph capture records.
 """
@@ -47,7 +46,7 @@ import math
 import numba
 import numpy as np
 from numba import cuda, types
-from numba.core.extending import overload
+from numba.cuda.extending import overload
 
 from . import _arrays, _codec, _device_flat, _family, _layout
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
@@ -72,14 +71,17 @@ _TABLE = _AXES + 2
 def _pair(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """Store the rotation of loaded ``a``, ``b`` at ``oa``, ``ob``: two elements
     (``_pair_elements``), or where ``cos`` and ``sin`` come in pairs, two words of two
-    adjacent channels each (``_pair_float32_words``, ``_pair16_words``). Chosen by type
-    (``_pair_typed``) when compiled; called as it is in the CUDA simulator."""
+    adjacent channels each, by the words' type (``_pair_float32_words`` for uint64,
+    ``_pair16_words`` for uint32). Chosen by type when compiled (``_pair_typed``: any other
+    type is a typing error); called as it is in the CUDA simulator."""
     if not isinstance(ch, tuple):
         _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
-    elif storage == _codec.FLOAT:
+    elif isinstance(a, np.uint64):
         _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
-    else:
+    elif isinstance(a, np.uint32):
         _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    else:
+        raise TypeError(f"no rotation of words of {type(a).__name__} (posenc internal error)")
 
 
 @overload(_pair, target="cuda")
@@ -88,7 +90,9 @@ def _pair_typed(out, oa, ob, a, b, ch, cl, sh, sl, storage):
         return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     if a == types.uint64:
         return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
-    return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    if a == types.uint32:
+        return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    return None
 
 
 @cuda.jit(device=True, cache=True)
