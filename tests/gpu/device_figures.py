@@ -109,7 +109,7 @@ def main():
         y = torch.empty_like(x)
         copy = gpu_ms(lambda: y.copy_(x))
         inplace, alloc = gpu_ms(lambda: pe.rope(x, pos, out=x)), gpu_ms(lambda: pe.rope(x, pos))
-        cos, sin = (torch.randn(seq, 128, device="cuda").to(dtype) for _ in range(2))
+        cos, sin = _unit_tables(torch, (seq,), dtype)
         apply = gpu_ms(lambda: pe.apply_rope(x, cos, sin, out=x))
         print(f"{dtype} {list(shape)} copy_ {copy:.3f} ms | rope in place {inplace:.3f} ({copy / inplace:.2f}) alloc {alloc:.3f} "
               f"({copy / alloc:.2f}) | apply_rope in place {apply:.3f} ({copy / apply:.2f})")  # fmt: skip
@@ -118,7 +118,7 @@ def main():
 
     q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
     k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    cos, sin = (torch.randn(4, 4096, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    cos, sin = _unit_tables(torch, (4, 4096), torch.bfloat16)
     source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=torch.bfloat16)
     target = torch.empty_like(source)
     copy = gpu_ms(lambda: target.copy_(source))
@@ -147,6 +147,15 @@ def main():
     del out, vec
     torch.cuda.empty_cache()
     _jax_row(torch, gpu_ms)
+
+
+def _unit_tables(torch, lead, dtype):
+    """``cos`` and ``sin`` tables ``lead + [128]`` of random angles in "half" layout: rotations,
+    so that calls repeated in place keep the values' size (random normal tables would drive
+    them to infinities)."""
+    angles = torch.rand(*lead, 64, device="cuda", dtype=torch.float64) * 1000
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
 def _jax_row(torch, gpu_ms):
