@@ -453,8 +453,10 @@ def _launches(op, layout, x, operands, tables, arguments, half):
     words = _in_words(layout, x, walks, half)
     name = _arrays.dtype_name(x.dtype)
     kernel = FAMILY[op, name, WORDS_LAYOUT if words else layout]
+    flats = [(operand.x_flat, operand.o_flat) for operand, *_ in walks]
     if words:
         columns, half = columns // 2, half // 2
+        flats = [(_device_flat.words(xf, WORDS[name]), _device_flat.words(of, WORDS[name])) for xf, of in flats]
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
     block = _block(columns, max(found.h.size, walks[1][3]))
     found_launches = []
@@ -463,13 +465,12 @@ def _launches(op, layout, x, operands, tables, arguments, half):
         if rows >= 2**31:
             raise ValueError(f"x has {rows} rows of positions: the CUDA kernel takes fewer than 2**31 a launch")
         ops = []
-        for operand, xs, os_, heads in walks:
+        for (operand, xs, os_, heads), (x_flat, o_flat) in zip(walks, flats):
             x_geometry = _device_flat.operand(xs, index, operand.x_strides[-1], heads)
             o_geometry = _device_flat.operand(os_, index, operand.o_strides[-1], heads)
             if words:
-                ops += [_device_flat.words(operand.x_flat, WORDS[name]), _halved(x_geometry), _device_flat.words(operand.o_flat, WORDS[name]), _halved(o_geometry)]
-            else:
-                ops += [operand.x_flat, x_geometry, operand.o_flat, o_geometry]
+                x_geometry, o_geometry = _halved(x_geometry), _halved(o_geometry)
+            ops += [x_flat, x_geometry, o_flat, o_geometry]
         views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
         found_launches.append((kernel, -(-rows // block[2]), block, (sizes, columns, half, *ops, *arguments(views))))
     return found_launches
