@@ -12,8 +12,9 @@ of ``_arrays``, imported here):
 Stores round a float64 once to the nearest 16-bit value, ties to even: the float64 is
 first rounded to float32 *to odd* (truncate, then set the last bit when inexact), which
 keeps enough information for the second rounding to be the correct one. Kernels that
-compute 16-bit elements in float32 (the CUDA rotation) convert with ``widen16`` (exact)
-and ``narrow16`` (float32 to 16 bits, ties to even), the two halves of ``load`` and ``store``.
+compute 16-bit elements in float32 convert with ``widen16`` (exact) and ``narrow16``
+(float32 to 16 bits, ties to even), the two halves of ``load`` and ``store``: they define
+the bits of the CUDA rotation's conversions (``_codec_cuda``, the device's instructions).
 
 The functions are plain Python on NumPy scalars, compiled by ``numba.njit`` for the CPU,
 by ``numba.cuda.jit(device=True)`` for the GPU, and run as is by the CUDA simulator. Each
