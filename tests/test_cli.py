@@ -275,3 +275,64 @@ def test_bench_gpu_rows_on_a_gpu():
     assert {"torch eager plain formula", "posenc rope (torch)", "Tensor.copy_ (bandwidth)", "posenc t5_bias (torch)"} <= impls
     assert all(r.seconds > 0 for r in rows)
     assert "GB/s" in _bench.table(rows).splitlines()[0]
+
+
+class _Timeline:
+    """A host and a device as two clocks: enqueued work starts when the device is free and
+    the host has enqueued it; the host waits only when it synchronises."""
+
+    RATE = 2e9  # cycles a second of the fake torch.cuda._sleep
+
+    def __init__(self, host_per_call, device_per_call):
+        self.host = self.device = 0.0
+        self.host_per_call, self.device_per_call = host_per_call, device_per_call
+
+    def enqueue(self, work):
+        self.device = max(self.device, self.host) + work
+        return self.device
+
+    def call(self):
+        self.host += self.host_per_call
+        self.enqueue(self.device_per_call)
+
+    def torch(self):
+        timeline = self
+
+        class Event:
+            def __init__(self, enable_timing):
+                assert enable_timing
+
+            def record(self):
+                self.at = timeline.enqueue(0.0)
+
+            def synchronize(self):
+                timeline.host = max(timeline.host, self.at)
+
+            def elapsed_time(self, end):
+                return (end.at - self.at) * 1e3
+
+        class Cuda:
+            def synchronize(self):
+                timeline.host = max(timeline.host, timeline.device)
+
+            def _sleep(self, cycles):
+                timeline.enqueue(cycles / timeline.RATE)
+
+        cuda = Cuda()
+        cuda.Event = Event
+        return type("FakeTorch", (), {"cuda": cuda})
+
+
+def test_bench_gpu_device_timings_leave_out_the_hosts_time(monkeypatch):
+    """A call whose host work (3 ms) outlasts its device work (1 ms): the device's time per
+    call is 1 ms, where the wall time of calls enqueued back to back would give 3 ms."""
+    from posenc import _bench_gpu, _bench_measure
+
+    timeline = _Timeline(host_per_call=3e-3, device_per_call=1e-3)
+    monkeypatch.setattr(_bench_gpu.time, "perf_counter", lambda: timeline.host)
+    times = _bench_gpu.device_timings(timeline.torch())(timeline.call, 3, 10)
+    assert times == pytest.approx([1e-3] * 3, rel=1e-9)
+
+    monkeypatch.setattr(_bench_measure.time, "perf_counter", lambda: timeline.host)
+    wall = _bench_measure.timings(timeline.call, 3, timeline.torch().cuda.synchronize, 10)
+    assert wall == pytest.approx([3e-3 + 1e-4] * 3, rel=1e-9)  # the host's 3 ms a call, and the last call's device work

@@ -4,9 +4,10 @@ The anchors are what a GPU user would run instead, timed on the same inputs: the
 in torch eager, ``torch.compile`` of it, Liger-Kernel's Triton RoPE (``liger_kernel``, where
 installed), and ``Tensor.copy_`` / ``fill_`` of the same bytes, the floor of a pass that
 reads and writes each element once. ``track_time_over_copy`` reports a variant's time in units
-of that copy's (lower is better: 1.11 is 0.9 of the device's copy bandwidth). A timing is
-``BACK_TO_BACK`` calls enqueued and then ``torch.cuda.synchronize()`` (``time_*`` rows: the
-time of all of them), so the host's work on a call overlaps the device's. Without a CUDA GPU (or with a numba.cuda that
+of that copy's, both the device's own time (CUDA events around ``BACK_TO_BACK`` calls
+enqueued behind a device-side wait; lower is better: 1.11 is 0.9 of the device's copy
+bandwidth). A ``time_*`` row is asv's wall time of ``BACK_TO_BACK`` calls enqueued and then
+``torch.cuda.synchronize()``, the host's work on a call overlapping the device's. Without a CUDA GPU (or with a numba.cuda that
 cannot run) ``setup`` raises ``NotImplementedError``, which asv reports as skipped.
 ``posenc bench --gpu`` prints the same rows as one table.
 """
@@ -14,7 +15,6 @@ cannot run) ``setup`` raises ``NotImplementedError``, which asv reports as skipp
 from __future__ import annotations
 
 import functools
-import time
 
 import numpy as np
 
@@ -51,14 +51,12 @@ def _enqueued(torch, fn):
 
 
 def _best(torch, fn, repeat=10):
-    """Seconds per call, best of ``repeat`` samples of ``_enqueued`` calls."""
-    _enqueued(torch, fn)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        _enqueued(torch, fn)
-        best = min(best, (time.perf_counter() - t0) / BACK_TO_BACK)
-    return best
+    """The device's seconds per call, best of ``repeat`` samples of ``BACK_TO_BACK`` calls
+    between CUDA events, enqueued behind a device-side wait (``posenc._bench_gpu.device_timings``):
+    the device's work alone, whatever the host's per call."""
+    from posenc import _bench_gpu
+
+    return _bench_gpu.device_timings(torch)(fn, repeat, BACK_TO_BACK)[0]
 
 
 class _GPUBenchmark:

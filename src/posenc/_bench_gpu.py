@@ -5,10 +5,11 @@ beside what a GPU user would run instead: the plain formula in torch eager (the 
 baseline), ``torch.compile`` of the same formula, Liger-Kernel's Triton RoPE where
 ``liger_kernel`` is installed, and the device's own ``Tensor.copy_`` / ``fill_`` of the same
 bytes (the ``of copy`` reference: 1.00 = the device's copy bandwidth). A row's time is per
-call, from samples of calls enqueued back to back before one device synchronisation:
-``BACK_TO_BACK`` for the bandwidth rows (the host prepares the next call while the device
-runs this one, as in a model's forward: what is measured is the device's time), and
-``DECODE_CALLS`` for the decode step's rows (there a call's host time is what it costs).
+call. The bandwidth rows take the device's time (``device_timings``): ``BACK_TO_BACK`` calls
+between two CUDA events, enqueued behind a device-side wait longer than the host takes to
+enqueue them, so that they run back to back whatever each call's host work, as the calls of
+a model's forward do once the host is ahead. The decode step's rows take the wall time of
+``DECODE_CALLS`` calls and a synchronisation: there a call's host time is what it costs.
 
 Rows: ``rope`` and ``apply_rope`` on ``[4, 32, 8192, 128]`` (``--quick``: ``[1, 32, 1024,
 128]``) in float32 and bfloat16, allocating and in place; Hugging Face's ``q [4, 4096, 32,
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import time
 
 import numpy as np
 
@@ -33,7 +35,51 @@ from ._bench_measure import Case, Row, _measure, best
 from ._kernels import _arrays
 
 DECODE_CALLS = 200
-BACK_TO_BACK = 10  # calls a sample of a bandwidth row enqueues before it synchronises
+BACK_TO_BACK = 10  # calls a sample of a bandwidth row enqueues between its two events
+
+
+def device_timings(torch):
+    """``timings(fn, repeat, calls)``: the device's seconds per call of ``fn`` in each of
+    ``repeat`` samples, sorted (after one warm-up call). A sample is ``calls`` calls between
+    two CUDA events on the current stream, enqueued behind ``torch.cuda._sleep`` for twice
+    the host's time to enqueue them (measured on the warm-up, plus a millisecond): the device
+    then runs them back to back and the events see its work alone. Where a call waits for
+    the device on the host, the wait is spent and the time includes the host's: never less
+    than the device's."""
+    cycles_per_second = _sleep_rate(torch)
+
+    def timings(fn, repeat, calls=BACK_TO_BACK):
+        fn()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        host = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(repeat):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(int(cycles_per_second * (2 * host + 1e-3)))
+            start.record()
+            for _ in range(calls):
+                fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3 / calls)
+        return sorted(times)
+
+    return timings
+
+
+def _sleep_rate(torch, cycles=10_000_000):
+    """Cycles a second of ``torch.cuda._sleep`` (the device's clock), timed by CUDA events."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) / 1e3)
 
 
 def requirements() -> str | None:
@@ -61,14 +107,15 @@ def rows(quick, repeat, progress):
 
     progress(f"  device: {torch.cuda.get_device_name()}")
     shape = (1, 32, 1024, 128) if quick else (4, 32, 8192, 128)
+    timer = device_timings(torch)
     result = []
     for dtype in (torch.float32, torch.bfloat16):
-        result += _rope_rows(torch, shape, dtype, repeat, progress, sync)
-    result += _hf_pair_rows(torch, (1, 1024) if quick else (4, 4096), repeat, progress, sync)
+        result += _rope_rows(torch, shape, dtype, repeat, progress, timer)
+    result += _hf_pair_rows(torch, (1, 1024) if quick else (4, 4096), repeat, progress, timer)
     for dtype in (torch.float32, torch.bfloat16):
         result += _decode_rows(torch, dtype, repeat, progress, sync)
     for length in (512,) if quick else (2048, 8192):
-        result += _bias_rows(torch, 16, length, repeat, progress, sync)
+        result += _bias_rows(torch, 16, length, repeat, progress, timer)
     if importlib.util.find_spec("jax") is not None:
         result += _jax_rows(shape, repeat, progress)
     return result
@@ -120,14 +167,14 @@ def _tables(torch, seq, dim, dtype, device="cuda"):
     return (torch.from_numpy(a).to(device=device, dtype=dtype) for a in pe.rope_cos_sin(np.arange(seq), inv_freq))
 
 
-def _rope_rows(torch, shape, dtype, repeat, progress, sync):
+def _rope_rows(torch, shape, dtype, repeat, progress, timer):
     x = torch.randn(shape, device="cuda").to(dtype)
     buf = x.clone()
     seq, dim = shape[-2], shape[-1]
     cos, sin = _tables(torch, seq, dim, dtype)
     positions = torch.arange(seq, device="cuda")
     nbytes = 2 * x.numel() * x.element_size()  # read x, write the result
-    copy = nbytes / best(lambda: buf.copy_(x), repeat, sync, BACK_TO_BACK)
+    copy = nbytes / timer(lambda: buf.copy_(x), repeat)[0]
     name = str(dtype).rsplit(".", 1)[-1]
     formula = _compiled(torch, functools.partial(_oracles.hf_rope, torch))
     with torch.no_grad():
@@ -150,7 +197,7 @@ def _rope_rows(torch, shape, dtype, repeat, progress, sync):
                 Case("posenc rope in place (cupy)", lambda: pe.rope(cbuf, cpos, out=cbuf), nbytes, name),
                 Case("cupy.copyto (bandwidth)", lambda: cupy.copyto(cbuf, cx), nbytes, name, comparable=False, bandwidth_row=True),
             ]
-        return _measure(f"rope {list(shape)} (GPU)", cases, copy, repeat, progress, sync, BACK_TO_BACK)
+        return _measure(f"rope {list(shape)} (GPU)", cases, copy, repeat, progress, timer=timer)
 
 
 def _hf_apply(q, k, cos, sin):
@@ -170,7 +217,7 @@ def liger_rope():
     return liger_rotary_pos_emb
 
 
-def _hf_pair_rows(torch, batch_seq, repeat, progress, sync):
+def _hf_pair_rows(torch, batch_seq, repeat, progress, timer):
     from ._kernels import rope_cuda
     from .torch.hf import apply_rotary_pos_emb
 
@@ -200,9 +247,9 @@ def _hf_pair_rows(torch, batch_seq, repeat, progress, sync):
     else:
         progress("  (liger_kernel not installed: no Liger-Kernel row)")
     cases.append(Case("Tensor.copy_ (bandwidth)", lambda: target.copy_(source), nbytes, "bfloat16", comparable=False, bandwidth_row=True))
-    copy = nbytes / best(lambda: target.copy_(source), repeat, sync, BACK_TO_BACK)
+    copy = nbytes / timer(lambda: target.copy_(source), repeat)[0]
     with torch.no_grad():
-        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, sync, BACK_TO_BACK)
+        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, timer=timer)
 
 
 def _decode_rows(torch, dtype, repeat, progress, sync, device="cuda"):
@@ -257,12 +304,12 @@ def alibi_formula(slopes, positions):
     return -slopes[:, None, None] * (positions[None, :] - positions[:, None]).abs().float()[None]
 
 
-def _bias_rows(torch, heads, length, repeat, progress, sync):
+def _bias_rows(torch, heads, length, repeat, progress, timer):
     table = torch.randn(32, heads, device="cuda")
     slopes = torch.from_numpy(pe.alibi_slopes(heads)).to("cuda", torch.float32)
     out = torch.empty(heads, length, length, device="cuda")
     nbytes = out.numel() * out.element_size()  # write the bias
-    fill = nbytes / best(lambda: out.fill_(1.0), repeat, sync, BACK_TO_BACK)
+    fill = nbytes / timer(lambda: out.fill_(1.0), repeat)[0]
     embedding = torch.nn.Embedding.from_pretrained(table)
     positions = torch.arange(length, device="cuda")
 
@@ -279,6 +326,6 @@ def _bias_rows(torch, heads, length, repeat, progress, sync):
             Case("posenc alibi_bias symmetric out= (torch)", lambda: pe.alibi_bias(slopes, length, length, symmetric=True, out=out), nbytes),
             Case("Tensor.fill_ (bandwidth)", lambda: out.fill_(1.0), nbytes, comparable=False, bandwidth_row=True),
         ]
-        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, fill, repeat, progress, sync, BACK_TO_BACK) + _measure(
-            f"alibi_bias h={heads} L={length} (GPU)", alibi, fill, repeat, progress, sync, BACK_TO_BACK
+        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, fill, repeat, progress, timer=timer) + _measure(
+            f"alibi_bias h={heads} L={length} (GPU)", alibi, fill, repeat, progress, timer=timer
         )

@@ -67,14 +67,15 @@ def best(fn, repeat, sync=lambda: None, calls=1):
     return timings(fn, repeat, sync, calls)[0]
 
 
-def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None, calls=1):
-    """Time every case (best and median); ``vs framework`` is over the time of the case it
-    names in ``against`` in its dtype, by default the first, a plain formula."""
+def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None, calls=1, timer=None):
+    """Time every case (best and median) by ``timings`` or, given, by ``timer(fn, repeat)``
+    (sorted seconds a call, as ``timings``); ``vs framework`` is over the time of the case
+    it names in ``against`` in its dtype, by default the first, a plain formula."""
     assert "plain formula" in cases[0].impl
     rows = []
     for case in cases:
         progress(f"  {op}: {case.impl} ...")
-        times = timings(case.fn, repeat, sync, calls)
+        times = timer(case.fn, repeat) if timer else timings(case.fn, repeat, sync, calls)
         rows.append(Row(op, case.impl, case.dtype, times[0], case.nbytes, median=statistics.median(times)))
     found = {(row.impl, row.dtype): row for row in reversed(rows)}
     for case, row in zip(cases, rows):

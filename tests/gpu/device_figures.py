@@ -12,12 +12,12 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
 * ``rope`` / ``apply_rope`` ``[4, 32, 8192, 128]`` float32 and bfloat16, in place and
   allocating; Hugging Face's q ``[4, 32, 4096, 128]`` + k ``[4, 8, 4096, 128]`` bfloat16
   views rotated in place in one launch, beside Liger-Kernel's; ``t5_bias`` and
-  ``alibi_bias`` of 16 x 8192 x 8192 float32 into ``out=``: device time per call from CUDA
-  events around 10 calls enqueued back to back (best of 5; 5 calls for the biases, timed
-  twice: from an idle device, so the first call's host work counts, and with a call
-  already enqueued before the start; and ``expand_bias`` of T5's per-distance vector made
-  beforehand, the expansion alone), and its fraction of ``Tensor.copy_`` (``fill_`` for
-  the biases) of the same bytes;
+  ``alibi_bias`` of 16 x 8192 x 8192 float32 into ``out=`` (and ``expand_bias`` of T5's
+  per-distance vector made beforehand, the expansion alone): the device's time per call
+  (``_bench_gpu.device_timings``: CUDA events around 10 calls, 5 for the biases, enqueued
+  behind a device-side wait so that they run back to back; best of 5), its fraction of
+  ``Tensor.copy_`` (``fill_`` for the biases) of the same bytes, and for ``rope`` in place
+  and the HF pair the host's time to enqueue a call (which the device time leaves out);
 * ``pe.rope`` of a JAX GPU array under ``jax.jit``, a call waited for, beside XLA's
   negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
   under ``jit`` (``_jax_row``).
@@ -35,21 +35,22 @@ def main():
     from posenc import _bench_gpu
     from posenc._kernels import rope_cuda
 
-    def gpu_ms(fn, n=10, reps=5, busy=False):
+    timer = _bench_gpu.device_timings(torch)
+
+    def gpu_ms(fn, n=10, reps=5):
+        return timer(fn, reps, n)[0] * 1e3
+
+    def host_ms(fn, n=10):
+        """The host's time to enqueue a call, the device kept busy meanwhile (no wait)."""
         fn()
         torch.cuda.synchronize()
-        best = float("inf")
-        for _ in range(reps):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            if busy:  # a call enqueued before the start: the host's work on the first timed one overlaps it
-                fn()
-            start.record()
-            for _ in range(n):
-                fn()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end) / n)
-        return best
+        torch.cuda._sleep(10**9)  # (about half a second: longer than n calls' host work)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        host = (time.perf_counter() - t0) / n * 1e3
+        torch.cuda.synchronize()
+        return host
 
     def wall_ms(fn, n=300):
         for _ in range(20):
@@ -111,8 +112,9 @@ def main():
         inplace, alloc = gpu_ms(lambda: pe.rope(x, pos, out=x)), gpu_ms(lambda: pe.rope(x, pos))
         cos, sin = _unit_tables(torch, (seq,), dtype)
         apply = gpu_ms(lambda: pe.apply_rope(x, cos, sin, out=x))
+        host = host_ms(lambda: pe.rope(x, pos, out=x))
         print(f"{dtype} {list(shape)} copy_ {copy:.3f} ms | rope in place {inplace:.3f} ({copy / inplace:.2f}) alloc {alloc:.3f} "
-              f"({copy / alloc:.2f}) | apply_rope in place {apply:.3f} ({copy / apply:.2f})")  # fmt: skip
+              f"({copy / alloc:.2f}) | apply_rope in place {apply:.3f} ({copy / apply:.2f}) | host ms/call of rope in place {host:.3f}")  # fmt: skip
         del x, y
         torch.cuda.empty_cache()
 
@@ -122,14 +124,15 @@ def main():
     source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=torch.bfloat16)
     target = torch.empty_like(source)
     copy = gpu_ms(lambda: target.copy_(source))
-    ours = gpu_ms(lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos[:, None], sin[:, None], out_q=q, out_k=k))
+    pair = lambda: rope_cuda.rotate_cos_sin_pair(q, k, cos[:, None], sin[:, None], out_q=q, out_k=k)  # noqa: E731
+    ours, host = gpu_ms(pair), host_ms(pair)
     try:
         from liger_kernel.ops.rope import LigerRopeFunction
 
         liger = gpu_ms(lambda: LigerRopeFunction.apply(q, k, cos, sin))
     except ImportError:
         liger = float("nan")
-    print(f"HF q+k bf16 in place: copy_ {copy:.3f} | posenc {ours:.3f} ({copy / ours:.2f}) | Liger {liger:.3f} ({copy / liger:.2f})")
+    print(f"HF q+k bf16 in place: copy_ {copy:.3f} | posenc {ours:.3f} ({copy / ours:.2f}; host ms/call {host:.3f}) | Liger {liger:.3f} ({copy / liger:.2f})")
 
     heads, length = 16, 8192
     out = torch.empty(heads, length, length, device="cuda")
@@ -142,8 +145,8 @@ def main():
         ("expand_bias of T5's vector", lambda: pe.expand_bias(vec, length, length, out=out)),
     )
     for name, call in calls:
-        idle, busy = gpu_ms(call, n=5), gpu_ms(call, n=5, busy=True)
-        print(f"16x8192^2 f32 {name} out=: {idle:.3f} ({fill / idle:.2f} of fill_ {fill:.3f}) | device busy at the start {busy:.3f} ({fill / busy:.2f})")
+        device = gpu_ms(call, n=5)
+        print(f"16x8192^2 f32 {name} out=: {device:.3f} ({fill / device:.2f} of fill_ {fill:.3f})")
     del out, vec
     torch.cuda.empty_cache()
     _jax_row(torch, gpu_ms)
