@@ -238,12 +238,13 @@ def _turn(x, at, g, out, to, og, ia, ib, ch, cl, sh, sl, storage):
 @cuda.jit(device=True, cache=True)
 def _copy(x, at, g, out, to, og, channel):
     """Copy pass-through ``channel`` of one row in this thread's heads."""
-    first, step = cuda.threadIdx.y, cuda.blockDim.y
-    xa, oa = at + first * g[_AXES + 1] + channel * g[_AXES + 2], to + first * og[_AXES + 1] + channel * og[_AXES + 2]
-    for _ in range(first, g[_AXES + 3], step):
+    head, step = cuda.threadIdx.y, cuda.blockDim.y
+    xa, oa = at + head * g[_AXES + 1] + channel * g[_AXES + 2], to + head * og[_AXES + 1] + channel * og[_AXES + 2]
+    while head < g[_AXES + 3]:  # (a stepped range would cost a 64-bit division a thread)
         _put(out, oa, _get(x, xa))
         xa += step * g[_AXES + 1]
         oa += step * og[_AXES + 1]
+        head += step
 
 
 @cuda.jit(device=True, cache=True)
@@ -293,7 +294,9 @@ def _kernel_source(rotate, storage, interleaved, words, helpers):
             si += i * sg[k + 1]
         if rest:  # past the last row
             return
-        for j in range(cuda.threadIdx.x, columns, cuda.blockDim.x):
+        j = np.int64(cuda.threadIdx.x) - cuda.blockDim.x
+        while j + cuda.blockDim.x < columns:  # (see _copy)
+            j += cuda.blockDim.x
             if j >= half:  # a pass-through channel (word)
                 _copy(x, xi, xg, out, oi, og, j + half)
                 _copy(x2, xi2, xg2, out2, oi2, og2, j + half)
