@@ -18,6 +18,8 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   behind a device-side wait so that they run back to back; best of 5), its fraction of
   ``Tensor.copy_`` (``fill_`` for the biases) of the same bytes, and for ``rope`` in place
   and the HF pair the host's time to enqueue a call (which the device time leaves out);
+* ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), and
+  an A/B of the rotation's block shape (``_block_shapes``);
 * ``pe.rope`` of a JAX GPU array under ``jax.jit``, a call waited for, beside XLA's
   negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
   under ``jit`` (``_jax_row``).
@@ -149,7 +151,69 @@ def main():
         print(f"16x8192^2 f32 {name} out=: {device:.3f} ({fill / device:.2f} of fill_ {fill:.3f})")
     del out, vec
     torch.cuda.empty_cache()
+    _cupy_rows(torch, gpu_ms)
+    _block_shapes(torch, gpu_ms)
     _jax_row(torch, gpu_ms)
+
+
+def _cupy_rows(torch, gpu_ms):
+    """``pe.rope`` of CuPy arrays ``[4, 32, 8192, 128]`` float32 and float16 (CuPy has no
+    bfloat16), in place and allocating, beside ``cupy.copyto`` of the same bytes (CuPy's
+    default stream is torch's, which the device timer waits on)."""
+    try:
+        import cupy
+    except ImportError:
+        print("CuPy not installed: no CuPy rows")
+        return
+    import posenc as pe
+
+    for dtype in ("float32", "float16"):
+        x = cupy.asarray(torch.randn(4, 32, 8192, 128, device="cuda").to(getattr(torch, dtype)))
+        y = cupy.empty_like(x)
+        pos = cupy.arange(8192)
+        copy = gpu_ms(lambda: cupy.copyto(y, x))
+        inplace, alloc = gpu_ms(lambda: pe.rope(x, pos, out=x)), gpu_ms(lambda: pe.rope(x, pos))
+        print(f"CuPy {dtype} rope: copyto {copy:.3f} ms | in place {inplace:.3f} ({copy / inplace:.2f}) | alloc {alloc:.3f} ({copy / alloc:.2f})")
+        del x, y
+
+
+def _block_shapes(torch, gpu_ms):
+    """An A/B of the rotation's block (``rope_cuda._block``): its usual two threads a pair
+    over a row's heads, each rotating half of them, against one thread a pair rotating every
+    head (the angle's float64 work, before the first load, spread over twice the heads)."""
+    import posenc as pe
+    from posenc._kernels import rope_cuda
+    from posenc.rotary.apply import rotate_pair
+
+    usual = rope_cuda._block
+
+    def one_thread_a_pair(columns, heads):
+        bx, _, _ = usual(columns, heads)
+        return bx, 1, rope_cuda._THREADS // bx
+
+    def forget_plans():  # (a plan keeps its launches' blocks)
+        for planned in (pe.rope, pe.apply_rope, rotate_pair):
+            planned.plans.clear()
+
+    pos = torch.arange(8192, device="cuda")
+    q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    cos, sin = _unit_tables(torch, (4, 4096), torch.bfloat16)
+    calls = {
+        "float32 rope in place": (torch.float32, lambda x: pe.rope(x, pos, out=x)),
+        "bfloat16 rope in place": (torch.bfloat16, lambda x: pe.rope(x, pos, out=x)),
+        "HF q [4, 32, 4096, 128] bfloat16 apply_rope in place": (None, lambda x: pe.apply_rope(q, cos[:, None], sin[:, None], out=q)),
+    }
+    for name, (dtype, call) in calls.items():
+        x = torch.randn(4, 32, 8192, 128, device="cuda").to(dtype) if dtype is not None else None
+        times = []
+        for block in (usual, one_thread_a_pair):
+            rope_cuda._block = block
+            forget_plans()
+            times.append(gpu_ms(lambda: call(x)))
+        rope_cuda._block = usual
+        forget_plans()
+        print(f"block A/B {name}: two threads a pair {times[0]:.3f} ms | one thread a pair {times[1]:.3f} ms")
+        del x
 
 
 def _unit_tables(torch, lead, dtype):
