@@ -336,3 +336,21 @@ def test_bench_gpu_device_timings_leave_out_the_hosts_time(monkeypatch):
     monkeypatch.setattr(_bench_measure.time, "perf_counter", lambda: timeline.host)
     wall = _bench_measure.timings(timeline.call, 3, timeline.torch().cuda.synchronize, 10)
     assert wall == pytest.approx([3e-3 + 1e-4] * 3, rel=1e-9)  # the host's 3 ms a call, and the last call's device work
+
+
+def test_bench_gpu_jax_rows_dispatch_calls_back_to_back(monkeypatch):
+    """The JAX rows' timing path, run on JAX's CPU arrays in place of a GPU's: three rows,
+    each the time of calls dispatched without waiting, then a wait for the last."""
+    pytest.importorskip("jax")
+    from posenc import _bench_gpu
+    from posenc._bench_jax import RopeCalls
+
+    dispatched = []
+    calls = RopeCalls((1, 2, 8, 16))
+    jitted = calls.jitted
+    calls.jitted = lambda *a: dispatched.append(1) or jitted(*a)
+    monkeypatch.setattr(_bench_gpu, "jax_gpu_rope", lambda shape: (calls, None))
+    rows = _bench_gpu._jax_rows((1, 2, 8, 16), 2, lambda line: None)
+    assert [r.impl for r in rows] == ["jnp plain formula, jax.jit", "posenc rope (JAX, jax.jit)", "jnp negation, jax.jit (bandwidth)"]
+    assert all(r.seconds > 0 for r in rows)
+    assert len(dispatched) == 1 + 2 * _bench_gpu.BACK_TO_BACK  # a warm-up call, then two samples

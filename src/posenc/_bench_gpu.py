@@ -124,20 +124,39 @@ def rows(quick, repeat, progress):
 def _jax_rows(shape, repeat, progress):
     """``pe.rope`` on a JAX GPU array under ``jax.jit`` (traced offset) beside the plain ``jnp``
     formula under ``jit`` and a negation under ``jit`` (XLA's read-and-write of the same
-    bytes: the copy anchor; a copy itself is elided)."""
+    bytes: the copy anchor; a copy itself is elided). A sample is ``BACK_TO_BACK`` calls
+    dispatched without waiting, then a wait for the last: JAX dispatches asynchronously, so
+    the device runs them back to back as long as dispatching a call is the shorter."""
     found = jax_gpu_rope(shape)
     if found is None:
         progress("  (JAX sees no GPU: no JAX row)")
         return []
-    calls, copy_fn = found
+    import jax
+
+    calls, _ = found
+    negate = jax.jit(lambda x: -x)
+    last = [None]
+
+    def dispatched(fn):
+        def call():
+            last[0] = fn()
+
+        return call
+
+    def wait():
+        last[0].block_until_ready()
+
+    rope = dispatched(lambda: calls.jitted(calls.jx, calls.traced_offset))
+    plain = dispatched(lambda: calls.plain(calls.jx, calls.cos, calls.sin))
+    copy_fn = dispatched(lambda: negate(calls.jx))
     nbytes = 2 * calls.x.nbytes
-    copy = nbytes / best(copy_fn, repeat)
+    copy = nbytes / best(copy_fn, repeat, wait, BACK_TO_BACK)
     cases = [
-        Case("jnp plain formula, jax.jit", calls.plain_jit, nbytes),
-        Case("posenc rope (JAX, jax.jit)", calls.jit, nbytes),
+        Case("jnp plain formula, jax.jit", plain, nbytes),
+        Case("posenc rope (JAX, jax.jit)", rope, nbytes),
         Case("jnp negation, jax.jit (bandwidth)", copy_fn, nbytes, comparable=False, bandwidth_row=True),
     ]
-    return _measure(f"JAX rope {list(shape)} (GPU)", cases, copy, repeat, progress)
+    return _measure(f"JAX rope {list(shape)} (GPU)", cases, copy, repeat, progress, wait, BACK_TO_BACK)
 
 
 def jax_gpu_rope(shape):

@@ -20,8 +20,8 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   and the HF pair the host's time to enqueue a call (which the device time leaves out);
 * ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), and
   an A/B of the rotation's block shape (``_block_shapes``);
-* ``pe.rope`` of a JAX GPU array under ``jax.jit``, a call waited for, beside XLA's
-  negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
+* ``pe.rope`` of a JAX GPU array under ``jax.jit``, calls dispatched back to back, beside
+  XLA's negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
   under ``jit`` (``_jax_row``).
 """
 
@@ -226,34 +226,23 @@ def _unit_tables(torch, lead, dtype):
 
 
 def _jax_row(torch, gpu_ms):
-    """``pe.rope`` of a JAX GPU array under ``jax.jit`` (``_bench_gpu.jax_gpu_rope``): the
-    wall time of a call waited for (best of 20), beside XLA's negation of the same array
-    under ``jit`` (its copy: a copy itself is elided) and torch's ``Tensor.copy_`` of the
-    same bytes."""
-    from posenc._bench_gpu import jax_gpu_rope
+    """``pe.rope`` of a JAX GPU array under ``jax.jit`` (``_bench_gpu._jax_rows``: 10 calls
+    dispatched back to back and a wait, best of 5), beside XLA's negation of the same array
+    under ``jit`` (its copy: a copy itself is elided), the plain ``jnp`` formula, and torch's
+    ``Tensor.copy_`` of the same bytes (device time)."""
+    from posenc import _bench_gpu
 
     shape = (4, 32, 8192, 128)
-    found = jax_gpu_rope(shape)
-    if found is None:
+    rows = _bench_gpu._jax_rows(shape, 5, lambda line: None)
+    if not rows:
         print("JAX sees no GPU: no JAX row")
         return
-    calls, negate = found
-
-    def best_ms(fn, reps=20):
-        fn()
-        best = float("inf")
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            fn()
-            best = min(best, time.perf_counter() - t0)
-        return best * 1e3
-
     x = torch.empty(shape, device="cuda")
     y = torch.empty_like(x)
     copy = gpu_ms(lambda: y.copy_(x))
-    neg, jit, plain = best_ms(negate), best_ms(calls.jit), best_ms(calls.plain_jit)
-    print(f"JAX {list(shape)} f32 under jax.jit, ms a call waited for: pe.rope {jit:.3f} ({neg / jit:.2f} of XLA's negation {neg:.3f}, "
-          f"{copy / jit:.2f} of torch's copy_ {copy:.3f}) | plain jnp formula {plain:.3f} ({neg / plain:.2f})")  # fmt: skip
+    plain, rope, negation = (row.seconds * 1e3 for row in rows)
+    print(f"JAX {list(shape)} f32 under jax.jit, ms a call back to back: pe.rope {rope:.3f} ({negation / rope:.2f} of XLA's negation "
+          f"{negation:.3f}, {copy / rope:.2f} of torch's copy_ {copy:.3f}) | plain jnp formula {plain:.3f} ({negation / plain:.2f})")  # fmt: skip
 
 
 if __name__ == "__main__":
