@@ -7,9 +7,11 @@ where JAX's default device is a GPU.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -132,3 +134,14 @@ def test_the_gpu_decode_rows_pair_each_posenc_call_with_its_eager_anchor():
     assert rows[0].op == rows[1].op != rows[2].op == rows[3].op
     assert rows[1].plain_seconds == rows[0].seconds and rows[3].plain_seconds == rows[2].seconds
     assert rows[3].nbytes == 2 * (32 + 8) * 128 * 2 and all(r.seconds > 0 for r in rows)
+
+
+def test_the_launch_cost_script_runs_without_a_gpu():
+    """``tests/gpu/launch_cost.py`` packs the rotary kernel's real signature (it went stale once
+    when the signature grew an argument)."""
+    pytest.importorskip("cuda.core")
+    script = Path(__file__).parent / "gpu" / "launch_cost.py"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "rotary kernel, 129 parameters" in out.stdout and "packing as ints and floats (posenc)" in out.stdout

@@ -1,0 +1,35 @@
+#!/bin/bash
+# Calls on a lent GPU machine (the device tool's run, `carry: [".whl"]` from
+# tests/gpu/wheels.sh): `bash tests/gpu/lease.sh STEP...`, each step with its own limit so
+# that one that hangs leaves time for the rest; logs under $OUT, a summary printed last.
+#   test     make test-gpu (16 workers; about 210 s on an H200)
+#   figures  tests/gpu/device_figures.py: the figures of docs/benchmarks.md, "On a GPU"
+#   ncu      the rotation kernels' Nsight Compute sections (tests/gpu/profile_rotation.py)
+#   bench    posenc bench --gpu
+# Default: test figures (about 400 s with the machine's start); then ncu bench.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD/src:/tmp/site
+summary="$OUT/summary.txt"
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv; git log --oneline -1; } > "$summary" 2>&1
+steps=("$@")
+[ ${#steps[@]} -eq 0 ] && steps=(test figures)
+for step in "${steps[@]}"; do
+	case $step in
+	test) timeout 280 make test-gpu GPU_PYTHON=python3 GPU_WORKERS=16 > "$OUT/test-gpu.txt" 2>&1 ;;
+	figures) timeout 200 python3 tests/gpu/device_figures.py > "$OUT/figures.txt" 2>&1 ;;
+	ncu) timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+		--section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
+		--section LaunchStats python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
+	bench) timeout 250 python3 -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
+	*) echo "unknown step $step" ;;
+	esac
+	echo "$step: exit $?" >> "$summary"
+done
+cat "$summary"
+[ -f "$OUT/test-gpu.txt" ] && tail -3 "$OUT/test-gpu.txt"
+[ -f "$OUT/figures.txt" ] && cut -c1-250 "$OUT/figures.txt"
+[ -f "$OUT/ncu.txt" ] && grep -E "^  [a-z_]+.*kernel|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible" "$OUT/ncu.txt" | head -60
+[ -f "$OUT/bench.txt" ] && grep -E "GPU" "$OUT/bench.txt" | cut -c1-200 | head -60
+exit 0
