@@ -33,19 +33,23 @@ def nan16(bits, storage):
     exponent = np.uint32(0x7F80) if storage == _codec.BFLOAT16 else np.uint32(0x7C00)
     return (bits & exponent) == exponent and (bits & (exponent ^ np.uint32(0x7FFF))) != 0
 
+
 @cuda.jit(device=True)
 def same16(a, b, storage):
     return a == b or (nan16(a, storage) and nan16(b, storage))
+
 
 @cuda.jit(device=True)
 def same32(a, b):
     fa, fb = np.uint32(a).view(np.float32), np.uint32(b).view(np.float32)
     return a == b or (fa != fa and fb != fb)
 
+
 @cuda.jit(device=True)
 def report(found, pattern):
     if cuda.atomic.add(found, 0, 1) == 0:
         found[1] = pattern
+
 
 @cuda.jit
 def narrow(count, step, storage, found):
@@ -58,6 +62,7 @@ def narrow(count, step, storage, found):
         if not (low_ok and same16(got >> np.uint32(16), want >> np.uint32(16), storage)):
             report(found, p)
 
+
 @cuda.jit
 def widen(count, step, storage, found):
     for i in range(cuda.grid(1), count, cuda.gridsize(1)):
@@ -66,17 +71,22 @@ def widen(count, step, storage, found):
         one = _codec_cuda.widen_one(np.uint16(p & np.uint32(0xFFFF)), storage)
         want_low = _codec.widen16(p, storage).view(np.uint32)
         want_high = _codec.widen16(p >> np.uint32(16), storage).view(np.uint32)
-        ok = same32(np.float32(low).view(np.uint32), want_low) and same32(np.float32(high).view(np.uint32), want_high)
-        if not (ok and same32(np.float32(one).view(np.uint32), want_low)):
+        got_low, got_high, got_one = np.float32(low).view(np.uint32), np.float32(high).view(np.uint32), np.float32(one).view(np.uint32)
+        if storage == _codec.BFLOAT16:  # a shift: every bit kept, NaN payloads too
+            ok = got_low == want_low and got_high == want_high and got_one == want_low
+        else:
+            ok = same32(got_low, want_low) and same32(got_high, want_high) and same32(got_one, want_low)
+        if not ok:
             report(found, p)
+
 
 @cuda.jit
 def float32_words(count, step, found):
     for i in range(cuda.grid(1), count, cuda.gridsize(1)):
         p = np.uint32((i * step) & 0xFFFFFFFF)
         word = np.uint64(p) | (np.uint64(p ^ np.uint32(0xFFFFFFFF)) << np.uint64(32))
-        low, high = _codec_cuda.float32_pair(word)
-        ok = same32(np.float32(low).view(np.uint32), p) and same32(np.float32(high).view(np.uint32), p ^ np.uint32(0xFFFFFFFF))
+        low, high = _codec_cuda.float32_pair(word)  # (moves: every bit kept)
+        ok = np.float32(low).view(np.uint32) == p and np.float32(high).view(np.uint32) == p ^ np.uint32(0xFFFFFFFF)
         back = np.uint64(_codec_cuda.float32_word(np.float64(low), np.float64(high)))
         both_numbers = low == low and high == high
         if not ok or (both_numbers and back != word):
@@ -117,3 +127,16 @@ def test_the_simulator_and_the_device_name_the_same_software_rounding():
             assert word & 0xFFFF == _codec.narrow16(low.view(np.uint32), storage)
             assert word >> 16 == _codec.narrow16(high.view(np.uint32), storage)
             assert _codec_cuda.widen_pair(word, storage) == (_codec.widen16(word, storage), _codec.widen16(word >> 16, storage))
+
+
+@pytest.mark.skipif(_arrays.cuda_simulator(), reason="the simulator compiles nothing")
+def test_bfloat16_pairs_round_by_one_instruction_from_compute_capability_8():
+    """On this GPU the compiled conversion is the hardware's (``cvt.rn.bf16x2.f32``) from
+    compute capability 8.0, the software rounding below: a lost compute capability would
+    keep the numbers but quietly lose the instruction."""
+    from numba import types
+
+    signature = (types.int64, types.int64, types.int64, types.Array(types.uint64, 1, "C"))
+    narrow.compile(signature)
+    ptx = narrow.inspect_asm(signature)
+    assert ("cvt.rn.bf16x2.f32" in ptx) == (cuda.get_current_device().compute_capability >= (8, 0))

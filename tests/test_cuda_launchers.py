@@ -130,6 +130,27 @@ def test_host_arrays_beside_device_ones_are_refused(monkeypatch):
     assert launched == []
 
 
+def test_operands_with_negative_strides_are_refused_before_any_launch(monkeypatch):
+    """The rotary launchers called directly (past the registry's accepts) with an input read
+    backwards: refused with the argument named, since the kernels address an operand from its
+    lowest element up at unsigned indices (a negative offset would read outside it)."""
+    from posenc._kernels import rope_cuda
+
+    launched = []
+    monkeypatch.setattr(rope_cuda, "FAMILY", type("F", (), {"__getitem__": lambda self, key: launched.append(key)})())
+    inv_freq = np.ones(2)
+    x = _device(np.zeros((2, 3, 4), np.float32))
+    backwards = _arrays.strided(_device(np.zeros(24, np.float32))[23:], (2, 3, 4), (-12, -4, -1))
+    positions = _device(np.arange(3))
+    cos = _device(np.ones((3, 4), np.float32))
+    cos_backwards = _arrays.strided(_device(np.ones(12, np.float32))[11:], (3, 4), (-4, -1))
+    _refused(rope_cuda.rotate_positions, (backwards, positions, inv_freq), {}, ValueError, ["x has strides (-12, -4, -1)"])
+    _refused(rope_cuda.rotate_positions, (x, _arrays.strided(_device(np.arange(3))[2:], (3,), (-1,)), inv_freq), {}, ValueError, ["positions has strides"])
+    _refused(rope_cuda.rotate_cos_sin, (x, cos_backwards, cos), {}, ValueError, ["cos has strides"])
+    _refused(rope_cuda.rotate_cos_sin_pair, (x, backwards, cos, cos), {}, ValueError, ["k has strides"])
+    assert launched == []
+
+
 def test_toeplitz_indices_are_checked_and_converted_on_their_arrays_device(monkeypatch):
     """A gather's or scatter's index is read (its range) and converted to int64 under the
     launch's device context (``_arrays.launch_context``), as the rotary launchers' positions

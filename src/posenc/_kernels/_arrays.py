@@ -405,9 +405,10 @@ def _device_name(a):
 
 def guard_gpu_operands(x, out=None, **named):
     """What a CUDA launcher checks before it launches: each of ``named`` (and ``out``) is a GPU
-    array of ``x``'s library on ``x``'s device, and ``out`` is one the kernel can write (each
-    element once, non-negative whole strides). ``TypeError``/``ValueError`` naming the argument:
-    never a silent copy to or from the host."""
+    array of ``x``'s library on ``x``'s device, every operand has non-negative whole strides
+    (the kernels address memory from an array's lowest element up, at unsigned indices), and
+    ``out`` is one the kernel can write (each element once). ``TypeError``/``ValueError``
+    naming the argument: never a silent copy to or from the host."""
     lib, device = library(x), _device_name(x)
     for name, a in (*named.items(), ("out", out)):
         if a is None:
@@ -422,6 +423,9 @@ def guard_gpu_operands(x, out=None, **named):
                 f"{name} has strides {element_strides(a)} (elements): the CUDA kernel writes only arrays "
                 "with non-negative strides that hold each element once (kernel launcher check)"
             )
+    for name, a in (("x", x), *named.items()):
+        if not name.startswith("out") and a is not None and not forward_strides(a):
+            raise ValueError(f"{name} has strides {element_strides(a)} (elements): the CUDA kernels read only arrays with non-negative whole strides (kernel launcher check)")
 
 
 def launch_context(a):

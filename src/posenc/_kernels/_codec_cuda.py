@@ -65,7 +65,7 @@ def narrow_pair(low, high, storage):
 def _narrow_pair_software(low, high, storage):
     lo = _codec.narrow16(np.float32(low).view(np.uint32), storage)
     hi = _codec.narrow16(np.float32(high).view(np.uint32), storage)
-    return np.uint32(lo) | (np.uint32(hi) << np.uint32(16))
+    return np.uint32(np.uint32(lo) | (np.uint32(hi) << np.uint32(16)))
 
 
 def _vector(builder, values, element):
