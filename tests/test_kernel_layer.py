@@ -106,6 +106,23 @@ def test_an_edit_to_a_helper_module_recompiles_the_cached_kernels_that_inline_it
     assert (rotation, scatter) == ((True, False) if helper == "_pairs.py" else (False, True))
 
 
+def test_the_cuda_rotation_keys_its_cache_on_every_helper_module_it_inlines(monkeypatch):
+    """The numba.cuda rotation inlines ``_codec``, ``_codec_f32`` (through ``_codec_cuda``) and
+    ``_codec_cuda``: each kernel's closure holds the digest of all three, so an edit to any
+    recompiles it rather than loading a stale kernel from Numba's cache."""
+    pytest.importorskip("numba.cuda")
+    from numba import cuda
+
+    from posenc._kernels import _codec, _codec_cuda, _codec_f32, _family, rope_cuda
+
+    digested = []
+    monkeypatch.setattr(_family, "source_digest", lambda *modules: digested.append(modules) or 0)
+    monkeypatch.setattr(cuda, "jit", lambda *args, **options: (lambda fn: fn))
+    for key in [("rotate", "bfloat16", "half"), ("apply", "float32", rope_cuda.WORDS_LAYOUT)]:
+        rope_cuda._build(*key)
+    assert len(digested) == 2 and all({_codec, _codec_f32, _codec_cuda} <= set(modules) for modules in digested)
+
+
 def test_a_failed_build_propagates_and_is_tried_again_next_time():
     attempts = []
 
