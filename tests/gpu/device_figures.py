@@ -18,8 +18,9 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   behind a device-side wait so that they run back to back; best of 5), its fraction of
   ``Tensor.copy_`` (``fill_`` for the biases) of the same bytes, and for ``rope`` in place
   and the HF pair the host's time to enqueue a call (which the device time leaves out);
-* ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), and
-  an A/B of the rotation's block shape (``_block_shapes``);
+* ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), an
+  A/B of the rotation's block shape (``_block_shapes``) and one of memory order, a row's
+  heads apart or adjacent (``_layouts``);
 * ``pe.rope`` of a JAX GPU array under ``jax.jit``, calls dispatched back to back, beside
   XLA's negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
   under ``jit`` (``_jax_row``).
@@ -153,6 +154,7 @@ def main():
     torch.cuda.empty_cache()
     _cupy_rows(torch, gpu_ms)
     _block_shapes(torch, gpu_ms)
+    _layouts(torch, gpu_ms)
     _jax_row(torch, gpu_ms)
 
 
@@ -214,6 +216,25 @@ def _block_shapes(torch, gpu_ms):
         forget_plans()
         print(f"block A/B {name}: two threads a pair {times[0]:.3f} ms | one thread a pair {times[1]:.3f} ms")
         del x
+
+
+def _layouts(torch, gpu_ms):
+    """An A/B of memory order for the same call, ``pe.rope`` in place on ``[4, 32, 8192, 128]``:
+    contiguous ``[b, h, s, d]`` (a row's heads 4 MB apart for float32: the device's loads and
+    stores spread over 32 streams, one a head) against the transposed view of contiguous
+    ``[b, s, h, d]`` (a row's heads adjacent, as in Hugging Face's q), each beside the copy."""
+    import posenc as pe
+
+    pos = torch.arange(8192, device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        bhsd = torch.randn(4, 32, 8192, 128, device="cuda").to(dtype)
+        bshd = torch.randn(4, 8192, 32, 128, device="cuda").to(dtype).transpose(1, 2)
+        y = torch.empty_like(bhsd)
+        copy = gpu_ms(lambda: y.copy_(bhsd))
+        heads_apart, heads_adjacent = gpu_ms(lambda: pe.rope(bhsd, pos, out=bhsd)), gpu_ms(lambda: pe.rope(bshd, pos, out=bshd))
+        print(f"layout A/B {dtype} rope in place: [b,h,s,d] {heads_apart:.3f} ms ({copy / heads_apart:.2f} of copy) | "
+              f"[b,s,h,d] view {heads_adjacent:.3f} ms ({copy / heads_adjacent:.2f})")  # fmt: skip
+        del bhsd, bshd, y
 
 
 def _unit_tables(torch, lead, dtype):
