@@ -55,6 +55,7 @@ from numba.cuda.extending import overload
 from . import _arrays, _codec, _codec_cuda, _codec_f32, _device_flat, _family, _layout
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 
+
 @cuda.jit(device=True, cache=True)
 def _get(a, i):
     """``a[i]``, ``i`` in bounds (the launch's geometry): read at an unsigned index, which
