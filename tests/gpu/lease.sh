@@ -18,11 +18,11 @@ steps=("$@")
 for step in "${steps[@]}"; do
 	case $step in
 	test) timeout 280 make test-gpu GPU_PYTHON=python3 GPU_WORKERS=16 > "$OUT/test-gpu.txt" 2>&1 ;;
-	figures) timeout 200 python3 tests/gpu/device_figures.py > "$OUT/figures.txt" 2>&1 ;;
+	figures) timeout 200 python3 -u tests/gpu/device_figures.py > "$OUT/figures.txt" 2>&1 ;;
 	ncu) timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
 		--section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
 		--section LaunchStats python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
-	bench) timeout 250 python3 -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
+	bench) timeout 250 python3 -u -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
 	*) echo "unknown step $step" ;;
 	esac
 	echo "$step: exit $?" >> "$summary"
