@@ -30,6 +30,6 @@ done
 cat "$summary"
 [ -f "$OUT/test-gpu.txt" ] && tail -3 "$OUT/test-gpu.txt"
 [ -f "$OUT/figures.txt" ] && cut -c1-250 "$OUT/figures.txt"
-[ -f "$OUT/ncu.txt" ] && grep -E "^  [a-z_]+.*kernel|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible" "$OUT/ncu.txt" | head -60
+[ -f "$OUT/ncu.txt" ] && grep -E "Context [0-9]+, Stream|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible" "$OUT/ncu.txt" | head -60
 [ -f "$OUT/bench.txt" ] && grep -E "GPU" "$OUT/bench.txt" | cut -c1-200 | head -60
 exit 0
