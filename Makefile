@@ -40,10 +40,12 @@ demo: $(VENV)/.demo-installed
 test: $(VENV)/.test-installed
 	$(MAKE) docs
 	POSENC_DOCS_SITE=$(CURDIR)/$(SITE) $(BIN)/python -m pytest
-	$(MAKE) test-kernels-cudasim test-kernels-boundscheck asv-check
+	$(MAKE) -j2 --output-sync=target test-kernels-cudasim test-kernels-boundscheck
+	$(MAKE) asv-check
 
 # The kernel suite again, in fresh processes: CUDA kernels on the numba CUDA simulator,
-# then every Numba kernel with bounds checking compiled in.
+# and every Numba kernel with bounds checking compiled in. `make test` runs the two side by
+# side (each keeps mostly one core busy; each one's output printed whole when it ends).
 test-kernels-cudasim: $(VENV)/.test-installed
 	NUMBA_ENABLE_CUDASIM=1 $(BIN)/python -m pytest -q -m kernels -p no:cacheprovider tests
 
