@@ -417,14 +417,15 @@ def guard_gpu_operands(x, out=None, **named):
             raise TypeError(f"{name} must be a GPU array of x's kind ({lib}), got {type(a).__module__}.{type(a).__name__} (kernel launcher check)")
         if _device_name(a) != device:
             raise ValueError(f"{name} is on {_device_name(a)}, x on {device}: move them to one GPU first (kernel launcher check)")
-    for name, a in (("out", out), *named.items()):
-        if name.startswith("out") and a is not None and a is not x and not (forward_strides(a) and writes_each_element_once(a)):
+    for name, a in (("out", out), *named.items(), ("x", x)):
+        if a is None or (name.startswith("out") and a is x):
+            continue
+        if name.startswith("out") and not (forward_strides(a) and writes_each_element_once(a)):
             raise ValueError(
                 f"{name} has strides {element_strides(a)} (elements): the CUDA kernel writes only arrays "
                 "with non-negative strides that hold each element once (kernel launcher check)"
             )
-    for name, a in (("x", x), *named.items()):
-        if not name.startswith("out") and a is not None and not forward_strides(a):
+        if not forward_strides(a):
             raise ValueError(f"{name} has strides {element_strides(a)} (elements): the CUDA kernels read only arrays with non-negative whole strides (kernel launcher check)")
 
 
