@@ -27,7 +27,7 @@ from numba.core.extending import register_jitable
 from numba.cuda.extending import intrinsic, overload
 
 from . import _codec
-from ._codec_f32 import widen
+from ._codec_f32 import narrow, widen
 
 _I32 = ir.IntType(32)
 _FLOAT32 = ir.FloatType()
@@ -131,8 +131,7 @@ _widen_float16, _widen_pair_float16 = _widen_intrinsic(False)
 @intrinsic
 def _narrow_pair_float16(typingctx, low, high):
     def codegen(context, builder, signature, args):
-        halves = builder.fptrunc(_vector(builder, args, _FLOAT32), ir.VectorType(ir.HalfType(), 2))
-        return builder.bitcast(halves, _I32)
+        return builder.bitcast(narrow(builder, _vector(builder, args, _FLOAT32), False), _I32)
 
     return types.uint32(types.float32, types.float32), codegen
 
