@@ -341,7 +341,7 @@ def test_bench_gpu_device_timings_leave_out_the_hosts_time(monkeypatch):
 def test_bench_gpu_jax_rows_dispatch_calls_back_to_back(monkeypatch):
     """The JAX rows' timing path, run on JAX's CPU arrays in place of a GPU's: three rows,
     each the time of calls dispatched without waiting, then a wait for the last."""
-    pytest.importorskip("jax")
+    jax = pytest.importorskip("jax")
     from posenc import _bench_gpu
     from posenc._bench_jax import RopeCalls
 
@@ -349,7 +349,7 @@ def test_bench_gpu_jax_rows_dispatch_calls_back_to_back(monkeypatch):
     calls = RopeCalls((1, 2, 8, 16))
     jitted = calls.jitted
     calls.jitted = lambda *a: dispatched.append(1) or jitted(*a)
-    monkeypatch.setattr(_bench_gpu, "jax_gpu_rope", lambda shape: (calls, None))
+    monkeypatch.setattr(_bench_gpu, "jax_gpu_rope", lambda shape: (calls, jax.jit(lambda x: -x)))
     rows = _bench_gpu._jax_rows((1, 2, 8, 16), 2, lambda line: None)
     assert [r.impl for r in rows] == ["jnp plain formula, jax.jit", "posenc rope (JAX, jax.jit)", "jnp negation, jax.jit (bandwidth)"]
     assert all(r.seconds > 0 for r in rows)

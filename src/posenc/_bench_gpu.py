@@ -131,10 +131,7 @@ def _jax_rows(shape, repeat, progress):
     if found is None:
         progress("  (JAX sees no GPU: no JAX row)")
         return []
-    import jax
-
-    calls, _ = found
-    negate = jax.jit(lambda x: -x)
+    calls, negate = found
     last = [None]
 
     def dispatched(fn):
@@ -160,9 +157,9 @@ def _jax_rows(shape, repeat, progress):
 
 
 def jax_gpu_rope(shape):
-    """``(calls, copy)`` of the JAX row on JAX's first GPU, or None where JAX sees none:
-    ``calls`` a ``_bench_jax.RopeCalls`` whose arrays are on the GPU, ``copy`` XLA's negation
-    of the same array under ``jit``, waited for (the asv class ``GPUJaxRope`` times them too)."""
+    """``(calls, negate)`` of the JAX row on JAX's first GPU, or None where JAX sees none:
+    ``calls`` a ``_bench_jax.RopeCalls`` whose arrays are on the GPU, ``negate`` XLA's
+    negation under ``jit`` (the copy anchor; the asv class ``GPUJaxRope`` times them too)."""
     import jax
 
     from ._bench_jax import RopeCalls
@@ -172,8 +169,7 @@ def jax_gpu_rope(shape):
         return None
     with jax.default_device(gpus[0]):
         calls = RopeCalls(shape)
-    negate = jax.jit(lambda x: -x)
-    return calls, lambda: negate(calls.jx).block_until_ready()
+    return calls, jax.jit(lambda x: -x)
 
 
 def _compiled(torch, fn):
