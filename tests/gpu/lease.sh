@@ -5,8 +5,9 @@
 #   test     make test-gpu (16 workers; about 210 s on an H200)
 #   figures  tests/gpu/device_figures.py: the figures of docs/benchmarks.md, "On a GPU"
 #   ncu      the rotation kernels' Nsight Compute sections (tests/gpu/profile_rotation.py)
+#   probe    tests/gpu/probe_bounds.py: the rotation's memory pattern without its arithmetic
 #   bench    posenc bench --gpu
-# Default: test figures (about 400 s with the machine's start); then ncu bench.
+# Default: test figures (about 400 s with the machine's start); then probe ncu bench.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -22,6 +23,7 @@ for step in "${steps[@]}"; do
 	ncu) timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
 		--section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
 		--section LaunchStats python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
+	probe) timeout 120 python3 -u tests/gpu/probe_bounds.py > "$OUT/probe.txt" 2>&1 ;;
 	bench) timeout 250 python3 -u -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
 	*) echo "unknown step $step" ;;
 	esac
@@ -30,6 +32,7 @@ done
 cat "$summary"
 [ -f "$OUT/test-gpu.txt" ] && tail -3 "$OUT/test-gpu.txt"
 [ -f "$OUT/figures.txt" ] && cut -c1-250 "$OUT/figures.txt"
+[ -f "$OUT/probe.txt" ] && cut -c1-200 "$OUT/probe.txt"
 [ -f "$OUT/ncu.txt" ] && grep -E "Context [0-9]+, Stream|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible" "$OUT/ncu.txt" | head -60
 [ -f "$OUT/bench.txt" ] && grep -E "GPU" "$OUT/bench.txt" | cut -c1-200 | head -60
 exit 0

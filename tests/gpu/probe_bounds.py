@@ -1,0 +1,149 @@
+"""Where the rotation's device time goes: its kernel's memory pattern without the arithmetic,
+with the arithmetic but no angles, and the product itself, each beside the device's copy.
+
+Usage (``tests/gpu/lease.sh probe``): ``PYTHONPATH=src python tests/gpu/probe_bounds.py``
+(torch with CUDA, numba-cuda). On ``[4, 32, 8192, 128]`` in place, device time per call
+(``_bench_gpu.device_timings``) over ``Tensor.copy_``'s of the same bytes:
+
+* a plain Numba copy, one word a thread: what Numba's code of a copy reaches;
+* probe kernels walking the rows as ``rope_cuda``'s kernel does (a block's ``x`` threads over
+  the words of a row's first half, each with its partner ``half`` words on; ``y`` threads
+  over the heads, two; ``z`` over positions; 256 threads; a thread loads ``unroll`` heads'
+  pairs before storing any), in two modes: ``copy`` stores the loaded words back, XORed
+  with 0 (the memory pattern alone), ``rotate`` rotates them by the product's per-pair arithmetic
+  (``rope_cuda._pair``) with a ``cos``/``sin`` fixed for the call (no positions read, no
+  angles computed);
+* float32 in uint64 words (the product's), 4 and 8 heads loaded at once; bfloat16 in uint32
+  words (the product's) and in uint64 words of four channels (copy only);
+* ``pe.rope`` of the same array in place.
+
+If ``copy`` is near 1 and ``rotate`` well below, the arithmetic bounds the kernel; if
+``copy`` is already low, the memory pattern does (then compare 4 against 8 heads, and
+uint32 against uint64 words).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+from numba import cuda
+
+from posenc._kernels import _codec, rope_cuda
+
+THREADS = 256
+
+
+def probe_kernel(storage, word, mode, unroll):
+    """The probe kernel ``(x, batch, heads, seq, half, c, s, flip)`` of flat ``word`` array
+    ``x`` (``[batch, heads, seq, 2 * half]`` words), in place (``launch``). ``mode``:
+    ``"copy"`` (each word XORed with ``flip``: a store the compiler cannot drop, as it drops
+    a word stored back unchanged), or ``"rotate"`` (words of two channels: uint64 of float32,
+    uint32 of 16-bit ``storage``)."""
+    floats, rotate, held, cast = storage == _codec.FLOAT, mode == "rotate", numba.from_dtype(np.dtype(word)), np.dtype(word).type
+
+    def kernel(x, batch, heads, seq, half, c, s, flip):
+        j = cuda.threadIdx.x
+        row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
+        if j >= half or row >= batch * seq:
+            return
+        if floats:
+            ch, cl, sh, sl = (c, c), (0.0, 0.0), (s, s), (0.0, 0.0)
+        else:
+            h, lo = rope_cuda._split(c, storage)
+            hs, ls = rope_cuda._split(s, storage)
+            ch, cl, sh, sl = (h, h), (lo, lo), (hs, hs), (ls, ls)
+        b, position = row // seq, row % seq
+        step = cuda.blockDim.y
+        head = cuda.threadIdx.y
+        at = ((b * heads + head) * seq + position) * 2 * half + j
+        stride = step * seq * 2 * half
+        a = cuda.local.array(unroll, held)
+        o = cuda.local.array(unroll, held)
+        while head + (unroll - 1) * step < heads:
+            for u in range(unroll):
+                a[u] = rope_cuda._get(x, at + u * stride)
+                o[u] = rope_cuda._get(x, at + u * stride + half)
+            for u in range(unroll):
+                if rotate:
+                    rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], ch, cl, sh, sl, storage)
+                else:
+                    rope_cuda._put(x, at + u * stride, a[u] ^ cast(flip))
+                    rope_cuda._put(x, at + u * stride + half, o[u] ^ cast(flip))
+            at += unroll * stride
+            head += unroll * step
+
+    return cuda.jit(kernel)
+
+
+@cuda.jit
+def flat_copy(x, y):
+    """``y[i] = x[i]``, one word a thread."""
+    i = cuda.grid(1)
+    if i < x.shape[0]:
+        y[i] = x[i]
+
+
+def block(half):
+    """Threads of a block, as ``rope_cuda._block`` shapes them for ``half`` words (32 or fewer,
+    a power of two): ``x`` over the words, two over the heads, the rest over positions."""
+    if half > 32 or half & (half - 1):
+        raise ValueError(f"the probe takes 32 or fewer words a half, a power of two, not {half}")
+    return half, 2, THREADS // (2 * half)
+
+
+def launch(kernel, x, shape, stream=0, flip=0):
+    """Run ``kernel`` (``probe_kernel``) on flat words ``x`` of ``shape = (batch, heads, seq,
+    half)``: the rotation by ``cos, sin = 0.6, 0.8``, or words XORed with ``flip``; ``heads``
+    a multiple of twice the kernel's ``unroll``."""
+    batch, heads, seq, half = shape
+    threads = block(half)
+    kernel[-(-batch * seq // threads[2]), threads, stream](x, batch, heads, seq, half, 0.6, 0.8, x.dtype.type(flip))
+
+
+def main():
+    import torch
+
+    from posenc import _bench_gpu
+
+    timer = _bench_gpu.device_timings(torch)
+    print(torch.cuda.get_device_name(), torch.__version__)
+    for dtype, storage, cases in (
+        (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8)]),
+        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8)]),
+    ):
+        _rows(torch, lambda fn: timer(fn, 5, 10)[0] * 1e3, dtype, storage, cases)
+        torch.cuda.empty_cache()
+
+
+def _rows(torch, gpu_ms, dtype, storage, cases):
+    """The rows of one dtype: ``cases`` are ``(word, mode, unroll)`` of ``probe_kernel``."""
+    import posenc as pe
+
+    stream = cuda.external_stream(torch.cuda.current_stream().cuda_stream)
+
+    def words(t, word):
+        """``t``'s memory as a flat numba array of unsigned ``word``."""
+        signed = {8: torch.int64, 4: torch.int32}[np.dtype(word).itemsize]
+        return cuda.as_cuda_array(t.view(signed).reshape(-1)).view(np.dtype(word))
+
+    batch, heads, seq, dim = 4, 32, 8192, 128
+    x = torch.randn(batch, heads, seq, dim, device="cuda").to(dtype)
+    y = torch.empty_like(x)
+    copy = gpu_ms(lambda: y.copy_(x))
+    flat_x, flat_y = words(x, np.uint64), words(y, np.uint64)
+    n = flat_x.shape[0]
+    plain = gpu_ms(lambda: flat_copy[-(-n // 256), 256, stream](flat_x, flat_y))
+    print(f"{dtype}: copy_ {copy:.3f} ms | Numba flat copy of uint64 words {plain:.3f} ({copy / plain:.2f})")
+    for word, mode, unroll in cases:
+        channels = np.dtype(word).itemsize // x.element_size()  # channels a word holds
+        shape = (batch, heads, seq, dim // 2 // channels)
+        kernel, flat = probe_kernel(storage, word, mode, unroll), words(x, word)
+        ms = gpu_ms(lambda: launch(kernel, flat, shape, stream))
+        print(f"{dtype}: probe {mode} {np.dtype(word).name} words, {unroll} heads loaded at once {ms:.3f} ms ({copy / ms:.2f})")
+    pos = torch.arange(seq, device="cuda")
+    ms = gpu_ms(lambda: pe.rope(x, pos, out=x))
+    print(f"{dtype}: pe.rope in place {ms:.3f} ms ({copy / ms:.2f})")
+
+
+if __name__ == "__main__":
+    main()

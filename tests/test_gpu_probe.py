@@ -1,0 +1,52 @@
+"""The probe kernels of ``tests/gpu/probe_bounds.py`` touch every word once and rotate as the
+product does (under the CUDA simulator in ``make test``, so that a GPU session does not
+find them broken)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from posenc._kernels import _arrays, _codec
+
+pytestmark = [pytest.mark.kernels, pytest.mark.skipif(not _arrays.numba_cuda(), reason="no GPU and no CUDA simulator")]
+
+SHAPE = (1, 16, 5, 2)  # batch, heads, positions (a last block of four rows half full), words of a half
+
+
+def _probe():
+    spec = importlib.util.spec_from_file_location("probe_bounds", Path(__file__).parent / "gpu" / "probe_bounds.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(("storage", "word", "unroll"), [(_codec.FLOAT, np.uint64, 4), (_codec.BFLOAT16, np.uint32, 8), (_codec.BFLOAT16, np.uint64, 8)])
+def test_a_copy_probe_flips_every_word_once(storage, word, unroll):
+    from numba import cuda
+
+    probe = _probe()
+    batch, heads, seq, half = SHAPE
+    words = np.random.default_rng(0).integers(0, np.iinfo(word).max, size=batch * heads * seq * 2 * half, dtype=word, endpoint=True)
+    x = cuda.to_device(words)
+    probe.launch(probe.probe_kernel(storage, word, "copy", unroll), x, SHAPE, flip=np.iinfo(word).max)
+    np.testing.assert_array_equal(x.copy_to_host(), ~words)
+
+
+def test_a_rotate_probe_rotates_float32_pairs_as_the_product_does():
+    """float32 words: channel ``j`` and ``j + half`` of each head and position rotated by
+    ``cos, sin = 0.6, 0.8`` in float64, rounded once (the product's arithmetic)."""
+    from numba import cuda
+
+    probe = _probe()
+    batch, heads, seq, half = SHAPE
+    values = np.random.default_rng(1).standard_normal((batch, heads, seq, 4 * half), dtype=np.float32)
+    x = cuda.to_device(values.reshape(-1).view(np.uint64))
+    probe.launch(probe.probe_kernel(_codec.FLOAT, np.uint64, "rotate", 4), x, SHAPE)
+    got = x.copy_to_host().view(np.float32).reshape(values.shape)
+    a, b = values[..., : 2 * half].astype(np.float64), values[..., 2 * half :].astype(np.float64)
+    want = np.concatenate([a * 0.6 - b * 0.8, b * 0.6 + a * 0.8], axis=-1).astype(np.float32)
+    np.testing.assert_array_equal(got, want)
