@@ -36,17 +36,22 @@ def test_a_copy_probe_flips_every_word_once(storage, word, unroll):
     np.testing.assert_array_equal(x.copy_to_host(), ~words)
 
 
-def test_a_rotate_probe_rotates_float32_pairs_as_the_product_does():
+@pytest.mark.parametrize("mode", ["rotate", "rotate32"])
+def test_a_rotate_probe_rotates_float32_pairs(mode):
     """float32 words: channel ``j`` and ``j + half`` of each head and position rotated by
-    ``cos, sin = 0.6, 0.8`` in float64, rounded once (the product's arithmetic)."""
+    ``cos, sin = 0.6, 0.8``: in float64, rounded once (``rotate``: the product's arithmetic,
+    the same bits), or in float32 (``rotate32``: within an ulp or two)."""
     from numba import cuda
 
     probe = _probe()
     batch, heads, seq, half = SHAPE
     values = np.random.default_rng(1).standard_normal((batch, heads, seq, 4 * half), dtype=np.float32)
     x = cuda.to_device(values.reshape(-1).view(np.uint64))
-    probe.launch(probe.probe_kernel(_codec.FLOAT, np.uint64, "rotate", 4), x, SHAPE)
+    probe.launch(probe.probe_kernel(_codec.FLOAT, np.uint64, mode, 4), x, SHAPE)
     got = x.copy_to_host().view(np.float32).reshape(values.shape)
     a, b = values[..., : 2 * half].astype(np.float64), values[..., 2 * half :].astype(np.float64)
     want = np.concatenate([a * 0.6 - b * 0.8, b * 0.6 + a * 0.8], axis=-1).astype(np.float32)
-    np.testing.assert_array_equal(got, want)
+    if mode == "rotate":
+        np.testing.assert_array_equal(got, want)
+    else:
+        np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)

@@ -17,9 +17,10 @@ Usage (``tests/gpu/lease.sh probe``): ``PYTHONPATH=src python tests/gpu/probe_bo
   words (the product's) and in uint64 words of four channels (copy only);
 * ``pe.rope`` of the same array in place.
 
-If ``copy`` is near 1 and ``rotate`` well below, the arithmetic bounds the kernel; if
-``copy`` is already low, the memory pattern does (then compare 4 against 8 heads, and
-uint32 against uint64 words).
+If ``copy`` is near 1 and ``rotate`` well below, the arithmetic bounds the kernel (and
+``rotate32`` near ``copy`` names the conversions); if ``copy`` is already low, the memory
+pattern does (then compare 4 against 8 heads, and uint32 against uint64 words); ``pe.rope``
+below ``rotate``: the angles and the positions' loads.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numba
 import numpy as np
 from numba import cuda
 
-from posenc._kernels import _codec, rope_cuda
+from posenc._kernels import _codec, _codec_cuda, rope_cuda
 
 THREADS = 256
 
@@ -37,9 +38,12 @@ def probe_kernel(storage, word, mode, unroll):
     """The probe kernel ``(x, batch, heads, seq, half, c, s, flip)`` of flat ``word`` array
     ``x`` (``[batch, heads, seq, 2 * half]`` words), in place (``launch``). ``mode``:
     ``"copy"`` (each word XORed with ``flip``: a store the compiler cannot drop, as it drops
-    a word stored back unchanged), or ``"rotate"`` (words of two channels: uint64 of float32,
-    uint32 of 16-bit ``storage``)."""
-    floats, rotate, held, cast = storage == _codec.FLOAT, mode == "rotate", numba.from_dtype(np.dtype(word)), np.dtype(word).type
+    a word stored back unchanged), ``"rotate"`` (words of two channels: uint64 of float32,
+    uint32 of 16-bit ``storage``), or ``"rotate32"`` (uint64 words of float32 rotated in
+    float32, two fused multiply-adds an element: no float64 conversions; not the product's
+    bits)."""
+    floats, held, cast = storage == _codec.FLOAT, numba.from_dtype(np.dtype(word)), np.dtype(word).type
+    rotate, rotate32 = mode == "rotate", mode == "rotate32"
 
     def kernel(x, batch, heads, seq, half, c, s, flip):
         j = cuda.threadIdx.x
@@ -66,6 +70,8 @@ def probe_kernel(storage, word, mode, unroll):
             for u in range(unroll):
                 if rotate:
                     rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], ch, cl, sh, sl, storage)
+                elif rotate32:
+                    _rotate32(x, at + u * stride, at + u * stride + half, a[u], o[u], np.float32(c), np.float32(s))
                 else:
                     rope_cuda._put(x, at + u * stride, a[u] ^ cast(flip))
                     rope_cuda._put(x, at + u * stride + half, o[u] ^ cast(flip))
@@ -73,6 +79,15 @@ def probe_kernel(storage, word, mode, unroll):
             head += unroll * step
 
     return cuda.jit(kernel)
+
+
+@cuda.jit(device=True)
+def _rotate32(x, ia, ib, a, b, c, s):
+    """Store the float32 rotation by float32 ``c``, ``s`` of the two pairs in uint64 words ``a``, ``b``."""
+    a0, a1 = _codec_cuda.float32_pair(a)
+    b0, b1 = _codec_cuda.float32_pair(b)
+    rope_cuda._put(x, ia, _codec_cuda.float32_word(cuda.fma(a0, c, -(b0 * s)), cuda.fma(a1, c, -(b1 * s))))
+    rope_cuda._put(x, ib, _codec_cuda.float32_word(cuda.fma(b0, c, a0 * s), cuda.fma(b1, c, a1 * s)))
 
 
 @cuda.jit
@@ -108,7 +123,7 @@ def main():
     timer = _bench_gpu.device_timings(torch)
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype, storage, cases in (
-        (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8)]),
+        (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "rotate32", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8)]),
         (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8)]),
     ):
         _rows(torch, lambda fn: timer(fn, 5, 10)[0] * 1e3, dtype, storage, cases)
