@@ -7,7 +7,7 @@
 #   ncu      the rotation kernels' Nsight Compute sections (tests/gpu/profile_rotation.py)
 #   probe    tests/gpu/probe_bounds.py: the rotation's memory pattern without its arithmetic
 #   bench    posenc bench --gpu
-# Default: test figures (about 400 s with the machine's start); then probe ncu bench.
+# Default: test figures probe (about 450 s with the machine's start); then ncu bench.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -15,7 +15,7 @@ export PYTHONPATH=$PWD/src:/tmp/site
 summary="$OUT/summary.txt"
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem --format=csv; git log --oneline -1; } > "$summary" 2>&1
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(test figures)
+[ ${#steps[@]} -eq 0 ] && steps=(test figures probe)
 for step in "${steps[@]}"; do
 	case $step in
 	test) timeout 280 make test-gpu GPU_PYTHON=python3 GPU_WORKERS=16 > "$OUT/test-gpu.txt" 2>&1 ;;
