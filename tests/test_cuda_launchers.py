@@ -87,6 +87,38 @@ def test_rope_on_hf_views_in_place(dtype, positions_dtype):
     _close(xd, want, dtype)
 
 
+@pytest.mark.parametrize("columns", [1, 3, 4, 5, 8, 9, 16, 17, 31, 32])
+def test_a_block_of_short_rows_gives_every_warp_thread_a_column(columns):
+    """Rows of 32 columns or fewer: ``x`` threads a power of two dividing a warp, fewer than
+    twice the columns (4 at least, so that ``z`` stays within the device's 64 a block); longer
+    rows take whole warps."""
+    from posenc._kernels import rope_cuda
+
+    for heads in (1, 2, 32):
+        bx, by, bz = rope_cuda._block(columns, heads)
+        assert 32 % bx == 0 and columns <= bx and (bx < 2 * columns or bx == 4)
+        assert bx * by * bz == rope_cuda._THREADS and bz <= 64 and by == (2 if heads > 1 else 1)
+    assert rope_cuda._block(33, 32) == (64, 2, 2)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_short_rows_with_warps_across_heads_and_positions_match_the_reference(dtype):
+    """Head dim 16 in words (4 columns in place: a warp's threads span two heads and four
+    positions) and a rotary dim of 4 of 16 with out a new array (the pass-through channels
+    copied by the same threads): the reference's values."""
+    from posenc._kernels import rope_cuda
+
+    rng = np.random.default_rng(11)
+    x = _hf_views(rng, 2, 9, 6, 16, dtype)
+    positions = rng.integers(0, 5000, (2, 1, 9))
+    for rotary in (16, 4):
+        inv_freq = 10000.0 ** -(np.arange(rotary // 2) / (rotary // 2))
+        want = _rotate.rotate_positions(x.copy(), positions, inv_freq)
+        xd = _device(x)
+        got = rope_cuda.rotate_positions(xd, _device(positions), inv_freq, out=xd if rotary == 16 else None)
+        _close(got, want, dtype)
+
+
 def test_rope_with_five_unmergeable_leading_axes():
     """More leading axes than one launch walks (AXES): one launch per index of the extra ones, still right."""
     from posenc._kernels import _device_flat, rope_cuda

@@ -19,8 +19,8 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   ``Tensor.copy_`` (``fill_`` for the biases) of the same bytes, and for ``rope`` in place
   and the HF pair the host's time to enqueue a call (which the device time leaves out);
 * ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), an
-  A/B of the rotation's block shape (``_block_shapes``) and one of memory order, a row's
-  heads apart or adjacent (``_layouts``);
+  A/B of the rotation's block shape (``_block_shapes``), one of the block of short rows
+  (``_short_rows``) and one of memory order, a row's heads apart or adjacent (``_layouts``);
 * ``pe.rope`` of a JAX GPU array under ``jax.jit``, calls dispatched back to back, beside
   XLA's negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
   under ``jit`` (``_jax_row``).
@@ -154,6 +154,7 @@ def main():
     torch.cuda.empty_cache()
     _cupy_rows(torch, gpu_ms)
     _block_shapes(torch, gpu_ms)
+    _short_rows(torch, gpu_ms)
     _layouts(torch, gpu_ms)
     _jax_row(torch, gpu_ms)
 
@@ -216,6 +217,39 @@ def _block_shapes(torch, gpu_ms):
         forget_plans()
         print(f"block A/B {name}: two threads a pair {times[0]:.3f} ms | one thread a pair {times[1]:.3f} ms")
         del x
+
+
+def _short_rows(torch, gpu_ms):
+    """An A/B of the block for rows of 16 columns or fewer (``rope`` in place, head dim 64 in
+    words of two channels; head dim 128 with a rotary dim of 32, 8 words): ``_block``'s
+    ``x`` threads as many as the columns, a warp spanning heads, against whole warps of 32,
+    half or three quarters of whose threads have no column (the rule before)."""
+    import posenc as pe
+    from posenc._kernels import rope_cuda
+
+    usual = rope_cuda._block
+
+    def whole_warps(columns, heads):
+        bx = min(32 * -(-columns // 32), rope_cuda._THREADS)
+        by = 2 if heads > 1 and 2 * bx <= rope_cuda._THREADS else 1
+        return bx, by, rope_cuda._THREADS // (bx * by)
+
+    pos = torch.arange(8192, device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        for dim, rotary_dim in ((64, None), (128, 32)):
+            x = torch.randn(4, 32, 8192, dim, device="cuda").to(dtype)
+            y = torch.empty_like(x)
+            copy = gpu_ms(lambda: y.copy_(x))
+            times = []
+            for block in (usual, whole_warps):
+                rope_cuda._block = block
+                pe.rope.plans.clear()
+                times.append(gpu_ms(lambda: pe.rope(x, pos, rotary_dim=rotary_dim, out=x)))
+            rope_cuda._block = usual
+            pe.rope.plans.clear()
+            print(f"short rows A/B {dtype} head dim {dim}, rotary dim {rotary_dim or dim}, in place: threads as the columns "
+                  f"{times[0]:.3f} ms ({copy / times[0]:.2f} of copy) | whole warps {times[1]:.3f} ms ({copy / times[1]:.2f})")  # fmt: skip
+            del x, y
 
 
 def _layouts(torch, gpu_ms):

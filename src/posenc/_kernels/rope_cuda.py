@@ -421,8 +421,12 @@ def _tables(a, lead, step=None):
 
 
 def _block(columns, heads):
-    """Threads of a block: ``x`` over a row's columns, ``y`` over its heads, ``z`` over rows."""
-    bx = min(32 * -(-columns // 32), _THREADS)
+    """Threads of a block: ``x`` over a row's columns, ``y`` over its heads, ``z`` over rows.
+    A row of 32 columns or fewer takes the power of two at or above its count (4 at least, so
+    that ``z`` stays within the device's 64), so a warp's threads all have a column (a head
+    dim of 64 in words, or a partial rotary dim: 16 columns or fewer); longer rows take
+    whole warps."""
+    bx = min(32 * -(-columns // 32), _THREADS) if columns > 32 else max(4, 1 << (columns - 1).bit_length())
     by = 2 if heads > 1 and 2 * bx <= _THREADS else 1
     return bx, by, _THREADS // (bx * by)
 
