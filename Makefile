@@ -7,6 +7,9 @@ BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
 
 SITE   := site
+# pytest processes of `make test` (pytest-xdist; work stealing: a worker done with its share
+# takes tests queued behind another's slow one).
+TEST_WORKERS ?= 2
 
 .PHONY: demo test test-gpu test-kernels-cudasim test-kernels-boundscheck asv-check docs bench bench-machine bench-record bench-report bench-continuous clean
 
@@ -39,7 +42,7 @@ demo: $(VENV)/.demo-installed
 # The docs are built first (strictly); tests/test_docs_html.py then checks that site.
 test: $(VENV)/.test-installed
 	$(MAKE) docs
-	POSENC_DOCS_SITE=$(CURDIR)/$(SITE) $(BIN)/python -m pytest
+	POSENC_DOCS_SITE=$(CURDIR)/$(SITE) $(BIN)/python -m pytest -n $(TEST_WORKERS) --dist worksteal
 	$(MAKE) -j2 --output-sync=target test-kernels-cudasim test-kernels-boundscheck
 	$(MAKE) asv-check
 
