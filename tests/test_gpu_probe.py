@@ -36,6 +36,21 @@ def test_a_copy_probe_flips_every_word_once(storage, word, unroll):
     np.testing.assert_array_equal(x.copy_to_host(), ~words)
 
 
+def test_the_16_byte_probe_flips_every_word_once_and_the_flat_copies_copy():
+    from numba import cuda
+
+    probe = _probe()
+    batch, heads, seq, half = SHAPE
+    words = np.random.default_rng(2).integers(0, 2**63, size=batch * heads * seq * 4 * half, dtype=np.uint64)
+    x = cuda.to_device(words)
+    probe.launch(probe.probe_kernel16(4), x, SHAPE, flip=2**64 - 1)
+    np.testing.assert_array_equal(x.copy_to_host(), ~words)
+    for copy, per in ((probe.flat_copy, 1), (probe.flat_copy16, 2)):
+        y = cuda.device_array_like(words)
+        copy[-(-words.size // (256 * per)), 256](x, y)
+        np.testing.assert_array_equal(y.copy_to_host(), ~words)
+
+
 @pytest.mark.parametrize("mode", ["rotate", "rotate32"])
 def test_a_rotate_probe_rotates_float32_pairs(mode):
     """float32 words: channel ``j`` and ``j + half`` of each head and position rotated by

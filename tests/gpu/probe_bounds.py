@@ -14,12 +14,14 @@ Usage (``tests/gpu/lease.sh probe``): ``PYTHONPATH=src python tests/gpu/probe_bo
   (``rope_cuda._pair``) with a ``cos``/``sin`` fixed for the call (no positions read, no
   angles computed);
 * float32 in uint64 words (the product's), 4 and 8 heads loaded at once; bfloat16 in uint32
-  words (the product's) and in uint64 words of four channels (copy only);
+  words (the product's) and in uint64 words of four channels (copy only); both in 16-byte
+  words (copy only, ``probe_kernel16``: the vector loads and stores a plain CUDA copy makes),
+  and a Numba flat copy of 16 bytes a thread;
 * ``pe.rope`` of the same array in place.
 
 If ``copy`` is near 1 and ``rotate`` well below, the arithmetic bounds the kernel (and
 ``rotate32`` near ``copy`` names the conversions); if ``copy`` is already low, the memory
-pattern does (then compare 4 against 8 heads, and uint32 against uint64 words); ``pe.rope``
+pattern does (then compare 4 against 8 heads, and 4-, 8- and 16-byte words); ``pe.rope``
 below ``rotate``: the angles and the positions' loads.
 """
 
@@ -27,11 +29,14 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-from numba import cuda
+from llvmlite import ir
+from numba import cuda, types
+from numba.cuda.extending import intrinsic, overload
 
 from posenc._kernels import _codec, _codec_cuda, rope_cuda
 
 THREADS = 256
+SIXTEEN = "16 bytes"  # a word of ``probe_kernel16``: two uint64 moved by one load or store
 
 
 def probe_kernel(storage, word, mode, unroll):
@@ -90,12 +95,101 @@ def _rotate32(x, ia, ib, a, b, c, s):
     rope_cuda._put(x, ib, _codec_cuda.float32_word(cuda.fma(b0, c, a0 * s), cuda.fma(b1, c, a1 * s)))
 
 
+def probe_kernel16(unroll):
+    """``probe_kernel``'s ``copy`` mode moving 16 bytes a load and a store (``load16``): ``x``
+    a uint64 array, ``half`` counted in 16-byte words."""
+
+    def kernel(x, batch, heads, seq, half, c, s, flip):
+        j = cuda.threadIdx.x
+        row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
+        if j >= half or row >= batch * seq:
+            return
+        b, position = row // seq, row % seq
+        step = cuda.blockDim.y
+        head = cuda.threadIdx.y
+        at = ((b * heads + head) * seq + position) * 2 * half + j
+        stride = step * seq * 2 * half
+        a0, a1 = cuda.local.array(unroll, numba.uint64), cuda.local.array(unroll, numba.uint64)
+        o0, o1 = cuda.local.array(unroll, numba.uint64), cuda.local.array(unroll, numba.uint64)
+        while head + (unroll - 1) * step < heads:
+            for u in range(unroll):
+                a0[u], a1[u] = load16(x, at + u * stride)
+                o0[u], o1[u] = load16(x, at + u * stride + half)
+            for u in range(unroll):
+                store16(x, at + u * stride, a0[u] ^ flip, a1[u] ^ flip)
+                store16(x, at + u * stride + half, o0[u] ^ flip, o1[u] ^ flip)
+            at += unroll * stride
+            head += unroll * step
+
+    return cuda.jit(kernel)
+
+
+def load16(x, i):
+    """``(x[2 i], x[2 i + 1])`` of uint64 array ``x``: on the device one 16-byte load."""
+    return x[2 * i], x[2 * i + 1]
+
+
+def store16(x, i, low, high):
+    """``x[2 i], x[2 i + 1] = low, high``: on the device one 16-byte store."""
+    x[2 * i], x[2 * i + 1] = low, high
+
+
+_PAIR = ir.VectorType(ir.IntType(64), 2)
+
+
+def _pair_pointer(context, builder, signature, args):
+    data = context.make_array(signature.args[0])(context, builder, args[0]).data
+    at = builder.gep(data, [builder.shl(args[1], ir.Constant(ir.IntType(64), 1))])
+    return builder.bitcast(at, _PAIR.as_pointer())
+
+
+@intrinsic
+def _load16(typingctx, x, i):
+    result = types.UniTuple(types.uint64, 2)
+
+    def codegen(context, builder, signature, args):
+        v = builder.load(_pair_pointer(context, builder, signature, args), align=16)
+        return context.make_tuple(builder, result, [builder.extract_element(v, ir.Constant(ir.IntType(32), k)) for k in range(2)])
+
+    return result(x, types.int64), codegen
+
+
+@intrinsic
+def _store16(typingctx, x, i, low, high):
+    def codegen(context, builder, signature, args):
+        v = ir.Constant(_PAIR, ir.Undefined)
+        for k, value in enumerate(args[2:]):
+            v = builder.insert_element(v, value, ir.Constant(ir.IntType(32), k))
+        builder.store(v, _pair_pointer(context, builder, signature, args), align=16)
+
+    return types.void(x, types.int64, types.uint64, types.uint64), codegen
+
+
+@overload(load16, target="cuda")
+def _load16_typed(x, i):
+    return lambda x, i: _load16(x, i)
+
+
+@overload(store16, target="cuda")
+def _store16_typed(x, i, low, high):
+    return lambda x, i, low, high: _store16(x, i, low, high)
+
+
 @cuda.jit
 def flat_copy(x, y):
     """``y[i] = x[i]``, one word a thread."""
     i = cuda.grid(1)
     if i < x.shape[0]:
         y[i] = x[i]
+
+
+@cuda.jit
+def flat_copy16(x, y):
+    """``flat_copy`` of uint64 arrays of an even size, 16 bytes a thread (``load16``)."""
+    i = cuda.grid(1)
+    if i < x.shape[0] // 2:
+        low, high = load16(x, i)
+        store16(y, i, low, high)
 
 
 def block(half):
@@ -123,8 +217,8 @@ def main():
     timer = _bench_gpu.device_timings(torch)
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype, storage, cases in (
-        (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "rotate32", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8)]),
-        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8)]),
+        (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "rotate32", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8), (SIXTEEN, "copy", 4)]),
+        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8), (SIXTEEN, "copy", 4)]),
     ):
         _rows(torch, lambda fn: timer(fn, 5, 10)[0] * 1e3, dtype, storage, cases)
         torch.cuda.empty_cache()
@@ -148,13 +242,17 @@ def _rows(torch, gpu_ms, dtype, storage, cases):
     flat_x, flat_y = words(x, np.uint64), words(y, np.uint64)
     n = flat_x.shape[0]
     plain = gpu_ms(lambda: flat_copy[-(-n // 256), 256, stream](flat_x, flat_y))
-    print(f"{dtype}: copy_ {copy:.3f} ms | Numba flat copy of uint64 words {plain:.3f} ({copy / plain:.2f})")
+    wide = gpu_ms(lambda: flat_copy16[-(-n // 512), 256, stream](flat_x, flat_y))
+    print(f"{dtype}: copy_ {copy:.3f} ms | Numba flat copy of uint64 words {plain:.3f} ({copy / plain:.2f}), of 16 bytes {wide:.3f} ({copy / wide:.2f})")
     for word, mode, unroll in cases:
-        channels = np.dtype(word).itemsize // x.element_size()  # channels a word holds
-        shape = (batch, heads, seq, dim // 2 // channels)
-        kernel, flat = probe_kernel(storage, word, mode, unroll), words(x, word)
+        size = 16 if word == SIXTEEN else np.dtype(word).itemsize
+        shape = (batch, heads, seq, dim // 2 // (size // x.element_size()))
+        if word == SIXTEEN:
+            kernel, flat = probe_kernel16(unroll), words(x, np.uint64)
+        else:
+            kernel, flat = probe_kernel(storage, word, mode, unroll), words(x, word)
         ms = gpu_ms(lambda: launch(kernel, flat, shape, stream))
-        print(f"{dtype}: probe {mode} {np.dtype(word).name} words, {unroll} heads loaded at once {ms:.3f} ms ({copy / ms:.2f})")
+        print(f"{dtype}: probe {mode} {size}-byte words, {unroll} heads loaded at once {ms:.3f} ms ({copy / ms:.2f})")
     pos = torch.arange(seq, device="cuda")
     ms = gpu_ms(lambda: pe.rope(x, pos, out=x))
     print(f"{dtype}: pe.rope in place {ms:.3f} ms ({copy / ms:.2f})")
