@@ -70,3 +70,43 @@ def test_a_rotate_probe_rotates_float32_pairs(mode):
         np.testing.assert_array_equal(got, want)
     else:
         np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
+
+
+def test_bfloat16_rotated_in_words_of_four_channels_gives_the_bits_of_words_of_two():
+    """``_rotate16_wide`` is the product's arithmetic on wider words: the bits of the product's
+    uint32 words of two channels (``rope_cuda._pair``), each rounding its pair together."""
+    import ml_dtypes
+    from numba import cuda
+
+    probe = _probe()
+    batch, heads, seq, half = SHAPE  # (half: words of four channels)
+    values = np.random.default_rng(3).standard_normal((batch, heads, seq, 8 * half)).astype(ml_dtypes.bfloat16)
+    bits = values.view(np.uint16).reshape(-1)
+    results = []
+    for word, words in ((np.uint64, half), (np.uint32, 2 * half)):
+        x = cuda.to_device(bits.view(word).copy())
+        probe.launch(probe.probe_kernel(_codec.BFLOAT16, word, "rotate", 8), x, (batch, heads, seq, words))
+        results.append(x.copy_to_host().view(np.uint16))
+    np.testing.assert_array_equal(results[0], results[1])
+    assert not np.array_equal(results[0], bits)
+
+
+def test_the_products_kernel_compiled_by_the_probe_rotates_as_the_product_does():
+    """``product_kernel`` (the family's kernel, built here) launched by ``product_rotation``
+    gives ``rope_cuda.rotate_positions``'s bits."""
+    from numba import cuda
+
+    from posenc._kernels import rope_cuda
+
+    probe = _probe()
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 5, 16)).astype(np.float32)
+    positions, inv_freq = np.arange(5), 10000.0 ** -(np.arange(8) / 8)
+    want = rope_cuda.rotate_positions(cuda.to_device(x), cuda.to_device(positions), inv_freq).copy_to_host()
+    xd = cuda.to_device(x)
+    probe.product_rotation(xd, cuda.to_device(positions), inv_freq, probe.product_kernel("rotate", "float32", rope_cuda.WORDS_LAYOUT))()
+    np.testing.assert_array_equal(xd.copy_to_host(), want)
+    assert not np.array_equal(want, x)
+    with pytest.raises(ValueError, match="not rotated in words"):
+        probe.product_rotation(cuda.to_device(np.ascontiguousarray(x[..., :14])), cuda.to_device(positions), inv_freq[:7], None)  # (7 pairs)
+

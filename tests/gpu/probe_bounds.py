@@ -14,10 +14,14 @@ Usage (``tests/gpu/lease.sh probe``): ``PYTHONPATH=src python tests/gpu/probe_bo
   (``rope_cuda._pair``) with a ``cos``/``sin`` fixed for the call (no positions read, no
   angles computed);
 * float32 in uint64 words (the product's), 4 and 8 heads loaded at once; bfloat16 in uint32
-  words (the product's) and in uint64 words of four channels (copy only); both in 16-byte
+  words (the product's) and in uint64 words of four channels (rotated by the product's
+  arithmetic too, 8 and 4 heads loaded at once: what wider words would give); both in 16-byte
   words (copy only, ``probe_kernel16``: the vector loads and stores a plain CUDA copy makes),
   and a Numba flat copy of 16 bytes a thread;
-* ``pe.rope`` of the same array in place.
+* ``pe.rope`` of the same array in place, and its kernel compiled with launch bounds of 4
+  and 5 blocks an SM (``product_kernel``; as built, the float32 kernel takes 80 registers a
+  thread and the 16-bit ones are capped there: 3 blocks of 256 threads an SM; ptxas for
+  sm_90 spills a few bytes at 4, in the prologue of a row, not in the loop over heads).
 
 If ``copy`` is near 1 and ``rotate`` well below, the arithmetic bounds the kernel (and
 ``rotate32`` near ``copy`` names the conversions); if ``copy`` is already low, the memory
@@ -43,12 +47,14 @@ def probe_kernel(storage, word, mode, unroll):
     """The probe kernel ``(x, batch, heads, seq, half, c, s, flip)`` of flat ``word`` array
     ``x`` (``[batch, heads, seq, 2 * half]`` words), in place (``launch``). ``mode``:
     ``"copy"`` (each word XORed with ``flip``: a store the compiler cannot drop, as it drops
-    a word stored back unchanged), ``"rotate"`` (words of two channels: uint64 of float32,
-    uint32 of 16-bit ``storage``), or ``"rotate32"`` (uint64 words of float32 rotated in
-    float32, two fused multiply-adds an element: no float64 conversions; not the product's
-    bits)."""
+    a word stored back unchanged), ``"rotate"`` (the product's arithmetic, the product's
+    bits: words of two channels, uint64 of float32 and uint32 of 16-bit ``storage``, or
+    uint64 words of four 16-bit channels, ``_rotate16_wide``), or ``"rotate32"`` (uint64
+    words of float32 rotated in float32, two fused multiply-adds an element: no float64
+    conversions; not the product's bits)."""
     floats, held, cast = storage == _codec.FLOAT, numba.from_dtype(np.dtype(word)), np.dtype(word).type
     rotate, rotate32 = mode == "rotate", mode == "rotate32"
+    wide = not floats and np.dtype(word).itemsize == 8
 
     def kernel(x, batch, heads, seq, half, c, s, flip):
         j = cuda.threadIdx.x
@@ -73,7 +79,9 @@ def probe_kernel(storage, word, mode, unroll):
                 a[u] = rope_cuda._get(x, at + u * stride)
                 o[u] = rope_cuda._get(x, at + u * stride + half)
             for u in range(unroll):
-                if rotate:
+                if rotate and wide:
+                    _rotate16_wide(x, at + u * stride, at + u * stride + half, a[u], o[u], ch[0], cl[0], sh[0], sl[0], storage)
+                elif rotate:
                     rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], ch, cl, sh, sl, storage)
                 elif rotate32:
                     _rotate32(x, at + u * stride, at + u * stride + half, a[u], o[u], np.float32(c), np.float32(s))
@@ -93,6 +101,27 @@ def _rotate32(x, ia, ib, a, b, c, s):
     b0, b1 = _codec_cuda.float32_pair(b)
     rope_cuda._put(x, ia, _codec_cuda.float32_word(cuda.fma(a0, c, -(b0 * s)), cuda.fma(a1, c, -(b1 * s))))
     rope_cuda._put(x, ib, _codec_cuda.float32_word(cuda.fma(b0, c, a0 * s), cuda.fma(b1, c, a1 * s)))
+
+
+@cuda.jit(device=True)
+def _rotate16_wide(x, ia, ib, a, b, ch, cl, sh, sl, storage):
+    """Store the rotation of the four 16-bit pairs in uint64 words ``a``, ``b`` (channel ``4i``
+    in the lowest quarter), each by the same ``cos``/``sin`` cut as the product cuts them:
+    the product's arithmetic (``rope_cuda._rotated16``, a word's two results rounded together)
+    on words of four channels."""
+    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
+    a0, a1 = _codec_cuda.widen_pair(np.uint32(a & low), storage)
+    a2, a3 = _codec_cuda.widen_pair(np.uint32(a >> high), storage)
+    b0, b1 = _codec_cuda.widen_pair(np.uint32(b & low), storage)
+    b2, b3 = _codec_cuda.widen_pair(np.uint32(b >> high), storage)
+    ra0, rb0 = rope_cuda._rotated16(a0, b0, ch, cl, sh, sl)
+    ra1, rb1 = rope_cuda._rotated16(a1, b1, ch, cl, sh, sl)
+    ra2, rb2 = rope_cuda._rotated16(a2, b2, ch, cl, sh, sl)
+    ra3, rb3 = rope_cuda._rotated16(a3, b3, ch, cl, sh, sl)
+    wa = np.uint64(_codec_cuda.narrow_pair(ra0, ra1, storage)) | (np.uint64(_codec_cuda.narrow_pair(ra2, ra3, storage)) << high)
+    wb = np.uint64(_codec_cuda.narrow_pair(rb0, rb1, storage)) | (np.uint64(_codec_cuda.narrow_pair(rb2, rb3, storage)) << high)
+    rope_cuda._put(x, ia, wa)
+    rope_cuda._put(x, ib, wb)
 
 
 def probe_kernel16(unroll):
@@ -175,6 +204,48 @@ def _store16_typed(x, i, low, high):
     return lambda x, i, low, high: _store16(x, i, low, high)
 
 
+def product_kernel(op, dtype, layout, blocks=None):
+    """``rope_cuda``'s kernel of ``(op, dtype, layout)`` as its family builds it, compiled here
+    (not cached on disk) with launch bounds of ``rope_cuda._THREADS`` threads and ``blocks``
+    blocks an SM (registers capped at 65536 / (256 * blocks)); ``None``: the family's own."""
+    jit, built = cuda.jit, {}
+
+    def capture(signature=None, **options):  # what the family's build compiles
+        def keep(fn):
+            built.update(fn=fn, signature=signature, options=options)
+
+        return keep
+
+    cuda.jit = capture
+    try:
+        rope_cuda._build(op, dtype, layout)
+    finally:
+        cuda.jit = jit
+    bounds = built["options"].get("launch_bounds") if blocks is None else (rope_cuda._THREADS, blocks)
+    return cuda.jit(built["signature"], **({"launch_bounds": bounds} if bounds else {}))(built["fn"])
+
+
+def product_rotation(x, positions, inv_freq, kernel):
+    """A callable rotating ``x`` in place as ``rope_cuda.rotate_positions`` does ("half"
+    layout, in words of two channels), each launch made with ``kernel`` (``product_kernel``)
+    in place of the family's."""
+    from posenc._kernels import _arrays, _device_flat
+
+    stream, on_device, device = rope_cuda._context(x)
+    with on_device:
+        _, launches, _ = rope_cuda.rotation(x, positions, inv_freq, layout="half", inverse=False, scale=1.0, out=x, device=device, stream=stream)
+    family = rope_cuda.FAMILY["rotate", _arrays.dtype_name(x.dtype), rope_cuda.WORDS_LAYOUT]
+    if any([launched is not family for launched, *_ in launches]):
+        raise ValueError("x is not rotated in words of two channels")
+
+    def run():
+        with on_device:
+            for _, grid, block, arguments in launches:
+                _device_flat.launch(kernel, device, grid, block, stream, *arguments)
+
+    return run
+
+
 @cuda.jit
 def flat_copy(x, y):
     """``y[i] = x[i]``, one word a thread."""
@@ -218,7 +289,7 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype, storage, cases in (
         (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "rotate32", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8), (SIXTEEN, "copy", 4)]),
-        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8), (SIXTEEN, "copy", 4)]),
+        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8), (np.uint64, "rotate", 8), (np.uint64, "rotate", 4), (SIXTEEN, "copy", 4)]),
     ):
         _rows(torch, lambda fn: timer(fn, 5, 10)[0] * 1e3, dtype, storage, cases)
         torch.cuda.empty_cache()
@@ -256,6 +327,12 @@ def _rows(torch, gpu_ms, dtype, storage, cases):
     pos = torch.arange(seq, device="cuda")
     ms = gpu_ms(lambda: pe.rope(x, pos, out=x))
     print(f"{dtype}: pe.rope in place {ms:.3f} ms ({copy / ms:.2f})")
+    name, (inv_freq, _) = str(dtype).removeprefix("torch."), pe.rope_frequencies(dim)
+    for blocks in (None, 4, 5) if dtype == torch.float32 else (None, 4):
+        kernel = product_kernel("rotate", name, rope_cuda.WORDS_LAYOUT, blocks)
+        registers = kernel.get_regs_per_thread()
+        ms = gpu_ms(product_rotation(x, pos, inv_freq, kernel))
+        print(f"{dtype}: the product's kernel, launch bounds {blocks or 'as built'} ({registers} registers) {ms:.3f} ms ({copy / ms:.2f})")
 
 
 if __name__ == "__main__":
