@@ -66,7 +66,9 @@ def test_t5_bucket_int32_input_keeps_dtype():
 # --- deberta_bucket -----------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bucket_size, max_position", [(256, 512), (8, 16), (16, 100), (64, 512), (32, 1000), (4, 6), (2, 10)])
+# (128, 513): (P - 1) / m = 8 is a power of 2, so |rel| = 128, 256 are exact steps whose
+# float64 log ratio lands above a whole number (a bucket past the original's float32 one).
+@pytest.mark.parametrize("bucket_size, max_position", [(256, 512), (8, 16), (16, 100), (64, 512), (32, 1000), (4, 6), (2, 10), (128, 513), (194, 2048)])
 def test_deberta_bucket_equals_original(bucket_size, max_position):
     rel = np.arange(-4 * max_position, 4 * max_position + 1)
     ours = pe.deberta_bucket(rel, bucket_size=bucket_size, max_position=max_position)
@@ -80,6 +82,15 @@ def test_deberta_bucket_small_max_position_as_the_released_code(bucket_size, max
     rel = np.arange(-3 * bucket_size, 3 * bucket_size + 1)
     want = hf_deberta_bucket(rel, bucket_size, max_position)
     np.testing.assert_array_equal(pe.deberta_bucket(rel, bucket_size=bucket_size, max_position=max_position), want)
+
+
+def test_deberta_bucket_of_exact_steps_is_the_originals_on_every_backend(backend):
+    """Distances whose log ratio is a whole number of steps (``|rel| / m = 2, 4, 8`` for
+    ``(P - 1) / m = 8``) get the original's bucket on every namespace, JAX without x64 too."""
+    rel = np.array([128, 256, 512, -128, -256, 1024, 129, 255])
+    out = backend.call(lambda r: pe.deberta_bucket(r, bucket_size=128, max_position=513), backend.asarray(rel))
+    want = hf_deberta_bucket(rel, 128, 513)
+    assert_close(out, want, backend=backend, dtype=backend.asarray(rel).dtype)
 
 
 def test_deberta_bucket_formula_on_every_backend(backend):

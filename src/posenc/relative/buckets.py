@@ -158,10 +158,14 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     slowly (DeBERTa clips the result when it indexes its table, see ``deberta_logits``).
     He et al., "DeBERTa: Decoding-enhanced BERT with Disentangled Attention" (2021), the
     released v2/v3 code (``make_log_bucket_position``), which also takes
-    ``query - key``. Logs are computed in float64 where the namespace has it (float32
-    otherwise); the original computes them in float32, which can move a distance far
-    beyond ``max_position`` to a neighbouring bucket, never one that a table index
-    clipped to ``2 * bucket_size`` rows can tell apart.
+    ``query - key``. The formula is evaluated as the original evaluates it, in float32:
+    every operation's result rounded to float32, the logarithms correctly rounded (from
+    float64 where the namespace has it, so every such namespace and device gives the same
+    bucket; JAX without x64 takes its own float32 ``log``). Evaluated in float64 instead,
+    a ratio that is an exact power of ``(P-1)/m`` (``|r| = 2m`` for ``P - 1 = 8m``) would
+    land a rounding error above a whole number of steps and one bucket past the original's.
+    Where the original's own float32 ``log`` is not correctly rounded (PyTorch's on a CPU,
+    at rare boundaries) its bucket there is one off this one (``docs/precision.md``).
 
     Small ``max_position`` (``P <= m + 1``) is computed as the released code does: for
     ``P < m + 1`` the log of ``(P-1)/m`` is negative (``-inf`` for ``P = 1``) and the
@@ -205,11 +209,16 @@ def deberta_buckets(xp, rel, bucket_size, max_position):
         logarithmic = xp.full_like(rel, mid)
     else:
         work = widest_float(xp, device_of(rel))
+
+        def single(v):  # v rounded to float32, kept in the work dtype
+            return xp.astype(xp.astype(v, xp.float32), work)
+
         # Distances inside the identity zone are replaced by m before the log (never used).
-        safe = xp.astype(xp.where(identity, xp.full_like(magnitude, mid), magnitude), work)
-        # The log of the same rounded ratio as the numerator's, so |rel| = max_position - 1
-        # gives exactly 1 (bucket 2m - 1) in float32 too, as in the original.
-        span = xp.log(xp.full((), (max_position - 1) / mid, dtype=work, device=device_of(rel)))
-        steps = xp.ceil(xp.log(safe / mid) / span * (mid - 1))
+        safe = xp.where(identity, xp.full_like(magnitude, mid), magnitude)
+        ratio = single(xp.astype(xp.astype(safe, xp.float32), work) / mid)
+        # The log of the same float32 ratio as a distance's, by the same log, so |rel| =
+        # max_position - 1 gives exactly 1 (bucket 2m - 1), as in the original.
+        top = xp.full((), float(np.float32((max_position - 1) / mid)), dtype=work, device=device_of(rel))
+        steps = xp.ceil(single(single(single(xp.log(ratio)) / single(xp.log(top))) * (mid - 1)))
         logarithmic = xp.astype(steps, rel.dtype) + mid
     return xp.where(identity, rel, xp.where(rel < 0, -logarithmic, logarithmic))
