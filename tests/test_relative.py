@@ -37,11 +37,18 @@ def test_t5_bucket_reproduces_the_docs_table():
 @pytest.mark.parametrize("bidirectional", [True, False])
 @pytest.mark.parametrize(
     "num_buckets, max_distance",
-    [(32, 128), (4, 3), (8, 5), (16, 9), (32, 20), (64, 100), (64, 1000), (128, 128), (128, 2048), (320, 4096), (6, 4)],
-)
+    [(32, 128), (4, 3), (8, 5), (16, 9), (32, 20), (64, 100), (64, 1000), (128, 128), (128, 2048), (320, 4096), (6, 4),
+     (32, 12), (9, 5), (33, 40), (64, 20)],
+)  # fmt: skip
 def test_t5_bucket_equals_original_on_key_minus_query(bidirectional, num_buckets, max_distance):
-    if max_distance <= num_buckets // 2:
-        pytest.skip("not a valid configuration")
+    """Every map the original computes (bidirectional: ``num_buckets // 2`` buckets a
+    direction, odd counts too, and ``max_distance`` beyond their exact range of
+    ``num_buckets // 4``), out to distances of 2**40."""
+    side = num_buckets // 2 if bidirectional else num_buckets
+    if max_distance <= side // 2:
+        with pytest.raises(ValueError, match=f"max_distance must be > {side // 2} "):
+            pe.t5_bucket(np.arange(3), bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+        return
     rel = np.concatenate([np.arange(-5000, 5001), [-(2**40), 2**40, 123456789, -987654321]])
     ours = pe.t5_bucket(rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
     original = hf_t5_bucket(-rel, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)

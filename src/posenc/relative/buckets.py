@@ -17,11 +17,14 @@ def t5_bucket_options(num_buckets, max_distance, bidirectional):
     num_buckets = check.integer("num_buckets", num_buckets, minimum=2)
     if not isinstance(bidirectional, bool):
         raise TypeError(f"bidirectional must be True or False, got {bidirectional!r}")
-    if bidirectional and (num_buckets % 2 or num_buckets < 4):
-        raise ValueError(f"num_buckets must be an even integer >= 4 when bidirectional=True, got {num_buckets}")
+    if bidirectional and num_buckets < 4:
+        raise ValueError(f"num_buckets must be >= 4 when bidirectional=True (num_buckets // 2 a direction), got {num_buckets}")
     max_distance = check.integer("max_distance", max_distance, minimum=1)
-    if max_distance <= num_buckets // 2:
-        raise ValueError(f"max_distance must be > num_buckets / 2 = {num_buckets // 2}, got {max_distance}")
+    # The original's exact range, e = N // 2 with N buckets a direction: its log step
+    # divides by ln(max_distance / e), which must be positive.
+    side = num_buckets // 2 if bidirectional else num_buckets
+    if max_distance <= side // 2:
+        raise ValueError(f"max_distance must be > {side // 2} (the exact range of {side} buckets a direction), got {max_distance}")
     return num_buckets, max_distance, bidirectional
 
 
@@ -90,8 +93,9 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
     ----------
     rel : integer array, any shape
     bidirectional : bool
-    num_buckets : int >= 2 (even and >= 4 when bidirectional)
-    max_distance : int > num_buckets / 2
+    num_buckets : int >= 2 (>= 4 when bidirectional: ``num_buckets // 2`` a direction)
+    max_distance : int > e, the exact range (``num_buckets // 4`` when bidirectional,
+        ``num_buckets // 2`` otherwise)
 
     Returns
     -------
