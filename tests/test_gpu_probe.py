@@ -75,8 +75,9 @@ def test_a_rotate_probe_rotates_float32_pairs(mode):
 def test_bfloat16_rotated_in_words_of_four_channels_gives_the_bits_of_words_of_two():
     """``_rotate16_wide`` is the product's arithmetic on wider words: the bits of the product's
     uint32 words of two channels (``rope_cuda._pair``), each rounding its pair together."""
-    import ml_dtypes
     from numba import cuda
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
 
     probe = _probe()
     batch, heads, seq, half = SHAPE  # (half: words of four channels)

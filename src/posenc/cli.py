@@ -124,7 +124,7 @@ PLOTS = {
         ("--max-distance", "max_distance", {"type": _number(int, 2), "help": "largest relative distance"}),
     ]),
     "t5": ("t5_buckets", "t5_buckets.png", [
-        ("--buckets", "num_buckets", {"type": _number(int, 4, even=True), "help": "number of buckets"}),
+        ("--buckets", "num_buckets", {"type": _number(int, 4), "help": "number of buckets"}),
         ("--max-distance", "max_distance", {"type": _number(int, 1), "help": "distance from which keys share the last bucket"}),
     ]),
     "sinusoidal": ("sinusoidal", "sinusoidal.png", [_LENGTH, _DIM, _BASE]),

@@ -113,8 +113,8 @@ def t5_buckets(*, num_buckets=32, max_distance=128, path=None) -> Figure:
     r"""T5's bucket against the signed distance ``rel = query - key``, both directions.
 
     :func:`posenc.t5_bucket`: with ``n`` buckets per direction (``num_buckets`` causal,
-    ``num_buckets/2`` bidirectional, future keys offset by ``num_buckets/2``), distances
-    below ``n/2`` get one bucket each and the rest are log-spaced,
+    ``num_buckets // 2`` bidirectional, future keys offset by ``n``), distances
+    below ``n // 2`` get one bucket each and the rest are log-spaced,
 
     .. math:: b(r) = \frac{n}{2} + \left\lfloor \frac{\ln(2r/n)}{\ln(2\,\text{max\_distance}/n)}
               \cdot \frac{n}{2} \right\rfloor, \text{ at most } n - 1
@@ -124,7 +124,7 @@ def t5_buckets(*, num_buckets=32, max_distance=128, path=None) -> Figure:
     Parameters
     ----------
     num_buckets : int
-        Number of buckets, even and at least 4.
+        Number of buckets, at least 4.
     max_distance : int
         Distance from which every key shares the last bucket.
     path : str or os.PathLike, optional

@@ -18,12 +18,12 @@ steps=("$@")
 [ ${#steps[@]} -eq 0 ] && steps=(test figures probe)
 for step in "${steps[@]}"; do
 	case $step in
-	test) timeout 280 make test-gpu GPU_PYTHON=python3 GPU_WORKERS=16 > "$OUT/test-gpu.txt" 2>&1 ;;
-	figures) timeout 200 python3 -u tests/gpu/device_figures.py > "$OUT/figures.txt" 2>&1 ;;
+	test) timeout 260 make test-gpu GPU_PYTHON=python3 GPU_WORKERS=16 > "$OUT/test-gpu.txt" 2>&1 ;;
+	figures) timeout 170 python3 -u tests/gpu/device_figures.py > "$OUT/figures.txt" 2>&1 ;;
 	ncu) timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
 		--section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
 		--section LaunchStats python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
-	probe) timeout 120 python3 -u tests/gpu/probe_bounds.py > "$OUT/probe.txt" 2>&1 ;;
+	probe) timeout 100 python3 -u tests/gpu/probe_bounds.py > "$OUT/probe.txt" 2>&1 ;;
 	bench) timeout 250 python3 -u -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
 	*) echo "unknown step $step" ;;
 	esac

@@ -264,10 +264,11 @@ def flat_copy16(x, y):
 
 
 def block(half):
-    """Threads of a block, as ``rope_cuda._block`` shapes them for ``half`` words (32 or fewer,
-    a power of two): ``x`` over the words, two over the heads, the rest over positions."""
-    if half > 32 or half & (half - 1):
-        raise ValueError(f"the probe takes 32 or fewer words a half, a power of two, not {half}")
+    """Threads of a block, as ``rope_cuda._block`` shapes them for ``half`` words (2 to 32,
+    a power of two, so that ``z`` stays within the device's 64): ``x`` over the words, two
+    over the heads, the rest over positions."""
+    if not 2 <= half <= 32 or half & (half - 1):
+        raise ValueError(f"the probe takes 2 to 32 words a half, a power of two, not {half}")
     return half, 2, THREADS // (2 * half)
 
 

@@ -166,8 +166,10 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     every operation's result rounded to float32, the logarithms correctly rounded (from
     float64 where the namespace has it, so every such namespace and device gives the same
     bucket; JAX without x64 takes its own float32 ``log``). Evaluated in float64 instead,
-    a ratio that is an exact power of ``(P-1)/m`` (``|r| = 2m`` for ``P - 1 = 8m``) would
-    land a rounding error above a whole number of steps and one bucket past the original's.
+    a distance a whole number of steps from ``m`` (``|r| / m`` a rational power of
+    ``(P-1)/m``: ``|r| = 2m`` for ``P - 1 = 8m`` where 3 divides ``m - 1``, e.g.
+    ``bucket_size = 128``, ``max_position = 513``) would land a rounding error above it and
+    one bucket past the original's.
     Where the original's own float32 ``log`` is not correctly rounded (PyTorch's on a CPU,
     at rare boundaries) its bucket there is one off this one (``docs/precision.md``).
 
