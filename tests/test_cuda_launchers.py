@@ -897,6 +897,6 @@ def test_the_t5_bucket_launcher_refuses_what_its_kernel_cannot_read(monkeypatch)
     _refused(buckets_cuda.t5_buckets, (_device(rel.astype(np.int16)),), options, TypeError, ["rel", "int16"])
     _refused(buckets_cuda.t5_buckets, (_device(np.zeros((2, 3), np.int64)),), options, ValueError, ["rel", "dimension"])
     _refused(buckets_cuda.t5_buckets, (_arrays.strided(_device(rel)[8:], (5,), (-2,)),), options, ValueError, ["rel", "stride"])
-    _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "num_buckets": 7}, ValueError, ["num_buckets"])
-    _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "max_distance": 16}, ValueError, ["max_distance"])
+    _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "num_buckets": 3}, ValueError, ["num_buckets"])
+    _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "max_distance": 8}, ValueError, ["max_distance"])
     assert launched == []
