@@ -29,30 +29,37 @@ def main(argv) -> int:
 
     from posenc._kernels import _device_flat, buckets_cuda, rope_cuda, toeplitz_cuda
 
-    jit, built = cuda.jit, {}
-
-    def capture(signature=None, **options):  # what a family's build would compile
-        def keep(fn):
-            built["fn"], built["signature"], built["options"] = fn, signature, options
-            return fn
-
-        return keep
-
     failures = 0
     for family, module in ((rope_cuda.FAMILY, rope_cuda), (toeplitz_cuda.FAMILY, toeplitz_cuda), (buckets_cuda.FAMILY, buckets_cuda)):
         for key in family.keys:
-            cuda.jit = capture
-            try:
-                module._build(*key)
-            finally:
-                cuda.jit = jit
-            bounds = built["options"].get("launch_bounds")
-            failures += _compile(cuda, f"{family.name}{key}", built["fn"], built["signature"], cc, bounds)
+            fn, signature, options = family_build(module, key)
+            failures += _compile(cuda, f"{family.name}{key}", fn, signature, cc, options.get("launch_bounds"))
     flat = types.Array(types.float64, 1, "C")
     for source in (types.int32, types.int64, types.float32):
         failures += _compile(cuda, f"_device_flat._convert({source})", _device_flat._convert.py_func, (types.Array(source, 1, "C"), flat), cc)
     print(f"{failures} failed")
     return 1 if failures else 0
+
+
+def family_build(module, key):
+    """``(function, signature, options)`` that kernel family ``module``'s ``_build(*key)``
+    hands ``cuda.jit``: what the family compiles, taken without compiling it."""
+    from numba import cuda
+
+    jit, built = cuda.jit, {}
+
+    def capture(signature=None, **options):
+        def keep(fn):
+            built.update(fn=fn, signature=signature, options=options)
+
+        return keep
+
+    cuda.jit = capture
+    try:
+        module._build(*key)
+    finally:
+        cuda.jit = jit
+    return built["fn"], built["signature"], built["options"]
 
 
 def _compile(cuda, name, fn, signature, cc, launch_bounds=None) -> int:

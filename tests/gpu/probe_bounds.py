@@ -31,6 +31,9 @@ below ``rotate``: the angles and the positions' loads.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numba
 import numpy as np
 from llvmlite import ir
@@ -39,8 +42,25 @@ from numba.cuda.extending import intrinsic, overload
 
 from posenc._kernels import _codec, _codec_cuda, rope_cuda
 
+if str(Path(__file__).parent) not in sys.path:  # (the sibling script, when loaded from its file)
+    sys.path.insert(0, str(Path(__file__).parent))
+from compile_ptx import family_build  # noqa: E402
+
 THREADS = 256
 SIXTEEN = "16 bytes"  # a word of ``probe_kernel16``: two uint64 moved by one load or store
+
+
+@cuda.jit(device=True)
+def _walk(batch, heads, seq, half):
+    """This thread's start in a probe's walk of ``[batch, heads, seq, 2 * half]`` words (see
+    ``block``): ``(its first word, its first head, the words from one of its heads to the
+    next)``, the first word -1 where the thread has no word (past a half or the last row)."""
+    j = cuda.threadIdx.x
+    row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
+    if j >= half or row >= batch * seq:
+        return -1, 0, 0
+    head = cuda.threadIdx.y
+    return ((row // seq * heads + head) * seq + row % seq) * 2 * half + j, head, cuda.blockDim.y * seq * 2 * half
 
 
 def probe_kernel(storage, word, mode, unroll):
@@ -57,9 +77,8 @@ def probe_kernel(storage, word, mode, unroll):
     wide = not floats and np.dtype(word).itemsize == 8
 
     def kernel(x, batch, heads, seq, half, c, s, flip):
-        j = cuda.threadIdx.x
-        row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
-        if j >= half or row >= batch * seq:
+        at, head, stride = _walk(batch, heads, seq, half)
+        if at < 0:
             return
         if floats:
             ch, cl, sh, sl = (c, c), (0.0, 0.0), (s, s), (0.0, 0.0)
@@ -67,11 +86,7 @@ def probe_kernel(storage, word, mode, unroll):
             h, lo = rope_cuda._split(c, storage)
             hs, ls = rope_cuda._split(s, storage)
             ch, cl, sh, sl = (h, h), (lo, lo), (hs, hs), (ls, ls)
-        b, position = row // seq, row % seq
         step = cuda.blockDim.y
-        head = cuda.threadIdx.y
-        at = ((b * heads + head) * seq + position) * 2 * half + j
-        stride = step * seq * 2 * half
         a = cuda.local.array(unroll, held)
         o = cuda.local.array(unroll, held)
         while head + (unroll - 1) * step < heads:
@@ -129,15 +144,10 @@ def probe_kernel16(unroll):
     a uint64 array, ``half`` counted in 16-byte words."""
 
     def kernel(x, batch, heads, seq, half, c, s, flip):
-        j = cuda.threadIdx.x
-        row = cuda.blockIdx.x * cuda.blockDim.z + cuda.threadIdx.z
-        if j >= half or row >= batch * seq:
+        at, head, stride = _walk(batch, heads, seq, half)
+        if at < 0:
             return
-        b, position = row // seq, row % seq
         step = cuda.blockDim.y
-        head = cuda.threadIdx.y
-        at = ((b * heads + head) * seq + position) * 2 * half + j
-        stride = step * seq * 2 * half
         a0, a1 = cuda.local.array(unroll, numba.uint64), cuda.local.array(unroll, numba.uint64)
         o0, o1 = cuda.local.array(unroll, numba.uint64), cuda.local.array(unroll, numba.uint64)
         while head + (unroll - 1) * step < heads:
@@ -208,21 +218,9 @@ def product_kernel(op, dtype, layout, blocks=None):
     """``rope_cuda``'s kernel of ``(op, dtype, layout)`` as its family builds it, compiled here
     (not cached on disk) with launch bounds of ``rope_cuda._THREADS`` threads and ``blocks``
     blocks an SM (registers capped at 65536 / (256 * blocks)); ``None``: the family's own."""
-    jit, built = cuda.jit, {}
-
-    def capture(signature=None, **options):  # what the family's build compiles
-        def keep(fn):
-            built.update(fn=fn, signature=signature, options=options)
-
-        return keep
-
-    cuda.jit = capture
-    try:
-        rope_cuda._build(op, dtype, layout)
-    finally:
-        cuda.jit = jit
-    bounds = built["options"].get("launch_bounds") if blocks is None else (rope_cuda._THREADS, blocks)
-    return cuda.jit(built["signature"], **({"launch_bounds": bounds} if bounds else {}))(built["fn"])
+    fn, signature, options = family_build(rope_cuda, (op, dtype, layout))
+    bounds = options.get("launch_bounds") if blocks is None else (rope_cuda._THREADS, blocks)
+    return cuda.jit(signature, **({"launch_bounds": bounds} if bounds else {}))(fn)
 
 
 def product_rotation(x, positions, inv_freq, kernel):
