@@ -186,17 +186,12 @@ def _block_shapes(torch, gpu_ms):
     head (the angle's float64 work, before the first load, spread over twice the heads)."""
     import posenc as pe
     from posenc._kernels import rope_cuda
-    from posenc.rotary.apply import rotate_pair
 
     usual = rope_cuda._block
 
     def one_thread_a_pair(columns, heads):
         bx, _, _ = usual(columns, heads)
         return bx, 1, rope_cuda._THREADS // bx
-
-    def forget_plans():  # (a plan keeps its launches' blocks)
-        for planned in (pe.rope, pe.apply_rope, rotate_pair):
-            planned.plans.clear()
 
     pos = torch.arange(8192, device="cuda")
     q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -208,15 +203,30 @@ def _block_shapes(torch, gpu_ms):
     }
     for name, (dtype, call) in calls.items():
         x = torch.randn(4, 32, 8192, 128, device="cuda").to(dtype) if dtype is not None else None
-        times = []
-        for block in (usual, one_thread_a_pair):
-            rope_cuda._block = block
-            forget_plans()
-            times.append(gpu_ms(lambda: call(x)))
-        rope_cuda._block = usual
-        forget_plans()
+        times = _per_block(gpu_ms, (usual, one_thread_a_pair), lambda: call(x))
         print(f"block A/B {name}: two threads a pair {times[0]:.3f} ms | one thread a pair {times[1]:.3f} ms")
         del x
+
+
+def _per_block(gpu_ms, blocks, call):
+    """``gpu_ms`` of ``call`` with each of ``blocks`` as ``rope_cuda._block`` (the first the
+    usual one, put back after), plans forgotten between (a plan keeps its launches' blocks)."""
+    import posenc as pe
+    from posenc._kernels import rope_cuda
+    from posenc.rotary.apply import rotate_pair
+
+    def forget_plans():
+        for planned in (pe.rope, pe.apply_rope, rotate_pair):
+            planned.plans.clear()
+
+    times = []
+    for block in blocks:
+        rope_cuda._block = block
+        forget_plans()
+        times.append(gpu_ms(call))
+    rope_cuda._block = blocks[0]
+    forget_plans()
+    return times
 
 
 def _short_rows(torch, gpu_ms):
@@ -230,9 +240,7 @@ def _short_rows(torch, gpu_ms):
     usual = rope_cuda._block
 
     def whole_warps(columns, heads):
-        bx = min(32 * -(-columns // 32), rope_cuda._THREADS)
-        by = 2 if heads > 1 and 2 * bx <= rope_cuda._THREADS else 1
-        return bx, by, rope_cuda._THREADS // (bx * by)
+        return usual(max(columns, 32), heads)
 
     pos = torch.arange(8192, device="cuda")
     for dtype in (torch.float32, torch.bfloat16):
@@ -240,13 +248,7 @@ def _short_rows(torch, gpu_ms):
             x = torch.randn(4, 32, 8192, dim, device="cuda").to(dtype)
             y = torch.empty_like(x)
             copy = gpu_ms(lambda: y.copy_(x))
-            times = []
-            for block in (usual, whole_warps):
-                rope_cuda._block = block
-                pe.rope.plans.clear()
-                times.append(gpu_ms(lambda: pe.rope(x, pos, rotary_dim=rotary_dim, out=x)))
-            rope_cuda._block = usual
-            pe.rope.plans.clear()
+            times = _per_block(gpu_ms, (usual, whole_warps), lambda: pe.rope(x, pos, rotary_dim=rotary_dim, out=x))
             print(f"short rows A/B {dtype} head dim {dim}, rotary dim {rotary_dim or dim}, in place: threads as the columns "
                   f"{times[0]:.3f} ms ({copy / times[0]:.2f} of copy) | whole warps {times[1]:.3f} ms ({copy / times[1]:.2f})")  # fmt: skip
             del x, y
