@@ -216,6 +216,8 @@ def deberta_buckets(xp, rel, bucket_size, max_position):
     else:
         work = widest_float(xp, device_of(rel))
 
+        # Each float32 operation of the original computed in the work dtype and rounded: JAX's
+        # own float32 division by a constant multiplies by its reciprocal (not IEEE's quotient).
         def single(v):  # v rounded to float32, kept in the work dtype
             return xp.astype(xp.astype(v, xp.float32), work)
 
