@@ -63,6 +63,38 @@ def test_sinusoidal_matches_pytorch_transformer_tutorial_formula():
     np.testing.assert_allclose(pe.sinusoidal(n, d, dtype=np.float64), pe_ref, atol=1e-12)
 
 
+@pytest.mark.parametrize("dim", [8, 10, 64, 512])
+def test_sinusoidal_half_is_marian_and_roformer_table(dim):
+    """``layout="half"`` is transformers' Marian and RoFormer table, bit for bit."""
+    pytest.importorskip("transformers")
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    want = MarianSinusoidalPositionalEmbedding(2048, dim).create_weight().numpy()
+    np.testing.assert_array_equal(pe.sinusoidal(2048, dim, layout="half"), want)
+
+
+def test_sinusoidal_half_is_not_fairseqs_table():
+    """fairseq's table (``get_embedding``, transcribed) has the halves order but frequencies
+    ``base**(-i/(d/2 - 1))``, as the docstring says: not a table posenc claims to give."""
+    d, n = 16, 40
+    frequencies = np.exp(np.arange(d // 2) * -(np.log(10000.0) / (d // 2 - 1)))
+    fairseq = np.concatenate([np.sin(np.arange(n)[:, None] * frequencies), np.cos(np.arange(n)[:, None] * frequencies)], axis=1)
+    ours = pe.sinusoidal(n, d, layout="half", dtype=np.float64)
+    np.testing.assert_allclose(ours[:, [0, d // 2]], fairseq[:, [0, d // 2]], atol=1e-12)  # frequency 1 in both
+    assert np.abs(ours - fairseq).max() > 0.5
+
+
+def test_a_numpy_positions_array_with_xp_is_converted_and_another_library_refused():
+    torch = pytest.importorskip("torch")
+    got = pe.sinusoidal(np.arange(3), 4, xp=torch)
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(got.numpy(), pe.sinusoidal(np.arange(3), 4))
+    decay = pe.rope_decay(np.arange(3.0), 4, xp=torch)
+    np.testing.assert_array_equal(decay.numpy(), pe.rope_decay(np.arange(3.0), 4))
+    with pytest.raises(TypeError, match="positions is a torch.Tensor but xp=numpy"):
+        pe.sinusoidal(torch.arange(3), 4, xp=np)
+
+
 # --- hierarchical_extend ------------------------------------------------------------
 
 

@@ -265,6 +265,11 @@ def _mixed_library_calls(t, n, ti, ni):
         "rope": lambda: pe.rope(t(2, 3, 8), ni(3)),
         "apply_rope": lambda: pe.apply_rope(t(3, 8), n(3, 8), t(3, 8)),
         "apply_absolute": lambda: pe.apply_absolute(t(3, 8), n(4, 8)),
+        "axial_rope": lambda: pe.axial_rope(t(3, 8), ni(3, 2)),
+        "linear_attention": lambda: pe.linear_attention(t(2, 3, 4), t(2, 3, 4), n(2, 3, 4), positions=ni(3)),
+        "conv_positions": lambda: pe.conv_positions(t(5, 4), n(3, 4)),
+        "complex_order": lambda: pe.complex_order(t(3, 4), n(4), t(4), ni(3)),
+        "rerotate": lambda: pe.rerotate(t(2, 3, 8), ni(3), n(4)),
     }
 
 

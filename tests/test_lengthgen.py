@@ -222,6 +222,22 @@ def test_randomized_positions_are_a_sorted_seeded_subset():
     assert pe.randomized_positions(6, 6, rng=0).tolist() == list(range(6))
 
 
+def test_randomized_positions_beyond_int32_are_refused_where_positions_are_int32():
+    # JAX without x64 holds positions in int32: a draw of 2**31 or more would wrap to a
+    # negative, unsorted position. NumPy (int64) keeps them; a seed gives the same draws.
+    jnp = pytest.importorskip("jax.numpy")
+    import jax
+
+    wide = pe.randomized_positions(4, 2**40, rng=0)
+    assert (np.diff(wide) > 0).all() and wide.max() >= 2**31
+    if jax.config.jax_enable_x64:
+        np.testing.assert_array_equal(np.asarray(pe.randomized_positions(4, 2**40, rng=0, xp=jnp)), wide)
+        return
+    with pytest.raises(ValueError, match="max_length must be at most 2147483648"):
+        pe.randomized_positions(4, 2**31 + 1, rng=0, xp=jnp)
+    np.testing.assert_array_equal(np.asarray(pe.randomized_positions(4, 2**31, rng=0, xp=jnp)), pe.randomized_positions(4, 2**31, rng=0))
+
+
 # ---- bad input -------------------------------------------------------------------------
 
 

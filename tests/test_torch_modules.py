@@ -100,6 +100,14 @@ def test_alibi_module():
     torch.testing.assert_close(m(3, 5, offset=2), torch.from_numpy(pe.alibi_bias(pe.alibi_slopes(6), 3, 5, offset=2)))
 
 
+def test_bias_modules_are_built_on_the_default_device():
+    # as their parameters are: `with torch.device("cuda"): model = ...` builds nothing on the CPU
+    with torch.device("meta"):
+        alibi, t5 = ALiBi(4), T5RelativeBias(4)
+    assert alibi.slopes.device.type == "meta" and t5.table.device.type == "meta"
+    torch.testing.assert_close(ALiBi(4).slopes, torch.from_numpy(pe.alibi_slopes(4)), rtol=0, atol=0)
+
+
 def test_shaw_module_matches_naive_and_gradcheck():
     torch.manual_seed(0)
     m = ShawRelative(4, max_distance=2).double()

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ._xp import torch_compiling as _compiling
+from ._xp import torch_transforming
 from ._xp import trace_constant
 
 BACKENDS = ("auto", "reference")
@@ -201,7 +202,7 @@ def kernels(op: str | None = None) -> list[Kernel]:
 
 def select(op, *args, **kwargs) -> Callable:
     """The implementation ``call`` would run for these arguments."""
-    if get_backend() != "reference":
+    if get_backend() != "reference" and (_compiling() or not torch_transforming()):
         _register_adapters((*args, *kwargs.values()))
         candidates = _kernels.get(op, ())
         if candidates:

@@ -52,7 +52,7 @@ from collections import OrderedDict
 import numpy as np
 
 from . import _dispatch
-from ._xp import NDARRAY_OR_PLAIN, PLAIN
+from ._xp import NDARRAY_OR_PLAIN, PLAIN, torch_transforming
 
 MAX_PLANS = 256  # per function; past it, the least recently used plan is dropped
 
@@ -86,7 +86,7 @@ def planned(signature):
 
         @functools.wraps(fn)
         def public(*args, **kwargs):
-            if _tracing():  # torch.compile traces the full path (its custom ops), never a plan
+            if _tracing() or torch_transforming():  # the full path (custom ops, or the reference), never a plan
                 return fn(*args, **kwargs)
             try:
                 key = signature.key(args, kwargs)

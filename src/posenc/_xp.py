@@ -42,6 +42,24 @@ def torch_compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
+def torch_transforming() -> bool:
+    """Whether a torch transform that a kernel would defeat is running: forward-mode AD (a
+    kernel drops the dual tensors' tangents), ``torch.func`` (its wrapped tensors have no
+    storage to read), ``torch.jit.trace`` (it would record a kernel's result as a constant)
+    or a fake tensor mode (no data). The reference, torch operations throughout, serves
+    those calls."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    C = torch._C
+    return (
+        torch.autograd.forward_ad._current_level >= 0
+        or C._functorch.peek_interpreter_stack() is not None
+        or C._get_tracing_state() is not None
+        or C._get_dispatch_mode(C._TorchDispatchModeKey.FAKE) is not None
+    )
+
+
 def _numpy_namespace():
     """NumPy itself where it is an Array API namespace of the 2023.12 standard (NumPy >= 2.1),
     else array-api-compat's wrapper (whose import reads every NumPy attribute, loading
@@ -138,6 +156,31 @@ def namespace(*arrays, xp=None):
         return _compat.array_namespace(*found)
     except TypeError as exc:
         raise _mixed(found) from exc
+
+
+def argument_in(name, value, xp, device=None):
+    """``(namespace, value)`` for an array argument of a function that also takes ``xp=``
+    and ``device=``: with ``xp`` given, a NumPy ``value`` is a host constant, converted into
+    it (onto ``device``), and an array of another library is a ``TypeError`` naming both."""
+    if xp is None:
+        return namespace(value), value
+    given = _given_namespace(xp)
+    found = namespace(value)
+    if found is given:
+        return given, value
+    if type(value) is _ndarray:
+        return given, _converted(given, name, value, device)
+    raise TypeError(f"{name} is a {type(value).__module__}.{type(value).__qualname__} but xp={given.__name__}: pass one namespace")
+
+
+def host_constant_like(name, value, like):
+    """``value`` converted into the namespace and onto the device of array ``like`` where it
+    is a NumPy array and ``like`` is not (a host constant); otherwise ``value`` itself. For
+    an argument :func:`host_constants` must not convert with the others (one read on the
+    host, as ``rerotate``'s frequencies)."""
+    if type(value) is not _ndarray or type(like) is _ndarray or not _device_array(like):
+        return value
+    return _converted(namespace(like), name, value, device_of(like))
 
 
 def _mixed(arrays):

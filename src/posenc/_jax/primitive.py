@@ -92,7 +92,8 @@ def aligned_empty(shape, dtype):
 def adopt(result, like):
     """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows
     (bfloat16, which DLPack lacks, travels as its ``uint16`` bits and is bit-cast: one copy)."""
-    device = next(iter(like.devices()))
+    devices = getattr(like, "devices", None)  # (a NumPy tangent or cotangent has none: the host's CPU)
+    device = next(iter(devices())) if devices is not None else jax.devices("cpu")[0]
     if result.dtype.name == "bfloat16":
         return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(result.view(np.uint16), device=device), jnp.bfloat16)
     return jax.dlpack.from_dlpack(result, device=device)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, has_float64, namespace
+from .._xp import broadcast_shapes, cast, device_of, has_float64, host_constants, namespace
 
 
+@host_constants
 def complex_order(amplitude, frequency, phase, positions):
     r"""Complex-valued word embedding with continuous word order.
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, namespace
+from .._xp import cast, compute_dtype, device_of, host_constants, namespace
 
 
+@host_constants
 def conv_positions(x, kernel):
     r"""Convolutional position encoding along the sequence axis (``-2``).
 

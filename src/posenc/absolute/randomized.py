@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _validate as check
-from .._xp import index_dtype, namespace
+from .._xp import namespace
 
 
 def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device=None):
@@ -21,7 +21,7 @@ def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device
     Parameters
     ----------
     length : int >= 0, the number of tokens ``n``
-    max_length : int >= length, the range ``M``
+    max_length : int >= length, the range ``M`` (at most ``2**31`` where positions are int32: JAX without x64)
     rng : numpy.random.Generator or int (a seed): the draws are made on the host with
         ``rng.choice(max_length, length, replace=False)``, so a seed gives the same
         positions in every namespace
@@ -50,7 +50,10 @@ def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device
         rng = np.random.default_rng(int(rng))
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator or an int seed, got {type(rng).__name__}")
-    rows = [np.sort(rng.choice(max_length, size=length, replace=False)) for _ in range(batch or 1)]
     xp = namespace(xp=xp)
+    dtype, bits, _, high = check.index_bounds(xp, device)
+    if max_length - 1 > high:  # a draw would not fit the index dtype (int32: JAX without x64)
+        raise ValueError(f"max_length must be at most {high + 1} here: positions are int{bits} in {xp.__name__} on this device, got {max_length}")
+    rows = [np.sort(rng.choice(max_length, size=length, replace=False)) for _ in range(batch or 1)]
     values = np.stack(rows) if batch is not None else rows[0]
-    return xp.asarray(values.astype(np.int64), dtype=index_dtype(xp, device), device=device)
+    return xp.asarray(values.astype(np.int64), dtype=dtype, device=device)

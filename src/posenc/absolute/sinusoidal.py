@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
+from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
 
 LAYOUTS = ("interleaved", "half")
 
@@ -23,8 +23,10 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
 
     (``layout="interleaved"``, the default: Vaswani et al., "Attention Is All You Need",
     2017). With ``layout="half"`` the sines fill the first half of the features and the
-    cosines the second half (the order of RoFormer, Marian and fairseq; the halves pairing
-    of :func:`rope`'s ``"half"``). ``"split"``, its earlier name, is accepted with a
+    cosines the second half (the table of RoFormer and Marian; the halves pairing of
+    :func:`rope`'s ``"half"``). fairseq's table (and M2M100's, in transformers) has this
+    order but other numbers: :math:`\omega_i = \text{base}^{-i/(d/2 - 1)}`, rows shifted by
+    ``padding_idx + 1``. ``"split"``, the earlier name of ``"half"``, is accepted with a
     ``FutureWarning``.
 
     Parameters
@@ -62,7 +64,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     layout = check.layout("layout", layout, LAYOUTS)
     check.allocatable("frequency table for dim", (dim // 2,), 128)
     if check.is_array(positions):
-        xp = namespace(positions, xp=xp)
+        xp, positions = argument_in("positions", positions, xp, device)
         device = device_of(positions)
         pos = check.positions("positions", positions, xp)
         out_dtype = dtype if dtype is not None else (pos.dtype if is_real_floating(xp, pos.dtype) else xp.float32)

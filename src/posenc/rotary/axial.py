@@ -6,10 +6,10 @@ import numpy as np
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import device_of, namespace, result_dtype, widest_float
+from .._xp import device_of, host_constants, namespace, result_dtype, trace_constant, widest_float
 from . import _args
 from ._rotate import _write
-from .scaling import default_inv_freq
+from .scaling import frequency_table
 
 
 def _axes_dims(axes_dims, n_axes, width):
@@ -57,7 +57,7 @@ def axial_frequencies(dim, *, frequencies="lang", base=10000.0, max_freq=10.0, x
     >>> (pe.axial_frequencies(6, frequencies="pixel", max_freq=10.0) / np.pi).tolist()
     [1.0, 3.0, 5.0]
     """
-    table = _block_frequencies(check.even_dim("dim", dim), frequencies, base, max_freq)
+    table = np.asarray(_block_frequencies(check.even_dim("dim", dim), frequencies, base, max_freq))
     if xp is None and device is None and dtype is None:
         return table
     xp = namespace(xp=xp)
@@ -66,14 +66,20 @@ def axial_frequencies(dim, *, frequencies="lang", base=10000.0, max_freq=10.0, x
 
 
 def _block_frequencies(dim, frequencies, base, max_freq):
-    """float64 NumPy frequencies of a validated ``dim``."""
+    """float64 frequencies of a validated ``dim``, a tuple of Python floats (a constant of a
+    ``torch.compile`` graph)."""
     frequencies = check.choice("frequencies", frequencies, FREQUENCIES)
     if frequencies == "lang":
-        return default_inv_freq(dim, check.real("base", base, positive=True))
-    max_freq = check.real("max_freq", max_freq, positive=True)
-    return np.linspace(1.0, max_freq / 2, dim // 2) * np.pi
+        return frequency_table(None, dim, check.real("base", base, positive=True), None)[0]
+    return _pixel_frequencies(dim, check.real("max_freq", max_freq, positive=True))
 
 
+@trace_constant
+def _pixel_frequencies(dim, max_freq):
+    return tuple((np.linspace(1.0, max_freq / 2, dim // 2) * np.pi).tolist())
+
+
+@host_constants
 def axial_rope(
     x, grid, *, base=10000.0, axes_dims=None, layout="half", frequencies="lang", max_freq=10.0, inverse=False, out=None
 ):
@@ -134,12 +140,12 @@ def axial_rope(
     check.ndim("x", x, minimum=1)
     check.array("grid", grid)
     check.ndim("grid", grid, minimum=1)
-    n_axes = int(grid.shape[-1])
+    n_axes = check.static_int(grid.shape[-1])
     if n_axes < 1:
         raise ValueError(f"grid must have at least one axis of coordinates (grid.shape[-1] >= 1), got shape {tuple(grid.shape)}")
     check.positions("grid", grid, xp)
     check.broadcast_shape("grid[..., a]", grid.shape[:-1], tuple(x.shape[:-1]))
-    width = int(x.shape[-1])
+    width = check.static_int(x.shape[-1])
     dims = _axes_dims(axes_dims, n_axes, width)
     tables = [_block_frequencies(d, frequencies, base, max_freq) for d in dims]
     layout = _args.layout("layout", layout)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
-from .scaling import default_inv_freq
+from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
+from .scaling import frequency_table
 
 
 def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None):
@@ -43,7 +43,7 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
     dim = check.even_dim("dim", dim)
     base = check.real("base", base, positive=True)
     if check.is_array(distances):
-        xp = namespace(distances, xp=xp)
+        xp, distances = argument_in("distances", distances, xp, device)
         device = device_of(distances)
         check.positions("distances", distances, xp)
         out_dtype = dtype if dtype is not None else (distances.dtype if is_real_floating(xp, distances.dtype) else xp.float32)
@@ -56,7 +56,7 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
         check.allocatable("rope_decay", (n, dim // 2), 8)
         m = xp.arange(n, device=device)
     check.allocatable("rope_decay", (*m.shape, dim // 2), 8)
-    c, s = cos_sin(m, default_inv_freq(dim, base), xp=xp, device=device)
+    c, s = cos_sin(m, frequency_table(None, dim, base, None)[0], xp=xp, device=device)
     partial_re = xp.cumulative_sum(c, axis=-1)
     partial_im = xp.cumulative_sum(s, axis=-1)
     bound = xp.sum(xp.sqrt(partial_re**2 + partial_im**2), axis=-1) * (2.0 / dim)

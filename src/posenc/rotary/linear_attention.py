@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, namespace
+from .._xp import cast, compute_dtype, device_of, host_constants, namespace
 from . import _args
-from .scaling import default_inv_freq
+from .scaling import frequency_table
 
 FEATURE_MAPS = ("elu",)
 
@@ -16,6 +16,7 @@ def _elu_plus_one(xp, x):
     return xp.where(x > 0, x + 1.0, xp.exp(negative_part))
 
 
+@host_constants
 def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", feature_map="elu", causal=False):
     r"""Linear attention (Katharopoulos et al., 2020), optionally with RoPE (Su et al., 2021).
 
@@ -81,14 +82,14 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         q_pos, k_pos = positions if isinstance(positions, tuple) else (positions, positions)
         q_pos = _args.place("positions", check.positions("positions", q_pos, xp), tuple(q.shape[:-1]), q.ndim - 2, True)
         k_pos = _args.place("positions", check.positions("positions", k_pos, xp), tuple(k.shape[:-1]), k.ndim - 2, True)
-        check.even_dim("q.shape[-1]", int(q.shape[-1]))
+        dim = check.even_dim("q.shape[-1]", q.shape[-1])
     work = compute_dtype(xp, q.dtype)
     fq, fk = phi(cast(xp, q, work)), phi(cast(xp, k, work))
     vw = cast(xp, v, work)
     if positions is None:
         rq, rk = fq, fk
     else:
-        inv_freq = default_inv_freq(int(q.shape[-1]), base)
+        inv_freq = frequency_table(None, dim, base, None)[0]
         rq = _dispatch.call("rope_rotate", fq, q_pos, inv_freq, layout=layout)
         rk = _dispatch.call("rope_rotate", fk, k_pos, inv_freq, layout=layout)
     if causal:

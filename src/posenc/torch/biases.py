@@ -111,7 +111,8 @@ class ALiBi(_DistanceBias):
 
     def __init__(self, num_heads: int, *, max_bias: float = 8.0, symmetric: bool = False):
         super().__init__()
-        self.register_buffer("slopes", torch.from_numpy(pe.alibi_slopes(positive_int("num_heads", num_heads), max_bias=max_bias)))
+        slopes = pe.alibi_slopes(positive_int("num_heads", num_heads), max_bias=max_bias)
+        self.register_buffer("slopes", torch.tensor(slopes, dtype=torch.float32))  # (on the default device, as parameters are)
         self.num_heads, self.max_bias, self.symmetric = num_heads, max_bias, symmetric
 
     def params(self):
