@@ -270,6 +270,13 @@ def _autograd(op):
                 for dtype in ("float32", "float64"):
                     x = _grad_tensor(rng, (2, 3, 5, 8), dtype)
                     yield (x, torch.arange(5), inv), {"layout": layout, "inverse": layout == "half", "scale": 1.25}
+        elif op == "rope_rotate_at_length":
+            import posenc as pe
+
+            scalings = (pe.scaling.DynamicNTK(2.0, 4), pe.scaling.LongRoPE([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], 4, factor=4.0))
+            for scaling, layout, length in zip(scalings, ("half", "interleaved"), (9, 3)):
+                x = _grad_tensor(rng, (2, 3, 5, 8))
+                yield (x, torch.arange(5), length), {"scaling": scaling, "rotary_dim": 6, "base": 100.0, "layout": layout, "inverse": layout == "half"}
         elif op == "rope_apply":
             angles = rng.uniform(-3, 3, (5, 2))
             for layout in ("half", "interleaved"):
@@ -325,7 +332,7 @@ SAMPLES = {
     "rope_rotate.dask_blocks": _dask_rotate,
     "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
-    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
+    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
     **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
 }
 

@@ -12,9 +12,11 @@ from posenc import _dispatch  # noqa: E402
 from posenc.torch import _ops  # noqa: E402
 from posenc.torch import _rows  # noqa: E402
 from posenc.torch import hf as posenc_hf  # noqa: E402
+from posenc.rotary.scaling import scaling_name  # noqa: E402
 from posenc.torch._rows import frequencies_name, named_frequencies  # noqa: E402
 
 INV = [10000.0 ** (-i / 4) for i in range(0, 4, 2)]  # rotary_dim 4 of a head of 6
+DYNAMIC = pe.scaling.DynamicNTK(2.0, 4)
 
 
 def _x(*shape, dtype=torch.float64):
@@ -49,6 +51,10 @@ OPCHECK_CASES = [
     # float positions are differentiable (broadcast [5] against [2, 5])
     (_ops.rope_rotate_op, lambda: (_x(2, 5, 6), _positions(5), INV, False, False, 1.25)),
     (_ops.rope_rotate_op, lambda: (_x(2, 5, 6), _positions(2, 1), INV, True, True, 0.5)),
+    # a length-dependent scaling at a length read when the op runs (DynamicNTK past its original 4)
+    (_ops.rope_rotate_at_length_op, lambda: (_x(2, 5, 6), torch.arange(5), 9, scaling_name(DYNAMIC), 4, 100.0, False, False, False)),
+    (_ops.rope_rotate_at_length_op, lambda: (_x(2, 5, 6), _positions(5), 11, scaling_name(DYNAMIC), 4, 100.0, True, True, True)),
+    (_ops.rope_frequencies_at_length_op, lambda: (9, scaling_name(DYNAMIC), 4, 100.0, torch.device("cpu"))),
     (_ops.rope_apply_op, lambda: (_x(5, 6), *_cos_sin((5,), False), False)),
     (_ops.rope_apply_op, lambda: (_x(2, 5, 6), *_cos_sin((5,), True), True)),
     (_ops.rope_rotate_op, lambda: (_heads_first(2, 5, 3, 6), torch.arange(5), INV, False, False, 1.0)),
@@ -135,10 +141,11 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
     for op, make in OPCHECK_CASES:
         args = make()
         floats = {i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and a.dtype.is_floating_point}
-        covered.setdefault(op, set()).update(floats if args[0].dtype == torch.float64 else ())
+        covered.setdefault(op, set()).update(floats if not isinstance(args[0], torch.Tensor) or args[0].dtype == torch.float64 else ())
     ops = {v for v in vars(_ops).values() if isinstance(v, (torch._library.custom_ops.CustomOpDef, torch._ops.OpOverload))}
     assert ops == set(covered)
-    expected = {_ops.rope_rotate_op: {0, 1}, _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
+    expected = {_ops.rope_rotate_op: {0, 1}, _ops.rope_rotate_at_length_op: {0, 1}, _ops.rope_frequencies_at_length_op: set(),
+                _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
                 _ops.rope_cos_sin_rows_op: set()}
     assert covered == expected

@@ -122,6 +122,143 @@ def test_torch_compile_new_lengths_keep_working():
         torch.testing.assert_close(compiled(x, table), fn(x, table), rtol=1e-5, atol=1e-5)
 
 
+def _torch_shape_cases():
+    """Calls whose sizes come from ``x``'s shape, as a model's do: under dynamic shapes (a
+    second length, or ``dynamic=True``) the lengths are symbolic, and so under
+    ``dynamic=True`` are the feature width, the tables' sizes and the float options
+    (``base``, a scaling's fields) read from arguments or attributes."""
+    import torch
+
+    import posenc.torch as pt
+
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)  # noqa: E731
+    heads, dim = 3, 8
+    dynamic, longrope = pe.scaling.DynamicNTK(2.0, 8), pe.scaling.LongRoPE([1.0] * 4, [4.0] * 4, 8, factor=4.0)
+    table, slopes, u, v, rows, vec = r(32, heads), torch.from_numpy(pe.alibi_slopes(heads)), r(heads, 1, dim), r(heads, 1, dim), r(40, dim), r(heads, 79)
+    rotary = pt.RotaryEmbedding(dim, base=500000.0, scaling=dynamic)
+    n = lambda x: x.shape[-2]  # noqa: E731
+    return {
+        "rope": lambda x: pe.rope(x),
+        "rope[yarn, base]": lambda x: pe.rope(x, base=500000.0, scaling=pe.scaling.YaRN(4.0, 8)),
+        "rope[dynamic, seq_len from the shape]": lambda x: pe.rope(x, scaling=dynamic, seq_len=n(x) + 3),
+        "rope[longrope, seq_len from the shape]": lambda x: pe.rope(x, scaling=longrope, seq_len=n(x)),
+        "RotaryEmbedding[dynamic]": lambda x: rotary(x, x)[0],
+        "rerotate": lambda x: pe.rerotate(x, 3, pe.rope_frequencies(dim)[0]),
+        "axial_rope": lambda x: pe.axial_rope(x, torch.stack([torch.arange(n(x)), torch.arange(n(x))], -1)),
+        "linear_attention": lambda x: pe.linear_attention(x.abs(), x.abs(), x, positions=torch.arange(n(x))),
+        "rope_decay": lambda x: pe.rope_decay(torch.arange(n(x), dtype=torch.float64), dim),
+        "sinusoidal": lambda x: x + pe.sinusoidal(n(x), dim, xp=torch, dtype=torch.float64),
+        "t5_bias": lambda x: pe.t5_bias(table, n(x), n(x)),
+        "alibi_bias": lambda x: pe.alibi_bias(slopes, n(x), n(x)),
+        "xl_logits": lambda x: pe.xl_logits(x, x, rows[: n(x)], u, v),
+        "tener_logits": lambda x: pe.tener_logits(x, x, u, v),
+        "expand_bias": lambda x: pe.expand_bias(vec[:, : 2 * n(x) - 1], n(x), n(x)),
+    }
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+# Dynamo warns that it traces through array-api-compat's lru_cache'd type checks (a pure
+# function of the array's type: nothing to go stale).
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic=True"])
+@pytest.mark.parametrize("name", list(_torch_shape_cases()) if HAS_TORCH else [])
+def test_torch_compile_under_dynamic_shapes_gives_the_eager_bits(name, dynamic):
+    """Three lengths through one compiled function (the second recompiles with symbolic
+    sizes unless ``dynamic=True`` made them symbolic from the start): no graph break, and the
+    eager call's bits. A length-dependent scaling's frequencies are computed when the op
+    runs (``posenc::rope_rotate_at_length``), as the eager call computes them."""
+    import torch
+
+    fn = _torch_shape_cases()[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for length in (6, 9, 13):
+        x = torch.randn(2, 3, length, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(length))
+        assert torch.equal(compiled(x), fn(x)), length
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings(INDUCTOR_WARNING)
+def test_a_rotary_module_with_dynamic_ntk_compiles_with_inductor_for_every_length():
+    """The module computes ``seq_len`` from the shapes, a symbolic int once the length varies:
+    it used to reach a constant function of the graph and stop the compile."""
+    import torch
+
+    import posenc.torch as pt
+
+    module = pt.RotaryEmbedding(8, scaling=pe.scaling.DynamicNTK(2.0, 4))
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda q: module(q, q)[0], fullgraph=True, backend="inductor")
+    for length in (5, 9, 13):
+        q = torch.randn(1, 2, length, 8, generator=torch.Generator().manual_seed(length))
+        assert torch.equal(compiled(q), module(q, q)[0]), length
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("inverse", [False, True])
+def test_the_length_op_gives_the_eager_bits(inverse):
+    """``posenc::rope_rotate_at_length`` at a length: the eager ``rope`` at it (gradients: test_torch_ops.py)."""
+    import torch
+
+    from posenc.torch._ops import rope_rotate_at_length
+
+    scaling = pe.scaling.LongRoPE([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], 8, factor=4.0)
+    x, positions = torch.randn(2, 6, 8, dtype=torch.float32), torch.arange(6) * 3
+    for length in (8, 11):
+        got = rope_rotate_at_length(x, positions, length, scaling=scaling, rotary_dim=6, base=100.0, layout="interleaved", inverse=inverse)
+        want = pe.rope(x, positions, scaling=scaling, rotary_dim=6, base=100.0, layout="interleaved", seq_len=length, inverse=inverse)
+        assert torch.equal(got, want), length
+
+
+# --- torch transforms a kernel would defeat: the reference serves them -------------------------
+
+
+def _hot_calls(torch):
+    """The kernels' calls, each a function of one ``[2, 4, 5, 8]`` tensor (the bias tables are built from it)."""
+    cos, sin = pe.rope_cos_sin(torch.arange(5), pe.rope_frequencies(8)[0])
+    return {
+        "rope": lambda x: pe.rope(x, offset=3),
+        "apply_rope": lambda x: pe.apply_rope(x, cos, sin),
+        "t5_bias": lambda x: pe.t5_bias(x[0, :, :2, 0].T.repeat(8, 1), 5, 7),  # a [32, 2] table
+        "alibi_bias": lambda x: pe.alibi_bias(x[0, :, 0, 0], 5, 7),
+        "rerotate": lambda x: pe.rerotate(x, 2, pe.rope_frequencies(8)[0]),
+    }
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore:`torch.jit.(script|trace)` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning" if HAS_TORCH else "default")
+@pytest.mark.parametrize("name", ["rope", "apply_rope", "t5_bias", "alibi_bias", "rerotate"])
+def test_torch_transforms_a_kernel_would_defeat_take_the_reference(name):
+    """Forward-mode AD (a kernel dropped the tangent: silently a constant), ``torch.func``
+    (its wrapped tensors have no storage), ``torch.jit.trace`` (it recorded the kernel's
+    result as a constant) and fake tensors (no data): each equals the reference's result."""
+    import torch
+    import torch.autograd.forward_ad as fwad
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    fn = _hot_calls(torch)[name]
+    g = torch.Generator().manual_seed(0)
+    x, y, tangent = (torch.randn(2, 4, 5, 8, dtype=torch.float64, generator=g) for _ in range(3))
+    with pe.use_backend("reference"):
+        _, want_tangent = torch.func.jvp(fn, (x,), (tangent,))
+        want_y = fn(y)
+    with fwad.dual_level():
+        got_tangent = fwad.unpack_dual(fn(fwad.make_dual(x, tangent))).tangent
+    assert got_tangent is not None
+    torch.testing.assert_close(got_tangent, want_tangent, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(torch.func.jvp(fn, (x,), (tangent,))[1], want_tangent, rtol=1e-12, atol=1e-12)
+    batched = torch.func.vmap(fn)(torch.stack([x, y]))
+    torch.testing.assert_close(batched, torch.stack([fn(x), fn(y)]), rtol=1e-12, atol=1e-12)
+    gradient = torch.func.grad(lambda v: fn(v).square().sum())(x)
+    torch.testing.assert_close(gradient, torch.autograd.grad(fn(x.requires_grad_()).square().sum(), x)[0], rtol=1e-12, atol=1e-12)
+    traced = torch.jit.trace(fn, (x.detach(),), check_trace=False)
+    torch.testing.assert_close(traced(y), want_y, rtol=1e-12, atol=1e-12)
+    with FakeTensorMode(allow_non_fake_inputs=True) as mode:  # (apply_rope's tables are real)
+        assert fn(mode.from_tensor(y)).shape == want_y.shape
+
+
 # --- jax.jit with traced offsets and lengths ---------------------------------------------------
 
 
@@ -162,6 +299,32 @@ def test_jax_jit_with_a_traced_offset(name, offset, rng):
     got = jax.jit(fn)(*(jnp.asarray(a) for a in args), jnp.asarray(offset))
     assert np.asarray(got).shape == np.shape(want)
     np.testing.assert_allclose(np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64), rtol=3e-5, atol=3e-5)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+@pytest.mark.parametrize("scaling", [pe.scaling.DynamicNTK(2.0, 8), pe.scaling.LongRoPE([1.0] * 8, [4.0] * 8, 8, factor=4.0)])
+def test_jax_jit_with_a_static_offset_gives_the_eager_bits_under_a_length_scaling(scaling, rng):
+    """With no positions and a Python offset, the length is ``offset + seq`` however the
+    positions are traced: the jitted call takes the host frequencies, as the eager one."""
+    import jax
+    import jax.numpy as jnp
+
+    x = rng.standard_normal((1, 4, 6, 16)).astype(np.float32)
+    for offset in (0, 5, 1000):  # below the original length 8, and past it
+        jitted = jax.jit(lambda a, offset=offset: pe.rope(a, offset=offset, scaling=scaling))(jnp.asarray(x))
+        np.testing.assert_array_equal(np.asarray(jitted), pe.rope(x, offset=offset, scaling=scaling))
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+def test_jax_tangents_and_cotangents_may_be_numpy_arrays():
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((2, 3, 5, 8), jnp.float32)
+    fn = lambda a: pe.rope(a, offset=3)  # noqa: E731
+    ones = np.ones(x.shape, np.float32)
+    np.testing.assert_array_equal(np.asarray(jax.jvp(fn, (x,), (ones,))[1]), np.asarray(jax.jvp(fn, (x,), (jnp.asarray(ones),))[1]))
+    np.testing.assert_array_equal(np.asarray(jax.vjp(fn, x)[1](ones)[0]), np.asarray(jax.vjp(fn, x)[1](jnp.asarray(ones))[0]))
 
 
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import operator
 import os
 import sys
 import warnings
@@ -46,16 +47,17 @@ def _zero_d_integer(name, value):
         )
 
 
-def integer(name, value, *, minimum=None):
+def integer(name, value, *, minimum=None, static=False):
     """``value`` as a Python int; ``bool`` and non-integral numbers are rejected.
 
     A 0-d integer array whose value can be read now counts as its integer. One that cannot
     (a traced JAX value, a torch tensor while torch compiles) is refused: use
     :func:`integer_or_traced` where a traced value can be computed with. A symbolic size
-    of ``torch.compile`` (``torch.SymInt``) is kept symbolic.
+    of ``torch.compile`` (``torch.SymInt``) is kept symbolic, or with ``static`` (a value
+    that shapes host work: a feature width, a bucket count) specialized (:func:`static_int`).
     """
     torch = _torch()
-    if torch is not None and isinstance(value, torch.SymInt):
+    if torch is not None and isinstance(value, torch.SymInt) and not static:
         if minimum is not None and value < minimum:
             raise ValueError(f"{name} must be >= {minimum}, got {value}")
         return value
@@ -69,7 +71,7 @@ def integer(name, value, *, minimum=None):
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         raise TypeError(f"{name} must be an integer, got {_show(value)} ({type(value).__name__})")
-    value = int(value)
+    value = static_int(value) if static else int(value)
     if minimum is not None and value < minimum:
         what = {0: "a non-negative integer", 1: "a positive integer"}.get(minimum, f"an integer >= {minimum}")
         raise ValueError(f"{name} must be {what}, got {value}")
@@ -244,7 +246,7 @@ def integer_or_traced(name, value, *, minimum=None):
 
 def even_dim(name, value):
     """A positive even integer (feature sizes that hold (cos, sin) pairs)."""
-    value = integer(name, value, minimum=1)
+    value = integer(name, value, minimum=1, static=True)
     if value % 2:
         raise ValueError(f"{name} must be a positive even integer, got {value}")
     return value
@@ -256,7 +258,7 @@ def real(name, value, *, positive=False, minimum=None, below=None):
         raise TypeError(f"{name} must be a concrete number here, got a traced {type(value).__name__}; pass a Python float ({STATIC_HINT})")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {_show(value)} ({type(value).__name__})")
-    value = float(value)
+    value = static_float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if positive and value <= 0:
@@ -266,6 +268,33 @@ def real(name, value, *, positive=False, minimum=None, below=None):
     if below is not None and value >= below:
         raise ValueError(f"{name} must be < {below}, got {value}")
     return value
+
+
+def static_int(size) -> int:
+    """A size read for host work (a feature width, a table's row count) as an int: one that
+    ``torch.compile(dynamic=True)`` keeps symbolic is specialized to its value, guarded
+    (``operator.index``), so the graph is recompiled for another value."""
+    return operator.index(size)
+
+
+def static_float(value) -> float:
+    """``float(value)``, and a float that ``torch.compile(dynamic=True)`` made symbolic (an
+    argument or attribute it traces as a graph input) specialized to its value, guarded:
+    Dynamo reads ``float.hex`` of a symbolic float as a constant, so the graph is
+    recompiled for another value."""
+    value = float(value)
+    return float.fromhex(value.hex()) if torch_compiling() else value
+
+
+def static(value):
+    """A scaling's field (a number, None, or a tuple of them) with every number that
+    ``torch.compile(dynamic=True)`` made symbolic specialized (:func:`static_int`,
+    :func:`static_float`): what a constant function of the graph may take."""
+    if isinstance(value, tuple):
+        return tuple(static(v) for v in value)
+    if isinstance(value, bool) or value is None:
+        return value
+    return static_int(value) if isinstance(value, numbers.Integral) else static_float(value)
 
 
 def choice(name, value, choices):
@@ -372,7 +401,7 @@ def leading_axes(first, second, axes, what):
 def broadcast_shape(name, shape, target):
     """``shape`` must broadcast to ``target`` without changing it."""
     shape, target = tuple(shape), tuple(target)
-    ok = len(shape) <= len(target) and all(s in (1, t) for s, t in zip(reversed(shape), reversed(target)))
+    ok = len(shape) <= len(target) and all(s == 1 or s == t for s, t in zip(reversed(shape), reversed(target)))  # (not `in`: sizes may be symbolic)
     if not ok:
         raise ValueError(f"{name} of shape {shape} does not broadcast against shape {target}")
 

@@ -1,4 +1,5 @@
-"""Registrations of the rotary kernels (ops ``rope_rotate`` and ``rope_apply``), and their launchers' guard.
+"""Registrations of the rotary kernels (ops ``rope_rotate`` and ``rope_apply``, and ``rope_rotate_at_length``'s
+custom op), and their launchers' guard.
 
 In the order the registry tries them:
 
@@ -158,3 +159,12 @@ for _op, _differentiable, _cpu, _gpu, _name in (
     )
     register(_op, f"{_op}.numba_cpu", accepts=_cpu, loader=f"posenc._kernels.rope_cpu:{_name}")
     register(_op, f"{_op}.numba_cuda", accepts=_gpu, loader=f"posenc._kernels.rope_cuda:{_name}")
+
+# Called only while torch compiles (rope's "length" path), where its length may be symbolic:
+# the custom op reads it when it runs, then calls rope_rotate's kernels.
+register(
+    "rope_rotate_at_length",
+    "rope_rotate_at_length.torch_autograd",
+    accepts=lambda a: _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
+    loader="posenc.torch._ops:rope_rotate_at_length",
+)

@@ -92,7 +92,7 @@ T5_NUM_BUCKETS = 32
 def _check_t5(xp, table, *, bidirectional=True, max_distance=128, num_buckets=None, heads=None):
     check.float_array("table", table, xp)
     check.ndim("table", table, exactly=2)
-    rows, columns = (int(n) for n in table.shape)
+    rows, columns = (check.static_int(n) for n in table.shape)
     expected = (
         None if num_buckets is None else check.integer("num_buckets", num_buckets, minimum=1),
         None if heads is None else check.integer("heads", heads, minimum=1),

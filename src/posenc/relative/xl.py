@@ -98,7 +98,8 @@ def xl_logits(q, k, r, u, v):
     _args.logits_shape(batch, q_len, k_len)
     q, k, r, u, v = (cast(xp, a, work) for a in (q, k, r, u, v))
     rel = distances(q_len, k_len, k_len - q_len, xp=xp, device=device_of(q))
-    row = xp.clip(k_len - 1 - rel, 0, n_rel - 1)
+    last = xp.asarray(n_rel - 1, dtype=rel.dtype, device=device_of(q))  # (an array: n_rel may be a symbolic size)
+    row = xp.minimum(k_len - 1 - rel, last)  # (k_len - 1 - rel >= 0: rel <= k_len - 1)
     position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(r), row, k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 

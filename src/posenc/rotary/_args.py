@@ -74,11 +74,12 @@ def _host_floats(name, value):
 
 
 def host_inv_freq(name, value, xp):
-    """Frequencies that must be host values (a kernel takes them): float64 NumPy ``[n]``."""
+    """Frequencies that must be host values (a kernel takes them): a tuple of float64 numbers
+    (not a NumPy array, which ``torch.compile`` would trace as a tensor)."""
     freqs = inv_freq(name, value, xp)
     if not isinstance(freqs, tuple):
         raise TypeError(f"{name} must hold concrete values (a NumPy array or an eager array), got a traced {type(freqs).__name__}")
-    return np.asarray(freqs)
+    return freqs
 
 
 def positions_array(value):

@@ -13,13 +13,14 @@ see one validation.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Any
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, is_real_floating, namespace, result_dtype, widest_float
+from .._xp import cast, cos_sin, cos_sin_of_array, device_of, host_constant_like, is_real_floating, namespace, result_dtype, torch_compiling, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table
 
@@ -34,7 +35,8 @@ class RopeCall:
     integer array or per-row integers placed on the batch axes. ``seq_len``: None where
     the frequencies do not depend on it, else an int, or per-row lengths (``path ==
     "rows"``: each row rotated as a call of its own), or a length known only inside the
-    computation (``path == "traced"``). On the ``"kernel"`` path ``inv_freq`` (host
+    computation (``path == "traced"``), or an int while torch compiles, which may be
+    symbolic (``path == "length"``: the frequencies are computed when the op runs). On the ``"kernel"`` path ``inv_freq`` (host
     float64 numbers) and ``scale`` (inverted for ``inverse``) are the rotation's.
     """
 
@@ -81,22 +83,30 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     base = check.real("base", base, positive=True)
     check_scaling(scaling)
     layout = _args.layout("layout", layout)
-    rdim = _args.rotary_dim(rotary_dim, int(x.shape[-1]))
+    rdim = _args.rotary_dim(rotary_dim, check.static_int(x.shape[-1]))
     offset = _args.per_row("offset", offset, xp)
     if not isinstance(inverse, bool):
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     seq_len = _args.per_row("seq_len", seq_len, xp)
     _args.out_like(out, x, xp, *read)
+    counted = positions is None and not check.is_array(offset)  # positions offset + arange(length): a known largest
     placed, offset, positions = _args.positions(xp, x, positions, seq_axis, offset, device)
     seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
     path, inv_freq, scale = "kernel", None, None
     if scaling is not None and scaling.uses_seq_len:
-        if seq_len is None:
+        if seq_len is None and counted:
+            # What sequence_length reads from the positions, known without them (an int, or a
+            # symbolic one while torch compiles) where they are traced (jax.jit, torch.compile).
+            length = math.prod(placed.shape)
+            seq_len = offset + length if length else None
+        elif seq_len is None:
             seq_len = _args.sequence_length(xp, positions)
         if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
             path = "rows"
         elif seq_len is not None and not isinstance(seq_len, int):
             path = "traced"
+        elif seq_len is not None and torch_compiling():  # an int that torch.compile may keep symbolic
+            path = "traced" if _dispatch.get_backend() == "reference" else "length"
     else:
         seq_len = None
     if path == "kernel":
@@ -139,7 +149,7 @@ def parse_apply(x, cos, sin, *, layout, out) -> ApplyCall:
     check.ndim("cos", cos, minimum=1)
     if tuple(cos.shape) != tuple(sin.shape):
         raise ValueError(f"cos and sin must have the same shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
-    width = int(cos.shape[-1])
+    width = check.static_int(cos.shape[-1])
     if width % 2 or width == 0:
         raise ValueError(f"cos.shape[-1] (the rotary dimension) must be a positive even integer, got {width}")
     if width > x.shape[-1]:
@@ -231,6 +241,7 @@ class RerotateCall:
 def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out) -> RerotateCall:
     """``rerotate``'s arguments as a ``RerotateCall``; ``TypeError``/``ValueError`` naming the first bad one."""
     check.array("x", x)
+    delta, seq_len = host_constant_like("delta", delta, x), host_constant_like("seq_len", seq_len, x)
     read = [(name, a) for name, a in (("delta", delta), ("inv_freq", inv_freq), ("new_inv_freq", new_inv_freq), ("seq_len", seq_len)) if check.is_array(a)]
     per_row = [a for a in (delta, seq_len) if check.is_array(a)]
     xp = namespace(x, *per_row)
@@ -252,7 +263,7 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
             raise ValueError("pass either inv_freq (and new_inv_freq) or scaling=, not both")
         check_scaling(scaling)
         base = check.real("base", base, positive=True)
-        rdim = _args.rotary_dim(rotary_dim, int(x.shape[-1]))
+        rdim = _args.rotary_dim(rotary_dim, check.static_int(x.shape[-1]))
         if seq_len is None:
             raise TypeError("rerotate with scaling= needs seq_len: the length whose frequencies the keys move to")
         seq_len = _args.per_row("seq_len", seq_len, xp)
@@ -265,13 +276,13 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
     if seq_len is not None or rotary_dim is not None:
         raise ValueError("seq_len and rotary_dim are read with scaling= only; with inv_freq the frequencies say both")
     freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
-    if 2 * freqs.size > x.shape[-1]:
-        raise ValueError(f"inv_freq has {freqs.size} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
+    if 2 * len(freqs) > x.shape[-1]:
+        raise ValueError(f"inv_freq has {len(freqs)} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
     new = None
     if new_inv_freq is not None:
         new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
-        if new.shape != freqs.shape:
-            raise ValueError(f"new_inv_freq must have the shape of inv_freq {freqs.shape}, got {new.shape}")
+        if len(new) != len(freqs):
+            raise ValueError(f"new_inv_freq must have the shape of inv_freq {(len(freqs),)}, got {(len(new),)}")
     return RerotateCall(x, xp, delta, layout, out, freqs, new, None, None, None, None)
 
 

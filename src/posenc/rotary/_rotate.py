@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from .._dispatch import reference
 from .._xp import cast, cos_sin, device_of, namespace, widest_float
+from .scaling import frequency_table
 
 
 def _pairs(xp, x, rotary_dim, layout):
@@ -66,6 +67,16 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     if inverse:
         s = -s
     return _rotate(xp, x, c, s, layout, scale, out)
+
+
+@reference("rope_rotate_at_length")
+def rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout="half", inverse=False, out=None):
+    """``rope_rotate`` at the frequencies and attention scale that the length-dependent
+    ``scaling`` gives at ``seq_len`` (an int), divided by the scale for ``inverse``; the
+    op ``rope`` calls while ``torch.compile`` traces, where ``seq_len`` may be symbolic and
+    the torch adapter's op computes the frequencies when it runs."""
+    inv_freq, scale = frequency_table(scaling, rotary_dim, base, seq_len)
+    return rotate_positions(x, positions, inv_freq, layout=layout, inverse=inverse, scale=1.0 / scale if inverse else scale, out=out)
 
 
 @reference("rope_apply")

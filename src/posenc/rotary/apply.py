@@ -248,6 +248,9 @@ def rope(
         return _rows_written(call)
     if call.path == "traced":
         return _rotate_traced_length(call)
+    if call.path == "length":
+        options = {"scaling": call.scaling, "rotary_dim": call.rotary_dim, "base": call.base, "layout": call.layout, "inverse": call.inverse}
+        return _dispatch.call("rope_rotate_at_length", call.x, call.positions, call.seq_len, **options, out=call.out)
     return call.run()
 
 

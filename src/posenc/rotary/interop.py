@@ -7,7 +7,7 @@ import numpy as np
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import device_of, namespace
+from .._xp import device_of, namespace, trace_constant
 from . import _args, _call, _chain, _rows
 from ._rotate import _join, _pairs
 from .scaling import frequency_table
@@ -110,7 +110,7 @@ def rerotate(
     if call.new_freqs is None:
         return call.run(call.freqs)
     _chain.warn_if_chained(x)
-    result = call.run(call.new_freqs - call.freqs)
+    result = call.run(_difference(call.new_freqs, call.freqs))
     _chain.note(result)
     return result
 
@@ -118,10 +118,10 @@ def rerotate(
 def _rerotate_scaled(call):
     """``rerotate`` from a scaling's frequencies at its original length to those of ``seq_len``."""
     scaling, rdim, base, layout = call.scaling, call.rotary_dim, call.base, call.layout
-    first = np.asarray(frequency_table(scaling, rdim, base, None)[0])
+    first = frequency_table(scaling, rdim, base, None)[0]
 
     def move(x_rows, delta_rows, length, out=None):  # from the first frequencies to those of `length`
-        step = np.asarray(frequency_table(scaling, rdim, base, length)[0]) - first
+        step = _difference(frequency_table(scaling, rdim, base, length)[0], first)
         return _dispatch.call("rope_rotate", x_rows, delta_rows, step, layout=layout, out=out)
 
     _chain.warn_if_chained(call.x)
@@ -134,6 +134,13 @@ def _rerotate_scaled(call):
             result = call.out
     _chain.note(result)
     return result
+
+
+@trace_constant
+def _difference(new, old):
+    """``new - old`` of two tuples of host frequencies, in float64 (a tuple: a constant of a
+    ``torch.compile`` graph, where NumPy arithmetic would be traced)."""
+    return tuple((np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)).tolist())
 
 
 def convert_layout(x, src, dst, *, rotary_dim=None):

@@ -29,6 +29,7 @@ from it inside the computation, so the choice is still made per call.
 
 from __future__ import annotations
 
+import ast
 import math
 import warnings
 from collections.abc import Mapping
@@ -92,7 +93,7 @@ def frequency_table(scaling, dim, base, seq_len):
         return _table(None, (), dim, base, seq_len)
     # The class and its field values, not the object: torch.compile may have built the
     # object while tracing, and passes only plain values to a constant function.
-    return _table(type(scaling), tuple(getattr(scaling, f.name) for f in fields(scaling)), dim, base, seq_len)
+    return _table(type(scaling), tuple(check.static(getattr(scaling, f.name)) for f in fields(scaling)), dim, base, seq_len)
 
 
 @trace_constant
@@ -103,6 +104,30 @@ def _table(kind, parameters, dim, base, seq_len):
         return tuple(default_inv_freq(dim, base).tolist()), 1.0
     inv_freq, scale = kind(*parameters).frequencies(dim, base, seq_len)
     return tuple(np.asarray(inv_freq, dtype=np.float64).tolist()), float(scale)
+
+
+def scaling_name(scaling) -> str:
+    """``scaling`` as one string, every float in hexadecimal (exact): how a torch op takes it
+    (``posenc::rope_rotate_at_length``), read back by :func:`named_scaling`."""
+    return _name(type(scaling), tuple(check.static(getattr(scaling, f.name)) for f in fields(scaling)))
+
+
+@trace_constant
+def _name(kind, parameters):
+    def exact(value):
+        return tuple(exact(v) for v in value) if isinstance(value, tuple) else value.hex() if type(value) is float else value
+
+    return repr((kind.__name__, exact(parameters)))
+
+
+@lru_cache(maxsize=64)
+def named_scaling(name: str) -> Scaling:
+    """The scaling of a :func:`scaling_name`."""
+    def number(value):
+        return tuple(number(v) for v in value) if isinstance(value, tuple) else float.fromhex(value) if isinstance(value, str) else value
+
+    kind, parameters = ast.literal_eval(name)
+    return globals()[kind](*number(parameters))
 
 
 @lru_cache(maxsize=64)

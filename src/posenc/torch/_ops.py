@@ -77,16 +77,84 @@ def _rope_rotate_backward(ctx, grad):
     if ctx.needs_input_grad[0]:
         grad_x = rope_rotate_op(grad.contiguous(), positions, inv_freq, interleaved, not inverse, scale)
     if ctx.needs_input_grad[1]:
-        half = len(inv_freq)
         theta = torch.tensor(inv_freq, dtype=torch.float64, device=grad.device)
-        y_a, y_b = _pairs(output.double(), interleaved, half)
-        g_a, g_b = _pairs(grad.double(), interleaved, half)
-        per_token = ((g_b * y_a - g_a * y_b) * theta).sum(-1) * (-1.0 if inverse else 1.0)
-        grad_positions = per_token.sum_to_size(positions.shape).to(positions.dtype)
+        grad_positions = _positions_gradient(grad, output, positions, theta, interleaved, inverse)
     return grad_x, grad_positions, None, None, None, None
 
 
+def _positions_gradient(grad, output, positions, theta, interleaved, inverse):
+    """``sum_i theta_i (g_b y_a - g_a y_b)`` over the pairs of each token (``-theta_i`` for
+    ``inverse``): the derivative of the rotation's angle, summed to ``positions``' shape."""
+    y_a, y_b = _pairs(output.double(), interleaved, theta.shape[0])
+    g_a, g_b = _pairs(grad.double(), interleaved, theta.shape[0])
+    per_token = ((g_b * y_a - g_a * y_b) * theta).sum(-1) * (-1.0 if inverse else 1.0)
+    return per_token.sum_to_size(positions.shape).to(positions.dtype)
+
+
 rope_rotate_op.register_autograd(_rope_rotate_backward, setup_context=_rope_rotate_setup)
+
+
+@torch.library.custom_op("posenc::rope_rotate_at_length", mutates_args=())
+def rope_rotate_at_length_op(
+    x: Tensor, positions: Tensor, seq_len: int, scaling: str, rotary_dim: int, base: float, interleaved: bool, inverse: bool, divide: bool
+) -> Tensor:
+    inv_freq, scale = _frequencies_at(seq_len, scaling, rotary_dim, base)
+    layout = "interleaved" if interleaved else "half"
+    return _kernel("rope_rotate", x, positions, np.asarray(inv_freq), layout=layout, inverse=inverse, scale=1.0 / scale if divide else scale)
+
+
+def _frequencies_at(seq_len, scaling, rotary_dim, base):
+    from ..rotary.scaling import frequency_table, named_scaling
+
+    return frequency_table(named_scaling(scaling), rotary_dim, base, seq_len)
+
+
+@rope_rotate_at_length_op.register_fake
+def _(x, positions, seq_len, scaling, rotary_dim, base, interleaved, inverse, divide):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("posenc::rope_frequencies_at_length", mutates_args=())
+def rope_frequencies_at_length_op(seq_len: int, scaling: str, rotary_dim: int, base: float, device: torch.device) -> Tensor:
+    return torch.tensor(_frequencies_at(seq_len, scaling, rotary_dim, base)[0], dtype=torch.float64, device=device)
+
+
+@rope_frequencies_at_length_op.register_fake
+def _(seq_len, scaling, rotary_dim, base, device):
+    return torch.empty((rotary_dim // 2,), dtype=torch.float64, device=device)
+
+
+def _rope_rotate_at_length_setup(ctx, inputs, output):
+    positions, args = inputs[1], inputs[2:]
+    ctx.save_for_backward(positions, output if ctx.needs_input_grad[1] else None)
+    ctx.args = args
+
+
+def _rope_rotate_at_length_backward(ctx, grad):
+    # As rope_rotate's backward, at the frequencies of the call's length.
+    positions, output = ctx.saved_tensors
+    seq_len, scaling, rotary_dim, base, interleaved, inverse, divide = ctx.args
+    grad_x = grad_positions = None
+    if ctx.needs_input_grad[0]:
+        grad_x = rope_rotate_at_length_op(grad.contiguous(), positions, seq_len, scaling, rotary_dim, base, interleaved, not inverse, divide)
+    if ctx.needs_input_grad[1]:
+        theta = rope_frequencies_at_length_op(seq_len, scaling, rotary_dim, base, grad.device)
+        grad_positions = _positions_gradient(grad, output, positions, theta, interleaved, inverse)
+    return grad_x, grad_positions, *(None,) * 7
+
+
+rope_rotate_at_length_op.register_autograd(_rope_rotate_at_length_backward, setup_context=_rope_rotate_at_length_setup)
+
+
+def rope_rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None):
+    """``rope``'s rotation at the frequencies of ``seq_len``, an int that ``torch.compile`` may
+    keep symbolic (a length read from a shape under dynamic shapes): the op computes them on
+    the host when it runs, as the eager call does, so the bits are the eager call's."""
+    from ..rotary.scaling import scaling_name
+
+    interleaved = layout == "interleaved"
+    rotated = rope_rotate_at_length_op(x, positions, seq_len, scaling_name(scaling), rotary_dim, base, interleaved, inverse, inverse)
+    return _written(rotated, out)
 
 
 @torch.library.custom_op("posenc::rope_apply", mutates_args=())
