@@ -86,7 +86,7 @@ def planned(signature):
 
         @functools.wraps(fn)
         def public(*args, **kwargs):
-            if _tracing() or torch_transforming():  # the full path (custom ops, or the reference), never a plan
+            if _tracing():  # torch.compile traces the full path (its custom ops), never a plan
                 return fn(*args, **kwargs)
             try:
                 key = signature.key(args, kwargs)
@@ -157,6 +157,8 @@ def array_key(a, *, cuda=False):
         return (kind, a.shape, a.strides, a.dtype, a.flags.num)
     torch = sys.modules.get("torch")
     if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided:
+        if torch_transforming():  # dual, functorch-wrapped or fake tensors, jit.trace: the full path's reference
+            return None
         if a.is_cpu:
             return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)
         if cuda and a.is_cuda:
