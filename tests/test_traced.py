@@ -211,6 +211,46 @@ def test_the_length_op_gives_the_eager_bits(inverse):
         assert torch.equal(got, want), length
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("strict", [True, False], ids=["strict", "non-strict"])
+def test_torch_export_with_a_dynamic_sequence_gives_the_eager_bits(strict):
+    """``torch.export`` with a ``Dim`` on the sequence axis: one program for every length
+    (``int()`` of a size had specialized it; a length-dependent scaling's symbolic length had
+    been made a tensor, specializing it too). Positions given without ``seq_axis`` guard
+    against other axes of their length, which a ``Dim`` range refuses: name the axis."""
+    import torch
+    from torch.export import Dim, export
+
+    seq = Dim("seq", min=2, max=64)
+    table, slopes = torch.randn(32, 4), torch.from_numpy(pe.alibi_slopes(4))
+    calls = {
+        "rope": (lambda x: pe.rope(x, offset=3), lambda n: (torch.randn(2, 4, n, 16),), ({2: seq},)),
+        "rope[positions]": (lambda x, p: pe.rope(x, p, seq_axis="bhsd"), lambda n: (torch.randn(2, 4, n, 16), torch.arange(n) * 2), ({2: seq}, {0: seq})),
+        "rope[dynamic]": (lambda x: pe.rope(x, offset=3, scaling=pe.scaling.DynamicNTK(2.0, 8)), lambda n: (torch.randn(2, 4, n, 16),), ({2: seq},)),
+        "biases": (lambda x: pe.t5_bias(table, x.shape[-2], x.shape[-2]) + pe.alibi_bias(slopes, x.shape[-2], x.shape[-2]), lambda n: (torch.randn(n, 4),), ({0: seq},)),
+    }
+    for name, (fn, make, dynamic_shapes) in calls.items():
+        fn(*make(6))  # fills posenc's caches of dtype ranges first: strict export warns of the first fill as a side effect
+        program = export(_Call(fn), make(6), strict=strict, dynamic_shapes=dynamic_shapes).module()
+        for length in (3, 6, 17):
+            args = make(length)
+            assert torch.equal(program(*args), fn(*args)), (name, length)
+
+
+if HAS_TORCH:
+    import torch as _torch
+
+    class _Call(_torch.nn.Module):
+        """A module whose forward is ``fn`` of one or two tensors (what ``torch.export`` takes)."""
+
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, x, p=None):
+            return self.fn(x) if p is None else self.fn(x, p)
+
+
 # --- torch transforms a kernel would defeat: the reference serves them -------------------------
 
 

@@ -270,6 +270,13 @@ def real(name, value, *, positive=False, minimum=None, below=None):
     return value
 
 
+def symbolic_size(value) -> bool:
+    """A ``torch.SymInt``: a size that ``torch.export`` (or ``make_fx``) keeps symbolic. (Dynamo
+    shows its symbolic sizes to the code it traces as ints.)"""
+    torch = _torch()
+    return torch is not None and isinstance(value, torch.SymInt)
+
+
 def static_int(size) -> int:
     """A size read for host work (a feature width, a table's row count) as an int: one that
     ``torch.compile(dynamic=True)`` keeps symbolic is specialized to its value, guarded

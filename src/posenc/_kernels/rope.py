@@ -117,7 +117,7 @@ def _guard_out(x, out):
 
 
 def _broadcasts(shape, target) -> bool:
-    return len(shape) <= len(target) and all(n in (1, t) for n, t in zip(reversed(shape), reversed(target)))
+    return len(shape) <= len(target) and all(n == 1 or n == t for n, t in zip(reversed(shape), reversed(target)))
 
 
 def guard_rotate(x, positions, inv_freq, out):

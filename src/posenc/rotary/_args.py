@@ -184,10 +184,10 @@ def place(name, positions, shape, axis, explicit, xp=None):
     if k > n:
         raise ValueError(f"{name} of shape {tuple(positions.shape)} has more axes than the token axes of x {shape}")
     if k == n:
-        if not all(p in (1, s) for p, s in zip(positions.shape, shape)):
+        if not all(p == 1 or p == s for p, s in zip(positions.shape, shape)):
             raise ValueError(_misfit(name, positions.shape, shape, axis))
         return positions
-    length = int(positions.shape[-1])
+    length = positions.shape[-1]
     if k - 1 > axis:
         raise ValueError(
             f"{name} of shape {tuple(positions.shape)} has {k - 1} leading (batch) axes, but x's sequence axis is "
@@ -195,9 +195,9 @@ def place(name, positions, shape, axis, explicit, xp=None):
         )
     placed = [*positions.shape[:-1], *([1] * (n - k + 1))]
     placed[axis] = length
-    if not all(p in (1, s) for p, s in zip(placed, shape)):
+    if not all(p == 1 or p == s for p, s in zip(placed, shape)):
         raise ValueError(_misfit(name, positions.shape, shape, axis))
-    if not explicit and length > 1:
+    if not explicit and type(length) is int and length > 1:  # (a symbolic length, of torch.export: no guard on other axes)
         others = [a for a in range(k - 1, n) if a != axis and shape[a] == length]
         if others:
             raise ValueError(
@@ -234,7 +234,7 @@ def positions(xp, x, given, seq_axis, offset, device):
                 f"seq_axis={seq_axis!r} holds packed tokens: pass their positions, e.g. "
                 "positions=pe.positions_from_cu_seqlens(cu_seqlens, total)"
             )
-        length = int(shape[axis])
+        length = shape[axis]  # (not int(): a size torch.export keeps symbolic stays so)
         if check.is_array(offset) and offset.ndim:
             offset = place_rows("offset", offset, shape, axis)
         pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
@@ -283,7 +283,7 @@ def place_rows(name, value, shape, axis):
         return value
     n, k = len(shape), value.ndim
     placed = tuple(value.shape) if k == n else (*value.shape, *([1] * (n - k)))
-    fits = k <= n and placed[axis] == 1 and all(p in (1, s) for p, s in zip(placed, shape))
+    fits = k <= n and placed[axis] == 1 and all(p == 1 or p == s for p, s in zip(placed, shape))
     if not fits or (k < n and k > axis):
         raise ValueError(
             f"{name} of shape {tuple(value.shape)} must hold one value per batch row: its axes are x's leading "

@@ -103,9 +103,9 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
             seq_len = _args.sequence_length(xp, positions)
         if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
             path = "rows"
-        elif seq_len is not None and not isinstance(seq_len, int):
+        elif seq_len is not None and not isinstance(seq_len, int) and not check.symbolic_size(seq_len):
             path = "traced"
-        elif seq_len is not None and torch_compiling():  # an int that torch.compile may keep symbolic
+        elif seq_len is not None and torch_compiling():  # an int that torch.compile (or export) may keep symbolic
             path = "traced" if _dispatch.get_backend() == "reference" else "length"
     else:
         seq_len = None
