@@ -308,6 +308,12 @@ def _jax_cpu(op):
             return
         import jax
 
+        if op == "rope_rotate_at_length":  # a 0-d length on the CPU, read by the host call
+            cpu = jax.devices("cpu")[0]
+            for args, kwargs in SAMPLES["rope_rotate_at_length.torch_autograd"](rng):
+                x, positions, length = args
+                yield [jax.device_put(np.asarray(a.detach()), cpu) for a in (x.float(), positions)] + [jax.device_put(np.int32(length), cpu)], kwargs
+            return
         host = {2} if op == "rope_rotate" else set()
         for args, kwargs in SAMPLES[f"{op}.numba_cpu"](rng):
             arrays = [a for i, a in enumerate(args) if hasattr(a, "shape") and i not in host]
@@ -333,7 +339,7 @@ SAMPLES = {
     "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
     **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
-    **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
+    **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
 }
 
 

@@ -165,6 +165,77 @@ def _rotation(inv_freq, layout, inverse, scale, ndim, positions_ndim):
 
 
 @functools.lru_cache(maxsize=256)
+def _rotation_at_length(scaling, rotary_dim, base, layout, inverse, divide, ndim, positions_ndim, length_ndim):
+    """``rope_rotate_at_length(x, positions, seq_len)``: the frequencies of the scaling named
+    ``scaling`` (``scaling_name``) at the lengths the host call reads (0-d, or one per batch
+    row placed like the positions), ``divide``: by the attention scale (the inverse's), these
+    unbatched ranks."""
+    from ..rotary.apply import rotate_at_traced_length
+    from ..rotary.scaling import frequency_table, named_scaling
+
+    kind = named_scaling(scaling)
+
+    def frequencies(length):
+        inv_freq, scale = frequency_table(kind, rotary_dim, base, int(length))
+        return np.asarray(inv_freq), 1.0 / scale if divide else scale
+
+    def host(xv, pv, lv, *, out):
+        xv, pv, lv = _batched(xv, ndim, (pv, 0), (lv, 0))
+        rotate = _numpy_kernel("rope_rotate")
+        if lv.size == 1 or (lv == lv.flat[0]).all():  # one length for every row: one kernel call
+            freqs, scale = frequencies(lv.flat[0])
+            rotate(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale, out=out)
+            return
+        xv, pv = np.broadcast_to(xv, out.shape), np.broadcast_to(pv, out.shape[:-1])
+        for row in np.ndindex(*lv.shape):  # rows of their own lengths (per-row seq_len, vmap over lengths)
+            at = tuple(i if n > 1 else slice(None) for i, n in zip(row, lv.shape))
+            freqs, scale = frequencies(lv[row])
+            rotate(xv[at], pv[at], freqs, layout=layout, inverse=inverse, scale=scale, out=out[at])
+
+    def transpose(ct, x, positions, seq_len):
+        adjoint = _rotation_at_length(scaling, rotary_dim, base, layout, not inverse, divide, ndim, positions_ndim, length_ndim)
+        return apply(adjoint, ct, positions, seq_len)
+
+    def tangent(primals, tangents, y):
+        # As rope_rotate's, at the frequencies computed from the traced length (a derivative: no bits to keep).
+        positions, seq_len = primals[1], primals[2]
+        dp = tangents[1]
+        if _zero(dp) or jnp.issubdtype(positions.dtype, jnp.integer):
+            return None
+        work = _work(y.dtype, dp.dtype)
+        lead = positions.ndim - positions_ndim
+        freqs, _ = kind.traced_frequencies(jnp, rotary_dim, base, _aligned(seq_len, seq_len.ndim - length_ndim, ndim - 1, length_ndim)[..., None])
+        rate = _aligned(dp, lead, ndim - 1, positions_ndim)[..., None].astype(work) * (-freqs if inverse else freqs).astype(work)
+        y_a, y_b = _pairs(y.astype(work), layout, rotary_dim // 2)
+        return _from_pairs(-y_b * rate, y_a * rate, layout, y.shape[-1])
+
+    def reference(xv, pv, lv):
+        lead = xv.ndim - ndim
+        options = {"scaling": kind, "rotary_dim": rotary_dim, "base": base, "layout": layout}
+        placed = _aligned(pv, lead, ndim - 1, positions_ndim), _aligned(lv, lead, ndim - 1, length_ndim)
+        rotated = rotate_at_traced_length(xv, *placed, inverse=inverse, **options)
+        return rotated if divide == inverse else rotated * _scale_ratio(kind, rotary_dim, base, divide)
+
+    return LinearOp(
+        key=("rope_rotate_at_length", scaling, rotary_dim, base, layout, inverse, divide, ndim),
+        host=host,
+        ranks=(ndim, positions_ndim, length_ndim),
+        result=lambda x, positions, seq_len: x,
+        transpose=transpose,
+        tangent=tangent,
+        reference=reference,
+    )
+
+
+def _scale_ratio(kind, rotary_dim, base, divide):
+    """What turns the reference's scale for one direction into the other's: ``1/s**2`` to divide where it multiplied, ``s**2`` back."""
+    from ..rotary.scaling import frequency_table
+
+    scale = frequency_table(kind, rotary_dim, base, None)[1]  # (no scaling's attention scale depends on the length)
+    return 1.0 / scale**2 if divide else scale**2
+
+
+@functools.lru_cache(maxsize=256)
 def _cos_sin_rotation(layout, ndim, width, table_ndim):
     """``rope_apply(x, cos, sin)`` in ``layout``, ``width`` rotated channels, these unbatched ranks."""
     half = width // 2
@@ -300,6 +371,15 @@ def rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1
     if _traced(x, positions):
         return apply(_rotation(tuple(freqs.tolist()), layout, bool(inverse), float(scale), x.ndim, positions.ndim), x, positions)
     return _eager("rope_rotate", x, x.shape, x, positions, freqs, layout=layout, inverse=inverse, scale=scale)
+
+
+def rope_rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout="half", inverse=False, out=None):
+    from ..rotary.scaling import scaling_name
+
+    guard_rotate(x, positions, np.zeros(rotary_dim // 2), None)
+    options = (scaling_name(scaling), rotary_dim, float(base), layout, bool(inverse), bool(inverse))
+    op = _rotation_at_length(*options, x.ndim, positions.ndim, seq_len.ndim)
+    return apply(op, x, positions, seq_len)
 
 
 def rope_apply(x, cos, sin, *, layout="half", out=None):

@@ -82,6 +82,18 @@ def _rotate_ok(a) -> bool:
     )
 
 
+def _rotate_at_length_ok(a) -> bool:
+    x, positions, seq_len = a["x"], a["positions"], a["seq_len"]
+    return (
+        a["out"] is None
+        and _float(x)
+        and _on_cpu(positions)
+        and _arrays.dtype_name(positions.dtype) in (*_arrays.INTEGERS, *_FLOAT_POSITIONS)
+        and _integers(seq_len)
+        and _arrays.numba_cpu()
+    )
+
+
 def _apply_ok(a) -> bool:
     x = a["x"]
     return (
@@ -106,6 +118,7 @@ def _scatter_ok(a) -> bool:
 
 for _op, _accepts in (
     ("rope_rotate", _rotate_ok),
+    ("rope_rotate_at_length", _rotate_at_length_ok),
     ("rope_apply", _apply_ok),
     ("toeplitz_expand", _expand_ok),
     ("toeplitz_gather", _gather_ok),

@@ -160,11 +160,12 @@ for _op, _differentiable, _cpu, _gpu, _name in (
     register(_op, f"{_op}.numba_cpu", accepts=_cpu, loader=f"posenc._kernels.rope_cpu:{_name}")
     register(_op, f"{_op}.numba_cuda", accepts=_gpu, loader=f"posenc._kernels.rope_cuda:{_name}")
 
-# Called only while torch compiles (rope's "length" path), where its length may be symbolic:
-# the custom op reads it when it runs, then calls rope_rotate's kernels.
+# rope's length-dependent scalings at a length that cannot be read now: an int while torch
+# compiles (maybe symbolic), for the custom op; a traced 0-d JAX array, for the JAX CPU host
+# call (posenc._jax.register). Each reads the length when it runs, then rotates as rope_rotate.
 register(
     "rope_rotate_at_length",
     "rope_rotate_at_length.torch_autograd",
-    accepts=lambda a: _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
+    accepts=lambda a: not _arrays.torch_tensor(a["seq_len"]) and _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
     loader="posenc.torch._ops:rope_rotate_at_length",
 )

@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import cos_sin_of_array, cos_sin_of_turns, has_float64, host_constants, namespace
+from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace
 from . import _args, _call, _rows
 from ._call import duplicate
 
@@ -255,25 +255,38 @@ def rope(
 
 
 def _rotate_traced_length(call):
-    """``rope`` for a length known only inside the computation: frequencies computed from it,
-    then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
-    xp, device, seq_len, scaling, rdim = call.xp, call.device, call.seq_len, call.scaling, call.rotary_dim
+    """``rope`` for a length known only inside the computation: the kernel op that reads it
+    when it runs where one takes it (JAX on the CPU: the eager call's bits), else
+    :func:`rotate_at_traced_length`."""
+    seq_len = call.seq_len
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
-        seq_len = xp.asarray(seq_len, device=device)
+        seq_len = call.xp.asarray(seq_len, device=call.device)
+    options = {"scaling": call.scaling, "rotary_dim": call.rotary_dim, "base": call.base, "layout": call.layout, "inverse": call.inverse}
+    kernel = _dispatch.select("rope_rotate_at_length", call.x, call.positions, seq_len, **options, out=call.out)
+    if kernel is not _dispatch.references()["rope_rotate_at_length"]:
+        return kernel(call.x, call.positions, seq_len, **options, out=call.out)
+    return rotate_at_traced_length(call.x, call.positions, seq_len, **options, out=call.out)
+
+
+def rotate_at_traced_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None):
+    """``x`` rotated at the frequencies ``scaling`` gives at ``seq_len``, a 0-d or per-row
+    integer array that cannot be read now: the frequencies computed from it in the
+    namespace, then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
+    xp, device = namespace(x), device_of(x)
     if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
         seq_len = seq_len[..., None]
     if has_float64(xp, device):
-        inv_freq, scale = scaling.traced_frequencies(xp, rdim, call.base, seq_len, device)
-        c, s = cos_sin_of_array(call.positions, inv_freq, xp=xp, device=device)
+        inv_freq, scale = scaling.traced_frequencies(xp, rotary_dim, base, seq_len, device)
+        c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
     else:  # the frequencies in double-float, the angles by the exact split reduction
-        turns, scale = scaling.traced_turns(xp, rdim, call.base, seq_len, device)
-        c, s = cos_sin_of_turns(call.positions, turns, xp=xp)
-    if call.inverse:
+        turns, scale = scaling.traced_turns(xp, rotary_dim, base, seq_len, device)
+        c, s = cos_sin_of_turns(positions, turns, xp=xp)
+    if inverse:
         s, scale = -s, 1.0 / scale
     if scale != 1.0:
         c, s = c * scale, s * scale
-    tables = duplicate(xp, c, call.layout), duplicate(xp, s, call.layout)
-    return _dispatch.call("rope_apply", call.x, *tables, layout=call.layout, out=call.out)
+    tables = duplicate(xp, c, layout), duplicate(xp, s, layout)
+    return _dispatch.call("rope_apply", x, *tables, layout=layout, out=out)
 
 
 def _rows_written(call):
