@@ -63,6 +63,20 @@ def test_sinusoidal_matches_pytorch_transformer_tutorial_formula():
     np.testing.assert_allclose(pe.sinusoidal(n, d, dtype=np.float64), pe_ref, atol=1e-12)
 
 
+def test_apply_absolute_takes_one_offset_per_batch_row(backend, rng):
+    """Each row's result is the single-row call's with its offset (API.md's per-row rule)."""
+    x, table = (rng.standard_normal(s).astype(np.float32) for s in ((3, 2, 4, 8), (20, 8)))
+    offsets = np.array([0, 5, 16], dtype=np.int32)
+    got = backend.call(lambda a, t, o: pe.apply_absolute(a, t, offset=o), *map(backend.asarray, (x, table, offsets)))
+    for run in backend.each_run(got):
+        for row, offset in enumerate(offsets):
+            np.testing.assert_array_equal(backend.to_numpy(run)[row : row + 1], pe.apply_absolute(x[row : row + 1], table, offset=int(offset)))
+    with pytest.raises(ValueError, match=r"offset \+ L <= 20 .* in every row, got 0 \.\. 17"):
+        pe.apply_absolute(x, table, offset=np.array([0, 5, 17]))
+    with pytest.raises(ValueError, match="one value per batch row"):
+        pe.apply_absolute(x, table, offset=np.array([0, 5]))
+
+
 @pytest.mark.parametrize("dim", [8, 10, 64, 512])
 def test_sinusoidal_half_is_marian_and_roformer_table(dim):
     """``layout="half"`` is transformers' Marian and RoFormer table, bit for bit."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from .. import _validate as check
 from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace
+from ..rotary import _args
 
 MODES = ("add", "multiply")
 
@@ -22,7 +25,9 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     x : array ``[..., L, d]``, real floating
     table : array ``[n, d]`` with ``n >= offset + L``
     mode : {"add", "multiply"}
-    offset : int >= 0, or a 0-d integer array (a traced offset is not range-checked)
+    offset : int >= 0, a 0-d integer array, or one per batch row (an integer array on the
+        leading axes of ``x``, as :func:`rope`'s: each row's rows start at its own); a
+        traced offset is not range-checked
 
     Returns
     -------
@@ -42,16 +47,25 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     check.ndim("x", x, minimum=2)
     check.ndim("table", table, exactly=2)
     mode = check.choice("mode", mode, MODES)
-    offset = check.integer_or_traced("offset", offset, minimum=0)
-    length, dim = int(x.shape[-2]), int(x.shape[-1])
-    if int(table.shape[1]) != dim:
+    offset = _args.per_row("offset", offset, xp)
+    length, dim = x.shape[-2], x.shape[-1]
+    if table.shape[1] != dim:
         raise ValueError(f"table must have {dim} columns to match x.shape[-1], got shape {tuple(table.shape)}")
     if isinstance(offset, int):
-        if int(table.shape[0]) < offset + length:
+        if offset < 0:
+            raise ValueError(f"offset must be a non-negative integer, got {offset}")
+        if table.shape[0] < offset + length:
             raise ValueError(f"table has {table.shape[0]} rows, fewer than offset + L = {offset + length}")
         rows = table[offset : offset + length, :]
     else:
-        rows = xp.take(table, xp.arange(length, dtype=index_dtype(xp, device_of(x)), device=device_of(x)) + offset, axis=0)
+        if offset.ndim:  # per row: [..., 1] on x's leading axes, the sequence on axis -2
+            offset = _args.place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2)
+        if check.is_eager(offset) and math.prod(offset.shape):
+            low, high = int(xp.min(offset)), int(xp.max(offset))
+            if low < 0 or high + length > table.shape[0]:
+                raise ValueError(f"offset must be >= 0 with offset + L <= {table.shape[0]} (the table's rows) in every row, got {low} .. {high}")
+        index = xp.arange(length, dtype=index_dtype(xp, device_of(x)), device=device_of(x)) + offset
+        rows = xp.reshape(xp.take(table, xp.reshape(index, (-1,)), axis=0), (*index.shape, dim))
     work = compute_dtype(xp, x.dtype)
     rows = cast(xp, rows, work)
     xw = cast(xp, x, work)

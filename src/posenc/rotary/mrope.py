@@ -54,18 +54,6 @@ def _axis_of_pairs(sections, interleaved):
     return [a if a and i < count * sections[a] else 0 for i in range(sum(sections)) for a in (i % count,)]
 
 
-def _interleaved_fits(sections):
-    """Interleaving takes exactly ``sections[a]`` pairs for every axis ``a > 0``."""
-    count, pairs = len(sections), sum(sections)
-    for a in range(1, count):
-        taken = len(range(a, min(pairs, count * sections[a]), count))
-        if taken != sections[a]:
-            raise ValueError(
-                f"interleaved sections {list(sections)}: axis {a} needs {sections[a]} pairs at indices {a}, {a + count}, ... "
-                f"below {count * sections[a]}, but only {taken} of them are below len(inv_freq) = {pairs}"
-            )
-
-
 def _pick(xp, freqs, pairs):
     """The frequencies of ``pairs``: host numbers (a tuple) or an array."""
     if isinstance(freqs, tuple):
@@ -83,7 +71,10 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
     ``sections[1]`` with ``positions[1]``, and so on. With ``interleaved=True`` (Qwen3-VL;
     keras_hub's and vLLM's interleaved M-RoPE) the axes take pairs in turn,
     :math:`s(i) = i \bmod A` while :math:`i < A \cdot \text{sections}[s]` (for
-    :math:`s > 0`), else 0, so every axis sees low and high frequencies alike.
+    :math:`s > 0`), else 0, so every axis sees low and high frequencies alike. As there,
+    an axis whose turns run past the last pair takes fewer than ``sections[s]`` pairs
+    (Qwen2-VL's ``[16, 24, 24]`` dealt over 64 pairs gives the height and width axes 21
+    each, the temporal axis 22): transformers' and vLLM's tables.
 
     duplicated in the layout's order like :func:`rope_cos_sin`. With Qwen2-VL's
     ``mrope_section`` (e.g. ``[16, 24, 24]`` for 128-wide heads) and its ``[3, batch, seq]``
@@ -124,8 +115,6 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
     sections = _sections(sections, args.pairs)
     if not isinstance(interleaved, bool):
         raise TypeError(f"interleaved must be True or False, got {interleaved!r}")
-    if interleaved:
-        _interleaved_fits(sections)
     check.ndim("positions", positions, minimum=1)
     if int(positions.shape[0]) != len(sections):
         raise ValueError(
