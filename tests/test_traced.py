@@ -384,6 +384,26 @@ def test_jax_traced_lengths_give_the_eager_bits_on_the_cpu(scaling, rng):
 
 
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
+def test_jax_traced_lengths_of_a_scaling_subclass_and_of_an_empty_batch():
+    """A subclass of a scaling cannot be named to the host call (its name reads back as
+    another class): the traced path computes it. An empty vmapped batch of lengths is empty."""
+    import dataclasses
+
+    import jax
+    import jax.numpy as jnp
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine(pe.scaling.DynamicNTK):
+        pass
+
+    x = np.random.default_rng(0).standard_normal((1, 6, 8)).astype(np.float32)
+    got = jax.jit(lambda a, o: pe.rope(a, offset=o, scaling=Mine(2.0, 8)))(x, jnp.asarray(20))
+    np.testing.assert_allclose(np.asarray(got), pe.rope(x, offset=20, scaling=Mine(2.0, 8)), rtol=0, atol=1e-6)
+    empty = jax.vmap(lambda n: pe.rope(jnp.ones((5, 8)), seq_len=n, scaling=pe.scaling.DynamicNTK(2.0, 8)))(jnp.zeros((0,), jnp.int32))
+    assert empty.shape == (0, 5, 8)
+
+
+@pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
 def test_jax_tangents_and_cotangents_may_be_numpy_arrays():
     import jax
     import jax.numpy as jnp

@@ -252,13 +252,14 @@ def even_dim(name, value):
     return value
 
 
-def real(name, value, *, positive=False, minimum=None, below=None):
-    """A finite real Python number, optionally > 0, >= ``minimum``, < ``below``."""
+def real(name, value, *, positive=False, minimum=None, below=None, static=True):
+    """A finite real Python number, optionally > 0, >= ``minimum``, < ``below``; with
+    ``static``, a symbolic one of ``torch.compile`` specialized (:func:`static_float`)."""
     if is_array(value) and not is_eager(value):
         raise TypeError(f"{name} must be a concrete number here, got a traced {type(value).__name__}; pass a Python float ({STATIC_HINT})")
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {_show(value)} ({type(value).__name__})")
-    value = static_float(value)
+    value = static_float(value) if static else float(value)
     if not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value}")
     if positive and value <= 0:

@@ -42,22 +42,37 @@ def torch_compiling() -> bool:
     return torch is not None and torch.compiler.is_compiling()
 
 
-def torch_transforming() -> bool:
+def torch_transforming(*, fake=True) -> bool:
     """Whether a torch transform that a kernel would defeat is running: forward-mode AD (a
     kernel drops the dual tensors' tangents), ``torch.func`` (its wrapped tensors have no
     storage to read), ``torch.jit.trace`` (it would record a kernel's result as a constant)
-    or a fake tensor mode (no data). The reference, torch operations throughout, serves
-    those calls."""
+    or, with ``fake``, a fake tensor mode (no data; a caller that only sees plain
+    ``torch.Tensor`` objects never meets a fake one). The reference, torch operations
+    throughout, serves those calls."""
+    probes = _TORCH_PROBES or _torch_probes()
+    if probes is None:
+        return False
+    forward_ad, functorch_stack, tracing_state, fake_mode = probes
+    return (
+        forward_ad._current_level >= 0
+        or functorch_stack() is not None
+        or tracing_state() is not None
+        or (fake and fake_mode() is not None)
+    )
+
+
+_TORCH_PROBES = None  # what torch_transforming reads, found once torch is loaded
+
+
+def _torch_probes():
+    global _TORCH_PROBES
     torch = sys.modules.get("torch")
     if torch is None:
-        return False
+        return None
     C = torch._C
-    return (
-        torch.autograd.forward_ad._current_level >= 0
-        or C._functorch.peek_interpreter_stack() is not None
-        or C._get_tracing_state() is not None
-        or C._get_dispatch_mode(C._TorchDispatchModeKey.FAKE) is not None
-    )
+    fake = C._TorchDispatchModeKey.FAKE
+    _TORCH_PROBES = (torch.autograd.forward_ad, C._functorch.peek_interpreter_stack, C._get_tracing_state, lambda: C._get_dispatch_mode(fake))
+    return _TORCH_PROBES
 
 
 def _numpy_namespace():

@@ -175,21 +175,24 @@ def _rotation_at_length(scaling, rotary_dim, base, layout, inverse, divide, ndim
 
     kind = named_scaling(scaling)
 
+    @functools.lru_cache(maxsize=64)  # the last lengths a decode loop ran at
     def frequencies(length):
-        inv_freq, scale = frequency_table(kind, rotary_dim, base, int(length))
+        inv_freq, scale = frequency_table(kind, rotary_dim, base, length)
         return np.asarray(inv_freq), 1.0 / scale if divide else scale
 
     def host(xv, pv, lv, *, out):
+        if out.size == 0:
+            return
         xv, pv, lv = _batched(xv, ndim, (pv, 0), (lv, 0))
         rotate = _numpy_kernel("rope_rotate")
         if lv.size == 1 or (lv == lv.flat[0]).all():  # one length for every row: one kernel call
-            freqs, scale = frequencies(lv.flat[0])
+            freqs, scale = frequencies(int(lv.flat[0]))
             rotate(xv, pv, freqs, layout=layout, inverse=inverse, scale=scale, out=out)
             return
         xv, pv = np.broadcast_to(xv, out.shape), np.broadcast_to(pv, out.shape[:-1])
         for row in np.ndindex(*lv.shape):  # rows of their own lengths (per-row seq_len, vmap over lengths)
             at = tuple(i if n > 1 else slice(None) for i, n in zip(row, lv.shape))
-            freqs, scale = frequencies(lv[row])
+            freqs, scale = frequencies(int(lv[row]))
             rotate(xv[at], pv[at], freqs, layout=layout, inverse=inverse, scale=scale, out=out[at])
 
     def transpose(ct, x, positions, seq_len):

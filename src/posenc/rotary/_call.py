@@ -22,7 +22,7 @@ from .. import _dispatch
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, device_of, host_constant_like, is_real_floating, namespace, result_dtype, torch_compiling, widest_float
 from . import _args
-from .scaling import check_scaling, frequency_table
+from .scaling import check_scaling, frequency_table, nameable
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,7 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
         elif seq_len is not None and not isinstance(seq_len, int) and not check.symbolic_size(seq_len):
             path = "traced"
         elif seq_len is not None and torch_compiling():  # an int that torch.compile (or export) may keep symbolic
-            path = "traced" if _dispatch.get_backend() == "reference" else "length"
+            path = "length" if _dispatch.get_backend() != "reference" and nameable(scaling) else "traced"
     else:
         seq_len = None
     if path == "kernel":

@@ -24,6 +24,7 @@ from .. import _validate as check
 from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace
 from . import _args, _call, _rows
 from ._call import duplicate
+from .scaling import nameable
 
 
 @_plans.planned(_signatures.RopeCosSin)
@@ -262,9 +263,10 @@ def _rotate_traced_length(call):
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
         seq_len = call.xp.asarray(seq_len, device=call.device)
     options = {"scaling": call.scaling, "rotary_dim": call.rotary_dim, "base": call.base, "layout": call.layout, "inverse": call.inverse}
-    kernel = _dispatch.select("rope_rotate_at_length", call.x, call.positions, seq_len, **options, out=call.out)
-    if kernel is not _dispatch.references()["rope_rotate_at_length"]:
-        return kernel(call.x, call.positions, seq_len, **options, out=call.out)
+    if nameable(call.scaling):  # (the op takes the scaling by name)
+        kernel = _dispatch.select("rope_rotate_at_length", call.x, call.positions, seq_len, **options, out=call.out)
+        if kernel is not _dispatch.references()["rope_rotate_at_length"]:
+            return kernel(call.x, call.positions, seq_len, **options, out=call.out)
     return rotate_at_traced_length(call.x, call.positions, seq_len, **options, out=call.out)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._xp import has_float64, trace_constant, widest_float
+from .._xp import has_float64, torch_compiling, trace_constant, widest_float
 
 __all__ = ["Axial", "DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
@@ -93,7 +93,8 @@ def frequency_table(scaling, dim, base, seq_len):
         return _table(None, (), dim, base, seq_len)
     # The class and its field values, not the object: torch.compile may have built the
     # object while tracing, and passes only plain values to a constant function.
-    return _table(type(scaling), tuple(check.static(getattr(scaling, f.name)) for f in fields(scaling)), dim, base, seq_len)
+    parameters = tuple(getattr(scaling, f.name) for f in fields(scaling))
+    return _table(type(scaling), check.static(parameters) if torch_compiling() else parameters, dim, base, seq_len)
 
 
 @trace_constant
@@ -102,13 +103,26 @@ def _table(kind, parameters, dim, base, seq_len):
         if type(dim) is int and type(base) is float:  # (not a symbolic size of torch.compile)
             return _default_table(dim, base), 1.0
         return tuple(default_inv_freq(dim, base).tolist()), 1.0
-    inv_freq, scale = kind(*parameters).frequencies(dim, base, seq_len)
+    inv_freq, scale = _built(kind, parameters).frequencies(dim, base, seq_len)
     return tuple(np.asarray(inv_freq, dtype=np.float64).tolist()), float(scale)
 
 
+@lru_cache(maxsize=64)
+def _built(kind, parameters):
+    """The scaling of these field values, validated once (LongRoPE's are two lists of factors)."""
+    return kind(*parameters)
+
+
+def nameable(scaling) -> bool:
+    """Whether :func:`scaling_name` can name ``scaling``: one of this module's classes (not a
+    subclass of one, which :func:`named_scaling` would read back as the class it names)."""
+    return _CLASSES.get(type(scaling).__name__) is type(scaling)
+
+
 def scaling_name(scaling) -> str:
-    """``scaling`` as one string, every float in hexadecimal (exact): how a torch op takes it
-    (``posenc::rope_rotate_at_length``), read back by :func:`named_scaling`."""
+    """``scaling`` (:func:`nameable`) as one string, every float in hexadecimal (exact): how
+    the ops that compute frequencies when they run take it (``rope_rotate_at_length``), read
+    back by :func:`named_scaling`."""
     return _name(type(scaling), tuple(check.static(getattr(scaling, f.name)) for f in fields(scaling)))
 
 
@@ -127,7 +141,7 @@ def named_scaling(name: str) -> Scaling:
         return tuple(number(v) for v in value) if isinstance(value, tuple) else float.fromhex(value) if isinstance(value, str) else value
 
     kind, parameters = ast.literal_eval(name)
-    return globals()[kind](*number(parameters))
+    return _CLASSES[kind](*number(parameters))
 
 
 @lru_cache(maxsize=64)
@@ -326,7 +340,7 @@ class YaRN(Scaling):
 def _factor_list(name, values):
     if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
         raise TypeError(f"{name} must be a sequence of positive numbers, got {type(values).__name__}")
-    out = tuple(check.real(f"{name}[{i}]", v, positive=True) for i, v in enumerate(values))
+    out = tuple(check.real(f"{name}[{i}]", v, positive=True, static=False) for i, v in enumerate(values))
     if not out:
         raise ValueError(f"{name} must not be empty")
     return out
@@ -487,6 +501,10 @@ class Axial(Scaling):
     def sections(self, dim):
         """The pairs of each axis: ``[dim / (2 axes)] * axes``."""
         return (dim // self.axes // 2,) * self.axes
+
+
+# The scalings by name (scaling_name, named_scaling, nameable).
+_CLASSES = {kind.__name__: kind for kind in (Linear, NTK, DynamicNTK, YaRN, LongRoPE, Llama3, Proportional, Axial)}
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ positions in a compiled graph (nothing differentiable); inductor decomposes the 
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -103,6 +105,7 @@ def rope_rotate_at_length_op(
     return _kernel("rope_rotate", x, positions, np.asarray(inv_freq), layout=layout, inverse=inverse, scale=1.0 / scale if divide else scale)
 
 
+@functools.lru_cache(maxsize=64)  # a compiled graph's calls at one length, or the last lengths of a decode loop
 def _frequencies_at(seq_len, scaling, rotary_dim, base):
     from ..rotary.scaling import frequency_table, named_scaling
 
