@@ -175,6 +175,27 @@ def test_export_with_kernels_keeps_the_cpu_host_call():
     np.testing.assert_allclose(np.asarray(exported.call(x, table, 3)), np.asarray(jitted(x, table, 3)), rtol=1e-5, atol=1e-5)
 
 
+def test_the_jit_key_defaults_to_the_process_backend_even_when_first_loaded_inside_a_block():
+    """``posenc.jax`` (the backend's part of the jit key) first imported inside a
+    ``use_backend("reference")`` block took that block's backend as its global default, so
+    afterwards a call outside any block and one inside a reference block shared one jit
+    cache entry: the block then ran the kernel (an order-dependent failure of the test below)."""
+    code = (
+        "import jax, jax.numpy as jnp, numpy as np, posenc as pe\n"
+        "from posenc import _dispatch\n"
+        "with pe.use_backend('reference'):\n"
+        "    _dispatch.call('toeplitz_expand', np.ones((2, 6)), 3, 4)\n"
+        "x = jnp.ones((2, 4, 5, 16)); f = jax.jit(lambda x, o: pe.rope(x, offset=o)); f(x, 3)\n"
+        "assert 'custom_call' in f.lower(x, 3).as_text()\n"
+        "with pe.use_backend('reference'):\n"
+        "    assert 'custom_call' not in f.lower(x, 3).as_text()\n"
+    )
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_use_backend_retraces_a_function_jitted_before():
     x, table = _model_inputs()
     jitted = jax.jit(_model)

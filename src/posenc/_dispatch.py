@@ -52,6 +52,11 @@ def get_backend() -> str:
     return _override.get() or _default
 
 
+def process_backend() -> str:
+    """``set_backend``'s backend (or ``POSENC_BACKEND``'s), whatever ``use_backend`` block is open."""
+    return _default
+
+
 def set_backend(name: str) -> None:
     """Set the process-wide backend: ``"auto"`` or ``"reference"``."""
     global _default

@@ -34,7 +34,7 @@ __all__ = ["export_with_kernels"]
 backend_state = _config.optional_enum_state(
     "posenc_jit_backend",
     list(_dispatch.BACKENDS),
-    _dispatch.get_backend(),
+    _dispatch.process_backend(),  # (not get_backend(): imported inside a use_backend block, that block's)
     "posenc's backend, in the jit cache key (set by posenc.use_backend / set_backend)",
     include_in_jit_key=True,
     include_in_trace_context=True,
