@@ -171,14 +171,13 @@ def _rotation_at_length(scaling, rotary_dim, base, layout, inverse, divide, ndim
     row placed like the positions), ``divide``: by the attention scale (the inverse's), these
     unbatched ranks."""
     from ..rotary.apply import rotate_at_traced_length
-    from ..rotary.scaling import frequency_table, named_scaling
+    from ..rotary.scaling import named_frequency_table, named_scaling
 
     kind = named_scaling(scaling)
 
-    @functools.lru_cache(maxsize=64)  # the last lengths a decode loop ran at
     def frequencies(length):
-        inv_freq, scale = frequency_table(kind, rotary_dim, base, length)
-        return np.asarray(inv_freq), 1.0 / scale if divide else scale
+        inv_freq, scale = named_frequency_table(scaling, rotary_dim, base, length)
+        return inv_freq, 1.0 / scale if divide else scale
 
     def host(xv, pv, lv, *, out):
         if out.size == 0:

@@ -70,28 +70,24 @@ def _host_numbers(a) -> bool:
     return not tracer(a)
 
 
-def _rotate_ok(a) -> bool:
-    x, positions = a["x"], a["positions"]
+def _rotation_ok(a) -> bool:
+    """What both rotations read: ``x`` and its positions on the CPU, no ``out``."""
+    positions = a["positions"]
     return (
         a["out"] is None
-        and _float(x)
+        and _float(a["x"])
         and _on_cpu(positions)
         and _arrays.dtype_name(positions.dtype) in (*_arrays.INTEGERS, *_FLOAT_POSITIONS)
-        and _host_numbers(a["inv_freq"])
         and _arrays.numba_cpu()
     )
+
+
+def _rotate_ok(a) -> bool:
+    return _rotation_ok(a) and _host_numbers(a["inv_freq"])
 
 
 def _rotate_at_length_ok(a) -> bool:
-    x, positions, seq_len = a["x"], a["positions"], a["seq_len"]
-    return (
-        a["out"] is None
-        and _float(x)
-        and _on_cpu(positions)
-        and _arrays.dtype_name(positions.dtype) in (*_arrays.INTEGERS, *_FLOAT_POSITIONS)
-        and _integers(seq_len)
-        and _arrays.numba_cpu()
-    )
+    return _rotation_ok(a) and _integers(a["seq_len"])
 
 
 def _apply_ok(a) -> bool:

@@ -68,6 +68,10 @@ class RopeCall:
     def _options(self):
         return {"layout": self.layout, "inverse": self.inverse, "scale": self.scale, "out": self.out}
 
+    def length_options(self):
+        """The options of ``rope_rotate_at_length`` (the frequencies at a length read when it runs)."""
+        return {"scaling": self.scaling, "rotary_dim": self.rotary_dim, "base": self.base, "layout": self.layout, "inverse": self.inverse}
+
 
 def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_axis, inverse, seq_len, out) -> RopeCall:
     """``rope``'s arguments as a ``RopeCall``; ``TypeError``/``ValueError`` naming the first bad one."""

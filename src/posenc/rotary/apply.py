@@ -250,8 +250,7 @@ def rope(
     if call.path == "traced":
         return _rotate_traced_length(call)
     if call.path == "length":
-        options = {"scaling": call.scaling, "rotary_dim": call.rotary_dim, "base": call.base, "layout": call.layout, "inverse": call.inverse}
-        return _dispatch.call("rope_rotate_at_length", call.x, call.positions, call.seq_len, **options, out=call.out)
+        return _dispatch.call("rope_rotate_at_length", call.x, call.positions, call.seq_len, **call.length_options(), out=call.out)
     return call.run()
 
 
@@ -262,7 +261,7 @@ def _rotate_traced_length(call):
     seq_len = call.seq_len
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
         seq_len = call.xp.asarray(seq_len, device=call.device)
-    options = {"scaling": call.scaling, "rotary_dim": call.rotary_dim, "base": call.base, "layout": call.layout, "inverse": call.inverse}
+    options = call.length_options()
     if nameable(call.scaling):  # (the op takes the scaling by name)
         kernel = _dispatch.select("rope_rotate_at_length", call.x, call.positions, seq_len, **options, out=call.out)
         if kernel is not _dispatch.references()["rope_rotate_at_length"]:

@@ -134,6 +134,13 @@ def _name(kind, parameters):
     return repr((kind.__name__, exact(parameters)))
 
 
+@lru_cache(maxsize=64)  # a compiled graph's calls at one length, or the last lengths of a decode loop
+def named_frequency_table(name, dim, base, seq_len):
+    """:func:`frequency_table` of the scaling named ``name`` (:func:`scaling_name`): what the
+    ops that read a length when they run rotate with."""
+    return frequency_table(named_scaling(name), dim, base, seq_len)
+
+
 @lru_cache(maxsize=64)
 def named_scaling(name: str) -> Scaling:
     """The scaling of a :func:`scaling_name`."""

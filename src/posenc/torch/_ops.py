@@ -23,14 +23,13 @@ positions in a compiled graph (nothing differentiable); inductor decomposes the 
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from .. import _dispatch, _plans
 from ..rotary import _signatures
+from ..rotary.scaling import named_frequency_table
 
 
 def _kernel(op, *args, **kwargs):
@@ -100,16 +99,9 @@ rope_rotate_op.register_autograd(_rope_rotate_backward, setup_context=_rope_rota
 def rope_rotate_at_length_op(
     x: Tensor, positions: Tensor, seq_len: int, scaling: str, rotary_dim: int, base: float, interleaved: bool, inverse: bool, divide: bool
 ) -> Tensor:
-    inv_freq, scale = _frequencies_at(seq_len, scaling, rotary_dim, base)
+    inv_freq, scale = named_frequency_table(scaling, rotary_dim, base, seq_len)
     layout = "interleaved" if interleaved else "half"
     return _kernel("rope_rotate", x, positions, np.asarray(inv_freq), layout=layout, inverse=inverse, scale=1.0 / scale if divide else scale)
-
-
-@functools.lru_cache(maxsize=64)  # a compiled graph's calls at one length, or the last lengths of a decode loop
-def _frequencies_at(seq_len, scaling, rotary_dim, base):
-    from ..rotary.scaling import frequency_table, named_scaling
-
-    return frequency_table(named_scaling(scaling), rotary_dim, base, seq_len)
 
 
 @rope_rotate_at_length_op.register_fake
@@ -119,7 +111,7 @@ def _(x, positions, seq_len, scaling, rotary_dim, base, interleaved, inverse, di
 
 @torch.library.custom_op("posenc::rope_frequencies_at_length", mutates_args=())
 def rope_frequencies_at_length_op(seq_len: int, scaling: str, rotary_dim: int, base: float, device: torch.device) -> Tensor:
-    return torch.tensor(_frequencies_at(seq_len, scaling, rotary_dim, base)[0], dtype=torch.float64, device=device)
+    return torch.tensor(named_frequency_table(scaling, rotary_dim, base, seq_len)[0], dtype=torch.float64, device=device)
 
 
 @rope_frequencies_at_length_op.register_fake
