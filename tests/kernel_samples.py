@@ -275,8 +275,9 @@ def _autograd(op):
 
             scalings = (pe.scaling.DynamicNTK(2.0, 4), pe.scaling.LongRoPE([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], 4, factor=4.0))
             for scaling, layout, length in zip(scalings, ("half", "interleaved"), (9, 3)):
-                x = _grad_tensor(rng, (2, 3, 5, 8))
-                yield (x, torch.arange(5), length), {"scaling": scaling, "rotary_dim": 6, "base": 100.0, "layout": layout, "inverse": layout == "half"}
+                options = {"scaling": scaling, "rotary_dim": 6, "base": 100.0, "layout": layout, "inverse": layout == "half"}
+                yield (_grad_tensor(rng, (2, 3, 5, 8)), torch.arange(5), length), options
+                yield (_grad_tensor(rng, (2, 3, 5, 8)), torch.arange(5), torch.tensor(length)), options  # computed in a compiled graph
         elif op == "rope_apply":
             angles = rng.uniform(-3, 3, (5, 2))
             for layout in ("half", "interleaved"):

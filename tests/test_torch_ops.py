@@ -55,6 +55,10 @@ OPCHECK_CASES = [
     (_ops.rope_rotate_at_length_op, lambda: (_x(2, 5, 6), torch.arange(5), 9, scaling_name(DYNAMIC), 4, 100.0, False, False, False)),
     (_ops.rope_rotate_at_length_op, lambda: (_x(2, 5, 6), _positions(5), 11, scaling_name(DYNAMIC), 4, 100.0, True, True, True)),
     (_ops.rope_frequencies_at_length_op, lambda: (9, scaling_name(DYNAMIC), 4, 100.0, torch.device("cpu"))),
+    # ... at a length a compiled graph computes (a CPU tensor): 0-d, or one per row on x's token axes
+    (_ops.rope_rotate_at_lengths_op, lambda: (_x(2, 5, 6), torch.arange(5), torch.tensor(9), scaling_name(DYNAMIC), 4, 100.0, False, False, False)),
+    (_ops.rope_rotate_at_lengths_op, lambda: (_x(2, 5, 6), _positions(5), torch.tensor([[6], [11]]), scaling_name(DYNAMIC), 4, 100.0, True, True, True)),
+    (_ops.rope_frequencies_at_lengths_op, lambda: (torch.tensor([[6], [11]]), scaling_name(DYNAMIC), 4, 100.0, torch.device("cpu"))),
     (_ops.rope_apply_op, lambda: (_x(5, 6), *_cos_sin((5,), False), False)),
     (_ops.rope_apply_op, lambda: (_x(2, 5, 6), *_cos_sin((5,), True), True)),
     (_ops.rope_rotate_op, lambda: (_heads_first(2, 5, 3, 6), torch.arange(5), INV, False, False, 1.0)),
@@ -145,6 +149,7 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
     ops = {v for v in vars(_ops).values() if isinstance(v, (torch._library.custom_ops.CustomOpDef, torch._ops.OpOverload))}
     assert ops == set(covered)
     expected = {_ops.rope_rotate_op: {0, 1}, _ops.rope_rotate_at_length_op: {0, 1}, _ops.rope_frequencies_at_length_op: set(),
+                _ops.rope_rotate_at_lengths_op: {0, 1}, _ops.rope_frequencies_at_lengths_op: set(),
                 _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
                 _ops.rope_cos_sin_rows_op: set()}

@@ -111,6 +111,11 @@ def _gpu_apply(a) -> bool:
 SPECIALISATIONS = [(op, dtype, layout) for op in ("rotate", "apply") for dtype in _arrays.ELEMENT for layout in ("half", "interleaved")]
 
 
+def _host_length(seq_len) -> bool:
+    """A length ``rope_rotate_at_length``'s torch op reads on the host: an int, or a CPU tensor."""
+    return not _arrays.torch_tensor(seq_len) or seq_len.device.type == "cpu"
+
+
 def _guard_out(x, out):
     if out is not None and tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(x.shape)} (kernel launcher check)")
@@ -161,11 +166,13 @@ for _op, _differentiable, _cpu, _gpu, _name in (
     register(_op, f"{_op}.numba_cuda", accepts=_gpu, loader=f"posenc._kernels.rope_cuda:{_name}")
 
 # rope's length-dependent scalings at a length that cannot be read now: an int while torch
-# compiles (maybe symbolic), for the custom op; a traced 0-d JAX array, for the JAX CPU host
-# call (posenc._jax.register). Each reads the length when it runs, then rotates as rope_rotate.
+# compiles (maybe symbolic) or a CPU tensor of the compiled graph, for the custom ops; a
+# traced JAX array, for the JAX CPU host call (posenc._jax.register). Each reads the length
+# when it runs, then rotates as rope_rotate. (A CUDA length stays in the graph: reading it
+# would synchronise, and no CUDA graph could hold the call.)
 register(
     "rope_rotate_at_length",
     "rope_rotate_at_length.torch_autograd",
-    accepts=lambda a: not _arrays.torch_tensor(a["seq_len"]) and _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
+    accepts=lambda a: _host_length(a["seq_len"]) and _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
     loader="posenc.torch._ops:rope_rotate_at_length",
 )

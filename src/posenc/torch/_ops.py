@@ -28,7 +28,8 @@ import torch
 from torch import Tensor
 
 from .. import _dispatch, _plans
-from ..rotary import _signatures
+from .._xp import namespace
+from ..rotary import _rows, _signatures
 from ..rotary.scaling import named_frequency_table
 
 
@@ -99,6 +100,10 @@ rope_rotate_op.register_autograd(_rope_rotate_backward, setup_context=_rope_rota
 def rope_rotate_at_length_op(
     x: Tensor, positions: Tensor, seq_len: int, scaling: str, rotary_dim: int, base: float, interleaved: bool, inverse: bool, divide: bool
 ) -> Tensor:
+    return _rotated_at_length(x, positions, seq_len, scaling, rotary_dim, base, interleaved, inverse, divide)
+
+
+def _rotated_at_length(x, positions, seq_len, scaling, rotary_dim, base, interleaved, inverse, divide):
     inv_freq, scale = named_frequency_table(scaling, rotary_dim, base, seq_len)
     layout = "interleaved" if interleaved else "half"
     return _kernel("rope_rotate", x, positions, np.asarray(inv_freq), layout=layout, inverse=inverse, scale=1.0 / scale if divide else scale)
@@ -141,14 +146,60 @@ def _rope_rotate_at_length_backward(ctx, grad):
 rope_rotate_at_length_op.register_autograd(_rope_rotate_at_length_backward, setup_context=_rope_rotate_at_length_setup)
 
 
+@torch.library.custom_op("posenc::rope_rotate_at_lengths", mutates_args=())
+def rope_rotate_at_lengths_op(
+    x: Tensor, positions: Tensor, seq_len: Tensor, scaling: str, rotary_dim: int, base: float, interleaved: bool, inverse: bool, divide: bool
+) -> Tensor:
+    options = (scaling, rotary_dim, base, interleaved, inverse, divide)
+    lengths = {int(n) for n in seq_len.flatten().tolist()}
+    if len(lengths) == 1:  # 0-d, or every row's: one kernel call
+        return _rotated_at_length(x, positions, lengths.pop(), *options)
+    positions = positions.reshape((1,) * (x.ndim - 1 - positions.ndim) + tuple(positions.shape))  # on x's token axes, as seq_len
+    return _rows.rotate_each_row(namespace(x), x, positions, seq_len, lambda xr, pr, n: _rotated_at_length(xr, pr, n, *options))
+
+
+@rope_rotate_at_lengths_op.register_fake
+def _(x, positions, seq_len, scaling, rotary_dim, base, interleaved, inverse, divide):
+    return x.new_empty(x.shape)
+
+
+@torch.library.custom_op("posenc::rope_frequencies_at_lengths", mutates_args=())
+def rope_frequencies_at_lengths_op(seq_len: Tensor, scaling: str, rotary_dim: int, base: float, device: torch.device) -> Tensor:
+    tables = [named_frequency_table(scaling, rotary_dim, base, int(n))[0] for n in seq_len.flatten().tolist()]
+    return torch.tensor(tables, dtype=torch.float64, device=device).reshape(*seq_len.shape, rotary_dim // 2)
+
+
+@rope_frequencies_at_lengths_op.register_fake
+def _(seq_len, scaling, rotary_dim, base, device):
+    return torch.empty((*seq_len.shape, rotary_dim // 2), dtype=torch.float64, device=device)
+
+
+def _rope_rotate_at_lengths_backward(ctx, grad):
+    # As rope_rotate_at_length's, each row at the frequencies of its length.
+    positions, output = ctx.saved_tensors
+    seq_len, scaling, rotary_dim, base, interleaved, inverse, divide = ctx.args
+    grad_x = grad_positions = None
+    if ctx.needs_input_grad[0]:
+        grad_x = rope_rotate_at_lengths_op(grad.contiguous(), positions, seq_len, scaling, rotary_dim, base, interleaved, not inverse, divide)
+    if ctx.needs_input_grad[1]:
+        theta = rope_frequencies_at_lengths_op(seq_len, scaling, rotary_dim, base, grad.device)
+        grad_positions = _positions_gradient(grad, output, positions, theta, interleaved, inverse)
+    return grad_x, grad_positions, *(None,) * 7
+
+
+rope_rotate_at_lengths_op.register_autograd(_rope_rotate_at_lengths_backward, setup_context=_rope_rotate_at_length_setup)
+
+
 def rope_rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None):
-    """``rope``'s rotation at the frequencies of ``seq_len``, an int that ``torch.compile`` may
-    keep symbolic (a length read from a shape under dynamic shapes): the op computes them on
-    the host when it runs, as the eager call does, so the bits are the eager call's."""
+    """``rope``'s rotation at the frequencies of ``seq_len``, read on the host when the op
+    runs, as the eager call reads it, so the bits are the eager call's: an int that
+    ``torch.compile`` may keep symbolic (a length read from a shape under dynamic shapes), or
+    a CPU integer tensor the compiled graph computes (a tensor ``offset``, the largest of
+    traced positions), 0-d or one length per row placed on ``x``'s token axes."""
     from ..rotary.scaling import scaling_name
 
-    interleaved = layout == "interleaved"
-    rotated = rope_rotate_at_length_op(x, positions, seq_len, scaling_name(scaling), rotary_dim, base, interleaved, inverse, inverse)
+    op = rope_rotate_at_lengths_op if isinstance(seq_len, Tensor) else rope_rotate_at_length_op
+    rotated = op(x, positions, seq_len, scaling_name(scaling), rotary_dim, base, layout == "interleaved", inverse, inverse)
     return _written(rotated, out)
 
 
