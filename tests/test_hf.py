@@ -453,3 +453,19 @@ def test_a_t5_bias_that_differs_is_named():
     layer.compute_bias = lambda query_length, key_length, device=None, past_seen_tokens=0: original(query_length, key_length) * 2
     with pytest.raises(ValueError, match=r"relative attention bias decoder\.block\.1\.layer\.0\.SelfAttention \(UMT5Attention\): compute_bias differs"):
         patch_hf(model)
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("rope", ["dynamic", "longrope"])
+def test_a_patched_model_with_a_length_dependent_scaling_compiles_with_dynamic_shapes(rope):
+    """``torch.compile(dynamic=True)`` of a patched model whose frequencies depend on the
+    length: one graph of symbolic length serves prompts on both sides of the switch, each
+    with the eager patched model's logits bit for bit (the frequencies are read when the
+    op runs; ``dynamic=True`` used to stop the compile)."""
+    patched = patch_hf(build(f"llama[{rope}]"))
+    torch._dynamo.reset()
+    compiled = torch.compile(patched, fullgraph=True, dynamic=True, backend="aot_eager")
+    with torch.no_grad():
+        for length in (SWITCH - 3, SWITCH + 5):
+            ids = torch.arange(1, length + 1)[None]
+            assert torch.equal(compiled(ids).logits, patched(ids).logits), length
