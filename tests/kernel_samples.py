@@ -278,6 +278,12 @@ def _autograd(op):
                 options = {"scaling": scaling, "rotary_dim": 6, "base": 100.0, "layout": layout, "inverse": layout == "half"}
                 yield (_grad_tensor(rng, (2, 3, 5, 8)), torch.arange(5), length), options
                 yield (_grad_tensor(rng, (2, 3, 5, 8)), torch.arange(5), torch.tensor(length)), options  # computed in a compiled graph
+        elif op == "rope_frequencies_at_length":
+            import posenc as pe
+
+            for scaling in (pe.scaling.DynamicNTK(2.0, 4), pe.scaling.LongRoPE([1.0, 2.0, 3.0], [4.0, 5.0, 6.0], 4, factor=4.0)):
+                for lengths in (9, [[3], [40], [9]]):
+                    yield (torch.tensor(lengths),), {"scaling": scaling, "rotary_dim": 6, "base": 100.0}
         elif op == "rope_apply":
             angles = rng.uniform(-3, 3, (5, 2))
             for layout in ("half", "interleaved"):
@@ -339,7 +345,7 @@ SAMPLES = {
     "rope_rotate.dask_blocks": _dask_rotate,
     "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
-    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
+    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_frequencies_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
     **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
 }
 

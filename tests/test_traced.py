@@ -224,6 +224,29 @@ def test_torch_compile_with_a_tensor_length_gives_the_eager_bits_and_gradient(gi
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("given", ["symbolic int", "tensor", "per-row tensor"])
+def test_rope_frequencies_under_torch_compile_give_the_eager_table(given):
+    """``rope_frequencies`` at a length the compiled graph holds: a size of a dynamic shape
+    (with ``xp=torch``; it used to stop the compile) or a tensor (its frequencies came from
+    torch's float64 ``pow``, an ulp off NumPy's in a few entries, even below the switch)."""
+    import torch
+
+    calls = {
+        "symbolic int": (lambda sc, x: pe.rope_frequencies(64, scaling=sc, seq_len=x.shape[-2], xp=torch)[0], lambda n: torch.zeros(n, 2), lambda n: n),
+        "tensor": (lambda sc, n: pe.rope_frequencies(64, scaling=sc, seq_len=n)[0], torch.tensor, lambda n: n),
+        "per-row tensor": (lambda sc, n: pe.rope_frequencies(64, scaling=sc, seq_len=n)[0], lambda n: torch.tensor([6, n]), lambda n: np.array([6, n])),
+    }
+    fn, argument, eager_length = calls[given]
+    for scaling in (pe.scaling.DynamicNTK(2.0, 8), pe.scaling.LongRoPE([1.0] * 32, np.linspace(1, 4, 32).tolist(), 8, factor=4.0)):
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, fullgraph=True, dynamic=given == "symbolic int", backend="aot_eager")
+        for n in (6, 30, 5000, 100000):
+            want = pe.rope_frequencies(64, scaling=scaling, seq_len=eager_length(n))[0]
+            assert np.array_equal(compiled(scaling, argument(n)).numpy(), want), (type(scaling).__name__, n)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 @pytest.mark.parametrize("inverse", [False, True])
 def test_the_length_op_gives_the_eager_bits(inverse):
     """``posenc::rope_rotate_at_length`` at a length: the eager ``rope`` at it (gradients: test_torch_ops.py)."""

@@ -141,6 +141,11 @@ def _given_namespace(xp):
     return _FRAMEWORK_NAMESPACES[name]() if name in _FRAMEWORK_NAMESPACES else xp
 
 
+def torch_namespace(xp) -> bool:
+    """``xp=`` names torch (the module, or its array-api-compat namespace)."""
+    return xp is not None and "torch" in sys.modules and _given_namespace(xp) is _torch_namespace()
+
+
 def torch_tensor(value) -> bool:
     """``value`` is a torch tensor (asked without importing torch: a tensor exists only once
     torch is loaded). Said directly, so that ``torch.compile`` traces an ``isinstance``."""

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .._dispatch import register
-from ..rotary import _rotate  # noqa: F401  (registers the references these kernels optimise)
+from .._dispatch import ready, register
+from ..rotary import _rotate, frequencies  # noqa: F401  (registers the references these kernels optimise)
+from ..rotary.scaling import nameable
 from . import _arrays
 
 # ---------------------------------------------------------------- accepts
@@ -175,4 +176,11 @@ register(
     "rope_rotate_at_length.torch_autograd",
     accepts=lambda a: _host_length(a["seq_len"]) and _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
     loader="posenc.torch._ops:rope_rotate_at_length",
+)
+# ... and rope_frequencies' at such a length (a CPU tensor of the compiled graph).
+register(
+    "rope_frequencies_at_length",
+    "rope_frequencies_at_length.torch_autograd",
+    accepts=lambda a: _arrays.torch_tensor(a["seq_len"]) and _host_length(a["seq_len"]) and nameable(a["scaling"]) and ready("torch"),
+    loader="posenc.torch._ops:rope_frequencies_at_length",
 )

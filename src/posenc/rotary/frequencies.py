@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import _dispatch
 from .. import _validate as check
-from .._xp import device_of, namespace, result_dtype, widest_float
+from .._dispatch import reference
+from .._xp import device_of, namespace, result_dtype, torch_compiling, torch_namespace, widest_float
 from . import _args
 from .scaling import check_scaling, check_seq_len, frequency_table
 
@@ -32,7 +34,9 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
         The current sequence length, read by ``DynamicNTK`` (base grows beyond the original
         length) and ``LongRoPE`` (long factors beyond it). ``None``: the original length.
         A traced value (``jax.jit``, ``torch.compile``) gives ``inv_freq`` as an array of
-        its namespace, computed from it. An array of one length per batch row gives one
+        its namespace, computed from it; under ``torch.compile`` a CPU tensor, or an int
+        (maybe a symbolic size) with ``xp=torch``, is read when the graph runs, giving the
+        eager table. An array of one length per batch row gives one
         frequency set per row, ``inv_freq`` of shape ``seq_len.shape + (dim/2,)``, each row
         bit-identical to the call with that row's length.
     xp, device, dtype
@@ -67,13 +71,17 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     if check.is_array(seq_len) and seq_len.ndim > 0:
         return _per_row(dim, base, scaling, seq_len, xp, device, dtype)
     seq_len = check_seq_len(seq_len)
+    uses = scaling is not None and scaling.uses_seq_len
+    if uses and isinstance(seq_len, int) and torch_compiling() and torch_namespace(xp):
+        seq_len = namespace(xp=xp).asarray(seq_len, device=device)  # maybe symbolic: read when the graph runs
     if check.is_array(seq_len):
-        if scaling is None or not scaling.uses_seq_len:
+        if not uses:
             seq_len = None
         else:
             xp = namespace(seq_len, xp=xp)
             device = device if device is not None else device_of(seq_len)
-            inv_freq, attention_scale = scaling.traced_frequencies(xp, dim, base, seq_len, device)
+            inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
+            attention_scale = frequency_table(scaling, dim, base, None)[1]  # (no scaling's depends on the length)
             return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
     inv_freq, attention_scale = frequency_table(scaling, dim, base, seq_len)
     if xp is None and device is None and dtype is None:
@@ -93,10 +101,10 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
     if not check.is_eager(seq_len):
         xp = namespace(seq_len, xp=xp)
         device = device if device is not None else device_of(seq_len)
+        table, attention_scale = frequency_table(scaling, dim, base, None)
         if uses:
-            inv_freq, attention_scale = scaling.traced_frequencies(xp, dim, base, seq_len[..., None], device)
+            inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
         else:  # every row's frequencies are the same table
-            table, attention_scale = frequency_table(scaling, dim, base, None)
             inv_freq = xp.broadcast_to(xp.asarray(table, dtype=widest_float(xp, device), device=device), (*seq_len.shape, dim // 2))
         return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
     lengths = [int(n) for n in own.reshape(seq_len, (-1,))]
@@ -108,3 +116,14 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
     return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
+
+
+@reference("rope_frequencies_at_length")
+def frequencies_at_length(seq_len, *, scaling, rotary_dim, base, device=None):
+    """The frequencies of the length-dependent ``scaling`` at lengths that cannot be read now
+    (``[*seq_len.shape, rotary_dim/2]``, float64 where the namespace has it): computed from
+    them in the namespace. A kernel reads them when it runs instead (torch's op on the CPU:
+    the eager call's bits)."""
+    xp = namespace(seq_len)
+    lengths = seq_len[..., None] if seq_len.ndim else seq_len
+    return scaling.traced_frequencies(xp, rotary_dim, base, lengths, device)[0]

@@ -174,6 +174,15 @@ def _(seq_len, scaling, rotary_dim, base, device):
     return torch.empty((*seq_len.shape, rotary_dim // 2), dtype=torch.float64, device=device)
 
 
+def rope_frequencies_at_length(seq_len, *, scaling, rotary_dim, base, device=None):
+    """``rope_frequencies``' table at lengths the compiled graph computes (a CPU tensor, 0-d or
+    per row), read on the host when the op runs: the eager call's frequencies."""
+    from ..rotary.scaling import scaling_name
+
+    device = seq_len.device if device is None else device
+    return rope_frequencies_at_lengths_op(seq_len, scaling_name(scaling), rotary_dim, base, device)
+
+
 def _rope_rotate_at_lengths_backward(ctx, grad):
     # As rope_rotate_at_length's, each row at the frequencies of its length.
     positions, output = ctx.saved_tensors
