@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 
+import numpy as np
+
 from .common import Benchmark, interleaved_best, ratio, require
 
 ROPE_SHAPES = ["1x8x1024x128", "1x32x4096x128"]
@@ -124,6 +126,37 @@ class JaxT5Bias(Benchmark):
         return ratio(self.inputs.jit, self.inputs.plain_jit)
 
     track_jax_jit_over_plain_jnp_jit.unit = "x plain formula time"
+
+
+class JaxTracedLength(Benchmark):
+    """A decode step ``[1, 32, 1, 128]`` with ``DynamicNTK(2.0, 4096)`` past its switch (offset
+    5000), under ``jax.jit`` with a traced offset: the host call reads the length when it runs
+    and rotates with the eager call's frequencies (op ``rope_rotate_at_length``), beside the
+    eager NumPy call."""
+
+    def make(self):
+        jax = require("jax")
+        import jax.numpy as jnp
+
+        import posenc as pe
+
+        self.scaling = pe.scaling.DynamicNTK(2.0, 4096)
+        self.x = np.random.default_rng(0).standard_normal((1, 32, 1, 128), dtype=np.float32)
+        self.jx, self.offset = jnp.asarray(self.x), jnp.asarray(5000)
+        self.jitted = jax.jit(lambda x, offset: pe.rope(x, offset=offset, scaling=self.scaling))
+
+    def time_traced_length_posenc_numpy(self):
+        import posenc as pe
+
+        pe.rope(self.x, offset=5000, scaling=self.scaling)
+
+    def time_traced_length_posenc_jax_jit(self):
+        self.jitted(self.jx, self.offset).block_until_ready()
+
+    def track_jax_jit_over_numpy(self):
+        return ratio(self.time_traced_length_posenc_jax_jit, self.time_traced_length_posenc_numpy, repeat=50, calls=20)
+
+    track_jax_jit_over_numpy.unit = "x NumPy time"
 
 
 def _table(repeat):

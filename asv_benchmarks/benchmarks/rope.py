@@ -207,3 +207,32 @@ def _table(shapes=("1x32x8192x128", "4x32x8192x128"), repeat=7):
 
 if __name__ == "__main__":
     _table()
+
+
+class RopeTracedLengthCompiled(Benchmark):
+    """A decode step ``[1, 32, 1, 128]`` float32 with ``DynamicNTK(2.0, 4096)`` past its switch
+    under ``torch.compile`` with a tensor offset: the op reads the length when the graph runs
+    (``posenc::rope_rotate_at_lengths``: the eager call's frequencies), beside the eager call."""
+
+    def make(self):
+        torch = require("torch")
+
+        import posenc as pe
+
+        scaling = pe.scaling.DynamicNTK(2.0, 4096)
+        self.x = torch.randn(1, 32, 1, 128)
+        self.eager = lambda: pe.rope(self.x, offset=5000, scaling=scaling)
+        compiled = torch.compile(lambda x, offset: pe.rope(x, offset=offset, scaling=scaling), fullgraph=True)
+        offset = torch.tensor(5000)
+        self.compiled = lambda: compiled(self.x, offset)
+
+    def time_traced_length_posenc_torch_eager(self):
+        self.eager()
+
+    def time_traced_length_posenc_torch_compiled(self):
+        self.compiled()
+
+    def track_compiled_over_eager(self):
+        return ratio(self.compiled, self.eager, repeat=50, calls=20)
+
+    track_compiled_over_eager.unit = "x eager time"
