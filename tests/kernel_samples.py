@@ -238,6 +238,19 @@ def _dask_rotate(rng):
     yield (xs, da.from_array(np.asarray(-3)), inv_freq(12, 10000.0)), {}
 
 
+def _dask_rotate_at_length(rng):
+    import dask.array as da
+
+    import posenc as pe
+
+    xs = da.from_array(rng.standard_normal((2, 3, 7, 12)), chunks=(1, 2, 3, 12))
+    scalings = (pe.scaling.DynamicNTK(2.0, 4), pe.scaling.LongRoPE([1.0, 2.0, 3.0, 4.0], [4.0, 5.0, 6.0, 7.0], 4, factor=4.0))
+    for scaling, layout, length in zip(scalings, ("half", "interleaved"), (9, 3)):
+        positions = da.from_array(np.arange(7) * 3, chunks=4)
+        options = {"scaling": scaling, "rotary_dim": 8, "base": 100.0, "layout": layout, "inverse": layout == "half"}
+        yield (xs, positions, da.from_array(np.asarray(length))), options
+
+
 def _dask_expand(rng):
     import dask.array as da
 
@@ -343,6 +356,7 @@ SAMPLES = {
     **{f"toeplitz_{op}.numba_cpu": _toeplitz_host(op) for op in ("expand", "gather", "scatter")},
     **{f"toeplitz_{op}.numba_cuda": _toeplitz_device(op) for op in ("expand", "gather", "scatter")},
     "rope_rotate.dask_blocks": _dask_rotate,
+    "rope_rotate_at_length.dask_blocks": _dask_rotate_at_length,
     "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
     **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_frequencies_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},

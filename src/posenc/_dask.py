@@ -80,6 +80,38 @@ def rope_rotate_blocks(x, positions, inv_freq, *, layout="half", inverse=False, 
     return _write(result, out)
 
 
+# ---------------------------------------------------------------- rope_rotate_at_length
+
+
+def _rotate_at_length_block(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse):
+    from ._xp import namespace
+    from .rotary._rows import rotate_at_lengths
+    from .rotary.scaling import frequency_table
+
+    def rotate_at(x_rows, positions_rows, length):
+        inv_freq, scale = frequency_table(scaling, rotary_dim, base, length)
+        return _rotate_block(x_rows, positions_rows, inv_freq=inv_freq, layout=layout, inverse=inverse, scale=1.0 / scale if inverse else scale)
+
+    return rotate_at_lengths(namespace(x), x, positions, seq_len, rotate_at)
+
+
+def rope_rotate_at_length_blocks(x, positions, seq_len, *, scaling, rotary_dim, base, layout="half", inverse=False, out=None):
+    """``rope_rotate_at_length`` on Dask arrays, a lazy length (0-d, or per row on ``x``'s
+    token axes): each block reads its lengths when it runs and rotates as ``rope_rotate`` at
+    their frequencies, the eager call's (chunks as :func:`rope_rotate_blocks`)."""
+    import dask.array as da
+
+    whole = x if x.numblocks[-1] == 1 else x.rechunk({x.ndim - 1: -1})
+    index = tuple(range(x.ndim))
+    lengths = (seq_len, ()) if seq_len.ndim == 0 else (_positions_like(seq_len, whole), index[:-1])
+    options = {"scaling": scaling, "rotary_dim": rotary_dim, "base": base, "layout": layout, "inverse": inverse}
+    result = da.blockwise(
+        _rotate_at_length_block, index, whole, index, _positions_like(positions, whole), index[:-1], *lengths,
+        dtype=x.dtype, meta=whole._meta, **options,
+    )  # fmt: skip
+    return _write(result, out)
+
+
 # ---------------------------------------------------------------- toeplitz_expand
 
 
@@ -164,6 +196,12 @@ _dispatch.register(
     "rope_rotate.dask_blocks",
     accepts=lambda a: _compat.is_dask_array(a["x"]) and _known(a["x"], a["positions"], a["out"]),
     loader="posenc._dask:rope_rotate_blocks",
+)
+_dispatch.register(
+    "rope_rotate_at_length",
+    "rope_rotate_at_length.dask_blocks",
+    accepts=lambda a: _compat.is_dask_array(a["x"]) and _known(a["x"], a["positions"], a["seq_len"], a["out"]),
+    loader="posenc._dask:rope_rotate_at_length_blocks",
 )
 _dispatch.register(
     "toeplitz_expand",

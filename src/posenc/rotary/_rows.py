@@ -28,3 +28,14 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
             row_positions = positions
         rows.append(rotate_one(x[index], row_positions, length))
     return xp.reshape(xp.stack(rows, axis=0), tuple(x.shape))
+
+
+def rotate_at_lengths(xp, x, positions, seq_len, rotate_at):
+    """``rotate_at(x, positions, length)`` at lengths read now (0-d, or one per row placed on
+    ``x``'s token axes): one call where every row has the same length, else one a row
+    (:func:`rotate_each_row`), each the call a single row of that length makes."""
+    lengths = {int(n) for n in xp.reshape(seq_len, (-1,))}
+    if len(lengths) == 1:
+        return rotate_at(x, positions, lengths.pop())
+    positions = xp.reshape(positions, (1,) * (x.ndim - 1 - positions.ndim) + tuple(positions.shape))  # on x's token axes, as seq_len
+    return rotate_each_row(xp, x, positions, seq_len, rotate_at)

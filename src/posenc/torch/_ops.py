@@ -151,11 +151,7 @@ def rope_rotate_at_lengths_op(
     x: Tensor, positions: Tensor, seq_len: Tensor, scaling: str, rotary_dim: int, base: float, interleaved: bool, inverse: bool, divide: bool
 ) -> Tensor:
     options = (scaling, rotary_dim, base, interleaved, inverse, divide)
-    lengths = {int(n) for n in seq_len.flatten().tolist()}
-    if len(lengths) == 1:  # 0-d, or every row's: one kernel call
-        return _rotated_at_length(x, positions, lengths.pop(), *options)
-    positions = positions.reshape((1,) * (x.ndim - 1 - positions.ndim) + tuple(positions.shape))  # on x's token axes, as seq_len
-    return _rows.rotate_each_row(namespace(x), x, positions, seq_len, lambda xr, pr, n: _rotated_at_length(xr, pr, n, *options))
+    return _rows.rotate_at_lengths(namespace(x), x, positions, seq_len, lambda xr, pr, n: _rotated_at_length(xr, pr, n, *options))
 
 
 @rope_rotate_at_lengths_op.register_fake
