@@ -469,3 +469,15 @@ def test_a_patched_model_with_a_length_dependent_scaling_compiles_with_dynamic_s
         for length in (SWITCH - 3, SWITCH + 5):
             ids = torch.arange(1, length + 1)[None]
             assert torch.equal(compiled(ids).logits, patched(ids).logits), length
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32, torch.uint64])
+def test_hf_rotary_embedding_takes_position_ids_of_every_integer_dtype(dtype):
+    """The int64 tables for any integer ``position_ids``, as transformers' module gives them:
+    a uint8 index into the kept rows had been a boolean mask (with ids shaped like the rows,
+    a wrong 1-D result and no error), and the other narrow dtypes raised."""
+    module = HFRotaryEmbedding(LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256))
+    x = torch.zeros(1, dtype=torch.float32)
+    ids = torch.randint(0, 2 if dtype == torch.uint8 else 100, (64, 16))  # uint8: the shape of the kept rows, [64, rotary_dim]
+    for got, want in zip(module(x, ids.to(dtype)), module(x, ids)):
+        assert got.shape == (64, 16, 16) and torch.equal(got, want)

@@ -112,7 +112,9 @@ class HFRotaryEmbedding(nn.Module):
     def forward(self, x, position_ids, layer_type=None):
         key = self._key(layer_type)
         rope, fixed = self._rope[key], self._fixed.get(key)
-        if fixed is not None and not position_ids.dtype.is_floating_point:
+        if position_ids.dtype in _NARROW_INTEGERS:  # indices of kept rows, where uint8 would be a mask
+            position_ids = position_ids.to(torch.int64)
+        if fixed is not None and position_ids.dtype in (torch.int32, torch.int64):
             inv_freq, scale = fixed
             if torch.compiler.is_compiling():
                 tables = self._compiled_tables(key, x.dtype, position_ids)
@@ -133,6 +135,9 @@ class HFRotaryEmbedding(nn.Module):
             return _ops.rope_cos_sin_rows_op(position_ids, rows, name, dtype)
         return _ops.rope_cos_sin_op(position_ids, name, dtype)
 
+
+# Integer position ids widened to int64 on entry, as transformers' own modules take them.
+_NARROW_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.uint32)
 
 # keep_rows_for_compile keeps the rows of positions below max_position_embeddings, at most this
 # many (8 MiB for cos and sin of 128 float32): a compiled call beyond them costs the op's ~20 µs.
