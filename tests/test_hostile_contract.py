@@ -403,3 +403,37 @@ def test_5_the_relative_position_int64_min_is_exact():
     assert pe.alibi_bias(np.array([1.0]), 1, 1, query_positions=q, key_positions=k).item() == 2.0**63
     assert pe.alibi_bias(np.array([1.0]), 1, 1, offset=-(2**63), symmetric=True).item() == -(2.0**63)
     assert pe.kerple_bias(np.ones(1), np.ones(1), 1, 1, offset=-(2**63), kind="power").item() == -(2.0**63)
+
+
+def _negated_view(values):
+    """``values`` as torch holds ``z.conj().imag``: a view with the negative bit set, which
+    NumPy cannot view (``Tensor.numpy`` raises)."""
+    view = torch.complex(torch.zeros_like(values), -values).conj().imag
+    assert view.is_neg() and torch.equal(view, values)
+    return view
+
+
+NEGATED_CALLS = {
+    "rope x": lambda v: pe.rope(v["x"], offset=7),
+    "apply_rope cos": lambda v: pe.apply_rope(v["x"], v["cos"], v["sin"]),
+    "alibi_bias decode": lambda v: pe.alibi_bias(v["slopes"], 1, 6),
+    "alibi_bias": lambda v: pe.alibi_bias(v["slopes"], 3, 6),
+    "t5_bias decode": lambda v: pe.t5_bias(v["table"], 1, 6),
+    "expand_bias": lambda v: pe.expand_bias(v["vec"], 3, 4),
+}
+
+
+@pytest.mark.parametrize("call", list(NEGATED_CALLS))
+def test_a_negated_torch_view_gives_its_values_on_every_call(call):
+    """A tensor with the negative bit goes to the reference on every call, planned ones
+    included: the third alibi/t5 decode step and the first ``expand_bias`` raised
+    "Can't call numpy() on Tensor that has negative bit set"."""
+    values = {
+        "x": torch.randn(2, 5, 8), "cos": torch.rand(5, 8), "sin": torch.rand(5, 8), "slopes": torch.tensor([0.5, 0.25, 0.125]),
+        "table": torch.randn(32, 3), "vec": torch.randn(3, 6),
+    }  # fmt: skip
+    fn = NEGATED_CALLS[call]
+    want = fn(values)
+    for _ in range(3):  # cold, then the signature seen, then planned
+        negated = {name: _negated_view(v) for name, v in values.items()}
+        assert torch.equal(fn(negated), want)

@@ -157,7 +157,7 @@ def array_key(a, *, cuda=False):
         return (kind, a.shape, a.strides, a.dtype, a.flags.num)
     torch = sys.modules.get("torch")
     if torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided:
-        if torch_transforming(fake=False):  # dual or functorch-wrapped tensors, jit.trace: the full path's reference
+        if torch_transforming(fake=False) or a.is_neg():  # dual or functorch-wrapped tensors, jit.trace, a negated view: the full path
             return None
         if a.is_cpu:
             return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)

@@ -203,17 +203,18 @@ def to_custom_op(arrays, out) -> bool:
 
 
 def on_host(a) -> bool:
-    """A NumPy array, or a torch CPU tensor autograd does not record."""
+    """A NumPy array, or a torch CPU tensor autograd does not record that NumPy can view."""
     if isinstance(a, np.ndarray):
         return True
-    return torch_tensor(a) and a.device.type == "cpu" and not tracks_gradient(a)
+    return torch_tensor(a) and a.device.type == "cpu" and not tracks_gradient(a) and not a.is_neg()
 
 
 def on_gpu(a) -> bool:
-    """A CuPy array, a numba device array, or a torch CUDA tensor autograd does not record."""
+    """A CuPy array, a numba device array, or a torch CUDA tensor autograd does not record
+    that a kernel can read as memory."""
     if _compat.is_cupy_array(a) or is_numba_device_array(a):
         return True
-    return torch_tensor(a) and a.device.type == "cuda" and not tracks_gradient(a)
+    return torch_tensor(a) and a.device.type == "cuda" and not tracks_gradient(a) and not a.is_neg()
 
 
 def element_strides(a) -> tuple:

@@ -41,7 +41,7 @@ def _accepts(values, index=None, out=None, *, gpu):
     # CUDA kernels address memory from each array's first element: whole, non-negative strides.
     if gpu and not all(_arrays.forward_strides(a) for a in (values, index, out) if a is not None):
         return False
-    return out is None or (_arrays.library(out) == lib and not _arrays.tracks_gradient(out))
+    return out is None or (_arrays.library(out) == lib and (_arrays.on_gpu(out) if gpu else _arrays.on_host(out)))
 
 
 def _expand(gpu):
