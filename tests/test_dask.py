@@ -208,6 +208,19 @@ def test_empty_blocked_bias(rng):
     np.testing.assert_array_equal(bias.compute(), pe.t5_bias(table.compute(), 3, 4))
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_empty_lengths_give_empty_biases(rng, backend):
+    """``q_len`` or ``k_len`` 0 with Dask tables: the empty bias NumPy gives (the reference's
+    reshape of an empty Dask array raised inside Dask)."""
+    tables = {"alibi": np.array([0.5, 0.25]), "t5": rng.standard_normal((32, 2)), "shaw": rng.standard_normal((9, 2)), "deberta": rng.standard_normal((8, 2))}
+    options = {"shaw": {"max_distance": 4}, "deberta": {"max_distance": 4}}
+    with pe.use_backend(backend):
+        for kind, table in tables.items():
+            for q_len, k_len in ((0, 2), (3, 0), (0, 0)):
+                got = pe.relative_bias(kind, da.from_array(table, chunks=1), q_len, k_len, **options.get(kind, {}))
+                assert got.shape == (2, q_len, k_len) and got.compute().shape == (2, q_len, k_len), (kind, q_len, k_len)
+
+
 def test_reference_and_block_kernels_agree(rng):
     x = da.from_array(rng.standard_normal((5, 7, 8)).astype(np.float32), chunks=(2, 3, 8))
     table = da.from_array(rng.standard_normal((32, 3)).astype(np.float32), chunks=(32, 1))

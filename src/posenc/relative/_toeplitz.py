@@ -31,9 +31,12 @@ def _write(out, result):
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     """``bias[..., i, j] = vec[..., i - j + k_len - 1]``: ``[..., q+k-1] -> [..., q, k]``."""
     xp = namespace(vec)
+    shape = (*vec.shape[:-1], q_len, k_len)
+    if not (q_len and k_len):  # nothing to take (Dask cannot reshape an empty array)
+        return _write(out, xp.zeros(shape, dtype=vec.dtype, device=device_of(vec)))
     t = _distance_index(xp, q_len, k_len, device_of(vec))
     flat = xp.take(vec, xp.reshape(t, (-1,)), axis=-1)
-    return _write(out, xp.reshape(flat, (*vec.shape[:-1], q_len, k_len)))
+    return _write(out, xp.reshape(flat, shape))
 
 
 @reference("toeplitz_gather")
