@@ -24,7 +24,8 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
 
     Shaw, Uszkoreit and Vaswani, "Self-Attention with Relative Position Representations"
     (2018), with ``rel = query - key`` (query positions ``offset + arange(q_len)``, by
-    default the last ``q_len`` of the keys'). The position term is computed as ``q @ table_k.T`` (``[..., q_len, 2K + 1]``) gathered
+    default the last ``q_len`` of the keys'; the paper and tensor2tensor index by key minus
+    query: their table is ``table_k[::-1]`` here). The position term is computed as ``q @ table_k.T`` (``[..., q_len, 2K + 1]``) gathered
     per distance (``toeplitz_gather``), never as a ``[q_len, k_len, d]`` tensor. Divide by
     ``sqrt(d)`` yourself (or pass ``scale`` to :func:`posenc.attention` with the logits
     as ``bias`` and zero content); NEZHA is this with :func:`nezha_table`.

@@ -24,7 +24,8 @@ def rel_shift(x):
     distance ``rel[i, j] = (k_len - q_len + i) - j``.
 
     XLNet's ``rel_shift_bnij`` drops the first row without padding; it equals
-    ``rel_shift(x[..., 1:])[..., :k_len]``.
+    ``rel_shift(x[..., 1:])[..., :k_len]`` where ``k_len <= n - q_len``, as in XLNet
+    (``n = k_len + q_len``).
 
     Parameters
     ----------
@@ -128,8 +129,10 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     offset : int or 0-d integer array (traced is fine), first query position;
         ``k_len - q_len`` by default (the queries are the last ``q_len`` keys)
     layout : {"interleaved", "half"}, the sinusoid's feature order (:func:`posenc.sinusoidal`;
-        default ``"interleaved"``); TENER's released code uses ``"half"`` (sines, then
-        cosines). ``"split"``, its earlier name, warns.
+        default ``"interleaved"``). ``"split"``, its earlier name, warns. This is the
+        paper's form: TENER's released code orders its sinusoid ``"half"`` (sines, then
+        cosines) but with fairseq's frequencies ``10000**(-i/(d/2 - 1))``, and adds a
+        key-against-table term (docs: relative).
 
     Returns
     -------
