@@ -71,22 +71,22 @@ def _assert_routed_through_posenc(model):
     patched = model.posenc_patched
     if model.config.is_encoder_decoder:  # the T5 family: every layer holding a bias table
         layers = [m for m in model.modules() if isinstance(getattr(m, "relative_attention_bias", None), torch.nn.Embedding)]
-        assert layers and all(m.compute_bias.__qualname__.startswith("_t5_compute_bias") for m in layers)
+        assert layers and all(isinstance(m.compute_bias, hf_patch._T5Bias) and m.compute_bias.bias.table is m.relative_attention_bias.weight for m in layers)
         sides = [m for m in model.modules() if hasattr(m, "global_relative_attention_bias")]  # LongT5 transient-global
-        assert all(m.compute_side_bias.__qualname__.startswith("_t5_side_bias_checked") for m in sides)
+        assert all(isinstance(m.compute_side_bias, hf_patch._LongT5SideBias) for m in sides)
         assert len(patched) == len(layers) + len(sides)
     elif model.config.model_type == "bloom":
         assert model.transformer.build_alibi_tensor is hf_patch.bloom_alibi_tensor
     elif model.config.model_type == "mpt":
         assert model.transformer.build_mpt_alibi_tensor is hf_patch.mpt_alibi_tensor
     elif model.config.model_type == "falcon":  # the ALiBi builder Falcon's model calls as a global
-        assert inspect.unwrap(model.transformer.forward.__func__).__globals__["build_alibi_tensor"] is hf_patch.falcon_alibi_tensor
+        assert inspect.unwrap(model.transformer.forward.method.__func__).__globals__["build_alibi_tensor"] is hf_patch.falcon_alibi_tensor
         assert "transformer build_alibi_tensor: alibi_bias (in bfloat16)" in patched
     else:
         rotary = [m for m in model.modules() if type(m).__name__.endswith("RotaryEmbedding")]
         assert rotary and all(isinstance(m, HFRotaryEmbedding) for m in rotary)
         attention = [m for m in model.modules() if "forward" in vars(m)]
-        assert attention and all(inspect.unwrap(m.forward.__func__).__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
+        assert attention and all(inspect.unwrap(m.forward.method.__func__).__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
         assert len(patched) == len(rotary) + len(attention)
 
 
@@ -405,7 +405,7 @@ def test_a_decorated_attention_forward_is_rebound_through_its_decorator_or_refus
     patch_hf(model)
     _assert_routed_through_posenc(model)
     for layer in model.model.layers:
-        forward = layer.self_attn.forward.__func__
+        forward = layer.self_attn.forward.method.__func__
         assert forward.__code__ is decorated.forward.__code__  # the decorator still runs, around the rebound forward
     with torch.no_grad():
         torch.testing.assert_close(model(ids, attention_mask=mask).logits, want, atol=1e-5, rtol=1e-5)
@@ -481,3 +481,32 @@ def test_hf_rotary_embedding_takes_position_ids_of_every_integer_dtype(dtype):
     ids = torch.randint(0, 2 if dtype == torch.uint8 else 100, (64, 16))  # uint8: the shape of the kept rows, [64, rotary_dim]
     for got, want in zip(module(x, ids.to(dtype)), module(x, ids)):
         assert got.shape == (64, 16, 16) and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["t5", "longt5[tglobal]", "llama[default]", "gpt_neox[partial]", "falcon[alibi]"])
+def test_a_patched_model_deep_copies_and_pickles_with_its_patch(name):
+    """A deep copy reads its own weights (a T5 copy's bias closure had kept the original's
+    table: other logits, and its gradient went to the original), and ``torch.save`` /
+    ``torch.load`` keeps every part of the patch (a rebound forward had come back as the
+    class's own, and a patched T5 could not be pickled)."""
+    import io
+
+    ids, mask = inputs()
+    patched = patch_hf(build(name))
+    want = logits(patched, ids, mask)
+    buffer = io.BytesIO()
+    torch.save(patched, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(logits(loaded, ids, mask), want)
+    _assert_routed_through_posenc(loaded)
+
+    copied, other = copy.deepcopy(patched), build(name, seed=7)
+    copied.load_state_dict(other.state_dict())
+    got, theirs = logits(copied, ids, mask), logits(other, ids, mask)
+    torch.testing.assert_close(got, theirs, atol=RELATIVE * float(theirs.abs().max()), rtol=0)
+    if name == "t5":
+        copied.train()
+        copied(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits.sum().backward()
+        table = copied.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
+        assert table.grad is not None and patched.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad is None

@@ -364,14 +364,9 @@ def _table_apply_for(fn, dtype, device):
     """GPT-J's form, ``apply(tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2])``: interleaved pairs.
 
     The angles stay the model's own (its ``embed_positions`` table); the rotation goes through
-    posenc.
+    posenc (``_table_apply``).
     """
-
-    def apply_rotary_pos_emb(tensor, sin, cos):
-        cos = cos[:, :, None, :].repeat_interleave(2, 3)
-        sin = sin[:, :, None, :].repeat_interleave(2, 3)
-        return pe.apply_rope(tensor, cos, sin, layout="interleaved")
-
+    apply_rotary_pos_emb = _table_apply
     generator = torch.Generator().manual_seed(0)
     angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
     sin, cos = (torch.stack([f(angles), f(angles + 0.5)]).to(dtype=dtype, device=device) for f in (torch.sin, torch.cos))
@@ -383,6 +378,13 @@ def _table_apply_for(fn, dtype, device):
         return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
     LAYOUTS[apply_rotary_pos_emb] = "interleaved, the model's own sin/cos table"
     return apply_rotary_pos_emb
+
+
+def _table_apply(tensor, sin, cos):
+    """posenc's rotation of ``tensor`` by GPT-J's ``sin``/``cos`` ``[batch, seq, r/2]``: pairs ``(x[2i], x[2i+1])``."""
+    cos = cos[:, :, None, :].repeat_interleave(2, 3)
+    sin = sin[:, :, None, :].repeat_interleave(2, 3)
+    return pe.apply_rope(tensor, cos, sin, layout="interleaved")
 
 
 def _complex_apply_for(fn, dtype, device):
@@ -420,7 +422,7 @@ def _complex_apply(heads_axis):
         sin = freqs_cis.imag.unsqueeze(heads_axis).repeat_interleave(2, -1)
         return tuple(pe.apply_rope(x, cos.to(x.dtype), sin.to(x.dtype), layout="interleaved") for x in (xq, xk))
 
-    return apply_rotary_emb
+    return _recipe(apply_rotary_emb, _complex_apply, heads_axis)
 
 
 def _apply_probes(ours, config, dtype, device, has_unsqueeze):
@@ -537,7 +539,7 @@ def _make_apply(layout, extra, unsqueeze_default):
             return pair(q, k, cos, sin)
 
     LAYOUTS[apply_rotary_pos_emb] = layout
-    return apply_rotary_pos_emb
+    return _recipe(apply_rotary_pos_emb, _make_apply, layout, extra, unsqueeze_default)
 
 
 def _sinusoidal_apply_parts(model, dtype, device, swaps, refusals):
@@ -606,21 +608,32 @@ def _t5_parts(model, swaps, refusals):
             refusals.append(f"{label}: {_short(why)}")
 
 
+# The replacements a layer holds are objects rather than closures: a deep copy of the model
+# copies them with it, so the copy reads its own table (a closure kept the original's), and a
+# pickled model keeps them.
+
+
+class _T5Bias:
+    """``layer.compute_bias(query_length, key_length, device=None, past_seen_tokens=0)`` through
+    ``bias``, a ``T5RelativeBias`` on the layer's own table: ``[1, heads, query_length, key_length]``."""
+
+    def __init__(self, bias):
+        self.bias = bias
+
+    def __call__(self, query_length, key_length, device=None, past_seen_tokens=0):
+        return self.bias(query_length, key_length, offset=past_seen_tokens)[None]
+
+
+class _LongT5LocalBias(_T5Bias):
+    """LongT5's ``compute_bias(block_length)``: ``[1, 1, heads, block, 3 * block]``, queries of the middle block against all three."""
+
+    def __call__(self, block_length):
+        return self.bias(block_length, 3 * block_length, offset=block_length)[None, None]
+
+
 def _t5_compute_bias(layer, bias):
     """The replacement of ``layer.compute_bias`` in the signature the layer has."""
-    if _bias_form(layer) == "block":
-
-        def compute_bias(block_length):
-            """posenc's LongT5 local bias ``[1, 1, heads, block, 3 * block]``: queries of the middle block against all three."""
-            return bias(block_length, 3 * block_length, offset=block_length)[None, None]
-
-    else:
-
-        def compute_bias(query_length, key_length, device=None, past_seen_tokens=0):
-            """posenc's T5 bias ``[1, heads, query_length, key_length]`` (queries start at ``past_seen_tokens``)."""
-            return bias(query_length, key_length, offset=past_seen_tokens)[None]
-
-    return compute_bias
+    return (_LongT5LocalBias if _bias_form(layer) == "block" else _T5Bias)(bias)
 
 
 def _bias_form(layer):
@@ -679,15 +692,7 @@ def _t5_side_bias_checked(layer, embedding, bidirectional):
     num_buckets, heads = embedding.weight.shape
     side = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=layer.relative_attention_max_distance, bidirectional=bidirectional)
     side.table = embedding.weight
-
-    def compute_side_bias(mask, global_segment_ids):
-        """posenc's T5 bias from each token's block to every global block ``[batch, heads, seq, globals]``, masked."""
-        same_segment = torch.eq(mask[..., None], global_segment_ids[:, None, :])[:, None, ...]
-        block_ids, _ = block_ids_of(mask, layer.global_block_size)
-        globals_ = torch.arange(global_segment_ids.shape[-1], device=mask.device)
-        bias = side(mask.shape[-1], globals_.shape[0], query_positions=block_ids.long(), key_positions=globals_)
-        return torch.where(same_segment, 0.0, -1e10) + bias
-
+    compute_side_bias = _LongT5SideBias(side, layer.global_block_size, block_ids_of)
     for length, pad in ((12, 3), (9, 0), (17, 5)):
         mask = torch.ones(2, length, dtype=torch.long, device=embedding.weight.device)
         mask[1, :pad] = 0
@@ -701,6 +706,22 @@ def _t5_side_bias_checked(layer, embedding, bidirectional):
 
 
 _ALIBI_NAME = re.compile(r"^build_\w*alibi\w*$")
+
+
+class _LongT5SideBias:
+    """LongT5's ``compute_side_bias(mask, global_segment_ids)`` through ``side``, a
+    ``T5RelativeBias`` on the layer's global table: each token's bias to every global block,
+    ``[batch, heads, seq, globals]``, masked."""
+
+    def __init__(self, side, global_block_size, block_ids_of):
+        self.side, self.global_block_size, self.block_ids_of = side, global_block_size, block_ids_of
+
+    def __call__(self, mask, global_segment_ids):
+        same_segment = torch.eq(mask[..., None], global_segment_ids[:, None, :])[:, None, ...]
+        block_ids, _ = self.block_ids_of(mask, self.global_block_size)
+        globals_ = torch.arange(global_segment_ids.shape[-1], device=mask.device)
+        bias = self.side(mask.shape[-1], globals_.shape[0], query_positions=block_ids.long(), key_positions=globals_)
+        return torch.where(same_segment, 0.0, -1e10) + bias
 
 
 def _alibi_parts(model, device, swaps, refusals):
@@ -841,13 +862,47 @@ def _setter(obj, attr, value):
 
 def _rebinder(module, replacements):
     def swap():
-        current = vars(module).get("forward")  # an earlier rebinding of this instance (its scope is kept)
-        fn = current.__func__ if getattr(current, "__posenc__", False) else type(module).forward
-        new = _with_globals(fn, replacements)
-        new.__posenc__ = True
-        module.forward = types.MethodType(new, module)
+        current = vars(module).get("forward")  # an earlier rebinding of this instance: its names are kept
+        kept = current.replacements if isinstance(current, _ReboundForward) else {}
+        module.forward = _ReboundForward(module, {**kept, **replacements})
 
     return swap
+
+
+class _ReboundForward:
+    """``module.forward`` with the global names in ``replacements`` bound to posenc's functions
+    (``_with_globals`` of the class's forward). It pickles as that recipe, each replacement
+    made by a function of this module as its ``__posenc_recipe__`` says where it is not a
+    module's global, and is rebuilt when loaded (a bound method pickles as the class's
+    forward, which dropped the patch); a deep copy binds the copy."""
+
+    __posenc__ = True
+
+    def __init__(self, module, replacements):
+        self.module, self.replacements = module, dict(replacements)
+        self.method = types.MethodType(_with_globals(type(module).forward, self.replacements), module)
+        self.__signature__ = inspect.signature(self.method)
+
+    def __call__(self, *args, **kwargs):
+        return self.method(*args, **kwargs)
+
+    def __reduce__(self):
+        return _rebound_forward, (self.module, {name: getattr(fn, "__posenc_recipe__", fn) for name, fn in self.replacements.items()})
+
+    def __deepcopy__(self, memo):
+        return _ReboundForward(copy.deepcopy(self.module, memo), self.replacements)
+
+
+def _rebound_forward(module, recipes):
+    """A pickled ``_ReboundForward``: each replacement as it was pickled, or made again from its ``(maker, arguments)``."""
+    made = {name: recipe[0](*recipe[1]) if isinstance(recipe, tuple) else recipe for name, recipe in recipes.items()}
+    return _ReboundForward(module, made)
+
+
+def _recipe(fn, maker, *arguments):
+    """``fn``, noted as what ``maker(*arguments)`` gives (a closure pickles as its recipe)."""
+    fn.__posenc_recipe__ = (maker, arguments)
+    return fn
 
 
 def _wrapped_cell(fn):
