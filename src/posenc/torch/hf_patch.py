@@ -128,8 +128,6 @@ def _looks_rotary(module):
 
 def _rotary_parts(model, dtype, device, swaps, refusals):
     """Check an ``HFRotaryEmbedding`` against each rotary module; returns ``{name: replacement}``."""
-    from .hf import HFRotaryEmbedding
-
     found = {}
     for name, module in model.named_modules():
         if not _looks_rotary(module):
