@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 import posenc as pe
+import posenc.torch as pt
 
 # ---- references, transcribed from the papers' equations and released code -------------
 
@@ -189,6 +191,47 @@ def test_cope_matches_the_papers_module(q_len):
     torch.testing.assert_close(got[visible], want[visible])
     positions = pe.cope_positions(q, k)
     torch.testing.assert_close(positions, torch.sigmoid(attn).flip(-1).cumsum(-1).flip(-1))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_cope_with_a_padding_mask_matches_the_papers_module(causal):
+    """The paper's code adds ``mask.log()`` to the logits before the gates, so a key the
+    mask hides does not count: a padded sequence's real rows equal the unpadded sequence's,
+    for the function and for the torch and flax modules' ``attend`` (their gates had
+    counted the padding: 2.4 apart on this input)."""
+    torch.manual_seed(1)
+    b, h, n, pad, d, npos = 1, 2, 6, 2, 8, 8
+    q, k, v = (torch.randn(b, h, n, d, dtype=torch.float64) for _ in range(3))
+    ref = CoPEReference(npos, d).double()
+    with torch.no_grad():
+        ref.pos_emb.normal_()
+    mask = torch.ones(n, n, dtype=torch.bool)
+    mask[:, n - pad :] = False
+    allowed = mask & (torch.arange(n)[None, :] <= torch.arange(n)[:, None]) if causal else mask
+    attn = q @ k.transpose(-1, -2) / math.sqrt(d) + allowed.double().log()
+    want = attn + ref(q, attn)
+    got = pe.cope_logits(q, k, ref.pos_emb[0].T, causal=causal, mask=mask)
+    torch.testing.assert_close(got[..., allowed], want[..., allowed])
+    torch.testing.assert_close(pe.cope_positions(q, k, causal=causal, mask=mask)[..., allowed], torch.sigmoid(attn).flip(-1).cumsum(-1).flip(-1)[..., allowed])
+
+    module = pt.CoPE(d, npos_max=npos, causal=causal).double()
+    with torch.no_grad():
+        module.pos_emb.copy_(ref.pos_emb[0].T)
+    real = n - pad
+    padded = module.attend(q, k, v, mask=mask, causal=causal)[..., :real, :]
+    unpadded = module.attend(q[..., :real, :], k[..., :real, :], v[..., :real, :], causal=causal)
+    torch.testing.assert_close(padded, unpadded)
+    if importlib.util.find_spec("flax") is not None:
+        import jax.numpy as jnp
+
+        import posenc.flax as pf
+
+        flax_module = pf.CoPE(d, npos_max=npos, causal=causal)
+        flax_module.pos_emb[...] = jnp.asarray(ref.pos_emb[0].T.detach().float().numpy())
+        qj, kj, vj = (jnp.asarray(t.float().numpy()) for t in (q, k, v))
+        flax_padded = flax_module.attend(qj, kj, vj, mask=jnp.asarray(mask.numpy()), causal=causal)[..., :real, :]
+        flax_unpadded = flax_module.attend(qj[..., :real, :], kj[..., :real, :], vj[..., :real, :], causal=causal)
+        np.testing.assert_allclose(np.asarray(flax_padded), np.asarray(flax_unpadded), atol=1e-6)
 
 
 def test_cope_positions_count_gates_from_the_key_to_the_query():

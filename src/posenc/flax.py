@@ -96,6 +96,7 @@ class PositionalModule(nnx.Module):
     """
 
     takes_positions = False
+    takes_mask = False  # scores take mask, the keys each query may attend to (CoPE)
 
     def embed(self, x, positions=None, *, offset=0):
         return x
@@ -109,8 +110,10 @@ class PositionalModule(nnx.Module):
             raise TypeError(f"causal must be a bool, got {causal!r}")
         start = indices.query_offset(offset, q.shape[-2], k.shape[-2])
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
-        logits = self.scores(q, k, offset, **positions)
-        weights = _masked_softmax(logits, _allowed_keys(logits, causal, start, mask))
+        allowed = _allowed_keys(q.shape[-2], k.shape[-2], causal, start, mask)
+        hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
+        logits = self.scores(q, k, offset, **positions, **hidden)
+        weights = _masked_softmax(logits, allowed)
         return self.values(weights.astype(v.dtype), v, offset, **positions)
 
     def __call__(self, q, k, v, **options):
@@ -130,10 +133,9 @@ class PositionalModule(nnx.Module):
         return weights @ v
 
 
-def _allowed_keys(logits, causal, offset, mask):
+def _allowed_keys(q_len, k_len, causal, offset, mask):
     allowed = None
     if causal:
-        q_len, k_len = logits.shape[-2:]
         allowed = (offset + jnp.arange(q_len))[:, None] >= jnp.arange(k_len)[None, :]
     if mask is not None:
         if getattr(mask, "dtype", None) != jnp.bool_:
@@ -422,11 +424,14 @@ class TUPE(PositionalModule):
 
 class CoPE(PositionalModule):
     """CoPE (Golovneva et al., 2024): :func:`posenc.cope_logits` with learned ``pos_emb [npos_max,
-    head_dim]`` (zeros at first, as in the paper's code)."""
+    head_dim]`` (zeros at first, as in the paper's code); ``attend``'s ``mask`` and ``causal``
+    hide keys from the count too."""
 
     def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
         self.pos_emb = nnx.Param(jnp.zeros((_positive("npos_max", npos_max), _positive("head_dim", head_dim))))
         self.causal = causal
 
-    def scores(self, q, k, offset):
-        return pe.cope_logits(q, k, self.pos_emb[...].astype(q.dtype), causal=self.causal, offset=offset)
+    takes_mask = True
+
+    def scores(self, q, k, offset, mask=None):
+        return pe.cope_logits(q, k, self.pos_emb[...].astype(q.dtype), causal=self.causal, offset=offset, mask=mask)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace, shifted
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, index_dtype, namespace, shifted
 from . import _args
 from .indices import query_offset
 
 
-def _check(q, k, xp, causal, offset, scale):
+def _check(q, k, xp, causal, offset, scale, mask):
     q_len, k_len, _ = _args.query_key(q, k, xp)
     if int(q.shape[-1]) == 0:
         raise ValueError(f"q and k must have at least one feature on their last axis, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
@@ -18,11 +18,22 @@ def _check(q, k, xp, causal, offset, scale):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     offset = query_offset(offset, q_len, k_len, xp=xp)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
+    if mask is not None:
+        check.array("mask", mask)
+        if mask.dtype != xp.bool:
+            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
+        logits_shape = (*broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), q_len, k_len)
+        try:
+            if broadcast_shapes(tuple(mask.shape), logits_shape) != logits_shape:
+                raise ValueError
+        except ValueError:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the logits {logits_shape}") from None
     return q_len, k_len, offset, scale
 
 
-def _gated(xp, q, k, q_len, k_len, offset, scale, causal):
-    """``(scale * q.k, sigmoid gates)`` in the compute dtype; future keys get gate 0 when causal."""
+def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask):
+    """``(scale * q.k, sigmoid gates)`` in the compute dtype; future keys get gate 0 when
+    causal, and keys ``mask`` hides get gate 0 (the paper's code gates the masked logits)."""
     work = compute_dtype(xp, q.dtype)
     logits = (cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work))) * scale
     gates = 1 / (1 + xp.exp(-logits))
@@ -31,6 +42,8 @@ def _gated(xp, q, k, q_len, k_len, offset, scale, causal):
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key = xp.arange(k_len, dtype=index_dtype(xp, device), device=device)
         gates = xp.where(key[None, :] <= query[:, None], gates, xp.zeros_like(gates))
+    if mask is not None:
+        gates = xp.where(mask, gates, xp.zeros_like(gates))
     return logits, gates
 
 
@@ -39,7 +52,7 @@ def _positions(xp, gates):
     return xp.flip(xp.cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1)
 
 
-def cope_positions(q, k, *, causal=True, offset=None, scale=None):
+def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     r"""CoPE's contextual positions ``p [..., heads, q_len, k_len]`` (Golovneva et al.,
     "Contextual Position Encoding: Learning to Count What's Important", 2024).
 
@@ -52,7 +65,9 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None):
     (``1/sqrt(d)`` by default): the paper's code gates the scaled, masked attention logits
     (the paper's text writes ``s = 1``; pass ``scale=1.0`` for that). With ``causal=True``
     keys after the query (``j > offset + i``) have gate 0, so the sum runs from ``j`` to
-    ``i``; with ``causal=False`` it runs over every key from ``j`` on.
+    ``i``; with ``causal=False`` it runs over every key from ``j`` on. Keys ``mask`` hides
+    (padding, another packed document) have gate 0 too, as in the paper's code, which gates
+    the masked logits: a padded sequence counts as the unpadded one.
 
     Parameters
     ----------
@@ -60,6 +75,7 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None):
     causal : bool
     offset : int, 0-d integer array or None (``k_len - q_len``): the first query's position
     scale : float > 0 or None (``1/sqrt(d)``)
+    mask : boolean array broadcasting against ``[..., q_len, k_len]`` (True = may attend), optional
 
     Returns
     -------
@@ -72,14 +88,14 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None):
     >>> pe.cope_positions(q, k)[0].tolist()
     [[0.5, 0.0, 0.0], [1.0, 0.5, 0.0], [1.5, 1.0, 0.5]]
     """
-    xp = namespace(q, k)
-    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale)
-    _, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal)
+    xp = namespace(q, k, mask)
+    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale, mask)
+    _, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask)
     return cast(xp, _positions(xp, gates), q.dtype)
 
 
 @host_constants
-def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
+def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=None):
     r"""CoPE attention logits ``[..., heads, q_len, k_len]``: ``s q_i.k_j + q_i.e[p_ij]``.
 
     The contextual positions ``p_ij`` of :func:`cope_positions`, clipped to ``[0, P - 1]``
@@ -94,15 +110,16 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
         \ell_{ij} = s\, q_i^\top k_j + (1 - w)\, z_i[\lfloor p_{ij} \rfloor] + w\, z_i[\lceil p_{ij} \rceil],
         \qquad w = p_{ij} - \lfloor p_{ij} \rfloor
 
-    (Golovneva et al., 2024, Eq. 4-5 and their reference code.) Masking is the caller's
-    (with ``causal=True`` future keys still get a logit: mask them).
+    (Golovneva et al., 2024, Eq. 4-5 and their reference code.) Masking the logits is the
+    caller's (with ``causal=True`` future keys still get a logit: mask them); pass the same
+    ``mask`` here so that hidden keys do not count.
 
     Parameters
     ----------
     q, k : as in :func:`cope_positions`
     pos_emb : float array ``[..., P, d]``, broadcasting against ``q``'s leading axes
         (one table, or one per head ``[heads, P, d]``)
-    causal, offset, scale : as in :func:`cope_positions`
+    causal, offset, scale, mask : as in :func:`cope_positions`
 
     Examples
     --------
@@ -112,15 +129,15 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None):
     >>> pe.cope_logits(q, k, e, scale=1.0)[0].tolist()          # p = [[.5, 0], [1, .5]]
     [[1.0, 0.0], [2.0, 1.0]]
     """
-    xp = namespace(q, k, pos_emb)
-    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale)
+    xp = namespace(q, k, pos_emb, mask)
+    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale, mask)
     check.float_array("pos_emb", pos_emb, xp)
     check.ndim("pos_emb", pos_emb, minimum=2)
     if int(pos_emb.shape[-1]) != int(q.shape[-1]):
         raise ValueError(f"pos_emb must be [..., P, d] with d = {q.shape[-1]} (q's last axis), got shape {tuple(pos_emb.shape)}")
     check.leading_axes(("q", q), ("pos_emb", pos_emb), 2, "leading (batch, head) dimensions")
     npos = int(pos_emb.shape[-2])
-    logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal)
+    logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask)
     pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
     work = logits.dtype
     z = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, pos_emb, work))

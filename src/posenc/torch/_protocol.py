@@ -68,8 +68,11 @@ class PositionalModule(nn.Module):
             raise TypeError(f"causal must be a bool, got {causal!r}")
         query_start = query_offset(offset, q.shape[-2], k.shape[-2])
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
-        logits = self.scores(q, k, offset, **positions)
-        weights = masked_softmax(logits, allowed_keys(logits, causal=causal, offset=query_start, mask=mask))
+        shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+        allowed = allowed_keys(shape, q.device, causal=causal, offset=query_start, mask=mask)
+        hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
+        logits = self.scores(q, k, offset, **positions, **hidden)
+        weights = masked_softmax(logits, allowed)
         return self.values(weights.to(v.dtype), v, offset, **positions)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None,
@@ -79,6 +82,8 @@ class PositionalModule(nn.Module):
 
     #: Whether ``scores``/``values`` take ``query_positions``/``key_positions`` (per-token positions).
     takes_positions = False
+    #: Whether ``scores`` takes ``mask``, the keys each query may attend to (CoPE's gates count only those).
+    takes_mask = False
 
     def _alignment(self, q, k, offset, query_positions, key_positions):
         """``(offset, positions)`` for ``scores``/``values``: the resolved ``offset`` and no
@@ -120,20 +125,21 @@ def dot_scores(q, k, scale=None):
     return q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
 
-def allowed_keys(logits, *, causal, offset, mask):
-    """Boolean ``[..., q_len, k_len]`` of the keys each query may attend to, or ``None`` for all."""
+def allowed_keys(shape, device, *, causal, offset, mask):
+    """Boolean ``[..., q_len, k_len]`` of the keys each query may attend to (logits of
+    ``shape`` on ``device``), or ``None`` for all."""
     allowed = None
     if causal:
-        q_len, k_len = logits.shape[-2:]
-        positions = offset + torch.arange(q_len, device=logits.device)
-        allowed = positions[:, None] >= torch.arange(k_len, device=logits.device)[None, :]
+        q_len, k_len = shape[-2:]
+        positions = offset + torch.arange(q_len, device=device)
+        allowed = positions[:, None] >= torch.arange(k_len, device=device)[None, :]
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError(f"mask must be a boolean tensor (True = may attend), got {type(mask).__name__ if not isinstance(mask, torch.Tensor) else mask.dtype}")
         try:
-            torch.broadcast_shapes(mask.shape, logits.shape)
+            torch.broadcast_shapes(mask.shape, shape)
         except RuntimeError:
-            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the logits {tuple(logits.shape)}") from None
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the logits {tuple(shape)}") from None
         allowed = mask if allowed is None else allowed & mask
     return allowed
 

@@ -100,7 +100,8 @@ class CoPE(PositionalModule):
     """CoPE (Golovneva et al., 2024): :func:`posenc.cope_logits` with learned position
     embeddings ``pos_emb [npos_max, head_dim]`` (zeros at first, as in the paper's code),
     shared by the heads. Gates count the keys up to the query (``causal=True``, decoders)
-    or every key from ``j`` on (``causal=False``)."""
+    or every key from ``j`` on (``causal=False``); ``attend``'s ``mask`` (and ``causal``)
+    hide keys from the count too, as the paper's code gates the masked logits."""
 
     def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
         super().__init__()
@@ -110,8 +111,10 @@ class CoPE(PositionalModule):
     def options(self):
         return {"head_dim": self.head_dim, "npos_max": self.npos_max, "causal": self.causal}
 
-    def scores(self, q, k, offset):
-        return pe.cope_logits(q, k, self.pos_emb.to(q.dtype), causal=self.causal, offset=offset)
+    takes_mask = True
+
+    def scores(self, q, k, offset, mask=None):
+        return pe.cope_logits(q, k, self.pos_emb.to(q.dtype), causal=self.causal, offset=offset, mask=mask)
 
 
 class RandomizedRoPE(PositionalModule):
