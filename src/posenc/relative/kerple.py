@@ -8,7 +8,7 @@ Both depend on the distance only, so each computes its per-distance vector
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, cos_sin, device_of, host_constants, namespace, result_dtype
+from .._xp import cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
 from .biases import expand_bias
 from .indices import distances, query_offset
 
@@ -70,7 +70,7 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
     device = device_of(r1, r2)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
     check.allocatable("kerple_bias", (int(r1.shape[0]), q_len, k_len), 8)
-    work = compute_dtype(xp, r1.dtype)
+    work = widest_float(xp, device)  # rounded once to r1's dtype: the same bits from every namespace's float64 log/pow
     dist = xp.abs(xp.astype(distances(q_len, k_len, offset, xp=xp, device=device), work))  # |int64 min| only as a float
     a, b = cast(xp, r1, work)[:, None], cast(xp, r2, work)[:, None]
     if kind == "log":
