@@ -44,6 +44,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import errors as flax_errors
 from flax import nnx
 
 import posenc as pe
@@ -303,8 +304,12 @@ class FIRE(_Bias):
 
 class KERPLE(_Bias):
     """KERPLE (Chi et al., 2022): :func:`posenc.kerple_bias` with learned ``r1, r2 [heads]``,
-    clamped at ``eps`` (``r2 <= 2`` for ``"power"``) in the forward pass while the gradient
-    passes unclamped, as the paper's in-place clamp of ``.data`` does."""
+    clamped at ``eps`` (``r2 <= 2`` for ``"power"``) before each use, the clamped values
+    stored, while the gradient passes unclamped: the paper's in-place clamp of ``.data``, so
+    training steps move the stored values as the torch module's (a value left unclamped
+    drifted below ``eps`` and stayed there). Stored eagerly and under nnx's transforms; a
+    plain ``jax.jit`` closing over the module cannot change its state, and uses the clamped
+    values only."""
 
     def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2, rngs: nnx.Rngs):
         if kind not in pe.relative.kerple.KERPLE_KINDS:
@@ -316,10 +321,16 @@ class KERPLE(_Bias):
         self.r1, self.r2, self.kind, self.eps = nnx.Param(r1), nnx.Param(r2), kind, eps
 
     def bias(self, q_len, k_len, *, offset=None):
-        def clamped(r, high):
-            return r + jax.lax.stop_gradient(jnp.clip(r, self.eps, high) - r)
+        def clamp(param, high):
+            value = param[...]
+            clamped = value + jax.lax.stop_gradient(jnp.clip(value, self.eps, high) - value)
+            try:
+                param[...] = clamped
+            except flax_errors.TraceContextError:  # a jax.jit closing over the module: no state to update there
+                pass
+            return clamped
 
-        r1, r2 = clamped(self.r1[...], None), clamped(self.r2[...], 2.0 if self.kind == "power" else None)
+        r1, r2 = clamp(self.r1, None), clamp(self.r2, 2.0 if self.kind == "power" else None)
         return pe.kerple_bias(r1, r2, q_len, k_len, kind=self.kind, offset=offset)
 
 
