@@ -45,7 +45,7 @@ def test_patched_model_matches_the_original(name):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
-@pytest.mark.parametrize("name", ["llama[default]", "llama[yarn]", "qwen3", "gpt_neox[partial]"])
+@pytest.mark.parametrize("name", ["llama[default]", "llama[yarn]", "qwen3", "gpt_neox[partial]", "gemma3_text[nested]"])
 def test_a_16_bit_patched_model_is_as_close_to_the_float32_model_as_the_original(name, dtype):
     """In a float16/bfloat16 model posenc rounds each rotated value once where transformers
     rounds three times, with angles in float64 rather than float32: the logits differ from
