@@ -1,6 +1,6 @@
 """Issue 32, JAX as a first-class pipeline: traced context-extension lengths computed as
 exactly as static ones, mixed host/device inputs, clear errors for silent cases, export,
-sharding. JAX runs here without x64 (float32 at most).
+sharding. JAX runs here without x64 (float32 at most), but in ``jax.enable_x64`` blocks.
 """
 
 from __future__ import annotations
@@ -212,6 +212,146 @@ def test_use_backend_retraces_a_function_jitted_before():
     finally:
         pe.set_backend("auto")
     assert "custom_call" in jitted.lower(x, table, 3).as_text()
+
+
+# --- 3b. export with symbolic sizes (jax.export.symbolic_shape) ----------------------------
+
+
+def _symbolic_cases():
+    """name -> (function, its arguments' (shape, dtype kind) with symbolic sizes, constraints,
+    the arguments at lengths n (and t = n + 2), whether the eager call's bits are expected
+    too (table lookups, ``rope_cos_sin``), whether the frequencies of a length come from
+    the graph's arithmetic)."""
+    rng = np.random.default_rng(5)
+    table, slopes = rng.standard_normal((32, 4)), pe.alibi_slopes(4)
+    shaw_table, pos_q, pos_k = rng.standard_normal((5, 16)), rng.standard_normal((4, 6, 16)), rng.standard_normal((4, 6, 16))
+    u, v = rng.standard_normal((4, 1, 16)), rng.standard_normal((4, 1, 16))
+    inv_freq = pe.rope_frequencies(16)[0]
+    dynamic = pe.scaling.DynamicNTK(2.0, 8)
+    longrope = pe.scaling.LongRoPE([1.0, 1.5, 2.0, 3.0, 1.0, 1.2, 1.1, 1.0], [4.0, 5.0, 6.0, 7.0, 8.0, 2.0, 3.0, 9.0], 8, factor=4.0)
+    x = ("2, 4, s, 16", "f")
+
+    def c(a, f):
+        return jnp.asarray(a, f)
+
+    def xs(n, f, seed=0):
+        return c(np.random.default_rng(n + seed).standard_normal((2, 4, n, 16)), f)
+
+    return {
+        "rope": (lambda x: pe.rope(x), [x], (), lambda n, t, f, i: (xs(n, f),), False, False),
+        "rope[offset=1]": (lambda x: pe.rope(x, offset=1), [x], (), lambda n, t, f, i: (xs(n, f),), False, False),
+        "rope[offset=3, bound declared]": (lambda x: pe.rope(x, offset=3), [x], ("s <= 65536",), lambda n, t, f, i: (xs(n, f),), False, False),
+        "rope[positions]": (lambda x, p: pe.rope(x, p, seq_axis="bhsd"), [x, ("s", "i")], (), lambda n, t, f, i: (xs(n, f), c(np.arange(n) * 3 + 1, i)), False, False),
+        "rope[traced offset]": (lambda x, o: pe.rope(x, offset=o), [x, ("", "i")], (), lambda n, t, f, i: (xs(n, f), c(7, i)), False, False),
+        "rope[DynamicNTK]": (lambda x: pe.rope(x, scaling=dynamic), [x], (), lambda n, t, f, i: (xs(n, f),), False, True),
+        "rope[DynamicNTK, offset=3, bound declared]": (
+            lambda x: pe.rope(x, offset=3, scaling=dynamic), [x], ("s <= 65536",), lambda n, t, f, i: (xs(n, f),), False, True,
+        ),
+        "rope[LongRoPE]": (lambda x: pe.rope(x, scaling=longrope), [x], (), lambda n, t, f, i: (xs(n, f),), False, False),
+        "apply_rope": (
+            lambda x, cos, sin: pe.apply_rope(x, cos, sin), [x, ("s, 16", "f"), ("s, 16", "f")], (),
+            lambda n, t, f, i: (xs(n, f), *(c(a, f) for a in pe.rope_cos_sin(np.arange(n), inv_freq))), False, False,
+        ),
+        "rope_cos_sin": (lambda p: pe.rope_cos_sin(p, inv_freq)[1], [("s", "i")], (), lambda n, t, f, i: (c(np.arange(n), i),), True, False),
+        "rope_frequencies[DynamicNTK, seq_len]": (
+            lambda x: pe.rope_frequencies(16, scaling=dynamic, seq_len=x.shape[-2], xp=jnp)[0], [x], (), lambda n, t, f, i: (xs(n, f),), False, True,
+        ),
+        "t5_bias": (lambda x: pe.t5_bias(c(table, x.dtype), x.shape[-2], x.shape[-2]), [x], (), lambda n, t, f, i: (xs(n, f),), True, False),
+        "t5_bias[one query]": (lambda k: pe.t5_bias(c(table, k.dtype), 1, k.shape[-2]), [x], (), lambda n, t, f, i: (xs(n, f),), True, False),
+        "alibi_bias[q_len s, k_len t]": (
+            lambda q, k: pe.alibi_bias(c(slopes, q.dtype), q.shape[-2], k.shape[-2]), [x, ("2, 4, t, 16", "f")], (),
+            lambda n, t, f, i: (xs(n, f), xs(t, f)), True, False,
+        ),
+        "relative_bias[deberta]": (
+            lambda x: pe.relative_bias("deberta", c(table[:6], x.dtype), x.shape[-2], x.shape[-2], max_distance=3, bucket_size=4, max_position=8),
+            [x], (), lambda n, t, f, i: (xs(n, f),), True, False,
+        ),
+        "shaw_logits": (lambda q, k: pe.shaw_logits(q, k, c(shaw_table, q.dtype), max_distance=2), [x, x], (), lambda n, t, f, i: (xs(n, f), xs(n, f, 1)), False, False),
+        "shaw_output": (
+            lambda w, v: pe.shaw_output(w, v, c(shaw_table, w.dtype), max_distance=2), [("2, 4, s, s", "f"), x], (),
+            lambda n, t, f, i: (c(np.random.default_rng(n).random((2, 4, n, n)), f), xs(n, f)), False, False,
+        ),
+        "deberta_logits": (
+            lambda q, k: pe.deberta_logits(q, k, c(pos_q, q.dtype), c(pos_k, q.dtype), max_distance=3), [x, x], (),
+            lambda n, t, f, i: (xs(n, f), xs(n, f, 1)), False, False,
+        ),
+        "xl_logits": (
+            lambda q, k, r: pe.xl_logits(q, k, r, c(u, q.dtype), c(v, q.dtype)), [x, ("2, 4, t, 16", "f"), ("2, 4, t, 16", "f")], ("t >= s",),
+            lambda n, t, f, i: (xs(n, f), xs(t, f, 1), xs(t, f, 2)), False, False,
+        ),
+        "tener_logits": (lambda q, k: pe.tener_logits(q, k, c(u, q.dtype), c(v, q.dtype)), [x, x], (), lambda n, t, f, i: (xs(n, f), xs(n, f, 1)), False, False),
+        "segment_logits": (
+            lambda q, seg: pe.segment_logits(q, seg, seg, c(u, q.dtype), c(v, q.dtype), c(u, q.dtype)), [x, ("2, s", "i")], (),
+            lambda n, t, f, i: (xs(n, f), c(np.arange(2 * n).reshape(2, n) // 3, i)), False, False,
+        ),
+        "rel_shift": (lambda x: pe.rel_shift(x[0]), [x], (), lambda n, t, f, i: (xs(n, f),), True, False),
+        "tupe_logits": (
+            lambda q, p: pe.tupe_logits(q, q, p, c(shaw_table[:, :16].T, q.dtype), c(shaw_table[:, :16].T, q.dtype)), [x, ("s, 16", "f")], (),
+            lambda n, t, f, i: (xs(n, f), c(np.random.default_rng(n).standard_normal((n, 16)), f)), False, False,
+        ),
+        "fire_bias": (
+            lambda x: pe.fire_bias(lambda d: d * jnp.ones(4, d.dtype), x.shape[-2], x.shape[-2], xp=jnp, dtype=x.dtype), [x], (),
+            lambda n, t, f, i: (xs(n, f),), False, False,
+        ),
+        "attention[alibi bias]": (
+            lambda q, k: pe.attention(q, k, k, bias=pe.alibi_bias(c(slopes, q.dtype), q.shape[-2], k.shape[-2]), causal=True), [x, x], (),
+            lambda n, t, f, i: (xs(n, f), xs(n, f, 1)), False, False,
+        ),
+    }
+
+
+SYMBOLIC = _symbolic_cases()
+
+
+@pytest.mark.parametrize("x64", [False, True], ids=["x32", "x64"])
+@pytest.mark.parametrize("name", sorted(SYMBOLIC))
+def test_export_with_symbolic_lengths_gives_the_static_exports_bits(name, x64):
+    """One export for every length (``jax.export.symbolic_shape``), serialized and read back,
+    called at three lengths: the bits of the export at each length's static shape (XLA's
+    compiled reference, whose float arithmetic may differ from the eager kernel's in the
+    last bit), and the eager call's bits where the function looks values up. Its
+    integer checks had refused a symbolic length (``TypeError``, or JAX's "inconclusive"
+    comparison of an int32 range); ``x64``: float64 and int64."""
+    from jax import export
+
+    fn, specs, constraints, make, eager, length_frequencies = SYMBOLIC[name]
+    with jax.enable_x64(x64):
+        f, i = (jnp.float64, jnp.int64) if x64 else (jnp.float32, jnp.int32)
+        scope = export.SymbolicScope(constraints)
+        args = [jax.ShapeDtypeStruct(export.symbolic_shape(shape, scope=scope) if shape else (), f if kind == "f" else i) for shape, kind in specs]
+        exported = export.export(jax.jit(fn))(*args)
+        assert not re.search(r"custom_call @(?!shape_assertion\b)", exported.mlir_module())  # (JAX's own checks of the sizes)
+        back = export.deserialize(exported.serialize())
+        for n in (2, 5, 17):
+            inputs = make(n, n + 2, f, i)
+            got = np.asarray(back.call(*inputs))
+            static = np.asarray(export.export(jax.jit(fn))(*inputs).call(*inputs))
+            if x64 and length_frequencies:  # the length's frequencies from XLA's pow, the static export's from the host's
+                np.testing.assert_allclose(got, static, rtol=1e-14, atol=1e-15)
+            else:
+                assert np.array_equal(got, static), (name, n)
+            if eager:
+                assert np.array_equal(got, np.asarray(fn(*inputs))), (name, n)
+
+
+def test_export_with_a_symbolic_length_refuses_what_it_cannot_bound():
+    """A range JAX can neither prove nor refute for every value of a symbolic size (the
+    positions ``offset + arange(s)`` past int32 for the largest ``s``, a length ``s - 3`` below
+    0) is refused with the constraint to declare, never computed unchecked; a size that must
+    be known now (a feature width) is refused as such."""
+    from jax import export
+
+    table = jnp.zeros((32, 4))
+    x = jax.ShapeDtypeStruct(export.symbolic_shape("2, 4, s, 16"), jnp.float32)
+    refused = {
+        "rope": (lambda x: pe.rope(x, offset=3), ValueError, r"offset \+ the token positions .* reach 3 \.\. s \+ 2.*declare 's \+ 2 <= 2147483647'"),
+        "t5_bias": (lambda x: pe.t5_bias(table, x.shape[-2], x.shape[-2], offset=5), ValueError, r"declare 's \+ 4 <= 2147483647'"),
+        "q_len": (lambda x: pe.t5_bias(table, x.shape[-2] - 3, 4), ValueError, r"q_len must be >= 0, got s - 3.*declare 's - 3 >= 0'"),
+        "dim": (lambda x: pe.rope_frequencies(x.shape[-2]), TypeError, "dim must be a concrete integer here .* symbolic dimension s"),
+    }
+    for name, (fn, error, message) in refused.items():
+        with pytest.raises(error, match=message):
+            export.export(jax.jit(fn))(x)
 
 
 # --- 2. sharding: a per-shard kernel call -------------------------------------------------

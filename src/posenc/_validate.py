@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
 
 
 def _show(value) -> str:
@@ -55,6 +55,8 @@ def integer(name, value, *, minimum=None, static=False):
     :func:`integer_or_traced` where a traced value can be computed with. A symbolic size
     of ``torch.compile`` (``torch.SymInt``) is kept symbolic, or with ``static`` (a value
     that shapes host work: a feature width, a bucket count) specialized (:func:`static_int`).
+    A symbolic dimension of ``jax.export`` is kept symbolic too, or with ``static`` refused
+    (:func:`_symbolic_integer`).
     """
     torch = _torch()
     if torch is not None and isinstance(value, torch.SymInt) and not static:
@@ -70,6 +72,8 @@ def integer(name, value, *, minimum=None, static=False):
             )
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if jax_symbolic_dim(value):
+            return _symbolic_integer(name, value, minimum, static)
         raise TypeError(f"{name} must be an integer, got {_show(value)} ({type(value).__name__})")
     value = static_int(value) if static else int(value)
     if minimum is not None and value < minimum:
@@ -82,17 +86,33 @@ def integer(name, value, *, minimum=None, static=False):
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 STATIC_HINT = "under jax.jit: a static argument, jax.jit(f, static_argnums=...) or static_argnames=..."
+CONSTRAINT_HINT = "jax.export.symbolic_shape(..., constraints=[...])"
+
+
+def _symbolic_integer(name, value, minimum, static):
+    """A symbolic dimension of ``jax.export`` given as an integer argument: kept symbolic, its
+    ``minimum`` checked where JAX decides it (with the constraints declared on its
+    dimensions), else refused with the constraint to declare; refused where ``static``."""
+    if static:
+        raise TypeError(f"{name} must be a concrete integer here (it shapes host work), got the symbolic dimension {value} of jax.export")
+    holds = True if minimum is None else _decided(lambda: value >= minimum)
+    if holds is None:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}, which JAX cannot bound: declare '{value} >= {minimum}' ({CONSTRAINT_HINT})")
+    if not holds:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
 
 
 def relative_offset(offset, q_len, k_len, xp=None, device=None):
-    """A validated ``offset`` of the first query (an int, or a traced array as it is) whose
+    """A validated ``offset`` of the first query (an int or a symbolic dimension of
+    ``jax.export``, as the lengths may be: :func:`_within`; a traced array as it is) whose
     query positions ``offset .. offset + q_len - 1`` and relative positions
     ``(offset + i) - j``, down to ``offset - (k_len - 1)``, stay within the index dtype of
     ``xp`` (int64; int32 for JAX without x64; int64 when ``xp`` is not known yet)."""
-    if isinstance(offset, int):
+    if isinstance(offset, int) or jax_symbolic_dim(offset):
         bits, bottom, top = (64, INT64_MIN, INT64_MAX) if xp is None else index_bounds(xp, device)[1:]
         low, high = offset - max(k_len - 1, 0), offset + max(q_len - 1, 0)
-        if low < bottom or high > top:
+        if not _within("the relative positions (offset + i) - j", low, high, bottom, top, (q_len, k_len)):
             raise ValueError(
                 f"offset={offset} with q_len={q_len} and k_len={k_len} puts the relative positions (offset + i) - j "
                 f"at {low} .. {high}, beyond int{bits} ({bottom} .. {top})"
@@ -183,7 +203,7 @@ def shifted(name, values, offset, xp, device=None, *, offset_name="offset", know
         _, bits, low, high = index_bounds(xp, device)
         if isinstance(offset, int) and not low <= offset <= high:
             raise ValueError(f"{offset_name} must fit in int{bits} ({low} .. {high}), got {offset}")
-        if _sum_leaves(xp, values, offset, low, high, known):
+        if _sum_leaves(xp, values, offset, low, high, known, what=f"{offset_name} + {name}"):
             raise ValueError(
                 f"{offset_name} + {name} must stay within int{bits} ({low} .. {high}): "
                 f"{name} {_extent(xp, values, known)} with {offset_name} {_extent(xp, offset)} leave it"
@@ -198,13 +218,17 @@ def _extent(xp, value, known=None):
     return f"from {smallest} to {largest}"
 
 
-def _sum_leaves(xp, a, b, low, high, known=None):
-    """Whether some ``a + b`` (broadcast) leaves ``[low, high]``; False where one cannot be read now."""
+def _sum_leaves(xp, a, b, low, high, known, *, what):
+    """Whether some ``a + b`` (broadcast) leaves ``[low, high]``; False where one cannot be read
+    now. ``known``: ``(min, max)`` of ``a`` where the caller knows them, an ``arange`` along an
+    axis (whose size, ``max - min + 1``, may be a symbolic dimension of ``jax.export``:
+    :func:`_within`); ``what``: the sums, as an error names them."""
     if not (_readable(b) and (known is not None or _readable(a))):
         return False
     amin, amax = known if known is not None else (int(xp.min(a)), int(xp.max(a)))
     bmin, bmax = (b, b) if isinstance(b, int) else (int(xp.min(b)), int(xp.max(b)))
-    if low <= amin + bmin and amax + bmax <= high:
+    lengths = () if known is None else (amax - amin + 1,)
+    if _within(what, amin + bmin, amax + bmax, low, high, lengths):
         return False
     if isinstance(b, int) or b.ndim == 0 or known is not None or a.ndim == 0:
         return True  # one of the two is a single value: its bounds are the sums'
@@ -269,6 +293,40 @@ def real(name, value, *, positive=False, minimum=None, below=None, static=True):
     if below is not None and value >= below:
         raise ValueError(f"{name} must be < {below}, got {value}")
     return value
+
+
+def _within(what, smallest, largest, low, high, lengths=()):
+    """Whether ``smallest .. largest`` stays within ``low .. high`` (an index dtype's range).
+
+    Bounds that are symbolic dimensions of ``jax.export`` (known when the exported function is
+    called) stay within where JAX proves it (with the constraints declared on the
+    dimensions), or where they are within one of ``lengths``, axis sizes, of zero: ``jax.export``
+    computes sizes in JAX's default integer, the index dtype, so ``-1 - n >= low`` and ``n <=
+    high`` for each. They leave where JAX proves that; a range JAX can neither prove nor
+    refute is refused (``ValueError`` naming ``what``) with the constraints that decide it.
+    """
+    if not (jax_symbolic_dim(smallest) or jax_symbolic_dim(largest)):
+        return low <= smallest and largest <= high
+    floor = _decided(lambda: smallest >= low) or any(_decided(lambda n=n: smallest >= -1 - n) for n in lengths)
+    ceiling = _decided(lambda: largest <= high) or any(_decided(lambda n=n: largest <= n) for n in lengths)
+    if floor and ceiling:
+        return True
+    if _decided(lambda: smallest < low) or _decided(lambda: largest > high):
+        return False
+    needed = [claim for claim, holds in ((f"{smallest} >= {low}", floor), (f"{largest} <= {high}", ceiling)) if not holds]
+    raise ValueError(
+        f"{what} must stay within {low} .. {high}; they reach {smallest} .. {largest}, "
+        f"which JAX cannot bound: declare {' and '.join(repr(c) for c in needed)} ({CONSTRAINT_HINT})"
+    )
+
+
+def _decided(compare):
+    """``compare()``, a comparison of sizes, as a bool; None where symbolic dimensions of
+    ``jax.export`` leave it undecided."""
+    try:
+        return bool(compare())
+    except sys.modules["jax"].errors.InconclusiveDimensionOperation:
+        return None
 
 
 def symbolic_size(value) -> bool:

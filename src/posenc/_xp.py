@@ -153,6 +153,26 @@ def torch_tensor(value) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def jax_symbolic_dim(value) -> bool:
+    """A symbolic dimension of ``jax.export``: a size known when the exported function is called
+    (``jax.export.symbolic_shape``). Looked up in ``sys.modules``: no JAX import."""
+    if type(value) is int:
+        return False
+    export = sys.modules.get("jax.export")
+    return export is not None and export.is_symbolic_dim(value)
+
+
+def size(n):
+    """An axis size as an int (``int()``: a NumPy integer, a ``torch.SymInt`` specialized), or
+    kept as it is where it is a symbolic dimension of ``jax.export``."""
+    return n if jax_symbolic_dim(n) else int(n)
+
+
+def dimension_value(dim):
+    """A symbolic dimension of ``jax.export`` as the 0-d JAX integer it is inside the computation."""
+    return _jax_namespace().asarray(dim)
+
+
 def namespace(*arrays, xp=None):
     """The Array-API namespace of ``arrays`` (``None`` and Python scalars are skipped).
 
@@ -296,7 +316,7 @@ def broadcast_shapes(*shapes) -> tuple:
         ndim = max(ndim, len(s))
     result = []
     for axis in range(-ndim, 0):
-        sizes = {int(s[axis]) for s in shapes if len(s) >= -axis} - {1}
+        sizes = {size(s[axis]) for s in shapes if len(s) >= -axis} - {1}
         if len(sizes) > 1:
             raise ValueError(f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast together")
         result.append(sizes.pop() if sizes else 1)

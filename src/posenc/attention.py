@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from . import _validate as check
-from ._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace
+from ._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, size
 
 
 @host_constants
@@ -47,7 +47,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     xp = namespace(q, k, v, bias, mask)
     device_of(q, k, v, bias, mask)
     check.query_key_value(q, k, v, xp)
-    q_len, k_len, d = int(q.shape[-2]), int(k.shape[-2]), int(q.shape[-1])
+    q_len, k_len, d = size(q.shape[-2]), size(k.shape[-2]), int(q.shape[-1])
     if causal and q_len > k_len:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
     scale = 1.0 / math.sqrt(d) if scale is None else check.real("scale", scale)

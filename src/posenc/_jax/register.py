@@ -36,12 +36,13 @@ def tracer(a) -> bool:
 
 
 def _on_cpu(a) -> bool:
-    """A JAX array on one CPU device; a traced one where the default backend is the CPU."""
+    """A JAX array on one CPU device; a traced one where the default backend is the CPU and
+    its shape is known (not symbolic: ``jax.export``'s sizes known when it is called)."""
     jax = sys.modules.get("jax")
     if jax is None or not isinstance(a, jax.Array):
         return False
     if isinstance(a, jax.core.Tracer):
-        return _cpu_backend(jax)
+        return _cpu_backend(jax) and all(type(n) is int for n in a.shape)
     devices = a.devices()
     return len(devices) == 1 and next(iter(devices)).platform == "cpu"
 

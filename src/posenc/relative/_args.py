@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, compute_dtype, device_of, namespace
+from .._xp import broadcast_shapes, compute_dtype, device_of, namespace, size
 
 
 def query_key(q, k, xp, *, names=("q", "k")):
@@ -19,7 +19,7 @@ def query_key(q, k, xp, *, names=("q", "k")):
             f"{names[0]} and {names[1]} must have the same head dimension (last axis), got {q.shape[-1]} and {k.shape[-1]}"
         )
     batch = check.leading_axes((names[0], q), (names[1], k), 2, "leading (batch, head) dimensions")
-    return int(q.shape[-2]), int(k.shape[-2]), batch
+    return size(q.shape[-2]), size(k.shape[-2]), batch
 
 
 def like_query(name, a, q, xp):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, index_dtype, is_integer
+from .._xp import broadcast_shapes, cast, index_dtype, is_integer, size
 
 
 def given(query_positions, key_positions):
@@ -43,7 +43,7 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
                 check.integer_array(name, pos, xp)
             check.positions(name, pos, xp, device)  # (dtype and finite values; widened by shifted)
             check.ndim(name, pos, minimum=1)
-            if int(pos.shape[-1]) != length:
+            if size(pos.shape[-1]) != length:
                 want = "q_len" if name == "query_positions" else "k_len"
                 raise ValueError(f"{name} must have {want} = {length} entries on its last axis, got shape {tuple(pos.shape)}")
         found.append(pos)
@@ -98,7 +98,7 @@ def gather(xp, scores, index, *, device):
     ``scores [..., q_len, m]`` (queries projected on ``m`` table rows), ``index`` integer
     ``[..., q_len, k_len]`` in ``[0, m)``: the per-token form of ``toeplitz_gather``.
     """
-    q_len, m, k_len = int(scores.shape[-2]), int(scores.shape[-1]), int(index.shape[-1])
+    q_len, m, k_len = size(scores.shape[-2]), size(scores.shape[-1]), size(index.shape[-1])
     batch = broadcast_shapes(tuple(scores.shape[:-2]), tuple(index.shape[:-2]))
     scores = xp.broadcast_to(scores, (*batch, q_len, m))
     index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, q_len, k_len))

@@ -10,7 +10,7 @@ scatter-add in one pass. Kernels register against them.
 from __future__ import annotations
 
 from .._dispatch import reference
-from .._xp import device_of, namespace
+from .._xp import device_of, index_dtype, namespace
 
 
 def _distance_index(xp, q_len, k_len, device):
@@ -18,6 +18,19 @@ def _distance_index(xp, q_len, k_len, device):
     i = xp.arange(q_len, device=device)[:, None]
     j = xp.arange(k_len, device=device)[None, :]
     return i - j + (k_len - 1)
+
+
+def _along_rows(xp, values, index, device):
+    """``out[..., i, j] = values[..., i, index[i, j]]``: ``values [..., q_len, m]``, integer
+    ``index [q_len, n]`` in ``[0, m)``, the same for every leading index."""
+    batch = tuple(values.shape[:-2])
+    if hasattr(xp, "take_along_axis"):  # (not [..., q_len * m]: a product of symbolic sizes jax.export may not bound)
+        index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, *index.shape))
+        return xp.take_along_axis(values, index, axis=-1)
+    q_len, m = values.shape[-2:]  # Dask has no take_along_axis: one take from the rows laid end to end
+    flat = xp.reshape(values, (*batch, q_len * m))
+    rows = xp.arange(q_len, device=device)[:, None] * m
+    return xp.reshape(xp.take(flat, xp.reshape(rows + index, (-1,)), axis=-1), (*batch, *index.shape))
 
 
 def _write(out, result):
@@ -48,13 +61,11 @@ def toeplitz_gather(scores, index, k_len, *, out=None):
     Shaw's and DeBERTa's position terms without a ``[q, k, d]`` tensor.
     """
     xp = namespace(scores, index)
+    device = device_of(scores)
     q_len = scores.shape[-2]
-    t = _distance_index(xp, q_len, k_len, device_of(scores))
-    idx = xp.take(index, xp.reshape(t, (-1,)), axis=0)
-    rows = xp.reshape(xp.broadcast_to(xp.arange(q_len, device=device_of(scores))[:, None], (q_len, k_len)), (-1,))
-    flat = xp.reshape(scores, (*scores.shape[:-2], q_len * scores.shape[-1]))
-    picked = xp.take(flat, rows * scores.shape[-1] + idx, axis=-1)
-    return _write(out, xp.reshape(picked, (*scores.shape[:-2], q_len, k_len)))
+    t = _distance_index(xp, q_len, k_len, device)
+    idx = xp.reshape(xp.take(index, xp.reshape(t, (-1,)), axis=0), (q_len, k_len))
+    return _write(out, _along_rows(xp, scores, idx, device))
 
 
 @reference("toeplitz_scatter")
@@ -76,8 +87,7 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     i = xp.arange(q_len, device=device)[:, None]
     j = i - xp.arange(n, device=device)[None, :] + (k_len - 1)
     inside = (j >= 0) & (j < k_len)
-    flat = xp.reshape(weights, (*weights.shape[:-2], q_len * k_len))
-    picked = xp.take(flat, xp.reshape(i * k_len + xp.clip(j, 0, k_len - 1), (-1,)), axis=-1)
-    by_distance = xp.where(inside, xp.reshape(picked, (*weights.shape[:-2], q_len, n)), xp.zeros_like(weights[..., :1]))
+    picked = _along_rows(xp, weights, xp.clip(j, 0, k_len - 1), device)
+    by_distance = xp.where(inside, picked, xp.zeros_like(weights[..., :1]))
     onehot = xp.astype(index[:, None] == xp.arange(m, device=device)[None, :], weights.dtype)
     return _write(out, by_distance @ onehot)

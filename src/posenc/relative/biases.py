@@ -14,7 +14,7 @@ from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, host_constants, namespace, result_dtype
+from .._xp import cast, compute_dtype, device_of, host_constants, namespace, result_dtype, size
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -325,7 +325,7 @@ def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     k_len = check.integer("k_len", k_len, minimum=0)
     check.ndim("vec", vec, minimum=1)
     want = q_len + k_len - 1 if q_len and k_len else 0
-    if int(vec.shape[-1]) != want:
+    if size(vec.shape[-1]) != want:
         raise ValueError(f"vec must have q_len + k_len - 1 = {want} entries on its last axis, got shape {tuple(vec.shape)}")
     out = _output(xp, vec, "vec", (*vec.shape[:-1], q_len, k_len), out, chunks)
     return call("toeplitz_expand", vec, q_len, k_len, out=out)

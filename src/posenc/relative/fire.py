@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, device_of, index_dtype, namespace, result_dtype, shifted, widest_float
+from .._xp import cast, device_of, index_dtype, namespace, result_dtype, shifted, size, widest_float
 from .indices import query_offset
 
 
@@ -87,9 +87,9 @@ def fire_bias(mlp, q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-
     if not callable(mlp):
         raise TypeError(f"mlp must be a callable [n, 1] -> [n, heads], got {type(mlp).__name__}")
     x = fire_distances(q_len, k_len, offset=offset, c=c, threshold=threshold, eps=eps, xp=xp, device=device, dtype=dtype)
-    q_len, k_len = int(x.shape[0]), int(x.shape[1])
+    q_len, k_len = size(x.shape[0]), size(x.shape[1])
     xp = namespace(x)
     values = mlp(xp.reshape(x, (q_len * k_len, 1)))
-    if not check.is_array(values) or values.ndim != 2 or int(values.shape[0]) != q_len * k_len:
+    if not check.is_array(values) or values.ndim != 2 or size(values.shape[0]) != q_len * k_len:
         raise ValueError(f"mlp must map [n, 1] to [n, heads] (n = {q_len * k_len}), got {getattr(values, 'shape', type(values).__name__)}")
     return xp.reshape(xp.matrix_transpose(values), (int(values.shape[1]), q_len, k_len))

@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import _plans
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype
+from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _signatures
 from .indices import clipped, distances, query_offset
@@ -121,8 +121,8 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
     for name, a in (("weights", weights), ("v", v)):
         check.float_array(name, a, xp)
         check.ndim(name, a, minimum=2)
-    q_len, k_len = int(weights.shape[-2]), int(weights.shape[-1])
-    if int(v.shape[-2]) != k_len:
+    q_len, k_len = size(weights.shape[-2]), size(weights.shape[-1])
+    if size(v.shape[-2]) != k_len:
         raise ValueError(f"v must have k_len = weights.shape[-1] = {k_len} rows (axis -2), got shape {tuple(v.shape)}")
     try:
         batch = broadcast_shapes(tuple(weights.shape[:-2]), tuple(v.shape[:-2]))

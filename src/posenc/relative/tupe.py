@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, host_constants, index_dtype, shifted
+from .._xp import broadcast_shapes, cast, device_of, host_constants, index_dtype, shifted, size
 from . import _args
 
 
@@ -75,7 +75,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
     rows = max((offset if isinstance(offset, int) else 0) + q_len, k_len)
-    if int(p.shape[-2]) < rows:
+    if size(p.shape[-2]) < rows:
         raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
     for name, u in (("uq", uq), ("uk", uk)):
         _args.table(name, u, xp, rows=int(p.shape[-1]), dim=int(uq.shape[-1]), batch=batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace
+from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, size
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
 from .indices import distances, query_offset
@@ -40,7 +40,7 @@ def rel_shift(x):
     check.array("x", x)
     xp = namespace(x)
     check.ndim("x", x, minimum=2)
-    q_len, n = int(x.shape[-2]), int(x.shape[-1])
+    q_len, n = size(x.shape[-2]), size(x.shape[-1])
     zero = xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x))
     padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], q_len * (n + 1)))
     # Dropping the first row of the [n + 1, q_len] view is dropping the first q_len elements.
@@ -90,7 +90,7 @@ def xl_logits(q, k, r, u, v):
     if q_len > k_len:
         raise ValueError(f"q_len must be <= k_len (queries are the last keys), got q_len={q_len}, k_len={k_len}")
     _args.table("r", r, xp, rows=None, dim=int(q.shape[-1]), batch=batch)
-    n_rel = int(r.shape[-2])
+    n_rel = size(r.shape[-2])
     if n_rel < k_len:
         raise ValueError(f"r must have at least k_len = {k_len} rows (distances k_len-1 .. 0), got shape {tuple(r.shape)}")
     _args.like_query("u", u, q, xp)
@@ -161,7 +161,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     q, k, u, v = (cast(xp, a, work) for a in (q, k, u, v))
     rel = distances(q_len, k_len, offset, xp=xp, device=device_of(q))
     table = sinusoidal(rel, dim, base=base, layout=layout, dtype=work)
-    every = xp.arange(int(rel.shape[0]), device=device_of(q))
+    every = xp.arange(size(rel.shape[0]), device=device_of(q))
     position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(table), every, k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
@@ -204,8 +204,8 @@ def segment_logits(q, seg_q, seg_k, s_same, s_diff, b):
     for name, a in (("seg_q", seg_q), ("seg_k", seg_k)):
         check.integer_array(name, a, xp)
         check.ndim(name, a, minimum=1)
-    q_len, k_len = int(q.shape[-2]), int(seg_k.shape[-1])
-    if int(seg_q.shape[-1]) != q_len:
+    q_len, k_len = size(q.shape[-2]), size(seg_k.shape[-1])
+    if size(seg_q.shape[-1]) != q_len:
         raise ValueError(f"seg_q must have q_len = {q_len} entries on its last axis, got shape {tuple(seg_q.shape)}")
     for name, a in (("s_same", s_same), ("s_diff", s_diff), ("b", b)):
         _args.like_query(name, a, q, xp)

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._xp import has_float64, torch_compiling, trace_constant, widest_float
+from .._xp import dimension_value, has_float64, jax_symbolic_dim, torch_compiling, trace_constant, widest_float
 
 __all__ = ["Axial", "DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
@@ -892,5 +892,9 @@ def __dir__():
 
 
 def check_seq_len(seq_len):
-    """None, a non-negative int, or a 0-d integer array that cannot be read now (traced)."""
-    return None if seq_len is None else check.integer_or_traced("seq_len", seq_len, minimum=0)
+    """None, a non-negative int, or a 0-d integer array that cannot be read now (traced; a
+    symbolic dimension of ``jax.export`` becomes the JAX value it is inside the computation)."""
+    if seq_len is None:
+        return None
+    seq_len = check.integer_or_traced("seq_len", seq_len, minimum=0)
+    return dimension_value(seq_len) if jax_symbolic_dim(seq_len) else seq_len
