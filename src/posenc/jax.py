@@ -17,6 +17,9 @@ host call instead (faster on CPU); such an artifact names posenc's XLA FFI targe
 host function registered in the exporting process, so it can only be called back in that
 process (``jax.export.deserialize`` of it elsewhere fails at the call), and it needs
 ``disabled_checks=[jax.export.DisabledSafetyCheck.custom_call("posenc_host_call")]``.
+With symbolic sizes (``jax.export.symbolic_shape``) the export is the reference either way
+(a host call needs static shapes); docs/jax.md says which integer ranges then need a
+declared bound.
 """
 
 from __future__ import annotations
