@@ -174,3 +174,13 @@ def test_kerple_trains_as_the_torch_module_and_the_paper(kind):
     want = theirs.bias(length, length).detach().numpy()
     for module in ours:
         np.testing.assert_allclose(np.asarray(module.bias(length, length)), want, rtol=1e-5, atol=1e-5)
+
+
+def test_fire_mlp_is_initialised_as_torchs_linear_layers():
+    """``nn.Linear``'s default: weights and biases uniform in ``±1/sqrt(fan_in)`` (flax's
+    ``nnx.Linear`` default had drawn normal weights, std 1.01 for the first layer, and zero biases)."""
+    module = pf.FIRE(4, mlp_width=256, rngs=nnx.Rngs(0))
+    for layer, fan_in in ((module.hidden, 1), (module.out, 256)):
+        for values in (np.asarray(layer.kernel[...]), np.asarray(layer.bias[...])):
+            bound = 1 / np.sqrt(fan_in)
+            assert np.abs(values).max() <= bound and np.abs(values).max() > 0.9 * bound and values.std() > 0.5 * bound

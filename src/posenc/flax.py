@@ -282,14 +282,25 @@ class ALiBi(_Bias):
         return pe.alibi_bias(slopes, q_len, k_len, offset=offset, symmetric=self.symmetric, **positions)
 
 
+def _torch_linear(fan_in, fan_out, rngs):
+    """``nnx.Linear`` initialised as torch's ``nn.Linear``: weights and biases uniform in
+    ``(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+    bound = 1.0 / math.sqrt(fan_in)
+
+    def uniform(key, shape, dtype=jnp.float32):
+        return jax.random.uniform(key, shape, dtype, -bound, bound)
+
+    return nnx.Linear(fan_in, fan_out, kernel_init=uniform, bias_init=uniform, rngs=rngs)
+
+
 class FIRE(_Bias):
     """FIRE (Li et al., 2024): :func:`posenc.fire_bias` of a learned MLP ``1 -> mlp_width -> heads``
     (ReLU), learned ``c`` and threshold multiplier, as ``posenc.torch.FIRE``."""
 
     def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6, rngs: nnx.Rngs):
         pe.fire_distances(1, 1, c=c, threshold=threshold, eps=eps)  # validates the options now
-        self.hidden = nnx.Linear(1, _positive("mlp_width", mlp_width), rngs=rngs)
-        self.out = nnx.Linear(mlp_width, _positive("num_heads", num_heads), rngs=rngs)
+        self.hidden = _torch_linear(1, _positive("mlp_width", mlp_width), rngs)
+        self.out = _torch_linear(mlp_width, _positive("num_heads", num_heads), rngs)
         self.c = nnx.Param(jnp.asarray(float(c), jnp.float32))
         self.L_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
         self.threshold, self.eps = threshold, eps
