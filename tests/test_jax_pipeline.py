@@ -241,6 +241,7 @@ def _symbolic_cases():
         "rope": (lambda x: pe.rope(x), [x], (), lambda n, t, f, i: (xs(n, f),), False, False),
         "rope[offset=1]": (lambda x: pe.rope(x, offset=1), [x], (), lambda n, t, f, i: (xs(n, f),), False, False),
         "rope[offset=3, bound declared]": (lambda x: pe.rope(x, offset=3), [x], ("s <= 65536",), lambda n, t, f, i: (xs(n, f),), False, False),
+        "rope[offset=s, bound declared]": (lambda x: pe.rope(x, offset=x.shape[-2]), [x], ("s <= 65536",), lambda n, t, f, i: (xs(n, f),), False, False),
         "rope[positions]": (lambda x, p: pe.rope(x, p, seq_axis="bhsd"), [x, ("s", "i")], (), lambda n, t, f, i: (xs(n, f), c(np.arange(n) * 3 + 1, i)), False, False),
         "rope[traced offset]": (lambda x, o: pe.rope(x, offset=o), [x, ("", "i")], (), lambda n, t, f, i: (xs(n, f), c(7, i)), False, False),
         "rope[DynamicNTK]": (lambda x: pe.rope(x, scaling=dynamic), [x], (), lambda n, t, f, i: (xs(n, f),), False, True),
@@ -347,6 +348,7 @@ def test_export_with_a_symbolic_length_refuses_what_it_cannot_bound():
         "rope": (lambda x: pe.rope(x, offset=3), ValueError, r"offset \+ the token positions .* reach 3 \.\. s \+ 2.*declare 's \+ 2 <= 2147483647'"),
         "t5_bias": (lambda x: pe.t5_bias(table, x.shape[-2], x.shape[-2], offset=5), ValueError, r"declare 's \+ 4 <= 2147483647'"),
         "q_len": (lambda x: pe.t5_bias(table, x.shape[-2] - 3, 4), ValueError, r"q_len must be >= 0, got s - 3.*declare 's - 3 >= 0'"),
+        "symbolic offset": (lambda x: pe.rope(x, offset=x.shape[-2]), ValueError, r"reach s \.\. 2\*s - 1.*declare '2\*s - 1 <= 2147483647'"),
         "dim": (lambda x: pe.rope_frequencies(x.shape[-2]), TypeError, "dim must be a concrete integer here .* symbolic dimension s"),
     }
     for name, (fn, error, message) in refused.items():

@@ -58,6 +58,7 @@ OPCHECK_CASES = [
     # ... at a length a compiled graph computes (a CPU tensor): 0-d, or one per row on x's token axes
     (_ops.rope_rotate_at_lengths_op, lambda: (_x(2, 5, 6), torch.arange(5), torch.tensor(9), scaling_name(DYNAMIC), 4, 100.0, False, False, False)),
     (_ops.rope_rotate_at_lengths_op, lambda: (_x(2, 5, 6), _positions(5), torch.tensor([[6], [11]]), scaling_name(DYNAMIC), 4, 100.0, True, True, True)),
+    (_ops.rope_rotate_at_lengths_op, lambda: (_x(3, 5, 6), _positions(3, 5), torch.tensor([[6], [11], [6]]), scaling_name(DYNAMIC), 4, 100.0, False, False, False)),
     (_ops.rope_frequencies_at_lengths_op, lambda: (torch.tensor([[6], [11]]), scaling_name(DYNAMIC), 4, 100.0, torch.device("cpu"))),
     (_ops.rope_apply_op, lambda: (_x(5, 6), *_cos_sin((5,), False), False)),
     (_ops.rope_apply_op, lambda: (_x(2, 5, 6), *_cos_sin((5,), True), True)),

@@ -205,10 +205,6 @@ def _table(shapes=("1x32x8192x128", "4x32x8192x128"), repeat=7):
     print("\n".join(rows))
 
 
-if __name__ == "__main__":
-    _table()
-
-
 class RopeTracedLengthCompiled(Benchmark):
     """A decode step ``[1, 32, 1, 128]`` float32 with ``DynamicNTK(2.0, 4096)`` past its switch
     under ``torch.compile`` with a tensor offset: the op reads the length when the graph runs
@@ -236,3 +232,7 @@ class RopeTracedLengthCompiled(Benchmark):
         return ratio(self.compiled, self.eager, repeat=50, calls=20)
 
     track_compiled_over_eager.unit = "x eager time"
+
+
+if __name__ == "__main__":
+    _table()

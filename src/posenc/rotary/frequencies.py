@@ -73,7 +73,7 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     seq_len = check_seq_len(seq_len)
     uses = scaling is not None and scaling.uses_seq_len
     if uses and isinstance(seq_len, int) and torch_compiling() and torch_namespace(xp):
-        seq_len = namespace(xp=xp).asarray(seq_len, device=device)  # maybe symbolic: read when the graph runs
+        seq_len = namespace(xp=xp).asarray(seq_len, device="cpu")  # maybe symbolic: read on the host when the graph runs
     if check.is_array(seq_len):
         if not uses:
             seq_len = None

@@ -87,8 +87,8 @@ def _rope_rotate_backward(ctx, grad):
 def _positions_gradient(grad, output, positions, theta, interleaved, inverse):
     """``sum_i theta_i (g_b y_a - g_a y_b)`` over the pairs of each token (``-theta_i`` for
     ``inverse``): the derivative of the rotation's angle, summed to ``positions``' shape."""
-    y_a, y_b = _pairs(output.double(), interleaved, theta.shape[0])
-    g_a, g_b = _pairs(grad.double(), interleaved, theta.shape[0])
+    y_a, y_b = _pairs(output.double(), interleaved, theta.shape[-1])
+    g_a, g_b = _pairs(grad.double(), interleaved, theta.shape[-1])
     per_token = ((g_b * y_a - g_a * y_b) * theta).sum(-1) * (-1.0 if inverse else 1.0)
     return per_token.sum_to_size(positions.shape).to(positions.dtype)
 
@@ -130,20 +130,28 @@ def _rope_rotate_at_length_setup(ctx, inputs, output):
     ctx.args = args
 
 
-def _rope_rotate_at_length_backward(ctx, grad):
-    # As rope_rotate's backward, at the frequencies of the call's length.
-    positions, output = ctx.saved_tensors
-    seq_len, scaling, rotary_dim, base, interleaved, inverse, divide = ctx.args
-    grad_x = grad_positions = None
-    if ctx.needs_input_grad[0]:
-        grad_x = rope_rotate_at_length_op(grad.contiguous(), positions, seq_len, scaling, rotary_dim, base, interleaved, not inverse, divide)
-    if ctx.needs_input_grad[1]:
-        theta = rope_frequencies_at_length_op(seq_len, scaling, rotary_dim, base, grad.device)
-        grad_positions = _positions_gradient(grad, output, positions, theta, interleaved, inverse)
-    return grad_x, grad_positions, *(None,) * 7
+def _length_backward(rotate, frequencies):
+    """The backward of a rotation at the frequencies of a length read when it runs
+    (``rotate``), as ``rope_rotate``'s: the same op at ``-angle``, and for float positions
+    the frequencies ``frequencies`` reads (per row for per-row lengths)."""
+
+    def backward(ctx, grad):
+        positions, output = ctx.saved_tensors
+        seq_len, scaling, rotary_dim, base, interleaved, inverse, divide = ctx.args
+        grad_x = grad_positions = None
+        if ctx.needs_input_grad[0]:
+            grad_x = rotate(grad.contiguous(), positions, seq_len, scaling, rotary_dim, base, interleaved, not inverse, divide)
+        if ctx.needs_input_grad[1]:
+            theta = frequencies(seq_len, scaling, rotary_dim, base, grad.device)
+            grad_positions = _positions_gradient(grad, output, positions, theta, interleaved, inverse)
+        return grad_x, grad_positions, *(None,) * 7
+
+    return backward
 
 
-rope_rotate_at_length_op.register_autograd(_rope_rotate_at_length_backward, setup_context=_rope_rotate_at_length_setup)
+rope_rotate_at_length_op.register_autograd(
+    _length_backward(rope_rotate_at_length_op, rope_frequencies_at_length_op), setup_context=_rope_rotate_at_length_setup
+)
 
 
 @torch.library.custom_op("posenc::rope_rotate_at_lengths", mutates_args=())
@@ -179,20 +187,9 @@ def rope_frequencies_at_length(seq_len, *, scaling, rotary_dim, base, device=Non
     return rope_frequencies_at_lengths_op(seq_len, scaling_name(scaling), rotary_dim, base, device)
 
 
-def _rope_rotate_at_lengths_backward(ctx, grad):
-    # As rope_rotate_at_length's, each row at the frequencies of its length.
-    positions, output = ctx.saved_tensors
-    seq_len, scaling, rotary_dim, base, interleaved, inverse, divide = ctx.args
-    grad_x = grad_positions = None
-    if ctx.needs_input_grad[0]:
-        grad_x = rope_rotate_at_lengths_op(grad.contiguous(), positions, seq_len, scaling, rotary_dim, base, interleaved, not inverse, divide)
-    if ctx.needs_input_grad[1]:
-        theta = rope_frequencies_at_lengths_op(seq_len, scaling, rotary_dim, base, grad.device)
-        grad_positions = _positions_gradient(grad, output, positions, theta, interleaved, inverse)
-    return grad_x, grad_positions, *(None,) * 7
-
-
-rope_rotate_at_lengths_op.register_autograd(_rope_rotate_at_lengths_backward, setup_context=_rope_rotate_at_length_setup)
+rope_rotate_at_lengths_op.register_autograd(
+    _length_backward(rope_rotate_at_lengths_op, rope_frequencies_at_lengths_op), setup_context=_rope_rotate_at_length_setup
+)
 
 
 def rope_rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None):

@@ -405,7 +405,6 @@ def _complex_apply_for(fn, dtype, device):
         if diff is None:
             continue
         if diff[0] <= diff[1]:
-            LAYOUTS[candidate] = f"interleaved, complex cos + i sin, heads on axis {heads_axis}"
             return candidate
         differences.append(f"heads on axis {heads_axis}: the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
     if not differences:
@@ -420,6 +419,7 @@ def _complex_apply(heads_axis):
         sin = freqs_cis.imag.unsqueeze(heads_axis).repeat_interleave(2, -1)
         return tuple(pe.apply_rope(x, cos.to(x.dtype), sin.to(x.dtype), layout="interleaved") for x in (xq, xk))
 
+    LAYOUTS[apply_rotary_emb] = f"interleaved, complex cos + i sin, heads on axis {heads_axis}"
     return _recipe(apply_rotary_emb, _complex_apply, heads_axis)
 
 
