@@ -30,7 +30,7 @@ from posenc.rotary.apply import rotate_pair  # noqa: E402
 PLANNED = (
     pe.rope, pe.apply_rope, pe.rerotate, pe.rope_cos_sin, pe.relative_bias, pe.relative_bias_vector, pe.expand_bias, pe.shaw_logits,
     pe.deberta_logits,
-    rotate_pair, _ops._apply_kernel,
+    rotate_pair, _ops._apply_kernel, _ops._rotate_kernel,
 )  # fmt: skip
 HEADS, DIM = 4, 16
 
@@ -275,6 +275,15 @@ CALLS = {
     "relative_bias_vector alibi numpy 2 queries, default offset": (pe.relative_bias_vector, lambda t: pe.relative_bias_vector("alibi", SLOPES, 2, 8 + t % 7)),
     "score_mod t5 0-d tensor offset": (pe.relative_bias_vector, lambda t: _flex("t5", T_TABLE, torch.tensor(t))),
     "score_mod alibi 0-d int32 tensor offset": (pe.relative_bias_vector, lambda t: _flex("alibi", T_SLOPES, torch.tensor(t % 2**31, dtype=torch.int32))),
+    "rope_rotate op, int64 positions": (_ops._rotate_kernel, lambda t: _ops.rope_rotate_op(T_X1, torch.tensor([t]), INV.tolist(), False, False, 1.0)),
+    "rope_rotate op, int32 positions of a prefill": (
+        _ops._rotate_kernel,
+        lambda t: _ops.rope_rotate_op(torch.from_numpy(X), torch.arange(3, dtype=torch.int32) + t % 2**30, INV.tolist(), True, True, 1.25),
+    ),
+    "rope_rotate op, float positions per row": (
+        _ops._rotate_kernel,
+        lambda t: _ops.rope_rotate_op(torch.from_numpy(X), torch.tensor([[[0.5, 1.5, 2.5]], [[3.0, 4.0, 5.5]]], dtype=torch.float64) + t, INV.tolist(), False, False, 1.0),
+    ),
     "hf apply_rotary_pos_emb q + k": (
         rotate_pair,
         lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),

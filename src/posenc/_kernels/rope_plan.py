@@ -20,6 +20,7 @@ import threading
 
 import numpy as np
 
+from .. import _dispatch
 from . import _arrays, _layout, rope_cpu
 from .rope_cpu import FAST_ANGLE_LIMIT
 
@@ -373,6 +374,21 @@ def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
         plan = RotatePlan(x, xv, layout, call.placed, call.inv_freq, sign, call.scale, out, lengths)
     else:
         plan = PositionsPlan(x, xv, layout, call.positions, _source(call, positions, offset), call.inv_freq, sign, call.scale, out, lengths)
+    return plan if plan.launch.viewable() else None
+
+
+def build_rotate_positions(x, positions, inv_freq, *, layout, inverse, scale):
+    """The plan of ``rope_rotate``'s kernel call (its positions in hand, already offset: the
+    torch custom op's), or None: a ``PositionsPlan`` with no offset."""
+    if layout not in _LAYOUTS or x.ndim < 2 or 0 in tuple(x.shape) or _arrays.torch_tensor(x) and x.device.type != "cpu":
+        return None
+    freqs = np.asarray(inv_freq, dtype=np.float64)
+    kernel = _dispatch.select("rope_rotate", x, positions, freqs, layout=layout, inverse=inverse, scale=scale)
+    xv = _arrays.host_view(x)
+    if not _host_kernel(kernel, "rotate_positions"):
+        return None
+    source = _Source(tuple(positions.shape), None, None, _arrays.integer_kind(positions), None)
+    plan = PositionsPlan(x, xv, layout, positions, source, freqs, -1.0 if inverse else 1.0, scale, None)
     return plan if plan.launch.viewable() else None
 
 

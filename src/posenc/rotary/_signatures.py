@@ -64,6 +64,22 @@ class Rerotate:
         return None if None in key else key
 
 
+class RotatePositions:
+    """``rope_rotate``'s kernel call made inside the torch custom op (the op's forward and
+    backward: autograd and compiled graphs): ``(x, positions, inv_freq)``, the frequencies a
+    tuple of host floats (held by the key), ``layout``/``inverse``/``scale`` by value."""
+
+    build = "posenc._kernels.rope_plan:build_rotate_positions"
+
+    @staticmethod
+    def key(args, kwargs):
+        if len(args) != 3 or type(args[2]) is not tuple or not one_library(*args[:2]):
+            return None
+        x, positions, inv_freq = args
+        key = ("rope_rotate", array_key(x), array_key(positions), context_key(x, positions), inv_freq, keywords_key(kwargs))
+        return None if None in key else key
+
+
 class ApplyRope:
     """``apply_rope(x, cos, sin, ...)``: torch CUDA tensors too (``rope_cuda_plan``: a new
     result or ``x`` itself)."""

@@ -40,8 +40,14 @@ def _kernel(op, *args, **kwargs):
 
 @torch.library.custom_op("posenc::rope_rotate", mutates_args=())
 def rope_rotate_op(x: Tensor, positions: Tensor, inv_freq: list[float], interleaved: bool, inverse: bool, scale: float) -> Tensor:
-    layout = "interleaved" if interleaved else "half"
-    return _kernel("rope_rotate", x, positions, np.asarray(inv_freq, dtype=np.float64), layout=layout, inverse=inverse, scale=scale)
+    with torch.no_grad():
+        return _rotate_kernel(x, positions, tuple(inv_freq), layout="interleaved" if interleaved else "half", inverse=inverse, scale=scale)
+
+
+@_plans.planned(_signatures.RotatePositions)
+def _rotate_kernel(x, positions, inv_freq, *, layout, inverse, scale):
+    """The kernel of ``rope_rotate``, planned: each training step's and each compiled graph's calls."""
+    return _dispatch.call("rope_rotate", x, positions, np.asarray(inv_freq, dtype=np.float64), layout=layout, inverse=inverse, scale=scale)
 
 
 @rope_rotate_op.register_fake
@@ -106,7 +112,8 @@ def rope_rotate_at_length_op(
 def _rotated_at_length(x, positions, seq_len, scaling, rotary_dim, base, interleaved, inverse, divide):
     inv_freq, scale = named_frequency_table(scaling, rotary_dim, base, seq_len)
     layout = "interleaved" if interleaved else "half"
-    return _kernel("rope_rotate", x, positions, np.asarray(inv_freq), layout=layout, inverse=inverse, scale=1.0 / scale if divide else scale)
+    with torch.no_grad():
+        return _rotate_kernel(x, positions, tuple(inv_freq), layout=layout, inverse=inverse, scale=1.0 / scale if divide else scale)
 
 
 @rope_rotate_at_length_op.register_fake
