@@ -405,6 +405,14 @@ def integer_array(name, value, xp):
     return value
 
 
+def boolean_mask(name, value, xp):
+    """An attention mask: a boolean array, True where a query may attend to a key."""
+    array(name, value)
+    if not xp.isdtype(value.dtype, "bool"):
+        raise TypeError(f"{name} must be a boolean array (True = may attend), got dtype {value.dtype}")
+    return value
+
+
 def ndim(name, value, *, minimum=None, exactly=None):
     if exactly is not None and value.ndim != exactly:
         raise ValueError(f"{name} must have {exactly} dimension(s), got shape {tuple(value.shape)}")

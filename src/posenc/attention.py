@@ -60,9 +60,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
         _broadcasts("bias", bias, logits)
         logits = logits + cast(xp, bias, work)
     if mask is not None:
-        check.array("mask", mask)
-        if not xp.isdtype(mask.dtype, "bool"):
-            raise TypeError(f"mask must be a boolean array (True = attend), got dtype {mask.dtype}")
+        check.boolean_mask("mask", mask, xp)
         _broadcasts("mask", mask, logits)
         logits = xp.where(mask, logits, -xp.inf)
     if causal:

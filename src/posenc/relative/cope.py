@@ -19,9 +19,7 @@ def _check(q, k, xp, causal, offset, scale, mask):
     offset = query_offset(offset, q_len, k_len, xp=xp)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     if mask is not None:
-        check.array("mask", mask)
-        if mask.dtype != xp.bool:
-            raise TypeError(f"mask must be a boolean array (True = may attend), got dtype {mask.dtype}")
+        check.boolean_mask("mask", mask, xp)
         logits_shape = (*broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), q_len, k_len)
         try:
             if broadcast_shapes(tuple(mask.shape), logits_shape) != logits_shape:

@@ -78,11 +78,7 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
         if not uses:
             seq_len = None
         else:
-            xp = namespace(seq_len, xp=xp)
-            device = device if device is not None else device_of(seq_len)
-            inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
-            attention_scale = frequency_table(scaling, dim, base, None)[1]  # (no scaling's depends on the length)
-            return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+            return _at_traced_length(dim, base, scaling, seq_len, xp, device, dtype)
     inv_freq, attention_scale = frequency_table(scaling, dim, base, seq_len)
     if xp is None and device is None and dtype is None:
         return np.asarray(inv_freq), float(attention_scale)
@@ -99,13 +95,12 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
     seq_len = _args.per_row("seq_len", seq_len, own)
     uses = scaling is not None and scaling.uses_seq_len
     if not check.is_eager(seq_len):
+        if uses:
+            return _at_traced_length(dim, base, scaling, seq_len, xp, device, dtype)
         xp = namespace(seq_len, xp=xp)
         device = device if device is not None else device_of(seq_len)
-        table, attention_scale = frequency_table(scaling, dim, base, None)
-        if uses:
-            inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
-        else:  # every row's frequencies are the same table
-            inv_freq = xp.broadcast_to(xp.asarray(table, dtype=widest_float(xp, device), device=device), (*seq_len.shape, dim // 2))
+        table, attention_scale = frequency_table(scaling, dim, base, None)  # every row's frequencies are the same table
+        inv_freq = xp.broadcast_to(xp.asarray(table, dtype=widest_float(xp, device), device=device), (*seq_len.shape, dim // 2))
         return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
     lengths = [int(n) for n in own.reshape(seq_len, (-1,))]
     rows = [frequency_table(scaling, dim, base, n if uses else None) for n in lengths]
@@ -116,6 +111,16 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
     return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
+
+
+def _at_traced_length(dim, base, scaling, seq_len, xp, device, dtype):
+    """``rope_frequencies`` of a length-dependent ``scaling`` at lengths that cannot be read now
+    (0-d or per row): op ``rope_frequencies_at_length``, in ``seq_len``'s namespace."""
+    xp = namespace(seq_len, xp=xp)
+    device = device if device is not None else device_of(seq_len)
+    inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
+    attention_scale = frequency_table(scaling, dim, base, None)[1]  # (no scaling's depends on the length)
+    return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
 
 
 @reference("rope_frequencies_at_length")

@@ -30,7 +30,7 @@ from torch import Tensor
 from .. import _dispatch, _plans
 from .._xp import namespace
 from ..rotary import _rows, _signatures
-from ..rotary.scaling import named_frequency_table
+from ..rotary.scaling import named_frequency_table, scaling_name
 
 
 def _kernel(op, *args, **kwargs):
@@ -188,8 +188,6 @@ def _(seq_len, scaling, rotary_dim, base, device):
 def rope_frequencies_at_length(seq_len, *, scaling, rotary_dim, base, device=None):
     """``rope_frequencies``' table at lengths the compiled graph computes (a CPU tensor, 0-d or
     per row), read on the host when the op runs: the eager call's frequencies."""
-    from ..rotary.scaling import scaling_name
-
     device = seq_len.device if device is None else device
     return rope_frequencies_at_lengths_op(seq_len, scaling_name(scaling), rotary_dim, base, device)
 
@@ -205,8 +203,6 @@ def rope_rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, l
     ``torch.compile`` may keep symbolic (a length read from a shape under dynamic shapes), or
     a CPU integer tensor the compiled graph computes (a tensor ``offset``, the largest of
     traced positions), 0-d or one length per row placed on ``x``'s token axes."""
-    from ..rotary.scaling import scaling_name
-
     op = rope_rotate_at_lengths_op if isinstance(seq_len, Tensor) else rope_rotate_at_length_op
     rotated = op(x, positions, seq_len, scaling_name(scaling), rotary_dim, base, layout == "interleaved", inverse, inverse)
     return _written(rotated, out)

@@ -364,18 +364,17 @@ def _table_apply_for(fn, dtype, device):
     The angles stay the model's own (its ``embed_positions`` table); the rotation goes through
     posenc (``_table_apply``).
     """
-    apply_rotary_pos_emb = _table_apply
     generator = torch.Generator().manual_seed(0)
     angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
     sin, cos = (torch.stack([f(angles), f(angles + 0.5)]).to(dtype=dtype, device=device) for f in (torch.sin, torch.cos))
     x = torch.randn(2, 9, 3, 8, generator=generator).to(dtype=dtype, device=device)
-    diff = _compare_apply(lambda *a: (fn(*a),), lambda *a: (apply_rotary_pos_emb(*a),), [((x, sin, cos), {})], dtype)
+    diff = _compare_apply(lambda *a: (fn(*a),), lambda *a: (_table_apply(*a),), [((x, sin, cos), {})], dtype)
     if diff is None:
         return "it does not run on (tensor [batch, seq, heads, r], sin, cos [batch, seq, r/2]) probes"
     if not diff[0] <= diff[1]:
         return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
-    LAYOUTS[apply_rotary_pos_emb] = "interleaved, the model's own sin/cos table"
-    return apply_rotary_pos_emb
+    LAYOUTS[_table_apply] = "interleaved, the model's own sin/cos table"
+    return _table_apply
 
 
 def _table_apply(tensor, sin, cos):
