@@ -55,8 +55,9 @@ def test_the_16_byte_probe_flips_every_word_once_and_the_flat_copies_copy():
 def test_a_rotate_probe_rotates_float32_pairs(mode):
     """float32 words: channel ``j`` and ``j + half`` of each head and position rotated by
     ``cos, sin = 0.6, 0.8``: in float64, rounded once (``rotate``: the product's arithmetic,
-    the same bits), or in float32 (``rotate32``: within an ulp or two)."""
-    from numba import cuda
+    NumPy's bits in the simulator, within an ulp on a GPU), or in float32 (``rotate32``:
+    within an ulp or two)."""
+    from numba import config, cuda
 
     probe = _probe()
     batch, heads, seq, half = SHAPE
@@ -66,8 +67,12 @@ def test_a_rotate_probe_rotates_float32_pairs(mode):
     got = x.copy_to_host().view(np.float32).reshape(values.shape)
     a, b = values[..., : 2 * half].astype(np.float64), values[..., 2 * half :].astype(np.float64)
     want = np.concatenate([a * 0.6 - b * 0.8, b * 0.6 + a * 0.8], axis=-1).astype(np.float32)
-    if mode == "rotate":
+    if mode == "rotate" and config.ENABLE_CUDASIM:
         np.testing.assert_array_equal(got, want)
+    elif mode == "rotate":
+        # A GPU contracts a·cos − b·sin into one float64 fused multiply-add, and a result
+        # within a float64 ulp of a float32 midpoint may round to the other neighbour.
+        np.testing.assert_array_max_ulp(got, want, maxulp=1)
     else:
         np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
 

@@ -141,7 +141,8 @@ def test_the_launch_cost_script_runs_without_a_gpu():
     when the signature grew an argument)."""
     pytest.importorskip("cuda.core")
     script = Path(__file__).parent / "gpu" / "launch_cost.py"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    paths = [str(Path(__file__).parents[1] / "src"), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "rotary kernel, 129 parameters" in out.stdout and "packing as ints and floats (posenc)" in out.stdout

@@ -9,5 +9,5 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/excl
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 -d .whl \
-	numpy==2.4.6 array-api-compat==1.12.0 liger-kernel==0.8.5 transformers==5.24.0
+	numpy==2.4.6 array-api-compat==1.16.0 liger-kernel==0.8.5 transformers==5.24.0
 ls .whl
