@@ -70,8 +70,8 @@ def test_a_rotate_probe_rotates_float32_pairs(mode):
     if mode == "rotate" and config.ENABLE_CUDASIM:
         np.testing.assert_array_equal(got, want)
     elif mode == "rotate":
-        # A GPU contracts a·cos − b·sin into one float64 fused multiply-add, and a result
-        # within a float64 ulp of a float32 midpoint may round to the other neighbour.
+        # A GPU contracts a·cos − b·sin into a float64 fused multiply-add; where the exact
+        # result is a float32 tie (0.6 and 0.8 make some: (3b + 4a) / 5), either neighbour.
         np.testing.assert_array_max_ulp(got, want, maxulp=1)
     else:
         np.testing.assert_allclose(got, want, rtol=3e-7, atol=1e-7)
