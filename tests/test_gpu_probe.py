@@ -78,7 +78,7 @@ def test_a_rotate_probe_rotates_float32_pairs(mode):
 
 
 def test_bfloat16_rotated_in_words_of_four_channels_gives_the_bits_of_words_of_two():
-    """``_rotate16_wide`` is the product's arithmetic on wider words: the bits of the product's
+    """The probe's words of four channels (the product's ``_pair16_wide``) give the bits of its
     uint32 words of two channels (``rope_cuda._pair``), each rounding its pair together."""
     from numba import cuda
 

@@ -20,7 +20,7 @@ def main():
 
     from posenc._kernels import _device_flat, rope_cuda
 
-    signature = rope_cuda._signature("float32", False).args
+    signature = rope_cuda._signature("float32", None).args
     writers = _device_flat.parameter_writers(signature)
 
     def array(dtype):

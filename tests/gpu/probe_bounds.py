@@ -69,7 +69,7 @@ def probe_kernel(storage, word, mode, unroll):
     ``"copy"`` (each word XORed with ``flip``: a store the compiler cannot drop, as it drops
     a word stored back unchanged), ``"rotate"`` (the product's arithmetic, the product's
     bits: words of two channels, uint64 of float32 and uint32 of 16-bit ``storage``, or
-    uint64 words of four 16-bit channels, ``_rotate16_wide``), or ``"rotate32"`` (uint64
+    uint64 words of four 16-bit channels, ``rope_cuda._pair16_wide``), or ``"rotate32"`` (uint64
     words of float32 rotated in float32, two fused multiply-adds an element: no float64
     conversions; not the product's bits)."""
     floats, held, cast = storage == _codec.FLOAT, numba.from_dtype(np.dtype(word)), np.dtype(word).type
@@ -95,7 +95,7 @@ def probe_kernel(storage, word, mode, unroll):
                 o[u] = rope_cuda._get(x, at + u * stride + half)
             for u in range(unroll):
                 if rotate and wide:
-                    _rotate16_wide(x, at + u * stride, at + u * stride + half, a[u], o[u], ch[0], cl[0], sh[0], sl[0], storage)
+                    rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], (ch[0],) * 4, (cl[0],) * 4, (sh[0],) * 4, (sl[0],) * 4, storage)
                 elif rotate:
                     rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], ch, cl, sh, sl, storage)
                 elif rotate32:
@@ -116,27 +116,6 @@ def _rotate32(x, ia, ib, a, b, c, s):
     b0, b1 = _codec_cuda.float32_pair(b)
     rope_cuda._put(x, ia, _codec_cuda.float32_word(cuda.fma(a0, c, -(b0 * s)), cuda.fma(a1, c, -(b1 * s))))
     rope_cuda._put(x, ib, _codec_cuda.float32_word(cuda.fma(b0, c, a0 * s), cuda.fma(b1, c, a1 * s)))
-
-
-@cuda.jit(device=True)
-def _rotate16_wide(x, ia, ib, a, b, ch, cl, sh, sl, storage):
-    """Store the rotation of the four 16-bit pairs in uint64 words ``a``, ``b`` (channel ``4i``
-    in the lowest quarter), each by the same ``cos``/``sin`` cut as the product cuts them:
-    the product's arithmetic (``rope_cuda._rotated16``, a word's two results rounded together)
-    on words of four channels."""
-    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
-    a0, a1 = _codec_cuda.widen_pair(np.uint32(a & low), storage)
-    a2, a3 = _codec_cuda.widen_pair(np.uint32(a >> high), storage)
-    b0, b1 = _codec_cuda.widen_pair(np.uint32(b & low), storage)
-    b2, b3 = _codec_cuda.widen_pair(np.uint32(b >> high), storage)
-    ra0, rb0 = rope_cuda._rotated16(a0, b0, ch, cl, sh, sl)
-    ra1, rb1 = rope_cuda._rotated16(a1, b1, ch, cl, sh, sl)
-    ra2, rb2 = rope_cuda._rotated16(a2, b2, ch, cl, sh, sl)
-    ra3, rb3 = rope_cuda._rotated16(a3, b3, ch, cl, sh, sl)
-    wa = np.uint64(_codec_cuda.narrow_pair(ra0, ra1, storage)) | (np.uint64(_codec_cuda.narrow_pair(ra2, ra3, storage)) << high)
-    wb = np.uint64(_codec_cuda.narrow_pair(rb0, rb1, storage)) | (np.uint64(_codec_cuda.narrow_pair(rb2, rb3, storage)) << high)
-    rope_cuda._put(x, ia, wa)
-    rope_cuda._put(x, ib, wb)
 
 
 def probe_kernel16(unroll):

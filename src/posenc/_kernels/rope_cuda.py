@@ -19,10 +19,14 @@ without it, at the same 80 registers).
 Neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
 last axis, and a row's index arithmetic is done once per thread, not per element. Extra
 ``x`` threads copy the pass-through channels when ``out`` is not ``x``. Where every operand
-allows (``_in_words``), a "half"-layout kernel reads and writes words of two adjacent
-channels (``WORDS``) and a thread rotates two pairs by the same arithmetic: a warp's access
-of 16-bit elements then moves 128 bytes, not 64 (on an H200, bfloat16 went from 0.38 to 0.65
-of the device's copy rate; float32, in uint64 words, did not change).
+allows (``_in_words``), a "half"-layout kernel reads and writes words of adjacent
+channels (``WORDS``) and a thread rotates as many pairs by the same arithmetic: two float32
+channels a uint64 word; four 16-bit channels a uint64 word, else two a uint32 word. A
+warp's access of 16-bit elements in uint32 words moves 128 bytes, not 64 (on an H200,
+bfloat16 went from 0.38 to 0.65 of the device's copy rate; float32, in uint64 words, did not
+change); in uint64 words, 256 (the probe of ``tests/gpu/probe_bounds.py`` walked bfloat16
+rows at 0.94 of the copy in uint64 words against 0.90 in uint32 ones; the product's own
+rate in them is for the next GPU run, ``device_figures.py``'s ``_word_widths``).
 The angle and its ``cos`` and ``sin`` are float64, as the CPU kernels' contract says.
 float32 and float64 elements rotate in float64, rounded once on store. 16-bit elements
 (``uint16`` bits, ``_codec``) rotate in float32 with the CPU kernel's arithmetic
@@ -40,7 +44,8 @@ Nothing in a call copies between host and device once the constants are on the d
 frequencies are kept per ``(device, frequencies)`` (``_device_flat.constant``), positions and tables
 already on the device are read where they are, and nothing synchronises. Operands are read
 from their library's metadata and launched straight to the driver (``_device_flat.launch``). Each ``(op,
-dtype, layout)`` is one specialisation (``FAMILY``; the layout "half, words" for the words),
+dtype, layout)`` is one specialisation (``FAMILY``; the layouts "half, words" and "half,
+words of four" for the words),
 compiled on first use and cached; a
 call launches on the caller's current stream (``_arrays.launch_context``): torch's or
 CuPy's current stream, which is what a CUDA graph capture records.
@@ -90,10 +95,13 @@ def _pair(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """Store the rotation of loaded ``a``, ``b`` at ``oa``, ``ob``: two elements
     (``_pair_elements``), or where ``cos`` and ``sin`` come in pairs, two words of two
     adjacent channels each, by the words' type (``_pair_float32_words`` for uint64,
-    ``_pair16_words`` for uint32). Chosen by type when compiled (``_pair_typed``: any other
-    type is a typing error); called as it is in the CUDA simulator."""
+    ``_pair16_words`` for uint32), or where they come in fours, two uint64 words of four
+    16-bit channels each (``_pair16_wide``). Chosen by type when compiled (``_pair_typed``:
+    any other type is a typing error); called as it is in the CUDA simulator."""
     if not isinstance(ch, tuple):
         _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    elif len(ch) == 4:
+        _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     elif isinstance(a, np.uint64):
         _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     elif isinstance(a, np.uint32):
@@ -106,6 +114,8 @@ def _pair(out, oa, ob, a, b, ch, cl, sh, sl, storage):
 def _pair_typed(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     if not isinstance(ch, types.BaseTuple):
         return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
+    if len(ch) == 4 and a == types.uint64:
+        return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     if a == types.uint64:
         return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     if a == types.uint32:
@@ -168,6 +178,24 @@ def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
 
 
 @cuda.jit(device=True, cache=True)
+def _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+    """``_pair16_words`` of the four 16-bit pairs in uint64 words ``a`` and ``b`` (channel
+    ``4i`` in the lowest quarter), each by its own ``ch``, ``cl``, ``sh``, ``sl``: one load
+    and one store of eight bytes for every four elements, the same bits."""
+    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
+    a0, a1 = _codec_cuda.widen_pair(np.uint32(a & low), storage)
+    a2, a3 = _codec_cuda.widen_pair(np.uint32(a >> high), storage)
+    b0, b1 = _codec_cuda.widen_pair(np.uint32(b & low), storage)
+    b2, b3 = _codec_cuda.widen_pair(np.uint32(b >> high), storage)
+    ra0, rb0 = _rotated16(a0, b0, ch[0], cl[0], sh[0], sl[0])
+    ra1, rb1 = _rotated16(a1, b1, ch[1], cl[1], sh[1], sl[1])
+    ra2, rb2 = _rotated16(a2, b2, ch[2], cl[2], sh[2], sl[2])
+    ra3, rb3 = _rotated16(a3, b3, ch[3], cl[3], sh[3], sl[3])
+    _put(out, oa, np.uint64(_codec_cuda.narrow_pair(ra0, ra1, storage)) | (np.uint64(_codec_cuda.narrow_pair(ra2, ra3, storage)) << high))
+    _put(out, ob, np.uint64(_codec_cuda.narrow_pair(rb0, rb1, storage)) | (np.uint64(_codec_cuda.narrow_pair(rb2, rb3, storage)) << high))
+
+
+@cuda.jit(device=True, cache=True)
 def _finite(v):
     """float32 ``v`` clamped to the finite range (an infinite operand stays out of the rest's term)."""
     v = v if v > _LOWEST else _LOWEST
@@ -188,18 +216,19 @@ def _split(v, storage):
 
 
 @cuda.jit(device=True, cache=True)
-def _turn(x, at, g, out, to, og, ia, ib, ch, cl, sh, sl, storage):
+def _turn(x, at, g, out, to, og, ia, ib, ch, cl, sh, sl, storage, eight):
     """Rotate pair ``(ia, ib)`` of one row by ``cos`` and ``sin`` (``_pair``'s ``ch`` ..
     ``sl``) in this thread's heads (every ``blockDim.y``-th from ``threadIdx.y``),
     addresses stepped from head to head. Four heads
     at a time are loaded before any is stored (eight loads in flight a thread, not two);
-    eight heads for 16-bit elements, the same bytes in flight as four heads of float32."""
+    eight heads where ``eight`` (16-bit elements in words of two channels or alone: the
+    same bytes in flight as four heads of float32)."""
     first, step = cuda.threadIdx.y, cuda.blockDim.y
     xa, oa = at + first * g[_AXES + 1] + ia * g[_AXES + 2], to + first * og[_AXES + 1] + ia * og[_AXES + 2]
     xd, od = (ib - ia) * g[_AXES + 2], (ib - ia) * og[_AXES + 2]
     xs, os_ = step * g[_AXES + 1], step * og[_AXES + 1]
     head, heads = first, g[_AXES + 3]
-    while storage != _codec.FLOAT and head + 7 * step < heads:
+    while eight and head + 7 * step < heads:
         a0, b0 = _get(x, xa), _get(x, xa + xd)
         a1, b1 = _get(x, xa + xs), _get(x, xa + xs + xd)
         a2, b2 = _get(x, xa + 2 * xs), _get(x, xa + 2 * xs + xd)
@@ -269,12 +298,14 @@ def _cos_sin(rotate, pair, position, inv_freq, sign, scale, cos, ci, cg, sin, si
     return _value(_get(cos, ci + pair * cg[_AXES + 1]), storage), _value(_get(sin, si + pair * sg[_AXES + 1]), storage)
 
 
-def _kernel_source(rotate, storage, interleaved, words, helpers):
+def _kernel_source(rotate, storage, interleaved, channels, helpers):
     """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``).
-    ``words``: ``x`` and ``out`` (and ``x2``, ``out2``) are read and written as words of two
-    adjacent channels (uint32 of 16-bit elements, uint64 of float32), in "half" layout, their
-    geometry and ``columns`` and ``half`` counted in words; a thread rotates two pairs."""
-    floats = storage == _codec.FLOAT  # (a closure's constant: Numba prunes the branches it decides)
+    ``channels`` 2 or 4: ``x`` and ``out`` (and ``x2``, ``out2``) are read and written as
+    words of that many adjacent channels (``WORDS``), in "half" layout, their geometry and
+    ``columns`` and ``half`` counted in words; a thread rotates as many pairs. 1: elements."""
+    floats = storage == _codec.FLOAT  # (closures' constants: Numba prunes the branches they decide)
+    words, wide = channels > 1, channels == 4
+    eight = not floats and not wide
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
@@ -309,7 +340,22 @@ def _kernel_source(rotate, storage, interleaved, words, helpers):
                 # int64 positions are read as they are (``counts``), others converted to float64
                 # (``positions``): whichever is not empty.
                 position = np.float64(_get(counts, pi)) if counts.shape[0] else _get(positions, pi)
-            if words:
+            if wide:
+                c0, s0 = _cos_sin(rotate, 4 * j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                c1, s1 = _cos_sin(rotate, 4 * j + 1, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                c2, s2 = _cos_sin(rotate, 4 * j + 2, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                c3, s3 = _cos_sin(rotate, 4 * j + 3, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
+                ch0, cl0 = _split(c0, storage)
+                ch1, cl1 = _split(c1, storage)
+                ch2, cl2 = _split(c2, storage)
+                ch3, cl3 = _split(c3, storage)
+                sh0, sl0 = _split(s0, storage)
+                sh1, sl1 = _split(s1, storage)
+                sh2, sl2 = _split(s2, storage)
+                sh3, sl3 = _split(s3, storage)
+                ch, cl, sh, sl = (ch0, ch1, ch2, ch3), (cl0, cl1, cl2, cl3), (sh0, sh1, sh2, sh3), (sl0, sl1, sl2, sl3)
+                ia, ib = j, j + half
+            elif words:
                 c0, s0 = _cos_sin(rotate, 2 * j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
                 c1, s1 = _cos_sin(rotate, 2 * j + 1, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
                 if floats:
@@ -329,24 +375,40 @@ def _kernel_source(rotate, storage, interleaved, words, helpers):
                     ch, cl = _split(c, storage)
                     sh, sl = _split(sn, storage)
                 ia, ib = (2 * j, 2 * j + 1) if interleaved else (j, j + half)
-            _turn(x, xi, xg, out, oi, og, ia, ib, ch, cl, sh, sl, storage)
-            _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, ch, cl, sh, sl, storage)
+            _turn(x, xi, xg, out, oi, og, ia, ib, ch, cl, sh, sl, storage, eight)
+            _turn(x2, xi2, xg2, out2, oi2, og2, ia, ib, ch, cl, sh, sl, storage, eight)
 
     return kernel
 
 
-# Words of two adjacent channels the "half"-layout kernels move where ``x`` and ``out`` allow (``_in_words``).
-WORDS = {"float32": np.dtype(np.uint64), "float16": np.dtype(np.uint32), "bfloat16": np.dtype(np.uint32)}
-WORDS_LAYOUT = "half, words"
+WORDS_LAYOUT = "half, words"  # words of two adjacent channels
+WIDE_LAYOUT = "half, words of four"  # words of four (16-bit elements)
+# The words the "half"-layout kernels move where ``x`` and ``out`` allow (``_in_words``),
+# widest first: (layout, word).
+WORDS = {
+    "float32": [(WORDS_LAYOUT, np.dtype(np.uint64))],
+    "float16": [(WIDE_LAYOUT, np.dtype(np.uint64)), (WORDS_LAYOUT, np.dtype(np.uint32))],
+    "bfloat16": [(WIDE_LAYOUT, np.dtype(np.uint64)), (WORDS_LAYOUT, np.dtype(np.uint32))],
+}
 
 
-def _signature(dtype, words):
-    """The numba signature of every kernel of ``dtype`` (the kernel's arguments, in order);
-    ``words``: ``x`` and ``out`` as ``WORDS[dtype]``."""
+def _word(dtype, layout):
+    """The word ``dtype``'s kernel of ``layout`` reads and writes, or ``None`` (elements)."""
+    return next((word for name, word in WORDS.get(dtype, ()) if name == layout), None)
+
+
+def _channels(dtype, word):
+    """Channels of ``dtype`` in a ``word`` (1 without one)."""
+    return 1 if word is None else word.itemsize // np.dtype(_arrays.ELEMENT[dtype]).itemsize
+
+
+def _signature(dtype, word):
+    """The numba signature of every kernel of ``dtype`` (the kernel's arguments, in order),
+    ``x`` and ``out`` read as ``word``s (or elements: ``None``)."""
     t = numba.from_dtype(np.dtype(_arrays.ELEMENT[dtype]))
     f64, i64 = types.float64, types.int64
     flat, operand, table = types.Array(t, 1, "C"), types.UniTuple(i64, _OPERAND), types.UniTuple(i64, _TABLE)
-    rotated = types.Array(numba.from_dtype(WORDS[dtype]), 1, "C") if words else flat
+    rotated = types.Array(numba.from_dtype(word), 1, "C") if word is not None else flat
     return types.void(
         types.UniTuple(i64, _AXES),
         i64,
@@ -366,20 +428,20 @@ def _signature(dtype, words):
 
 
 def _build(op, dtype, layout):
-    storage, words = _arrays.STORAGE[dtype], layout == WORDS_LAYOUT
-    source = _kernel_source(op == "rotate", storage, layout == "interleaved", words, _family.source_digest(_codec, _codec_f32, _codec_cuda))
+    storage, word = _arrays.STORAGE[dtype], _word(dtype, layout)
+    source = _kernel_source(op == "rotate", storage, layout == "interleaved", _channels(dtype, word), _family.source_digest(_codec, _codec_f32, _codec_cuda))
     # Registers capped so that three blocks fit on an SM: 16-bit kernels hold eight heads'
     # loads (84 registers uncapped); float32 ones take 80 either way, yet ptxas told of three
     # blocks schedules them faster (an H200, [4, 32, 8192, 128] in place: 0.87 -> 0.91 of
     # the device's copy). The simulator takes no launch bounds.
     bounds = {} if _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS)}
-    return cuda.jit(_signature(dtype, words), cache=True, **bounds)(source)
+    return cuda.jit(_signature(dtype, word), cache=True, **bounds)(source)
 
 
 FAMILY = _family.Family(
     "rope_cuda",
     _build,
-    SPECIALISATIONS + [(op, dtype, WORDS_LAYOUT) for op in ("rotate", "apply") for dtype in WORDS],
+    SPECIALISATIONS + [(op, dtype, layout) for op in ("rotate", "apply") for dtype, words in WORDS.items() for layout, _ in words],
     lambda key: {key[1]},
 )
 
@@ -436,23 +498,33 @@ def _block(columns, heads):
 
 
 def _in_words(layout, x, walks, half):
-    """Whether the launch over ``walks`` may read and write ``x`` and ``out`` as ``WORDS``:
-    "half" layout, an even number of pairs and of channels, and for every operand channels
-    one element apart, even strides elsewhere and addresses that are multiples of a word."""
-    word = WORDS.get(_arrays.dtype_name(x.dtype))
-    if layout != "half" or word is None or half % 2 or tuple(x.shape)[-1] % 2:
+    """The widest of ``WORDS`` (``(layout, word)``) as which the launch over ``walks`` may read
+    and write ``x`` and ``out``, or ``None``: "half" layout, pairs and channels a multiple of
+    the word's channels, and for every operand channels one element apart, other strides
+    multiples of the word's channels and addresses multiples of its size."""
+    name = _arrays.dtype_name(x.dtype)
+    if layout != "half":
+        return None
+    for chosen in WORDS.get(name, ()):
+        n, size = _channels(name, chosen[1]), chosen[1].itemsize
+        if half % n or tuple(x.shape)[-1] % n:
+            continue
+        if all([_words_fit(operand, xs, os_, n, size) for operand, xs, os_, _ in walks]):
+            return chosen
+    return None
+
+
+def _words_fit(operand, xs, os_, channels, size):
+    """Whether ``operand``'s ``x`` and ``out`` (leading strides ``xs``, ``os_``) hold whole
+    words of ``channels`` elements and ``size`` bytes along their rows."""
+    if operand.x_strides[-1] != 1 or operand.o_strides[-1] != 1 or any([st % channels for st in (*xs, *os_)]):
         return False
-    for operand, xs, os_, _ in walks:
-        if operand.x_strides[-1] != 1 or operand.o_strides[-1] != 1 or any([st % 2 for st in (*xs, *os_)]):
-            return False
-        if any([address % word.itemsize for address in operand.addresses]):
-            return False
-    return True
+    return not any([address % size for address in operand.addresses])
 
 
-def _halved(geometry):
-    """An operand's geometry (``_device_flat.operand``) counted in words of two elements."""
-    return (*[v // 2 for v in geometry[: _AXES + 2]], 1, geometry[-1])
+def _in_word_units(geometry, channels):
+    """An operand's geometry (``_device_flat.operand``) counted in words of ``channels`` elements."""
+    return (*[v // channels for v in geometry[: _AXES + 2]], 1, geometry[-1])
 
 
 def _launches(op, layout, x, operands, tables, arguments, half):
@@ -460,7 +532,7 @@ def _launches(op, layout, x, operands, tables, arguments, half):
     (one ``_Operand``, or q and k sharing the tables), reading ``tables`` (positions, or cos
     and sin: ``(flat, lead strides, pair stride)``); ``arguments(views)`` completes the
     kernel's arguments. One launch but for eight or more leading axes that do not merge.
-    Where ``_in_words`` allows, the kernel moves words of two channels (``WORDS``)."""
+    Where ``_in_words`` allows, the kernel moves words of two or four channels (``WORDS``)."""
     shape = tuple(x.shape)  # (the CUDA simulator's shapes take no negative index)
     lead = shape[:-1]
     first = operands[0]
@@ -476,13 +548,14 @@ def _launches(op, layout, x, operands, tables, arguments, half):
     columns = half + (0 if all([o.in_place for o in operands]) else shape[-1] - 2 * half)
     if 0 in found.shape() or not columns:
         return []
-    words = _in_words(layout, x, walks, half)
+    chosen = _in_words(layout, x, walks, half)
     name = _arrays.dtype_name(x.dtype)
-    kernel = FAMILY[op, name, WORDS_LAYOUT if words else layout]
+    kernel = FAMILY[op, name, chosen[0] if chosen else layout]
     flats = [(operand.x_flat, operand.o_flat) for operand, *_ in walks]
-    if words:
-        columns, half = columns // 2, half // 2
-        flats = [(_device_flat.words(xf, WORDS[name]), _device_flat.words(of, WORDS[name])) for xf, of in flats]
+    channels = _channels(name, chosen[1] if chosen else None)
+    if chosen:
+        columns, half = columns // channels, half // channels
+        flats = [(_device_flat.words(xf, chosen[1]), _device_flat.words(of, chosen[1])) for xf, of in flats]
     table_strides = [found.strides(2 + k) for k in range(len(tables))]
     block = _block(columns, max(found.h.size, walks[1][3]))
     found_launches = []
@@ -494,8 +567,8 @@ def _launches(op, layout, x, operands, tables, arguments, half):
         for (operand, xs, os_, heads), (x_flat, o_flat) in zip(walks, flats):
             x_geometry = _device_flat.operand(xs, index, operand.x_strides[-1], heads)
             o_geometry = _device_flat.operand(os_, index, operand.o_strides[-1], heads)
-            if words:
-                x_geometry, o_geometry = _halved(x_geometry), _halved(o_geometry)
+            if chosen:
+                x_geometry, o_geometry = _in_word_units(x_geometry, channels), _in_word_units(o_geometry, channels)
             ops += [x_flat, x_geometry, o_flat, o_geometry]
         views = [(t[0], _device_flat.table(st, index, t[2])) for t, st in zip(tables, table_strides)]
         found_launches.append((kernel, -(-rows // block[2]), block, (sizes, columns, half, *ops, *arguments(views))))
