@@ -375,10 +375,10 @@ def _words_refused(rng, case):
 @pytest.mark.parametrize("op", ["rotate", "apply"])
 @pytest.mark.parametrize("case", ["channels two apart", "an odd stride", "an odd number of pairs", "out one element off", "float64", "interleaved"])
 def test_the_kernel_moves_one_channel_at_a_time_where_an_operand_does_not_allow_words(monkeypatch, case, op):
-    """Words of two channels only where every operand's channels are adjacent, its other
-    strides even, its address a multiple of a word, the pairs and channels even, the layout
-    "half" and the elements 16- or 32-bit; otherwise the kernel of one channel at a time, with
-    the reference's values."""
+    """Words (of two channels, or four) only where every operand's channels are adjacent, its
+    other strides even, its address a multiple of a word, the pairs and channels even, the
+    layout "half" and the elements 16- or 32-bit; otherwise the kernel of one channel at a
+    time, with the reference's values."""
     from posenc._kernels import rope_cuda
 
     keys = counting_kernel_keys(monkeypatch, rope_cuda)

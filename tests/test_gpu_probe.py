@@ -97,22 +97,26 @@ def test_bfloat16_rotated_in_words_of_four_channels_gives_the_bits_of_words_of_t
     assert not np.array_equal(results[0], bits)
 
 
-def test_the_products_kernel_compiled_by_the_probe_rotates_as_the_product_does():
-    """``product_kernel`` (the family's kernel, built here) launched by ``product_rotation``
-    gives ``rope_cuda.rotate_positions``'s bits."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_products_kernel_compiled_by_the_probe_rotates_as_the_product_does(dtype):
+    """``product_kernel`` (the family's kernel of the widest words, built here) launched by
+    ``product_rotation`` gives ``rope_cuda.rotate_positions``'s bits."""
     from numba import cuda
 
     from posenc._kernels import rope_cuda
 
+    if dtype == "bfloat16":
+        dtype = pytest.importorskip("ml_dtypes").bfloat16
+    name = np.dtype(dtype).name
     probe = _probe()
     rng = np.random.default_rng(4)
-    x = rng.standard_normal((2, 3, 5, 16)).astype(np.float32)
+    x = rng.standard_normal((2, 3, 5, 16)).astype(dtype)
     positions, inv_freq = np.arange(5), 10000.0 ** -(np.arange(8) / 8)
     want = rope_cuda.rotate_positions(cuda.to_device(x), cuda.to_device(positions), inv_freq).copy_to_host()
-    xd = cuda.to_device(x)
-    probe.product_rotation(xd, cuda.to_device(positions), inv_freq, probe.product_kernel("rotate", "float32", rope_cuda.WORDS_LAYOUT))()
-    np.testing.assert_array_equal(xd.copy_to_host(), want)
+    xd, layout = cuda.to_device(x), rope_cuda.WORDS[name][0][0]
+    probe.product_rotation(xd, cuda.to_device(positions), inv_freq, probe.product_kernel("rotate", name, layout), layout)()
+    np.testing.assert_array_equal(xd.copy_to_host().view(np.uint16 if name == "bfloat16" else np.uint32), want.view(np.uint16 if name == "bfloat16" else np.uint32))
     assert not np.array_equal(want, x)
-    with pytest.raises(ValueError, match="not rotated in words"):
-        probe.product_rotation(cuda.to_device(np.ascontiguousarray(x[..., :14])), cuda.to_device(positions), inv_freq[:7], None)  # (7 pairs)
+    with pytest.raises(ValueError, match="not rotated in the words"):
+        probe.product_rotation(cuda.to_device(np.ascontiguousarray(x[..., :14])), cuda.to_device(positions), inv_freq[:7], None, layout)  # (7 pairs)
 

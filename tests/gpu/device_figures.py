@@ -235,15 +235,20 @@ def _word_widths(torch, gpu_ms):
         "apply_rope in place": ("x", lambda: pe.apply_rope(x, cos, sin, out=x), lambda: pe.apply_rope(x, cos, sin)),
         "HF q+k pair in place": ("pair", lambda: rope_cuda.rotate_cos_sin_pair(q, k, hcos, hsin, out_q=q, out_k=k), lambda: torch.cat([r.flatten() for r in rope_cuda.rotate_cos_sin_pair(q, k, hcos, hsin)])),
     }
+    def each_width(fn):
+        """``fn()`` with each of ``widths`` as bfloat16's words, plans forgotten before each."""
+        done = []
+        for words in widths.values():
+            rope_cuda.WORDS["bfloat16"] = words
+            for planned in (pe.rope, pe.apply_rope, rotate_pair):
+                planned.plans.clear()
+            done.append(fn())
+        return done
+
     try:
         for name, (bytes_of, call, result) in calls.items():
-            times, results = [], []
-            for words in widths.values():
-                rope_cuda.WORDS["bfloat16"] = words
-                for planned in (pe.rope, pe.apply_rope, rotate_pair):
-                    planned.plans.clear()
-                results.append(result().view(torch.int16))
-                times.append(gpu_ms(call))
+            results = each_width(lambda: result().view(torch.int16))  # (before the timings rotate x, q and k in place)
+            times = each_width(lambda: gpu_ms(call))
             ratios = " | ".join(f"{width} {t:.3f} ms ({copies[bytes_of] / t:.2f} of copy)" for width, t in zip(widths, times))
             print(f"words A/B bfloat16 {name}: {ratios} | same bits {torch.equal(*results)}")
     finally:
@@ -275,7 +280,8 @@ def _per_block(gpu_ms, blocks, call):
 
 def _short_rows(torch, gpu_ms):
     """An A/B of the block for rows of 16 columns or fewer (``rope`` in place, head dim 64 in
-    words of two channels; head dim 128 with a rotary dim of 32, 8 words): ``_block``'s
+    words of two float32 or four bfloat16 channels; head dim 128 with a rotary dim of 32, 8
+    or 4 words): ``_block``'s
     ``x`` threads as many as the columns, a warp spanning heads, against whole warps of 32,
     half or three quarters of whose threads have no column (the rule before)."""
     import posenc as pe

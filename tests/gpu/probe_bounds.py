@@ -202,18 +202,18 @@ def product_kernel(op, dtype, layout, blocks=None):
     return cuda.jit(signature, **({"launch_bounds": bounds} if bounds else {}))(fn)
 
 
-def product_rotation(x, positions, inv_freq, kernel):
+def product_rotation(x, positions, inv_freq, kernel, layout):
     """A callable rotating ``x`` in place as ``rope_cuda.rotate_positions`` does ("half"
-    layout, in words of two channels), each launch made with ``kernel`` (``product_kernel``)
-    in place of the family's."""
+    layout, in the words of ``layout``), each launch made with ``kernel`` (``product_kernel``
+    of that layout) in place of the family's."""
     from posenc._kernels import _arrays, _device_flat
 
     stream, on_device, device = rope_cuda._context(x)
     with on_device:
         _, launches, _ = rope_cuda.rotation(x, positions, inv_freq, layout="half", inverse=False, scale=1.0, out=x, device=device, stream=stream)
-    family = rope_cuda.FAMILY["rotate", _arrays.dtype_name(x.dtype), rope_cuda.WORDS_LAYOUT]
+    family = rope_cuda.FAMILY["rotate", _arrays.dtype_name(x.dtype), layout]
     if any([launched is not family for launched, *_ in launches]):
-        raise ValueError("x is not rotated in words of two channels")
+        raise ValueError(f"x is not rotated in the words of {layout!r}")
 
     def run():
         with on_device:
@@ -307,9 +307,10 @@ def _rows(torch, gpu_ms, dtype, storage, cases):
     print(f"{dtype}: pe.rope in place {ms:.3f} ms ({copy / ms:.2f})")
     name, (inv_freq, _) = str(dtype).removeprefix("torch."), pe.rope_frequencies(dim)
     for blocks in (None, 4, 5) if dtype == torch.float32 else (None, 4):
-        kernel = product_kernel("rotate", name, rope_cuda.WORDS_LAYOUT, blocks)
+        layout = rope_cuda.WORDS[name][0][0]  # (the widest words: what pe.rope takes here)
+        kernel = product_kernel("rotate", name, layout, blocks)
         registers = kernel.get_regs_per_thread()
-        ms = gpu_ms(product_rotation(x, pos, inv_freq, kernel))
+        ms = gpu_ms(product_rotation(x, pos, inv_freq, kernel, layout))
         print(f"{dtype}: the product's kernel, launch bounds {blocks or 'as built'} ({registers} registers) {ms:.3f} ms ({copy / ms:.2f})")
 
 

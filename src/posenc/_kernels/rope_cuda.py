@@ -13,7 +13,7 @@ once (or reads them) and rotates that pair in every ``blockDim.y``-th head of ``
 ``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``: one launch for both), loading
 four heads before storing any (eight loads in flight a thread rather than two: a memory-bound
 kernel needs many bytes in flight to reach the device's bandwidth), eight heads for 16-bit
-elements (the same bytes), their registers capped at three 256-thread blocks an SM (all
+elements alone or in words of two channels (the same bytes; four in words of four), their registers capped at three 256-thread blocks an SM (all
 dtypes: on an H200 the float32 kernel reached 0.91 of the device's copy with the cap, 0.87
 without it, at the same 80 registers).
 Neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
@@ -431,7 +431,8 @@ def _build(op, dtype, layout):
     storage, word = _arrays.STORAGE[dtype], _word(dtype, layout)
     source = _kernel_source(op == "rotate", storage, layout == "interleaved", _channels(dtype, word), _family.source_digest(_codec, _codec_f32, _codec_cuda))
     # Registers capped so that three blocks fit on an SM: 16-bit kernels hold eight heads'
-    # loads (84 registers uncapped); float32 ones take 80 either way, yet ptxas told of three
+    # loads, or four of words of four with their four pairs' cos and sin (84 registers
+    # uncapped for the former); float32 ones take 80 either way, yet ptxas told of three
     # blocks schedules them faster (an H200, [4, 32, 8192, 128] in place: 0.87 -> 0.91 of
     # the device's copy). The simulator takes no launch bounds.
     bounds = {} if _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS)}
