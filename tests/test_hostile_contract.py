@@ -133,6 +133,38 @@ def test_4_torch_uint64_positions_are_widened_or_refused():
         assert torch.equal(pe.shaw_logits(qx, kx, table, max_distance=4, query_positions=q, key_positions=k), expected)
 
 
+@pytest.mark.parametrize("namespace", ["jax", "array_api_strict"])
+def test_4_narrow_positions_of_the_tables_and_the_decay_without_float64(namespace):
+    """Without float64 (JAX without x64, array-api-strict's device without it) the angles are
+    reduced from exact chunks of the positions, ``p // 2**24`` first: narrow integer positions
+    are widened before it, so int8/uint8/int16/uint16 give int32's numbers. (JAX wrapped
+    ``2**24`` in the narrow dtype, silently; array-api-strict refused the scalar.)"""
+    ids = np.array([[5, 100, 127], [7, 100, 3], [9, 100, 0]])
+    if namespace == "jax":
+        jnp = pytest.importorskip("jax.numpy")
+        if pytest.importorskip("jax").config.jax_enable_x64:
+            pytest.skip("needs JAX without x64")
+        make, host = jnp.asarray, np.asarray
+    else:
+        strict = pytest.importorskip("array_api_strict")
+        device = strict.Device("no_float64")
+        make = lambda a: strict.asarray(a, device=device)  # noqa: E731
+        host = lambda t: np.asarray(t.to_device(strict.Device("CPU_DEVICE")))  # noqa: E731
+    inv, _ = pe.rope_frequencies(8)
+    calls = {
+        "rope_cos_sin": lambda p: pe.rope_cos_sin(p[0, ...], inv),
+        "mrope_cos_sin": lambda p: pe.mrope_cos_sin(p, inv, [2, 1, 1]),
+        "xdrope_cos_sin": lambda p: pe.xdrope_cos_sin(p, inv, [2, 1, 1]),
+        "rope_decay": lambda p: (pe.rope_decay(p[0, ...], 8),),
+    }
+    for name, call in calls.items():
+        want = [host(t) for t in call(make(ids.astype(np.int32)))]
+        for dtype in (np.int8, np.uint8, np.int16, np.uint16):
+            got = [host(t) for t in call(make(ids.astype(dtype)))]
+            for g, w in zip(got, want):
+                np.testing.assert_array_equal(g, w, err_msg=f"{name} of {np.dtype(dtype).name} positions")
+
+
 def test_4_narrow_per_token_positions_of_the_biases():
     q, k = np.array([0], np.uint8), np.array([1, 255], np.uint8)
     np.testing.assert_array_equal(pe.alibi_bias(SLOPE, 1, 2, query_positions=q, key_positions=k)[0], alibi_formula([0], [1, 255]))

@@ -444,6 +444,8 @@ def _split_float64(values, nchunks):
 def _split_positions(xp, positions):
     """Exact 12-bit float32 chunks of integer or float32 ``positions``."""
     if is_integer(xp, positions.dtype):
+        if xp.iinfo(positions.dtype).bits < 32:  # (2**24 does not fit: JAX would wrap it)
+            positions = xp.astype(positions, xp.int32)
         hi = positions // 2**24
         rest = positions - hi * 2**24
         return [

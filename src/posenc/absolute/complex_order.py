@@ -36,7 +36,7 @@ def complex_order(amplitude, frequency, phase, positions):
     for name, a in (("amplitude", amplitude), ("frequency", frequency), ("phase", phase)):
         check.float_array(name, a, xp)
         check.ndim(name, a, minimum=1)
-    check.positions("positions", positions, xp)
+    positions = check.positions("positions", positions, xp)
     try:
         shape = broadcast_shapes(tuple(amplitude.shape), tuple(frequency.shape), tuple(phase.shape))
     except ValueError as exc:

@@ -143,7 +143,7 @@ def axial_rope(
     n_axes = check.static_int(grid.shape[-1])
     if n_axes < 1:
         raise ValueError(f"grid must have at least one axis of coordinates (grid.shape[-1] >= 1), got shape {tuple(grid.shape)}")
-    check.positions("grid", grid, xp)
+    grid = check.positions("grid", grid, xp)
     check.broadcast_shape("grid[..., a]", grid.shape[:-1], tuple(x.shape[:-1]))
     width = check.static_int(x.shape[-1])
     dims = _axes_dims(axes_dims, n_axes, width)

@@ -45,7 +45,7 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
     if check.is_array(distances):
         xp, distances = argument_in("distances", distances, xp, device)
         device = device_of(distances)
-        check.positions("distances", distances, xp)
+        distances = check.positions("distances", distances, xp)
         out_dtype = dtype if dtype is not None else (distances.dtype if is_real_floating(xp, distances.dtype) else xp.float32)
         out_dtype = result_dtype(xp, out_dtype)
         m = distances

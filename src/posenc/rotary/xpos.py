@@ -48,7 +48,7 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
     check.array("positions", positions)
     xp = namespace(positions)
     device = device_of(positions)
-    check.positions("positions", positions, xp)
+    positions = check.positions("positions", positions, xp)
     dim = check.even_dim("dim", dim)
     scale_base = check.real("scale_base", scale_base, positive=True)
     layout = _args.layout("layout", layout)
