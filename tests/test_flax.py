@@ -107,6 +107,24 @@ def test_flax_module_equals_the_torch_module_with_the_same_parameters(name):
     np.testing.assert_allclose(np.asarray(jax.jit(lambda x: flax_module.embed(x, offset=3))(jnp.asarray(x))), want, rtol=2e-5, atol=2e-5)
 
 
+def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_outside_the_table():
+    """``embed(x, offset=[batch])`` puts row ``b`` at ``offset[b] + arange(seq)`` (with the
+    batch as long as the sequence it had broadcast along the sequence); ``Learned`` refuses
+    concrete positions outside its table, as the torch module does (``jnp.take`` had given
+    NaN rows past the end and the last row for -1)."""
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 3, DIM)).astype(np.float32))
+    offsets = jnp.asarray([0, 10, 20])
+    for module in (pf.Sinusoidal(DIM), pf.Learned(32, DIM, rngs=nnx.Rngs(0))):
+        rows = jnp.stack([module.embed(x[b : b + 1], offset=int(offsets[b]))[0] for b in range(3)])
+        np.testing.assert_array_equal(np.asarray(module.embed(x, offset=offsets)), np.asarray(rows))
+    learned = pf.Learned(8, DIM, rngs=nnx.Rngs(0))
+    for bad in ({"offset": 6}, {"offset": -1}, {"positions": jnp.asarray([0, 1, 8])}):
+        with pytest.raises(ValueError, match="num_positions = 8"):
+            learned.embed(x[0], **bad)
+    with pytest.raises(TypeError, match="integers"):
+        learned.embed(x[0], jnp.asarray([0.0, 1.0, 2.0]))
+
+
 def test_flax_modules_are_the_functional_calls():
     q, k, v = (jnp.asarray(a) for a in _qkv(3, 5))
     t5, shaw, dyn = pf.T5(HEADS, rngs=rngs), pf.Shaw(DIM, max_distance=2, rngs=rngs), pe.scaling.DynamicNTK(2.0, 4)

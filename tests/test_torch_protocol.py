@@ -229,6 +229,20 @@ def test_absolute_modules_embed_at_positions_and_the_others_leave_x():
         assert _make(name).embed(x) is x
 
 
+def test_absolute_modules_embed_an_offset_per_batch_row_on_its_own_row():
+    """``embed(x, offset=[batch])``: row ``b`` at ``offset[b] + arange(seq)``, also where the
+    batch is as long as the sequence (``offset + arange(seq)`` had broadcast the offsets
+    along the sequence: every row at ``offset[j] + j``); offsets that fit neither are a
+    ``ValueError`` naming ``offset``."""
+    x = torch.randn(3, 3, D, dtype=torch.float64)
+    offsets = torch.tensor([0, 10, 20])
+    for module in (_make("sinusoidal"), _make("learned").extend(64)):
+        rows = torch.stack([module.embed(x[b : b + 1], offset=int(offsets[b]))[0] for b in range(3)])
+        torch.testing.assert_close(module.embed(x, offset=offsets), rows, rtol=0, atol=0)
+        with pytest.raises(ValueError, match="offset"):
+            module.embed(x[:2], offset=offsets)
+
+
 @pytest.mark.parametrize(
     "module, shown",
     [

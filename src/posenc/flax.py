@@ -51,6 +51,7 @@ import posenc as pe
 from posenc.relative import indices
 from posenc.relative.buckets import t5_bucket_options
 from posenc.relative.deberta import TERMS
+from posenc.rotary import _args
 
 __all__ = [
     "ALiBi",
@@ -157,7 +158,11 @@ def _masked_softmax(logits, allowed):
 
 
 def _positions(x, positions, offset):
-    return offset + jnp.arange(x.shape[-2]) if positions is None else positions
+    """``positions``, or ``offset + arange(seq)``: an offset per batch row (``[batch]``) on
+    its row's positions, not broadcast against the sequence."""
+    if positions is not None:
+        return positions
+    return _args.place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + jnp.arange(x.shape[-2])
 
 
 # ---------------------------------------------------------------- absolute
@@ -179,13 +184,23 @@ class Sinusoidal(PositionalModule):
 
 
 class Learned(PositionalModule):
-    """A learned absolute table ``weight [num_positions, dim]`` (``nnx.Param``) added to the tokens."""
+    """A learned absolute table ``weight [num_positions, dim]`` (``nnx.Param``) added to the
+    tokens. A concrete position outside ``[0, num_positions)`` is a ``ValueError``, as for
+    the torch module; traced ones are not checked (``jnp.take`` gives NaN rows there)."""
 
     def __init__(self, num_positions: int, dim: int, *, rngs: nnx.Rngs):
         self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02)
 
     def embed(self, x, positions=None, *, offset=0):
-        return x + jnp.take(self.weight[...], _positions(x, positions, offset), axis=0).astype(x.dtype)
+        positions = _positions(x, positions, offset)
+        if not jnp.issubdtype(positions.dtype, jnp.integer):
+            raise TypeError(f"positions must be integers, got {positions.dtype}")
+        n = self.weight.shape[0]
+        if not isinstance(positions, jax.core.Tracer) and positions.size:
+            low, high = int(jnp.min(positions)), int(jnp.max(positions))
+            if low < 0 or high >= n:
+                raise ValueError(f"positions must lie in [0, num_positions = {n}), got {low}..{high}")
+        return x + jnp.take(self.weight[...], positions, axis=0).astype(x.dtype)
 
 
 # ---------------------------------------------------------------- rotary

@@ -6,14 +6,17 @@ import torch
 from torch import nn
 
 import posenc as pe
+from posenc.rotary import _args
 
 from ._protocol import PositionalModule, positive_int
 
 
 def _positions(x, positions, offset):
-    if positions is None:
-        return offset + torch.arange(x.shape[-2], device=x.device)
-    return positions
+    """``positions``, or ``offset + arange(seq)``: an offset per batch row (``[batch]``) on
+    its row's positions, not broadcast against the sequence."""
+    if positions is not None:
+        return positions
+    return _args.place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + torch.arange(x.shape[-2], device=x.device)
 
 
 class NoPE(PositionalModule):
