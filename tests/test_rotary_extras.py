@@ -388,6 +388,25 @@ def test_axial_rope_pixel_equals_rotary_embedding_torch(rng):
     torch.testing.assert_close(got, want, atol=3e-6, rtol=1e-5)
 
 
+def test_axial_rope_places_a_grid_per_image_on_the_batch_axes(rng):
+    """A grid per image ``[batch, N, A]`` on ``x [batch, heads, N, d]`` rotates each image's
+    rows by its own grid, as ``rope`` places ``[batch, seq]`` positions (it had broadcast
+    against ``[heads, N]``: refused for ``batch != heads``, head by head for ``batch ==
+    heads``); where both readings fit it is refused, and ``grid[:, None]`` says which."""
+    n = 4
+    grid = np.stack([np.stack([np.arange(n), 2 * np.arange(n)], -1), np.stack([np.arange(n) + 50, np.arange(n) + 70], -1)])
+    x = rng.standard_normal((2, 3, n, 8))
+    per_image = np.stack([pe.axial_rope(x[b], grid[b]) for b in range(2)])
+    np.testing.assert_array_equal(pe.axial_rope(x, grid), per_image)
+    square = rng.standard_normal((2, 2, n, 8))  # batch == heads
+    with pytest.raises(ValueError, match=r"grid\[:, None\]"):
+        pe.axial_rope(square, grid)
+    np.testing.assert_array_equal(pe.axial_rope(square, grid[:, None]), np.stack([pe.axial_rope(square[b], grid[b]) for b in range(2)]))
+    image = rng.standard_normal((2, 3, 5, 8))  # [batch, H, W, d] with an [H, W, 2] grid: the trailing token axes
+    rows, cols = np.meshgrid(np.arange(3), np.arange(5), indexing="ij")
+    np.testing.assert_array_equal(pe.axial_rope(image, np.stack([rows, cols], -1)), pe.axial_rope(image, np.stack([rows, cols], -1)[None]))
+
+
 def test_axial_rope_pixel_formula(backend, rng):
     x = rng.standard_normal((6, 12))
     grid = np.stack(np.meshgrid(np.linspace(-1, 1, 2), np.linspace(-1, 1, 3), indexing="ij"), axis=-1).reshape(6, 2)

@@ -79,6 +79,31 @@ def _pixel_frequencies(dim, max_freq):
     return tuple((np.linspace(1.0, max_freq / 2, dim // 2) * np.pi).tolist())
 
 
+def _coordinates(values, shape):
+    """One axis of the grid, ``values``, placed against the token axes ``shape`` (see
+    :func:`axial_rope`'s ``grid``); ``ValueError`` where it fits neither way, or both ways
+    with different meanings."""
+    k, n = values.ndim, len(shape)
+    trailing = (1,) * (n - k) + tuple(values.shape)
+    fits_trailing = k <= n and all(v == 1 or v == s for v, s in zip(trailing, shape))
+    if k <= 1 or k == n:
+        check.broadcast_shape("grid[..., a]", values.shape, shape)
+        return values
+    try:
+        placed = _args.place("grid[..., a]", values, shape, n - 1, True)
+    except ValueError:
+        if fits_trailing:
+            return values
+        raise
+    if fits_trailing and tuple(placed.shape) != trailing:
+        raise ValueError(
+            f"grid[..., a] of shape {tuple(values.shape)} could hold one grid per batch row of x (token axes {shape}) or "
+            f"broadcast against its trailing token axes: give it one axis per token axis of x (grid[:, None] for one per "
+            f"batch row, grid[None] for the trailing axes)"
+        )
+    return placed
+
+
 @host_constants
 def axial_rope(
     x, grid, *, base=10000.0, axes_dims=None, layout="half", frequencies="lang", max_freq=10.0, inverse=False, out=None
@@ -100,8 +125,13 @@ def axial_rope(
     ----------
     x : array ``[..., d]``, real floating (e.g. ``[batch, heads, H*W, d]``)
     grid : array ``[..., A]``
-        Coordinates of each token (e.g. ``[H*W, 2]`` rows and columns); ``grid[..., a]``
-        broadcasts against ``x.shape[:-1]``.
+        Coordinates of each token (e.g. ``[H*W, 2]`` rows and columns). ``grid[..., a]``
+        is placed as :func:`rope`'s positions are, its last axis along the sequence (axis
+        -2 of ``x``) and its leading axes on ``x``'s leading (batch) axes (a grid per
+        image ``[batch, H*W, A]`` for ``x [batch, heads, H*W, d]``), or broadcast against
+        ``x``'s trailing token axes (``[H, W, A]`` for ``x [batch, H, W, d]``), whichever
+        fits; where both fit and differ (``batch == heads`` above) it is a ``ValueError``:
+        give it one axis per token axis of ``x`` (``grid[:, None]``: per batch row).
     base : float
     axes_dims : sequence of A positive even ints, optional
         Channels per axis; default ``d // A`` rounded down to even for every axis.
@@ -144,7 +174,7 @@ def axial_rope(
     if n_axes < 1:
         raise ValueError(f"grid must have at least one axis of coordinates (grid.shape[-1] >= 1), got shape {tuple(grid.shape)}")
     grid = check.positions("grid", grid, xp)
-    check.broadcast_shape("grid[..., a]", grid.shape[:-1], tuple(x.shape[:-1]))
+    coordinates = [_coordinates(grid[..., a], tuple(x.shape[:-1])) for a in range(n_axes)]
     width = check.static_int(x.shape[-1])
     dims = _axes_dims(axes_dims, n_axes, width)
     tables = [_block_frequencies(d, frequencies, base, max_freq) for d in dims]
@@ -155,7 +185,7 @@ def axial_rope(
     blocks, start = [], 0
     for a, (d, inv_freq) in enumerate(zip(dims, tables)):
         block = x[..., start : start + d]
-        blocks.append(_dispatch.call("rope_rotate", block, grid[..., a], inv_freq, layout=layout, inverse=inverse))
+        blocks.append(_dispatch.call("rope_rotate", block, coordinates[a], inv_freq, layout=layout, inverse=inverse))
         start += d
     if start < width:
         blocks.append(x[..., start:])

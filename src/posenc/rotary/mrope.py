@@ -79,7 +79,9 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
     duplicated in the layout's order like :func:`rope_cos_sin`. With Qwen2-VL's
     ``mrope_section`` (e.g. ``[16, 24, 24]`` for 128-wide heads) and its ``[3, batch, seq]``
     position ids this is the ``(cos, sin)`` of its rotary module; apply them with
-    :func:`apply_rope`. When every axis holds the same ids (text), it equals
+    :func:`apply_rope`, which broadcasts tables against ``x`` from the right: for ``x
+    [batch, heads, seq, d]`` give it ``cos[:, None]`` and ``sin[:, None]`` (transformers'
+    ``unsqueeze(1)``). When every axis holds the same ids (text), it equals
     :func:`rope_cos_sin`.
 
     Parameters
