@@ -173,7 +173,8 @@ class NoPE(PositionalModule):
 
 
 class Sinusoidal(PositionalModule):
-    """The fixed sinusoidal table (:func:`posenc.sinusoidal`) added to the token embeddings."""
+    """The fixed sinusoidal table (:func:`posenc.sinusoidal`) added to the token embeddings
+    (``embed(x, positions=None, *, offset=0)``: ``offset`` an int or one per batch row)."""
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
         pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now

@@ -30,7 +30,8 @@ class SinusoidalEmbedding(PositionalModule):
 
     ``forward(positions) -> [..., dim]`` gives the table rows (float32 unless ``dtype``);
     ``embed(x, positions=None, *, offset=0)`` adds them to ``x [batch, seq, dim]`` in
-    ``x``'s dtype (positions ``offset + arange(seq)`` by default). ``logits``/``attend``
+    ``x``'s dtype (positions ``offset + arange(seq)`` by default; ``offset`` an int or one per
+    batch row). ``logits``/``attend``
     are plain scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
 
@@ -55,7 +56,7 @@ class LearnedEmbedding(PositionalModule):
 
     ``forward(positions)`` looks rows up (a position outside ``[0, num_positions)`` is a
     ``ValueError`` that points to :meth:`extend`); ``embed(x, positions=None, *,
-    offset=0)`` adds them to ``x [batch, seq, dim]``. ``logits``/``attend`` are plain
+    offset=0)`` adds them to ``x [batch, seq, dim]`` (``offset`` an int or one per batch row). ``logits``/``attend`` are plain
     scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
 
