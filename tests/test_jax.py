@@ -67,6 +67,26 @@ def test_sinusoidal_and_cos_sin_exact_at_long_positions_without_float64():
     np.testing.assert_allclose(np.asarray(sin), want_sin, atol=1e-6)
 
 
+def test_traced_frequency_arrays_keep_long_positions_exact_without_float64():
+    """Frequencies that are arrays of the computation (passed into ``jax.jit``, or learned)
+    are turned into a double-float of turns and reduced exactly, as host frequencies are:
+    ``rope_cos_sin`` and ``complex_order`` at position 10**6 within float32 rounding of the
+    float64 formula (a float32 product was off by 1e-2), and their gradients follow."""
+    pos = np.array([3, 123_457, 1_000_000], dtype=np.int32)
+    freqs = np.asarray(inv_freq(16), dtype=np.float32)
+    angle = pos.astype(np.float64)[:, None] * freqs.astype(np.float64)
+    cos, sin = jax.jit(lambda p, f: pe.rope_cos_sin(p, f))(jnp.asarray(pos), jnp.asarray(freqs))
+    np.testing.assert_allclose(np.asarray(cos)[:, :8], np.cos(angle), atol=3e-7)
+    np.testing.assert_allclose(np.asarray(sin)[:, :8], np.sin(angle), atol=3e-7)
+    w, phase = jnp.asarray([0.3, 1.1, 2.9], jnp.float32), jnp.asarray([0.5, -1.0, 2.0], jnp.float32)
+    z = jax.jit(pe.complex_order)(jnp.ones(3), w, phase, jnp.asarray(pos))
+    want = np.exp(1j * (np.asarray(w, np.float64) * pos[:, None] + np.asarray(phase, np.float64)))
+    np.testing.assert_allclose(np.asarray(z), want, atol=3e-7)
+    grad = jax.grad(lambda w: jnp.sum(jnp.real(pe.complex_order(jnp.ones(3), w, phase, jnp.asarray(pos)))))(w)
+    want_grad = (-np.sin(np.asarray(w, np.float64) * pos[:, None] + np.asarray(phase, np.float64)) * pos[:, None]).sum(0)
+    np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-6, atol=1e-6 * np.abs(want_grad).max())
+
+
 # --- gradients against naive transcriptions -----------------------------------------------
 
 

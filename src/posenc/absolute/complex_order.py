@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import math
-
-from .. import _doublefloat
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, cos_sin_of_turns, device_of, has_float64, host_constants, namespace
+from .._xp import broadcast_shapes, cast, cos_sin_of_array, device_of, has_float64, host_constants, namespace
 
 
 @host_constants
@@ -57,9 +54,12 @@ def complex_order(amplitude, frequency, phase, positions):
         work = xp.float64
         angle = cast(xp, frequency, work) * cast(xp, positions, work)[..., None] + cast(xp, phase, work)
         cos, sin = xp.cos(angle), xp.sin(angle)
-    else:
+    else:  # the phase turns an exactly reduced w * p (cos_sin_of_array): a float32 product
+        # was off by |w p| * 2**-24 (5e-3 at position 123,457 with w = 3)
         work = xp.float32
-        cos, sin = _cos_sin_without_float64(xp, frequency, positions, cast(xp, phase, work), device)
+        c, s = cos_sin_of_array(positions, frequency, xp=xp, device=device)
+        pc, ps = xp.cos(cast(xp, phase, work)), xp.sin(cast(xp, phase, work))
+        cos, sin = c * pc - s * ps, s * pc + c * ps
     r = cast(xp, amplitude, work)
     re = cast(xp, r * cos, real_dtype)
     im = cast(xp, r * sin, real_dtype)
@@ -67,14 +67,3 @@ def complex_order(amplitude, frequency, phase, positions):
     z = cast(xp, re, cdtype) + cast(xp, im, cdtype) * 1j
     return xp.broadcast_to(z, full) if tuple(z.shape) != tuple(full) else z
 
-
-def _cos_sin_without_float64(xp, frequency, positions, phase, device):
-    """``cos`` and ``sin`` of ``frequency * positions[..., None] + phase`` in float32 alone:
-    the product in turns as a double-float (``frequency / (2*pi)``), reduced exactly with
-    the positions' chunks (:func:`cos_sin_of_turns`), then turned by the phase; a float32
-    product would be off by ``|w p| * 2**-24`` (5e-3 at position 123,457 with ``w = 3``)."""
-    w = cast(xp, frequency, xp.float32)
-    turns = _doublefloat.mul((w, xp.zeros_like(w)), _doublefloat.constant(xp, 1.0 / (2.0 * math.pi), device))
-    c, s = cos_sin_of_turns(positions, turns, xp=xp)
-    pc, ps = xp.cos(phase), xp.sin(phase)
-    return c * pc - s * ps, s * pc + c * ps
