@@ -28,6 +28,23 @@ def test_per_row_seq_len_equals_separate_single_row_calls(rng, scaling, shape):
     assert not np.array_equal(got, pe.rope(x, scaling=scaling, seq_len=40, offset=offsets))
 
 
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+def test_per_row_offset_without_seq_len_gives_each_row_its_own_length(backend, rng, scaling):
+    """A per-row ``offset`` and no ``seq_len``: each row at the length a call on that row
+    alone reads (``offset[b] + seq``), as ``rope``'s docs say of per-row offsets; every row
+    had taken the batch's longest (row 0 off by 0.28 with DynamicNTK, 2.0 with LongRoPE).
+    array-api-strict included (its row indexing had raised)."""
+    x = rng.standard_normal((3, 2, 5, 8))
+    offsets = np.array([0, 30, 12])
+    got = backend.call(lambda a, o: pe.rope(a, offset=o, scaling=scaling), backend.asarray(x, dtype="float32"), backend.asarray(offsets))
+    for run in backend.each_run(got):
+        for row in range(3):
+            alone = pe.rope(x[row : row + 1].astype(np.float32), offset=int(offsets[row]), scaling=scaling)
+            np.testing.assert_allclose(backend.to_numpy(run)[row : row + 1], alone, rtol=0, atol=0 if backend.name in ("numpy", "torch") else 2e-6)
+    longest = pe.rope(x[:1].astype(np.float32), offset=0, scaling=scaling, seq_len=35)
+    assert np.abs(pe.rope(x.astype(np.float32), offset=offsets, scaling=scaling)[:1] - longest).max() > 1e-3
+
+
 def test_per_row_offset_is_a_cache_length_per_row(backend, rng):
     x_np = rng.standard_normal((2, 3, 4, 8))
     offsets = np.array([10, 3])

@@ -23,10 +23,10 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
         length = int(seq_len[at + (0,) * (seq_len.ndim - lead)])
         if positions.ndim:
             at = tuple(i if positions.shape[a] > 1 else 0 for a, i in enumerate(index))
-            row_positions = positions[at]
+            row_positions = positions[(*at, ...)]  # (the ellipsis: array-api-strict wants every axis named)
         else:
             row_positions = positions
-        rows.append(rotate_one(x[index], row_positions, length))
+        rows.append(rotate_one(x[(*index, ...)], row_positions, length))
     return xp.reshape(xp.stack(rows, axis=0), tuple(x.shape))
 
 
