@@ -24,6 +24,26 @@ def test_sandwich_bias_on_every_backend(backend):
     assert_close(vec, sandwich_reference(1, 6, 8, 2, 3)[:, 0, ::-1], backend=backend, dtype="float32")
 
 
+def test_sandwich_bias_has_one_set_of_bits(backend):
+    """Its cosines are summed in one fixed order (``cos_k - 1``, term by term), so float64 is
+    NumPy's bits on every namespace and the jitted call is the eager one (``xp.sum``'s
+    orders had differed by up to 128 ulps under the ``- d/2`` cancellation); with JAX
+    without x64, float32 eager and jitted calls agree too."""
+    import importlib
+
+    x64 = backend.name != "jax" or importlib.import_module("jax").config.jax_enable_x64
+    dtype = "float64" if x64 else "float32"
+    out = backend.call(lambda: pe.sandwich_bias(9, 12, 64, heads=3, xp=backend.xp, dtype=getattr(backend.xp, dtype)))
+    want = pe.sandwich_bias(9, 12, 64, heads=3, dtype=getattr(np, dtype))
+    runs = [backend.to_numpy(run) for run in backend.each_run(out)]
+    for run in runs:
+        if dtype == "float64":
+            np.testing.assert_array_equal(run, want)
+        else:
+            np.testing.assert_allclose(run, want, rtol=1e-6, atol=1e-7)  # (float32 sums: precision.md's 1e-6)
+            np.testing.assert_array_equal(run, runs[0])
+
+
 def test_fire_bias_on_every_backend(backend):
     def mlp(x):
         return backend.xp.concat([x, 1 - x], axis=-1)
