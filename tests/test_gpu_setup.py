@@ -146,3 +146,20 @@ def test_the_launch_cost_script_runs_without_a_gpu():
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert "rotary kernel, 129 parameters" in out.stdout and "packing as ints and floats (posenc)" in out.stdout
+
+
+def test_make_test_gpu_names_a_dependency_older_than_posenc_needs():
+    """``tests/gpu/ready.py`` (``make test-gpu``'s first step, which runs src/ without
+    installing posenc, so pip never checked the minimums) names each dependency older than
+    pyproject.toml's minimum and how to upgrade it: array-api-compat 1.12 beside JAX 0.11
+    had failed 407 of the GPU suite's tests."""
+    sys.path.insert(0, str(Path(__file__).parent / "gpu"))
+    try:
+        import ready
+    finally:
+        sys.path.pop(0)
+    versions = {"numpy": "2.4.6", "array-api-compat": "1.12.0", "numba": "0.68.1"}
+    said = ready.older_than_required(["numpy>=1.26", "array-api-compat>=1.14", "numba>=0.60", "absent>=1.0"], versions.get)
+    assert said == ["array-api-compat 1.12.0 is older than the 1.14 posenc needs (pip install 'array-api-compat>=1.14')"]
+    assert ready.older_than_required(["numpy>=2.5"], {"numpy": "2.5.0rc1"}.get) == []
+    assert ready.older_than_required(["numpy>=2.5"], {"numpy": "2.4.99"}.get) != []
