@@ -48,6 +48,7 @@ from flax import errors as flax_errors
 from flax import nnx
 
 import posenc as pe
+from posenc import _validate as check
 from posenc.relative import indices
 from posenc.relative.buckets import t5_bucket_options
 from posenc.relative.deberta import TERMS
@@ -197,7 +198,7 @@ class Learned(PositionalModule):
         if not jnp.issubdtype(positions.dtype, jnp.integer):
             raise TypeError(f"positions must be integers, got {positions.dtype}")
         n = self.weight.shape[0]
-        if not isinstance(positions, jax.core.Tracer) and positions.size:
+        if check.is_eager(positions) and positions.size:
             low, high = int(jnp.min(positions)), int(jnp.max(positions))
             if low < 0 or high >= n:
                 raise ValueError(f"positions must lie in [0, num_positions = {n}), got {low}..{high}")

@@ -165,34 +165,36 @@ def _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
 
 
 @cuda.jit(device=True, cache=True)
-def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+def _rotated16_words(a, b, c0, c1, l0, l1, s0, s1, m0, m1, storage):
     """``_rotated16`` of the two 16-bit pairs in uint32 words ``a`` and ``b`` (channel ``2i``
-    in the low half), each by its own ``ch``, ``cl``, ``sh``, ``sl``: one load and one store
-    of four bytes for every two elements, each word's two results rounded together."""
+    in the low half), each by its own cut ``cos`` (``c``, ``l``) and ``sin`` (``s``, ``m``):
+    the two rotated words, each word's two results rounded together."""
     a0, a1 = _codec_cuda.widen_pair(a, storage)
     b0, b1 = _codec_cuda.widen_pair(b, storage)
-    ra0, rb0 = _rotated16(a0, b0, ch[0], cl[0], sh[0], sl[0])
-    ra1, rb1 = _rotated16(a1, b1, ch[1], cl[1], sh[1], sl[1])
-    _put(out, oa, _codec_cuda.narrow_pair(ra0, ra1, storage))
-    _put(out, ob, _codec_cuda.narrow_pair(rb0, rb1, storage))
+    ra0, rb0 = _rotated16(a0, b0, c0, l0, s0, m0)
+    ra1, rb1 = _rotated16(a1, b1, c1, l1, s1, m1)
+    return _codec_cuda.narrow_pair(ra0, ra1, storage), _codec_cuda.narrow_pair(rb0, rb1, storage)
+
+
+@cuda.jit(device=True, cache=True)
+def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
+    """``_rotated16_words`` of uint32 words ``a`` and ``b`` by ``ch`` .. ``sl`` (two each):
+    one load and one store of four bytes for every two elements."""
+    wa, wb = _rotated16_words(a, b, ch[0], ch[1], cl[0], cl[1], sh[0], sh[1], sl[0], sl[1], storage)
+    _put(out, oa, wa)
+    _put(out, ob, wb)
 
 
 @cuda.jit(device=True, cache=True)
 def _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage):
-    """``_pair16_words`` of the four 16-bit pairs in uint64 words ``a`` and ``b`` (channel
-    ``4i`` in the lowest quarter), each by its own ``ch``, ``cl``, ``sh``, ``sl``: one load
-    and one store of eight bytes for every four elements, the same bits."""
+    """``_rotated16_words`` of the low and the high halves of uint64 words ``a`` and ``b``
+    (channel ``4i`` in the lowest quarter) by ``ch`` .. ``sl`` (four each): one load and one
+    store of eight bytes for every four elements, the same bits as words of two."""
     low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
-    a0, a1 = _codec_cuda.widen_pair(np.uint32(a & low), storage)
-    a2, a3 = _codec_cuda.widen_pair(np.uint32(a >> high), storage)
-    b0, b1 = _codec_cuda.widen_pair(np.uint32(b & low), storage)
-    b2, b3 = _codec_cuda.widen_pair(np.uint32(b >> high), storage)
-    ra0, rb0 = _rotated16(a0, b0, ch[0], cl[0], sh[0], sl[0])
-    ra1, rb1 = _rotated16(a1, b1, ch[1], cl[1], sh[1], sl[1])
-    ra2, rb2 = _rotated16(a2, b2, ch[2], cl[2], sh[2], sl[2])
-    ra3, rb3 = _rotated16(a3, b3, ch[3], cl[3], sh[3], sl[3])
-    _put(out, oa, np.uint64(_codec_cuda.narrow_pair(ra0, ra1, storage)) | (np.uint64(_codec_cuda.narrow_pair(ra2, ra3, storage)) << high))
-    _put(out, ob, np.uint64(_codec_cuda.narrow_pair(rb0, rb1, storage)) | (np.uint64(_codec_cuda.narrow_pair(rb2, rb3, storage)) << high))
+    la, lb = _rotated16_words(np.uint32(a & low), np.uint32(b & low), ch[0], ch[1], cl[0], cl[1], sh[0], sh[1], sl[0], sl[1], storage)
+    ha, hb = _rotated16_words(np.uint32(a >> high), np.uint32(b >> high), ch[2], ch[3], cl[2], cl[3], sh[2], sh[3], sl[2], sl[3], storage)
+    _put(out, oa, np.uint64(la) | (np.uint64(ha) << high))
+    _put(out, ob, np.uint64(lb) | (np.uint64(hb) << high))
 
 
 @cuda.jit(device=True, cache=True)

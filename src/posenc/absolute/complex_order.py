@@ -48,9 +48,10 @@ def complex_order(amplitude, frequency, phase, positions):
         full = broadcast_shapes(tuple(positions.shape) + (1,), shape)
     except ValueError as exc:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast against {shape[:-1]}") from exc
-    wide = has_float64(xp, device) and any(a.dtype == xp.float64 for a in (amplitude, frequency, phase))
+    float64 = has_float64(xp, device)
+    wide = float64 and any(a.dtype == xp.float64 for a in (amplitude, frequency, phase))
     real_dtype = xp.float64 if wide else xp.float32
-    if has_float64(xp, device):
+    if float64:
         work = xp.float64
         angle = cast(xp, frequency, work) * cast(xp, positions, work)[..., None] + cast(xp, phase, work)
         cos, sin = xp.cos(angle), xp.sin(angle)
@@ -66,4 +67,3 @@ def complex_order(amplitude, frequency, phase, positions):
     cdtype = xp.complex128 if wide else xp.complex64
     z = cast(xp, re, cdtype) + cast(xp, im, cdtype) * 1j
     return xp.broadcast_to(z, full) if tuple(z.shape) != tuple(full) else z
-

@@ -93,8 +93,8 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
         raise TypeError(f"inverse must be a bool, got {inverse!r}")
     seq_len = _args.per_row("seq_len", seq_len, xp)
     _args.out_like(out, x, xp, *read)
-    counted = positions is None and not check.is_array(offset)  # positions offset + arange(length): a known largest
-    rows_counted = positions is None and check.is_array(offset) and offset.ndim > 0  # the same, row by row
+    # positions offset + arange(length): a known largest, or one a row for a per-row offset
+    counted = positions is None and not (check.is_array(offset) and offset.ndim == 0)
     placed, offset, positions = _args.positions(xp, x, positions, seq_axis, offset, device)
     seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
     path, inv_freq, scale = "kernel", None, None
@@ -102,9 +102,6 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
         if seq_len is None and counted:
             # What sequence_length reads from the positions, known without them (an int, or a
             # symbolic one while torch compiles) where they are traced (jax.jit, torch.compile).
-            length = math.prod(placed.shape)
-            seq_len = offset + length if length else None
-        elif seq_len is None and rows_counted:  # each row its own length, as a call on that row alone
             length = math.prod(placed.shape)
             seq_len = offset + length if length else None
         elif seq_len is None:

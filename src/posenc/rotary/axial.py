@@ -83,19 +83,13 @@ def _coordinates(values, shape):
     """One axis of the grid, ``values``, placed against the token axes ``shape`` (see
     :func:`axial_rope`'s ``grid``); ``ValueError`` where it fits neither way, or both ways
     with different meanings."""
-    k, n = values.ndim, len(shape)
-    trailing = (1,) * (n - k) + tuple(values.shape)
-    fits_trailing = k <= n and all(v == 1 or v == s for v, s in zip(trailing, shape))
-    if k <= 1 or k == n:
+    try:
+        placed = _args.place("grid[..., a]", values, shape, len(shape) - 1, True)
+    except ValueError:  # not as positions: the trailing axes, or the broadcast's error
         check.broadcast_shape("grid[..., a]", values.shape, shape)
         return values
-    try:
-        placed = _args.place("grid[..., a]", values, shape, n - 1, True)
-    except ValueError:
-        if fits_trailing:
-            return values
-        raise
-    if fits_trailing and tuple(placed.shape) != trailing:
+    trailing = (1,) * (len(shape) - values.ndim) + tuple(values.shape)
+    if tuple(placed.shape) != trailing and all(v == 1 or v == s for v, s in zip(trailing, shape)):
         raise ValueError(
             f"grid[..., a] of shape {tuple(values.shape)} could hold one grid per batch row of x (token axes {shape}) or "
             f"broadcast against its trailing token axes: give it one axis per token axis of x (grid[:, None] for one per "
