@@ -95,11 +95,14 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     check.allocatable("sandwich_bias frequencies", (dim // 2,), 8)
     freqs = [base ** (-2.0 * k / dim) for k in range(1, dim // 2 + 1)]
     cos, _ = cos_sin(distances(q_len, k_len, offset, xp=xp, device=device), freqs, xp=xp, device=device)
-    # sum_k (cos_k - 1), each term exact, added in one fixed order: the same bits in every
-    # namespace and under jax.jit (xp.sum's orders differ, and sum(cos) - d/2 cancels)
-    vec = cos[..., 0] - 1.0
-    for k in range(1, dim // 2):
-        vec = vec + (cos[..., k] - 1.0)
+    # sum_k (cos_k - 1), each term exact, added pairwise in one fixed order: the same bits in
+    # every namespace and under jax.jit (xp.sum's orders differ, and sum(cos) - d/2 cancels)
+    terms = cos - 1.0
+    while terms.shape[-1] > 1:
+        half = terms.shape[-1] // 2
+        pairs = terms[..., :half] + terms[..., half : 2 * half]
+        terms = xp.concat([pairs, terms[..., 2 * half :]], axis=-1) if terms.shape[-1] % 2 else pairs
+    vec = terms[..., 0]
     if heads is None:
         scales = xp.ones((1, 1), dtype=vec.dtype, device=device)
     else:
