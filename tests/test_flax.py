@@ -107,6 +107,19 @@ def test_flax_module_equals_the_torch_module_with_the_same_parameters(name):
     np.testing.assert_allclose(np.asarray(jax.jit(lambda x: flax_module.embed(x, offset=3))(jnp.asarray(x))), want, rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("name", sorted(n for n in PAIRS if PAIRS[n]()[1].takes_positions))
+def test_flax_module_with_per_token_positions_equals_the_torch_module(name):
+    torch_module, flax_module = PAIRS[name]()
+    assert torch_module.takes_positions
+    keys = pe.positions_from_mask(np.array([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]))  # left-padded [2, 6]
+    q, k, v = _qkv(2, 6)
+    with torch.no_grad():
+        want = torch_module.attend(*(torch.from_numpy(a) for a in (q, k, v)), causal=True, query_positions=torch.from_numpy(keys[:, -2:]),
+                                   key_positions=torch.from_numpy(keys)).numpy()  # fmt: skip
+    got = jax.jit(lambda q, k, v, p: flax_module(q, k, v, causal=True, query_positions=p[:, -2:], key_positions=p))(*map(jnp.asarray, (q, k, v, keys)))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
 def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_outside_the_table():
     """``embed(x, offset=[batch])`` puts row ``b`` at ``offset[b] + arange(seq)`` (with the
     batch as long as the sequence it had broadcast along the sequence); ``Learned`` refuses

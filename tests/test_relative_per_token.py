@@ -189,3 +189,94 @@ def test_shaw_output_packed_decode_step_is_the_last_row_of_the_full_call():
         pe.shaw_output(weights, v, table, max_distance=2, query_positions=plain, key_positions=plain),
         pe.shaw_output(weights, v, table, max_distance=2), rtol=1e-14, atol=1e-14,
     )  # fmt: skip
+
+
+# KERPLE, Sandwich and FIRE: functions of the distance (FIRE also of the query position), so
+# per-token positions give their formulas at rel = query_positions[..., i] - key_positions[..., j].
+
+
+def _kerple(r1, r2, rel, kind):
+    d = np.abs(rel)[..., None, :, :].astype(float)
+    a, b = r1[:, None, None], r2[:, None, None]
+    return -a * np.log1p(b * d) if kind == "log" else -a * d**b
+
+
+def _sandwich(rel, dim, heads, base=10000.0):
+    omega = base ** (-2.0 * np.arange(1, dim // 2 + 1) / dim)
+    inner = np.cos(rel[..., None] * omega).sum(-1) - dim / 2
+    return np.array([heads / (8.0 * h) for h in range(1, heads + 1)])[:, None, None] * inner[..., None, :, :]
+
+
+def _fire_distances(qpos, kpos, c, threshold, eps):
+    qpos = np.asarray(qpos, dtype=float)
+    psi = lambda x: np.log(np.abs(c * x) + 1)  # noqa: E731
+    return psi(_rel(qpos, kpos)) / (psi(np.maximum(qpos, threshold)) + eps)[..., :, None]
+
+
+@pytest.mark.parametrize("kind", ["log", "power"])
+def test_kerple_bias_per_token_with_batch_axes(backend, kind):
+    r1, r2 = np.array([0.7, 1.3, 0.2]), np.array([0.4, 1.5, 1.9])
+    qpos = LEFT_PADDED[:, -3:]
+    got = backend.call(
+        lambda *a: pe.kerple_bias(a[0], a[1], 3, 6, kind=kind, query_positions=a[2], key_positions=a[3]),
+        *(backend.asarray(x) for x in (r1, r2, qpos, LEFT_PADDED)),
+    )
+    assert_close(got, _kerple(r1, r2, _rel(qpos, LEFT_PADDED), kind), backend=backend, dtype=backend.asarray(r1).dtype)
+
+
+def test_sandwich_bias_per_token_with_batch_axes(backend):
+    qpos = LEFT_PADDED[:, -3:]
+    got = backend.call(lambda q, k: pe.sandwich_bias(3, 6, 8, heads=3, query_positions=q, key_positions=k), backend.asarray(qpos), backend.asarray(LEFT_PADDED))
+    assert_close(got, _sandwich(_rel(qpos, LEFT_PADDED), 8, 3), backend=backend, dtype=backend.asarray(np.zeros(1, np.float32)).dtype, rtol=1e-6, atol=1e-6)
+
+
+def test_fire_bias_per_token_with_batch_axes(backend):
+    qpos = LEFT_PADDED[:, -3:]
+    weights = np.array([[1.0, -2.0]])
+
+    def bias(q, k, w):
+        return pe.fire_bias(lambda x: x * w, 3, 6, c=0.5, threshold=2.0, eps=1e-3, query_positions=q, key_positions=k, dtype=w.dtype)
+
+    got = backend.call(bias, *(backend.asarray(x) for x in (qpos, LEFT_PADDED, weights)))
+    x = _fire_distances(qpos, LEFT_PADDED, 0.5, 2.0, 1e-3)
+    assert_close(got, np.stack([x, -2 * x], axis=-3), backend=backend, dtype=backend.asarray(weights).dtype)
+
+
+@pytest.mark.parametrize("name", ["kerple", "sandwich", "fire"])
+def test_distance_bias_per_token_packed_and_as_the_toeplitz_form(name):
+    """Packed documents (each counted from its own start) give the formula; ``arange``
+    positions (the queries the last keys, or shifted by ``offset``) give the bits of the
+    call without positions; a decode step is the last row of the full call."""
+    r1, r2 = np.array([0.7, 1.3]), np.array([0.4, 1.5])
+    calls = {
+        "kerple": lambda q_len, k_len, **kw: pe.kerple_bias(r1, r2, q_len, k_len, **kw),
+        "sandwich": lambda q_len, k_len, **kw: pe.sandwich_bias(q_len, k_len, 8, heads=2, dtype=np.float64, **kw),
+        "fire": lambda q_len, k_len, **kw: pe.fire_bias(lambda x: x * np.array([[1.0, -2.0]]), q_len, k_len, c=0.5, threshold=2.0, dtype=np.float64, **kw),
+    }
+    bias = calls[name]
+    full = bias(12, 12, query_positions=PACKED, key_positions=PACKED)
+    rel = _rel(PACKED, PACKED)
+    if name == "kerple":
+        want = _kerple(r1, r2, rel, "log")
+    elif name == "sandwich":
+        want = _sandwich(rel, 8, 2)
+    else:
+        x = _fire_distances(PACKED, PACKED, 0.5, 2.0, 1e-6)
+        want = np.stack([x, -2 * x])
+    np.testing.assert_allclose(full, want, rtol=1e-14, atol=1e-15)
+    np.testing.assert_array_equal(bias(1, 12, query_positions=PACKED[-1:], key_positions=PACKED), full[:, -1:])
+    np.testing.assert_array_equal(bias(3, 7, query_positions=np.arange(4, 7), key_positions=np.arange(7)), bias(3, 7))
+    np.testing.assert_array_equal(bias(3, 7, key_positions=np.arange(7)), bias(3, 7))
+    np.testing.assert_array_equal(bias(3, 7, query_positions=np.arange(3), offset=2), bias(3, 7, offset=2))
+
+
+def test_distance_bias_per_token_positions_are_checked():
+    with pytest.raises(TypeError, match="query_positions must have an integer dtype"):
+        pe.kerple_bias(np.ones(2), np.ones(2), 1, 3, query_positions=np.array([0.5]))
+    with pytest.raises(ValueError, match="key_positions must have k_len = 6 entries"):
+        pe.sandwich_bias(2, 6, 8, key_positions=np.arange(5))
+    with pytest.raises(ValueError, match="must have leading"):
+        pe.fire_bias(lambda x: x, 2, 3, query_positions=np.zeros((2, 2), dtype=int), key_positions=np.zeros((3, 3), dtype=int))
+    with pytest.raises(TypeError, match="but xp=numpy"):
+        torch = pytest.importorskip("torch")
+        pe.sandwich_bias(1, 3, 8, key_positions=torch.arange(3), xp=np)

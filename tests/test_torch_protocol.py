@@ -345,6 +345,12 @@ PER_TOKEN = {
                                                          query_positions=qp, key_positions=kp),
     "deberta_c2p": lambda m, q, k, o, qp, kp: pe.deberta_logits(q, k, None, m.pos_k, max_distance=3, bucket_size=4, max_position=16,
                                                              terms=("c2p",), offset=o, query_positions=qp, key_positions=kp),
+    "fire": lambda m, q, k, o, qp, kp: _dot(q, k) + pe.fire_bias(m.mlp, q.shape[-2], k.shape[-2], offset=o, c=m.c, threshold=m.L_multiplier * 4.0,
+                                                              query_positions=qp, key_positions=kp, xp=torch, dtype=torch.float64),
+    "kerple": lambda m, q, k, o, qp, kp: _dot(q, k) + pe.kerple_bias(m.r1.clamp(min=0.01), m.r2.clamp(0.01, 2.0), q.shape[-2], k.shape[-2],
+                                                                  kind="power", offset=o, query_positions=qp, key_positions=kp),
+    "sandwich": lambda m, q, k, o, qp, kp: _dot(q, k) + pe.sandwich_bias(q.shape[-2], k.shape[-2], 16, heads=H, offset=o, query_positions=qp,
+                                                                      key_positions=kp, xp=torch, dtype=torch.float64),
 }
 LAYOUTS = {  # (query_positions, key_positions, offset) for queries = the last 4 of 9 keys
     "packed": (PACKED[-4:], PACKED, None),
@@ -413,7 +419,7 @@ def test_packed_decode_step_equals_the_last_row_of_the_full_call():
 
 
 def test_per_token_positions_get_gradients_to_the_tables():
-    for name in ("t5", "shaw", "deberta"):
+    for name in ("t5", "shaw", "deberta", "fire", "kerple"):
         m = _make(name)
         q, k, v = _qkv(4, 9)
         m.attend(q, k, v, causal=True, query_positions=LEFT_PADDED[:, -4:], key_positions=LEFT_PADDED).square().sum().backward()

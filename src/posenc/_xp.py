@@ -213,6 +213,16 @@ def argument_in(name, value, xp, device=None):
     raise TypeError(f"{name} is a {type(value).__module__}.{type(value).__qualname__} but xp={given.__name__}: pass one namespace")
 
 
+def arguments_in(xp, device, **arrays):
+    """``(namespace, arrays)`` for several array arguments (``None`` skipped) of a function
+    that also takes ``xp=`` and ``device=``: each as :func:`argument_in` gives it with
+    ``xp`` given, else unchanged in their common namespace."""
+    if xp is None:
+        return namespace(*arrays.values()), arrays
+    given = {name: argument_in(name, a, xp, device)[1] for name, a in arrays.items() if a is not None}
+    return _given_namespace(xp), {**arrays, **given}
+
+
 def host_constant_like(name, value, like):
     """``value`` converted into the namespace and onto the device of array ``like`` where it
     is a NumPy array and ``like`` is not (a host constant); otherwise ``value`` itself. For
@@ -238,7 +248,8 @@ NDARRAY_OR_PLAIN = PLAIN | {_ndarray}
 
 
 def _device_array(value) -> bool:
-    return type(value) is not _ndarray and (torch_tensor(value) or _compat.is_array_api_obj(value))
+    # (not a dtype class such as numpy.float64, which has __array_namespace__ too)
+    return type(value) is not _ndarray and not isinstance(value, type) and (torch_tensor(value) or _compat.is_array_api_obj(value))
 
 
 def host_constants(fn):

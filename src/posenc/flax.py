@@ -126,7 +126,9 @@ class PositionalModule(nnx.Module):
         if query_positions is None and key_positions is None:
             return indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
         if not self.takes_positions:
-            raise TypeError(f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5, ALiBi, Shaw, DeBERTa)")
+            raise TypeError(
+                f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich)"
+            )
         return offset, {"query_positions": query_positions, "key_positions": key_positions}
 
     def scores(self, q, k, offset):
@@ -314,6 +316,8 @@ class FIRE(_Bias):
     """FIRE (Li et al., 2024): :func:`posenc.fire_bias` of a learned MLP ``1 -> mlp_width -> heads``
     (ReLU), learned ``c`` and threshold multiplier, as ``posenc.torch.FIRE``."""
 
+    takes_positions = True
+
     def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6, rngs: nnx.Rngs):
         pe.fire_distances(1, 1, c=c, threshold=threshold, eps=eps)  # validates the options now
         self.hidden = _torch_linear(1, _positive("mlp_width", mlp_width), rngs)
@@ -325,9 +329,11 @@ class FIRE(_Bias):
     def mlp(self, distances):
         return self.out(jax.nn.relu(self.hidden(distances)))
 
-    def bias(self, q_len, k_len, *, offset=None):
+    def bias(self, q_len, k_len, *, offset=None, **positions):
         threshold = self.L_multiplier[...] * self.threshold
-        return pe.fire_bias(self.mlp, q_len, k_len, offset=offset, c=self.c[...], threshold=threshold, eps=self.eps, xp=jnp, dtype=jnp.float32)
+        return pe.fire_bias(
+            self.mlp, q_len, k_len, offset=offset, c=self.c[...], threshold=threshold, eps=self.eps, **positions, xp=jnp, dtype=jnp.float32
+        )
 
 
 class KERPLE(_Bias):
@@ -339,6 +345,8 @@ class KERPLE(_Bias):
     plain ``jax.jit`` closing over the module cannot change its state, and uses the clamped
     values only."""
 
+    takes_positions = True
+
     def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2, rngs: nnx.Rngs):
         if kind not in pe.relative.kerple.KERPLE_KINDS:
             raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
@@ -348,7 +356,7 @@ class KERPLE(_Bias):
         r1, r2 = (up_to_2, up_to_1) if kind == "log" else (up_to_1, up_to_2)
         self.r1, self.r2, self.kind, self.eps = nnx.Param(r1), nnx.Param(r2), kind, eps
 
-    def bias(self, q_len, k_len, *, offset=None):
+    def bias(self, q_len, k_len, *, offset=None, **positions):
         def clamp(param, high):
             value = param[...]
             clamped = value + jax.lax.stop_gradient(jnp.clip(value, self.eps, high) - value)
@@ -359,18 +367,20 @@ class KERPLE(_Bias):
             return clamped
 
         r1, r2 = clamp(self.r1, None), clamp(self.r2, 2.0 if self.kind == "power" else None)
-        return pe.kerple_bias(r1, r2, q_len, k_len, kind=self.kind, offset=offset)
+        return pe.kerple_bias(r1, r2, q_len, k_len, kind=self.kind, offset=offset, **positions)
 
 
 class Sandwich(_Bias):
     """Sandwich (Chi et al., 2023): the parameter-free :func:`posenc.sandwich_bias`."""
 
+    takes_positions = True
+
     def __init__(self, num_heads: int, *, dim: int = 128, base: float = 10000.0):
         pe.sandwich_vector(1, 1, dim, heads=num_heads, base=base)  # validates the options now
         self.num_heads, self.dim, self.base = num_heads, dim, base
 
-    def bias(self, q_len, k_len, *, offset=None):
-        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, xp=jnp)
+    def bias(self, q_len, k_len, *, offset=None, **positions):
+        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, **positions, xp=jnp)
 
 
 # ---------------------------------------------------------------- relative logits

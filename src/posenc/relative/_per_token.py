@@ -71,6 +71,14 @@ def relative(qpos, kpos, *, heads=False):
     return rel[..., None, :, :] if heads else rel
 
 
+def batch_first(xp, values, heads, batch, q_len, k_len):
+    """``values [heads, *batch, q_len, k_len]`` (any shape of that size, heads first: a
+    per-distance function's values at every flattened ``rel``) as ``[*batch, heads, q_len,
+    k_len]``, the layout of a per-token bias."""
+    values = xp.reshape(values, (heads, *batch, q_len, k_len))
+    return xp.permute_dims(values, (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2))
+
+
 def placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, has_heads, what, *, device):
     """``(qpos, kpos, batch)`` of a logits function: the validated positions and the leading
     axes of its ``[..., heads, q, k]`` result (:func:`positions`, :func:`batch_with_heads`)."""

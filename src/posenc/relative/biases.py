@@ -401,10 +401,7 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
         read = ((_params_name(kind), params), ("query_positions", query_positions), ("key_positions", key_positions))
         check.out(out, shape=shape, dtype=params.dtype, xp=xp, device=device, inputs=read)
     rel = _per_token.relative(qpos, kpos)
-    values = _KINDS[kind][1](xp, params, xp.reshape(rel, (-1,)), **options)
-    # [heads, *batch, q, k] -> [*batch, heads, q, k]
-    order = (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2)
-    result = xp.permute_dims(xp.reshape(values, (heads, *batch, q_len, k_len)), order)
+    result = _per_token.batch_first(xp, _KINDS[kind][1](xp, params, xp.reshape(rel, (-1,)), **options), heads, batch, q_len, k_len)
     if out is None:
         return result
     out[...] = result

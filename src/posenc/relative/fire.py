@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from .. import _validate as check
-from .._xp import cast, device_of, index_dtype, namespace, result_dtype, shifted, size, widest_float
+from .._xp import arguments_in, cast, device_of, host_constants, index_dtype, namespace, result_dtype, shifted, size, widest_float
+from . import _per_token
 from .indices import query_offset
 
 
@@ -16,35 +19,49 @@ def _scalar(name, value, xp):
     return check.real(name, value, positive=True)
 
 
-def fire_distances(q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-6, xp=None, device=None, dtype=None):
+@host_constants
+def fire_distances(
+    q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-6, query_positions=None, key_positions=None, xp=None, device=None, dtype=None
+):
     r"""FIRE's normalised distances ``[q_len, k_len]``: ``psi(|i - j|) / (psi(max(L, i)) + eps)``.
 
     ``psi(x) = log(|c x| + 1)``, ``i = offset + row`` the query position, ``j`` the key
     position, ``L = |threshold|`` (see :func:`fire_bias`). ``c`` and ``threshold`` may be
     0-d float arrays (learned parameters: the result then follows their namespace and
-    carries their gradient).
+    carries their gradient). With per-token positions ``i`` and ``j`` are
+    ``query_positions[..., row]`` (plus ``offset``, 0 by default) and ``key_positions[...,
+    col]``, and the result is ``[..., q_len, k_len]``.
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    xp = namespace(*(a for a in (c, threshold) if check.is_array(a)), xp=xp)
-    offset = query_offset(offset, q_len, k_len, xp=xp)
+    arrays = {"c": c, "threshold": threshold, "query_positions": query_positions, "key_positions": key_positions}
+    xp, arrays = arguments_in(xp, device, **{name: a for name, a in arrays.items() if check.is_array(a)})
+    c, threshold = arrays.get("c", c), arrays.get("threshold", threshold)
+    query_positions, key_positions = arrays.get("query_positions"), arrays.get("key_positions")
     c = _scalar("c", c, xp)
     threshold = _scalar("threshold", threshold, xp)
     eps = check.real("eps", eps, minimum=0.0)
-    device = device_of(*(a for a in (c, threshold) if check.is_array(a))) if device is None else device
+    device = device_of(*arrays.values()) if device is None else device
     dtype = result_dtype(xp, dtype)
-    check.allocatable("fire_bias", (q_len, k_len), 8)
     work = widest_float(xp, device)
-    query = xp.astype(shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset), work)
-    key = xp.astype(xp.arange(k_len, dtype=index_dtype(xp, device), device=device), work)
+    if _per_token.given(query_positions, key_positions):
+        query, key, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+    else:
+        offset = query_offset(offset, q_len, k_len, xp=xp)
+        query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
+        key, batch = xp.arange(k_len, dtype=index_dtype(xp, device), device=device), ()
+    check.allocatable("fire_bias", (*batch, q_len, k_len), 8)
+    query, key = xp.astype(query, work), xp.astype(key, work)
     c = cast(xp, c, work) if check.is_array(c) else xp.asarray(c, dtype=work, device=device)
     threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
-    distance = xp.log(xp.abs(c * (query[:, None] - key[None, :])) + 1)
+    distance = xp.log(xp.abs(c * (query[..., :, None] - key[..., None, :])) + 1)
     normaliser = xp.log(xp.abs(c * xp.maximum(query, threshold)) + 1) + eps
-    return xp.astype(distance / normaliser[:, None], dtype)
+    return xp.astype(distance / normaliser[..., :, None], dtype)
 
 
-def fire_bias(mlp, q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-6, xp=None, device=None, dtype=None):
+def fire_bias(
+    mlp, q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-6, query_positions=None, key_positions=None, xp=None, device=None, dtype=None
+):
     r"""FIRE bias ``[heads, q_len, k_len]`` (Li et al., "Functional Interpolation for
     Relative Positions Improves Long Context Transformers", ICLR 2024).
 
@@ -61,19 +78,29 @@ def fire_bias(mlp, q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-
     does, ``psi`` takes ``|c x|`` and the denominator gets ``eps``; FIRE is causal (keys
     ``j <= i``), the entries of future keys are defined (``|i - j|``) but meant to be masked.
 
+    With per-token positions (padded or packed batches), ``i`` and ``j`` are
+    ``query_positions[..., row]`` and ``key_positions[..., col]`` (each document's tokens
+    counted from its own start, as :func:`positions_from_cu_seqlens` gives them) and the
+    bias is ``[..., heads, q_len, k_len]``, ``...`` the broadcast of their leading (batch)
+    axes.
+
     Parameters
     ----------
     mlp : callable ``[n, 1] -> [n, heads]`` on arrays of the result's namespace
     q_len, k_len : int >= 0
-    offset : int, 0-d integer array or None (``k_len - q_len``: the queries are the last keys)
+    offset : int, 0-d integer array or None (``k_len - q_len``: the queries are the last
+        keys; 0 with ``query_positions``, to which it is added)
     c, threshold : float > 0 or 0-d float arrays (learned ``c`` and ``L``)
     eps : float >= 0
-    xp, device, dtype : namespace (NumPy, or that of ``c``/``threshold``), device and float
-        dtype (float32) of the distances given to ``mlp``
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional (a missing one is ``arange``)
+    xp, device, dtype : namespace (NumPy, or that of ``c``/``threshold``/the positions),
+        device and float dtype (float32) of the distances given to ``mlp``
 
     Returns
     -------
-    array ``[heads, q_len, k_len]``: ``mlp``'s output, heads first.
+    array ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]`` with per-token
+    positions): ``mlp``'s output, heads first.
 
     Examples
     --------
@@ -86,10 +113,14 @@ def fire_bias(mlp, q_len, k_len, *, offset=None, c=0.1, threshold=512.0, eps=1e-
     """
     if not callable(mlp):
         raise TypeError(f"mlp must be a callable [n, 1] -> [n, heads], got {type(mlp).__name__}")
-    x = fire_distances(q_len, k_len, offset=offset, c=c, threshold=threshold, eps=eps, xp=xp, device=device, dtype=dtype)
-    q_len, k_len = size(x.shape[0]), size(x.shape[1])
+    x = fire_distances(
+        q_len, k_len, offset=offset, c=c, threshold=threshold, eps=eps, query_positions=query_positions, key_positions=key_positions,
+        xp=xp, device=device, dtype=dtype,
+    )  # fmt: skip
+    batch, q_len, k_len = tuple(x.shape[:-2]), size(x.shape[-2]), size(x.shape[-1])
+    n = math.prod(batch) * q_len * k_len
     xp = namespace(x)
-    values = mlp(xp.reshape(x, (q_len * k_len, 1)))
-    if not check.is_array(values) or values.ndim != 2 or size(values.shape[0]) != q_len * k_len:
-        raise ValueError(f"mlp must map [n, 1] to [n, heads] (n = {q_len * k_len}), got {getattr(values, 'shape', type(values).__name__)}")
-    return xp.reshape(xp.matrix_transpose(values), (int(values.shape[1]), q_len, k_len))
+    values = mlp(xp.reshape(x, (n, 1)))
+    if not check.is_array(values) or values.ndim != 2 or size(values.shape[0]) != n:
+        raise ValueError(f"mlp must map [n, 1] to [n, heads] (n = {n}), got {getattr(values, 'shape', type(values).__name__)}")
+    return _per_token.batch_first(xp, xp.matrix_transpose(values), int(values.shape[1]), batch, q_len, k_len)

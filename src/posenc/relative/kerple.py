@@ -8,7 +8,8 @@ Both depend on the distance only, so each computes its per-distance vector
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
+from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
+from . import _per_token
 from .biases import expand_bias
 from .indices import distances, query_offset
 
@@ -22,7 +23,7 @@ def _lengths(q_len, k_len, offset, xp, device):
 
 
 @host_constants
-def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
+def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_positions=None, key_positions=None):
     r"""KERPLE bias ``[heads, q_len, k_len]`` (Chi, Fan, Ramadge and Rudnicky, NeurIPS 2022).
 
     The conditionally positive definite kernels of the paper's Eq. 6-7, one pair of
@@ -37,17 +38,26 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
     The bias depends on ``|i - j|`` only: the per-distance vector is computed once and
     expanded by :func:`expand_bias`.
 
+    With per-token positions (padded or packed batches: :func:`positions_from_mask`,
+    :func:`positions_from_cu_seqlens`), ``|i - j|`` is ``|query_positions[..., i] -
+    key_positions[..., j]|`` and the bias is ``[..., heads, q_len, k_len]``, ``...`` the
+    broadcast of their leading (batch) axes, as in :func:`relative_bias`.
+
     Parameters
     ----------
     r1, r2 : float arrays ``[heads]`` (learned, positive; the caller keeps them positive,
         e.g. by clamping as the paper's code does)
     q_len, k_len : int >= 0
     kind : {"log", "power"}
-    offset : int, 0-d integer array or None (``k_len - q_len``: queries are the last keys)
+    offset : int, 0-d integer array or None (``k_len - q_len``: queries are the last keys;
+        0 with ``query_positions``, to which it is added)
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional (a missing one is ``arange``)
 
     Returns
     -------
-    array ``[heads, q_len, k_len]`` of ``r1``'s dtype and namespace.
+    array ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]`` with per-token
+    positions) of ``r1``'s dtype and namespace.
 
     Examples
     --------
@@ -60,41 +70,63 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None):
     """
     check.array("r1", r1)
     check.array("r2", r2)
-    xp = namespace(r1, r2)
+    xp = namespace(r1, r2, query_positions, key_positions)
     for name, a in (("r1", r1), ("r2", r2)):
         check.float_array(name, a, xp)
         check.ndim(name, a, exactly=1)
     if r1.shape != r2.shape:
         raise ValueError(f"r1 and r2 must both be [heads], got shapes {tuple(r1.shape)} and {tuple(r2.shape)}")
     kind = check.choice("kind", kind, KERPLE_KINDS)
-    device = device_of(r1, r2)
+    device = device_of(r1, r2, query_positions, key_positions)
+    heads = int(r1.shape[0])
+    if _per_token.given(query_positions, key_positions):
+        q_len, k_len = check.integer("q_len", q_len, minimum=0), check.integer("k_len", k_len, minimum=0)
+        qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        check.allocatable("kerple_bias", (*batch, heads, q_len, k_len), 8)
+        rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
+        return _per_token.batch_first(xp, _kerple_values(xp, r1, r2, rel, kind, device), heads, batch, q_len, k_len)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
-    check.allocatable("kerple_bias", (int(r1.shape[0]), q_len, k_len), 8)
+    check.allocatable("kerple_bias", (heads, q_len, k_len), 8)
+    return expand_bias(_kerple_values(xp, r1, r2, distances(q_len, k_len, offset, xp=xp, device=device), kind, device), q_len, k_len)
+
+
+def _kerple_values(xp, r1, r2, rel, kind, device):
+    """The bias ``[heads, n]`` at the relative positions ``rel [n]``."""
     work = widest_float(xp, device)  # rounded once to r1's dtype: the same bits from every namespace's float64 log/pow
-    dist = xp.abs(xp.astype(distances(q_len, k_len, offset, xp=xp, device=device), work))  # |int64 min| only as a float
+    dist = xp.abs(xp.astype(rel, work))  # |int64 min| only as a float
     a, b = cast(xp, r1, work)[:, None], cast(xp, r2, work)[:, None]
     if kind == "log":
-        vec = -a * xp.log(1 + b * dist)
+        values = -a * xp.log(1 + b * dist)
     else:
-        vec = -a * dist**b
-    return expand_bias(cast(xp, vec, r1.dtype), q_len, k_len)
+        values = -a * dist**b
+    return cast(xp, values, r1.dtype)
 
 
 def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
     r"""The per-distance vector ``[heads, q_len + k_len - 1]`` of :func:`sandwich_bias`
     (entry ``t`` is the distance ``offset + t - (k_len - 1)``)."""
-    dim = check.even_dim("dim", dim)
-    base = check.real("base", base, positive=True)
-    if heads is not None:
-        heads = check.integer("heads", heads, minimum=1)
+    dim, base, heads = _sandwich_options(dim, base, heads)
     xp = namespace(xp=xp)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
     dtype = result_dtype(xp, dtype)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
+    return _sandwich_values(xp, distances(q_len, k_len, offset, xp=xp, device=device), dim, heads, base, device, dtype)
+
+
+def _sandwich_options(dim, base, heads):
+    dim = check.even_dim("dim", dim)
+    base = check.real("base", base, positive=True)
+    if heads is not None:
+        heads = check.integer("heads", heads, minimum=1)
     check.allocatable("sandwich_bias frequencies", (dim // 2,), 8)
+    return dim, base, heads
+
+
+def _sandwich_values(xp, rel, dim, heads, base, device, dtype):
+    """The bias ``[heads or 1, n]`` at the relative positions ``rel [n]``."""
     freqs = [base ** (-2.0 * k / dim) for k in range(1, dim // 2 + 1)]
-    cos, _ = cos_sin(distances(q_len, k_len, offset, xp=xp, device=device), freqs, xp=xp, device=device)
+    cos, _ = cos_sin(rel, freqs, xp=xp, device=device)
     # sum_k (cos_k - 1), each term exact, added pairwise in one fixed order: the same bits in
     # every namespace and under jax.jit (xp.sum's orders differ, and sum(cos) - d/2 cancels)
     terms = cos - 1.0
@@ -110,7 +142,8 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     return xp.astype(scales * vec[None, :], dtype)
 
 
-def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
+@host_constants
+def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, query_positions=None, key_positions=None, xp=None, device=None, dtype=None):
     r"""Sandwich bias ``[heads, q_len, k_len]`` (Chi, Fan, Rudnicky and Ramadge, ACL 2023).
 
     The inner product of two sinusoidal embeddings of dimension ``d`` (``dim``), a
@@ -128,14 +161,23 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, x
     function of ``i - j``: its per-distance vector (:func:`sandwich_vector`) is expanded by
     :func:`expand_bias`.
 
+    With per-token positions (padded or packed batches), ``i - j`` is
+    ``query_positions[..., i] - key_positions[..., j]`` and the bias is ``[..., heads,
+    q_len, k_len]``, ``...`` the broadcast of their leading (batch) axes, as in
+    :func:`relative_bias`.
+
     Parameters
     ----------
     q_len, k_len : int >= 0
     dim : int, positive even, the dimension ``d`` of the sinusoidal embeddings
     heads : int >= 1 or None
-    offset : int, 0-d integer array or None (``k_len - q_len``)
+    offset : int, 0-d integer array or None (``k_len - q_len``; 0 with
+        ``query_positions``, to which it is added)
     base : float > 0
-    xp, device, dtype : namespace (NumPy), device and float dtype (float32) of the result
+    query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
+        optional (a missing one is ``arange``)
+    xp, device, dtype : namespace (NumPy, or that of the positions), device and float dtype
+        (float32) of the result
 
     Examples
     --------
@@ -148,6 +190,16 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, x
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    vec = sandwich_vector(q_len, k_len, dim, heads=heads, offset=offset, base=base, xp=xp, device=device, dtype=dtype)
-    return expand_bias(vec, q_len, k_len)
+    if not _per_token.given(query_positions, key_positions):
+        vec = sandwich_vector(q_len, k_len, dim, heads=heads, offset=offset, base=base, xp=xp, device=device, dtype=dtype)
+        return expand_bias(vec, q_len, k_len)
+    dim, base, heads = _sandwich_options(dim, base, heads)
+    xp, given = arguments_in(xp, device, query_positions=query_positions, key_positions=key_positions)
+    query_positions, key_positions = given["query_positions"], given["key_positions"]
+    device = device_of(query_positions, key_positions) if device is None else device
+    dtype = result_dtype(xp, dtype)
+    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+    check.allocatable("sandwich_bias", (*batch, heads or 1, q_len, k_len, dim // 2), 8)
+    rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
+    return _per_token.batch_first(xp, _sandwich_values(xp, rel, dim, heads, base, device, dtype), heads or 1, batch, q_len, k_len)
 

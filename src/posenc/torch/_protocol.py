@@ -30,7 +30,8 @@ class PositionalModule(nn.Module):
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
     a one-query call equals the last row of the full call. The bias and relative-logits
     modules that take per-token positions (``takes_positions``: ``T5RelativeBias``,
-    ``ALiBi``, ``ShawRelative``, ``DeBERTaRelative``) also accept integer
+    ``ALiBi``, ``ShawRelative``, ``DeBERTaRelative``, ``FIRE``, ``KERPLE``, ``Sandwich``)
+    also accept integer
     ``query_positions [..., q_len]`` / ``key_positions [..., k_len]`` (leading axes: the
     batch, e.g. :func:`posenc.positions_from_mask` of a left-padded batch ``[batch, seq]``
     or :func:`posenc.positions_from_cu_seqlens` of a packed one ``[tokens]``), passed to
@@ -94,7 +95,7 @@ class PositionalModule(nn.Module):
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5RelativeBias, ALiBi, "
-                "ShawRelative, DeBERTaRelative)"
+                "ShawRelative, DeBERTaRelative, FIRE, KERPLE, Sandwich)"
             )
         return offset, {"query_positions": query_positions, "key_positions": key_positions}
 

@@ -17,8 +17,10 @@ class FIRE(PositionalModule):
     a learned MLP ``1 -> mlp_width -> heads`` (ReLU), learned ``c`` and threshold ``L``.
 
     As in the paper's code, ``L = |threshold * L_multiplier|`` with ``threshold`` fixed and
-    ``L_multiplier`` (initialised to 1) learned. FIRE is meant for causal attention.
+    ``L_multiplier`` (initialised to 1) learned. FIRE is meant for causal attention. Takes per-token positions (``takes_positions``).
     """
+
+    takes_positions = True
 
     def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6):
         super().__init__()
@@ -32,14 +34,15 @@ class FIRE(PositionalModule):
     def options(self):
         return {"num_heads": self.num_heads, "mlp_width": self.mlp_width, "c": self.init_c, "threshold": self.threshold, "eps": self.eps}
 
-    def bias(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
-        """``[heads, q_len, k_len]``."""
+    def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
+        """``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]`` with per-token positions)."""
         return pe.fire_bias(
-            self.mlp, q_len, k_len, offset=offset, c=self.c, threshold=self.L_multiplier * self.threshold, eps=self.eps, xp=torch, dtype=self.c.dtype
-        )
+            self.mlp, q_len, k_len, offset=offset, c=self.c, threshold=self.L_multiplier * self.threshold, eps=self.eps,
+            query_positions=query_positions, key_positions=key_positions, xp=torch, dtype=self.c.dtype,
+        )  # fmt: skip
 
-    def scores(self, q, k, offset):
-        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset).to(q.dtype)
+    def scores(self, q, k, offset, **positions):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions).to(q.dtype)
 
 
 class KERPLE(PositionalModule):
@@ -51,8 +54,10 @@ class KERPLE(PositionalModule):
     drawn first, uniform in ``(0, 2)``, then the other, uniform in ``(0, 1)``, from torch's
     generator: the multiplier ``r1 ~ U(0, 2)`` and ``r2 ~ U(0, 1)`` inside the logarithm for
     ``kind="log"``; the exponent ``r2 ~ U(0, 2)`` and the multiplier ``r1 ~ U(0, 1)`` for
-    ``kind="power"``.
+    ``kind="power"``. Takes per-token positions (``takes_positions``).
     """
+
+    takes_positions = True
 
     def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2):
         super().__init__()
@@ -67,19 +72,24 @@ class KERPLE(PositionalModule):
     def options(self):
         return {"num_heads": self.num_heads, "kind": self.kind, "eps": self.eps}
 
-    def bias(self, q_len: int, k_len: int, *, offset=None) -> torch.Tensor:
+    def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
         # The paper's code clamps the values (``.data``) in place, so gradients pass unclamped.
         self.r1.data.clamp_(min=self.eps)
         self.r2.data.clamp_(self.eps, 2.0 if self.kind == "power" else None)
-        return pe.kerple_bias(self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset)
+        return pe.kerple_bias(
+            self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset, query_positions=query_positions, key_positions=key_positions
+        )
 
-    def scores(self, q, k, offset):
-        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset).to(q.dtype)
+    def scores(self, q, k, offset, **positions):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions).to(q.dtype)
 
 
 class Sandwich(PositionalModule):
     """Sandwich (Chi et al., ACL 2023): the scaled dot product plus the parameter-free
-    :func:`posenc.sandwich_bias` of ``dim``-dimensional sinusoids, one compression per head."""
+    :func:`posenc.sandwich_bias` of ``dim``-dimensional sinusoids, one compression per head.
+    Takes per-token positions (``takes_positions``)."""
+
+    takes_positions = True
 
     def __init__(self, num_heads: int, *, dim: int = 128, base: float = 10000.0):
         super().__init__()
@@ -89,11 +99,14 @@ class Sandwich(PositionalModule):
     def options(self):
         return {"num_heads": self.num_heads, "dim": self.dim, "base": self.base}
 
-    def bias(self, q_len: int, k_len: int, *, offset=None, device=None, dtype=None) -> torch.Tensor:
-        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, xp=torch, device=device, dtype=dtype)
+    def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None, device=None, dtype=None) -> torch.Tensor:
+        return pe.sandwich_bias(
+            q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, query_positions=query_positions,
+            key_positions=key_positions, xp=torch, device=device, dtype=dtype,
+        )  # fmt: skip
 
-    def scores(self, q, k, offset):
-        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, device=q.device, dtype=q.dtype)
+    def scores(self, q, k, offset, **positions):
+        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions, device=q.device, dtype=q.dtype)
 
 
 class CoPE(PositionalModule):
