@@ -68,3 +68,53 @@ def test_a_leaf_is_rotated_in_place_under_no_grad():
         result = pe.rope(leaf, out=leaf)
     assert result is leaf and leaf.is_leaf and leaf.requires_grad
     np.testing.assert_allclose(leaf.detach().numpy(), expected.numpy(), rtol=0, atol=1e-12)
+
+
+def _bias_calls():
+    table = torch.randn(32, 2, dtype=torch.float64)
+    return {
+        "t5_bias": lambda out: pe.t5_bias(table, 5, 8, out=out),
+        "alibi_bias": lambda out: pe.alibi_bias(table[0], 5, 8, out=out),
+        "expand_bias": lambda out: pe.expand_bias(table[:12].T.contiguous(), 5, 8, out=out),
+    }
+
+
+@pytest.mark.parametrize("name", ["rope", "apply_rope", "rerotate", "rope_into", "t5_bias", "alibi_bias", "expand_bias"])
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_a_written_out_that_another_op_saved_fails_its_backward_as_torch_would(name, backend):
+    """A kernel writes ``out`` through a NumPy view, which torch's version counter does not
+    see: a tensor saved for another op's backward (``w = (a * out).sum()`` saves ``out``)
+    and then written by posenc must make that backward raise, as ``out.mul_(2)`` does,
+    not give a gradient of the new values. Four calls: the full path, then the plans."""
+    shape = (2, 5, 8)  # [batch, seq, dim] for the rotations, [heads, q_len, k_len] for the biases
+    for _ in range(4):
+        a = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        out = torch.randn(shape, dtype=torch.float64)
+        w = (a * out).sum()
+        with pe.use_backend(backend):
+            if name in _bias_calls():
+                _bias_calls()[name](out)
+            elif name == "rope_into":
+                pe.rope(torch.randn(shape, dtype=torch.float64), out=out)
+            else:
+                _calls()[name](out, out)
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            w.backward()
+
+
+def test_an_inference_tensor_is_written_only_in_inference_mode():
+    with torch.inference_mode():
+        x = torch.randn(2, 5, 8)
+        want = pe.rope(x.clone())
+    before = x.clone()
+    for _ in range(3):  # the full path, then a plan's signature
+        with pytest.raises(ValueError, match="out is an inference tensor"):
+            pe.rope(x, out=x)
+        assert torch.equal(x, before)
+        with pytest.raises(ValueError, match="out is an inference tensor"):
+            pe.t5_bias(torch.randn(32, 2), 5, 8, out=x)
+    with torch.inference_mode():
+        for _ in range(3):
+            y = x.clone()
+            assert pe.rope(y, out=y) is y
+            torch.testing.assert_close(y, want, rtol=0, atol=0)

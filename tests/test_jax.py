@@ -304,3 +304,15 @@ def test_tupe_logits_gradient(rng):
         rng,
         "tupe_logits",
     )
+
+
+@pytest.mark.parametrize("lengths", [(0, 5), (3, 0), (0, 0)])
+def test_an_empty_bias_gives_its_parameters_a_zero_gradient(lengths):
+    q_len, k_len = lengths
+    for name, bias, param in (
+        ("t5_bias", lambda t: pe.t5_bias(t, q_len, k_len), jnp.ones((32, 2))),
+        ("alibi_bias", lambda t: pe.alibi_bias(t, q_len, k_len), jnp.ones(2)),
+        ("kerple_bias", lambda t: pe.kerple_bias(t, t, q_len, k_len), jnp.ones(2)),
+    ):
+        grad = jax.grad(lambda t: jnp.sum(bias(t)))(param)
+        np.testing.assert_array_equal(np.asarray(grad), np.zeros(param.shape), err_msg=name)

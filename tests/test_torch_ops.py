@@ -112,6 +112,23 @@ def test_diagonal_sums_is_adjoint_of_expand():
     torch.testing.assert_close(lhs, rhs)
 
 
+@pytest.mark.parametrize("lengths", [(0, 5), (3, 0), (0, 0)])
+def test_an_empty_bias_gives_its_parameters_a_zero_gradient(lengths):
+    """No query or no key: the per-distance vector is empty ([heads, 0]) and so is its
+    gradient; the parameters get zeros, not the backward's shape error."""
+    q_len, k_len = lengths
+    for name, bias, param in (
+        ("t5_bias", lambda t: pe.t5_bias(t, q_len, k_len), torch.randn(32, 2)),
+        ("alibi_bias", lambda t: pe.alibi_bias(t, q_len, k_len), torch.rand(2)),
+        ("kerple_bias", lambda t: pe.kerple_bias(t, t, q_len, k_len), torch.rand(2)),
+    ):
+        param.requires_grad_()
+        out = bias(param)
+        assert tuple(out.shape) == (2, q_len, k_len), name
+        out.sum().backward()
+        assert torch.equal(param.grad, torch.zeros_like(param)), name
+
+
 def test_rope_rotate_backward_is_inverse_rotation():
     x = _x(1, 4, 6)
     y = _ops.rope_rotate_op(x, torch.arange(4), INV, False, False, 1.0)

@@ -350,6 +350,44 @@ def test_torch_transforms_a_kernel_would_defeat_take_the_reference(name):
         assert fn(mode.from_tensor(y)).shape == want_y.shape
 
 
+def _vmapped_over_positions(torch):
+    """Calls of ``(x, positions, offset)``, one sample each: positions, a per-sample tensor
+    offset or per-token positions are what ``torch.func.vmap`` batches."""
+    inv = pe.rope_frequencies(8, xp=torch, dtype=torch.float64)[0]
+    table, slopes = torch.linspace(-1, 1, 64, dtype=torch.float64).reshape(32, 2), torch.tensor([0.5, 0.25], dtype=torch.float64)
+    return {
+        "rope float positions": lambda x, p, o: pe.rope(x, p.double() + 0.5),
+        "rope int positions": lambda x, p, o: pe.rope(x, p),
+        "rope tensor offset": lambda x, p, o: pe.rope(x, offset=o),
+        "rope DynamicNTK": lambda x, p, o: pe.rope(x, p, scaling=pe.scaling.DynamicNTK(2.0, 4)),
+        "rope_cos_sin": lambda x, p, o: pe.rope_cos_sin(p.double() + 0.5, inv)[0],
+        "sinusoidal": lambda x, p, o: pe.sinusoidal(p.double() + 0.5, 8, dtype=torch.float64),
+        "xpos_scale": lambda x, p, o: pe.xpos_scale(p.double() + 0.5, 8, dtype=torch.float64),
+        "t5_bias": lambda x, p, o: pe.t5_bias(table, 5, 5, query_positions=p, key_positions=p),
+        "alibi_bias": lambda x, p, o: pe.alibi_bias(slopes, 5, 5, query_positions=p, key_positions=p),
+    }
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize(
+    "name",
+    ["rope float positions", "rope int positions", "rope tensor offset", "rope DynamicNTK", "rope_cos_sin", "sinusoidal", "xpos_scale", "t5_bias", "alibi_bias"],
+)
+def test_torch_vmap_over_positions_equals_a_loop(name):
+    """Positions are what a validation check reads (finiteness, ranges, a length): under
+    ``torch.func.vmap`` a batched tensor cannot be read, so those checks wait as they do
+    under ``torch.compile``, and the batch equals one call per sample."""
+    import torch
+
+    fn = _vmapped_over_positions(torch)[name]
+    x = torch.randn(3, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    positions = torch.tensor([[0, 1, 2, 3, 4], [7, 3, 9, 1, 0], [100, 200, 300, 400, 500]])
+    offsets = torch.tensor([1, 50, 900])
+    batched = torch.func.vmap(fn)(x, positions, offsets)
+    looped = torch.stack([fn(x[i], positions[i], offsets[i]) for i in range(3)])
+    torch.testing.assert_close(batched, looped, rtol=1e-12, atol=1e-12)
+
+
 # --- jax.jit with traced offsets and lengths ---------------------------------------------------
 
 

@@ -96,19 +96,32 @@ def planned(signature):
             if plan:
                 result = plan(args, kwargs)
                 if result is not NotImplemented:
-                    return result
+                    return _written(result, kwargs)
             result = fn(*args, **kwargs)
             if key is not None:
                 if plan is None:  # the first call of a signature pays for no plan
                     plans.put(key, _SEEN)
                 elif plan is _SEEN:
                     plans.put(key, _built(build, args, {**defaults, **kwargs}))
-            return result
+            return _written(result, kwargs)
 
         public.plans = plans
         return public
 
     return wrap
+
+
+def _written(result, kwargs):
+    """``result``, after telling autograd that a torch ``out`` it is has been written: a
+    kernel writes through a NumPy or device view, which torch's version counter does not
+    see, so a tensor saved for another op's backward and then overwritten would give that
+    backward the new values instead of torch's error. Inference tensors keep no counter."""
+    out = kwargs.get("out")
+    if out is not None and result is out and type(out) is not np.ndarray:
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(out, torch.Tensor) and not out.is_inference():
+            torch.autograd.graph.increment_version(out)
+    return result
 
 
 def _built(build, args, kwargs):
@@ -160,9 +173,9 @@ def array_key(a, *, cuda=False):
         if torch_transforming(fake=False) or a.is_neg():  # dual or functorch-wrapped tensors, jit.trace, a negated view: the full path
             return None
         if a.is_cpu:
-            return (kind, a.shape, a.stride(), a.dtype, a.requires_grad)
+            return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_inference())
         if cuda and a.is_cuda:
-            return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.device)
+            return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_inference(), a.device)
     return None
 
 

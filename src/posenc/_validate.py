@@ -434,10 +434,21 @@ def query_key_value(q, k, v, xp):
 
 def is_eager(value) -> bool:
     """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
-    a torch tensor while torch compiles."""
+    a torch tensor while torch compiles, nor one that ``torch.func.vmap`` batches."""
     if torch_tensor(value):
-        return not torch_compiling()
+        return not torch_compiling() and not _vmapped(value)
     return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
+
+
+def _vmapped(tensor) -> bool:
+    """Whether a torch tensor is batched by ``torch.func.vmap`` at one of its wrapper levels
+    (a read of its values is data-dependent control flow there)."""
+    functorch = _torch()._C._functorch
+    while functorch.is_functorch_wrapped_tensor(tensor):
+        if functorch.is_batchedtensor(tensor):
+            return True
+        tensor = functorch.get_unwrapped(tensor)
+    return False
 
 
 def _is_tracer(value) -> bool:
@@ -606,13 +617,23 @@ def writable(value):
 
 
 def writable_by_autograd(value):
-    """``out`` must not be a torch leaf that requires grad, nor a view of one, while grad mode is on.
+    """``out`` must not be a torch leaf that requires grad, nor a view of one, while grad mode
+    is on, nor an inference tensor outside ``torch.inference_mode``.
 
-    Autograd cannot record a write into such a tensor (torch refuses any in-place op on it);
-    refused here, before anything is computed, instead of by torch from inside the kernel
-    path. A non-leaf (``x = w * 1``) can be written in place and gets its correct gradient.
+    Torch refuses any in-place op on those (autograd cannot record the write; an inference
+    tensor keeps no version counter to tell autograd of it); refused here, before anything
+    is computed, as a kernel's write would not be. A non-leaf (``x = w * 1``) can be written
+    in place and gets its correct gradient.
     """
-    if not torch_tensor(value) or not value.requires_grad or not _torch().is_grad_enabled():
+    if not torch_tensor(value):
+        return
+    if not torch_compiling() and value.is_inference() and not _torch().is_inference_mode_enabled():  # (torch's own check while it compiles)
+        raise ValueError(
+            "out is an inference tensor (made under torch.inference_mode), which torch does not let "
+            "an in-place write update outside inference mode: write into it under torch.inference_mode(), "
+            "or pass a normal tensor (e.g. out=x.clone())"
+        )
+    if not value.requires_grad or not _torch().is_grad_enabled():
         return
     base = value if value._base is None else value._base
     if base.is_leaf:

@@ -299,8 +299,8 @@ def _expansion(q_len, k_len, ndim):
         _numpy_kernel("toeplitz_expand")(v, q_len, k_len, out=out)
 
     def transpose(ct, vec):
-        if q_len == 0 or k_len == 0:  # an empty bias: every entry of vec (if any) unread
-            return jnp.zeros((*ct.shape[:-2], max(q_len + k_len - 1, 0)), ct.dtype)
+        if q_len == 0 or k_len == 0:  # an empty bias, of an empty vec (expand_bias's count is 0 then)
+            return jnp.zeros((*ct.shape[:-2], 0), ct.dtype)
         return _diagonal_sums(ct)
 
     return LinearOp(

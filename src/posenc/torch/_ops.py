@@ -266,10 +266,13 @@ def diagonal_sums(grad: Tensor) -> Tensor:
 
     Reversing the key axis turns diagonal ``t`` into anti-diagonal ``i + j'``; padding each
     row with ``q_len`` zeros and re-reading the flat buffer with rows one longer shifts row
-    ``i`` right by ``i``, so the anti-diagonals line up as columns.
+    ``i`` right by ``i``, so the anti-diagonals line up as columns. No diagonal (and no
+    column) when either length is 0, as the per-distance vector has none then.
     """
     q_len, k_len = grad.shape[-2], grad.shape[-1]
     lead = grad.shape[:-2]
+    if q_len == 0 or k_len == 0:
+        return grad.new_zeros((*lead, 0))
     flipped = torch.flip(grad, dims=(-1,))
     padded = torch.nn.functional.pad(flipped, (0, q_len))
     flat = padded.reshape(*lead, q_len * (k_len + q_len))[..., : q_len * (k_len + q_len - 1)]
