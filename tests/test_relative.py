@@ -70,6 +70,72 @@ def test_t5_bucket_int32_input_keeps_dtype():
     np.testing.assert_array_equal(out, hf_t5_bucket(-rel.astype(np.int64), bidirectional=False))
 
 
+def _narrow_values(dtype):
+    info = np.iinfo(dtype)
+    inner = np.arange(max(int(info.min), -300), min(int(info.max), 300) + 1)
+    return np.unique(np.concatenate([inner, [info.min, info.min + 1, info.max - 1, info.max]])).astype(dtype)
+
+
+NARROW = [np.int8, np.uint8, np.int16, np.uint16, np.int32]
+BUCKET_MAPS = [  # (the function of rel, its int64 oracle: the same map of the values widened first)
+    (lambda r: pe.clip_relative(r, 50), lambda r: np.clip(r, -50, 50) + 50),
+    (lambda r: pe.clip_relative(r, 100), lambda r: np.clip(r, -100, 100) + 100),
+    (lambda r: pe.t5_bucket(r, num_buckets=32, max_distance=128), lambda r: hf_t5_bucket(-r)),
+    (lambda r: pe.t5_bucket(r, num_buckets=320, max_distance=1000), lambda r: hf_t5_bucket(-r, num_buckets=320, max_distance=1000)),
+    (lambda r: pe.deberta_bucket(r, bucket_size=8, max_position=64), lambda r: hf_deberta_bucket(r, 8, 64)),
+    (lambda r: pe.deberta_bucket(r), lambda r: hf_deberta_bucket(r, 256, 512)),
+]
+
+
+@pytest.mark.parametrize("dtype", NARROW, ids=lambda d: np.dtype(d).name)
+@pytest.mark.parametrize("which", range(len(BUCKET_MAPS)))
+def test_index_maps_of_narrow_integers_are_those_of_the_values_or_refused(which, dtype):
+    """Narrow and unsigned ``rel`` are computed in int64 (they wrapped in their own dtype:
+    ``clip_relative(int8 100, 100)`` gave -56) and returned in their dtype where every
+    index the map can give fits it, else refused before any work."""
+    fn, oracle = BUCKET_MAPS[which]
+    rel = _narrow_values(dtype)
+    want = oracle(rel.astype(np.int64))
+    info = np.iinfo(dtype)
+    largest_index = {0: 100, 1: 200, 2: 31, 3: 319}.get(which)  # 2K, num_buckets - 1 (DeBERTa's: within rel's range here)
+    if largest_index is not None and largest_index > info.max:
+        with pytest.raises(ValueError, match="pass a wider integer dtype"):
+            fn(rel)
+        return
+    got = fn(rel)
+    assert got.dtype == dtype
+    assert want.min() >= info.min and want.max() <= info.max
+    np.testing.assert_array_equal(got.astype(np.int64), want)
+
+
+def test_deberta_bucket_at_m_plus_one_gives_the_dtypes_most_negative_integer():
+    """``max_position = m + 1``: the original's +-inf cast to rel's integer dtype."""
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        rel = np.array([0, 3, 4, 5, -9, np.iinfo(dtype).min], dtype=dtype)
+        got = pe.deberta_bucket(rel, bucket_size=8, max_position=5)
+        assert got.dtype == dtype
+        low = np.iinfo(dtype).min
+        np.testing.assert_array_equal(got, np.array([0, 3, 4, low, low, low], dtype=dtype))
+
+
+def test_deberta_bucket_of_the_most_negative_integer_is_bucketed():
+    """``|int64 min|`` does not exist (abs wraps to itself, which passed as a small distance);
+    it is bucketed as its neighbour, as the original's float arithmetic does."""
+    for dtype in (np.int8, np.int16, np.int32, np.int64):
+        low = np.iinfo(dtype).min
+        got = pe.deberta_bucket(np.array([low, low + 1], dtype=dtype), bucket_size=8, max_position=64)
+        np.testing.assert_array_equal(got, hf_deberta_bucket(np.array([low + 1, low + 1], dtype=np.int64), 8, 64))
+
+
+def test_relative_positions_of_a_narrow_dtype_must_fit_it():
+    np.testing.assert_array_equal(pe.relative_positions(1, 3, offset=200, dtype=np.uint8), np.array([[200, 199, 198]], dtype=np.uint8))
+    with pytest.raises(ValueError, match="-1 .. 2, beyond uint8"):
+        pe.relative_positions(2, 3, dtype=np.uint8)
+    with pytest.raises(ValueError, match="beyond int8"):
+        pe.relative_positions(2, 300, dtype=np.int8)
+    assert pe.relative_positions(2, 100, dtype=np.int8).dtype == np.int8
+
+
 # --- deberta_bucket -----------------------------------------------------------------
 
 

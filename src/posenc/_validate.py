@@ -173,6 +173,21 @@ def widened(name, value, xp, device=None):
     return xp.astype(value, dtype)
 
 
+def narrowed(name, result, dtype, low, high, xp):
+    """An integer ``result`` computed in the index dtype, as ``dtype`` (a narrower integer
+    dtype an argument came in) when every value it can take, ``low .. high`` (known from
+    the options, not read from the data), fits there; ``ValueError`` naming ``name`` and
+    the dtype otherwise."""
+    if result.dtype == dtype:
+        return result
+    info = xp.iinfo(dtype)
+    if low < int(info.min) or high > int(info.max):
+        raise ValueError(
+            f"{name} can be {low} .. {high}, beyond {getattr(info, 'dtype', dtype)} ({int(info.min)} .. {int(info.max)}): pass a wider integer dtype"
+        )
+    return xp.astype(result, dtype)
+
+
 def _integer_range(xp, value, index_dtype, bits):
     """``(min, max)`` of an integer array as Python ints. torch has no min or max of uint64 on
     the CPU: there they are read from the array cast to the 64-bit index dtype, where values

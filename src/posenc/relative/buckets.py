@@ -99,7 +99,8 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
 
     Returns
     -------
-    integer array like ``rel`` with values in ``[0, num_buckets)``.
+    integer array like ``rel`` with values in ``[0, num_buckets)`` (computed in the index
+    dtype; ``ValueError`` where ``num_buckets - 1`` does not fit ``rel``'s dtype).
 
     Examples
     --------
@@ -110,9 +111,12 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
     [17, 26, 15]
     """
     check.array("rel", rel)
-    check.integer_array("rel", rel, namespace(rel))
+    xp = namespace(rel)
+    check.integer_array("rel", rel, xp)
     num_buckets, max_distance, bidirectional = t5_bucket_options(num_buckets, max_distance, bidirectional)
-    return call("t5_buckets", rel, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    wide = check.widened("rel", rel, xp, device_of(rel))
+    buckets = call("t5_buckets", wide, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
+    return check.narrowed("a T5 bucket", buckets, rel.dtype, 0, num_buckets - 1, xp)
 
 
 @reference("t5_buckets")
@@ -188,7 +192,8 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
 
     Returns
     -------
-    integer array like ``rel``.
+    integer array like ``rel`` (computed in the index dtype; ``ValueError`` where a bucket
+    of a value of ``rel``'s dtype would not fit it).
 
     Examples
     --------
@@ -201,16 +206,36 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
-    return deberta_buckets(xp, rel, *deberta_bucket_options(bucket_size, max_position))
+    bucket_size, max_position = deberta_bucket_options(bucket_size, max_position)
+    lowest = int(xp.iinfo(rel.dtype).min)
+    wide = check.widened("rel", rel, xp, device_of(rel))
+    buckets = deberta_buckets(xp, wide, bucket_size, max_position, lowest=lowest)
+    if buckets.dtype == rel.dtype:
+        return buckets
+    low, high = _deberta_range(bucket_size, max_position, lowest, int(xp.iinfo(rel.dtype).max))
+    return check.narrowed("a DeBERTa bucket", buckets, rel.dtype, low, high, xp)
 
 
-def deberta_buckets(xp, rel, bucket_size, max_position):
-    """:func:`deberta_bucket` of validated arguments (``deberta_bucket_options``)."""
+def _deberta_range(bucket_size, max_position, lowest, largest):
+    """The smallest and largest bucket of a value in ``lowest .. largest``: the map is
+    monotonic in ``|rel|`` on each side of the identity zone, so at the ends of the range
+    and just past ``m`` (evaluated as the buckets are)."""
     mid = bucket_size // 2
-    magnitude = xp.abs(rel)
+    ends = [v for v in (lowest, -(mid + 1), -mid, 0, mid, mid + 1, largest) if lowest <= v <= largest]
+    buckets = deberta_buckets(np, np.array(ends, dtype=np.int64), bucket_size, max_position, lowest=lowest)
+    return int(buckets.min()), int(buckets.max())
+
+
+def deberta_buckets(xp, rel, bucket_size, max_position, *, lowest=None):
+    """:func:`deberta_bucket` of validated arguments (``deberta_bucket_options``); ``lowest``
+    (default: that of ``rel``'s dtype) is the most negative integer of the dtype the
+    caller's ``rel`` came in, the bucket of every distance beyond ``m`` for ``P = m + 1``."""
+    mid = bucket_size // 2
+    largest = xp.iinfo(rel.dtype).max
+    magnitude = xp.abs(xp.clip(rel, -largest, None))  # |int64 min| does not exist: as -largest, beyond every threshold
     identity = magnitude <= mid
     if max_position - 1 == mid:
-        return xp.where(identity, rel, xp.full_like(rel, xp.iinfo(rel.dtype).min))
+        return xp.where(identity, rel, xp.full_like(rel, xp.iinfo(rel.dtype).min if lowest is None else lowest))
     if max_position == 1:  # ln(0) = -inf: every step is ceil(-0.0) = 0
         logarithmic = xp.full_like(rel, mid)
     else:

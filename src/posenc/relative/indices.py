@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import index_dtype, namespace, shifted
+from .._xp import device_of, index_dtype, namespace, shifted
 
 
 def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
@@ -20,7 +20,9 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     q_len, k_len : int >= 0
     offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default
     xp, device : namespace (NumPy by default; ``xp`` may be the framework module) and device
-    dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it)
+    dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it);
+        a narrower one must hold every relative position (``ValueError`` otherwise, for
+        an int ``offset``)
 
     Examples
     --------
@@ -34,13 +36,17 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     k_len = check.integer("k_len", k_len, minimum=0)
     xp = namespace(xp=xp)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
-    dtype = index_dtype(xp, device) if dtype is None else dtype
+    index = index_dtype(xp, device)
+    dtype = index if dtype is None else dtype
     if not xp.isdtype(dtype, "integral"):
         raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
     check.allocatable("relative_positions", (q_len, k_len), 8)
-    qpos = xp.arange(q_len, dtype=dtype, device=device)
-    kpos = xp.arange(k_len, dtype=dtype, device=device)
-    return xp.astype(shifted(qpos[:, None] - kpos[None, :], offset), dtype)
+    qpos = xp.arange(q_len, dtype=index, device=device)
+    kpos = xp.arange(k_len, dtype=index, device=device)
+    rel = shifted(qpos[:, None] - kpos[None, :], offset)
+    if dtype == index or not isinstance(offset, int) or not (q_len and k_len):  # (a traced offset: cast as it is)
+        return xp.astype(rel, dtype)
+    return check.narrowed("the relative positions", rel, dtype, offset - (k_len - 1), offset + q_len - 1, xp)
 
 
 def query_offset(offset, q_len, k_len, *, xp=None, device=None):
@@ -83,7 +89,8 @@ def clip_relative(rel, max_distance):
 
     Returns
     -------
-    integer array like ``rel`` with values in ``[0, 2K]``.
+    integer array like ``rel`` with values in ``[0, 2K]`` (computed in the index dtype;
+    ``ValueError`` where ``2K`` does not fit ``rel``'s dtype).
 
     Examples
     --------
@@ -94,7 +101,9 @@ def clip_relative(rel, max_distance):
     check.array("rel", rel)
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
-    return clipped(xp, rel, check.integer("max_distance", max_distance, minimum=0))
+    max_distance = check.integer("max_distance", max_distance, minimum=0)
+    result = clipped(xp, check.widened("rel", rel, xp, device_of(rel)), max_distance)
+    return check.narrowed("clip_relative's index (0 .. 2 * max_distance)", result, rel.dtype, 0, 2 * max_distance, xp)
 
 
 def clipped(xp, rel, max_distance):
