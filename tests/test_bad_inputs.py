@@ -832,3 +832,26 @@ def test_bad_input(family, name, monkeypatch):
     message = str(info.value)
     for fragment in (fragments,) if isinstance(fragments, str) else fragments:
         assert fragment in message, f"{name}: message {message!r} does not name {fragment!r}"
+
+
+def test_numpy_masked_arrays_are_refused_wherever_an_array_goes():
+    """A mask no computation would honour: masked positions took np.ma's placeholder values
+    (``sinusoidal([1, --, 3])`` gave row 1 the sinusoid of 2 at every frequency) and the
+    kernel and the reference disagreed on masked x."""
+    masked = np.ma.masked_array
+    x, pos = np.ones((1, 3, 8)), np.array([1, 2, 3])
+    cos, sin = pe.rope_cos_sin(pos, [1.0, 0.5])
+    table = np.ones((32, 2))
+    calls = {
+        "x": lambda: pe.rope(masked(x, mask=False)),
+        "positions": lambda: pe.rope(x, masked(pos, mask=[0, 1, 0])),
+        "out": lambda: pe.rope(x, out=masked(np.empty_like(x), mask=False)),
+        "sinusoidal positions": lambda: pe.sinusoidal(masked(pos, mask=[0, 1, 0]), 4),
+        "rope_cos_sin positions": lambda: pe.rope_cos_sin(masked(pos, mask=[0, 1, 0]), [1.0]),
+        "cos": lambda: pe.apply_rope(x, masked(cos, mask=False), sin),
+        "table": lambda: pe.t5_bias(masked(table, mask=False), 2, 3),
+        "key_positions": lambda: pe.alibi_bias(np.ones(2), 1, 3, key_positions=masked(pos, mask=[0, 1, 0])),
+    }
+    for name, call in calls.items():
+        with pytest.raises(TypeError, match="masked array"):
+            call()

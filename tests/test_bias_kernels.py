@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import posenc  # noqa: F401  (registers the kernels)
+import posenc as pe  # (importing it registers the kernels)
 from arrays import EPS, to_float64
 from posenc import _dispatch, use_backend
 from posenc._kernels import _arrays
@@ -372,3 +372,21 @@ def test_cuda_copies_of_long_rows_are_bit_exact(cuda, dtype):
 def test_dispatch_picks_the_cuda_kernel_for_device_arrays(cuda):
     vec = cuda.to_device(np.zeros((2, 5), dtype=np.float32))
     assert _dispatch.select("toeplitz_expand", vec, 3, 3) is _gpu("toeplitz_expand")
+
+
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_a_byte_swapped_out_is_written_on_every_backend(backend):
+    """``out`` of dtype ``>f4`` for float32 inputs: the same values as a native buffer on
+    both backends (the kernel was chosen, then its launcher refused the byte order)."""
+    vec, table, slopes = np.linspace(-1, 1, 8, dtype=np.float32).reshape(2, 4), np.linspace(-1, 1, 64, dtype=np.float32).reshape(32, 2), pe.alibi_slopes(2)
+    calls = {
+        "expand_bias": lambda out: pe.expand_bias(vec, 2, 3, out=out),
+        "t5_bias": lambda out: pe.t5_bias(table, 2, 3, out=out),
+        "alibi_bias": lambda out: pe.alibi_bias(slopes, 2, 3, out=out),
+    }
+    with use_backend(backend):
+        for name, call in calls.items():
+            native, swapped = np.zeros((2, 2, 3), np.float32), np.zeros((2, 2, 3), ">f4")
+            assert call(swapped) is swapped, name
+            call(native)
+            np.testing.assert_array_equal(swapped, native, err_msg=name)

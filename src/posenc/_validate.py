@@ -400,7 +400,13 @@ _NEVER_ARRAYS = PLAIN | {complex, list, tuple}  # said before the ABC check
 
 
 def array(name, value):
-    """``value`` must be an array of a supported namespace."""
+    """``value`` must be an array of a supported namespace (not a NumPy masked array, whose
+    mask no computation here would honour)."""
+    if isinstance(value, _ndarray) and type(value).__module__.startswith("numpy.ma"):
+        raise TypeError(
+            f"{name} is a NumPy masked array, whose mask posenc would not honour: pass its filled or compressed values "
+            "(numpy.ma.filled, .compressed()) or handle masked positions with a mask= of attention"
+        )
     if not is_array(value):
         raise TypeError(f"{name} must be an array (NumPy, CuPy, PyTorch, JAX, Dask, array-api-strict), got {type(value).__name__}")
     return value

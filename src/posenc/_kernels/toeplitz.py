@@ -41,7 +41,10 @@ def _accepts(values, index=None, out=None, *, gpu):
     # CUDA kernels address memory from each array's first element: whole, non-negative strides.
     if gpu and not all(_arrays.forward_strides(a) for a in (values, index, out) if a is not None):
         return False
-    return out is None or (_arrays.library(out) == lib and (_arrays.on_gpu(out) if gpu else _arrays.on_host(out)))
+    # An out the kernel cannot write as it is (another dtype, a byte-swapped one): the reference's.
+    return out is None or (
+        _arrays.library(out) == lib and out.dtype == values.dtype and (_arrays.on_gpu(out) if gpu else _arrays.on_host(out))
+    )
 
 
 def _expand(gpu):
