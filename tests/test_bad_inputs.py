@@ -540,6 +540,9 @@ ROTARY = {
         TypeError,
         "inv_freq must hold concrete values",
     ),
+    "rerotate inv_freq that requires grad": (
+        lambda: pe.rerotate(_torch().zeros(3, 4), 1, _torch().ones(2, requires_grad=True)), TypeError, ["inv_freq requires grad", "detach()"],
+    ),
     "rerotate integer x": (lambda: pe.rerotate(Z((4, 8), dtype=np.int64), 1, np.ones(2)), TypeError, "x"),
     "rerotate inv_freq of another length": (lambda: pe.rerotate(Z((4, 8)), 1, np.ones(5)), ValueError, "inv_freq"),
     "rerotate delta of another length": (lambda: pe.rerotate(Z((4, 8)), np.arange(3), np.ones(2)), ValueError, "delta"),

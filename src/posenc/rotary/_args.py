@@ -78,6 +78,8 @@ def host_inv_freq(name, value, xp):
     (not a NumPy array, which ``torch.compile`` would trace as a tensor)."""
     freqs = inv_freq(name, value, xp)
     if not isinstance(freqs, tuple):
+        if getattr(freqs, "requires_grad", False) and check.is_eager(freqs):
+            raise TypeError(f"{name} requires grad, but these frequencies are constants of the kernel (no gradient reaches them): pass {name}.detach()")
         raise TypeError(f"{name} must hold concrete values (a NumPy array or an eager array), got a traced {type(freqs).__name__}")
     return freqs
 

@@ -108,6 +108,12 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     ``(x[2i], x[2i+1])`` (RoFormer, GPT-J). Each pair ``(a, b)`` becomes
     ``(a*cos - b*sin, b*cos + a*sin)``, a rotation by ``+angle``.
 
+    The tables hold each angle twice, as :func:`rope_cos_sin` and transformers make them
+    (``cos[..., i] == cos[..., i + r/2]`` for ``"half"``, ``cos[..., 2i] == cos[..., 2i+1]``
+    for ``"interleaved"``). A pair reads the entries of its first channel (``i``, or
+    ``2i``): the second copy is not read and gets no gradient, so tables whose two copies
+    differ (not a rotation) give another result than ``x * cos + rotate_half(x) * sin``.
+
     Parameters
     ----------
     x : array ``[..., d]``, real floating
