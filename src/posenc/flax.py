@@ -160,14 +160,6 @@ def _masked_softmax(logits, allowed):
     return jax.nn.softmax(logits, axis=-1) * some
 
 
-def _positions(x, positions, offset):
-    """``positions``, or ``offset + arange(seq)``: an offset per batch row (``[batch]``) on
-    its row's positions, not broadcast against the sequence."""
-    if positions is not None:
-        return positions
-    return _args.place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + jnp.arange(x.shape[-2])
-
-
 # ---------------------------------------------------------------- absolute
 
 
@@ -184,7 +176,7 @@ class Sinusoidal(PositionalModule):
         self.dim, self.base, self.layout = dim, base, layout
 
     def embed(self, x, positions=None, *, offset=0):
-        return x + pe.sinusoidal(_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
+        return x + pe.sinusoidal(_args.embedded_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
 
 
 class Learned(PositionalModule):
@@ -196,7 +188,7 @@ class Learned(PositionalModule):
         self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02)
 
     def embed(self, x, positions=None, *, offset=0):
-        positions = _positions(x, positions, offset)
+        positions = _args.embedded_positions(x, positions, offset)
         if not jnp.issubdtype(positions.dtype, jnp.integer):
             raise TypeError(f"positions must be integers, got {positions.dtype}")
         n = self.weight.shape[0]

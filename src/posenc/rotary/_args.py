@@ -278,6 +278,16 @@ def per_row(name, value, xp):
     return value
 
 
+def embedded_positions(x, positions, offset):
+    """The positions an absolute module embeds ``x [..., seq, d]`` at: ``positions``, or
+    ``offset + arange(seq)`` with an offset per batch row (``[batch]``) on its row's
+    positions, not broadcast against the sequence."""
+    if positions is not None:
+        return positions
+    xp = namespace(x)
+    return place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + xp.arange(x.shape[-2], device=device_of(x))
+
+
 def place_rows(name, value, shape, axis):
     """A per-row ``value`` reshaped to broadcast against the token axes ``shape`` along the
     batch axes before the sequence ``axis`` (0-d and ints pass through)."""

@@ -11,14 +11,6 @@ from posenc.rotary import _args
 from ._protocol import PositionalModule, positive_int
 
 
-def _positions(x, positions, offset):
-    """``positions``, or ``offset + arange(seq)``: an offset per batch row (``[batch]``) on
-    its row's positions, not broadcast against the sequence."""
-    if positions is not None:
-        return positions
-    return _args.place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + torch.arange(x.shape[-2], device=x.device)
-
-
 class NoPE(PositionalModule):
     """No positional encoding (Kazemnejad et al., 2023): ``embed`` returns ``x``, ``logits``
     is the plain scaled dot product of ``q, k [batch, heads, seq, head_dim]``; a causal
@@ -47,7 +39,7 @@ class SinusoidalEmbedding(PositionalModule):
         return pe.sinusoidal(positions, self.dim, base=self.base, layout=self.layout, dtype=self.dtype)
 
     def embed(self, x, positions=None, *, offset=0):
-        table = pe.sinusoidal(_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
+        table = pe.sinusoidal(_args.embedded_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
         return x + table
 
 
@@ -87,7 +79,7 @@ class LearnedEmbedding(PositionalModule):
         return nn.functional.embedding(positions, self.weight)
 
     def embed(self, x, positions=None, *, offset=0):
-        return x + self(_positions(x, positions, offset)).to(x.dtype)
+        return x + self(_args.embedded_positions(x, positions, offset)).to(x.dtype)
 
     @torch.no_grad()
     def extend(self, length: int) -> LearnedEmbedding:
