@@ -96,14 +96,14 @@ def planned(signature):
             if plan:
                 result = plan(args, kwargs)
                 if result is not NotImplemented:
-                    return _written(result, kwargs)
+                    return result if result is not kwargs.get("out") else _written(result)
             result = fn(*args, **kwargs)
             if key is not None:
                 if plan is None:  # the first call of a signature pays for no plan
                     plans.put(key, _SEEN)
                 elif plan is _SEEN:
                     plans.put(key, _built(build, args, {**defaults, **kwargs}))
-            return _written(result, kwargs)
+            return result if result is not kwargs.get("out") else _written(result)
 
         public.plans = plans
         return public
@@ -111,17 +111,16 @@ def planned(signature):
     return wrap
 
 
-def _written(result, kwargs):
-    """``result``, after telling autograd that a torch ``out`` it is has been written: a
-    kernel writes through a NumPy or device view, which torch's version counter does not
+def _written(out):
+    """The ``out`` a call returned, after telling autograd that a torch one has been written:
+    a kernel writes through a NumPy or device view, which torch's version counter does not
     see, so a tensor saved for another op's backward and then overwritten would give that
     backward the new values instead of torch's error. Inference tensors keep no counter."""
-    out = kwargs.get("out")
-    if out is not None and result is out and type(out) is not np.ndarray:
+    if out is not None and type(out) is not np.ndarray:
         torch = sys.modules.get("torch")
         if torch is not None and isinstance(out, torch.Tensor) and not out.is_inference():
             torch.autograd.graph.increment_version(out)
-    return result
+    return out
 
 
 def _built(build, args, kwargs):
