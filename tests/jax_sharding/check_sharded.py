@@ -49,6 +49,16 @@ def main(count):
     check("rope dim gathers", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, None, "d")),), rotated, P(None, None, None, "d"), gathers=True)
     check("apply_rope heads", lambda a, c, s: pe.apply_rope(a, c, s), (put(x, P(None, "d")), jnp.asarray(cos), jnp.asarray(sin)), pe.apply_rope(x, cos, sin), P(None, "d"))
     check("t5_bias heads", lambda t: pe.t5_bias(t, 12, 12), (put(table, P(None, "d")),), pe.t5_bias(table, 12, 12), P("d"))
+    dynamic = pe.scaling.DynamicNTK(2.0, 8)  # a length past 8 rescales: the host call reads each traced length
+    check(
+        "rope dynamic traced offset batch", lambda a, o: pe.rope(a, offset=o, scaling=dynamic), (put(x, P("d")), jnp.int32(50)),
+        pe.rope(x, offset=50, scaling=dynamic), P("d"),
+    )  # fmt: skip
+    rows = np.array([0, 7, 50, 400])
+    check(
+        "rope dynamic per-row offsets batch", lambda a, o: pe.rope(a, offset=o, scaling=dynamic), (put(x, P("d")), put(rows, P("d"))),
+        pe.rope(x, offset=rows, scaling=dynamic), P("d"),
+    )  # fmt: skip
     grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # R a + R^T a
     check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
 

@@ -9,8 +9,9 @@ on each device's shard (its shapes read from the local buffers). Which axes may 
 sharded (the others are ``need_replication`` factors, gathered by XLA: one all-gather of
 that operand, the cost of a replicated call):
 
-* the rotations (``rope_rotate``, ``rope_apply``): every axis of ``x`` but the last
-  (batch, heads and the sequence: each position is rotated on its own, its position or
+* the rotations (``rope_rotate``, ``rope_apply``, and ``rope_rotate_at_length``, a
+  length-dependent scaling at a traced length): every axis of ``x`` but the last (batch,
+  heads and the sequence: each position is rotated on its own, its position, length or
   ``cos``/``sin`` row sharded alongside it);
 * the Toeplitz ops (``toeplitz_expand``/``gather``/``scatter``): every axis but the last
   two (a bias row needs every distance).
@@ -29,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 # (vmap's, in front) line up with the result's first ones; the rest match nothing.
 _ALIGNMENT = {
     "rope_rotate": (1, ("same", (1, 0))),
+    "rope_rotate_at_length": (1, ("same", (1, 0), (1, 0))),  # the lengths: 0-d, or placed like the positions
     "rope_apply": (1, ("same", (0, 0), (0, 0))),
     "toeplitz_expand": (2, ((2, 1),)),
     "toeplitz_gather": (2, ((1, 1), (0, 1))),
