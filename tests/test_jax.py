@@ -316,3 +316,17 @@ def test_an_empty_bias_gives_its_parameters_a_zero_gradient(lengths):
     ):
         grad = jax.grad(lambda t: jnp.sum(bias(t)))(param)
         np.testing.assert_array_equal(np.asarray(grad), np.zeros(param.shape), err_msg=name)
+
+
+@pytest.mark.parametrize("bucket_size, max_position", [(64, 1024), (128, 512), (256, 256), (32, 513), (256, 512)])
+def test_deberta_bucket_under_jit_is_the_eager_bucket(bucket_size, max_position):
+    """The log of the table's top ratio and the distances' logs are one runtime log: under
+    jax.jit a log of a constant alone was folded at compile time by another log, and
+    |rel| = max_position - 1 landed one bucket past the original's (64, 1024: 64, not 63)."""
+    rel = jnp.arange(-4 * max_position, 4 * max_position + 1)
+    eager = pe.deberta_bucket(rel, bucket_size=bucket_size, max_position=max_position)
+    jitted = jax.jit(lambda r: pe.deberta_bucket(r, bucket_size=bucket_size, max_position=max_position))(rel)
+    np.testing.assert_array_equal(np.asarray(jitted), np.asarray(eager))
+    edge = jnp.asarray([max_position - 1, -(max_position - 1)])
+    np.testing.assert_array_equal(np.asarray(jax.jit(lambda r: pe.deberta_bucket(r, bucket_size=bucket_size, max_position=max_position))(edge)),
+                                  [bucket_size - 1, -(bucket_size - 1)])  # fmt: skip
