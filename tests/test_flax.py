@@ -136,6 +136,10 @@ def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_out
             learned.embed(x[0], **bad)
     with pytest.raises(TypeError, match="integers"):
         learned.embed(x[0], jnp.asarray([0.0, 1.0, 2.0]))
+    # Traced positions are not checked: those outside the table, negative ones too, give NaN rows.
+    traced = np.asarray(nnx.jit(lambda m, p: m.embed(x[0], p))(learned, jnp.asarray([-1, 3, 8])))
+    assert np.isnan(traced[0]).all() and np.isnan(traced[2]).all()
+    np.testing.assert_array_equal(traced[1], np.asarray(learned.embed(x[0], jnp.asarray([0, 3, 4]))[1]))
 
 
 def test_flax_modules_are_the_functional_calls():

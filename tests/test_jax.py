@@ -330,3 +330,15 @@ def test_deberta_bucket_under_jit_is_the_eager_bucket(bucket_size, max_position)
     edge = jnp.asarray([max_position - 1, -(max_position - 1)])
     np.testing.assert_array_equal(np.asarray(jax.jit(lambda r: pe.deberta_bucket(r, bucket_size=bucket_size, max_position=max_position))(edge)),
                                   [bucket_size - 1, -(bucket_size - 1)])  # fmt: skip
+
+
+def test_apply_absolute_at_a_traced_offset_gives_nan_rows_outside_the_table():
+    """A traced offset is not range-checked: rows before the table (a negative offset) are
+    NaN as rows past its end are, not rows read from its end (they were 8 and 9 of 10)."""
+    x, table = jnp.zeros((4, 2)), jnp.arange(20.0).reshape(10, 2)
+    at = jax.jit(lambda o: pe.apply_absolute(x, table, offset=o))
+    before, after = np.asarray(at(jnp.int32(-2))), np.asarray(at(jnp.int32(8)))
+    assert np.isnan(before[:2]).all() and np.isnan(after[2:]).all()
+    np.testing.assert_array_equal(before[2:], np.asarray(table[:2]))
+    np.testing.assert_array_equal(after[:2], np.asarray(table[8:]))
+    np.testing.assert_array_equal(np.asarray(at(jnp.int32(3))), np.asarray(pe.apply_absolute(x, table, offset=3)))

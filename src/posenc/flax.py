@@ -14,8 +14,9 @@ Every module answers the same three calls as its torch twin
 ``q, k, v`` are ``[batch, heads, seq, head_dim]``; queries sit at ``offset + arange(q_len)``
 (``offset=None``: ``k_len - q_len``, the queries being the last keys, as after a KV cache),
 keys at ``arange(k_len)``; ``mask`` is boolean, ``True`` where a query may attend; a query
-that may attend to no key gets zeros. ``T5``, ``ALiBi``, ``Shaw`` and ``DeBERTa`` take
-per-token ``query_positions``/``key_positions`` too (packed or padded batches). Learned
+that may attend to no key gets zeros. ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, ``FIRE``,
+``KERPLE`` and ``Sandwich`` take per-token ``query_positions``/``key_positions`` too
+(packed or padded batches). Learned
 parts are ``nnx.Param`` (initialised as the torch modules initialise theirs, from
 ``rngs``), so ``nnx.jit``, ``nnx.grad`` and optax train them; each module's output is the
 functional call with its parameters (:func:`posenc.t5_bias`, :func:`posenc.rope`, ...).
@@ -182,7 +183,7 @@ class Sinusoidal(PositionalModule):
 class Learned(PositionalModule):
     """A learned absolute table ``weight [num_positions, dim]`` (``nnx.Param``) added to the
     tokens. A concrete position outside ``[0, num_positions)`` is a ``ValueError``, as for
-    the torch module; traced ones are not checked (``jnp.take`` gives NaN rows there)."""
+    the torch module; a traced one gives a NaN row (negative ones too, not a row from the end)."""
 
     def __init__(self, num_positions: int, dim: int, *, rngs: nnx.Rngs):
         self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02)
@@ -196,7 +197,8 @@ class Learned(PositionalModule):
             low, high = int(jnp.min(positions)), int(jnp.max(positions))
             if low < 0 or high >= n:
                 raise ValueError(f"positions must lie in [0, num_positions = {n}), got {low}..{high}")
-        return x + jnp.take(self.weight[...], positions, axis=0).astype(x.dtype)
+        rows = jnp.where(positions < 0, n, positions)  # (jnp.take reads a negative index from the end)
+        return x + jnp.take(self.weight[...], rows, axis=0, mode="fill", fill_value=jnp.nan).astype(x.dtype)
 
 
 # ---------------------------------------------------------------- rotary

@@ -27,7 +27,8 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     mode : {"add", "multiply"}
     offset : int >= 0, a 0-d integer array, or one per batch row (an integer array on the
         leading axes of ``x``, as :func:`rope`'s: each row's rows start at its own); a
-        traced offset is not range-checked
+        traced offset is not range-checked (under ``jax.jit`` a row outside the table,
+        before it or past its end, is NaN)
 
     Returns
     -------
@@ -65,6 +66,8 @@ def apply_absolute(x, table, *, mode="add", offset=0):
             if low < 0 or high + length > table.shape[0]:
                 raise ValueError(f"offset must be >= 0 with offset + L <= {table.shape[0]} (the table's rows) in every row, got {low} .. {high}")
         index = xp.arange(length, dtype=index_dtype(xp, device_of(x)), device=device_of(x)) + offset
+        if not check.is_eager(offset):  # unchecked: a negative row is past the end, not a row from it (JAX's take: NaN)
+            index = xp.where(index < 0, table.shape[0], index)
         rows = xp.reshape(xp.take(table, xp.reshape(index, (-1,)), axis=0), (*index.shape, dim))
     work = compute_dtype(xp, x.dtype)
     rows = cast(xp, rows, work)
