@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from .. import _plans
+from .. import _compat, _plans
 from .._dispatch import call
-from .._xp import cast, device_of, host_constants
+from .._xp import cast, device_of, host_constants, namespace
 from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options
 from .indices import distances, query_offset
@@ -105,14 +105,24 @@ def deberta_logits(
     total = q @ xp.matrix_transpose(k)
     delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)
     if "c2p" in terms:
-        total = total + _gather(xp, q @ xp.matrix_transpose(cast(xp, pos_k, work)), delta, k_len, device)
+        total = total + _gather(xp, q @ _heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q), delta, k_len, device)
     if "p2c" in terms:
         # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
         # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
-        scores = k @ xp.matrix_transpose(cast(xp, pos_q, work))
+        scores = k @ _heads_like(xp.matrix_transpose(cast(xp, pos_q, work)), k)
         flipped = xp.matrix_transpose(delta) if delta.ndim > 1 else xp.flip(delta)
         total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, device))
     return cast(xp, total / math.sqrt((1 + len(terms)) * dim), dtype)
+
+
+def _heads_like(table, x):
+    """A per-head ``table [heads, d, m]`` sharded as ``x [..., heads, seq, d]`` shards its
+    heads, for JAX's explicit sharding, whose matmul refuses a replicated operand beside a
+    sharded one; unchanged elsewhere (and in value: ``+ 0``)."""
+    if table.ndim < 3 or x.ndim < 3 or not _compat.is_jax_array(x):
+        return table
+    xp = namespace(x)
+    return table + xp.zeros_like(x[(0,) * (x.ndim - 3) + (slice(None), slice(0, 1), slice(0, 1))])
 
 
 def _gather(xp, scores, index, k_len, device):
