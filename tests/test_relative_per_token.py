@@ -280,3 +280,19 @@ def test_distance_bias_per_token_positions_are_checked():
     with pytest.raises(TypeError, match="but xp=numpy"):
         torch = pytest.importorskip("torch")
         pe.sandwich_bias(1, 3, 8, key_positions=torch.arange(3), xp=np)
+
+
+def test_one_offset_per_batch_row_is_refused_with_the_per_token_recipe_which_gives_each_rows_bits():
+    table, offsets = RNG.standard_normal((32, 2)), np.array([0, 3, 11])
+    for call in (
+        lambda **kw: pe.t5_bias(table, 2, 5, **kw),
+        lambda **kw: pe.alibi_bias(np.array([0.5, 0.25]), 2, 5, **kw),
+        lambda **kw: pe.kerple_bias(np.array([0.5, 1.0]), np.array([1.0, 0.5]), 2, 5, **kw),
+    ):
+        with pytest.raises(TypeError, match=r"query_positions=offset\[:, None\] \+ arange\(q_len\)"):
+            call(offset=offsets)
+        with pytest.raises(TypeError, match=r"query_positions=offset\[:, None\] \+ arange\(q_len\)"):
+            call(offset=offsets, key_positions=np.arange(5))
+        rows = call(query_positions=offsets[:, None] + np.arange(2), key_positions=np.arange(5))
+        for b, offset in enumerate(offsets):
+            np.testing.assert_array_equal(rows[b], call(offset=int(offset), key_positions=np.arange(5)))

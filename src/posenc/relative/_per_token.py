@@ -12,6 +12,7 @@ import math
 
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, index_dtype, is_integer, size
+from .indices import scalar_offset
 
 
 def given(query_positions, key_positions):
@@ -33,7 +34,7 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
     if offset is None:
         offset = 0 if query_positions is not None else k_len - q_len
     # Checked below by value: the query positions it shifts and their differences with the keys.
-    offset = check.integer_or_traced("offset", offset)
+    offset = scalar_offset(offset)
     found = []
     for name, pos, length in (("query_positions", query_positions, q_len), ("key_positions", key_positions, k_len)):
         if pos is None:

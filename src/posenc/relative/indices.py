@@ -56,7 +56,18 @@ def query_offset(offset, q_len, k_len, *, xp=None, device=None):
     ``xp`` is not given)."""
     if offset is None:
         offset = k_len - q_len
-    return check.relative_offset(check.integer_or_traced("offset", offset), q_len, k_len, xp, device)
+    return check.relative_offset(scalar_offset(offset), q_len, k_len, xp, device)
+
+
+def scalar_offset(offset):
+    """A relative function's ``offset``: one for every row (an int, a 0-d integer array or a
+    traced one); one a batch row is a ``TypeError`` that says how to write it."""
+    if check.is_array(offset) and offset.ndim > 0:
+        raise TypeError(
+            f"offset must be an integer or a 0-d integer array, got an array of shape {tuple(offset.shape)}: for one offset "
+            "per batch row pass query_positions=offset[:, None] + arange(q_len) (the result gets the batch axes: [batch, heads, q_len, k_len])"
+        )
+    return check.integer_or_traced("offset", offset)
 
 
 def distances(q_len, k_len, offset, *, xp, device=None):
