@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import posenc as pe  # noqa: E402
-from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, build, compare, inputs, logits  # noqa: E402
+from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, VOCAB, build, compare, inputs, logits  # noqa: E402
 from posenc.torch import HFRotaryEmbedding, T5RelativeBias, patch_hf  # noqa: E402
 from posenc.torch import _rows  # noqa: E402
 from posenc.torch import hf as posenc_hf  # noqa: E402
@@ -71,7 +71,7 @@ def _assert_routed_through_posenc(model):
     patched = model.posenc_patched
     if model.config.is_encoder_decoder:  # the T5 family: every layer holding a bias table
         layers = [m for m in model.modules() if isinstance(getattr(m, "relative_attention_bias", None), torch.nn.Embedding)]
-        assert layers and all(isinstance(m.compute_bias, hf_patch._T5Bias) and m.compute_bias.bias.table is m.relative_attention_bias.weight for m in layers)
+        assert layers and all(isinstance(m.compute_bias, hf_patch._T5Bias) and m.compute_bias.table is m.relative_attention_bias.weight for m in layers)
         sides = [m for m in model.modules() if hasattr(m, "global_relative_attention_bias")]  # LongT5 transient-global
         assert all(isinstance(m.compute_side_bias, hf_patch._LongT5SideBias) for m in sides)
         assert len(patched) == len(layers) + len(sides)
@@ -88,6 +88,36 @@ def _assert_routed_through_posenc(model):
         attention = [m for m in model.modules() if "forward" in vars(m)]
         assert attention and all(inspect.unwrap(m.forward.method.__func__).__globals__["apply_rotary_pos_emb"] in hf_patch.LAYOUTS for m in attention)
         assert len(patched) == len(rotary) + len(attention)
+
+
+def test_dynamic_keeps_transformers_state_across_calls():
+    """transformers' ``dynamic`` module keeps the longest length seen (until a call shorter
+    than ``max_position_embeddings`` resets it): after a long call, a shorter one longer than
+    that keeps the long base. A second forward or generate() and assisted decoding's
+    shorter verifying calls make such calls; the patch gives their logits (it had decided
+    per call: 4.97 off on the second prompt, other tokens)."""
+    original = build("llama[dynamic]")
+    patched = patch_hf(copy.deepcopy(original))
+    generator = torch.Generator().manual_seed(3)
+    lengths = (30, 20, 24, 12, 20, 40, 17)  # grow, keep, keep, reset, keep (original), grow, keep
+    for length in lengths:
+        ids = torch.randint(1, VOCAB, (1, length), generator=generator)
+        with torch.no_grad():
+            want, got = original(input_ids=ids).logits, patched(input_ids=ids).logits
+        torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0, msg=f"length {length}")
+
+
+@pytest.mark.parametrize("rope", ["dynamic", "longrope"])
+def test_float_position_ids_give_the_integer_ids_length(rope):
+    """transformers casts position ids to float itself, so float ids are legal input: the
+    length-dependent scalings read ``floor(max) + 1`` (a float length had raised)."""
+    original = build(f"llama[{rope}]")
+    patched = patch_hf(copy.deepcopy(original))
+    ids = torch.randint(1, VOCAB, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        want = original(input_ids=ids, position_ids=torch.arange(20.0)[None]).logits
+        got = patched(input_ids=ids, position_ids=torch.arange(20.0)[None]).logits
+    torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
 
 
 @pytest.mark.parametrize("rope", ["dynamic", "longrope"])
@@ -149,21 +179,20 @@ def test_cos_sin_in_the_dtype_of_x_with_float64_angles():
     np.testing.assert_allclose(cos[0, 0, :8].float().numpy(), exact, atol=2**-8)
 
 
-def test_module_is_stateless_across_calls():
+def test_module_keeps_transformers_dynamic_state_across_calls():
     # transformers' dynamic module keeps the longest length it saw until a call shorter than
-    # max_position_embeddings; ours decides every call afresh, like pe.rope.
+    # max_position_embeddings resets it; the drop-in follows it call by call.
     config = _llama_config("dynamic")
-    ours = HFRotaryEmbedding(config)
+    ours, theirs = HFRotaryEmbedding(config), LlamaRotaryEmbedding(config)
     x = torch.zeros(1)
     short = torch.arange(SWITCH + 2)[None]
-    fresh = ours(x, short)
-    ours(x, torch.arange(4 * SWITCH)[None])
-    for got, want in zip(ours(x, short), fresh):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
-    theirs = LlamaRotaryEmbedding(config)
     first = theirs(x, short)
-    theirs(x, torch.arange(4 * SWITCH)[None])
-    assert not torch.allclose(theirs(x, short)[1], first[1])  # the state we do not copy
+    for length in (SWITCH + 2, 4 * SWITCH, SWITCH + 2, SWITCH - 4, SWITCH + 2, 2 * SWITCH, 3 * SWITCH):
+        ids = torch.arange(length)[None]
+        for got, want in zip(ours(x, ids), theirs(x, ids)):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0, msg=f"length {length}")
+        if length == 4 * SWITCH:
+            assert not torch.allclose(theirs(x, short)[1], first[1])  # the state there is to follow
 
 
 def test_nested_per_layer_type_parameters():
@@ -188,6 +217,18 @@ def test_hf_rotary_embedding_compiles_with_a_traced_switch():
         position_ids = torch.arange(length)[None]
         for got, want in zip(compiled(x, position_ids), module(x, position_ids)):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+def test_compiled_dynamic_module_keeps_transformers_state():
+    """The longest length seen is a buffer updated in the graph: one compiled graph follows
+    transformers' eager module through growth, keeping and reset."""
+    config = _llama_config("dynamic")
+    compiled, theirs = torch.compile(HFRotaryEmbedding(config), fullgraph=True, backend="aot_eager"), LlamaRotaryEmbedding(config)
+    x = torch.zeros(1)
+    for length in (SWITCH + 2, 4 * SWITCH, SWITCH + 2, SWITCH - 4, SWITCH + 2):
+        ids = torch.arange(length)[None]
+        for got, want in zip(compiled(x, ids), theirs(x, ids)):
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=0, msg=f"length {length}")
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's own import
@@ -481,6 +522,31 @@ def test_hf_rotary_embedding_takes_position_ids_of_every_integer_dtype(dtype):
     ids = torch.randint(0, 2 if dtype == torch.uint8 else 100, (64, 16))  # uint8: the shape of the kept rows, [64, rotary_dim]
     for got, want in zip(module(x, ids.to(dtype)), module(x, ids)):
         assert got.shape == (64, 16, 16) and torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["t5", "longt5[tglobal]"])
+def test_a_patched_t5_reads_a_bias_weight_replaced_after_the_patch(name):
+    """``load_state_dict(..., assign=True)`` (torch's advice for mmap or meta loading) and a
+    new ``nn.Parameter`` replace the weight object: the patched bias reads the layer's
+    weight on every call, as the layer's code does (it had kept the patch-time one: logits
+    332 off, other generate() tokens)."""
+    ids, mask = inputs()
+    original, tuned = build(name), build(name, seed=1)
+    patched = patch_hf(copy.deepcopy(original))
+    patched.load_state_dict(tuned.state_dict(), assign=True)
+    want = logits(tuned, ids, mask)
+    torch.testing.assert_close(logits(patched, ids, mask), want, atol=RELATIVE * float(want.abs().max()), rtol=0)
+    _assert_routed_through_posenc(patched)
+    generator = torch.Generator().manual_seed(3)
+    for layer in patched.modules():  # every bias table (LongT5's global one too) a new Parameter
+        for attribute in ("relative_attention_bias", "global_relative_attention_bias"):
+            embedding = getattr(layer, attribute, None)
+            if isinstance(embedding, torch.nn.Embedding):
+                embedding.weight = torch.nn.Parameter(torch.randn(embedding.weight.shape, generator=generator) * 5)
+    unpatched = copy.deepcopy(tuned)
+    unpatched.load_state_dict(patched.state_dict())
+    want = logits(unpatched, ids, mask)
+    torch.testing.assert_close(logits(patched, ids, mask), want, atol=RELATIVE * float(want.abs().max()), rtol=0)
 
 
 @pytest.mark.parametrize("name", ["t5", "longt5[tglobal]", "llama[default]", "gpt_neox[partial]", "falcon[alibi]"])

@@ -52,11 +52,13 @@ class HFRotaryEmbedding(nn.Module):
 
     Frequencies and the scaling come from :func:`posenc.scaling.from_hf` (every
     ``rope_type``); the angles are float64 (:func:`posenc.rope_cos_sin`), rounded once to
-    ``x``'s dtype. Length-dependent scalings (``"dynamic"``, ``"longrope"``) are decided
-    on every call from ``max(position_ids) + 1``; they keep no state between calls
-    (transformers' ``dynamic`` keeps the longest length seen until a short call resets it;
-    the two agree whenever lengths grow, as in ``generate``). Parameters nested per layer
-    type (Gemma 3) are read for ``layer_type``, given here or per call.
+    ``x``'s dtype. Length-dependent scalings read the length ``max(position_ids) + 1``
+    (``floor`` of float ids): ``"longrope"`` on every call, ``"dynamic"`` as transformers'
+    module keeps it, the longest length seen since a call shorter than
+    ``config.max_position_embeddings`` reset it (a buffer per layer type, updated in the
+    graph under ``torch.compile``), so a second ``generate`` or an assisted one that
+    verifies fewer tokens than before gets transformers' frequencies. Parameters nested per
+    layer type (Gemma 3) are read for ``layer_type``, given here or per call.
 
     Other scalings read CPU position ids' rows from :func:`cached_rows` (every value the
     one computing afresh gives). Under ``torch.compile`` a decode step's position is
@@ -88,6 +90,13 @@ class HFRotaryEmbedding(nn.Module):
                 self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
         self._fixed_names = {key: frequencies_name(*fixed) for key, fixed in self._fixed.items()}
         self._rows_for_compile = {}  # (key, dtype) -> rows: see keep_rows_for_compile
+        # transformers' dynamic module's state: the length its frequencies are at, one per layer type.
+        self._longest_seen = {}
+        self._original_length = getattr(config, "max_position_embeddings", None)
+        for i, (key, rope) in enumerate(self._rope.items()):
+            if isinstance(rope.scaling, pe.scaling.DynamicNTK) and self._original_length is not None:
+                self._longest_seen[key] = f"_longest_seen_{i}"
+                self.register_buffer(self._longest_seen[key], torch.tensor(int(self._original_length)), persistent=False)
 
     def keep_rows_for_compile(self, dtype):
         """Keep, for graphs compiled in ``dtype`` (``torch.compile``), the ``[cos, sin]`` rows
@@ -123,9 +132,23 @@ class HFRotaryEmbedding(nn.Module):
         with torch.no_grad():
             seq_len = None
             if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
-                seq_len = position_ids.max() + 1  # decided per call; a traced value under torch.compile
+                top = position_ids.max()
+                seq_len = (top if not top.is_floating_point() else torch.floor(top).long()) + 1  # a traced value under torch.compile
+                if key in self._longest_seen:
+                    seq_len = self._dynamic_length(key, seq_len)
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
             return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
+
+    def _dynamic_length(self, key, seq_len):
+        """The length transformers' ``dynamic`` module's frequencies are at after a call of
+        ``seq_len``: the longest seen grows to it; a call shorter than the original length,
+        after one longer, resets it to the original length; otherwise it stays."""
+        seen = getattr(self, self._longest_seen[key])
+        now = seq_len.to(seen.device, seen.dtype)
+        reset = (now < self._original_length) & (seen > self._original_length)
+        length = torch.where(reset, torch.full_like(seen, self._original_length), torch.maximum(now, seen))
+        seen.copy_(length)
+        return length.to(seq_len.device)
 
     def _compiled_tables(self, key, dtype, position_ids):
         """``stacked_tables`` in a compiled graph: from the rows kept for ``dtype``

@@ -19,8 +19,8 @@ A part is recognised by what it is, not by the model's name:
   (the last two on their own tables);
 * a **T5 relative bias**: a layer holding a ``relative_attention_bias`` embedding with
   ``compute_bias`` (T5's signature, or LongT5's ``compute_bias(block_length)`` and its
-  transient-global ``compute_side_bias``); replaced by
-  :class:`~posenc.torch.T5RelativeBias` on the same weight;
+  transient-global ``compute_side_bias``); replaced by :func:`posenc.t5_bias` of the
+  layer's own table, read from the layer on every call;
 * an **ALiBi builder**: a ``build_*alibi*`` method or global a module's ``forward`` calls,
   ``(attention_mask, num_heads, dtype)`` (BLOOM; Falcon with ``alibi=True``, whose slopes are
   rounded to bfloat16) or ``(num_heads, sequence_length, ...)`` (MPT); replaced by
@@ -46,7 +46,6 @@ from torch import nn
 import posenc as pe
 from posenc.rotary.apply import rotate_pair
 
-from .modules import T5RelativeBias
 
 _APPLY_NAME = re.compile(r"^apply_\w*rot", re.IGNORECASE)
 PATCHED_ATTRIBUTE = "posenc_patched"  # what patch_hf swapped, recorded on the model
@@ -596,11 +595,11 @@ def _t5_parts(model, swaps, refusals):
         label = f"relative attention bias {name} ({type(layer).__name__})"
         try:
             bias = _t5_bias_checked(layer, embedding, label)
-            swaps.append((_setter(layer, "compute_bias", _t5_compute_bias(layer, bias)), f"{name}.compute_bias: T5RelativeBias"))
+            swaps.append((_setter(layer, "compute_bias", bias), f"{name}.compute_bias: t5_bias"))
             side = getattr(layer, "global_relative_attention_bias", None)
             if isinstance(side, nn.Embedding):  # LongT5's transient-global attention: the local -> global side bias
                 side_bias = _t5_side_bias_checked(layer, side, bias.bidirectional)
-                swaps.append((_setter(layer, "compute_side_bias", side_bias), f"{name}.compute_side_bias: T5RelativeBias"))
+                swaps.append((_setter(layer, "compute_side_bias", side_bias), f"{name}.compute_side_bias: t5_bias"))
         except (_Refusal, ValueError, TypeError, AttributeError) as why:
             refusals.append(f"{label}: {_short(why)}")
 
@@ -611,11 +610,21 @@ def _t5_parts(model, swaps, refusals):
 
 
 class _T5Bias:
-    """``layer.compute_bias(query_length, key_length, device=None, past_seen_tokens=0)`` through
-    ``bias``, a ``T5RelativeBias`` on the layer's own table: ``[1, heads, query_length, key_length]``."""
+    """``layer.compute_bias(query_length, key_length, device=None, past_seen_tokens=0)``
+    through :func:`posenc.t5_bias` of the layer's own table: ``[1, heads, query_length,
+    key_length]``. The table is read from the layer on every call, as the layer's code reads
+    it (``layer.<attribute>.weight``): a weight replaced after the patch (``load_state_dict(...,
+    assign=True)``, a new ``nn.Parameter``) is the one used."""
 
-    def __init__(self, bias):
-        self.bias = bias
+    def __init__(self, layer, bidirectional, max_distance, attribute="relative_attention_bias"):
+        self.layer, self.bidirectional, self.max_distance, self.attribute = layer, bidirectional, max_distance, attribute
+
+    @property
+    def table(self):
+        return getattr(self.layer, self.attribute).weight
+
+    def bias(self, q_len, k_len, **where):
+        return pe.t5_bias(self.table, q_len, k_len, bidirectional=self.bidirectional, max_distance=self.max_distance, **where)
 
     def __call__(self, query_length, key_length, device=None, past_seen_tokens=0):
         return self.bias(query_length, key_length, offset=past_seen_tokens)[None]
@@ -628,9 +637,9 @@ class _LongT5LocalBias(_T5Bias):
         return self.bias(block_length, 3 * block_length, offset=block_length)[None, None]
 
 
-def _t5_compute_bias(layer, bias):
+def _t5_compute_bias(layer, bidirectional, max_distance):
     """The replacement of ``layer.compute_bias`` in the signature the layer has."""
-    return (_LongT5LocalBias if _bias_form(layer) == "block" else _T5Bias)(bias)
+    return (_LongT5LocalBias if _bias_form(layer) == "block" else _T5Bias)(layer, bidirectional, max_distance)
 
 
 def _bias_form(layer):
@@ -646,10 +655,9 @@ def _bias_form(layer):
 
 
 def _t5_bias_checked(layer, embedding, label):
-    """A ``T5RelativeBias`` on the layer's own weight that reproduces its ``compute_bias`` (both directions tried
+    """The ``_T5Bias`` of the layer's own table that reproduces its ``compute_bias`` (both directions tried
     when the layer does not say, as Pix2Struct's decoder, always causal, does not)."""
     form = _bias_form(layer)
-    num_buckets, heads = embedding.weight.shape
     max_distance = getattr(layer, "relative_attention_max_distance", None)
     if max_distance is None:
         raise _Refusal("no relative_attention_max_distance")
@@ -658,9 +666,7 @@ def _t5_bias_checked(layer, embedding, label):
     probes = ((4,), (7,)) if form == "block" else ((5, 7, 0), (1, 9, 8), (6, 6, 2))
     differences = []
     for bidirectional in directions:
-        bias = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
-        bias.table = embedding.weight
-        ours = _t5_compute_bias(layer, bias)
+        ours = _t5_compute_bias(layer, bidirectional, max_distance)
         worst = 0.0
         for args in probes:
             kwargs = {} if form == "block" else {"past_seen_tokens": args[2]}
@@ -670,7 +676,7 @@ def _t5_bias_checked(layer, embedding, label):
             worst = max(worst, diff)
         scale = float(embedding.weight.detach().abs().max())
         if worst <= 2 * _eps(embedding.weight.dtype) * scale:
-            return bias
+            return ours
         differences.append(f"compute_bias differs from posenc's ({'bidirectional' if bidirectional else 'causal'}) by {worst:.3g}")
     raise _Refusal("; ".join(differences))
 
@@ -686,9 +692,7 @@ def _t5_side_bias_checked(layer, embedding, bidirectional):
     block_ids_of = type(layer).compute_side_bias.__globals__.get("_make_global_fixed_block_ids")
     if not callable(block_ids_of):
         raise _Refusal("compute_side_bias: LongT5's _make_global_fixed_block_ids is not beside it")
-    num_buckets, heads = embedding.weight.shape
-    side = T5RelativeBias(heads, num_buckets=num_buckets, max_distance=layer.relative_attention_max_distance, bidirectional=bidirectional)
-    side.table = embedding.weight
+    side = _T5Bias(layer, bidirectional, layer.relative_attention_max_distance, attribute="global_relative_attention_bias")
     compute_side_bias = _LongT5SideBias(side, layer.global_block_size, block_ids_of)
     for length, pad in ((12, 3), (9, 0), (17, 5)):
         mask = torch.ones(2, length, dtype=torch.long, device=embedding.weight.device)
@@ -707,7 +711,7 @@ _ALIBI_NAME = re.compile(r"^build_\w*alibi\w*$")
 
 class _LongT5SideBias:
     """LongT5's ``compute_side_bias(mask, global_segment_ids)`` through ``side``, a
-    ``T5RelativeBias`` on the layer's global table: each token's bias to every global block,
+    ``_T5Bias`` on the layer's global table: each token's bias to every global block,
     ``[batch, heads, seq, globals]``, masked."""
 
     def __init__(self, side, global_block_size, block_ids_of):
@@ -717,7 +721,7 @@ class _LongT5SideBias:
         same_segment = torch.eq(mask[..., None], global_segment_ids[:, None, :])[:, None, ...]
         block_ids, _ = self.block_ids_of(mask, self.global_block_size)
         globals_ = torch.arange(global_segment_ids.shape[-1], device=mask.device)
-        bias = self.side(mask.shape[-1], globals_.shape[0], query_positions=block_ids.long(), key_positions=globals_)
+        bias = self.side.bias(mask.shape[-1], globals_.shape[0], query_positions=block_ids.long(), key_positions=globals_)
         return torch.where(same_segment, 0.0, -1e10) + bias
 
 
@@ -970,7 +974,7 @@ def patch_hf(model):
       (the kernels, CPU and GPU) in the layout that reproduces it: half or interleaved,
       partial rotary, any ``unsqueeze_dim``;
     * every layer owning T5's ``relative_attention_bias`` computes its bias with
-      :class:`~posenc.torch.T5RelativeBias` on the same weight (:func:`posenc.t5_bias`):
+      :func:`posenc.t5_bias` of the same weight, read from the layer on every call:
       T5, mT5, UMT5, LongT5 (local blocks, transient-global side bias), Switch
       Transformers, Pop2Piano, Pix2Struct's decoder;
     * the ALiBi builders of BLOOM (and its slopes), Falcon (``alibi=True``) and MPT come
