@@ -64,6 +64,17 @@ def main(count):
         "rope dynamic per-row offsets batch", lambda a, o: pe.rope(a, offset=o, scaling=dynamic), (put(x, P("d")), put(rows, P("d"))),
         pe.rope(x, offset=rows, scaling=dynamic), P("d"),
     )  # fmt: skip
+    # Operands sharded unlike x (the rows on the batch, x on the sequence or the heads): each
+    # shard's call takes its own rows, resharded as the result is (48 of 64 rows were wrong):
+    # the rows are gathered, the cost of a few integers.
+    check(
+        "rope dynamic per-row offsets, x on the sequence", lambda a, o: pe.rope(a, offset=o, scaling=dynamic),
+        (put(x, P(None, None, "d")), put(rows, P("d"))), pe.rope(x, offset=rows, scaling=dynamic), P(None, None, "d"), gathers=True,
+    )  # fmt: skip
+    check(
+        "rope per-row offsets, x on the heads", lambda a, o: pe.rope(a, offset=o), (put(x, P(None, "d")), put(rows, P("d"))),
+        pe.rope(x, offset=rows), P(None, "d"), gathers=True,
+    )  # fmt: skip
     grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # R a + R^T a
     check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
 

@@ -84,10 +84,15 @@ def partitioned(op, lowered, shapes, result):
     operands, out, replicated = sharding_rule(op, shapes, result)
 
     def partition(mesh, arg_shapes, result_shape):
-        # Shardy keeps need_replication factors whole already; asked again here, so that no
-        # shard of a whole axis can reach the kernel (it would read a shorter row).
-        args = tuple(_whole(a.sharding, f, replicated, mesh) for a, f in zip(arg_shapes, operands))
-        return mesh, lowered, _whole(result_shape.sharding, out, replicated, mesh), args
+        # Every operand sharded as the result is, factor by factor (an operand's own sharding
+        # may disagree: x sharded on the sequence, per-row lengths on the batch, each shard's
+        # call would have read another shard's rows); need_replication factors whole, so that
+        # no shard of a whole axis reaches the kernel (it would read a shorter row).
+        result = _whole(result_shape.sharding, out, replicated, mesh)
+        spec = tuple(result.spec) + (None,) * (len(out) - len(result.spec))
+        axis_of = dict(zip(out, spec))
+        args = tuple(NamedSharding(mesh, PartitionSpec(*(axis_of.get(f) for f in factors))) for factors in operands)
+        return mesh, lowered, result, args
 
     def infer(mesh, arg_shapes, result_shape):  # GSPMD (Shardy off): the result's factors from the operands'
         specs = {}
