@@ -179,20 +179,45 @@ def test_cos_sin_in_the_dtype_of_x_with_float64_angles():
     np.testing.assert_allclose(cos[0, 0, :8].float().numpy(), exact, atol=2**-8)
 
 
-def test_module_keeps_transformers_dynamic_state_across_calls():
+def test_module_is_stateless_across_calls_unless_it_follows_transformers_state():
     # transformers' dynamic module keeps the longest length it saw until a call shorter than
-    # max_position_embeddings resets it; the drop-in follows it call by call.
+    # max_position_embeddings resets it. HFRotaryEmbedding decides every call afresh, like
+    # pe.rope; with transformers_state=True (patch_hf's) it follows that state call by call.
     config = _llama_config("dynamic")
-    ours, theirs = HFRotaryEmbedding(config), LlamaRotaryEmbedding(config)
     x = torch.zeros(1)
-    short = torch.arange(SWITCH + 2)[None]
-    first = theirs(x, short)
+    short, long = torch.arange(SWITCH + 2)[None], torch.arange(4 * SWITCH)[None]
+    stateless = HFRotaryEmbedding(config)
+    fresh = stateless(x, short)
+    stateless(x, long)
+    for got, want in zip(stateless(x, short), fresh):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    ours, theirs = HFRotaryEmbedding(config, transformers_state=True), LlamaRotaryEmbedding(config)
     for length in (SWITCH + 2, 4 * SWITCH, SWITCH + 2, SWITCH - 4, SWITCH + 2, 2 * SWITCH, 3 * SWITCH):
         ids = torch.arange(length)[None]
         for got, want in zip(ours(x, ids), theirs(x, ids)):
             torch.testing.assert_close(got, want, atol=1e-6, rtol=0, msg=f"length {length}")
-        if length == 4 * SWITCH:
-            assert not torch.allclose(theirs(x, short)[1], first[1])  # the state there is to follow
+    assert not torch.allclose(ours(x, short)[1], fresh[1])  # (3 * SWITCH is remembered: the state there is to follow)
+
+
+def test_transformers_state_of_a_module_built_in_inference_mode_updates_outside_it():
+    with torch.inference_mode():
+        ours = HFRotaryEmbedding(_llama_config("dynamic"), transformers_state=True)
+    with torch.no_grad():  # as generate() calls it
+        ours(torch.zeros(1), torch.arange(4 * SWITCH)[None])
+
+
+def test_patch_hf_takes_the_dynamic_state_the_model_has_not_its_probes():
+    """patch_hf probes the rotary module with long positions: the patched model starts from
+    the unpatched module's state (here after a long call of its own), not the probe's."""
+    original = build("llama[dynamic]")
+    ids = torch.randint(1, VOCAB, (1, 40), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        original(input_ids=ids)  # transformers' module now remembers 40
+    patched = patch_hf(copy.deepcopy(original))
+    for length in (20, SWITCH + 1, 12, 20):
+        with torch.no_grad():
+            want, got = original(input_ids=ids[:, :length]).logits, patched(input_ids=ids[:, :length]).logits
+        torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0, msg=f"length {length}")
 
 
 def test_nested_per_layer_type_parameters():
@@ -223,7 +248,8 @@ def test_compiled_dynamic_module_keeps_transformers_state():
     """The longest length seen is a buffer updated in the graph: one compiled graph follows
     transformers' eager module through growth, keeping and reset."""
     config = _llama_config("dynamic")
-    compiled, theirs = torch.compile(HFRotaryEmbedding(config), fullgraph=True, backend="aot_eager"), LlamaRotaryEmbedding(config)
+    ours = HFRotaryEmbedding(config, transformers_state=True)
+    compiled, theirs = torch.compile(ours, fullgraph=True, backend="aot_eager"), LlamaRotaryEmbedding(config)
     x = torch.zeros(1)
     for length in (SWITCH + 2, 4 * SWITCH, SWITCH + 2, SWITCH - 4, SWITCH + 2):
         ids = torch.arange(length)[None]

@@ -52,13 +52,17 @@ class HFRotaryEmbedding(nn.Module):
 
     Frequencies and the scaling come from :func:`posenc.scaling.from_hf` (every
     ``rope_type``); the angles are float64 (:func:`posenc.rope_cos_sin`), rounded once to
-    ``x``'s dtype. Length-dependent scalings read the length ``max(position_ids) + 1``
-    (``floor`` of float ids): ``"longrope"`` on every call, ``"dynamic"`` as transformers'
-    module keeps it, the longest length seen since a call shorter than
-    ``config.max_position_embeddings`` reset it (a buffer per layer type, updated in the
-    graph under ``torch.compile``), so a second ``generate`` or an assisted one that
-    verifies fewer tokens than before gets transformers' frequencies. Parameters nested per
-    layer type (Gemma 3) are read for ``layer_type``, given here or per call.
+    ``x``'s dtype. Length-dependent scalings (``"dynamic"``, ``"longrope"``) are decided
+    on every call from the length ``max(position_ids) + 1`` (``ceil`` of float ids: the
+    side of ``original_max_position_embeddings`` transformers' float length is on); no
+    state is kept between calls. With ``transformers_state=True`` (what :func:`patch_hf`
+    installs) ``"dynamic"`` keeps transformers' module's state instead: its frequencies are
+    at the longest length seen since a call shorter than ``config.max_position_embeddings``
+    reset it (a buffer per layer type, updated in the graph under ``torch.compile``;
+    :meth:`take_state` copies a transformers module's), so a second ``generate``, or an
+    assisted one that verifies fewer tokens than the call before, gets transformers'
+    frequencies. Parameters nested per layer type (Gemma 3) are read for ``layer_type``,
+    given here or per call.
 
     Other scalings read CPU position ids' rows from :func:`cached_rows` (every value the
     one computing afresh gives). Under ``torch.compile`` a decode step's position is
@@ -72,7 +76,7 @@ class HFRotaryEmbedding(nn.Module):
     device of ``position_ids``.
     """
 
-    def __init__(self, config, *, device=None, layer_type=None):
+    def __init__(self, config, *, device=None, layer_type=None, transformers_state=False):
         super().__init__()
         self.config = config
         self.layer_type = layer_type
@@ -90,13 +94,24 @@ class HFRotaryEmbedding(nn.Module):
                 self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
         self._fixed_names = {key: frequencies_name(*fixed) for key, fixed in self._fixed.items()}
         self._rows_for_compile = {}  # (key, dtype) -> rows: see keep_rows_for_compile
-        # transformers' dynamic module's state: the length its frequencies are at, one per layer type.
+        # transformers' dynamic module's state (transformers_state): the length its frequencies are at, one per layer type.
         self._longest_seen = {}
         self._original_length = getattr(config, "max_position_embeddings", None)
         for i, (key, rope) in enumerate(self._rope.items()):
-            if isinstance(rope.scaling, pe.scaling.DynamicNTK) and self._original_length is not None:
+            if transformers_state and isinstance(rope.scaling, pe.scaling.DynamicNTK) and self._original_length is not None:
                 self._longest_seen[key] = f"_longest_seen_{i}"
-                self.register_buffer(self._longest_seen[key], torch.tensor(int(self._original_length)), persistent=False)
+                with torch.inference_mode(False):  # (an inference tensor could not be updated outside inference mode)
+                    self.register_buffer(self._longest_seen[key], torch.tensor(int(self._original_length), device=device), persistent=False)
+
+    def take_state(self, module):
+        """Take transformers' rotary ``module``'s dynamic state (``max_seq_len_cached``, one per
+        layer type): the next call's frequencies are the ones ``module``'s next call would use."""
+        for key, name in self._longest_seen.items():
+            seen = getattr(module, "max_seq_len_cached", self._original_length)
+            if key is not None:
+                seen = getattr(module, f"{key}_max_seq_len_cached", seen)
+            with torch.no_grad():
+                getattr(self, name).fill_(int(seen))
 
     def keep_rows_for_compile(self, dtype):
         """Keep, for graphs compiled in ``dtype`` (``torch.compile``), the ``[cos, sin]`` rows
@@ -133,7 +148,7 @@ class HFRotaryEmbedding(nn.Module):
             seq_len = None
             if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
                 top = position_ids.max()
-                seq_len = (top if not top.is_floating_point() else torch.floor(top).long()) + 1  # a traced value under torch.compile
+                seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
                 if key in self._longest_seen:
                     seq_len = self._dynamic_length(key, seq_len)
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)

@@ -84,6 +84,8 @@ def patch(model):
             "apply_*rotary*, no relative_attention_bias with compute_bias, no build_*alibi* builder "
             f"(architectures verified in posenc's tests: {', '.join(SUPPORTED)})"
         )
+    for name, ours in rotary.items():  # the state transformers' module has, not the probes'
+        (ours.rotary if isinstance(ours, _ReorderedHFRotaryEmbedding) else ours).take_state(model.get_submodule(name))
     for swap, description in swaps:
         swap()
         done.extend([description] if isinstance(description, str) else description)
@@ -153,7 +155,7 @@ def _checked_rotary(module, dtype, device):
 
     first = None
     for kind in (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding, ComplexHFRotaryEmbedding):
-        ours = kind(module.config, device=device)
+        ours = kind(module.config, device=device, transformers_state=True)
         try:
             _check_rotary(module, ours, dtype, device)
             return ours
@@ -165,11 +167,11 @@ def _checked_rotary(module, dtype, device):
 class _ReorderedHFRotaryEmbedding(nn.Module):
     """:class:`~posenc.torch.hf.HFRotaryEmbedding`'s ``(cos, sin)``, handed on in another order (``_order``)."""
 
-    def __init__(self, config, *, device=None):
+    def __init__(self, config, *, device=None, transformers_state=False):
         from .hf import HFRotaryEmbedding
 
         super().__init__()
-        self.rotary = HFRotaryEmbedding(config, device=device)
+        self.rotary = HFRotaryEmbedding(config, device=device, transformers_state=transformers_state)
         self.config, self._rope, self.attention_scaling = config, self.rotary._rope, self.rotary.attention_scaling
 
     def keep_rows_for_compile(self, dtype):
