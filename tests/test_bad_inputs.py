@@ -854,6 +854,9 @@ def test_numpy_masked_arrays_are_refused_wherever_an_array_goes():
         "cos": lambda: pe.apply_rope(x, masked(cos, mask=False), sin),
         "table": lambda: pe.t5_bias(masked(table, mask=False), 2, 3),
         "key_positions": lambda: pe.alibi_bias(np.ones(2), 1, 3, key_positions=masked(pos, mask=[0, 1, 0])),
+        "inv_freq": lambda: pe.rope_cos_sin(pos, masked([1.0, 0.5], mask=[0, 1])),
+        "per-row offset": lambda: pe.rope(np.ones((2, 3, 8)), offset=masked([1, 2], mask=[0, 1])),
+        "0-d offset": lambda: pe.t5_bias(table, 2, 3, offset=masked(1, mask=True)),
     }
     for name, call in calls.items():
         with pytest.raises(TypeError, match="masked array"):

@@ -37,6 +37,7 @@ def _torch():
 
 def _zero_d_integer(name, value):
     """``value``, an array, must be a 0-d integer array (an integer argument given as an array)."""
+    not_masked(name, value)
     if torch_tensor(value):
         integral = not (value.dtype.is_floating_point or value.dtype.is_complex or value.dtype == _torch().bool)
     else:
@@ -399,14 +400,18 @@ def is_array(value) -> bool:
 _NEVER_ARRAYS = PLAIN | {complex, list, tuple}  # said before the ABC check
 
 
-def array(name, value):
-    """``value`` must be an array of a supported namespace (not a NumPy masked array, whose
-    mask no computation here would honour)."""
+def not_masked(name, value):
+    """``value`` must not be a NumPy masked array, whose mask no computation here would honour."""
     if isinstance(value, _ndarray) and type(value).__module__.startswith("numpy.ma"):
         raise TypeError(
             f"{name} is a NumPy masked array, whose mask posenc would not honour: pass its filled or compressed values "
             "(numpy.ma.filled, .compressed()) or handle masked positions with a mask= of attention"
         )
+
+
+def array(name, value):
+    """``value`` must be an array of a supported namespace (not a NumPy masked array)."""
+    not_masked(name, value)
     if not is_array(value):
         raise TypeError(f"{name} must be an array (NumPy, CuPy, PyTorch, JAX, Dask, array-api-strict), got {type(value).__name__}")
     return value

@@ -7,6 +7,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from .. import _compat
 from .. import _validate as check
 from .._dispatch import call, reference
 from .._xp import device_of, namespace, trace_constant, widest_float
@@ -250,12 +251,13 @@ def deberta_buckets(xp, rel, bucket_size, max_position, *, lowest=None):
         safe = xp.where(identity, xp.full_like(magnitude, mid), magnitude)
         ratio = single(xp.astype(xp.astype(safe, xp.float32), work) / mid)
         # The log of the same float32 ratio as a distance's, by the same log, so |rel| =
-        # max_position - 1 gives exactly 1 (bucket 2m - 1), as in the original: one log of
-        # the ratios and the top together (under jax.jit a log of a constant alone is folded
-        # at compile time by another log than the device's).
+        # max_position - 1 gives exactly 1 (bucket 2m - 1), as in the original.
         top = xp.full((1,), float(np.float32((max_position - 1) / mid)), dtype=work, device=device_of(rel))
-        logs = single(xp.log(xp.concat([xp.reshape(ratio, (-1,)), top])))
-        log_ratio, log_top = xp.reshape(logs[:-1], ratio.shape), logs[-1]
+        if _compat.is_jax_namespace(xp):  # one log of both: under jax.jit a constant's alone is folded by another log
+            logs = single(xp.log(xp.concat([xp.reshape(ratio, (-1,)), top])))
+            log_ratio, log_top = xp.reshape(logs[:-1], ratio.shape), logs[-1]
+        else:
+            log_ratio, log_top = single(xp.log(ratio)), single(xp.log(top))[0]
         steps = xp.ceil(single(single(log_ratio / log_top) * (mid - 1)))
         logarithmic = xp.astype(steps, rel.dtype) + mid
     return xp.where(identity, rel, xp.where(rel < 0, -logarithmic, logarithmic))

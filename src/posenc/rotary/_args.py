@@ -58,6 +58,7 @@ def _grad_enabled():
 @trace_constant
 def _host_floats(name, value):
     """``value`` (a NumPy array, a sequence or an eager 1-D array) as a tuple of float64 numbers."""
+    check.not_masked(name, value)
     if check.is_array(value) and not isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(value.shape)}")
@@ -267,6 +268,7 @@ def per_row(name, value, xp):
         return None
     if type(value) is int:
         return check.integer(name, value, minimum=0 if name == "seq_len" else None)
+    check.not_masked(name, value)
     if not (check.is_array(value) and value.ndim > 0):
         value = check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
         return check.widened(name, value, namespace(value)) if check.is_array(value) else value
