@@ -162,6 +162,16 @@ def jax_symbolic_dim(value) -> bool:
     return export is not None and export.is_symbolic_dim(value)
 
 
+def explicit_sharding(value):
+    """The sharding of a JAX array sharded over an ``AxisType.Explicit`` mesh (its type
+    carries the axes), else None: a JAX operation mixing it with a replicated operand may
+    need the sharding spelled out there."""
+    if not _compat.is_jax_array(value) or 0 in value.shape:
+        return None
+    sharding = sys.modules["jax"].typeof(value).sharding
+    return sharding if any(axis is not None for axis in getattr(sharding, "spec", ())) else None
+
+
 def size(n):
     """An axis size as an int (``int()``: a NumPy integer, a ``torch.SymInt`` specialized), or
     kept as it is where it is a symbolic dimension of ``jax.export``."""

@@ -49,6 +49,11 @@ def main(count):
     check("rope dim gathers", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, None, "d")),), rotated, P(None, None, None, "d"), gathers=True)
     check("apply_rope heads", lambda a, c, s: pe.apply_rope(a, c, s), (put(x, P(None, "d")), jnp.asarray(cos), jnp.asarray(sin)), pe.apply_rope(x, cos, sin), P(None, "d"))
     check("t5_bias heads", lambda t: pe.t5_bias(t, 12, 12), (put(table, P(None, "d")),), pe.t5_bias(table, 12, 12), P("d"))
+    packed = rng.integers(0, 40, (4, 12))  # per-token positions [batch, seq], sharded on the batch
+    check(
+        "t5_bias per-token positions batch", lambda p: pe.t5_bias(table, 12, 12, query_positions=p, key_positions=p),
+        (put(packed, P("d")),), pe.t5_bias(table, 12, 12, query_positions=packed, key_positions=packed), P("d"),
+    )  # fmt: skip
     pos_q, pos_k = (rng.standard_normal((8, 6, 16)).astype(np.float32) for _ in range(2))  # per-head tables, replicated
     check(
         "deberta_logits heads", lambda a: pe.deberta_logits(a, a, pos_q, pos_k, max_distance=3), (put(x, P(None, "d")),),

@@ -14,7 +14,7 @@ from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, host_constants, namespace, result_dtype, size
+from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, result_dtype, size
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -79,7 +79,14 @@ def _table(name, table, xp, rows):
 
 
 def _lookup(xp, table, index):
-    """``vec[h, t] = table[index[t], h]``: ``[heads, len(index)]``, rows contiguous."""
+    """``vec[h, t] = table[index[t], h]``: ``[heads, len(index)]``, rows contiguous (sharded as
+    an explicitly sharded JAX ``index``, whose gather JAX wants the output sharding of)."""
+    sharding = explicit_sharding(index)
+    if sharding is not None:
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        out = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
+        return xp.matrix_transpose(table).at[:, index].get(out_sharding=out)
     return xp.take(xp.matrix_transpose(table), index, axis=1)
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 
-from .. import _compat, _plans
+from .. import _plans
 from .._dispatch import call
-from .._xp import cast, device_of, host_constants
+from .._xp import cast, device_of, explicit_sharding, host_constants
 from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options
 from .indices import distances, query_offset
@@ -119,13 +119,11 @@ def _heads_like(table, x):
     """A per-head ``table [heads, d, m]`` sharded as ``x [..., heads, seq, d]`` shards its
     heads under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose matmul refuses
     a replicated operand beside a sharded one); unchanged elsewhere."""
-    if table.ndim < 3 or x.ndim < 3 or not _compat.is_jax_array(x) or 0 in x.shape:
+    if table.ndim < 3 or x.ndim < 3 or explicit_sharding(x) is None:
         return table
-    import jax
+    import jax.numpy as jnp
 
-    if all(axis is None for axis in getattr(jax.typeof(x).sharding, "spec", ())):  # no explicit sharding
-        return table
-    return table + jax.numpy.zeros_like(x[(0,) * (x.ndim - 3) + (slice(None), slice(0, 1), slice(0, 1))])  # (its sharding, value + 0)
+    return table + jnp.zeros_like(x[(0,) * (x.ndim - 3) + (slice(None), slice(0, 1), slice(0, 1))])  # (its sharding, value + 0)
 
 
 def _gather(xp, scores, index, k_len, device):
