@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, index_dtype, is_integer, size
+from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, size, torch_tensor
 from .indices import scalar_offset
 
 
@@ -70,6 +72,28 @@ def relative(qpos, kpos, *, heads=False):
     """``rel[..., i, j] = qpos[..., i] - kpos[..., j]`` (``[..., 1, q, k]`` with ``heads``)."""
     rel = qpos[..., :, None] - kpos[..., None, :]
     return rel[..., None, :, :] if heads else rel
+
+
+def bias(xp, values, qpos, kpos, heads, batch, q_len, k_len):
+    """The per-token bias ``[*batch, heads, q_len, k_len]`` of a function of the distance,
+    ``values(rel [n]) -> [heads, n]``, at ``rel = qpos[..., i] - kpos[..., j]``.
+
+    Integer distances in host memory that can be read now are computed once each and read
+    at every pair that has them (the same bits: ``values`` is elementwise in ``rel``); a
+    read elsewhere would synchronise a device or a graph.
+    """
+    rel = xp.reshape(relative(qpos, kpos), (-1,))
+    count = math.prod(rel.shape)
+    if count and is_integer(xp, rel.dtype) and _on_host(rel) and check.is_eager(rel):
+        low, high = int(xp.min(rel)), int(xp.max(rel))
+        if high - low + 1 < count:
+            span = xp.arange(low, high + 1, dtype=rel.dtype, device=device_of(rel))
+            return batch_first(xp, xp.take(values(span), rel - low, axis=1), heads, batch, q_len, k_len)
+    return batch_first(xp, values(rel), heads, batch, q_len, k_len)
+
+
+def _on_host(a) -> bool:
+    return type(a) is np.ndarray or (torch_tensor(a) and a.device.type == "cpu")
 
 
 def batch_first(xp, values, heads, batch, q_len, k_len):

@@ -407,8 +407,7 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
     else:
         read = ((_params_name(kind), params), ("query_positions", query_positions), ("key_positions", key_positions))
         check.out(out, shape=shape, dtype=params.dtype, xp=xp, device=device, inputs=read)
-    rel = _per_token.relative(qpos, kpos)
-    result = _per_token.batch_first(xp, _KINDS[kind][1](xp, params, xp.reshape(rel, (-1,)), **options), heads, batch, q_len, k_len)
+    result = _per_token.bias(xp, lambda rel: _KINDS[kind][1](xp, params, rel, **options), qpos, kpos, heads, batch, q_len, k_len)
     if out is None:
         return result
     out[...] = result

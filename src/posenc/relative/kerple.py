@@ -7,8 +7,6 @@ Both depend on the distance only, so each computes its per-distance vector
 
 from __future__ import annotations
 
-import math
-
 from .. import _validate as check
 from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
 from . import _per_token
@@ -85,8 +83,7 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_position
         q_len, k_len = check.integer("q_len", q_len, minimum=0), check.integer("k_len", k_len, minimum=0)
         qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
         check.allocatable("kerple_bias", (*batch, heads, q_len, k_len), 8)
-        rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
-        return _per_token.batch_first(xp, _kerple_values(xp, r1, r2, rel, kind, device), heads, batch, q_len, k_len)
+        return _per_token.bias(xp, lambda rel: _kerple_values(xp, r1, r2, rel, kind, device), qpos, kpos, heads, batch, q_len, k_len)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
     check.allocatable("kerple_bias", (heads, q_len, k_len), 8)
     return expand_bias(_kerple_values(xp, r1, r2, distances(q_len, k_len, offset, xp=xp, device=device), kind, device), q_len, k_len)
@@ -202,12 +199,5 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
     dtype = result_dtype(xp, dtype)
     qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
     check.allocatable("sandwich_bias", (*batch, heads or 1, q_len, k_len, dim // 2), 8)
-    rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
-    if check.is_eager(rel) and math.prod(rel.shape):  # each distance's sum once, read at every pair that has it
-        low, high = int(xp.min(rel)), int(xp.max(rel))
-        if high - low + 1 < math.prod(rel.shape):
-            span = xp.arange(low, high + 1, dtype=rel.dtype, device=device)
-            values = xp.take(_sandwich_values(xp, span, dim, heads, base, device, dtype), rel - low, axis=1)
-            return _per_token.batch_first(xp, values, heads or 1, batch, q_len, k_len)
-    return _per_token.batch_first(xp, _sandwich_values(xp, rel, dim, heads, base, device, dtype), heads or 1, batch, q_len, k_len)
+    return _per_token.bias(xp, lambda rel: _sandwich_values(xp, rel, dim, heads, base, device, dtype), qpos, kpos, heads or 1, batch, q_len, k_len)
 
