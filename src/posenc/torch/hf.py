@@ -159,6 +159,12 @@ class HFRotaryEmbedding(nn.Module):
         ``seq_len``: the longest seen grows to it; a call shorter than the original length,
         after one longer, resets it to the original length; otherwise it stays."""
         seen = getattr(self, self._longest_seen[key])
+        if not torch.compiler.is_compiling():  # eager: Python ints (transformers' module reads the length as well)
+            now, before = int(seq_len), int(seen)
+            length = self._original_length if now < self._original_length < before else max(now, before)
+            if length != before:
+                seen.fill_(length)
+            return length
         now = seq_len.to(seen.device, seen.dtype)
         reset = (now < self._original_length) & (seen > self._original_length)
         length = torch.where(reset, torch.full_like(seen, self._original_length), torch.maximum(now, seen))
