@@ -228,8 +228,8 @@ def test_out_the_kernel_cannot_write_is_refused():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch, dtype):
     """``posenc.rotary.apply.rotate_pair`` (under ``posenc.torch.hf.apply_rotary_pos_emb``): device
-    q and k go to the CUDA kernel together, once (in words of two float32 channels or four
-    bfloat16 ones: ``rope_cuda.WORDS``); the results equal the reference's."""
+    q and k go to the CUDA kernel together, once (in words of two channels:
+    ``rope_cuda.WORDS``); the results equal the reference's."""
     from posenc._kernels import rope_cuda
     from posenc.rotary.apply import rotate_pair
 
@@ -238,7 +238,7 @@ def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch, dtype):
     q, k = _hf_views(rng, 2, 4, 4, 8, dtype), _hf_views(rng, 2, 4, 2, 8, dtype)
     cos, sin = _tables(rng, 2, 4, 8, "half", dtype)
     got = rotate_pair(*(_device(a) for a in (q, k, cos, sin)))
-    assert launches == [("apply", dtype, rope_cuda.WORDS_LAYOUT if dtype == "float32" else rope_cuda.WIDE_LAYOUT)]
+    assert launches == [("apply", dtype, rope_cuda.WORDS_LAYOUT)]
     for g, a in zip(got, (q, k)):
         _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), dtype)
 
@@ -280,24 +280,21 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads)
     assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
 
 
-@pytest.mark.parametrize("where", ["words", "words of two channels", "one channel at a time"])
+@pytest.mark.parametrize("where", ["words", "one channel at a time"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
 def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype, where):
-    """A thread rotates its heads eight at a time (16-bit elements alone or in words of two
-    channels), then four, then one at a time: 27 heads (two y threads: 14 and 13 heads each,
-    every loop taken) against each head alone (one at a time only), bit for bit, so no
-    result depends on how many heads share a call; in the widest words (four channels of
-    16-bit elements), in words of two channels (the same values two 16-bit elements into
-    their memory), and one channel at a time (one element in)."""
+    """A thread rotates its heads eight at a time (16-bit elements), then four, then one at a
+    time: 27 heads (two y threads: 14 and 13 heads each, every loop taken) against each head
+    alone (one at a time only), bit for bit, so no result depends on how many heads share a
+    call; in words of two channels, and one channel at a time (the same values one element
+    into their memory)."""
     from posenc._kernels import rope_cuda
 
-    if where == "words of two channels" and dtype == "float32":
-        pytest.skip("float32's widest words are of two channels")
     rng = np.random.default_rng(12)
     x = _hf_views(rng, 2, 3, 27, 16, dtype)
     positions = _device(rng.integers(0, 500_000, (2, 1, 3)))
     inv_freq = 10000.0 ** -(np.arange(8) / 8)
-    placed = {"words": np.ascontiguousarray, "words of two channels": lambda a: _one_element_on(a, 2), "one channel at a time": _one_element_on}[where]
+    placed = np.ascontiguousarray if where == "words" else _one_element_on
 
     def rotated(a):
         return to_host(rope_cuda.rotate_positions(_device(placed(a)), positions, inv_freq))
@@ -307,12 +304,11 @@ def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype, where):
         np.testing.assert_array_equal(together[:, h], rotated(x[:, h : h + 1])[:, 0])
 
 
-def _one_element_on(a, skip=1):
-    """``a``'s values in a host array that starts one element (``skip`` elements) into its
-    memory (so on a device one element past an address the kernels' words could be read at;
-    two 16-bit elements: between two words of four)."""
-    buffer = np.zeros(a.size + skip, a.dtype)
-    view = buffer[skip:].reshape(a.shape)
+def _one_element_on(a):
+    """``a``'s values in a host array that starts one element into its memory (so on a
+    device one element past an address the kernels' words could be read at)."""
+    buffer = np.zeros(a.size + 1, a.dtype)
+    view = buffer[1:].reshape(a.shape)
     view[...] = a
     return view
 
@@ -329,17 +325,15 @@ def _rotated_on_device(op, x, positions, inv_freq, cos, sin, *, layout="half", o
     return to_host(rope_cuda.rotate_cos_sin(x, _device(cos), _device(sin), layout=layout, out=out))
 
 
-@pytest.mark.parametrize("rotary", [16, 8, 12], ids=["every channel", "partial rotary", "pairs not a multiple of four"])
+@pytest.mark.parametrize("rotary", [16, 8], ids=["every channel", "partial rotary"])
 @pytest.mark.parametrize("in_place", [False, True], ids=["new result", "in place"])
 @pytest.mark.parametrize("op", ["rotate", "apply"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_words_give_the_bits_of_one_channel_at_a_time(monkeypatch, dtype, op, in_place, rotary):
-    """Where every operand allows, the "half"-layout kernels read and write words of four
-    adjacent 16-bit channels, else of two (``rope_cuda.WORDS``): the same bits as the kernel
-    of one channel at a time, which the same values one element further on take (27 heads of
-    Hugging Face's layout: every loop over a thread's heads; with pass-through channels,
-    copied as words). 16-bit values two elements further on, or six pairs rotated, take
-    words of two channels."""
+def test_words_of_two_channels_give_the_bits_of_one_channel_at_a_time(monkeypatch, dtype, op, in_place, rotary):
+    """Where every operand allows, the "half"-layout kernels read and write words of two
+    adjacent channels (``rope_cuda.WORDS``): the same bits as the kernel of one channel at a
+    time, which the same values one element further on take (27 heads of Hugging Face's
+    layout: every loop over a thread's heads; with pass-through channels, copied as words)."""
     from posenc._kernels import rope_cuda
 
     keys = counting_kernel_keys(monkeypatch, rope_cuda)
@@ -349,13 +343,11 @@ def test_words_give_the_bits_of_one_channel_at_a_time(monkeypatch, dtype, op, in
     inv_freq = 10000.0 ** -(np.arange(rotary // 2) / (rotary // 2))
     cos, sin = _tables(rng, 2, 3, rotary, "half", dtype)
     out = "x" if in_place else None
-    skips = (0, 2, 1) if dtype != "float32" else (0, 1)
-    results = [_rotated_on_device(op, _one_element_on(x, skip).transpose(0, 2, 1, 3), positions, inv_freq, cos, sin, out=out) for skip in skips]
-    widest = rope_cuda.WORDS_LAYOUT if dtype == "float32" or rotary == 12 else rope_cuda.WIDE_LAYOUT
-    assert [key[2] for key in keys] == [widest, *[rope_cuda.WORDS_LAYOUT] * (len(skips) - 2), "half"]
+    words = _rotated_on_device(op, x.transpose(0, 2, 1, 3), positions, inv_freq, cos, sin, out=out)
+    elements = _rotated_on_device(op, _one_element_on(x).transpose(0, 2, 1, 3), positions, inv_freq, cos, sin, out=out)
+    assert [key[2] for key in keys] == [rope_cuda.WORDS_LAYOUT, "half"]
     bits = f"u{x.dtype.itemsize}"
-    for words in results[:-1]:
-        np.testing.assert_array_equal(words.view(bits), results[-1].view(bits))
+    np.testing.assert_array_equal(words.view(bits), elements.view(bits))
 
 
 def _words_refused(rng, case):

@@ -53,10 +53,8 @@ def test_hf_apply_rotary_pos_emb_rotates_q_and_k_in_one_launch(dtype, counted_la
     got_q, got_k = apply_rotary_pos_emb(q, k, cos.to(dtype), sin.to(dtype))
     from posenc._kernels import rope_cuda
 
-    # (one launch, in the widest words, of four 16-bit channels or two float32 ones: torch's
-    # allocations are aligned, the strides multiples of four)
-    layout = rope_cuda.WORDS_LAYOUT if dtype == torch.float32 else rope_cuda.WIDE_LAYOUT
-    assert counted_launches == [("apply", str(dtype).split(".")[-1], layout)]
+    # (one launch, in words of two channels: torch's allocations are aligned, the strides even)
+    assert counted_launches == [("apply", str(dtype).split(".")[-1], rope_cuda.WORDS_LAYOUT)]
     for got, x in ((got_q, q), (got_k, k)):  # the formula in float64 from the same 16-bit tables
         c, s = cos.to(dtype).double()[:, None], sin.to(dtype).double()[:, None]
         want = (x.double() * c + _rotate_half(x.double()) * s).to(dtype)
@@ -143,17 +141,16 @@ def test_a_planned_decode_step_launches_without_the_full_path(monkeypatch, name)
     assert not full_path, f"{name}: {len(full_path)} of 3 planned calls took the full path"
 
 
-@pytest.mark.parametrize("skip", [1, 2], ids=["one element in", "two elements in"])
-def test_a_plan_in_words_sends_an_x_between_words_to_the_full_path(monkeypatch, skip):
-    """A decode step planned on an x the kernel read in words of four bfloat16 channels
-    (``rope_cuda.WORDS``): a later x of the same shape and strides one or two elements into
-    its memory is not launched by the plan (an address between words) but by the full path
-    (one channel at a time, or words of two), with the full path's bits."""
+def test_a_plan_in_words_sends_an_x_between_words_to_the_full_path(monkeypatch):
+    """A decode step planned on an x the kernel read in words of two bfloat16 channels
+    (``rope_cuda.WORDS``): a later x of the same shape and strides one element into its
+    memory is not launched by the plan (an address between words) but by the full path,
+    with the full path's bits."""
     from posenc._kernels import rope_cuda
 
     shape, positions = (1, 32, 1, 128), torch.tensor([[77]], device="cuda")
     x = torch.randn(shape, device="cuda").to(torch.bfloat16)
-    between = torch.empty(x.numel() + skip, device="cuda", dtype=torch.bfloat16)[skip:].view(shape)
+    between = torch.empty(x.numel() + 1, device="cuda", dtype=torch.bfloat16)[1:].view(shape)
     between.copy_(x)
     pe.rope.plans.clear()
     for _ in range(3):

@@ -20,8 +20,7 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   and the HF pair the host's time to enqueue a call (which the device time leaves out);
 * ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), an
   A/B of the rotation's block shape (``_block_shapes``), one of the block of short rows
-  (``_short_rows``), one of memory order, a row's heads apart or adjacent (``_layouts``),
-  and one of the words bfloat16 moves, four channels or two (``_word_widths``);
+  (``_short_rows``) and one of memory order, a row's heads apart or adjacent (``_layouts``);
 * ``pe.rope`` of a JAX GPU array under ``jax.jit``, calls dispatched back to back, beside
   XLA's negation of the same array, torch's ``Tensor.copy_`` and the plain ``jnp`` formula
   under ``jit`` (``_jax_row``).
@@ -157,7 +156,6 @@ def main():
     _block_shapes(torch, gpu_ms)
     _short_rows(torch, gpu_ms)
     _layouts(torch, gpu_ms)
-    _word_widths(torch, gpu_ms)
     _jax_row(torch, gpu_ms)
 
 
@@ -208,53 +206,6 @@ def _block_shapes(torch, gpu_ms):
         times = _per_block(gpu_ms, (usual, one_thread_a_pair), lambda: call(x))
         print(f"block A/B {name}: two threads a pair {times[0]:.3f} ms | one thread a pair {times[1]:.3f} ms")
         del x
-
-
-def _word_widths(torch, gpu_ms):
-    """An A/B of the words a bfloat16 rotation moves (``rope_cuda.WORDS``): uint64 words of
-    four channels, as built, against uint32 words of two: ``rope`` and ``apply_rope`` in
-    place on ``[4, 32, 8192, 128]`` and the HF q+k pair in one launch, each as a fraction of
-    ``copy_`` of its bytes, plans forgotten between; and whether both give the same bits."""
-    import posenc as pe
-    from posenc._kernels import rope_cuda
-    from posenc.rotary.apply import rotate_pair
-
-    usual = rope_cuda.WORDS["bfloat16"]
-    widths = {"four channels": usual, "two channels": [w for w in usual if w[0] == rope_cuda.WORDS_LAYOUT]}
-    x = torch.randn(4, 32, 8192, 128, device="cuda").to(torch.bfloat16)
-    y, pos = torch.empty_like(x), torch.arange(8192, device="cuda")
-    cos, sin = _unit_tables(torch, (8192,), torch.bfloat16)
-    q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    k = torch.randn(4, 4096, 8, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
-    hcos, hsin = (t[:, None] for t in _unit_tables(torch, (4, 4096), torch.bfloat16))
-    source = torch.empty(q.numel() + k.numel(), device="cuda", dtype=torch.bfloat16)
-    target = torch.empty_like(source)
-    copies = {"x": gpu_ms(lambda: y.copy_(x)), "pair": gpu_ms(lambda: target.copy_(source))}
-    calls = {
-        "rope in place": ("x", lambda: pe.rope(x, pos, out=x), lambda: pe.rope(x, pos)),
-        "apply_rope in place": ("x", lambda: pe.apply_rope(x, cos, sin, out=x), lambda: pe.apply_rope(x, cos, sin)),
-        "HF q+k pair in place": ("pair", lambda: rope_cuda.rotate_cos_sin_pair(q, k, hcos, hsin, out_q=q, out_k=k), lambda: torch.cat([r.flatten() for r in rope_cuda.rotate_cos_sin_pair(q, k, hcos, hsin)])),
-    }
-    def each_width(fn):
-        """``fn()`` with each of ``widths`` as bfloat16's words, plans forgotten before each."""
-        done = []
-        for words in widths.values():
-            rope_cuda.WORDS["bfloat16"] = words
-            for planned in (pe.rope, pe.apply_rope, rotate_pair):
-                planned.plans.clear()
-            done.append(fn())
-        return done
-
-    try:
-        for name, (bytes_of, call, result) in calls.items():
-            results = each_width(lambda: result().view(torch.int16))  # (before the timings rotate x, q and k in place)
-            times = each_width(lambda: gpu_ms(call))
-            ratios = " | ".join(f"{width} {t:.3f} ms ({copies[bytes_of] / t:.2f} of copy)" for width, t in zip(widths, times))
-            print(f"words A/B bfloat16 {name}: {ratios} | same bits {torch.equal(*results)}")
-    finally:
-        rope_cuda.WORDS["bfloat16"] = usual
-        for planned in (pe.rope, pe.apply_rope, rotate_pair):
-            planned.plans.clear()
 
 
 def _per_block(gpu_ms, blocks, call):

@@ -14,10 +14,10 @@ Usage (``tests/gpu/lease.sh probe``): ``PYTHONPATH=src python tests/gpu/probe_bo
   (``rope_cuda._pair``) with a ``cos``/``sin`` fixed for the call (no positions read, no
   angles computed);
 * float32 in uint64 words (the product's), 4 and 8 heads loaded at once; bfloat16 in uint32
-  words (the product's) and in uint64 words of four channels (rotated by the product's
-  arithmetic too, 8 and 4 heads loaded at once: what wider words would give); both in 16-byte
-  words (copy only, ``probe_kernel16``: the vector loads and stores a plain CUDA copy makes),
-  and a Numba flat copy of 16 bytes a thread;
+  words (the product's) and in uint64 words of four channels (copy only: the product's
+  words of four were timed on an H200 and taken out, ``rope_cuda``); both in 16-byte words
+  (copy only, ``probe_kernel16``: the vector loads and stores a plain CUDA copy makes), and
+  a Numba flat copy of 16 bytes a thread;
 * ``pe.rope`` of the same array in place, and its kernel compiled with launch bounds of 4
   and 5 blocks an SM (``product_kernel``; as built, the float32 kernel takes 80 registers a
   thread and the 16-bit ones are capped there: 3 blocks of 256 threads an SM; ptxas for
@@ -68,13 +68,12 @@ def probe_kernel(storage, word, mode, unroll):
     ``x`` (``[batch, heads, seq, 2 * half]`` words), in place (``launch``). ``mode``:
     ``"copy"`` (each word XORed with ``flip``: a store the compiler cannot drop, as it drops
     a word stored back unchanged), ``"rotate"`` (the product's arithmetic, the product's
-    bits: words of two channels, uint64 of float32 and uint32 of 16-bit ``storage``, or
-    uint64 words of four 16-bit channels, ``rope_cuda._pair16_wide``), or ``"rotate32"`` (uint64
+    bits: words of two channels, uint64 of float32 and uint32 of 16-bit ``storage``), or
+    ``"rotate32"`` (uint64
     words of float32 rotated in float32, two fused multiply-adds an element: no float64
     conversions; not the product's bits)."""
     floats, held, cast = storage == _codec.FLOAT, numba.from_dtype(np.dtype(word)), np.dtype(word).type
     rotate, rotate32 = mode == "rotate", mode == "rotate32"
-    wide = not floats and np.dtype(word).itemsize == 8
 
     def kernel(x, batch, heads, seq, half, c, s, flip):
         at, head, stride = _walk(batch, heads, seq, half)
@@ -94,9 +93,7 @@ def probe_kernel(storage, word, mode, unroll):
                 a[u] = rope_cuda._get(x, at + u * stride)
                 o[u] = rope_cuda._get(x, at + u * stride + half)
             for u in range(unroll):
-                if rotate and wide:
-                    rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], (ch[0],) * 4, (cl[0],) * 4, (sh[0],) * 4, (sl[0],) * 4, storage)
-                elif rotate:
+                if rotate:
                     rope_cuda._pair(x, at + u * stride, at + u * stride + half, a[u], o[u], ch, cl, sh, sl, storage)
                 elif rotate32:
                     _rotate32(x, at + u * stride, at + u * stride + half, a[u], o[u], np.float32(c), np.float32(s))
@@ -267,7 +264,7 @@ def main():
     print(torch.cuda.get_device_name(), torch.__version__)
     for dtype, storage, cases in (
         (torch.float32, _codec.FLOAT, [(np.uint64, "copy", 4), (np.uint64, "rotate", 4), (np.uint64, "rotate32", 4), (np.uint64, "copy", 8), (np.uint64, "rotate", 8), (SIXTEEN, "copy", 4)]),
-        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8), (np.uint64, "rotate", 8), (np.uint64, "rotate", 4), (SIXTEEN, "copy", 4)]),
+        (torch.bfloat16, _codec.BFLOAT16, [(np.uint32, "copy", 8), (np.uint32, "rotate", 8), (np.uint64, "copy", 8), (SIXTEEN, "copy", 4)]),
     ):
         _rows(torch, lambda fn: timer(fn, 5, 10)[0] * 1e3, dtype, storage, cases)
         torch.cuda.empty_cache()

@@ -1,6 +1,6 @@
 """Elements to float32 and back on the device, two at a time (the numba.cuda rotation).
 
-The rotation moves words of two or four adjacent channels (``rope_cuda.WORDS``) and rounds
+The rotation moves words of two adjacent channels (``rope_cuda.WORDS``) and rounds
 the two results of a pair together. Each function here is plain Python on NumPy scalars, which the
 CUDA simulator runs and which defines the bits, and is compiled (``overload``) to the
 device's own instructions: a word split into its two float32 halves and joined again by

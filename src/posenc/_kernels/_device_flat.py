@@ -375,7 +375,7 @@ class Prepared:
     def __call__(self, stream, addresses) -> bool:
         """Launch with ``addresses`` (by role) on ``stream``; ``False``, launching nothing, where
         an address is not a multiple of the size of what the kernel reads there (a word of
-        two or four elements, ``rope_cuda.WORDS``, where the build's was)."""
+        two elements, ``rope_cuda.WORDS``, where the build's was)."""
         if any([addresses[role] % size for step in self.steps for _, role, size in step[3]]):
             return False
         core = _core_stream(stream)

@@ -108,7 +108,7 @@ def _gpu_apply(a) -> bool:
 # ---------------------------------------------------------------- specialisations and launcher guard
 
 # Every compiled kernel of the CPU families and the CUDA ones: one per (op, dtype, layout) (the CUDA
-# family adds the layouts "half, words" and "half, words of four": rope_cuda.WORDS).
+# family adds the layout "half, words": rope_cuda.WORDS).
 SPECIALISATIONS = [(op, dtype, layout) for op in ("rotate", "apply") for dtype in _arrays.ELEMENT for layout in ("half", "interleaved")]
 
 

@@ -13,7 +13,8 @@ once (or reads them) and rotates that pair in every ``blockDim.y``-th head of ``
 ``rotate_cos_sin_pair``, of a second array (``k`` beside ``q``: one launch for both), loading
 four heads before storing any (eight loads in flight a thread rather than two: a memory-bound
 kernel needs many bytes in flight to reach the device's bandwidth), eight heads for 16-bit
-elements alone or in words of two channels (the same bytes; four in words of four), their registers capped at three 256-thread blocks an SM (all
+elements alone or in words of two channels (the same bytes), their registers capped at
+three 256-thread blocks an SM (all
 dtypes: on an H200 the float32 kernel reached 0.91 of the device's copy with the cap, 0.87
 without it, at the same 80 registers).
 Neighbouring threads touch neighbouring channels, so loads and stores coalesce along the
@@ -21,12 +22,12 @@ last axis, and a row's index arithmetic is done once per thread, not per element
 ``x`` threads copy the pass-through channels when ``out`` is not ``x``. Where every operand
 allows (``_in_words``), a "half"-layout kernel reads and writes words of adjacent
 channels (``WORDS``) and a thread rotates as many pairs by the same arithmetic: two float32
-channels a uint64 word; four 16-bit channels a uint64 word, else two a uint32 word. A
-warp's access of 16-bit elements in uint32 words moves 128 bytes, not 64 (on an H200,
-bfloat16 went from 0.38 to 0.65 of the device's copy rate; float32, in uint64 words, did not
-change); in uint64 words, 256 (the probe of ``tests/gpu/probe_bounds.py`` walked bfloat16
-rows at 0.94 of the copy in uint64 words against 0.90 in uint32 ones; the product's own
-rate in them is for the next GPU run, ``device_figures.py``'s ``_word_widths``).
+channels a uint64 word, two 16-bit channels a uint32 word. A warp's access of 16-bit
+elements in uint32 words moves 128 bytes, not 64 (on an H200, bfloat16 went from 0.38 to
+0.65 of the device's copy rate; float32, in uint64 words, did not change). Words of four
+16-bit channels (uint64) were built and timed on an H200 too: ``rope`` of bfloat16 in place
+0.162 ms against 0.152 in words of two, ``apply_rope`` 0.156 against 0.160, the Hugging
+Face q+k pair 0.105 against 0.103 (``[4, 32, 8192, 128]``), so they were taken out.
 The angle and its ``cos`` and ``sin`` are float64, as the CPU kernels' contract says.
 float32 and float64 elements rotate in float64, rounded once on store. 16-bit elements
 (``uint16`` bits, ``_codec``) rotate in float32 with the CPU kernel's arithmetic
@@ -44,9 +45,8 @@ Nothing in a call copies between host and device once the constants are on the d
 frequencies are kept per ``(device, frequencies)`` (``_device_flat.constant``), positions and tables
 already on the device are read where they are, and nothing synchronises. Operands are read
 from their library's metadata and launched straight to the driver (``_device_flat.launch``). Each ``(op,
-dtype, layout)`` is one specialisation (``FAMILY``; the layouts "half, words" and "half,
-words of four" for the words),
-compiled on first use and cached; a
+dtype, layout)`` is one specialisation (``FAMILY``; the layout "half, words" for the
+words), compiled on first use and cached; a
 call launches on the caller's current stream (``_arrays.launch_context``): torch's or
 CuPy's current stream, which is what a CUDA graph capture records.
 """
@@ -95,13 +95,10 @@ def _pair(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """Store the rotation of loaded ``a``, ``b`` at ``oa``, ``ob``: two elements
     (``_pair_elements``), or where ``cos`` and ``sin`` come in pairs, two words of two
     adjacent channels each, by the words' type (``_pair_float32_words`` for uint64,
-    ``_pair16_words`` for uint32), or where they come in fours, two uint64 words of four
-    16-bit channels each (``_pair16_wide``). Chosen by type when compiled (``_pair_typed``:
+    ``_pair16_words`` for uint32). Chosen by type when compiled (``_pair_typed``:
     any other type is a typing error); called as it is in the CUDA simulator."""
     if not isinstance(ch, tuple):
         _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
-    elif len(ch) == 4:
-        _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     elif isinstance(a, np.uint64):
         _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     elif isinstance(a, np.uint32):
@@ -114,8 +111,6 @@ def _pair(out, oa, ob, a, b, ch, cl, sh, sl, storage):
 def _pair_typed(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     if not isinstance(ch, types.BaseTuple):
         return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage)
-    if len(ch) == 4 and a == types.uint64:
-        return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     if a == types.uint64:
         return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage)
     if a == types.uint32:
@@ -186,18 +181,6 @@ def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
 
 
 @cuda.jit(device=True, cache=True)
-def _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage):
-    """``_rotated16_words`` of the low and the high halves of uint64 words ``a`` and ``b``
-    (channel ``4i`` in the lowest quarter) by ``ch`` .. ``sl`` (four each): one load and one
-    store of eight bytes for every four elements, the same bits as words of two."""
-    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)
-    la, lb = _rotated16_words(np.uint32(a & low), np.uint32(b & low), ch[0], ch[1], cl[0], cl[1], sh[0], sh[1], sl[0], sl[1], storage)
-    ha, hb = _rotated16_words(np.uint32(a >> high), np.uint32(b >> high), ch[2], ch[3], cl[2], cl[3], sh[2], sh[3], sl[2], sl[3], storage)
-    _put(out, oa, np.uint64(la) | (np.uint64(ha) << high))
-    _put(out, ob, np.uint64(lb) | (np.uint64(hb) << high))
-
-
-@cuda.jit(device=True, cache=True)
 def _finite(v):
     """float32 ``v`` clamped to the finite range (an infinite operand stays out of the rest's term)."""
     v = v if v > _LOWEST else _LOWEST
@@ -223,7 +206,7 @@ def _turn(x, at, g, out, to, og, ia, ib, ch, cl, sh, sl, storage, eight):
     ``sl``) in this thread's heads (every ``blockDim.y``-th from ``threadIdx.y``),
     addresses stepped from head to head. Four heads
     at a time are loaded before any is stored (eight loads in flight a thread, not two);
-    eight heads where ``eight`` (16-bit elements in words of two channels or alone: the
+    eight heads where ``eight`` (16-bit elements, in words of two channels or alone: the
     same bytes in flight as four heads of float32)."""
     first, step = cuda.threadIdx.y, cuda.blockDim.y
     xa, oa = at + first * g[_AXES + 1] + ia * g[_AXES + 2], to + first * og[_AXES + 1] + ia * og[_AXES + 2]
@@ -302,12 +285,11 @@ def _cos_sin(rotate, pair, position, inv_freq, sign, scale, cos, ci, cg, sin, si
 
 def _kernel_source(rotate, storage, interleaved, channels, helpers):
     """One specialisation: a closure over constants (see ``rope_cpu._kernel_source``).
-    ``channels`` 2 or 4: ``x`` and ``out`` (and ``x2``, ``out2``) are read and written as
-    words of that many adjacent channels (``WORDS``), in "half" layout, their geometry and
-    ``columns`` and ``half`` counted in words; a thread rotates as many pairs. 1: elements."""
+    ``channels`` 2: ``x`` and ``out`` (and ``x2``, ``out2``) are read and written as words
+    of two adjacent channels (``WORDS``), in "half" layout, their geometry and ``columns``
+    and ``half`` counted in words; a thread rotates two pairs. 1: elements."""
     floats = storage == _codec.FLOAT  # (closures' constants: Numba prunes the branches they decide)
-    words, wide = channels > 1, channels == 4
-    eight = not floats and not wide
+    words, eight = channels > 1, not floats
 
     def kernel(sizes, columns, half, x, xg, out, og, x2, xg2, out2, og2, positions, counts, pg, inv_freq, sign, scale, cos, cg, sin, sg):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
@@ -342,22 +324,7 @@ def _kernel_source(rotate, storage, interleaved, channels, helpers):
                 # int64 positions are read as they are (``counts``), others converted to float64
                 # (``positions``): whichever is not empty.
                 position = np.float64(_get(counts, pi)) if counts.shape[0] else _get(positions, pi)
-            if wide:
-                c0, s0 = _cos_sin(rotate, 4 * j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
-                c1, s1 = _cos_sin(rotate, 4 * j + 1, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
-                c2, s2 = _cos_sin(rotate, 4 * j + 2, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
-                c3, s3 = _cos_sin(rotate, 4 * j + 3, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
-                ch0, cl0 = _split(c0, storage)
-                ch1, cl1 = _split(c1, storage)
-                ch2, cl2 = _split(c2, storage)
-                ch3, cl3 = _split(c3, storage)
-                sh0, sl0 = _split(s0, storage)
-                sh1, sl1 = _split(s1, storage)
-                sh2, sl2 = _split(s2, storage)
-                sh3, sl3 = _split(s3, storage)
-                ch, cl, sh, sl = (ch0, ch1, ch2, ch3), (cl0, cl1, cl2, cl3), (sh0, sh1, sh2, sh3), (sl0, sl1, sl2, sl3)
-                ia, ib = j, j + half
-            elif words:
+            if words:
                 c0, s0 = _cos_sin(rotate, 2 * j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
                 c1, s1 = _cos_sin(rotate, 2 * j + 1, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)
                 if floats:
@@ -384,13 +351,12 @@ def _kernel_source(rotate, storage, interleaved, channels, helpers):
 
 
 WORDS_LAYOUT = "half, words"  # words of two adjacent channels
-WIDE_LAYOUT = "half, words of four"  # words of four (16-bit elements)
 # The words the "half"-layout kernels move where ``x`` and ``out`` allow (``_in_words``),
 # widest first: (layout, word).
 WORDS = {
     "float32": [(WORDS_LAYOUT, np.dtype(np.uint64))],
-    "float16": [(WIDE_LAYOUT, np.dtype(np.uint64)), (WORDS_LAYOUT, np.dtype(np.uint32))],
-    "bfloat16": [(WIDE_LAYOUT, np.dtype(np.uint64)), (WORDS_LAYOUT, np.dtype(np.uint32))],
+    "float16": [(WORDS_LAYOUT, np.dtype(np.uint32))],
+    "bfloat16": [(WORDS_LAYOUT, np.dtype(np.uint32))],
 }
 
 
@@ -433,8 +399,7 @@ def _build(op, dtype, layout):
     storage, word = _arrays.STORAGE[dtype], _word(dtype, layout)
     source = _kernel_source(op == "rotate", storage, layout == "interleaved", _channels(dtype, word), _family.source_digest(_codec, _codec_f32, _codec_cuda))
     # Registers capped so that three blocks fit on an SM: 16-bit kernels hold eight heads'
-    # loads, or four of words of four with their four pairs' cos and sin (84 registers
-    # uncapped for the former); float32 ones take 80 either way, yet ptxas told of three
+    # loads (84 registers uncapped); float32 ones take 80 either way, yet ptxas told of three
     # blocks schedules them faster (an H200, [4, 32, 8192, 128] in place: 0.87 -> 0.91 of
     # the device's copy). The simulator takes no launch bounds.
     bounds = {} if _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS)}
@@ -535,7 +500,7 @@ def _launches(op, layout, x, operands, tables, arguments, half):
     (one ``_Operand``, or q and k sharing the tables), reading ``tables`` (positions, or cos
     and sin: ``(flat, lead strides, pair stride)``); ``arguments(views)`` completes the
     kernel's arguments. One launch but for eight or more leading axes that do not merge.
-    Where ``_in_words`` allows, the kernel moves words of two or four channels (``WORDS``)."""
+    Where ``_in_words`` allows, the kernel moves words of two channels (``WORDS``)."""
     shape = tuple(x.shape)  # (the CUDA simulator's shapes take no negative index)
     lead = shape[:-1]
     first = operands[0]

@@ -16,7 +16,7 @@ the constants its launch reads (``_device_flat.Prepared``).
 Covered: one launch, a result that is new or ``x`` itself, positions and offsets that are
 ints or CUDA tensors on ``x``'s device, no length-dependent scaling (its frequencies
 depend on the positions' values, which the host would have to read); anything else keeps
-the full path. A plan launches the kernel its building call chose: in words of two or four
+the full path. A plan launches the kernel its building call chose: in words of two
 channels (``rope_cuda.WORDS``) where that call's arrays allowed, and then a later call
 whose array starts between words takes the full path (``_device_flat.Prepared``); one
 channel at a time where they did not, for every later call of the key too.
