@@ -438,7 +438,8 @@ def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
 def test_t5_bias_on_cuda_buckets_its_distances_in_one_launch(monkeypatch):
     """A T5 bias of CUDA tensors buckets its per-distance vector with the bucket kernel (one
     launch, not the reference's thirty small operations), to the CPU's numbers bit for bit;
-    ``pe.t5_bucket`` of a 1-D CUDA tensor too."""
+    ``pe.t5_bucket`` of a 1-D CUDA tensor too, an int32 one widened to the index dtype first
+    (``check.widened``: its own arithmetic would wrap at the most negative int32)."""
     from posenc._kernels import buckets_cuda
 
     launches = counting_kernel_keys(monkeypatch, buckets_cuda)
@@ -448,7 +449,7 @@ def test_t5_bias_on_cuda_buckets_its_distances_in_one_launch(monkeypatch):
         assert torch.equal(got.cpu(), pe.t5_bias(table, q_len, k_len, bidirectional=bidirectional))
     rel = torch.arange(-5000, 5000, dtype=torch.int32)
     assert torch.equal(pe.t5_bucket(rel.cuda()).cpu(), pe.t5_bucket(rel))
-    assert launches == [("int64",), ("int64",), ("int32",)]
+    assert launches == [("int64",), ("int64",), ("int64",)]
 
 
 @pytest.mark.parametrize("name", ["llama[default]", "gpt_neox[partial]", "llama[yarn]"])
