@@ -119,11 +119,14 @@ def _heads_like(table, x):
     """A per-head ``table [heads, d, m]`` sharded as ``x [..., heads, seq, d]`` shards its
     heads under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose matmul refuses
     a replicated operand beside a sharded one); unchanged elsewhere."""
-    if table.ndim < 3 or x.ndim < 3 or explicit_sharding(x) is None:
+    sharding = explicit_sharding(x) if table.ndim >= 3 and x.ndim >= 3 else None
+    if sharding is None:
         return table
-    import jax.numpy as jnp
+    import jax
 
-    return table + jnp.zeros_like(x[(0,) * (x.ndim - 3) + (slice(None), slice(0, 1), slice(0, 1))])  # (its sharding, value + 0)
+    heads = (*sharding.spec, *(None,) * x.ndim)[x.ndim - 3]
+    spec = jax.sharding.PartitionSpec(*(None,) * (table.ndim - 3), heads, None, None)
+    return jax.sharding.reshard(table, sharding.update(spec=spec))
 
 
 def _gather(xp, scores, index, k_len, device):
