@@ -321,6 +321,8 @@ def device_of(*arrays):
         if a is None or isinstance(a, (bool, int, float, complex)):
             continue
         d = "cpu" if type(a) is _ndarray else a.device if torch_tensor(a) else _compat.device(a)
+        if d is not None and _compat.is_jax_array(a):
+            d = _jax_placement(a, d)
         if d is None:
             continue
         if all(d != e for e in devices):
@@ -328,6 +330,21 @@ def device_of(*arrays):
     if len(devices) > 1:
         raise ValueError(f"arrays on different devices in one call: {devices}; move them to one device first")
     return devices[0] if devices else None
+
+
+def _jax_placement(a, device):
+    """Where arrays made for a call beside concrete JAX array ``a`` go: nowhere in particular
+    (``None``) for an uncommitted array, which JAX moves to wherever it is used; replicated
+    over the mesh of a sharding over several devices (``a``'s own sharding would describe
+    another shape, and two shardings over one mesh are one placement); else ``device``."""
+    if not a.committed:
+        return None
+    if len(getattr(device, "device_set", ())) > 1:
+        import jax
+
+        mesh = getattr(device, "mesh", None)
+        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh is not None else device
+    return device
 
 
 def broadcast_shapes(*shapes) -> tuple:

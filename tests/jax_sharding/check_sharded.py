@@ -82,6 +82,50 @@ def main(count):
     )  # fmt: skip
     grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # R a + R^T a
     check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
+    eager(count, x, cos, sin)
+
+
+def eager(count, x, cos, sin):
+    """Calls outside ``jit`` on x sharded over an Auto and an Explicit mesh, beside NumPy
+    constants, an uncommitted JAX array and one replicated on the mesh: the values of the
+    unsharded call and x's sharding. One line per mesh and spec (``eager ... ok``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import posenc as pe
+
+    rng = np.random.default_rng(1)
+    pos_q, pos_k = (rng.standard_normal((8, 6, 16)).astype(np.float32) for _ in range(2))
+    positions = np.arange(12) + 3
+    for kind in (AxisType.Auto, AxisType.Explicit):
+        mesh = jax.make_mesh((count,), ("d",), axis_types=(kind,))
+        replicated = jax.device_put(jnp.asarray(positions), NamedSharding(mesh, P()))
+        for spec in (P("d"), P(None, "d"), P(None, None, "d")):
+            xs = jax.device_put(x, NamedSharding(mesh, spec))
+            cases = {
+                "rope offset": (lambda a: pe.rope(a, offset=3), pe.rope(x, offset=3)),
+                "rope NumPy positions": (lambda a: pe.rope(a, positions), pe.rope(x, positions)),
+                "rope uncommitted positions": (lambda a: pe.rope(a, jnp.asarray(positions)), pe.rope(x, positions)),
+                "rope replicated positions": (lambda a: pe.rope(a, replicated), pe.rope(x, positions)),
+                "apply_rope NumPy tables": (lambda a: pe.apply_rope(a, cos, sin), pe.apply_rope(x, cos, sin)),
+            }
+            if spec != P(None, None, "d") or kind == AxisType.Auto:  # (explicit: JAX's own q @ k.T of two sequence-sharded operands raises)
+                cases["deberta_logits NumPy tables"] = (lambda a: pe.deberta_logits(a, a, pos_q, pos_k, max_distance=3), pe.deberta_logits(x, x, pos_q, pos_k, max_distance=3))
+            problems = []
+            for name, (fn, want) in cases.items():
+                try:
+                    got = fn(xs)
+                except Exception as error:  # noqa: BLE001  (reported on the line)
+                    problems.append(f"{name}: {type(error).__name__} {str(error)[:160]}")
+                    continue
+                if not np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5):
+                    problems.append(f"{name}: values off by {np.abs(np.asarray(got) - want).max()}")
+                if tuple(got.sharding.spec)[: len(spec)] != tuple(spec):
+                    problems.append(f"{name}: sharding {got.sharding.spec}, wanted {spec}")
+            print(f"eager {kind.name} {spec}", "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
 
 
 if __name__ == "__main__":

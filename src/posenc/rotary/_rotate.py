@@ -16,12 +16,14 @@ from .scaling import frequency_table
 
 
 def _pairs(xp, x, rotary_dim, layout):
-    """The two halves ``(a, b)`` of every rotated pair, and the pass-through channels."""
+    """The two halves ``(a, b)`` of every rotated pair, and the pass-through channels (``None``
+    where there are none: an empty slice of an array sharded over an explicit JAX mesh
+    raises outside ``jit``)."""
     if layout == "half":
         a, b = x[..., : rotary_dim // 2], x[..., rotary_dim // 2 : rotary_dim]
     else:
         a, b = x[..., 0:rotary_dim:2], x[..., 1:rotary_dim:2]
-    return a, b, x[..., rotary_dim:]
+    return a, b, x[..., rotary_dim:] if rotary_dim != x.shape[-1] else None
 
 
 def _join(xp, ra, rb, rest, layout):
@@ -29,7 +31,7 @@ def _join(xp, ra, rb, rest, layout):
         rotated = xp.concat([ra, rb], axis=-1)
     else:
         rotated = xp.reshape(xp.stack([ra, rb], axis=-1), (*ra.shape[:-1], 2 * ra.shape[-1]))
-    return xp.concat([rotated, rest], axis=-1) if rest.shape[-1] else rotated
+    return xp.concat([rotated, rest], axis=-1) if rest is not None and rest.shape[-1] else rotated
 
 
 def _write(xp, result, out):
