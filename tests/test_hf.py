@@ -199,6 +199,32 @@ def test_module_is_stateless_across_calls_unless_it_follows_transformers_state()
     assert not torch.allclose(ours(x, short)[1], fresh[1])  # (3 * SWITCH is remembered: the state there is to follow)
 
 
+@pytest.mark.parametrize("state", [False, True], ids=["stateless", "transformers_state"])
+@pytest.mark.parametrize("rope", ["dynamic", "longrope"])
+def test_a_length_dependent_module_reads_kept_rows_up_to_the_original_length(monkeypatch, rope, state):
+    """Dynamic NTK and LongRoPE do not depend on the length up to the original one: an eager
+    CPU call there reads the kept rows of those frequencies (no frequencies computed per
+    call), with the bits of ``rope_cos_sin`` at the call's own frequencies; past it, the
+    frequencies of its length."""
+    from posenc.torch import hf
+
+    config = _llama_config(rope)
+    module = HFRotaryEmbedding(config, transformers_state=state)
+    scaling = module._rope[None].scaling
+    original = scaling.original_max_position
+    for length in (1, original - 1, original, original + 1, 3 * original):
+        ids = torch.arange(length)[None]
+        for dtype in (torch.float32, torch.bfloat16):
+            inv_freq, scale = pe.rope_frequencies(16, base=500.0, scaling=scaling, seq_len=length)
+            want = pe.rope_cos_sin(ids, inv_freq, dtype=dtype, scale=scale)
+            with monkeypatch.context() as patch:
+                if length <= original:
+                    patch.setattr(hf.pe, "rope_frequencies", lambda *a, **k: pytest.fail("frequencies computed for a call at most the original length"))
+                got = module(torch.zeros(1, dtype=dtype), ids)
+            for g, w in zip(got, want):
+                assert torch.equal(g, w), (length, dtype)
+
+
 def test_transformers_state_of_a_module_built_in_inference_mode_updates_outside_it():
     with torch.inference_mode():
         ours = HFRotaryEmbedding(_llama_config("dynamic"), transformers_state=True)

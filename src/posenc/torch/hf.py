@@ -93,6 +93,14 @@ class HFRotaryEmbedding(nn.Module):
                 inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
                 self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
         self._fixed_names = {key: frequencies_name(*fixed) for key, fixed in self._fixed.items()}
+        # A length-dependent scaling's frequencies at lengths up to its original one (where
+        # dynamic NTK and LongRoPE do not depend on the length): eager calls there read rows too.
+        self._unscaled = {}
+        for key, rope in self._rope.items():
+            original = getattr(rope.scaling, "original_max_position", None)
+            if key not in self._fixed and isinstance(rope.scaling, (pe.scaling.DynamicNTK, pe.scaling.LongRoPE)):
+                inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
+                self._unscaled[key] = (tuple(inv_freq.tolist()), float(scale), original)
         self._rows_for_compile = {}  # (key, dtype) -> rows: see keep_rows_for_compile
         # transformers' dynamic module's state (transformers_state): the length its frequencies are at, one per layer type.
         self._longest_seen = {}
@@ -151,6 +159,11 @@ class HFRotaryEmbedding(nn.Module):
                 seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
                 if key in self._longest_seen:
                     seq_len = self._dynamic_length(key, seq_len)
+                unscaled = self._unscaled.get(key)
+                if unscaled and position_ids.device.type == "cpu" and not position_ids.is_floating_point() and not torch.compiler.is_compiling():
+                    inv_freq, scale, original = unscaled
+                    if int(seq_len) <= original:
+                        return fixed_tables(inv_freq, scale, x.dtype, position_ids)
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
             return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
 
