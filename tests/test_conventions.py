@@ -270,6 +270,7 @@ def _mixed_library_calls(t, n, ti, ni):
         "conv_positions": lambda: pe.conv_positions(t(5, 4), n(3, 4)),
         "complex_order": lambda: pe.complex_order(t(3, 4), n(4), t(4), ni(3)),
         "rerotate": lambda: pe.rerotate(t(2, 3, 8), ni(3), n(4)),
+        "rope_cos_sin": lambda: pe.rope_cos_sin(ni(3), t(4)),
     }
 
 
@@ -309,7 +310,7 @@ def test_numpy_constants_among_jax_arrays_are_converted():
     t, ti = (lambda *s: jnp.asarray(_filled(s), dtype=jnp.float32)), (lambda *s: jnp.zeros(s, dtype=jnp.int32))
     n, ni = (lambda *s: _filled(s)), (lambda *s: np.zeros(s, dtype=np.int64))
     mixed, alike = _mixed_library_calls(t, n, ti, ni), _mixed_library_calls(t, t, ti, ti)
-    for case in ("shaw_logits", "alibi_bias per-token", "rope", "apply_absolute"):  # JAX eager compiles each op: a few
+    for case in ("shaw_logits", "alibi_bias per-token", "rope", "apply_absolute", "rope_cos_sin"):  # JAX eager compiles each op: a few
         got, want = mixed[case](), alike[case]()
         for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
             assert isinstance(g, jax.Array) and g.dtype == w.dtype, case

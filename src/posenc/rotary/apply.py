@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace
+from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constant_like, host_constants, namespace
 from . import _args, _call, _rows
 from ._call import duplicate
 from .scaling import nameable
@@ -34,7 +34,9 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     Parameters
     ----------
     positions : array
-        Integer or float positions, any shape (e.g. ``[batch, seq]`` position ids).
+        Integer or float positions, any shape (e.g. ``[batch, seq]`` position ids). NumPy
+        positions beside an ``inv_freq`` array of another library are converted into its
+        namespace and onto its device (the tables are then of that library).
     inv_freq : array or sequence ``[r/2]``, or array ``[batch, r/2]``
         Frequencies :math:`\theta_i`, e.g. from :func:`rope_frequencies`; a host (NumPy)
         array is fine for positions of any namespace (for torch GPU positions its values
@@ -69,6 +71,7 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     >>> sin[2].round(4).tolist()
     [0.9093, 0.9093, 0.8415, 0.8415]
     """
+    positions = host_constant_like("positions", positions, inv_freq)  # (NumPy positions beside device frequencies)
     if check.is_array(inv_freq) and inv_freq.ndim == 2:
         return _tables_per_row(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     call = _call.parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
