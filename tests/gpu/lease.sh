@@ -2,9 +2,10 @@
 # Calls on a lent GPU machine (the device tool's run, `carry: [".whl"]` from
 # tests/gpu/wheels.sh): `bash tests/gpu/lease.sh STEP...`, each step with its own limit so
 # that one that hangs leaves time for the rest; logs under $OUT, a summary printed last.
-#   test     make test-gpu (16 workers; about 210 s on an H200)
+#   test     make test-gpu (16 workers; about 185-215 s on an H200)
 #   figures  tests/gpu/device_figures.py: the figures of docs/benchmarks.md, "On a GPU"
-#   ncu      the rotation kernels' Nsight Compute sections (tests/gpu/profile_rotation.py)
+#   ncu      the rotation kernels' Nsight Compute sections, source counters included, beside
+#            torch.compile's Triton kernel of the formula (tests/gpu/profile_rotation.py)
 #   probe    tests/gpu/probe_bounds.py: the rotation's memory pattern without its arithmetic
 #   bench    posenc bench --gpu
 # Default: test figures probe (about 450 s with the machine's start); then ncu bench.
@@ -20,9 +21,10 @@ for step in "${steps[@]}"; do
 	case $step in
 	test) timeout 260 make test-gpu GPU_PYTHON=python3 GPU_WORKERS=16 > "$OUT/test-gpu.txt" 2>&1 ;;
 	figures) timeout 170 python3 -u tests/gpu/device_figures.py > "$OUT/figures.txt" 2>&1 ;;
-	ncu) timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
+	ncu) timeout 200 ncu --clock-control none --profile-from-start off --section SpeedOfLight \
 		--section MemoryWorkloadAnalysis --section Occupancy --section WarpStateStats --section SchedulerStats \
-		--section LaunchStats python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
+		--section LaunchStats --section InstructionStats --section SourceCounters \
+		python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
 	probe) timeout 100 python3 -u tests/gpu/probe_bounds.py > "$OUT/probe.txt" 2>&1 ;;
 	bench) timeout 250 python3 -u -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
 	*) echo "unknown step $step" ;;
@@ -33,6 +35,6 @@ cat "$summary"
 [ -f "$OUT/test-gpu.txt" ] && tail -3 "$OUT/test-gpu.txt"
 [ -f "$OUT/figures.txt" ] && cut -c1-250 "$OUT/figures.txt"
 [ -f "$OUT/probe.txt" ] && cut -c1-200 "$OUT/probe.txt"
-[ -f "$OUT/ncu.txt" ] && grep -E "Context [0-9]+, Stream|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible" "$OUT/ncu.txt" | head -60
+[ -f "$OUT/ncu.txt" ] && grep -E "Context [0-9]+, Stream|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Executed Instructions  |Warp Cycles Per Issued|spends [0-9.]+ cycles" "$OUT/ncu.txt" | cut -c1-160 | head -80
 [ -f "$OUT/bench.txt" ] && grep -E "GPU" "$OUT/bench.txt" | cut -c1-200 | head -60
 exit 0
