@@ -51,11 +51,11 @@ def fire_distances(
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key, batch = xp.arange(k_len, dtype=index_dtype(xp, device), device=device), ()
     check.allocatable("fire_bias", (*batch, q_len, k_len), 8)
-    query, key = xp.astype(query, work), xp.astype(key, work)
+    rel = xp.astype(_per_token.relative(query, key), work)  # (integer differences: exact where float32 positions would not be)
     c = cast(xp, c, work) if check.is_array(c) else xp.asarray(c, dtype=work, device=device)
     threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
-    distance = xp.log(xp.abs(c * (query[..., :, None] - key[..., None, :])) + 1)
-    normaliser = xp.log(xp.abs(c * xp.maximum(query, threshold)) + 1) + eps
+    distance = xp.log(xp.abs(c * rel) + 1)
+    normaliser = xp.log(xp.abs(c * xp.maximum(xp.astype(query, work), threshold)) + 1) + eps
     return xp.astype(distance / normaliser[..., :, None], dtype)
 
 
