@@ -225,6 +225,19 @@ def test_a_length_dependent_module_reads_kept_rows_up_to_the_original_length(mon
                 assert torch.equal(g, w), (length, dtype)
 
 
+@pytest.mark.parametrize("rope", ["default", "dynamic", "longrope"])
+def test_bool_or_nan_position_ids_are_refused_by_every_rope_type(rope):
+    """Boolean ids are a ``TypeError`` (read as indices of kept rows they had selected rows
+    as a mask, silently); a NaN id is a ``ValueError`` naming position_ids, before any
+    transformers state is updated."""
+    module = HFRotaryEmbedding(_llama_config(rope), transformers_state=True)
+    ids = torch.arange(64)[None] % 3 == 0
+    with pytest.raises(TypeError, match="position_ids must be integers or floats"):
+        module(torch.zeros(1), ids)
+    with pytest.raises(ValueError, match="finite"):
+        module(torch.zeros(1), torch.tensor([[0.0, float("nan")]]))
+
+
 def test_transformers_state_of_a_module_built_in_inference_mode_updates_outside_it():
     with torch.inference_mode():
         ours = HFRotaryEmbedding(_llama_config("dynamic"), transformers_state=True)

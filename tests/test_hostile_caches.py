@@ -72,6 +72,46 @@ def test_12_hf_rows_stay_at_their_documented_bound():
     assert hf.cached_rows(inv_freq, 1.0, torch.float32, torch.tensor([bound])) is None  # beyond: computed afresh
 
 
+def test_12_hf_row_sets_in_use_stay_kept_least_recently_read_evicted_first(monkeypatch):
+    """Ten row sets read in turn (five models of two layer types, say) are built once each:
+    the least recently read set is evicted first, and more than eight sets are kept (eight,
+    evicted in insertion order, had rebuilt a ninth set in use on every call). A bound in
+    bytes evicts the oldest too, never the set just built."""
+    torch = pytest.importorskip("torch")
+    from posenc.torch import _rows, hf
+
+    built = []
+    afresh = _rows._afresh
+    monkeypatch.setattr(_rows, "_afresh", lambda *a: built.append(a[0]) or afresh(*a))
+    monkeypatch.setattr(_rows, "_ROWS", __import__("collections").OrderedDict())
+    sets = [(1.0 / (i + 2), 0.5 / (i + 2)) for i in range(10)]
+    for _ in range(3):
+        for inv_freq in sets:
+            cos, _ = hf.cached_rows(inv_freq, 1.0, torch.float32, torch.tensor([[500]]))
+            assert torch.equal(cos, pe.rope_cos_sin(torch.tensor([[500]]), np.array(inv_freq), dtype=torch.float32)[0])
+    assert len(built) == len(sets)
+    hf.cached_rows(sets[0], 1.0, torch.float32, torch.tensor([[1]]))  # read last: kept when the others go
+    one = _rows._ROWS[sets[0], 1.0, torch.float32][0]
+    monkeypatch.setattr(_rows, "_MOST_CACHED_BYTES", 2 * one.nelement() * one.element_size())
+    hf.cached_rows((3.0, 1.0), 1.0, torch.float32, torch.tensor([[500]]))
+    assert list(_rows._ROWS) == [(sets[0], 1.0, torch.float32), ((3.0, 1.0), 1.0, torch.float32)]
+
+
+def test_12_rows_kept_for_compile_are_their_own_tensor():
+    """A module's rows for compiled calls are a copy of the shared rows' first ``count``, not
+    a view holding all of them (up to 2**16 rows) alive and in every pickle of the model."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from posenc.torch import hf
+
+    config = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=16)
+    module = hf.HFRotaryEmbedding(config)
+    module(torch.zeros(1), torch.tensor([[60000]]))  # the shared rows grow past 60000
+    module.keep_rows_for_compile(torch.float32)
+    (rows,) = module._rows_for_compile.values()
+    assert rows.shape[0] == 16 and rows.untyped_storage().nbytes() == rows.nelement() * rows.element_size()
+
+
 def test_rope_decode_loop_keeps_one_plan():
     x = np.random.default_rng(0).standard_normal((2, 1, 8))
     pe.rope(x, offset=0)

@@ -4,6 +4,7 @@ frequencies, scale and dtype, and the tables of positions looked up in it or com
 
 from __future__ import annotations
 
+import collections
 import functools
 import threading
 
@@ -42,8 +43,9 @@ def cached_rows(inv_freq, scale, dtype, position_ids):
     positions, positions from ``2**16``).
 
     The rows of positions ``0 .. n - 1`` are kept per ``(inv_freq, scale, dtype)`` (a tuple
-    of floats, a float, a torch dtype; ``n`` doubles as larger positions come, the last
-    few sets are kept), ``cos`` and ``sin`` stacked. Each row depends on its position
+    of floats, a float, a torch dtype; ``n`` doubles as larger positions come; the sets
+    read last are kept, ``_MOST_CACHED_SETS`` and ``_MOST_CACHED_BYTES`` at most), ``cos``
+    and ``sin`` stacked. Each row depends on its position
     only, so every value read is the one computing afresh gives
     (``tests/test_decode_step.py``). The rows hold no autograd history, nor do the rows
     read from them."""
@@ -77,16 +79,25 @@ def _rows_through(inv_freq, scale, dtype, high):
     beyond ``_MOST_CACHED_ROWS``, which ``high`` is below)."""
     key = (inv_freq, scale, dtype)
     kept = _ROWS.get(key)
-    if kept is None or high >= kept[0].shape[0]:
-        count = min(max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64), _MOST_CACHED_ROWS)
-        rows = torch.stack(_afresh(inv_freq, scale, dtype, torch.arange(count)), dim=1)
-        kept = (rows, rows[:, 0], rows[:, 1])
-        with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
-            _ROWS.pop(key, None)
-            _ROWS[key] = kept
-            while len(_ROWS) > _MOST_CACHED_SETS:
-                del _ROWS[next(iter(_ROWS))]
+    if kept is not None and high < kept[0].shape[0]:
+        try:
+            _ROWS.move_to_end(key)  # the least recently read set goes first
+        except KeyError:  # (another thread evicted it meanwhile: these rows still serve this call)
+            pass
+        return kept
+    count = min(max(high + 1, 2 * (0 if kept is None else kept[0].shape[0]), 64), _MOST_CACHED_ROWS)
+    rows = torch.stack(_afresh(inv_freq, scale, dtype, torch.arange(count)), dim=1)
+    kept = (rows, rows[:, 0], rows[:, 1])
+    with _ROWS_LOCK:  # threads may grow the rows at once: each keeps its own, the last stays
+        _ROWS.pop(key, None)
+        _ROWS[key] = kept
+        while len(_ROWS) > 1 and (len(_ROWS) > _MOST_CACHED_SETS or _kept_bytes() > _MOST_CACHED_BYTES):
+            del _ROWS[next(iter(_ROWS))]
     return kept
+
+
+def _kept_bytes():
+    return sum(rows.nelement() * rows.element_size() for rows, _, _ in _ROWS.values())
 
 
 def frequencies_name(inv_freq, scale):
@@ -103,10 +114,14 @@ def named_frequencies(name):
     return tuple(float.fromhex(v) for v in inv_freq.split(",")), float.fromhex(scale)
 
 
-_ROWS = {}
+_ROWS = collections.OrderedDict()
 _ROWS_LOCK = threading.Lock()
-# The row sets kept: a model's one or two (Gemma 3's layer types), in each dtype it runs in.
-_MOST_CACHED_SETS = 8
+# The row sets kept, the least recently read evicted first: a model's one or two (Gemma 3's
+# layer types) in each dtype it runs in, for several models in one process (eight sets had
+# made a ninth in use rebuild its rows on every call: 0.47 s a decode step at position
+# 40000), and at most this many bytes together.
+_MOST_CACHED_SETS = 32
+_MOST_CACHED_BYTES = 1 << 30
 
 # Positions beyond this compute their rows afresh (a cache of 2**16 rows of 128 float32 is 64 MiB for cos and sin).
 _MOST_CACHED_ROWS = 1 << 16

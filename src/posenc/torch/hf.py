@@ -131,7 +131,7 @@ class HFRotaryEmbedding(nn.Module):
         model's dtype."""
         count = min(getattr(self.config, "max_position_embeddings", None) or _MOST_ROWS_FOR_COMPILE, _MOST_ROWS_FOR_COMPILE)
         for key, (inv_freq, scale) in self._fixed.items():
-            self._rows_for_compile[key, dtype] = _rows_through(inv_freq, scale, dtype, count - 1)[0][:count]
+            self._rows_for_compile[key, dtype] = _rows_through(inv_freq, scale, dtype, count - 1)[0][:count].clone()  # (not a view of the shared rows)
 
     def _key(self, layer_type):
         """The key of ``self._rope`` (and ``self._fixed``) for ``layer_type``."""
@@ -144,6 +144,8 @@ class HFRotaryEmbedding(nn.Module):
     def forward(self, x, position_ids, layer_type=None):
         key = self._key(layer_type)
         rope, fixed = self._rope[key], self._fixed.get(key)
+        if position_ids.dtype == torch.bool:  # (not indices of kept rows: a mask)
+            raise TypeError("position_ids must be integers or floats, got torch.bool")
         if position_ids.dtype in _NARROW_INTEGERS:  # indices of kept rows, where uint8 would be a mask
             position_ids = position_ids.to(torch.int64)
         if fixed is not None and position_ids.dtype in (torch.int32, torch.int64):
@@ -156,11 +158,13 @@ class HFRotaryEmbedding(nn.Module):
             seq_len = None
             if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
                 top = position_ids.max()
+                if top.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(top)):
+                    raise ValueError(f"position_ids must be finite, got {float(top)}")
                 seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
                 if key in self._longest_seen:
                     seq_len = self._dynamic_length(key, seq_len)
                 unscaled = self._unscaled.get(key)
-                if unscaled and position_ids.device.type == "cpu" and not position_ids.is_floating_point() and not torch.compiler.is_compiling():
+                if unscaled and position_ids.device.type == "cpu" and position_ids.dtype in (torch.int32, torch.int64) and not torch.compiler.is_compiling():
                     inv_freq, scale, original = unscaled
                     if int(seq_len) <= original:
                         return fixed_tables(inv_freq, scale, x.dtype, position_ids)
