@@ -451,8 +451,8 @@ ROTARY = {
     "rope_cos_sin nan inv_freq": (lambda: pe.rope_cos_sin(np.arange(3), np.array([1.0, np.nan])), ValueError, "inv_freq"),
     "rope_cos_sin 3-D inv_freq": (lambda: pe.rope_cos_sin(np.arange(3), np.ones((2, 2, 2))), ValueError, "inv_freq"),  # 2-D: one set per row
     "rope_cos_sin integer dtype": (lambda: pe.rope_cos_sin(np.arange(3), INV_FREQ, dtype=np.int64), TypeError, "dtype"),
-    "rope_cos_sin inv_freq of another library": (
-        lambda: pe.rope_cos_sin(np.arange(3), _torch().ones(2, dtype=_torch().float64)), TypeError, "inv_freq",
+    "rope_cos_sin inv_freq of another device library": (
+        lambda: pe.rope_cos_sin(_jax().numpy.arange(3), _torch().ones(2, dtype=_torch().float64)), TypeError, "arrays of different kinds",
     ),
     "rope_cos_sin too large": (
         lambda: pe.rope_cos_sin(np.broadcast_to(np.arange(2**21), (2**21, 2**21)), [1.0] * 8), ValueError, "memory",

@@ -18,6 +18,8 @@ built from that same parse (``posenc._kernels.rope_plan``).
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
@@ -72,6 +74,8 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     [0.9093, 0.9093, 0.8415, 0.8415]
     """
     positions = host_constant_like("positions", positions, inv_freq)  # (NumPy positions beside device frequencies)
+    if check.is_array(inv_freq) and not isinstance(inv_freq, np.ndarray):
+        namespace(positions, inv_freq)  # (two device libraries: the TypeError naming both)
     if check.is_array(inv_freq) and inv_freq.ndim == 2:
         return _tables_per_row(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     call = _call.parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
