@@ -47,6 +47,11 @@ def main(count):
     check("rope heads", lambda a: pe.rope(a, offset=3), (put(x, P(None, "d")),), rotated, P(None, "d"))
     check("rope seq", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, "d")),), rotated, P(None, None, "d"))
     check("rope dim gathers", lambda a: pe.rope(a, offset=3), (put(x, P(None, None, None, "d")),), rotated, P(None, None, None, "d"), gathers=True)
+    for name, spec in (("batch", P("d")), ("heads", P(None, "d"))):  # (the result's type carries x's sharding: a matmul reads it)
+        check(
+            f"rope then q @ k.T {name}", lambda a: pe.rope(a, offset=3) @ jnp.swapaxes(a, -1, -2), (put(x, spec),),
+            rotated @ np.swapaxes(x, -1, -2), spec,
+        )  # fmt: skip
     check("apply_rope heads", lambda a, c, s: pe.apply_rope(a, c, s), (put(x, P(None, "d")), jnp.asarray(cos), jnp.asarray(sin)), pe.apply_rope(x, cos, sin), P(None, "d"))
     check("t5_bias heads", lambda t: pe.t5_bias(t, 12, 12), (put(table, P(None, "d")),), pe.t5_bias(table, 12, 12), P("d"))
     packed = rng.integers(0, 40, (4, 12))  # per-token positions [batch, seq], sharded on the batch

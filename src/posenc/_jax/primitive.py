@@ -77,7 +77,19 @@ def apply(op, *args):
 
 
 def _abstract(*avals, op):
-    return jax.core.ShapedArray(op.shape([a.shape for a in avals]), avals[0].dtype)
+    shape = op.shape([a.shape for a in avals])
+    return jax.core.ShapedArray(shape, avals[0].dtype, sharding=_result_sharding(avals, shape))
+
+
+def _result_sharding(avals, shape):
+    """The result's sharding in its type (what an explicit mesh's next operation reads): the
+    first argument's where the result has its shape (a rotation, a bucketing); ``None`` (the
+    mesh's default) otherwise. (Giving a Toeplitz expansion its heads' sharding made the
+    partitioned host call hang under jit.)"""
+    sharding = getattr(avals[0], "sharding", None)
+    if tuple(shape) != tuple(avals[0].shape) or not any(axis is not None for axis in getattr(sharding, "spec", ())):
+        return None
+    return sharding
 
 
 def aligned_empty(shape, dtype):
