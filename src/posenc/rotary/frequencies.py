@@ -44,7 +44,10 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
         only ``xp`` given, the namespace's widest float: float32 for JAX without x64, each
         frequency rounded once, so tables built from it are below the angle contract at long
         positions (docs: precision); ``rope_cos_sin`` and ``rope`` keep exact angles with the
-        default float64 NumPy frequencies, and a traced length computes them exactly inside.
+        default float64 NumPy frequencies. A traced length without float64 returns float32
+        frequencies too (the leading part of the double-float ones ``rope`` computes inside
+        with a traced ``offset`` or ``seq_len``): tables built from them lose the angle
+        contract past a few thousand positions; pass the length to ``rope`` instead.
 
     Returns
     -------
