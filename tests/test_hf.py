@@ -238,6 +238,17 @@ def test_bool_or_nan_position_ids_are_refused_by_every_rope_type(rope):
         module(torch.zeros(1), torch.tensor([[0.0, float("nan")]]))
 
 
+def test_module_under_vmap_equals_a_loop_over_the_rows():
+    """``torch.func.vmap`` over position ids (transformers' default module allows it): the
+    kept rows cannot be read there, so the tables are computed afresh, each row's bits."""
+    module = HFRotaryEmbedding(_llama_config("default"))
+    ids = torch.stack([torch.arange(12), torch.arange(12) + 2])[:, None]
+    got = torch.func.vmap(lambda p: module(torch.zeros(1), p))(ids)
+    for row in range(2):
+        for g, w in zip(got, module(torch.zeros(1), ids[row])):
+            assert torch.equal(g[row], w)
+
+
 def test_transformers_state_of_a_module_built_in_inference_mode_updates_outside_it():
     with torch.inference_mode():
         ours = HFRotaryEmbedding(_llama_config("dynamic"), transformers_state=True)

@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 import posenc as pe
+from posenc import _validate as check
 
 
 def fixed_tables(inv_freq, scale, dtype, position_ids):
@@ -59,8 +60,8 @@ def _kept_rows(inv_freq, scale, dtype, position_ids):
     """``(rows, cos, sin)`` kept for these frequencies with a row for every one of
     ``position_ids`` (``rows[p]`` is position ``p``'s ``[cos, sin]``; ``cos`` and ``sin`` are
     its two views), or None where they do not serve."""
-    if position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point:
-        return None
+    if position_ids.device.type != "cpu" or position_ids.dtype.is_floating_point or not check.is_eager(position_ids):
+        return None  # (under torch.func.vmap the values cannot be read: computed afresh)
     count = position_ids.numel()
     if count == 1:  # a decode step: one position, one read of it
         low = high = position_ids.item()
