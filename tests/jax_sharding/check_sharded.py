@@ -92,8 +92,10 @@ def main(count):
 
 def eager(count, x, cos, sin):
     """Calls outside ``jit`` on x sharded over an Auto and an Explicit mesh, beside NumPy
-    constants, an uncommitted JAX array and one replicated on the mesh: the values of the
-    unsharded call and x's sharding. One line per mesh and spec (``eager ... ok``)."""
+    constants, an uncommitted JAX array and one replicated on the mesh, and ``jax.vmap``,
+    ``jax.jvp`` and ``jax.grad`` of rope outside ``jit`` (their results had been put on
+    one device): the values of the unsharded call and x's sharding. One line per mesh and
+    spec (``eager ... ok``)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -117,6 +119,12 @@ def eager(count, x, cos, sin):
                 "rope replicated positions": (lambda a: pe.rope(a, replicated), pe.rope(x, positions)),
                 "apply_rope NumPy tables": (lambda a: pe.apply_rope(a, cos, sin), pe.apply_rope(x, cos, sin)),
             }
+            grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # (eager transforms run the op on the arrays)
+            cases["vmap of rope"] = (lambda a: jax.vmap(lambda b: pe.rope(b, offset=3))(a), pe.rope(x, offset=3))
+            cases["jvp of rope"] = (lambda a: jax.jvp(lambda b: pe.rope(b, offset=3), (a,), (a,))[1], pe.rope(x, offset=3))
+            cases["grad of rope"] = (  # (an explicit mesh's eager grad needs the mesh set, as plain JAX's does)
+                lambda a: grad(a) if kind == AxisType.Auto else _with_mesh(jax, mesh, grad, a), pe.rope(x, offset=3) + pe.rope(x, offset=3, inverse=True),
+            )
             if spec != P(None, None, "d") or kind == AxisType.Auto:  # (explicit: JAX's own q @ k.T of two sequence-sharded operands raises)
                 cases["deberta_logits NumPy tables"] = (lambda a: pe.deberta_logits(a, a, pos_q, pos_k, max_distance=3), pe.deberta_logits(x, x, pos_q, pos_k, max_distance=3))
             problems = []
@@ -131,6 +139,11 @@ def eager(count, x, cos, sin):
                 if tuple(got.sharding.spec)[: len(spec)] != tuple(spec):
                     problems.append(f"{name}: sharding {got.sharding.spec}, wanted {spec}")
             print(f"eager {kind.name} {spec}", "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
+
+
+def _with_mesh(jax, mesh, fn, *args):
+    with jax.set_mesh(mesh):
+        return fn(*args)
 
 
 if __name__ == "__main__":

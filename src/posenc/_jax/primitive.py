@@ -104,11 +104,28 @@ def aligned_empty(shape, dtype):
 def adopt(result, like):
     """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows
     (bfloat16, which DLPack lacks, travels as its ``uint16`` bits and is bit-cast: one copy)."""
+    placement = _spread(like, result.shape)
+    if placement is not None:
+        return jax.device_put(result, placement)
     devices = getattr(like, "devices", None)  # (a NumPy tangent or cotangent has none: the host's CPU)
     device = next(iter(devices())) if devices is not None else jax.devices("cpu")[0]
     if result.dtype.name == "bfloat16":
         return jax.lax.bitcast_convert_type(jax.dlpack.from_dlpack(result.view(np.uint16), device=device), jnp.bfloat16)
     return jax.dlpack.from_dlpack(result, device=device)
+
+
+def _spread(like, shape):
+    """Where a result of ``shape`` computed for ``like`` goes when ``like`` spans several
+    devices (an eager transform, ``jax.grad`` or ``jax.vmap`` outside ``jit``, runs the op
+    on the concrete arrays): ``like``'s sharding for its own shape, else replicated on its
+    mesh; ``None`` for an array on one device."""
+    sharding = getattr(like, "sharding", None)
+    if not isinstance(like, jax.Array) or len(getattr(sharding, "device_set", ())) < 2:
+        return None
+    if tuple(shape) == tuple(like.shape):
+        return sharding
+    mesh = getattr(sharding, "mesh", None)
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh is not None else None
 
 
 def _eager(*args, op):
