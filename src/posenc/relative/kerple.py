@@ -130,7 +130,7 @@ def _sandwich_values(xp, rel, dim, heads, base, device, dtype):
     # order: the same bits in every namespace and under jax.jit (xp.sum's orders differ, and
     # sum(cos) - d/2 cancels)
     _, sin = cos_sin(rel, [f / 2 for f in freqs], xp=xp, device=device)
-    terms = -2.0 * (sin * sin)
+    terms = 0.0 - 2.0 * (sin * sin)  # (0 - x: +0 at distance 0, as cos - 1 gave, not -0)
     while terms.shape[-1] > 1:
         half = terms.shape[-1] // 2
         pairs = terms[..., :half] + terms[..., half : 2 * half]
