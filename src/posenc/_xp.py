@@ -169,7 +169,23 @@ def explicit_sharding(value):
     if not _compat.is_jax_array(value) or 0 in value.shape:
         return None
     sharding = sys.modules["jax"].typeof(value).sharding
-    return sharding if any(axis is not None for axis in getattr(sharding, "spec", ())) else None
+    return sharding if splits(sharding) else None
+
+
+def splits(sharding) -> bool:
+    """Whether a JAX sharding (a type's) splits some axis over its mesh."""
+    return any(axis is not None for axis in getattr(sharding, "spec", ()))
+
+
+def replicated_on_mesh(sharding):
+    """A JAX sharding over several devices as the replicated one on its mesh (where arrays
+    of another shape made beside it go), or ``None`` where it names no mesh or one device."""
+    mesh = getattr(sharding, "mesh", None)
+    if mesh is None or len(getattr(sharding, "device_set", ())) < 2:
+        return None
+    import jax
+
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
 
 
 def size(n):
@@ -339,12 +355,7 @@ def _jax_placement(a, device):
     another shape, and two shardings over one mesh are one placement); else ``device``."""
     if not a.committed:
         return None
-    if len(getattr(device, "device_set", ())) > 1:
-        import jax
-
-        mesh = getattr(device, "mesh", None)
-        return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh is not None else device
-    return device
+    return replicated_on_mesh(device) or device
 
 
 def broadcast_shapes(*shapes) -> tuple:

@@ -32,6 +32,7 @@ from jax.extend.core import Primitive
 from jax._src import dispatch as _jax_dispatch
 from jax.interpreters import ad, batching, mlir
 
+from .._xp import replicated_on_mesh, splits
 from .ffi import host_call
 from .sharding import partitioned
 
@@ -87,9 +88,7 @@ def _result_sharding(avals, shape):
     mesh's default) otherwise. (Giving a Toeplitz expansion its heads' sharding made the
     partitioned host call hang under jit.)"""
     sharding = getattr(avals[0], "sharding", None)
-    if tuple(shape) != tuple(avals[0].shape) or not any(axis is not None for axis in getattr(sharding, "spec", ())):
-        return None
-    return sharding
+    return sharding if tuple(shape) == tuple(avals[0].shape) and splits(sharding) else None
 
 
 def aligned_empty(shape, dtype):
@@ -122,10 +121,7 @@ def _spread(like, shape):
     sharding = getattr(like, "sharding", None)
     if not isinstance(like, jax.Array) or len(getattr(sharding, "device_set", ())) < 2:
         return None
-    if tuple(shape) == tuple(like.shape):
-        return sharding
-    mesh = getattr(sharding, "mesh", None)
-    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()) if mesh is not None else None
+    return sharding if tuple(shape) == tuple(like.shape) else replicated_on_mesh(sharding)
 
 
 def _eager(*args, op):

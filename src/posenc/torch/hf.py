@@ -86,21 +86,20 @@ class HFRotaryEmbedding(nn.Module):
         first = next(iter(self._rope.values()))
         self.rotary_dim = first.rotary_dim
         self.attention_scaling = pe.rope_frequencies(first.rotary_dim, base=first.base, scaling=first.scaling)[1]
-        # Frequencies that do not depend on the call, as Python floats (constants of a traced graph).
-        self._fixed = {}
+        # Frequencies that do not depend on the call, as Python floats (constants of a traced
+        # graph); and a length-dependent scaling's at lengths up to its original one, where
+        # dynamic NTK and LongRoPE do not depend on the length (eager calls there read rows too).
+        self._fixed, self._unscaled = {}, {}
         for key, rope in self._rope.items():
-            if rope.scaling is None or not rope.scaling.uses_seq_len:
+            fixed = rope.scaling is None or not rope.scaling.uses_seq_len
+            if fixed or isinstance(rope.scaling, (pe.scaling.DynamicNTK, pe.scaling.LongRoPE)):
                 inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
-                self._fixed[key] = (tuple(inv_freq.tolist()), float(scale))
+                frequencies = (tuple(inv_freq.tolist()), float(scale))
+                if fixed:
+                    self._fixed[key] = frequencies
+                else:
+                    self._unscaled[key] = (*frequencies, rope.scaling.original_max_position)
         self._fixed_names = {key: frequencies_name(*fixed) for key, fixed in self._fixed.items()}
-        # A length-dependent scaling's frequencies at lengths up to its original one (where
-        # dynamic NTK and LongRoPE do not depend on the length): eager calls there read rows too.
-        self._unscaled = {}
-        for key, rope in self._rope.items():
-            original = getattr(rope.scaling, "original_max_position", None)
-            if key not in self._fixed and isinstance(rope.scaling, (pe.scaling.DynamicNTK, pe.scaling.LongRoPE)):
-                inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
-                self._unscaled[key] = (tuple(inv_freq.tolist()), float(scale), original)
         self._rows_for_compile = {}  # (key, dtype) -> rows: see keep_rows_for_compile
         # transformers' dynamic module's state (transformers_state): the length its frequencies are at, one per layer type.
         self._longest_seen = {}
