@@ -177,6 +177,37 @@ def splits(sharding) -> bool:
     return any(axis is not None for axis in getattr(sharding, "spec", ()))
 
 
+def unsplit(a, *axes):
+    """``(a, sharding)``: JAX array ``a`` gathered along ``axes`` where an explicit mesh splits
+    one of them (an operation that mixes its elements, sliced, shifted or flattened along
+    them, needs them whole there), and ``a``'s own sharding, to put a result back on
+    (:func:`resplit`); elsewhere ``a`` unchanged and ``None``."""
+    sharding = explicit_sharding(a)
+    spec = split_spec(sharding, a.ndim)
+    if sharding is None or all(spec[axis] is None for axis in axes):
+        return a, None
+    import jax
+
+    for axis in axes:
+        spec[axis] = None
+    return jax.sharding.reshard(a, sharding.update(spec=jax.sharding.PartitionSpec(*spec))), sharding
+
+
+def split_spec(sharding, ndim):
+    """A sharding's spec as a list of ``ndim`` entries (``None``: not split)."""
+    return list((*getattr(sharding, "spec", ()), *(None,) * ndim)[:ndim])
+
+
+def resplit(a, sharding, spec=None):
+    """``a`` resharded to ``sharding`` (:func:`unsplit`'s), its spec replaced by ``spec``
+    where given (a result of another shape); unchanged where ``sharding`` is ``None``."""
+    if sharding is None:
+        return a
+    import jax
+
+    return jax.sharding.reshard(a, sharding if spec is None else sharding.update(spec=jax.sharding.PartitionSpec(*spec)))
+
+
 def replicated_on_mesh(sharding):
     """A JAX sharding over several devices as the replicated one on its mesh (where arrays
     of another shape made beside it go), or ``None`` where it names no mesh or one device."""

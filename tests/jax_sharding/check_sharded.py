@@ -88,6 +88,7 @@ def main(count):
     grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # R a + R^T a
     check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
     eager(count, x, cos, sin)
+    explicit(count, x, table)
 
 
 def eager(count, x, cos, sin):
@@ -139,6 +140,65 @@ def eager(count, x, cos, sin):
                 if tuple(got.sharding.spec)[: len(spec)] != tuple(spec):
                     problems.append(f"{name}: sharding {got.sharding.spec}, wanted {spec}")
             print(f"eager {kind.name} {spec}", "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
+
+
+def explicit(count, x, table):
+    """On an Explicit mesh, under ``jit`` and outside it, calls whose operation splits an
+    axis JAX cannot keep split there (per-token positions split on the sequence, a table
+    split on its rows, a convolution or a rotation along a split axis, the per-row lengths
+    of a dynamic scaling, a Toeplitz expansion's gradient to a head-split table): they had
+    raised JAX's sharding errors. The values of the unsharded call and the result's spec,
+    one line a case (``explicit ... ok``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import posenc as pe
+
+    mesh = jax.make_mesh((count,), ("d",), axis_types=(AxisType.Explicit,))
+    rng = np.random.default_rng(2)
+    packed = rng.integers(0, 40, (4, 12))
+    kernel = rng.standard_normal((3, 16)).astype(np.float32)
+    weights = rng.standard_normal((1, 8)).astype(np.float32)
+    dynamic, rows = pe.scaling.DynamicNTK(2.0, 8), np.array([0, 7, 50, 400])
+
+    def t5_per_token(p):
+        return pe.t5_bias(table, 12, 12, query_positions=p, key_positions=p)
+
+    def fire(p):
+        return pe.fire_bias(lambda z: z @ jnp.asarray(weights), 12, 12, query_positions=p, key_positions=p)
+
+    def t5_gradient(t):
+        return jax.grad(lambda u: jnp.sum(pe.t5_bias(u, 12, 12) ** 2))(t)
+
+    cases = [  # name, function, argument, its spec, the result's spec, the unsharded result
+        ("t5_bias per-token positions on the sequence", t5_per_token, packed, P(None, "d"), P(None, None, "d"), t5_per_token(packed)),
+        ("t5_bias table rows", lambda t: pe.t5_bias(t, 12, 12), table, P("d"), P(), pe.t5_bias(table, 12, 12)),
+        ("fire_bias per-token positions on the batch", fire, packed, P("d"), P("d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
+        ("fire_bias per-token positions on the sequence", fire, packed, P(None, "d"), P(None, None, "d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
+        ("conv_positions batch", lambda a: pe.conv_positions(a, kernel), x, P("d"), P("d"), pe.conv_positions(x, kernel)),
+        ("conv_positions sequence", lambda a: pe.conv_positions(a, kernel), x, P(None, None, "d"), P(None, None, "d"), pe.conv_positions(x, kernel)),
+        ("rope channels", lambda a: pe.rope(a, offset=3), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rope(x, offset=3)),
+        ("rope dynamic per-row offsets", lambda a: pe.rope(a, offset=jnp.asarray(rows)[:, None, None], scaling=dynamic), x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
+        ("t5_bias gradient to head-split table", t5_gradient, table, P(None, "d"), P(None, "d"), np.asarray(t5_gradient(jnp.asarray(table)))),
+    ]  # fmt: skip
+    with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
+        for name, fn, arg, spec, want_spec, want in cases:
+            problems = []
+            for mode, call in (("jit", jax.jit(fn)), ("eager", fn)):
+                try:
+                    got = call(jax.device_put(jnp.asarray(arg), NamedSharding(mesh, spec)))
+                except Exception as error:  # noqa: BLE001  (reported on the line)
+                    problems.append(f"{mode}: {type(error).__name__} {str(error)[:160]}")
+                    continue
+                if not np.allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5):
+                    problems.append(f"{mode}: values off by {np.abs(np.asarray(got) - want).max()}")
+                have = tuple(jax.typeof(got).sharding.spec)
+                if have + (None,) * (got.ndim - len(have)) != tuple(want_spec) + (None,) * (got.ndim - len(want_spec)):
+                    problems.append(f"{mode}: sharding {have}, wanted {want_spec}")
+            print(f"explicit {name}", "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
 
 
 def _with_mesh(jax, mesh, fn, *args):

@@ -170,7 +170,17 @@ def _transpose(ct, *args, op):
     if type(ct) is ad.Zero:
         return (None,) * len(args)
     # Under vmap, x may be broadcast over the batch of the other arguments: its cotangent sums over it.
-    return (_sum_to(op.transpose(ct, x.aval, *others), x.aval.shape), *(None for _ in others))
+    return (_as_sharded(_sum_to(op.transpose(ct, x.aval, *others), x.aval.shape), x.aval), *(None for _ in others))
+
+
+def _as_sharded(ct, aval):
+    """Cotangent ``ct`` with ``aval``'s sharding in its type, which an explicit mesh's
+    transpose rules require (an adjoint of another shape, a Toeplitz scatter, has the
+    mesh's default)."""
+    sharding = getattr(aval, "sharding", None)
+    if not splits(sharding) or jax.typeof(ct).sharding == sharding:
+        return ct
+    return jax.sharding.reshard(ct, sharding)
 
 
 def _batch(args, dims, *, op):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, host_constants, namespace
+from .._xp import cast, compute_dtype, device_of, host_constants, namespace, resplit, unsplit
 
 
 @host_constants
@@ -30,7 +30,7 @@ def conv_positions(x, kernel):
     [[1.0, 2.0, 0.0], [1.0, 1.0, 2.0], [0.0, 1.0, 1.0]]
     """
     xp = namespace(x, kernel)
-    device = device_of(x, kernel)
+    device_of(x, kernel)  # (raises where they lie on two devices)
     check.float_array("x", x, xp)
     check.float_array("kernel", kernel, xp)
     check.ndim("x", x, minimum=2)
@@ -41,12 +41,15 @@ def conv_positions(x, kernel):
     if int(kernel.shape[1]) != dim:
         raise ValueError(f"kernel must have {dim} columns to match x.shape[-1], got shape {tuple(kernel.shape)}")
     work = compute_dtype(xp, x.dtype)
-    xw = cast(xp, x, work)
+    xw, split = unsplit(cast(xp, x, work), -2)
     kw = cast(xp, kernel, work)
     length, half = int(x.shape[-2]), width // 2
-    pad = xp.zeros((*x.shape[:-2], half, dim), dtype=work, device=device)
-    padded = xp.concat([pad, xw, pad], axis=-2)
     result = xw
-    for t in range(width):
-        result = result + kw[t, :] * padded[..., t : t + length, :]
-    return cast(xp, result, x.dtype)
+    if half:
+        pad = xp.zeros_like(xw[..., :half, :])  # (placed as xw is: a JAX array sharded on a mesh)
+        padded = xp.concat([pad, xw, pad], axis=-2)
+        for t in range(width):
+            result = result + kw[t, :] * padded[..., t : t + length, :]
+    else:
+        result = result + kw[0, :] * xw
+    return cast(xp, resplit(result, split), x.dtype)

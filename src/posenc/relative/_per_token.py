@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, size, torch_tensor
+from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, resplit, size, split_spec, torch_tensor, unsplit
 from .indices import scalar_offset
 
 
@@ -70,6 +70,7 @@ def shifted(xp, qpos, kpos, offset, device, float_dtype):
 
 def relative(qpos, kpos, *, heads=False):
     """``rel[..., i, j] = qpos[..., i] - kpos[..., j]`` (``[..., 1, q, k]`` with ``heads``)."""
+    kpos, _ = unsplit(kpos, -1)  # (JAX refuses a result split along both axes over one mesh axis)
     rel = qpos[..., :, None] - kpos[..., None, :]
     return rel[..., None, :, :] if heads else rel
 
@@ -82,14 +83,31 @@ def bias(xp, values, qpos, kpos, heads, batch, q_len, k_len):
     at every pair that has them (the same bits: ``values`` is elementwise in ``rel``); a
     read elsewhere would synchronise a device or a graph.
     """
-    rel = xp.reshape(relative(qpos, kpos), (-1,))
+    rel = relative(qpos, kpos)
+    ndim = rel.ndim
+    rel, split = flattened(xp, rel)
     count = math.prod(rel.shape)
     if count and is_integer(xp, rel.dtype) and _on_host(rel) and check.is_eager(rel):
         low, high = int(xp.min(rel)), int(xp.max(rel))
         if high - low + 1 < count:
             span = xp.arange(low, high + 1, dtype=rel.dtype, device=device_of(rel))
             return batch_first(xp, xp.take(values(span), rel - low, axis=1), heads, batch, q_len, k_len)
-    return batch_first(xp, values(rel), heads, batch, q_len, k_len)
+    return split_with_heads(batch_first(xp, values(rel), heads, batch, q_len, k_len), split, ndim)
+
+
+def flattened(xp, rel):
+    """``(flat, split)``: ``rel [..., q, k]`` flattened, and, where an explicit JAX mesh splits
+    an axis of ``rel`` but its first (which the flattening cannot keep: gathered first), its
+    sharding, to put on a result of it (:func:`split_with_heads`); else ``None``."""
+    whole, split = unsplit(rel, *range(1, rel.ndim))
+    return xp.reshape(whole, (-1,)), split
+
+
+def split_with_heads(result, split, ndim):
+    """``result [..., heads, q, k]`` split as the ``ndim`` axes ``[..., q, k]`` of ``split``
+    (:func:`flattened`), its heads whole; unchanged where ``split`` is ``None``."""
+    spec = split_spec(split, ndim)
+    return resplit(result, split, (*spec[:-2], None, *spec[-2:]))
 
 
 def _on_host(a) -> bool:

@@ -14,7 +14,7 @@ from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, result_dtype, size
+from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, result_dtype, size, split_spec, unsplit
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -79,15 +79,19 @@ def _table(name, table, xp, rows):
 
 
 def _lookup(xp, table, index):
-    """``vec[h, t] = table[index[t], h]``: ``[heads, len(index)]``, rows contiguous (sharded as
-    an explicitly sharded JAX ``index``, whose gather JAX wants the output sharding of)."""
-    sharding = explicit_sharding(index)
-    if sharding is not None:
-        from jax.sharding import NamedSharding, PartitionSpec
+    """``vec[h, t] = table[index[t], h]``: ``[heads, len(index)]``, rows contiguous. Under
+    JAX's explicit sharding (which wants a gather's output sharding given, and its gradient's
+    scatter too) split as the table's heads and the index; a table's split rows are gathered
+    first, as an Auto mesh does."""
+    table, _ = unsplit(table, 0)
+    rows, columns = explicit_sharding(table), explicit_sharding(index)
+    if rows is None and columns is None:
+        return xp.take(xp.matrix_transpose(table), index, axis=1)
+    from jax.sharding import NamedSharding, PartitionSpec
 
-        out = NamedSharding(sharding.mesh, PartitionSpec(None, *sharding.spec))
-        return xp.matrix_transpose(table).at[:, index].get(out_sharding=out)
-    return xp.take(xp.matrix_transpose(table), index, axis=1)
+    mesh = (rows or columns).mesh
+    out = NamedSharding(mesh, PartitionSpec(split_spec(rows, 2)[1], *split_spec(columns, index.ndim)))
+    return xp.matrix_transpose(table).at[:, index].get(out_sharding=out)
 
 
 # T5's bucket count in every released checkpoint: a table with this many rows is read as

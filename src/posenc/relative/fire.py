@@ -120,7 +120,9 @@ def fire_bias(
     batch, q_len, k_len = tuple(x.shape[:-2]), size(x.shape[-2]), size(x.shape[-1])
     n = math.prod(batch) * q_len * k_len
     xp = namespace(x)
-    values = mlp(xp.reshape(x, (n, 1)))
+    flat, split = _per_token.flattened(xp, x)
+    values = mlp(flat[:, None])
     if not check.is_array(values) or values.ndim != 2 or size(values.shape[0]) != n:
         raise ValueError(f"mlp must map [n, 1] to [n, heads] (n = {n}), got {getattr(values, 'shape', type(values).__name__)}")
-    return _per_token.batch_first(xp, xp.matrix_transpose(values), int(values.shape[1]), batch, q_len, k_len)
+    result = _per_token.batch_first(xp, xp.matrix_transpose(values), int(values.shape[1]), batch, q_len, k_len)
+    return _per_token.split_with_heads(result, split, x.ndim)

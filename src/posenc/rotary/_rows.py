@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._xp import resplit, unsplit
+
 
 def rotate_each_row(xp, x, positions, seq_len, rotate_one):
     """``rotate_one(x_row, positions_row, seq_len_int)`` for every row along the leading axes
@@ -17,6 +19,7 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
     lead = max((a + 1 for a, n in enumerate(seq_len.shape) if n > 1), default=1)
     if 0 in tuple(x.shape[:lead]):  # no row: an empty result of x's shape
         return xp.empty_like(x)
+    x, split = unsplit(x, *range(lead))  # (an explicit JAX mesh refuses to index a split axis outside jit)
     rows = []
     for index in np.ndindex(*x.shape[:lead]):
         at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))
@@ -27,7 +30,7 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
         else:
             row_positions = positions
         rows.append(rotate_one(x[(*index, ...)], row_positions, length))
-    return xp.reshape(xp.stack(rows, axis=0), tuple(x.shape))
+    return resplit(xp.reshape(xp.stack(rows, axis=0), tuple(x.shape)), split)
 
 
 def rotate_at_lengths(xp, x, positions, seq_len, rotate_at):
