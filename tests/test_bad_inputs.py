@@ -643,6 +643,9 @@ ROTARY = {
     "LongRoPE zero long factor": (lambda: S.LongRoPE([1.0, 2.0], [0.0, 1.0], 4096), ValueError, "long_factor[0]"),
     "LongRoPE short_factor a string": (lambda: S.LongRoPE("12", [1.0, 1.0], 4096), TypeError, "short_factor"),
     "LongRoPE zero factor": (lambda: S.LongRoPE([1.0], [1.0], 4096, factor=0.0), ValueError, "factor"),
+    # (ln(1) = 0 divided: a bare ZeroDivisionError on the first call)
+    "LongRoPE original length 1 with a factor": (lambda: S.LongRoPE([1.0], [1.0], 1, factor=2.0), ValueError, "original_max_position > 1"),
+    "YaRN at base 1": (lambda: pe.rope(np.ones((4, 8)), base=1.0, scaling=S.YaRN(2.0, 8)), ValueError, "base != 1"),
     "Llama3 zero factor": (lambda: S.Llama3(0.0, 8192), ValueError, "factor"),
     "Llama3 high_freq_factor below low": (
         lambda: S.Llama3(8.0, 8192, low_freq_factor=4.0, high_freq_factor=1.0), ValueError, "high_freq_factor",

@@ -45,6 +45,28 @@ def test_per_row_offset_without_seq_len_gives_each_row_its_own_length(backend, r
     assert np.abs(pe.rope(x.astype(np.float32), offset=offsets, scaling=scaling)[:1] - longest).max() > 1e-3
 
 
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+@pytest.mark.parametrize("shared", [True, False], ids=["positions [seq]", "positions [batch, 1, seq]"])
+def test_per_row_offset_with_positions_gives_each_row_its_own_length(backend, rng, scaling, shared):
+    """A per-row ``offset`` beside given ``positions``: each row at the length of its own
+    shifted positions, bit-identical to the single-row call (API.md: per-row values), as
+    without positions; the batch's largest had been every row's (row 0 off by 2.0 with
+    LongRoPE). Under ``jax.jit`` and ``torch.compile`` too (the backends' runs)."""
+    x = rng.standard_normal((3, 2, 4, 8))
+    offsets = np.array([0, 40, 11])
+    positions = np.arange(4) if shared else np.array([[0, 1, 2, 3], [5, 9, 2, 0], [1, 1, 1, 30]])[:, None, :]
+    got = backend.call(
+        lambda a, p, o: pe.rope(a, p, offset=o, scaling=scaling), backend.asarray(x, dtype="float32"), backend.asarray(positions), backend.asarray(offsets)
+    )  # fmt: skip
+    for run in backend.each_run(got):
+        for row in range(3):
+            own = positions if shared else positions[row : row + 1]
+            alone = pe.rope(x[row : row + 1].astype(np.float32), own, offset=int(offsets[row]), scaling=scaling)
+            np.testing.assert_allclose(backend.to_numpy(run)[row : row + 1], alone, rtol=0, atol=0 if backend.name in ("numpy", "torch") else 2e-6)
+    batch_longest = pe.rope(x[:1].astype(np.float32), positions if shared else positions[:1], offset=0, scaling=scaling, seq_len=int((positions + offsets[:, None, None]).max()) + 1)
+    assert np.abs(pe.rope(x.astype(np.float32), positions, offset=offsets, scaling=scaling)[:1] - batch_longest).max() > 1e-3
+
+
 def test_per_row_offset_is_a_cache_length_per_row(backend, rng):
     x_np = rng.standard_normal((2, 3, 4, 8))
     offsets = np.array([10, 3])

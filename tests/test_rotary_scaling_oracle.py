@@ -177,6 +177,28 @@ def test_longrope_matches_hf(data, drawn, factor, max_factor):
     assert_matches_hf(params, head_dim, original * max_factor, seq_len)
 
 
+@pytest.mark.parametrize("largest", [15.0, 15.2, 15.5, 16.0])
+def test_fractional_positions_switch_longrope_and_grow_dynamic_ntk_as_transformers(largest):
+    """Fractional positions: LongRoPE takes its long factors where transformers'
+    ``max(position_ids) + 1 > original`` does (posenc's length is ``ceil(max) + 1``; it was
+    ``floor(max) + 1``, which kept the short factors at 15.5 against 16: cos off by 1.9),
+    and DynamicNTK grows its base at that length, as ``HFRotaryEmbedding`` does."""
+    from posenc.torch.hf import HFRotaryEmbedding
+
+    longrope = {"rope_type": "longrope", "rope_theta": 500.0, "original_max_position_embeddings": 16, "factor": 4.0, "short_factor": [1.0] * 8, "long_factor": [16.0] * 8}
+    dynamic = {"rope_type": "dynamic", "rope_theta": 500.0, "factor": 4.0}
+    positions = torch.tensor([[0.0, 7.0, largest]])
+    for params, oracle in ((longrope, LlamaRotaryEmbedding), (dynamic, HFRotaryEmbedding)):
+        config = hf_config(params, 16, 16 if params is dynamic else 64)
+        want_cos, want_sin = oracle(config)(torch.zeros(1, dtype=torch.float64), positions.double())
+        ours = pe.scaling.from_hf(config)
+        unit = np.zeros((3, 16))
+        unit[:, :8] = 1.0  # the first channel of every pair: rotated, it is (cos, sin) times the attention scale
+        got = pe.rope(unit, positions=positions.numpy()[0].astype(np.float64), base=ours.base, scaling=ours.scaling)
+        np.testing.assert_allclose(got[:, :8], want_cos.numpy()[0, :, :8], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[:, 8:], want_sin.numpy()[0, :, :8], rtol=1e-6, atol=1e-6)
+
+
 @MANY
 @given(
     drawn=rope_parameters("llama3", factor=factors, original_max_position_embeddings=originals, low_freq_factor=st.floats(0.25, 2.0)),

@@ -128,15 +128,22 @@ def out_like(out, x, xp, *inputs):
     return check.out(out, shape=tuple(x.shape), dtype=x.dtype, xp=xp, device=device_of(x), inputs=(("x", x), *inputs))
 
 
-def sequence_length(xp, positions):
-    """``floor(max(positions)) + 1``: an int when the positions can be read now, else a 0-d
-    array computed with them; None for no positions."""
+def sequence_length(xp, positions, offset):
+    """``ceil(max(positions)) + 1``, the shortest length whose positions ``0 .. length - 1``
+    reach every one (for fractional positions as transformers' ``max + 1 > original``
+    decides): an int when the positions can be read now, else a 0-d array computed with
+    them; None for no positions. With a per-row ``offset`` (placed on the batch axes) one
+    length a row, the largest of its own positions (each row as a call of its own)."""
     if math.prod(positions.shape) == 0:
         return None
-    if check.is_eager(positions):
-        return math.floor(float(xp.max(positions))) + 1
-    top = xp.max(positions)
-    return (top if is_integer(xp, positions.dtype) else xp.floor(top)) + 1
+    if check.is_array(offset) and offset.ndim:
+        axes = tuple(a for a, n in enumerate(offset.shape) if n == 1)
+        top = xp.max(positions, axis=axes, keepdims=True)
+    elif check.is_eager(positions):
+        return math.ceil(float(xp.max(positions))) + 1
+    else:
+        top = xp.max(positions)
+    return (top if is_integer(xp, positions.dtype) else xp.ceil(top)) + 1
 
 
 # ---------------------------------------------------------------- the sequence axis and positions

@@ -105,7 +105,7 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
             length = math.prod(placed.shape)
             seq_len = offset + length if length else None
         elif seq_len is None:
-            seq_len = _args.sequence_length(xp, positions)
+            seq_len = _args.sequence_length(xp, positions, offset)
         if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
             path = "rows"
         elif seq_len is not None and not isinstance(seq_len, int) and not check.symbolic_size(seq_len):

@@ -229,8 +229,10 @@ def rope(
         The sequence length that ``DynamicNTK`` and ``LongRoPE`` adapt to; per row (placed
         as ``offset``), each row gets the frequencies of its own length, bit-identical to
         a single-row call with its value. Default: the
-        largest position + 1, decided per call; with a per-row ``offset`` and no
-        ``positions``, each row's own (``offset[b] + seq``), as a call on that row alone. Where the positions (or ``seq_len``) cannot
+        largest position + 1 (rounded up: fractional positions switch LongRoPE where
+        transformers' ``max + 1 > original`` does), decided per call; with a per-row
+        ``offset``, each row's own (its largest position + ``offset[b]`` + 1), as a call on
+        that row alone. Where the positions (or ``seq_len``) cannot
         be read now (``jax.jit``, ``torch.compile``, Dask) the frequencies are computed
         from that traced length inside the computation, with the same result; the
         rotation then takes ``cos``/``sin`` tables (``apply_rope``'s path), angles in the

@@ -330,6 +330,9 @@ class YaRN(Scaling):
         return _yarn_mscale(self.factor)
 
     def frequencies(self, dim, base, seq_len=None):
+        if base == 1.0:
+            raise ValueError("YaRN needs base != 1: its correction range divides by ln(base)")
+
         def correction_dim(rotations):
             return dim * math.log(self.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
 
@@ -384,6 +387,11 @@ class LongRoPE(Scaling):
         set_(self, "original_max_position", check.integer("original_max_position", self.original_max_position, minimum=1))
         set_(self, "factor", _optional_positive("factor", self.factor))
         set_(self, "attention_factor", _optional_positive("attention_factor", self.attention_factor))
+        if self.original_max_position == 1 and self.attention_factor is None and self.factor is not None and self.factor > 1.0:
+            raise ValueError(
+                "LongRoPE's attention scale sqrt(1 + ln(factor) / ln(original_max_position)) needs original_max_position > 1, "
+                "got 1 with factor > 1: give attention_factor"
+            )
 
     def attention_scale(self) -> float:
         if self.attention_factor is not None:
