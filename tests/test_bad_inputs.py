@@ -289,6 +289,7 @@ RELATIVE_BIASES = {
     "t5_bias per-token too large": (
         lambda: pe.t5_bias(T5_TABLE, 2**20, 2**20, key_positions=Z((2**20,), dtype=np.int64)), ValueError, "memory",
     ),
+    "attention causal a string": (lambda: pe.attention(Q, Q, Q, causal="no"), TypeError, "causal must be a bool"),
     "attention integer mask": (lambda: pe.attention(Q, Q, Q, mask=np.ones((4, 4), dtype=int)), TypeError, "mask must be a boolean"),
     "attention mask of another length": (lambda: pe.attention(Q, Q, Q, mask=np.ones(5, dtype=bool)), ValueError, "mask of shape (5,)"),
     "attention torch q, JAX mask": (

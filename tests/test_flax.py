@@ -130,6 +130,8 @@ def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_out
     for module in (pf.Sinusoidal(DIM), pf.Learned(32, DIM, rngs=nnx.Rngs(0))):
         rows = jnp.stack([module.embed(x[b : b + 1], offset=int(offsets[b]))[0] for b in range(3)])
         np.testing.assert_array_equal(np.asarray(module.embed(x, offset=offsets)), np.asarray(rows))
+        positions = jnp.asarray([0, 4, 7])  # (given positions take the offset too: it had been dropped)
+        np.testing.assert_array_equal(np.asarray(module.embed(x, positions, offset=5)), np.asarray(module.embed(x, positions + 5)))
     learned = pf.Learned(8, DIM, rngs=nnx.Rngs(0))
     for bad in ({"offset": 6}, {"offset": -1}, {"positions": jnp.asarray([0, 1, 8])}):
         with pytest.raises(ValueError, match="num_positions = 8"):

@@ -210,6 +210,11 @@ def test_6_jax_without_x64_checks_int32_with_posencs_error():
         pe.alibi_bias(jnp.ones(1), 1, 1, query_positions=jnp.asarray([2**31 - 1]), key_positions=jnp.asarray([-5]))
     with pytest.raises(ValueError, match="delta must fit in int32"):
         pe.rerotate(x, 2**31, [1.0])
+    # shaw_output had checked its offset against int64: 2**31 - 1 wrapped silently, 2**31 + 1 raised JAX's OverflowError.
+    weights, v, table = jnp.ones((1, 2, 3)), jnp.ones((1, 3, 4)), jnp.ones((5, 4))
+    for offset in (2**31 - 1, 2**31 + 1):
+        with pytest.raises(ValueError, match="int32"):
+            pe.shaw_output(weights, v, table, max_distance=2, offset=offset)
 
 
 # ---------------------------------------------------------------- 7. rows independent of the call

@@ -108,6 +108,21 @@ def test_index_maps_of_narrow_integers_are_those_of_the_values_or_refused(which,
     np.testing.assert_array_equal(got.astype(np.int64), want)
 
 
+def test_deberta_rows_of_distances_near_the_index_dtypes_end_are_clipped_not_wrapped():
+    """``delta = clip(rel + K, 0, 2K - 1)``, taken as ``clip(rel, -K, K - 1) + K``: a distance
+    within K of int64's (JAX without x64: int32's) largest reads row 2K - 1, not row 0
+    (``rel + K`` had wrapped to a negative number), in the bias and in ``deberta_logits``."""
+    K, top = 2, 2**63 - 1
+    table = np.arange(2 * K, dtype=np.float64)[:, None]  # row r holds r
+    np.testing.assert_array_equal(pe.relative_bias("deberta", table, 1, 3, max_distance=K, offset=top), [[[3.0, 3.0, 3.0]]])
+    q, k, pos_k = np.ones((1, 1, 1)), np.zeros((1, 3, 1)), np.arange(2 * K, dtype=np.float64)[None, :, None]
+    got = pe.deberta_logits(q, k, None, pos_k, max_distance=K, terms=("c2p",), offset=top) * math.sqrt(2)
+    np.testing.assert_allclose(got, [[[3.0, 3.0, 3.0]]])
+    jnp = pytest.importorskip("jax.numpy")
+    got32 = pe.relative_bias("deberta", jnp.asarray(table, dtype=jnp.float32), 1, 3, max_distance=K, offset=2**31 - 1)
+    np.testing.assert_array_equal(np.asarray(got32), [[[3.0, 3.0, 3.0]]])
+
+
 def test_deberta_bucket_at_m_plus_one_gives_the_dtypes_most_negative_integer():
     """``max_position = m + 1``: the original's +-inf cast to rel's integer dtype."""
     for dtype in (np.int8, np.int16, np.int32, np.int64):

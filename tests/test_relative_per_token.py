@@ -296,3 +296,20 @@ def test_one_offset_per_batch_row_is_refused_with_the_per_token_recipe_which_giv
         rows = call(query_positions=offsets[:, None] + np.arange(2), key_positions=np.arange(5))
         for b, offset in enumerate(offsets):
             np.testing.assert_array_equal(rows[b], call(offset=int(offset), key_positions=np.arange(5)))
+
+
+@pytest.mark.parametrize("slopes_dtype", ["float16", "float32"])
+def test_alibi_float_positions_are_subtracted_before_rounding_to_the_slopes_dtype(slopes_dtype):
+    """Float per-token positions: ``q - k`` in the widest float, then the one rounding of the
+    distance and of the product (they had been rounded to the slopes' float32 first, so
+    2**24 + 1 - 2**24 read 0, and 1e6 + 0.3 - 1e6 read 0.25). The planned repeat call alike."""
+    torch = pytest.importorskip("torch")
+    slopes = np.array([0.5, 0.25], slopes_dtype)  # (powers of two: the product is exact)
+    for q, k in (([2.0**24 + 1], [2.0**24 - 1, 2.0**24, 2.0**24 + 1]), ([1e6 + 0.3, 1e6 + 1], [1e6, 1e6 - 2.5, 1e6 + 1])):
+        q, k = np.array(q), np.array(k)
+        want = (-slopes.astype(np.float64)[:, None, None] * (q[:, None] - k[None, :])).astype(slopes_dtype)
+        for _ in range(3):  # (the second call on is planned)
+            got = pe.alibi_bias(slopes, len(q), len(k), query_positions=q, key_positions=k)
+            np.testing.assert_array_equal(got, want)
+        got = pe.alibi_bias(torch.asarray(slopes), len(q), len(k), query_positions=torch.asarray(q), key_positions=torch.asarray(k))
+        np.testing.assert_array_equal(got.numpy(), want)

@@ -207,6 +207,43 @@ def test_learned_embedding_past_its_table_points_to_extend():
     assert m.extend(20)(torch.arange(20)).shape == (20, 8)
 
 
+@pytest.mark.parametrize("module", [lambda: SinusoidalEmbedding(8), lambda: LearnedEmbedding(64, 8)], ids=["sinusoidal", "learned"])
+def test_absolute_modules_add_the_offset_to_given_positions_as_rope_does(module):
+    """``embed(x, positions, offset=o)`` embeds ``positions + o`` (the offset had been
+    dropped where positions were given), per row too; a NumPy per-row offset is a host
+    constant (it had raised inside NumPy), and a float or bool offset a ``TypeError``
+    naming it (a fractional position had been embedded)."""
+    m, x = module(), torch.randn(2, 5, 8)
+    positions = torch.tensor([0, 3, 4, 9, 20])
+    torch.testing.assert_close(m.embed(x, positions, offset=5), m.embed(x, positions + 5), rtol=0, atol=0)
+    per_row = m.embed(x, positions, offset=np.array([1, 7]))
+    for row, offset in enumerate((1, 7)):
+        torch.testing.assert_close(per_row[row], m.embed(x[row : row + 1], positions + offset)[0], rtol=0, atol=0)
+    torch.testing.assert_close(m.embed(x, offset=np.array([1, 7]))[1], m.embed(x[1:], offset=7)[0], rtol=0, atol=0)
+    for bad in (1.5, torch.tensor([0.5, 2.5]), True):
+        with pytest.raises(TypeError, match="offset must be an integer"):
+            m.embed(x, offset=bad)
+
+
+def test_learned_embedding_takes_every_integer_dtype_and_checks_alpha_and_extend_now():
+    """Narrow and unsigned integer positions read the rows of their values (torch's
+    embedding had raised on them); ``alpha`` is checked when the module is built, and
+    ``extend`` to fewer rows is a ``ValueError`` (it had silently dropped trained rows)."""
+    m = LearnedEmbedding(300, 4)
+    want = m(torch.tensor([5, 100, 127]))
+    for dtype in (torch.int8, torch.int16, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.int32):
+        torch.testing.assert_close(m(torch.tensor([5, 100, 127], dtype=dtype)), want, rtol=0, atol=0)
+    with pytest.raises(TypeError, match="integer tensor"):
+        m(torch.tensor([True]))
+    with pytest.raises(ValueError, match="alpha"):
+        LearnedEmbedding(4, 2, alpha=1.0)
+    with pytest.raises(ValueError, match="length must be >= num_positions = 300"):
+        m.extend(16)
+    assert m.num_positions == 300
+    with pytest.raises(TypeError, match="dtype"):
+        SinusoidalEmbedding(8, dtype=torch.int32)
+
+
 def test_learned_embedding_extend_replaces_the_parameter_the_optimizer_must_be_rebuilt():
     m = LearnedEmbedding(4, 2)
     old = m.weight

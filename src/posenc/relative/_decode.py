@@ -237,7 +237,7 @@ class PerTokenPlan:
     def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options):
         self.row = _row(kind, params, options)
         xp, device = self.row.xp, self.row.device
-        floats = compute_dtype(xp, params.dtype) if kind == "alibi" else None
+        floats = biases.distance_float(xp, kind, device)
         qpos, kpos, batch = _per_token.positions(
             namespace(params), q_len, k_len, None, query_positions, key_positions, device=device, float_dtype=floats
         )

@@ -14,7 +14,7 @@ from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, result_dtype, size, split_spec, unsplit
+from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, result_dtype, size, split_spec, unsplit, widest_float
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -168,10 +168,11 @@ def _shaw_vector(xp, table, dist, *, max_distance):
 
 
 def deberta_index(xp, dist, max_distance, bucket_size, max_position):
-    """DeBERTa's table row ``delta = clip(bucket(rel) + K, 0, 2K - 1)`` of each distance (validated options)."""
+    """DeBERTa's table row ``delta = clip(bucket(rel) + K, 0, 2K - 1)`` of each distance (validated options),
+    as ``clip(bucket(rel), -K, K - 1) + K``: ``rel + K`` may leave the index dtype."""
     if bucket_size is not None:
         dist = deberta_buckets(xp, dist, bucket_size, max_position)
-    return xp.clip(dist + max_distance, 0, 2 * max_distance - 1)
+    return xp.clip(dist, -max_distance, max_distance - 1) + max_distance
 
 
 def deberta_options(max_distance, bucket_size, max_position):
@@ -397,12 +398,19 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
 _planned_relative_bias = relative_bias.__wrapped__
 
 
+def distance_float(xp, kind, device):
+    """The float dtype that per-token positions of ``kind`` are subtracted in: ALiBi's, which
+    may be float, the widest (a short distance between long positions is exact before it is
+    rounded to the slopes' dtype); ``None`` for the kinds of integer positions."""
+    return widest_float(xp, device) if kind == "alibi" else None
+
+
 def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options):
     """:func:`relative_bias` with per-token positions: the kind's values at every ``rel``."""
     if chunks is not None:
         raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions")
     device = device_of(params)
-    floats = compute_dtype(xp, params.dtype) if kind == "alibi" else None
+    floats = distance_float(xp, kind, device)
     qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats)
     heads = _heads_of(params)
     shape = (*batch, heads, q_len, k_len)

@@ -141,7 +141,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         mass = _per_token.scatter(xp, weights, index, rows)
     else:
-        offset = query_offset(offset, q_len, k_len)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance)

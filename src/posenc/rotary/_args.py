@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, index_dtype, is_integer, namespace, torch_tensor, trace_constant
+from .._xp import device_of, host_constants, index_dtype, is_integer, namespace, torch_tensor, trace_constant
 
 LAYOUTS = ("half", "interleaved")
 
@@ -287,14 +287,19 @@ def per_row(name, value, xp):
     return value
 
 
+@host_constants
 def embedded_positions(x, positions, offset):
-    """The positions an absolute module embeds ``x [..., seq, d]`` at: ``positions``, or
-    ``offset + arange(seq)`` with an offset per batch row (``[batch]``) on its row's
-    positions, not broadcast against the sequence."""
-    if positions is not None:
-        return positions
+    """The positions an absolute module embeds ``x [..., seq, d]`` at: ``positions`` (by
+    default ``arange(seq)``) plus ``offset``, as ``rope`` adds it: an int, a 0-d integer
+    array or one per batch row (``[batch]``, on its row's positions, not broadcast against
+    the sequence), validated; a NumPy one beside another library's ``x`` converted."""
     xp = namespace(x)
-    return place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + xp.arange(x.shape[-2], device=device_of(x))
+    offset = per_row("offset", offset, xp)
+    if positions is None:
+        positions = xp.arange(x.shape[-2], device=device_of(x))
+    if type(offset) is int and offset == 0:
+        return positions
+    return place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + positions
 
 
 def place_rows(name, value, shape, axis):

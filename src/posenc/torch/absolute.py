@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import posenc as pe
+from posenc import _validate as check
 from posenc.rotary import _args
 
 from ._protocol import PositionalModule, positive_int
@@ -22,14 +23,14 @@ class SinusoidalEmbedding(PositionalModule):
 
     ``forward(positions) -> [..., dim]`` gives the table rows (float32 unless ``dtype``);
     ``embed(x, positions=None, *, offset=0)`` adds them to ``x [batch, seq, dim]`` in
-    ``x``'s dtype (positions ``offset + arange(seq)`` by default; ``offset`` an int or one per
+    ``x``'s dtype, at ``positions + offset`` (``arange(seq)`` by default; ``offset`` an int or one per
     batch row). ``logits``/``attend``
     are plain scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved", dtype=None):
         super().__init__()
-        pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
+        pe.sinusoidal(0, dim, base=base, layout=layout, dtype=dtype, xp=torch)  # validates the arguments now
         self.dim, self.base, self.layout, self.dtype = dim, base, layout, dtype
 
     def options(self):
@@ -56,7 +57,7 @@ class LearnedEmbedding(PositionalModule):
         super().__init__()
         positive_int("num_positions", num_positions)
         positive_int("dim", dim)
-        self.alpha = alpha
+        self.alpha = check.real("alpha", alpha, minimum=0.0, below=1.0)  # (extend's, checked now)
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * 0.02)
 
     @property
@@ -67,15 +68,15 @@ class LearnedEmbedding(PositionalModule):
         return {"num_positions": self.num_positions, "dim": int(self.weight.shape[1]), "alpha": self.alpha}
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype.is_complex:
+        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype.is_complex or positions.dtype == torch.bool:
             raise TypeError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
+        if positions.dtype not in (torch.int32, torch.int64):  # (embedding reads these; uint64 beyond int64 reads negative: refused)
+            positions = positions.to(torch.int64)
         if not torch.compiler.is_compiling() and positions.numel():
             low, high = int(positions.min()), int(positions.max())
             if low < 0 or high >= self.num_positions:
-                raise ValueError(
-                    f"positions must lie in [0, num_positions = {self.num_positions}), got {low}..{high}: "
-                    f"grow the table first with extend({high + 1})"
-                )
+                hint = f": grow the table first with extend({high + 1})" if low >= 0 else ""
+                raise ValueError(f"positions must lie in [0, num_positions = {self.num_positions}), got {low}..{high}{hint}")
         return nn.functional.embedding(positions, self.weight)
 
     def embed(self, x, positions=None, *, offset=0):
@@ -90,5 +91,8 @@ class LearnedEmbedding(PositionalModule):
         trains the table, so build the optimizer again (or add ``weight`` to it) after
         extending. Returns the module.
         """
+        length = check.integer("length", length, minimum=0)
+        if length < self.num_positions:
+            raise ValueError(f"extend grows the table: length must be >= num_positions = {self.num_positions}, got {length}")
         self.weight = nn.Parameter(pe.hierarchical_extend(self.weight.detach(), length, alpha=self.alpha))
         return self
