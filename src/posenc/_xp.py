@@ -414,9 +414,11 @@ def is_real_floating(xp, dtype) -> bool:
     if xp is _numpy and type(dtype) in _NUMPY_DTYPE_KINDS:  # a NumPy dtype of a kind isdtype knows: by its kind
         return dtype.kind == "f"
     try:
-        return xp.isdtype(dtype, "real floating")
-    except TypeError:  # NumPy's isdtype refuses the dtypes of ml_dtypes
-        return (dtype.__name__ if isinstance(dtype, type) else str(dtype)) == "bfloat16"
+        if xp.isdtype(dtype, "real floating"):
+            return True
+    except TypeError:  # NumPy's isdtype refuses the dtypes of ml_dtypes (Dask's says False)
+        pass
+    return (dtype.__name__ if isinstance(dtype, type) else str(dtype)) == "bfloat16"
 
 
 def is_integer(xp, dtype) -> bool:

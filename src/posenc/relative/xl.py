@@ -41,6 +41,8 @@ def rel_shift(x):
     xp = namespace(x)
     check.ndim("x", x, minimum=2)
     q_len, n = size(x.shape[-2]), size(x.shape[-1])
+    if 0 in tuple(x.shape):  # (nothing to shift; Dask's reshape refuses an empty array's)
+        return xp.zeros_like(x)
     zero = xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x))
     padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], q_len * (n + 1)))
     # Dropping the first row of the [n + 1, q_len] view is dropping the first q_len elements.
