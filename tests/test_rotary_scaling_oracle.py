@@ -182,7 +182,8 @@ def test_fractional_positions_switch_longrope_and_grow_dynamic_ntk_as_transforme
     """Fractional positions: LongRoPE takes its long factors where transformers'
     ``max(position_ids) + 1 > original`` does (posenc's length is ``ceil(max) + 1``; it was
     ``floor(max) + 1``, which kept the short factors at 15.5 against 16: cos off by 1.9),
-    and DynamicNTK grows its base at that length, as ``HFRotaryEmbedding`` does."""
+    and DynamicNTK grows its base at that length, as ``HFRotaryEmbedding`` does; the planned
+    repeat call too (its own floor had outlived the full path's)."""
     from posenc.torch.hf import HFRotaryEmbedding
 
     longrope = {"rope_type": "longrope", "rope_theta": 500.0, "original_max_position_embeddings": 16, "factor": 4.0, "short_factor": [1.0] * 8, "long_factor": [16.0] * 8}
@@ -194,9 +195,10 @@ def test_fractional_positions_switch_longrope_and_grow_dynamic_ntk_as_transforme
         ours = pe.scaling.from_hf(config)
         unit = np.zeros((3, 16))
         unit[:, :8] = 1.0  # the first channel of every pair: rotated, it is (cos, sin) times the attention scale
-        got = pe.rope(unit, positions=positions.numpy()[0].astype(np.float64), base=ours.base, scaling=ours.scaling)
-        np.testing.assert_allclose(got[:, :8], want_cos.numpy()[0, :, :8], rtol=1e-6, atol=1e-6)
-        np.testing.assert_allclose(got[:, 8:], want_sin.numpy()[0, :, :8], rtol=1e-6, atol=1e-6)
+        for _ in range(3):  # (a repeated call is planned: the plan decides the length as the full path does)
+            got = pe.rope(unit, positions=positions.numpy()[0].astype(np.float64), base=ours.base, scaling=ours.scaling)
+            np.testing.assert_allclose(got[:, :8], want_cos.numpy()[0, :, :8], rtol=1e-6, atol=1e-6)
+            np.testing.assert_allclose(got[:, 8:], want_sin.numpy()[0, :, :8], rtol=1e-6, atol=1e-6)
 
 
 @MANY

@@ -177,6 +177,12 @@ def splits(sharding) -> bool:
     return any(axis is not None for axis in getattr(sharding, "spec", ()))
 
 
+def length_through(top) -> int:
+    """The shortest length whose positions ``0 .. length - 1`` reach position ``top`` (a
+    number read now): ``ceil(top) + 1``, what a length-dependent RoPE scaling adapts to."""
+    return math.ceil(top) + 1
+
+
 def unsplit(a, *axes):
     """``(a, sharding)``: JAX array ``a`` gathered along ``axes`` where an explicit mesh splits
     one of them (an operation that mixes its elements, sliced, shifted or flattened along

@@ -21,6 +21,7 @@ import threading
 import numpy as np
 
 from .. import _dispatch
+from .._xp import length_through
 from . import _arrays, _layout, rope_cpu
 from .rope_cpu import FAST_ANGLE_LIMIT
 
@@ -192,7 +193,7 @@ def _angle_arguments(inv_freq, sign, scale):
 class _LengthAngles:
     """The kernel's angle arguments under a scaling whose frequencies depend on the length
     (dynamic NTK, LongRoPE), for each call's length: its ``seq_len`` (an int >= 0: the key
-    refuses others), else ``floor(largest position) + 1`` as the full path reads it
+    refuses others), else ``ceil(largest position) + 1`` as the full path reads it
     (``rotary._args.sequence_length``). The frequencies are the scaling's own at that length
     in float64, as the full path's ``scaling.frequency_table`` gives them, kept for the last
     ``KEPT`` lengths."""
@@ -210,7 +211,7 @@ class _LengthAngles:
         if seq_len is None:
             if not math.isfinite(top):
                 return None
-            seq_len = math.floor(top) + 1
+            seq_len = length_through(top)
         found = self.kept.get(seq_len)
         if found is None:
             try:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, host_constants, index_dtype, is_integer, namespace, torch_tensor, trace_constant
+from .._xp import device_of, host_constants, index_dtype, is_integer, length_through, namespace, torch_tensor, trace_constant
 
 LAYOUTS = ("half", "interleaved")
 
@@ -140,7 +140,7 @@ def sequence_length(xp, positions, offset):
         axes = tuple(a for a, n in enumerate(offset.shape) if n == 1)
         top = xp.max(positions, axis=axes, keepdims=True)
     elif check.is_eager(positions):
-        return math.ceil(float(xp.max(positions))) + 1
+        return length_through(float(xp.max(positions)))
     else:
         top = xp.max(positions)
     return (top if is_integer(xp, positions.dtype) else xp.ceil(top)) + 1
