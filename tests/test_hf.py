@@ -652,3 +652,105 @@ def test_a_patched_model_deep_copies_and_pickles_with_its_patch(name):
         copied(input_ids=ids, attention_mask=mask, decoder_input_ids=ids).logits.sum().backward()
         table = copied.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight
         assert table.grad is not None and patched.encoder.block[0].layer[0].SelfAttention.relative_attention_bias.weight.grad is None
+
+
+# --- what patch_hf keeps of the model around it ---------------------------------------------------
+
+
+def _tiny(config_name, model_name, **extra):
+    import transformers
+
+    torch.manual_seed(0)
+    config = getattr(transformers, config_name)(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, **extra
+    )
+    return getattr(transformers, model_name)(config).eval()
+
+
+def test_a_patched_model_whose_apply_is_a_closure_compiles():
+    """Cohere's interleaved apply (a closure made for the layout): torch.compile guarded the
+    closure through the transformers module's own function and crashed ("'NoneType' object
+    is not subscriptable"); the rebound globals now live in a module of their own, removed
+    from ``sys.modules`` once the model is gone (when the next model is patched)."""
+    import gc
+    import sys
+
+    def scopes():
+        return {n for n in sys.modules if n.startswith("posenc._patched_")}
+
+    before = scopes()
+    original = _tiny("CohereConfig", "CohereForCausalLM", num_key_value_heads=2, pad_token_id=0)
+    patched = patch_hf(copy.deepcopy(original))
+    ids = torch.arange(1, 13)[None]
+    with torch.no_grad():
+        want = original(ids).logits
+        got = torch.compile(patched, backend="eager")(ids).logits
+    torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
+    assert len(scopes() - before) == 2  # one a rebound attention forward
+    mine = scopes() - before
+    del patched
+    torch._dynamo.reset()
+    gc.collect()
+    patch_hf(copy.deepcopy(original))
+    assert not mine & scopes()
+
+
+def test_a_patched_roformer_pickles():
+    """RoFormer's replacement apply (set on each attention layer) is a function of posenc's
+    module, not a closure: ``torch.save`` of the patched model had failed to pickle it."""
+    import io
+
+    patched = patch_hf(_tiny("RoFormerConfig", "RoFormerModel", embedding_size=32))
+    ids = torch.arange(1, 13)[None]
+    with torch.no_grad():
+        want = patched(ids).last_hidden_state
+    buffer = io.BytesIO()
+    torch.save(patched, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).last_hidden_state, want)
+
+
+@pytest.mark.parametrize("name", ["bloom", "falcon[alibi]"])
+def test_patched_alibi_takes_a_float_attention_mask(name):
+    """A float mask of ones and zeros, which the models take (the patched ALiBi had refused it
+    as neither bool nor integer): the logits of the integer mask."""
+    original = build(name)
+    patched = patch_hf(copy.deepcopy(original))
+    ids, mask = inputs()
+    want = logits(original, ids, mask)
+    got = logits(patched, ids, mask.float())
+    torch.testing.assert_close(got[mask.bool()], want[mask.bool()], atol=RELATIVE * float(want.abs().max()), rtol=0)
+
+
+def test_patch_hf_keeps_a_hook_of_accelerates_form_and_refuses_other_instance_forwards():
+    """A hook of accelerate's form (``module.forward`` a partial of the hook calling
+    ``module._old_forward``) still runs after patch_hf, which rebinds ``_old_forward`` (it had
+    silently replaced the hook); another instance-level forward is a refusal naming it."""
+    import functools
+
+    def hooked(model, calls):
+        for layer in model.model.layers:
+            def new_forward(module, *args, **kwargs):
+                calls.append(module)
+                return module._old_forward(*args, **kwargs)
+
+            layer.self_attn._old_forward = layer.self_attn.forward
+            layer.self_attn.forward = functools.update_wrapper(functools.partial(new_forward, layer.self_attn), layer.self_attn._old_forward)
+        return model
+
+    calls = []
+    original = build("llama[default]")
+    patched = patch_hf(hooked(copy.deepcopy(original), calls))
+    ids, mask = inputs()
+    want = logits(original, ids, mask)
+    torch.testing.assert_close(logits(patched, ids, mask), want, atol=RELATIVE * float(want.abs().max()), rtol=0)
+    assert len(calls) == 2 and all(getattr(layer.self_attn._old_forward, "__posenc__", False) for layer in patched.model.layers)
+    with pytest.raises(ValueError, match="already patched"):
+        patch_hf(patched)
+    wrapped = build("llama[default]")
+    for layer in wrapped.model.layers:
+        layer.self_attn.forward = functools.partial(layer.self_attn.forward)
+    with pytest.raises(ValueError, match="instance's forward is replaced by a partial"):
+        patch_hf(wrapped)

@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import copy
 import inspect
+import itertools
 import re
+import sys
 import types
 import weakref
 
@@ -98,7 +100,7 @@ def _is_ours(module):
     from .hf import HFRotaryEmbedding
 
     ours = (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding)
-    return isinstance(module, ours) or getattr(module.forward, "__posenc__", False)
+    return isinstance(module, ours) or any(getattr(vars(module).get(slot), "__posenc__", False) for slot in ("forward", "_old_forward"))
 
 
 def _probe_dtype_device(model):
@@ -308,8 +310,9 @@ def _apply_parts(model, rotary, dtype, device, swaps, refusals):
         used = _apply_globals(module)
         if not used:
             continue
-        if not _rebindable(type(module).forward):
-            refusals.append(_not_rebindable(name, module, used))
+        refusal = _rebinding_refusal(name, module, sorted(used))
+        if refusal is not None:
+            refusals.append(refusal)
             continue
         users.append((name, module, used))
         for fn in used.values():
@@ -565,14 +568,6 @@ def _sinusoidal_apply_for(fn, dtype, device):
     params = list(inspect.signature(fn).parameters)
     if params[:3] != ["sinusoidal_pos", "query_layer", "key_layer"]:
         return f"takes ({', '.join(params)}), not (sinusoidal_pos, query_layer, key_layer[, value_layer])"
-
-    def apply_rotary_position_embeddings(sinusoidal_pos, query_layer, key_layer, value_layer=None):
-        """posenc's rotation of RoFormer's ``q``, ``k`` (and ``v``): pairs ``(x[2i], x[2i+1])`` by ``[sin | cos]``."""
-        sin, cos = sinusoidal_pos.chunk(2, dim=-1)
-        cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
-        layers = (query_layer, key_layer) if value_layer is None else (query_layer, key_layer, value_layer)
-        return tuple(pe.apply_rope(x, cos, sin, layout="interleaved") for x in layers)
-
     generator = torch.Generator().manual_seed(0)
     angles = torch.arange(9.0)[:, None] * 100.0 ** (-torch.arange(0, 8, 2) / 8)
     table = torch.cat([torch.sin(angles), torch.cos(angles)], -1)[None, None].to(dtype=dtype, device=device)
@@ -583,6 +578,15 @@ def _sinusoidal_apply_for(fn, dtype, device):
     if not diff[0] <= diff[1]:
         return f"the interleaved layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})"
     return apply_rotary_position_embeddings
+
+
+def apply_rotary_position_embeddings(sinusoidal_pos, query_layer, key_layer, value_layer=None):
+    """posenc's rotation of RoFormer's ``q``, ``k`` (and ``v``): pairs ``(x[2i], x[2i+1])`` by
+    ``[sin | cos]``. (A function of this module, not a closure: a patched model pickles it by name.)"""
+    sin, cos = sinusoidal_pos.chunk(2, dim=-1)
+    cos, sin = cos.repeat_interleave(2, -1), sin.repeat_interleave(2, -1)
+    layers = (query_layer, key_layer) if value_layer is None else (query_layer, key_layer, value_layer)
+    return tuple(pe.apply_rope(x, cos, sin, layout="interleaved") for x in layers)
 
 
 # --- T5 relative bias and ALiBi -------------------------------------------------------------
@@ -760,8 +764,9 @@ def _alibi_parts(model, device, swaps, refusals):
                 continue
             rebinds["_get_alibi_slopes"] = _alibi_slopes
             rebound.append(f"{where} _get_alibi_slopes: alibi_slopes")
-        if rebinds and not _rebindable(type(module).forward):
-            refusals.append(_not_rebindable(where, module, sorted(rebinds)))
+        refusal = _rebinding_refusal(where, module, sorted(rebinds)) if rebinds else None
+        if refusal is not None:
+            refusals.append(refusal)
         elif rebinds:
             swaps.append((_rebinder(module, rebinds), tuple(rebound)))
 
@@ -829,6 +834,8 @@ def falcon_alibi_tensor(attention_mask, num_heads, dtype):
 
 def _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=None):
     batch, length = attention_mask.shape
+    if attention_mask.is_floating_point():  # (a float mask of ones and zeros, as transformers takes it)
+        attention_mask = attention_mask != 0
     keys = pe.positions_from_mask(attention_mask)
     if positions_dtype is not None:
         keys = keys.to(positions_dtype)
@@ -865,11 +872,36 @@ def _setter(obj, attr, value):
 
 def _rebinder(module, replacements):
     def swap():
-        current = vars(module).get("forward")  # an earlier rebinding of this instance: its names are kept
+        slot = _forward_slot(module)
+        current = vars(module).get(slot)  # an earlier rebinding of this instance: its names are kept
         kept = current.replacements if isinstance(current, _ReboundForward) else {}
-        module.forward = _ReboundForward(module, {**kept, **replacements})
+        setattr(module, slot, _ReboundForward(module, {**kept, **replacements}))
 
     return swap
+
+
+def _forward_slot(module):
+    """The instance attribute that gets ``module``'s rebound forward: ``"forward"``, or under
+    a hook of accelerate's form (``module.forward`` its wrapper, which calls
+    ``module._old_forward``, the class's forward bound to it) ``"_old_forward"``, so that the
+    hook keeps running; None where the instance's own ``forward`` is something else."""
+    own = vars(module)
+    current, old = own.get("forward"), own.get("_old_forward")
+    if current is None or isinstance(current, _ReboundForward):
+        return "forward"
+    if isinstance(old, _ReboundForward) or (isinstance(old, types.MethodType) and old.__self__ is module and old.__func__ is type(module).forward):
+        return "_old_forward"
+    return None
+
+
+def _rebinding_refusal(where, module, names):
+    """Why ``module``'s forward cannot be rebound to route ``names`` through posenc, or None."""
+    if not _rebindable(type(module).forward):
+        return _not_rebindable(where, module, names)
+    if _forward_slot(module) is None:
+        return (f"{where} ({type(module).__name__}): its instance's forward is replaced by a {type(vars(module)['forward']).__name__} "
+                f"posenc cannot see into; patch_hf the model before wrapping its forwards (hooks) to route {', '.join(names)} through posenc")
+    return None
 
 
 class _ReboundForward:
@@ -946,7 +978,30 @@ def _with_globals(fn, replacements):
         new = _copy(fn, fn.__globals__, tuple(types.CellType(inner) if i == at else cell for i, cell in enumerate(fn.__closure__)))
         new.__wrapped__ = inner
         return new
-    return _copy(fn, {**fn.__globals__, **replacements}, fn.__closure__)
+    new = _copy(fn, _scope(fn.__globals__, replacements), fn.__closure__)
+    weakref.finalize(new, _RELEASED.append, new.__globals__["__name__"])
+    return new
+
+
+def _scope(names, replacements):
+    """The global names ``names`` with ``replacements``, as the namespace of a module of its
+    own in ``sys.modules`` (``posenc._patched_<n>_<module>``). torch.compile guards what a
+    function reads among its globals through the module its ``__name__`` names: under the
+    transformers module's own name it guarded the originals (a closure among the
+    replacements then failed its guard). The modules of functions collected since are
+    removed first (not when collected: a collection may come while torch.compile iterates
+    ``sys.modules``)."""
+    while _RELEASED:
+        sys.modules.pop(_RELEASED.pop(), None)
+    name = f"posenc._patched_{next(_SCOPES)}_{names['__name__'].replace('.', '_')}"
+    module = types.ModuleType(name)
+    module.__dict__.update({**names, **replacements, "__name__": name})
+    sys.modules[name] = module
+    return module.__dict__
+
+
+_SCOPES = itertools.count()
+_RELEASED = []  # the names of scope modules whose function was collected
 
 
 def _copy(fn, scope, closure):
