@@ -225,6 +225,39 @@ def test_out_the_kernel_cannot_write_is_refused():
     _refused(rope_cuda.rotate_positions, (x, _device(np.arange(3)), np.ones(2)), {"out": broadcast}, ValueError, ["out", "each element once"])
 
 
+def test_operands_a_launcher_cannot_write_or_read_safely_are_refused_before_any_launch(monkeypatch):
+    """What a direct launch had accepted (the public functions refuse these first): an
+    in-place ``x`` of a stride-0 axis (three rotations over one row), an ``out`` whose
+    strides fold onto themselves, an ``out`` of another dtype (a float32 ``out`` of float16
+    ``x`` had taken the bits of the wrong width), a Toeplitz ``out`` over part of its input
+    (the kernel read what it had written), an overlapping ``out`` numba cannot copy into
+    (it raised after the launch), and ``cos``/``sin`` that are 0-d or of no pair (a bare
+    ``IndexError``, or an unchanged ``q``)."""
+    from numba import cuda
+
+    from posenc._kernels import rope_cuda, toeplitz_cuda
+    from posenc.rotary.apply import rotate_pair
+
+    launches = counting_kernel_keys(monkeypatch, rope_cuda), counting_kernel_keys(monkeypatch, toeplitz_cuda)
+    positions, inv_freq = _device(np.arange(3)), np.array([1.0, 0.1, 0.01, 0.001])
+    row = _arrays.strided(cuda.to_device(np.ones(8)), (3, 8), (0, 1))
+    _refused(rope_cuda.rotate_positions, (row, positions, inv_freq), {"out": row}, ValueError, ["out", "each element once"])
+    x = _device(np.ones((3, 8)))
+    folded = _arrays.strided(cuda.to_device(np.zeros(16)), (3, 8), (4, 1))
+    _refused(rope_cuda.rotate_positions, (x, positions, inv_freq), {"out": folded}, ValueError, ["out", "each element once"])
+    _refused(toeplitz_cuda.toeplitz_expand, (_device(np.arange(5.0)), 3, 3), {"out": _arrays.strided(cuda.to_device(np.zeros(8)), (3, 3), (2, 1))}, ValueError, ["out", "each element once"])
+    half = _device(np.ones((3, 8), np.float16))
+    _refused(rope_cuda.rotate_positions, (half, positions, inv_freq), {"out": _device(np.zeros((3, 8), np.float32))}, TypeError, ["out", "dtype"])
+    memory = cuda.to_device(np.arange(19.0))
+    _refused(toeplitz_cuda.toeplitz_expand, (memory[0:7], 4, 4), {"out": _arrays.strided(memory[3:], (4, 4), (4, 1))}, ValueError, ["out", "vec"])
+    base = cuda.to_device(np.zeros((3, 9)))
+    _refused(rope_cuda.rotate_positions, (_arrays.strided(base, (3, 8), (9, 1)), positions, inv_freq), {"out": _arrays.strided(base[0, 1:], (3, 8), (9, 1))}, ValueError, ["out", "non-contiguous"])
+    q, k = _device(np.ones((1, 2, 3, 8), np.float32)), _device(np.ones((1, 1, 3, 8), np.float32))
+    for table in (np.ones((3, 0), np.float32), np.ones((), np.float32)):
+        _refused(rotate_pair, (q, k, _device(table), _device(table)), {}, ValueError, ["cos/sin", "do not fit"])
+    assert launches == ([], [])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch, dtype):
     """``posenc.rotary.apply.rotate_pair`` (under ``posenc.torch.hf.apply_rotary_pos_emb``): device

@@ -554,27 +554,36 @@ class _Interface:
 
 
 def _self_overlapping(view) -> bool:
-    """Whether two elements of NumPy array ``view`` share memory (a stride-0 view from
-    ``broadcast_to``/``expand``, or strides that fold onto themselves). Its axes sorted by
-    stride each stepping past everything the smaller ones reach proves they do not; else
-    the element addresses are compared (up to ``_ADDRESSES_COMPARED`` elements; a larger
-    view that fails the proof counts as overlapping)."""
-    reach, nested = view.itemsize, True
-    for stride, n in sorted((abs(st), n) for n, st in zip(view.shape, view.strides) if n > 1):
+    """Whether two elements of NumPy array ``view`` share memory (:func:`self_overlapping`)."""
+    return self_overlapping(tuple(view.shape), tuple(view.strides), view.itemsize)
+
+
+def self_overlapping(shape, strides, itemsize) -> bool:
+    """Whether two elements of an array of ``shape`` and ``strides`` (of ``itemsize`` units
+    each) share memory: a stride-0 view from ``broadcast_to``/``expand``, or strides that fold
+    onto themselves. Its axes sorted by stride each stepping past everything the smaller
+    ones reach proves they do not; else the element addresses are compared (up to
+    ``_ADDRESSES_COMPARED`` elements; a larger array that fails the proof counts as
+    overlapping). An empty array has no elements to share."""
+    if 0 in shape:
+        return False
+    reach, nested = itemsize, True
+    # (no call per axis: a launcher's host work is counted call by call, the same at any size)
+    for stride, n in sorted([(st if st >= 0 else -st, n) for n, st in zip(shape, strides) if n > 1]):
         if stride == 0:
             return True
         nested = nested and stride >= reach
         reach += stride * (n - 1)
     if nested:
         return False
-    if view.size > _ADDRESSES_COMPARED:
+    if math.prod(shape) > _ADDRESSES_COMPARED:
         return True
     numpy = sys.modules["numpy"]
     starts = numpy.zeros((), numpy.int64)
-    for n, st in zip(view.shape, view.strides):
+    for n, st in zip(shape, strides):
         starts = numpy.add.outer(starts, numpy.arange(n, dtype=numpy.int64) * st)
     starts = numpy.sort(starts.reshape(-1))
-    return bool(numpy.any(numpy.diff(starts) < view.itemsize))
+    return bool(numpy.any(numpy.diff(starts) < itemsize))
 
 
 _ADDRESSES_COMPARED = 2**20

@@ -24,6 +24,7 @@ from functools import lru_cache
 import numpy as np
 
 from .. import _compat, _dispatch
+from .._validate import self_overlapping
 from .._xp import torch_compiling, torch_tensor
 
 # How a kernel holds one element (``_codec`` converts): as it is (float32, float64), or the
@@ -236,9 +237,9 @@ def forward_strides(a) -> bool:
 
 
 def writes_each_element_once(a) -> bool:
-    """No two indices of ``a`` share memory (no stride 0 along an axis longer than one)."""
-    steps = element_strides(a)
-    return 0 not in steps or 0 in a.shape or all(st != 0 or n <= 1 for n, st in zip(a.shape, steps))
+    """No two indices of ``a`` share memory (no stride 0 along an axis longer than one, no
+    strides that fold onto themselves: ``_validate.self_overlapping``)."""
+    return not self_overlapping(tuple(a.shape), element_strides(a), 1)
 
 
 def writeable(a) -> bool:
@@ -419,7 +420,7 @@ def guard_gpu_operands(x, out=None, **named):
         if _device_name(a) != device:
             raise ValueError(f"{name} is on {_device_name(a)}, x on {device}: move them to one GPU first (kernel launcher check)")
     for name, a in (("out", out), *named.items(), ("x", x)):
-        if a is None or (name.startswith("out") and a is x):
+        if a is None:
             continue
         if name.startswith("out") and not (forward_strides(a) and writes_each_element_once(a)):
             raise ValueError(

@@ -120,6 +120,8 @@ def _host_length(seq_len) -> bool:
 def _guard_out(x, out):
     if out is not None and tuple(out.shape) != tuple(x.shape):
         raise ValueError(f"out has shape {tuple(out.shape)}, expected {tuple(x.shape)} (kernel launcher check)")
+    if out is not None and out.dtype != x.dtype:
+        raise TypeError(f"out has dtype {out.dtype}, expected x's {x.dtype} (kernel launcher check)")
 
 
 def _broadcasts(shape, target) -> bool:
@@ -140,9 +142,12 @@ def guard_rotate(x, positions, inv_freq, out):
 
 def guard_apply(x, cos, sin, out):
     """Check the shapes ``rope_apply``'s kernels index."""
+    if len(tuple(cos.shape)) < 1 or len(tuple(x.shape)) < 1:
+        raise ValueError(f"cos/sin of shape {tuple(cos.shape)} do not fit x of shape {tuple(x.shape)} (kernel launcher check)")
     shape, rotary_dim = tuple(x.shape), tuple(cos.shape)[-1]
     if (
         rotary_dim % 2
+        or rotary_dim < 2
         or rotary_dim > shape[-1]
         or tuple(sin.shape) != tuple(cos.shape)
         or not _broadcasts(tuple(cos.shape), shape[:-1] + (rotary_dim,))

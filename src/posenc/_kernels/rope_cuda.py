@@ -429,6 +429,8 @@ class _Operand:
         self.in_place = out is x or (given and _device_flat.extent(os_) == _device_flat.extent(xs) and os_.strides == xs.strides)
         self.temporary = None
         if given and not self.in_place and _device_flat.overlap(os_, xs):  # overlapping but not the same elements
+            if _arrays.library(out) == "numba" and not out.is_c_contiguous():  # (numba copies only into contiguous memory)
+                raise ValueError("out overlaps x and is a non-contiguous numba device array: the result cannot be copied into it (kernel launcher check)")
             self.temporary = _arrays.empty(x)
             os_ = _device_flat.span(self.temporary)
         self.x_flat, self.x_strides = _device_flat.flat(xs)
