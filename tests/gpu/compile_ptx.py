@@ -7,7 +7,10 @@ conversion kernel, for a compute capability (default 9.0: H100/H200) with NVIDIA
 which needs no GPU or driver: ``pip install nvidia-cuda-nvcc-cu12 nvidia-cuda-nvrtc-cu12``
 and put their library folders on ``LD_LIBRARY_PATH`` (``.../nvidia/cuda_nvcc/nvvm/lib64`` and
 ``.../nvidia/cuda_nvrtc/lib``). Each line counts the instructions, those converting to or
-from float64 among them (the slow ones on an H100), and the local loads (spills). Usage: ``PYTHONPATH=src python tests/gpu/compile_ptx.py [MAJOR.MINOR]``;
+from float64 among them (the slow ones on an H100), and the local loads (spills); where
+``ptxas`` is on the ``PATH`` (of a CUDA toolkit at least as new as the NVVM), also the registers a
+thread and the spilled bytes of the machine code it assembles (what bounds a kernel's
+occupancy). Usage: ``PYTHONPATH=src python tests/gpu/compile_ptx.py [MAJOR.MINOR]``;
 exits 1 if a specialisation fails to compile.
 """
 
@@ -71,8 +74,31 @@ def _compile(cuda, name, fn, signature, cc, launch_bounds=None) -> int:
     bounds = f", launch bounds {launch_bounds}" if launch_bounds else ""
     ops = _instructions(ptx)
     wide = sum([1 for op in ops if op.startswith("cvt") and "f64" in op])
-    print(f"ok   {name}: {len(ops)} PTX instructions ({wide} conversions to or from float64), {ptx.count('ld.local')} local loads{bounds}")
+    print(f"ok   {name}: {len(ops)} PTX instructions ({wide} conversions to or from float64), {ptx.count('ld.local')} local loads{bounds}{_assembled(ptx, cc)}")
     return 0
+
+
+def _assembled(ptx, cc):
+    """``ptxas -v``'s registers and spilled bytes of the kernel in ``ptx`` (its first
+    function: the entry), as ``", N registers, S bytes spilled"``; empty without ptxas."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        return ""
+    with tempfile.TemporaryDirectory() as folder:
+        source = f"{folder}/kernel.ptx"
+        with open(source, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([ptxas, f"-arch=sm_{cc[0]}{cc[1]}", "-v", source, "-o", f"{folder}/kernel.cubin"], capture_output=True, text=True)
+    if done.returncode:  # (a ptxas older than the NVVM that wrote the PTX refuses its version)
+        return f", ptxas failed: {(done.stderr.strip().splitlines() or ['?'])[0]}"
+    registers = re.search(r"Used (\d+) registers", done.stderr)
+    spilled = re.search(r"(\d+) bytes spill stores", done.stderr)
+    return f", {registers.group(1)} registers, {spilled.group(1)} bytes spilled"
 
 
 def _instructions(ptx):
