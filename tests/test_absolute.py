@@ -212,6 +212,22 @@ def test_conv_positions_formula(backend, rng, dtype, width):
     assert_close(out, expected, backend=backend, dtype=dtype)
 
 
+@pytest.mark.parametrize("length", [0, 1, 2, 3])
+@pytest.mark.parametrize("width", [1, 5, 9])
+def test_conv_positions_of_sequences_shorter_than_the_kernel(backend, rng, length, width):
+    """A sequence shorter than half the kernel: the padding is ``width // 2`` zeros whatever
+    the length (a119447's padding of at most ``length`` zeros gave an empty result at
+    length 1 and width 5, and a broadcast error at 3 and 9)."""
+    x, kernel = rng.standard_normal((2, length, 4)), rng.standard_normal((width, 4))
+    expected = x.copy()
+    for s in range(length):
+        for t in range(width):
+            if 0 <= s + t - width // 2 < length:
+                expected[:, s] += kernel[t] * x[:, s + t - width // 2]
+    out = backend.call(pe.conv_positions, backend.asarray(x, dtype="float32"), backend.asarray(kernel, dtype="float32"))
+    assert_close(out, expected, backend=backend, dtype="float32")
+
+
 def test_conv_positions_matches_torch_conv1d():
     torch = pytest.importorskip("torch")
     x = torch.randn(2, 9, 6, dtype=torch.float64)

@@ -568,7 +568,7 @@ def self_overlapping(shape, strides, itemsize) -> bool:
     if 0 in shape:
         return False
     reach, nested = itemsize, True
-    # (no call per axis: a launcher's host work is counted call by call, the same at any size)
+    # (no call per axis: tests/test_cuda_host_work.py counts a launch's Python calls, the same at any size)
     for stride, n in sorted([(st if st >= 0 else -st, n) for n, st in zip(shape, strides) if n > 1]):
         if stride == 0:
             return True

@@ -145,9 +145,10 @@ def eager(count, x, cos, sin):
 def explicit(count, x, table):
     """On an Explicit mesh, under ``jit`` and outside it, calls whose operation splits an
     axis JAX cannot keep split there (per-token positions split on the sequence, a table
-    split on its rows, a convolution or a rotation along a split axis, the per-row lengths
-    of a dynamic scaling, a Toeplitz expansion's gradient to a head-split table): they had
-    raised JAX's sharding errors. The values of the unsharded call and the result's spec,
+    split on its rows, or on its heads beside positions split over the same mesh axis, a
+    convolution or a rotation along a split axis, the per-row lengths of a dynamic scaling,
+    a Toeplitz expansion's gradient to a head-split table): they had raised JAX's sharding
+    errors. The values of the unsharded call and the result's spec,
     one line a case (``explicit ... ok``)."""
     import jax
     import jax.numpy as jnp
@@ -167,6 +168,10 @@ def explicit(count, x, table):
     def t5_per_token(p):
         return pe.t5_bias(table, 12, 12, query_positions=p, key_positions=p)
 
+    def t5_per_token_heads(p):
+        split = jax.device_put(jnp.asarray(table), NamedSharding(mesh, P(None, "d")))
+        return pe.t5_bias(split, 12, 12, query_positions=p, key_positions=p)
+
     def fire(p):
         return pe.fire_bias(lambda z: z @ jnp.asarray(weights), 12, 12, query_positions=p, key_positions=p)
 
@@ -176,6 +181,8 @@ def explicit(count, x, table):
     cases = [  # name, function, argument, its spec, the result's spec, the unsharded result
         ("t5_bias per-token positions on the sequence", t5_per_token, packed, P(None, "d"), P(None, None, "d"), t5_per_token(packed)),
         ("t5_bias table rows", lambda t: pe.t5_bias(t, 12, 12), table, P("d"), P(), pe.t5_bias(table, 12, 12)),
+        # (heads split over the mesh axis the positions' batch is split over: the heads are gathered)
+        ("t5_bias head-split table, per-token positions on the batch", lambda p: t5_per_token_heads(p), packed, P("d"), P("d"), t5_per_token(packed)),
         ("fire_bias per-token positions on the batch", fire, packed, P("d"), P("d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
         ("fire_bias per-token positions on the sequence", fire, packed, P(None, "d"), P(None, None, "d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
         ("conv_positions batch", lambda a: pe.conv_positions(a, kernel), x, P("d"), P("d"), pe.conv_positions(x, kernel)),

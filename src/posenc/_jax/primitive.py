@@ -32,7 +32,7 @@ from jax.extend.core import Primitive
 from jax._src import dispatch as _jax_dispatch
 from jax.interpreters import ad, batching, mlir
 
-from .._xp import replicated_on_mesh, splits
+from .._xp import replicated_on_mesh, resplit, splits
 from .ffi import host_call
 from .sharding import partitioned
 
@@ -178,9 +178,7 @@ def _as_sharded(ct, aval):
     transpose rules require (an adjoint of another shape, a Toeplitz scatter, has the
     mesh's default)."""
     sharding = getattr(aval, "sharding", None)
-    if not splits(sharding) or jax.typeof(ct).sharding == sharding:
-        return ct
-    return jax.sharding.reshard(ct, sharding)
+    return resplit(ct, sharding if splits(sharding) and jax.typeof(ct).sharding != sharding else None)
 
 
 def _batch(args, dims, *, op):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, host_constants, namespace, resplit, unsplit
+from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, resplit, unsplit
 
 
 @host_constants
@@ -30,7 +30,7 @@ def conv_positions(x, kernel):
     [[1.0, 2.0, 0.0], [1.0, 1.0, 2.0], [0.0, 1.0, 1.0]]
     """
     xp = namespace(x, kernel)
-    device_of(x, kernel)  # (raises where they lie on two devices)
+    device = device_of(x, kernel)
     check.float_array("x", x, xp)
     check.float_array("kernel", kernel, xp)
     check.ndim("x", x, minimum=2)
@@ -44,12 +44,10 @@ def conv_positions(x, kernel):
     xw, split = unsplit(cast(xp, x, work), -2)
     kw = cast(xp, kernel, work)
     length, half = int(x.shape[-2]), width // 2
+    # (the zeros placed as xw is: a JAX array split over a mesh concatenates only with its like)
+    pad = resplit(xp.zeros((*xw.shape[:-2], half, dim), dtype=work, device=device), explicit_sharding(xw))
+    padded = xp.concat([pad, xw, pad], axis=-2)
     result = xw
-    if half:
-        pad = xp.zeros_like(xw[..., :half, :])  # (placed as xw is: a JAX array sharded on a mesh)
-        padded = xp.concat([pad, xw, pad], axis=-2)
-        for t in range(width):
-            result = result + kw[t, :] * padded[..., t : t + length, :]
-    else:
-        result = result + kw[0, :] * xw
+    for t in range(width):
+        result = result + kw[t, :] * padded[..., t : t + length, :]
     return cast(xp, resplit(result, split), x.dtype)

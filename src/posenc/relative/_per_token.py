@@ -70,7 +70,7 @@ def shifted(xp, qpos, kpos, offset, device, float_dtype):
 
 def relative(qpos, kpos, *, heads=False):
     """``rel[..., i, j] = qpos[..., i] - kpos[..., j]`` (``[..., 1, q, k]`` with ``heads``)."""
-    kpos, _ = unsplit(kpos, -1)  # (JAX refuses a result split along both axes over one mesh axis)
+    kpos, _ = unsplit(kpos, -1)  # (the queries may be split alike: JAX refuses rel split twice over one mesh axis)
     rel = qpos[..., :, None] - kpos[..., None, :]
     return rel[..., None, :, :] if heads else rel
 

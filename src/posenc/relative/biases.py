@@ -82,9 +82,11 @@ def _lookup(xp, table, index):
     """``vec[h, t] = table[index[t], h]``: ``[heads, len(index)]``, rows contiguous. Under
     JAX's explicit sharding (which wants a gather's output sharding given, and its gradient's
     scatter too) split as the table's heads and the index; a table's split rows are gathered
-    first, as an Auto mesh does."""
-    table, _ = unsplit(table, 0)
-    rows, columns = explicit_sharding(table), explicit_sharding(index)
+    first, as an Auto mesh does, and its heads where the index is split over their mesh axes."""
+    given, columns = explicit_sharding(table), explicit_sharding(index)
+    along = {axis for entry in split_spec(columns, index.ndim) for axis in _mesh_axes(entry)}
+    table, _ = unsplit(table, 0, 1) if along & _mesh_axes(split_spec(given, 2)[1]) else unsplit(table, 0)
+    rows = explicit_sharding(table)
     if rows is None and columns is None:
         return xp.take(xp.matrix_transpose(table), index, axis=1)
     from jax.sharding import NamedSharding, PartitionSpec
@@ -92,6 +94,11 @@ def _lookup(xp, table, index):
     mesh = (rows or columns).mesh
     out = NamedSharding(mesh, PartitionSpec(split_spec(rows, 2)[1], *split_spec(columns, index.ndim)))
     return xp.matrix_transpose(table).at[:, index].get(out_sharding=out)
+
+
+def _mesh_axes(entry):
+    """The mesh axes one entry of a sharding spec names (none, one, or a tuple of them)."""
+    return set() if entry is None else set(entry) if isinstance(entry, tuple) else {entry}
 
 
 # T5's bucket count in every released checkpoint: a table with this many rows is read as
@@ -400,8 +407,9 @@ _planned_relative_bias = relative_bias.__wrapped__
 
 def distance_float(xp, kind, device):
     """The float dtype that per-token positions of ``kind`` are subtracted in: ALiBi's, which
-    may be float, the widest (a short distance between long positions is exact before it is
-    rounded to the slopes' dtype); ``None`` for the kinds of integer positions."""
+    may be float, the widest the namespace has on ``device`` (a short distance between long
+    positions is exact before it is rounded to the slopes' compute dtype; without float64,
+    JAX without x64, it stays float32); ``None`` for the kinds of integer positions."""
     return widest_float(xp, device) if kind == "alibi" else None
 
 

@@ -6,7 +6,7 @@ import math
 
 from .. import _plans
 from .._dispatch import call
-from .._xp import cast, device_of, explicit_sharding, host_constants
+from .._xp import cast, device_of, explicit_sharding, host_constants, resplit, split_spec
 from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options
 from .indices import distances, query_offset
@@ -120,13 +120,8 @@ def _heads_like(table, x):
     heads under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose matmul refuses
     a replicated operand beside a sharded one); unchanged elsewhere."""
     sharding = explicit_sharding(x) if table.ndim >= 3 and x.ndim >= 3 else None
-    if sharding is None:
-        return table
-    import jax
-
-    heads = (*sharding.spec, *(None,) * x.ndim)[x.ndim - 3]
-    spec = jax.sharding.PartitionSpec(*(None,) * (table.ndim - 3), heads, None, None)
-    return jax.sharding.reshard(table, sharding.update(spec=spec))
+    heads = split_spec(sharding, x.ndim)[-3]
+    return resplit(table, sharding, (*(None,) * (table.ndim - 3), heads, None, None))
 
 
 def _gather(xp, scores, index, k_len, device):

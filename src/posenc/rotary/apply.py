@@ -231,7 +231,7 @@ def rope(
         a single-row call with its value. Default: the
         largest position + 1 (rounded up: fractional positions switch LongRoPE where
         transformers' ``max + 1 > original`` does), decided per call; with a per-row
-        ``offset``, each row's own (its largest position + ``offset[b]`` + 1), as a call on
+        ``offset``, each row's own (its largest position, rounded up, + ``offset[b]`` + 1), as a call on
         that row alone. Where the positions (or ``seq_len``) cannot
         be read now (``jax.jit``, ``torch.compile``, Dask) the frequencies are computed
         from that traced length inside the computation, with the same result; the
