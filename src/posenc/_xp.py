@@ -214,6 +214,15 @@ def resplit(a, sharding, spec=None):
     return jax.sharding.reshard(a, sharding if spec is None else sharding.update(spec=jax.sharding.PartitionSpec(*spec)))
 
 
+def heads_like(table, x):
+    """A per-head ``table [..., heads, d, m]`` split as ``x [..., heads, seq, d]`` splits its
+    heads under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose matmul refuses
+    a replicated operand beside a split one); unchanged elsewhere."""
+    sharding = explicit_sharding(x) if table.ndim >= 3 and x.ndim >= 3 else None
+    heads = split_spec(sharding, x.ndim)[-3]
+    return resplit(table, sharding, (*(None,) * (table.ndim - 3), heads, None, None))
+
+
 def replicated_on_mesh(sharding):
     """A JAX sharding over several devices as the replicated one on its mesh (where arrays
     of another shape made beside it go), or ``None`` where it names no mesh or one device."""

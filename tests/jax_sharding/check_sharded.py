@@ -147,8 +147,8 @@ def explicit(count, x, table):
     axis JAX cannot keep split there (per-token positions split on the sequence, a table
     split on its rows, or on its heads beside positions split over the same mesh axis, a
     convolution or a rotation along a split axis, the per-row lengths of a dynamic scaling,
-    a Toeplitz expansion's gradient to a head-split table): they had raised JAX's sharding
-    errors. The values of the unsharded call and the result's spec,
+    split or not, a Toeplitz expansion's gradient to a head-split table, Transformer-XL's
+    per-head ``r`` beside head-split ``q``): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
     one line a case (``explicit ... ok``)."""
     import jax
     import jax.numpy as jnp
@@ -172,6 +172,14 @@ def explicit(count, x, table):
         split = jax.device_put(jnp.asarray(table), NamedSharding(mesh, P(None, "d")))
         return pe.t5_bias(split, 12, 12, query_positions=p, key_positions=p)
 
+    def rows_split(a):  # (the lengths gathered too: they had been indexed while split, outside jit)
+        return pe.rope(a, offset=jax.device_put(jnp.asarray(rows), NamedSharding(mesh, P("d")))[:, None, None], scaling=dynamic)
+
+    r, u = rng.standard_normal((8, 24, 16)).astype(np.float32), rng.standard_normal((8, 1, 16)).astype(np.float32)
+
+    def xl(a):  # (r split on its heads as q: the matmul had refused a replicated r)
+        return pe.xl_logits(a, a, jnp.asarray(r), jnp.asarray(u), jnp.asarray(u))
+
     def fire(p):
         return pe.fire_bias(lambda z: z @ jnp.asarray(weights), 12, 12, query_positions=p, key_positions=p)
 
@@ -189,6 +197,8 @@ def explicit(count, x, table):
         ("conv_positions sequence", lambda a: pe.conv_positions(a, kernel), x, P(None, None, "d"), P(None, None, "d"), pe.conv_positions(x, kernel)),
         ("rope channels", lambda a: pe.rope(a, offset=3), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rope(x, offset=3)),
         ("rope dynamic per-row offsets", lambda a: pe.rope(a, offset=jnp.asarray(rows)[:, None, None], scaling=dynamic), x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
+        ("rope dynamic per-row offsets split beside x", rows_split, x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
+        ("xl_logits head-split q and k, per-head r", xl, x, P(None, "d"), P(None, "d"), pe.xl_logits(x, x, r, u, u)),
         ("t5_bias gradient to head-split table", t5_gradient, table, P(None, "d"), P(None, "d"), np.asarray(t5_gradient(jnp.asarray(table)))),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)

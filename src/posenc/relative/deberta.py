@@ -6,7 +6,7 @@ import math
 
 from .. import _plans
 from .._dispatch import call
-from .._xp import cast, device_of, explicit_sharding, host_constants, resplit, split_spec
+from .._xp import cast, device_of, heads_like, host_constants
 from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options
 from .indices import distances, query_offset
@@ -105,23 +105,14 @@ def deberta_logits(
     total = q @ xp.matrix_transpose(k)
     delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)
     if "c2p" in terms:
-        total = total + _gather(xp, q @ _heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q), delta, k_len, device)
+        total = total + _gather(xp, q @ heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q), delta, k_len, device)
     if "p2c" in terms:
         # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
         # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
-        scores = k @ _heads_like(xp.matrix_transpose(cast(xp, pos_q, work)), k)
+        scores = k @ heads_like(xp.matrix_transpose(cast(xp, pos_q, work)), k)
         flipped = xp.matrix_transpose(delta) if delta.ndim > 1 else xp.flip(delta)
         total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, device))
     return cast(xp, total / math.sqrt((1 + len(terms)) * dim), dtype)
-
-
-def _heads_like(table, x):
-    """A per-head ``table [heads, d, m]`` sharded as ``x [..., heads, seq, d]`` shards its
-    heads under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose matmul refuses
-    a replicated operand beside a sharded one); unchanged elsewhere."""
-    sharding = explicit_sharding(x) if table.ndim >= 3 and x.ndim >= 3 else None
-    heads = split_spec(sharding, x.ndim)[-3]
-    return resplit(table, sharding, (*(None,) * (table.ndim - 3), heads, None, None))
 
 
 def _gather(xp, scores, index, k_len, device):

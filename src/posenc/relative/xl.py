@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, size
+from .._xp import broadcast_shapes, cast, device_of, heads_like, host_constants, namespace, size
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
 from .indices import distances, query_offset
@@ -103,7 +103,7 @@ def xl_logits(q, k, r, u, v):
     rel = distances(q_len, k_len, k_len - q_len, xp=xp, device=device_of(q))
     last = xp.asarray(n_rel - 1, dtype=rel.dtype, device=device_of(q))  # (an array: n_rel may be a symbolic size)
     row = xp.minimum(k_len - 1 - rel, last)  # (k_len - 1 - rel >= 0: rel <= k_len - 1)
-    position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(r), row, k_len)
+    position = call("toeplitz_gather", (q + v) @ heads_like(xp.matrix_transpose(r), q), row, k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 

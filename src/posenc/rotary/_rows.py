@@ -19,7 +19,10 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
     lead = max((a + 1 for a, n in enumerate(seq_len.shape) if n > 1), default=1)
     if 0 in tuple(x.shape[:lead]):  # no row: an empty result of x's shape
         return xp.empty_like(x)
-    x, split = unsplit(x, *range(lead))  # (an explicit JAX mesh refuses to index a split axis outside jit)
+    # (an explicit JAX mesh refuses to index a split axis outside jit: the rows, lengths and positions gathered)
+    x, split = unsplit(x, *range(lead))
+    seq_len, _ = unsplit(seq_len, *range(seq_len.ndim))
+    positions, _ = unsplit(positions, *range(positions.ndim))
     rows = []
     for index in np.ndindex(*x.shape[:lead]):
         at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))
