@@ -431,6 +431,14 @@ def integer_array(name, value, xp):
     return value
 
 
+def flag(name, value):
+    """``value`` where it is a ``bool``, else a ``TypeError`` naming ``name`` (a truthy
+    string or array is not taken for ``True``)."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
 def boolean_mask(name, value, xp):
     """An attention mask: a boolean array, True where a query may attend to a key."""
     array(name, value)

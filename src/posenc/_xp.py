@@ -192,11 +192,9 @@ def unsplit(a, *axes):
     spec = split_spec(sharding, a.ndim)
     if sharding is None or all(spec[axis] is None for axis in axes):
         return a, None
-    import jax
-
     for axis in axes:
         spec[axis] = None
-    return jax.sharding.reshard(a, sharding.update(spec=jax.sharding.PartitionSpec(*spec))), sharding
+    return resplit(a, sharding, spec), sharding
 
 
 def split_spec(sharding, ndim):

@@ -48,8 +48,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     device_of(q, k, v, bias, mask)
     check.query_key_value(q, k, v, xp)
     q_len, k_len, d = size(q.shape[-2]), size(k.shape[-2]), int(q.shape[-1])
-    if not isinstance(causal, bool):
-        raise TypeError(f"causal must be a bool, got {causal!r}")
+    check.flag("causal", causal)
     if causal and q_len > k_len:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
     scale = 1.0 / math.sqrt(d) if scale is None else check.real("scale", scale)

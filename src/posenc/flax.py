@@ -110,8 +110,7 @@ class PositionalModule(nnx.Module):
         return self.scores(q, k, offset, **positions)
 
     def attend(self, q, k, v, *, causal=False, offset=None, mask=None, query_positions=None, key_positions=None):
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {causal!r}")
+        check.flag("causal", causal)
         start = indices.query_offset(offset, q.shape[-2], k.shape[-2])
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
         allowed = _allowed_keys(q.shape[-2], k.shape[-2], causal, start, mask)

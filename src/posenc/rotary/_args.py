@@ -293,13 +293,12 @@ def embedded_positions(x, positions, offset):
     default ``arange(seq)``) plus ``offset``, as ``rope`` adds it: an int, a 0-d integer
     array or one per batch row (``[batch]``, on its row's positions, not broadcast against
     the sequence), validated; a NumPy one beside another library's ``x`` converted."""
-    xp = namespace(x)
-    offset = per_row("offset", offset, xp)
+    plain = type(offset) is int and offset == 0  # (a forward's usual call: nothing to check or add)
+    if not plain:
+        offset = per_row("offset", offset, namespace(x))
     if positions is None:
-        positions = xp.arange(x.shape[-2], device=device_of(x))
-    if type(offset) is int and offset == 0:
-        return positions
-    return place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + positions
+        positions = namespace(x).arange(x.shape[-2], device=device_of(x))
+    return positions if plain else place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + positions
 
 
 def place_rows(name, value, shape, axis):

@@ -89,8 +89,7 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     layout = _args.layout("layout", layout)
     rdim = _args.rotary_dim(rotary_dim, check.static_int(x.shape[-1]))
     offset = _args.per_row("offset", offset, xp)
-    if not isinstance(inverse, bool):
-        raise TypeError(f"inverse must be a bool, got {inverse!r}")
+    check.flag("inverse", inverse)
     seq_len = _args.per_row("seq_len", seq_len, xp)
     _args.out_like(out, x, xp, *read)
     # positions offset + arange(length): a known largest, or one a row for a per-row offset

@@ -173,8 +173,7 @@ def axial_rope(
     dims = _axes_dims(axes_dims, n_axes, width)
     tables = [_block_frequencies(d, frequencies, base, max_freq) for d in dims]
     layout = _args.layout("layout", layout)
-    if not isinstance(inverse, bool):
-        raise TypeError(f"inverse must be a bool, got {inverse!r}")
+    check.flag("inverse", inverse)
     _args.out_like(out, x, xp)
     blocks, start = [], 0
     for a, (d, inv_freq) in enumerate(zip(dims, tables)):

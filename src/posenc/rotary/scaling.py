@@ -319,8 +319,7 @@ class YaRN(Scaling):
         set_(self, "mscale", check.real("mscale", self.mscale))
         set_(self, "mscale_all_dim", check.real("mscale_all_dim", self.mscale_all_dim))
         set_(self, "attention_factor", _optional_positive("attention_factor", self.attention_factor))
-        if not isinstance(self.truncate, bool):
-            raise TypeError(f"truncate must be a bool, got {self.truncate!r}")
+        check.flag("truncate", self.truncate)
 
     def attention_scale(self) -> float:
         if self.attention_factor is not None:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from posenc.relative import indices
+from posenc import _validate as check
 
 
 class PositionalModule(nn.Module):
@@ -65,8 +66,7 @@ class PositionalModule(nn.Module):
                query_positions=None, key_positions=None) -> torch.Tensor:
         """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding."""
         _check_query_key(q, k, v)
-        if not isinstance(causal, bool):
-            raise TypeError(f"causal must be a bool, got {causal!r}")
+        check.flag("causal", causal)
         query_start = query_offset(offset, q.shape[-2], k.shape[-2])
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
         shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 import posenc as pe
+from posenc import _validate as check
 from posenc.relative.deberta import TERMS
 
 from ._protocol import PositionalModule, positive_int
@@ -174,8 +175,7 @@ class TUPE(PositionalModule):
         positive_int("head_dim", head_dim)
         positive_int("max_positions", max_positions)
         dim = positive_int("dim", heads * head_dim if dim is None else dim)
-        if not isinstance(untie_cls, bool):
-            raise TypeError(f"untie_cls must be a bool, got {untie_cls!r}")
+        check.flag("untie_cls", untie_cls)
         self.num_heads, self.head_dim, self.max_positions, self.dim = heads, head_dim, max_positions, dim
         self.p = nn.Parameter(torch.randn(max_positions, dim) * 0.02)
         self.uq = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
