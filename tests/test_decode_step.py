@@ -1,8 +1,8 @@
 """A decode step gives the numbers of one long call, and bad input the same error, planned or not.
 
 ``posenc._plans`` serves repeated call signatures from a plan built after the first
-(validated) call. Every decode-step row here is computed twice (the first call of its
-signature takes the full path, the second the plan) and compared with the same row of one
+(validated) call. Every decode-step row here is computed in a loop of calls of one signature (its first two
+calls take the full path, later ones the plan) and compared with the same row of one
 long call, bit for bit, in every float dtype (API.md, Conventions: results do not depend
 on the size of a call). Hostile input is given after a plan of the same function exists,
 twice, and must raise the same error both times.
@@ -57,6 +57,29 @@ def test_rope_decode_rows_equal_the_long_call(library, dtype):
         full = pe.rope(x, layout=layout)
         for t in STEPS:
             _same(_twice(lambda: pe.rope(x[:, :, t : t + 1], offset=t, layout=layout)), full[:, :, t : t + 1])
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("given", ["positions [1]", "positions [1, 1]", "offset 0-d", "offset [1]"])
+def test_one_position_for_a_query_whose_batch_and_heads_do_not_merge(library, given):
+    """q of a fused projection (``qkv[:, :, 0]`` in ``[b, h, 1, d]``): its batch and head axes
+    are one kernel axis no longer, so its one position is read at several cells of the
+    kernel's grid (a plan reshaped it to the grid and raised from the third call)."""
+    qkv = np.random.default_rng(1).standard_normal((3, 1, 3, HEADS, DIM))
+    q = (torch.from_numpy(qkv) if library == "torch" else qkv)[:, :, 0].swapaxes(1, 2)
+    wrap = torch.tensor if library == "torch" else np.array
+    arguments = {
+        "positions [1]": lambda t: {"positions": wrap([t])},
+        "positions [1, 1]": lambda t: {"positions": wrap([[t]])},
+        "offset 0-d": lambda t: {"offset": wrap(t)},
+        "offset [1]": lambda t: {"offset": wrap([t])},
+    }[given]
+    first = pe.rope(q, **arguments(9))
+    for t in (9, 10, 11, 12, 2**20):  # (a float64 angle near 2**20 is within 2**-33 of the exact one)
+        got = pe.rope(q, **arguments(t))
+        np.testing.assert_allclose(np.asarray(got), exact_rope(np.asarray(q), np.array([t])), rtol=0, atol=1e-9)
+        if t == 9:
+            _same(got, first)
 
 
 @pytest.mark.parametrize("library, dtype", CASES, ids=str)

@@ -247,6 +247,8 @@ class PositionsPlan:
         # bytes: placing positions only adds axes of length 1, so their order is the same.
         self.view = self.launch.view_geometry[0]
         self.size = pv.size
+        # One position the kernel may read at several cells (x's batch and head axes unmerged).
+        self.cells = math.prod(self.view[0])
         self.host = _values_reader(placed)
         _angles(self, x, inv_freq, sign, scale, lengths)
 
@@ -267,7 +269,7 @@ class PositionsPlan:
         if self.size == 1:
             if not abs(pv.item()) * angles[1] <= FAST_ANGLE_LIMIT:
                 return NotImplemented
-            grid = pv.reshape(self.view[0])
+            grid = pv.reshape(self.view[0]) if self.cells == 1 else np.full(self.view[0], pv.item())
         else:
             if self.size and not float(np.abs(pv).max()) * angles[1] <= FAST_ANGLE_LIMIT:
                 return NotImplemented
