@@ -225,6 +225,20 @@ def test_absolute_modules_add_the_offset_to_given_positions_as_rope_does(module)
             m.embed(x, offset=bad)
 
 
+@pytest.mark.parametrize("module", [lambda: SinusoidalEmbedding(8), lambda: LearnedEmbedding(300, 8)], ids=["sinusoidal", "learned"])
+def test_absolute_modules_add_an_offset_to_narrow_integer_positions_without_wrapping(module):
+    """int8/uint8 positions plus an offset are the sums' rows, not the narrow dtype's wrapped
+    ones (``int8 124 + 10`` had embedded position -122); a sum beyond int64 is refused."""
+    m, x = module(), torch.randn(1, 4, 8)
+    want = m.embed(x, torch.arange(134, 138))
+    for positions in (torch.arange(124, 128, dtype=torch.int8), np.arange(124, 128, dtype=np.int8)):
+        for offset in (10, np.int8(10), torch.tensor(10, dtype=torch.int8), torch.tensor([10], dtype=torch.uint8)):
+            torch.testing.assert_close(m.embed(x, torch.as_tensor(positions), offset=offset), want, rtol=0, atol=0)
+    torch.testing.assert_close(m.embed(x, torch.arange(4, dtype=torch.uint8), offset=torch.tensor(134, dtype=torch.uint8)), want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="must stay within int64"):
+        m.embed(x, torch.tensor([2**63 - 2] * 4), offset=5)
+
+
 def test_learned_embedding_takes_every_integer_dtype_and_checks_alpha_and_extend_now():
     """Narrow and unsigned integer positions read the rows of their values (torch's
     embedding had raised on them); ``alpha`` is checked when the module is built, and

@@ -292,13 +292,23 @@ def embedded_positions(x, positions, offset):
     """The positions an absolute module embeds ``x [..., seq, d]`` at: ``positions`` (by
     default ``arange(seq)``) plus ``offset``, as ``rope`` adds it: an int, a 0-d integer
     array or one per batch row (``[batch]``, on its row's positions, not broadcast against
-    the sequence), validated; a NumPy one beside another library's ``x`` converted."""
+    the sequence), validated; a NumPy one beside another library's ``x`` converted. Integer
+    positions are widened to the index dtype before the offset is added, and every sum is
+    checked to stay within it (int8 positions plus an offset do not wrap)."""
     plain = type(offset) is int and offset == 0  # (a forward's usual call: nothing to check or add)
-    if not plain:
-        offset = per_row("offset", offset, namespace(x))
+    if plain and positions is not None:
+        return positions
+    xp, device = namespace(x), device_of(x)
     if positions is None:
-        positions = namespace(x).arange(x.shape[-2], device=device_of(x))
-    return positions if plain else place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2) + positions
+        length = x.shape[-2]
+        positions = xp.arange(length, dtype=index_dtype(xp, device), device=device)
+        known = (0, length - 1) if length else None
+    else:
+        positions, known = check.positions("positions", positions, xp, device), None
+    if plain:
+        return positions
+    offset = place_rows("offset", per_row("offset", offset, xp), tuple(x.shape[:-1]), x.ndim - 2)
+    return check.shifted("positions", positions, offset, xp, device, known=known)
 
 
 def place_rows(name, value, shape, axis):
