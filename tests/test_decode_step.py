@@ -136,6 +136,28 @@ def test_rows_kept_between_calls_are_the_rows_computed_afresh_across_sets_and_ev
     assert hf.cached_rows(tuple(sets[0][0].tolist()), 1.0, torch.float32, torch.tensor([[-1]])) is None
 
 
+def test_rows_read_at_a_0d_position_are_the_callers_own():
+    """A 0-d ``position_ids`` reads tensors of its own from the kept rows, by the function
+    and through ``HFRotaryEmbedding`` (indexing by a 0-d tensor gives a view: a caller's
+    ``cos.mul_(0)`` had zeroed position 3 for every later call, other modules' too)."""
+    from transformers import LlamaConfig
+
+    from posenc.torch import hf
+
+    inv_freq = tuple(pe.rope_frequencies(8)[0].tolist())
+    want = hf.cached_rows(inv_freq, 1.0, torch.float32, torch.tensor([3]))
+    for table in hf.cached_rows(inv_freq, 1.0, torch.float32, torch.tensor(3)):
+        table.mul_(0)
+    for table in hf.stacked_tables(inv_freq, 1.0, torch.float32, torch.tensor(3)):
+        table.mul_(0)
+    rotary = hf.HFRotaryEmbedding(LlamaConfig(hidden_size=32, num_attention_heads=4))
+    for table in rotary(torch.zeros(1, 1, 8), torch.tensor(3)):
+        table.mul_(0)
+    for got, expected in zip(hf.cached_rows(inv_freq, 1.0, torch.float32, torch.tensor([3])), want):
+        _same(got, expected)
+    assert float(want[0].abs().min()) > 0
+
+
 def _tables(library, dtype):
     rng = np.random.default_rng(2)
     table, slopes = rng.standard_normal((32, HEADS)), pe.alibi_slopes(HEADS, dtype=np.float64)

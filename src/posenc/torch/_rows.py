@@ -29,7 +29,7 @@ def stacked_tables(inv_freq, scale, dtype, position_ids):
     gather from the kept rows where they serve."""
     kept = _kept_rows(inv_freq, scale, dtype, position_ids)
     if kept is not None:
-        return kept[0][position_ids]
+        return _read(kept[0], position_ids)
     return torch.stack(_afresh(inv_freq, scale, dtype, position_ids), dim=-2)
 
 
@@ -53,7 +53,13 @@ def cached_rows(inv_freq, scale, dtype, position_ids):
     kept = _kept_rows(inv_freq, scale, dtype, position_ids)
     if kept is None:
         return None
-    return kept[1][position_ids], kept[2][position_ids]
+    return _read(kept[1], position_ids), _read(kept[2], position_ids)
+
+
+def _read(rows, position_ids):
+    """The kept ``rows`` at ``position_ids``, a tensor of its own (indexing by a 0-d
+    tensor gives a view, whose writes would change the rows every later call reads)."""
+    return rows[position_ids] if position_ids.ndim else rows[position_ids].clone()
 
 
 def _kept_rows(inv_freq, scale, dtype, position_ids):
