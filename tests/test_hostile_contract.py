@@ -474,3 +474,45 @@ def test_a_negated_torch_view_gives_its_values_on_every_call(call):
     for _ in range(3):  # cold, then the signature seen, then planned
         negated = {name: _negated_view(v) for name, v in values.items()}
         assert torch.equal(fn(negated), want)
+
+
+# ---------------------------------------------------------------- later hunts
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda q, k: pe.deberta_logits(q, k, np.ones((5, 0)), np.ones((5, 0)), max_distance=2),
+        lambda q, k: pe.tupe_logits(q, k, np.ones((4, 2)), np.ones((2, 2)), np.ones((2, 2))),
+        lambda q, k: pe.attention(q, k, k),
+        lambda q, k: pe.linear_attention(q, k, k),
+        lambda q, k: pe.cope_logits(q, k, np.ones((4, 0))),
+    ],
+    ids=["deberta_logits", "tupe_logits", "attention", "linear_attention", "cope_logits"],
+)
+def test_q_and_k_without_features_are_refused_where_d_divides_or_normalises(call):
+    """Head dimension 0: a ValueError naming q and k (deberta_logits and linear_attention had
+    returned NaN, attention and tupe_logits raised ZeroDivisionError)."""
+    q = k = np.ones((1, 2, 0))
+    with pytest.raises(ValueError, match="at least one feature on their last axis"):
+        call(q, k)
+    np.testing.assert_array_equal(pe.attention(q, k, np.ones((1, 2, 3)), scale=1.0), np.ones((1, 2, 3)))  # a scale given: uniform weights
+
+
+def test_deberta_bucket_of_unsigned_64_bit_distances():
+    """uint64 ``rel`` within int64 gets the int64 input's buckets in its own dtype (its
+    dtype's maximum, 2**64 - 1, had overflowed the range check: OverflowError)."""
+    rel = np.array([0, 1, 300, 2**40], dtype=np.uint64)
+    want = pe.deberta_bucket(rel.astype(np.int64))
+    for array in (rel, torch.from_numpy(rel.astype(np.int64)).to(torch.uint64)):
+        got = pe.deberta_bucket(array)
+        assert got.dtype == array.dtype and np.asarray(got.to(torch.int64) if isinstance(got, torch.Tensor) else got).tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("dtype", ["uint8", "uint16", "uint32", "uint64", "int16"])
+def test_positions_from_cu_seqlens_of_every_torch_integer_dtype(dtype):
+    """torch has no ``>=`` of uint16/32/64 (NotImplementedError): the boundaries are widened first."""
+    cu = torch.tensor([0, 2, 5], dtype=getattr(torch, dtype))
+    assert pe.positions_from_cu_seqlens(cu, 5).tolist() == [0, 1, 0, 1, 2]
+    with pytest.raises(ValueError, match="non-decreasing"):
+        pe.positions_from_cu_seqlens(torch.tensor([0, 3, 2, 5], dtype=getattr(torch, dtype)), 5)

@@ -466,6 +466,12 @@ def query_key_value(q, k, v, xp):
         raise ValueError(f"k and v must have the same length (axis -2), got {tuple(k.shape)} and {tuple(v.shape)}")
 
 
+def features(q, k, why):
+    """``q`` and ``k`` have at least one feature on their last axis; ``why``: what needs one."""
+    if int(q.shape[-1]) == 0:
+        raise ValueError(f"q and k must have at least one feature on their last axis ({why}), got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+
+
 def is_eager(value) -> bool:
     """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
     a torch tensor while torch compiles, nor one that ``torch.func.vmap`` batches."""

@@ -51,6 +51,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     check.flag("causal", causal)
     if causal and q_len > k_len:
         raise ValueError(f"causal attention needs q_len <= k_len, got {q_len} > {k_len}")
+    if scale is None:
+        check.features(q, k, "the default scale is 1/sqrt(d)")
     scale = 1.0 / math.sqrt(d) if scale is None else check.real("scale", scale)
     work = compute_dtype(xp, q.dtype)
     batch = check.leading_axes(("q", q), ("k", k), 2, "leading (batch, head) axes")

@@ -213,7 +213,9 @@ def deberta_bucket(rel, *, bucket_size=256, max_position=512):
     buckets = deberta_buckets(xp, wide, bucket_size, max_position, lowest=lowest)
     if buckets.dtype == rel.dtype:
         return buckets
-    low, high = _deberta_range(bucket_size, max_position, lowest, int(xp.iinfo(rel.dtype).max))
+    # (uint64 values beyond the index dtype's range were refused when widened)
+    largest = min(int(xp.iinfo(rel.dtype).max), check.index_bounds(xp, device_of(rel))[3])
+    low, high = _deberta_range(bucket_size, max_position, lowest, largest)
     return check.narrowed("a DeBERTa bucket", buckets, rel.dtype, low, high, xp)
 
 

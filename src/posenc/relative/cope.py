@@ -12,8 +12,7 @@ from .indices import query_offset
 
 def _check(q, k, xp, causal, offset, scale, mask):
     q_len, k_len, _ = _args.query_key(q, k, xp)
-    if int(q.shape[-1]) == 0:
-        raise ValueError(f"q and k must have at least one feature on their last axis, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    check.features(q, k, "CoPE's gates are their dot products")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
     offset = query_offset(offset, q_len, k_len, xp=xp)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _plans
+from .. import _validate as check
 from .._dispatch import call
 from .._xp import cast, device_of, heads_like, host_constants
 from . import _args, _per_token, _signatures
@@ -87,6 +88,7 @@ def deberta_logits(
     arrays = {"q": q, "k": k, "pos_q": pos_q, "pos_k": pos_k, "query_positions": query_positions, "key_positions": key_positions}
     xp = _args.namespace_of(**arrays)
     q_len, k_len, batch = _args.query_key(q, k, xp)
+    check.features(q, k, "the logits are divided by sqrt((1 + len(terms)) d)")
     max_distance, bucket_size, max_position = deberta_options(max_distance, bucket_size, max_position)
     dim = int(q.shape[-1])
     given = [(name, table) for name, table in (("pos_q", pos_q), ("pos_k", pos_k)) if table is not None]

@@ -71,6 +71,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     """
     xp = _args.namespace_of(q=q, k=k, p=p, uq=uq, uk=uk, bias=bias)
     q_len, k_len, batch = _args.query_key(q, k, xp)
+    check.features(q, k, "the logits are divided by sqrt(2d)")
     offset = check.relative_offset(check.integer_or_traced("offset", k_len - q_len if offset is None else offset, minimum=0), q_len, k_len)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)

@@ -64,6 +64,7 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     xp = namespace(q, k, v, *(positions if isinstance(positions, tuple) else (positions,)))
     device_of(q, k, v)
     check.query_key_value(q, k, v, xp)
+    check.features(q, k, "the normaliser sums the feature map over them")
     check.flag("causal", causal)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal=True needs as many queries as keys, got q {tuple(q.shape)} and k {tuple(k.shape)}")

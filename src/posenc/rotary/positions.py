@@ -93,15 +93,15 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
         raise TypeError(f"check_traced must be True or False, got {check_traced!r}")
     if check_traced and _compat.is_jax_array(cu_seqlens) and not check.is_eager(cu_seqlens):
         _checkify_total(xp, cu_seqlens, total)
-    if check.is_eager(cu_seqlens):
-        first, last = int(cu_seqlens[0]), int(cu_seqlens[-1])
-        if first != 0 or last != total or not bool(xp.all(cu_seqlens[1:] >= cu_seqlens[:-1])):
+    device = device_of(cu_seqlens)
+    itype = index_dtype(xp, device)
+    cu = check.widened("cu_seqlens", cu_seqlens, xp, device)  # (torch has no >= of its uint16 .. uint64)
+    if check.is_eager(cu):
+        first, last = int(cu[0]), int(cu[-1])
+        if first != 0 or last != total or not bool(xp.all(cu[1:] >= cu[:-1])):
             raise ValueError(
                 f"cu_seqlens must be non-decreasing from 0 to total = {total}, got values from {first} to {last}"
             )
-    device = device_of(cu_seqlens)
-    itype = index_dtype(xp, device)
-    cu = xp.astype(cu_seqlens, itype)
     tokens = xp.arange(total, dtype=itype, device=device)
     document = xp.searchsorted(cu, tokens, side="right") - 1
     return tokens - xp.take(cu, document, axis=0)
