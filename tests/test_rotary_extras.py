@@ -182,6 +182,26 @@ def test_linear_attention_cross_positions_and_callable_feature_map(rng):
     np.testing.assert_allclose(relu1, (fq @ fk.T @ v) / (fq @ fk.sum(0))[:, None], atol=1e-12)
 
 
+def test_linear_attention_eps_as_katharopoulos_and_no_keys_give_zeros(rng):
+    """``eps`` is added to the denominator (fast-transformers' ``1 / (phi(Q) . sum phi(K) + eps)``):
+    a ReLU feature map's all-zero query row is then 0, not 0/0; no keys at all give zeros,
+    as ``pe.attention`` does (both had been NaN)."""
+    q, k, v = rng.standard_normal((4, 8)), rng.standard_normal((6, 8)), rng.standard_normal((6, 3))
+    q[1] = -1.0  # every feature of row 1 is 0 under ReLU
+    relu = lambda a: np.maximum(a, 0.0)  # noqa: E731
+    got = pe.linear_attention(q, k, v, feature_map=relu, eps=1e-6)
+    fq, fk = relu(q), relu(k)
+    np.testing.assert_allclose(got, (fq @ fk.T @ v) / (fq @ fk.sum(0) + 1e-6)[:, None], rtol=1e-12, atol=0)
+    assert np.all(got[1] == 0)
+    with np.errstate(invalid="ignore"):
+        assert np.isnan(pe.linear_attention(q, k, v, feature_map=relu)[1]).all()  # (eps=0: undefined, as documented)
+    for causal in (False, True):
+        empty = pe.linear_attention(np.ones((0, 8)) if causal else q, np.ones((0, 8)), np.ones((0, 3)), causal=causal)
+        np.testing.assert_array_equal(empty, np.zeros((0 if causal else 4, 3)))
+    with pytest.raises(ValueError, match="eps must be >= 0"):
+        pe.linear_attention(q, k, v, eps=-1.0)
+
+
 # --- xPos -------------------------------------------------------------------------------------
 
 

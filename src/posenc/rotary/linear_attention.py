@@ -17,7 +17,7 @@ def _elu_plus_one(xp, x):
 
 
 @host_constants
-def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", feature_map="elu", causal=False):
+def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", feature_map="elu", causal=False, eps=0.0):
     r"""Linear attention (Katharopoulos et al., 2020), optionally with RoPE (Su et al., 2021).
 
     .. math::
@@ -47,6 +47,11 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         :math:`\phi`; a callable maps an array to a non-negative array of the same shape.
     causal : bool
         Query ``i`` attends to keys ``j <= i`` (needs ``n == m``).
+    eps : float >= 0
+        Added to the denominator, as Katharopoulos et al.'s code does (``1e-6`` there). With
+        the default 0, a query whose features meet none of its keys' (a feature map that
+        gives zeros, such as ReLU) has no defined output: NaN or infinite. No keys at all
+        (``m == 0``) give zeros, as in :func:`posenc.attention`.
 
     Returns
     -------
@@ -66,6 +71,7 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     check.query_key_value(q, k, v, xp)
     check.features(q, k, "the normaliser sums the feature map over them")
     check.flag("causal", causal)
+    eps = check.real("eps", eps, minimum=0.0)
     if causal and q.shape[-2] != k.shape[-2]:
         raise ValueError(f"causal=True needs as many queries as keys, got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if not callable(feature_map):
@@ -100,4 +106,6 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     else:
         numerator = xp.matmul(rq, xp.matmul(xp.matrix_transpose(rk), vw))
         denominator = xp.sum(fq * xp.sum(fk, axis=-2)[..., None, :], axis=-1)
-    return cast(xp, numerator / denominator[..., None], q.dtype)
+    if k.shape[-2] == 0:
+        return cast(xp, numerator, q.dtype)  # (an empty sum: zeros)
+    return cast(xp, numerator / (denominator[..., None] + eps), q.dtype)
