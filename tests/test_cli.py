@@ -4,8 +4,10 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+import posenc as pe
 from posenc import _bench, _demo, cli
 
 
@@ -244,6 +246,40 @@ def test_bench_counts_bytes_in_each_rows_dtype():
     assert rows[("torch eager formula", "bfloat16")].nbytes == 2 * elements * 2
     t5 = _bench.t5_rows(2, 16, 1, lambda s: None)
     assert {r.nbytes for r in t5} == {2 * 16 * 16 * 4}  # write the float32 bias
+
+
+def test_bench_of_copy_is_over_the_bandwidth_row_the_table_prints():
+    """A row's 'of copy' is its GB/s over the GB/s printed on the bandwidth row of its dtype in
+    the same table (a copy timed apart, before the rows, had been the divisor: 0.59 shown
+    where the printed figures gave 0.38); bfloat16 rows have their own bandwidth row."""
+    pytest.importorskip("torch")
+    rows = tiny_bench_rows()
+    for op in {r.op for r in rows}:
+        table = [r for r in rows if r.op == op]
+        for dtype in {r.dtype for r in table}:
+            anchor = next(r for r in table if r.dtype == dtype and "(bandwidth)" in r.impl)
+            for row in table:
+                if row.dtype == dtype and row is not anchor and "(bandwidth)" not in row.impl:
+                    assert row.copy_rate == anchor.nbytes / anchor.seconds, (op, row.impl, dtype)
+
+
+def test_bench_numpy_baselines_compute_in_the_rows_dtype(monkeypatch):
+    """Each NumPy case of a table, and each decode step's NumPy formula, gives an array of the
+    row's dtype (ALiBi's int64 distances had made its formula float64: nine times slower than
+    the same formula in float32, which the table reported as posenc's speed-up)."""
+    from posenc import _bench_decode
+
+    tables = []
+    monkeypatch.setattr(_bench, "_measure", lambda op, cases, *args, **kwargs: tables.append(cases) or [])
+    _bench.rope_rows((1, 2, 16, 8), 1, None), _bench.t5_rows(2, 16, 1, None), _bench.alibi_rows(2, 16, 1, None)
+    for case in (c for cases in tables for c in cases if "numpy" in c.impl or c.impl.startswith("posenc")):
+        result = case.fn()
+        if isinstance(result, np.ndarray):
+            assert result.dtype == np.dtype(case.dtype), case.impl
+    alibi = [case for case in _bench_decode.numpy_cases() if "alibi" in case.name]
+    assert alibi
+    for case in alibi:
+        assert case.framework().dtype == case.posenc().dtype == np.float32, case.name
 
 
 def test_bench_help_describes_every_column():

@@ -535,7 +535,7 @@ def test_bench_jax_rows_time_the_calls_they_name():
             np.testing.assert_array_equal(_bits(got), _bits(want))
         # The plain jnp formula computes the same values (XLA's cos/sin or log round differently).
         np.testing.assert_allclose(np.asarray(calls.plain_jit()), want, rtol=1e-5, atol=1e-5)
-    rows = _measure("rope", _bench_jax._cases(rope, "rope", 2 * rope.x.nbytes), None, 1, lambda s: None)
+    rows = _measure("rope", _bench_jax._cases(rope, "rope", 2 * rope.x.nbytes), 1, lambda s: None)
     assert [r.impl for r in rows] == ["jnp plain formula, jax.jit", "posenc rope (NumPy arrays)", "posenc rope (JAX, eager)", "posenc rope (JAX, jax.jit)"]
     assert rows[0].plain_seconds is None and all(r.plain_seconds == rows[0].seconds for r in rows[1:])
     line = _bench_jax.decode(rounds=1, calls=2)

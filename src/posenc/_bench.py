@@ -17,7 +17,7 @@ import numpy as np
 import posenc as pe
 
 from . import _oracles
-from ._bench_measure import Case, _measure, best
+from ._bench_measure import Case, _measure
 
 
 def installed(module: str) -> bool:
@@ -34,9 +34,9 @@ COLUMNS = {
     "median ms": "median of the same repeats: its distance from the best is the spread of this machine's timings",
     "GB/s": "bytes an ideal implementation moves, counted in the row's dtype (rope: read x and write "
     "the result; biases: write the bias), divided by the time",
-    "of copy": "GB/s over the machine's copy bandwidth (np.copyto for rope, ndarray.fill for biases, "
-    "on buffers of the same size; with --gpu the device's: cupy.copyto / torch copy_ and fill): 1.00 = as "
-    "fast as copying the bytes; blank on the bandwidth rows",
+    "of copy": "GB/s over the GB/s of the same table's bandwidth row in the row's dtype (np.copyto or "
+    "Tensor.copy_ for rope, ndarray.fill for biases, on buffers of the same size; with --gpu the device's: "
+    "torch copy_ and fill_): 1.00 = as fast as copying the bytes; blank on the bandwidth rows",
     "vs framework": "best time of the same library's own formula over this row's, in the row's dtype (NumPy "
     "rows against the NumPy formula, torch rows against torch eager or T5's torch code, bfloat16 against "
     "torch eager in bfloat16; JAX rows against the jnp formula under jax.jit; 2.0x = twice as fast); blank "
@@ -60,7 +60,6 @@ def rope_rows(shape, repeat, progress):
     inv_freq, _ = pe.rope_frequencies(dim)
     cos, sin = (a.astype(np.float32) for a in pe.rope_cos_sin(np.arange(seq), inv_freq))
     nbytes = 2 * x.nbytes  # read x, write the result
-    copy = nbytes / best(lambda: np.copyto(buf, x), repeat)
     cases = [
         Case("numpy plain formula", lambda: _oracles.rope_rotate_half(x, cos, sin), nbytes),
         Case("posenc rope", lambda: pe.rope(x), nbytes),
@@ -78,14 +77,16 @@ def rope_rows(shape, repeat, progress):
             name, size = str(dtype).removeprefix("torch."), 2 * tx.numel() * tx.element_size()
             cases.insert(-1, Case(formula, lambda tx=tx, tc=tc, ts=ts: _oracles.rope_rotate_half(tx, tc, ts), size, name, against=formula))
             cases.insert(-1, Case("posenc rope (torch)", lambda tx=tx: pe.rope(tx), size, name, against=formula))
-    return _measure(f"rope {list(shape)}", cases, copy, repeat, progress)
+        bf16 = torch.from_numpy(x).to(torch.bfloat16)  # bfloat16's own bandwidth row: its buffers are half the size
+        target = torch.empty_like(bf16)
+        cases.append(Case("Tensor.copy_ (bandwidth)", lambda: target.copy_(bf16), 2 * bf16.numel() * 2, "bfloat16", comparable=False, bandwidth_row=True))
+    return _measure(f"rope {list(shape)}", cases, repeat, progress)
 
 
 def t5_rows(heads, length, repeat, progress):
     table = np.random.default_rng(1).standard_normal((32, heads)).astype(np.float32)
     out = np.empty((heads, length, length), dtype=np.float32)
     nbytes = out.nbytes  # write the bias
-    fill = nbytes / best(lambda: out.fill(1.0), repeat)
     cases = [
         Case("numpy plain formula", lambda: np.transpose(table[pe.t5_bucket(pe.relative_positions(length, length))], (2, 0, 1)).copy(), nbytes),
         Case("posenc t5_bias", lambda: pe.t5_bias(table, length, length), nbytes),
@@ -100,7 +101,7 @@ def t5_rows(heads, length, repeat, progress):
         cases.insert(-1, Case(original, _torch_t5(table, length), nbytes, against=original))
         torch_table = torch.from_numpy(table)
         cases.insert(-1, Case("posenc t5_bias (torch)", lambda: pe.t5_bias(torch_table, length, length), nbytes, against=original))
-    return _measure(f"t5_bias h={heads} L={length}", cases, fill, repeat, progress)
+    return _measure(f"t5_bias h={heads} L={length}", cases, repeat, progress)
 
 
 def _torch_t5(table, length):
@@ -113,8 +114,7 @@ def _torch_t5(table, length):
 def alibi_rows(heads, length, repeat, progress):
     slopes = pe.alibi_slopes(heads)
     out = np.empty((heads, length, length), dtype=np.float32)
-    fill = out.nbytes / best(lambda: out.fill(1.0), repeat)
-    rel = pe.relative_positions(length, length)
+    rel = pe.relative_positions(length, length).astype(np.float32)  # (int64 distances would make the formula float64)
     nbytes = out.nbytes  # write the bias
     cases = [
         Case("numpy plain formula", lambda: -slopes[:, None, None] * rel, nbytes),
@@ -129,7 +129,7 @@ def alibi_rows(heads, length, repeat, progress):
         torch_slopes, torch_rel = torch.from_numpy(slopes), torch.from_numpy(rel).to(torch.float32)
         cases.insert(-1, Case(formula, lambda: -torch_slopes[:, None, None] * torch_rel, nbytes, against=formula))
         cases.insert(-1, Case("posenc alibi_bias (torch)", lambda: pe.alibi_bias(torch_slopes, length, length), nbytes, against=formula))
-    return _measure(f"alibi_bias h={heads} L={length}", cases, fill, repeat, progress)
+    return _measure(f"alibi_bias h={heads} L={length}", cases, repeat, progress)
 
 
 def _reference(fn):

@@ -147,13 +147,12 @@ def _jax_rows(shape, repeat, progress):
     plain = dispatched(lambda: calls.plain(calls.jx, calls.cos, calls.sin))
     copy_fn = dispatched(lambda: negate(calls.jx))
     nbytes = 2 * calls.x.nbytes
-    copy = nbytes / best(copy_fn, repeat, wait, BACK_TO_BACK)
     cases = [
         Case("jnp plain formula, jax.jit", plain, nbytes),
         Case("posenc rope (JAX, jax.jit)", rope, nbytes),
         Case("jnp negation, jax.jit (bandwidth)", copy_fn, nbytes, comparable=False, bandwidth_row=True),
     ]
-    return _measure(f"JAX rope {list(shape)} (GPU)", cases, copy, repeat, progress, wait, BACK_TO_BACK)
+    return _measure(f"JAX rope {list(shape)} (GPU)", cases, repeat, progress, wait, BACK_TO_BACK)
 
 
 def jax_gpu_rope(shape):
@@ -189,7 +188,6 @@ def _rope_rows(torch, shape, dtype, repeat, progress, timer):
     cos, sin = _tables(torch, seq, dim, dtype)
     positions = torch.arange(seq, device="cuda")
     nbytes = 2 * x.numel() * x.element_size()  # read x, write the result
-    copy = nbytes / timer(lambda: buf.copy_(x), repeat)[0]
     name = str(dtype).rsplit(".", 1)[-1]
     formula = _compiled(torch, functools.partial(_oracles.hf_rope, torch))
     with torch.no_grad():
@@ -212,7 +210,7 @@ def _rope_rows(torch, shape, dtype, repeat, progress, timer):
                 Case("posenc rope in place (cupy)", lambda: pe.rope(cbuf, cpos, out=cbuf), nbytes, name),
                 Case("cupy.copyto (bandwidth)", lambda: cupy.copyto(cbuf, cx), nbytes, name, comparable=False, bandwidth_row=True),
             ]
-        return _measure(f"rope {list(shape)} (GPU)", cases, copy, repeat, progress, timer=timer)
+        return _measure(f"rope {list(shape)} (GPU)", cases, repeat, progress, timer=timer)
 
 
 def _hf_apply(q, k, cos, sin):
@@ -262,9 +260,8 @@ def _hf_pair_rows(torch, batch_seq, repeat, progress, timer):
     else:
         progress("  (liger_kernel not installed: no Liger-Kernel row)")
     cases.append(Case("Tensor.copy_ (bandwidth)", lambda: target.copy_(source), nbytes, "bfloat16", comparable=False, bandwidth_row=True))
-    copy = nbytes / timer(lambda: target.copy_(source), repeat)[0]
     with torch.no_grad():
-        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, copy, repeat, progress, timer=timer)
+        return _measure(f"HF q {list(q.shape)} + k {list(k.shape)} (GPU)", cases, repeat, progress, timer=timer)
 
 
 def _decode_rows(torch, dtype, repeat, progress, sync, device="cuda"):
@@ -324,7 +321,6 @@ def _bias_rows(torch, heads, length, repeat, progress, timer):
     slopes = torch.from_numpy(pe.alibi_slopes(heads)).to("cuda", torch.float32)
     out = torch.empty(heads, length, length, device="cuda")
     nbytes = out.numel() * out.element_size()  # write the bias
-    fill = nbytes / timer(lambda: out.fill_(1.0), repeat)[0]
     embedding = torch.nn.Embedding.from_pretrained(table)
     positions = torch.arange(length, device="cuda")
 
@@ -341,6 +337,6 @@ def _bias_rows(torch, heads, length, repeat, progress, timer):
             Case("posenc alibi_bias symmetric out= (torch)", lambda: pe.alibi_bias(slopes, length, length, symmetric=True, out=out), nbytes),
             Case("Tensor.fill_ (bandwidth)", lambda: out.fill_(1.0), nbytes, comparable=False, bandwidth_row=True),
         ]
-        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, fill, repeat, progress, timer=timer) + _measure(
-            f"alibi_bias h={heads} L={length} (GPU)", alibi, fill, repeat, progress, timer=timer
+        return _measure(f"t5_bias h={heads} L={length} (GPU)", t5, repeat, progress, timer=timer) + _measure(
+            f"alibi_bias h={heads} L={length} (GPU)", alibi, repeat, progress, timer=timer
         )

@@ -115,9 +115,9 @@ def rows(quick, repeat, progress):
     """The rope and t5_bias rows of the table (model sizes; small ones with ``quick``)."""
     shape, heads, length = ((1, 8, 1024, 128), 16, 512) if quick else ((1, 32, 4096, 128), 16, 2048)
     rope = RopeCalls(shape)
-    found = _measure(f"JAX rope {list(shape)}", _cases(rope, "rope", 2 * rope.x.nbytes), None, repeat, progress)
+    found = _measure(f"JAX rope {list(shape)}", _cases(rope, "rope", 2 * rope.x.nbytes), repeat, progress)
     t5 = T5Calls(heads, length)
-    found += _measure(f"JAX t5_bias h={heads} L={length}", _cases(t5, "t5_bias", heads * length * length * 4), None, repeat, progress)
+    found += _measure(f"JAX t5_bias h={heads} L={length}", _cases(t5, "t5_bias", heads * length * length * 4), repeat, progress)
     return found
 
 

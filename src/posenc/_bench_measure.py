@@ -67,10 +67,12 @@ def best(fn, repeat, sync=lambda: None, calls=1):
     return timings(fn, repeat, sync, calls)[0]
 
 
-def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None, calls=1, timer=None):
+def _measure(op, cases, repeat, progress, sync=lambda: None, calls=1, timer=None):
     """Time every case (best and median) by ``timings`` or, given, by ``timer(fn, repeat)``
     (sorted seconds a call, as ``timings``); ``vs framework`` is over the time of the case
-    it names in ``against`` in its dtype, by default the first, a plain formula."""
+    it names in ``against`` in its dtype, by default the first, a plain formula; ``of copy``
+    over the rate of the first bandwidth row of its dtype in the same table (the figure that
+    row prints; none where the dtype has no bandwidth row)."""
     assert "plain formula" in cases[0].impl
     rows = []
     for case in cases:
@@ -78,8 +80,12 @@ def _measure(op, cases, copy_rate, repeat, progress, sync=lambda: None, calls=1,
         times = timer(case.fn, repeat) if timer else timings(case.fn, repeat, sync, calls)
         rows.append(Row(op, case.impl, case.dtype, times[0], case.nbytes, median=statistics.median(times)))
     found = {(row.impl, row.dtype): row for row in reversed(rows)}
+    anchors = {}
     for case, row in zip(cases, rows):
-        row.copy_rate = None if case.bandwidth_row else copy_rate
+        if case.bandwidth_row:
+            anchors.setdefault(case.dtype, row.nbytes / row.seconds)
+    for case, row in zip(cases, rows):
+        row.copy_rate = None if case.bandwidth_row else anchors.get(case.dtype)
         base = found[(case.against, case.dtype)] if case.against else rows[0]
         row.plain_seconds = base.seconds if case.comparable and base is not row else None
     return rows
