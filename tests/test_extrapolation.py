@@ -286,9 +286,47 @@ def test_an_unlearned_task_is_reported():
          "loss": 1.0, "matches": m}
         for n, a, t, m in ((4, 0.25, 0.6, "1000"), (8, 0.0, 0.1, "0000"))
     ]  # fmt: skip
-    assert _report.unlearned(records) == [("copy", "rope", 0.25)]
+    assert _report.unlearned(records) == [("copy", "rope", 0.25, _report.learnt_bar("copy", 4)[0], _report.learnt_bar("copy", 4)[1])]
     md = _report.markdown({"records": records, "seeds": [0], "config": {"eval_sequences": 4}})
     assert "| rope ✗ | 0.01 | **0.25 [0.00, 0.75]** | 0.00 [0.00, 0.00] |" in md and "| rope | 0.60 | 0.10 |" in md
+
+
+def test_randomised_positions_of_an_evaluation_do_not_depend_on_what_ran_before_it():
+    """The sweep's validation drew randomised RoPE's test positions from the module's generator
+    first, so the same training gave other test records with the sweep than without."""
+    hp = _hparams.resolve(_tasks.seq_len("reverse", 2), _tasks.seq_len("reverse", 4), {})
+    swept = ex._job("randomized", ["randomized"], "reverse", 0, 0.01, TINY, 2, [2, 4], hp, True)[1]
+    alone = ex._job("randomized", ["randomized"], "reverse", 0, 0.01, TINY, 2, [2, 4], hp, False)[1]
+    assert swept == alone
+    only_long = ex._job("randomized", ["randomized"], "reverse", 0, 0.01, TINY, 2, [4], hp, False)[1]
+    assert only_long == alone[1:]
+
+
+def test_learnt_means_halfway_from_chance_to_one_at_the_training_length():
+    """A model that always writes one answer reaches parity's chance, 0.5, and is not learnt
+    (the flat 0.5 rule had passed it); the bar is halfway from each task's chance to 1, the
+    chance being the likeliest answer's rate, checked here on 100,000 drawn sequences; a run
+    whose lengths leave out the training length is not judged (it had read a made-up 0.00)."""
+    rng = np.random.default_rng(5)
+    for task in _tasks.TASKS:
+        sequences, prompt = _tasks.TASKS[task](rng, 100_000, 6)
+        _, counts = np.unique(sequences[:, prompt:], axis=0, return_counts=True)
+        assert counts.max() / 100_000 == pytest.approx(_tasks.chance(task, 6), abs=0.01), task
+    assert _report.learnt_bar("parity", 8) == (0.5, 0.75) and _report.learnt_bar("count", 8) == pytest.approx((0.2, 0.6))
+
+    def records(task, rates, train_len=8):
+        return [
+            {"task": task, "encoding": "rope", "seed": 0, "train_len": train_len, "eval_len": n, "lr": 0.01, "exact_match": a,
+             "token_accuracy": a, "loss": 1.0, "matches": "1" * int(a * 100) + "0" * (100 - int(a * 100))}
+            for n, a in rates.items()
+        ]  # fmt: skip
+
+    assert [row[:3] for row in _report.unlearned(records("parity", {8: 0.5, 16: 0.47}))] == [("parity", "rope", 0.5)]
+    assert _report.unlearned(records("parity", {8: 0.8, 16: 0.5})) == []
+    assert _report.unlearned(records("copy", {8: 0.55})) == []
+    assert _report.unlearned(records("reverse", {16: 1.0, 32: 1.0})) == []  # the training length not evaluated
+    md = _report.markdown({"records": records("parity", {8: 0.5}), "seeds": [0], "config": {"eval_sequences": 100}})
+    assert "| rope ✗ |" in md
 
 
 def test_an_interrupted_write_leaves_no_partial_json(tmp_path, monkeypatch):

@@ -38,7 +38,7 @@ class Unigram(torch.nn.Module):
     def forward(self, tokens, positions=None):
         return self.log_p.expand(*tokens.shape, 256)
 
-    def positions(self, batch, length):
+    def positions(self, batch, length, rng=None):
         return None
 
 
@@ -100,3 +100,15 @@ def test_the_lm_command_refuses_bad_input(argv, message, tmp_path, monkeypatch, 
     monkeypatch.setattr(lm, "train", lambda *a, **k: pytest.fail("trained despite a bad argument"))
     assert cli.main(["extrapolate", "--lm", *argv, "--out", str(tmp_path)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_randomised_positions_of_an_evaluation_length_do_not_depend_on_the_lengths_before_it():
+    """Each length draws randomised RoPE's positions from a generator of its own (the module's,
+    shared across lengths, had made a length's perplexity depend on which ran before it)."""
+    from posenc.torch import _hparams, extrapolation as ex
+
+    hp = _hparams.resolve(16, 32, {})
+    model = ex.new_model("randomized", TINY, vocab=lm.VOCAB, train_len=16, train_seq=16, max_seq=32, hp=hp, seed=0, init=0)
+    alone = lm.evaluate(model, 16, 1, 32)  # (16 of the 32 positions drawn: 32 of 32 would be arange)
+    lm.evaluate(model, 8, 1, 32)
+    assert lm.evaluate(model, 16, 1, 32) == alone

@@ -61,8 +61,9 @@ def cmd_extrapolate(args) -> int:
     paths = _report.write(document, args.out, command=command, lm=args.lm)
     wall, cpu = time.perf_counter() - start, _cpu_seconds() - cpu
     print(f"{len(records)} records in {wall:.0f} s ({cpu:.0f} s of CPU, workers included): {', '.join(paths)}", file=sys.stderr)
-    for task, encoding, mean in [] if args.lm else _report.unlearned(records):
-        print(f"posenc extrapolate: {task}/{encoding} reached only {mean:.2f} exact match at the training length (< {_report.THRESHOLD})", file=sys.stderr)
+    for task, encoding, mean, chance, bar in [] if args.lm else _report.unlearned(records):
+        print(f"posenc extrapolate: {task}/{encoding} reached only {mean:.2f} exact match at the training length "
+              f"(learnt from {bar:.2f}, halfway from chance {chance:.2f} to 1)", file=sys.stderr)  # fmt: skip
     return 0
 
 

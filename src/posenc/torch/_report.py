@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-THRESHOLD = 0.5
+THRESHOLD = 0.5  # of the way from chance to every sequence right: the least exact match that counts as learnt
 RESAMPLES = 2000
 
 
@@ -43,15 +43,27 @@ def interval(matches, *, resamples=RESAMPLES, seed=0):
     return float(outcomes.mean()), float(low), float(high)
 
 
+def learnt_bar(task, train_len):
+    """``(chance, bar)``: the exact match of always writing the likeliest answer
+    (``_tasks.chance``) and the least that counts as learnt, :data:`THRESHOLD` of the way
+    from it to 1 (parity 0.75, modular arithmetic 0.6, copy about 0.5)."""
+    from . import _tasks
+
+    floor = _tasks.chance(task, train_len) if task in _tasks.TASKS else 0.0
+    return floor, floor + THRESHOLD * (1 - floor)
+
+
 def unlearned(records):
-    """``[(task, encoding, mean exact match at the training length)]`` below :data:`THRESHOLD`."""
+    """``[(task, encoding, mean exact match at the training length, chance, bar)]`` whose mean
+    is below :func:`learnt_bar`'s bar; a task whose records do not hold the training length
+    is not judged (its rows are not marked)."""
     low = []
     for task, rows in _grouped(records).items():
         train_len = next(r["train_len"] for r in records if r["task"] == task)
+        floor, bar = learnt_bar(task, train_len)
         for encoding, by_len in rows.items():
-            mean = statistics.fmean(by_len.get(train_len, [0.0]))
-            if mean < THRESHOLD:
-                low.append((task, encoding, mean))
+            if train_len in by_len and (mean := statistics.fmean(by_len[train_len])) < bar:
+                low.append((task, encoding, mean, floor, bar))
     return low
 
 
@@ -70,13 +82,15 @@ def markdown(document, *, command=None):
         f"right, mean over {len(seeds)} seed(s) and {document['config']['eval_sequences']} sequences per seed and "
         "length, [95 % bootstrap interval over seeds and sequences]. **Token accuracy**: the share of answer "
         "tokens predicted right given the true prefix (teacher forcing), mean over the seeds. Lengths are item "
-        f"counts; **bold**: the training length (in distribution). ✗: exact match below {THRESHOLD} at the training "
-        "length, so the model did not learn the task and its longer-length numbers say little about extrapolation. "
+        f"counts; **bold**: the training length (in distribution). ✗: exact match at the training length less than "
+        f"{THRESHOLD:g} of the way from chance (always writing the likeliest answer: parity 0.5, modular arithmetic 0.2, count "
+        "1/5, near 0 for the other tasks) to 1, so the model did not learn the task and its longer-length numbers say little "
+        "about extrapolation (no mark where the training length was not evaluated). "
         + (f"lr: the learning rate chosen per encoding on in-distribution validation sequences of seed 0 of {document['sweep'][0]['task']}."
            if document.get("sweep") else "lr: the one learning rate of this run (no sweep)."),
         "",
     ]  # fmt: skip
-    marked = {(t, e) for t, e, _ in unlearned(records)}
+    marked = {(t, e) for t, e, *_ in unlearned(records)}
     matches, accuracy = _grouped(records, "matches"), _grouped(records, "token_accuracy")
     rates = {(r["task"], r["encoding"]): r["lr"] for r in records}
     for task, rows in matches.items():

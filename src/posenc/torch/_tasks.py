@@ -13,6 +13,8 @@ task, ``count`` is a selective count in the spirit of CoPE's counting task (Golo
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 SYMBOLS = 64
@@ -109,6 +111,24 @@ DISTINCT = ("copy", "reverse", "duplicate", "sort")  # at most SYMBOLS items
 def max_items(task):
     """The largest item count ``task`` can draw (distinct symbols run out at ``SYMBOLS``)."""
     return SYMBOLS if task in DISTINCT else None
+
+
+def chance(task, n):
+    """The exact match of always writing the likeliest answer of ``n``-item sequences of
+    ``task``: what a model that ignores its input reaches at best (parity 0.5, modular
+    arithmetic 1 / ``MODULUS``, count ``1 / (min(n, MAX_COUNT) + 1)``, near 0 for the rest)."""
+    if task == "parity":
+        return 0.5
+    if task == "modular_arithmetic":
+        return 1 / MODULUS  # (the first digit is uniform: so is the value)
+    if task == "count":
+        return 1 / (min(n, MAX_COUNT) + 1)
+    if task == "bucket_sort":  # the likeliest counts of each symbol: as even as n allows
+        each, extra = divmod(n, BUCKETS)
+        return math.factorial(n) / (math.factorial(each + 1) ** extra * math.factorial(each) ** (BUCKETS - extra)) / BUCKETS**n
+    if task == "sort":  # the answer is the set of items
+        return 1 / math.comb(SYMBOLS, n)
+    return 1 / math.perm(SYMBOLS, n)  # copy, reverse, duplicate: the items in order
 
 
 def seq_len(task, n):

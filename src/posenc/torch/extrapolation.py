@@ -176,12 +176,13 @@ class Decoder(nn.Module):
             x = block(x)
         return self.head(self.ln(x))
 
-    def positions(self, batch, length):
-        """Positions drawn once for ``batch`` sequences of ``length`` tokens (randomised RoPE),
-        else ``None`` (the modules' own ``arange``)."""
+    def positions(self, batch, length, rng=None):
+        """Positions drawn once for ``batch`` sequences of ``length`` tokens (randomised RoPE;
+        from ``rng``, by default the module's own generator, which training draws from), else
+        ``None`` (the modules' own ``arange``)."""
         first = self.blocks[0].positional
         if isinstance(first, RandomizedRoPE):
-            return pe.randomized_positions(length, first.max_length, rng=first.rng, batch=batch, xp=torch)
+            return pe.randomized_positions(length, first.max_length, rng=first.rng if rng is None else rng, batch=batch, xp=torch)
         return None
 
     def replace_positional(self, make_positional):
@@ -202,12 +203,13 @@ def _seed_of(*parts):
     return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint64)[0]) >> 1
 
 
-def _answers(model, task, rng, batch, n):
-    """``(logits, targets)`` of the answer tokens, ``[batch, answer, vocab]`` and ``[batch, answer]``."""
+def _answers(model, task, rng, batch, n, positions_rng=None):
+    """``(logits, targets)`` of the answer tokens, ``[batch, answer, vocab]`` and ``[batch, answer]``;
+    randomised positions drawn from ``positions_rng`` (by default the module's generator)."""
     sequences, prompt = _tasks.TASKS[task](rng, batch, n)
     sequences = torch.from_numpy(np.ascontiguousarray(sequences))
     inputs = sequences[:, :-1]
-    logits = model(inputs, model.positions(batch, inputs.shape[1]))
+    logits = model(inputs, model.positions(batch, inputs.shape[1], positions_rng))
     return logits[:, prompt - 1 :], sequences[:, prompt:]
 
 
@@ -254,12 +256,15 @@ def evaluate(model, task, seed, n, sequences, *, split="test"):
     """``{"exact_match", "token_accuracy", "loss", "matches"}`` on ``sequences`` fresh
     sequences of ``n`` items (``split`` names their random stream: ``"valid"`` for the
     learning-rate choice, ``"test"`` for the records); ``matches``: one ``"1"``/``"0"`` per
-    sequence, whether greedy decoding wrote its whole answer right."""
+    sequence, whether greedy decoding wrote its whole answer right. Randomised positions come
+    from a generator of the split, task, seed and length too, so no evaluation depends on
+    which ran before it (the learning-rate sweep's validation, other lengths)."""
     model.eval()
     rng = np.random.default_rng(_seed_of(split, task, seed, n))
+    positions_rng = np.random.default_rng(_seed_of("positions", split, task, seed, n))
     loss, hits, tokens, matches = 0.0, 0, 0, []
     for start in range(0, sequences, 32):
-        logits, targets = _answers(model, task, rng, min(32, sequences - start), n)
+        logits, targets = _answers(model, task, rng, min(32, sequences - start), n, positions_rng)
         right = logits.argmax(-1) == targets
         loss += float(nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum"))
         hits, tokens = hits + int(right.sum()), tokens + right.numel()

@@ -106,9 +106,10 @@ def evaluate(model, n, spans, max_len):
     first = np.linspace(0, text.size - max_len - 1, spans).astype(np.int64)
     starts = (first[:, None] + np.arange(0, max_len - n + 1, n)).ravel()
     total, count = 0.0, 0
+    positions_rng = np.random.default_rng(ex._seed_of("lm-positions", n))  # (not the module's: lengths do not depend on each other)
     for block in np.array_split(starts, max(1, len(starts) * n // 4096)):
         inputs, targets = _windows(text, block, n)
-        logits = model(inputs, model.positions(len(block), n))
+        logits = model(inputs, model.positions(len(block), n, positions_rng))
         total += float(nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="sum"))
         count += targets.numel()
     loss = total / count
