@@ -67,8 +67,7 @@ def numpy_rows():
     slopes = pe.alibi_slopes(HEADS)
     table = np.random.default_rng(0).standard_normal((32, HEADS)).astype(np.float32)
     keys, query = np.arange(PAST + 1), np.array([PAST])
-    float_keys = keys.astype(np.float32)  # (int64 keys would make the formula's bias float64)
-    alibi_formula = lambda: -slopes[:, None, None] * (PAST - float_keys)[None, None, :]  # noqa: E731
+    alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(np.float32)  # noqa: E731
     at = {"query_positions": query, "key_positions": keys}
     return [
         *rope,

@@ -560,3 +560,25 @@ def test_a_planned_in_place_shift_loop_follows_the_rotation_formula(library):
         assert pe.rerotate(cache, -1, freqs, out=cache) is cache
         got = cache.numpy() if library == "torch" else cache
         np.testing.assert_allclose(got, exact_rope(keys, np.arange(LENGTH) - step), rtol=0, atol=1e-13)
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated:DeprecationWarning")  # forward AD's own import
+def test_the_key_of_several_arrays_is_their_array_keys():
+    """``_plans.arrays_key`` (one pass, torch's transforms asked once) gives the tuple of
+    ``array_key``s, None where one is None or NumPy arrays are among torch tensors."""
+    t = torch.zeros(2, 3)
+    cases = [
+        (np.zeros(3), np.ones((2, 2), np.float32)[:, ::-1]),
+        (t, t.T, torch.zeros(3, requires_grad=True), torch.nn.Parameter(torch.ones(2))),
+        (t, torch.zeros(2).expand(3, 2), torch.inference_mode()(lambda: torch.ones(2))()),
+        (t, t.neg().detach()._neg_view() if hasattr(t, "_neg_view") else t, np.zeros(2)),
+        (t, np.zeros(2)),
+        (t, "not an array"),
+    ]
+    for arrays in cases:
+        each = tuple(_plans.array_key(a, cuda=True) for a in arrays)
+        mixed = 0 < sum(type(a) is np.ndarray for a in arrays) < len(arrays)
+        assert _plans.arrays_key(arrays, cuda=True) == (None if None in each or mixed else each)
+    with torch.autograd.forward_ad.dual_level():  # a dual tensor: torch's transforms, no key
+        dual = torch.autograd.forward_ad.make_dual(torch.zeros(2), torch.ones(2))
+        assert _plans.arrays_key((dual, t)) is None and _plans.array_key(dual) is None

@@ -66,7 +66,6 @@ def numpy_cases(dtype=np.float32):
     slopes = pe.alibi_slopes(BIAS_HEADS)
     table = rng.standard_normal((32, BIAS_HEADS)).astype(dtype)
     keys = np.arange(PAST + 1)
-    float_keys = keys.astype(dtype)  # (int64 keys would make the formula's bias float64)
     return [
         Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
         Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
@@ -79,7 +78,7 @@ def numpy_cases(dtype=np.float32):
             lambda: _numpy_t5(table, PAST, keys),
             1.0,
         ),
-        Case("alibi_bias numpy 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), lambda: -slopes[:, None, None] * (PAST - float_keys)[None, None, :]),
+        Case("alibi_bias numpy 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(dtype)),
         # The same steps with positions as arrays (an engine's position ids, per-token positions).
         Case("rope numpy [1,32,1,128], positions [511]", lambda: pe.rope(x, pos), rope_formula),
         Case("rope numpy [1,32,1,128], positions [[511]]", lambda: pe.rope(x, pos[None]), rope_formula),
@@ -98,7 +97,7 @@ def numpy_cases(dtype=np.float32):
         Case(
             "alibi_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
-            lambda: -slopes[:, None, None] * (PAST - float_keys)[None, None, :],
+            lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(dtype),
         ),
     ]
 

@@ -63,17 +63,21 @@ class PlanCache(OrderedDict):
     def __init__(self, limit=MAX_PLANS):
         super().__init__()
         self.limit = limit
+        self.last = None  # the plan used last, already the most recent (a decode loop asks for it again and again)
 
     def get(self, key, default=None):
         plan = super().get(key, self)
         if plan is self:
             return default
-        self.move_to_end(key)
+        if not (plan and plan is self.last):  # (a built plan is its key's alone; _SEEN and False are shared)
+            self.move_to_end(key)
+            self.last = plan
         return plan
 
     def put(self, key, plan):
         self[key] = plan
         self.move_to_end(key)
+        self.last = plan
         while len(self) > self.limit:
             self.popitem(last=False)
 
@@ -176,6 +180,31 @@ def array_key(a, *, cuda=False):
         if cuda and a.is_cuda:
             return (kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_inference(), a.device)
     return None
+
+
+def arrays_key(arrays, *, cuda=False):
+    """``tuple(array_key(a, cuda=cuda) for a in arrays)``, or None where one is None or where
+    NumPy arrays are among another library's (``one_library``): torch's transforms asked
+    once for all (a planned call's key in fewer steps)."""
+    numpy = sum(type(a) is np.ndarray for a in arrays)
+    torch = sys.modules.get("torch")
+    if 0 < numpy < len(arrays) or numpy == 0 and torch is not None and torch_transforming(fake=False):
+        return None
+    keys = []
+    for a in arrays:
+        kind = type(a)
+        if kind is np.ndarray:
+            keys.append((kind, a.shape, a.strides, a.dtype, a.flags.num))
+        elif torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided and not a.is_neg():
+            if a.is_cpu:
+                keys.append((kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_inference()))
+            elif cuda and a.is_cuda:
+                keys.append((kind, a.shape, a.stride(), a.dtype, a.requires_grad, a.is_inference(), a.device))
+            else:
+                return None
+        else:
+            return None
+    return tuple(keys)
 
 
 def value_key(value, *, cuda=False):

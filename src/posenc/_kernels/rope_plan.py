@@ -64,8 +64,8 @@ class _Launch:
         self.workers = min(workers, self.tasks)
         self.kernel = rope_cpu.FAMILY[op, dtype, layout]
         self.lib = sys.modules["torch"] if self.torch else np
-        # How ``host`` reads x: a 16-bit float through its bits, as _arrays.host_view does.
-        self.bits = x.dtype.itemsize == 2
+        self.host = _host_reader(x)
+        self.contiguous = xv.flags.c_contiguous  # (a key fixes x's strides)
         self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
 
@@ -77,14 +77,6 @@ class _Launch:
 
     def viewable(self):
         return not self.grouping.outer and 0 not in self.grouping.shape() and self.dim > 0
-
-    def host(self, x):
-        """``_arrays.host_view(x)`` for an ``x`` of this signature."""
-        if self.torch:
-            if x.requires_grad:
-                x = x.detach()
-            return x.view(self.lib.int16).numpy().view(np.uint16) if self.bits else x.numpy()
-        return x.view(np.uint16) if self.bits else x
 
     def result(self):
         """``(result, its flat NumPy view)``: as ``_arrays.empty`` allocates it."""
@@ -103,7 +95,7 @@ class _Launch:
         an ``out`` that shares memory with ``x`` without being ``x`` (the full path computes
         that one aside and copies it in)."""
         xv = self.host(x)
-        x_flat, _ = _arrays.flat_span(xv)
+        x_flat = xv.ravel() if self.contiguous else _arrays.flat_span(xv)[0]
         if self.in_place:
             result, o_flat = x, x_flat
         elif self.into:
@@ -133,6 +125,21 @@ class _Launch:
         else:
             self.kernel(*arguments, *self.scratch()[0], 0, self.tasks)
         return result
+
+
+def _host_reader(a):
+    """``_arrays.host_view`` for arrays of ``a``'s signature (library, dtype, gradient tracking):
+    where it is one, the C method itself (no Python frame on a planned call)."""
+    if isinstance(a, np.ndarray):
+        return (lambda b: b.view(np.uint16)) if _arrays.host_view(a).dtype != a.dtype else _same
+    torch = sys.modules["torch"]
+    if a.dtype.itemsize == 2 or a.requires_grad:
+        return _arrays.host_view
+    return torch.Tensor.numpy
+
+
+def _same(a):
+    return a
 
 
 def _extent(view):
@@ -425,14 +432,11 @@ class ApplyPlan:
         size = _arrays.host_view(cos).dtype.itemsize
         self.geometry = tuple((first * size, tuple(st * size for st in steps)) for first, steps in self.tables)
 
-    def _view(self, table, reader, geometry):
-        flat = reader(table)
-        return np.ndarray(self.table_shape, flat.dtype, flat, *geometry)
-
     def cos_sin(self, cos, sin):
         """The kernel's views of ``cos`` and ``sin`` (a pair of plans that read them alike share them: ``shares``)."""
         (cr, sr), (cg, sg) = self.readers, self.geometry
-        return self._view(cos, cr, cg), self._view(sin, sr, sg)
+        c, s = cr(cos), sr(sin)
+        return np.ndarray(self.table_shape, c.dtype, c, *cg), np.ndarray(self.table_shape, s.dtype, s, *sg)
 
     def shares(self, other):
         """Whether ``other`` reads ``cos``/``sin`` of its key through the same views (q and k of one layer)."""
@@ -492,13 +496,12 @@ def _may_meet(a, b):
 
 
 def _flat_reader(table):
-    """``t -> _arrays.flat_span(_arrays.host_view(t))[0]`` for a ``t`` of ``table``'s signature."""
-    host = _arrays.host_view(table)
-    if not host.flags.c_contiguous:
+    """``t ->`` the memory ``_arrays.flat_span(_arrays.host_view(t))[0]`` spans, as an array
+    ``np.ndarray`` can take as its buffer, for a ``t`` of ``table``'s signature: a
+    C-contiguous table's host view itself."""
+    if not _arrays.host_view(table).flags.c_contiguous:
         return lambda t: _arrays.flat_span(_arrays.host_view(t))[0]
-    if isinstance(table, np.ndarray):
-        return (lambda t: t.ravel()) if host.dtype == table.dtype else (lambda t: t.view(host.dtype).ravel())
-    return lambda t: _arrays.host_view(t).ravel()
+    return _host_reader(table)
 
 
 def build_apply(x, cos, sin, *, layout, out, **_):

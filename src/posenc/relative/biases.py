@@ -532,6 +532,10 @@ def alibi_bias(slopes, q_len, k_len, *, offset=None, symmetric=False, query_posi
     >>> pe.alibi_bias(np.array([0.5]), 1, 3, query_positions=np.array([[1]]), key_positions=keys).tolist()
     [[[[-0.5, -0.5, 0.0]]]]
     """
+    if out is None and chunks is None and symmetric is False:  # a decode step: its plan's key holds only these keywords
+        if query_positions is None and key_positions is None:
+            return _planned_relative_bias("alibi", slopes, q_len, k_len, offset=offset)
+        return _planned_relative_bias("alibi", slopes, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions)
     return _planned_relative_bias(
         "alibi", slopes, q_len, k_len, offset=offset, query_positions=query_positions, key_positions=key_positions,
         out=out, chunks=chunks, symmetric=symmetric,

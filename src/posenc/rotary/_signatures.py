@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _dispatch
-from .._plans import array_key, context_key, keywords_key, one_library, out_key, value_key
+from .._plans import array_key, arrays_key, context_key, keywords_key, one_library, out_key, value_key
 from .scaling import NTK, YaRN, Axial, DynamicNTK, Linear, Llama3, LongRoPE, Proportional
 
 # posenc's frozen scalings, whose frequencies are functions of their fields (and of the
@@ -88,9 +88,10 @@ class ApplyRope:
 
     @staticmethod
     def key(args, kwargs):
-        if len(args) != 3 or not one_library(*args):
+        arrays = arrays_key(args, cuda=True) if len(args) == 3 else None
+        if arrays is None:
             return None
-        key = ("apply_rope", *[array_key(a, cuda=True) for a in args], context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
+        key = ("apply_rope", *arrays, context_key(*args), keywords_key(kwargs, "out"), out_key(kwargs.get("out"), args[0]))
         return None if None in key else key
 
 
@@ -103,9 +104,10 @@ class RotatePair:
 
     @staticmethod
     def key(args, kwargs):
-        if len(args) != 4 or not one_library(*args):
+        arrays = arrays_key(args, cuda=True) if len(args) == 4 else None
+        if arrays is None:
             return None
-        key = ("rotate_pair", *[array_key(a, cuda=True) for a in args], context_key(*args), keywords_key(kwargs))
+        key = ("rotate_pair", *arrays, context_key(*args), keywords_key(kwargs))
         return None if None in key else key
 
 
