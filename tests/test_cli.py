@@ -7,7 +7,6 @@ import sys
 import numpy as np
 import pytest
 
-import posenc as pe
 from posenc import _bench, _demo, cli
 
 
