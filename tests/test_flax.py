@@ -20,8 +20,9 @@ rngs = nnx.Rngs(0)
 
 
 def _set(flax_param, tensor, transpose=False):
+    """The torch parameter's values, rounded to the flax parameter's dtype."""
     value = tensor.detach().numpy()
-    flax_param[...] = jnp.asarray(value.T if transpose else value)
+    flax_param[...] = jnp.asarray(value.T if transpose else value, flax_param[...].dtype)
 
 
 def _randomised(module):
@@ -33,9 +34,9 @@ def _randomised(module):
     return module
 
 
-def _fire():
+def _fire(**flax_options):
     t = _randomised(pt.FIRE(HEADS, mlp_width=4, threshold=8.0))
-    f = pf.FIRE(HEADS, mlp_width=4, threshold=8.0, rngs=rngs)
+    f = pf.FIRE(HEADS, mlp_width=4, threshold=8.0, **flax_options, rngs=rngs)
     _set(f.hidden.kernel, t.mlp[0].weight, True), _set(f.hidden.bias, t.mlp[0].bias)
     _set(f.out.kernel, t.mlp[2].weight, True), _set(f.out.bias, t.mlp[2].bias)
     _set(f.c, t.c), _set(f.L_multiplier, t.L_multiplier)
@@ -59,24 +60,29 @@ SCALINGS = {
     "llama3": pe.scaling.Llama3(8.0, 4, low_freq_factor=1.0, high_freq_factor=4.0),
 }
 
+# (torch module, flax module); the learned ones pass **flax_options (param_dtype) to the flax module
 PAIRS = {
     **{f"rotary {n}": (lambda s=s: (pt.RotaryEmbedding(DIM, scaling=s), pf.Rotary(DIM, scaling=s))) for n, s in SCALINGS.items()},
     "xpos": lambda: (pt.XPos(DIM, scale_base=16), pf.XPos(DIM, scale_base=16)),
-    "t5": lambda: _pair(pt.T5RelativeBias(HEADS, num_buckets=8, max_distance=16), pf.T5(HEADS, num_buckets=8, max_distance=16, rngs=rngs), "table"),
+    "t5": lambda **o: _pair(pt.T5RelativeBias(HEADS, num_buckets=8, max_distance=16), pf.T5(HEADS, num_buckets=8, max_distance=16, **o, rngs=rngs), "table"),
     "alibi": lambda: (pt.ALiBi(HEADS), pf.ALiBi(HEADS)),
     "fire": _fire,
-    "kerple log": lambda: _pair(pt.KERPLE(HEADS), pf.KERPLE(HEADS, rngs=rngs), "r1", "r2"),
-    "kerple power": lambda: _pair(pt.KERPLE(HEADS, kind="power"), pf.KERPLE(HEADS, kind="power", rngs=rngs), "r1", "r2"),
+    "kerple log": lambda **o: _pair(pt.KERPLE(HEADS), pf.KERPLE(HEADS, **o, rngs=rngs), "r1", "r2"),
+    "kerple power": lambda **o: _pair(pt.KERPLE(HEADS, kind="power"), pf.KERPLE(HEADS, kind="power", **o, rngs=rngs), "r1", "r2"),
     "sandwich": lambda: (pt.Sandwich(HEADS, dim=16), pf.Sandwich(HEADS, dim=16)),
-    "shaw": lambda: _pair(pt.ShawRelative(DIM, max_distance=3), pf.Shaw(DIM, max_distance=3, rngs=rngs), "table_k", "table_v"),
-    "deberta": lambda: _pair(pt.DeBERTaRelative(HEADS, DIM, max_distance=4), pf.DeBERTa(HEADS, DIM, max_distance=4, rngs=rngs), "pos_q", "pos_k"),
-    "xl": lambda: _pair(pt.TransformerXLRelative(HEADS, DIM), pf.XL(HEADS, DIM, rngs=rngs), "r_proj", "u", "v"),
-    "tupe": lambda: _pair(pt.TUPE(HEADS, DIM, max_positions=16, untie_cls=True), pf.TUPE(HEADS, DIM, max_positions=16, untie_cls=True, rngs=rngs), "p", "uq", "uk", "cls"),
-    "cope": lambda: _pair(pt.CoPE(DIM, npos_max=8), pf.CoPE(DIM, npos_max=8), "pos_emb"),
+    "shaw": lambda **o: _pair(pt.ShawRelative(DIM, max_distance=3), pf.Shaw(DIM, max_distance=3, **o, rngs=rngs), "table_k", "table_v"),
+    "deberta": lambda **o: _pair(pt.DeBERTaRelative(HEADS, DIM, max_distance=4), pf.DeBERTa(HEADS, DIM, max_distance=4, **o, rngs=rngs), "pos_q", "pos_k"),
+    "xl": lambda **o: _pair(pt.TransformerXLRelative(HEADS, DIM), pf.XL(HEADS, DIM, **o, rngs=rngs), "r_proj", "u", "v"),
+    "tupe": lambda **o: _pair(
+        pt.TUPE(HEADS, DIM, max_positions=16, untie_cls=True), pf.TUPE(HEADS, DIM, max_positions=16, untie_cls=True, **o, rngs=rngs), "p", "uq", "uk", "cls"
+    ),
+    "cope": lambda **o: _pair(pt.CoPE(DIM, npos_max=8), pf.CoPE(DIM, npos_max=8, **o), "pos_emb"),
     "nope": lambda: (pt.NoPE(), pf.NoPE()),
     "sinusoidal": lambda: (pt.SinusoidalEmbedding(DIM), pf.Sinusoidal(DIM)),
-    "learned": lambda: _pair(pt.LearnedEmbedding(16, DIM), pf.Learned(16, DIM, rngs=rngs), "weight"),
+    "learned": lambda **o: _pair(pt.LearnedEmbedding(16, DIM), pf.Learned(16, DIM, **o, rngs=rngs), "weight"),
 }
+LEARNED = sorted(n for n in PAIRS if jax.tree.leaves(nnx.state(PAIRS[n]()[1], nnx.Param)))
+ABSOLUTE = ("sinusoidal", "learned", "nope")
 
 
 def _qkv(q_len, k_len):
@@ -99,7 +105,7 @@ def test_flax_module_equals_the_torch_module_with_the_same_parameters(name):
         logits, out = jax.jit(lambda q, k, v: (flax_module.logits(q, k, **logit_options), flax_module(q, k, v, **options)))(jq, jk, jv)
         np.testing.assert_allclose(np.asarray(logits), want_logits, rtol=2e-5, atol=2e-5)
         np.testing.assert_allclose(np.asarray(out), want, rtol=2e-5, atol=2e-5)
-    if name not in ("sinusoidal", "learned", "nope"):
+    if name not in ABSOLUTE:
         return  # embed returns x unchanged: the absolute modules' only
     x = np.random.default_rng(1).standard_normal((2, 5, DIM)).astype(np.float32)
     with torch.no_grad():
@@ -118,6 +124,77 @@ def test_flax_module_with_per_token_positions_equals_the_torch_module(name):
                                    key_positions=torch.from_numpy(keys)).numpy()  # fmt: skip
     got = jax.jit(lambda q, k, v, p: flax_module(q, k, v, causal=True, query_positions=p[:, -2:], key_positions=p))(*map(jnp.asarray, (q, k, v, keys)))
     np.testing.assert_allclose(np.asarray(got), want, rtol=2e-5, atol=2e-5)
+
+
+SIXTEEN_BIT = {"bfloat16": (jnp.bfloat16, torch.bfloat16), "float16": (jnp.float16, torch.float16)}
+
+
+def _outputs_at(torch_module, flax_module, dtype):
+    """Both modules' logits, attend and embed outputs at ``dtype`` inputs (``"bfloat16"``,
+    ``"float16"``), the torch module moved to that dtype: ``(flax's, torch's as float32)``."""
+    jax_dtype, torch_dtype = SIXTEEN_BIT[dtype]
+    torch_module.to(torch_dtype)
+    q, k, v = _qkv(2, 6)
+    x = np.random.default_rng(1).standard_normal((2, 5, DIM)).astype(np.float32)
+    with torch.no_grad():
+        tq, tk, tv, tx = (torch.from_numpy(a).to(torch_dtype) for a in (q, k, v, x))
+        want = (torch_module.logits(tq, tk, offset=3), torch_module.attend(tq, tk, tv, causal=True, offset=3), torch_module.embed(tx, offset=3))
+    assert {w.dtype for w in want} == {torch_dtype}
+    got = jax.jit(lambda q, k, v, x: (flax_module.logits(q, k, offset=3), flax_module(q, k, v, causal=True, offset=3), flax_module.embed(x, offset=3)))(
+        *(jnp.asarray(a, jax_dtype) for a in (q, k, v, x))
+    )
+    return got, [w.float().numpy() for w in want]
+
+
+def _assert_close_in_16_bits(got, want, dtype):
+    """Each output in ``dtype`` and within two of its rounding steps of torch's."""
+    tolerance = 2 * float(jnp.finfo(SIXTEEN_BIT[dtype][0]).eps)
+    for g, w in zip(got, want):
+        assert g.dtype == SIXTEEN_BIT[dtype][0]
+        np.testing.assert_allclose(np.asarray(g, np.float32), w, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("dtype", sorted(SIXTEEN_BIT))
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_flax_module_keeps_16_bit_inputs_16_bit_as_the_torch_module_moved_to_that_dtype(name, dtype):
+    """dtype in = dtype out: the float32 parameters are cast to the inputs' dtype where used, as
+    a torch module's are by ``.to(dtype)`` (XL, TUPE, DeBERTa and Shaw had given float32 logits
+    for bfloat16 inputs, their parameters promoting the inputs)."""
+    got, want = _outputs_at(*PAIRS[name](), dtype)
+    _assert_close_in_16_bits(got, want, dtype)
+
+
+@pytest.mark.parametrize("name", LEARNED)
+def test_flax_module_stores_its_parameters_in_param_dtype(name):
+    """``param_dtype=bfloat16``: every parameter bfloat16 (FIRE's MLP too), the module equal to
+    the torch module moved to bfloat16, gradients bfloat16; float32 inputs still give float32."""
+    torch_module, flax_module = PAIRS[name](param_dtype=jnp.bfloat16)
+    stored = {leaf.dtype for leaf in jax.tree.leaves(nnx.state(flax_module, nnx.Param))}
+    assert stored == {jnp.dtype(jnp.bfloat16)}
+    _assert_close_in_16_bits(*_outputs_at(torch_module, flax_module, "bfloat16"), "bfloat16")
+    q, k, v = (jnp.asarray(a) for a in _qkv(2, 6))
+    x = jnp.ones((2, 5, DIM))
+    assert {flax_module.logits(q, k).dtype, flax_module(q, k, v).dtype, flax_module.embed(x).dtype} == {jnp.dtype(jnp.float32)}
+    grads = nnx.grad(lambda m: jnp.sum(m(q, k, v, causal=True) ** 2) + jnp.sum(m.embed(x) ** 2))(flax_module)
+    assert {leaf.dtype for leaf in jax.tree.leaves(grads)} == {jnp.dtype(jnp.bfloat16)}
+
+
+@pytest.mark.parametrize("param_dtype", [jnp.int32, jnp.complex64, "nonsense", None, jnp.bool_])
+def test_flax_modules_refuse_a_param_dtype_that_is_not_floating(param_dtype):
+    modules = [
+        lambda d: pf.T5(HEADS, param_dtype=d, rngs=rngs),
+        lambda d: pf.FIRE(HEADS, param_dtype=d, rngs=rngs),
+        lambda d: pf.KERPLE(HEADS, param_dtype=d, rngs=rngs),
+        lambda d: pf.Shaw(DIM, max_distance=2, param_dtype=d, rngs=rngs),
+        lambda d: pf.DeBERTa(HEADS, DIM, max_distance=2, param_dtype=d, rngs=rngs),
+        lambda d: pf.XL(HEADS, DIM, param_dtype=d, rngs=rngs),
+        lambda d: pf.TUPE(HEADS, DIM, max_positions=4, param_dtype=d, rngs=rngs),
+        lambda d: pf.CoPE(DIM, param_dtype=d),
+        lambda d: pf.Learned(4, DIM, param_dtype=d, rngs=rngs),
+    ]
+    for module in modules:
+        with pytest.raises(TypeError, match="param_dtype must be a floating dtype"):
+            module(param_dtype)
 
 
 def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_outside_the_table():

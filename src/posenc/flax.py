@@ -20,6 +20,9 @@ that may attend to no key gets zeros. ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, 
 parts are ``nnx.Param`` (initialised as the torch modules initialise theirs, from
 ``rngs``), so ``nnx.jit``, ``nnx.grad`` and optax train them; each module's output is the
 functional call with its parameters (:func:`posenc.t5_bias`, :func:`posenc.rope`, ...).
+The parameters are stored in ``param_dtype`` (float32 by default) and cast to the inputs'
+dtype where used: dtype in = dtype out, so bfloat16 ``q, k, v`` give bfloat16 logits and
+outputs (float32 parameters then train in float32), as a torch module moved to bfloat16 does.
 
 Examples
 --------
@@ -80,8 +83,26 @@ def dot_scores(q, k, scale=None):
     return q @ jnp.swapaxes(k, -1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
 
-def _normal(rngs, shape, scale):
-    return nnx.Param(jax.random.normal(rngs.params(), shape, jnp.float32) * scale)
+def _param_dtype(value):
+    """``param_dtype`` as a dtype: a real floating one, what the parameters are stored in."""
+    try:
+        dtype = None if value is None else jnp.dtype(value)
+    except TypeError:
+        dtype = None
+    if dtype is None or not jnp.issubdtype(dtype, jnp.floating):
+        raise TypeError(f"param_dtype must be a floating dtype (float32, bfloat16, float16, ...), got {value!r}")
+    return dtype
+
+
+def _normal(rngs, shape, scale, dtype):
+    """``nnx.Param`` of ``N(0, 1) * scale`` drawn in float32, then stored in ``dtype`` (torch's
+    ``randn(...) * scale`` and ``.to(dtype)``)."""
+    return nnx.Param((jax.random.normal(rngs.params(), shape, jnp.float32) * scale).astype(dtype))
+
+
+def _value(param, dtype):
+    """A parameter's value in ``dtype`` (the inputs'), so that the output keeps the inputs' dtype."""
+    return None if param is None else param[...].astype(dtype)
 
 
 def _positive(name, value, minimum=1):
@@ -184,8 +205,8 @@ class Learned(PositionalModule):
     tokens. A concrete position outside ``[0, num_positions)`` is a ``ValueError``, as for
     the torch module; a traced one gives a NaN row (negative ones too, not a row from the end)."""
 
-    def __init__(self, num_positions: int, dim: int, *, rngs: nnx.Rngs):
-        self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02)
+    def __init__(self, num_positions: int, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02, _param_dtype(param_dtype))
 
     def embed(self, x, positions=None, *, offset=0):
         positions = _args.embedded_positions(x, positions, offset)
@@ -269,9 +290,10 @@ class T5(_Bias):
 
     takes_positions = True
 
-    def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True, rngs: nnx.Rngs):
+    def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
         t5_bucket_options(num_buckets, max_distance, bidirectional)
-        self.table = _normal(rngs, (num_buckets, _positive("num_heads", num_heads)), 0.02)
+        self.table = _normal(rngs, (num_buckets, _positive("num_heads", num_heads)), 0.02, _param_dtype(param_dtype))
         self.max_distance, self.bidirectional = max_distance, bidirectional
 
     def bias(self, q_len, k_len, *, offset=None, **positions):
@@ -294,15 +316,15 @@ class ALiBi(_Bias):
         return pe.alibi_bias(slopes, q_len, k_len, offset=offset, symmetric=self.symmetric, **positions)
 
 
-def _torch_linear(fan_in, fan_out, rngs):
+def _torch_linear(fan_in, fan_out, rngs, param_dtype):
     """``nnx.Linear`` initialised as torch's ``nn.Linear``: weights and biases uniform in
-    ``(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+    ``(-1/sqrt(fan_in), 1/sqrt(fan_in))``, drawn in float32 and stored in ``param_dtype``."""
     bound = 1.0 / math.sqrt(fan_in)
 
-    def uniform(key, shape, dtype=jnp.float32):
-        return jax.random.uniform(key, shape, dtype, -bound, bound)
+    def uniform(key, shape, dtype):
+        return jax.random.uniform(key, shape, jnp.float32, -bound, bound).astype(dtype)
 
-    return nnx.Linear(fan_in, fan_out, kernel_init=uniform, bias_init=uniform, rngs=rngs)
+    return nnx.Linear(fan_in, fan_out, kernel_init=uniform, bias_init=uniform, param_dtype=param_dtype, rngs=rngs)
 
 
 class FIRE(_Bias):
@@ -311,22 +333,22 @@ class FIRE(_Bias):
 
     takes_positions = True
 
-    def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6, rngs: nnx.Rngs):
+    def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
         pe.fire_distances(1, 1, c=c, threshold=threshold, eps=eps)  # validates the options now
-        self.hidden = _torch_linear(1, _positive("mlp_width", mlp_width), rngs)
-        self.out = _torch_linear(mlp_width, _positive("num_heads", num_heads), rngs)
-        self.c = nnx.Param(jnp.asarray(float(c), jnp.float32))
-        self.L_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
+        dtype = _param_dtype(param_dtype)
+        self.hidden = _torch_linear(1, _positive("mlp_width", mlp_width), rngs, dtype)
+        self.out = _torch_linear(mlp_width, _positive("num_heads", num_heads), rngs, dtype)
+        self.c = nnx.Param(jnp.asarray(float(c), dtype))
+        self.L_multiplier = nnx.Param(jnp.asarray(1.0, dtype))
         self.threshold, self.eps = threshold, eps
 
     def mlp(self, distances):
         return self.out(jax.nn.relu(self.hidden(distances)))
 
     def bias(self, q_len, k_len, *, offset=None, **positions):
-        threshold = self.L_multiplier[...] * self.threshold
-        return pe.fire_bias(
-            self.mlp, q_len, k_len, offset=offset, c=self.c[...], threshold=threshold, eps=self.eps, **positions, xp=jnp, dtype=jnp.float32
-        )
+        c, threshold = self.c[...], self.L_multiplier[...] * self.threshold
+        return pe.fire_bias(self.mlp, q_len, k_len, offset=offset, c=c, threshold=threshold, eps=self.eps, **positions, xp=jnp, dtype=c.dtype)
 
 
 class KERPLE(_Bias):
@@ -340,14 +362,14 @@ class KERPLE(_Bias):
 
     takes_positions = True
 
-    def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2, rngs: nnx.Rngs):
+    def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2, param_dtype=jnp.float32, rngs: nnx.Rngs):
         if kind not in pe.relative.kerple.KERPLE_KINDS:
             raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
-        heads = _positive("num_heads", num_heads)
+        heads, dtype = _positive("num_heads", num_heads), _param_dtype(param_dtype)
         up_to_2 = jax.random.uniform(rngs.params(), (heads,)) * 2
         up_to_1 = jax.random.uniform(rngs.params(), (heads,))
         r1, r2 = (up_to_2, up_to_1) if kind == "log" else (up_to_1, up_to_2)
-        self.r1, self.r2, self.kind, self.eps = nnx.Param(r1), nnx.Param(r2), kind, eps
+        self.r1, self.r2, self.kind, self.eps = nnx.Param(r1.astype(dtype)), nnx.Param(r2.astype(dtype)), kind, eps
 
     def bias(self, q_len, k_len, *, offset=None, **positions):
         def clamp(param, high):
@@ -385,18 +407,18 @@ class Shaw(PositionalModule):
 
     takes_positions = True
 
-    def __init__(self, head_dim: int, *, max_distance: int, rngs: nnx.Rngs):
-        rows = 2 * _positive("max_distance", max_distance, minimum=0) + 1
-        self.table_k = _normal(rngs, (rows, _positive("head_dim", head_dim)), 0.02)
-        self.table_v = _normal(rngs, (rows, head_dim), 0.02)
+    def __init__(self, head_dim: int, *, max_distance: int, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        rows, dtype = 2 * _positive("max_distance", max_distance, minimum=0) + 1, _param_dtype(param_dtype)
+        self.table_k = _normal(rngs, (rows, _positive("head_dim", head_dim)), 0.02, dtype)
+        self.table_v = _normal(rngs, (rows, head_dim), 0.02, dtype)
         self.max_distance = max_distance
 
     def scores(self, q, k, offset, **positions):
-        logits = pe.shaw_logits(q, k, self.table_k[...], max_distance=self.max_distance, offset=offset, **positions)
+        logits = pe.shaw_logits(q, k, _value(self.table_k, q.dtype), max_distance=self.max_distance, offset=offset, **positions)
         return logits / math.sqrt(q.shape[-1])
 
     def values(self, weights, v, offset, **positions):
-        return pe.shaw_output(weights, v, self.table_v[...], max_distance=self.max_distance, offset=offset, **positions)
+        return pe.shaw_output(weights, v, _value(self.table_v, v.dtype), max_distance=self.max_distance, offset=offset, **positions)
 
 
 class DeBERTa(PositionalModule):
@@ -405,17 +427,19 @@ class DeBERTa(PositionalModule):
 
     takes_positions = True
 
-    def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size=None, max_position=None, terms=TERMS, rngs: nnx.Rngs):
+    def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size=None, max_position=None, terms=TERMS,
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
         terms = tuple(terms)
         if not terms or any(t not in TERMS for t in terms) or len(set(terms)) != len(terms):
             raise ValueError(f"terms must be a non-empty subset of {TERMS!r}, got {terms!r}")
         shape = (_positive("num_heads", num_heads), 2 * _positive("max_distance", max_distance), _positive("head_dim", head_dim))
-        self.pos_q = _normal(rngs, shape, 0.02) if "p2c" in terms else None
-        self.pos_k = _normal(rngs, shape, 0.02) if "c2p" in terms else None
+        dtype = _param_dtype(param_dtype)
+        self.pos_q = _normal(rngs, shape, 0.02, dtype) if "p2c" in terms else None
+        self.pos_k = _normal(rngs, shape, 0.02, dtype) if "c2p" in terms else None
         self.max_distance, self.bucket_size, self.max_position, self.terms = max_distance, bucket_size, max_position, terms
 
     def scores(self, q, k, offset, **positions):
-        tables = [None if t is None else t[...] for t in (self.pos_q, self.pos_k)]
+        tables = [_value(t, q.dtype) for t in (self.pos_q, self.pos_k)]
         return pe.deberta_logits(q, k, *tables, max_distance=self.max_distance, bucket_size=self.bucket_size,
                                  max_position=self.max_position, terms=self.terms, offset=offset, **positions)  # fmt: skip
 
@@ -424,19 +448,20 @@ class XL(PositionalModule):
     """Transformer-XL's relative attention (:func:`posenc.xl_logits`): sinusoids of the distances
     projected by ``r_proj [heads, dim, head_dim]``, global biases ``u``, ``v [heads, 1, head_dim]``."""
 
-    def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved", rngs: nnx.Rngs):
-        heads, head_dim = _positive("num_heads", num_heads), _positive("head_dim", head_dim)
+    def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved",
+                 param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
+        heads, head_dim, dtype = _positive("num_heads", num_heads), _positive("head_dim", head_dim), _param_dtype(param_dtype)
         dim = heads * head_dim if dim is None else dim
         pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
-        self.r_proj = _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim))
-        self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02), _normal(rngs, (heads, 1, head_dim), 0.02)
+        self.r_proj = _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim), dtype)
+        self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02, dtype), _normal(rngs, (heads, 1, head_dim), 0.02, dtype)
         self.dim, self.base, self.layout = dim, base, layout
 
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
         distances = (offset - (k_len - q_len)) + jnp.arange(k_len - 1, -q_len - 1, -1)
-        r = pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=jnp.float32) @ self.r_proj[...]
-        return pe.xl_logits(q, k, r, self.u[...], self.v[...]) / math.sqrt(q.shape[-1])
+        r = pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=q.dtype) @ _value(self.r_proj, q.dtype)
+        return pe.xl_logits(q, k, r, _value(self.u, q.dtype), _value(self.v, q.dtype)) / math.sqrt(q.shape[-1])
 
 
 class TUPE(PositionalModule):
@@ -445,23 +470,23 @@ class TUPE(PositionalModule):
     heads]`` with ``untie_cls``; ``bias`` a bias module (``T5``, ``ALiBi``: TUPE-R)."""
 
     def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False,
-                 bias=None, rngs: nnx.Rngs):  # fmt: skip
-        heads, head_dim = _positive("num_heads", num_heads), _positive("head_dim", head_dim)
+                 bias=None, param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
+        heads, head_dim, dtype = _positive("num_heads", num_heads), _positive("head_dim", head_dim), _param_dtype(param_dtype)
         dim = _positive("dim", heads * head_dim if dim is None else dim)
         if bias is not None and not isinstance(bias, _Bias):
             raise TypeError(f"bias must be a bias module (T5, ALiBi) or None, got {type(bias).__name__}")
-        self.p = _normal(rngs, (_positive("max_positions", max_positions), dim), 0.02)
-        self.uq, self.uk = _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim)), _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim))
-        self.cls = nnx.Param(jnp.zeros((2, heads))) if untie_cls else None
+        self.p = _normal(rngs, (_positive("max_positions", max_positions), dim), 0.02, dtype)
+        self.uq, self.uk = (_normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim), dtype) for _ in range(2))
+        self.cls = nnx.Param(jnp.zeros((2, heads), dtype)) if untie_cls else None
         self.max_positions, self.bias = max_positions, bias
 
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
         if isinstance(offset, int) and max(offset + q_len, k_len) > self.max_positions:
             raise ValueError(f"TUPE positions must lie in [0, max_positions = {self.max_positions}), got queries up to {offset + q_len - 1}")
-        cls = None if self.cls is None else (self.cls[...][0], self.cls[...][1])
+        p, uq, uk, cls = (_value(param, q.dtype) for param in (self.p, self.uq, self.uk, self.cls))
         bias = None if self.bias is None else self.bias.bias(q_len, k_len, offset=offset).astype(q.dtype)
-        return pe.tupe_logits(q, k, self.p[...], self.uq[...], self.uk[...], offset=offset, bias=bias, cls=cls)
+        return pe.tupe_logits(q, k, p, uq, uk, offset=offset, bias=bias, cls=None if cls is None else (cls[0], cls[1]))
 
 
 class CoPE(PositionalModule):
@@ -469,11 +494,12 @@ class CoPE(PositionalModule):
     head_dim]`` (zeros at first, as in the paper's code); ``attend``'s ``mask`` and ``causal``
     hide keys from the count too."""
 
-    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
-        self.pos_emb = nnx.Param(jnp.zeros((_positive("npos_max", npos_max), _positive("head_dim", head_dim))))
+    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True, param_dtype=jnp.float32):
+        shape = (_positive("npos_max", npos_max), _positive("head_dim", head_dim))
+        self.pos_emb = nnx.Param(jnp.zeros(shape, _param_dtype(param_dtype)))
         self.causal = causal
 
     takes_mask = True
 
     def scores(self, q, k, offset, mask=None):
-        return pe.cope_logits(q, k, self.pos_emb[...].astype(q.dtype), causal=self.causal, offset=offset, mask=mask)
+        return pe.cope_logits(q, k, _value(self.pos_emb, q.dtype), causal=self.causal, offset=offset, mask=mask)
