@@ -73,6 +73,8 @@ PAIRS = {
     "shaw": lambda **o: _pair(pt.ShawRelative(DIM, max_distance=3), pf.Shaw(DIM, max_distance=3, **o, rngs=rngs), "table_k", "table_v"),
     "deberta": lambda **o: _pair(pt.DeBERTaRelative(HEADS, DIM, max_distance=4), pf.DeBERTa(HEADS, DIM, max_distance=4, **o, rngs=rngs), "pos_q", "pos_k"),
     "xl": lambda **o: _pair(pt.TransformerXLRelative(HEADS, DIM), pf.XL(HEADS, DIM, **o, rngs=rngs), "r_proj", "u", "v"),
+    "tener": lambda **o: _pair(pt.TENERRelative(HEADS, DIM), pf.TENER(HEADS, DIM, **o, rngs=rngs), "u", "v"),
+    "tener half": lambda **o: _pair(pt.TENERRelative(HEADS, DIM, base=100.0, layout="half"), pf.TENER(HEADS, DIM, base=100.0, layout="half", **o, rngs=rngs), "u", "v"),
     "tupe": lambda **o: _pair(
         pt.TUPE(HEADS, DIM, max_positions=16, untie_cls=True), pf.TUPE(HEADS, DIM, max_positions=16, untie_cls=True, **o, rngs=rngs), "p", "uq", "uk", "cls"
     ),
@@ -188,6 +190,7 @@ def test_flax_modules_refuse_a_param_dtype_that_is_not_floating(param_dtype):
         lambda d: pf.Shaw(DIM, max_distance=2, param_dtype=d, rngs=rngs),
         lambda d: pf.DeBERTa(HEADS, DIM, max_distance=2, param_dtype=d, rngs=rngs),
         lambda d: pf.XL(HEADS, DIM, param_dtype=d, rngs=rngs),
+        lambda d: pf.TENER(HEADS, DIM, param_dtype=d, rngs=rngs),
         lambda d: pf.TUPE(HEADS, DIM, max_positions=4, param_dtype=d, rngs=rngs),
         lambda d: pf.CoPE(DIM, param_dtype=d),
         lambda d: pf.Learned(4, DIM, param_dtype=d, rngs=rngs),
@@ -195,6 +198,21 @@ def test_flax_modules_refuse_a_param_dtype_that_is_not_floating(param_dtype):
     for module in modules:
         with pytest.raises(TypeError, match="param_dtype must be a floating dtype"):
             module(param_dtype)
+
+
+def test_flax_tener_refuses_what_the_torch_module_refuses():
+    """Bad arguments are refused at construction with the torch twin's error type; TENER, as
+    ``TENERRelative``, takes no per-token positions."""
+    for bad in ({"num_heads": 0}, {"num_heads": 2.0}, {"head_dim": 0}, {"head_dim": 7}, {"base": -1.0}, {"layout": "diagonal"}):
+        options = {"num_heads": HEADS, "head_dim": DIM, **bad}
+        heads, head_dim = options.pop("num_heads"), options.pop("head_dim")
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            pt.TENERRelative(heads, head_dim, **options)
+        with pytest.raises(theirs.type):
+            pf.TENER(heads, head_dim, **options, rngs=rngs)
+    q = jnp.ones((1, HEADS, 3, DIM))
+    with pytest.raises(TypeError, match="takes no query_positions"):
+        pf.TENER(HEADS, DIM, rngs=rngs).logits(q, q, query_positions=jnp.arange(3), key_positions=jnp.arange(3))
 
 
 def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_outside_the_table():

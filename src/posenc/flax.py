@@ -72,6 +72,7 @@ __all__ = [
     "Shaw",
     "Sinusoidal",
     "T5",
+    "TENER",
     "TUPE",
     "XL",
     "XPos",
@@ -462,6 +463,27 @@ class XL(PositionalModule):
         distances = (offset - (k_len - q_len)) + jnp.arange(k_len - 1, -q_len - 1, -1)
         r = pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=q.dtype) @ _value(self.r_proj, q.dtype)
         return pe.xl_logits(q, k, r, _value(self.u, q.dtype), _value(self.v, q.dtype)) / math.sqrt(q.shape[-1])
+
+
+class TENER(PositionalModule):
+    r"""TENER's direction-aware relative attention (:func:`posenc.tener_logits`), unscaled.
+
+    .. math:: A_{ij} = (q_i + u) \cdot k_j + (q_i + v) \cdot R_{i-j}
+
+    Yan et al., "TENER" (2019): ``R_t`` is the fixed sinusoid of the signed distance
+    (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
+    logits unscaled, so ``logits`` has no ``1/sqrt(head_dim)``; as ``posenc.torch.TENERRelative``.
+    """
+
+    def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved", param_dtype=jnp.float32,
+                 rngs: nnx.Rngs):  # fmt: skip
+        heads, dtype = _positive("num_heads", num_heads), _param_dtype(param_dtype)
+        pe.sinusoidal(0, _positive("head_dim", head_dim), base=base, layout=layout)  # validates the arguments now
+        self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02, dtype), _normal(rngs, (heads, 1, head_dim), 0.02, dtype)
+        self.base, self.layout = base, layout
+
+    def scores(self, q, k, offset):
+        return pe.tener_logits(q, k, _value(self.u, q.dtype), _value(self.v, q.dtype), base=self.base, offset=offset, layout=self.layout)
 
 
 class TUPE(PositionalModule):
