@@ -242,6 +242,47 @@ def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_out
     np.testing.assert_array_equal(traced[1], np.asarray(learned.embed(x[0], jnp.asarray([0, 3, 4]))[1]))
 
 
+def test_flax_learned_extend_equals_the_torch_module_and_keeps_the_trained_rows():
+    """``extend`` grows the table as ``LearnedEmbedding.extend`` does (:func:`posenc.hierarchical_extend`
+    with the module's ``alpha``): the first rows bit for bit, the new ones equal to torch's, in
+    the parameter's dtype; the grown table embeds and trains."""
+    theirs, ours = _pair(pt.LearnedEmbedding(8, DIM, alpha=0.3), pf.Learned(8, DIM, alpha=0.3, rngs=rngs), "weight")
+    trained = np.asarray(ours.weight[...])
+    assert ours.extend(40) is ours and ours.num_positions == 40 and theirs.extend(40).num_positions == 40
+    np.testing.assert_array_equal(np.asarray(ours.weight[...])[:8], trained)
+    np.testing.assert_allclose(np.asarray(ours.weight[...]), theirs.weight.detach().numpy(), rtol=1e-6, atol=1e-7)
+    x = np.random.default_rng(3).standard_normal((2, 5, DIM)).astype(np.float32)
+    with torch.no_grad():
+        want = theirs.embed(torch.from_numpy(x), offset=33).numpy()
+    np.testing.assert_allclose(np.asarray(ours.embed(jnp.asarray(x), offset=33)), want, rtol=1e-6, atol=1e-6)
+    grads = nnx.grad(lambda m: jnp.sum(m.embed(jnp.asarray(x), offset=33) ** 2))(ours)
+    assert grads.weight[...].shape == (40, DIM) and float(jnp.abs(grads.weight[...][33:38]).sum()) > 0
+    half = pf.Learned(8, DIM, param_dtype=jnp.bfloat16, rngs=rngs)
+    rows = np.asarray(half.weight[...])
+    assert half.extend(64).weight[...].dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(half.weight[...])[:8], rows)
+
+
+def test_flax_learned_checks_alpha_now_and_extend_as_the_torch_module():
+    """``alpha`` outside ``[0, 1)`` is refused at construction with the torch module's error;
+    ``extend`` refuses to shrink the table (or to grow it past ``num_positions**2``); a position
+    past the table points to ``extend``."""
+    for alpha in (1.0, -0.1, float("nan"), "0.4", True):
+        with pytest.raises((TypeError, ValueError)) as theirs:
+            pt.LearnedEmbedding(8, DIM, alpha=alpha)
+        with pytest.raises(theirs.type, match="alpha"):
+            pf.Learned(8, DIM, alpha=alpha, rngs=rngs)
+    learned = pf.Learned(8, DIM, rngs=rngs)
+    for length, error in ((4, "length must be >= num_positions = 8"), (65, "n\\*n = 64"), (-1, "non-negative")):
+        with pytest.raises(ValueError, match=error):
+            learned.extend(length)
+    with pytest.raises(TypeError, match="length must be an integer"):
+        learned.extend(9.0)
+    assert learned.num_positions == 8
+    with pytest.raises(ValueError, match=r"num_positions = 8.*extend\(12\)"):
+        learned.embed(jnp.zeros((1, 4, DIM)), offset=8)
+
+
 def test_flax_modules_are_the_functional_calls():
     q, k, v = (jnp.asarray(a) for a in _qkv(3, 5))
     t5, shaw, dyn = pf.T5(HEADS, rngs=rngs), pf.Shaw(DIM, max_distance=2, rngs=rngs), pe.scaling.DynamicNTK(2.0, 4)

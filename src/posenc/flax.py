@@ -203,23 +203,52 @@ class Sinusoidal(PositionalModule):
 
 class Learned(PositionalModule):
     """A learned absolute table ``weight [num_positions, dim]`` (``nnx.Param``) added to the
-    tokens. A concrete position outside ``[0, num_positions)`` is a ``ValueError``, as for
-    the torch module; a traced one gives a NaN row (negative ones too, not a row from the end)."""
+    tokens, grown by :meth:`extend` (hierarchical extension with ``alpha``, checked now). A
+    concrete position outside ``[0, num_positions)`` is a ``ValueError`` (one past the end
+    points to :meth:`extend`), as for ``posenc.torch.LearnedEmbedding``; a traced one gives a
+    NaN row (negative ones too, not a row from the end)."""
 
-    def __init__(self, num_positions: int, dim: int, *, param_dtype=jnp.float32, rngs: nnx.Rngs):
-        self.weight = _normal(rngs, (_positive("num_positions", num_positions), _positive("dim", dim)), 0.02, _param_dtype(param_dtype))
+    def __init__(self, num_positions: int, dim: int, *, alpha: float = 0.4, param_dtype=jnp.float32, rngs: nnx.Rngs):
+        shape = (_positive("num_positions", num_positions), _positive("dim", dim))
+        self.alpha = check.real("alpha", alpha, minimum=0.0, below=1.0)
+        self.weight = _normal(rngs, shape, 0.02, _param_dtype(param_dtype))
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.weight.shape[0])
 
     def embed(self, x, positions=None, *, offset=0):
         positions = _args.embedded_positions(x, positions, offset)
         if not jnp.issubdtype(positions.dtype, jnp.integer):
             raise TypeError(f"positions must be integers, got {positions.dtype}")
-        n = self.weight.shape[0]
+        n = self.num_positions
         if check.is_eager(positions) and positions.size:
             low, high = int(jnp.min(positions)), int(jnp.max(positions))
             if low < 0 or high >= n:
-                raise ValueError(f"positions must lie in [0, num_positions = {n}), got {low}..{high}")
+                hint = f": grow the table first with extend({high + 1})" if low >= 0 else ""
+                raise ValueError(f"positions must lie in [0, num_positions = {n}), got {low}..{high}{hint}")
         rows = jnp.where(positions < 0, n, positions)  # (jnp.take reads a negative index from the end)
         return x + jnp.take(self.weight[...], rows, axis=0, mode="fill", fill_value=jnp.nan).astype(x.dtype)
+
+    def extend(self, length: int) -> Learned:
+        r"""Grow the table to ``length <= num_positions**2`` rows with :func:`posenc.hierarchical_extend`.
+
+        .. math::
+
+            u = \frac{W - \alpha W_0}{1 - \alpha}, \qquad
+            W'_p = \alpha\, u_{\lfloor p / n \rfloor} + (1 - \alpha)\, u_{p \bmod n}
+
+        Su, "Hierarchically decomposed position encoding" (2020), with ``n = num_positions``:
+        the first ``n`` rows stay the trained ones, bit for bit. ``weight`` is *replaced* by a
+        new ``nnx.Param`` of ``length`` rows (in its dtype): an ``nnx.Optimizer`` built before
+        holds state shaped as the old table (Adam's moments), so build it again after
+        extending. Returns the module.
+        """
+        length = check.integer("length", length, minimum=0)
+        if length < self.num_positions:
+            raise ValueError(f"extend grows the table: length must be >= num_positions = {self.num_positions}, got {length}")
+        self.weight = nnx.Param(pe.hierarchical_extend(self.weight[...], length, alpha=self.alpha))
+        return self
 
 
 # ---------------------------------------------------------------- rotary
