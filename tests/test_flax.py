@@ -176,8 +176,14 @@ def test_flax_module_stores_its_parameters_in_param_dtype(name):
     _assert_close_in_16_bits(*_outputs_at(torch_module, flax_module, "bfloat16"), "bfloat16")
     q, k, v = (jnp.asarray(a) for a in _qkv(2, 6))
     x = jnp.ones((2, 5, DIM))
-    assert {flax_module.logits(q, k).dtype, flax_module(q, k, v).dtype, flax_module.embed(x).dtype} == {jnp.dtype(jnp.float32)}
-    grads = nnx.grad(lambda m: jnp.sum(m(q, k, v, causal=True) ** 2) + jnp.sum(m.embed(x) ** 2))(flax_module)
+
+    @nnx.jit  # (one compilation instead of JAX's eager op-by-op ones: the test's time)
+    def float32_outputs_and_grads(module):
+        grads = nnx.grad(lambda m: jnp.sum(m(q, k, v, causal=True) ** 2) + jnp.sum(m.embed(x) ** 2))(module)
+        return (module.logits(q, k), module(q, k, v), module.embed(x)), grads
+
+    outputs, grads = float32_outputs_and_grads(flax_module)
+    assert {out.dtype for out in outputs} == {jnp.dtype(jnp.float32)}
     assert {leaf.dtype for leaf in jax.tree.leaves(grads)} == {jnp.dtype(jnp.bfloat16)}
 
 
