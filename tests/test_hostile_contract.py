@@ -516,3 +516,16 @@ def test_positions_from_cu_seqlens_of_every_torch_integer_dtype(dtype):
     assert pe.positions_from_cu_seqlens(cu, 5).tolist() == [0, 1, 0, 1, 2]
     with pytest.raises(ValueError, match="non-decreasing"):
         pe.positions_from_cu_seqlens(torch.tensor([0, 3, 2, 5], dtype=getattr(torch, dtype)), 5)
+
+
+def test_alibi_slopes_of_no_heads_are_refused_as_a_t5_table_of_no_heads_is():
+    """Head counts are positive (API.md): empty slopes had given a [0, q, k] bias."""
+    for call in (
+        lambda s: pe.alibi_bias(s, 2, 2),
+        lambda s: pe.relative_bias("alibi", s, 2, 2),
+        lambda s: pe.alibi_bias(s, 1, 2, query_positions=np.array([1]), key_positions=np.arange(2)),
+    ):
+        with pytest.raises(ValueError, match="slopes must hold at least one head"):
+            call(np.zeros(0))
+    with pytest.raises(ValueError, match="at least one head column"):
+        pe.t5_bias(np.zeros((32, 0)), 2, 2)

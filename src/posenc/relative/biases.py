@@ -141,6 +141,8 @@ def _t5_vector(xp, table, dist, *, num_buckets, max_distance, bidirectional):
 def _check_alibi(xp, slopes, *, symmetric=False):
     check.float_array("slopes", slopes, xp)
     check.ndim("slopes", slopes, exactly=1)
+    if check.static_int(slopes.shape[0]) == 0:  # (as a T5 table and alibi_slopes refuse no heads)
+        raise ValueError(f"slopes must hold at least one head, got shape {tuple(slopes.shape)}")
     if not isinstance(symmetric, bool):
         raise TypeError(f"symmetric must be True or False, got {symmetric!r}")
     return {"symmetric": symmetric}
