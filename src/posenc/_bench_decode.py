@@ -85,19 +85,19 @@ def numpy_cases(dtype=np.float32):
         Case(
             "t5_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=pos, key_positions=keys),
-            lambda: _numpy_t5(table, PAST, keys),
+            lambda: _numpy_t5(table, pos, keys),
             1.0,
         ),
         Case(
             "relative_bias t5 numpy 16 heads, 1 x 512, positions",
             lambda: pe.relative_bias("t5", table, 1, PAST + 1, query_positions=pos, key_positions=keys),
-            lambda: _numpy_t5(table, PAST, keys),
+            lambda: _numpy_t5(table, pos, keys),
             1.0,
         ),
         Case(
             "alibi_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
-            lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(dtype),
+            lambda: -slopes[:, None, None] * (pos[:, None] - keys[None, :]).astype(dtype),
         ),
     ]
 
@@ -147,6 +147,7 @@ def torch_cases(torch, dtype=None):
     slopes = alibi.slopes
     keys, query = torch.arange(PAST + 1), torch.tensor([PAST])
     alibi_formula = lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].to(slopes.dtype)  # noqa: E731
+    alibi_positions_formula = lambda: -slopes[:, None, None] * (query[:, None] - keys[None, :]).to(slopes.dtype)  # noqa: E731
     t5_formula = lambda: t5.compute_bias(1, PAST + 1, past_seen_tokens=PAST)  # noqa: E731
     key_minus_query = -torch.arange(PAST + 1)  # a decode step's q_len + k_len - 1 distances rel = 0 .. 511, as T5 signs them
 
@@ -172,8 +173,8 @@ def torch_cases(torch, dtype=None):
             Case("rope torch [1,32,1,128], position_ids [[511]]", lambda: pe.rope(q, position_ids), rope_formula),
             Case("T5RelativeBias 16 heads, 1 x 512, positions", lambda: t5_module(1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("t5_bias torch 16 heads, 1 x 512, positions", lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
-            Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
-            Case("alibi_bias torch 16 heads, 1 x 512, positions", lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=query, key_positions=keys), alibi_formula),
+            Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_positions_formula),
+            Case("alibi_bias torch 16 heads, 1 x 512, positions", lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=query, key_positions=keys), alibi_positions_formula),
             Case("score_mod t5 16 heads, 1 x 512", lambda: score_mod("t5", table, 1, PAST + 1, offset=PAST), t5_vector, 1.0),
             # transformers' own ALiBi step: BLOOM's build_alibi_tensor of the mask (slopes times key positions).
             Case(

@@ -184,16 +184,14 @@ def array_key(a, *, cuda=False):
 
 def arrays_key(arrays, *, cuda=False):
     """``tuple(array_key(a, cuda=cuda) for a in arrays)``, or None where one is None or where
-    NumPy arrays are among another library's (``one_library``): torch's transforms asked
-    once for all (a planned call's key in fewer steps)."""
-    numpy = sum(type(a) is np.ndarray for a in arrays)
+    NumPy arrays are among another library's (``one_library``): one pass, torch's transforms
+    asked once for all (a planned call's key in fewer steps)."""
     torch = sys.modules.get("torch")
-    if 0 < numpy < len(arrays) or numpy == 0 and torch is not None and torch_transforming(fake=False):
-        return None
-    keys = []
+    keys, numpy = [], 0
     for a in arrays:
         kind = type(a)
         if kind is np.ndarray:
+            numpy += 1
             keys.append((kind, a.shape, a.strides, a.dtype, a.flags.num))
         elif torch is not None and (kind is torch.Tensor or kind is torch.nn.Parameter) and a.layout is torch.strided and not a.is_neg():
             if a.is_cpu:
@@ -204,6 +202,8 @@ def arrays_key(arrays, *, cuda=False):
                 return None
         else:
             return None
+    if numpy != len(keys) and (numpy or torch_transforming(fake=False)):
+        return None
     return tuple(keys)
 
 

@@ -207,7 +207,7 @@ class Launcher:
             held = self.sources = (sources, sources if type(sources) is np.ndarray else sources.numpy())
         result = np.empty(shape, self.result)
         merged = result.reshape(-1, *shape[-3:])
-        if not self.kernel(self.params(params), held[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
+        if not self.kernel(params if self.params is None else self.params(params), held[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
             return None
         return result if self.wrap is None else self.wrap(result)
 
@@ -216,9 +216,10 @@ _FIRST = np.zeros((1, 1), np.int64)  # one query at 0: a row's index is its star
 
 
 def _host_reader(params, element):
-    """``params`` (NumPy, or a torch CPU tensor) as the NumPy array of ``element`` a kernel reads."""
+    """``params`` (NumPy, or a torch CPU tensor) as the NumPy array of ``element`` a kernel
+    reads; None for NumPy parameters the kernel reads as they are."""
     if type(params) is np.ndarray:
-        return (lambda a: a) if params.dtype == element else (lambda a: a.view(element))
+        return None if params.dtype == element else (lambda a: a.view(element))
     if params.dtype.itemsize == 2:  # float16, bfloat16: bits
         return lambda a: _arrays.host_view(a).view(element)
     import torch

@@ -8,7 +8,7 @@ and the ``offset``'s type (its value is the plan's argument).
 
 from __future__ import annotations
 
-from .._plans import array_key, context_key, keywords_key, value_key
+from .._plans import array_key, arrays_key, context_key, keywords_key, value_key
 
 _POSITIONS = ("query_positions", "key_positions")
 
@@ -28,8 +28,9 @@ def _bias_key(name, args, kwargs, rows=1):
             return None
         parts = (array_key(params), context_key(params), keywords_key(kwargs, "offset"))
         return None if None in parts else (name, kind, offset is None, *parts)
-    parts = (array_key(params), value_key(query), value_key(keys), context_key(params, query, keys), keywords_key(kwargs, "offset", *_POSITIONS))
-    return None if None in parts else (name, kind, q_len, k_len, offset is None, *parts)
+    arrays = (array_key(params), value_key(query), value_key(keys)) if query is None or keys is None else arrays_key((params, query, keys))
+    parts = (arrays, context_key(params, query, keys), keywords_key(kwargs, "offset", *_POSITIONS))
+    return None if None in parts or None in arrays else (name, kind, q_len, k_len, offset is None, *arrays, *parts[1:])
 
 
 class RelativeBias:
