@@ -233,6 +233,8 @@ def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_out
         np.testing.assert_array_equal(np.asarray(module.embed(x, offset=offsets)), np.asarray(rows))
         positions = jnp.asarray([0, 4, 7])  # (given positions take the offset too: it had been dropped)
         np.testing.assert_array_equal(np.asarray(module.embed(x, positions, offset=5)), np.asarray(module.embed(x, positions + 5)))
+        closed = jnp.asarray([0, 4, 7])  # positions closed over by a jitted step: values of its trace, not read by a check
+        np.testing.assert_array_equal(np.asarray(jax.jit(lambda x: module.embed(x, closed, offset=5))(x)), np.asarray(module.embed(x, positions + 5)))
     sinusoidal = pf.Sinusoidal(DIM)  # int8 positions plus an int8 offset: the sums' rows (they had wrapped in int8)
     narrow = sinusoidal.embed(x, jnp.asarray([0, 4, 7], dtype=jnp.int8), offset=jnp.asarray(124, dtype=jnp.int8))
     np.testing.assert_array_equal(np.asarray(narrow), np.asarray(sinusoidal.embed(x, jnp.asarray([124, 128, 131]))))
