@@ -582,3 +582,20 @@ def test_the_key_of_several_arrays_is_their_array_keys():
     with torch.autograd.forward_ad.dual_level():  # a dual tensor: torch's transforms, no key
         dual = torch.autograd.forward_ad.make_dual(torch.zeros(2), torch.ones(2))
         assert _plans.arrays_key((dual, t)) is None and _plans.array_key(dual) is None
+
+
+def test_a_cleared_plan_cache_keeps_no_plan_alive():
+    """``plans.clear()`` releases every plan (docs/decoding-loop.md), the one given last too."""
+    import gc
+    import weakref
+
+    x = np.ones((1, 2, 3, 8))
+    pe.rope.plans.clear()
+    for _ in range(3):
+        pe.rope(x, offset=4)
+    plan = next(p for p in pe.rope.plans.values() if p)
+    gone = weakref.ref(plan)
+    del plan
+    pe.rope.plans.clear()
+    gc.collect()
+    assert gone() is None

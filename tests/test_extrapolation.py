@@ -313,6 +313,7 @@ def test_learnt_means_halfway_from_chance_to_one_at_the_training_length():
         _, counts = np.unique(sequences[:, prompt:], axis=0, return_counts=True)
         assert counts.max() / 100_000 == pytest.approx(_tasks.chance(task, 6), abs=0.01), task
     assert _report.learnt_bar("parity", 8) == (0.5, 0.75) and _report.learnt_bar("count", 8) == pytest.approx((0.2, 0.6))
+    assert 0 < _tasks.chance("bucket_sort", 450) < 1e-4  # (a float division of 450! had overflowed)
 
     def records(task, rates, train_len=8):
         return [

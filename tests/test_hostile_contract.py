@@ -529,3 +529,13 @@ def test_alibi_slopes_of_no_heads_are_refused_as_a_t5_table_of_no_heads_is():
             call(np.zeros(0))
     with pytest.raises(ValueError, match="at least one head column"):
         pe.t5_bias(np.zeros((32, 0)), 2, 2)
+
+
+def test_positions_from_cu_seqlens_closed_over_by_jax_jit_is_never_silently_unchecked():
+    """Narrow boundaries closed over by a jitted function: an error (their widened copy is
+    traced there), never the positions of unchecked boundaries."""
+    jax = pytest.importorskip("jax")
+    bad = jax.numpy.asarray([0, 3, 2, 5], dtype=jax.numpy.int8)
+    for check_traced in (True, False):
+        with pytest.raises(Exception, match="non-decreasing|Abstract tracer|concrete"):
+            jax.jit(lambda: pe.positions_from_cu_seqlens(bad, 5, check_traced=check_traced))()

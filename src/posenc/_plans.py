@@ -81,6 +81,10 @@ class PlanCache(OrderedDict):
         while len(self) > self.limit:
             self.popitem(last=False)
 
+    def clear(self):
+        super().clear()
+        self.last = None  # (a cleared cache keeps no plan alive)
+
 
 def planned(signature):
     def wrap(fn):

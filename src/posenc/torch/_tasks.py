@@ -125,7 +125,8 @@ def chance(task, n):
         return 1 / (min(n, MAX_COUNT) + 1)
     if task == "bucket_sort":  # the likeliest counts of each symbol: as even as n allows
         each, extra = divmod(n, BUCKETS)
-        return math.factorial(n) / (math.factorial(each + 1) ** extra * math.factorial(each) ** (BUCKETS - extra)) / BUCKETS**n
+        ways = math.factorial(n) // (math.factorial(each + 1) ** extra * math.factorial(each) ** (BUCKETS - extra))
+        return ways / BUCKETS**n  # (integers divided once: no float overflow at hundreds of items)
     if task == "sort":  # the answer is the set of items
         return 1 / math.comb(SYMBOLS, n)
     return 1 / math.perm(SYMBOLS, n)  # copy, reverse, duplicate: the items in order
