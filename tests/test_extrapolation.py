@@ -135,6 +135,14 @@ def test_count_answers_how_often_the_query_occurs(n):
     assert set(counts) == set(range(min(n, _tasks.MAX_COUNT) + 1))  # every count occurs, none above the cap
 
 
+@pytest.mark.parametrize("task", ex.TASKS)
+def test_input_lengths_are_those_of_the_generated_sequences(task):
+    for n in range(1, _tasks.SYMBOLS + 1):
+        sequences, _ = _tasks.TASKS[task](np.random.default_rng(0), 1, n)
+        assert _tasks.seq_len(task, n) == sequences.shape[1] - 1
+        assert _tasks.items_within(task, _tasks.seq_len(task, n)) == n
+
+
 def test_tasks_are_reproducible_from_the_generator():
     for task in ex.TASKS:
         a, pa = _tasks.TASKS[task](np.random.default_rng(3), 4, 6)
@@ -214,6 +222,8 @@ def test_the_command_writes_json_markdown_and_figure(tmp_path, monkeypatch, caps
         ({"eval_lens": [8, 4]}, "eval_lens must be >= train_len = 8"),
         ({"eval_lens": [8, -1]}, "positive"),
         ({"eval_lens": [8, 1000]}, "eval_lens must be <= 64 for task 'reverse'"),
+        ({"tasks": "parity", "eval_lens": [8, 5000]}, "eval_lens must be <= 2047 for task 'parity' \\(inputs of at most 2048 tokens\\), got 5000"),
+        ({"tasks": "modular_arithmetic", "train_len": 10**10}, "eval_lens \\(train_len x 1, 2, 4, 8\\) must be <= 1024 for task 'modular_arithmetic'"),
         ({"hparams": ["fire.threshold=3"]}, "ENCODING.NAME=VALUE with ENCODING.NAME one of fire.L"),
         ({"hparams": ["sandwich.dim=7"]}, "sandwich.dim must be an even positive integer"),
         ({"hparams": ["randomized.M=20"]}, "randomized.M must be >= 192, the longest test input"),
@@ -238,6 +248,8 @@ def test_lengths_past_the_distinct_symbols_are_allowed_where_items_repeat():
         (["--train-len", "0"], "train_len must be a positive integer"),
         (["--eval-lens", "4,2", "--train-len", "4"], "eval_lens must be >= train_len"),
         (["--eval-lens", "4,x"], "--eval-lens must be comma-separated integers"),
+        (["--tasks", "modular_arithmetic", "--train-len", "10000000000"], "must be <= 1024 for task 'modular_arithmetic' (inputs of at most 2048 tokens)"),
+        (["--tasks", "parity", "--train-len", str(10**20)], "must be <= 2047 for task 'parity'"),
         (["--seeds", "-1"], "seeds must be a positive integer"),
         (["--seeds", "0"], "seeds must be a positive integer"),
         (["--lrs", "0.01,fast"], "--lrs must be comma-separated numbers"),

@@ -113,7 +113,7 @@ def add_parser(sub):
     p.add_argument("--tasks", help="comma-separated task names out of copy, reverse, duplicate, sort, bucket_sort, parity, modular_arithmetic, count (default: reverse, duplicate, parity, modular_arithmetic, count; --quick: reverse)")
     p.add_argument("--seeds", type=int, help="seeds per (encoding, task) (default 5, --quick 3, --lm 1)")
     p.add_argument("--train-len", type=int, help="items per training sequence, at most (default 8; --lm: bytes, default 64)")
-    p.add_argument("--eval-lens", help="comma-separated lengths to evaluate at, each >= --train-len (default 1x, 2x, 4x, 8x)")
+    p.add_argument("--eval-lens", help="comma-separated lengths to evaluate at, each >= --train-len (default 1x, 2x, 4x, 8x); a task's inputs are at most 2048 tokens")
     p.add_argument("--lrs", help="comma-separated learning rates tried per encoding on seed 0 of reverse, the best on in-distribution validation kept for every task (default 0.0025,0.005,0.01; --quick 0.005)")
     p.add_argument("--steps", type=int, help="training steps per model (default 400)")
     p.add_argument("--hparam", action="append", metavar="ENCODING.NAME=VALUE",

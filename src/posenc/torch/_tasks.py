@@ -106,6 +106,11 @@ TASKS = {
     "parity": parity, "modular_arithmetic": modular_arithmetic, "count": count,
 }  # fmt: skip
 DISTINCT = ("copy", "reverse", "duplicate", "sort")  # at most SYMBOLS items
+# (tokens per item, tokens besides) of the model's input, the whole sequence but its last token
+INPUT_TOKENS = {
+    "copy": (2, 0), "reverse": (2, 0), "duplicate": (3, 0), "sort": (2, 0), "bucket_sort": (2, 0),
+    "parity": (1, 1), "modular_arithmetic": (2, 0), "count": (1, 2),
+}  # fmt: skip
 
 
 def max_items(task):
@@ -134,5 +139,11 @@ def chance(task, n):
 
 def seq_len(task, n):
     """The model's input length for ``n`` items (the whole sequence but its last token)."""
-    sequences, _ = TASKS[task](np.random.default_rng(0), 1, n)
-    return sequences.shape[1] - 1
+    per_item, besides = INPUT_TOKENS[task]
+    return per_item * n + besides
+
+
+def items_within(task, tokens):
+    """The most items whose input is at most ``tokens`` tokens long."""
+    per_item, besides = INPUT_TOKENS[task]
+    return (tokens - besides) // per_item

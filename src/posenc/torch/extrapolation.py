@@ -60,6 +60,10 @@ QUICK_SEEDS = 3
 SEEDS = 5
 TRAIN_LEN = 8
 FACTORS = (1, 2, 4, 8)
+# the longest model input, in tokens: past the papers' longest tests (500 items, Delétang et al.;
+# duplicate's input is 1,500 tokens there), and evaluation's attention scores there (32
+# sequences, 4 heads, float32) are already 2 GiB per layer
+MAX_INPUT = 2048
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,6 +325,7 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     tasks = _names(tasks, TASKS, "task")
     _positive_int("seeds", seeds)
     _positive_int("train_len", train_len)
+    lens = "eval_lens" if eval_lens is not None else f"eval_lens (train_len x {', '.join(map(str, FACTORS))})"
     eval_lens = [train_len * f for f in FACTORS] if eval_lens is None else list(eval_lens)
     if not eval_lens:
         raise ValueError("eval_lens must name at least one length")
@@ -331,7 +336,10 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     for task in tasks:
         most = _tasks.max_items(task)
         if most is not None and max(eval_lens) > most:
-            raise ValueError(f"eval_lens must be <= {most} for task {task!r} (its items are distinct symbols), got {max(eval_lens)}")
+            raise ValueError(f"{lens} must be <= {most} for task {task!r} (its items are distinct symbols), got {max(eval_lens)}")
+        most = _tasks.items_within(task, MAX_INPUT)
+        if max(eval_lens) > most:
+            raise ValueError(f"{lens} must be <= {most} for task {task!r} (inputs of at most {MAX_INPUT} tokens), got {max(eval_lens)}")
     overrides = _hparams.parse(hparams)
     longest = max(_tasks.seq_len(task, max(eval_lens)) for task in tasks)
     if overrides.get("randomized", {}).get("M", longest) < longest:
