@@ -115,6 +115,7 @@ def test_plot_decay_writes_only_its_figure(tmp_path, capsys):
     [
         (["decay", "--base", "10000", "x"], "posenc plot decay: error: argument --base: must be a positive number, got 'x'"),
         (["decay", "--dim", "7"], "posenc plot decay: error: argument --dim: must be an even integer >= 2, got '7'"),
+        (["layouts", "--dim", "100000"], "posenc plot layouts: error: argument --dim: must be an even integer from 2 to 256, got '100000'"),
         (["scaling", "--type", "yarnn"], "posenc plot scaling: error: argument --type: invalid choice: 'yarnn'"),
         (["scaling", "--factor", "0.5"], "posenc plot scaling: error: argument --factor: must be a number >= 1, got '0.5'"),
         (["alibi", "--heads", "0"], "posenc plot alibi: error: argument --heads: must be an integer >= 1, got '0'"),

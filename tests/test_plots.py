@@ -160,6 +160,8 @@ def test_bad_figure_options_name_the_argument():
         plots.alibi(head=8)
     with pytest.raises(ValueError, match="dim"):
         plots.rope_decay(dim=7)
+    with pytest.raises(ValueError, match="dim must be at most 256 for this figure .*, got 258"):
+        plots.rope_layouts(dim=258)
     (one,) = [ax for ax in plots.rope_decay(bases=500000).axes[1:]]
     assert [line.get_label() for line in one.lines] == ["base 500000", "base 500000, mean"]
     with pytest.raises(ValueError, match="bases must name at least one base"):

@@ -16,7 +16,7 @@ import sys
 import time
 
 from posenc._cli_errors import _error, _writable_directory
-from posenc.plots import SCALINGS
+from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS
 
 OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "torch", "jax", "dask", "array-api-strict", "matplotlib")
 
@@ -93,9 +93,9 @@ def cmd_plot(args) -> int:
     return 0
 
 
-def _number(kind, minimum, *, even=False):
+def _number(kind, minimum, *, even=False, maximum=None):
     """An argparse type: an int at least ``minimum`` (even when asked), or a float above 0
-    (``kind=float``, ``minimum=0``) or at least ``minimum``."""
+    (``kind=float``, ``minimum=0``) or at least ``minimum``; at most ``maximum`` when given."""
 
     def parse(text):
         try:
@@ -105,9 +105,10 @@ def _number(kind, minimum, *, even=False):
         if kind is float and minimum == 0:
             if value is None or not 0 < value < float("inf"):
                 raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-        elif value is None or value < minimum or (even and value % 2):
+        elif value is None or not minimum <= value <= (float("inf") if maximum is None else maximum) or (even and value % 2):
             what = "an even integer" if even else {int: "an integer", float: "a number"}[kind]
-            raise argparse.ArgumentTypeError(f"must be {what} >= {minimum:g}, got {text!r}")
+            bounds = f">= {minimum:g}" if maximum is None else f"from {minimum:g} to {maximum:g}"
+            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text!r}")
         return value
 
     return parse
@@ -141,7 +142,9 @@ PLOTS = {
         ("--original", "original", {"type": _number(int, 1), "help": "original (trained) context length"}),
         ("--seq-len", "seq_len", {"type": _number(int, 1), "help": "length seen by dynamic NTK and LongRoPE (default: factor * original)"}),
     ]),
-    "layouts": ("rope_layouts", "rope_layouts.png", [_DIM]),
+    "layouts": ("rope_layouts", "rope_layouts.png", [
+        ("--dim", "dim", {"type": _number(int, 2, even=True, maximum=LAYOUTS_MAX_DIM), "help": f"features (rotary dimension), even, at most {LAYOUTS_MAX_DIM}"}),
+    ]),
 }
 
 

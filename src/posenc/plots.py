@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 __all__ = ["alibi", "rope_decay", "rope_layouts", "scalings", "sinusoidal", "t5_buckets", "write_all"]
 
 SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
+# rope_layouts' widest figure: half an inch per channel, 128 inches at the largest head
+# dimension in common use (256, Gemma's)
+LAYOUTS_MAX_DIM = 256
 
 
 def _figure(size) -> Figure:
@@ -343,7 +346,7 @@ def rope_layouts(*, dim=8, path=None) -> Figure:
     Parameters
     ----------
     dim : int
-        Channels, positive and even.
+        Channels, positive and even, at most :data:`LAYOUTS_MAX_DIM` (256).
     path : str or os.PathLike, optional
         Also save the figure there (PNG).
 
@@ -360,6 +363,8 @@ def rope_layouts(*, dim=8, path=None) -> Figure:
     ['0a', '1a', '0b', '1b', '0a', '0b', '1a', '1b']
     """
     dim = check.even_dim("dim", dim)
+    if dim > LAYOUTS_MAX_DIM:
+        raise ValueError(f"dim must be at most {LAYOUTS_MAX_DIM} for this figure (half an inch per channel), got {dim}")
     pairs = dim // 2
     half = [(c % pairs, "ab"[c // pairs]) for c in range(dim)]
     interleaved = [(c // 2, "ab"[c % 2]) for c in range(dim)]
