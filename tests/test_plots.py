@@ -147,6 +147,7 @@ def test_scaling_figure_of_one_type_and_factor():
     [
         ({"types": ["yarnn"]}, "scaling type must be one of linear, ntk, dynamic, yarn, llama3, longrope, got 'yarnn'"),
         ({"factor": 0.5}, "factor must be at least 1, got 0.5"),
+        ({"factor": 1e300}, "factor x original, the default seq_len, must be at most 9223372036854775807, got 1e\\+300 x 4096$"),
         ({"types": []}, "types must name at least one of"),
     ],
 )

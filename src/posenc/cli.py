@@ -114,6 +114,7 @@ def _number(kind, minimum, *, even=False, maximum=None):
     return parse
 
 
+MAX_FACTOR = 1e6  # plot scaling's: far past the published scalings (LongRoPE's 2048k tokens from 4k: 512)
 _DIM = ("--dim", "dim", {"type": _number(int, 2, even=True), "help": "features (rotary dimension), even"})
 _BASE = ("--base", "base", {"type": _number(float, 0), "help": "frequency base"})
 _LENGTH = ("--length", "length", {"type": _number(int, 1), "help": "number of positions"})
@@ -136,7 +137,7 @@ PLOTS = {
     ]),
     "scaling": ("scalings", "rope_scalings.png", [
         ("--type", "types", {"nargs": "+", "choices": SCALINGS, "help": "one panel per scaling (default: all)"}),
-        ("--factor", "factor", {"type": _number(float, 1), "help": "scaling factor (NTK's alpha)"}),
+        ("--factor", "factor", {"type": _number(float, 1, maximum=MAX_FACTOR), "help": f"scaling factor (NTK's alpha), at most {MAX_FACTOR:g}"}),
         ("--dim", "dim", {"type": _number(int, 4, even=True), "help": "rotary dimension, even"}),
         _BASE,
         ("--original", "original", {"type": _number(int, 1), "help": "original (trained) context length"}),

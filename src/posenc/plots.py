@@ -265,6 +265,13 @@ def _scaling(kind, factor, dim, original):
     raise ValueError(f"scaling type must be one of {', '.join(SCALINGS)}, got {kind!r}")
 
 
+def _default_seq_len(factor, original):
+    original = check.integer("original", original, minimum=1)
+    if factor * original > check.INT64_MAX:
+        raise ValueError(f"factor x original, the default seq_len, must be at most {check.INT64_MAX}, got {factor:g} x {original}")
+    return int(round(factor * original))
+
+
 def scalings(*, types=SCALINGS, factor=4.0, dim=128, base=10000.0, original=4096, seq_len=None, path=None) -> Figure:
     r"""Each scaling's frequencies over the unscaled ones, against the wavelength.
 
@@ -290,7 +297,7 @@ def scalings(*, types=SCALINGS, factor=4.0, dim=128, base=10000.0, original=4096
         The original (trained) context length.
     seq_len : int, optional
         The length the length-dependent scalings (dynamic, LongRoPE) see; default
-        ``factor * original``.
+        ``factor * original``, which must fit in int64.
     path : str or os.PathLike, optional
         Also save the figure there (PNG).
 
@@ -313,7 +320,8 @@ def scalings(*, types=SCALINGS, factor=4.0, dim=128, base=10000.0, original=4096
     types = list(types)
     if not types:
         raise ValueError(f"types must name at least one of {', '.join(SCALINGS)}")
-    seq_len = int(round(factor * original)) if seq_len is None else seq_len
+    if seq_len is None:
+        seq_len = _default_seq_len(factor, original)
     plain, _ = pe.rope_frequencies(dim, base=base)
     wavelength = 2 * np.pi / plain
     cols = min(3, len(types))
