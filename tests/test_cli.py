@@ -1,5 +1,6 @@
 """The posenc command line: info, demo, plot, bench; clean errors without tracebacks."""
 
+import importlib
 import re
 import subprocess
 import sys
@@ -175,6 +176,19 @@ def test_version():
 def test_unknown_subcommand():
     proc = run_cli("frobnicate")
     assert proc.returncode != 0 and "Traceback" not in proc.stderr and "invalid choice" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    "module, argv",
+    [("_bench_decode", ["--calls", "0"]), ("_bench_decode", ["--rounds", "0"]), ("_bench_generate", ["--repeat", "0"]), ("_bench_generate", ["--layers", "-1"])],
+)
+def test_bench_scripts_refuse_counts_below_one(module, argv, monkeypatch, capsys):
+    bench = importlib.import_module(f"posenc.{module}")
+    monkeypatch.setattr(bench, "run", lambda *a, **k: pytest.fail("ran despite a bad count"))
+    with pytest.raises(SystemExit) as exit:
+        bench.main(argv)
+    assert exit.value.code == 2
+    assert f"error: argument {argv[0]}: must be a positive integer, got '{argv[1]}'" in capsys.readouterr().err
 
 
 def tiny_bench_rows():
