@@ -1,7 +1,9 @@
 """The posenc command line: info, demo, plot, bench; clean errors without tracebacks."""
 
 import importlib
+import pathlib
 import re
+import shlex
 import subprocess
 import sys
 
@@ -405,3 +407,39 @@ def test_bench_gpu_jax_rows_dispatch_calls_back_to_back(monkeypatch):
     assert [r.impl for r in rows] == ["jnp plain formula, jax.jit", "posenc rope (JAX, jax.jit)", "jnp negation, jax.jit (bandwidth)"]
     assert all(r.seconds > 0 for r in rows)
     assert len(dispatched) == 1 + 2 * _bench_gpu.BACK_TO_BACK  # a warm-up call, then two samples
+
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# a command line as the docs write one, up to the end of its code span, quote, comment or clause
+COMMAND = re.compile(r"posenc (?:info|demo|bench|warmup|plot|extrapolate)\b[^`\"'|)#,:\n]*")
+
+
+REFUSED_ON_PURPOSE = {"posenc plot decay --dim 7 --out figures"}  # docs/cli.md shows the refusal
+
+
+def documented_commands():
+    """``(file, command)`` for each ``posenc ...`` command line with options in the README, the
+    docs and the sources' docstrings (synopses with ``[...]``, ``FIGURE`` or ``...`` left out)."""
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "src" / "posenc").rglob("*.py"))]
+    for path in files:
+        for command in COMMAND.findall(path.read_text(encoding="utf-8")):
+            command = command.strip()
+            if " --" in command and command not in REFUSED_ON_PURPOSE and not re.search(r"\[|FIGURE|\.\.\.|--help", command):
+                yield path.relative_to(ROOT).as_posix(), command
+
+
+def test_documented_command_lines_are_ones_the_command_takes(capsys):
+    """Every option exists; the README's and the docs' lines (not a docstring's mention of a
+    mode, such as ``posenc extrapolate --lm``) are whole, with the --out that plot and extrapolate need."""
+    refused = []
+    for where, command in documented_commands():
+        argv = shlex.split(command)[1:]
+        if argv[0] in ("plot", "extrapolate") and "--out" not in argv:
+            if not where.endswith(".py"):
+                refused.append((where, command, "--out is required"))
+            argv += ["--out", "DIR"]
+        try:
+            cli.build_parser().parse_args(argv)
+        except SystemExit:
+            refused.append((where, command, capsys.readouterr().err.splitlines()[-1]))
+    assert not refused

@@ -4,8 +4,9 @@ Each case is one public call at the sizes of a decode step (one new token after 
 of 511: LLaMA-like heads ``[1, 32, 1, 128]`` and ``[1, 8, 1, 128]``, 16 bias heads over
 512 keys) and the code it replaces, fed the same inputs. Rounds alternate between the
 two so that a busy machine slows both alike: the figure of each is its best round's mean
-per call. ``posenc bench --decode`` prints them; ``asv_benchmarks/benchmarks/decode.py``
-times the same cases.
+per call. ``posenc bench`` prints them in its decode-step section, ``python -m
+posenc._bench_decode`` alone (``-k TEXT``: the cases whose name contains it);
+``asv_benchmarks/benchmarks/decode.py`` times the same cases.
 """
 
 from __future__ import annotations
