@@ -89,6 +89,21 @@ def test_a_machine_without_the_standard_librarys_source_is_told_before_training(
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (["--eval-lens", "64,3000000"], "eval_lens must be <= 999 bytes for --lm (the test text is 1000 bytes), got 3000000"),
+        (["--train-len", "200"], "eval_lens (train_len x 1, 2, 4, 8) must be <= 999 bytes for --lm (the test text is 1000 bytes), got 1600"),
+        (["--train-len", "600", "--eval-lens", "600"], "train_len must be <= 499 bytes for --lm (the training text is 500 bytes), got 600"),
+    ],
+)
+def test_lengths_past_the_text_are_refused_with_the_largest_allowed(argv, message, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(lm, "train", lambda *a, **k: pytest.fail("trained despite a bad argument"))
+    monkeypatch.setattr(lm, "corpus", lambda: (np.zeros(500, dtype=np.uint8), np.zeros(1000, dtype=np.uint8), {}))
+    assert cli.main(["extrapolate", "--lm", *argv, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"posenc extrapolate: {message}\n"
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
         (["--tasks", "copy"], "--tasks does not apply to --lm"),
         (["--lrs", "0.01"], "--lrs does not apply to --lm"),
         (["--encodings", "bogus"], "unknown encoding 'bogus'"),

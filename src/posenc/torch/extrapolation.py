@@ -317,6 +317,11 @@ def _positive_int(name, value):
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
+def lens_name(eval_lens):
+    """How a refusal names ``eval_lens``: as given, or as the default multiples of train_len."""
+    return "eval_lens" if eval_lens is not None else f"eval_lens (train_len x {', '.join(map(str, FACTORS))})"
+
+
 def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN, eval_lens=None, hparams=None, config=None):
     """Validated ``(encodings, tasks, seeds, train_len, eval_lens, overrides)``; raises a
     ValueError naming the argument before any training. ``hparams``: ``["fire.L=8", ...]``
@@ -325,7 +330,7 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     tasks = _names(tasks, TASKS, "task")
     _positive_int("seeds", seeds)
     _positive_int("train_len", train_len)
-    lens = "eval_lens" if eval_lens is not None else f"eval_lens (train_len x {', '.join(map(str, FACTORS))})"
+    lens = lens_name(eval_lens)
     eval_lens = [train_len * f for f in FACTORS] if eval_lens is None else list(eval_lens)
     if not eval_lens:
         raise ValueError("eval_lens must name at least one length")

@@ -135,6 +135,7 @@ def check_arguments(encodings=None, seeds=1, train_len=TRAIN_LEN, eval_lens=None
     encodings = ex._names(encodings, ex.ENCODINGS, "encoding")
     ex._positive_int("seeds", seeds)
     ex._positive_int("train_len", train_len)
+    lens = ex.lens_name(eval_lens)
     eval_lens = [train_len * f for f in ex.FACTORS] if eval_lens is None else list(eval_lens)
     if not eval_lens:
         raise ValueError("eval_lens must name at least one length")
@@ -146,9 +147,14 @@ def check_arguments(encodings=None, seeds=1, train_len=TRAIN_LEN, eval_lens=None
     if overrides.get("randomized", {}).get("M", max(eval_lens)) < max(eval_lens):
         raise ValueError(f"--hparam randomized.M must be >= {max(eval_lens)}, the longest test input (bytes), got {overrides['randomized']['M']}")
     train, test, _ = corpus()
-    if train.size <= train_len or test.size <= max(eval_lens):
+    if min(train.size, test.size) < 2:  # not one window of one byte and the byte after it
         root = sysconfig.get_paths()["stdlib"]
         raise ValueError(f"--lm needs the Python standard library's .py files, found {train.size} training and {test.size} test bytes under {root}")
+    # a window is followed by the byte it predicts last
+    if max(eval_lens) > test.size - 1:
+        raise ValueError(f"{lens} must be <= {test.size - 1} bytes for --lm (the test text is {test.size} bytes), got {max(eval_lens)}")
+    if train_len > train.size - 1:
+        raise ValueError(f"train_len must be <= {train.size - 1} bytes for --lm (the training text is {train.size} bytes), got {train_len}")
     return encodings, seeds, train_len, sorted(set(eval_lens)), overrides
 
 
