@@ -193,6 +193,14 @@ def test_bench_scripts_refuse_counts_below_one(module, argv, monkeypatch, capsys
     assert f"error: argument {argv[0]}: must be a positive integer, got '{argv[1]}'" in capsys.readouterr().err
 
 
+def test_warmup_gpu_without_a_usable_gpu_names_the_option(monkeypatch, capsys):
+    from posenc._kernels import _arrays
+
+    monkeypatch.setattr(_arrays, "cuda_problem", lambda: "no usable CUDA GPU (here, a test's)")
+    assert cli.main(["warmup", "--gpu", "--dtype", "float32"]) == 2
+    assert capsys.readouterr().err == "posenc warmup: --gpu needs the numba.cuda kernels, unavailable here: no usable CUDA GPU (here, a test's)\n"
+
+
 def tiny_bench_rows():
     quiet = lambda s: None  # noqa: E731
     return _bench.rope_rows((1, 2, 16, 8), 1, quiet) + _bench.t5_rows(2, 16, 1, quiet) + _bench.alibi_rows(2, 16, 1, quiet)

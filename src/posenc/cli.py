@@ -171,6 +171,11 @@ def _add_plot(sub) -> None:
 
 def cmd_warmup(args) -> int:
     import posenc
+    from posenc._kernels import _arrays
+
+    problem = _arrays.cuda_problem() if args.gpu else None
+    if problem:
+        return _error("warmup", f"--gpu needs the numba.cuda kernels, unavailable here: {problem}", 2)
 
     def progress(done, total, built):
         width = 30
