@@ -231,6 +231,15 @@ def test_the_regression_check_selects_posencs_hot_paths_and_ratios_only(rows):
     assert len(chosen) == 11  # the set measured in docs/benchmarks.md: about 4-5 minutes a comparison
 
 
+def test_the_docs_name_the_rows_the_regression_check_runs(rows):
+    section = (ROOT / "docs" / "benchmarks.md").read_text().split("### The regression check")[1].split("\n#")[0]
+    chosen = selected(regression_regexes(), [name for name, _ in rows])
+    shapes, calls = re.findall(r"`(\d+x\d+x\d+x\d+)`", section), re.findall(r"`(\w+\.\w+\.\w+\(\d+\))`", section)
+    assert shapes and calls
+    assert [shape for shape in shapes if not any(f"('{shape}'" in name for name in chosen)] == []
+    assert [call for call in calls if call not in chosen] == []
+
+
 def test_anchored_names_select_one_class():
     names = ["decode.DecodeStep.time_posenc('rope numpy [1,32,1,128]')", "jax.JaxDecode.time_decode_posenc_jax_jit"]
     assert selected(["DecodeStep"], names) == names[:1]
