@@ -1,4 +1,4 @@
-"""The ``posenc`` command: ``info``, ``demo``, ``bench``, ``warmup`` and ``plot``.
+"""The ``posenc`` command: ``info``, ``demo``, ``bench``, ``warmup``, ``plot`` and ``extrapolate``.
 
 Each subcommand is added by one ``_add_NAME(sub)`` function listed in ``SUBCOMMANDS``; its
 parser's ``func`` runs it.
