@@ -29,8 +29,10 @@ def _bias_key(name, args, kwargs, rows=1):
         parts = (array_key(params), context_key(params), keywords_key(kwargs, "offset"))
         return None if None in parts else (name, kind, offset is None, *parts)
     arrays = (array_key(params), value_key(query), value_key(keys)) if query is None or keys is None else arrays_key((params, query, keys))
-    parts = (arrays, context_key(params, query, keys), keywords_key(kwargs, "offset", *_POSITIONS))
-    return None if None in parts or None in arrays else (name, kind, q_len, k_len, offset is None, *arrays, *parts[1:])
+    if arrays is None or None in arrays:
+        return None
+    parts = (*arrays, context_key(params, query, keys), keywords_key(kwargs, "offset", *_POSITIONS))
+    return None if None in parts else (name, kind, q_len, k_len, offset is None, *parts)
 
 
 class RelativeBias:
