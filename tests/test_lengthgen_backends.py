@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 import posenc as pe
-from arrays import assert_close
+from arrays import GPU_BACKENDS, assert_close
 from test_lengthgen import kerple_reference, mae_2d_sincos, sandwich_reference
 
 
@@ -28,7 +28,9 @@ def test_sandwich_bias_has_one_set_of_bits(backend):
     """Its cosines are summed in one fixed order (``cos_k - 1``, term by term), so float64 is
     NumPy's bits on every namespace and the jitted call is the eager one (``xp.sum``'s
     orders had differed by up to 128 ulps under the ``- d/2`` cancellation); with JAX
-    without x64, float32 eager and jitted calls agree too."""
+    without x64, float32 eager and jitted calls agree too. A GPU's own ``cos`` is within an
+    ulp of NumPy's, not bitwise the same (CuPy on an H200: 38 of 324 elements 1-2 ulps
+    off), so there the float64 sum keeps the same order and is held to the 32 cosines' ulps."""
     import importlib
 
     x64 = backend.name != "jax" or importlib.import_module("jax").config.jax_enable_x64
@@ -37,7 +39,9 @@ def test_sandwich_bias_has_one_set_of_bits(backend):
     want = pe.sandwich_bias(9, 12, 64, heads=3, dtype=getattr(np, dtype))
     runs = [backend.to_numpy(run) for run in backend.each_run(out)]
     for run in runs:
-        if dtype == "float64":
+        if dtype == "float64" and backend.name in GPU_BACKENDS:
+            np.testing.assert_allclose(run, want, rtol=0, atol=32 * np.finfo(np.float64).eps)
+        elif dtype == "float64":
             np.testing.assert_array_equal(run, want)
         else:
             np.testing.assert_allclose(run, want, rtol=1e-6, atol=1e-7)  # (float32 sums: precision.md's 1e-6)
