@@ -7,6 +7,8 @@ under ``make test-gpu``. Results are compared with the NumPy references
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -91,14 +93,15 @@ def test_rope_on_hf_views_in_place(dtype, positions_dtype):
 def test_a_block_of_short_rows_gives_every_warp_thread_a_column(columns):
     """Rows of 32 columns or fewer: ``x`` threads a power of two dividing a warp, fewer than
     twice the columns (4 at least, so that ``z`` stays within the device's 64 a block); longer
-    rows take whole warps."""
+    rows take whole warps. Two ``y`` threads share a row's heads where the block is told to
+    split them (float32 and float64), one takes them all otherwise (16-bit elements)."""
     from posenc._kernels import rope_cuda
 
-    for heads in (1, 2, 32):
-        bx, by, bz = rope_cuda._block(columns, heads)
+    for heads, split in itertools.product((1, 2, 32), (True, False)):
+        bx, by, bz = rope_cuda._block(columns, heads, split)
         assert 32 % bx == 0 and columns <= bx and (bx < 2 * columns or bx == 4)
-        assert bx * by * bz == rope_cuda._THREADS and bz <= 64 and by == (2 if heads > 1 else 1)
-    assert rope_cuda._block(33, 32) == (64, 2, 2)
+        assert bx * by * bz == rope_cuda._THREADS and bz <= 64 and by == (2 if split and heads > 1 else 1)
+    assert rope_cuda._block(33, 32, True) == (64, 2, 2) and rope_cuda._block(33, 32, False) == (64, 1, 4)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -313,23 +316,28 @@ def test_cuda_rotation_is_within_one_ulp_of_the_cpu_kernel(dtype, layout, heads)
     assert np.all(np.abs(gpu - cpu) <= ulp(cpu, dtype) + 4 * EPS[dtype] * np.abs(x.astype(np.float64)).max())
 
 
+@pytest.mark.parametrize("op", ["rotate", "apply"])
 @pytest.mark.parametrize("where", ["words", "one channel at a time"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype, where):
+def test_a_head_rotates_to_the_same_bits_alone_or_among_others(dtype, where, op):
     """A thread rotates its heads eight at a time (16-bit elements), then four, then one at a
-    time: 27 heads (two y threads: 14 and 13 heads each, every loop taken) against each head
-    alone (one at a time only), bit for bit, so no result depends on how many heads share a
-    call; in words of two channels, and one channel at a time (the same values one element
-    into their memory)."""
+    time: 27 heads (16-bit: one thread takes all 27, ``rope_apply`` in words loading the
+    first eight before its tables; float32: two y threads, 14 and 13 heads each) against
+    each head alone (one at a time only), bit for bit, so no result depends on how many
+    heads share a call; in words of two channels, and one channel at a time (the same
+    values one element into their memory)."""
     from posenc._kernels import rope_cuda
 
     rng = np.random.default_rng(12)
     x = _hf_views(rng, 2, 3, 27, 16, dtype)
     positions = _device(rng.integers(0, 500_000, (2, 1, 3)))
     inv_freq = 10000.0 ** -(np.arange(8) / 8)
+    cos, sin = (_device(t) for t in _tables(rng, 2, 3, 16, "half", dtype))
     placed = np.ascontiguousarray if where == "words" else _one_element_on
 
     def rotated(a):
+        if op == "apply":
+            return to_host(rope_cuda.rotate_cos_sin(_device(placed(a)), cos, sin))
         return to_host(rope_cuda.rotate_positions(_device(placed(a)), positions, inv_freq))
 
     together = rotated(x)

@@ -181,17 +181,17 @@ def _cupy_rows(torch, gpu_ms):
 
 
 def _block_shapes(torch, gpu_ms):
-    """An A/B of the rotation's block (``rope_cuda._block``): its usual two threads a pair
-    over a row's heads, each rotating half of them, against one thread a pair rotating every
-    head (the angle's float64 work, before the first load, spread over twice the heads)."""
+    """An A/B of the rotation's block (``rope_cuda._block``): as built (two threads a pair
+    over a row's heads for float32, each rotating half of them; one thread a pair for 16-bit
+    elements) against the other choice for the same dtype (the angle's or tables' work,
+    before the first loads, done once a row or twice)."""
     import posenc as pe
     from posenc._kernels import rope_cuda
 
     usual = rope_cuda._block
 
-    def one_thread_a_pair(columns, heads):
-        bx, _, _ = usual(columns, heads)
-        return bx, 1, rope_cuda._THREADS // bx
+    def other(columns, heads, split):
+        return usual(columns, heads, not split)
 
     pos = torch.arange(8192, device="cuda")
     q = torch.randn(4, 4096, 32, 128, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
@@ -203,8 +203,9 @@ def _block_shapes(torch, gpu_ms):
     }
     for name, (dtype, call) in calls.items():
         x = torch.randn(4, 32, 8192, 128, device="cuda").to(dtype) if dtype is not None else None
-        times = _per_block(gpu_ms, (usual, one_thread_a_pair), lambda: call(x))
-        print(f"block A/B {name}: two threads a pair {times[0]:.3f} ms | one thread a pair {times[1]:.3f} ms")
+        times = _per_block(gpu_ms, (usual, other), lambda: call(x))
+        built, flipped = ("two threads a pair", "one thread a pair") if dtype == torch.float32 else ("one thread a pair", "two threads a pair")
+        print(f"block A/B {name}: {built} (as built) {times[0]:.3f} ms | {flipped} {times[1]:.3f} ms")
         del x
 
 
