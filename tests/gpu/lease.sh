@@ -8,6 +8,7 @@
 #            torch.compile's Triton kernel of the formula (tests/gpu/profile_rotation.py)
 #   probe    tests/gpu/probe_bounds.py: the rotation's memory pattern without its arithmetic
 #   bench    posenc bench --gpu
+#   variants tests/gpu/kernel_variants.py: the rotation kernel against its variants (an A/B)
 # Default: test figures probe (about 450 s with the machine's start); then ncu bench.
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 OUT=${OUT:-/tmp/out}
@@ -27,6 +28,7 @@ for step in "${steps[@]}"; do
 		python3 tests/gpu/profile_rotation.py > "$OUT/ncu.txt" 2>&1 ;;
 	probe) timeout 100 python3 -u tests/gpu/probe_bounds.py > "$OUT/probe.txt" 2>&1 ;;
 	bench) timeout 250 python3 -u -m posenc.cli bench --gpu > "$OUT/bench.txt" 2>&1 ;;
+	variants) timeout 200 python3 -u tests/gpu/kernel_variants.py > "$OUT/variants.txt" 2>&1 ;;
 	*) echo "unknown step $step" ;;
 	esac
 	echo "$step: exit $?" >> "$summary"
@@ -36,5 +38,6 @@ cat "$summary"
 [ -f "$OUT/figures.txt" ] && cut -c1-250 "$OUT/figures.txt"
 [ -f "$OUT/probe.txt" ] && cut -c1-200 "$OUT/probe.txt"
 [ -f "$OUT/ncu.txt" ] && grep -E "Context [0-9]+, Stream|Memory Throughput|DRAM Throughput|Achieved Occupancy|Registers Per Thread|Duration|Compute \(SM\) Throughput|Issue Slots Busy|No Eligible|Executed Instructions  |Warp Cycles Per Issued|spends [0-9.]+ cycles" "$OUT/ncu.txt" | cut -c1-160 | head -80
+[ -f "$OUT/variants.txt" ] && grep -E "^bits|in place|compiled|Error" "$OUT/variants.txt" | cut -c1-400
 [ -f "$OUT/bench.txt" ] && grep -E "GPU" "$OUT/bench.txt" | cut -c1-200 | head -60
 exit 0
