@@ -11,8 +11,8 @@ place in interleaved rounds, the best of each kept: device time per call
 
 The kernel of 1ac9125 was chosen this way from 435cba7's (docs/benchmarks.md, "A/B on an
 H200, 2026-11-28"); the variants here are the choices it left open: two or four threads a
-pair for 16-bit elements where it takes one, and ``rope_apply`` reading its tables before
-its first eight heads.
+pair for 16-bit elements where it takes one, ``rope_apply`` reading its tables before its
+first eight heads, and 16-bit elements in words of four channels.
 """
 
 from __future__ import annotations
@@ -31,6 +31,59 @@ VARIANTS = {
     "two threads a pair": [(_SPLIT, "    by = 2 if heads > 1 and 2 * bx <= _THREADS else 1\n")],
     "four threads a pair (16-bit)": [(_SPLIT, "    by = (2 if split else 4) if heads > 1 and 4 * bx <= _THREADS else 1\n")],
     "tables first": [("    early = words and not (floats or rotate)\n", "    early = False\n")],
+    # 16-bit elements in uint64 words of four channels, four heads loaded at once (the same
+    # bytes in flight as eight in words of two): 12e4bac's words of four, taken out when they
+    # lost to words of two (0.79 against 0.84 of copy) with two threads a pair and cos and
+    # sin apart; the probe's walk in them reached 0.94 against 0.90.
+    "words of four": [
+        (
+            "    elif isinstance(a, np.uint64):\n        _pair_float32_words(",
+            "    elif len(ch) == 4:\n        _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage)\n"
+            "    elif isinstance(a, np.uint64):\n        _pair_float32_words(",
+        ),
+        (
+            "    if a == types.uint64:\n",
+            "    if len(ch) == 4 and a == types.uint64:\n"
+            "        return lambda out, oa, ob, a, b, ch, cl, sh, sl, storage: _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage)\n"
+            "    if a == types.uint64:\n",
+        ),
+        (
+            "@cuda.jit(device=True, cache=True)\ndef _finite(v):",
+            "@cuda.jit(device=True, cache=True)\n"
+            "def _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage):\n"
+            "    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)\n"
+            "    la, lb = _rotated16_words(np.uint32(a & low), np.uint32(b & low), ch[0], ch[1], cl[0], cl[1], sh[0], sh[1], sl[0], sl[1], storage)\n"
+            "    ha, hb = _rotated16_words(np.uint32(a >> high), np.uint32(b >> high), ch[2], ch[3], cl[2], cl[3], sh[2], sh[3], sl[2], sl[3], storage)\n"
+            "    _put(out, oa, np.uint64(la) | (np.uint64(ha) << high))\n"
+            "    _put(out, ob, np.uint64(lb) | (np.uint64(hb) << high))\n\n\n"
+            "@cuda.jit(device=True, cache=True)\ndef _finite(v):",
+        ),
+        (
+            "    words, eight = channels > 1, not floats\n    early = words and not (floats or rotate)\n",
+            "    words, wide = channels > 1, channels == 4\n    eight = not floats and not wide\n    early = words and not (floats or rotate or wide)\n",
+        ),
+        (
+            "            skip = 0\n            if words:\n",
+            "            skip = 0\n"
+            "            if wide:\n"
+            "                c0, s0 = _cos_sin(rotate, 4 * j, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)\n"
+            "                c1, s1 = _cos_sin(rotate, 4 * j + 1, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)\n"
+            "                c2, s2 = _cos_sin(rotate, 4 * j + 2, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)\n"
+            "                c3, s3 = _cos_sin(rotate, 4 * j + 3, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage)\n"
+            "                ch0, cl0 = _split(c0, storage)\n                ch1, cl1 = _split(c1, storage)\n"
+            "                ch2, cl2 = _split(c2, storage)\n                ch3, cl3 = _split(c3, storage)\n"
+            "                sh0, sl0 = _split(s0, storage)\n                sh1, sl1 = _split(s1, storage)\n"
+            "                sh2, sl2 = _split(s2, storage)\n                sh3, sl3 = _split(s3, storage)\n"
+            "                ch, cl, sh, sl = (ch0, ch1, ch2, ch3), (cl0, cl1, cl2, cl3), (sh0, sh1, sh2, sh3), (sl0, sl1, sl2, sl3)\n"
+            "                ia, ib = j, j + half\n"
+            "            elif words:\n",
+        ),
+        (
+            '    "float16": [(WORDS_LAYOUT, np.dtype(np.uint32))],\n    "bfloat16": [(WORDS_LAYOUT, np.dtype(np.uint32))],\n',
+            '    "float16": [("half, words of four", np.dtype(np.uint64)), (WORDS_LAYOUT, np.dtype(np.uint32))],\n'
+            '    "bfloat16": [("half, words of four", np.dtype(np.uint64)), (WORDS_LAYOUT, np.dtype(np.uint32))],\n',
+        ),
+    ],
 }
 _FOLDER = tempfile.mkdtemp(prefix="posenc-variants-")
 
