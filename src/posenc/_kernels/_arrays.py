@@ -261,6 +261,30 @@ def host_view(a):
     return a.view(np.uint16) if a.dtype.itemsize == 2 and dtype_name(a.dtype) in ("float16", "bfloat16") else a
 
 
+def host_reader(a):
+    """``host_view`` for arrays of ``a``'s signature (library, dtype, gradient tracking), in
+    the fewest steps: where it is one, a C method itself (``Tensor.numpy``), so that a
+    planned call reads its arrays with no Python frame of posenc's; ``same`` where NumPy's
+    array is its own view."""
+    if isinstance(a, np.ndarray):
+        return same if host_view(a).dtype == a.dtype else _bits16
+    if a.dtype.itemsize == 2:
+        return host_view
+    return _detached if a.requires_grad else sys.modules["torch"].Tensor.numpy
+
+
+def same(a):
+    return a
+
+
+def _bits16(a):
+    return a.view(np.uint16)
+
+
+def _detached(a):
+    return a.detach().numpy()
+
+
 def host_values(a):
     """The values of a host array as NumPy (torch 16-bit floats, which NumPy lacks, as float64)."""
     if torch_tensor(a):

@@ -169,7 +169,7 @@ class Launcher:
             self.result = np.dtype(self.element if name == "bfloat16" else name)
             self.wrap = (lambda r: torch.from_numpy(r).view(torch.bfloat16)) if name == "bfloat16" else torch.from_numpy
         self.view_result = self.result != self.element
-        self.params = _host_reader(params, self.element)
+        self.params = _params_reader(params, self.element)
         rows = math.prod(batch)
         self.queries, self.keys = (
             _rows_reader(shape, batch, length)
@@ -215,17 +215,16 @@ class Launcher:
 _FIRST = np.zeros((1, 1), np.int64)  # one query at 0: a row's index is its start plus the key's
 
 
-def _host_reader(params, element):
-    """``params`` (NumPy, or a torch CPU tensor) as the NumPy array of ``element`` a kernel
-    reads; None for NumPy parameters the kernel reads as they are."""
-    if type(params) is np.ndarray:
-        return None if params.dtype == element else (lambda a: a.view(element))
-    if params.dtype.itemsize == 2:  # float16, bfloat16: bits
-        return lambda a: _arrays.host_view(a).view(element)
-    import torch
-
-    host = (lambda a: a.detach().numpy()) if params.requires_grad else torch.Tensor.numpy
-    return host if _arrays.dtype_name(params.dtype) == element else (lambda a: host(a).view(element))
+def _params_reader(params, element):
+    """``params`` (NumPy, or a torch CPU tensor) as the NumPy array of ``element`` the kernel
+    reads (``_arrays.host_reader``, then viewed as ``element``); None for NumPy parameters
+    the kernel reads as they are."""
+    read = _arrays.host_reader(params)
+    if _arrays.host_view(params).dtype == element:
+        return None if read is _arrays.same else read
+    if read is _arrays.same:
+        return lambda a: a.view(element)
+    return lambda a: read(a).view(element)
 
 
 def _rows_reader(shape, batch, length):

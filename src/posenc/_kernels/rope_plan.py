@@ -64,7 +64,7 @@ class _Launch:
         self.workers = min(workers, self.tasks)
         self.kernel = rope_cpu.FAMILY[op, dtype, layout]
         self.lib = sys.modules["torch"] if self.torch else np
-        self.host = _host_reader(x)
+        self.host = _arrays.host_reader(x)
         self.contiguous = xv.flags.c_contiguous  # (a key fixes x's strides)
         self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
@@ -125,21 +125,6 @@ class _Launch:
         else:
             self.kernel(*arguments, *self.scratch()[0], 0, self.tasks)
         return result
-
-
-def _host_reader(a):
-    """``_arrays.host_view`` for arrays of ``a``'s signature (library, dtype, gradient tracking):
-    where it is one, the C method itself (no Python frame on a planned call)."""
-    if isinstance(a, np.ndarray):
-        return (lambda b: b.view(np.uint16)) if _arrays.host_view(a).dtype != a.dtype else _same
-    torch = sys.modules["torch"]
-    if a.dtype.itemsize == 2 or a.requires_grad:
-        return _arrays.host_view
-    return torch.Tensor.numpy
-
-
-def _same(a):
-    return a
 
 
 def _extent(view):
@@ -501,7 +486,7 @@ def _flat_reader(table):
     C-contiguous table's host view itself."""
     if not _arrays.host_view(table).flags.c_contiguous:
         return lambda t: _arrays.flat_span(_arrays.host_view(t))[0]
-    return _host_reader(table)
+    return _arrays.host_reader(table)
 
 
 def build_apply(x, cos, sin, *, layout, out, **_):

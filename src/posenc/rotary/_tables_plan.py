@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from .._kernels import _arrays
+
 BLOCK = 32  # rows computed ahead in a sequential NumPy decode loop
 _EXACT = 2**52  # positions whose float64 values are exact
 
@@ -24,7 +26,7 @@ _EXACT = 2**52  # positions whose float64 values are exact
 class TablesPlan:
     def __init__(self, positions, inv_freq, layout, dtype, floating):
         self.torch = not isinstance(positions, np.ndarray)
-        self.host = _host_reader(inv_freq)
+        self.host = _arrays.host_reader(inv_freq)  # (its bytes: bfloat16 as bits)
         self.floating = floating  # float positions: checked finite on every call, as the full path does
         if dtype is None:
             dtype = positions.dtype if floating else None
@@ -106,17 +108,6 @@ class TablesPlan:
         if c.dtype != self.dtype:
             c, s = (c.to(self.dtype), s.to(self.dtype)) if self.torch else (c.astype(self.dtype), s.astype(self.dtype))
         return c, s
-
-
-def _host_reader(inv_freq):
-    """How to read ``inv_freq``'s bytes in place: NumPy's own, a torch tensor's (bfloat16 as int16 bits)."""
-    if isinstance(inv_freq, np.ndarray):
-        return lambda a: a
-    import torch
-
-    if inv_freq.dtype == torch.bfloat16:
-        return lambda a: a.detach().view(torch.int16).numpy()
-    return lambda a: a.detach().numpy()
 
 
 def _float64(inv_freq):
