@@ -122,7 +122,7 @@ def test_plot_decay_writes_only_its_figure(tmp_path, capsys):
         (["scaling", "--type", "yarnn"], "posenc plot scaling: error: argument --type: invalid choice: 'yarnn'"),
         (["scaling", "--factor", "0.5"], "posenc plot scaling: error: argument --factor: must be a number from 1 to 1e+06, got '0.5'"),
         (["scaling", "--factor", "1e20"], "posenc plot scaling: error: argument --factor: must be a number from 1 to 1e+06, got '1e20'"),
-        (["alibi", "--heads", "0"], "posenc plot alibi: error: argument --heads: must be an integer >= 1, got '0'"),
+        (["alibi", "--heads", "0"], "posenc plot alibi: error: argument --heads: must be a positive integer, got '0'"),
         (["t5", "--size", "16"], "posenc: error: unrecognized arguments: --size 16"),
         (["decay"], "posenc plot decay: error: the following arguments are required: --out"),
         ([], "posenc plot: error: the following arguments are required: --out"),

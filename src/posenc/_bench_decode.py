@@ -243,12 +243,12 @@ def run(rounds=7, calls=200, progress=lambda s: None, only="", clock=time.perf_c
 def main(argv=None):
     import argparse
 
-    from ._bench_measure import positive_int
+    from ._cli_errors import number
 
     parser = argparse.ArgumentParser(prog="python -m posenc._bench_decode", description=__doc__.split("\n\n")[0])
     parser.add_argument("-k", "--only", default="", help="the cases whose name contains this text")
-    parser.add_argument("--rounds", type=positive_int, default=7)
-    parser.add_argument("--calls", type=positive_int, default=200)
+    parser.add_argument("--rounds", type=number(int, 1), default=7)
+    parser.add_argument("--calls", type=number(int, 1), default=200)
     parser.add_argument("--cpu", action="store_true", help="process CPU time instead of wall time")
     options = parser.parse_args(argv)
     clock = time.process_time if options.cpu else time.perf_counter

@@ -158,13 +158,13 @@ def run(dtypes=("float32", "bfloat16"), repeat=3, compiled=False, layers=8):
 def main(argv=None):
     import argparse
 
-    from ._bench_measure import positive_int
+    from ._cli_errors import number
 
     parser = argparse.ArgumentParser(prog="python -m posenc._bench_generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--compile", action="store_true", help="both copies under torch.compile (static KV cache)")
     parser.add_argument("--dtype", action="append", choices=("float32", "bfloat16"), help="repeat for several (default: both)")
-    parser.add_argument("--repeat", type=positive_int, default=3, help="best of this many alternated runs (default 3)")
-    parser.add_argument("--layers", type=positive_int, default=8, help="decoder layers (default 8, the model of issue 18)")
+    parser.add_argument("--repeat", type=number(int, 1), default=3, help="best of this many alternated runs (default 3)")
+    parser.add_argument("--layers", type=number(int, 1), default=8, help="decoder layers (default 8, the model of issue 18)")
     args = parser.parse_args(argv)
     print(run(tuple(args.dtype or ("float32", "bfloat16")), args.repeat, args.compile, args.layers))
 

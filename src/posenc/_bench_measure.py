@@ -6,7 +6,6 @@ module and not ``_bench`` (``_bench`` runs ``_bench_gpu`` for ``--gpu``).
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 from dataclasses import dataclass
@@ -44,17 +43,6 @@ class Row:
         speed = f"{self.plain_seconds / self.seconds:.1f}x" if self.plain_seconds else ""
         median = f"{self.median * 1e3:.2f}" if self.median is not None else ""
         return [self.op, self.dtype, self.impl, f"{self.seconds * 1e3:.2f}", median, f"{rate / 1e9:.1f}", frac, speed]
-
-
-def positive_int(text):
-    """An argparse type: a count (of calls, rounds, repeats, layers), an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def timings(fn, repeat, sync=lambda: None, calls=1):

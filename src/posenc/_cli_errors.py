@@ -1,7 +1,9 @@
-"""What the CLI's commands share: a refusal's message and exit status, and the check of an ``--out`` directory."""
+"""What the CLI's commands (and the benchmark scripts) share: a refusal's message and exit
+status, the check of an ``--out`` directory, and the argparse type of a number."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -29,3 +31,30 @@ def _writable_directory(path: str) -> str | None:
     except OSError as exc:
         return f"cannot write to {path!r}: {exc.strerror or exc}"
     return None
+
+
+def number(kind, minimum, *, even=False, maximum=None):
+    """An argparse type: an int at least ``minimum`` (even when asked), or a float above 0
+    (``kind=float``, ``minimum=0``) or at least ``minimum``; at most ``maximum`` when given."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if kind is float and minimum == 0:
+            if value is None or not 0 < value < float("inf"):
+                raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+        elif value is None or not minimum <= value <= (float("inf") if maximum is None else maximum) or (even and value % 2):
+            raise argparse.ArgumentTypeError(f"must be {_what(kind, minimum, even, maximum)}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _what(kind, minimum, even, maximum):
+    """What ``number``'s arguments ask for, in words (a count's as ``_validate`` says it)."""
+    if kind is int and not even and maximum is None and minimum in (0, 1):
+        return "a non-negative integer" if minimum == 0 else "a positive integer"
+    what = "an even integer" if even else {int: "an integer", float: "a number"}[kind]
+    return f"{what} >= {minimum:g}" if maximum is None else f"{what} from {minimum:g} to {maximum:g}"

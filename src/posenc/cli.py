@@ -15,7 +15,7 @@ import os
 import sys
 import time
 
-from posenc._cli_errors import _error, _writable_directory
+from posenc._cli_errors import _error, _writable_directory, number
 from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS
 
 OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "torch", "jax", "dask", "array-api-strict", "matplotlib")
@@ -93,58 +93,37 @@ def cmd_plot(args) -> int:
     return 0
 
 
-def _number(kind, minimum, *, even=False, maximum=None):
-    """An argparse type: an int at least ``minimum`` (even when asked), or a float above 0
-    (``kind=float``, ``minimum=0``) or at least ``minimum``; at most ``maximum`` when given."""
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            value = None
-        if kind is float and minimum == 0:
-            if value is None or not 0 < value < float("inf"):
-                raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-        elif value is None or not minimum <= value <= (float("inf") if maximum is None else maximum) or (even and value % 2):
-            what = "an even integer" if even else {int: "an integer", float: "a number"}[kind]
-            bounds = f">= {minimum:g}" if maximum is None else f"from {minimum:g} to {maximum:g}"
-            raise argparse.ArgumentTypeError(f"must be {what} {bounds}, got {text!r}")
-        return value
-
-    return parse
-
-
 MAX_FACTOR = 1e6  # plot scaling's: far past the published scalings (LongRoPE's 2048k tokens from 4k: 512)
-_DIM = ("--dim", "dim", {"type": _number(int, 2, even=True), "help": "features (rotary dimension), even"})
-_BASE = ("--base", "base", {"type": _number(float, 0), "help": "frequency base"})
-_LENGTH = ("--length", "length", {"type": _number(int, 1), "help": "number of positions"})
+_DIM = ("--dim", "dim", {"type": number(int, 2, even=True), "help": "features (rotary dimension), even"})
+_BASE = ("--base", "base", {"type": number(float, 0), "help": "frequency base"})
+_LENGTH = ("--length", "length", {"type": number(int, 1), "help": "number of positions"})
 # figure: (posenc.plots function, file name, options as (flag, keyword, argparse settings))
 PLOTS = {
     "decay": ("rope_decay", "rope_decay.png", [
         _DIM,
-        ("--base", "bases", {"type": _number(float, 0), "nargs": "+", "help": "one curve per base (e.g. 10000 500000)"}),
-        ("--max-distance", "max_distance", {"type": _number(int, 2), "help": "largest relative distance"}),
+        ("--base", "bases", {"type": number(float, 0), "nargs": "+", "help": "one curve per base (e.g. 10000 500000)"}),
+        ("--max-distance", "max_distance", {"type": number(int, 2), "help": "largest relative distance"}),
     ]),
     "t5": ("t5_buckets", "t5_buckets.png", [
-        ("--buckets", "num_buckets", {"type": _number(int, 4), "help": "number of buckets"}),
-        ("--max-distance", "max_distance", {"type": _number(int, 1), "help": "distance from which keys share the last bucket"}),
+        ("--buckets", "num_buckets", {"type": number(int, 4), "help": "number of buckets"}),
+        ("--max-distance", "max_distance", {"type": number(int, 1), "help": "distance from which keys share the last bucket"}),
     ]),
     "sinusoidal": ("sinusoidal", "sinusoidal.png", [_LENGTH, _DIM, _BASE]),
     "alibi": ("alibi", "alibi.png", [
-        ("--heads", "heads", {"type": _number(int, 1), "help": "number of heads"}),
+        ("--heads", "heads", {"type": number(int, 1), "help": "number of heads"}),
         _LENGTH,
-        ("--head", "head", {"type": _number(int, 0), "help": "the head drawn, from 0"}),
+        ("--head", "head", {"type": number(int, 0), "help": "the head drawn, from 0"}),
     ]),
     "scaling": ("scalings", "rope_scalings.png", [
         ("--type", "types", {"nargs": "+", "choices": SCALINGS, "help": "one panel per scaling (default: all)"}),
-        ("--factor", "factor", {"type": _number(float, 1, maximum=MAX_FACTOR), "help": f"scaling factor (NTK's alpha), at most {MAX_FACTOR:g}"}),
-        ("--dim", "dim", {"type": _number(int, 4, even=True), "help": "rotary dimension, even"}),
+        ("--factor", "factor", {"type": number(float, 1, maximum=MAX_FACTOR), "help": f"scaling factor (NTK's alpha), at most {MAX_FACTOR:g}"}),
+        ("--dim", "dim", {"type": number(int, 4, even=True), "help": "rotary dimension, even"}),
         _BASE,
-        ("--original", "original", {"type": _number(int, 1), "help": "original (trained) context length"}),
-        ("--seq-len", "seq_len", {"type": _number(int, 1), "help": "length seen by dynamic NTK and LongRoPE (default: factor * original)"}),
+        ("--original", "original", {"type": number(int, 1), "help": "original (trained) context length"}),
+        ("--seq-len", "seq_len", {"type": number(int, 1), "help": "length seen by dynamic NTK and LongRoPE (default: factor * original)"}),
     ]),
     "layouts": ("rope_layouts", "rope_layouts.png", [
-        ("--dim", "dim", {"type": _number(int, 2, even=True, maximum=LAYOUTS_MAX_DIM), "help": f"features (rotary dimension), even, at most {LAYOUTS_MAX_DIM}"}),
+        ("--dim", "dim", {"type": number(int, 2, even=True, maximum=LAYOUTS_MAX_DIM), "help": f"features (rotary dimension), even, at most {LAYOUTS_MAX_DIM}"}),
     ]),
 }
 

@@ -43,6 +43,7 @@ from torch import nn
 import posenc as pe
 
 from . import _hparams, _tasks
+from ._protocol import positive_int
 from .lengthgen import FIRE, KERPLE, CoPE, RandomizedRoPE, Sandwich
 
 TASKS = tuple(_tasks.TASKS)
@@ -312,11 +313,6 @@ def _names(value, valid, what):
     return list(dict.fromkeys(value))
 
 
-def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def lens_name(eval_lens):
     """How a refusal names ``eval_lens``: as given, or as the default multiples of train_len."""
     return "eval_lens" if eval_lens is not None else f"eval_lens (train_len x {', '.join(map(str, FACTORS))})"
@@ -328,14 +324,14 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     (:func:`posenc.torch._hparams.parse`)."""
     encodings = _names(encodings, ENCODINGS, "encoding")
     tasks = _names(tasks, TASKS, "task")
-    _positive_int("seeds", seeds)
-    _positive_int("train_len", train_len)
+    positive_int("seeds", seeds)
+    positive_int("train_len", train_len)
     lens = lens_name(eval_lens)
     eval_lens = [train_len * f for f in FACTORS] if eval_lens is None else list(eval_lens)
     if not eval_lens:
         raise ValueError("eval_lens must name at least one length")
     for n in eval_lens:
-        _positive_int("eval_lens", n)
+        positive_int("eval_lens", n)
         if n < train_len:
             raise ValueError(f"eval_lens must be >= train_len = {train_len} (this measures extrapolation), got {n}")
     for task in tasks:
@@ -350,7 +346,7 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     if overrides.get("randomized", {}).get("M", longest) < longest:
         raise ValueError(f"--hparam randomized.M must be >= {longest}, the longest test input (tokens), got {overrides['randomized']['M']}")
     cfg = Config() if config is None else config
-    _positive_int("steps", cfg.steps)
+    positive_int("steps", cfg.steps)
     if not cfg.lrs or any(isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf for lr in cfg.lrs):
         raise ValueError(f"learning rates must be positive numbers, got {cfg.lrs!r}")
     return encodings, tasks, seeds, train_len, sorted(set(eval_lens)), overrides
@@ -522,7 +518,7 @@ def results(*, encodings=None, tasks=None, seeds=None, quick=False, progress=Tru
     encodings, tasks, seeds, cfg = grid(encodings, tasks, seeds, quick, config)
     encodings, tasks, seeds, train_len, eval_lens, overrides = check_arguments(encodings, tasks, seeds, train_len, eval_lens, hparams, cfg)
     workers = min(2, os.cpu_count() or 1) if workers is None else workers
-    _positive_int("workers", workers)
+    positive_int("workers", workers)
     threads, deterministic = torch.get_num_threads(), torch.are_deterministic_algorithms_enabled()
     try:
         records, sweep = _train_and_evaluate(encodings, tasks, seeds, train_len, eval_lens, overrides, cfg, workers, progress)

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from . import _hparams, extrapolation as ex
+from ._protocol import positive_int
 
 TEST_SHARE = 0.1
 VOCAB = 256
@@ -133,14 +134,14 @@ def check_arguments(encodings=None, seeds=1, train_len=TRAIN_LEN, eval_lens=None
     """Validated ``(encodings, seeds, train_len, eval_lens, overrides)``; a ValueError naming
     the argument before any training."""
     encodings = ex._names(encodings, ex.ENCODINGS, "encoding")
-    ex._positive_int("seeds", seeds)
-    ex._positive_int("train_len", train_len)
+    positive_int("seeds", seeds)
+    positive_int("train_len", train_len)
     lens = ex.lens_name(eval_lens)
     eval_lens = [train_len * f for f in ex.FACTORS] if eval_lens is None else list(eval_lens)
     if not eval_lens:
         raise ValueError("eval_lens must name at least one length")
     for n in eval_lens:
-        ex._positive_int("eval_lens", n)
+        positive_int("eval_lens", n)
         if n < train_len:
             raise ValueError(f"eval_lens must be >= train_len = {train_len} (this measures extrapolation), got {n}")
     overrides = _hparams.parse(hparams)
@@ -173,7 +174,7 @@ def results(*, encodings=None, seeds=1, quick=False, progress=True, train_len=TR
     cfg = Config() if config is None else config
     encodings, seeds, train_len, eval_lens, overrides = check_arguments(encodings, seeds, train_len, eval_lens, hparams)
     workers = min(2, os.cpu_count() or 1) if workers is None else workers
-    ex._positive_int("workers", workers)
+    positive_int("workers", workers)
     hp = _hparams.resolve(train_len, max(eval_lens), overrides)
     about = corpus()[2]
     jobs = [(name, evaluated, seed, cfg, train_len, eval_lens, hp) for seed in range(seeds) for name, evaluated in ex._groups(encodings).items()]
