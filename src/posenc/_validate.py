@@ -272,6 +272,14 @@ def differences(xp, q, k, device=None, *, names=("query_positions", "key_positio
         )
 
 
+def grown_length(length, num_positions):
+    """A learned table's ``extend(length)``: an int at least its ``num_positions`` rows."""
+    length = integer("length", length, minimum=0)
+    if length < num_positions:
+        raise ValueError(f"extend grows the table: length must be >= num_positions = {num_positions}, got {length}")
+    return length
+
+
 def integer_or_traced(name, value, *, minimum=None):
     """An integer argument that the computation may carry as an array (an offset, a length
     that no shape depends on): :func:`integer`, except that a 0-d integer array whose value

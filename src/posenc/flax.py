@@ -244,9 +244,7 @@ class Learned(PositionalModule):
         holds state shaped as the old table (Adam's moments), so build it again after
         extending. Returns the module.
         """
-        length = check.integer("length", length, minimum=0)
-        if length < self.num_positions:
-            raise ValueError(f"extend grows the table: length must be >= num_positions = {self.num_positions}, got {length}")
+        length = check.grown_length(length, self.num_positions)
         self.weight = nnx.Param(pe.hierarchical_extend(self.weight[...], length, alpha=self.alpha))
         return self
 

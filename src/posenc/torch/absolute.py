@@ -91,8 +91,6 @@ class LearnedEmbedding(PositionalModule):
         trains the table, so build the optimizer again (or add ``weight`` to it) after
         extending. Returns the module.
         """
-        length = check.integer("length", length, minimum=0)
-        if length < self.num_positions:
-            raise ValueError(f"extend grows the table: length must be >= num_positions = {self.num_positions}, got {length}")
+        length = check.grown_length(length, self.num_positions)
         self.weight = nn.Parameter(pe.hierarchical_extend(self.weight.detach(), length, alpha=self.alpha))
         return self
