@@ -217,6 +217,20 @@ def test_no_float64_path_at_long_positions(rng, make):
     assert np.abs(got - _exact_rotation(x, LONG_POSITIONS, inv_freq)).max() <= 4e-6
 
 
+def test_no_float64_path_keeps_int64_positions_past_2_to_the_31_exact_in_their_digits(rng):
+    """Without float64, int64 positions are cut into 12-bit digits whose products with the
+    frequency's chunks are exact: past 2**36 the top piece had kept 27 bits, and position
+    9.3e10 rotated 0.77 off. The error left is the frequency's own (turns to 48 bits), as
+    float64's grows with the position."""
+    strict = pytest.importorskip("array_api_strict")
+    dev = strict.Device("no_float64")
+    positions = np.array([2**36, 93_000_000_000, 2**40 + 7, -(2**40) + 3])
+    x = rng.uniform(-1, 1, (positions.size, 64)).astype(np.float32)
+    got = pe.rope(strict.asarray(x, device=dev), strict.asarray(positions, device=dev))
+    err = np.abs(np.asarray(got._array).astype(np.float64) - _exact_rotation(x, positions, pe.rope_frequencies(64)[0]))
+    assert np.all(err.max(axis=-1) <= 4e-6 + np.abs(positions) * 2.0**-46)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_half_precision_keeps_dtype_within_one_ulp(backend, rng, dtype):
     x = backend.asarray(rng.uniform(-4, 4, (6, 32)), dtype=dtype)

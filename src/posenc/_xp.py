@@ -537,17 +537,18 @@ def _split_float64(values, nchunks):
 
 
 def _split_positions(xp, positions):
-    """Exact 12-bit float32 chunks of integer or float32 ``positions``."""
+    """Exact 12-bit float32 chunks of integer or float32 ``positions``: an integer's 12-bit
+    digits from the lowest (``p % 4096``, then the quotient's), the last one signed, three
+    for int32 and six for int64, each times its power of 4096 (exact in float32)."""
     if is_integer(xp, positions.dtype):
-        if xp.iinfo(positions.dtype).bits < 32:  # (2**24 does not fit: JAX would wrap it)
-            positions = xp.astype(positions, xp.int32)
-        hi = positions // 2**24
-        rest = positions - hi * 2**24
-        return [
-            xp.astype(hi, xp.float32) * 2.0**24,
-            xp.astype(rest // 4096, xp.float32) * 4096.0,
-            xp.astype(rest % 4096, xp.float32),
-        ]
+        bits = xp.iinfo(positions.dtype).bits
+        if bits < 32:  # (2**24 does not fit: JAX would wrap it)
+            positions, bits = xp.astype(positions, xp.int32), 32
+        chunks, rest = [], positions
+        for k in range(-(-(bits - 1) // 12) - 1):  # the last digit is the quotient, at most 12 bits with its sign
+            chunks.append(xp.astype(rest % 4096, xp.float32) * 4096.0**k)
+            rest = rest // 4096
+        return [xp.astype(rest, xp.float32) * 4096.0 ** len(chunks), *chunks[::-1]]
     p = xp.astype(positions, xp.float32)
     # Veltkamp split of a 24-bit significand into two 12-bit halves.
     t = p * 4097.0
