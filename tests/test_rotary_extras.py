@@ -441,3 +441,26 @@ def test_axial_rope_pixel_formula(backend, rng):
     assert_close(got, np.concatenate(want, axis=-1), backend=backend, dtype="float64")
     inv = backend.call(lambda: pe.axial_frequencies(6, frequencies="pixel", max_freq=8.0, xp=backend.xp, dtype=backend.xp.float32))
     assert_close(inv, np.pi * np.linspace(1.0, 4.0, 3), backend=backend, dtype="float32")
+
+
+def test_int32_positions_on_a_device_without_64_bit_integers():
+    """array-api-strict's ``no_x64`` device (no int64, as JAX without x64): int32 positions
+    are widened to that device's index dtype (int32), not the default device's int64, and
+    each function's values are NumPy's."""
+    strict = pytest.importorskip("array_api_strict")
+    device = strict.Device("no_x64")
+    pos, inv_freq = np.arange(5, dtype=np.int32) + 1000, pe.rope_frequencies(8)[0]
+    mask = np.array([[0, 1, 1, 0, 1]], np.int32)
+    on = lambda a: strict.asarray(a, device=device)  # noqa: E731
+    x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    calls = [
+        (lambda p: pe.sinusoidal(p, 8), pos),
+        (lambda p: pe.rope_cos_sin(p, inv_freq)[0], pos),
+        (lambda p: pe.xpos_scale(p, 8), pos),
+        (lambda p: pe.rope(x if isinstance(p, np.ndarray) else on(x), p), pos),
+        (pe.positions_from_mask, mask),
+    ]
+    for fn, a in calls:
+        got = fn(on(a))
+        assert got.device == device
+        np.testing.assert_allclose(np.asarray(got._array), fn(a), rtol=1e-6, atol=1e-6)

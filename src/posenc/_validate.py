@@ -509,11 +509,12 @@ def _is_tracer(value) -> bool:
 
 
 def positions(name, value, xp, device=None):
-    """Integer positions widened to the index dtype (:func:`widened`), or float positions
-    that are all finite (checked when eager)."""
+    """Integer positions widened to the index dtype of their device (:func:`widened`; the
+    given ``device``, else theirs), or float positions that are all finite (checked when
+    eager)."""
     array(name, value)
     if is_integer(xp, value.dtype):
-        return widened(name, value, xp, device)
+        return widened(name, value, xp, device_of(value) if device is None else device)
     if not is_real_floating(xp, value.dtype):
         raise TypeError(f"{name} must have an integer or real floating dtype, got {value.dtype}")
     if is_eager(value) and not bool(xp.all(xp.isfinite(value))):

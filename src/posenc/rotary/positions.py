@@ -42,7 +42,7 @@ def positions_from_mask(mask, *, start=0):
         raise ValueError(f"start + the positions of {int(mask.shape[-1])} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
     itype = index_dtype(xp, device_of(mask))
     token = mask if mask.dtype == xp.bool else mask != 0
-    count = xp.cumulative_sum(xp.astype(token, itype), axis=-1)
+    count = xp.cumulative_sum(xp.astype(token, itype), axis=-1, dtype=itype)
     return xp.where(token, count - 1 + start, xp.zeros_like(count))
 
 
