@@ -379,3 +379,20 @@ def test_deberta_logits_unused_table_may_be_none():
     q, k, table = np.ones((2, 3, 4)), np.ones((2, 5, 4)), np.ones((2, 4, 4))
     assert pe.deberta_logits(q, k, None, table, max_distance=2, terms=("c2p",)).shape == (2, 3, 5)
     assert pe.deberta_logits(q, k, None, None, max_distance=2, terms=()).shape == (2, 3, 5)
+
+
+def test_tupe_cls_arrays_are_host_constants_beside_torch_and_refused_from_a_third_library():
+    """``cls``'s arrays sit inside a pair, where ``host_constants`` does not look: a NumPy
+    ``[heads]`` array beside torch tensors is converted as the other arguments would be (the
+    same logits as torch's own), a JAX one gets the two-libraries TypeError (both had raised
+    an AttributeError about NumPy's dtype)."""
+    torch = pytest.importorskip("torch")
+    g = torch.Generator().manual_seed(0)
+    q, k, p, u = torch.randn(1, 2, 4, 4, generator=g), torch.randn(1, 2, 4, 4, generator=g), torch.randn(4, 4, generator=g), torch.randn(2, 4, 4, generator=g)
+    cls = np.array([0.5, -1.0], np.float32)
+    got = pe.tupe_logits(q, k, p, u, u, cls=(cls, cls))
+    assert isinstance(got, torch.Tensor)
+    assert torch.equal(got, pe.tupe_logits(q, k, p, u, u, cls=(torch.from_numpy(cls), torch.from_numpy(cls))))
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="arrays of different kinds"):
+        pe.tupe_logits(q, k, p, u, u, cls=(jnp.asarray(cls), jnp.asarray(cls)))

@@ -6,14 +6,20 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, host_constants, index_dtype, shifted, size
+from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size
 from . import _args
 
 
-def _cls_value(name, value, xp, batch, work, device):
-    """A [CLS] replacement value: a real number or a float array broadcasting against the batch (e.g. ``[heads]``)."""
+def _cls_value(name, value, xp, batch, work, like):
+    """A [CLS] replacement value: a real number or a float array broadcasting against the
+    batch (e.g. ``[heads]``); a NumPy array beside another library's ``like`` is a host
+    constant, converted as ``host_constants`` converts the other arguments (it cannot see
+    inside the pair), an array of a third library refused."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool):
-        return xp.asarray(check.real(name, value), dtype=work, device=device)
+        return xp.asarray(check.real(name, value), dtype=work, device=device_of(like))
+    check.array(name, value)
+    value = host_constant_like(name, value, like)
+    namespace(like, value)  # (two libraries: the TypeError naming both)
     check.float_array(name, value, xp)
     try:
         broadcast_shapes(tuple(value.shape), tuple(batch))
@@ -95,7 +101,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
     position = (xp.take(p, query_positions, axis=-2) @ uq) @ xp.matrix_transpose(p[..., :k_len, :] @ uk) * scale
     if cls is not None:
-        to_others, from_others = (_cls_value(n, v, xp, batch, work, device) for n, v in zip(("cls[0]", "cls[1]"), cls))
+        to_others, from_others = (_cls_value(n, v, xp, batch, work, q) for n, v in zip(("cls[0]", "cls[1]"), cls))
         row = query_positions[:, None]
         col = xp.arange(k_len, device=device)[None, :]
         position = xp.where(row == 0, to_others, xp.where(col == 0, from_others, position))
