@@ -431,3 +431,23 @@ def test_relative_positions_reach_the_int64_edges_exactly():
     assert low.dtype == np.int64 and low.tolist() == [[-(2**63) + 7 - j for j in range(8)]]
     high = pe.relative_positions(3, 1, offset=2**63 - 3)
     assert high.tolist() == [[2**63 - 3 + i] for i in range(3)]
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda o, xp: pe.relative_positions(4, 6, offset=o, xp=xp),
+        lambda o, xp: pe.sandwich_bias(4, 6, 8, heads=2, offset=o, xp=xp),
+        lambda o, xp: pe.sandwich_vector(4, 6, 8, heads=2, offset=o, xp=xp),
+        lambda o, xp: pe.fire_distances(4, 6, offset=o, xp=xp),
+    ],
+    ids=["relative_positions", "sandwich_bias", "sandwich_vector", "fire_distances"],
+)
+def test_an_array_offset_sets_the_namespace_of_what_is_built_from_lengths(backend, build):
+    """Without ``xp=``, a 0-d ``offset`` array (traced under ``jax.jit`` too) gives the result
+    its namespace and device, as positions do, and the values of the same call with an int
+    offset and ``xp=`` that namespace: a torch offset had given a NumPy result and a traced
+    one failed inside NumPy."""
+    offset = backend.asarray(np.array([3]))[0]
+    want = backend.to_numpy(build(3, backend.xp))
+    assert_close(backend.call(lambda o: build(o, None), offset), want, backend=backend, dtype=str(want.dtype), rtol=1e-6, atol=1e-7)

@@ -34,9 +34,9 @@ def fire_distances(
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    arrays = {"c": c, "threshold": threshold, "query_positions": query_positions, "key_positions": key_positions}
+    arrays = {"c": c, "threshold": threshold, "query_positions": query_positions, "key_positions": key_positions, "offset": offset}
     xp, arrays = arguments_in(xp, device, **{name: a for name, a in arrays.items() if check.is_array(a)})
-    c, threshold = arrays.get("c", c), arrays.get("threshold", threshold)
+    c, threshold, offset = arrays.get("c", c), arrays.get("threshold", threshold), arrays.get("offset", offset)
     query_positions, key_positions = arrays.get("query_positions"), arrays.get("key_positions")
     c = _scalar("c", c, xp)
     threshold = _scalar("threshold", threshold, xp)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import device_of, index_dtype, namespace, shifted
+from .._xp import arguments_in, device_of, index_dtype, namespace, shifted
 
 
 def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
@@ -19,7 +19,8 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     ----------
     q_len, k_len : int >= 0
     offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default
-    xp, device : namespace (NumPy by default; ``xp`` may be the framework module) and device
+    xp, device : namespace and device (those of an array ``offset``, else NumPy's; ``xp``
+        may be the framework module)
     dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it);
         a narrower one must hold every relative position (``ValueError`` otherwise, for
         an int ``offset``)
@@ -34,7 +35,7 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    xp = namespace(xp=xp)
+    xp, offset, device = offset_namespace(offset, xp, device)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
     index = index_dtype(xp, device)
     dtype = index if dtype is None else dtype
@@ -47,6 +48,18 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     if dtype == index or not isinstance(offset, int) or not (q_len and k_len):  # (a traced offset: cast as it is)
         return xp.astype(rel, dtype)
     return check.narrowed("the relative positions", rel, dtype, offset - (k_len - 1), offset + q_len - 1, xp)
+
+
+def offset_namespace(offset, xp, device):
+    """``(xp, offset, device)`` of a function that builds arrays from lengths: an array
+    ``offset`` (0-d, maybe traced) sets the namespace and the device where ``xp`` and
+    ``device`` are not given, as positions do (a NumPy one beside a given ``xp`` is
+    converted into it, another library's refused); else ``xp`` or NumPy."""
+    if not check.is_array(offset):
+        return namespace(xp=xp), offset, device
+    xp, given = arguments_in(xp, device, offset=offset)
+    offset = given["offset"]
+    return xp, offset, device_of(offset) if device is None else device
 
 
 def query_offset(offset, q_len, k_len, *, xp=None, device=None):

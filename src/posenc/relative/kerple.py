@@ -11,7 +11,7 @@ from .. import _validate as check
 from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
 from . import _per_token
 from .biases import expand_bias
-from .indices import distances, query_offset
+from .indices import distances, offset_namespace, query_offset
 
 KERPLE_KINDS = ("log", "power")
 
@@ -105,7 +105,7 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     r"""The per-distance vector ``[heads, q_len + k_len - 1]`` of :func:`sandwich_bias`
     (entry ``t`` is the distance ``offset + t - (k_len - 1)``)."""
     dim, base, heads = _sandwich_options(dim, base, heads)
-    xp = namespace(xp=xp)
+    xp, offset, device = offset_namespace(offset, xp, device)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
     dtype = result_dtype(xp, dtype)
     count = q_len + k_len - 1 if q_len and k_len else 0
