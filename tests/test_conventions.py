@@ -271,6 +271,12 @@ def _mixed_library_calls(t, n, ti, ni):
         "complex_order": lambda: pe.complex_order(t(3, 4), n(4), t(4), ni(3)),
         "rerotate": lambda: pe.rerotate(t(2, 3, 8), ni(3), n(4)),
         "rope_cos_sin": lambda: pe.rope_cos_sin(ni(3), t(4)),
+        "rerotate x": lambda: pe.rerotate(n(2, 3, 8), ti(3), t(4)),
+        "rerotate x beside seq_len": lambda: pe.rerotate(
+            n(2, 3, 8), 1, scaling=pe.scaling.DynamicNTK(2.0, original_max_position=2), seq_len=ti(2) + 5
+        ),
+        "mrope_cos_sin": lambda: pe.mrope_cos_sin(ni(3, 2), t(3), [1, 1, 1]),
+        "xdrope_cos_sin": lambda: pe.xdrope_cos_sin(ni(2, 2), t(2), [1, 1]),
     }
 
 

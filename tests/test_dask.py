@@ -221,6 +221,32 @@ def test_empty_lengths_give_empty_biases(rng, backend):
                 assert got.shape == (2, q_len, k_len) and got.compute().shape == (2, q_len, k_len), (kind, q_len, k_len)
 
 
+@pytest.mark.parametrize("q_len, k_len", [(0, 5), (5, 0), (0, 0)])
+def test_empty_query_or_key_logits_are_numpys(rng, q_len, k_len):
+    """Logits and attention of Dask queries or keys of length 0, chunked along every axis,
+    give NumPy's empty arrays (attention's row maximum and the toeplitz gather of Shaw's,
+    DeBERTa's, TENER's and Transformer-XL's position terms had raised inside Dask)."""
+    heads, d = 2, 8
+    q, k = rng.standard_normal((1, heads, q_len, d)), rng.standard_normal((1, heads, k_len, d))
+    u, v = rng.standard_normal((heads, 1, d)), rng.standard_normal((heads, 1, d))
+    table, pos = rng.standard_normal((9, d)), rng.standard_normal((1, heads, 8, d))
+    calls = {
+        "attention": lambda q, k, *_: pe.attention(q, k, k),
+        "shaw": lambda q, k, table, *_: pe.shaw_logits(q, k, table, max_distance=4),
+        "deberta": lambda q, k, _, pos, *__: pe.deberta_logits(q, k, pos, pos, max_distance=4),
+        "tener": lambda q, k, _, __, u, v: pe.tener_logits(q, k, u, v),
+        "xl": lambda q, k, _, __, u, v: pe.xl_logits(q, k, k[0] if q_len <= k_len else q[0], u, v),
+    }
+    arrays = (q, k, table, pos, u, v)
+    for name, call in calls.items():
+        if name == "xl" and q_len > k_len:
+            continue  # (k_len >= q_len)
+        expected = call(*arrays)
+        got = lazily(call, *(da.from_array(a, chunks=2) for a in arrays))
+        assert got.shape == expected.shape, name
+        np.testing.assert_array_equal(got.compute(), expected, err_msg=name)
+
+
 def test_bfloat16_dask_arrays_and_an_empty_rel_shift(rng):
     """Dask arrays of ml_dtypes' bfloat16 give NumPy's bits (a table of them had been refused
     as not floating: Dask's isdtype says False for it), and ``rel_shift`` of an empty Dask

@@ -27,6 +27,8 @@ def _along_rows(xp, values, index, device):
     if hasattr(xp, "take_along_axis"):  # (not [..., q_len * m]: a product of symbolic sizes jax.export may not bound)
         index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, *index.shape))
         return xp.take_along_axis(values, index, axis=-1)
+    if 0 in (*values.shape, *index.shape):  # (Dask cannot reshape an empty array)
+        return xp.zeros((*batch, *index.shape), dtype=values.dtype, device=device)
     q_len, m = values.shape[-2:]  # Dask has no take_along_axis: one take from the rows laid end to end
     flat = xp.reshape(values, (*batch, q_len * m))
     rows = xp.arange(q_len, device=device)[:, None] * m

@@ -18,6 +18,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from .. import _dispatch
 from .. import _validate as check
 from .._xp import cast, cos_sin, cos_sin_of_array, device_of, host_constant_like, is_real_floating, namespace, result_dtype, torch_compiling, widest_float
@@ -191,6 +193,16 @@ class TablesCall:
         return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
 
 
+def table_positions(positions, inv_freq):
+    """A table builder's ``positions``: NumPy ones beside an ``inv_freq`` array of another
+    library converted into it (host constants); arrays of two device libraries the
+    ``TypeError`` naming both."""
+    positions = host_constant_like("positions", positions, inv_freq)
+    if check.is_array(inv_freq) and not isinstance(inv_freq, np.ndarray):
+        namespace(positions, inv_freq)
+    return positions
+
+
 def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     """A table builder's arguments as a ``TablesCall``; ``TypeError``/``ValueError`` naming the first bad one."""
     check.array("positions", positions)
@@ -245,6 +257,8 @@ class RerotateCall:
 def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out) -> RerotateCall:
     """``rerotate``'s arguments as a ``RerotateCall``; ``TypeError``/``ValueError`` naming the first bad one."""
     check.array("x", x)
+    for like in (delta, seq_len):  # (NumPy keys beside a device delta or seq_len: converted, as rope converts them)
+        x = host_constant_like("x", x, like)
     delta, seq_len = host_constant_like("delta", delta, x), host_constant_like("seq_len", seq_len, x)
     read = [(name, a) for name, a in (("delta", delta), ("inv_freq", inv_freq), ("new_inv_freq", new_inv_freq), ("seq_len", seq_len)) if check.is_array(a)]
     per_row = [a for a in (delta, seq_len) if check.is_array(a)]

@@ -18,12 +18,10 @@ built from that same parse (``posenc._kernels.rope_plan``).
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constant_like, host_constants, namespace
+from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace
 from . import _args, _call, _rows
 from ._call import duplicate
 from .scaling import nameable
@@ -73,9 +71,7 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     >>> sin[2].round(4).tolist()
     [0.9093, 0.9093, 0.8415, 0.8415]
     """
-    positions = host_constant_like("positions", positions, inv_freq)  # (NumPy positions beside device frequencies)
-    if check.is_array(inv_freq) and not isinstance(inv_freq, np.ndarray):
-        namespace(positions, inv_freq)  # (two device libraries: the TypeError naming both)
+    positions = _call.table_positions(positions, inv_freq)
     if check.is_array(inv_freq) and inv_freq.ndim == 2:
         return _tables_per_row(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     call = _call.parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)

@@ -38,7 +38,8 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
         (maybe a symbolic size) with ``xp=torch``, is read when the graph runs, giving the
         eager table. An array of one length per batch row gives one
         frequency set per row, ``inv_freq`` of shape ``seq_len.shape + (dim/2,)``, each row
-        bit-identical to the call with that row's length.
+        bit-identical to the call with that row's length. An eager array's values are read
+        now, like an int's: its namespace does not set the result's (``xp=`` does).
     xp, device, dtype
         Namespace, device and dtype of ``inv_freq``. By default a float64 NumPy array; with
         only ``xp`` given, the namespace's widest float: float32 for JAX without x64, each

@@ -19,7 +19,7 @@ import numbers
 
 from .. import _validate as check
 from .._xp import device_of
-from ._call import parse_tables
+from ._call import parse_tables, table_positions
 
 
 def _sections(sections, pairs):
@@ -113,6 +113,7 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
     >>> bool(np.allclose(cos[0, :4], np.cos([2 * 1.0, 5 * 0.5, 7 * 0.25, 2 * 0.125])))
     True
     """
+    positions = table_positions(positions, inv_freq)
     args = parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     sections = _sections(sections, args.pairs)
     if not isinstance(interleaved, bool):
@@ -175,6 +176,7 @@ def xdrope_cos_sin(positions, inv_freq, sections, *, dtype=None, scale=1.0):
     >>> bool(np.allclose(cos[0], np.cos([3 * 1.0, 3 * 0.5, 1 * 1.0, 1 * 0.5])))
     True
     """
+    positions = table_positions(positions, inv_freq)
     args = parse_tables(positions, inv_freq, layout="half", dtype=dtype, scale=scale)
     sections = _sections(sections, args.pairs)
     check.ndim("positions", positions, minimum=1)
