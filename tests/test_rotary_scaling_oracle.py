@@ -152,6 +152,17 @@ def test_yarn_warns_of_an_implicit_factor_as_transformers_does(caplog):
         pe.scaling.from_hf(params, head_dim=64, max_position_embeddings=consistent)
 
 
+@pytest.mark.parametrize("truncate", [None, False, True])
+def test_yarn_truncate_none_is_falsy_as_in_transformers(truncate):
+    # transformers reads ``rope_parameters.get("truncate", True)`` and tests it for truth: a
+    # ``"truncate": null`` in a config keeps the correction range unrounded, as False does
+    # (from_hf took None for "absent", True: the ramp moved, inv_freq off by up to 0.18 relative).
+    params = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048, "rope_theta": 10000.0}
+    params.update(beta_fast=31.3, beta_slow=1.7, truncate=truncate)
+    assert pe.scaling.from_hf(params, head_dim=64, max_position_embeddings=8192).scaling.truncate is bool(truncate)
+    assert_matches_hf(params, 64, 8192)
+
+
 @pytest.mark.parametrize("max_pos", [8192, 163840])
 def test_yarn_without_factor_uses_the_length_ratio(max_pos):
     # DeepSeek-V3 style configs: factor from max_position_embeddings / original.
