@@ -200,6 +200,12 @@ RELATIVE_BIASES = {
     "t5_bias max_distance too small": (lambda: pe.t5_bias(T5_TABLE, 3, 4, max_distance=8), ValueError, "max_distance"),
     "t5_bias out wrong shape": (lambda: pe.t5_bias(T5_TABLE, 4, 4, out=Z((2, 4, 5))), ValueError, "out"),
     "t5_bias out wrong dtype": (lambda: pe.t5_bias(T5_TABLE, 4, 4, out=Z((2, 4, 4), dtype=np.float32)), ValueError, "out"),
+    "t5_bias out on JAX": (
+        lambda: pe.t5_bias(_jax().numpy.ones((32, 2)), 3, 4, out=_jax().numpy.zeros((2, 3, 4))), TypeError, "out is not supported for JAX",
+    ),
+    "expand_bias out on JAX": (
+        lambda: pe.expand_bias(_jax().numpy.ones((2, 6)), 3, 4, out=_jax().numpy.zeros((2, 3, 4))), TypeError, "out is not supported for JAX",
+    ),
     "t5_bias too large": (lambda: pe.t5_bias(T5_TABLE, 10**6, 10**6), ValueError, "memory"),
     "t5_bias q_len a 0-d float array": (lambda: pe.t5_bias(T5_TABLE, np.asarray(2.0), 4), TypeError, "q_len"),
     "t5_bias q_len a 1-d array": (lambda: pe.t5_bias(T5_TABLE, np.arange(2), 4), TypeError, "q_len"),
@@ -229,6 +235,9 @@ RELATIVE_BIASES = {
     "alibi_bias string symmetric": (lambda: pe.alibi_bias(SLOPES, 3, 3, symmetric="yes"), TypeError, "symmetric"),
     "alibi_bias float offset": (lambda: pe.alibi_bias(SLOPES, 3, 3, offset=1.5), TypeError, "offset"),
     "alibi_bias out wrong shape": (lambda: pe.alibi_bias(SLOPES, 3, 3, out=np.ones((2, 3))), ValueError, "out"),
+    "alibi_bias out on JAX": (
+        lambda: pe.alibi_bias(_jax().numpy.ones(2), 3, 3, out=_jax().numpy.zeros((2, 3, 3))), TypeError, "out is not supported for JAX",
+    ),
     "alibi_bias query_positions of another length": (
         lambda: pe.alibi_bias(SLOPES, 3, 3, query_positions=Z((2, 4), dtype=int)), ValueError, "query_positions",
     ),

@@ -705,8 +705,11 @@ def writable_by_autograd(value):
 
 def out(value, *, shape, dtype, xp, device, inputs=()):
     """A caller's ``out`` buffer: right shape, dtype, namespace and device, and not a partial
-    overlap of one of ``inputs`` (``(name, array)`` pairs; exactly an input is in place)."""
+    overlap of one of ``inputs`` (``(name, array)`` pairs; exactly an input is in place).
+    A JAX array is refused: it cannot be written."""
     array("out", value)
+    if not torch_tensor(value) and _compat.is_jax_array(value):
+        raise TypeError("out is not supported for JAX arrays (they are immutable); use the returned array")
     found = namespace(value)
     if found is not xp and not (_compat.is_numpy_namespace(found) and _compat.is_numpy_namespace(xp)):  # NumPy or its wrapper
         raise TypeError(f"out must be an array of the same namespace as the inputs ({xp.__name__}), got {type(value).__name__}")
