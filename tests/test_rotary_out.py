@@ -63,3 +63,24 @@ def test_a_strided_out_buffer_is_written_by_the_full_path():
         pe.rope(x, offset=7, out=wide[..., ::2])  # channels of stride 2: computed aside, copied in
         np.testing.assert_array_equal(wide[..., ::2], want)
         assert not wide[..., 1::2].any()
+
+
+def test_the_other_byte_order_gives_the_native_bits():
+    """A NumPy ``x`` or ``out`` in the other byte order (``>f8`` on x86), which ``out=``'s
+    check accepts, gives the bits of the same values in native order: no kernel reads
+    swapped bytes, and the reference they had fallen to rotated float64 one ulp apart
+    (4.4e-16 here) from the kernel that ``out=None`` uses."""
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 16))
+    grid = np.stack(np.meshgrid(np.arange(2), np.arange(4), indexing="ij"), -1).reshape(8, 2)
+    calls = {"rope": lambda x, **out: pe.rope(x, offset=1000, **out), "axial_rope": lambda x, **out: pe.axial_rope(x, grid, **out)}
+    swapped = x.dtype.newbyteorder()
+    for name, call in calls.items():
+        want = call(x)
+        for _ in range(3):  # planned calls too
+            np.testing.assert_array_equal(call(x.astype(swapped)), want, err_msg=f"{name}: swapped x")
+            out = np.zeros(x.shape, swapped)
+            assert call(x, out=out) is out
+            np.testing.assert_array_equal(out, want, err_msg=f"{name}: swapped out")
+            in_place = x.astype(swapped)
+            assert call(in_place, out=in_place) is in_place
+            np.testing.assert_array_equal(in_place, want, err_msg=f"{name}: swapped x in place")

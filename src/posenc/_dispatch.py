@@ -215,7 +215,35 @@ def select(op, *args, **kwargs) -> Callable:
             for kernel in candidates:
                 if kernel.accepts(named):
                     return kernel.load()
+            if any(_swapped(a) for a in named.values()):
+                return _in_native_order(op, named)
     return _references[op]
+
+
+def _swapped(a) -> bool:
+    """A NumPy array whose bytes are not in this machine's order (``>f8`` on x86)."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(a, numpy.ndarray) and not a.dtype.isnative
+
+
+def _in_native_order(op, named):
+    """``op`` for arguments of which some are NumPy arrays in the other byte order, which no
+    kernel reads: run on native-order copies (what a kernel reads) and copy the result into
+    a swapped ``out``, so the numbers are those of the same values in native order (the
+    reference's could differ from the kernel's by an ulp)."""
+
+    def run(*args, **kwargs):
+        out = named.get("out")
+        native = {n: a.astype(a.dtype.newbyteorder("=")) if _swapped(a) and n != "out" else a for n, a in named.items()}
+        if _swapped(out) or any(native[n] is not a and a is out for n, a in named.items() if n != "out"):
+            native["out"] = None
+        result = call(op, **native)
+        if native.get("out", out) is out:
+            return result
+        out[...] = result
+        return out
+
+    return run
 
 
 def call(op, *args, **kwargs):
