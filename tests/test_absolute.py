@@ -258,3 +258,26 @@ def test_attention_matches_naive(backend, rng, causal):
     w = np.exp(logits - logits.max(-1, keepdims=True))
     w /= w.sum(-1, keepdims=True)
     assert_close(out, w @ v, backend=backend, dtype="float64")
+
+
+def test_float64_in_the_other_byte_order_is_computed_in_float64(rng):
+    """NumPy float64 arrays in the other byte order (``>f8`` on x86) are float64: the dtype
+    check that picks the working precision compared ``>f8`` with ``float64`` (unequal), so
+    apply_absolute, conv_positions and attention computed in float32 (apply_absolute off by
+    8.8e-7 here) and complex_order's angles too, while returning ``>f8``."""
+    q = rng.standard_normal((2, 5, 8))
+    table = np.arange(160.0).reshape(20, 8) / 7
+    positions = np.arange(10.0).reshape(2, 5) * 1000
+    calls = {
+        "apply_absolute": lambda s: pe.apply_absolute(s(q), s(table), offset=3),
+        "conv_positions": lambda s: pe.conv_positions(s(q), s(table[:3] / 100)),
+        "attention": lambda s: pe.attention(s(q), s(q), s(q), causal=True),
+        "complex_order": lambda s: pe.complex_order(s(q), s(q), s(q), s(positions)),
+    }
+    for name, call in calls.items():
+        want = call(lambda a: a)
+        got = call(lambda a: a.astype(a.dtype.newbyteorder()))
+        if name == "attention":  # (NumPy's matmul of swapped arrays skips BLAS: its own summation order)
+            np.testing.assert_allclose(got, want, rtol=1e-14, atol=1e-15, err_msg=name)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=name)

@@ -483,7 +483,10 @@ def widest_float(xp, device=None):
 
 
 def compute_dtype(xp, dtype):
-    """The dtype to compute in for a result of ``dtype``: 16-bit floats compute in float32."""
+    """The dtype to compute in for a result of ``dtype``: 16-bit floats compute in float32.
+    A NumPy dtype in the other byte order (``>f8`` on x86) computes in its native twin."""
+    if isinstance(dtype, _numpy.dtype) and not dtype.isnative:
+        dtype = dtype.newbyteorder("=")
     if dtype == xp.float32 or dtype == getattr(xp, "float64", None):
         return dtype
     return xp.float32

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, cos_sin_of_array, device_of, has_float64, host_constants, namespace
+from .._xp import broadcast_shapes, cast, compute_dtype, cos_sin_of_array, device_of, has_float64, host_constants, namespace
 
 
 @host_constants
@@ -49,7 +49,7 @@ def complex_order(amplitude, frequency, phase, positions):
     except ValueError as exc:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast against {shape[:-1]}") from exc
     float64 = has_float64(xp, device)
-    wide = float64 and any(a.dtype == xp.float64 for a in (amplitude, frequency, phase))
+    wide = float64 and any(compute_dtype(xp, a.dtype) == xp.float64 for a in (amplitude, frequency, phase))  # (>f8 too)
     real_dtype = xp.float64 if wide else xp.float32
     if float64:
         work = xp.float64
