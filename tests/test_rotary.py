@@ -252,3 +252,46 @@ def test_scalings_are_frozen_and_hashable():
     with pytest.raises(AttributeError):
         yarn.factor = 2.0
     assert len({yarn, pe.scaling.YaRN(4.0, 4096), pe.scaling.LongRoPE(np.ones(2), [1, 1], 8)}) == 2
+
+
+def _rounded_once(table, dtype):
+    """Float64 ``table`` rounded once, to nearest even, to float16 (NumPy's own conversion)
+    or bfloat16 (the top 16 bits of the float64 rounded at bit 45: normal values only)."""
+    if dtype == "float16":
+        return table.astype(np.float16).view(np.int16)
+    bits = table.view(np.uint64)
+    low, keep = bits & np.uint64(2**45 - 1), bits >> np.uint64(45)
+    up = (low > np.uint64(2**44)) | ((low == np.uint64(2**44)) & (keep & np.uint64(1) == np.uint64(1)))
+    exact = ((keep + up.astype(np.uint64)) << np.uint64(45)).view(np.float64)
+    return exact.astype(np.float32).view(np.int32) >> 16  # (exact in float32: its top half is the bfloat16)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_16_bit_tables_are_the_float64_tables_rounded_once_on_every_call(library, dtype):
+    """rope_cos_sin and sinusoidal in float16 / bfloat16 round their float64 values once.
+    torch's (and JAX's, and ml_dtypes') float64 -> 16-bit conversions go through float32 and
+    round twice: torch's float16 tables differed from NumPy's in 180 of 2.6M entries (one
+    value in 14,000), a row of a decode step from NumPy's row. The first, second (planned)
+    and one-position calls all give the one rounding."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    inv_freq, _ = pe.rope_frequencies(128)
+    n = 8192
+    want_cos, _ = pe.rope_cos_sin(np.arange(n), inv_freq, dtype=np.float64)
+    want = _rounded_once(np.asarray(want_cos), dtype).astype(np.int16)
+    sine_want = _rounded_once(np.asarray(pe.sinusoidal(np.arange(n), 128, dtype=np.float64)), dtype).astype(np.int16)
+    if library == "numpy":
+        target = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+        positions, bits = np.arange(n), lambda a: np.asarray(a).view(np.int16)
+    else:
+        target = getattr(torch, dtype)
+        positions, bits = torch.arange(n), lambda a: a.view(torch.int16).numpy()
+    for _ in range(3):
+        cos, _ = pe.rope_cos_sin(positions, inv_freq, dtype=target)
+        np.testing.assert_array_equal(bits(cos), want)
+    np.testing.assert_array_equal(bits(pe.sinusoidal(positions, 128, dtype=target)), sine_want)
+    for p in (2949, 2950, 2951, 8191):  # one position (a decode loop's plan computes rows ahead)
+        for _ in range(2):
+            cos, _ = pe.rope_cos_sin(positions[p : p + 1], inv_freq, dtype=target)
+            np.testing.assert_array_equal(bits(cos), want[p : p + 1])

@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .._kernels import _arrays
+from .._xp import cast
 
 BLOCK = 32  # rows computed ahead in a sequential NumPy decode loop
 _EXACT = 2**52  # positions whose float64 values are exact
@@ -33,11 +34,13 @@ class TablesPlan:
         if self.torch:
             import torch
 
-            self.lib = torch
+            import array_api_compat.torch as xp_torch
+
+            self.lib, self.xp = torch, xp_torch
             self.dtype = torch.float32 if dtype is None else dtype
             self.single = None
         else:
-            self.lib = None
+            self.lib, self.xp = None, np
             self.dtype = np.dtype(np.float32 if dtype is None else dtype)
             # The key fixes the positions' shape: NumPy's frequencies are shaped to
             # broadcast against ``positions[..., None]``, one position's to be its row
@@ -90,7 +93,7 @@ class TablesPlan:
             return self._tables(positions, freqs, 1.0)
         if last != p - 1:
             angle = float(p) * freqs  # float(p): the exact float64 the array product converts p to
-            return np.cos(angle).astype(self.dtype, copy=False), np.sin(angle).astype(self.dtype, copy=False)
+            return cast(np, np.cos(angle), self.dtype), cast(np, np.sin(angle), self.dtype)
         cos, sin = self._tables(np.arange(p, p + BLOCK).reshape((BLOCK, *self.single)), freqs, 1.0)
         self.ahead = (freqs, p, cos, sin)
         return cos[0].copy(), sin[0].copy()
@@ -105,9 +108,8 @@ class TablesPlan:
             c, s = np.cos(angle), np.sin(angle)
         if scale != 1.0:
             c, s = c * scale, s * scale
-        if c.dtype != self.dtype:
-            c, s = (c.to(self.dtype), s.to(self.dtype)) if self.torch else (c.astype(self.dtype), s.astype(self.dtype))
-        return c, s
+        # (rounded once to a 16-bit dtype, as the full path's cast rounds them)
+        return cast(self.xp, c, self.dtype), cast(self.xp, s, self.dtype)
 
 
 def _float64(inv_freq):
