@@ -507,12 +507,12 @@ def result_dtype(xp, dtype):
 
 def cast(xp, array, dtype):
     """``array`` as ``dtype`` (no copy when it already is). A float64 array cast to float16 or
-    bfloat16 is rounded once, to nearest, ties to even (``round_sixteen``)."""
+    bfloat16 is rounded once, to nearest, ties to even (``rounded_once``)."""
     if array.dtype == dtype:
         return array
     bits = _SIXTEEN.get(_dtype_name(dtype))
-    if bits is not None and array.dtype == getattr(xp, "float64", None):
-        array = round_sixteen(xp, array, *bits)
+    if bits is not None and array.dtype == getattr(xp, "float64", None) and not (type(array) is _ndarray and bits[0] == 11):
+        array = rounded_once(xp, array, *bits)  # (NumPy's own float64 -> float16 rounds once)
     return xp.astype(array, dtype)
 
 
@@ -522,6 +522,25 @@ _SIXTEEN = {"float16": (11, 2.0**-24), "bfloat16": (8, 2.0**-133)}
 
 def _dtype_name(dtype):
     return dtype.__name__ if isinstance(dtype, type) else str(dtype).rpartition(".")[2]
+
+
+def rounded_once(xp, a, bits, tiny):
+    """``round_sixteen`` of ``a`` whose gradient is ``a``'s (straight through, as ``astype``
+    passes it): a torch tensor that carries one, or a JAX array (maybe differentiated
+    later), gets ``a + (rounded - a)`` with the difference detached, the same value (exact:
+    the two are that close), and infinities and NaN as they are."""
+    if torch_tensor(a):
+        if not a.requires_grad:
+            if a.is_cpu and a.numel() <= 2**14 and not a.is_neg() and not torch_transforming():  # (NumPy's steps cost less on small tables; the same exact operations)
+                return sys.modules["torch"].from_numpy(round_sixteen(_numpy, a.numpy(), bits, tiny))
+            return round_sixteen(xp, a, bits, tiny)
+        detach = lambda v: v.detach()  # noqa: E731
+    elif _compat.is_jax_array(a):
+        from jax.lax import stop_gradient as detach
+    else:
+        return round_sixteen(xp, a, bits, tiny)
+    fixed = a + detach(round_sixteen(xp, detach(a), bits, tiny) - a)
+    return xp.where(xp.isfinite(a), fixed, a)
 
 
 def round_sixteen(xp, a, bits, tiny):
