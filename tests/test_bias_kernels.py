@@ -284,7 +284,10 @@ def test_dispatch_leaves_other_arrays_and_autograd_to_the_reference():
         assert _dispatch.select("toeplitz_scatter", weights, index, 2) is CPU["toeplitz_scatter"]
     assert _dispatch.select("toeplitz_gather", np.zeros((3, 2)), torch.zeros(5, dtype=torch.int64), 3) is _toeplitz.toeplitz_gather
     assert _dispatch.select("toeplitz_expand", np.zeros(5, dtype=np.int64), 3, 3) is _toeplitz.toeplitz_expand
-    assert _dispatch.select("toeplitz_expand", np.zeros(5, dtype=">f4"), 3, 3) is _toeplitz.toeplitz_expand
+    swapped = np.arange(5, dtype=">f4")  # no kernel reads the other byte order: the kernel's call on a native copy
+    run = _dispatch.select("toeplitz_expand", swapped, 3, 3)
+    assert run is not _toeplitz.toeplitz_expand
+    np.testing.assert_array_equal(run(swapped, 3, 3), CPU["toeplitz_expand"](swapped.astype("=f4"), 3, 3))
     jnp = pytest.importorskip("jax.numpy")  # JAX CPU arrays have kernels of their own (tests/test_jax_kernels.py)
     from posenc._jax import cpu as jax_cpu
 

@@ -531,7 +531,7 @@ def rounded_once(xp, a, bits, tiny):
     the two are that close), and infinities and NaN as they are."""
     if torch_tensor(a):
         if not a.requires_grad:
-            if a.is_cpu and a.numel() <= 2**14 and not a.is_neg() and not torch_transforming():  # (NumPy's steps cost less on small tables; the same exact operations)
+            if not torch_compiling() and a.is_cpu and a.numel() <= 2**14 and not a.is_neg() and not torch_transforming():  # (NumPy's steps cost less on small tables; the same exact operations)
                 return sys.modules["torch"].from_numpy(round_sixteen(_numpy, a.numpy(), bits, tiny))
             return round_sixteen(xp, a, bits, tiny)
         detach = lambda v: v.detach()  # noqa: E731
