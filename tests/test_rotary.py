@@ -323,3 +323,33 @@ def test_16_bit_tables_pass_gradients_straight_through():
         learned = jnp.asarray(inv_freq)
         want = jax.grad(total)(learned, jnp.float64, lambda t: t.astype(jnp.bfloat16))
         np.testing.assert_array_equal(np.asarray(jax.grad(total)(learned, jnp.bfloat16, lambda t: t)), np.asarray(want))
+
+
+def test_16_bit_tables_keep_signed_zeros_with_gradients_straight_through():
+    """A -0 (sin of a -0.0 position) stays -0 in a 16-bit table of JAX float64 values or of
+    a torch ``inv_freq`` that carries a gradient, as NumPy's and torch's own conversions keep
+    it: the straight-through ``a + (rounded - a)`` turned -0 (and negative values rounding to
+    zero) into +0."""
+    torch = pytest.importorskip("torch")
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    inv_freq = pe.rope_frequencies(8)[0]
+    positions = np.array([-0.0, 1.0])
+    for dtype in ("float16", "bfloat16"):
+        numpy_dtype = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+        want = np.signbit(np.asarray(pe.rope_cos_sin(positions, inv_freq, dtype=numpy_dtype)[1], np.float32))
+        assert want[0].all()
+        learned = torch.tensor(inv_freq, requires_grad=True)
+        _, sin = pe.rope_cos_sin(torch.tensor(positions), learned, dtype=getattr(torch, dtype))
+        np.testing.assert_array_equal(torch.signbit(sin).numpy(), want, err_msg=f"torch {dtype}")
+        tiny = torch.tensor([-0.0, -1e-30, -(2.0**-140)], dtype=torch.float64, requires_grad=True)
+        np.testing.assert_array_equal(torch.signbit(pe._xp.cast(pe._xp.namespace(tiny), tiny, getattr(torch, dtype))).numpy(), [True] * 3)
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    with jax.enable_x64(True):
+        for dtype in ("float16", "bfloat16"):
+            numpy_dtype = np.float16 if dtype == "float16" else ml_dtypes.bfloat16
+            want = np.signbit(np.asarray(pe.rope_cos_sin(positions, inv_freq, dtype=numpy_dtype)[1], np.float32))
+            _, sin = pe.rope_cos_sin(jnp.asarray(positions), jnp.asarray(inv_freq), dtype=getattr(jnp, dtype))
+            np.testing.assert_array_equal(np.signbit(np.asarray(sin, np.float32)), want, err_msg=f"jax {dtype}")
+            table = pe.sinusoidal(jnp.asarray(positions), 8, dtype=getattr(jnp, dtype))
+            np.testing.assert_array_equal(np.signbit(np.asarray(table, np.float32)), np.signbit(np.asarray(pe.sinusoidal(positions, 8, dtype=numpy_dtype), np.float32)))

@@ -527,8 +527,8 @@ def _dtype_name(dtype):
 def rounded_once(xp, a, bits, tiny):
     """``round_sixteen`` of ``a`` whose gradient is ``a``'s (straight through, as ``astype``
     passes it): a torch tensor that carries one, or a JAX array (maybe differentiated
-    later), gets ``a + (rounded - a)`` with the difference detached, the same value (exact:
-    the two are that close), and infinities and NaN as they are."""
+    later), gets ``rounded - (a - a)`` with ``rounded`` and the first ``a`` detached, the
+    same value, signed zeros included, and infinities and NaN as they are."""
     if torch_tensor(a):
         if not a.requires_grad:
             if not torch_compiling() and a.is_cpu and a.numel() <= 2**14 and not a.is_neg() and not torch_transforming():  # (NumPy's steps cost less on small tables; the same exact operations)
@@ -539,7 +539,9 @@ def rounded_once(xp, a, bits, tiny):
         from jax.lax import stop_gradient as detach
     else:
         return round_sixteen(xp, a, bits, tiny)
-    fixed = a + detach(round_sixteen(xp, detach(a), bits, tiny) - a)
+    # rounded - (a - a): a - a is +0 (its gradient 1), and rounded - +0 is rounded, -0 too
+    # (rounded + (+0) would make a -0 +0; a + (rounded - a) did)
+    fixed = detach(round_sixteen(xp, detach(a), bits, tiny)) - (detach(a) - a)
     return xp.where(xp.isfinite(a), fixed, a)
 
 
