@@ -353,3 +353,31 @@ def test_16_bit_tables_keep_signed_zeros_with_gradients_straight_through():
             np.testing.assert_array_equal(np.signbit(np.asarray(sin, np.float32)), want, err_msg=f"jax {dtype}")
             table = pe.sinusoidal(jnp.asarray(positions), 8, dtype=getattr(jnp, dtype))
             np.testing.assert_array_equal(np.signbit(np.asarray(table, np.float32)), np.signbit(np.asarray(pe.sinusoidal(positions, 8, dtype=numpy_dtype), np.float32)))
+
+
+def test_a_numpy_decode_step_cast_runs_no_numpy_python_code():
+    """A decode step's table cast (float64 -> the plan's ``np.dtype``) runs no NumPy Python code: the
+    16-bit check of ``_xp.cast`` named every target dtype with ``str()`` (Python code in
+    ``numpy/_core/_dtype.py``) and converted with ``numpy.astype`` (Python checks), which
+    made a float32 NumPy ``rope_cos_sin`` of one position 5.4 -> 10.9 us."""
+    import sys
+
+    inv_freq = pe.rope_frequencies(128)[0]
+    positions = np.array([777])
+    seen = []
+
+    def profile(frame, event, arg):
+        name = f"{frame.f_code.co_filename}:{frame.f_code.co_name}".replace("\\", "/")
+        if event == "call" and (name.endswith("numpy/_core/_dtype.py:__str__") or name.endswith("numpy/_core/numeric.py:astype")):
+            seen.append(name)
+
+    for dtype in (np.float32, np.float16):
+        for _ in range(3):  # (plan made)
+            pe.rope_cos_sin(positions, inv_freq, dtype=dtype)
+        sys.setprofile(profile)
+        try:
+            pe._xp.cast(np, np.cos(inv_freq), np.dtype(dtype))
+            pe.rope_cos_sin(positions, inv_freq, dtype=dtype)
+        finally:
+            sys.setprofile(None)
+    assert not seen, seen[:5]

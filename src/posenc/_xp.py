@@ -510,9 +510,12 @@ def cast(xp, array, dtype):
     bfloat16 is rounded once, to nearest, ties to even (``rounded_once``)."""
     if array.dtype == dtype:
         return array
-    bits = _SIXTEEN.get(_dtype_name(dtype))
-    if bits is not None and array.dtype == getattr(xp, "float64", None) and not (type(array) is _ndarray and bits[0] == 11):
-        array = rounded_once(xp, array, *bits)  # (NumPy's own float64 -> float16 rounds once)
+    if array.dtype == getattr(xp, "float64", None):  # (first: the name is read for float64 only)
+        bits = _SIXTEEN.get(_dtype_name(dtype))
+        if bits is not None and not (type(array) is _ndarray and bits[0] == 11):
+            array = rounded_once(xp, array, *bits)  # (NumPy's own float64 -> float16 rounds once)
+    if type(array) is _ndarray:
+        return array.astype(dtype)  # (the method: numpy.astype's checks are Python code, 2 us)
     return xp.astype(array, dtype)
 
 
@@ -521,6 +524,8 @@ _SIXTEEN = {"float16": (11, 2.0**-24), "bfloat16": (8, 2.0**-133)}
 
 
 def _dtype_name(dtype):
+    if isinstance(dtype, _numpy.dtype):  # (its type's name: str() of a NumPy dtype is Python code, 3 us)
+        return dtype.type.__name__
     return dtype.__name__ if isinstance(dtype, type) else str(dtype).rpartition(".")[2]
 
 
