@@ -136,6 +136,11 @@ ABSOLUTE = {
     "floater dynamics a string": (lambda: pe.floater(4, 8, dynamics="rk4"), TypeError, "dynamics"),
     "floater dynamics a number": (lambda: pe.floater(4, 4, dynamics=3), TypeError, "dynamics"),
     "floater p0 of another width": (lambda: pe.floater(4, 4, p0=Z(3)), ValueError, "p0"),
+    # dynamics returning another shape than p: the state grew an axis per RK4 stage (IndexError
+    # at 65 axes) or hit NumPy's broadcast error, neither naming dynamics
+    "floater dynamics adds an axis": (lambda: pe.floater(3, 4, dynamics=lambda p, t: p[None, :]), ValueError, "dynamics"),
+    "floater dynamics of another width": (lambda: pe.floater(3, 4, dynamics=lambda p, t: p[:2]), ValueError, "dynamics"),
+    "floater dynamics returns a list": (lambda: pe.floater(3, 2, dynamics=lambda p, t: [0.0, 1.0]), TypeError, "dynamics"),
     "apply_absolute table too short": (lambda: pe.apply_absolute(Z((5, 8)), Z((6, 8)), offset=2), ValueError, "table"),
     "apply_absolute table width": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 5))), ValueError, "table"),
     "apply_absolute negative offset": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 6)), offset=-1), ValueError, "offset"),

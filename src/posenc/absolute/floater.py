@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numbers
+
 from .. import _validate as check
 from .._xp import cast, device_of, namespace, result_dtype, widest_float
 from .sinusoidal import inverse_frequencies
@@ -16,6 +18,25 @@ def _rotation_dynamics(freqs, xp, device, dtype):
         return xp.reshape(xp.stack([w * cos, -w * sin], axis=-1), (-1,))
 
     return dynamics
+
+
+def _checked(dynamics, dim):
+    """``dynamics`` whose every result is checked to be a ``[dim]`` derivative (or one that
+    broadcasts to it: a number, ``[1]``): a result of another shape made the state grow
+    an axis per RK4 stage, until an ``IndexError`` deep inside or a silently wrong shape."""
+
+    def checked(p, t):
+        dp = dynamics(p, t)
+        if isinstance(dp, numbers.Real) and not isinstance(dp, bool):
+            return dp
+        shape = getattr(dp, "shape", None)
+        if not check.is_array(dp) or shape is None:
+            raise TypeError(f"dynamics(p, t) must return an array of shape ({dim},) (dp/dt), got {type(dp).__name__}")
+        if tuple(shape) not in ((dim,), (1,), ()):
+            raise ValueError(f"dynamics(p, t) must return an array of shape ({dim},) (dp/dt, like p), got shape {tuple(shape)}")
+        return dp
+
+    return checked
 
 
 def _rk4_step(f, p, t, h):
@@ -79,7 +100,9 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=32, base=
     work = widest_float(xp, device)
     if (dynamics is None or p0 is None) and dim % 2:
         raise ValueError(f"dim must be a positive even integer unless both dynamics and p0 are given, got {dim}")
-    if dynamics is None:
+    if dynamics is not None:
+        dynamics = _checked(dynamics, dim)
+    else:
         dynamics = _rotation_dynamics(inverse_frequencies(dim, base), xp, device, work)
     if p0 is None:
         p = xp.reshape(xp.stack([xp.zeros(dim // 2, dtype=work, device=device), xp.ones(dim // 2, dtype=work, device=device)], axis=-1), (dim,))
