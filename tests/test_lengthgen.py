@@ -311,6 +311,8 @@ def test_randomized_positions_beyond_int32_are_refused_where_positions_are_int32
         (lambda: pe.fire_bias(lambda x: x[:1], 2, 2), ValueError, "mlp"),
         (lambda: pe.cope_positions(np.ones((2, 3)), np.ones((2, 4))), ValueError, "head dimension"),
         (lambda: pe.cope_logits(np.ones((2, 3)), np.ones((2, 3)), np.ones((4, 2))), ValueError, "pos_emb"),
+        # no position rows: the position term was silently left out (plain logits returned)
+        (lambda: pe.cope_logits(np.ones((2, 3)), np.ones((2, 3)), np.ones((0, 3))), ValueError, "pos_emb"),
         (lambda: pe.cope_positions(np.ones((2, 3)), np.ones((2, 3)), causal=1), TypeError, "causal"),
         (lambda: pe.cope_positions(np.ones((2, 0)), np.ones((2, 0))), ValueError, "at least one feature"),
         (lambda: pe.sandwich_bias(0, 0, 2**62), ValueError, "sandwich_bias frequencies"),

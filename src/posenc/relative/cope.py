@@ -134,6 +134,8 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
         raise ValueError(f"pos_emb must be [..., P, d] with d = {q.shape[-1]} (q's last axis), got shape {tuple(pos_emb.shape)}")
     check.leading_axes(("q", q), ("pos_emb", pos_emb), 2, "leading (batch, head) dimensions")
     npos = int(pos_emb.shape[-2])
+    if npos < 1:  # (clip to [0, -1] left every position term out: the plain logits, silently)
+        raise ValueError(f"pos_emb must have at least one position row (pos_emb.shape[-2] >= 1), got shape {tuple(pos_emb.shape)}")
     logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask)
     pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
     work = logits.dtype
