@@ -381,3 +381,45 @@ def test_a_numpy_decode_step_cast_runs_no_numpy_python_code():
         finally:
             sys.setprofile(None)
     assert not seen, seen[:5]
+
+
+def _midpoints_and_neighbours(ml_dtype):
+    """Every midpoint between two consecutive finite non-negative values of a 16-bit float
+    format (exact in float64), a float64 step below and above it, and the value one rounding
+    gives each (ties to the even bits), both signs: an oracle built from the format alone."""
+    words = np.arange(2**15, dtype=np.uint16)  # the non-negative encodings, in increasing value
+    with np.errstate(invalid="ignore"):  # (the NaN encodings)
+        values = words.view(ml_dtype).astype(np.float64)
+    finite = np.isfinite(values)
+    words, values = words[finite], values[finite]
+    low, high, low_words, high_words = values[:-1], values[1:], words[:-1], words[1:]
+    mid = (low + high) / 2
+    tie = np.where(low_words % 2 == 0, low_words, high_words)
+    x = np.concatenate([mid, np.nextafter(mid, 0), np.nextafter(mid, np.inf)])
+    want = np.concatenate([tie, low_words, high_words])
+    return np.concatenate([x, -x]), np.concatenate([want, want | np.uint16(0x8000)])
+
+
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_float64_to_16_bit_casts_round_once_at_every_midpoint(name):
+    """``_xp.cast`` from float64 to float16 / bfloat16 gives one rounding at every midpoint
+    of the format and a float64 step either side, subnormals included: NumPy (bfloat16's
+    word path and its fallback), torch through NumPy (small tensors) and torch's own
+    operations (large ones)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    torch = pytest.importorskip("torch")
+    from posenc._xp import cast, namespace
+
+    x, want = _midpoints_and_neighbours(np.float16 if name == "float16" else ml_dtypes.bfloat16)
+    normal = np.abs(x) >= (2.0**-14 if name == "float16" else 2.0**-126)
+    numpy_dtype = np.float16 if name == "float16" else ml_dtypes.bfloat16
+    for part in (x[normal], x, x[:1000]):  # (word path where every value is normal, else the fallback)
+        pick = np.isin(x, part)
+        np.testing.assert_array_equal(cast(np, part, np.dtype(numpy_dtype)).view(np.uint16), want[pick])
+    tensor = torch.from_numpy(x)
+    assert tensor.numel() > 2**14
+    xp = namespace(tensor)
+    got = cast(xp, tensor, getattr(torch, name)).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+    small = cast(xp, tensor[: 2**14], getattr(torch, name)).view(torch.int16).numpy().view(np.uint16)
+    np.testing.assert_array_equal(small, want[: 2**14])

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, cos_sin, cos_sin_of_array, device_of, host_constant_like, is_real_floating, namespace, result_dtype, torch_compiling, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, host_constant_like, is_real_floating, namespace, result_dtype, torch_compiling, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -190,7 +190,7 @@ class TablesCall:
         xp = self.xp
         if self.scale != 1.0:
             c, s = c * self.scale, s * self.scale
-        return cast(xp, duplicate(xp, c, self.layout), self.dtype), cast(xp, duplicate(xp, s, self.layout), self.dtype)
+        return cast_pair(xp, duplicate(xp, c, self.layout), duplicate(xp, s, self.layout), self.dtype)
 
 
 def table_positions(positions, inv_freq):

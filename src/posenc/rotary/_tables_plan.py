@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .._kernels import _arrays
-from .._xp import cast
+from .._xp import cast_pair
 
 BLOCK = 32  # rows computed ahead in a sequential NumPy decode loop
 _EXACT = 2**52  # positions whose float64 values are exact
@@ -93,7 +93,7 @@ class TablesPlan:
             return self._tables(positions, freqs, 1.0)
         if last != p - 1:
             angle = float(p) * freqs  # float(p): the exact float64 the array product converts p to
-            return cast(np, np.cos(angle), self.dtype), cast(np, np.sin(angle), self.dtype)
+            return cast_pair(np, np.cos(angle), np.sin(angle), self.dtype)
         cos, sin = self._tables(np.arange(p, p + BLOCK).reshape((BLOCK, *self.single)), freqs, 1.0)
         self.ahead = (freqs, p, cos, sin)
         return cos[0].copy(), sin[0].copy()
@@ -109,7 +109,7 @@ class TablesPlan:
         if scale != 1.0:
             c, s = c * scale, s * scale
         # (rounded once to a 16-bit dtype, as the full path's cast rounds them)
-        return cast(self.xp, c, self.dtype), cast(self.xp, s, self.dtype)
+        return cast_pair(self.xp, c, s, self.dtype)
 
 
 def _float64(inv_freq):
