@@ -579,6 +579,8 @@ def round_sixteen(xp, a, bits, tiny):
     the format round to infinity in ``astype`` as they should (a value at or past the
     largest's half step is rounded up here to a power of two beyond it); infinities and NaN
     pass unchanged."""
+    if bits == 11 and type(a) is _ndarray:  # (NumPy's float16 conversion rounds once)
+        return a.astype(_numpy.float16).astype(_numpy.float64)
     m = xp.abs(a)
     if bits == 8 and type(a) is _ndarray and _numpy.min(m, initial=_numpy.inf, where=m != 0) >= 2.0**-126:
         return _bfloat16_normals(a)
