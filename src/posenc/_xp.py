@@ -513,16 +513,24 @@ def cast(xp, array, dtype):
     bits = _rounding(xp, array, dtype)
     if bits is not None:
         array = rounded_once(xp, array, *bits)
+    return _astype(xp, array, dtype)
+
+
+def _astype(xp, array, dtype):
     if type(array) is _ndarray:
         return array.astype(dtype)  # (the method: numpy.astype's checks are Python code, 2 us)
     return xp.astype(array, dtype)
 
 
 def cast_pair(xp, a, b, dtype):
-    """``cast`` of ``a`` and ``b`` of one shape (a table's cos and sin), rounded in one pass
-    where they are rounded (the same values: the rounding is elementwise)."""
-    if a.dtype == dtype or _rounding(xp, a, dtype) is None or tuple(a.shape) != tuple(b.shape):
+    """``cast`` of ``a`` and ``b`` of one shape and dtype (a table's cos and sin), rounded in
+    one pass where they are rounded (the same values: the rounding is elementwise)."""
+    if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
         return cast(xp, a, dtype), cast(xp, b, dtype)
+    if a.dtype == dtype:
+        return a, b
+    if _rounding(xp, a, dtype) is None:
+        return _astype(xp, a, dtype), _astype(xp, b, dtype)
     both = cast(xp, xp.stack([a, b]), dtype)
     return both[0, ...], both[1, ...]
 
