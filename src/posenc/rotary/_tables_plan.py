@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .._kernels import _arrays
-from .._xp import cast_pair
+from .._xp import cast_pair, namespace
 
 BLOCK = 32  # rows computed ahead in a sequential NumPy decode loop
 _EXACT = 2**52  # positions whose float64 values are exact
@@ -34,9 +34,7 @@ class TablesPlan:
         if self.torch:
             import torch
 
-            import array_api_compat.torch as xp_torch
-
-            self.lib, self.xp = torch, xp_torch
+            self.lib, self.xp = torch, namespace(xp=torch)
             self.dtype = torch.float32 if dtype is None else dtype
             self.single = None
         else:
