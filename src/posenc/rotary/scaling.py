@@ -617,6 +617,7 @@ def _yarn(r, rotary_dim, base):
             UserWarning,
             stacklevel=5,
         )
+    truncate = r.params.get("truncate", True)  # (transformers tests it for truth: a null is False)
     return YaRN(
         factor,
         original,
@@ -625,8 +626,7 @@ def _yarn(r, rotary_dim, base):
         mscale=r.get("mscale", 0.0),
         mscale_all_dim=r.get("mscale_all_dim", 0.0),
         attention_factor=r.params.get("attention_factor"),
-        # transformers tests ``rope_parameters.get("truncate", True)`` for truth: a null is False
-        truncate=False if r.params.get("truncate", True) is None else r.params.get("truncate", True),
+        truncate=False if truncate is None else truncate,
     )
 
 
