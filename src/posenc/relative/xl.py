@@ -17,8 +17,9 @@ def rel_shift(x):
     ``[..., n + 1, q_len]``, drops the first row and reads the rest as ``[..., q_len, n]``
     again (Dai et al., "Transformer-XL", 2019, ``_rel_shift`` of the released code, here
     with the two sequence axes last). The effect: ``out[..., i, j] = x[..., i, j + q_len - 1 - i]``
-    where that index lies in ``[0, n)``; a zero at ``j = i - q_len``, other entries wrap
-    to the next row (they are the masked future in the causal use). With ``x[i, c]``
+    where that index lies in ``[0, n)``; a zero where it is ``n`` (``j = n - q_len + 1 + i``,
+    rows ``i < q_len - 1``), and beyond it entries of the next row (both the masked future
+    in the causal use: ``rel[i, j] < 0`` below). With ``x[i, c]``
     the score of query ``i`` against the relative embedding of distance ``n - 1 - c``
     and ``n = k_len`` keys ending at the last query, ``out[i, j]`` is the score of
     distance ``rel[i, j] = (k_len - q_len + i) - j``.
