@@ -1,6 +1,7 @@
 """The posenc command line: info, demo, plot, bench; clean errors without tracebacks."""
 
 import importlib
+import importlib.metadata
 import pathlib
 import re
 import shlex
@@ -22,6 +23,16 @@ def test_info(capsys):
     out = capsys.readouterr().out
     for name in ("numpy", "numba", "torch", "jax", "dask", "numba CPU kernels"):
         assert name in out
+
+
+@pytest.mark.parametrize("wheel", ["cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-6-0", "cupy"])
+def test_info_finds_cupy_whichever_wheel_installed_it(wheel, monkeypatch, capsys):
+    monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {"cupy": [wheel]})
+    version = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "13.6.0" if dist == wheel else version(dist))
+    assert cli.main(["info"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "cupy" in line]
+    assert line.split() == ["cupy", "13.6.0", f"({wheel})"]
 
 
 def test_python_dash_m_posenc_is_the_posenc_command():

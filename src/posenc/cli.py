@@ -18,7 +18,7 @@ import time
 from posenc._cli_errors import _error, _writable_directory, number
 from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS
 
-OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy-cuda12x", "torch", "jax", "dask", "array-api-strict", "matplotlib")
+OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy", "torch", "jax", "dask", "array-api-strict", "matplotlib")
 
 
 def _version(dist: str) -> str | None:
@@ -28,12 +28,19 @@ def _version(dist: str) -> str | None:
         return None
 
 
+def _cupy_version() -> str | None:
+    """The installed CuPy, whichever wheel provides it (one per CUDA or ROCm release:
+    cupy-cuda12x, cupy-cuda13x, cupy-rocm-6-0, ... or cupy from source): ``13.6.0 (cupy-cuda12x)``."""
+    dists = importlib.metadata.packages_distributions().get("cupy", [])
+    return ", ".join(f"{_version(dist)} ({dist})" for dist in dists) or None
+
+
 def cmd_info(args) -> int:
     import posenc
 
     print(f"posenc {posenc.__version__}  backend={posenc.get_backend()}")
     for dist in OPTIONAL:
-        print(f"  {dist:<18} {_version(dist) or 'not installed'}")
+        print(f"  {dist:<18} {(_cupy_version() if dist == 'cupy' else _version(dist)) or 'not installed'}")
     from posenc._kernels import _arrays
 
     print(f"  numba CPU kernels  {'usable' if _arrays.numba_cpu() else 'unavailable'}")
