@@ -2,6 +2,7 @@
 
 import importlib
 import importlib.metadata
+import os
 import pathlib
 import re
 import shlex
@@ -41,6 +42,17 @@ def test_python_dash_m_posenc_is_the_posenc_command():
     assert proc.stdout.startswith("usage: posenc extrapolate")
     wrong = subprocess.run([sys.executable, "-m", "posenc", "no-such-command"], capture_output=True, text=True, timeout=120)
     assert wrong.returncode == 2 and "invalid choice" in wrong.stderr
+
+
+@pytest.mark.parametrize("command", [["info"], ["demo", "--library", "numpy"]])
+def test_a_reader_that_leaves_gets_no_traceback(command):
+    read, write = os.pipe()
+    os.close(read)  # posenc info | head -1, once head has exited
+    try:
+        proc = subprocess.run([sys.executable, "-m", "posenc.cli", *command], stdout=write, stderr=subprocess.PIPE, text=True, timeout=600)
+    finally:
+        os.close(write)
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr
 
 
 def test_demo_runs_every_family():

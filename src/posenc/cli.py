@@ -257,6 +257,10 @@ def main(argv=None) -> int:
         return args.func(args)
     except ImportError as exc:
         return _error(args.command, str(exc), 3)
+    except BrokenPipeError:
+        # The reader left (posenc info | head -1): stop, and let nothing flush into the pipe at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
