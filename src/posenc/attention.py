@@ -12,6 +12,9 @@ from ._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constant
 def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     r"""Plain softmax attention, :math:`\mathrm{softmax}(q k^T \cdot s + B)\,v`.
 
+    Vaswani et al., "Attention Is All You Need" (2017), with an additive bias ``B`` (any
+    of posenc's relative biases) and masks.
+
     The softmax subtracts the row maximum (stable) and runs in float32 for 16-bit inputs.
     A query that may attend to no key (every key masked by ``mask`` or ``causal``, or a
     bias of ``-inf`` on every key, e.g. a left-padding query) gets an output of zeros,

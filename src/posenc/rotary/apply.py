@@ -31,6 +31,10 @@ from .scaling import nameable
 def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
     r"""``cos`` and ``sin`` of the rotary angles :math:`m\,\theta_i`, duplicated for every pair.
 
+    RoPE's tables (Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding",
+    2021): :math:`\cos(m\,\theta_i)` and :math:`\sin(m\,\theta_i)` for position ``m`` and
+    frequency :math:`\theta_i` (``inv_freq[i]``), each entry twice in the layout's order.
+
     Parameters
     ----------
     positions : array
@@ -109,7 +113,8 @@ def apply_rope(x, cos, sin, *, layout="half", out=None):
     rotary, GPT-NeoX / Phi style). ``layout="half"`` pairs ``(x[i], x[i + r/2])``: the
     result is LLaMA's ``x * cos + rotate_half(x) * sin``; ``layout="interleaved"`` pairs
     ``(x[2i], x[2i+1])`` (RoFormer, GPT-J). Each pair ``(a, b)`` becomes
-    ``(a*cos - b*sin, b*cos + a*sin)``, a rotation by ``+angle``.
+    ``(a*cos - b*sin, b*cos + a*sin)``, a rotation by ``+angle`` (Su et al., "RoFormer:
+    Enhanced Transformer with Rotary Position Embedding", 2021).
 
     The tables hold each angle twice, as :func:`rope_cos_sin` and transformers make them
     (``cos[..., i] == cos[..., i + r/2]`` for ``"half"``, ``cos[..., 2i] == cos[..., 2i+1]``
@@ -189,7 +194,11 @@ def rope(
 
     Rotates pair ``i`` of the first ``rotary_dim`` channels of a token at position ``m`` by
     :math:`m\,\theta_i` and multiplies the rotated channels by the scaling's attention
-    scale (see :func:`apply_rope` for the pairing of each ``layout``).
+    scale (see :func:`apply_rope` for the pairing of each ``layout``):
+    :math:`(a, b) \mapsto (a \cos m\theta_i - b \sin m\theta_i,\ b \cos m\theta_i + a \sin m\theta_i)`
+    with :math:`\theta_i` = ``rope_frequencies(rotary_dim, base=base, scaling=scaling)``
+    (:math:`\text{base}^{-2i/r}` unscaled; Su et al., "RoFormer: Enhanced Transformer with
+    Rotary Position Embedding", 2021).
 
     Parameters
     ----------

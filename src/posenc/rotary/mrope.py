@@ -66,7 +66,8 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
 
     .. math:: c_{\dots,i} = \cos(p_{s(i),\dots}\,\theta_i)
 
-    With ``interleaved=False`` (Qwen2-VL, Qwen2.5-VL) :math:`s(i)` is the section holding
+    (Wang et al., "Qwen2-VL: Enhancing Vision-Language Model's Perception of the World at
+    Any Resolution", 2024.) With ``interleaved=False`` (Qwen2-VL, Qwen2.5-VL) :math:`s(i)` is the section holding
     pair ``i``: the first ``sections[0]`` pairs turn with ``positions[0]``, the next
     ``sections[1]`` with ``positions[1]``, and so on. With ``interleaved=True`` (Qwen3-VL;
     keras_hub's and vLLM's interleaved M-RoPE) the axes take pairs in turn,
