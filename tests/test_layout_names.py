@@ -1,5 +1,5 @@
 """One name per idea: the concatenated-halves layout is ``"half"`` in every function;
-``"split"``, its earlier name in ``sinusoidal`` and ``tener_logits``, is an alias that warns."""
+``"split"``, its earlier name, is an alias that warns in every function and module."""
 
 from __future__ import annotations
 
@@ -57,3 +57,41 @@ def test_defaults_are_the_documented_ones():
 def test_an_unknown_layout_names_the_vocabulary(name):
     with pytest.raises(ValueError, match="layout must be one of .*'half'.*got 'neox'"):
         CALLS[name]("neox")
+
+
+def _modules():
+    torch_modules = pytest.importorskip("posenc.torch")
+    modules = {
+        "torch.RotaryEmbedding": lambda layout: torch_modules.RotaryEmbedding(8, layout=layout),
+        "torch.XPos": lambda layout: torch_modules.XPos(8, layout=layout),
+        "torch.SinusoidalEmbedding": lambda layout: torch_modules.SinusoidalEmbedding(8, layout=layout),
+        "torch.TransformerXLRelative": lambda layout: torch_modules.TransformerXLRelative(2, 4, layout=layout),
+        "torch.TENERRelative": lambda layout: torch_modules.TENERRelative(2, 4, layout=layout),
+    }
+    try:
+        from flax import nnx
+
+        import posenc.flax as flax_modules
+    except ImportError:
+        return modules
+    return modules | {
+        "flax.Rotary": lambda layout: flax_modules.Rotary(8, layout=layout),
+        "flax.XPos": lambda layout: flax_modules.XPos(8, layout=layout),
+        "flax.Sinusoidal": lambda layout: flax_modules.Sinusoidal(8, layout=layout),
+        "flax.XL": lambda layout: flax_modules.XL(2, 4, layout=layout, rngs=nnx.Rngs(0)),
+        "flax.TENER": lambda layout: flax_modules.TENER(2, 4, layout=layout, rngs=nnx.Rngs(0)),
+    }
+
+
+@pytest.mark.parametrize("name", ["torch.RotaryEmbedding", "torch.XPos", "torch.SinusoidalEmbedding", "torch.TransformerXLRelative",
+                                  "torch.TENERRelative", "flax.Rotary", "flax.XPos", "flax.Sinusoidal", "flax.XL", "flax.TENER"])  # fmt: skip
+def test_modules_take_split_as_the_functions_do_and_keep_half(name):
+    modules = _modules()
+    if name not in modules:
+        pytest.skip(f"{name.split('.')[0]} is not installed")
+    with pytest.warns(FutureWarning, match='layout="split" is the earlier name of "half"') as record:
+        module = modules[name]("split")
+    assert len(record) == 1
+    if name.startswith("torch."):  # (flax's module constructor is the caller of a flax module's __init__)
+        assert record[0].filename == __file__
+    assert module.layout == "half"

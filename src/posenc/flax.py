@@ -194,6 +194,7 @@ class Sinusoidal(PositionalModule):
     (``embed(x, positions=None, *, offset=0)``: ``offset`` an int or one per batch row)."""
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
+        layout = check.layout("layout", layout)
         pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
         self.dim, self.base, self.layout = dim, base, layout
 
@@ -265,8 +266,7 @@ class Rotary(PositionalModule):
         self.head_dim, self.rotary_dim = head_dim, head_dim if rotary_dim is None else rotary_dim
         if self.rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {self.rotary_dim}")
-        if layout not in ("half", "interleaved"):
-            raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+        layout = check.layout("layout", layout)
         pe.rope_frequencies(self.rotary_dim, base=base, scaling=scaling)  # validates the arguments now
         self.base, self.scaling, self.layout = base, scaling, layout
 
@@ -287,6 +287,7 @@ class XPos(PositionalModule):
     both sides centred at ``k_len // 2`` and scaled in float32 at least, as ``posenc.torch.XPos``."""
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512, layout: str = "half"):
+        layout = check.layout("layout", layout)
         pe.xpos_scale(np.zeros(1), head_dim, scale_base=scale_base, layout=layout)  # validates the arguments now
         pe.rope_frequencies(head_dim, base=base)
         self.head_dim, self.base, self.scale_base, self.layout = head_dim, base, scale_base, layout
@@ -478,6 +479,7 @@ class XL(PositionalModule):
 
     def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved",
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
+        layout = check.layout("layout", layout)
         heads, head_dim, dtype = _positive("num_heads", num_heads), _positive("head_dim", head_dim), _param_dtype(param_dtype)
         dim = heads * head_dim if dim is None else dim
         pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
@@ -504,6 +506,7 @@ class TENER(PositionalModule):
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved", param_dtype=jnp.float32,
                  rngs: nnx.Rngs):  # fmt: skip
+        layout = check.layout("layout", layout)
         heads, dtype = _positive("num_heads", num_heads), _param_dtype(param_dtype)
         pe.sinusoidal(0, _positive("head_dim", head_dim), base=base, layout=layout)  # validates the arguments now
         self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02, dtype), _normal(rngs, (heads, 1, head_dim), 0.02, dtype)

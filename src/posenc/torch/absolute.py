@@ -30,6 +30,7 @@ class SinusoidalEmbedding(PositionalModule):
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved", dtype=None):
         super().__init__()
+        layout = check.layout("layout", layout)
         pe.sinusoidal(0, dim, base=base, layout=layout, dtype=dtype, xp=torch)  # validates the arguments now
         self.dim, self.base, self.layout, self.dtype = dim, base, layout, dtype
 

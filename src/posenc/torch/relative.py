@@ -102,6 +102,7 @@ class TransformerXLRelative(PositionalModule):
 
     def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__()
+        layout = check.layout("layout", layout)
         heads = positive_int("num_heads", num_heads)
         positive_int("head_dim", head_dim)
         dim = heads * head_dim if dim is None else dim
@@ -138,6 +139,7 @@ class TENERRelative(PositionalModule):
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__()
+        layout = check.layout("layout", layout)
         heads = positive_int("num_heads", num_heads)
         pe.sinusoidal(0, positive_int("head_dim", head_dim), base=base, layout=layout)  # validates the arguments now
         self.num_heads, self.head_dim, self.base, self.layout = heads, head_dim, base, layout

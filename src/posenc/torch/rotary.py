@@ -7,6 +7,7 @@ from collections.abc import Mapping
 import torch
 
 import posenc as pe
+from posenc import _validate as check
 
 from ._protocol import PositionalModule, dot_scores
 
@@ -40,8 +41,7 @@ class RotaryEmbedding(PositionalModule):
         self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
         if self.rotary_dim > head_dim:
             raise ValueError(f"rotary_dim must be <= head_dim = {head_dim}, got {self.rotary_dim}")
-        if layout not in ("half", "interleaved"):
-            raise ValueError(f"layout must be 'half' or 'interleaved', got {layout!r}")
+        layout = check.layout("layout", layout)
         self.base, self.scaling, self.layout = base, scaling, layout
         pe.rope_frequencies(self.rotary_dim, base=base, scaling=scaling)  # validates the arguments now
 
@@ -109,6 +109,7 @@ class XPos(PositionalModule):
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512, layout: str = "half"):
         super().__init__()
+        layout = check.layout("layout", layout)
         pe.xpos_scale(torch.zeros(1), head_dim, scale_base=scale_base, layout=layout)  # validates the arguments now
         pe.rope_frequencies(head_dim, base=base)
         self.head_dim, self.base, self.scale_base, self.layout = head_dim, base, scale_base, layout
