@@ -26,13 +26,35 @@ def test_info(capsys):
         assert name in out
 
 
+def test_info_lists_each_librarys_devices(monkeypatch, capsys):
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i: f"GPU {i}")
+    assert cli.main(["info"]) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.split()[0] == "devices"]
+    jax_devices = ", ".join(f"{device.platform}:{device.id}" for device in jax.devices())
+    assert line.split(None, 1)[1] == f"numpy cpu; torch cpu, cuda:0 (GPU 0), cuda:1 (GPU 1); jax {jax_devices}"
+
+
+def test_info_says_which_library_does_not_start_and_goes_on(monkeypatch, capsys):
+    jax = pytest.importorskip("jax")
+
+    def devices():
+        raise AssertionError("no cuda backend")  # what JAX_PLATFORMS=cuda raises without a GPU
+
+    monkeypatch.setattr(jax, "devices", devices)
+    assert cli.main(["info"]) == 0
+    assert "; jax unavailable (AssertionError: no cuda backend)" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("wheel", ["cupy-cuda12x", "cupy-cuda13x", "cupy-rocm-6-0", "cupy"])
 def test_info_finds_cupy_whichever_wheel_installed_it(wheel, monkeypatch, capsys):
     monkeypatch.setattr(importlib.metadata, "packages_distributions", lambda: {"cupy": [wheel]})
     version = importlib.metadata.version
     monkeypatch.setattr(importlib.metadata, "version", lambda dist: "13.6.0" if dist == wheel else version(dist))
     assert cli.main(["info"]) == 0
-    (line,) = [line for line in capsys.readouterr().out.splitlines() if "cupy" in line]
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if line.split()[0] == "cupy"]
     assert line.split() == ["cupy", "13.6.0", f"({wheel})"]
 
 

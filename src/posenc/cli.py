@@ -35,6 +35,40 @@ def _cupy_version() -> str | None:
     return ", ".join(f"{_version(dist)} ({dist})" for dist in dists) or None
 
 
+def _devices() -> str:
+    """The devices each installed array library sees: ``numpy cpu; torch cpu, cuda:0 (NVIDIA H200); jax cpu:0``."""
+    found = ["numpy cpu"]
+    for library, installed, devices in (("torch", _version("torch"), _torch_devices), ("jax", _version("jax"), _jax_devices), ("cupy", _cupy_version(), _cupy_devices)):
+        if installed:
+            try:
+                found.append(f"{library} {devices()}")
+            except Exception as exc:  # one that does not import or start (JAX_PLATFORMS=cuda without a GPU: AssertionError)
+                found.append(f"{library} unavailable ({type(exc).__name__}: {exc})")
+    return "; ".join(found)
+
+
+def _torch_devices() -> str:
+    import torch
+
+    return ", ".join(["cpu", *(f"cuda:{i} ({torch.cuda.get_device_name(i)})" for i in range(torch.cuda.device_count()))])
+
+
+def _jax_devices() -> str:
+    import jax
+
+    return ", ".join(f"{device.platform}:{device.id}" for device in jax.devices())
+
+
+def _cupy_devices() -> str:
+    import cupy
+
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except cupy.cuda.runtime.CUDARuntimeError as exc:  # no driver, or no GPU
+        return f"none ({exc})"
+    return ", ".join(f"cuda:{i}" for i in range(count)) or "none"
+
+
 def cmd_info(args) -> int:
     import posenc
 
@@ -46,6 +80,7 @@ def cmd_info(args) -> int:
     print(f"  numba CPU kernels  {'usable' if _arrays.numba_cpu() else 'unavailable'}")
     problem = _arrays.cuda_problem()
     print(f"  numba.cuda kernels {'usable' if problem is None else 'unavailable: ' + problem}")
+    print(f"  devices            {_devices()}")
     return 0
 
 
