@@ -605,8 +605,8 @@ ROTARY = {
     "rope_decay zero base": (lambda: pe.rope_decay(4, 8, base=0.0), ValueError, "base"),
     "linear_attention q and k widths differ": (lambda: pe.linear_attention(Z((5, 8)), Z((5, 4)), Z((5, 2))), ValueError, "q and k"),
     "linear_attention k and v lengths differ": (lambda: pe.linear_attention(Z((5, 8)), Z((5, 8)), Z((4, 2))), ValueError, "k and v"),
-    "linear_attention causal over other lengths": (
-        lambda: pe.linear_attention(Z((3, 8)), Z((5, 8)), Z((5, 2)), causal=True), ValueError, "causal",
+    "linear_attention causal with more queries than keys": (
+        lambda: pe.linear_attention(Z((5, 8)), Z((3, 8)), Z((3, 2)), causal=True), ValueError, "causal",
     ),
     "linear_attention causal a string": (lambda: pe.linear_attention(Z((5, 8)), Z((5, 8)), Z((5, 2)), causal="yes"), TypeError, "causal"),
     "linear_attention unknown feature map": (

@@ -153,7 +153,7 @@ def linear_attention_formula(q, k, v, qpos=None, kpos=None, causal=False):
         num = np.zeros(q.shape[:-2] + (v.shape[-1],))
         den = np.zeros(q.shape[:-2])
         for j in range(m):
-            if causal and j > i:
+            if causal and j > m - n + i:  # (the queries are the last n keys)
                 continue
             num += np.sum(rq[..., i, :] * rk[..., j, :], -1)[..., None] * v[..., j, :]
             den += np.sum(fq[..., i, :] * fk[..., j, :], -1)
@@ -170,6 +170,22 @@ def test_linear_attention_matches_naive(backend, rng, causal, with_rope):
     got = backend.call(lambda q, k, v, *p: pe.linear_attention(q, k, v, positions=p[0] if p else None, causal=causal), *arrays)
     want = linear_attention_formula(q, k, v, pos if with_rope else None, pos if with_rope else None, causal)
     assert_close(got, want, backend=backend, dtype="float32", atol=2e-5, rtol=2e-5)
+
+
+@pytest.mark.parametrize("with_rope", [False, True])
+def test_linear_attention_causal_queries_are_the_last_keys(rng, with_rope):
+    """As every causal mask in posenc (pe.attention, flash-attention): a chunk of queries, or
+    a decode step's one query, sits at the end of the keys and gives the full call's rows."""
+    q, k, v = rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 6, 8)), rng.standard_normal((2, 6, 3))
+    pos = np.arange(6) + 3
+    full = pe.linear_attention(q, k, v, positions=pos if with_rope else None, causal=True)
+    for n in (1, 4):
+        part = pe.linear_attention(q[:, -n:], k, v, positions=(pos[-n:], pos) if with_rope else None, causal=True)
+        np.testing.assert_allclose(part, full[:, -n:], rtol=1e-12, atol=1e-12)
+        want = linear_attention_formula(q[:, -n:], k, v, pos[-n:] if with_rope else None, pos if with_rope else None, causal=True)
+        np.testing.assert_allclose(part, want, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="at most as many queries as keys"):
+        pe.linear_attention(q, k[:, :5], v[:, :5], causal=True)
 
 
 def test_linear_attention_cross_positions_and_callable_feature_map(rng):

@@ -46,7 +46,9 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     feature_map : "elu" or callable
         :math:`\phi`; a callable maps an array to a non-negative array of the same shape.
     causal : bool
-        Query ``i`` attends to keys ``j <= i`` (needs ``n == m``).
+        Query ``i`` attends to keys ``j <= m - n + i``: the queries are the last ``n`` keys
+        (``n <= m``), as in :func:`posenc.attention`, so a decode step's one query gives the
+        last row of the full call.
     eps : float >= 0
         Added to the denominator, as Katharopoulos et al.'s code does (``1e-6`` there). With
         the default 0, a query whose features meet none of its keys' (a feature map that
@@ -72,8 +74,8 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     check.features(q, k, "the normaliser sums the feature map over them")
     check.flag("causal", causal)
     eps = check.real("eps", eps, minimum=0.0)
-    if causal and q.shape[-2] != k.shape[-2]:
-        raise ValueError(f"causal=True needs as many queries as keys, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    if causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"causal=True needs at most as many queries as keys (the queries are the last keys), got q {tuple(q.shape)} and k {tuple(k.shape)}")
     if not callable(feature_map):
         check.choice("feature_map", feature_map, FEATURE_MAPS)
 
@@ -99,10 +101,12 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         rq = _dispatch.call("rope_rotate", fq, q_pos, inv_freq, layout=layout)
         rk = _dispatch.call("rope_rotate", fk, k_pos, inv_freq, layout=layout)
     if causal:
-        # kv[..., i, :, :] = sum_{j <= i} rk_j v_j^T ; z[..., i, :] = sum_{j <= i} fk_j
-        kv = xp.cumulative_sum(rk[..., :, None] * vw[..., None, :], axis=-3)
+        # kv[..., t, :, :] = sum_{j <= t} rk_j v_j^T ; z[..., t, :] = sum_{j <= t} fk_j, read at
+        # the queries' keys t = first + i (the queries are the last keys)
+        first = k.shape[-2] - q.shape[-2]
+        kv = xp.cumulative_sum(rk[..., :, None] * vw[..., None, :], axis=-3)[..., first:, :, :]
         numerator = xp.sum(rq[..., :, None] * kv, axis=-2)
-        denominator = xp.sum(fq * xp.cumulative_sum(fk, axis=-2), axis=-1)
+        denominator = xp.sum(fq * xp.cumulative_sum(fk, axis=-2)[..., first:, :], axis=-1)
     else:
         numerator = xp.matmul(rq, xp.matmul(xp.matrix_transpose(rk), vw))
         denominator = xp.sum(fq * xp.sum(fk, axis=-2)[..., None, :], axis=-1)
