@@ -210,7 +210,9 @@ class DynamicNTK(Scaling):
 
     with ``s = factor`` and ``L = original_max_position`` (HF ``rope_type="dynamic"``,
     where ``L`` is the config's ``max_position_embeddings``). Up to ``L`` tokens the
-    frequencies are the original ones; ``seq_len=None`` means ``L``.
+    frequencies are the original ones; ``seq_len=None`` means ``L``. (emozilla, "Dynamically
+    Scaled RoPE further increases performance of long context LLaMA with zero fine-tuning",
+    2023; the NTK-aware base change of bloc97 applied at the current length.)
 
     Past ``L`` every frequency changes at every step, so keys cached at one length are
     stale at the next. Do not chain :func:`posenc.rerotate` from one step's frequencies to
@@ -432,7 +434,8 @@ class Llama3(Scaling):
     ``L/low_freq_factor`` are divided by ``factor``, and in between
     :math:`\theta'_i = (1 - g)\,\theta_i/s + g\,\theta_i` with
     :math:`g = (L/\lambda_i - \text{low}) / (\text{high} - \text{low})`
-    (HF ``rope_type="llama3"``; Meta's Llama 3.1 uses ``8, 8192, 1, 4``).
+    (HF ``rope_type="llama3"``; Meta's Llama 3.1 uses ``8, 8192, 1, 4``; Dubey et al.,
+    "The Llama 3 Herd of Models", 2024).
     """
 
     factor: float
