@@ -4,7 +4,8 @@ Builds the site once (Sphinx, warnings as errors) into a temporary directory, or
 the one ``make docs`` built when ``POSENC_DOCS_SITE`` names it, and checks the HTML with
 the standard library: no reST or MyST markup shown literally, formulas as math nodes
 typeset by a local MathJax, parameter tables that name real parameters, every public
-name documented. No browser needed.
+name documented. No browser needed. Beside the site: every Python block of the pages that is
+not a doctest runs as written.
 """
 
 from __future__ import annotations
@@ -222,3 +223,21 @@ def test_figures_page_shows_every_figure(site):
     for name in plots.FIGURES:
         (src,) = re.findall(rf'<img[^>]*src="([^"]*{re.escape(name)})"', text)
         assert (site / src).is_file()
+
+
+def python_blocks():
+    """The ```python blocks of the README and the docs pages that are not doctests (the
+    doctests run with the suite: ``--doctest-glob=*.md``), as ``(page:line, code)``."""
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = page.read_text()
+        for block in re.finditer(r"^```python\n(.*?)^```", text, re.S | re.M):
+            if ">>>" not in block.group(1):
+                yield f"{page.relative_to(ROOT)}:{text[: block.start()].count(chr(10)) + 1}", block.group(1)
+
+
+@pytest.mark.parametrize("where, code", list(python_blocks()), ids=[where for where, _ in python_blocks()])
+def test_every_python_block_runs_as_written(where, code, tmp_path):
+    """A reader copies a block alone: it has its own imports and runs in a fresh process."""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, f"{where}:\n{proc.stderr[-3000:]}"
+
