@@ -167,6 +167,11 @@ def test_bad_figure_options_name_the_argument():
     assert [line.get_label() for line in one.lines] == ["base 500000", "base 500000, mean"]
     with pytest.raises(ValueError, match="bases must name at least one base"):
         plots.rope_decay(bases=())
+    # T5's figure draws every distance up to max_distance: too many is refused before allocating
+    with pytest.raises(ValueError, match=r"the distances drawn of shape \(2000000000145,\) needs 14901\.2 GiB"):
+        plots.t5_buckets(max_distance=10**12)
+    with pytest.raises(ValueError, match="max_distance must be a positive integer"):
+        plots.t5_buckets(max_distance=0)
 
 
 def test_layout_figure_pairs_channels_as_convert_layout_moves_them():

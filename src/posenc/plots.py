@@ -146,6 +146,8 @@ def t5_buckets(*, num_buckets=32, max_distance=128, path=None) -> Figure:
     >>> int(line.get_ydata()[-1])
     15
     """
+    max_distance = check.integer("max_distance", max_distance, minimum=1)
+    check.allocatable("the distances drawn", (2 * max_distance + 145,), np.dtype(np.int64).itemsize)
     rel = np.arange(-(max_distance + 72), max_distance + 73)
     fig = _figure((9.0, 7.0))
     for ax, bidirectional, name in zip(fig.subplots(2, 1), (True, False), ("bidirectional (encoder)", "causal (decoder)")):
