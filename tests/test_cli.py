@@ -37,6 +37,17 @@ def test_info_lists_each_librarys_devices(monkeypatch, capsys):
     assert line.split(None, 1)[1] == f"numpy cpu; torch cpu, cuda:0 (GPU 0), cuda:1 (GPU 1); jax {jax_devices}"
 
 
+def test_info_says_numba_that_does_not_import_is_unusable(tmp_path):
+    fake = tmp_path / "numba"
+    fake.mkdir()
+    (fake / "__init__.py").write_text('raise ImportError("Numba needs NumPy 2.2 or less. Got NumPy 2.4.")\n')
+    path = os.pathsep.join([str(tmp_path), *sys.path])
+    proc = subprocess.run([sys.executable, "-m", "posenc.cli", "info"], capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": path})
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [line for line in proc.stdout.splitlines() if "numba CPU kernels" in line]
+    assert line.split("kernels", 1)[1].strip() == "unavailable: numba failed to import (Numba needs NumPy 2.2 or less. Got NumPy 2.4.)"
+
+
 def test_info_says_which_library_does_not_start_and_goes_on(monkeypatch, capsys):
     jax = pytest.importorskip("jax")
 

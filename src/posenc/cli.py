@@ -69,6 +69,19 @@ def _cupy_devices() -> str:
     return ", ".join(f"cuda:{i}" for i in range(count)) or "none"
 
 
+def _numba_cpu() -> str:
+    """Whether the Numba CPU kernels can run: numba installed, and importable next to this NumPy."""
+    from posenc._kernels import _arrays
+
+    if not _arrays.numba_cpu():
+        return "unavailable: numba is not installed"
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:  # e.g. a numba older than this NumPy ("Numba needs NumPy 2.2 or less")
+        return f"unavailable: numba failed to import ({exc})"
+    return "usable"
+
+
 def cmd_info(args) -> int:
     import posenc
 
@@ -77,7 +90,7 @@ def cmd_info(args) -> int:
         print(f"  {dist:<18} {(_cupy_version() if dist == 'cupy' else _version(dist)) or 'not installed'}")
     from posenc._kernels import _arrays
 
-    print(f"  numba CPU kernels  {'usable' if _arrays.numba_cpu() else 'unavailable'}")
+    print(f"  numba CPU kernels  {_numba_cpu()}")
     problem = _arrays.cuda_problem()
     print(f"  numba.cuda kernels {'usable' if problem is None else 'unavailable: ' + problem}")
     print(f"  devices            {_devices()}")
