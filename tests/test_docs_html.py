@@ -241,3 +241,11 @@ def test_every_python_block_runs_as_written(where, code, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{where}:\n{proc.stderr[-3000:]}"
 
+
+
+def test_readme_counts_the_architectures_the_transformers_table_covers():
+    readme = (ROOT / "README.md").read_text()
+    table = (ROOT / "docs" / "transformers.md").read_text()
+    (said,) = re.findall(r"checks them at patch time: (\d+) causal-LM architectures", readme)
+    (covered,) = re.findall(r"^(\d+) of \d+ buildable tiny causal-LM architectures covered", table, re.M)
+    assert said == covered
