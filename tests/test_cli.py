@@ -88,6 +88,13 @@ def test_a_reader_that_leaves_gets_no_traceback(command):
     assert proc.returncode == 1 and proc.stderr == "", proc.stderr
 
 
+def test_demo_of_a_library_asked_for_but_not_installed_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(_demo, "_installed", lambda module: module == "numpy")
+    assert cli.main(["demo", "--library", "numpy", "--library", "torch"]) == 3
+    out, err = capsys.readouterr()
+    assert out == "" and err == "posenc demo: --library torch: not installed (pip install 'posenc[torch]')\n"
+
+
 def test_demo_runs_every_family():
     proc = run_cli("demo", "--library", "numpy")
     assert proc.returncode == 0, proc.stdout + proc.stderr

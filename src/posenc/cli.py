@@ -100,6 +100,9 @@ def cmd_info(args) -> int:
 def cmd_demo(args) -> int:
     from posenc import _demo
 
+    missing = [f"{name}: {why}" for name, maker, why in _demo.libraries() if args.library and name in args.library and maker is None]
+    if missing:
+        return _error("demo", f"--library {'; '.join(missing)}", 3)
     failures = _demo.run(only=args.library)
     print("demo finished" + (f" with {failures} failure(s)" if failures else ": no failures"))
     return 1 if failures else 0
