@@ -37,6 +37,13 @@ def test_environment_variable_forces_reference():
     assert out.stdout.strip() == "reference"
 
 
+def test_an_unknown_backend_in_the_environment_names_the_variable():
+    env = {"POSENC_BACKEND": "kernels", "PATH": "", **{k: os.environ[k] for k in ("PYTHONPATH",) if k in os.environ}}
+    out = subprocess.run([sys.executable, "-c", "import posenc"], capture_output=True, text=True, env=env)
+    assert out.returncode == 1
+    assert out.stderr.splitlines()[-1] == "ValueError: the environment variable POSENC_BACKEND must be one of 'auto', 'reference', got 'kernels'"
+
+
 def test_registry_selects_first_accepting_kernel_and_reference_backend():
     op = "test_registry_op"
     _dispatch.reference(op)(lambda x: ("reference", x))

@@ -36,13 +36,13 @@ from ._xp import trace_constant
 BACKENDS = ("auto", "reference")
 
 
-def _checked(name):
+def _checked(name, what="backend"):
     if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {', '.join(map(repr, BACKENDS))}, got {name!r}")
+        raise ValueError(f"{what} must be one of {', '.join(map(repr, BACKENDS))}, got {name!r}")
     return name
 
 
-_default = _checked(os.environ.get("POSENC_BACKEND", "auto") or "auto")
+_default = _checked(os.environ.get("POSENC_BACKEND", "auto") or "auto", "the environment variable POSENC_BACKEND")
 _override: contextvars.ContextVar[str | None] = contextvars.ContextVar("posenc_backend", default=None)
 
 
