@@ -69,6 +69,16 @@ def test_info_finds_cupy_whichever_wheel_installed_it(wheel, monkeypatch, capsys
     assert line.split() == ["cupy", "13.6.0", f"({wheel})"]
 
 
+@pytest.mark.parametrize("command", [["info"], ["demo"], ["bench"], ["warmup"], ["plot"], ["plot", "decay"], ["extrapolate"]])
+def test_an_option_a_command_does_not_take_is_that_commands_error(command, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main([*command, "--no-such-option", "--out", "unused"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: posenc {' '.join(command)} ")
+    assert err.endswith(f"posenc {' '.join(command)}: error: unrecognized arguments: --no-such-option{'' if command[0] in ('plot', 'extrapolate') else ' --out unused'}\n")
+
+
 def test_python_dash_m_posenc_is_the_posenc_command():
     proc = subprocess.run([sys.executable, "-m", "posenc", "extrapolate", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -186,7 +196,7 @@ def test_plot_decay_writes_only_its_figure(tmp_path, capsys):
         (["scaling", "--factor", "0.5"], "posenc plot scaling: error: argument --factor: must be a number from 1 to 1e+06, got '0.5'"),
         (["scaling", "--factor", "1e20"], "posenc plot scaling: error: argument --factor: must be a number from 1 to 1e+06, got '1e20'"),
         (["alibi", "--heads", "0"], "posenc plot alibi: error: argument --heads: must be a positive integer, got '0'"),
-        (["t5", "--size", "16"], "posenc: error: unrecognized arguments: --size 16"),
+        (["t5", "--size", "16"], "posenc plot t5: error: unrecognized arguments: --size 16"),
         (["decay"], "posenc plot decay: error: the following arguments are required: --out"),
         ([], "posenc plot: error: the following arguments are required: --out"),
         (["frob"], "posenc plot: error: argument FIGURE: invalid choice: 'frob'"),

@@ -290,12 +290,23 @@ def _add_extrapolate(sub) -> None:
 SUBCOMMANDS = [_add_info, _add_demo, _add_bench, _add_warmup, _add_plot, _add_extrapolate]
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A command's parser: arguments it does not take are its error (``posenc info: error:
+    unrecognized arguments: --x``, after its usage), not the top-level ``posenc``'s."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
     from posenc import __version__
 
     parser = argparse.ArgumentParser(prog="posenc", description="Transformer positional encodings for any array.")
     parser.add_argument("--version", action="version", version=f"posenc {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_CommandParser)
     for add in SUBCOMMANDS:
         add(sub)
     return parser
