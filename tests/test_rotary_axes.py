@@ -1,5 +1,5 @@
 """``rope``'s sequence axis is said, not guessed: named layouts, positions aligned with the
-sequence axis and the leading batch axes, ambiguous placements refused.
+sequence axis and the leading batch axes, axis -2 by default whatever the other lengths.
 
 The reference rotates by transposing to ``[batch, heads, seq, dim]``, applying the float64
 formula with positions ``[batch, seq]`` there, and transposing back.
@@ -77,20 +77,24 @@ def test_packed_tokens_thd_with_positions_of_tokens(backend, rng):
 @pytest.mark.parametrize(
     ("shape", "pos_shape"),
     [
-        ((6, 6, 8), (6,)),  # [tokens, heads, dim], tokens == heads
-        ((2, 4, 4, 8), (4,)),  # [batch, seq, heads, dim], seq == heads
-        ((2, 4, 4, 8), (2, 4)),  # the same with [batch, seq] ids
+        ((1, 4, 4, 8), (1, 4)),  # Hugging Face's [batch, seq] ids on [batch, heads, seq, dim], seq == heads
+        ((4, 4, 8), (4,)),  # [heads, seq, dim], seq == heads
+        ((2, 4, 4, 8), (4,)),
     ],
 )
-def test_an_ambiguous_placement_is_refused_naming_seq_axis(shape, pos_shape):
-    x = np.ones(shape)
-    with pytest.raises(ValueError, match="could run along axis .* pass seq_axis"):
-        pe.rope(x, np.zeros(pos_shape, dtype=np.int64))
-    # Said explicitly, both readings are accepted and differ.
-    pos = np.arange(int(np.prod(pos_shape))).reshape(pos_shape)
-    a = pe.rope(x, pos, seq_axis=-2)
-    b = pe.rope(x, pos, seq_axis=len(shape) - 3)
-    assert not np.allclose(a, b)
+def test_positions_run_along_axis_minus_2_whatever_the_other_lengths(shape, pos_shape):
+    """API.md: the sequence is axis -2 unless seq_axis says otherwise, and HF's [batch, seq] ids
+    work on [batch, heads, seq, dim] as they are. A sequence as long as the heads axis was
+    refused (32 tokens beside 32 heads failed where 31 and 33 worked)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape)
+    pos = rng.integers(0, 100, size=pos_shape)
+    want = pe.rope(x, pos, seq_axis=-2)
+    np.testing.assert_array_equal(pe.rope(x, pos), want)
+    placed = pos.reshape(*pos_shape[:-1], *([1] * (len(shape) - 1 - len(pos_shape))), pos_shape[-1])
+    np.testing.assert_allclose(want, rope_formula(x, *tables(placed, theta(8), "half"), "half"), atol=1e-12)
+    other = pe.rope(x, pos, seq_axis=len(shape) - 3)  # said explicitly, the other reading is taken
+    assert not np.allclose(want, other)
 
 
 @pytest.mark.parametrize(

@@ -182,12 +182,12 @@ def _named(value, shape):
     return axis, "t" in letters
 
 
-def place(name, positions, shape, axis, explicit, xp=None):
+def place(name, positions, shape, axis, xp=None):
     """``positions`` reshaped to broadcast against ``shape`` (``x.shape[:-1]``) along the
     sequence ``axis``: their last axis there, their leading axes on the leading axes of
-    ``shape``. ``explicit`` is whether the caller named the axis; if not, positions that
-    could also run along another axis of the same length are refused. ``xp``: their
-    namespace, where the caller has it."""
+    ``shape``, whatever the lengths of the other axes (the default axis, -2, is a rule, not
+    a guess: a call never succeeds or fails by whether two axes happen to be as long).
+    ``xp``: their namespace, where the caller has it."""
     n, k = len(shape), positions.ndim
     if k == 0:
         return positions
@@ -207,13 +207,6 @@ def place(name, positions, shape, axis, explicit, xp=None):
     placed[axis] = length
     if not all(p == 1 or p == s for p, s in zip(placed, shape)):
         raise ValueError(_misfit(name, positions.shape, shape, axis))
-    if not explicit and type(length) is int and length > 1:  # (a symbolic length, of torch.export: no guard on other axes)
-        others = [a for a in range(k - 1, n) if a != axis and shape[a] == length]
-        if others:
-            raise ValueError(
-                f"{name} of shape {tuple(positions.shape)} could run along axis {axis} or axis {others[0]} of x "
-                f"(token axes {shape}, both of length {length}): pass {LAYOUT_HINT} to say which is the sequence"
-            )
     return (xp or namespace(positions)).reshape(positions, tuple(placed))
 
 
@@ -254,7 +247,7 @@ def positions(xp, x, given, seq_axis, offset, device):
         offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
         axis = sequence_axis(seq_axis, x)[0] if shape or seq_axis is not None else 0
-        given = place("positions", given, shape, axis, seq_axis is not None, xp)
+        given = place("positions", given, shape, axis, xp)
     elif seq_axis is not None:  # 0-d positions use no axis, but a seq_axis given must be one
         sequence_axis(seq_axis, x)
     given = check.positions("positions", given, xp, device)  # (widened once their shape fits x)

@@ -271,7 +271,7 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
     delta = check.positions("delta", delta, xp, device)
     if delta.ndim:
         axis = _args.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
-        delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, seq_axis is not None, xp)
+        delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, xp)
     elif seq_axis is not None:  # a single delta uses no axis, but a seq_axis given must be one
         _args.sequence_axis(seq_axis, x)
     _args.out_like(out, x, xp, *read)

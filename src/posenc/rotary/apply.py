@@ -224,8 +224,8 @@ def rope(
         The sequence axis of ``x`` (not the feature axis), or a named layout, one letter
         per axis: ``"bhsd"`` (batch, heads, seq, features: Hugging Face), ``"bshd"``
         (flash-attention, JAX), ``"thd"`` (packed tokens: ``positions`` required),
-        ``"hsd"``, ``"bsd"``, ``"sd"``... Default: axis -2, and positions that could run
-        along two axes of the same length are refused (``ValueError``): say ``seq_axis``.
+        ``"hsd"``, ``"bsd"``, ``"sd"``... Default: axis -2, whatever the lengths of the
+        other axes (a ``"bshd"`` or ``"thd"`` input needs its ``seq_axis``).
     inverse : bool
         Undo the embedding: rotate by ``-angle`` and divide by the attention scale, so
         ``rope(rope(x), inverse=True) == x``. (With attention scale 1 this is also the

@@ -84,7 +84,7 @@ def _coordinates(values, shape):
     :func:`axial_rope`'s ``grid``); ``ValueError`` where it fits neither way, or both ways
     with different meanings."""
     try:
-        placed = _args.place("grid[..., a]", values, shape, len(shape) - 1, True)
+        placed = _args.place("grid[..., a]", values, shape, len(shape) - 1)
     except ValueError:  # not as positions: the trailing axes, or the broadcast's error
         check.broadcast_shape("grid[..., a]", values.shape, shape)
         return values

@@ -88,8 +88,8 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         if isinstance(positions, tuple) and len(positions) != 2:
             raise ValueError(f"positions must be an array or a (query_positions, key_positions) pair, got {len(positions)} items")
         q_pos, k_pos = positions if isinstance(positions, tuple) else (positions, positions)
-        q_pos = _args.place("positions", check.positions("positions", q_pos, xp), tuple(q.shape[:-1]), q.ndim - 2, True)
-        k_pos = _args.place("positions", check.positions("positions", k_pos, xp), tuple(k.shape[:-1]), k.ndim - 2, True)
+        q_pos = _args.place("positions", check.positions("positions", q_pos, xp), tuple(q.shape[:-1]), q.ndim - 2)
+        k_pos = _args.place("positions", check.positions("positions", k_pos, xp), tuple(k.shape[:-1]), k.ndim - 2)
         dim = check.even_dim("q.shape[-1]", q.shape[-1])
     work = compute_dtype(xp, q.dtype)
     fq, fk = phi(cast(xp, q, work)), phi(cast(xp, k, work))

@@ -66,7 +66,7 @@ class RotaryEmbedding(PositionalModule):
         return {"head_dim": self.head_dim, "base": self.base, "scaling": self.scaling, "layout": self.layout, "rotary_dim": self.rotary_dim}
 
     def _rope_options(self):
-        # [batch, heads, seq, head_dim]: said, so positions never look ambiguous when heads == seq
+        # [batch, heads, seq, head_dim]
         return {"base": self.base, "scaling": self.scaling, "layout": self.layout, "rotary_dim": self.rotary_dim, "seq_axis": -2}
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset=0, inverse: bool = False, seq_len=None) -> torch.Tensor:
