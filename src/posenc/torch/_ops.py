@@ -321,8 +321,9 @@ _register_adjoint(toeplitz_gather_op, toeplitz_scatter_op)
 _register_adjoint(toeplitz_scatter_op, toeplitz_gather_op)
 
 
-# Registry entries (``posenc._kernels.torch_autograd``): the references' signatures. While
-# torch compiles, calls with ``out`` arrive here too: the result is copied into it.
+# Registry entries (the ``<op>.torch_autograd`` kernels of ``posenc._kernels``): the
+# references' signatures. While torch compiles, calls with ``out`` arrive here too: the
+# result is copied into it.
 
 
 def _written(result, out):
@@ -501,8 +502,8 @@ def toeplitz_scatter(weights, index, m, *, out=None):
 
 
 # Bind the registry entries that load from this module now: ``torch.compile`` cannot trace the
-# import a first ``Kernel.load()`` would do (``posenc._kernels.torch_autograd`` imports this
-# module before it routes a call here while torch compiles).
+# import a first ``Kernel.load()`` would do (a ``torch_autograd`` kernel's ``accepts`` imports this
+# module, through ``_arrays.to_custom_op``, before it routes a call here while torch compiles).
 for _entry in _dispatch.kernels():
     if _entry.loader.startswith(__name__ + ":"):
         _entry.load()
