@@ -283,6 +283,30 @@ def test_nested_per_layer_type_parameters():
     torch.testing.assert_close(fixed(x, position_ids)[1], ours(x, position_ids, "full_attention")[1])
 
 
+def test_a_head_size_per_layer_type_is_read_from_that_layer_types_config():
+    """Gemma 4's config holds a head size per layer type (``per_layer_config``; reading
+    ``config.head_dim`` raises transformers' RuntimeError): each layer type's tables have its
+    own width, and patch_hf decides with a ValueError."""
+    config = transformers.Gemma4TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=64, sliding_window=6,
+        layer_types=["sliding_attention", "full_attention"], vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=16,
+    )
+    model = transformers.Gemma4ForCausalLM(config).eval()
+    ours, theirs = HFRotaryEmbedding(config), model.model.rotary_emb
+    x, position_ids = torch.zeros(1), torch.arange(20)[None]
+    for layer_type, width in (("sliding_attention", 16), ("full_attention", 32)):
+        for got, want in zip(ours(x, position_ids, layer_type), theirs(x, position_ids, layer_type)):
+            assert got.shape[-1] == width
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+    assert pe.scaling.from_hf(config, layer_type="full_attention").rotary_dim == 32
+    with pytest.raises(ValueError, match="per layer type"):
+        pe.scaling.from_hf(config)
+    with pytest.raises(ValueError, match="apply_rotary_pos_emb: takes \\(x, cos, sin, unsqueeze_dim\\)"):  # (one tensor per call)
+        patch_hf(model)
+    assert not hasattr(model, "posenc_patched") and model.model.rotary_emb is theirs
+
+
 def test_hf_rotary_embedding_compiles_with_a_traced_switch():
     config = _llama_config("longrope")
     module = HFRotaryEmbedding(config)

@@ -710,27 +710,46 @@ def config_head_dim(config):
 def nested_layer_types(config):
     """The layer types a config object's rope parameters are nested under (Gemma 3), in the
     config's order; ``[]`` when they are flat."""
-    params, fields = _config_fields(config)
-    return [t for t in dict.fromkeys(fields["layer_types"]) if isinstance((params or {}).get(t), Mapping)]
-
-
-def _config_fields(config):
-    """``(rope_parameters, fields)`` of a transformers config object (its text config)."""
-    head_dim = config_head_dim(config)
     config = _text_config(config)
+    params = _rope_parameters(config)
+    return [t for t in dict.fromkeys(_layer_types(config)) if isinstance((params or {}).get(t), Mapping)]
+
+
+def layer_config(config, layer_type=None):
+    """The text config of a transformers config object, for ``layer_type``'s layers where its
+    attributes differ per layer (Gemma 4's ``head_dim``: ``config.per_layer_config``)."""
+    config = _text_config(config)
+    if layer_type is not None and getattr(config, "is_heterogeneous", False) and layer_type in _layer_types(config):
+        return config.per_layer_config[layer_type]
+    return config
+
+
+def _rope_parameters(config):
     params = getattr(config, "rope_parameters", None)
     if params is None:
         params = getattr(config, "rope_scaling", None)  # transformers 4 configs
+    return params
+
+
+def _layer_types(config):
+    return tuple(getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None) or ())
+
+
+def _config_fields(config, layer_type=None):
+    """``(rope_parameters, fields)`` of a transformers config object (its text config, for
+    ``layer_type``'s layers); no ``head_dim`` where it differs per layer and no layer type says which."""
+    config = layer_config(config, layer_type)
+    per_layer = getattr(getattr(config, "_heterogeneity_spec", None), "per_layer_attributes", ())
     fields = {
-        "head_dim": head_dim,
+        "head_dim": None if "head_dim" in per_layer else config_head_dim(config),
         "max_position_embeddings": getattr(config, "max_position_embeddings", None),
         "rope_theta": getattr(config, "rope_theta", None),
         "partial_rotary_factor": getattr(config, "partial_rotary_factor", None),
         "original_max_position_embeddings": getattr(config, "original_max_position_embeddings", None),
-        "layer_types": tuple(getattr(config, "_rope_type_labels", None) or getattr(config, "layer_types", None) or ()),
+        "layer_types": _layer_types(config),
         "model_type": getattr(config, "model_type", None),
     }
-    return params, fields
+    return _rope_parameters(config), fields
 
 
 def _is_nested(params, layer_types):
@@ -804,13 +823,9 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
     if config is None or isinstance(config, Mapping):
         params = config
     elif hasattr(config, "rope_parameters") or hasattr(config, "rope_scaling") or hasattr(config, "get_text_config"):
-        params, fields = _config_fields(config)
+        params, fields = _config_fields(config, layer_type)
     else:
         raise TypeError(f"config must be a transformers PretrainedConfig, a rope_parameters dict or None, got {type(config).__name__}")
-    head_dim = head_dim if head_dim is not None else fields.get("head_dim")
-    if head_dim is None:
-        raise ValueError("head_dim is required with a rope_parameters dict (a config object gives it)")
-    head_dim = check.integer("head_dim", head_dim, minimum=1)
     for name, given in (("max_position_embeddings", max_position_embeddings), ("rope_theta", rope_theta), ("partial_rotary_factor", partial_rotary_factor)):
         if given is None:
             given = fields.get(name)
@@ -832,6 +847,10 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
             f"layer_type={layer_type!r} given, but the rope parameters are not per layer type"
             + (f" (layer types: {', '.join(fields['layer_types'])})" if fields["layer_types"] else "")
         )
+    head_dim = head_dim if head_dim is not None else fields.get("head_dim")
+    if head_dim is None:
+        raise ValueError("head_dim is required with a rope_parameters dict (a config object gives it, or its layer_type's layers where it differs per layer)")
+    head_dim = check.integer("head_dim", head_dim, minimum=1)
     return _read_flat(params, head_dim, fields)
 
 

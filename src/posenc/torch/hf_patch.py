@@ -427,12 +427,13 @@ def _complex_apply(heads_axis):
 
 
 def _apply_probes(ours, config, dtype, device, has_unsqueeze):
+    layer_type = next(iter(ours._rope))
+    config = pe.scaling.layer_config(config, layer_type)  # (Gemma 4: a head size per layer type)
     heads = int(getattr(config, "num_attention_heads", 4) or 4)
     head_dim = getattr(config, "head_dim", None) or int(getattr(config, "hidden_size", 64)) // heads
     generator = torch.Generator().manual_seed(0)
     position_ids = torch.stack([torch.arange(9), torch.arange(9) + 4]).to(device)
     x = torch.zeros(1, dtype=dtype, device=device)
-    layer_type = next(iter(ours._rope))
     cos, sin = ours(x, position_ids, layer_type) if layer_type is not None else ours(x, position_ids)
     rotary_dim = cos.shape[-1]
     probes = []

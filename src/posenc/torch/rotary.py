@@ -49,7 +49,7 @@ class RotaryEmbedding(PositionalModule):
     def from_hf(cls, config, *, head_dim: int | None = None, max_position_embeddings: int | None = None, layer_type=None, layout: str = "half"):
         """From a transformers config or its ``rope_parameters`` dict (see :func:`posenc.scaling.from_hf`)."""
         hf = pe.scaling.from_hf(config, head_dim=head_dim, max_position_embeddings=max_position_embeddings, layer_type=layer_type)
-        head = head_dim if head_dim is not None or config is None or isinstance(config, Mapping) else pe.scaling.config_head_dim(config)
+        head = head_dim if head_dim is not None or config is None or isinstance(config, Mapping) else pe.scaling.config_head_dim(pe.scaling.layer_config(config, layer_type))
         return cls(head if head is not None else hf.rotary_dim, base=hf.base, scaling=hf.scaling, layout=layout, rotary_dim=hf.rotary_dim)
 
     @property
