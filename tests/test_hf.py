@@ -513,6 +513,24 @@ def test_a_part_that_differs_is_named_and_nothing_is_swapped():
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
 
 
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_rotary_module_with_other_frequencies_is_refused(dtype):
+    """A module whose frequencies are not the config's (rope_theta 550 against the module's 500:
+    its cos 0.057 off in float32) is refused in a 16-bit model too. The check had widened its
+    tolerance by the rounding of the 16-bit inv_freq buffer, p * eps at position p (0.94 at
+    14 in bfloat16): it swapped the module, and the logits moved by 3.1."""
+    model = build("llama[default]").to(getattr(torch, dtype))
+    model.config.rope_parameters["rope_theta"] = 550.0
+    with pytest.raises(ValueError, match=rf"model\.rotary_emb \(LlamaRotaryEmbedding\): its (original_)?inv_freq \(torch\.{dtype}\) differs from posenc's frequencies"):
+        patch_hf(model)
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+    for name in ("llama[dynamic]", "llama[longrope]"):  # frequencies of a longer call than the original length: patched
+        model = build(name)
+        with torch.no_grad():
+            model(*inputs())
+        patch_hf(model.to(getattr(torch, dtype)))
+
 def _decorated(forward, holds_it):
     """``forward`` under a ``functools.wraps`` decorator (as transformers' ``deprecate_kwarg``),
     which holds the wrapped function in its closure, or reaches it some other way."""

@@ -249,9 +249,7 @@ def _check_rotary(theirs, ours, dtype, device):
     if sections:  # position ids [3, batch, seq]: HFRotaryEmbedding takes [batch, seq]
         raise _Refusal(f"multimodal rotary ({', '.join(sections)}) is not reproduced by HFRotaryEmbedding")
     theirs = copy.deepcopy(theirs)  # a stateful (dynamic) module must not remember the probe
-    # Frequency buffers (inv_freq, or one per layer type as Gemma 3's) that model.half() rounded widen the tolerance.
-    buffers = [b for name, b in theirs.named_buffers() if name.endswith("inv_freq") and b.is_floating_point()]
-    angle_eps = max([_eps(torch.float32)] + [_eps(b.dtype) for b in buffers])
+    angle_eps = _unround_frequencies(theirs, ours)
     layer_types = pe.scaling.nested_layer_types(theirs.config) or [None]
     x = torch.zeros(1, dtype=dtype, device=device)
     for position_ids in _probe_positions(theirs.config, device):
@@ -279,6 +277,44 @@ def _check_rotary(theirs, ours, dtype, device):
                 if not diff <= tolerance:
                     where = "" if layer_type is None else f" for {layer_type}"
                     raise _Refusal(f"{part}{where} differs from posenc's by {diff:.3g} (tolerance {tolerance:.3g})")
+
+
+def _unround_frequencies(theirs, ours):
+    """Set the frequency buffers of the probe's copy ``theirs`` that ``model.to(bfloat16)`` (or
+    float16) rounded (``inv_freq``, ``original_inv_freq``, or one per layer type as Gemma 3's)
+    to posenc's frequencies in float32, as transformers built them, where each is posenc's to
+    within its dtype's rounding (``|buffer - f| <= eps (|f| + tiny)``); a rounded buffer that is
+    not is a refusal. The check then compares the formula at float32's tolerance: rounded angles
+    would need one so wide (``p * eps`` at position ``p``: 0.94 at 14 in bfloat16) that other
+    frequencies would pass. Returns the eps of the angles: float32's, or that of a rounded
+    frequency buffer posenc cannot tell the frequencies of."""
+    inner = getattr(ours, "rotary", ours)  # (a reordered module's HFRotaryEmbedding)
+    angle_eps, checked_originals = _eps(torch.float32), set()
+    buffers = [(name, b) for name, b in theirs.named_buffers() if name.endswith("inv_freq") and b.is_floating_point()]
+    for name, buffer in sorted(buffers, key=lambda item: "original_inv_freq" not in item[0]):  # (originals first)
+        if _eps(buffer.dtype) <= _eps(torch.float32):
+            continue
+        key = name.removesuffix("inv_freq").removesuffix("original_").removesuffix("_") or None
+        known = inner._fixed.get(key) or inner._unscaled.get(key)
+        if "." in name or known is None or len(known[0]) != buffer.numel():
+            angle_eps = max(angle_eps, _eps(buffer.dtype))
+            continue
+        exact = torch.tensor(known[0], dtype=torch.float64, device=buffer.device).reshape(buffer.shape)
+        info = torch.finfo(buffer.dtype)
+        diff, rounding = (buffer.double() - exact).abs(), info.eps * (exact.abs() + info.tiny)
+        # dynamic NTK's or LongRoPE's current frequencies are those of the last call's length (its
+        # original ones checked): the module's next call recomputes them or resets them to those
+        current = key in inner._unscaled and key in checked_originals and not name.endswith("original_inv_freq")
+        if not current and bool((diff > rounding).any()):
+            worst = int((diff - rounding).argmax())
+            raise _Refusal(
+                f"its {name} ({buffer.dtype}) differs from posenc's frequencies by {float(diff.flatten()[worst]):.3g} "
+                f"(rounding {float(rounding.flatten()[worst]):.3g})"
+            )
+        theirs._buffers[name] = exact.float()
+        if name.endswith("original_inv_freq"):
+            checked_originals.add(key)
+    return angle_eps
 
 
 # --- apply functions ------------------------------------------------------------------------
