@@ -531,6 +531,31 @@ def test_a_16_bit_rotary_module_with_other_frequencies_is_refused(dtype):
             model(*inputs())
         patch_hf(model.to(getattr(torch, dtype)))
 
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_a_16_bit_apply_function_that_differs_is_refused(dtype):
+    """An apply function that turns q 1.001 times too long is refused in a 16-bit model too (its
+    probes run in float32 as well): the 16-bit tolerance alone (0.15 in bfloat16, 0.018 in
+    float16) had let it be swapped."""
+    model = build("llama[default]").to(getattr(torch, dtype))
+    from transformers.models.llama import modeling_llama
+
+    def longer(q, k, cos, sin, unsqueeze_dim=1):
+        q_embed, k_embed = modeling_llama.apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim)
+        return q_embed * 1.001, k_embed
+
+    attention = type(model.model.layers[0].self_attn)
+    original = inspect.unwrap(attention.forward)
+    import types
+
+    scope = dict(original.__globals__, apply_rotary_pos_emb=longer)
+    attention_forward = types.FunctionType(original.__code__, scope, original.__name__, original.__defaults__, original.__closure__)
+    for layer in model.model.layers:
+        layer.self_attn.__class__ = type("LongerAttention", (attention,), {"forward": attention_forward})
+    with pytest.raises(ValueError, match=r"apply function .*longer: no posenc layout reproduces it: half layout differs by 0\.00"):
+        patch_hf(model)
+    assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+
 def _decorated(forward, holds_it):
     """``forward`` under a ``functools.wraps`` decorator (as transformers' ``deprecate_kwarg``),
     which holds the wrapped function in its closure, or reaches it some other way."""
