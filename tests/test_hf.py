@@ -21,7 +21,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 import posenc as pe  # noqa: E402
-from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, VOCAB, build, compare, inputs, logits  # noqa: E402
+from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, VOCAB, build, compare, generate, inputs, logits  # noqa: E402
 from posenc.torch import HFRotaryEmbedding, T5RelativeBias, patch_hf  # noqa: E402
 from posenc.torch import _rows  # noqa: E402
 from posenc.torch import hf as posenc_hf  # noqa: E402
@@ -286,7 +286,8 @@ def test_nested_per_layer_type_parameters():
 def test_a_head_size_per_layer_type_is_read_from_that_layer_types_config():
     """Gemma 4's config holds a head size per layer type (``per_layer_config``; reading
     ``config.head_dim`` raises transformers' RuntimeError): each layer type's tables have its
-    own width, and patch_hf decides with a ValueError."""
+    own width. Its apply function turns one tensor a call, ``(x, cos, sin, unsqueeze_dim)``:
+    the patched model gives its logits and greedy tokens."""
     config = transformers.Gemma4TextConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=16, global_head_dim=32, max_position_embeddings=64, sliding_window=6,
@@ -302,9 +303,13 @@ def test_a_head_size_per_layer_type_is_read_from_that_layer_types_config():
     assert pe.scaling.from_hf(config, layer_type="full_attention").rotary_dim == 32
     with pytest.raises(ValueError, match="per layer type"):
         pe.scaling.from_hf(config)
-    with pytest.raises(ValueError, match="apply_rotary_pos_emb: takes \\(x, cos, sin, unsqueeze_dim\\)"):  # (one tensor per call)
-        patch_hf(model)
-    assert not hasattr(model, "posenc_patched") and model.model.rotary_emb is theirs
+    patched = patch_hf(copy.deepcopy(model))
+    assert patched.posenc_patched[1] == "model.layers.0.self_attn: apply_rotary_pos_emb: apply_rope (half, one tensor)"
+    ids, mask = inputs()
+    want = logits(model, ids, mask)
+    torch.testing.assert_close(logits(patched, ids, mask)[mask.bool()], want[mask.bool()], atol=RELATIVE * float(want.abs().max()), rtol=0)
+    prompt, prompt_mask = ids[:, :PROMPT], mask[:, :PROMPT]
+    assert torch.equal(generate(patched, prompt, prompt_mask), generate(model, prompt, prompt_mask))
 
 
 def test_hf_rotary_embedding_compiles_with_a_traced_switch():

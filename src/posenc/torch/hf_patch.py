@@ -376,6 +376,8 @@ def _replacement_for(fn, rotary, config, dtype, device):
         return _table_apply_for(fn, dtype, device)
     if params == ["xq", "xk", "freqs_cis"]:
         return _complex_apply_for(fn, dtype, device)
+    if params[:3] == ["x", "cos", "sin"] and params[3:] in ([], ["unsqueeze_dim"]):
+        return _single_apply_for(fn, signature, rotary, config, dtype, device)
     if params[:4] != ["q", "k", "cos", "sin"]:
         return f"takes ({', '.join(params)}), not (q, k, cos, sin, ...)"
     extra = params[4:]
@@ -396,6 +398,43 @@ def _replacement_for(fn, rotary, config, dtype, device):
             return candidate
         differences.append(f"{layout} layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
     return "no posenc layout reproduces it: " + ", ".join(differences)
+
+
+def _single_apply_for(fn, signature, rotary, config, dtype, device):
+    """A checked replacement of ``apply(x, cos, sin[, unsqueeze_dim])``, one tensor a call (Gemma 4), or why there is none."""
+    if not rotary:
+        return "the model has no rotary module posenc replaced, so no (cos, sin) to check it with"
+    has_unsqueeze = "unsqueeze_dim" in signature.parameters
+    unsqueeze_default = signature.parameters["unsqueeze_dim"].default if has_unsqueeze else 1
+    probes = [((q, cos, sin), kwargs) for (q, _, cos, sin), kwargs in _apply_probes(next(iter(rotary.values())), config, dtype, device, has_unsqueeze)]
+    differences = []
+    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair", "half, by -angle"):
+        candidate = _make_single_apply(layout, unsqueeze_default)
+        diff = _compare_apply(lambda *a, **k: (fn(*a, **k),), lambda *a, **k: (candidate(*a, **k),), probes, dtype)
+        if diff is None:
+            return "it does not run on (x [batch, heads, seq, d], cos, sin [batch, seq, r]) probes"
+        if diff[0] <= diff[1]:
+            return candidate
+        differences.append(f"{layout} layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
+    return "no posenc layout reproduces it: " + ", ".join(differences)
+
+
+def _make_single_apply(layout, unsqueeze_default):
+    """posenc's ``apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim)``: one tensor turned in ``layout``."""
+    if layout in ("half", "interleaved cos/sin"):
+        own = "half" if layout == "half" else "interleaved"
+
+        def rotate(x, cos, sin):
+            return pe.apply_rope(x, cos, sin, layout=own)
+
+    else:
+        rotate = _rotation(layout)
+
+    def apply_rotary_pos_emb(x, cos, sin, unsqueeze_dim=unsqueeze_default):
+        return rotate(x, cos.unsqueeze(unsqueeze_dim), sin.unsqueeze(unsqueeze_dim))
+
+    LAYOUTS[apply_rotary_pos_emb] = f"{layout}, one tensor"
+    return _recipe(apply_rotary_pos_emb, _make_single_apply, layout, unsqueeze_default)
 
 
 def _table_apply_for(fn, dtype, device):
