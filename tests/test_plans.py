@@ -674,3 +674,33 @@ def test_a_plan_that_cannot_be_built_leaves_the_call_to_the_full_path(monkeypatc
     _same(pe.rope(X, offset=3), want)  # no second warning (filterwarnings = error)
     assert not _served(pe.rope)
     _clear()
+
+
+def test_a_rerotate_plan_gives_each_thread_its_own_frequencies(monkeypatch):
+    """A thread that brings new frequencies to a ``rerotate`` plan while another thread is
+    between reading its own and rotating by them: each call rotates by the frequencies it
+    was given (the second thread's call runs inside the first's, once the first has read
+    its new frequencies)."""
+    import threading
+
+    from posenc._kernels import rope_plan
+
+    other = INV * 0.5
+    want = {f.tobytes(): _cold(lambda f=f: pe.rerotate(X, 3, f)) for f in (INV, other)}
+    pe.rerotate(X, 3, INV), pe.rerotate(X, 3, INV)  # seen, planned
+    found = []
+    angles = rope_plan._angles
+
+    def interrupted(*args):
+        angles(*args)
+        if not found:
+            thread = threading.Thread(target=lambda: found.append(pe.rerotate(X, 3, INV)))
+            thread.start()
+            thread.join()
+
+    monkeypatch.setattr(rope_plan, "_angles", interrupted)
+    found.append(pe.rerotate(X, 3, other))
+    assert _served(pe.rerotate) == ["RerotatePlan"]
+    _same(found[0], want[INV.tobytes()])
+    _same(found[1], want[other.tobytes()])
+    _clear()

@@ -14,6 +14,7 @@ Plans cover a single ``(G, H, S)`` group (no outer loop) and a unit-stride chann
 
 from __future__ import annotations
 
+import copy
 import math
 import sys
 import threading
@@ -511,10 +512,12 @@ def build_apply(x, cos, sin, *, layout, out, **_):
 class RerotatePlan:
     """``rerotate(x, delta, inv_freq)``: ``rope``'s rotation of a zero position grid moved by
     ``delta``, by the frequencies of the call: their float64 values are read again when
-    their bytes change (non-finite ones take the full path and its error)."""
+    their bytes change (non-finite ones take the full path and its error), into a rotation
+    of their own, kept with their bytes as one value (a thread reads both at once, whatever
+    frequencies another thread brings meanwhile)."""
 
     def __init__(self, rotate, inv_freq):
-        self.rotate, self.raw = rotate, inv_freq.tobytes()
+        self.held = (inv_freq.tobytes(), rotate)
 
     def __call__(self, args, kwargs):
         x, delta, inv_freq = args
@@ -522,13 +525,15 @@ class RerotatePlan:
         if out is not None and np.may_share_memory(_arrays.host_view(out), inv_freq):
             return NotImplemented  # the full path refuses an out over the frequencies it reads
         raw = inv_freq.tobytes()
-        if raw != self.raw:
+        held, rotate = self.held
+        if raw != held:
             freqs = np.asarray(inv_freq, dtype=np.float64)  # as rotary._args.host_inv_freq reads them
             if not np.isfinite(freqs).all():
                 return NotImplemented
-            _angles(self.rotate, x, freqs, 1.0, 1.0, None)
-            self.raw = raw
-        return self.rotate((x,), {"offset": delta, "out": kwargs.get("out")})
+            rotate = copy.copy(rotate)
+            _angles(rotate, x, freqs, 1.0, 1.0, None)
+            self.held = (raw, rotate)
+        return rotate((x,), {"offset": delta, "out": out})
 
 
 def build_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, seq_len, rotary_dim, out, **options):
