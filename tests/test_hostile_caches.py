@@ -97,6 +97,35 @@ def test_12_hf_row_sets_in_use_stay_kept_least_recently_read_evicted_first(monke
     assert list(_rows._ROWS) == [(sets[0], 1.0, torch.float32), ((3.0, 1.0), 1.0, torch.float32)]
 
 
+def test_12_a_set_read_by_another_thread_while_the_kept_bytes_are_summed(monkeypatch):
+    """A thread that reads a kept set (moving it to the end of ``_ROWS``, outside the lock)
+    while another, having built a set, sums the bytes kept: both get their rows, no
+    ``RuntimeError: OrderedDict mutated during iteration`` (the reader runs inside the sum)."""
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from posenc.torch import _rows
+
+    monkeypatch.setattr(_rows, "_ROWS", __import__("collections").OrderedDict())
+    sets = [(1.0 / (i + 2), 0.5 / (i + 2)) for i in range(3)]
+    for inv_freq in sets:
+        _rows._rows_through(inv_freq, 1.0, torch.float32, 3)
+    read = []
+    nelement = torch.Tensor.nelement
+
+    def interrupted(self):
+        if not read:
+            thread = threading.Thread(target=lambda: read.append(_rows._rows_through(sets[0], 1.0, torch.float32, 3)))
+            thread.start()
+            thread.join()
+        return nelement(self)
+
+    monkeypatch.setattr(torch.Tensor, "nelement", interrupted)
+    built = _rows._rows_through((3.0, 1.0), 1.0, torch.float32, 3)
+    assert len(read) == 1 and read[0][0].shape[0] >= 4 and built[0].shape[0] >= 4
+    assert list(_rows._ROWS)[-2:] == [((3.0, 1.0), 1.0, torch.float32), (sets[0], 1.0, torch.float32)]  # read last
+
+
 def test_12_rows_kept_for_compile_are_their_own_tensor():
     """A module's rows for compiled calls are a copy of the shared rows' first ``count``, not
     a view holding all of them (up to 2**16 rows) alive and in every pickle of the model."""

@@ -104,7 +104,9 @@ def _rows_through(inv_freq, scale, dtype, high):
 
 
 def _kept_bytes():
-    return sum(rows.nelement() * rows.element_size() for rows, _, _ in _ROWS.values())
+    """The bytes of the kept rows, summed over a copy of the sets: a reader's ``move_to_end``
+    (outside the lock) would end an iteration of ``_ROWS`` itself with ``RuntimeError``."""
+    return sum(rows.nelement() * rows.element_size() for rows, _, _ in tuple(_ROWS.values()))
 
 
 def frequencies_name(inv_freq, scale):
