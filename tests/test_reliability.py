@@ -41,6 +41,46 @@ def test_same_call_from_eight_threads_is_identical(name):
         assert r.dtype == first.dtype and r.tobytes() == first.tobytes()
 
 
+FIRST_JAX_CALLS = """
+import importlib.abc, sys, threading, time
+import numpy as np
+import jax.numpy as jnp
+import posenc as pe
+
+class SlowAdapter(importlib.abc.MetaPathFinder):  # the JAX adapter's import, slowed down
+    def find_spec(self, name, path, target=None):
+        if name == "posenc._jax.register":
+            time.sleep(0.5)
+
+sys.meta_path.insert(0, SlowAdapter())
+x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 4, 8, 16)).astype(np.float32))
+found = {}
+
+def call(i):
+    time.sleep(0.2 * i)  # the second call comes while the first imports the adapter
+    found[i] = np.asarray(pe.rope(x, offset=1000))
+
+threads = [threading.Thread(target=call, args=(i,)) for i in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+after = np.asarray(pe.rope(x, offset=1000))
+print([found[i].tobytes() == after.tobytes() for i in range(2)])
+"""
+
+
+@pytest.mark.slow
+def test_first_jax_calls_from_two_threads_both_take_the_kernel():
+    """A thread's first call on JAX arrays while another thread is importing the JAX adapter
+    waits for its kernels rather than take the reference (whose numbers differ)."""
+    pytest.importorskip("jax")
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(SRC.parent)}
+    proc = subprocess.run([sys.executable, "-c", FIRST_JAX_CALLS], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split("\n")[-2] == "[True, True]", proc.stdout
+
+
 @pytest.mark.parametrize("name", sorted(_calls()))
 def test_bitwise_reproducible(name):
     call = _calls()[name]

@@ -174,9 +174,12 @@ _registered: set = set()
 
 
 def adapter(name: str):
-    """The adapter module of library ``name`` (a key of ``ADAPTERS``), imported on first use."""
+    """The adapter module of library ``name`` (a key of ``ADAPTERS``), imported on first use.
+    ``name`` counts as registered once the import is done: another thread's call meanwhile
+    imports it too (waiting for the first import), rather than find no kernel of its library."""
+    module = importlib.import_module(ADAPTERS[name])
     _registered.add(name)
-    return importlib.import_module(ADAPTERS[name])
+    return module
 
 
 @trace_constant
