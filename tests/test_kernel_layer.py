@@ -205,6 +205,34 @@ def test_run_tasks_gives_each_worker_its_own_extras():
     assert len({u[0] for u in used}) == 2 and sorted(u[1:] for u in used) == [(0, 5), (5, 10)]
 
 
+FORKED_RUN = """
+import os, signal
+from posenc._kernels import _layout
+
+def pieces():
+    seen = []
+    _layout.run_tasks(lambda first, last: seen.append((first, last)), (), 10, 2)
+    return sorted(seen)
+
+assert pieces() == [(0, 5), (5, 10)]  # the pool made, with its thread
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a child that waits on the parent's pool ends here
+    os._exit(0 if pieces() == [(0, 5), (5, 10)] else 1)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_run_tasks_in_a_process_forked_after_the_pool_ran():
+    """A forked child (multiprocessing's default start method on Linux) has none of the
+    parent pool's threads: its calls get a pool of their own instead of waiting forever."""
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(Path(pe.__file__).parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", FORKED_RUN], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "child 0", (proc.stdout, proc.stderr[-3000:])
+
+
 def test_threads_follow_numba(monkeypatch):
     import numba
 

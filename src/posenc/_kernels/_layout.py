@@ -24,6 +24,7 @@ data but ``batch_views`` and ``rotary_views``, which build views (``_arrays.stri
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -136,6 +137,17 @@ def batch_views(arrays, lead):
 
 _pool = None
 _pool_lock = threading.Lock()
+
+
+def _forget_pool():
+    """In a forked child: no pool (the parent's has no threads here, and would never run a
+    task given to it) and a lock no parent thread holds."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def threads() -> int:
