@@ -145,3 +145,23 @@ def test_read_only_package_directory(tmp_path):
     assert not any(site.rglob("*.nbi")), "Numba wrote into the read-only package"
     _, here = _run({**os.environ}, tmp_path / "here.npz", cases=("t5_bias",))
     _same(ro, here)
+
+
+@pytest.mark.slow
+def test_no_writable_cache_directory_anywhere(tmp_path):
+    # A read-only package, no NUMBA_CACHE_DIR and a home without a writable cache directory
+    # (a read-only container): the kernels compile without Numba's cache, said once, and
+    # compute the same numbers.
+    site = tmp_path / "site"
+    shutil.copytree(SRC, site / "posenc", ignore=shutil.ignore_patterns("__pycache__"))
+    path, prefix = _read_only_view(site, tmp_path / "ro")
+    (tmp_path / "file").write_text("")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    env.update(PYTHONPATH=child_pythonpath(path), HOME=str(tmp_path / "file"), XDG_CACHE_HOME=str(tmp_path / "file" / "cache"))
+    cases = ("rope", "t5_bias")
+    proc = subprocess.run([*prefix, sys.executable, str(RUNNER), str(tmp_path / "ro.npz"), *cases], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("Numba finds no writable cache directory") == 1, proc.stderr
+    assert not any(site.rglob("*.nbi"))
+    _, here = _run({**os.environ}, tmp_path / "here.npz", cases=cases)
+    _same(dict(np.load(tmp_path / "ro.npz")), here)

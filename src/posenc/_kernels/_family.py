@@ -119,5 +119,27 @@ class Family(dict):
         return dict.__getitem__(self, key)
 
 
+def jitted(jit, function, *args, **options):
+    """``jit(*args, cache=True, **options)(function)``: a Numba kernel kept in Numba's on-disk
+    cache, or where Numba finds no directory to keep it in (the package's read-only, no
+    ``NUMBA_CACHE_DIR``, no writable user cache directory) the same kernel without the
+    cache, compiled in every process, said once as a ``"posenc"`` logging warning."""
+    try:
+        return jit(*args, cache=True, **options)(function)
+    except RuntimeError as exc:  # Numba's "cannot cache function ...: no locator available for file ..."
+        if "no locator available" not in str(exc):
+            raise
+        _uncached()
+    return jit(*args, **options)(function)
+
+
+@functools.cache
+def _uncached():
+    logger.warning(
+        "posenc: Numba finds no writable cache directory (the package's, the user's, NUMBA_CACHE_DIR): "
+        "kernels compile in every process; set NUMBA_CACHE_DIR to a writable directory"
+    )
+
+
 def _announce(what):
     logger.warning("posenc: compiling the Numba kernel %s (once: later runs load it from Numba's cache; `posenc warmup` compiles ahead)", what)

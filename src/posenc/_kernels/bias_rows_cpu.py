@@ -132,7 +132,7 @@ def _build(kind, element):
     else:
         params, sources = types.Array(t, 1, "A", readonly=True), types.Array(t, 1, "C", readonly=True)
     signature = types.boolean(params, sources, types.int64, types.int64, positions, positions, types.Array(t, 4, "C"))
-    return njit(signature, nogil=True, cache=True)(_t5 if kind == "t5" else _alibi)
+    return _family.jitted(njit, _t5 if kind == "t5" else _alibi, signature, nogil=True)
 
 
 FAMILY = _family.Family("bias_rows_cpu", _build, KEYS, lambda key: _SERVES[key[1]], prepare=_family.start_numba_cpu)

@@ -211,7 +211,7 @@ def _signature(dtype):
 def _build(op, dtype, layout):
     helpers = _family.source_digest(_codec_f32, _pairs)
     source = _kernel_source(op == "rotate", dtype in ("float32", "float64"), dtype == "bfloat16", layout == "interleaved", helpers)
-    return njit(_signature(dtype), nogil=True, cache=True)(source)
+    return _family.jitted(njit, source, _signature(dtype), nogil=True)
 
 
 FAMILY = _family.Family("rope_cpu", _build, SPECIALISATIONS, lambda key: {key[1]}, prepare=_family.start_numba_cpu)

@@ -95,10 +95,10 @@ def _build(op, name, layout):
     values, out = types.Array(t, 3, layout, readonly=True), types.Array(t, 3, layout)
     rows = (types.int64, types.int64)
     if op == "expand":
-        return njit(types.void(types.Array(t, 2, layout, readonly=True), out, *rows), nogil=True, cache=True)(_expand)
+        return _family.jitted(njit, _expand, types.void(types.Array(t, 2, layout, readonly=True), out, *rows), nogil=True)
     index = types.Array(types.intp, 1, "C", readonly=True)
     source = _gather if op == "gather" else _scatter_source(_arrays.STORAGE[name], _family.source_digest(_codec))
-    return njit(types.void(values, index, out, *rows), nogil=True, cache=True)(source)
+    return _family.jitted(njit, source, types.void(values, index, out, *rows), nogil=True)
 
 
 # ``posenc.warmup`` builds the contiguous kernels; strided ones build when a call needs them.
