@@ -1,5 +1,6 @@
 """Concurrency, on-disk kernel caches and reproducibility."""
 
+import importlib.util
 import os
 import pathlib
 import shutil
@@ -165,3 +166,14 @@ def test_no_writable_cache_directory_anywhere(tmp_path):
     assert not any(site.rglob("*.nbi"))
     _, here = _run({**os.environ}, tmp_path / "here.npz", cases=cases)
     _same(dict(np.load(tmp_path / "ro.npz")), here)
+    if importlib.util.find_spec("jax") is not None:  # jax.jit's handler, compiled without the cache too
+        proc = subprocess.run([*prefix, sys.executable, "-c", JITTED_ROPE], env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and proc.stdout.strip() == "True", (proc.stdout, proc.stderr[-3000:])
+
+
+JITTED_ROPE = """
+import jax, jax.numpy as jnp, numpy as np
+import posenc as pe
+x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 4, 8)).astype(np.float32))
+print(np.asarray(jax.jit(lambda y: pe.rope(y, offset=3))(x)).tobytes() == np.asarray(pe.rope(x, offset=3)).tobytes())
+"""

@@ -177,7 +177,7 @@ def _target(dtype, layout, position):
             kernel = njit(nogil=True)(_named(kernel, f"{name}_kernel"))
             helpers = _family.source_digest(rope_cpu, _codec_f32, _pairs, ffi)
             source = _handler_source(key, np.dtype(_arrays.ELEMENT[dtype]), np.dtype(position), helpers)
-            handler = cfunc(types.int64(types.int64), cache=True)(_named(source, name, kernel=kernel))
+            handler = _family.jitted(cfunc, _named(source, name, kernel=kernel), types.int64(types.int64))
             jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(handler.address), platform="cpu")
             _TARGETS[key] = (name, handler)
         return _TARGETS[key][0]
