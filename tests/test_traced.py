@@ -472,6 +472,36 @@ def test_jax_traced_lengths_give_the_eager_bits_on_the_cpu(scaling, rng):
     np.testing.assert_allclose(np.asarray(gradient), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("tracer", ["jax.jit", "torch.compile", "dask"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
+    """The length of traced float positions, ``ceil(max) + 1``, is computed in the widest
+    float: in float16 (bfloat16) ``2048 + 1`` rounded to 2048, so LongRoPE of original length
+    2048 at positions up to 2048 kept the short factors under ``jax.jit``, ``torch.compile``
+    and Dask (4.0 off), and the JAX call took the reference instead of the eager bits."""
+    pytest.importorskip({"jax.jit": "jax", "torch.compile": "torch", "dask": "dask"}[tracer])
+    import ml_dtypes
+
+    scaling = pe.scaling.LongRoPE([1.0] * 8, [4.0 + i for i in range(8)], 2048, factor=4.0)
+    x = np.random.default_rng(0).standard_normal((1, 4, 16)).astype(np.float32)
+    positions = np.array([2045, 2046, 2047, 2048], dtype=ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+    want = pe.rope(x, positions.astype(np.float64), scaling=scaling)
+    if tracer == "jax.jit":
+        import jax
+
+        got = jax.jit(lambda a, p: pe.rope(a, p, scaling=scaling))(x, positions)
+    elif tracer == "torch.compile":
+        import torch
+
+        compiled = torch.compile(lambda a, p: pe.rope(a, p, scaling=scaling), fullgraph=True, backend="eager")
+        got = compiled(torch.from_numpy(x), torch.from_numpy(positions.astype(np.float32)).to(getattr(torch, dtype)))
+    else:
+        import dask.array as da
+
+        got = pe.rope(da.from_array(x), da.from_array(positions, chunks=2), scaling=scaling).compute()
+    np.testing.assert_array_equal(to_host(got), want)
+
+
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
 def test_jax_traced_lengths_of_a_scaling_subclass_and_of_an_empty_batch():
     """A subclass of a scaling cannot be named to the host call (its name reads back as

@@ -88,7 +88,9 @@ def _rotate_ok(a) -> bool:
 
 
 def _rotate_at_length_ok(a) -> bool:
-    return _rotation_ok(a) and _integers(a["seq_len"])
+    """The lengths: integers, or the whole-number floats of float positions (``sequence_length``)."""
+    seq_len = a["seq_len"]
+    return _rotation_ok(a) and _on_cpu(seq_len) and _arrays.dtype_name(seq_len.dtype) in (*_arrays.INTEGERS, "float32", "float64")
 
 
 def _apply_ok(a) -> bool:

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, host_constants, index_dtype, is_integer, length_through, namespace, torch_tensor, trace_constant
+from .._xp import device_of, host_constants, index_dtype, is_integer, length_through, namespace, torch_tensor, trace_constant, widest_float
 
 LAYOUTS = ("half", "interleaved")
 
@@ -133,7 +133,9 @@ def sequence_length(xp, positions, offset):
     reach every one (for fractional positions as transformers' ``max + 1 > original``
     decides): an int when the positions can be read now, else a 0-d array computed with
     them; None for no positions. With a per-row ``offset`` (placed on the batch axes) one
-    length a row, the largest of its own positions (each row as a call of its own)."""
+    length a row, the largest of its own positions (each row as a call of its own). The
+    length of float positions is a float of the namespace's widest dtype, where ``+ 1`` is
+    exact below ``2**53`` (``2**24`` without float64): in float16 ``2048 + 1`` is 2048."""
     if math.prod(positions.shape) == 0:
         return None
     if check.is_array(offset) and offset.ndim:
@@ -143,7 +145,9 @@ def sequence_length(xp, positions, offset):
         return length_through(float(xp.max(positions)))
     else:
         top = xp.max(positions)
-    return (top if is_integer(xp, positions.dtype) else xp.ceil(top)) + 1
+    if is_integer(xp, positions.dtype):
+        return top + 1
+    return xp.ceil(xp.astype(top, widest_float(xp, device_of(positions)))) + 1
 
 
 # ---------------------------------------------------------------- the sequence axis and positions
