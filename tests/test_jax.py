@@ -131,6 +131,27 @@ def test_rope_gradient(rng):
     )
 
 
+def test_rematerialised_gradients_at_a_constant_length(rng):
+    """Under ``jax.checkpoint`` a constant 0-d ``seq_len`` reaches the primitive as a literal
+    (a Python int), eagerly and in the JVP's tangent rule: both read ``.shape`` / ``.ndim``
+    of it (AttributeError 'TypedInt')."""
+    scaling = pe.scaling.DynamicNTK(2.0, 8)
+    x = jnp.asarray(_x(rng, 1, 5, 16))
+    positions = jnp.asarray([0.5, 3.0, 7.25, 100.0, 2000.5], jnp.float32)
+
+    def rotated(p):
+        return pe.rope(x, p, scaling=scaling, seq_len=jnp.asarray(3000))
+
+    def loss(p):
+        return jnp.sum(rotated(p) ** 3)
+
+    want = jax.grad(loss)(positions)
+    for got in (jax.grad(jax.checkpoint(loss))(positions), jax.jit(jax.grad(jax.checkpoint(loss)))(positions)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+    tangent = jax.jvp(jax.checkpoint(rotated), (positions,), (jnp.ones(5),))[1]
+    np.testing.assert_allclose(np.asarray(tangent), np.asarray(jax.jvp(rotated, (positions,), (jnp.ones(5),))[1]), rtol=1e-5, atol=1e-5)
+
+
 def test_apply_rope_gradient(rng):
     angle = np.arange(4)[:, None] * inv_freq(6)
     c, s = (jnp.asarray(t, dtype=jnp.float32) for t in rope_tables(np.arange(4), inv_freq(6), "half"))

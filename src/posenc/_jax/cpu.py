@@ -200,7 +200,7 @@ def _rotation_at_length(scaling, rotary_dim, base, layout, inverse, divide, ndim
 
     def tangent(primals, tangents, y):
         # As rope_rotate's, at the frequencies computed from the traced length (a derivative: no bits to keep).
-        positions, seq_len = primals[1], primals[2]
+        positions, seq_len = primals[1], jnp.asarray(primals[2])  # (a literal under jax.checkpoint: a Python int)
         dp = tangents[1]
         if _zero(dp) or jnp.issubdtype(positions.dtype, jnp.integer):
             return None

@@ -125,8 +125,9 @@ def _spread(like, shape):
 
 
 def _eager(*args, op):
-    out = aligned_empty(op.shape([a.shape for a in args]), args[0].dtype)
-    op.host(*(np.asarray(a) for a in args), out=out)
+    views = [np.asarray(a) for a in args]  # (a 0-d argument may be a Python int: a literal of jax.checkpoint)
+    out = aligned_empty(op.shape([v.shape for v in views]), args[0].dtype)
+    op.host(*views, out=out)
     return adopt(out, args[0])
 
 
