@@ -89,6 +89,7 @@ def main(count):
     check("rope gradient batch", grad, (put(x, P("d")),), rotated + pe.rope(x, offset=3, inverse=True), P("d"))
     eager(count, x, cos, sin)
     explicit(count, x, table)
+    uncommitted(count, x, table)
 
 
 def eager(count, x, cos, sin):
@@ -140,6 +141,45 @@ def eager(count, x, cos, sin):
                 if tuple(got.sharding.spec)[: len(spec)] != tuple(spec):
                     problems.append(f"{name}: sharding {got.sharding.spec}, wanted {spec}")
             print(f"eager {kind.name} {spec}", "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
+
+
+def uncommitted(count, x, table):
+    """Calls outside ``jit`` on uncommitted single-device arrays (``jnp.asarray``) give
+    uncommitted results, as JAX's own operations: they had been committed to device 0, so a
+    ``jit`` with ``in_shardings`` or beside a sharded array refused them. One line
+    (``uncommitted ok``)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import posenc as pe
+
+    mesh = jax.make_mesh((count,), ("d",))
+    sharded = jax.device_put(x, NamedSharding(mesh, P("d")))
+    add = jax.jit(lambda a, b: a + b)
+    double = jax.jit(lambda a: 2 * a, in_shardings=NamedSharding(mesh, P("d")))
+    cases = {
+        "rope": (pe.rope(jnp.asarray(x), offset=3), pe.rope(x, offset=3)),
+        "rope bfloat16": (pe.rope(jnp.asarray(x, jnp.bfloat16), offset=3), pe.rope(np.asarray(jnp.asarray(x, jnp.bfloat16)), offset=3)),
+        "rope gradient": (jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))(jnp.asarray(x)), pe.rope(x, offset=3) + pe.rope(x, offset=3, inverse=True)),
+    }
+    problems = []
+    for name, (got, want) in cases.items():
+        if got.committed:
+            problems.append(f"{name}: committed to {got.devices()}")
+        if not np.allclose(np.asarray(got, np.float32), np.asarray(want, np.float32), rtol=1e-5, atol=1e-5):
+            problems.append(f"{name}: values off")
+        for use, fn, args in (("beside a sharded array", add, (got, sharded)), ("in_shardings", double, (got,))):
+            try:
+                fn(*args)
+            except ValueError as error:
+                problems.append(f"{name} {use}: {str(error)[:120]}")
+    bias = pe.t5_bias(jnp.asarray(table), 12, 12)
+    if bias.committed:
+        problems.append(f"t5_bias: committed to {bias.devices()}")
+    print("uncommitted", "ok" if not problems else "FAIL " + "; ".join(problems), flush=True)
 
 
 def explicit(count, x, table):

@@ -64,7 +64,7 @@ def _eager(op, values, shape, *args, **kwargs):
     """``op``'s NumPy kernel on NumPy views of ``args``, into a new buffer of ``shape`` adopted by JAX."""
     out = aligned_empty(shape, values.dtype)
     _numpy_kernel(op)(*(_view(a) if isinstance(a, jax.Array) else a for a in args), out=out, **kwargs)
-    return adopt(out, values)
+    return adopt(out, values, *args)
 
 
 def _traced(*arrays):

@@ -100,12 +100,16 @@ def aligned_empty(shape, dtype):
     return raw[start : start + nbytes].view(dtype).reshape(shape)
 
 
-def adopt(result, like):
+def adopt(result, like, *operands):
     """NumPy ``result`` as a JAX array on ``like``'s device, without a copy where DLPack allows
-    (bfloat16, which DLPack lacks, travels as its ``uint16`` bits and is bit-cast: one copy)."""
+    (bfloat16, which DLPack lacks, travels as its ``uint16`` bits and is bit-cast: one copy);
+    uncommitted where neither ``like`` nor ``operands`` is committed, as JAX's own results
+    (``device_put`` of the aligned buffer aliases it)."""
     placement = _spread(like, result.shape)
     if placement is not None:
         return jax.device_put(result, placement)
+    if not any(getattr(a, "committed", False) for a in (like, *operands)):
+        return jax.device_put(result)
     devices = getattr(like, "devices", None)  # (a NumPy tangent or cotangent has none: the host's CPU)
     device = next(iter(devices())) if devices is not None else jax.devices("cpu")[0]
     if result.dtype.name == "bfloat16":
@@ -128,7 +132,7 @@ def _eager(*args, op):
     views = [np.asarray(a) for a in args]  # (a 0-d argument may be a Python int: a literal of jax.checkpoint)
     out = aligned_empty(op.shape([v.shape for v in views]), args[0].dtype)
     op.host(*views, out=out)
-    return adopt(out, args[0])
+    return adopt(out, *args)
 
 
 def _lowered(*args, op):
