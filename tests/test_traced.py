@@ -502,6 +502,35 @@ def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
     np.testing.assert_array_equal(to_host(got), want)
 
 
+@pytest.mark.parametrize("tracer", ["jax.jit", "torch.compile", "dask"])
+def test_a_non_finite_traced_position_gives_its_row_nan_under_a_length_scaling(tracer):
+    """A NaN or infinite traced position (the eager call refuses it) gives its row NaN, as
+    without a scaling; its length counts as 0, the original frequencies for the other rows.
+    The host ops that read the length had failed on int(nan) (torch.compile, Dask; JAX once
+    its float lengths went to the host op)."""
+    pytest.importorskip({"jax.jit": "jax", "torch.compile": "torch", "dask": "dask"}[tracer])
+    scaling = pe.scaling.DynamicNTK(2.0, 8)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16)).astype(np.float32)
+    for bad in (np.nan, np.inf):
+        positions = np.array([0.0, bad, 20.0], dtype=np.float32)
+        if tracer == "jax.jit":
+            import jax
+
+            got = jax.jit(lambda a, p: pe.rope(a, p, scaling=scaling))(x, positions)
+        elif tracer == "torch.compile":
+            import torch
+
+            compiled = torch.compile(lambda a, p: pe.rope(a, p, scaling=scaling), fullgraph=True, backend="eager")
+            got = compiled(torch.from_numpy(x), torch.from_numpy(positions))
+        else:
+            import dask.array as da
+
+            got = pe.rope(da.from_array(x), da.from_array(positions), scaling=scaling).compute()
+        got = to_host(got)
+        assert np.isnan(got[:, 1]).all()
+        np.testing.assert_allclose(got[:, ::2], pe.rope(x[:, ::2], positions[::2]), rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.skipif(not HAS_JAX, reason="jax not installed")
 def test_jax_traced_lengths_of_a_scaling_subclass_and_of_an_empty_batch():
     """A subclass of a scaling cannot be named to the host call (its name reads back as

@@ -135,7 +135,9 @@ def sequence_length(xp, positions, offset):
     them; None for no positions. With a per-row ``offset`` (placed on the batch axes) one
     length a row, the largest of its own positions (each row as a call of its own). The
     length of float positions is a float of the namespace's widest dtype, where ``+ 1`` is
-    exact below ``2**53`` (``2**24`` without float64): in float16 ``2048 + 1`` is 2048."""
+    exact below ``2**53`` (``2**24`` without float64): in float16 ``2048 + 1`` is 2048. A
+    traced non-finite position (its row NaN; the eager call refuses it) counts as length 0,
+    the original frequencies, where the ops that read the length take it as an integer."""
     if math.prod(positions.shape) == 0:
         return None
     if check.is_array(offset) and offset.ndim:
@@ -147,7 +149,8 @@ def sequence_length(xp, positions, offset):
         top = xp.max(positions)
     if is_integer(xp, positions.dtype):
         return top + 1
-    return xp.ceil(xp.astype(top, widest_float(xp, device_of(positions)))) + 1
+    top = xp.astype(top, widest_float(xp, device_of(positions)))
+    return xp.where(xp.isfinite(top), xp.ceil(top) + 1, 0.0)
 
 
 # ---------------------------------------------------------------- the sequence axis and positions
