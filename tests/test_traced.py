@@ -472,14 +472,15 @@ def test_jax_traced_lengths_give_the_eager_bits_on_the_cpu(scaling, rng):
     np.testing.assert_allclose(np.asarray(gradient), np.asarray(want), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("tracer", ["jax.jit", "torch.compile", "dask"])
+@pytest.mark.parametrize("tracer", ["jax.jit", "jax.jit reference", "torch.compile", "dask"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
 def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
     """The length of traced float positions, ``ceil(max) + 1``, is computed in the widest
     float: in float16 (bfloat16) ``2048 + 1`` rounded to 2048, so LongRoPE of original length
-    2048 at positions up to 2048 kept the short factors under ``jax.jit``, ``torch.compile``
-    and Dask (4.0 off), and the JAX call took the reference instead of the eager bits."""
-    pytest.importorskip({"jax.jit": "jax", "torch.compile": "torch", "dask": "dask"}[tracer])
+    2048 at positions up to 2048 kept the short factors under ``jax.jit`` (the CPU kernel and
+    the reference of other devices), ``torch.compile`` and Dask (4.0 off), and the JAX CPU
+    call took the reference instead of the eager bits."""
+    pytest.importorskip({"torch.compile": "torch", "dask": "dask"}.get(tracer, "jax"))
     import ml_dtypes
 
     scaling = pe.scaling.LongRoPE([1.0] * 8, [4.0 + i for i in range(8)], 2048, factor=4.0)
@@ -490,6 +491,13 @@ def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
         import jax
 
         got = jax.jit(lambda a, p: pe.rope(a, p, scaling=scaling))(x, positions)
+    elif tracer == "jax.jit reference":
+        import jax
+
+        with pe.use_backend("reference"):
+            got = jax.jit(lambda a, p: pe.rope(a, p, scaling=scaling))(x, positions)
+        np.testing.assert_allclose(to_host(got), want, rtol=0, atol=1e-6)  # (angles by the split reduction: not the bits)
+        return
     elif tracer == "torch.compile":
         import torch
 
