@@ -359,14 +359,16 @@ def test_export_with_a_symbolic_length_refuses_what_it_cannot_bound():
 # --- 2. sharding: a per-shard kernel call -------------------------------------------------
 
 
-@pytest.mark.parametrize("devices", [2, 4])
-def test_sharded_inputs_stay_sharded_without_all_gather(devices):
+@pytest.mark.parametrize("devices, shardy", [(2, True), (4, True), (2, False)])
+def test_sharded_inputs_stay_sharded_without_all_gather(devices, shardy):
     """Values, output shardings and the compiled HLO (no all-gather) of batch-, head- and
     sequence-sharded calls; a sharded last axis is gathered (documented cost); calls outside
     ``jit`` on Auto and Explicit meshes beside NumPy and unsharded JAX operands; on an
     Explicit mesh, operations along a split axis JAX cannot keep split; results of
     uncommitted arrays uncommitted. In a child
-    process: the forced host device count must be set before JAX initialises."""
+    process: the forced host device count must be set before JAX initialises. Also with
+    GSPMD (Shardy off), whose sharding inference met operands of no sharding (a constant's)
+    and aborted the process."""
     import os
     import subprocess
     import sys
@@ -374,6 +376,7 @@ def test_sharded_inputs_stay_sharded_without_all_gather(devices):
 
     script = Path(__file__).parent / "jax_sharding" / "check_sharded.py"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(pe.__file__).parents[1]), os.environ.get("PYTHONPATH")]))}
+    env["JAX_USE_SHARDY_PARTITIONER"] = str(shardy).lower()
     done = subprocess.run([sys.executable, str(script), str(devices)], capture_output=True, text=True, timeout=300, env=env)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert done.returncode == 0, done.stderr[-3000:]

@@ -97,7 +97,8 @@ def partitioned(op, lowered, shapes, result):
     def infer(mesh, arg_shapes, result_shape):  # GSPMD (Shardy off): the result's factors from the operands'
         specs = {}
         for a, factors in zip(arg_shapes, operands):
-            spec = tuple(a.sharding.spec) + (None,) * (len(factors) - len(a.sharding.spec))
+            given = () if a.sharding is None else tuple(a.sharding.spec)  # (None: an operand of no sharding, a constant)
+            spec = given + (None,) * (len(factors) - len(given))
             for f, s in zip(factors, spec):
                 specs.setdefault(f, s)
         return NamedSharding(mesh, PartitionSpec(*(None if f in replicated else specs.get(f) for f in out)))
