@@ -510,6 +510,7 @@ def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
     np.testing.assert_array_equal(to_host(got), want)
 
 
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (NumPy's cos of the NaN angle)
 @pytest.mark.parametrize("tracer", ["jax.jit", "torch.compile", "dask"])
 def test_a_non_finite_traced_position_gives_its_row_nan_under_a_length_scaling(tracer):
     """A NaN or infinite traced position (the eager call refuses it) gives its row NaN, as
