@@ -510,6 +510,35 @@ def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
     np.testing.assert_array_equal(to_host(got), want)
 
 
+@pytest.mark.parametrize("call", ["numpy", "jax", "jax.jit", "torch"])
+@pytest.mark.parametrize("offset", ["int", "per row"])
+def test_float_positions_plus_an_offset_are_summed_exactly(call, offset):
+    """Float positions plus ``offset`` are summed in the widest float: in float16
+    ``2048 + 3`` rounded to 2052 (1.7 off; per-row offsets of JAX and torch arrays too, where
+    NumPy's promotion to float64 had summed them exactly)."""
+    pytest.importorskip({"numpy": "numpy", "torch": "torch"}.get(call, "jax"))
+    x = np.random.default_rng(0).standard_normal((2, 4, 16)).astype(np.float32)
+    positions = np.array([2045, 2046, 2047, 2048], dtype=np.float16)
+    shift = 3 if offset == "int" else np.array([0, 3])
+    want = pe.rope(x, positions.astype(np.float64), offset=shift)
+    if call == "numpy":
+        got = pe.rope(x, positions, offset=shift)
+    elif call == "torch":
+        import torch
+
+        got = pe.rope(torch.from_numpy(x), torch.from_numpy(positions), offset=shift if offset == "int" else torch.from_numpy(shift))
+    else:
+        import jax
+        import jax.numpy as jnp
+
+        arrays = (jnp.asarray(x), jnp.asarray(positions), shift if offset == "int" else jnp.asarray(shift))
+        if call == "jax":
+            got = pe.rope(*arrays[:2], offset=arrays[2])
+        else:
+            got = jax.jit(lambda a, p, o: pe.rope(a, p, offset=o))(*arrays[:2], shift if offset == "int" else arrays[2])
+    np.testing.assert_allclose(to_host(got), want, rtol=0, atol=1e-6)
+
+
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # (NumPy's cos of the NaN angle)
 @pytest.mark.parametrize("tracer", ["jax.jit", "torch.compile", "dask"])
 def test_a_non_finite_traced_position_gives_its_row_nan_under_a_length_scaling(tracer):

@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -211,19 +211,21 @@ def _integer_range(xp, value, index_dtype, bits):
 def shifted(name, values, offset, xp, device=None, *, offset_name="offset", known=None):
     """``values + offset``, where integer ``values`` are of the index dtype (:func:`widened`)
     and ``offset`` is an int or an array of it: every sum is checked to stay within that
-    dtype (``ValueError`` naming both) when the values can be read now. ``known``: the
+    dtype (``ValueError`` naming both) when the values can be read now. Float ``values`` are
+    summed in the widest float (in float16 ``2048 + 3`` is 2052). ``known``: the
     ``(min, max)`` of ``values`` when the caller knows them (an ``arange``)."""
     if isinstance(offset, int) and offset == 0:
         return values
-    if is_integer(xp, values.dtype):
-        _, bits, low, high = index_bounds(xp, device)
-        if isinstance(offset, int) and not low <= offset <= high:
-            raise ValueError(f"{offset_name} must fit in int{bits} ({low} .. {high}), got {offset}")
-        if _sum_leaves(xp, values, offset, low, high, known, what=f"{offset_name} + {name}"):
-            raise ValueError(
-                f"{offset_name} + {name} must stay within int{bits} ({low} .. {high}): "
-                f"{name} {_extent(xp, values, known)} with {offset_name} {_extent(xp, offset)} leave it"
-            )
+    if not is_integer(xp, values.dtype):
+        return xp.astype(values, widest_float(xp, device), copy=False) + offset
+    _, bits, low, high = index_bounds(xp, device)
+    if isinstance(offset, int) and not low <= offset <= high:
+        raise ValueError(f"{offset_name} must fit in int{bits} ({low} .. {high}), got {offset}")
+    if _sum_leaves(xp, values, offset, low, high, known, what=f"{offset_name} + {name}"):
+        raise ValueError(
+            f"{offset_name} + {name} must stay within int{bits} ({low} .. {high}): "
+            f"{name} {_extent(xp, values, known)} with {offset_name} {_extent(xp, offset)} leave it"
+        )
     return values + offset
 
 
