@@ -169,6 +169,18 @@ def test_no_writable_cache_directory_anywhere(tmp_path):
     if importlib.util.find_spec("jax") is not None:  # jax.jit's handler, compiled without the cache too
         proc = subprocess.run([*prefix, sys.executable, "-c", JITTED_ROPE], env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0 and proc.stdout.strip() == "True", (proc.stdout, proc.stderr[-3000:])
+    if importlib.util.find_spec("numba_cuda") is not None:  # the CUDA kernels' modules (no GPU needed to import them)
+        proc = subprocess.run([*prefix, sys.executable, "-c", CUDA_MODULES], env={**env, "NUMBA_ENABLE_CUDASIM": "0"}, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0 and proc.stdout.strip() == "imported", (proc.stdout, proc.stderr[-3000:])
+        assert proc.stderr.count("Numba finds no writable cache directory") == 1, proc.stderr
+
+
+CUDA_MODULES = """
+import logging
+logging.basicConfig()
+import posenc._kernels.rope_cuda, posenc._kernels.toeplitz_cuda, posenc._kernels.buckets_cuda
+print("imported")
+"""
 
 
 JITTED_ROPE = """

@@ -133,6 +133,11 @@ def jitted(jit, function, *args, **options):
     return jit(*args, **options)(function)
 
 
+def cached(jit, *args, **options):
+    """``jitted`` as a decorator: ``@cached(cuda.jit, device=True)``."""
+    return lambda function: jitted(jit, function, *args, **options)
+
+
 @functools.cache
 def _uncached():
     logger.warning(

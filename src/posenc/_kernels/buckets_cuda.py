@@ -50,7 +50,7 @@ def _signature(name):
 
 
 def _build(name):
-    return cuda.jit(_signature(name), cache=True)(_buckets)
+    return _family.jitted(cuda.jit, _buckets, _signature(name))
 
 
 FAMILY = _family.Family("buckets_cuda", _build, SPECIALISATIONS, serves)

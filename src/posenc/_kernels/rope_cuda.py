@@ -67,14 +67,14 @@ from . import _arrays, _codec, _codec_cuda, _codec_f32, _device_flat, _family, _
 from .rope import SPECIALISATIONS, guard_apply, guard_rotate
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _get(a, i):
     """``a[i]``, ``i`` in bounds (the launch's geometry): read at an unsigned index, which
     spares every access Numba's test for a negative index."""
     return a[np.uint64(i)]
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _put(a, i, v):
     """``a[i] = v``, ``i`` in bounds (see ``_get``)."""
     a[np.uint64(i)] = v
@@ -122,7 +122,7 @@ def _pair_typed(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     return None
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """Store the rotation of stored elements ``a``, ``b`` at ``oa``, ``ob``. float32 and
     float64 elements: in float64 by ``(cos, sin) = (ch, sh)``. 16-bit elements: in float32
@@ -138,7 +138,7 @@ def _pair_elements(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     _put(out, ob, np.uint16(both >> np.uint32(16)))
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _rotated16(a, b, ch, cl, sh, sl):
     """The float32 rotation of float32 ``a``, ``b`` (16-bit elements, widened) by ``cos = ch
     + cl``, ``sin = sh + sl`` (``_split``): the CPU kernel's four fused multiply-adds
@@ -150,7 +150,7 @@ def _rotated16(a, b, ch, cl, sh, sl):
     return ra, rb
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """``_pair_elements`` of the two float32 pairs in uint64 words ``a`` and ``b`` (channel
     ``2i`` in the low half, ``2i + 1`` in the high half), by ``ch[0]``, ``sh[0]`` and
@@ -163,7 +163,7 @@ def _pair_float32_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     _put(out, ob, _codec_cuda.float32_word(b0 * ch[0] + a0 * sh[0], b1 * ch[1] + a1 * sh[1]))
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _rotated16_words(a, b, c0, c1, l0, l1, s0, s1, m0, m1, storage):
     """``_rotated16`` of the two 16-bit pairs in uint32 words ``a`` and ``b`` (channel ``2i``
     in the low half), each by its own cut ``cos`` (``c``, ``l``) and ``sin`` (``s``, ``m``):
@@ -175,7 +175,7 @@ def _rotated16_words(a, b, c0, c1, l0, l1, s0, s1, m0, m1, storage):
     return _codec_cuda.narrow_pair(ra0, ra1, storage), _codec_cuda.narrow_pair(rb0, rb1, storage)
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     """``_rotated16_words`` of uint32 words ``a`` and ``b`` by ``ch`` .. ``sl`` (two each):
     one load and one store of four bytes for every two elements."""
@@ -184,14 +184,14 @@ def _pair16_words(out, oa, ob, a, b, ch, cl, sh, sl, storage):
     _put(out, ob, wb)
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _finite(v):
     """float32 ``v`` clamped to the finite range (an infinite operand stays out of the rest's term)."""
     v = v if v > _LOWEST else _LOWEST
     return v if v < _HIGHEST else _HIGHEST
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _split(v, storage):
     """float64 ``v`` as float32 ``(head, rest)``: ``v`` cut to 16 significant bits (13 for
     float16), so that its product with a 16-bit float is exact in float32 (unless it
@@ -204,7 +204,7 @@ def _split(v, storage):
     return np.float32(head), np.float32(v - head)
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _turn(x, at, g, out, to, og, ia, ib, ch, cl, sh, sl, storage, eight, skip):
     """Rotate pair ``(ia, ib)`` of one row by ``cos`` and ``sin`` (``_pair``'s ``ch`` ..
     ``sl``) in this thread's heads (every ``blockDim.y``-th from ``threadIdx.y``), the
@@ -258,7 +258,7 @@ def _turn(x, at, g, out, to, og, ia, ib, ch, cl, sh, sl, storage, eight, skip):
         head += step
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _first_eight(x, at, g, ia, ib):
     """The words of pair ``(ia, ib)`` in this thread's first eight heads of a row of
     ``x`` (uint32 words of two 16-bit channels): ``(8, (a0, b0, .., a7, b7))``, or ``(0,
@@ -277,7 +277,7 @@ def _first_eight(x, at, g, ia, ib):
     return 0, (z, z, z, z, z, z, z, z, z, z, z, z, z, z, z, z)
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _rotate_eight(out, to, og, ia, ib, n, w, ch, cl, sh, sl, storage):
     """Store the rotation of ``_first_eight``'s ``(n, w)`` (nothing where ``n`` is 0) at
     pair ``(ia, ib)`` of this thread's first eight heads of a row of ``out``."""
@@ -295,7 +295,7 @@ def _rotate_eight(out, to, og, ia, ib, n, w, ch, cl, sh, sl, storage):
         _pair(out, oa + 7 * os_, oa + 7 * os_ + od, w[14], w[15], ch, cl, sh, sl, storage)
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _copy(x, at, g, out, to, og, channel):
     """Copy pass-through ``channel`` of one row in this thread's heads."""
     head, step = cuda.threadIdx.y, cuda.blockDim.y
@@ -307,7 +307,7 @@ def _copy(x, at, g, out, to, og, channel):
         head += step
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _value(element, storage):
     """The float64 value of a stored table element (``_codec.load``, by the device's conversions)."""
     if storage == _codec.FLOAT:
@@ -329,7 +329,7 @@ def _sin_cos_typed(angle):
     return lambda angle: libdevice.sincos(angle)
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _cos_sin(rotate, pair, position, inv_freq, sign, scale, cos, ci, cg, sin, si, sg, storage):
     """float64 ``(cos, sin)`` of channel pair ``pair`` of a row: of its angle ``position *
     inv_freq[pair]`` (times ``scale``, the sine's sign ``sign``) where ``rotate``, else read
@@ -468,7 +468,7 @@ def _build(op, dtype, layout):
     # blocks schedules them faster (an H200, [4, 32, 8192, 128] in place: 0.87 -> 0.91 of
     # the device's copy). The simulator takes no launch bounds.
     bounds = {} if _arrays.cuda_simulator() else {"launch_bounds": (_THREADS, _BLOCKS)}
-    return cuda.jit(_signature(dtype, word), cache=True, **bounds)(source)
+    return _family.jitted(cuda.jit, source, _signature(dtype, word), **bounds)
 
 
 FAMILY = _family.Family(

@@ -26,14 +26,14 @@ from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_v
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)
 _MAX_GRID_Y = 65535
 
-_load = cuda.jit(device=True, cache=True)(_codec.load)
-_store = cuda.jit(device=True, cache=True)(_codec.store)
+_load = _family.jitted(cuda.jit, _codec.load, device=True)
+_store = _family.jitted(cuda.jit, _codec.store, device=True)
 _BATCH = _device_flat.BATCH_AXES  # batch axes one launch walks
 # An operand's geometry: offset, strides over the batch axes, the row (query) and the column.
 _GEOMETRY = _BATCH + 3
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _walk_row(row, sizes, q_len, vg, og):
     """``(i, values offset, out offset)`` of flat row ``row`` (batch axes, then the query), in
     32-bit arithmetic (the launchers keep rows below 2**31); a batch axis of one element is
@@ -54,7 +54,7 @@ def _walk_row(row, sizes, q_len, vg, og):
     return i, vi, oi
 
 
-@cuda.jit(device=True, cache=True)
+@_family.cached(cuda.jit, device=True)
 def _column(index, ig, t, gather):
     """The column of ``values`` that distance entry ``t`` reads: ``index[t]``, or ``t``."""
     return index[ig[0] + t * ig[1]] if gather else t
@@ -139,9 +139,9 @@ def _build(op, name):
     flat, geometry = types.Array(t, 1, "C"), types.UniTuple(i64, _GEOMETRY)
     sig = types.void(types.UniTuple(i64, _BATCH + 1), i64, i64, flat, geometry, types.Array(i64, 1, "C"), types.UniTuple(i64, 2), flat, geometry)
     if op != "scatter":
-        return cuda.jit(sig, cache=True)(_copy_source(op == "gather"))
+        return _family.jitted(cuda.jit, _copy_source(op == "gather"), sig)
     accumulator = numba.float64 if name == "float64" else numba.float32
-    return cuda.jit(sig, cache=True)(_scatter_source(accumulator, _arrays.STORAGE[name], _family.source_digest(_codec)))
+    return _family.jitted(cuda.jit, _scatter_source(accumulator, _arrays.STORAGE[name], _family.source_digest(_codec)), sig)
 
 
 FAMILY = _family.Family(
