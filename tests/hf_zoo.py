@@ -43,7 +43,8 @@ SIZES = dict(
     kv_lora_rank=16, q_lora_rank=24, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
     rotary_dim=8, sliding_window=8, attention_chunk_size=8, initializer_range=0.25, use_cache=True,
     indexer_n_heads=2, indexer_kv_heads=1, indexer_head_dim=16, indexer_budget=8, indexer_compress_ratio=4,
-    ngram_vocab_size_base=VOCAB, split_ngram_parts=1, use_mem_rope=True,
+    ngram_vocab_size_base=VOCAB, split_ngram_parts=1, use_mem_rope=True, vocab_size_per_layer_input=VOCAB,
+    hidden_size_per_layer_input=16,
 )
 # Sizes set even where the default config leaves them None: a None the model reads as a number
 # (head_dim = hidden / heads, a KV head count, Qwen4-Exp's indexer) fails the tiny build.
@@ -104,6 +105,7 @@ def positional(model_type):
 
 def _shrunk(config_class):
     default = config_class()
+    default.allow_global_per_layer_attribute_access = True  # a per-layer attribute (Gemma 4's head_dim): its global value shrunk, its per-layer ones kept
     layers = next((getattr(default, n) for n in ("num_hidden_layers", "n_layer", "num_layers") if hasattr(default, n)), None)
     kwargs = {
         k: v for k, v in SIZES.items()

@@ -31,6 +31,7 @@ REPRESENTATIVE = (
     "qwen3_moe",  # MoE, q/k norms
     "deepseek_v3",  # latent attention: interleaved pairs in, half order out
     "gemma3_text",  # rope parameters nested per layer type
+    "gemma4_text",  # a head size per layer type (per_layer_config), an apply function turning one tensor a call
     "bloom",  # ALiBi of the padded key positions
     "gptj",  # its apply function takes (tensor, sin, cos), interleaved
     "roformer",  # a static apply method on self, (sinusoidal_pos, q, k), interleaved

@@ -25,9 +25,10 @@ from ._rows import _MOST_CACHED_ROWS, _MOST_CACHED_SETS, _ROWS, _rows_through, c
 SUPPORTED = (
     "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid",
     "beam", "bitnet", "bloom", "codegen", "cohere", "cohere2", "cohere2_moe", "cwm", "deepseek_v2",
-    "deepseek_v3", "deepseek_v32", "diffllama", "doge", "emu3", "ernie4_5", "ernie4_5_moe",
-    "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma",
-    "gemma2", "gemma3_text", "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox",
+    "deepseek_v3", "deepseek_v32", "diffllama", "doge", "dots3_note_text", "emu3", "ernie4_5",
+    "ernie4_5_moe", "exaone", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint",
+    "gemma", "gemma2", "gemma3_text", "gemma4_text", "gemma4_unified", "gemma4_unified_text",
+    "glm", "glm4", "glm4_moe", "glm4_moe_lite", "glm_moe_dsa", "gpt_neox",
     "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granite_swa", "granitemoe",
     "granitemoe_swa", "granitemoeshared", "helium", "hrm_text", "hunyuan_v1_dense",
     "hunyuan_v1_moe", "hy_v3", "hy_v4", "hyperclovax", "internlm3", "iquestcoder", "jais2",
