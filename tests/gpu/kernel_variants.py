@@ -48,15 +48,15 @@ VARIANTS = {
             "    if a == types.uint64:\n",
         ),
         (
-            "@cuda.jit(device=True, cache=True)\ndef _finite(v):",
-            "@cuda.jit(device=True, cache=True)\n"
+            "@_family.cached(cuda.jit, device=True)\ndef _finite(v):",
+            "@_family.cached(cuda.jit, device=True)\n"
             "def _pair16_wide(out, oa, ob, a, b, ch, cl, sh, sl, storage):\n"
             "    low, high = np.uint64(0xFFFFFFFF), np.uint64(32)\n"
             "    la, lb = _rotated16_words(np.uint32(a & low), np.uint32(b & low), ch[0], ch[1], cl[0], cl[1], sh[0], sh[1], sl[0], sl[1], storage)\n"
             "    ha, hb = _rotated16_words(np.uint32(a >> high), np.uint32(b >> high), ch[2], ch[3], cl[2], cl[3], sh[2], sh[3], sl[2], sl[3], storage)\n"
             "    _put(out, oa, np.uint64(la) | (np.uint64(ha) << high))\n"
             "    _put(out, ob, np.uint64(lb) | (np.uint64(hb) << high))\n\n\n"
-            "@cuda.jit(device=True, cache=True)\ndef _finite(v):",
+            "@_family.cached(cuda.jit, device=True)\ndef _finite(v):",
         ),
         (
             "    words, eight = channels > 1, not floats\n    early = words and not (floats or rotate)\n",
