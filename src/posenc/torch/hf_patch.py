@@ -388,12 +388,19 @@ def _replacement_for(fn, rotary, config, dtype, device):
         return "the model has no rotary module posenc replaced, so no (cos, sin) to check it with"
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if "unsqueeze_dim" in extra else 1
     probes = _apply_probes(next(iter(rotary.values())), config, dtype, device, "unsqueeze_dim" in extra)
+    make = lambda layout: _make_apply(layout, extra, unsqueeze_default)  # noqa: E731
+    return _reproducing(fn, make, probes, dtype, "q [batch, heads, seq, d], k, cos, sin [batch, seq, r]")
+
+
+def _reproducing(fn, make, probes, dtype, shapes, outputs=lambda f: f):
+    """The first ``make(layout)`` of the apply layouts that gives ``fn``'s results on ``probes``
+    (compared through ``outputs``: a function returning a tuple of tensors), or why none does."""
     differences = []
     for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair", "half, by -angle"):
-        candidate = _make_apply(layout, extra, unsqueeze_default)
-        diff = _compare_apply(fn, candidate, probes, dtype)
+        candidate = make(layout)
+        diff = _compare_apply(outputs(fn), outputs(candidate), probes, dtype)
         if diff is None:
-            return "it does not run on (q [batch, heads, seq, d], k, cos, sin [batch, seq, r]) probes"
+            return f"it does not run on ({shapes}) probes"
         if diff[0] <= diff[1]:
             return candidate
         differences.append(f"{layout} layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
@@ -407,16 +414,9 @@ def _single_apply_for(fn, signature, rotary, config, dtype, device):
     has_unsqueeze = "unsqueeze_dim" in signature.parameters
     unsqueeze_default = signature.parameters["unsqueeze_dim"].default if has_unsqueeze else 1
     probes = [((q, cos, sin), kwargs) for (q, _, cos, sin), kwargs in _apply_probes(next(iter(rotary.values())), config, dtype, device, has_unsqueeze)]
-    differences = []
-    for layout in ("half", "interleaved", "interleaved cos/sin", "interleaved in, half out", "half, one cos/sin per pair", "half, by -angle"):
-        candidate = _make_single_apply(layout, unsqueeze_default)
-        diff = _compare_apply(lambda *a, **k: (fn(*a, **k),), lambda *a, **k: (candidate(*a, **k),), probes, dtype)
-        if diff is None:
-            return "it does not run on (x [batch, heads, seq, d], cos, sin [batch, seq, r]) probes"
-        if diff[0] <= diff[1]:
-            return candidate
-        differences.append(f"{layout} layout differs by {diff[0]:.3g} (tolerance {diff[1]:.3g})")
-    return "no posenc layout reproduces it: " + ", ".join(differences)
+    make = lambda layout: _make_single_apply(layout, unsqueeze_default)  # noqa: E731
+    one = lambda f: lambda *a, **k: (f(*a, **k),)  # noqa: E731
+    return _reproducing(fn, make, probes, dtype, "x [batch, heads, seq, d], cos, sin [batch, seq, r]", one)
 
 
 def _make_single_apply(layout, unsqueeze_default):
