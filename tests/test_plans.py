@@ -154,6 +154,13 @@ CALLS = {
     "rope torch [B, S] positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(6).reshape(2, 3) + t)),
     "rope torch bfloat16 x and positions": (pe.rope, lambda t: pe.rope(T_X.bfloat16(), (torch.arange(3) + t % 200).bfloat16())),
     "rope torch per-row offset": (pe.rope, lambda t: pe.rope(T_X, offset=torch.tensor([t, t + 3]))),
+    # float positions plus an offset, summed in float64 (in float16 2047 + 3 is 2048)
+    "rope numpy float16 positions and offset": (pe.rope, lambda t: pe.rope(X, (np.arange(3) + 2045 - t % 3).astype(np.float16), offset=3 + t % 5)),
+    "rope torch float16 positions and per-row offset": (
+        pe.rope,
+        lambda t: pe.rope(T_X, (torch.arange(3) + 2045 - t % 3).half(), offset=torch.tensor([3 + t % 5, 1])),
+    ),
+    "rope torch bfloat16 positions and offset": (pe.rope, lambda t: pe.rope(T_X, (torch.arange(3) + 253 - t % 3).bfloat16(), offset=3 + t % 5)),
     "apply_rope numpy": (pe.apply_rope, lambda t: pe.apply_rope(X1, *pe.rope_cos_sin(np.array([t]), INV))),
     "apply_rope torch": (pe.apply_rope, lambda t: pe.apply_rope(T_X, *(c[:, None] for c in pe.rope_cos_sin(torch.arange(6).reshape(2, 3) + t, INV)))),
     "rerotate numpy new frequencies": (pe.rerotate, lambda t: pe.rerotate(X, 3, INV * (1 + t % 5))),

@@ -325,6 +325,8 @@ class _Source:
             positions = _int64(positions)
         if self.offset_kind in ("narrow", "uint64"):
             offset = _int64(offset)
+        if self.positions_kind is None:  # float positions: summed with the offset in float64, as check.shifted does
+            positions = _float64(positions)
         if self.offset_shape is not None:
             return positions + (offset if tuple(offset.shape) == self.offset_shape else offset.reshape(self.offset_shape))
         return positions if type(offset) is int and offset == 0 else positions + offset
@@ -335,6 +337,13 @@ def _int64(a):
     if isinstance(a, np.ndarray):
         return a.astype(np.int64)
     return a.to(sys.modules["torch"].int64)
+
+
+def _float64(a):
+    """Float array ``a`` as float64, in its own library."""
+    if isinstance(a, np.ndarray):
+        return a.astype(np.float64, copy=False)
+    return a.to(sys.modules["torch"].float64)
 
 
 def _source(call, positions, offset):
