@@ -174,6 +174,10 @@ CALLS = {
     "t5_bias numpy unidirectional, offset": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, bidirectional=False, offset=t % 9, query_positions=np.array([t]))),
     "alibi_bias numpy positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([t]), key_positions=np.arange(8))),
     "alibi_bias numpy float positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, query_positions=np.array([t / 2]), key_positions=np.arange(8))),
+    "alibi_bias numpy float16 positions and offset": (
+        pe.relative_bias,
+        lambda t: pe.alibi_bias(SLOPES, 1, 8, offset=3 + t % 5, query_positions=np.array([2047 - t % 3], np.float16), key_positions=np.arange(2040, 2048, dtype=np.float16)),
+    ),
     "alibi_bias numpy symmetric key positions": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, symmetric=True, key_positions=np.arange(8) * t)),
     # The per-token T5/ALiBi plans gather from their kept window: queries one or many, given or
     # not, keys before or after them, far from zero, batched, reversed, in every float dtype.

@@ -284,6 +284,8 @@ class PerTokenPlan:
             if not fits_int64(*(_arrays.extremes(p) if kind or arange is not None else None for p, kind, arange in zip((qpos, kpos), self.kinds, self.aranges)), offset):
                 return NotImplemented
         qpos, kpos = (as_int64(p) if kind in ("narrow", "uint64") else p for p, kind in zip((qpos, kpos), self.kinds))
+        if self.checked[0]:  # float query positions: summed with the offset in the distance float, as check.shifted does
+            qpos = cast(xp, qpos, self.floats)
         qpos = qpos if offset == 0 else qpos + offset
         if self.floats is not None:
             qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
