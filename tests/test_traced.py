@@ -510,13 +510,14 @@ def test_a_length_from_traced_float_positions_is_the_eager_one(tracer, dtype):
     np.testing.assert_array_equal(to_host(got), want)
 
 
-@pytest.mark.parametrize("call", ["numpy", "jax", "jax.jit", "torch"])
+@pytest.mark.parametrize("call", ["numpy", "jax", "jax.jit", "torch", "array-api-strict"])
 @pytest.mark.parametrize("offset", ["int", "per row"])
 def test_float_positions_plus_an_offset_are_summed_exactly(call, offset):
     """Float positions plus ``offset`` are summed in the widest float: in float16
     ``2048 + 3`` rounded to 2052 (1.7 off; per-row offsets of JAX and torch arrays too, where
-    NumPy's promotion to float64 had summed them exactly)."""
-    pytest.importorskip({"numpy": "numpy", "torch": "torch"}.get(call, "jax"))
+    NumPy's promotion to float64 had summed them exactly), the offset cast to it (the Array
+    API promotes no integer array with a float one: array-api-strict raised TypeError)."""
+    pytest.importorskip({"numpy": "numpy", "torch": "torch", "array-api-strict": "array_api_strict"}.get(call, "jax"))
     x = np.random.default_rng(0).standard_normal((2, 4, 16)).astype(np.float32)
     positions = np.array([2045, 2046, 2047, 2048], dtype=np.float16)
     shift = 3 if offset == "int" else np.array([0, 3])
@@ -527,6 +528,10 @@ def test_float_positions_plus_an_offset_are_summed_exactly(call, offset):
         import torch
 
         got = pe.rope(torch.from_numpy(x), torch.from_numpy(positions), offset=shift if offset == "int" else torch.from_numpy(shift))
+    elif call == "array-api-strict":
+        import array_api_strict as xp
+
+        got = pe.rope(xp.asarray(x), xp.asarray(positions.astype(np.float32)), offset=shift if offset == "int" else xp.asarray(shift))  # (no float16)
     else:
         import jax
         import jax.numpy as jnp

@@ -217,7 +217,8 @@ def shifted(name, values, offset, xp, device=None, *, offset_name="offset", know
     if isinstance(offset, int) and offset == 0:
         return values
     if not is_integer(xp, values.dtype):
-        return xp.astype(values, widest_float(xp, device), copy=False) + offset
+        wide = widest_float(xp, device)
+        return xp.astype(values, wide, copy=False) + (xp.astype(offset, wide) if is_array(offset) else offset)
     _, bits, low, high = index_bounds(xp, device)
     if isinstance(offset, int) and not low <= offset <= high:
         raise ValueError(f"{offset_name} must fit in int{bits} ({low} .. {high}), got {offset}")
