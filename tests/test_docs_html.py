@@ -242,7 +242,6 @@ def test_every_python_block_runs_as_written(where, code, tmp_path):
     assert proc.returncode == 0, f"{where}:\n{proc.stderr[-3000:]}"
 
 
-
 def test_readme_counts_the_architectures_the_transformers_table_covers():
     readme = (ROOT / "README.md").read_text()
     table = (ROOT / "docs" / "transformers.md").read_text()

@@ -518,7 +518,6 @@ def test_a_part_that_differs_is_named_and_nothing_is_swapped():
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
 
 
-
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_a_16_bit_rotary_module_with_other_frequencies_is_refused(dtype):
     """A module whose frequencies are not the config's (rope_theta 550 against the module's 500:
@@ -560,6 +559,7 @@ def test_a_16_bit_apply_function_that_differs_is_refused(dtype):
     with pytest.raises(ValueError, match=r"apply function .*longer: no posenc layout reproduces it: half layout differs by 0\.00"):
         patch_hf(model)
     assert type(model.model.rotary_emb).__name__ == "LlamaRotaryEmbedding"
+
 
 def _decorated(forward, holds_it):
     """``forward`` under a ``functools.wraps`` decorator (as transformers' ``deprecate_kwarg``),

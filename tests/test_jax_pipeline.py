@@ -365,10 +365,9 @@ def test_sharded_inputs_stay_sharded_without_all_gather(devices, shardy):
     sequence-sharded calls; a sharded last axis is gathered (documented cost); calls outside
     ``jit`` on Auto and Explicit meshes beside NumPy and unsharded JAX operands; on an
     Explicit mesh, operations along a split axis JAX cannot keep split; results of
-    uncommitted arrays uncommitted. In a child
-    process: the forced host device count must be set before JAX initialises. Also with
-    GSPMD (Shardy off), whose sharding inference met operands of no sharding (a constant's)
-    and aborted the process."""
+    uncommitted arrays uncommitted. In a child process: the forced host device count must
+    be set before JAX initialises. Also with GSPMD (Shardy off), whose sharding inference
+    met operands of no sharding (a constant's) and aborted the process."""
     import os
     import subprocess
     import sys
