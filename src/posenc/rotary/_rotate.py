@@ -76,10 +76,10 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
 @reference("rope_rotate_at_length")
 def rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout="half", inverse=False, out=None):
     """``rope_rotate`` at the frequencies and attention scale that the length-dependent
-    ``scaling`` gives at ``seq_len`` (an int, or a 0-d integer array read now), divided by
-    the scale for ``inverse``. ``rope`` calls it where the length cannot be read now: an int
-    while ``torch.compile`` traces (maybe symbolic: the torch adapter's op reads it when it
-    runs), a traced 0-d JAX array (the JAX CPU host call reads it)."""
+    ``scaling`` gives at ``seq_len`` (an int, or a 0-d array of a whole number read now),
+    divided by the scale for ``inverse``. ``rope`` calls it where the length cannot be read
+    now: an int while ``torch.compile`` traces (maybe symbolic: the torch adapter's op reads
+    it when it runs), a traced 0-d JAX array (the JAX CPU host call reads it)."""
     inv_freq, scale = frequency_table(scaling, rotary_dim, base, seq_len if isinstance(seq_len, int) else int(seq_len))
     return rotate_positions(x, positions, inv_freq, layout=layout, inverse=inverse, scale=1.0 / scale if inverse else scale, out=out)
 

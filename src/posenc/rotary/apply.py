@@ -292,8 +292,9 @@ def _rotate_traced_length(call):
 
 def rotate_at_traced_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None):
     """``x`` rotated at the frequencies ``scaling`` gives at ``seq_len``, a 0-d or per-row
-    integer array that cannot be read now: the frequencies computed from it in the
-    namespace, then the rotation by ``cos``/``sin`` tables (``rope_apply``)."""
+    array that cannot be read now (integers, or the whole-number floats of float positions:
+    ``_args.sequence_length``): the frequencies computed from it in the namespace, then the
+    rotation by ``cos``/``sin`` tables (``rope_apply``)."""
     xp, device = namespace(x), device_of(x)
     if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
         seq_len = seq_len[..., None]
