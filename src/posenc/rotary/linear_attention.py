@@ -28,8 +28,8 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     RoPE rotates :math:`\phi(q), \phi(k)` in the numerator only: the denominator stays
     positive (RoFormer eq. 29). Both sums are computed as :math:`\phi(Q)(\phi(K)^\top V)`
     (``causal=False``) or with running sums of :math:`\phi(k_j)\, v_j^\top` over
-    :math:`j \le i` (``causal=True``), never an ``n x n`` matrix: ``O(n)`` in sequence length
-    (``O(n d d_v)`` memory when causal).
+    :math:`j \le m - n + i` (``causal=True``), never an ``n x m`` matrix: linear in the
+    sequence lengths (``O(m d d_v)`` memory when causal).
 
     Parameters
     ----------
