@@ -522,7 +522,7 @@ def test_a_part_that_differs_is_named_and_nothing_is_swapped():
 def test_a_16_bit_rotary_module_with_other_frequencies_is_refused(dtype):
     """A module whose frequencies are not the config's (rope_theta 550 against the module's 500:
     its cos 0.057 off in float32) is refused in a 16-bit model too. The check had widened its
-    tolerance by the rounding of the 16-bit inv_freq buffer, p * eps at position p (0.94 at
+    tolerance by the rounding of the 16-bit inv_freq buffer, 8 eps (p + 1) up to position p (0.94 at
     14 in bfloat16): it swapped the module, and the logits moved by 3.1."""
     model = build("llama[default]").to(getattr(torch, dtype))
     model.config.rope_parameters["rope_theta"] = 550.0

@@ -285,7 +285,7 @@ def _unround_frequencies(theirs, ours):
     to posenc's frequencies in float32, as transformers built them, where each is posenc's to
     within its dtype's rounding (``|buffer - f| <= eps (|f| + tiny)``); a rounded buffer that is
     not is a refusal. The check then compares the formula at float32's tolerance: rounded angles
-    would need one so wide (``p * eps`` at position ``p``: 0.94 at 14 in bfloat16) that other
+    would need one so wide (``8 eps (p + 1)`` up to position ``p``: 0.94 at 14 in bfloat16) that other
     frequencies would pass. Returns the eps of the angles: float32's, or that of a rounded
     frequency buffer posenc cannot tell the frequencies of."""
     inner = getattr(ours, "rotary", ours)  # (a reordered module's HFRotaryEmbedding)
