@@ -165,17 +165,22 @@ def _torch_shape_cases():
 @pytest.mark.parametrize("name", list(_torch_shape_cases()) if HAS_TORCH else [])
 def test_torch_compile_under_dynamic_shapes_gives_the_eager_bits(name, dynamic):
     """Three lengths through one compiled function (the second recompiles with symbolic
-    sizes unless ``dynamic=True`` made them symbolic from the start): no graph break, and the
-    eager call's bits. A length-dependent scaling's frequencies are computed when the op
-    runs (``posenc::rope_rotate_at_length``), as the eager call computes them."""
+    sizes unless ``dynamic=True`` made them symbolic from the start, and the third compiles
+    nothing): no graph break, and the eager call's bits. A length-dependent scaling's
+    frequencies are computed when the op runs (``posenc::rope_rotate_at_length``), as the
+    eager call computes them. (``xl_logits`` made a symbolic length a tensor with
+    ``asarray``, which specialized it: one graph per length.)"""
     import torch
+    from torch._dynamo.utils import counters
 
     fn = _torch_shape_cases()[name]
     torch._dynamo.reset()
+    counters.clear()
     compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend="aot_eager")
     for length in (6, 9, 13):
         x = torch.randn(2, 3, length, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(length))
         assert torch.equal(compiled(x), fn(x)), length
+    assert counters["stats"]["unique_graphs"] == (1 if dynamic else 2)
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")

@@ -102,7 +102,7 @@ def xl_logits(q, k, r, u, v):
     _args.logits_shape(batch, q_len, k_len)
     q, k, r, u, v = (cast(xp, a, work) for a in (q, k, r, u, v))
     rel = distances(q_len, k_len, k_len - q_len, xp=xp, device=device_of(q))
-    last = xp.asarray(n_rel - 1, dtype=rel.dtype, device=device_of(q))  # (an array: n_rel may be a symbolic size)
+    last = xp.zeros((), dtype=rel.dtype, device=device_of(q)) + (n_rel - 1)  # (not asarray, which specializes a symbolic n_rel)
     row = xp.minimum(k_len - 1 - rel, last)  # (k_len - 1 - rel >= 0: rel <= k_len - 1)
     position = call("toeplitz_gather", (q + v) @ heads_like(xp.matrix_transpose(r), q), row, k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
