@@ -184,6 +184,37 @@ def test_torch_compile_under_dynamic_shapes_gives_the_eager_bits(name, dynamic):
 
 
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic=True"])
+@pytest.mark.parametrize("name", ["ShawRelative", "TransformerXLRelative", "TENERRelative", "DeBERTaRelative", "TUPE"])
+def test_torch_compile_of_relative_logits_keeps_the_batch_symbolic(name, dynamic):
+    """Three batch sizes through one compiled ``attend``: one graph (two, automatic), the
+    eager bits. The batch shapes were checked as a set of sizes, whose hashing specialized a
+    symbolic size: one graph per batch size, ``dynamic=True`` included."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    import posenc.torch as pt
+
+    heads, dim = 3, 8
+    module = {
+        "ShawRelative": lambda: pt.ShawRelative(dim, max_distance=4),
+        "TransformerXLRelative": lambda: pt.TransformerXLRelative(heads, dim),
+        "TENERRelative": lambda: pt.TENERRelative(heads, dim),
+        "DeBERTaRelative": lambda: pt.DeBERTaRelative(heads, dim, max_distance=4),
+        "TUPE": lambda: pt.TUPE(heads, dim, max_positions=16),
+    }[name]().double()
+    fn = lambda q, k, v: module.attend(q, k, v, causal=True)  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=dynamic, backend="aot_eager")
+    for batch in (2, 4, 5):
+        q, k, v = torch.randn(3, batch, heads, 7, dim, dtype=torch.float64, generator=torch.Generator().manual_seed(batch)).unbind(0)
+        assert torch.equal(compiled(q, k, v), fn(q, k, v)), batch
+    assert counters["stats"]["unique_graphs"] == (1 if dynamic else 2)
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 @pytest.mark.filterwarnings(INDUCTOR_WARNING)
 def test_a_rotary_module_with_dynamic_ntk_compiles_with_inductor_for_every_length():
     """The module computes ``seq_len`` from the shapes, a symbolic int once the length varies:

@@ -409,10 +409,14 @@ def broadcast_shapes(*shapes) -> tuple:
         ndim = max(ndim, len(s))
     result = []
     for axis in range(-ndim, 0):
-        sizes = {size(s[axis]) for s in shapes if len(s) >= -axis} - {1}
-        if len(sizes) > 1:
-            raise ValueError(f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast together")
-        result.append(sizes.pop() if sizes else 1)
+        n = 1
+        for s in shapes:  # compared, not hashed into a set: hashing a symbolic size specializes it
+            m = size(s[axis]) if len(s) >= -axis else 1
+            if m != 1 and n != 1 and m != n:
+                raise ValueError(f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast together")
+            if m != 1:
+                n = m
+        result.append(n)
     return tuple(result)
 
 
