@@ -304,17 +304,25 @@ def test_torch_export_with_a_dynamic_sequence_gives_the_eager_bits(strict):
     """``torch.export`` with a ``Dim`` on the sequence axis: one program for every length
     (``int()`` of a size had specialized it; a length-dependent scaling's symbolic length had
     been made a tensor, specializing it too). Positions given without ``seq_axis`` guard
-    against other axes of their length, which a ``Dim`` range refuses: name the axis."""
+    against other axes of their length, which a ``Dim`` range refuses: name the axis. The
+    modules' ``attend`` with ``offset=None`` (``k_len - q_len``, a symbolic size under
+    non-strict export) had specialized the length (``int()``), and ``rope`` refused a
+    symbolic ``offset`` (a ``TypeError`` from ``amin``)."""
     import torch
     from torch.export import Dim, export
 
+    import posenc.torch as pt
+
     seq = Dim("seq", min=2, max=64)
     table, slopes = torch.randn(32, 4), torch.from_numpy(pe.alibi_slopes(4))
+    attend = _Attend([pt.NoPE(), pt.RotaryEmbedding(16, scaling=pe.scaling.DynamicNTK(2.0, 8)), pt.XPos(16), pt.T5RelativeBias(4), pt.ALiBi(4)])
     calls = {
         "rope": (lambda x: pe.rope(x, offset=3), lambda n: (torch.randn(2, 4, n, 16),), ({2: seq},)),
         "rope[positions]": (lambda x, p: pe.rope(x, p, seq_axis="bhsd"), lambda n: (torch.randn(2, 4, n, 16), torch.arange(n) * 2), ({2: seq}, {0: seq})),
         "rope[dynamic]": (lambda x: pe.rope(x, offset=3, scaling=pe.scaling.DynamicNTK(2.0, 8)), lambda n: (torch.randn(2, 4, n, 16),), ({2: seq},)),
         "biases": (lambda x: pe.t5_bias(table, x.shape[-2], x.shape[-2]) + pe.alibi_bias(slopes, x.shape[-2], x.shape[-2]), lambda n: (torch.randn(n, 4),), ({0: seq},)),
+        "rope[offset from the shape]": (lambda x: pe.rope(x, offset=x.shape[-2] - 1), lambda n: (torch.randn(2, 4, n, 16),), ({2: seq},)),
+        "attend": (attend, lambda n: (torch.randn(2, 4, n, 16),), ({2: seq},)),
     }
     for name, (fn, make, dynamic_shapes) in calls.items():
         fn(*make(6))  # fills posenc's caches of dtype ranges first: strict export warns of the first fill as a side effect
@@ -336,6 +344,16 @@ if HAS_TORCH:
 
         def forward(self, x, p=None):
             return self.fn(x) if p is None else self.fn(x, p)
+
+    class _Attend(_torch.nn.Module):
+        """The sum of ``modules``' causal ``attend(x, x, x)``."""
+
+        def __init__(self, modules):
+            super().__init__()
+            self.positional = _torch.nn.ModuleList(modules)
+
+        def forward(self, x):
+            return sum(m.attend(x, x, x, causal=True) for m in self.positional)
 
 
 # --- torch transforms a kernel would defeat: the reference serves them -------------------------

@@ -231,7 +231,7 @@ def shifted(name, values, offset, xp, device=None, *, offset_name="offset", know
 
 
 def _extent(xp, value, known=None):
-    if isinstance(value, int) or jax_symbolic_dim(value):
+    if isinstance(value, int) or jax_symbolic_dim(value) or symbolic_size(value):
         return str(value)
     smallest, largest = known if known is not None else (int(xp.min(value)), int(xp.max(value)))
     return f"from {smallest} to {largest}"
@@ -245,11 +245,12 @@ def _sum_leaves(xp, a, b, low, high, known, *, what):
     if not (_readable(b) and (known is not None or _readable(a))):
         return False
     amin, amax = known if known is not None else (int(xp.min(a)), int(xp.max(a)))
-    bmin, bmax = (b, b) if isinstance(b, int) or jax_symbolic_dim(b) else (int(xp.min(b)), int(xp.max(b)))
+    single = isinstance(b, int) or jax_symbolic_dim(b) or symbolic_size(b)
+    bmin, bmax = (b, b) if single else (int(xp.min(b)), int(xp.max(b)))
     lengths = () if known is None else (amax - amin + 1,)
     if _within(what, amin + bmin, amax + bmax, low, high, lengths):
         return False
-    if isinstance(b, int) or jax_symbolic_dim(b) or b.ndim == 0 or known is not None or a.ndim == 0:
+    if single or b.ndim == 0 or known is not None or a.ndim == 0:
         return True  # one of the two is a single value: its bounds are the sums'
     zero = xp.zeros_like(b)
     up, down = xp.where(b > 0, b, zero), xp.where(b < 0, b, zero)  # high - up and low - down stay in range

@@ -118,7 +118,7 @@ class PositionalModule(nn.Module):
 def query_offset(offset, q_len, k_len):
     """The first query position: ``offset`` (validated as the functions validate it), or
     ``k_len - q_len`` when it is ``None``."""
-    return indices.query_offset(offset, int(q_len), int(k_len))
+    return indices.query_offset(offset, q_len, k_len)
 
 
 def dot_scores(q, k, scale=None):
