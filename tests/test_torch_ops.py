@@ -138,6 +138,22 @@ def test_rope_rotate_backward_is_inverse_rotation():
     torch.testing.assert_close(gx, expected)
 
 
+@pytest.mark.parametrize("layout", ["channels_last", "as_strided"])
+def test_the_custom_ops_planned_calls_read_x_of_strided_channels(layout):
+    """From a signature's third call on, ``rope_rotate``'s kernel call (each training step's)
+    runs from a plan, which reads unit-stride channels: on an ``x`` whose channels are
+    strided (``channels_last``, ``as_strided``) it rotated other elements, off by up to 4.8."""
+    g = torch.Generator().manual_seed(0)
+    if layout == "channels_last":
+        x = torch.randn(2, 3, 5, 16, generator=g).contiguous(memory_format=torch.channels_last)
+    else:
+        x = torch.randn(4000, generator=g).as_strided((2, 3, 5, 16), (700, 3, 100, 5))
+    for step in range(4):
+        positions = torch.arange(5) * (step + 1)
+        got = pe.rope(x.detach().requires_grad_(), positions)
+        assert torch.equal(got, pe.rope(x.contiguous(), positions)), step
+
+
 def test_dispatch_routes_grad_tensors_through_custom_op():
     x = _x(2, 5, 6)
     y = _dispatch.call("rope_rotate", x, torch.arange(5), np.asarray(INV))

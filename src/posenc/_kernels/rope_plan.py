@@ -390,7 +390,7 @@ def build_rotate_positions(x, positions, inv_freq, *, layout, inverse, scale):
     freqs = np.asarray(inv_freq, dtype=np.float64)
     kernel = _dispatch.select("rope_rotate", x, positions, freqs, layout=layout, inverse=inverse, scale=scale)
     xv = _arrays.host_view(x)
-    if not _host_kernel(kernel, "rotate_positions"):
+    if not _host_kernel(kernel, "rotate_positions") or not _writable_directly(xv, None):
         return None
     source = _Source(tuple(positions.shape), None, None, _arrays.integer_kind(positions), None)
     plan = PositionsPlan(x, xv, layout, positions, source, freqs, -1.0 if inverse else 1.0, scale, None)
