@@ -230,8 +230,14 @@ def shifted(name, values, offset, xp, device=None, *, offset_name="offset", know
     return values + offset
 
 
+def _size_like(value) -> bool:
+    """An int, or a size that a trace keeps symbolic (``jax.export``, ``torch.export``): one
+    value, with no ``min`` or ``max`` to read."""
+    return isinstance(value, int) or jax_symbolic_dim(value) or symbolic_size(value)
+
+
 def _extent(xp, value, known=None):
-    if isinstance(value, int) or jax_symbolic_dim(value) or symbolic_size(value):
+    if _size_like(value):
         return str(value)
     smallest, largest = known if known is not None else (int(xp.min(value)), int(xp.max(value)))
     return f"from {smallest} to {largest}"
@@ -245,7 +251,7 @@ def _sum_leaves(xp, a, b, low, high, known, *, what):
     if not (_readable(b) and (known is not None or _readable(a))):
         return False
     amin, amax = known if known is not None else (int(xp.min(a)), int(xp.max(a)))
-    single = isinstance(b, int) or jax_symbolic_dim(b) or symbolic_size(b)
+    single = _size_like(b)
     bmin, bmax = (b, b) if single else (int(xp.min(b)), int(xp.max(b)))
     lengths = () if known is None else (amax - amin + 1,)
     if _within(what, amin + bmin, amax + bmax, low, high, lengths):
