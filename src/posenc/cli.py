@@ -69,19 +69,6 @@ def _cupy_devices() -> str:
     return ", ".join(f"cuda:{i}" for i in range(count)) or "none"
 
 
-def _numba_cpu() -> str:
-    """Whether the Numba CPU kernels can run: numba installed, and importable next to this NumPy."""
-    from posenc._kernels import _arrays
-
-    if not _arrays.numba_cpu():
-        return "unavailable: numba is not installed"
-    try:
-        import numba  # noqa: F401
-    except ImportError as exc:  # e.g. a numba older than this NumPy ("Numba needs NumPy 2.2 or less")
-        return f"unavailable: numba failed to import ({exc})"
-    return "usable"
-
-
 def cmd_info(args) -> int:
     import posenc
 
@@ -90,9 +77,8 @@ def cmd_info(args) -> int:
         print(f"  {dist:<18} {(_cupy_version() if dist == 'cupy' else _version(dist)) or 'not installed'}")
     from posenc._kernels import _arrays
 
-    print(f"  numba CPU kernels  {_numba_cpu()}")
-    problem = _arrays.cuda_problem()
-    print(f"  numba.cuda kernels {'usable' if problem is None else 'unavailable: ' + problem}")
+    for kernels, problem in (("numba CPU", _arrays.numba_problem()), ("numba.cuda", _arrays.cuda_problem())):
+        print(f"  {kernels + ' kernels':<18} {'usable' if problem is None else 'unavailable: ' + problem}")
     print(f"  devices            {_devices()}")
     return 0
 

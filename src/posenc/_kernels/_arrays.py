@@ -46,6 +46,19 @@ def numba_cpu() -> bool:
     return importlib.util.find_spec("numba") is not None
 
 
+def numba_problem() -> str | None:
+    """Why the Numba CPU kernels cannot run here, in words (``posenc info``), or ``None``:
+    numba missing, or one that does not import next to this NumPy. (It imports numba: the
+    registrations ask ``numba_cpu`` instead.)"""
+    if not numba_cpu():
+        return "numba is not installed"
+    try:
+        import numba  # noqa: F401
+    except ImportError as exc:  # e.g. a numba older than this NumPy ("Numba needs NumPy 2.2 or less")
+        return f"numba failed to import ({exc})"
+    return None
+
+
 def cuda_simulator() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
