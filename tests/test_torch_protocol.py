@@ -307,6 +307,34 @@ def test_compile_fullgraph_with_a_tensor_offset(name):
             torch.testing.assert_close(compiled(q, k, v, torch.tensor(offset)), m.attend(q, k, v, causal=True, offset=offset))
 
 
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_non_strict_export_with_dynamic_lengths_gives_the_eager_bits(name):
+    """``torch.export`` (non-strict, its default) with a ``Dim`` on each length: one program
+    for every ``q_len <= k_len``. ``_xp.size`` had read the relative logits' lengths with
+    ``int()``, which specializes a symbolic size (shaw, deberta, xl, tener, tupe, fire,
+    sandwich, cope refused their ``Dim``), and KERPLE's in-place clamp of ``.data`` left a
+    fake tensor among the program's constants."""
+    from torch.export import Dim, export
+
+    m = _make(name)
+    q_len, k_len = Dim("q_len", min=1, max=30), Dim("k_len", min=1, max=30)
+    program = export(_Logits(m), _qkv(5, 7)[:2], strict=False, dynamic_shapes=({2: q_len}, {2: k_len})).module()
+    for lengths in ((1, 9), (4, 4), (30, 30)):
+        q, k, _ = _qkv(*lengths)
+        assert torch.equal(program(q, k), m.logits(q, k)), lengths
+
+
+class _Logits(torch.nn.Module):
+    """``module.logits(q, k)`` as a forward (what ``torch.export`` takes)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, q, k):
+        return self.module.logits(q, k)
+
+
 @pytest.mark.parametrize(
     "make, error, words",
     [

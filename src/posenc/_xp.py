@@ -233,9 +233,15 @@ def replicated_on_mesh(sharding):
 
 
 def size(n):
-    """An axis size as an int (``int()``: a NumPy integer, a ``torch.SymInt`` specialized), or
-    kept as it is where it is a symbolic dimension of ``jax.export``."""
-    return n if jax_symbolic_dim(n) else int(n)
+    """An axis size as an int (``int()``: a NumPy integer), or kept as it is where it is
+    symbolic: a ``torch.SymInt`` of ``torch.export`` or ``make_fx`` (``int()`` would
+    specialize it), a symbolic dimension of ``jax.export``."""
+    return n if jax_symbolic_dim(n) or _torch_symbolic(n) else int(n)
+
+
+def _torch_symbolic(n):
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(n, torch.SymInt)
 
 
 def dimension_value(dim):

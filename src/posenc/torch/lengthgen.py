@@ -74,8 +74,11 @@ class KERPLE(PositionalModule):
 
     def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
         # The paper's code clamps the values (``.data``) in place, so gradients pass unclamped.
-        self.r1.data.clamp_(min=self.eps)
-        self.r2.data.clamp_(self.eps, 2.0 if self.kind == "power" else None)
+        # torch.export traces no ``.data``: there the parameter itself, outside autograd.
+        exporting = torch.compiler.is_exporting()
+        with torch.no_grad():
+            for parameter, high in ((self.r1, None), (self.r2, 2.0 if self.kind == "power" else None)):
+                (parameter if exporting else parameter.data).clamp_(self.eps, high)
         return pe.kerple_bias(
             self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset, query_positions=query_positions, key_positions=key_positions
         )
