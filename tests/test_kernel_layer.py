@@ -233,6 +233,45 @@ def test_run_tasks_in_a_process_forked_after_the_pool_ran():
     assert proc.returncode == 0 and proc.stdout.strip() == "child 0", (proc.stdout, proc.stderr[-3000:])
 
 
+FORKED_DURING_A_BUILD = """
+import os, signal, threading
+import numba
+from numba.core.compiler_lock import global_compiler_lock
+from posenc._kernels import _family
+
+building, finish = threading.Event(), threading.Event()
+
+def build(key):
+    with global_compiler_lock:  # as a Numba compile holds it
+        building.set()
+        finish.wait()
+    return key
+
+family = _family.Family("fork_test", build, ["a", "b"], lambda key: set())
+builder = threading.Thread(target=family.__getitem__, args=("a",))
+builder.start()
+building.wait()
+threading.Timer(0.5, finish.set).start()
+pid = os.fork()  # while the other thread builds: the fork waits for it
+if pid == 0:
+    signal.alarm(20)  # a child that waits on a lock of the parent's builder ends here
+    os._exit(0 if family["b"] == "b" and numba.njit(lambda: 1)() == 1 else 1)
+_, status = os.waitpid(pid, 0)
+builder.join()
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_a_process_forked_while_another_thread_builds_a_kernel_can_build():
+    """``os.fork`` while another thread compiles (a family's lock and Numba's compiler lock
+    held): the fork waits for the build, so the child inherits neither lock held by a
+    thread it does not have; its own builds had waited forever."""
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(Path(pe.__file__).parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", FORKED_DURING_A_BUILD], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "child 0", (proc.stdout, proc.stderr[-3000:])
+
+
 def test_threads_follow_numba(monkeypatch):
     import numba
 

@@ -11,7 +11,9 @@ builds are timed: the CPU families start Numba's CPU target there (its typing an
 lowering registries, about half a second once per process), so that start-up is neither
 announced nor taken for a compile. Every family registers itself in ``FAMILIES``, which
 is what ``posenc.warmup`` walks. All four families (rotary and Toeplitz, CPU and CUDA)
-are specialised this one way.
+are specialised this one way. ``os.fork`` waits for the builds under way in other
+threads, so that a forked child (multiprocessing, DataLoader workers) never inherits a
+build's lock held by a thread it does not have.
 
 Numba's on-disk cache knows a kernel's own file only: it drops a cached kernel when that
 file's timestamp changes, not when a helper module the kernel inlines (``_codec``,
@@ -26,6 +28,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import logging
+import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -117,6 +121,38 @@ class Family(dict):
                     notice.cancel()
                 BUILDS.append(Built(self.name, key, time.perf_counter() - start, _compiled(self[key])))
         return dict.__getitem__(self, key)
+
+
+def _hold_compiles():
+    """Before ``os.fork``: wait for the builds under way in other threads (every family's lock,
+    then Numba's compiler lock, the order a build takes them), so that the child inherits no
+    lock held by a thread it does not have (its first compile would wait forever)."""
+    global _held
+    _held = [family._lock for family in FAMILIES.values()]
+    compiler = _numba_compiler_lock()
+    if compiler is not None:
+        _held.append(compiler)
+    for lock in _held:
+        lock.acquire()
+
+
+def _release_compiles():
+    """After ``os.fork``, in the parent and in the child: the locks ``_hold_compiles`` took."""
+    for lock in reversed(_held):
+        lock.release()
+
+
+_held = []  # the locks taken before a fork, released after it
+
+
+def _numba_compiler_lock():
+    """Numba's global compiler lock where Numba is imported (posenc imports it on first use only)."""
+    module = sys.modules.get("numba.core.compiler_lock")
+    return None if module is None else module.global_compiler_lock
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(before=_hold_compiles, after_in_parent=_release_compiles, after_in_child=_release_compiles)
 
 
 def jitted(jit, function, *args, **options):
