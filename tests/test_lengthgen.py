@@ -120,6 +120,14 @@ def test_kerple_torch_gradients_reach_r1_and_r2():
 
 
 @pytest.mark.parametrize("kind", ["log", "power"])
+def test_kerple_torch_second_derivatives_are_finite_at_distance_zero(kind):
+    # d^r2 at d = 0 is 0 for every r2 > 0: torch's double backward of 0 ** r2 was NaN
+    r1 = torch.tensor([0.5, 1.5], dtype=torch.float64, requires_grad=True)
+    r2 = torch.tensor([0.7, 1.2], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradgradcheck(lambda a, b: pe.kerple_bias(a, b, 3, 4, kind=kind), (r1, r2))
+
+
+@pytest.mark.parametrize("kind", ["log", "power"])
 def test_kerple_module_starts_where_the_authors_code_starts(kind):
     """ParallelKerpleLog draws ``bias_p = rand * 2`` then ``bias_a = rand`` for ``-p log(1 + a d)``;
     ParallelKerplePower draws ``bias_p = rand * 2`` then ``bias_a = rand`` for ``-a d ** p``

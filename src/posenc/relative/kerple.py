@@ -97,7 +97,10 @@ def _kerple_values(xp, r1, r2, rel, kind, device):
     if kind == "log":
         values = -a * xp.log(1 + b * dist)
     else:
-        values = -a * dist**b
+        # |0|^b is 0 for b > 0; raised to b only where positive, so that torch's second
+        # derivative in b is not 0 * log(0) = NaN there.
+        positive = dist > 0
+        values = -a * xp.where(positive, xp.where(positive, dist, 1.0) ** b, 0.0)
     return cast(xp, values, r1.dtype)
 
 
