@@ -12,11 +12,15 @@ of distances (``t5_buckets`` of those distances, an elementwise function), ALiBi
 negated distances in the compute dtype. A decode step's row is a run of that window, and
 per-token positions index it (``(hi - offset - q) + k``): one pass of
 ``_kernels/bias_rows_cpu`` reads and finishes them (the table's entries, or the product
-with the slopes) where it serves the call (NumPy and torch CPU, no autograd, the ``"auto"``
+with the slopes) where it serves the call (NumPy and torch CPU, the ``"auto"``
 backend), else a slice and one gather from the table or one product with the slopes. The
 window holds at most ``HELD`` distances around the rows asked for (1.5 MiB per plan with
 the key indices, its own and its kernel launcher's); a row of more distances is computed
 directly, and a far offset moves the window rather than filling every distance below it.
+
+A bias call that autograd records (torch parameters that require grad) is not planned: the
+plan's slice and gather have another backward than the full path's (``toeplitz_expand``'s
+diagonal sums, the per-token path's gathers), whose gradients it would not equal bit for bit.
 """
 
 from __future__ import annotations
@@ -365,8 +369,8 @@ _LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
 def _launcher(kind, params, heads, *shape):
     """``bias_rows_cpu.Launcher(kind, params, heads, *shape)`` for a plan that reads its kept
     sources, or None where the reference's operations serve it: no Numba, the reference
-    backend in force, a result autograd records, or parameters of a dtype the kernels do not take."""
-    if not _arrays.numba_cpu() or _dispatch.get_backend() != "auto" or _arrays.tracks_gradient(params):
+    backend in force, or parameters of a dtype the kernels do not take."""
+    if not _arrays.numba_cpu() or _dispatch.get_backend() != "auto":
         return None
     from .._kernels import bias_rows_cpu
 
@@ -395,7 +399,7 @@ def as_int64(positions):
 
 
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
-    if out is not None or chunks is not None:
+    if out is not None or chunks is not None or _arrays.tracks_gradient(params):
         return None
     if _per_token.given(query_positions, key_positions):
         return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options)

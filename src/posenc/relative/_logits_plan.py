@@ -7,7 +7,11 @@ planned call does those operations on the call's own arrays in the library's own
 functions (NumPy; torch, so gradients flow as they do on the full path): the same casts,
 the same products, sums and division, in the same order; only the gathers' index is
 formed differently, and a gather copies values, so every entry is the full path's, bit
-for bit. With a scalar ``offset``, ``rel = offset + i - j`` from the plan's own ``i - j``;
+for bit. A torch call that autograd records gathers per distance through the full path's
+``toeplitz_gather``, whose backward (``toeplitz_scatter``, summed in float64) torch's
+``gather`` would not equal: the gradients are the full path's too. With a scalar ``offset``,
+``rel = offset + i - j`` from the plan's own ``i - j`` (per distance: ``offset + t - (k_len
+- 1)``);
 with per-token positions, ``rel = (offset + query_positions[..., i]) -
 key_positions[..., j]`` of this call's positions. Positions of one batch entry (or none)
 give one ``[q, k]`` index for every batch entry and head, read in one pass (NumPy: a
@@ -27,6 +31,7 @@ import math
 
 import numpy as np
 
+from .. import _dispatch
 from .._kernels import _arrays
 from .._xp import broadcast_shapes, namespace
 from . import _args, _per_token
@@ -51,7 +56,8 @@ class LogitsPlan:
         self.starts = {}
         self.per_token = _per_token.given(query_positions, key_positions)
         if not self.per_token:
-            self.ij = self._own(np.arange(q_len)[:, None] - np.arange(k_len))
+            recording = self.torch and any(_arrays.tracks_gradient(a) for a in (q, k, *tables))
+            self.ij = self._own(np.arange(-(k_len - 1), q_len) if recording else np.arange(q_len)[:, None] - np.arange(k_len))
             self.shape = None
             return
         self.default_offset = 0 if query_positions is not None else k_len - q_len
@@ -89,9 +95,12 @@ class LogitsPlan:
             total = total.reshape(self.shape)
         return self._as(total, self.dtype)
 
-    def _gather(self, scores, index):
+    def _gather(self, scores, index, k_len):
         """``out[..., i, j] = scores[..., i, index[..., i, j]]`` (``toeplitz_gather`` and
-        ``_per_token.gather`` read the same entries)."""
+        ``_per_token.gather`` read the same entries); a per-distance ``index [q_len + k_len -
+        1]`` goes to ``toeplitz_gather`` itself."""
+        if index.ndim == 1:
+            return _dispatch.call("toeplitz_gather", scores, index, k_len)
         if index.ndim > 2:
             return _per_token.gather(self.xp, scores, index, device=None)
         if self.torch:
@@ -103,8 +112,9 @@ class LogitsPlan:
         return scores.reshape(*scores.shape[:-2], rows * m).take(index + starts, axis=-1)
 
     def _rel(self, kwargs, q_len, k_len):
-        """``rel = (offset + query) - key``: ``[q, k]`` for an offset or positions of one batch
-        entry, else ``[..., (1,) q, k]``; None near the integer limits (the full path checks)."""
+        """``rel = (offset + query) - key``: ``[q, k]`` for an offset (per distance ``[q + k - 1]``
+        where autograd records) or positions of one batch entry, else ``[..., (1,) q, k]``; None
+        near the integer limits (the full path checks)."""
         offset = kwargs.get("offset")
         if not self.per_token:
             offset = k_len - q_len if offset is None else offset
@@ -144,7 +154,7 @@ class ShawPlan(LogitsPlan):
         rel = self._rel(kwargs, q.shape[-2], k.shape[-2])
         if rel is None:
             return NotImplemented
-        position = self._gather(q @ table.mT, self._clipped(rel))
+        position = self._gather(q @ table.mT, self._clipped(rel), k.shape[-2])
         return self._finished(q @ k.mT + position)
 
     def _clipped(self, rel):
@@ -176,9 +186,10 @@ class DebertaPlan(LogitsPlan):
         total = q @ k.mT
         delta = deberta_index(self.xp, rel, *self.options)
         if "c2p" in self.terms:
-            total = total + self._gather(q @ self._as(pos_k, self.work).mT, delta)
-        if "p2c" in self.terms:
-            total = total + self._gather(k @ self._as(pos_q, self.work).mT, delta.mT).mT
+            total = total + self._gather(q @ self._as(pos_k, self.work).mT, delta, k.shape[-2])
+        if "p2c" in self.terms:  # (the transposed problem sees a per-distance index in reverse order)
+            flipped = delta.flip(-1) if delta.ndim == 1 else delta.mT
+            total = total + self._gather(k @ self._as(pos_q, self.work).mT, flipped, q.shape[-2]).mT
         return self._finished(total / self.scale)
 
 
