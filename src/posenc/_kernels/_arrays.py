@@ -200,11 +200,12 @@ def tracks_gradient(a) -> bool:
     return torch.is_grad_enabled()
 
 
-def to_custom_op(arrays, out) -> bool:
+def to_custom_op(arrays) -> bool:
     """The call goes to ``posenc.torch``'s custom ops rather than a Numba kernel: a torch tensor
-    among ``arrays`` that autograd records (with no ``out``), which a kernel would cut from
-    the graph, or any torch tensor while ``torch.compile`` traces the call, since it cannot
-    trace into Numba (``out`` is then written by a copy). The custom ops' forward calls the
+    among ``arrays`` that autograd records, which a kernel would cut from the graph, or any
+    torch tensor while ``torch.compile`` traces the call, since it cannot trace into Numba.
+    ``out`` is then written by a copy, which autograd records (a non-leaf rotated in place
+    gets the out-of-place call's bits and gradient). The custom ops' forward calls the
     registry again, eagerly and with grad mode off, so the kernels still do the work."""
     torch = sys.modules.get("torch")
     if torch is None or not any(isinstance(a, torch.Tensor) for a in arrays):
@@ -213,7 +214,7 @@ def to_custom_op(arrays, out) -> bool:
         _dispatch.ready("torch")  # binds the registry entries: no import traced
 
         return True
-    return out is None and torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in arrays)
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in arrays)
 
 
 def on_host(a) -> bool:

@@ -165,7 +165,7 @@ for _op, _differentiable, _cpu, _gpu, _name in (
     register(
         _op,
         f"{_op}.torch_autograd",
-        accepts=lambda a, names=_differentiable: _arrays.to_custom_op([a[n] for n in names], a["out"]),
+        accepts=lambda a, names=_differentiable: _arrays.to_custom_op([a[n] for n in names]),
         loader=f"posenc.torch._ops:{_op}",
     )
     register(_op, f"{_op}.numba_cpu", accepts=_cpu, loader=f"posenc._kernels.rope_cpu:{_name}")
@@ -179,7 +179,7 @@ for _op, _differentiable, _cpu, _gpu, _name in (
 register(
     "rope_rotate_at_length",
     "rope_rotate_at_length.torch_autograd",
-    accepts=lambda a: _host_length(a["seq_len"]) and _arrays.to_custom_op([a["x"], a["positions"]], a["out"]),
+    accepts=lambda a: _host_length(a["seq_len"]) and _arrays.to_custom_op([a["x"], a["positions"]]),
     loader="posenc.torch._ops:rope_rotate_at_length",
 )
 # ... and rope_frequencies' at such a length (a CPU tensor of the compiled graph).

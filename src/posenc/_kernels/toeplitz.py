@@ -163,7 +163,7 @@ for _op, _accepts_of, _values in (("expand", _expand, "vec"), ("gather", _gather
     register(
         f"toeplitz_{_op}",
         f"toeplitz_{_op}.torch_autograd",
-        accepts=lambda a, name=_values: _arrays.to_custom_op([a[name]], a["out"]),
+        accepts=lambda a, name=_values: _arrays.to_custom_op([a[name]]),
         loader=f"posenc.torch._ops:toeplitz_{_op}",
     )
     register(f"toeplitz_{_op}", f"toeplitz_{_op}.numba_cpu", accepts=_accepts_of(False), loader=f"posenc._kernels.toeplitz_cpu:toeplitz_{_op}")
