@@ -207,6 +207,15 @@ def test_learned_embedding_past_its_table_points_to_extend():
     assert m.extend(20)(torch.arange(20)).shape == (20, 8)
 
 
+def test_learned_embedding_under_vmap_equals_a_loop():
+    # its range check read the batched positions' values: vmap's "calling .item()" RuntimeError
+    m = LearnedEmbedding(16, 4)
+    positions, x, offsets = torch.tensor([[1, 2, 3], [4, 5, 15]]), torch.randn(2, 3, 4), torch.tensor([0, 5])
+    torch.testing.assert_close(torch.func.vmap(m)(positions), torch.stack([m(p) for p in positions]), rtol=0, atol=0)
+    batched = torch.func.vmap(lambda row, o: m.embed(row[None], offset=o)[0])(x, offsets)
+    torch.testing.assert_close(batched, torch.cat([m.embed(x[i : i + 1], offset=int(offsets[i])) for i in range(2)]), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("module", [lambda: SinusoidalEmbedding(8), lambda: LearnedEmbedding(64, 8)], ids=["sinusoidal", "learned"])
 def test_absolute_modules_add_the_offset_to_given_positions_as_rope_does(module):
     """``embed(x, positions, offset=o)`` embeds ``positions + o`` (the offset had been

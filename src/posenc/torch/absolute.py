@@ -49,7 +49,8 @@ class LearnedEmbedding(PositionalModule):
     """Learned absolute table ``weight [num_positions, dim]`` with hierarchical extension.
 
     ``forward(positions)`` looks rows up (a position outside ``[0, num_positions)`` is a
-    ``ValueError`` that points to :meth:`extend`); ``embed(x, positions=None, *,
+    ``ValueError`` that points to :meth:`extend`; under ``torch.compile`` or
+    ``torch.func.vmap``, whose values cannot be read, torch's own indexing error); ``embed(x, positions=None, *,
     offset=0)`` adds them to ``x [batch, seq, dim]`` (``offset`` an int or one per batch row). ``logits``/``attend`` are plain
     scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
@@ -73,7 +74,7 @@ class LearnedEmbedding(PositionalModule):
             raise TypeError(f"positions must be an integer tensor, got {getattr(positions, 'dtype', type(positions).__name__)}")
         if positions.dtype not in (torch.int32, torch.int64):  # (embedding reads these; uint64 beyond int64 reads negative: refused)
             positions = positions.to(torch.int64)
-        if not torch.compiler.is_compiling() and positions.numel():
+        if check.is_eager(positions) and positions.numel():
             low, high = int(positions.min()), int(positions.max())
             if low < 0 or high >= self.num_positions:
                 hint = f": grow the table first with extend({high + 1})" if low >= 0 else ""
