@@ -482,6 +482,12 @@ HOSTILE = {
     "rope offset past int64": (lambda p: pe.rope(X, offset=p), lambda: 3, lambda: 2**63 - 2, None),
     "rerotate NaN frequencies": (lambda f: pe.rerotate(X, 3, f), lambda: INV.copy(), lambda: np.full_like(INV, np.nan), lambda a: _spoil(a, np.nan)),
     "rope_cos_sin inf positions": (lambda p: pe.rope_cos_sin(p, INV), lambda: np.array([3.0]), lambda: np.array([np.inf]), lambda a: _spoil(a, np.inf)),
+    "rope_cos_sin uint64 positions past int64": (
+        lambda p: pe.rope_cos_sin(p, INV), lambda: np.array([3], np.uint64), lambda: np.array([2**63], np.uint64), lambda a: _spoil(a, 2**63),
+    ),  # fmt: skip
+    "rope_cos_sin torch uint64 positions past int64": (
+        lambda p: pe.rope_cos_sin(p, INV), lambda: torch.tensor([3, 4], dtype=torch.uint64), lambda: torch.tensor([-1, 4]).view(torch.uint64), None,
+    ),  # fmt: skip
     "alibi_bias NaN query positions": (
         lambda p: pe.alibi_bias(SLOPES, 1, 8, query_positions=p, key_positions=np.arange(8)),
         lambda: np.array([7.0]), lambda: np.array([np.nan]), lambda a: _spoil(a, np.nan),

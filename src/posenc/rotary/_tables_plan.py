@@ -8,7 +8,7 @@ namespace wrapper, no validation), doubling the frequencies rather than the tabl
 column's value is the same function of the same float64 angle), and reads the
 frequencies' bytes each call: new or rewritten values are converted and checked again,
 and non-finite ones send the call to the full path and its error, as do non-finite float
-positions (checked in one pass per call).
+positions and uint64 positions beyond int64 (checked in one pass per call).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ class TablesPlan:
         self.torch = not isinstance(positions, np.ndarray)
         self.host = _arrays.host_reader(inv_freq)  # (its bytes: bfloat16 as bits)
         self.floating = floating  # float positions: checked finite on every call, as the full path does
+        self.unsigned = _arrays.integer_kind(positions) == "uint64"  # checked within int64 on every call, likewise
         if dtype is None:
             dtype = positions.dtype if floating else None
         if self.torch:
@@ -70,6 +71,8 @@ class TablesPlan:
     def __call__(self, args, kwargs):
         positions, inv_freq = args
         if self.floating and not bool((self.lib or np).isfinite(positions).all()):
+            return NotImplemented
+        if self.unsigned and not _arrays.int64_extremes_fit((positions, 1)):
             return NotImplemented
         freqs = self._doubled(inv_freq)
         if freqs is None:
