@@ -189,6 +189,21 @@ def test_5_per_token_differences_beyond_int64_are_refused(kind):
     assert float(edge[0, 0, 0]) == -float(2**63 - 1)
 
 
+@pytest.mark.parametrize("lib", ["numpy", "torch"])
+@pytest.mark.parametrize("kind", ["alibi", "t5"])
+def test_5_per_token_distances_up_to_int64s_greatest_are_computed(kind, lib):
+    """Distances repeated across a batch are computed once each, over their span up to
+    2**63 - 1 (torch's ``arange`` refused the end past it: a RuntimeError)."""
+    params = SLOPE if kind == "alibi" else T5_TABLE
+    q, k = np.full((2, 1), 2**63 - 1), np.arange(4)
+    want = pe.relative_bias(kind, params, 1, 4, query_positions=q[:1], key_positions=k)  # one row: no repeats
+    if lib == "torch":
+        torch = pytest.importorskip("torch")
+        params, q, k = torch.from_numpy(params), torch.from_numpy(q), torch.from_numpy(k)
+    got = pe.relative_bias(kind, params, 1, 4, query_positions=q, key_positions=k)
+    np.testing.assert_array_equal(np.asarray(got), np.broadcast_to(want, (2, *want.shape[1:])))
+
+
 def test_6_jax_without_x64_checks_int32_with_posencs_error():
     jnp = pytest.importorskip("jax.numpy")
     import jax

@@ -90,7 +90,7 @@ def bias(xp, values, qpos, kpos, heads, batch, q_len, k_len):
     if count and is_integer(xp, rel.dtype) and _on_host(rel) and check.is_eager(rel):
         low, high = int(xp.min(rel)), int(xp.max(rel))
         if high - low + 1 < count:
-            span = xp.arange(low, high + 1, dtype=rel.dtype, device=device_of(rel))
+            span = xp.arange(high - low + 1, dtype=rel.dtype, device=device_of(rel)) + low  # (torch's arange refuses an end past int64)
             return batch_first(xp, xp.take(values(span), rel - low, axis=1), heads, batch, q_len, k_len)
     return split_with_heads(batch_first(xp, values(rel), heads, batch, q_len, k_len), split, ndim)
 
