@@ -451,6 +451,7 @@ ROTARY = {
     "rope_frequencies odd dim": (lambda: pe.rope_frequencies(7), ValueError, "dim"),
     "rope_frequencies zero dim": (lambda: pe.rope_frequencies(0), ValueError, "dim"),
     "rope_frequencies float dim": (lambda: pe.rope_frequencies(8.0), TypeError, "dim"),
+    "rope_frequencies too large": (lambda: pe.rope_frequencies(2**50), ValueError, "memory"),
     "rope_frequencies negative base": (lambda: pe.rope_frequencies(8, base=-1.0), ValueError, "base"),
     "rope_frequencies scaling a string": (lambda: pe.rope_frequencies(8, scaling="yarn"), TypeError, "scaling"),
     "rope_frequencies negative seq_len": (lambda: pe.rope_frequencies(8, seq_len=-1), ValueError, "seq_len"),

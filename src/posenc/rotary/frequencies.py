@@ -70,6 +70,7 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     [[1.0, 0.1, 0.01], [1.0, 0.063, 0.004]]
     """
     dim = check.even_dim("dim", dim)
+    check.allocatable("inv_freq", (dim // 2,), 8)
     base = check.real("base", base, positive=True)
     check_scaling(scaling)
     if check.is_array(seq_len) and seq_len.ndim > 0:
