@@ -175,6 +175,13 @@ RELATIVE_BIASES = {
     "kerple_bias offset below int64": (lambda: pe.kerple_bias(SLOPES, SLOPES, 1, 8, offset=-(2**63)), ValueError, ("offset", "int64")),
     "sandwich_bias offset below int64": (lambda: pe.sandwich_bias(1, 8, 4, offset=-(2**63)), ValueError, ("offset", "int64")),
     "fire_distances offset past int64": (lambda: pe.fire_distances(2, 8, offset=2**63 - 1), ValueError, ("offset", "int64")),
+    # A uint64 0-d offset past int64 in a torch call (torch's int() of it raised RuntimeError).
+    "alibi_bias torch, NumPy uint64 offset past int64": (
+        lambda: pe.alibi_bias(_torch().ones(2), 1, 8, offset=np.array(2**63, np.uint64)), ValueError, ("offset", "int64"),
+    ),  # fmt: skip
+    "t5_bias torch uint64 offset past int64": (
+        lambda: pe.t5_bias(_torch().ones(32, 2), 1, 8, offset=_torch().tensor(-1).view(_torch().uint64)), ValueError, ("offset", "int64"),
+    ),  # fmt: skip
     "clip_relative float rel": (lambda: pe.clip_relative(np.array([0.5]), 4), TypeError, "rel"),
     "clip_relative list rel": (lambda: pe.clip_relative([1, 2], 2), TypeError, "rel"),
     "clip_relative negative max_distance": (lambda: pe.clip_relative(np.arange(3), -1), ValueError, "max_distance"),
@@ -521,6 +528,9 @@ ROTARY = {
     "rope float offset": (lambda: pe.rope(X, offset=1.5), TypeError, "offset"),
     "rope offset beyond int64": (lambda: pe.rope(X, offset=2**70), ValueError, ("offset", "int64")),
     "rope offset whose positions pass int64": (lambda: pe.rope(X, offset=2**63 - 2), ValueError, ("offset", "int64")),
+    "rope torch, NumPy uint64 offset past int64": (
+        lambda: pe.rope(_torch().ones(2, 3, 8), offset=np.array(2**64 - 1, np.uint64)), ValueError, ("offset", "int64"),
+    ),  # fmt: skip
     "rope offset a 0-d float array": (lambda: pe.rope(X4, offset=np.asarray(2.0)), TypeError, "offset"),
     "rope integer inverse": (lambda: pe.rope(X, inverse=1), TypeError, "inverse"),
     "rope zero base": (lambda: pe.rope(X, base=0.0), ValueError, "base"),

@@ -71,7 +71,7 @@ def integer(name, value, *, minimum=None, static=False):
                 f"{name} must be a concrete integer here (it sets a shape), got a traced {type(value).__name__}; "
                 f"pass a Python int ({STATIC_HINT})"
             )
-        value = int(value)
+        value = int(value.item() if torch_tensor(value) else value)  # (torch's int() of a uint64 past int64 raises RuntimeError)
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
         if jax_symbolic_dim(value):
             return _symbolic_integer(name, value, minimum, static)
