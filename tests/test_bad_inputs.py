@@ -188,6 +188,10 @@ RELATIVE_BIASES = {
     "clip_relative float max_distance": (lambda: pe.clip_relative(np.array([1]), 2.0), TypeError, "max_distance"),
     "t5_bucket float rel": (lambda: pe.t5_bucket(np.array([1.5])), TypeError, "rel"),
     "t5_bucket one bucket": (lambda: pe.t5_bucket(np.arange(3), num_buckets=1), ValueError, "num_buckets"),
+    # A broadcast rel costs nothing; a result of its shape would not fit.
+    "clip_relative too large": (lambda: pe.clip_relative(np.broadcast_to(np.int64(3), (2**50,)), 2), ValueError, "memory"),
+    "t5_bucket too large": (lambda: pe.t5_bucket(np.broadcast_to(np.int64(3), (2**50,))), ValueError, "memory"),
+    "deberta_bucket too large": (lambda: pe.deberta_bucket(np.broadcast_to(np.int64(3), (2**50,))), ValueError, "memory"),
     "t5_bucket two buckets": (lambda: pe.t5_bucket(np.arange(5), num_buckets=2), ValueError, "num_buckets"),
     "t5_bucket 3 buckets bidirectional": (lambda: pe.t5_bucket(np.arange(3), num_buckets=3), ValueError, "num_buckets"),
     "t5_bucket float num_buckets": (lambda: pe.t5_bucket(np.arange(5), num_buckets=32.0), TypeError, "num_buckets"),

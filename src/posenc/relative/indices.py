@@ -126,6 +126,7 @@ def clip_relative(rel, max_distance):
     xp = namespace(rel)
     check.integer_array("rel", rel, xp)
     max_distance = check.integer("max_distance", max_distance, minimum=0)
+    check.allocatable_unless_blocked("clip_relative", tuple(rel.shape), 8, rel)
     result = clipped(xp, check.widened("rel", rel, xp, device_of(rel)), max_distance)
     return check.narrowed("clip_relative's index (0 .. 2 * max_distance)", result, rel.dtype, 0, 2 * max_distance, xp)
 
