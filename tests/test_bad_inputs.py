@@ -620,6 +620,16 @@ ROTARY = {
     "rope_decay zero base": (lambda: pe.rope_decay(4, 8, base=0.0), ValueError, "base"),
     "linear_attention q and k widths differ": (lambda: pe.linear_attention(Z((5, 8)), Z((5, 4)), Z((5, 2))), ValueError, "q and k"),
     "linear_attention k and v lengths differ": (lambda: pe.linear_attention(Z((5, 8)), Z((5, 8)), Z((4, 2))), ValueError, "k and v"),
+    "linear_attention batch axes that do not broadcast": (
+        lambda: pe.linear_attention(Z((2, 5, 8)), Z((2, 5, 8)), Z((3, 5, 2))), ValueError, ("q of shape", "v of shape"),
+    ),  # fmt: skip
+    "linear_attention torch batch axes that do not broadcast": (
+        lambda: pe.linear_attention(_torch().ones(2, 5, 8), _torch().ones(3, 5, 8), _torch().ones(3, 5, 2)), ValueError, ("q of shape", "k of shape"),
+    ),  # fmt: skip
+    "linear_attention causal running sums too large": (
+        lambda: pe.linear_attention(Z((1, 8)), np.broadcast_to(Z(8), (2**20, 8)), np.broadcast_to(Z(1), (2**20, 2**30)), causal=True),
+        ValueError, "memory",
+    ),  # fmt: skip
     "linear_attention causal with more queries than keys": (
         lambda: pe.linear_attention(Z((5, 8)), Z((3, 8)), Z((3, 2)), causal=True), ValueError, "causal",
     ),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, host_constants, namespace
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace
 from . import _args
 from .scaling import frequency_table
 
@@ -76,6 +76,13 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     eps = check.real("eps", eps, minimum=0.0)
     if causal and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"causal=True needs at most as many queries as keys (the queries are the last keys), got q {tuple(q.shape)} and k {tuple(k.shape)}")
+    for first, second in ((("q", q), ("k", k)), (("q", q), ("v", v)), (("k", k), ("v", v))):
+        check.leading_axes(first, second, 2, "leading (batch, head) axes")
+    batch = broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2]), tuple(v.shape[:-2]))
+    (n, d), (m, d_v) = tuple(q.shape[-2:]), tuple(v.shape[-2:])
+    # The elements of its arrays: the features, the key-value sums (one per key when causal), the result.
+    sums = m * d * d_v if causal else d * d_v
+    check.allocatable_unless_blocked("linear_attention's arrays", (*batch, (n + m) * d + sums + n * d_v), 8, q)
     if not callable(feature_map):
         check.choice("feature_map", feature_map, FEATURE_MAPS)
 
