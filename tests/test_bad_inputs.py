@@ -775,6 +775,9 @@ CONFIGURATION = {
     "attention bias shape": (lambda: pe.attention(Q, K, K, bias=Z((3, 4, 6))), ValueError, "bias"),
     "attention bias of other lengths": (lambda: pe.attention(Z((2, 4)), Z((3, 4)), Z((3, 4)), bias=Z((4, 4))), ValueError, "bias"),
     "attention head dims differ": (lambda: pe.attention(Z((2, 4)), Z((3, 5)), Z((3, 5))), ValueError, "same feature size"),
+    "attention torch v of other batch axes": (
+        lambda: pe.attention(_torch().ones(2, 3, 4), _torch().ones(2, 5, 4), _torch().ones(3, 5, 4)), ValueError, ("q of shape", "v of shape"),
+    ),  # fmt: skip
     "set_backend unknown": (lambda: pe.set_backend("cuda"), ValueError, "backend"),
     "set_backend unknown language": (lambda: pe.set_backend("fortran"), ValueError, "backend"),
     "use_backend unknown": (lambda: _within(pe.use_backend("gpu")), ValueError, "backend"),

@@ -59,6 +59,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     scale = 1.0 / math.sqrt(d) if scale is None else check.real("scale", scale)
     work = compute_dtype(xp, q.dtype)
     batch = check.leading_axes(("q", q), ("k", k), 2, "leading (batch, head) axes")
+    check.leading_axes(("q", q), ("v", v), 2, "leading (batch, head) axes")
+    check.leading_axes(("k", k), ("v", v), 2, "leading (batch, head) axes")
     check.allocatable_unless_blocked("attention's logits", (*batch, q_len, k_len), 8, q)
     logits = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work)) * scale
     if bias is not None:
