@@ -11,6 +11,8 @@ with bounds checking (its cases carry the ``kernels`` mark).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -51,6 +53,13 @@ def _within(context):
 def _readonly(a):
     a.flags.writeable = False
     return a
+
+
+def _nested_torch():
+    torch = _torch()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch: nested tensors of the strided layout are a prototype)
+        return torch.nested.nested_tensor([torch.ones(3, 8), torch.ones(5, 8)])
 
 
 def _overlapping_torch_rope():
@@ -332,6 +341,9 @@ RELATIVE_LOGITS = {
         lambda: pe.shaw_logits(Z((2, 3, 4)), Z((2, 5, 6)), Z((5, 4)), max_distance=2), ValueError, "head dimension",
     ),
     "shaw_logits table_k rows": (lambda: pe.shaw_logits(Q, K, Z((4, 8)), max_distance=2), ValueError, "table_k"),
+    "shaw_logits sparse torch q": (
+        lambda: pe.shaw_logits(_torch().ones(1, 2, 4).to_sparse(), _torch().ones(1, 3, 4), _torch().ones(7, 4), max_distance=3), TypeError, "q must be a dense",
+    ),  # fmt: skip
     "shaw_logits table_k width": (lambda: pe.shaw_logits(Z((2, 3, 4)), Z((2, 5, 4)), Z((5, 3)), max_distance=2), ValueError, "table_k"),
     "shaw_logits batches differ": (lambda: pe.shaw_logits(Z((2, 3, 4)), Z((3, 5, 4)), Z((5, 4)), max_distance=2), ValueError, "batch"),
     "shaw_logits negative max_distance": (
@@ -532,6 +544,10 @@ ROTARY = {
     "rope float offset": (lambda: pe.rope(X, offset=1.5), TypeError, "offset"),
     "rope offset beyond int64": (lambda: pe.rope(X, offset=2**70), ValueError, ("offset", "int64")),
     "rope offset whose positions pass int64": (lambda: pe.rope(X, offset=2**63 - 2), ValueError, ("offset", "int64")),
+    "rope sparse torch x": (lambda: pe.rope(_torch().ones(2, 5, 8).to_sparse()), TypeError, ("x must be a dense", "to_dense")),
+    "rope nested torch x": (
+        lambda: pe.rope(_nested_torch()), TypeError, ("x must be a dense", "nested"),
+    ),  # fmt: skip
     "rope torch, NumPy uint64 offset past int64": (
         lambda: pe.rope(_torch().ones(2, 3, 8), offset=np.array(2**64 - 1, np.uint64)), ValueError, ("offset", "int64"),
     ),  # fmt: skip

@@ -428,10 +428,13 @@ def not_masked(name, value):
 
 
 def array(name, value):
-    """``value`` must be an array of a supported namespace (not a NumPy masked array)."""
+    """``value`` must be an array of a supported namespace (not a NumPy masked array, nor a sparse or nested torch tensor)."""
     not_masked(name, value)
     if not is_array(value):
         raise TypeError(f"{name} must be an array (NumPy, CuPy, PyTorch, JAX, Dask, array-api-strict), got {type(value).__name__}")
+    if type(value) is not _ndarray and torch_tensor(value) and (value.layout is not _torch().strided or value.is_nested):
+        got = "a nested tensor" if value.is_nested else f"the layout {value.layout}"
+        raise TypeError(f"{name} must be a dense (strided) tensor, got {got}: pass {name}.to_dense() (a nested tensor: .to_padded_tensor)")
     return value
 
 
