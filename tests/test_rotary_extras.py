@@ -462,19 +462,27 @@ def test_axial_rope_pixel_formula(backend, rng):
 def test_int32_positions_on_a_device_without_64_bit_integers():
     """array-api-strict's ``no_x64`` device (no int64, as JAX without x64): int32 positions
     are widened to that device's index dtype (int32), not the default device's int64, and
-    each function's values are NumPy's."""
+    each function's values are NumPy's. Per-row offsets and lengths too (they were widened
+    to int64, which that device refuses)."""
     strict = pytest.importorskip("array_api_strict")
     device = strict.Device("no_x64")
     pos, inv_freq = np.arange(5, dtype=np.int32) + 1000, pe.rope_frequencies(8)[0]
     mask = np.array([[0, 1, 1, 0, 1]], np.int32)
+    rows = np.array([3, 900], np.int32)
     on = lambda a: strict.asarray(a, device=device)  # noqa: E731
     x = np.random.default_rng(0).standard_normal((5, 8)).astype(np.float32)
+    batch = np.random.default_rng(1).standard_normal((2, 3, 5, 8)).astype(np.float32)
+    like = lambda a, p: a if isinstance(p, np.ndarray) else on(a)  # noqa: E731
+    dynamic = pe.scaling.DynamicNTK(2.0, 16)
     calls = [
         (lambda p: pe.sinusoidal(p, 8), pos),
         (lambda p: pe.rope_cos_sin(p, inv_freq)[0], pos),
         (lambda p: pe.xpos_scale(p, 8), pos),
-        (lambda p: pe.rope(x if isinstance(p, np.ndarray) else on(x), p), pos),
+        (lambda p: pe.rope(like(x, p), p), pos),
         (pe.positions_from_mask, mask),
+        (lambda o: pe.rope(like(batch, o), offset=o, scaling=dynamic), rows),
+        (lambda n: pe.rope(like(batch, n), seq_len=n, scaling=dynamic), rows),
+        (lambda o: pe.apply_absolute(like(batch[:, 0], o), like(x.repeat(200, axis=0), o), offset=o), rows),
     ]
     for fn, a in calls:
         got = fn(on(a))

@@ -278,10 +278,10 @@ def per_row(name, value, xp):
     check.not_masked(name, value)
     if not (check.is_array(value) and value.ndim > 0):
         value = check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
-        return check.widened(name, value, namespace(value)) if check.is_array(value) else value
+        return check.widened(name, value, namespace(value), device_of(value)) if check.is_array(value) else value
     if not is_integer(xp, value.dtype):  # (its namespace is x's: checked with x's)
         raise TypeError(f"{name} must be an integer or an integer array (one value per batch row), got dtype {value.dtype}")
-    value = check.widened(name, value, xp)
+    value = check.widened(name, value, xp, device_of(value))
     if name == "seq_len" and check.is_eager(value) and bool(xp.any(value < 0)):
         raise ValueError("seq_len must be >= 0 in every row")
     return value
