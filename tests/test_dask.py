@@ -106,6 +106,23 @@ def test_a_lazy_length_gives_the_numpy_bits(rng, dtype):
             np.testing.assert_array_equal(got.compute(), fn(x, value))
 
 
+def test_a_lazy_length_with_empty_chunks(rng):
+    """Chunks of length 0 (as ``compute_chunk_sizes`` leaves after boolean indexing) in
+    lazy positions or per-row lengths: ``DynamicNTK``/``LongRoPE`` give the NumPy bits (the
+    length's ``max`` raised inside Dask, and so did a block of ``x`` with no row)."""
+    x = rng.standard_normal((3, 2, 8, 8)).astype(np.float32)
+    rows = da.from_array(rng.integers(0, 500, (6, 8)), chunks=2)[da.from_array(np.array([1, 0, 0, 0, 1, 1], bool), chunks=2)]
+    positions = rows.compute_chunk_sizes()
+    assert positions.chunks[0] == (1, 0, 2)
+    lengths = np.array([[[3], [40]], [[9], [500]], [[1], [70]]])
+    for scaling in (pe.scaling.DynamicNTK(2.0, 16), pe.scaling.LongRoPE([1.0] * 4, [2.0, 3.0, 4.0, 5.0], 16, factor=4.0)):
+        got = lazily(lambda a, p: pe.rope(a, p, scaling=scaling), da.from_array(x, chunks=(1, 1, 4, 8)), positions)
+        np.testing.assert_array_equal(got.compute(), pe.rope(x, positions.compute(), scaling=scaling))
+        chunked = da.from_array(x, chunks=((1, 0, 2), (1, 0, 1), (8,), (8,)))
+        got = lazily(lambda a, n: pe.rope(a, scaling=scaling, seq_len=n), chunked, da.from_array(lengths, chunks=((1, 0, 2), (1, 0, 1), (1,))))
+        np.testing.assert_array_equal(got.compute(), pe.rope(x, scaling=scaling, seq_len=lengths))
+
+
 def test_rerotate_and_axial_rope_use_the_block_kernel(rng):
     x = rng.standard_normal((6, 8))
     chunked = da.from_array(x, chunks=(4, 8))

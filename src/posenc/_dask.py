@@ -88,6 +88,9 @@ def _rotate_at_length_block(x, positions, seq_len, *, scaling, rotary_dim, base,
     from .rotary._rows import rotate_at_lengths
     from .rotary.scaling import frequency_table
 
+    if not x.size:  # an empty chunk: no row to read a length for
+        return x.copy()
+
     def rotate_at(x_rows, positions_rows, length):
         inv_freq, scale = frequency_table(scaling, rotary_dim, base, length)
         return _rotate_block(x_rows, positions_rows, inv_freq=inv_freq, layout=layout, inverse=inverse, scale=1.0 / scale if inverse else scale)

@@ -244,6 +244,15 @@ def _torch_symbolic(n):
     return torch is not None and isinstance(n, torch.SymInt)
 
 
+def without_empty_chunks(a):
+    """``a`` to reduce along its axes: a Dask array with its chunks of length 0 merged away
+    (Dask's ``max`` of an axis with one raises, and ``compute_chunk_sizes`` after boolean
+    indexing leaves them); any other array as it is."""
+    if not _compat.is_dask_array(a) or all(map(all, a.chunks)):
+        return a
+    return a.rechunk(tuple(tuple(n for n in axis if n) or axis for axis in a.chunks))
+
+
 def dimension_value(dim):
     """A symbolic dimension of ``jax.export`` as the 0-d JAX integer it is inside the computation."""
     return _jax_namespace().asarray(dim)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, host_constants, index_dtype, is_integer, length_through, namespace, torch_tensor, trace_constant, widest_float
+from .._xp import device_of, host_constants, index_dtype, is_integer, length_through, namespace, torch_tensor, trace_constant, widest_float, without_empty_chunks
 
 LAYOUTS = ("half", "interleaved")
 
@@ -142,11 +142,11 @@ def sequence_length(xp, positions, offset):
         return None
     if check.is_array(offset) and offset.ndim:
         axes = tuple(a for a, n in enumerate(offset.shape) if n == 1)
-        top = xp.max(positions, axis=axes, keepdims=True)
+        top = xp.max(without_empty_chunks(positions), axis=axes, keepdims=True)
     elif check.is_eager(positions):
         return length_through(float(xp.max(positions)))
     else:
-        top = xp.max(positions)
+        top = xp.max(without_empty_chunks(positions))
     if is_integer(xp, positions.dtype):
         return top + 1
     top = xp.astype(top, widest_float(xp, device_of(positions)))
