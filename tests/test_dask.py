@@ -123,6 +123,24 @@ def test_a_lazy_length_with_empty_chunks(rng):
         np.testing.assert_array_equal(got.compute(), pe.rope(x, scaling=scaling, seq_len=lengths))
 
 
+def test_reductions_over_empty_chunks(rng):
+    """``attention``, causal ``linear_attention`` and ``positions_from_mask`` of Dask arrays
+    with a chunk of length 0 along the axis they reduce give NumPy's values (Dask's ``max``
+    and ``cumsum`` raised inside Dask)."""
+    q, k, v = (rng.standard_normal((2, 3, 7, 8)) for _ in range(3))
+    mask = (rng.random((2, 7)) > 0.3).astype(np.int64)
+    tokens = (3, 0, 4)
+    calls = {
+        "attention": lambda q, k, v: pe.attention(q, k, v, causal=True),
+        "linear_attention": lambda q, k, v: pe.linear_attention(q, k, v, positions=np.arange(7), causal=True),
+    }
+    for name, call in calls.items():
+        got = lazily(call, *(da.from_array(a, chunks=(1, 3, tokens, 8)) for a in (q, k, v)))
+        np.testing.assert_allclose(got.compute(), call(q, k, v), rtol=1e-12, atol=1e-12, err_msg=name)
+    got = lazily(pe.positions_from_mask, da.from_array(mask, chunks=(1, tokens)))
+    np.testing.assert_array_equal(got.compute(), pe.positions_from_mask(mask))
+
+
 def test_rerotate_and_axial_rope_use_the_block_kernel(rng):
     x = rng.standard_normal((6, 8))
     chunked = da.from_array(x, chunks=(4, 8))

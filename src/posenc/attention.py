@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from . import _validate as check
-from ._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, size
+from ._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, size, without_empty_chunks
 
 
 @host_constants
@@ -75,8 +75,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
         device = device_of(q)
         rel = xp.arange(k_len - q_len, k_len, device=device)[:, None] - xp.arange(k_len, device=device)[None, :]
         logits = xp.where(rel >= 0, logits, -xp.inf)
-    if k_len and all(size(n) for n in logits.shape[:-1]):  # (Dask's max fails on an empty chunk)
-        top = xp.max(logits, axis=-1, keepdims=True)
+    if k_len and all(size(n) for n in logits.shape[:-1]):  # (Dask's max fails on an empty array)
+        top = xp.max(without_empty_chunks(logits), axis=-1, keepdims=True)
     else:
         top = xp.zeros((*logits.shape[:-1], 1), dtype=work, device=device_of(q))
     # A row with no key to attend to has a maximum of -inf: shift it by 0, so its weights are exp(-inf) = 0.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, index_dtype, namespace
+from .._xp import device_of, index_dtype, namespace, without_empty_chunks
 
 
 def positions_from_mask(mask, *, start=0):
@@ -42,7 +42,7 @@ def positions_from_mask(mask, *, start=0):
         raise ValueError(f"start + the positions of {int(mask.shape[-1])} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
     itype = index_dtype(xp, device_of(mask))
     token = mask if mask.dtype == xp.bool else mask != 0
-    count = xp.cumulative_sum(xp.astype(token, itype), axis=-1, dtype=itype)
+    count = xp.cumulative_sum(without_empty_chunks(xp.astype(token, itype)), axis=-1, dtype=itype)
     return xp.where(token, count - 1 + start, xp.zeros_like(count))
 
 
