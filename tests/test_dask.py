@@ -123,6 +123,25 @@ def test_a_lazy_length_with_empty_chunks(rng):
         np.testing.assert_array_equal(got.compute(), pe.rope(x, scaling=scaling, seq_len=lengths))
 
 
+def test_arrays_of_unknown_chunk_sizes_are_refused_by_name(rng):
+    """A Dask array of unknown chunk sizes (NaN in its shape, as boolean indexing leaves it)
+    gets a ValueError naming it and ``compute_chunk_sizes``, not a failure from inside
+    (``int()`` of NaN, shapes that do not match)."""
+    x = da.from_array(rng.standard_normal((4, 2, 8, 8)), chunks=(2, 2, 4, 8))
+    picked = x[da.from_array(np.array([True, False, True, True]), chunks=2)]
+    assert np.isnan(picked.shape[0])
+    calls = {
+        "x": lambda: pe.rope(picked),
+        "mask": lambda: pe.positions_from_mask(picked[..., 0] > 0),
+        "rel": lambda: pe.t5_bucket(da.arange(10)[da.arange(10) > 3]),
+        "q": lambda: pe.shaw_logits(picked, x, np.ones((7, 8)), max_distance=3),
+    }
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=f"{name} has chunks of unknown size .*compute_chunk_sizes"):
+            call()
+    np.testing.assert_array_equal(pe.rope(picked.compute_chunk_sizes()).compute(), pe.rope(picked.compute()))
+
+
 def test_reductions_over_empty_chunks(rng):
     """``attention``, causal ``linear_attention`` and ``positions_from_mask`` of Dask arrays
     with a chunk of length 0 along the axis they reduce give NumPy's values (Dask's ``max``

@@ -428,13 +428,19 @@ def not_masked(name, value):
 
 
 def array(name, value):
-    """``value`` must be an array of a supported namespace (not a NumPy masked array, nor a sparse or nested torch tensor)."""
+    """``value`` must be an array of a supported namespace (not a NumPy masked array, nor a sparse
+    or nested torch tensor, nor a Dask array of unknown chunk sizes)."""
     not_masked(name, value)
     if not is_array(value):
         raise TypeError(f"{name} must be an array (NumPy, CuPy, PyTorch, JAX, Dask, array-api-strict), got {type(value).__name__}")
-    if type(value) is not _ndarray and torch_tensor(value) and (value.layout is not _torch().strided or value.is_nested):
-        got = "a nested tensor" if value.is_nested else f"the layout {value.layout}"
-        raise TypeError(f"{name} must be a dense (strided) tensor, got {got}: pass {name}.to_dense() (a nested tensor: .to_padded_tensor)")
+    if type(value) is _ndarray:
+        return value
+    if torch_tensor(value):
+        if value.layout is not _torch().strided or value.is_nested:
+            got = "a nested tensor" if value.is_nested else f"the layout {value.layout}"
+            raise TypeError(f"{name} must be a dense (strided) tensor, got {got}: pass {name}.to_dense() (a nested tensor: .to_padded_tensor)")
+    elif _compat.is_dask_array(value) and any(n != n for n in value.shape):  # (NaN: Dask's unknown length)
+        raise ValueError(f"{name} has chunks of unknown size (NaN in its shape {tuple(value.shape)}): call {name}.compute_chunk_sizes() first")
     return value
 
 
