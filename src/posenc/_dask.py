@@ -6,8 +6,8 @@ the Numba or numba.cuda kernel that accepts the block does the work, on the thre
 machine or the workers of a ``dask.distributed`` cluster. They have the signatures of the
 references they optimise and are registered as the ``dask_blocks`` kernels. ``accepts``
 recognises Dask arrays through ``sys.modules``; Dask itself is imported only when a Dask
-array reaches one of these ops. Arrays of unknown chunk sizes (NaN in the shape) are left
-to the reference.
+array reaches one of these ops. Arrays of unknown chunk sizes (NaN in the shape), which
+the public functions refuse (``_validate.array``), are not accepted here either.
 """
 
 from __future__ import annotations
