@@ -89,12 +89,14 @@ def naive_tupe(q, k, p, uq, uk, bias=None, cls=None, offset=0):
     for i in range(q.shape[-2]):
         for j in range(k.shape[-2]):
             position = np.sum((p[offset + i] @ uq) * (p[j] @ uk), axis=-1) / math.sqrt(2 * d)
+            if bias is not None:  # TUPE-R: the [CLS] reset replaces the relative term too (Eq. 11)
+                position = position + bias[..., i, j]
             if cls is not None and offset + i == 0:
                 position = cls[0] + 0 * position
             elif cls is not None and j == 0:
                 position = cls[1] + 0 * position
             out[..., i, j] = np.sum(q[..., i, :] * k[..., j, :], axis=-1) / math.sqrt(2 * d) + position
-    return out if bias is None else out + bias
+    return out
 
 
 # --- each function on every backend and dtype ------------------------------------------------
@@ -150,9 +152,9 @@ def case_tupe_logits(rng, backend, dtype):
 
 
 def case_tupe_logits_cls(rng, backend, dtype):
-    arrays, (q, k, p, uq, uk) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (K, 3), (H, 3, D), (H, 3, D))
-    got = backend.call(lambda *a: pe.tupe_logits(*a, cls=(1.0, -1.0), offset=0), *arrays)
-    return got, naive_tupe(q, k, p, uq, uk, cls=(1.0, -1.0))
+    arrays, (q, k, p, uq, uk, bias) = _inputs(rng, backend, dtype, (H, Q, D), (H, K, D), (K, 3), (H, 3, D), (H, 3, D), (H, Q, K))
+    got = backend.call(lambda *a: pe.tupe_logits(*a[:5], bias=a[5], cls=(1.0, -1.0), offset=0), *arrays)
+    return got, naive_tupe(q, k, p, uq, uk, bias=bias, cls=(1.0, -1.0))
 
 
 CASES = {
@@ -372,6 +374,36 @@ def test_tupe_cls_untying(rng):
     for h in range(3):
         want = naive_tupe(q[h], k[h], p, uq[h], uk[h], cls=(theta[0][h], theta[1]))
         np.testing.assert_allclose(got[h], want, atol=1e-12)
+
+
+def test_tupe_r_with_untied_cls_equals_the_released_code(rng):
+    """TUPE-R with an untied [CLS] (Eq. 11: ``reset_theta(positional + b_{j-i}, i, j)``) as
+    guolinke/TUPE computes it (fairseq/modules/transformer_sentence_encoder.py): the [CLS]
+    row and column take their own relative buckets (``rel_pos_bins // 2`` and
+    ``rel_pos_bins``), so the whole positional term there, relative bias included, is one
+    learned value per head; the T5 bias of the actual distance had been added on top."""
+    torch = pytest.importorskip("torch")
+    t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    heads, length, d, bins = 3, 9, 4, 32
+    weight = rng.standard_normal((length + 1, 6))  # pos_ln(pos.weight[:seq_len + 1]): row 0 is [CLS]'s own
+    uq, uk = rng.standard_normal((heads, 6, d)), rng.standard_normal((heads, 6, d))
+    rel_table = rng.standard_normal((bins + 1, heads))  # relative_attention_bias: rel_pos_bins + 1 rows
+    q, k = rng.standard_normal((heads, length, d)), rng.standard_normal((heads, length, d))
+    # the released code, transcribed
+    abs_pos_bias = (weight @ uq) / math.sqrt(2 * d) @ (weight @ uk).transpose(0, 2, 1)
+    cls_2_other, other_2_cls = abs_pos_bias[:, 0, 0].copy(), abs_pos_bias[:, 1, 1].copy()
+    abs_pos_bias = abs_pos_bias[:, 1:, 1:]
+    abs_pos_bias[:, :, 0] = other_2_cls[:, None]
+    abs_pos_bias[:, 0, :] = cls_2_other[:, None]
+    memory_minus_context = np.arange(length)[None, :] - np.arange(length)[:, None]
+    rp_bucket = t5.T5Attention._relative_position_bucket(torch.as_tensor(memory_minus_context), num_buckets=bins).numpy()
+    rp_bucket[:, 0] = bins
+    rp_bucket[0, :] = bins // 2
+    want = q @ k.transpose(0, 2, 1) / math.sqrt(2 * d) + abs_pos_bias + rel_table[rp_bucket].transpose(2, 0, 1)
+    bias = pe.t5_bias(rel_table[:bins], length, length, num_buckets=bins)
+    cls = (cls_2_other + rel_table[bins // 2], other_2_cls + rel_table[bins])
+    got = pe.tupe_logits(q, k, weight[1:], uq, uk, bias=bias, cls=cls)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
 
 
 def test_deberta_logits_unused_table_may_be_none():

@@ -40,9 +40,11 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     the positional embedding ``p`` is no longer added to the tokens but gets its own
     projections ``U^Q, U^K``; ``bias`` adds a relative term (TUPE-R, e.g. a
     :func:`t5_bias`). With ``cls=(to_others, from_others)`` the ``[CLS]`` token (position
-    0) is untied from positions: the positional term (the middle one, scaled) of row 0 is
-    replaced by ``to_others`` and that of column 0, rows ``i > 0``, by ``from_others``
-    (the paper's :math:`\theta_1, \theta_2`). Query ``i`` sits at position ``offset + i``
+    0) is untied from positions: the positional terms (the last two: the scaled absolute
+    one and ``bias``) of row 0 are replaced by ``to_others`` and those of column 0, rows
+    ``i > 0``, by ``from_others`` (the paper's :math:`\theta_1, \theta_2`; its Eq. 11
+    resets TUPE-R's relative term too, as the released code does by giving ``[CLS]`` its
+    own relative buckets). Query ``i`` sits at position ``offset + i``
     (its row of ``p``), key ``j`` at ``j``; by default the queries are the last ``q_len``
     positions of the keys, so a decode step costs ``O(q_len k_len)``.
 
@@ -56,7 +58,8 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     offset : int >= 0 or 0-d integer array (traced is fine: then its range is not checked),
         position of the first query; ``k_len - q_len`` by default
     bias : float array broadcasting against ``[..., heads, q_len, k_len]``, optional
-        (computed for the same query positions: pass it the same ``offset``)
+        (computed for the same query positions: pass it the same ``offset``); with ``cls``
+        its row 0 and column 0 are not used
     cls : pair of real numbers or float arrays broadcasting against ``[..., heads]``, optional
 
     Returns
@@ -100,12 +103,11 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     query_positions = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
     position = (xp.take(p, query_positions, axis=-2) @ uq) @ xp.matrix_transpose(p[..., :k_len, :] @ uk) * scale
+    if bias is not None:
+        position = position + cast(xp, bias, work)
     if cls is not None:
         to_others, from_others = (_cls_value(n, v, xp, batch, work, q) for n, v in zip(("cls[0]", "cls[1]"), cls))
         row = query_positions[:, None]
         col = xp.arange(k_len, device=device)[None, :]
         position = xp.where(row == 0, to_others, xp.where(col == 0, from_others, position))
-    logits = q @ xp.matrix_transpose(k) * scale + position
-    if bias is not None:
-        logits = logits + cast(xp, bias, work)
-    return cast(xp, logits, dtype)
+    return cast(xp, q @ xp.matrix_transpose(k) * scale + position, dtype)

@@ -165,7 +165,8 @@ class TUPE(PositionalModule):
     of the ``[CLS]`` token at position 0 to the others and of the others to it). Queries
     sit at ``offset + arange(q_len)``, keys at ``arange(k_len)``, both below
     ``max_positions``. ``bias``, a bias module (``T5RelativeBias``, ``ALiBi``), adds its
-    relative bias: TUPE-R. ``q, k, v`` are ``[batch, heads, seq, head_dim]``. ``offset``
+    relative bias: TUPE-R (with ``untie_cls``, not in the ``[CLS]`` row and column, which
+    ``cls`` replaces whole). ``q, k, v`` are ``[batch, heads, seq, head_dim]``. ``offset``
     goes to :func:`posenc.tupe_logits`, which takes the queries' rows of ``p`` at ``offset
     + arange(q_len)``: a decode step costs ``O(q_len k_len)``, and a tensor offset stays a
     tensor under ``torch.compile``.
