@@ -97,7 +97,9 @@ class TransformerXLRelative(PositionalModule):
     global content and position biases. The relative embeddings are built for the
     ``k_len + q_len`` distances of the call (future keys included, so it serves encoders
     too); Transformer-XL's memory is simply the keys before the queries (``offset=None``).
-    ``q, k, v`` are ``[batch, heads, seq, head_dim]``.
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``. The released Transformer-XL and XLNet
+    code lays ``R_t`` out as all sines, then all cosines: ``layout="half"`` to port their
+    weights (the default, ``"interleaved"``, only permutes ``r_proj``'s rows when training).
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, dim: int | None = None, base: float = 10000.0, layout: str = "interleaved"):
@@ -134,7 +136,8 @@ class TENERRelative(PositionalModule):
     Yan et al., "TENER" (2019): ``R_t`` is the fixed sinusoid of the signed distance
     (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
     logits unscaled (it found the sharper attention better for NER), so ``logits`` has no
-    ``1/sqrt(head_dim)``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``.
+    ``1/sqrt(head_dim)``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``. TENER's released
+    code puts the sines first, then the cosines: ``layout="half"`` to port its weights.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
