@@ -70,7 +70,8 @@ def rerotate(
     seq_len : int or integer array of one value per batch row
         With ``scaling``: the length whose frequencies the keys move to; per row (placed
         as :func:`rope` places it) each row moves to its own, bit-identical to a
-        single-row call.
+        single-row call. Read now: a traced or lazy value (``jax.jit``, ``torch.compile``,
+        Dask) is a ``TypeError`` (``rope`` takes one; ``rerotate`` does not).
     rotary_dim : int, optional
         With ``scaling``: the rotated channels (default ``d``).
     seq_axis : int or str, optional
