@@ -69,6 +69,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
         if not check.is_eager(offset):  # unchecked: a negative row is past the end, not a row from it (JAX's take: NaN)
             index = xp.where(index < 0, table.shape[0], index)
         rows = xp.reshape(xp.take(table, xp.reshape(index, (-1,)), axis=0), (*index.shape, dim))
+    check.allocatable_unless_blocked("apply_absolute", tuple(x.shape), 8, x)
     work = compute_dtype(xp, x.dtype)
     rows = cast(xp, rows, work)
     xw = cast(xp, x, work)

@@ -48,6 +48,7 @@ def complex_order(amplitude, frequency, phase, positions):
         full = broadcast_shapes(tuple(positions.shape) + (1,), shape)
     except ValueError as exc:
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast against {shape[:-1]}") from exc
+    check.allocatable_unless_blocked("complex_order", full, 16, amplitude)
     float64 = has_float64(xp, device)
     wide = float64 and any(compute_dtype(xp, a.dtype) == xp.float64 for a in (amplitude, frequency, phase))  # (>f8 too)
     real_dtype = xp.float64 if wide else xp.float32

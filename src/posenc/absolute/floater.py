@@ -83,6 +83,8 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=32, base=
     """
     length = check.integer("length", length, minimum=0)
     dim = check.integer("dim", dim, minimum=1)
+    check.allocatable("floater's state", (8, dim), 8)  # (the ODE's vectors, each of dim values)
+    check.allocatable("floater", (length, dim), 8)
     step = check.real("step", step, positive=True)
     substeps = check.integer("substeps", substeps, minimum=1)
     base = check.real("base", base, positive=True)
