@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, torch_compiling, torch_tensor, trace_constant, widest_float
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, symbolic_size, torch_compiling, torch_tensor, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -361,13 +361,6 @@ def _decided(compare):
         return bool(compare())
     except sys.modules["jax"].errors.InconclusiveDimensionOperation:
         return None
-
-
-def symbolic_size(value) -> bool:
-    """A ``torch.SymInt``: a size that ``torch.export`` (or ``make_fx``) keeps symbolic. (Dynamo
-    shows its symbolic sizes to the code it traces as ints.)"""
-    torch = _torch()
-    return torch is not None and isinstance(value, torch.SymInt)
 
 
 def static_int(size) -> int:

@@ -236,12 +236,14 @@ def size(n):
     """An axis size as an int (``int()``: a NumPy integer), or kept as it is where it is
     symbolic: a ``torch.SymInt`` of ``torch.export`` or ``make_fx`` (``int()`` would
     specialize it), a symbolic dimension of ``jax.export``."""
-    return n if jax_symbolic_dim(n) or _torch_symbolic(n) else int(n)
+    return n if jax_symbolic_dim(n) or symbolic_size(n) else int(n)
 
 
-def _torch_symbolic(n):
+def symbolic_size(value) -> bool:
+    """A ``torch.SymInt``: a size that ``torch.export`` (or ``make_fx``) keeps symbolic. (Dynamo
+    shows its symbolic sizes to the code it traces as ints.)"""
     torch = sys.modules.get("torch")
-    return torch is not None and isinstance(n, torch.SymInt)
+    return torch is not None and isinstance(value, torch.SymInt)
 
 
 def without_empty_chunks(a):
