@@ -346,12 +346,14 @@ def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):
 _G = torch.Generator().manual_seed(0)
 _R = {dtype: {n: torch.randn(*shape, generator=_G, dtype=dtype) for n, shape in (
     ("q", (2, 3, 9, 8)), ("q1", (2, 3, 1, 8)), ("k", (2, 3, 40, 8)), ("t5", (16, 3)), ("slopes", (3,)), ("shaw", (13, 8)), ("pos", (3, 12, 8)),
-)} for dtype in (torch.float32, torch.float64)}  # fmt: skip
+)} for dtype in (torch.bfloat16, torch.float32, torch.float64)}  # fmt: skip
 _QPOS, _KPOS = torch.randint(0, 80, (1, 9), generator=_G), torch.arange(40)[None] * 2
 RECORDED = {
     "t5_bias step": lambda a: pe.t5_bias(a["t5"], 1, 40, num_buckets=16, max_distance=32),
     "t5_bias positions": lambda a: pe.t5_bias(a["t5"], 9, 40, num_buckets=16, max_distance=32, query_positions=_QPOS, key_positions=_KPOS),
+    "t5_bias decoder step at offset 1000": lambda a: pe.t5_bias(a["t5"], 1, 40, num_buckets=16, max_distance=32, bidirectional=False, offset=1000),
     "alibi_bias step": lambda a: pe.alibi_bias(a["slopes"], 1, 40),
+    "alibi_bias symmetric step at offset 17": lambda a: pe.alibi_bias(a["slopes"], 1, 40, offset=17, symmetric=True),
     "alibi_bias positions": lambda a: pe.alibi_bias(a["slopes"], 9, 40, query_positions=_QPOS, key_positions=_KPOS),
     "shaw_logits step": lambda a: pe.shaw_logits(a["q1"], a["k"], a["shaw"], max_distance=6),
     "shaw_logits prefill": lambda a: pe.shaw_logits(a["q"], a["k"], a["shaw"], max_distance=6),
@@ -360,12 +362,13 @@ RECORDED = {
 }
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
 @pytest.mark.parametrize("name", RECORDED)
 def test_a_call_autograd_records_gets_the_cold_calls_gradients_from_the_third_call_on(name, dtype):
     """The plans' gathers and slices have other backwards than the full path's custom ops
     (``toeplitz_scatter`` sums in float64): their gradients were an ulp or two off the first
-    two calls' (relative 1e-7 in float32, 1e-15 in float64)."""
+    two calls' (relative 1e-7 in float32, 1e-15 in float64). A decode step's bias is planned
+    all the same (its row gathered in the full path's order, then read backwards)."""
 
     def grads():
         arrays = {n: a.clone().requires_grad_() for n, a in _R[dtype].items()}
@@ -376,6 +379,8 @@ def test_a_call_autograd_records_gets_the_cold_calls_gradients_from_the_third_ca
     cold = _cold(grads)
     for _ in range(4):
         _same(grads(), cold)
+    if name.endswith(("step", "offset 1000", "offset 17")) and "logits" not in name:
+        assert _served(pe.relative_bias) == ["BiasPlan"]
     _clear()
 
 

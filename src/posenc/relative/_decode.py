@@ -18,9 +18,11 @@ window holds at most ``HELD`` distances around the rows asked for (1.5 MiB per p
 the key indices, its own and its kernel launcher's); a row of more distances is computed
 directly, and a far offset moves the window rather than filling every distance below it.
 
-A bias call that autograd records (torch parameters that require grad) is not planned: the
-plan's slice and gather have another backward than the full path's (``toeplitz_expand``'s
-diagonal sums, the per-token path's gathers), whose gradients it would not equal bit for bit.
+A bias call that autograd records (torch parameters that require grad) has the full path's
+backward, to the bit: its decode-step plan gathers the row's vector in the full path's
+(ascending) order and reads it backwards, as ``toeplitz_expand`` of one query row does (its
+backward, the sums of one-entry diagonals, is that reversal); other such calls are not planned
+(the per-token path's two gathers, through the span of distances, group the sums otherwise).
 """
 
 from __future__ import annotations
@@ -182,10 +184,11 @@ def _row(kind, params, options):
 class BiasPlan:
     """``relative_bias(kind, params, 1, k_len, offset=n)``: the row of distances ``n - j``, ``[heads, 1, k_len]``."""
 
-    def __init__(self, kind, params, options):
+    def __init__(self, kind, params, options, recorded):
         self.row = _row(kind, params, options)
         self.most = _LARGEST // self.row.heads
-        self.launcher = _launcher(kind, params, self.row.heads) if isinstance(self.row, CachedRow) else None
+        self.recorded = recorded
+        self.launcher = _launcher(kind, params, self.row.heads) if isinstance(self.row, CachedRow) and not recorded else None
 
     def __call__(self, args, kwargs):
         _, params, _, k_len = args
@@ -193,6 +196,8 @@ class BiasPlan:
         offset = k_len - 1 if offset is None else offset
         if not (0 < k_len <= self.most and -_EXACT < offset < _EXACT):
             return NotImplemented
+        if self.recorded:
+            return self.row.values(params, k_len, offset - (k_len - 1), descending=False).flip(-1)[:, None]
         if self.launcher is not None and (held := self.row.window(offset, k_len)) is not None:
             bias = self.launcher.row(params, held[1], held[0], k_len)
             if bias is not None:
@@ -399,13 +404,14 @@ def as_int64(positions):
 
 
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
-    if out is not None or chunks is not None or _arrays.tracks_gradient(params):
+    if out is not None or chunks is not None:
         return None
+    recorded = _arrays.tracks_gradient(params)
     if _per_token.given(query_positions, key_positions):
-        return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options)
+        return None if recorded else PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options)
     if q_len != 1:
         return None
-    return BiasPlan(kind, params, options)
+    return BiasPlan(kind, params, options, recorded)
 
 
 def build_vector(kind, params, q_len, k_len, *, offset, **options):
