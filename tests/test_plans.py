@@ -367,8 +367,9 @@ RECORDED = {
 def test_a_call_autograd_records_gets_the_cold_calls_gradients_from_the_third_call_on(name, dtype):
     """The plans' gathers and slices have other backwards than the full path's custom ops
     (``toeplitz_scatter`` sums in float64): their gradients were an ulp or two off the first
-    two calls' (relative 1e-7 in float32, 1e-15 in float64). A decode step's bias is planned
-    all the same (its row gathered in the full path's order, then read backwards)."""
+    two calls' (relative 1e-7 in float32, 1e-15 in float64). The biases are planned all the
+    same: a decode step's row gathered in the full path's order and read backwards; per-token
+    values finished (the table read, the slopes multiplied) once per pair, as the full path does."""
 
     def grads():
         arrays = {n: a.clone().requires_grad_() for n, a in _R[dtype].items()}
@@ -379,8 +380,8 @@ def test_a_call_autograd_records_gets_the_cold_calls_gradients_from_the_third_ca
     cold = _cold(grads)
     for _ in range(4):
         _same(grads(), cold)
-    if name.endswith(("step", "offset 1000", "offset 17")) and "logits" not in name:
-        assert _served(pe.relative_bias) == ["BiasPlan"]
+    if "bias" in name:
+        assert _served(pe.relative_bias) == ["PerTokenPlan" if "positions" in name else "BiasPlan"]
     _clear()
 
 

@@ -212,6 +212,23 @@ def test_t5_bias_matches_transformers_compute_bias():
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("is_decoder", [False, True])
+def test_t5_bias_of_token_positions_has_transformers_compute_bias_gradient(is_decoder):
+    """Per-token positions read the table once per pair, as T5's embedding lookup does: the
+    gradient is transformers' bit for bit in float32 (it summed each distance first, which
+    regrouped the sums), on every call (the third on is planned)."""
+    torch = pytest.importorskip("torch")
+    attention = hf_t5_attention(32, 128, is_decoder=is_decoder)
+    weights = torch.randn(1, 2, 150, 150, generator=torch.Generator().manual_seed(1))
+    (attention.compute_bias(150, 150) * weights).sum().backward()
+    positions = torch.arange(150)[None]
+    for _ in range(4):
+        table = attention.relative_attention_bias.weight.detach().clone().requires_grad_()
+        bias = pe.t5_bias(table, 150, 150, bidirectional=not is_decoder, query_positions=positions, key_positions=positions)
+        (bias * weights).sum().backward()
+        assert torch.equal(table.grad, attention.relative_attention_bias.weight.grad)
+
+
 @pytest.mark.parametrize("name", ["numpy", "torch"])
 def test_t5_bias_writes_out(name, rng):
     if name == "torch":

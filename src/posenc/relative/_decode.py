@@ -19,10 +19,11 @@ the key indices, its own and its kernel launcher's); a row of more distances is 
 directly, and a far offset moves the window rather than filling every distance below it.
 
 A bias call that autograd records (torch parameters that require grad) has the full path's
-backward, to the bit: its decode-step plan gathers the row's vector in the full path's
-(ascending) order and reads it backwards, as ``toeplitz_expand`` of one query row does (its
-backward, the sums of one-entry diagonals, is that reversal); other such calls are not planned
-(the per-token path's two gathers, through the span of distances, group the sums otherwise).
+backward, to the bit, and no kernel (which autograd cannot see through): its decode-step
+plan gathers the row's vector in the full path's (ascending) order and reads it backwards,
+as ``toeplitz_expand`` of one query row does (its backward, the sums of one-entry diagonals,
+is that reversal); a per-token plan finishes every pair's source (the table read, the
+slopes multiplied) in one step in the pairs' order, as the full path does.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class Row:
     def __init__(self, kind, params, options):
         self.xp = xp = _plan_namespace(params)
         self.device = device_of(params)
-        self.vector = biases._KINDS[kind][1]
+        self.kind = kind
         self.heads = int(params.shape[-1]) if params.ndim else 1
         self.options = biases._KINDS[kind][0](xp, params, **options)
         self.keys = xp.arange(0, dtype=index_dtype(xp, self.device), device=self.device)
@@ -83,7 +84,10 @@ class Row:
     def values(self, params, k_len, first, descending):
         """``[heads, k_len]`` at distances ``first - j`` (descending) or ``first + j``."""
         keys = self._keys(k_len)
-        return self.vector(self.xp, params, first - keys if descending else keys + first, **self.options)
+        return self.vector(params, first - keys if descending else keys + first)
+
+    def vector(self, params, dist):
+        return biases.kind_vector(self.kind, self.xp, params, dist, self.options)
 
 
 class CachedRow(Row):
@@ -133,7 +137,7 @@ class CachedRow(Row):
         """The vector of integer distances ``dist`` (1-D, not empty): the kept sources gathered."""
         held = self._covering(int(self.xp.max(dist)), int(self.xp.min(dist)))
         if held is None:
-            return self.vector(self.xp, params, dist, **self.options)
+            return self.vector(params, dist)
         hi, sources = held
         return self.finish(params, self.take(sources, hi - dist, 0))
 
@@ -243,7 +247,7 @@ class PerTokenPlan:
     values is the full path's for float positions (finite, ALiBi): a non-finite one takes
     the full path and its error."""
 
-    def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options):
+    def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options, recorded):
         self.row = _row(kind, params, options)
         xp, device = self.row.xp, self.row.device
         floats = biases.distance_float(xp, kind, device)
@@ -269,7 +273,7 @@ class PerTokenPlan:
         self.queries = (0, q_len - 1) if query_positions is None else None
         self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
         shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
-        self.launcher = _launcher(kind, params, heads, batch, q_len, k_len, *shapes, self.aranges) if self.indexed else None
+        self.launcher = _launcher(kind, params, heads, batch, q_len, k_len, *shapes, self.aranges) if self.indexed and not recorded else None
 
     def __call__(self, args, kwargs):
         if self.launcher is not None:
@@ -299,7 +303,7 @@ class PerTokenPlan:
         if self.floats is not None:
             qpos, kpos = cast(xp, qpos, self.floats), cast(xp, kpos, self.floats)
         rel = xp.reshape(_per_token.relative(qpos, kpos), (-1,))
-        values = self.row.at(params, rel) if self.gather else self.row.vector(xp, params, rel, **self.row.options)
+        values = self.row.at(params, rel) if self.gather else self.row.vector(params, rel)
         return self._placed(values)
 
     def _offset(self, kwargs):
@@ -408,7 +412,7 @@ def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positio
         return None
     recorded = _arrays.tracks_gradient(params)
     if _per_token.given(query_positions, key_positions):
-        return None if recorded else PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options)
+        return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options, recorded)
     if q_len != 1:
         return None
     return BiasPlan(kind, params, options, recorded)

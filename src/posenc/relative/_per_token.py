@@ -75,24 +75,28 @@ def relative(qpos, kpos, *, heads=False):
     return rel[..., None, :, :] if heads else rel
 
 
-def bias(xp, values, qpos, kpos, heads, batch, q_len, k_len):
+def bias(xp, values, qpos, kpos, heads, batch, q_len, k_len, *, finish=None):
     """The per-token bias ``[*batch, heads, q_len, k_len]`` of a function of the distance,
-    ``values(rel [n]) -> [heads, n]``, at ``rel = qpos[..., i] - kpos[..., j]``.
+    ``values(rel [n]) -> [heads, n]``, at ``rel = qpos[..., i] - kpos[..., j]``; with
+    ``finish``, of ``finish(values(rel))``, ``values`` then giving ``[n]``.
 
     Integer distances in host memory that can be read now are computed once each and read
     at every pair that has them (the same bits: ``values`` is elementwise in ``rel``); a
-    read elsewhere would synchronise a device or a graph.
+    read elsewhere would synchronise a device or a graph. ``finish`` (the step that reads
+    parameters) runs once on the values of every pair, so a gradient sums over the pairs
+    as the plans' (``_decode.PerTokenPlan``) does.
     """
     rel = relative(qpos, kpos)
     ndim = rel.ndim
     rel, split = flattened(xp, rel)
     count = math.prod(rel.shape)
+    finish = finish or (lambda v: v)
     if count and is_integer(xp, rel.dtype) and _on_host(rel) and check.is_eager(rel):
         low, high = int(xp.min(rel)), int(xp.max(rel))
         if high - low + 1 < count:
             span = xp.arange(high - low + 1, dtype=rel.dtype, device=device_of(rel)) + low  # (torch's arange refuses an end past int64)
-            return batch_first(xp, xp.take(values(span), rel - low, axis=1), heads, batch, q_len, k_len)
-    return split_with_heads(batch_first(xp, values(rel), heads, batch, q_len, k_len), split, ndim)
+            return batch_first(xp, finish(xp.take(values(span), rel - low, axis=-1)), heads, batch, q_len, k_len)
+    return split_with_heads(batch_first(xp, finish(values(rel)), heads, batch, q_len, k_len), split, ndim)
 
 
 def flattened(xp, rel):

@@ -134,9 +134,8 @@ def _check_t5(xp, table, *, bidirectional=True, max_distance=128, num_buckets=No
     return {"num_buckets": num_buckets, "max_distance": max_distance, "bidirectional": bidirectional}
 
 
-def _t5_vector(xp, table, dist, *, num_buckets, max_distance, bidirectional):
-    buckets = call("t5_buckets", dist, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
-    return _lookup(xp, table, buckets)
+def _t5_source(xp, table, dist, *, num_buckets, max_distance, bidirectional):
+    return call("t5_buckets", dist, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
 
 
 def _check_alibi(xp, slopes, *, symmetric=False):
@@ -149,9 +148,10 @@ def _check_alibi(xp, slopes, *, symmetric=False):
     return {"symmetric": symmetric}
 
 
-def _alibi_vector(xp, slopes, dist, *, symmetric):
-    """``-slopes[h] * dist`` (``-|dist|`` when ``symmetric``) in ``slopes``' dtype, ``[heads, len(dist)]``."""
-    return _alibi_scaled(xp, slopes, _alibi_distance(xp, dist, compute_dtype(xp, slopes.dtype), symmetric))
+def _alibi_source(xp, slopes, dist, *, symmetric):
+    """``-dist`` (``-|dist|`` when ``symmetric``) in ``slopes``' compute dtype; ``_alibi_scaled``
+    finishes ``-slopes[h] * dist`` in ``slopes``' dtype."""
+    return _alibi_distance(xp, dist, compute_dtype(xp, slopes.dtype), symmetric)
 
 
 def _alibi_distance(xp, dist, work, symmetric):
@@ -173,8 +173,8 @@ def _check_shaw(xp, table, *, max_distance):
     return {"max_distance": max_distance}
 
 
-def _shaw_vector(xp, table, dist, *, max_distance):
-    return _lookup(xp, table, clipped(xp, dist, max_distance))
+def _shaw_source(xp, table, dist, *, max_distance):
+    return clipped(xp, dist, max_distance)
 
 
 def deberta_index(xp, dist, max_distance, bucket_size, max_position):
@@ -202,8 +202,8 @@ def _check_deberta(xp, table, *, max_distance, bucket_size=None, max_position=No
     return {"max_distance": max_distance, "bucket_size": bucket_size, "max_position": max_position}
 
 
-def _deberta_vector(xp, table, dist, *, max_distance, bucket_size, max_position):
-    return _lookup(xp, table, deberta_index(xp, dist, max_distance, bucket_size, max_position))
+def _deberta_source(xp, table, dist, *, max_distance, bucket_size, max_position):
+    return deberta_index(xp, dist, max_distance, bucket_size, max_position)
 
 
 def _heads_of(params):
@@ -211,12 +211,22 @@ def _heads_of(params):
     return int(params.shape[-1]) if params.ndim else 1
 
 
+# Each kind: (check, source, finish, options): the per-distance vector is ``finish(xp,
+# params, source(xp, params, dist, **options))``, ``source`` elementwise in ``dist`` and
+# without gradient (a table row, ALiBi's negated distance; ``params`` gives only its
+# dtype), ``finish`` the one step that reads the parameters.
 _KINDS = {
-    "t5": (_check_t5, _t5_vector, ("bidirectional", "max_distance", "num_buckets", "heads")),
-    "alibi": (_check_alibi, _alibi_vector, ("symmetric",)),
-    "shaw": (_check_shaw, _shaw_vector, ("max_distance",)),
-    "deberta": (_check_deberta, _deberta_vector, ("max_distance", "bucket_size", "max_position")),
+    "t5": (_check_t5, _t5_source, _lookup, ("bidirectional", "max_distance", "num_buckets", "heads")),
+    "alibi": (_check_alibi, _alibi_source, _alibi_scaled, ("symmetric",)),
+    "shaw": (_check_shaw, _shaw_source, _lookup, ("max_distance",)),
+    "deberta": (_check_deberta, _deberta_source, _lookup, ("max_distance", "bucket_size", "max_position")),
 }
+
+
+def kind_vector(kind, xp, params, dist, options):
+    """The per-distance vector ``[heads, len(dist)]`` of validated arguments at the distances ``dist``."""
+    _, source, finish, _ = _KINDS[kind]
+    return finish(xp, params, source(xp, params, dist, **options))
 
 
 def _params_name(kind):
@@ -227,7 +237,7 @@ def _checked(kind, params, q_len, k_len, options, **arrays):
     """Every argument of a relative bias but ``offset`` validated once: ``(xp, kind, q_len,
     k_len, options)``; ``arrays`` (positions, ``out``) join ``params`` in the namespace check."""
     kind = check.choice("kind", kind, KINDS)
-    check_options, _, names = _KINDS[kind]
+    check_options, *_, names = _KINDS[kind]
     unknown = sorted(set(options) - set(names))
     if unknown:
         raise TypeError(f"relative_bias_vector(kind={kind!r}) takes options {', '.join(names)}; got {', '.join(unknown)}")
@@ -240,7 +250,7 @@ def _checked(kind, params, q_len, k_len, options, **arrays):
 def _vector(xp, kind, params, q_len, k_len, offset, options):
     """The per-distance vector of validated arguments."""
     dist = distances(q_len, k_len, offset, xp=xp, device=device_of(params))
-    return _KINDS[kind][1](xp, params, dist, **options)
+    return kind_vector(kind, xp, params, dist, options)
 
 
 def _output(xp, like, name, shape, out, chunks):
@@ -430,7 +440,8 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
     else:
         read = ((_params_name(kind), params), ("query_positions", query_positions), ("key_positions", key_positions))
         check.out(out, shape=shape, dtype=params.dtype, xp=xp, device=device, inputs=read)
-    result = _per_token.bias(xp, lambda rel: _KINDS[kind][1](xp, params, rel, **options), qpos, kpos, heads, batch, q_len, k_len)
+    _, source, finish, _ = _KINDS[kind]
+    result = _per_token.bias(xp, lambda rel: source(xp, params, rel, **options), qpos, kpos, heads, batch, q_len, k_len, finish=lambda s: finish(xp, params, s))
     if out is None:
         return result
     out[...] = result
