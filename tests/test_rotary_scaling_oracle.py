@@ -171,6 +171,35 @@ def test_yarn_without_factor_uses_the_length_ratio(max_pos):
     assert_matches_hf(params, 64, max_pos)
 
 
+@pytest.mark.parametrize(
+    "full, top, config_fields",
+    [
+        ({"truncate": False}, {}, {}),  # a layer type's truncate: not read (True)
+        ({}, {"truncate": False}, {}),  # the top level's: read
+        ({"truncate": False}, {"truncate": None}, {}),
+        ({}, {}, {"original_max_position_embeddings": 2048}),  # the config's field: not copied into nested parameters
+        ({"factor": None}, {}, {"original_max_position_embeddings": 2048}),
+    ],
+)
+def test_nested_yarn_is_read_as_transformers_reads_it(full, top, config_fields):
+    """Parameters nested per layer type (Gemma 3): transformers' YaRN reads ``truncate`` from
+    ``config.rope_parameters`` itself (so a layer type's own is not read), and a nested
+    ``original_max_position_embeddings`` only from the layer type's dict. from_hf read the
+    layer type's truncate (inv_freq 0.22 off relative) and the config's field first (0.6 off;
+    1.4 and the attention scale 1.069 for 1.139 with factor None)."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 1024, "beta_fast": 31.3, "beta_slow": 1.7, "rope_theta": 1000.0}
+    params = {"sliding_attention": {"rope_type": "default", "rope_theta": 100.0}, "full_attention": {**yarn, **full}, **top}
+    config = transformers.Gemma3TextConfig(
+        hidden_size=64, num_attention_heads=4, num_hidden_layers=2, head_dim=16, max_position_embeddings=4096,
+        layer_types=["sliding_attention", "full_attention"], rope_parameters=params, **config_fields,
+    )
+    want, want_scale = ROPE_INIT_FUNCTIONS["yarn"](config, None, layer_type="full_attention")
+    ours = pe.scaling.from_hf(config, layer_type="full_attention")
+    got, scale = pe.rope_frequencies(ours.rotary_dim, base=ours.base, scaling=ours.scaling)
+    np.testing.assert_allclose(got, want.double().numpy(), rtol=2.0**-23 * (4 + math.log(1000.0)) * 4)
+    assert scale == pytest.approx(want_scale, rel=1e-12)
+
+
 @MANY
 @given(
     data=st.data(),

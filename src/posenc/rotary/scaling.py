@@ -559,10 +559,11 @@ class HFRope:
 class _Reader:
     """One flat ``rope_parameters`` dict of a config, with the config-level values it falls back on."""
 
-    def __init__(self, params, rope_type, max_position_embeddings, original_max_position_embeddings):
+    def __init__(self, params, rope_type, max_position_embeddings, original_max_position_embeddings, truncate):
         self.params, self.rope_type = params, rope_type
         self.max_position_embeddings = max_position_embeddings
         self.original_max_position_embeddings = original_max_position_embeddings
+        self.truncate = truncate
 
     def need(self, key, *, none_ok=False):
         if key not in self.params:
@@ -620,7 +621,7 @@ def _yarn(r, rotary_dim, base):
             UserWarning,
             stacklevel=5,
         )
-    truncate = r.params.get("truncate", True)  # (transformers tests it for truth: a null is False)
+    truncate = r.truncate  # (transformers tests it for truth: a null is False)
     return YaRN(
         factor,
         original,
@@ -773,7 +774,9 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
         ``partial_rotary_factor``, ``factor``, ...) or a legacy ``rope_scaling`` dict
         (``type`` instead of ``rope_type``). ``None`` or ``{}`` is plain RoPE. Parameters
         nested per layer type (``{"full_attention": {...}, "sliding_attention": {...}}``,
-        Gemma 3 style) need ``layer_type``. Every ``rope_type`` transformers ships is read
+        Gemma 3 style) need ``layer_type``; as in transformers, YaRN's ``truncate`` is then read
+        from the top level (True when absent there: one inside a layer type's dict is not read)
+        and ``original_max_position_embeddings`` from the layer type's dict alone. Every ``rope_type`` transformers ships is read
         (``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``,
         ``proportional``), and the model-specific ``xdrope`` (HunyuanVL: ``dynamic``, with
         ``alpha`` the fixed NTK base) and ``axial`` (the 2-D RoPE of Qwen3-VL's and GLM-4V's
@@ -841,6 +844,10 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
             raise ValueError(f"layer_type must be one of {', '.join(map(repr, labels))}, got {layer_type!r}")
         if params[layer_type] is None:
             raise ValueError(f"layer_type={layer_type!r} has no rotary parameters (a layer without RoPE)")
+        # as transformers reads nested parameters: YaRN's truncate from the top level (its yarn
+        # initialiser reads config.rope_parameters), original_max_position_embeddings only from the
+        # layer type's own parameters (the config's field is not copied into them)
+        fields.update(truncate=params.get("truncate", True), original_max_position_embeddings=None)
         params = dict(params[layer_type])
     elif layer_type is not None and layer_type not in fields["layer_types"]:
         raise ValueError(
@@ -880,7 +887,10 @@ def _read_flat(p, head_dim, fields):
         raise ValueError(
             f"head_dim * partial_rotary_factor must give an even rotary dimension >= 2, got int({head_dim} * {fraction}) = {rotary_dim}"
         )
-    reader = _Reader({**p, "partial_rotary_factor": fraction}, rope_type, fields["max_position_embeddings"], fields["original_max_position_embeddings"])
+    truncate = fields["truncate"] if "truncate" in fields else p.get("truncate", True)
+    reader = _Reader(
+        {**p, "partial_rotary_factor": fraction}, rope_type, fields["max_position_embeddings"], fields["original_max_position_embeddings"], truncate
+    )
     scaling = kind.build(reader, rotary_dim, base) if kind.build is not None else None
     return HFRope(scaling, base, rotary_dim, fraction, *_multimodal(p, rope_type, scaling, rotary_dim, fields.get("model_type")))
 
