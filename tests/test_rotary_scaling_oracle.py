@@ -217,6 +217,15 @@ def test_longrope_matches_hf(data, drawn, factor, max_factor):
     assert_matches_hf(params, head_dim, original * max_factor, seq_len)
 
 
+@pytest.mark.parametrize("short, long", [([1.5], [1.0, 2.0, 3.0, 4.0]), ([1.0, 1.2, 1.4, 1.6], [4.0]), ([2.0], [8.0])])
+@pytest.mark.parametrize("seq_len", [None, 64, 65])
+def test_longrope_with_one_factor_broadcasts_it_as_transformers(short, long, seq_len):
+    # transformers divides by a tensor of the factors: one factor broadcasts over every pair
+    # (it warns of the length and computes); from_hf refused it (lists of different lengths).
+    params = {"rope_type": "longrope", "rope_theta": 500.0, "original_max_position_embeddings": 64, "factor": 4.0}
+    assert_matches_hf({**params, "short_factor": short, "long_factor": long}, 8, 256, seq_len)
+
+
 @pytest.mark.parametrize("largest", [15.0, 15.2, 15.5, 16.0])
 def test_fractional_positions_switch_longrope_and_grow_dynamic_ntk_as_transformers(largest):
     """Fractional positions: LongRoPE takes its long factors where transformers'

@@ -363,7 +363,8 @@ class LongRoPE(Scaling):
 
     :math:`\lambda` is ``long_factor`` when ``seq_len > original_max_position`` and
     ``short_factor`` otherwise (also when ``seq_len`` is None). Both lists have ``dim/2``
-    entries (checked against ``dim`` when used). ``attention_scale``: ``attention_factor``
+    entries (checked against ``dim`` when used; :func:`from_hf` repeats a list of one factor,
+    which transformers broadcasts). ``attention_scale``: ``attention_factor``
     when given, else :math:`\sqrt{1 + \ln s / \ln L}` for ``s = factor > 1`` and 1
     otherwise (``factor=None`` counts as 1; Hugging Face then uses
     ``max_position_embeddings / original_max_position``, which :func:`from_hf` fills in).
@@ -636,9 +637,14 @@ def _yarn(r, rotary_dim, base):
 
 def _longrope(r, rotary_dim, base):
     original = r.original()
+
+    def factors(key):  # one factor for every pair, as transformers' tensor of one broadcasts
+        values = r.need(key)
+        return list(values) * (rotary_dim // 2) if isinstance(values, (list, tuple)) and len(values) == 1 else values
+
     scaling = LongRoPE(
-        r.need("short_factor"),
-        r.need("long_factor"),
+        factors("short_factor"),
+        factors("long_factor"),
         original,
         factor=r.factor_or_ratio(original),
         attention_factor=r.params.get("attention_factor"),
