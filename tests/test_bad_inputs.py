@@ -696,6 +696,13 @@ ROTARY = {
     "YaRN negative beta_slow": (lambda: S.YaRN(4.0, 4096, beta_slow=-1.0), ValueError, "beta_slow"),
     "YaRN zero attention_factor": (lambda: S.YaRN(4.0, 4096, attention_factor=0.0), ValueError, "attention_factor"),
     "YaRN nan mscale": (lambda: S.YaRN(4.0, 4096, mscale=float("nan")), ValueError, "mscale"),
+    # ln(e) = 1: 0.1 * -10 * ln(factor) + 1 = 0, the ratio's denominator (was ZeroDivisionError) or the scale
+    "YaRN mscale_all_dim zeroing its term": (
+        lambda: pe.rope_frequencies(8, scaling=S.YaRN(2.718281828459045, 4096, mscale=1.0, mscale_all_dim=-10.0)), ValueError, "mscale_all_dim",
+    ),
+    "YaRN mscale zeroing the scale": (
+        lambda: pe.rope(np.ones((2, 8)), inverse=True, scaling=S.YaRN(2.718281828459045, 4096, mscale=-10.0, mscale_all_dim=1.0)), ValueError, "mscale",
+    ),
     "YaRN truncate a string": (lambda: S.YaRN(4.0, 4096, truncate="yes"), TypeError, "truncate"),
     "LongRoPE empty lists": (lambda: S.LongRoPE([], [], 4096), ValueError, "short_factor"),
     "LongRoPE lists of different lengths": (lambda: S.LongRoPE([1.0, 2.0], [1.0], 4096), ValueError, "long_factor"),

@@ -300,7 +300,8 @@ class YaRN(Scaling):
     ``mscale_all_dim`` are non-zero, :math:`m(s, \text{mscale}) / m(s, \text{mscale\_all\_dim})`
     (DeepSeek), otherwise :math:`m(s, 1)`, with :math:`m(s, a) = 0.1\,a\ln s + 1` for
     ``s > 1`` and 1 otherwise. (As in Hugging Face, ``mscale`` alone is ignored when
-    ``mscale_all_dim`` is 0.) HF ``rope_type="yarn"``.
+    ``mscale_all_dim`` is 0; either making its :math:`m` 0 is a ``ValueError``: a scale of 0,
+    or one dividing by 0.) HF ``rope_type="yarn"``.
     """
 
     factor: float
@@ -322,6 +323,14 @@ class YaRN(Scaling):
         set_(self, "mscale_all_dim", check.real("mscale_all_dim", self.mscale_all_dim))
         set_(self, "attention_factor", _optional_positive("attention_factor", self.attention_factor))
         check.flag("truncate", self.truncate)
+        if self.attention_factor is None and self.mscale and self.mscale_all_dim:
+            for name in ("mscale_all_dim", "mscale"):  # the denominator, then the scale itself (an inverse rotation divides by it)
+                if _yarn_mscale(self.factor, getattr(self, name)) == 0:
+                    raise ValueError(
+                        f"{name}={getattr(self, name)} makes 0.1 * {name} * ln(factor) + 1 = 0 for factor={self.factor}: "
+                        "the attention scale m(factor, mscale) / m(factor, mscale_all_dim) would "
+                        + ("divide by 0" if name == "mscale_all_dim" else "be 0")
+                    )
 
     def attention_scale(self) -> float:
         if self.attention_factor is not None:
