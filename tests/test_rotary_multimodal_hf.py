@@ -110,3 +110,42 @@ def test_axial_scaling_refuses_a_dim_it_cannot_split():
         pe.rope_frequencies(6, scaling=pe.scaling.Axial(2))
     with pytest.raises(ValueError, match="axes"):
         pe.scaling.Axial(0)
+
+
+@pytest.mark.parametrize("model_type", sorted(pe.scaling._MROPE_MODELS))
+def test_from_hf_deals_the_sections_out_as_the_models_text_rotary_module(model_type):
+    """transformers' multimodal text rotary modules fall back on sections of their own where the
+    config has no ``mrope_section``, and deal the pairs out by their code (Qwen3-VL's turns, or
+    consecutive sections), never reading ``mrope_interleaved``: from_hf reads them as the module
+    for the config's model type does (it gave no sections for GLM-4V's, Qwen3-VL's, Qwen3.5's
+    default configs, and consecutive sections for Cosmos3-Edge's and HY-V4-VL's: cos off by 2).
+    Position ids differ per axis, as an image's do; the layout of the pairs is the module's own."""
+    import importlib
+    import inspect
+
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    config_class = CONFIG_MAPPING[model_type]
+    modeling = importlib.import_module(config_class.__module__.replace(".configuration_", ".modeling_"))
+    module_class = next(
+        c for n, c in vars(modeling).items()
+        if isinstance(c, type) and n.endswith("RotaryEmbedding") and "Vision" not in n and "mrope_section" in inspect.getsource(c)
+    )
+    sections, _ = pe.scaling._MROPE_MODELS[model_type]
+    params = config_class().rope_parameters or {}
+    fraction = params.get("partial_rotary_factor", 1.0)
+    head_dim = round(2 * sum(params.get("mrope_section", sections)) / fraction)
+    layer_type, extra = None, {}
+    if model_type == "cohere_compass_text":  # rope parameters per layer type
+        layer_type = "full_attention"
+        extra = {"rope_parameters": {t: {"rope_type": "default", "rope_theta": 1e4} for t in ("full_attention", "sliding_attention")}}
+    config = config_class(hidden_size=2 * head_dim, num_attention_heads=2, num_key_value_heads=2, head_dim=head_dim, **extra)
+    ids = torch.randint(0, 50, (3, 2, 20), generator=torch.Generator().manual_seed(0))
+    want_cos, want_sin = module_class(config)(torch.zeros(1), ids, *([layer_type] if layer_type else []))
+    read = pe.scaling.from_hf(config, layer_type=layer_type)
+    inv_freq, scale = pe.rope_frequencies(read.rotary_dim, base=read.base, scaling=read.scaling)
+    differences = []
+    for layout in ("half", "interleaved"):
+        cos, sin = pe.mrope_cos_sin(ids, inv_freq, read.sections, interleaved=read.multimodal == "mrope_interleaved", layout=layout, scale=scale)
+        differences.append(max(float((cos - want_cos).abs().max()), float((sin - want_sin).abs().max())))
+    assert min(differences) <= ATOL, f"{model_type}: from_hf read {read.sections}, {read.multimodal}: tables off by {differences}"

@@ -554,7 +554,8 @@ class HFRope:
         RoPE.
     multimodal : {"mrope", "mrope_interleaved", "xdrope"} or None
         How ``sections`` deal out the pairs: :func:`posenc.mrope_cos_sin` (consecutive;
-        ``interleaved=True`` for ``"mrope_interleaved"``, Qwen3-VL) or
+        ``interleaved=True`` for ``"mrope_interleaved"``, Qwen3-VL; the pairs' layout, half or
+        interleaved, is the model's apply function's, as for text RoPE) or
         :func:`posenc.xdrope_cos_sin` (HunyuanVL).
     """
 
@@ -797,7 +798,10 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
         ``alpha`` the fixed NTK base) and ``axial`` (the 2-D RoPE of Qwen3-VL's and GLM-4V's
         vision encoders: :class:`Axial`), each by its entry of ``HF_ROPE_TYPES``. Multimodal
         sections (``mrope_section``, ``xdrope_section``, the two axes of ``axial``) come back
-        as ``.sections`` and ``.multimodal``.
+        as ``.sections`` and ``.multimodal``; for the model types of transformers' multimodal
+        text rotary modules (Qwen2-VL, Qwen3-VL, Qwen3.5, GLM-4V, ...) as their module reads
+        them: its own sections where the config has none, and its dealing of the pairs (the
+        module's code decides it; ``mrope_interleaved`` is read only where no model type does).
     head_dim : int, optional
         The attention head size; read from a config object (``head_dim`` or
         ``hidden_size // num_attention_heads``), required with a dict.
@@ -914,14 +918,31 @@ def _multimodal(p, rope_type, scaling, rotary_dim, model_type):
     """``(sections, multimodal)`` of flat parameters: M-RoPE's, XD-RoPE's or the vision encoders' axes."""
     if isinstance(scaling, Axial):
         return scaling.sections(rotary_dim), "mrope"
-    sections = p.get("xdrope_section", p.get("mrope_section"))
+    model = _MROPE_MODELS.get(str(model_type or ""))
+    sections = p.get("xdrope_section", p.get("mrope_section", None if model is None else model[0]))
     if sections is None:
         return None, None
     sections = tuple(int(n) for n in sections)  # checked against the frequencies where they are used
     # HunyuanVL's config renames xdrope_section to mrope_section and xdrope to dynamic: its model type tells
     if rope_type == "xdrope" or "xdrope_section" in p or str(model_type or "").startswith("hunyuan_vl"):
         return sections, "xdrope"
-    return sections, "mrope_interleaved" if p.get("mrope_interleaved") else "mrope"
+    interleaved = model[1] if model is not None else p.get("mrope_interleaved")
+    return sections, "mrope_interleaved" if interleaved else "mrope"
+
+
+# The multimodal text rotary modules of transformers 5.24, by their config's model type: the
+# sections each uses where its config has no mrope_section, and whether it deals the pairs out
+# in turn (Qwen3-VL's order) or in consecutive sections. None of them reads mrope_interleaved.
+# (Ernie-4.5-VL's, which alternates height and width pairs, is neither: not listed.)
+_MROPE_MODELS = {
+    **dict.fromkeys(("qwen2_vl_text", "qwen2_5_vl_text", "qwen2_5_omni_text", "paddleocr_vl_text"), ((16, 24, 24), False)),
+    **dict.fromkeys(("glm4v_text", "glm4v_moe_text", "glm_image_text", "glm_ocr_text"), ((8, 12, 12), False)),
+    **dict.fromkeys(
+        ("qwen3_vl_text", "qwen3_vl_moe_text", "qwen3_omni_moe_text", "qwen3_omni_moe_talker_text", "cosmos3_edge_text", "hy_v4_vl_text", "cohere_compass_text"),
+        ((24, 20, 20), True),
+    ),
+    **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen4_exp_text"), ((11, 11, 10), True)),
+}
 
 
 def check_scaling(scaling):
