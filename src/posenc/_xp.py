@@ -214,11 +214,16 @@ def resplit(a, sharding, spec=None):
 
 def heads_like(table, x):
     """A per-head ``table [..., heads, d, m]`` split as ``x [..., heads, seq, d]`` splits its
-    heads under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose matmul refuses
-    a replicated operand beside a split one); unchanged elsewhere."""
+    batch and head axes under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose
+    matmul refuses a replicated operand beside a split one), each axis of the table that
+    has ``x``'s length there (an axis of length 1 broadcasts, replicated); unchanged elsewhere."""
     sharding = explicit_sharding(x) if table.ndim >= 3 and x.ndim >= 3 else None
-    heads = split_spec(sharding, x.ndim)[-3]
-    return resplit(table, sharding, (*(None,) * (table.ndim - 3), heads, None, None))
+    spec = split_spec(sharding, x.ndim)
+    lead = [None] * (table.ndim - 2)
+    for axis in range(1, min(len(lead), x.ndim - 2) + 1):  # (right-aligned, as the matmul broadcasts them)
+        if table.shape[-2 - axis] == x.shape[-2 - axis]:
+            lead[-axis] = spec[-2 - axis]
+    return resplit(table, sharding, (*lead, None, None))
 
 
 def replicated_on_mesh(sharding):

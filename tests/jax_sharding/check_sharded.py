@@ -188,7 +188,7 @@ def explicit(count, x, table):
     split on its rows, or on its heads beside positions split over the same mesh axis, a
     convolution or a rotation along a split axis, the per-row lengths of a dynamic scaling,
     split or not, a Toeplitz expansion's gradient to a head-split table, Transformer-XL's
-    per-head ``r`` beside head-split ``q``): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
+    per-head ``r`` beside head-split ``q``, per-batch ``r`` or DeBERTa tables beside batch-split ``q``): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
     one line a case (``explicit ... ok``)."""
     import jax
     import jax.numpy as jnp
@@ -220,6 +220,14 @@ def explicit(count, x, table):
     def xl(a):  # (r split on its heads as q: the matmul had refused a replicated r)
         return pe.xl_logits(a, a, jnp.asarray(r), jnp.asarray(u), jnp.asarray(u))
 
+    rb, pb = rng.standard_normal((4, 8, 24, 16)).astype(np.float32), rng.standard_normal((4, 8, 6, 16)).astype(np.float32)
+
+    def xl_batch(a):  # (a per-batch r: it had been replicated on its batch beside q split there, which the matmul refused)
+        return pe.xl_logits(a, a, jnp.asarray(rb), jnp.asarray(u), jnp.asarray(u))
+
+    def deberta_batch(a):
+        return pe.deberta_logits(a, a, jnp.asarray(pb), jnp.asarray(pb), max_distance=3)
+
     def fire(p):
         return pe.fire_bias(lambda z: z @ jnp.asarray(weights), 12, 12, query_positions=p, key_positions=p)
 
@@ -239,6 +247,8 @@ def explicit(count, x, table):
         ("rope dynamic per-row offsets", lambda a: pe.rope(a, offset=jnp.asarray(rows)[:, None, None], scaling=dynamic), x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
         ("rope dynamic per-row offsets split beside x", rows_split, x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
         ("xl_logits head-split q and k, per-head r", xl, x, P(None, "d"), P(None, "d"), pe.xl_logits(x, x, r, u, u)),
+        ("xl_logits batch-split q and k, per-batch r", xl_batch, x, P("d"), P("d"), pe.xl_logits(x, x, rb, u, u)),
+        ("deberta_logits batch-split q and k, per-batch tables", deberta_batch, x, P("d"), P("d"), pe.deberta_logits(x, x, pb, pb, max_distance=3)),
         ("t5_bias gradient to head-split table", t5_gradient, table, P(None, "d"), P(None, "d"), np.asarray(t5_gradient(jnp.asarray(table)))),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
