@@ -71,6 +71,23 @@ def _traced(*arrays):
     return any(tracer(a) for a in arrays)
 
 
+def _spread(*arrays):
+    """A concrete JAX array over several devices among ``arrays``."""
+    return any(isinstance(a, jax.Array) and not tracer(a) and len(a.devices()) > 1 for a in arrays)
+
+
+def _bound(op, *args):
+    """``op`` on traced ``args``, or on concrete ones of which some span several devices:
+    there under ``jit``, each device's kernel call on its own shard, as a jitted call's
+    (the kernel's bits, where the reference's differ, and no gather)."""
+    return apply(op, *args) if _traced(*args) else _jitted(op)(*args)
+
+
+@functools.lru_cache(maxsize=256)
+def _jitted(op):
+    return jax.jit(functools.partial(apply, op))
+
+
 # ---------------------------------------------------------------- traced: host calls
 
 
@@ -370,8 +387,8 @@ def _reference(op):
 
 def rope_rotate(x, positions, inv_freq, *, layout="half", inverse=False, scale=1.0, out=None):
     freqs = guard_rotate(x, positions, inv_freq, None)
-    if _traced(x, positions):
-        return apply(_rotation(tuple(freqs.tolist()), layout, bool(inverse), float(scale), x.ndim, positions.ndim), x, positions)
+    if _traced(x, positions) or _spread(x, positions):
+        return _bound(_rotation(tuple(freqs.tolist()), layout, bool(inverse), float(scale), x.ndim, positions.ndim), x, positions)
     return _eager("rope_rotate", x, x.shape, x, positions, freqs, layout=layout, inverse=inverse, scale=scale)
 
 
@@ -386,28 +403,28 @@ def rope_rotate_at_length(x, positions, seq_len, *, scaling, rotary_dim, base, l
 
 def rope_apply(x, cos, sin, *, layout="half", out=None):
     guard_apply(x, cos, sin, None)
-    if _traced(x, cos, sin):
-        return apply(_cos_sin_rotation(layout, x.ndim, cos.shape[-1], cos.ndim), x, cos, sin)
+    if _traced(x, cos, sin) or _spread(x, cos, sin):
+        return _bound(_cos_sin_rotation(layout, x.ndim, cos.shape[-1], cos.ndim), x, cos, sin)
     return _eager("rope_apply", x, x.shape, x, cos, sin, layout=layout)
 
 
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     shape = guard_expand(vec, q_len, k_len, None)
     q_len, k_len = shape[-2:]
-    if _traced(vec):
-        return apply(_expansion(q_len, k_len, vec.ndim), vec)
+    if _traced(vec) or _spread(vec):
+        return _bound(_expansion(q_len, k_len, vec.ndim), vec)
     return _eager("toeplitz_expand", vec, shape, vec, q_len, k_len)
 
 
 def toeplitz_gather(scores, index, k_len, *, out=None):
     shape = guard_gather(scores, index, k_len, None)
-    if _traced(scores, index):
-        return apply(_indexed("toeplitz_gather", shape[-1], scores.ndim), scores, index)
+    if _traced(scores, index) or _spread(scores, index):
+        return _bound(_indexed("toeplitz_gather", shape[-1], scores.ndim), scores, index)
     return _eager("toeplitz_gather", scores, shape, scores, index, shape[-1])
 
 
 def toeplitz_scatter(weights, index, m, *, out=None):
     shape = guard_scatter(weights, index, m, None)
-    if _traced(weights, index):
-        return apply(_indexed("toeplitz_scatter", shape[-1], weights.ndim), weights, index)
+    if _traced(weights, index) or _spread(weights, index):
+        return _bound(_indexed("toeplitz_scatter", shape[-1], weights.ndim), weights, index)
     return _eager("toeplitz_scatter", weights, shape, weights, index, shape[-1])

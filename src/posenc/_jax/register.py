@@ -36,15 +36,15 @@ def tracer(a) -> bool:
 
 
 def _on_cpu(a) -> bool:
-    """A JAX array on one CPU device; a traced one where the default backend is the CPU and
+    """A JAX array on the CPU (one device, or sharded over several: ``cpu.py`` calls the
+    kernel per shard under ``jit``); a traced one where the default backend is the CPU and
     its shape is known (not symbolic: ``jax.export``'s sizes known when it is called)."""
     jax = sys.modules.get("jax")
     if jax is None or not isinstance(a, jax.Array):
         return False
     if isinstance(a, jax.core.Tracer):
         return _cpu_backend(jax) and all(type(n) is int for n in a.shape)
-    devices = a.devices()
-    return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+    return all(device.platform == "cpu" for device in a.devices())
 
 
 def _float(a) -> bool:
