@@ -363,3 +363,28 @@ def test_apply_absolute_at_a_traced_offset_gives_nan_rows_outside_the_table():
     np.testing.assert_array_equal(before[2:], np.asarray(table[:2]))
     np.testing.assert_array_equal(after[:2], np.asarray(table[8:]))
     np.testing.assert_array_equal(np.asarray(at(jnp.int32(3))), np.asarray(pe.apply_absolute(x, table, offset=3)))
+
+
+_CLOSED_FLOATS = jnp.asarray([0.5, 3.0, 7.25, 12.0], jnp.float32)
+_CLOSED_INTS = jnp.arange(4)
+
+
+@pytest.mark.parametrize(
+    "name, call",
+    [
+        ("rope_cos_sin", lambda x: pe.rope_cos_sin(_CLOSED_FLOATS, inv_freq(8))[0] + x),
+        ("rerotate", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_FLOATS, inv_freq(8))),
+        ("sinusoidal", lambda x: pe.sinusoidal(_CLOSED_FLOATS, 8) + x),
+        ("complex_order", lambda x: pe.complex_order(x[0], x[0], x[0], _CLOSED_FLOATS).real),
+        ("alibi_bias", lambda x: pe.alibi_bias(x[0, :2], 4, 4, query_positions=_CLOSED_FLOATS, key_positions=_CLOSED_FLOATS)),
+        ("t5_bias", lambda x: pe.t5_bias(jnp.broadcast_to(x[0, :2], (32, 2)), 4, 4, query_positions=_CLOSED_INTS, key_positions=_CLOSED_INTS)),
+        ("kerple_bias", lambda x: pe.kerple_bias(x[0, :2], x[0, :2], 4, 4, query_positions=_CLOSED_INTS, key_positions=_CLOSED_INTS)),
+    ],
+)  # fmt: skip
+def test_concrete_positions_closed_over_under_jit_give_the_eager_result(name, call):
+    """Positions closed over by a jitted function are concrete arrays whose operations JAX
+    stages: the checks that read them eagerly (finite floats, per-token distances) raised
+    ``TracerBoolConversionError`` / ``ConcretizationTypeError``; they are read as traced now."""
+    x = jnp.full((4, 8), 0.5, jnp.float32)
+    # (complex_order's traced frequencies round as XLA fuses them: within an ulp)
+    np.testing.assert_allclose(np.asarray(jax.jit(call)(x)), np.asarray(call(x)), rtol=2e-7 if name == "complex_order" else 0, atol=0)

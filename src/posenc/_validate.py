@@ -497,7 +497,22 @@ def is_eager(value) -> bool:
     a torch tensor while torch compiles, nor one that ``torch.func.vmap`` batches."""
     if torch_tensor(value):
         return not torch_compiling() and not _vmapped(value)
-    return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and _is_tracer(value))
+    return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and (_is_tracer(value) or _jax_staging()))
+
+
+def _jax_staging() -> bool:
+    """Whether JAX stages its operations now (``jax.jit``, ``lax.scan``, ``jax.checkpoint``,
+    under any ``vmap`` or ``grad`` between): there a concrete JAX array closed over gives
+    traced results, which refuse to be read."""
+    from jax._src import core
+    from jax._src.interpreters.partial_eval import DynamicJaxprTrace
+
+    trace = core.trace_ctx.trace
+    while trace is not None:
+        if isinstance(trace, DynamicJaxprTrace):
+            return True
+        trace = getattr(trace, "parent_trace", None)
+    return False
 
 
 def _vmapped(tensor) -> bool:
