@@ -304,8 +304,6 @@ def embedded_positions(x, positions, offset):
         positions = xp.arange(length, dtype=index_dtype(xp, device), device=device)
         known = (0, length - 1) if length else None
     else:
-        if check.is_array(positions) and check.is_eager(positions) and not check.is_eager(x):  # (jax.jit of x, positions closed over: values of the trace too)
-            positions = xp.astype(positions, positions.dtype, copy=True)
         positions, known = check.positions("positions", positions, xp, device), None
     if plain:
         return positions
