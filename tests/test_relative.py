@@ -468,3 +468,24 @@ def test_an_array_offset_sets_the_namespace_of_what_is_built_from_lengths(backen
     offset = backend.asarray(np.array([3]))[0]
     want = backend.to_numpy(build(3, backend.xp))
     assert_close(backend.call(lambda o: build(o, None), offset), want, backend=backend, dtype=str(want.dtype), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda o: pe.relative_bias_vector("t5", np.linspace(-1.0, 1.0, 64).reshape(32, 2), 4, 6, offset=o),
+        lambda o: pe.relative_bias("t5", np.linspace(-1.0, 1.0, 64).reshape(32, 2), 4, 6, offset=o),
+        lambda o: pe.cope_positions(np.linspace(-1.0, 1.0, 24).reshape(2, 3, 4), np.linspace(1.0, -1.0, 40).reshape(2, 5, 4), offset=o),
+        lambda o: pe.cope_logits(np.linspace(-1.0, 1.0, 24).reshape(2, 3, 4), np.linspace(1.0, -1.0, 40).reshape(2, 5, 4), np.ones((3, 4)), offset=o),
+    ],
+    ids=["relative_bias_vector", "relative_bias", "cope_positions", "cope_logits"],
+)
+def test_an_array_offset_beside_numpy_arrays_sets_the_namespace(backend, build):
+    """A 0-d ``offset`` of another library (traced under ``jax.jit``, lazy on Dask) makes
+    the NumPy arrays beside it host constants: the result is of its namespace and holds the
+    int offset's values. ``relative_bias_vector`` and ``cope_positions`` had returned NumPy,
+    computing a Dask offset on the spot (``relative_bias`` and ``cope_logits`` did not)."""
+    offset = backend.asarray(np.array([3]))[0]
+    want = build(3)
+    got = backend.call(build, offset)
+    assert_close(got, want, backend=backend, dtype=str(backend.to_numpy(got).dtype), rtol=1e-6, atol=1e-7)

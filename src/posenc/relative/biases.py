@@ -265,6 +265,7 @@ def _output(xp, like, name, shape, out, chunks):
     return out
 
 
+@host_constants
 @_plans.planned(_signatures.RelativeBiasVector)
 def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     r"""Per-distance vector of a relative bias: ``[heads, q_len + k_len - 1]``.
@@ -305,7 +306,9 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
 
     Returns
     -------
-    array ``[heads, q_len + k_len - 1]`` of ``params``' dtype and namespace.
+    array ``[heads, q_len + k_len - 1]`` of ``params``' dtype, in the namespace of ``params``
+    and ``offset`` (NumPy ``params`` beside an ``offset`` of another library are a host
+    constant, converted into it, as in :func:`relative_bias`).
 
     Examples
     --------

@@ -49,6 +49,7 @@ def _positions(xp, gates):
     return xp.flip(xp.cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1)
 
 
+@host_constants
 def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     r"""CoPE's contextual positions ``p [..., heads, q_len, k_len]`` (Golovneva et al.,
     "Contextual Position Encoding: Learning to Count What's Important", 2024).
