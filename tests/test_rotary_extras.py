@@ -97,6 +97,17 @@ def test_positions_from_mask_left_and_right_padding(backend):
             np.testing.assert_array_equal(backend.to_numpy(got), want)
 
 
+def test_positions_from_mask_refuses_a_start_past_the_index_dtype():
+    """The last token's position ``start + seq - 1`` must fit in int64: it had wrapped
+    silently to -2**63 (the bound was read as ``not a and b``)."""
+    mask = np.ones((1, 5), dtype=bool)
+    assert pe.positions_from_mask(mask, start=2**63 - 5).tolist() == [[2**63 - 5 + t for t in range(5)]]
+    with pytest.raises(ValueError, match="start \\+ the positions of 5 tokens must stay within int64"):
+        pe.positions_from_mask(mask, start=2**63 - 4)
+    with pytest.raises(ValueError, match="start \\+ the positions of 5 tokens must stay within int64"):
+        pe.positions_from_mask(mask, start=-(2**63))
+
+
 def test_positions_from_cu_seqlens(backend):
     cu = np.array([0, 3, 3, 7, 8])
     want = np.concatenate([np.arange(n) for n in np.diff(cu)])

@@ -38,7 +38,7 @@ def positions_from_mask(mask, *, start=0):
     start = check.integer("start", start)
     check.allocatable_unless_blocked("positions_from_mask", tuple(mask.shape), 8, mask)
     _, bits, low, high = check.index_bounds(xp, device_of(mask))
-    if not low <= start - 1 and start + int(mask.shape[-1]) - 1 <= high:
+    if not (low <= start - 1 and start + int(mask.shape[-1]) - 1 <= high):
         raise ValueError(f"start + the positions of {int(mask.shape[-1])} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
     itype = index_dtype(xp, device_of(mask))
     token = mask if mask.dtype == xp.bool else mask != 0
