@@ -934,3 +934,26 @@ def test_numpy_masked_arrays_are_refused_wherever_an_array_goes():
     for name, call in calls.items():
         with pytest.raises(TypeError, match="masked array"):
             call()
+
+
+def test_array_api_strict_older_than_2024_12_is_refused_before_any_work():
+    """array-api-strict set to ``api_version="2023.12"``: one ``TypeError`` naming the version
+    to set, from every function, before any work (the logits had failed inside strict with
+    its own RuntimeError at ``take_along_axis``, attention and KERPLE's power kind with an
+    AttributeError at ``where`` of a Python scalar, while other functions ran)."""
+    strict = pytest.importorskip("array_api_strict")
+    a = strict.asarray(np.linspace(-1.0, 1.0, 24).reshape(2, 3, 4))
+    calls = {
+        "shaw_logits": lambda: pe.shaw_logits(a, a, a[0, ...], max_distance=1),
+        "xl_logits": lambda: pe.xl_logits(a, a, a, a[0, 0, ...], a[0, 0, ...]),
+        "attention causal": lambda: pe.attention(a, a, a, causal=True),
+        "kerple_bias power": lambda: pe.kerple_bias(a[0, 0, ...] ** 2, a[0, 0, ...] ** 2, 3, 3, kind="power"),
+        "rope": lambda: pe.rope(a),
+        "t5_bias": lambda: pe.t5_bias(a[0, ...], 2, 2),
+        "sinusoidal xp=": lambda: pe.sinusoidal(3, 8, xp=strict),
+    }
+    with strict.ArrayAPIStrictFlags(api_version="2023.12"):
+        for name, call in calls.items():
+            with pytest.raises(TypeError, match=r"Array API standard 2024\.12 .* api_version '2023\.12'.*set_array_api_strict_flags"):
+                call()
+    assert pe.rope(a).shape == a.shape

@@ -138,7 +138,19 @@ def _given_namespace(xp):
             "xp must be an array namespace: numpy, torch, jax.numpy, cupy, dask.array or an "
             f"array-api-compat / array-api-strict namespace, got {type(xp).__name__}"
         )
-    return _FRAMEWORK_NAMESPACES[name]() if name in _FRAMEWORK_NAMESPACES else xp
+    return _FRAMEWORK_NAMESPACES[name]() if name in _FRAMEWORK_NAMESPACES else _standard(xp)
+
+
+def _standard(xp):
+    """``xp``, unless it is array-api-strict set to an ``api_version`` older than the 2024.12
+    standard posenc is written against (``take_along_axis``, ``where`` with a Python
+    scalar): that is a ``TypeError`` saying which version to set, before any work."""
+    if xp.__name__ == "array_api_strict" and xp.__array_api_version__ < "2024.12":
+        raise TypeError(
+            f"posenc needs the Array API standard 2024.12 or later, but array-api-strict is set to api_version "
+            f"{xp.__array_api_version__!r}: call array_api_strict.set_array_api_strict_flags(api_version='2024.12')"
+        )
+    return xp
 
 
 def torch_namespace(xp) -> bool:
@@ -285,9 +297,10 @@ def namespace(*arrays, xp=None):
         # Not through array-api-compat, whose caches torch.compile does not trace.
         return _torch_namespace()
     try:
-        return _compat.array_namespace(*found)
+        xp = _compat.array_namespace(*found)
     except TypeError as exc:
         raise _mixed(found) from exc
+    return _standard(xp)
 
 
 def argument_in(name, value, xp, device=None):
