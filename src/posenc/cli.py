@@ -16,7 +16,7 @@ import sys
 import time
 
 from posenc._cli_errors import _error, _writable_directory, number
-from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS
+from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS, SCALINGS_MAX_DIM
 
 OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy", "torch", "jax", "dask", "array-api-strict", "matplotlib")
 
@@ -161,7 +161,7 @@ PLOTS = {
     "scaling": ("scalings", "rope_scalings.png", [
         ("--type", "types", {"nargs": "+", "choices": SCALINGS, "help": "one panel per scaling (default: all)"}),
         ("--factor", "factor", {"type": number(float, 1, maximum=MAX_FACTOR), "help": f"scaling factor (NTK's alpha), at most {MAX_FACTOR:g}"}),
-        ("--dim", "dim", {"type": number(int, 4, even=True), "help": "rotary dimension, even"}),
+        ("--dim", "dim", {"type": number(int, 4, even=True, maximum=SCALINGS_MAX_DIM), "help": f"rotary dimension, even, at most {SCALINGS_MAX_DIM}"}),
         _BASE,
         ("--original", "original", {"type": number(int, 1), "help": "original (trained) context length"}),
         ("--seq-len", "seq_len", {"type": number(int, 1), "help": "length seen by dynamic NTK and LongRoPE (default: factor * original)"}),

@@ -28,6 +28,9 @@ SCALINGS = ("linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 # rope_layouts' widest figure: half an inch per channel, 128 inches at the largest head
 # dimension in common use (256, Gemma's)
 LAYOUTS_MAX_DIM = 256
+# scalings' widest rotary dimension: a line of dim / 2 points per panel, far past any model's
+# (512); at 2**24 the six panels took minutes and gigabytes to draw
+SCALINGS_MAX_DIM = 2**16
 
 
 def _figure(size) -> Figure:
@@ -293,7 +296,7 @@ def scalings(*, types=SCALINGS, factor=4.0, dim=128, base=10000.0, original=4096
     factor : float
         The scaling factor (NTK's ``alpha``), at least 1.
     dim : int
-        Rotary dimension, even and at least 4.
+        Rotary dimension, even, from 4 to :data:`SCALINGS_MAX_DIM` (65536).
     base : float
     original : int
         The original (trained) context length.
@@ -322,6 +325,9 @@ def scalings(*, types=SCALINGS, factor=4.0, dim=128, base=10000.0, original=4096
     types = list(types)
     if not types:
         raise ValueError(f"types must name at least one of {', '.join(SCALINGS)}")
+    dim = check.even_dim("dim", dim)
+    if dim > SCALINGS_MAX_DIM:
+        raise ValueError(f"dim must be at most {SCALINGS_MAX_DIM} for this figure (a line of dim / 2 points per panel), got {dim}")
     if seq_len is None:
         seq_len = _default_seq_len(factor, original)
     plain, _ = pe.rope_frequencies(dim, base=base)
