@@ -65,6 +65,10 @@ FACTORS = (1, 2, 4, 8)
 # duplicate's input is 1,500 tokens there), and evaluation's attention scores there (32
 # sequences, 4 heads, float32) are already 2 GiB per layer
 MAX_INPUT = 2048
+# the most seeds and training steps a run takes: each seed trains every encoding on every task,
+# and the job list is built before training; past these a run would take months
+MAX_SEEDS = 1000
+MAX_STEPS = 1_000_000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -324,7 +328,7 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     (:func:`posenc.torch._hparams.parse`)."""
     encodings = _names(encodings, ENCODINGS, "encoding")
     tasks = _names(tasks, TASKS, "task")
-    positive_int("seeds", seeds)
+    at_most("seeds", positive_int("seeds", seeds), MAX_SEEDS)
     positive_int("train_len", train_len)
     lens = lens_name(eval_lens)
     eval_lens = [train_len * f for f in FACTORS] if eval_lens is None else list(eval_lens)
@@ -346,10 +350,17 @@ def check_arguments(encodings=None, tasks=None, seeds=SEEDS, train_len=TRAIN_LEN
     if overrides.get("randomized", {}).get("M", longest) < longest:
         raise ValueError(f"--hparam randomized.M must be >= {longest}, the longest test input (tokens), got {overrides['randomized']['M']}")
     cfg = Config() if config is None else config
-    positive_int("steps", cfg.steps)
+    at_most("steps", positive_int("steps", cfg.steps), MAX_STEPS)
     if not cfg.lrs or any(isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf for lr in cfg.lrs):
         raise ValueError(f"learning rates must be positive numbers, got {cfg.lrs!r}")
     return encodings, tasks, seeds, train_len, sorted(set(eval_lens)), overrides
+
+
+def at_most(name, value, most):
+    """``value``, else a ValueError naming ``name`` when it is above ``most``."""
+    if value > most:
+        raise ValueError(f"{name} must be at most {most:,}, got {value:,}")
+    return value
 
 
 class Progress:

@@ -134,7 +134,7 @@ def check_arguments(encodings=None, seeds=1, train_len=TRAIN_LEN, eval_lens=None
     """Validated ``(encodings, seeds, train_len, eval_lens, overrides)``; a ValueError naming
     the argument before any training."""
     encodings = ex._names(encodings, ex.ENCODINGS, "encoding")
-    positive_int("seeds", seeds)
+    ex.at_most("seeds", positive_int("seeds", seeds), ex.MAX_SEEDS)
     positive_int("train_len", train_len)
     lens = ex.lens_name(eval_lens)
     eval_lens = [train_len * f for f in ex.FACTORS] if eval_lens is None else list(eval_lens)
@@ -154,6 +154,8 @@ def check_arguments(encodings=None, seeds=1, train_len=TRAIN_LEN, eval_lens=None
     # a window is followed by the byte it predicts last
     if max(eval_lens) > test.size - 1:
         raise ValueError(f"{lens} must be <= {test.size - 1} bytes for --lm (the test text is {test.size} bytes), got {max(eval_lens)}")
+    if max(eval_lens) > ex.MAX_INPUT:
+        raise ValueError(f"{lens} must be <= {ex.MAX_INPUT} bytes for --lm (the evaluation's attention scores grow as its square), got {max(eval_lens)}")
     if train_len > train.size - 1:
         raise ValueError(f"train_len must be <= {train.size - 1} bytes for --lm (the training text is {train.size} bytes), got {train_len}")
     return encodings, seeds, train_len, sorted(set(eval_lens)), overrides
