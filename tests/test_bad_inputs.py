@@ -222,6 +222,8 @@ RELATIVE_BIASES = {
     "t5_bias integer table": (lambda: pe.t5_bias(Z((32, 2), dtype=np.int64), 3, 4), TypeError, "table"),
     "t5_bias list table": (lambda: pe.t5_bias([0.0] * 32, 3, 4), TypeError, "table"),
     "t5_bias 3 buckets": (lambda: pe.t5_bias(Z((3, 2)), 3, 4), ValueError, "num_buckets"),
+    "t5_bucket 2**24 buckets": (lambda: pe.t5_bucket(np.arange(5), num_buckets=2**24, max_distance=2**30), ValueError, "num_buckets must be at most 65536"),
+    "t5_bias 2**17 buckets": (lambda: pe.t5_bias(Z((2**17, 1)), 3, 4, max_distance=2**20), ValueError, "num_buckets must be at most 65536"),
     "t5_bias negative q_len": (lambda: pe.t5_bias(T5_TABLE, -1, 4), ValueError, "q_len"),
     "t5_bias negative k_len": (lambda: pe.t5_bias(T5_TABLE, 4, -4), ValueError, "k_len"),
     "t5_bias float k_len": (lambda: pe.t5_bias(T5_TABLE, 3, 4.0), TypeError, "k_len"),
