@@ -217,6 +217,21 @@ def test_plot_option_the_figure_refuses_is_one_line(tmp_path, capsys):
     assert capsys.readouterr().err == "posenc plot: head must be below heads=8, got 8\n"
 
 
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["alibi", "--length", "12000"], "length x length must be at most 16777216 cells for this figure (an image of them), got 12000 x 12000"),
+        (["sinusoidal", "--length", "2000000"], "length x dim must be at most 16777216 cells for this figure (an image of them), got 2000000 x 128"),
+    ],
+)
+def test_plot_refuses_a_heat_map_too_large_to_draw(args, message, tmp_path, capsys):
+    """Before any work: ALiBi at 12000 x 12000 had peaked at 16 GB in matplotlib (the
+    OOM killer a little further), the sinusoid of 2e6 positions at 20 GB."""
+    assert cli.main(["plot", *args, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"posenc plot: {message}\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_plot_unwritable_out_is_a_message_not_a_traceback(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

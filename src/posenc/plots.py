@@ -31,6 +31,9 @@ LAYOUTS_MAX_DIM = 256
 # scalings' widest rotary dimension: a line of dim / 2 points per panel, far past any model's
 # (512); at 2**24 the six panels took minutes and gigabytes to draw
 SCALINGS_MAX_DIM = 2**16
+# the most cells of a heat map (sinusoidal, alibi): matplotlib's image pipeline takes about
+# 100 bytes a cell (ALiBi at 12000 x 12000 peaked at 16 GB), far past a PNG's pixels
+IMAGE_MAX_CELLS = 2**24
 
 
 def _figure(size) -> Figure:
@@ -181,7 +184,7 @@ def sinusoidal(*, length=256, dim=128, base=10000.0, path=None) -> Figure:
     length : int
         Positions ``0..length-1``.
     dim : int
-        Features, positive and even.
+        Features, positive and even; ``length x dim`` at most :data:`IMAGE_MAX_CELLS` (2**24).
     base : float
     path : str or os.PathLike, optional
         Also save the figure there (PNG).
@@ -197,6 +200,9 @@ def sinusoidal(*, length=256, dim=128, base=10000.0, path=None) -> Figure:
     >>> plots.sinusoidal(length=16, dim=8).axes[0].images[0].get_array().shape
     (8, 16)
     """
+    length, dim = check.integer("length", length, minimum=0), check.even_dim("dim", dim)
+    if length * dim > IMAGE_MAX_CELLS:
+        raise ValueError(f"length x dim must be at most {IMAGE_MAX_CELLS} cells for this figure (an image of them), got {length} x {dim}")
     table = pe.sinusoidal(length, dim, base=base, dtype=np.float64)
     fig = _figure((7.0, 4.5))
     ax = fig.subplots()
@@ -220,7 +226,7 @@ def alibi(*, heads=8, length=32, head=0, path=None) -> Figure:
     heads : int
         Number of heads ``H``.
     length : int
-        Queries and keys ``0..length-1``.
+        Queries and keys ``0..length-1``, ``length**2`` at most :data:`IMAGE_MAX_CELLS` (2**24).
     head : int
         Which head to draw, from 0.
     path : str or os.PathLike, optional
@@ -241,8 +247,11 @@ def alibi(*, heads=8, length=32, head=0, path=None) -> Figure:
     head = check.integer("head", head, minimum=0)
     if head >= heads:
         raise ValueError(f"head must be below heads={heads}, got {head}")
+    length = check.integer("length", length, minimum=0)
+    if length * length > IMAGE_MAX_CELLS:
+        raise ValueError(f"length x length must be at most {IMAGE_MAX_CELLS} cells for this figure (an image of them), got {length} x {length}")
     rel = pe.relative_positions(length, length)
-    bias = np.where(rel >= 0, pe.alibi_bias(slopes, length, length)[head], np.nan)
+    bias = np.where(rel >= 0, pe.alibi_bias(slopes[head : head + 1], length, length)[0], np.nan)
     fig = _figure((7.0, 4.5))
     ax = fig.subplots()
     image = ax.imshow(bias, aspect="auto", cmap="magma", interpolation="nearest")
