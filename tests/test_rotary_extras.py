@@ -135,6 +135,20 @@ def test_rope_decay_matches_formula(backend, dtype):
     assert_close(got, decay_formula(m, 64), backend=backend, dtype=dtype, rtol=1e-5, atol=1e-5)
 
 
+def test_rope_decay_refuses_what_its_work_would_not_fit(monkeypatch):
+    """Six float64 ``[n, dim / 2]`` arrays live at once (1 GiB of them was measured 6.0 GiB at
+    the peak): the check counts them all. It had counted one, so ``plot decay --dim 10**6``
+    (2000 distances) passed it and was killed for memory at 24 GB."""
+    from posenc import _validate
+
+    monkeypatch.setattr(_validate, "_memory_limit", lambda: 2**30)
+    with pytest.raises(ValueError, match=r"rope_decay of shape \(200, 524288\) needs 4\.7 GiB"):
+        pe.rope_decay(np.arange(200.0), 2**20)
+    with pytest.raises(ValueError, match=r"rope_decay of shape \(200, 524288\) needs 4\.7 GiB"):
+        pe.rope_decay(200, 2**20)
+    assert pe.rope_decay(np.arange(4.0), 2**10).shape == (4,)
+
+
 def test_rope_decay_of_a_count_in_every_namespace(backend):
     got = backend.call(lambda: pe.rope_decay(4, 8, xp=backend.xp))  # distances 0, 1, 2, 3
     assert_close(got, decay_formula(np.arange(4), 8), backend=backend, dtype="float32", rtol=1e-5, atol=1e-5)

@@ -7,6 +7,11 @@ from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, names
 from .scaling import frequency_table
 
 
+# the bytes per [..., dim / 2] entry at the peak: six float64 arrays of that shape live at once
+# (cos, sin, their partial sums, their squares)
+_PEAK_BYTES = 6 * 8
+
+
 def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None):
     r"""The upper bound of RoPE's attention score as a function of relative distance.
 
@@ -53,9 +58,9 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
         xp = namespace(xp=xp)
         n = check.integer("distances", distances, minimum=0)
         out_dtype = result_dtype(xp, dtype)
-        check.allocatable("rope_decay", (n, dim // 2), 8)
+        check.allocatable("rope_decay", (n, dim // 2), _PEAK_BYTES)
         m = xp.arange(n, device=device)
-    check.allocatable("rope_decay", (*m.shape, dim // 2), 8)
+    check.allocatable("rope_decay", (*m.shape, dim // 2), _PEAK_BYTES)
     c, s = cos_sin(m, frequency_table(None, dim, base, None)[0], xp=xp, device=device)
     partial_re = xp.cumulative_sum(c, axis=-1)
     partial_im = xp.cumulative_sum(s, axis=-1)
