@@ -194,6 +194,7 @@ def test_plot_decay_writes_only_its_figure(tmp_path, capsys):
         (["layouts", "--dim", "100000"], "posenc plot layouts: error: argument --dim: must be an even integer from 2 to 256, got '100000'"),
         (["scaling", "--type", "yarnn"], "posenc plot scaling: error: argument --type: invalid choice: 'yarnn'"),
         (["scaling", "--factor", "0.5"], "posenc plot scaling: error: argument --factor: must be a number from 1 to 1e+06, got '0.5'"),
+        (["t5", "--max-distance", str(10**8)], "posenc plot t5: error: argument --max-distance: must be an integer from 1 to 1048576, got '100000000'"),
         (["scaling", "--dim", str(10**8)], "posenc plot scaling: error: argument --dim: must be an even integer from 4 to 65536, got '100000000'"),
         (["scaling", "--factor", "1e20"], "posenc plot scaling: error: argument --factor: must be a number from 1 to 1e+06, got '1e20'"),
         (["alibi", "--heads", "0"], "posenc plot alibi: error: argument --heads: must be a positive integer, got '0'"),

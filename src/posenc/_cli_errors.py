@@ -57,4 +57,5 @@ def _what(kind, minimum, even, maximum):
     if kind is int and not even and maximum is None and minimum in (0, 1):
         return "a non-negative integer" if minimum == 0 else "a positive integer"
     what = "an even integer" if even else {int: "an integer", float: "a number"}[kind]
-    return f"{what} >= {minimum:g}" if maximum is None else f"{what} from {minimum:g} to {maximum:g}"
+    show = str if kind is int else "{:g}".format
+    return f"{what} >= {show(minimum)}" if maximum is None else f"{what} from {show(minimum)} to {show(maximum)}"

@@ -16,7 +16,7 @@ import sys
 import time
 
 from posenc._cli_errors import _error, _writable_directory, number
-from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS, SCALINGS_MAX_DIM
+from posenc.plots import LAYOUTS_MAX_DIM, SCALINGS, SCALINGS_MAX_DIM, T5_MAX_DISTANCE
 
 OPTIONAL = ("numpy", "numba", "numba-cuda", "cupy", "torch", "jax", "dask", "array-api-strict", "matplotlib")
 
@@ -150,7 +150,7 @@ PLOTS = {
     ]),
     "t5": ("t5_buckets", "t5_buckets.png", [
         ("--buckets", "num_buckets", {"type": number(int, 4), "help": "number of buckets"}),
-        ("--max-distance", "max_distance", {"type": number(int, 1), "help": "distance from which keys share the last bucket"}),
+        ("--max-distance", "max_distance", {"type": number(int, 1, maximum=T5_MAX_DISTANCE), "help": f"distance from which keys share the last bucket, at most {T5_MAX_DISTANCE}"}),
     ]),
     "sinusoidal": ("sinusoidal", "sinusoidal.png", [_LENGTH, _DIM, _BASE]),
     "alibi": ("alibi", "alibi.png", [

@@ -34,6 +34,9 @@ SCALINGS_MAX_DIM = 2**16
 # the most cells of a heat map (sinusoidal, alibi): matplotlib's image pipeline takes about
 # 100 bytes a cell (ALiBi at 12000 x 12000 peaked at 16 GB), far past a PNG's pixels
 IMAGE_MAX_CELLS = 2**24
+# t5_buckets' largest max_distance: a line of 2 max_distance points per panel (at 10**6:
+# 13 s and 0.7 GB to draw; 10**8 would take 70 GB)
+T5_MAX_DISTANCE = 2**20
 
 
 def _figure(size) -> Figure:
@@ -135,7 +138,8 @@ def t5_buckets(*, num_buckets=32, max_distance=128, path=None) -> Figure:
     num_buckets : int
         Number of buckets, at least 4.
     max_distance : int
-        Distance from which every key shares the last bucket.
+        Distance from which every key shares the last bucket, at most
+        :data:`T5_MAX_DISTANCE` (2**20).
     path : str or os.PathLike, optional
         Also save the figure there (PNG).
 
@@ -153,7 +157,8 @@ def t5_buckets(*, num_buckets=32, max_distance=128, path=None) -> Figure:
     15
     """
     max_distance = check.integer("max_distance", max_distance, minimum=1)
-    check.allocatable("the distances drawn", (2 * max_distance + 145,), np.dtype(np.int64).itemsize)
+    if max_distance > T5_MAX_DISTANCE:
+        raise ValueError(f"max_distance must be at most {T5_MAX_DISTANCE} for this figure (a line of 2 max_distance points per panel), got {max_distance}")
     rel = np.arange(-(max_distance + 72), max_distance + 73)
     fig = _figure((9.0, 7.0))
     for ax, bidirectional, name in zip(fig.subplots(2, 1), (True, False), ("bidirectional (encoder)", "causal (decoder)")):
