@@ -428,3 +428,13 @@ def test_tupe_cls_arrays_are_host_constants_beside_torch_and_refused_from_a_thir
     jnp = pytest.importorskip("jax.numpy")
     with pytest.raises(TypeError, match="arrays of different kinds"):
         pe.tupe_logits(q, k, p, u, u, cls=(jnp.asarray(cls), jnp.asarray(cls)))
+
+
+def test_logits_of_q_and_k_without_a_heads_axis_equal_those_of_one_head(rng):
+    """``[q_len, d]`` q and k, as every logits function takes them: xl_logits and
+    deberta_logits raised IndexError from ``_xp.heads_like`` (it read a heads axis)."""
+    q, k = rng.standard_normal((5, 8)), rng.standard_normal((7, 8))
+    r, u, v = rng.standard_normal((11, 8)), rng.standard_normal(8), rng.standard_normal(8)
+    np.testing.assert_array_equal(pe.xl_logits(q, k, r, u, v), pe.xl_logits(q[None], k[None], r, u, v)[0])
+    pos = rng.standard_normal((8, 8))
+    np.testing.assert_array_equal(pe.deberta_logits(q, k, pos, pos, max_distance=4), pe.deberta_logits(q[None], k[None], pos, pos, max_distance=4)[0])
