@@ -546,11 +546,21 @@ def test_alibi_slopes_of_no_heads_are_refused_as_a_t5_table_of_no_heads_is():
         pe.t5_bias(np.zeros((32, 0)), 2, 2)
 
 
-def test_positions_from_cu_seqlens_closed_over_by_jax_jit_is_never_silently_unchecked():
-    """Narrow boundaries closed over by a jitted function: an error (their widened copy is
-    traced there), never the positions of unchecked boundaries."""
+def test_positions_from_cu_seqlens_closed_over_by_jax_jit_is_checked_as_a_traced_one():
+    """Boundaries closed over by a jitted function are traced values there (JAX stages their
+    operations): checked by ``checkify`` as traced ones are, never silently unchecked unless
+    ``check_traced=False`` says so (they had raised ConcretizationTypeError, valid or not)."""
     jax = pytest.importorskip("jax")
-    bad = jax.numpy.asarray([0, 3, 2, 5], dtype=jax.numpy.int8)
-    for check_traced in (True, False):
-        with pytest.raises(Exception, match="non-decreasing|Abstract tracer|concrete"):
-            jax.jit(lambda: pe.positions_from_cu_seqlens(bad, 5, check_traced=check_traced))()
+    from jax.experimental import checkify
+
+    for dtype in (jax.numpy.int8, jax.numpy.int32):
+        bad, good = (jax.numpy.asarray(b, dtype=dtype) for b in ([0, 3, 2, 5], [0, 2, 5]))
+        with pytest.raises(ValueError, match="checkify"):
+            jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5))()
+        err, _ = checkify.checkify(jax.jit(lambda: pe.positions_from_cu_seqlens(bad, 5)))()
+        with pytest.raises(Exception, match="non-decreasing|0 to total|cu_seqlens"):
+            err.throw()
+        err, positions = checkify.checkify(jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5)))()
+        err.throw()
+        assert positions.tolist() == [0, 1, 0, 1, 2]
+        assert jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5, check_traced=False))().tolist() == [0, 1, 0, 1, 2]
