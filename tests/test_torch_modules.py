@@ -108,6 +108,27 @@ def test_bias_modules_are_built_on_the_default_device():
     torch.testing.assert_close(ALiBi(4).slopes, torch.from_numpy(pe.alibi_slopes(4)), rtol=0, atol=0)
 
 
+def test_alibi_slopes_follow_the_options_through_dtype_moves_and_state_dicts():
+    # The slopes are computed afresh in float64 for each dtype: the float32 buffer cast to
+    # float64 was 3.6e-5 off the float64 bias at distance 3000 (12 heads).
+    exact = pe.alibi_slopes(12, xp=torch, dtype=torch.float64)
+    want = pe.alibi_bias(exact, 1, 3001)
+    for module in (ALiBi(12).double(), ALiBi(12).half().float().double(), ALiBi(12).bfloat16().to(torch.float64)):
+        torch.testing.assert_close(module(1, 3001), want, rtol=0, atol=0)
+    torch.testing.assert_close(ALiBi(12).half().float().slopes, pe.alibi_slopes(12, xp=torch), rtol=0, atol=0)
+    with torch.device("meta"):
+        empty = ALiBi(12)
+    torch.testing.assert_close(empty.to_empty(device="cpu").slopes, pe.alibi_slopes(12, xp=torch), rtol=0, atol=0)
+    # Another max_bias's (or head count's) slopes are refused, strict or not; matching ones load, exact.
+    for other in (ALiBi(12), ALiBi(8, max_bias=4.0)):
+        with pytest.raises(RuntimeError, match="max_bias = 4.0"):
+            ALiBi(12, max_bias=4.0).load_state_dict(other.state_dict(), strict=False)
+    for saved in (ALiBi(12).state_dict(), {"slopes": ALiBi(12).slopes.double()}, ALiBi(12).bfloat16().state_dict()):
+        module = ALiBi(12).double()
+        module.load_state_dict(saved)
+        torch.testing.assert_close(module.slopes, exact, rtol=0, atol=0)
+
+
 def test_shaw_module_matches_naive_and_gradcheck():
     torch.manual_seed(0)
     m = ShawRelative(4, max_distance=2).double()

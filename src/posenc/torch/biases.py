@@ -100,20 +100,38 @@ class T5RelativeBias(_DistanceBias):
 
 class ALiBi(_DistanceBias):
     """ALiBi's fixed linear bias (:func:`posenc.alibi_bias`); ``slopes`` is a buffer of
-    :func:`posenc.alibi_slopes` with ``max_bias``.
+    :func:`posenc.alibi_slopes` with ``max_bias`` (float32 at first).
 
     ``forward`` returns the bias ``[heads, q_len, k_len]`` (``[..., heads, q_len, k_len]``
     with per-token positions); ``logits``/``attend`` take ``q, k, v [batch, heads, seq,
     head_dim]``.
+
+    The slopes follow ``num_heads`` and ``max_bias``, not the buffer's earlier values: a
+    dtype or device move (``.double()``, ``.half().float()``, ``to_empty``) computes them
+    afresh in float64, rounded once to the new dtype, and ``load_state_dict`` refuses
+    ``slopes`` that are not this module's (another ``max_bias``) with the other load
+    errors, even with ``strict=False``; the ones it takes, saved in any dtype, stay exact.
     """
 
     kind = "alibi"
 
     def __init__(self, num_heads: int, *, max_bias: float = 8.0, symmetric: bool = False):
         super().__init__()
-        slopes = pe.alibi_slopes(positive_int("num_heads", num_heads), max_bias=max_bias)
-        self.register_buffer("slopes", torch.tensor(slopes, dtype=torch.float32))  # (on the default device, as parameters are)
+        slopes = pe.alibi_slopes(positive_int("num_heads", num_heads), max_bias=max_bias, xp=torch)
+        self.register_buffer("slopes", slopes)  # (on the default device, as parameters are)
         self.num_heads, self.max_bias, self.symmetric = num_heads, max_bias, symmetric
+
+    def _exact_slopes(self, like):
+        return pe.alibi_slopes(self.num_heads, max_bias=self.max_bias, xp=torch, device=like.device, dtype=like.dtype)
+
+    def _apply(self, fn, recurse=True):
+        super()._apply(fn, recurse)
+        slopes = self.slopes
+        if slopes.is_floating_point() and slopes.device.type != "meta":
+            exact = self._exact_slopes(slopes)
+            if not torch.equal(slopes, exact):  # (the same tensor otherwise: share_memory keeps it shared)
+                self.slopes = exact
+        return self
 
     def params(self):
         return self.slopes
@@ -123,3 +141,24 @@ class ALiBi(_DistanceBias):
 
     def options(self):
         return {"num_heads": self.num_heads, "max_bias": self.max_bias, "symmetric": self.symmetric}
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        saved = state_dict.get(prefix + "slopes")
+        if isinstance(saved, torch.Tensor) and saved.is_floating_point() and saved.device.type != "meta":
+            exact = pe.alibi_slopes(self.num_heads, max_bias=self.max_bias, xp=torch, dtype=torch.float64)
+            # Saved in bfloat16 at worst: each within its rounding.
+            if saved.shape != exact.shape or not torch.allclose(saved.detach().to("cpu", torch.float64), exact, rtol=2.0**-7, atol=0.0):
+                error_msgs.append(
+                    f"{prefix}slopes: the state's ALiBi slopes {_head(saved)} are not those of this module's num_heads = "
+                    f"{self.num_heads}, max_bias = {self.max_bias}, {_head(exact)}: build ALiBi with the saved model's options"
+                )
+                return
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs)
+        if self.slopes.is_floating_point() and self.slopes.device.type != "meta":
+            self.slopes = self._exact_slopes(self.slopes)
+
+
+def _head(slopes):
+    """``[0.5, 0.25, ...] (12)``: the first slopes and their number."""
+    first = ", ".join(f"{float(s):.6g}" for s in slopes.detach().reshape(-1)[:3])
+    return f"[{first}{', ...' if slopes.numel() > 3 else ''}] ({slopes.numel()})"
