@@ -166,6 +166,39 @@ def test_flax_module_keeps_16_bit_inputs_16_bit_as_the_torch_module_moved_to_tha
     _assert_close_in_16_bits(got, want, dtype)
 
 
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_flax_module_at_float64_inputs_equals_the_torch_module_moved_to_float64(name):
+    """Under x64, float64 inputs give float64 outputs of float64 precision, as ``.double()``'s
+    torch module (parameters in ``param_dtype=float64``; Sandwich's bias was computed in
+    float32, 9e-7 off at distance 3000)."""
+    with jax.enable_x64(True):
+        torch_module, flax_module = PAIRS[name](param_dtype=jnp.float64) if name in LEARNED else PAIRS[name]()
+    torch_module.double()
+    length = 16 if name in ("learned", "tupe") else 3001  # (their tables' rows)
+    rng = np.random.default_rng(0)
+    q, k, v = (rng.standard_normal((1, HEADS, n, DIM)) for n in (1, length, length))
+    x = rng.standard_normal((2, 5, DIM))
+    with torch.no_grad():
+        tq, tk, tv, tx = (torch.from_numpy(a) for a in (q, k, v, x))
+        want = (torch_module.logits(tq, tk), torch_module.attend(tq, tk, tv, causal=True), torch_module.embed(tx, offset=length - 5))
+    with jax.enable_x64(True):
+        jq, jk, jv, jx = (jnp.asarray(a) for a in (q, k, v, x))
+        got = (flax_module.logits(jq, jk), flax_module(jq, jk, jv, causal=True), flax_module.embed(jx, offset=length - 5))
+    for g, w in zip(got, want):
+        assert g.dtype == jnp.float64
+        np.testing.assert_allclose(np.asarray(g), w.numpy(), rtol=1e-12, atol=1e-12)
+
+
+def test_flax_alibi_at_float64_inputs_has_float64_slopes():
+    # 12 heads: slopes that are not powers of two (float32 ones were 1.6e-4 off at distance 3000)
+    q, k = (np.random.default_rng(0).standard_normal((1, 12, n, DIM)) for n in (1, 3001))
+    want = q @ np.swapaxes(k, -1, -2) / np.sqrt(DIM) + pe.alibi_bias(pe.alibi_slopes(12, dtype=np.float64), 1, 3001)
+    with jax.enable_x64(True):
+        got = pf.ALiBi(12).logits(jnp.asarray(q), jnp.asarray(k))
+    assert got.dtype == jnp.float64
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", LEARNED)
 def test_flax_module_stores_its_parameters_in_param_dtype(name):
     """``param_dtype=bfloat16``: every parameter bfloat16 (FIRE's MLP too), the module equal to

@@ -331,17 +331,31 @@ class T5(_Bias):
         return pe.relative_bias("t5", table, q_len, k_len, offset=offset, **positions, **options)
 
 
-class ALiBi(_Bias):
-    """ALiBi's fixed linear bias (:func:`posenc.alibi_bias`) with :func:`posenc.alibi_slopes`."""
+class _FixedBias(_Bias):
+    """A bias without parameters, computed in the dtype ``scores`` asks of ``bias(..., dtype=)``:
+    the queries' (float32 at least, ``bias_dtype``), as the torch twin's."""
+
+    def bias_dtype(self, dtype):
+        return jnp.promote_types(dtype, jnp.float32)
+
+    def scores(self, q, k, offset, **positions):
+        bias = self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions, dtype=self.bias_dtype(q.dtype))
+        return dot_scores(q, k) + bias.astype(q.dtype)
+
+
+class ALiBi(_FixedBias):
+    """ALiBi's fixed linear bias (:func:`posenc.alibi_bias`) with :func:`posenc.alibi_slopes`,
+    in float32 (float64 for float64 queries: the slopes rounded once from float64, as
+    ``posenc.torch.ALiBi(...).double()``'s)."""
 
     takes_positions = True
 
     def __init__(self, num_heads: int, *, max_bias: float = 8.0, symmetric: bool = False):
-        self.slopes = pe.alibi_slopes(_positive("num_heads", num_heads), max_bias=max_bias)  # a host constant
+        self.slopes = pe.alibi_slopes(_positive("num_heads", num_heads), max_bias=max_bias, dtype=np.float64)  # a host constant
         self.symmetric = symmetric
 
-    def bias(self, q_len, k_len, *, offset=None, **positions):
-        slopes = jnp.asarray(self.slopes, jnp.float32)
+    def bias(self, q_len, k_len, *, offset=None, dtype=jnp.float32, **positions):
+        slopes = jnp.asarray(self.slopes, dtype)
         return pe.alibi_bias(slopes, q_len, k_len, offset=offset, symmetric=self.symmetric, **positions)
 
 
@@ -414,8 +428,9 @@ class KERPLE(_Bias):
         return pe.kerple_bias(r1, r2, q_len, k_len, kind=self.kind, offset=offset, **positions)
 
 
-class Sandwich(_Bias):
-    """Sandwich (Chi et al., 2023): the parameter-free :func:`posenc.sandwich_bias`."""
+class Sandwich(_FixedBias):
+    """Sandwich (Chi et al., 2023): the parameter-free :func:`posenc.sandwich_bias`, in the
+    queries' dtype (float32 by default), as ``posenc.torch.Sandwich``."""
 
     takes_positions = True
 
@@ -423,8 +438,11 @@ class Sandwich(_Bias):
         pe.sandwich_vector(1, 1, dim, heads=num_heads, base=base)  # validates the options now
         self.num_heads, self.dim, self.base = num_heads, dim, base
 
-    def bias(self, q_len, k_len, *, offset=None, **positions):
-        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, **positions, xp=jnp)
+    def bias_dtype(self, dtype):
+        return dtype
+
+    def bias(self, q_len, k_len, *, offset=None, dtype=None, **positions):
+        return pe.sandwich_bias(q_len, k_len, self.dim, heads=self.num_heads, offset=offset, base=self.base, **positions, xp=jnp, dtype=dtype)
 
 
 # ---------------------------------------------------------------- relative logits
