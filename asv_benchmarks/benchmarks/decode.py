@@ -66,6 +66,8 @@ NAMES = [
     "t5_bias torch 16 heads, 1 x 512, positions",
     "ALiBi 16 heads, 1 x 512, positions",
     "alibi_bias torch 16 heads, 1 x 512, positions",
+    "T5RelativeBias 16 heads, 1 x 512, grad",
+    "T5RelativeBias 16 heads, 1 x 512, positions, grad",
 ]
 
 

@@ -177,6 +177,14 @@ def torch_cases(torch, dtype=None):
             Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_positions_formula),
             Case("alibi_bias torch 16 heads, 1 x 512, positions", lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=query, key_positions=keys), alibi_positions_formula),
             Case("score_mod t5 16 heads, 1 x 512", lambda: score_mod("t5", table, 1, PAST + 1, offset=PAST), t5_vector, 1.0),
+            # A decode loop outside no_grad: autograd records the table's reads, T5's as ours.
+            Case("T5RelativeBias 16 heads, 1 x 512, grad", _recorded(lambda: t5_module(1, PAST + 1, offset=PAST)), _recorded(t5_formula), 1.0),
+            Case(
+                "T5RelativeBias 16 heads, 1 x 512, positions, grad",
+                _recorded(lambda: t5_module(1, PAST + 1, query_positions=query, key_positions=keys)),
+                _recorded(t5_formula),
+                1.0,
+            ),
             # transformers' own ALiBi step: BLOOM's build_alibi_tensor of the mask (slopes times key positions).
             Case(
                 "ALiBi 16 heads, 1 x 512, mask positions [1,512] vs BLOOM",
@@ -210,6 +218,17 @@ def cases():
 
         found += torch_cases(torch)
     return found
+
+
+def _recorded(call):
+    """``call`` with torch's grad mode on (the cases run under ``no_grad``)."""
+    import torch
+
+    def recorded():
+        with torch.enable_grad():
+            return call()
+
+    return recorded
 
 
 def run(rounds=7, calls=200, progress=lambda s: None, only="", clock=time.perf_counter):
