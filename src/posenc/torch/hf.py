@@ -155,8 +155,14 @@ class HFRotaryEmbedding(nn.Module):
                 return tables[..., 0, :], tables[..., 1, :]
             return fixed_tables(inv_freq, scale, x.dtype, position_ids)
         with torch.no_grad():
-            seq_len = self._call_length(key, rope, position_ids)
-            if seq_len is not None:
+            seq_len = None
+            if rope.scaling is not None and rope.scaling.uses_seq_len and position_ids.numel():
+                top = position_ids.max()
+                if top.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(top)):
+                    raise ValueError(f"position_ids must be finite, got {float(top)}")
+                seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
+                if key in self._longest_seen:
+                    seq_len = self._dynamic_length(key, seq_len)
                 unscaled = self._unscaled.get(key)
                 if unscaled and position_ids.device.type == "cpu" and position_ids.dtype in (torch.int32, torch.int64) and not torch.compiler.is_compiling():
                     inv_freq, scale, original = unscaled
@@ -164,17 +170,6 @@ class HFRotaryEmbedding(nn.Module):
                         return fixed_tables(inv_freq, scale, x.dtype, position_ids)
             inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
             return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
-
-    def _call_length(self, key, rope, position_ids):
-        """The length a length-dependent scaling is at for this call (None for the others): ``max(position_ids)
-        + 1`` (``ceil`` of float ids), or with ``transformers_state`` the length transformers' module is at after it."""
-        if rope.scaling is None or not rope.scaling.uses_seq_len or not position_ids.numel():
-            return None
-        top = position_ids.max()
-        if top.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(top)):
-            raise ValueError(f"position_ids must be finite, got {float(top)}")
-        seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
-        return self._dynamic_length(key, seq_len) if key in self._longest_seen else seq_len
 
     def _dynamic_length(self, key, seq_len):
         """The length transformers' ``dynamic`` module's frequencies are at after a call of
@@ -200,50 +195,6 @@ class HFRotaryEmbedding(nn.Module):
         if rows is not None and position_ids.device.type == "cpu" and _ops.decomposed_by_inductor():
             return _ops.rope_cos_sin_rows_op(position_ids, rows, name, dtype)
         return _ops.rope_cos_sin_op(position_ids, name, dtype)
-
-
-class MultimodalHFRotaryEmbedding(HFRotaryEmbedding):
-    """:class:`HFRotaryEmbedding` for a multimodal (M-RoPE) text rotary module: ``forward(x,
-    position_ids)`` takes ``position_ids`` ``[axes, batch, seq]`` (temporal, height, width),
-    or ``[batch, seq]`` for every axis, and returns the ``(cos, sin)`` ``[batch, seq,
-    rotary_dim]`` of :func:`posenc.mrope_cos_sin` with the sections and dealing
-    :func:`posenc.scaling.from_hf` reads (Qwen2-VL's consecutive sections, Qwen3-VL's and
-    Qwen3.5's turns), in the half order (``layout``; ``"interleaved"``, each ``cos`` twice in a
-    row, for GLM-4V's), as those modules do. A length-dependent scaling is at ``max(position_ids)
-    + 1`` over every axis, as transformers takes it. The tables are computed on every call.
-    """
-
-    layout = "half"
-
-    def __init__(self, config, *, device=None, layer_type=None, transformers_state=False):
-        super().__init__(config, device=device, layer_type=layer_type, transformers_state=transformers_state)
-        for rope in self._rope.values():
-            if rope.multimodal not in ("mrope", "mrope_interleaved"):
-                read = "none" if rope.multimodal is None else f"{rope.multimodal} sections {rope.sections}"
-                raise ValueError(f"{type(self).__name__} needs M-RoPE sections (mrope_section) pe.mrope_cos_sin deals out; from_hf read {read}")
-
-    def keep_rows_for_compile(self, dtype):
-        """Nothing to keep: the tables come from :func:`posenc.mrope_cos_sin` on every call."""
-
-    def forward(self, x, position_ids, layer_type=None):
-        key = self._key(layer_type)
-        rope = self._rope[key]
-        if position_ids.dtype == torch.bool:
-            raise TypeError("position_ids must be integers or floats, got torch.bool")
-        if position_ids.ndim == 2:
-            position_ids = position_ids.expand(len(rope.sections), -1, -1)
-        with torch.no_grad():
-            seq_len = self._call_length(key, rope, position_ids)
-            inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling, seq_len=seq_len)
-            interleaved = rope.multimodal == "mrope_interleaved"
-            return pe.mrope_cos_sin(position_ids, inv_freq, rope.sections, interleaved=interleaved, layout=self.layout, dtype=x.dtype, scale=scale)
-
-
-class InterleavedMultimodalHFRotaryEmbedding(MultimodalHFRotaryEmbedding):
-    """:class:`MultimodalHFRotaryEmbedding` with ``cos``/``sin`` in the interleaved order, ``[c_0, c_0, c_1, c_1, ...]``:
-    GLM-4V's text rotary module, whose apply function pairs ``(x[2i], x[2i+1])``."""
-
-    layout = "interleaved"
 
 
 # Integer position ids widened to int64 on entry, as transformers' own modules take them.
