@@ -312,6 +312,81 @@ def test_a_head_size_per_layer_type_is_read_from_that_layer_types_config():
     assert torch.equal(generate(patched, prompt, prompt_mask), generate(model, prompt, prompt_mask))
 
 
+def _image_position_ids(batch=2, length=PROMPT + NEW):
+    """M-RoPE position ids ``[3, batch, length]`` of a 3x4 image at tokens 5-16: its tokens share
+    the temporal id 5 and take their row and column as height and width, as Qwen2-VL's
+    ``get_rope_index`` makes them; the text after it goes on from the largest."""
+    seq = torch.arange(length)
+    image = (seq >= 5) & (seq < 17)
+    after = torch.where(seq >= 17, seq - 17 + 9, seq)
+    axes = [torch.where(image, 5 + 0 * seq, after), torch.where(image, 5 + (seq - 5) // 4, after), torch.where(image, 5 + (seq - 5) % 4, after)]
+    return torch.stack(axes)[:, None].expand(3, batch, length)
+
+
+def _qwen3_5(**rope):
+    config = transformers.Qwen3_5TextConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=32, max_position_embeddings=64, initializer_range=0.25, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5, "mrope_section": [3, 3, 2], **rope},
+    )
+    torch.manual_seed(0)
+    return transformers.Qwen3_5ForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("rope", [{}, {"rope_type": "linear", "factor": 2.0}], ids=["default", "linear"])
+def test_patch_hf_reproduces_a_multimodal_text_rotary_module(rope):
+    """M-RoPE text rotary modules (Qwen3.5's: position ids ``[3, batch, seq]``, the pairs dealt
+    out in turn to the temporal, height and width ids) become ``MultimodalHFRotaryEmbedding``,
+    checked on ids that differ per axis: an image's positions give the original's logits, and
+    greedy ``generate()`` its tokens. (patch_hf had refused every M-RoPE module.)"""
+    from posenc.torch.hf import MultimodalHFRotaryEmbedding
+
+    original = _qwen3_5(**rope)
+    patched = patch_hf(copy.deepcopy(original))
+    assert type(patched.model.rotary_emb) is MultimodalHFRotaryEmbedding
+    ids, mask = inputs()
+    positions = _image_position_ids()
+    with torch.no_grad():
+        want = original(input_ids=ids, position_ids=positions).logits
+        got = patched(input_ids=ids, position_ids=positions).logits
+        text = original(input_ids=ids, position_ids=positions[0]).logits  # every axis the text's: other logits
+    torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
+    assert float((text - want).abs().max()) > 1e-2
+    prompt = (ids[:, :PROMPT], mask[:, :PROMPT])
+    assert torch.equal(generate(patched, *prompt), generate(original, *prompt))
+
+
+def test_patch_hf_reproduces_glm_4v_text_model_and_names_what_it_refuses():
+    """GLM-4V's text rotary module deals M-RoPE sections out consecutively and repeats each
+    ``cos`` twice in a row (its apply function pairs ``(x[2i], x[2i+1])``): its text model,
+    patched, gives the original's hidden states on an image's position ids. The whole model is
+    refused: its vision encoder's rotary module returns a table of angles for a length, not
+    ``(cos, sin)`` of position ids."""
+    from transformers.models.glm4v.modeling_glm4v import Glm4vTextModel
+
+    from posenc.torch.hf import InterleavedMultimodalHFRotaryEmbedding
+
+    text = dict(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=64, initializer_range=0.25, rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]},
+    )
+    torch.manual_seed(0)
+    original = Glm4vTextModel(transformers.Glm4vTextConfig(**text)).eval()
+    patched = patch_hf(copy.deepcopy(original))
+    assert type(patched.rotary_emb) is InterleavedMultimodalHFRotaryEmbedding
+    ids, _ = inputs()
+    positions = _image_position_ids()
+    with torch.no_grad():
+        want = original(input_ids=ids, position_ids=positions).last_hidden_state
+        got = patched(input_ids=ids, position_ids=positions).last_hidden_state
+    torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64, patch_size=4, spatial_merge_size=2)
+    model = transformers.Glm4vForConditionalGeneration(transformers.Glm4vConfig(text_config=text, vision_config=vision)).eval()
+    with pytest.raises(ValueError, match=r"rotary module model\.visual\.rotary_pos_emb \(Glm4vVisionRotaryEmbedding\)") as refused:
+        patch_hf(model)
+    assert "model.language_model.rotary_emb" not in str(refused.value)  # (its text rotary module is reproduced)
+
+
 def test_hf_rotary_embedding_compiles_with_a_traced_switch():
     config = _llama_config("longrope")
     module = HFRotaryEmbedding(config)

@@ -6,7 +6,9 @@ A part is recognised by what it is, not by the model's name:
   buffer, called ``forward(x, position_ids) -> (cos, sin)``; replaced by
   :class:`~posenc.torch.hf.HFRotaryEmbedding` on the same config (its tables in the
   interleaved order for Cohere's modules, one entry per pair for GPT-OSS's, one complex
-  ``cos + i sin`` table for DeepSeek-V2's and Llama 4's);
+  ``cos + i sin`` table for DeepSeek-V2's and Llama 4's); a multimodal one (``mrope_section``,
+  position ids ``[3, batch, seq]``) by :class:`~posenc.torch.hf.MultimodalHFRotaryEmbedding`
+  (interleaved tables for GLM-4V's), checked on ids that differ per axis;
 * the **apply function** an attention layer calls on it: a global of the layer's ``forward``
   named ``apply_*rot*`` taking ``(q, k, cos, sin, ...)``; replaced by posenc's
   :func:`posenc.apply_rope` in the layout that reproduces it ("half"; "interleaved" as
@@ -99,7 +101,7 @@ def patch(model):
 def _is_ours(module):
     from .hf import HFRotaryEmbedding
 
-    ours = (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding)
+    ours = (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding)  # (the others subclass these)
     return isinstance(module, ours) or any(getattr(vars(module).get(slot), "__posenc__", False) for slot in ("forward", "_old_forward"))
 
 
@@ -152,11 +154,16 @@ def _rotary_parts(model, dtype, device, swaps, refusals):
 
 
 def _checked_rotary(module, dtype, device):
-    """The first of posenc's rotary modules whose ``(cos, sin)`` match ``module``'s (the half order's refusal if none)."""
-    from .hf import HFRotaryEmbedding
+    """The first of posenc's rotary modules whose ``(cos, sin)`` match ``module``'s (the first kind's refusal if none):
+    the multimodal ones for a module with M-RoPE sections, the text ones otherwise."""
+    from .hf import HFRotaryEmbedding, InterleavedMultimodalHFRotaryEmbedding, MultimodalHFRotaryEmbedding
 
     first = None
-    for kind in (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding, ComplexHFRotaryEmbedding):
+    if _mrope_keys(module):
+        kinds = (MultimodalHFRotaryEmbedding, InterleavedMultimodalHFRotaryEmbedding)
+    else:
+        kinds = (HFRotaryEmbedding, InterleavedHFRotaryEmbedding, UndoubledHFRotaryEmbedding, ComplexHFRotaryEmbedding)
+    for kind in kinds:
         ours = kind(module.config, device=device, transformers_state=True)
         try:
             _check_rotary(module, ours, dtype, device)
@@ -242,17 +249,25 @@ def _probe_positions(config, device):
     return short, long
 
 
-def _check_rotary(theirs, ours, dtype, device):
-    params = getattr(theirs.config, "rope_parameters", None) or {}
+def _mrope_keys(module):
+    """The M-RoPE keys (``mrope_section``, ...) of a rotary module's rope parameters or attributes."""
+    params = getattr(module.config, "rope_parameters", None) or {}
     nested = [v for v in params.values() if isinstance(v, dict)] if isinstance(params, dict) else []
-    sections = sorted({k for d in [params, *nested, vars(theirs)] if isinstance(d, dict) for k in d if k.startswith("mrope")})
-    if sections:  # position ids [3, batch, seq]: HFRotaryEmbedding takes [batch, seq]
-        raise _Refusal(f"multimodal rotary ({', '.join(sections)}) is not reproduced by HFRotaryEmbedding")
+    return sorted({k for d in [params, *nested, vars(module)] if isinstance(d, dict) for k in d if k.startswith("mrope")})
+
+
+def _check_rotary(theirs, ours, dtype, device):
+    from .hf import MultimodalHFRotaryEmbedding
+
+    multimodal = isinstance(ours, MultimodalHFRotaryEmbedding)  # (the kind _checked_rotary tries on a module with M-RoPE sections)
     theirs = copy.deepcopy(theirs)  # a stateful (dynamic) module must not remember the probe
     angle_eps = _unround_frequencies(theirs, ours)
     layer_types = pe.scaling.nested_layer_types(theirs.config) or [None]
     x = torch.zeros(1, dtype=dtype, device=device)
-    for position_ids in _probe_positions(theirs.config, device):
+    probes = _probe_positions(theirs.config, device)
+    if multimodal:  # an image's ids: every axis its own (the first one's the largest, as the length reads it)
+        probes = [torch.stack([p, p // 2 + 1, p % 7]) for p in probes]
+    for position_ids in probes:
         for layer_type in layer_types:
             args = (x, position_ids) if layer_type is None else (x, position_ids, layer_type)
             try:
