@@ -24,7 +24,6 @@ import posenc as pe  # noqa: E402
 from hf_models import LLAMA_ROPE, MODELS, NEW, PROMPT, SWITCH, VOCAB, build, compare, generate, inputs, logits  # noqa: E402
 from posenc.torch import HFRotaryEmbedding, T5RelativeBias, patch_hf  # noqa: E402
 from posenc.torch import _rows  # noqa: E402
-from posenc.torch import hf as posenc_hf  # noqa: E402
 from transformers import LlamaConfig  # noqa: E402
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
 from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding  # noqa: E402
@@ -333,7 +332,11 @@ def _qwen3_5(**rope):
     return transformers.Qwen3_5ForCausalLM(config).eval()
 
 
-@pytest.mark.parametrize("rope", [{}, {"rope_type": "linear", "factor": 2.0}], ids=["default", "linear"])
+@pytest.mark.parametrize(
+    "rope",
+    [{}, {"rope_type": "linear", "factor": 2.0}, {"rope_type": "dynamic", "factor": 2.0}, {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}],
+    ids=["default", "linear", "dynamic", "yarn"],
+)
 def test_patch_hf_reproduces_a_multimodal_text_rotary_module(rope):
     """M-RoPE text rotary modules (Qwen3.5's: position ids ``[3, batch, seq]``, the pairs dealt
     out in turn to the temporal, height and width ids) become ``MultimodalHFRotaryEmbedding``,
@@ -354,6 +357,36 @@ def test_patch_hf_reproduces_a_multimodal_text_rotary_module(rope):
     assert float((text - want).abs().max()) > 1e-2
     prompt = (ids[:, :PROMPT], mask[:, :PROMPT])
     assert torch.equal(generate(patched, *prompt), generate(original, *prompt))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "model, sections, dealt",
+    [("qwen2_vl_text", [16, 24, 24], False), ("qwen3_vl_text", [24, 20, 20], True), ("glm4v_text", [8, 12, 12], False), ("qwen3_5_text", [11, 11, 10], True)],
+)
+def test_multimodal_hf_rotary_embedding_gives_mrope_cos_sin_bits(model, sections, dealt, dtype):
+    """``MultimodalHFRotaryEmbedding`` (the kept rows of each axis's ids, each pair's entries
+    taken from its axis's bits) gives :func:`posenc.mrope_cos_sin`'s tables bit for bit: one
+    decode position, a prefill, ids past the kept rows (``2**16``, computed afresh), text ids
+    ``[batch, seq]``; GLM-4V's each entry twice in a row."""
+    from posenc.torch.hf import InterleavedMultimodalHFRotaryEmbedding, MultimodalHFRotaryEmbedding
+
+    glm = model.startswith("glm")
+    head_dim = 64 if model == "qwen3_5_text" else 128
+    config = transformers.PretrainedConfig(
+        model_type=model, hidden_size=8 * head_dim, num_attention_heads=8, head_dim=head_dim, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": sections, "partial_rotary_factor": 0.5 if glm else 1.0},
+    )
+    module = (InterleavedMultimodalHFRotaryEmbedding if glm else MultimodalHFRotaryEmbedding)(config)
+    rope = pe.scaling.from_hf(config)
+    inv_freq, scale = pe.rope_frequencies(rope.rotary_dim, base=rope.base, scaling=rope.scaling)
+    x = torch.zeros(1, dtype=dtype)
+    for start, length in ((700, 1), (0, 300), ((1 << 16) - 5, 40)):
+        seq = torch.arange(start, start + length)
+        for ids in (torch.stack([seq, seq // 2 + 1, seq % 7])[:, None].expand(3, 2, -1), seq[None]):
+            cos, sin = module(x, ids)
+            want = pe.mrope_cos_sin(ids.expand(3, -1, -1), inv_freq, sections, interleaved=dealt, layout="interleaved" if glm else "half", dtype=dtype, scale=scale)
+            assert cos.dtype == dtype and torch.equal(cos, want[0]) and torch.equal(sin, want[1]), (start, tuple(ids.shape))
 
 
 def test_patch_hf_reproduces_glm_4v_text_model_and_names_what_it_refuses():

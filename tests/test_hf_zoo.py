@@ -67,3 +67,12 @@ def test_a_refused_model_is_left_unchanged():
     assert model.model.rotary_emb is rotary and not hasattr(model, "posenc_patched")
     assert not any(isinstance(m, HFRotaryEmbedding) for m in model.modules())
     assert all("forward" not in vars(m) for m in model.modules())
+
+
+def test_an_apply_function_also_called_with_a_query_alone_is_refused():
+    """Qwen4-Exp's ``apply_rotary_pos_emb(q, k=None, cos=None, sin=None)``, which its indexer
+    calls with a query alone, is refused by name: posenc's replacement takes ``(q, k, cos,
+    sin)``, and a model patched with it raised ``TypeError`` in its forward."""
+    row = hf_zoo.check("qwen4_exp_text")
+    assert row.buildable and not row.patched
+    assert "apply_rotary_pos_emb: takes (q, k, cos, sin, unsqueeze_dim) with defaults for k, cos, sin" in row.refused

@@ -42,16 +42,17 @@ def _sections(sections, pairs):
     return tuple(out)
 
 
-def _axis_of_pairs(sections, interleaved):
-    """The position axis each frequency pair turns with.
+def _axis_of_pairs(sections, interleaved, pairs):
+    """The position axis each of ``pairs`` frequency pairs turns with.
 
-    Consecutive sections (Qwen2-VL), or Qwen3-VL's interleaving: pair ``i`` takes axis
-    ``a = i mod A`` for ``a > 0`` while ``i < A * sections[a]``, else axis 0.
+    Consecutive sections (Qwen2-VL; they sum to ``pairs``), or Qwen3-VL's interleaving:
+    pair ``i`` takes axis ``a = i mod A`` for ``a > 0`` while ``i < A * sections[a]``, else
+    axis 0 (for any ``sections``, as transformers' strided slices deal them).
     """
     if not interleaved:
         return [axis for axis, size in enumerate(sections) for _ in range(size)]
     count = len(sections)
-    return [a if a and i < count * sections[a] else 0 for i in range(sum(sections)) for a in (i % count,)]
+    return [a if a and i < count * sections[a] else 0 for i in range(pairs) for a in (i % count,)]
 
 
 def _pick(xp, freqs, pairs):
@@ -126,7 +127,7 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
         )
     check.allocatable_unless_blocked("mrope_cos_sin", (*positions.shape[1:], 2 * args.pairs), 8, positions)
     xp = args.xp
-    axis_of = _axis_of_pairs(sections, interleaved)
+    axis_of = _axis_of_pairs(sections, interleaved, args.pairs)
     order, cos_parts, sin_parts = [], [], []
     for axis in range(len(sections)):
         pairs = [i for i, a in enumerate(axis_of) if a == axis]

@@ -15,6 +15,7 @@ from torch import nn
 
 import posenc as pe
 from posenc.rotary.apply import rotate_pair
+from posenc.rotary.mrope import _axis_of_pairs
 
 from . import _ops
 from ._rows import _MOST_CACHED_ROWS, _MOST_CACHED_SETS, _ROWS, _rows_through, cached_rows, fixed_tables, frequencies_name, stacked_tables  # noqa: F401  (kept rows: ``_rows``)
@@ -37,7 +38,7 @@ SUPPORTED = (
     "ministral", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5",
     "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi",
     "phi3", "phi4_multimodal", "phimoe", "pix2struct", "pop2piano", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "qwen3_next", "roformer", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "roformer", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
     "solar_open", "stablelm", "starcoder2", "switch_transformers", "t5", "umt5", "vaultgemma",
     "youtu", "zamba2",
 )
@@ -196,6 +197,74 @@ class HFRotaryEmbedding(nn.Module):
             return _ops.rope_cos_sin_rows_op(position_ids, rows, name, dtype)
         return _ops.rope_cos_sin_op(position_ids, name, dtype)
 
+
+class MultimodalHFRotaryEmbedding(HFRotaryEmbedding):
+    r"""posenc's drop-in for a multimodal (M-RoPE) text rotary module: Qwen2-VL's, Qwen3-VL's,
+    Qwen3.5's (``layout = "half"``), GLM-4V's (:class:`InterleavedMultimodalHFRotaryEmbedding`).
+
+    ``forward(x, position_ids, layer_type=None)`` takes ``position_ids`` ``[3, batch, seq]``
+    (temporal, height, width; ``[batch, seq]`` gives every axis the same ids, text) and returns
+    ``(cos, sin)`` ``[batch, seq, rotary_dim]``, as those modules do:
+
+    .. math:: c_{b,s,i} = \cos(p_{a(i),b,s}\,\theta_i)
+
+    where pair ``i`` turns with axis ``a(i)`` of the sections and dealing
+    :func:`posenc.scaling.from_hf` reads for the config's model type (consecutive sections,
+    Qwen2-VL and GLM-4V; dealt in turn, Qwen3-VL and Qwen3.5: :func:`posenc.mrope_cos_sin`'s
+    rule, for any sections as transformers' strided slices deal them). (Wang et al.,
+    "Qwen2-VL", 2024.) The tables are :class:`HFRotaryEmbedding`'s of each axis's ids (its
+    rows kept between calls; a length-dependent scaling at ``max(position_ids) + 1`` over
+    every axis, as transformers reads it); each pair's entries are taken from its axis's
+    bit for bit (masks on the bits: ``torch.where`` and ``gather`` take 4-10x as long on a
+    CPU), in the half order or each twice in a row (``layout = "interleaved"``).
+    """
+
+    layout = "half"
+
+    def __init__(self, config, *, device=None, layer_type=None, transformers_state=False):
+        super().__init__(config, device=device, layer_type=layer_type, transformers_state=transformers_state)
+        self._masks = {}  # key -> name of the buffer [axes, rotary_dim / 2]: -1 (every bit) where the pair turns with the axis, else 0
+        for i, (key, rope) in enumerate(self._rope.items()):
+            if rope.multimodal not in ("mrope", "mrope_interleaved"):
+                read = "none" if rope.multimodal is None else f"{rope.multimodal} sections {rope.sections}"
+                raise ValueError(f"{type(self).__name__} needs M-RoPE sections (mrope_section); from_hf read {read}")
+            pairs, dealt = rope.rotary_dim // 2, rope.multimodal == "mrope_interleaved"
+            if not dealt and sum(rope.sections) != pairs:
+                raise ValueError(f"consecutive M-RoPE sections must sum to rotary_dim / 2 = {pairs}, got {list(rope.sections)}")
+            axis_of = torch.tensor(_axis_of_pairs(rope.sections, dealt, pairs), device=device)
+            masks = -(axis_of == torch.arange(len(rope.sections), device=device)[:, None]).to(torch.int8)
+            self._masks[key] = f"_axis_masks_{i}"
+            self.register_buffer(self._masks[key], masks[:, None, None, None], persistent=False)  # [axes, 1, 1, 1, pairs]
+
+    def forward(self, x, position_ids, layer_type=None):
+        key = self._key(layer_type)
+        masks = getattr(self, self._masks[key])
+        if position_ids.ndim == 2:
+            position_ids = position_ids.expand(masks.shape[0], -1, -1)
+        elif position_ids.ndim != 3 or position_ids.shape[0] != masks.shape[0]:
+            raise ValueError(f"position_ids must be [{masks.shape[0]}, batch, seq] or [batch, seq], got shape {tuple(position_ids.shape)}")
+        fixed = self._fixed.get(key)
+        if fixed is not None and position_ids.dtype in (torch.int32, torch.int64) and not torch.compiler.is_compiling():
+            tables = stacked_tables(*fixed, x.dtype, position_ids)
+        else:
+            tables = torch.stack(super().forward(x, position_ids, layer_type), dim=-2)
+        half = tables[..., : tables.shape[-1] // 2]  # [axes, batch, seq, 2, r / 2]
+        bits = half.view(_SAME_SIZE_INTEGER[half.element_size()])
+        picked = torch.sum(bits & masks.to(bits.device), dim=0, dtype=bits.dtype).view(tables.dtype)  # (one term is not 0)
+        picked = torch.cat((picked, picked), -1) if self.layout == "half" else picked.repeat_interleave(2, -1)
+        return picked[..., 0, :], picked[..., 1, :]
+
+
+class InterleavedMultimodalHFRotaryEmbedding(MultimodalHFRotaryEmbedding):
+    """:class:`MultimodalHFRotaryEmbedding` with each ``cos``/``sin`` entry twice in a row,
+    ``[c_0, c_0, c_1, c_1, ...]``: GLM-4V's text rotary module, whose apply function pairs
+    ``(x[2i], x[2i+1])``."""
+
+    layout = "interleaved"
+
+
+# The integers MultimodalHFRotaryEmbedding views tables as, by element size (int8 masks sign-extend to their width).
+_SAME_SIZE_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 # Integer position ids widened to int64 on entry, as transformers' own modules take them.
 _NARROW_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.uint32)

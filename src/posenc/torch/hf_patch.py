@@ -395,6 +395,9 @@ def _replacement_for(fn, rotary, config, dtype, device):
         return _single_apply_for(fn, signature, rotary, config, dtype, device)
     if params[:4] != ["q", "k", "cos", "sin"]:
         return f"takes ({', '.join(params)}), not (q, k, cos, sin, ...)"
+    optional = [p for p in params[:4] if signature.parameters[p].default is not inspect.Parameter.empty]
+    if optional:  # (Qwen4-Exp's indexer calls apply_rotary_pos_emb(q, cos=cos, sin=sin), a query alone)
+        return f"takes ({', '.join(params)}) with defaults for {', '.join(optional)}: calls that leave them out are not reproduced"
     extra = params[4:]
     required = [p for p in extra if signature.parameters[p].default is inspect.Parameter.empty]
     if required or not set(extra) <= {"position_ids", "unsqueeze_dim"}:
