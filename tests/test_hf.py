@@ -389,35 +389,62 @@ def test_multimodal_hf_rotary_embedding_gives_mrope_cos_sin_bits(model, sections
             assert cos.dtype == dtype and torch.equal(cos, want[0]) and torch.equal(sin, want[1]), (start, tuple(ids.shape))
 
 
-def test_patch_hf_reproduces_glm_4v_text_model_and_names_what_it_refuses():
-    """GLM-4V's text rotary module deals M-RoPE sections out consecutively and repeats each
-    ``cos`` twice in a row (its apply function pairs ``(x[2i], x[2i+1])``): its text model,
-    patched, gives the original's hidden states on an image's position ids. The whole model is
-    refused: its vision encoder's rotary module returns a table of angles for a length, not
-    ``(cos, sin)`` of position ids."""
-    from transformers.models.glm4v.modeling_glm4v import Glm4vTextModel
-
-    from posenc.torch.hf import InterleavedMultimodalHFRotaryEmbedding
-
+def _tiny_vision_language(kind):
+    """A tiny randomly initialised vision-language model of transformers (M-RoPE text model, a vision encoder with its own rotary parts)."""
     text = dict(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=64, initializer_range=0.25, rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]},
+        max_position_embeddings=256, initializer_range=0.25, rope_parameters={"rope_type": "default", "rope_theta": 500.0, "mrope_section": [2, 3, 3]},
     )
+    patches = dict(patch_size=4, spatial_merge_size=2, temporal_patch_size=2)
+    tokens = dict(image_token_id=IMAGE_TOKEN, video_token_id=IMAGE_TOKEN + 1)
+    starts = dict(vision_start_token_id=IMAGE_TOKEN + 2, vision_end_token_id=IMAGE_TOKEN + 3)
+    vision = dict(depth=2, hidden_size=32, out_hidden_size=64, num_heads=2, intermediate_size=48, **patches)
+    if kind == "qwen2_vl":
+        config = transformers.Qwen2VLConfig(text_config=text, vision_config=dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, **patches), **tokens, **starts)
+        model = transformers.Qwen2VLForConditionalGeneration
+    elif kind == "qwen2_5_vl":
+        config = transformers.Qwen2_5_VLConfig(text_config=text, vision_config=dict(vision, window_size=16, fullatt_block_indexes=[1]), **tokens, **starts)
+        model = transformers.Qwen2_5_VLForConditionalGeneration
+    elif kind == "qwen3_vl":
+        config = transformers.Qwen3VLConfig(text_config=dict(text, head_dim=16), vision_config=dict(vision, num_position_embeddings=64, deepstack_visual_indexes=[1]), **tokens, **starts)
+        model = transformers.Qwen3VLForConditionalGeneration
+    else:
+        config = transformers.Glm4vConfig(text_config=text, vision_config=dict(vision, depth=1), **tokens, image_start_token_id=IMAGE_TOKEN + 2, image_end_token_id=IMAGE_TOKEN + 3)
+        model = transformers.Glm4vForConditionalGeneration
     torch.manual_seed(0)
-    original = Glm4vTextModel(transformers.Glm4vTextConfig(**text)).eval()
-    patched = patch_hf(copy.deepcopy(original))
-    assert type(patched.rotary_emb) is InterleavedMultimodalHFRotaryEmbedding
-    ids, _ = inputs()
-    positions = _image_position_ids()
+    return model(config).eval()
+
+
+IMAGE_TOKEN = VOCAB - 8
+
+
+@pytest.mark.parametrize("kind", ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v"])
+def test_a_vision_language_models_language_model_is_patched_alone(kind):
+    """A whole vision-language model is refused (its vision encoder's rotary module returns a
+    table of angles for a length, not ``(cos, sin)`` of position ids), and the refusal says
+    that its language model passes every check and how to patch it alone. Patched alone (an
+    M-RoPE text rotary module: consecutive sections, Qwen2-VL's and Qwen2.5-VL's; dealt in
+    turn, Qwen3-VL's; each ``cos`` twice in a row, GLM-4V's), the whole model gives the
+    original's logits on a prompt holding an image (position ids that differ per axis: other
+    logits than the text's) and greedy ``generate()`` its tokens."""
+    original = _tiny_vision_language(kind)
+    with pytest.raises(ValueError, match=r"rotary module model\.visual\.rotary_pos_emb") as refused:
+        patch_hf(copy.deepcopy(original))
+    assert "patch_hf(model.get_submodule('model.language_model')) patches it alone" in str(refused.value)
+    patched = copy.deepcopy(original)
+    patch_hf(patched.get_submodule("model.language_model"))
+    assert "MultimodalHFRotaryEmbedding" in type(patched.model.language_model.rotary_emb).__name__
+    ids = torch.tensor([[5, 6, IMAGE_TOKEN + 2, *[IMAGE_TOKEN] * 4, IMAGE_TOKEN + 3, 7, 8, 9]])
+    image = dict(pixel_values=torch.randn(16, 3 * 2 * 4 * 4, generator=torch.Generator().manual_seed(1)), image_grid_thw=torch.tensor([[1, 4, 4]]))
+    image["mm_token_type_ids"] = (ids == IMAGE_TOKEN).long()
     with torch.no_grad():
-        want = original(input_ids=ids, position_ids=positions).last_hidden_state
-        got = patched(input_ids=ids, position_ids=positions).last_hidden_state
+        want = original(input_ids=ids, **image).logits
+        got = patched(input_ids=ids, **image).logits
+        text = original(input_ids=ids).logits
     torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
-    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=48, out_hidden_size=64, patch_size=4, spatial_merge_size=2)
-    model = transformers.Glm4vForConditionalGeneration(transformers.Glm4vConfig(text_config=text, vision_config=vision)).eval()
-    with pytest.raises(ValueError, match=r"rotary module model\.visual\.rotary_pos_emb \(Glm4vVisionRotaryEmbedding\)") as refused:
-        patch_hf(model)
-    assert "model.language_model.rotary_emb" not in str(refused.value)  # (its text rotary module is reproduced)
+    assert float((text - want).abs().max()) > 1e-2
+    settings = dict(max_new_tokens=8, do_sample=False)
+    assert torch.equal(patched.generate(input_ids=ids, **image, **settings), original.generate(input_ids=ids, **image, **settings))
 
 
 def test_hf_rotary_embedding_compiles_with_a_traced_switch():

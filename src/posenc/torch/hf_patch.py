@@ -68,16 +68,10 @@ def patch(model):
         raise TypeError(f"model must be a transformers model with a config (config.model_type), got {type(model).__name__} without one")
     if getattr(model, PATCHED_ATTRIBUTE, None) or any(_is_ours(m) for m in model.modules()):
         raise ValueError(f"{type(model).__name__} is already patched by patch_hf; patch the original model once")
-    dtype, device = _probe_dtype_device(model)
-    swaps, refusals, done = [], [], []
-    rotary = _rotary_parts(model, dtype, device, swaps, refusals)
-    _apply_parts(model, rotary, dtype, device, swaps, refusals)
-    _sinusoidal_apply_parts(model, dtype, device, swaps, refusals)
-    _t5_parts(model, swaps, refusals)
-    _alibi_parts(model, device, swaps, refusals)
+    rotary, swaps, refusals = _checked_parts(model)
     if refusals:
         raise ValueError(
-            f"patch_hf left {type(model).__name__} (model_type={config.model_type!r}) unpatched: " + "; ".join(refusals)
+            f"patch_hf left {type(model).__name__} (model_type={config.model_type!r}) unpatched: " + "; ".join(refusals) + _language_model_hint(model)
         )
     if not swaps:
         from .hf import SUPPORTED
@@ -90,12 +84,45 @@ def patch(model):
         )
     for name, ours in rotary.items():  # the state transformers' module has, not the probes'
         (ours.rotary if isinstance(ours, _ReorderedHFRotaryEmbedding) else ours).take_state(model.get_submodule(name))
+    done = []
     for swap, description in swaps:
         swap()
         done.extend([description] if isinstance(description, str) else description)
     # a plain attribute (not nn.Module's __setattr__): a tuple of what was swapped
     object.__setattr__(model, PATCHED_ATTRIBUTE, tuple(done))
     return model
+
+
+def _checked_parts(model):
+    """``(rotary, swaps, refusals)``: every positional part of ``model`` recognised and checked, nothing swapped yet."""
+    dtype, device = _probe_dtype_device(model)
+    swaps, refusals = [], []
+    rotary = _rotary_parts(model, dtype, device, swaps, refusals)
+    _apply_parts(model, rotary, dtype, device, swaps, refusals)
+    _sinusoidal_apply_parts(model, dtype, device, swaps, refusals)
+    _t5_parts(model, swaps, refusals)
+    _alibi_parts(model, device, swaps, refusals)
+    return rotary, swaps, refusals
+
+
+def _language_model_hint(model):
+    """For a refused model holding a ``language_model`` (a vision-language model, whose vision
+    encoder's rotary parts posenc does not reproduce): that this one passes every check, if
+    it does, and how to patch it alone; else nothing."""
+    for name, module in model.named_modules():
+        if name.rsplit(".", 1)[-1] != "language_model" or not hasattr(getattr(module, "config", None), "model_type"):
+            continue
+        try:
+            _, swaps, refusals = _checked_parts(module)
+        except (TypeError, ValueError):
+            return ""
+        if swaps and not refusals:
+            return (
+                f". Its language model {name} ({type(module).__name__}) passes every check: "
+                f"patch_hf(model.get_submodule({name!r})) patches it alone, the rest keeping its own code"
+            )
+        return ""
+    return ""
 
 
 def _is_ours(module):
