@@ -250,9 +250,9 @@ class MultimodalHFRotaryEmbedding(HFRotaryEmbedding):
             tables = torch.stack(super().forward(x, position_ids, layer_type), dim=-2)
         half = tables[..., : tables.shape[-1] // 2]  # [axes, batch, seq, 2, r / 2]
         bits = half.view(_SAME_SIZE_INTEGER[half.element_size()])
-        picked = torch.sum(bits & masks.to(bits.device), dim=0, dtype=bits.dtype).view(tables.dtype)  # (one term is not 0)
-        picked = torch.cat((picked, picked), -1) if self.layout == "half" else picked.repeat_interleave(2, -1)
-        return picked[..., 0, :], picked[..., 1, :]
+        picked = torch.sum(bits & masks.to(bits.device), dim=0, dtype=bits.dtype).view(tables.dtype).movedim(-2, 0)  # (one term is not 0)
+        picked = torch.cat((picked, picked), -1) if self.layout == "half" else picked.repeat_interleave(2, -1)  # [2, batch, seq, r]
+        return picked[0], picked[1]
 
 
 class InterleavedMultimodalHFRotaryEmbedding(MultimodalHFRotaryEmbedding):
