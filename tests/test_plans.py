@@ -69,6 +69,7 @@ X = rng.standard_normal((2, HEADS, 3, DIM)).astype(np.float32)
 X1 = rng.standard_normal((1, HEADS, 1, DIM)).astype(np.float32)
 T_X = torch.from_numpy(X.copy())
 T_X1 = torch.from_numpy(X1.copy())
+T_BSHD = torch.from_numpy(X.transpose(0, 2, 1, 3).copy())  # [b, s, h, d]
 INV = pe.rope_frequencies(DIM)[0]
 TABLE = rng.standard_normal((32, HEADS)).astype(np.float32)
 SHAW = rng.standard_normal((9, HEADS)).astype(np.float32)
@@ -304,6 +305,19 @@ CALLS = {
     "hf apply_rotary_pos_emb q + k": (
         rotate_pair,
         lambda t: _hf.apply_rotary_pos_emb(T_X1, T_X1[:, :2], *(c[None] for c in pe.rope_cos_sin(torch.tensor([t]), INV))),
+    ),
+    # q and k as an attention layer holds them: views [b, h, s, d] of [b, s, h, d] (a planned call views their span in one step)
+    "hf apply_rotary_pos_emb q + k, views of [b, s, h, d]": (
+        rotate_pair,
+        lambda t: _hf.apply_rotary_pos_emb(T_BSHD.transpose(1, 2), T_BSHD[:, :, :2].transpose(1, 2), *pe.rope_cos_sin(torch.arange(3)[None] + t, INV)),
+    ),
+    "apply_rope torch view into a view": (
+        pe.apply_rope,
+        lambda t: pe.apply_rope(T_BSHD.transpose(1, 2), *pe.rope_cos_sin(torch.arange(3) + t, INV), out=torch.zeros_like(T_BSHD).transpose(1, 2)),
+    ),
+    "apply_rope torch view in place": (
+        pe.apply_rope,
+        lambda t: (lambda x: pe.apply_rope(x, *pe.rope_cos_sin(torch.arange(3) + t, INV), out=x))(T_BSHD.clone().transpose(1, 2)),
     ),
 }
 

@@ -54,9 +54,10 @@ class _Launch:
         self.grouping, views = _layout.rotary_views(xv, ov, per_position)
         self.view_geometry = tuple((v.shape, v.strides) for v in views)
         plan = self.grouping
-        _, x_offset = _arrays.flat_span(xv)
+        x_flat, x_offset = _arrays.flat_span(xv)
+        o_flat, o_offset = _arrays.flat_span(ov)
         self.xs = (x_offset, *plan.strides(0))
-        self.os = (_arrays.flat_span(ov)[1], *plan.strides(1))
+        self.os = (o_offset, *plan.strides(1))
         self.heads, self.dim = plan.h.size, xv.shape[-1]
         workers = min(_layout.threads(), max(1, xv.size // rope_cpu._ELEMENTS_PER_THREAD))
         rows = plan.g.size * plan.s.size
@@ -67,6 +68,11 @@ class _Launch:
         self.lib = sys.modules["torch"] if self.torch else np
         self.host = _arrays.host_reader(x)
         self.contiguous = xv.flags.c_contiguous  # (a key fixes x's strides)
+        # A torch view's span, in elements from its first (torch strides are not negative): a
+        # planned call views it in one step (Tensor.as_strided), not through flat_span's NumPy
+        # slicing (10 us of a 33 us rotate_pair of q and k [1, h, 2, 128] views of [1, 2, h, 128]).
+        self.x_span = x_flat.size if self.torch and not self.contiguous else None
+        self.o_span = o_flat.size if self.torch and self.into and not self.out_contiguous else None
         self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
 
@@ -95,8 +101,11 @@ class _Launch:
         scratch unless another thread holds it (then in fresh buffers). ``NotImplemented`` for
         an ``out`` that shares memory with ``x`` without being ``x`` (the full path computes
         that one aside and copies it in)."""
-        xv = self.host(x)
-        x_flat = xv.ravel() if self.contiguous else _arrays.flat_span(xv)[0]
+        if self.x_span is not None:
+            xv = x_flat = self.host(x.as_strided((self.x_span,), (1,)))
+        else:
+            xv = self.host(x)
+            x_flat = xv.ravel() if self.contiguous else _arrays.flat_span(xv)[0]
         if self.in_place:
             result, o_flat = x, x_flat
         elif self.into:
@@ -105,12 +114,16 @@ class _Launch:
                 at, to = x.data_ptr(), out.data_ptr()
                 if at + x_low < to + o_high and to + o_low < at + x_high:
                     return NotImplemented
-                ov = self.host(out)
+                if self.o_span is not None:
+                    result, o_flat = out, self.host(out.as_strided((self.o_span,), (1,)))
+                else:
+                    ov = self.host(out)
+                    result, o_flat = out, ov.ravel() if self.out_contiguous else _arrays.flat_span(ov)[0]
             else:
                 ov = self.host(out)
                 if not self.owned and np.may_share_memory(ov, xv):
                     return NotImplemented
-            result, o_flat = out, ov.ravel() if self.out_contiguous else _arrays.flat_span(ov)[0]
+                result, o_flat = out, ov.ravel() if self.out_contiguous else _arrays.flat_span(ov)[0]
         else:
             result, o_flat = self.result()
         arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
