@@ -22,6 +22,7 @@ CALLS = 100  # calls of one decode step per ``time_posenc`` sample
 if importlib.util.find_spec("torch") is not None and importlib.util.find_spec("transformers") is not None:
     # Imported with the suite (once, in asv's forkserver), not in each benchmark's process.
     import transformers.models.llama.modeling_llama  # noqa: F401
+    import transformers.models.qwen2_vl.modeling_qwen2_vl  # noqa: F401
     import transformers.models.t5.modeling_t5  # noqa: F401
 
 
@@ -48,6 +49,8 @@ NAMES = [
     "alibi_bias numpy 16 heads, 1 x 512",
     "HF apply_rotary_pos_emb q [1,32,1,128] + k [1,8,1,128]",
     "HFRotaryEmbedding one position",
+    "HF apply q + k, 4 positions, [b,s,h,d] views",
+    "MultimodalHFRotaryEmbedding one position vs Qwen2-VL",
     "rope torch [1,32,1,128]",
     "apply_rope torch [1,32,1,128]",
     "rope_cos_sin torch [1,1] x 64",

@@ -122,10 +122,11 @@ def torch_cases(torch, dtype=None):
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
+    from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, Qwen2VLTextConfig
     from transformers.models.t5.modeling_t5 import T5Attention
 
     from .torch import ALiBi, T5RelativeBias, score_mod
-    from .torch.hf import HFRotaryEmbedding, apply_rotary_pos_emb
+    from .torch.hf import HFRotaryEmbedding, MultimodalHFRotaryEmbedding, apply_rotary_pos_emb
 
     dtype = dtype or torch.float32
     gen = torch.Generator().manual_seed(0)
@@ -136,6 +137,24 @@ def torch_cases(torch, dtype=None):
     position_ids = torch.tensor([[PAST]])
     cos, sin = llama_rotary(q, position_ids)
     inv_freq = llama_rotary.inv_freq
+    # q and k as an attention layer holds them, views [b, h, s, d] of [b, s, h, d]: 4 positions (a speculative step's check)
+    q4 = torch.randn(1, 4, HEADS, HEAD_DIM, generator=gen).to(dtype).transpose(1, 2)
+    k4 = torch.randn(1, 4, KV_HEADS, HEAD_DIM, generator=gen).to(dtype).transpose(1, 2)
+    cos4, sin4 = llama_rotary(q, position_ids + torch.arange(4))
+    sections = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}
+    qwen2_vl = Qwen2VLTextConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, rope_parameters=sections)
+    qwen2_vl_rotary, posenc_mrope = Qwen2VLRotaryEmbedding(qwen2_vl), MultimodalHFRotaryEmbedding(qwen2_vl)
+    image_ids = torch.tensor([[[PAST]], [[PAST // 2]], [[PAST % 7]]])  # temporal, height, width of one token
+
+
+    # q and k as an attention layer holds them, views [b, h, s, d] of [b, s, h, d]: 4 positions (a speculative step's check)
+    q4 = torch.randn(1, 4, HEADS, HEAD_DIM, generator=gen).to(dtype).transpose(1, 2)
+    k4 = torch.randn(1, 4, KV_HEADS, HEAD_DIM, generator=gen).to(dtype).transpose(1, 2)
+    cos4, sin4 = llama_rotary(q, position_ids + torch.arange(4))
+    sections = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}
+    qwen2_vl = Qwen2VLTextConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, rope_parameters=sections)
+    qwen2_vl_rotary, posenc_mrope = Qwen2VLRotaryEmbedding(qwen2_vl), MultimodalHFRotaryEmbedding(qwen2_vl)
+    image_ids = torch.tensor([[[PAST]], [[PAST // 2]], [[PAST % 7]]])  # temporal, height, width of one token
 
     def rope_formula():
         c, s = llama_rotary(q, position_ids)
@@ -162,6 +181,8 @@ def torch_cases(torch, dtype=None):
         return [
             Case("HF apply_rotary_pos_emb q [1,32,1,128] + k [1,8,1,128]", lambda: apply_rotary_pos_emb(q, k, cos, sin), lambda: hf_apply(q, k, cos, sin)),
             Case("HFRotaryEmbedding one position", lambda: posenc_rotary(q, position_ids), lambda: llama_rotary(q, position_ids)),
+            Case("HF apply q + k, 4 positions, [b,s,h,d] views", lambda: apply_rotary_pos_emb(q4, k4, cos4, sin4), lambda: hf_apply(q4, k4, cos4, sin4)),
+            Case("MultimodalHFRotaryEmbedding one position vs Qwen2-VL", lambda: posenc_mrope(q, image_ids), lambda: qwen2_vl_rotary(q, image_ids)),
             Case("rope torch [1,32,1,128]", lambda: pe.rope(q, offset=PAST), rope_formula),
             Case("apply_rope torch [1,32,1,128]", lambda: pe.apply_rope(q, cos[:, None], sin[:, None]), lambda: _oracles.rope_rotate_half(q, cos[:, None], sin[:, None])),
             Case("rope_cos_sin torch [1,1] x 64", lambda: pe.rope_cos_sin(position_ids, inv_freq, dtype=dtype), lambda: llama_rotary(q, position_ids)),
