@@ -108,6 +108,18 @@ def test_positions_from_mask_refuses_a_start_past_the_index_dtype():
         pe.positions_from_mask(mask, start=-(2**63))
 
 
+def test_positions_from_mask_refuses_a_traced_start_for_its_range_check():
+    """A traced ``start`` (under ``jax.jit``) cannot be checked against the index dtype's range
+    before any work: refused by name, with the static-argument hint (the message had said it
+    sets a shape, which it does not); static, it gives the positions."""
+    jax = pytest.importorskip("jax")
+    mask = np.ones((2, 5), dtype=bool)
+    with pytest.raises(TypeError, match=r"start must be a concrete integer here \(its value is read before any work.*static_argnames"):
+        jax.jit(lambda s: pe.positions_from_mask(mask, start=s))(3)
+    got = jax.jit(lambda s: pe.positions_from_mask(mask, start=s), static_argnums=0)(3)
+    np.testing.assert_array_equal(np.asarray(got), np.arange(3, 8)[None].repeat(2, 0))
+
+
 def test_positions_from_cu_seqlens(backend):
     cu = np.array([0, 3, 3, 7, 8])
     want = np.concatenate([np.arange(n) for n in np.diff(cu)])

@@ -68,7 +68,7 @@ def integer(name, value, *, minimum=None, static=False):
         _zero_d_integer(name, value)
         if not is_eager(value):
             raise TypeError(
-                f"{name} must be a concrete integer here (it sets a shape), got a traced {type(value).__name__}; "
+                f"{name} must be a concrete integer here (its value is read before any work: a size, a count or a range checked), got a traced {type(value).__name__}; "
                 f"pass a Python int ({STATIC_HINT})"
             )
         value = int(value.item() if torch_tensor(value) else value)  # (torch's int() of a uint64 past int64 raises RuntimeError)
