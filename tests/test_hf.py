@@ -389,6 +389,31 @@ def test_multimodal_hf_rotary_embedding_gives_mrope_cos_sin_bits(model, sections
             assert cos.dtype == dtype and torch.equal(cos, want[0]) and torch.equal(sin, want[1]), (start, tuple(ids.shape))
 
 
+def test_rotary_modules_materialised_from_the_meta_device_start_as_built_in_place():
+    """``to_empty`` leaves a buffer whatever memory held: the dynamic state's length (a first
+    call past the original length took its frequencies at that garbage length, cos off by 2)
+    and the M-RoPE axis masks. They start as a module built in place does; a move keeps the
+    state of the calls before it."""
+    from posenc.torch.hf import MultimodalHFRotaryEmbedding
+
+    config = _llama_config("dynamic")
+    mrope = transformers.PretrainedConfig(
+        model_type="qwen3_vl_text", hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=64,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4, "mrope_section": [12, 10, 10]},
+    )
+    x = torch.zeros(1)
+    for kind, conf, ids in ((HFRotaryEmbedding, config, torch.arange(3 * SWITCH)[None]), (MultimodalHFRotaryEmbedding, mrope, torch.arange(200)[None].expand(3, 1, -1) // torch.tensor([1, 2, 3])[:, None, None])):
+        for _ in range(3):  # (garbage differs from one allocation to the next)
+            with torch.device("meta"):
+                built = kind(conf, transformers_state=True)
+            materialised, fresh = built.to_empty(device="cpu"), kind(conf, transformers_state=True)
+            for call in (ids, ids[..., :5]):
+                assert all(torch.equal(a, b) for a, b in zip(materialised(x, call), fresh(x, call)))
+        fresh(x, ids)
+        moved = copy.deepcopy(fresh).to("cpu", torch.float64)  # (its longest length seen: 3 * SWITCH or 200)
+        assert all(torch.equal(a, b) for a, b in zip(moved(x, ids[..., :SWITCH + 2]), fresh(x, ids[..., :SWITCH + 2])))
+
+
 def _tiny_vision_language(kind):
     """A tiny randomly initialised vision-language model of transformers (M-RoPE text model, a vision encoder with its own rotary parts)."""
     text = dict(

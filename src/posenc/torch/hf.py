@@ -112,6 +112,19 @@ class HFRotaryEmbedding(nn.Module):
                 with torch.inference_mode(False):  # (an inference tensor could not be updated outside inference mode)
                     self.register_buffer(self._longest_seen[key], torch.tensor(int(self._original_length), device=device), persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        """A move keeps the dynamic state's lengths; a module built on the meta device and
+        materialised (``to_empty``, whose buffers hold whatever memory held) starts from the
+        original length, as one built in place does."""
+        seen = {name: None if getattr(self, name).is_meta else int(getattr(self, name)) for name in self._longest_seen.values()}
+        super()._apply(fn, recurse)
+        for name, length in seen.items():
+            buffer = getattr(self, name)
+            if not buffer.is_meta:
+                with torch.no_grad():
+                    buffer.fill_(self._original_length if length is None else length)
+        return self
+
     def take_state(self, module):
         """Take transformers' rotary ``module``'s dynamic state (``max_seq_len_cached``, one per
         layer type): the next call's frequencies are the ones ``module``'s next call would use."""
@@ -223,7 +236,7 @@ class MultimodalHFRotaryEmbedding(HFRotaryEmbedding):
 
     def __init__(self, config, *, device=None, layer_type=None, transformers_state=False):
         super().__init__(config, device=device, layer_type=layer_type, transformers_state=transformers_state)
-        self._masks = {}  # key -> name of the buffer [axes, rotary_dim / 2]: -1 (every bit) where the pair turns with the axis, else 0
+        self._masks = {}  # key -> name of its _axis_masks buffer
         for i, (key, rope) in enumerate(self._rope.items()):
             if rope.multimodal not in ("mrope", "mrope_interleaved"):
                 read = "none" if rope.multimodal is None else f"{rope.multimodal} sections {rope.sections}"
@@ -231,10 +244,24 @@ class MultimodalHFRotaryEmbedding(HFRotaryEmbedding):
             pairs, dealt = rope.rotary_dim // 2, rope.multimodal == "mrope_interleaved"
             if not dealt and sum(rope.sections) != pairs:
                 raise ValueError(f"consecutive M-RoPE sections must sum to rotary_dim / 2 = {pairs}, got {list(rope.sections)}")
-            axis_of = torch.tensor(_axis_of_pairs(rope.sections, dealt, pairs), device=device)
-            masks = -(axis_of == torch.arange(len(rope.sections), device=device)[:, None]).to(torch.int8)
             self._masks[key] = f"_axis_masks_{i}"
-            self.register_buffer(self._masks[key], masks[:, None, None, None], persistent=False)  # [axes, 1, 1, 1, pairs]
+            self.register_buffer(self._masks[key], self._axis_masks(rope, device), persistent=False)
+
+    @staticmethod
+    def _axis_masks(rope, device):
+        """``[axes, 1, 1, 1, r / 2]`` int8: -1 (every bit) where pair ``i`` turns with the axis, else 0."""
+        axis_of = torch.tensor(_axis_of_pairs(rope.sections, rope.multimodal == "mrope_interleaved", rope.rotary_dim // 2), device=device)
+        masks = -(axis_of == torch.arange(len(rope.sections), device=device)[:, None]).to(torch.int8)
+        return masks[:, None, None, None]
+
+    def _apply(self, fn, recurse=True):
+        """The masks follow the config, not the buffers' memory (``to_empty`` leaves garbage)."""
+        super()._apply(fn, recurse)
+        for key, name in self._masks.items():
+            masks = getattr(self, name)
+            if not masks.is_meta:
+                self._buffers[name] = self._axis_masks(self._rope[key], masks.device)
+        return self
 
     def forward(self, x, position_ids, layer_type=None):
         key = self._key(layer_type)
