@@ -2,8 +2,14 @@
 deterministic, rather than the process's RSS), and random differential tests of the
 ``out=`` aliasing rule and of the integer rule against float64 formulas."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
+from arrays import child_pythonpath
 from formulas import exact_rope, hf_t5_bucket
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -124,6 +130,44 @@ def test_12_a_set_read_by_another_thread_while_the_kept_bytes_are_summed(monkeyp
     built = _rows._rows_through((3.0, 1.0), 1.0, torch.float32, 3)
     assert len(read) == 1 and read[0][0].shape[0] >= 4 and built[0].shape[0] >= 4
     assert list(_rows._ROWS)[-2:] == [((3.0, 1.0), 1.0, torch.float32), (sets[0], 1.0, torch.float32)]  # read last
+
+
+FORKED_WHILE_ROWS_GROW = """
+import os, signal, threading
+import torch
+from posenc.torch import _rows
+
+holding, release = threading.Event(), threading.Event()
+
+def grow():
+    with _rows._ROWS_LOCK:  # as a thread adding a row set holds it
+        holding.set()
+        release.wait()
+
+grower = threading.Thread(target=grow)
+grower.start()
+holding.wait()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a child that waits on the lock of a thread it does not have ends here
+    cos, _ = _rows.fixed_tables((1.0, 0.5), 1.0, torch.float32, torch.tensor([[5]]))
+    os._exit(0 if cos[0, 0, 0] == torch.cos(torch.tensor(5.0, dtype=torch.float64)).float() else 1)
+release.set()
+grower.join()
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+def test_12_a_process_forked_while_another_thread_adds_a_row_set_can_add_one():
+    """``os.fork`` (a DataLoader's workers) while another thread holds the kept rows' lock:
+    the child, which has no such thread, gets a lock of its own; its first new row set had
+    waited forever."""
+    pytest.importorskip("torch")
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(Path(pe.__file__).parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", FORKED_WHILE_ROWS_GROW], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "child 0", (proc.stdout, proc.stderr[-3000:])
 
 
 def test_12_rows_kept_for_compile_are_their_own_tensor():

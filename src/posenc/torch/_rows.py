@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import os
 import threading
 
 import numpy as np
@@ -131,6 +132,19 @@ def named_frequencies(name):
 
 _ROWS = collections.OrderedDict()
 _ROWS_LOCK = threading.Lock()
+
+
+def _forget_lock():
+    """In a forked child: a lock no parent thread holds (a thread growing the rows at the
+    fork is not in the child, and would never release it there)."""
+    global _ROWS_LOCK
+    _ROWS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows)
+    os.register_at_fork(after_in_child=_forget_lock)
+
+
 # The row sets kept, the least recently read evicted first: a model's one or two (Gemma 3's
 # layer types) in each dtype it runs in, for several models in one process (eight sets had
 # made a ninth in use rebuild its rows on every call: 0.47 s a decode step at position
