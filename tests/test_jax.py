@@ -67,6 +67,20 @@ def test_sinusoidal_and_cos_sin_exact_at_long_positions_without_float64():
     np.testing.assert_allclose(np.asarray(sin), want_sin, atol=1e-6)
 
 
+def test_xpos_scale_within_float32_rounding_at_long_positions_without_float64():
+    """``zeta ** (m / gamma)`` takes its exponent ``m ln(zeta) / gamma`` as a double-float:
+    within two float32 ulps of the float64 power (a float32 product was 38 ulps off at
+    ``m = -20000``, its error growing with ``|m|``)."""
+    pos = np.array([-20000, -3001, 0, 7, 4097, 16384, 33333], dtype=np.int32)
+    zeta = (np.arange(0, 16, 2) / 16 + 0.4) / 1.4
+    want = zeta ** (pos[:, None] / 512)
+    ulp = np.spacing(want.astype(np.float32)).astype(np.float64)
+    for positions in (jnp.asarray(pos), jnp.asarray(pos, dtype=jnp.float32)):
+        got = np.asarray(jax.jit(lambda p: pe.xpos_scale(p, 16))(positions))
+        assert got.dtype == np.float32
+        assert (np.abs(got[:, :8] - want) <= 2 * ulp).all()
+
+
 def test_traced_frequency_arrays_keep_long_positions_exact_without_float64():
     """Frequencies that are arrays of the computation (passed into ``jax.jit``, or learned)
     are turned into a double-float of turns and reduced exactly, as host frequencies are:

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
+from .. import _doublefloat
 from .. import _validate as check
 from .._xp import cast, device_of, is_real_floating, namespace, result_dtype, widest_float
 from . import _args
@@ -57,6 +60,18 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
     dtype = result_dtype(xp, dtype)
     check.allocatable("xpos_scale", (*positions.shape, dim), 8)
     work = widest_float(xp, device)
-    log_zeta = xp.asarray([math.log((i / dim + 0.4) / 1.4) for i in range(0, dim, 2)], dtype=work, device=device)
+    log_zeta = [math.log((i / dim + 0.4) / 1.4) for i in range(0, dim, 2)]
+    if work == xp.float32:
+        # Without float64, m ln(zeta) / gamma as a double-float (hi, lo): exp(hi) (1 + lo)
+        # is the float32 power within a few ulps at every position (a float32 product was
+        # off by |m ln(zeta) / gamma| ulps).
+        if is_real_floating(xp, positions.dtype):
+            m = (cast(xp, positions, work), xp.zeros(positions.shape, dtype=work, device=device))
+        else:
+            m = _doublefloat.from_integer(xp, positions)
+        rate = _doublefloat.constant(xp, np.asarray(log_zeta) / scale_base, device)
+        hi, lo = _doublefloat.mul((m[0][..., None], m[1][..., None]), rate)
+        return cast(xp, duplicate(xp, xp.exp(hi) * (1 + lo), layout), dtype)
+    log_zeta = xp.asarray(log_zeta, dtype=work, device=device)
     exponent = cast(xp, positions, work)[..., None] / scale_base
     return cast(xp, duplicate(xp, xp.exp(exponent * log_zeta), layout), dtype)
