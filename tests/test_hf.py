@@ -255,6 +255,32 @@ def test_transformers_state_of_a_module_built_in_inference_mode_updates_outside_
         ours(torch.zeros(1), torch.arange(4 * SWITCH)[None])
 
 
+def test_transformers_state_of_a_module_moved_in_inference_mode_updates_outside_it():
+    """A move (``_apply``) or ``to_empty`` under ``torch.inference_mode`` made the dynamic
+    state's buffer an inference tensor: the next call outside it past the original length
+    raised RuntimeError (in-place update to an inference tensor)."""
+    from posenc.torch.hf import MultimodalHFRotaryEmbedding
+
+    mrope = transformers.PretrainedConfig(
+        model_type="qwen3_vl_text", hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=SWITCH,
+        rope_parameters={"rope_type": "dynamic", "factor": 2.0, "rope_theta": 1e4, "mrope_section": [12, 10, 10]},
+    )
+    ids = torch.arange(4 * SWITCH)[None]
+    for kind, config in ((HFRotaryEmbedding, _llama_config("dynamic")), (MultimodalHFRotaryEmbedding, mrope)):
+        fresh = kind(config, transformers_state=True)
+        want = fresh(torch.zeros(1), ids)
+        with torch.device("meta"):
+            materialised = kind(config, transformers_state=True)
+        moved = kind(config, transformers_state=True)
+        with torch.inference_mode():
+            materialised.to_empty(device="cpu")
+            moved._apply(lambda t: t.clone())  # (what a move to another device does)
+        for module in (materialised, moved):
+            with torch.no_grad():  # as generate() calls it
+                got = module(torch.zeros(1), ids)
+            assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
 def test_patch_hf_takes_the_dynamic_state_the_model_has_not_its_probes():
     """patch_hf probes the rotary module with long positions: the patched model starts from
     the unpatched module's state (here after a long call of its own), not the probe's."""

@@ -115,14 +115,16 @@ class HFRotaryEmbedding(nn.Module):
     def _apply(self, fn, recurse=True):
         """A move keeps the dynamic state's lengths; a module built on the meta device and
         materialised (``to_empty``, whose buffers hold whatever memory held) starts from the
-        original length, as one built in place does."""
+        original length, as one built in place does. Either way the state is a normal tensor,
+        as built: one moved under ``torch.inference_mode`` would be an inference tensor, which
+        a call outside it could not update."""
         seen = {name: None if getattr(self, name).is_meta else int(getattr(self, name)) for name in self._longest_seen.values()}
         super()._apply(fn, recurse)
         for name, length in seen.items():
             buffer = getattr(self, name)
             if not buffer.is_meta:
-                with torch.no_grad():
-                    buffer.fill_(self._original_length if length is None else length)
+                with torch.inference_mode(False):
+                    self._buffers[name] = torch.tensor(self._original_length if length is None else length, dtype=buffer.dtype, device=buffer.device)
         return self
 
     def take_state(self, module):
