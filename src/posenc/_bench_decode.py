@@ -146,16 +146,6 @@ def torch_cases(torch, dtype=None):
     qwen2_vl_rotary, posenc_mrope = Qwen2VLRotaryEmbedding(qwen2_vl), MultimodalHFRotaryEmbedding(qwen2_vl)
     image_ids = torch.tensor([[[PAST]], [[PAST // 2]], [[PAST % 7]]])  # temporal, height, width of one token
 
-
-    # q and k as an attention layer holds them, views [b, h, s, d] of [b, s, h, d]: 4 positions (a speculative step's check)
-    q4 = torch.randn(1, 4, HEADS, HEAD_DIM, generator=gen).to(dtype).transpose(1, 2)
-    k4 = torch.randn(1, 4, KV_HEADS, HEAD_DIM, generator=gen).to(dtype).transpose(1, 2)
-    cos4, sin4 = llama_rotary(q, position_ids + torch.arange(4))
-    sections = {"rope_type": "default", "rope_theta": 1e6, "mrope_section": [16, 24, 24]}
-    qwen2_vl = Qwen2VLTextConfig(hidden_size=HEADS * HEAD_DIM, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, rope_parameters=sections)
-    qwen2_vl_rotary, posenc_mrope = Qwen2VLRotaryEmbedding(qwen2_vl), MultimodalHFRotaryEmbedding(qwen2_vl)
-    image_ids = torch.tensor([[[PAST]], [[PAST // 2]], [[PAST % 7]]])  # temporal, height, width of one token
-
     def rope_formula():
         c, s = llama_rotary(q, position_ids)
         return q * c[:, None] + _oracles.rotate_half(q) * s[:, None]
