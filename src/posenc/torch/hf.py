@@ -279,9 +279,23 @@ class MultimodalHFRotaryEmbedding(HFRotaryEmbedding):
             tables = torch.stack(super().forward(x, position_ids, layer_type), dim=-2)
         half = tables[..., : tables.shape[-1] // 2]  # [axes, batch, seq, 2, r / 2]
         bits = half.view(_SAME_SIZE_INTEGER[half.element_size()])
-        picked = torch.sum(bits & masks.to(bits.device), dim=0, dtype=bits.dtype).view(tables.dtype).movedim(-2, 0)  # (one term is not 0)
-        picked = torch.cat((picked, picked), -1) if self.layout == "half" else picked.repeat_interleave(2, -1)  # [2, batch, seq, r]
+        picked = torch.sum(bits & masks.to(bits.device), dim=0, dtype=bits.dtype).movedim(-2, 0)  # (one term is not 0)
+        picked = torch.cat((picked, picked), -1) if self.layout == "half" else _twice_each(picked)  # [2, batch, seq, r]
+        picked = picked.view(tables.dtype)
         return picked[0], picked[1]
+
+
+def _twice_each(bits):
+    """``bits.repeat_interleave(2, -1)``, C-contiguous: for many entries each in both halves of
+    an integer twice as wide, where there is one (``repeat_interleave`` took 3x as long: 82 of
+    the 184 us of GLM-4V's bfloat16 tables of 1,024 positions, one thread; a decode step's few
+    entries keep it: 2.9 us against 8.6)."""
+    wider = _TWICE_AS_WIDE.get(bits.dtype)
+    if wider is None or bits.numel() < 8192:
+        return bits.repeat_interleave(2, -1)
+    width = 8 * bits.element_size()
+    low = bits.to(wider, memory_format=torch.contiguous_format) & ((1 << width) - 1)
+    return (low | low << width).view(bits.dtype)
 
 
 class InterleavedMultimodalHFRotaryEmbedding(MultimodalHFRotaryEmbedding):
@@ -294,6 +308,7 @@ class InterleavedMultimodalHFRotaryEmbedding(MultimodalHFRotaryEmbedding):
 
 # The integers MultimodalHFRotaryEmbedding views tables as, by element size (int8 masks sign-extend to their width).
 _SAME_SIZE_INTEGER = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+_TWICE_AS_WIDE = {torch.int16: torch.int32, torch.int32: torch.int64}
 
 # Integer position ids widened to int64 on entry, as transformers' own modules take them.
 _NARROW_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.uint32)
