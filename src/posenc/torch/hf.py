@@ -38,7 +38,8 @@ SUPPORTED = (
     "ministral", "ministral3", "mistral", "mixtral", "mllama", "modernbert-decoder", "mpt", "mt5",
     "nanochat", "nemotron", "olmo", "olmo2", "olmo3", "olmo_hybrid", "olmoe", "persimmon", "phi",
     "phi3", "phi4_multimodal", "phimoe", "pix2struct", "pop2piano", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next", "roformer", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
+    "qwen3_5", "qwen3_5_moe", "qwen3_5_moe_text", "qwen3_5_text", "qwen3_moe", "qwen3_next",
+    "roformer", "sarvam_mla", "sarvam_moe", "seed_oss", "smollm3",
     "solar_open", "stablelm", "starcoder2", "switch_transformers", "t5", "umt5", "vaultgemma",
     "youtu", "zamba2",
 )
