@@ -96,16 +96,19 @@ class _Launch:
             return result, held.view(self.element).reshape(-1)
         return held, held.view(self.element).reshape(-1)
 
+    def _flat(self, a, span, contiguous):
+        """The 1-D host view of the memory ``a`` spans (``x`` or ``out``, of the layout the key fixes)."""
+        if span is not None:
+            return self.host(a.as_strided((span,), (1,)))
+        view = self.host(a)
+        return view.ravel() if contiguous else _arrays.flat_span(view)[0]
+
     def run(self, x, arguments, out=None):
         """The kernel over every task; one worker runs on the calling thread, in the plan's own
         scratch unless another thread holds it (then in fresh buffers). ``NotImplemented`` for
         an ``out`` that shares memory with ``x`` without being ``x`` (the full path computes
         that one aside and copies it in)."""
-        if self.x_span is not None:
-            xv = x_flat = self.host(x.as_strided((self.x_span,), (1,)))
-        else:
-            xv = self.host(x)
-            x_flat = xv.ravel() if self.contiguous else _arrays.flat_span(xv)[0]
+        x_flat = self._flat(x, self.x_span, self.contiguous)
         if self.in_place:
             result, o_flat = x, x_flat
         elif self.into:
@@ -114,16 +117,9 @@ class _Launch:
                 at, to = x.data_ptr(), out.data_ptr()
                 if at + x_low < to + o_high and to + o_low < at + x_high:
                     return NotImplemented
-                if self.o_span is not None:
-                    result, o_flat = out, self.host(out.as_strided((self.o_span,), (1,)))
-                else:
-                    ov = self.host(out)
-                    result, o_flat = out, ov.ravel() if self.out_contiguous else _arrays.flat_span(ov)[0]
-            else:
-                ov = self.host(out)
-                if not self.owned and np.may_share_memory(ov, xv):
-                    return NotImplemented
-                result, o_flat = out, ov.ravel() if self.out_contiguous else _arrays.flat_span(ov)[0]
+            result, o_flat = out, self._flat(out, self.o_span, self.out_contiguous)
+            if not self.torch and not self.owned and np.may_share_memory(o_flat, x_flat):  # (a flat view spans what its array spans)
+                return NotImplemented
         else:
             result, o_flat = self.result()
         arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
