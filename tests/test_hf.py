@@ -415,6 +415,26 @@ def test_multimodal_hf_rotary_embedding_gives_mrope_cos_sin_bits(model, sections
             assert cos.dtype == dtype and torch.equal(cos, want[0]) and torch.equal(sin, want[1]), (start, tuple(ids.shape))
 
 
+@pytest.mark.parametrize("glm", [False, True], ids=["dealt, half order", "consecutive, twice in a row"])
+def test_multimodal_hf_rotary_embedding_compiles_to_its_eager_bits(glm):
+    """``torch.compile(fullgraph=True)`` of ``MultimodalHFRotaryEmbedding`` (masks on the bits,
+    the wide-integer doubling of GLM-4V's many entries) gives the eager bits: a decode
+    position, a prefill, ids past the kept rows."""
+    from posenc.torch.hf import InterleavedMultimodalHFRotaryEmbedding, MultimodalHFRotaryEmbedding
+
+    config = transformers.PretrainedConfig(
+        model_type="glm4v_text" if glm else "qwen3_vl_text", hidden_size=256, num_attention_heads=4, head_dim=64, max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4, "mrope_section": [12, 10, 10]},
+    )
+    module = (InterleavedMultimodalHFRotaryEmbedding if glm else MultimodalHFRotaryEmbedding)(config)
+    compiled = torch.compile(module, fullgraph=True)
+    x = torch.zeros(1, dtype=torch.bfloat16)
+    for start, length in ((700, 1), (0, 300), ((1 << 16) - 5, 40)):
+        seq = torch.arange(start, start + length)
+        ids = torch.stack([seq, seq // 2, seq % 7])[:, None]
+        assert all(torch.equal(a, b) for a, b in zip(compiled(x, ids), module(x, ids))), (start, length)
+
+
 def test_rotary_modules_materialised_from_the_meta_device_start_as_built_in_place():
     """``to_empty`` leaves a buffer whatever memory held: the dynamic state's length (a first
     call past the original length took its frequencies at that garbage length, cos off by 2)
