@@ -55,6 +55,32 @@ def test_a_partial_overlap_is_refused_on_a_cached_plan_too(name):
         call(x, out=overlapping)
 
 
+def test_an_out_over_the_tables_or_positions_is_refused_on_a_cached_plan_too():
+    """torch tensors of two storages over one memory (``torch.from_numpy`` of two views of
+    one NumPy array): a plan whose ``out`` lies over ``cos`` or the float positions it reads
+    refuses it as the first call does. Its storage check compared data pointers only: the
+    third call wrote over the tables as it read them (apply_rope 2.16 off, rope 1.97)."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.standard_normal((8, 4)))
+    inv_freq, _ = pe.rope_frequencies(4)
+    cos, sin = (t.numpy() for t in pe.rope_cos_sin(torch.arange(8) * 1000, inv_freq))
+    calls = {
+        "apply_rope": (lambda memory: memory[:32], cos, lambda tables, out: pe.apply_rope(x, tables, torch.from_numpy(sin), out=out)),
+        "rope": (lambda memory: memory[8:16], np.arange(8.0) * 1000, lambda positions, out: pe.rope(x, positions, out=out)),
+    }
+    for name, (read, values, call) in calls.items():
+        for _ in range(3):  # the first two calls build the plan
+            separate = read(np.zeros(40))
+            separate[...] = values.reshape(separate.shape)
+            call(torch.from_numpy(separate).view(values.shape), torch.zeros(8, 4, dtype=torch.float64))
+        memory = np.zeros(40)
+        read(memory)[...] = values.reshape(-1)
+        inputs, out = torch.from_numpy(read(memory)).view(values.shape), torch.from_numpy(memory[4:36]).view(8, 4)
+        with pytest.raises(ValueError, match="out shares memory with (cos|positions)"):
+            call(inputs, out)
+
+
 def test_a_strided_out_buffer_is_written_by_the_full_path():
     x = np.random.default_rng(0).standard_normal((2, 4, 1, 16)).astype(np.float32)
     want = pe.rope(x, offset=7)

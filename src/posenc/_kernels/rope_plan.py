@@ -493,10 +493,13 @@ def build_pair(q, k, cos, sin, *, layout):
 
 def _may_meet(a, b):
     """Whether arrays ``a`` and ``b`` of one library may share memory (NumPy's byte ranges,
-    torch's storage)."""
+    torch's storages' byte ranges: two storages may hold one memory, e.g. ``torch.from_numpy``
+    of two views of one NumPy array)."""
     if type(a) is np.ndarray:
         return np.may_share_memory(a, b)
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+    mine, theirs = a.untyped_storage(), b.untyped_storage()
+    start, other = mine.data_ptr(), theirs.data_ptr()
+    return start < other + theirs.nbytes() and other < start + mine.nbytes()
 
 
 def _flat_reader(table):
