@@ -157,6 +157,8 @@ ABSOLUTE = {
     "apply_absolute table too short": (lambda: pe.apply_absolute(Z((5, 8)), Z((6, 8)), offset=2), ValueError, "table"),
     "apply_absolute table width": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 5))), ValueError, "table"),
     "apply_absolute negative offset": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 6)), offset=-1), ValueError, "offset"),
+    # (an offset of None was taken for no offset at all: AttributeError here, int()'s TypeError in rope)
+    "apply_absolute offset None": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 6)), offset=None), TypeError, "offset"),
     "apply_absolute unknown mode": (lambda: pe.apply_absolute(Z((5, 8)), Z((6, 8)), mode="concat"), ValueError, "mode"),
     "apply_absolute integer x": (lambda: pe.apply_absolute(Z((5, 8), dtype=int), Z((6, 8))), TypeError, "x"),
     "apply_absolute JAX x, torch table": (lambda: pe.apply_absolute(_jax().numpy.zeros((5, 8)), _torch().zeros(6, 8)), TypeError, "different kinds"),
@@ -546,6 +548,8 @@ ROTARY = {
     "rope infinite positions": (lambda: pe.rope(X4, positions=np.full(5, np.inf)), ValueError, "positions"),
     "rope string positions": (lambda: pe.rope(X, np.array(["a", "b", "c"])), TypeError, "positions"),
     "rope seq_axis the feature axis": (lambda: pe.rope(X, seq_axis=-1), ValueError, "seq_axis"),
+    "rope offset None": (lambda: pe.rope(X, offset=None), TypeError, "offset"),
+    "rope positions, offset None": (lambda: pe.rope(X, np.arange(3), offset=None), TypeError, "offset"),
     "rope seq_axis out of range": (lambda: pe.rope(X, seq_axis=3), ValueError, "seq_axis"),
     "rope float offset": (lambda: pe.rope(X, offset=1.5), TypeError, "offset"),
     "rope offset beyond int64": (lambda: pe.rope(X, offset=2**70), ValueError, ("offset", "int64")),

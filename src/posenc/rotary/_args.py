@@ -270,8 +270,9 @@ def rows(name, value, x, seq_axis):
 
 
 def per_row(name, value, xp):
-    """``value`` validated: None, an int, a 0-d integer array (traced ok), or a per-row integer array."""
-    if value is None:
+    """``value`` validated: None (a ``seq_len`` only), an int, a 0-d integer array (traced ok),
+    or a per-row integer array."""
+    if value is None and name == "seq_len":
         return None
     if type(value) is int:
         return check.integer(name, value, minimum=0 if name == "seq_len" else None)
