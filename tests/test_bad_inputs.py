@@ -497,6 +497,12 @@ ROTARY = {
     "rope_cos_sin unknown layout": (lambda: pe.rope_cos_sin(np.arange(3), INV_FREQ, layout="zigzag"), ValueError, "layout"),
     "rope_cos_sin nan inv_freq": (lambda: pe.rope_cos_sin(np.arange(3), np.array([1.0, np.nan])), ValueError, "inv_freq"),
     "rope_cos_sin 3-D inv_freq": (lambda: pe.rope_cos_sin(np.arange(3), np.ones((2, 2, 2))), ValueError, "inv_freq"),  # 2-D: one set per row
+    # (NumPy's cast to float64 dropped the imaginary parts; float() of a complex tensor raised RuntimeError)
+    "rope_cos_sin complex inv_freq": (lambda: pe.rope_cos_sin(np.arange(3), np.array([1.0, 0.5j])), TypeError, "inv_freq"),
+    "rope_cos_sin complex inv_freq list": (lambda: pe.rope_cos_sin(np.arange(3), [1.0, 0.5 + 0j]), TypeError, "inv_freq"),
+    "rope_cos_sin complex torch inv_freq": (lambda: pe.rope_cos_sin(_torch().arange(3), _torch().tensor([1.0, 0.5j])), TypeError, "inv_freq"),
+    "rerotate complex inv_freq": (lambda: pe.rerotate(X, 1, np.array([1.0, 0.5j])), TypeError, "inv_freq"),
+    "rerotate complex new_inv_freq": (lambda: pe.rerotate(X, 1, INV_FREQ, new_inv_freq=INV_FREQ + 0j), TypeError, "new_inv_freq"),
     "rope_cos_sin integer dtype": (lambda: pe.rope_cos_sin(np.arange(3), INV_FREQ, dtype=np.int64), TypeError, "dtype"),
     "rope_cos_sin inv_freq of another device library": (
         lambda: pe.rope_cos_sin(_jax().numpy.arange(3), _torch().ones(2, dtype=_torch().float64)), TypeError, "arrays of different kinds",

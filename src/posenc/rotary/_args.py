@@ -59,14 +59,20 @@ def _grad_enabled():
 def _host_floats(name, value):
     """``value`` (a NumPy array, a sequence or an eager 1-D array) as a tuple of float64 numbers."""
     check.not_masked(name, value)
+    refused = TypeError(f"{name} must be a 1-D array or sequence of real numbers, got {type(value).__name__}")
     if check.is_array(value) and not isinstance(value, np.ndarray):
         if value.ndim != 1:
             raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(value.shape)}")
+        if "complex" in str(value.dtype):
+            raise refused
         value = [float(value[i]) for i in range(int(value.shape[0]))]
     try:
-        freqs = np.asarray(value, dtype=np.float64)
+        freqs = np.asarray(value)
+        if freqs.dtype.kind == "c":  # (NumPy's cast to float64 would drop the imaginary parts)
+            raise refused
+        freqs = freqs.astype(np.float64, copy=False)
     except (TypeError, ValueError) as exc:
-        raise TypeError(f"{name} must be a 1-D array or sequence of real numbers, got {type(value).__name__}") from exc
+        raise refused from exc
     if freqs.ndim != 1 or freqs.size == 0:
         raise ValueError(f"{name} must be a non-empty 1-D array, got shape {freqs.shape}")
     if not np.all(np.isfinite(freqs)):
