@@ -247,7 +247,7 @@ class Fuzz:
             found.append({"what": what, "case": case})
         self.ends[fn]["defect"] += 1
 
-    def check(self, fn, case, build, *, dtype=None, magnitude=0.0, exact=False, out_name=None, warm=False):
+    def check(self, fn, case, build, *, dtype=None, magnitude=0.0, exact=False, out_name=None, warm=False, same_layout_bits=True):
         """``build(copy)`` returns ``(call, operands)``: a zero-argument call and the arrays it
         reads and writes (fresh ones each time, from the same draw).
 
@@ -322,6 +322,8 @@ class Fuzz:
                 self.defect(fn, f"repeat {attempt_no} ended differently: {again.crash or again.error}", case)
                 return
             value = again.value[0] if isinstance(again.value, tuple) else again.value
+            if not same_layout_bits and close(value, got, dtype or dtype_of(got), magnitude)[0]:
+                continue  # (a BLAS matmul's rounding follows the operands' strides: docs/conventions.md)
             if not same_bits(value, got):
                 g, w = to64(value), to64(got)
                 diff = np.argwhere(~((g == w) | (np.isnan(g) & np.isnan(w))))
@@ -865,6 +867,70 @@ def case_bias(fuzz, rng, seed, fn):
 CASES_BIAS = {name: (lambda fuzz, rng, seed, name=name: case_bias(fuzz, rng, seed, name)) for name in ("t5_bias", "alibi_bias", "kerple_bias", "relative_bias_vector")}
 
 
+def case_logits(fuzz, rng, seed, fn):
+    """``shaw_logits``, ``shaw_output``, ``deberta_logits`` (Toeplitz gather and scatter
+    inside), ``axial_rope`` and ``expand_bias`` on hostile operands."""
+    lib = str(rng.choice(["numpy", "torch"]))
+    dtype = str(rng.choice(FLOATS))
+    b, h, q, k = int(rng.choice([1, 2])), int(rng.choice([1, 3])), int(rng.choice([1, 2, 5])), int(rng.choice([1, 3, 6]))
+    d = int(rng.choice([2, 4, 8]))
+    K = int(rng.choice([1, 2, 4]))
+    offset_given = rng.random() < 0.4
+    out_form = str(rng.choice(["none", "none", "x", "window", "overlap", "broadcast", "readonly"])) if fn == "axial_rope" else "none"
+    case = dict(fn=fn, lib=lib, dtype=dtype, b=b, h=h, q=q, k=k, d=d, K=K, out=out_form, seed=seed)
+
+    def build(contiguous_ops=False):
+        r = np.random.default_rng(seed)
+        ops, kw = {}, {}
+        if offset_given and fn != "axial_rope" and fn != "expand_bias":
+            kw["offset"] = int(r.integers(-3, 8))
+        if fn == "shaw_logits":
+            ops["q"] = hostile(r, (b, h, q, d), dtype, lib)
+            ops["k"] = hostile(r, (b, h, k, d), dtype, lib)
+            ops["table"] = hostile(r, (2 * K + 1, d), dtype, lib)
+            names, kw["max_distance"] = ("q", "k", "table"), K
+            call = pe.shaw_logits
+        elif fn == "shaw_output":
+            ops["weights"] = hostile(r, (b, h, q, k), dtype, lib, values=lambda sh: _values(r, sh, dtype, lib, 0.3))
+            ops["v"] = hostile(r, (b, h, k, d), dtype, lib)
+            ops["table"] = hostile(r, (2 * K + 1, d), dtype, lib)
+            names, kw["max_distance"] = ("weights", "v", "table"), K
+            call = pe.shaw_output
+        elif fn == "deberta_logits":
+            ops["q"] = hostile(r, (b, h, q, d), dtype, lib)
+            ops["k"] = hostile(r, (b, h, k, d), dtype, lib)
+            ops["pos_q"] = hostile(r, (h, 2 * K, d), dtype, lib)
+            ops["pos_k"] = hostile(r, (h, 2 * K, d), dtype, lib)
+            names, kw["max_distance"] = ("q", "k", "pos_q", "pos_k"), K
+            call = pe.deberta_logits
+        elif fn == "expand_bias":
+            ops["vec"] = hostile(r, (h, max(q + k - 1, 0)), dtype, lib)
+            names = ("vec",)
+            call = lambda vec, **o: pe.expand_bias(vec, q, k, **o)  # noqa: E731
+        else:  # axial_rope: tokens on a 2-D grid
+            gh, gw = int(r.integers(1, 3)), int(r.integers(1, 3))
+            x, out = draw_x(r, lib, dtype, (b, h, gh * gw, 4 * d), out_form if out_form != "none" else "none")
+            ops["x"] = x
+            if out is not None and out is not x:
+                ops["out"] = out
+            grid = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(-1, 2)
+            kw["_grid"] = as_lib(grid, lib)
+            names = ("x",)
+            call = lambda x, _grid, **o: pe.axial_rope(x, _grid, **o)  # noqa: E731
+        ops = finish_ops(ops, contiguous_ops)
+        if out_form not in ("none",) and fn == "axial_rope":
+            kw["out"] = ops["x"].view if out_form == "x" else ops["out"].view
+        args = tuple(ops[n].view for n in names)
+        return (lambda: call(*args, **kw)), ops
+
+    magnitude = 30.0 * d if fn != "axial_rope" and fn != "expand_bias" else 4.5
+    fuzz.check(fn, case, build, magnitude=magnitude, exact=fn == "expand_bias", same_layout_bits=fn in ("expand_bias", "axial_rope"),
+               out_name=("x" if out_form == "x" else "out" if out_form != "none" else None), warm=True)
+
+
+CASES_LOGITS = {name: (lambda fuzz, rng, seed, name=name: case_logits(fuzz, rng, seed, name)) for name in ("shaw_logits", "shaw_output", "deberta_logits", "expand_bias", "axial_rope")}
+
+
 # ---------------------------------------------------------------- kernels through the registry (CPU, CUDA simulator)
 
 
@@ -1112,7 +1178,7 @@ for _target in ("numba_cpu", "numba_cuda"):
         KERNEL_CASES[f"{_op}.{_target}"] = lambda fuzz, rng, seed, op=_op, target=_target: case_rope_kernel(fuzz, rng, seed, op, target)
 
 
-CASES = {"rope": case_rope, "apply_rope": case_apply_rope, "rerotate": case_rerotate, "rotate_pair": case_rotate_pair, "rope per-row": case_rope_rows, **CASES_BIAS, **KERNEL_CASES}
+CASES = {"rope": case_rope, "apply_rope": case_apply_rope, "rerotate": case_rerotate, "rotate_pair": case_rotate_pair, "rope per-row": case_rope_rows, **CASES_BIAS, **CASES_LOGITS, **KERNEL_CASES}
 
 
 def main(argv):
