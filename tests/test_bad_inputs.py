@@ -867,6 +867,8 @@ KERNEL_LAUNCHERS = {
     ),
     "rope_rotate inv_freq of another width": (lambda: _cpu("rope_rotate", Z((3, 4)), np.arange(3), np.ones(3)), ValueError, "inv_freq"),
     "rope_rotate out wrong shape": (lambda: _cpu("rope_rotate", Z((3, 4)), np.arange(3), np.ones(2), out=Z((3, 5))), ValueError, "out"),
+    "rope_rotate 0-d x": (lambda: _cpu("rope_rotate", Z(()), np.arange(1), np.ones(1)), ValueError, "inv_freq"),  # (was IndexError)
+    "CUDA rope_rotate 0-d x": (lambda: _cuda("rope_rotate", Z((), np.float32), np.arange(1), np.ones(1)), ValueError, "inv_freq"),
     "rope_apply cos/sin wider than x": (lambda: _cpu("rope_apply", Z((3, 4)), np.ones((3, 6)), np.ones((3, 6))), ValueError, "cos/sin"),
     "rope_apply odd cos/sin": (lambda: _cpu("rope_apply", Z((3, 4)), np.ones((3, 3)), np.ones((3, 3))), ValueError, "cos/sin"),
     "rope_apply sin narrower than cos": (lambda: _cpu("rope_apply", Z((3, 4)), np.ones((3, 4)), np.ones((3, 2))), ValueError, "cos/sin"),

@@ -132,7 +132,7 @@ def guard_rotate(x, positions, inv_freq, out):
     """``inv_freq`` as contiguous float64, after checking the shapes ``rope_rotate``'s kernels index."""
     inv_freq = np.ascontiguousarray(inv_freq, dtype=np.float64)
     shape = tuple(x.shape)
-    if inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > shape[-1]:
+    if not shape or inv_freq.ndim != 1 or 2 * inv_freq.shape[0] > shape[-1]:
         raise ValueError(f"inv_freq of shape {inv_freq.shape} does not fit x of shape {shape} (kernel launcher check)")
     if not _broadcasts(tuple(positions.shape), shape[:-1]):
         raise ValueError(f"positions of shape {tuple(positions.shape)} do not broadcast against {shape[:-1]} (kernel launcher check)")
