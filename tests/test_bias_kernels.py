@@ -353,8 +353,31 @@ def test_cuda_kernels_match_the_cpu_definitions(cuda, problem):
     weights = rng.standard_normal((*lead, q_len, k_len)).astype(dtype)
     got = _gpu("toeplitz_scatter")(put(weights), cuda.to_device(idx), m).copy_to_host()
     want, magnitude = scatter_loops(weights, idx, m)
-    accumulate = EPS["float32"] * k_len if dtype != "float64" else EPS["float64"] * k_len
-    assert np.all(np.abs(got.astype(np.float64) - want) <= (EPS[dtype] + accumulate) * magnitude + 1e-300)
+    # Summed in float64 (in a tree, not in scatter_loops' order), rounded once.
+    assert np.all(np.abs(got.astype(np.float64) - want) <= (EPS[dtype] + EPS["float64"] * k_len) * magnitude + 1e-300)
+
+
+@pytest.mark.parametrize("monotone", [True, False])
+def test_cuda_scatter_sums_do_not_depend_on_timing_or_layout(cuda, monotone):
+    """Sums in float64 in an order the shape fixes: 2**24 + 1 + 1 is 2**24 + 2 (float32
+    accumulators gave 2**24 or 2**24 + 2 by the order the threads' atomics landed), and the
+    bits are the same on every run and for a strided copy, for a monotone index (its runs
+    added in parallel) and for one of interleaved classes (added one by one)."""
+    weights = np.array([[2.0**24, 1.0, 1.0]], np.float32)
+    got = _gpu("toeplitz_scatter")(cuda.to_device(weights), cuda.to_device(np.zeros(3, np.int64)), 1)
+    assert got.copy_to_host()[0, 0] == 2.0**24 + 2
+    rng = np.random.default_rng(5)
+    q_len, k_len, m = 2, 70, 5
+    if monotone:
+        idx = np.clip(np.arange(q_len + k_len - 1) - k_len // 2, -2, 2) + 2
+    else:
+        idx = rng.integers(0, m, q_len + k_len - 1)
+    weights = (rng.standard_normal((q_len, k_len)) * 10.0 ** rng.integers(-6, 7, (q_len, k_len))).astype(np.float32)
+    runs = [_gpu("toeplitz_scatter")(put(weights), cuda.to_device(idx), m).copy_to_host() for put in (cuda.to_device, lambda a: _device_strided(cuda, a)) * 2]
+    for other in runs[1:]:
+        np.testing.assert_array_equal(other.view(np.uint32), runs[0].view(np.uint32))
+    want, magnitude = scatter_loops(weights, idx, m)
+    assert np.all(np.abs(runs[0].astype(np.float64) - want) <= (EPS["float32"] + EPS["float64"] * k_len) * magnitude)
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])

@@ -4,10 +4,10 @@ Same contracts as ``toeplitz_cpu``. Expand and gather give each output row to a 
 row of threads (``y``; a row's index arithmetic once per thread), whose ``x`` threads walk
 its keys four at a time, loads before stores (writes coalesce; the per-distance vector is
 read backwards, which coalesces as well); they copy bits, so they are specialised by element size. Scatter
-gives one block per (row, chunk of ``_CHUNK`` classes): the block's threads add the row's
-weights into a shared-memory accumulator with shared atomics, then write the chunk once;
-it sums 16-bit floats and float32 in float32 (native shared-memory atomics), float64 in
-float64, and rounds once (``_codec``).
+gives one block per (row, chunk of ``_CHUNK`` classes): the block sums the row's weights
+into shared-memory float64 accumulators in an order fixed by the shape alone (no atomics:
+the same bits on every run, whatever the layout), then writes the chunk once, rounded once
+(``_codec``), as the CPU kernel does.
 
 Each specialisation compiles on first use (``FAMILY``, the pattern of every kernel
 family) and runs on the caller's current stream (``_arrays.launch_context``), launched
@@ -24,6 +24,7 @@ from . import _arrays, _codec, _device_flat, _family
 from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_values, guard_scatter, kernel_key, serves
 
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)
+_TILE = 256  # scatter's keys a tile: its threads a block, at most
 _MAX_GRID_Y = 65535
 
 _load = _family.jitted(cuda.jit, _codec.load, device=True)
@@ -101,14 +102,23 @@ def _copy_source(gather):
     return copy
 
 
-def _scatter_source(accumulator, storage, helpers):
-    """The scatter kernel of elements held as ``storage``, summed in ``accumulator`` (constants;
-    ``helpers``: see ``_family.source_digest``)."""
+def _scatter_source(storage, helpers):
+    """The scatter kernel of elements held as ``storage`` (a constant; ``helpers``: see
+    ``_family.source_digest``).
+
+    A block walks its row's keys in tiles of ``blockDim.x``, in order. In a tile, neighbours
+    of one class form runs; a segmented scan (Hillis-Steele, a fixed tree) leaves each run's
+    float64 sum at its last key, which adds it to the class's accumulator: in parallel when the
+    tile's runs have distinct classes (a monotone index: every bucketing posenc makes), else
+    one by one in key order. No atomics: the sums, rounded once, do not depend on timing."""
 
     def scatter(sizes, q_len, k_len, weights, wg, index, ig, out, og):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
         m = sizes[_BATCH]
-        total = cuda.shared.array(_CHUNK, accumulator)
+        total = cuda.shared.array(_CHUNK, numba.float64)
+        value = cuda.shared.array(_TILE, numba.float64)
+        cls = cuda.shared.array(_TILE, numba.int64)
+        head = cuda.shared.array(_TILE, numba.int32)
         first = cuda.blockIdx.x * _CHUNK
         count = min(_CHUNK, m - first)
         t, threads = cuda.threadIdx.x, cuda.blockDim.x
@@ -118,13 +128,41 @@ def _scatter_source(accumulator, storage, helpers):
         for row in range(cuda.blockIdx.y, rows, cuda.gridDim.y):
             i, wi, oi = _walk_row(row, sizes, q_len, wg, og)
             for c in range(t, count, threads):
-                total[c] = 0
-            cuda.syncthreads()
-            for j in range(t, k_len, threads):
-                c = index[ig[0] + (i + k_len - 1 - j) * ig[1]] - first
-                if 0 <= c < count:
-                    cuda.atomic.add(total, c, _load(weights[wi + j * wg[_BATCH + 2]], storage))
-            cuda.syncthreads()
+                total[c] = 0.0
+            for start in range(0, k_len, threads):
+                j = start + t
+                c, v = -1, 0.0  # past the last key: a run of class -1, summed to nothing
+                if j < k_len:
+                    c = index[ig[0] + (i + k_len - 1 - j) * ig[1]]
+                    v = _load(weights[wi + j * wg[_BATCH + 2]], storage)
+                cls[t] = c
+                cuda.syncthreads()
+                h = 1 if t == 0 or cls[t - 1] != c else 0
+                step = 1
+                while step < threads:
+                    value[t], head[t] = v, h
+                    cuda.syncthreads()
+                    if t >= step and h == 0:
+                        v += value[t - step]
+                        h = head[t - step]
+                    cuda.syncthreads()
+                    step *= 2
+                after = cls[t + 1] if t + 1 < threads else -1
+                last = c >= 0 and after != c
+                rising = cuda.syncthreads_and(1 if not last or after < 0 or after > c else 0)
+                falling = cuda.syncthreads_and(1 if not last or after < 0 or after < c else 0)
+                ours = last and first <= c < first + count
+                if rising or falling:
+                    if ours:
+                        total[c - first] += v
+                else:
+                    value[t], head[t] = v, 1 if ours else 0
+                    cuda.syncthreads()
+                    if t == 0:
+                        for u in range(threads):
+                            if head[u]:
+                                total[cls[u] - first] += value[u]
+                cuda.syncthreads()
             for c in range(t, count, threads):
                 _store(out, oi + (first + c) * og[_BATCH + 2], total[c], storage)
             cuda.syncthreads()
@@ -140,8 +178,7 @@ def _build(op, name):
     sig = types.void(types.UniTuple(i64, _BATCH + 1), i64, i64, flat, geometry, types.Array(i64, 1, "C"), types.UniTuple(i64, 2), flat, geometry)
     if op != "scatter":
         return _family.jitted(cuda.jit, _copy_source(op == "gather"), sig)
-    accumulator = numba.float64 if name == "float64" else numba.float32
-    return _family.jitted(cuda.jit, _scatter_source(accumulator, _arrays.STORAGE[name], _family.source_digest(_codec)), sig)
+    return _family.jitted(cuda.jit, _scatter_source(_arrays.STORAGE[name], _family.source_digest(_codec)), sig)
 
 
 FAMILY = _family.Family(
@@ -168,7 +205,7 @@ def _grid(shape):
 def _scatter_grid(shape, k_len):
     """Grid (class chunks x rows) and block (warps covering the ``k_len`` keys) of scatter."""
     grid = (-(-shape[-1] // _CHUNK), min(int(np.prod(shape[:-1])), _MAX_GRID_Y))
-    return grid, min(256, 32 * -(-k_len // 32)) or 32
+    return grid, min(_TILE, 32 * -(-k_len // 32)) or 32
 
 
 def _launch(key, config, like, values, shape, out, index=None, classes=None):
