@@ -340,6 +340,7 @@ RELATIVE_BIASES = {
 }
 
 RELATIVE_LOGITS = {
+    "nezha_table too large": (lambda: pe.nezha_table(2**31, 2**31), ValueError, "memory"),  # (MemoryError before)
     "nezha_table negative max_distance": (lambda: pe.nezha_table(-1, 4), ValueError, "max_distance"),
     "nezha_table float max_distance": (lambda: pe.nezha_table(2.0, 4), TypeError, "max_distance"),
     "nezha_table odd dim": (lambda: pe.nezha_table(2, 3), ValueError, "dim"),
@@ -680,6 +681,9 @@ ROTARY = {
         lambda: pe.linear_attention(Z((5, 8)), Z((5, 8)), Z((5, 2)), layout="twist", positions=np.arange(5)), ValueError, "layout",
     ),
     "linear_attention integer q": (lambda: pe.linear_attention(Z((5, 8), dtype=np.int32), Z((5, 8)), Z((5, 2))), TypeError, "q"),
+    # (MemoryError from NumPy or a Python list before: fuzz_public_api.py, 600 calls a function)
+    "axial_frequencies too wide": (lambda: pe.axial_frequencies(2**40), ValueError, "memory"),
+    "xpos_scale too wide, no positions": (lambda: pe.xpos_scale(np.zeros((0, 4)), 2**62), ValueError, "memory"),
     "xpos_scale odd dim": (lambda: pe.xpos_scale(np.arange(3), 5), ValueError, "dim"),
     "xpos_scale zero scale_base": (lambda: pe.xpos_scale(np.arange(4), 8, scale_base=0), ValueError, "scale_base"),
     "xpos_scale positions a number": (lambda: pe.xpos_scale(3, 4), TypeError, "positions"),

@@ -190,6 +190,7 @@ def nezha_table(max_distance, dim, *, base=10000.0, form="released", xp=None, de
     max_distance = check.integer("max_distance", max_distance, minimum=0)
     dim = check.even_dim("dim", dim)
     form = check.choice("form", form, FORMS)
+    check.allocatable("nezha_table", (2 * max_distance + 1, dim), 8)
     xp = namespace(xp=xp)
     dtype = result_dtype(xp, dtype)
     rows = xp.arange(2 * max_distance + 1, device=device)

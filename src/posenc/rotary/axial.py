@@ -57,7 +57,9 @@ def axial_frequencies(dim, *, frequencies="lang", base=10000.0, max_freq=10.0, x
     >>> (pe.axial_frequencies(6, frequencies="pixel", max_freq=10.0) / np.pi).tolist()
     [1.0, 3.0, 5.0]
     """
-    table = np.asarray(_block_frequencies(check.even_dim("dim", dim), frequencies, base, max_freq))
+    dim = check.even_dim("dim", dim)
+    check.allocatable("axial_frequencies", (dim // 2,), 128)  # (a tuple of Python floats on the way)
+    table = np.asarray(_block_frequencies(dim, frequencies, base, max_freq))
     if xp is None and device is None and dtype is None:
         return table
     xp = namespace(xp=xp)

@@ -59,6 +59,7 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
     dtype = result_dtype(xp, dtype)
     check.allocatable("xpos_scale", (*positions.shape, dim), 8)
+    check.allocatable("xpos_scale's exponents", (dim // 2,), 128)  # (a list of Python floats, even for no positions)
     work = widest_float(xp, device)
     log_zeta = [math.log((i / dim + 0.4) / 1.4) for i in range(0, dim, 2)]
     if work == xp.float32:
