@@ -18,6 +18,8 @@ Liger-Kernel for its row where installed). Prints, for the issue-30 goal table:
   behind a device-side wait so that they run back to back; best of 5), its fraction of
   ``Tensor.copy_`` (``fill_`` for the biases) of the same bytes, and for ``rope`` in place
   and the HF pair the host's time to enqueue a call (which the device time leaves out);
+* ``toeplitz_scatter`` of 16 x 4096 x 4096 float32 weights, Shaw's and DeBERTa's classes, beside
+  a sum over the keys (``_scatter_rows``);
 * ``pe.rope`` of CuPy float32 and float16 arrays beside ``cupy.copyto`` (``_cupy_rows``), an
   A/B of the rotation's block shape (``_block_shapes``), one of the block of short rows
   (``_short_rows``) and one of memory order, a row's heads apart or adjacent (``_layouts``);
@@ -152,11 +154,39 @@ def main():
         print(f"16x8192^2 f32 {name} out=: {device:.3f} ({fill / device:.2f} of fill_ {fill:.3f})")
     del out, vec
     torch.cuda.empty_cache()
+    _scatter_rows(torch, gpu_ms)
     _cupy_rows(torch, gpu_ms)
     _block_shapes(torch, gpu_ms)
     _short_rows(torch, gpu_ms)
     _layouts(torch, gpu_ms)
     _jax_row(torch, gpu_ms)
+
+
+def _scatter_rows(torch, gpu_ms):
+    """``toeplitz_scatter`` (Shaw's value term, the gradient of Shaw's and DeBERTa's scores) of
+    16 x 4096 x 4096 float32 weights into Shaw's 257 clipped distances and DeBERTa's 512 log
+    buckets, beside a sum over the keys (a read of the same bytes); the bits of two calls
+    compared (its sums have a fixed order, no atomics)."""
+    import numpy as np
+
+    import posenc as pe
+    from posenc._kernels import toeplitz_cuda
+
+    heads, length = 16, 4096
+    weights = torch.rand(heads, length, length, device="cuda")
+    read = gpu_ms(lambda: weights.sum(dim=-1), n=5)
+    distances = np.arange(2 * length - 1) - (length - 1)  # rel = i - j of entry t = i - j + k_len - 1
+    for name, index, m in (
+        ("Shaw K=128", np.clip(distances, -128, 128) + 128, 257),
+        ("DeBERTa 256/512", np.clip(pe.deberta_bucket(distances), -255, 255) + 256, 512),
+    ):
+        index = torch.from_numpy(np.ascontiguousarray(index)).cuda()
+        first = toeplitz_cuda.toeplitz_scatter(weights, index, m)
+        same = torch.equal(first, toeplitz_cuda.toeplitz_scatter(weights, index, m))
+        device = gpu_ms(lambda: toeplitz_cuda.toeplitz_scatter(weights, index, m), n=5)
+        print(f"16x4096^2 f32 toeplitz_scatter {name}: {device:.3f} ({read / device:.2f} of a sum over the keys {read:.3f}); two calls' bits equal: {same}")
+    del weights
+    torch.cuda.empty_cache()
 
 
 def _cupy_rows(torch, gpu_ms):
