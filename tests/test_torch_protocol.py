@@ -287,6 +287,55 @@ def test_bad_calls_name_the_argument(call, error, words):
         call(pt.NoPE(), torch.randn(1, 2, 5, 8))
 
 
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_bad_calls_are_refused_by_every_module(name):
+    """Integer tensors, q, k and v of two dtypes, and (where the module fixes them) heads
+    or a head_dim other than the module's: a TypeError/ValueError naming them. Before, an
+    integer call returned integers (NoPE, the bias modules), two dtypes or another count of
+    heads met torch's RuntimeError in a matmul or a broadcast, and RotaryEmbedding rotated
+    the first head_dim channels of wider queries (a partial rotation asked for by no one)."""
+    m = MODULES[name][0]()
+    q = torch.randn(1, H, 5, D)
+    with pytest.raises(TypeError, match="floating"):
+        m.attend(*(torch.ones(1, H, 5, D, dtype=torch.int64),) * 3)
+    with pytest.raises(TypeError, match="one dtype"):
+        m.attend(q, q.double(), q)
+    with pytest.raises(TypeError, match="one dtype"):
+        m.logits(q, q.half())
+    if getattr(m, "num_heads", None) is not None:
+        with pytest.raises(ValueError, match="heads"):
+            m.attend(*(torch.randn(1, H + 1, 5, D),) * 3)
+    if getattr(m, "head_dim", None) is not None:
+        with pytest.raises(ValueError, match="head_dim"):
+            m.logits(*(torch.randn(1, H, 5, D + 2),) * 2)
+    if isinstance(m, pt.RotaryEmbedding):
+        with pytest.raises(ValueError, match="head_dim"):
+            m.rotate(torch.randn(1, H, 5, D + 2))
+
+
+# Modules whose float32 parameters enter the logits as they are (the others cast theirs, or
+# their functions compute 16-bit inputs in 16 bits as a model's own layers would)
+IN_PARAMETER_DTYPE = {"shaw", "deberta", "deberta_c2p", "xl", "tener", "tupe", "tupe_cls", "tupe_r"}
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_16_bit_calls_return_their_dtype(name, dtype):
+    """dtype in = dtype out with float32 parameters (a model's activations in 16 bits):
+    ``logits`` of ``q``'s dtype, ``attend`` of ``v``'s; where float32 parameters enter the
+    logits, they are the float32 logits of the same (exactly widened) queries and keys
+    rounded once. ShawRelative returned float32 from both, DeBERTaRelative,
+    TransformerXLRelative, TENERRelative and TUPE from ``logits``."""
+    m = MODULES[name][0]()
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, H, n, D, generator=g).to(dtype) for n in (3, 6, 6))
+    got = m.logits(q, k)
+    assert got.dtype == dtype
+    if name in IN_PARAMETER_DTYPE:
+        assert torch.equal(got, m.logits(q.float(), k.float()).to(dtype))
+    assert m.attend(q, k, v, causal=True).dtype == dtype
+
+
 @pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r"])
 def test_compile_fullgraph(name):
     m = _make(name)

@@ -26,7 +26,11 @@ class PositionalModule(nn.Module):
       d_v]``: :math:`\mathrm{softmax}(\text{logits} + \text{masks})\,v`, plus the
       module's own value term where its paper has one (Shaw's ``table_v``).
 
-    ``q, k, v`` are ``[batch, heads, seq, head_dim]``. The queries sit at positions
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``, floating tensors of one dtype and
+    device (``heads`` and ``head_dim`` the module's where its parameters fix them); ``logits``
+    are of ``q``'s dtype and ``attend``'s output of ``v``'s, whatever the parameters' dtype
+    (16-bit activations beside float32 parameters: computed as the functions promote them,
+    rounded once). The queries sit at positions
     ``offset + arange(q_len)``, the keys at ``arange(k_len)``; ``offset=None`` is
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
     a one-query call equals the last row of the full call. The bias and relative-logits
@@ -57,15 +61,17 @@ class PositionalModule(nn.Module):
         return x
 
     def logits(self, q: torch.Tensor, k: torch.Tensor, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
-        """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included."""
-        _check_query_key(q, k)
+        """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included, of ``q``'s dtype
+        (computed with the module's parameters as they are, then rounded once)."""
+        _check_query_key(q, k, heads=self.num_heads, head_dim=self.head_dim)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
-        return self.scores(q, k, offset, **positions)
+        logits = self.scores(q, k, offset, **positions)
+        return logits if logits.dtype == q.dtype else logits.to(q.dtype)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None,
                query_positions=None, key_positions=None) -> torch.Tensor:
-        """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding."""
-        _check_query_key(q, k, v)
+        """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding, of ``v``'s dtype."""
+        _check_query_key(q, k, v, heads=self.num_heads, head_dim=self.head_dim)
         check.flag("causal", causal)
         query_start = query_offset(offset, q.shape[-2], k.shape[-2])
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
@@ -74,13 +80,17 @@ class PositionalModule(nn.Module):
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
         logits = self.scores(q, k, offset, **positions, **hidden)
         weights = masked_softmax(logits, allowed)
-        return self.values(weights.to(v.dtype), v, offset, **positions)
+        out = self.values(weights.to(v.dtype), v, offset, **positions)
+        return out if out.dtype == v.dtype else out.to(v.dtype)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, offset=None, mask=None,
                 query_positions=None, key_positions=None) -> torch.Tensor:
         """:meth:`attend`."""
         return self.attend(q, k, v, causal=causal, offset=offset, mask=mask, query_positions=query_positions, key_positions=key_positions)
 
+    #: The heads and head_dim the module's parameters fix (None: any), checked on every call.
+    num_heads: int | None = None
+    head_dim: int | None = None
     #: Whether ``scores``/``values`` take ``query_positions``/``key_positions`` (per-token positions).
     takes_positions = False
     #: Whether ``scores`` takes ``mask``, the keys each query may attend to (CoPE's gates count only those).
@@ -159,12 +169,26 @@ def masked_softmax(logits, allowed):
     return torch.softmax(logits, dim=-1) * some
 
 
-def _check_query_key(q, k, v=None):
-    for name, a in (("q", q), ("k", k), ("v", v)):
-        if a is not None and not isinstance(a, torch.Tensor):
+def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
+    """``q``, ``k`` (and ``v``): floating tensors of one dtype and device, shaped alike
+    ``[batch, heads, seq, head_dim]`` (``heads`` the module's, or one to broadcast;
+    ``head_dim`` the module's, for ``q`` and ``k``)."""
+    tensors = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
+    for name, a in tensors:
+        if not isinstance(a, torch.Tensor):
             raise TypeError(f"{name} must be a torch tensor, got {type(a).__name__}")
-        if a is not None and a.ndim < 2:
+        if a.ndim < 2:
             raise ValueError(f"{name} must be [batch, heads, seq, head_dim], got shape {tuple(a.shape)}")
+        if heads is not None and a.ndim >= 3 and a.shape[-3] != heads and a.shape[-3] != 1:
+            raise ValueError(f"{name} must have the module's {heads} heads on axis -3 ([batch, heads, seq, head_dim]), got shape {tuple(a.shape)}")
+    dtype, device = q.dtype, q.device
+    if not dtype.is_floating_point:
+        raise TypeError(f"q must be a floating tensor, got {dtype}")
+    for name, a in tensors[1:]:
+        if a.dtype != dtype or a.device != device:
+            raise TypeError(f"q, k and v must have one dtype and device, got {name} {a.dtype} on {a.device} and q {dtype} on {device}")
+    if head_dim is not None and q.shape[-1] != head_dim:
+        raise ValueError(f"q must have the module's head_dim = {head_dim} channels, got shape {tuple(q.shape)}")
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(f"q and k must have the same head_dim, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if v is not None and v.shape[-2] != k.shape[-2]:

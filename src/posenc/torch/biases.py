@@ -87,6 +87,10 @@ class T5RelativeBias(_DistanceBias):
         bias.table = embedding.weight
         return bias
 
+    @property
+    def num_heads(self) -> int:
+        return int(self.table.shape[1])
+
     def params(self):
         return self.table
 

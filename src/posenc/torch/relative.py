@@ -203,5 +203,5 @@ class TUPE(PositionalModule):
                 f"and keys 0..{k_len - 1}"
             )
         cls = None if self.cls is None else (self.cls[0], self.cls[1])
-        bias = None if self.bias is None else self.bias(q_len, k_len, offset=offset).to(q.dtype)
+        bias = None if self.bias is None else self.bias(q_len, k_len, offset=offset).to(torch.promote_types(q.dtype, self.p.dtype))
         return pe.tupe_logits(q, k, self.p, self.uq, self.uk, offset=offset, bias=bias, cls=cls)

@@ -71,6 +71,8 @@ class RotaryEmbedding(PositionalModule):
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor | None = None, *, offset=0, inverse: bool = False, seq_len=None) -> torch.Tensor:
         """One tensor: :func:`posenc.rope` with this module's options."""
+        if isinstance(x, torch.Tensor) and x.ndim and x.shape[-1] != self.head_dim:
+            raise ValueError(f"x must have the module's head_dim = {self.head_dim} channels, got shape {tuple(x.shape)}")
         return pe.rope(x, positions, offset=offset, inverse=inverse, seq_len=seq_len, **self._rope_options())
 
     def forward(self, q, k, positions=None, *, offset=0, seq_len=None):
