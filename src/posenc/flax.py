@@ -123,15 +123,18 @@ class PositionalModule(nnx.Module):
 
     takes_positions = False
     takes_mask = False  # scores take mask, the keys each query may attend to (CoPE)
+    head_dim = None  # the queries' width, where the module fixes it (rotary modules)
 
     def embed(self, x, positions=None, *, offset=0):
         return x
 
     def logits(self, q, k, *, offset=None, query_positions=None, key_positions=None):
+        _check_query_key(q, k, head_dim=self.head_dim)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
         return self.scores(q, k, offset, **positions)
 
     def attend(self, q, k, v, *, causal=False, offset=None, mask=None, query_positions=None, key_positions=None):
+        _check_query_key(q, k, v, head_dim=self.head_dim)
         check.flag("causal", causal)
         start = indices.query_offset(offset, q.shape[-2], k.shape[-2])
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
@@ -158,6 +161,22 @@ class PositionalModule(nnx.Module):
 
     def values(self, weights, v, offset, **positions):
         return weights @ v
+
+
+def _check_query_key(q, k, v=None, *, head_dim=None):
+    """``q``, ``k`` (and ``v``): floating arrays of one dtype (``head_dim`` wide where the
+    module fixes it), else a TypeError/ValueError naming them."""
+    tensors = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
+    for name, a in tensors:
+        dtype = getattr(a, "dtype", None)
+        if dtype is None or getattr(a, "ndim", 0) < 2:
+            raise TypeError(f"{name} must be an array [batch, heads, seq, head_dim], got {type(a).__name__}")
+        if not jnp.issubdtype(dtype, jnp.floating):
+            raise TypeError(f"{name} must be a floating array, got {dtype}")
+        if dtype != q.dtype:
+            raise TypeError(f"q, k and v must have one dtype, got {name} {dtype} and q {q.dtype}")
+    if head_dim is not None and q.shape[-1] != head_dim:
+        raise ValueError(f"q must have the module's head_dim = {head_dim} channels, got shape {tuple(q.shape)}")
 
 
 def _allowed_keys(q_len, k_len, causal, offset, mask):
