@@ -282,20 +282,120 @@ def test_distance_bias_per_token_positions_are_checked():
         pe.sandwich_bias(1, 3, 8, key_positions=torch.arange(3), xp=np)
 
 
-def test_one_offset_per_batch_row_is_refused_with_the_per_token_recipe_which_gives_each_rows_bits():
+ROW_OFFSETS = np.array([0, 3, 11, -1])
+ROW_Q, ROW_K = RNG.standard_normal((4, 2, 2, 8)), RNG.standard_normal((4, 2, 5, 8))
+# (call of an offset and arrays, its arrays); the logits' q and k have one batch row per offset.
+ROW_CALLS = {
+    "t5_bias": (lambda o, xp, t: pe.t5_bias(t, 2, 5, offset=o), (RNG.standard_normal((32, 2)),)),
+    "alibi_bias": (lambda o, xp, s: pe.alibi_bias(s, 2, 5, offset=o), (np.array([0.5, 0.25], dtype=np.float32),)),
+    "alibi_bias decode": (lambda o, xp, s: pe.alibi_bias(s, 1, 5, offset=o, symmetric=True), (np.array([0.5, 0.25]),)),
+    "relative_bias deberta": (
+        lambda o, xp, t: pe.relative_bias("deberta", t, 2, 5, max_distance=2, bucket_size=2, max_position=8, offset=o),
+        (RNG.standard_normal((4, 2)),),
+    ),
+    "kerple_bias": (lambda o, xp, r1, r2: pe.kerple_bias(r1, r2, 2, 5, kind="power", offset=o), (np.array([0.5, 1.0]), np.array([1.0, 0.5]))),
+    "sandwich_bias": (lambda o, xp: pe.sandwich_bias(2, 5, 8, heads=2, offset=o, xp=xp), ()),
+    "fire_distances": (lambda o, xp: pe.fire_distances(2, 5, c=0.5, threshold=4.0, offset=o, xp=xp), ()),
+    "shaw_logits": (lambda o, xp, q, k, t: pe.shaw_logits(q, k, t, max_distance=3, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((7, 8)))),
+    "deberta_logits": (
+        lambda o, xp, q, k, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=3, offset=o),
+        (ROW_Q, ROW_K, RNG.standard_normal((6, 8)), RNG.standard_normal((6, 8))),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(ROW_CALLS))
+def test_one_offset_per_batch_row_gives_each_row_the_bits_of_its_own_call(backend, name):
+    """API.md: ``offset`` takes one value per batch row (the query positions
+    ``offset[:, None] + arange(q_len)``, which the result's leading axes follow), and row
+    ``b`` is the call with ``offset[b]`` to the bit (a logits function's of the same q/k).
+    It had been a ``TypeError``."""
+    fn, arrays = ROW_CALLS[name]
+    arrays = tuple(backend.asarray(a) for a in arrays)
+    rows = backend.to_numpy(backend.call(lambda o, *a: fn(o, backend.xp, *a), backend.asarray(ROW_OFFSETS), *arrays))
+    q_len = 1 if name.endswith("decode") else 2
+    assert rows.shape[0] == len(ROW_OFFSETS) and rows.shape[-2:] == (q_len, 5)
+    for b, offset in enumerate(ROW_OFFSETS.tolist()):
+        zero_d = backend.asarray([offset])[0]  # (traced under jax.jit as the rows' are, not folded into constants)
+        one = backend.to_numpy(backend.call(lambda o, *a: fn(o, backend.xp, *a), zero_d, *arrays))
+        np.testing.assert_array_equal(rows[b], one[b] if name.endswith("logits") else one)
+
+
+def test_a_per_row_offset_is_the_per_token_recipe_and_shifts_given_query_positions():
+    """``offset [...]`` is ``query_positions = offset[..., None] + arange(q_len)`` (the recipe
+    its refusal used to give, each row's bits still the one-offset call's), its axes
+    broadcasting against the positions' leading axes; with ``query_positions`` it shifts
+    them row by row. ``offset=None`` stays one for every row."""
     table, offsets = RNG.standard_normal((32, 2)), np.array([0, 3, 11])
     for call in (
         lambda **kw: pe.t5_bias(table, 2, 5, **kw),
         lambda **kw: pe.alibi_bias(np.array([0.5, 0.25]), 2, 5, **kw),
         lambda **kw: pe.kerple_bias(np.array([0.5, 1.0]), np.array([1.0, 0.5]), 2, 5, **kw),
     ):
-        with pytest.raises(TypeError, match=r"query_positions=offset\[:, None\] \+ arange\(q_len\)"):
-            call(offset=offsets)
-        with pytest.raises(TypeError, match=r"query_positions=offset\[:, None\] \+ arange\(q_len\)"):
-            call(offset=offsets, key_positions=np.arange(5))
-        rows = call(query_positions=offsets[:, None] + np.arange(2), key_positions=np.arange(5))
+        rows = call(offset=offsets)
+        np.testing.assert_array_equal(rows, call(query_positions=offsets[:, None] + np.arange(2), key_positions=np.arange(5)))
+        np.testing.assert_array_equal(call(offset=offsets, key_positions=np.arange(5)), rows)
         for b, offset in enumerate(offsets):
-            np.testing.assert_array_equal(rows[b], call(offset=int(offset), key_positions=np.arange(5)))
+            np.testing.assert_array_equal(rows[b], call(offset=int(offset)))
+        grid = call(offset=np.array([[0, 3], [11, 2]]))
+        assert grid.shape == (2, 2, 2, 2, 5)
+        np.testing.assert_array_equal(grid[1, 0], rows[2])
+        queries = np.array([[4, 9], [0, 1], [7, 7]])
+        shifted = call(offset=offsets, query_positions=queries)
+        for b, offset in enumerate(offsets):
+            np.testing.assert_array_equal(shifted[b], call(offset=int(offset), query_positions=queries[b]))
+        with pytest.raises(ValueError, match=r"offset of shape \(3,\) \(one per batch row\) and the positions' leading \(batch\) axes \(2,\)"):
+            call(offset=offsets, query_positions=queries[:2])
+        np.testing.assert_array_equal(call(), call(offset=3))
+    with pytest.raises(ValueError, match=r"offset \(one per batch row\) and query_positions/key_positions with leading \(batch\) axes \(3,\)"):
+        pe.shaw_logits(ROW_Q, ROW_K, np.ones((7, 8)), max_distance=3, offset=offsets)
+
+
+def test_a_per_row_offset_is_checked_before_any_work():
+    table = np.ones((32, 2))
+    with pytest.raises(TypeError, match="offset must have an integer dtype, got float64"):
+        pe.t5_bias(table, 2, 5, offset=np.array([1.0, 2.0]))
+    with pytest.raises(TypeError, match="offset must have an integer dtype, got bool"):
+        pe.alibi_bias(np.ones(2), 2, 5, offset=np.array([True, False]))
+    with pytest.raises(ValueError, match="offset must fit in int64"):
+        pe.t5_bias(table, 2, 5, offset=np.array([2**63, 1], dtype=np.uint64))
+    with pytest.raises(ValueError, match="offset \\+ query_positions must stay within int64"):
+        pe.t5_bias(table, 2, 5, offset=np.array([2**63 - 1, 1]))
+    with pytest.raises(ValueError, match="chunks applies to the per-distance form, not with query_positions/key_positions or one offset per batch row"):
+        pe.alibi_bias(np.ones(2), 2, 5, offset=np.array([1, 2]), chunks=2)
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="arrays of different kinds in one call"):
+        pe.t5_bias(jnp.ones((32, 2)), 2, 5, offset=torch.tensor([1, 2]))
+    rows = pe.t5_bias(torch.ones(32, 2), 2, 5, offset=np.array([1, 2]))  # a NumPy offset is a host constant
+    assert isinstance(rows, torch.Tensor) and rows.shape == (2, 2, 2, 5)
+
+
+def test_functions_of_one_offset_for_every_row_say_what_to_do_with_one_per_row():
+    """The functions whose result has no batch axes, or whose Toeplitz kernels take one
+    offset for every row, refuse one per row with a ``TypeError`` that fits them; their
+    recipes give each row's values."""
+    offsets, q, k = np.array([0, 3, 11, -1]), ROW_Q, ROW_K
+    weights, v, table = RNG.random((4, 2, 2, 5)), RNG.standard_normal((4, 2, 5, 8)), RNG.standard_normal((7, 8))
+    with pytest.raises(TypeError, match=r"shaw_output's Toeplitz scatter takes one for every row; for one per batch row pass query_positions=offset\[:, None\] \+ arange\(q_len\)"):
+        pe.shaw_output(weights, v, table, max_distance=3, offset=offsets)
+    rows = pe.shaw_output(weights, v, table, max_distance=3, query_positions=offsets[:, None] + np.arange(2))
+    for b, offset in enumerate(offsets.tolist()):
+        np.testing.assert_allclose(rows[b], pe.shaw_output(weights, v, table, max_distance=3, offset=offset)[b], rtol=1e-14, atol=1e-14)
+    with pytest.raises(TypeError, match=r"offset\[..., None, None\] \+ relative_positions\(q_len, k_len, offset=0\)"):
+        pe.relative_positions(2, 5, offset=offsets)
+    rel = offsets[:, None, None] + pe.relative_positions(2, 5, offset=0)
+    for b, offset in enumerate(offsets.tolist()):
+        np.testing.assert_array_equal(rel[b], pe.relative_positions(2, 5, offset=offset))
+    for call, says in (
+        (lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 5, offset=offsets), r"no batch axes; relative_bias \(t5_bias, alibi_bias\) takes one"),
+        (lambda: pe.sandwich_vector(2, 5, 8, offset=offsets), "no batch axes; sandwich_bias takes one"),
+        (lambda: pe.tener_logits(q, k, np.ones(8), np.ones(8), offset=offsets), "tener_logits takes one for every row"),
+        (lambda: pe.cope_logits(q, k, np.ones((6, 8)), offset=offsets), "CoPE's causal gates take one for every row"),
+        (lambda: pe.tupe_logits(q, k, np.ones((16, 8)), np.ones((8, 8)), np.ones((8, 8)), offset=offsets), "tupe_logits takes one for every row"),
+    ):
+        with pytest.raises(TypeError, match="offset must be an integer or a 0-d integer array here, got an array of shape \\(4,\\): .*" + says):
+            call()
 
 
 @pytest.mark.parametrize("slopes_dtype", ["float16", "float32"])

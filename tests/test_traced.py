@@ -53,13 +53,17 @@ def _torch_cases():
         "alibi_bias[per-token]": (lambda s, k: pe.alibi_bias(s, 1, 6, query_positions=k[:, -1:], key_positions=k), (slopes, keys)),
         "relative_bias": (lambda t: pe.relative_bias("deberta", t, 6, 6, max_distance=3, bucket_size=4, max_position=8), (table[:6],)),
         "shaw_logits": (lambda a, t, o: pe.shaw_logits(a, a, t, max_distance=2, offset=o), (x, torch.randn(5, 8, generator=g), offset)),
+        "alibi_bias[per-row offset]": (lambda s, o: pe.alibi_bias(s, 1, 9, offset=o), (slopes, torch.tensor([5, 8]))),
+        "shaw_logits[per-row offset]": (
+            lambda a, t, o: pe.shaw_logits(a, a, t, max_distance=2, offset=o), (x, torch.randn(5, 8, generator=g), torch.tensor([0, 4])),
+        ),
     }
 
 
 TORCH_CASES = [
     "rope", "rope[positions, interleaved, partial]", "rope[dynamic, traced switch]", "rope[longrope, traced switch]",
     "apply_rope", "rope_cos_sin", "rope_cos_sin[tensor inv_freq]", "t5_bias", "alibi_bias", "alibi_bias[per-token]",
-    "relative_bias", "shaw_logits",
+    "relative_bias", "shaw_logits", "alibi_bias[per-row offset]", "shaw_logits[per-row offset]",
 ]
 
 

@@ -13,13 +13,14 @@ import math
 import numpy as np
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, resplit, size, split_spec, torch_tensor, unsplit
-from .indices import scalar_offset
+from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, namespace, resplit, size, split_spec, torch_tensor, unsplit
+from .indices import per_row, scalar_offset
 
 
-def given(query_positions, key_positions):
-    """Whether a call takes the per-token path."""
-    return query_positions is not None or key_positions is not None
+def given(query_positions, key_positions, offset=None):
+    """Whether a call takes the per-token path: per-token positions, or an ``offset`` per
+    batch row (the query positions ``offset[..., None] + arange(q_len)``)."""
+    return query_positions is not None or key_positions is not None or per_row(offset)
 
 
 def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, device, float_dtype=None):
@@ -33,10 +34,11 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
     ``float_dtype``: float positions are allowed and ``rel`` is computed in it when one is
     float (ALiBi); without it positions must be integers (table lookups).
     """
+    rows = per_row(offset)
     if offset is None:
         offset = 0 if query_positions is not None else k_len - q_len
     # Checked below by value: the query positions it shifts and their differences with the keys.
-    offset = scalar_offset(offset)
+    offset = offset if rows else scalar_offset(offset)
     found = []
     for name, pos, length in (("query_positions", query_positions, q_len), ("key_positions", key_positions, k_len)):
         if pos is None:
@@ -52,8 +54,27 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
         found.append(pos)
     qpos, kpos = found
     batch = check.leading_axes(("query_positions", qpos), ("key_positions", kpos), 1, "leading (batch) axes")
+    if rows:
+        offset = row_offsets(xp, offset, qpos, kpos)
+        try:
+            batch = broadcast_shapes(tuple(offset.shape[:-1]), tuple(batch))
+        except ValueError:
+            raise ValueError(
+                f"offset of shape {tuple(offset.shape[:-1])} (one per batch row) and the positions' leading (batch) axes {tuple(batch)} must broadcast together"
+            ) from None
     qpos, kpos = shifted(xp, qpos, kpos, offset, device, float_dtype)
     return qpos, kpos, batch
+
+
+def row_offsets(xp, offset, qpos, kpos):
+    """One ``offset`` per batch row, validated (integers of the library and on the device of
+    the positions ``qpos``/``kpos``, widened to the index dtype), as ``offset[..., None]``:
+    added to its row's query positions."""
+    check.array("offset", offset)
+    namespace(offset, qpos, kpos)
+    device_of(offset, qpos, kpos)
+    check.integer_array("offset", offset, xp)
+    return check.widened("offset", offset, xp, device_of(offset))[..., None]
 
 
 def shifted(xp, qpos, kpos, offset, device, float_dtype):
@@ -130,19 +151,20 @@ def placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, has_
     """``(qpos, kpos, batch)`` of a logits function: the validated positions and the leading
     axes of its ``[..., heads, q, k]`` result (:func:`positions`, :func:`batch_with_heads`)."""
     qpos, kpos, positions_batch = positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
-    return qpos, kpos, batch_with_heads(positions_batch, batch, has_heads, what)
+    return qpos, kpos, batch_with_heads(positions_batch, batch, has_heads, what, rows=per_row(offset))
 
 
-def batch_with_heads(positions_batch, batch, has_heads, what):
+def batch_with_heads(positions_batch, batch, has_heads, what, *, rows=False):
     """The leading axes of ``[..., heads, q, k]`` logits whose ``q``/``k`` have leading axes
     ``batch`` (heads included when ``has_heads``) and whose positions have
-    ``positions_batch``; a ``ValueError`` naming the positions when they do not broadcast."""
+    ``positions_batch``; a ``ValueError`` naming the positions (and the ``offset`` with
+    ``rows``, one per batch row) when they do not broadcast."""
     own = (*positions_batch, 1) if has_heads else tuple(positions_batch)
     try:
         return broadcast_shapes(own, tuple(batch))
     except ValueError:
         raise ValueError(
-            f"query_positions/key_positions with leading (batch) axes {tuple(positions_batch)} do not broadcast "
+            f"{'offset (one per batch row) and ' if rows else ''}query_positions/key_positions with leading (batch) axes {tuple(positions_batch)} do not broadcast "
             f"against the batch axes of {what} {tuple(batch[:-1]) if has_heads else tuple(batch)}"
         ) from None
 

@@ -247,6 +247,9 @@ def _checked(kind, params, q_len, k_len, options, **arrays):
     return xp, kind, q_len, k_len, check_options(xp, params, **options)
 
 
+_VECTOR_ROWS = "the per-distance vector has no batch axes; relative_bias (t5_bias, alibi_bias) takes one offset per batch row"
+
+
 def _vector(xp, kind, params, q_len, k_len, offset, options):
     """The per-distance vector of validated arguments."""
     dist = distances(q_len, k_len, offset, xp=xp, device=device_of(params))
@@ -320,7 +323,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     [[0.0, 0.0, 1.0, 2.0, 3.0]]
     """
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
-    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), instead=_VECTOR_ROWS)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable_unless_blocked("relative_bias_vector", (_heads_of(params), count), 8, params)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
@@ -407,7 +410,7 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     """
     arrays = {"query_positions": query_positions, "key_positions": key_positions, "out": out}
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **arrays)
-    if _per_token.given(query_positions, key_positions):
+    if _per_token.given(query_positions, key_positions, offset):
         return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
     # The whole bias is checked before its per-distance vector is built.
@@ -432,7 +435,7 @@ def distance_float(xp, kind, device):
 def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options):
     """:func:`relative_bias` with per-token positions: the kind's values at every ``rel``."""
     if chunks is not None:
-        raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions")
+        raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions or one offset per batch row")
     device = device_of(params)
     floats = distance_float(xp, kind, device)
     qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats)

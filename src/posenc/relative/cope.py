@@ -15,7 +15,7 @@ def _check(q, k, xp, causal, offset, scale, mask):
     check.features(q, k, "CoPE's gates are their dot products")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    offset = query_offset(offset, q_len, k_len, xp=xp)
+    offset = query_offset(offset, q_len, k_len, xp=xp, instead="CoPE's causal gates take one for every row: call it once per offset, on the rows that have it")
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     if mask is not None:
         check.boolean_mask("mask", mask, xp)

@@ -96,7 +96,7 @@ def deberta_logits(
         _args.table(name, table, xp, rows=2 * max_distance, dim=dim, batch=batch)
     dtype, work = _args.dtypes(xp, q, k, *(table for _, table in given))
     device = device_of(q)
-    if _per_token.given(query_positions, key_positions):
+    if _per_token.given(query_positions, key_positions, offset):
         qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device)
         _args.logits_shape(batch, q_len, k_len)
         rel = _per_token.relative(qpos, kpos, heads=q.ndim >= 3)

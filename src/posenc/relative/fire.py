@@ -44,7 +44,7 @@ def fire_distances(
     device = device_of(*arrays.values()) if device is None else device
     dtype = result_dtype(xp, dtype)
     work = widest_float(xp, device)
-    if _per_token.given(query_positions, key_positions):
+    if _per_token.given(query_positions, key_positions, offset):
         query, key, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
     else:
         offset = query_offset(offset, q_len, k_len, xp=xp)

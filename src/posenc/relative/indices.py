@@ -36,7 +36,7 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     xp, offset, device = offset_namespace(offset, xp, device)
-    offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device, instead=_PER_ROW_POSITIONS)
     index = index_dtype(xp, device)
     dtype = index if dtype is None else dtype
     if not xp.isdtype(dtype, "integral"):
@@ -62,25 +62,37 @@ def offset_namespace(offset, xp, device):
     return xp, offset, device_of(offset) if device is None else device
 
 
-def query_offset(offset, q_len, k_len, *, xp=None, device=None):
+def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None):
     """The validated ``offset`` of the first query; ``None`` (the default) is ``k_len - q_len``:
     the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal).
     The relative positions it gives are checked against ``xp``'s index dtype (int64 when
-    ``xp`` is not given)."""
+    ``xp`` is not given). One per batch row is refused (:func:`scalar_offset`)."""
     if offset is None:
         offset = k_len - q_len
-    return check.relative_offset(scalar_offset(offset), q_len, k_len, xp, device)
+    return check.relative_offset(scalar_offset(offset, instead), q_len, k_len, xp, device)
 
 
-def scalar_offset(offset):
-    """A relative function's ``offset``: one for every row (an int, a 0-d integer array or a
-    traced one); one a batch row is a ``TypeError`` that says how to write it."""
+def per_row(offset):
+    """Whether ``offset`` is one per batch row: an array with axes (the per-token path's)."""
+    return offset is not None and type(offset) is not int and check.is_array(offset) and offset.ndim > 0
+
+
+_PER_ROW_POSITIONS = "one per batch row is offset[..., None, None] + relative_positions(q_len, k_len, offset=0)"
+PER_ROW = (
+    "one offset per batch row is taken by the functions with query_positions (relative_bias, t5_bias, alibi_bias, "
+    "kerple_bias, sandwich_bias, fire_bias, shaw_logits, deberta_logits), their result then [batch, heads, q_len, k_len]"
+)
+
+
+def scalar_offset(offset, instead=None, *, minimum=None):
+    """A relative function's ``offset`` of one value for every row (an int, a 0-d integer
+    array or a traced one, ``>= minimum``); one per batch row is a ``TypeError`` that says
+    what takes it (``instead``: the caller's own advice)."""
     if check.is_array(offset) and offset.ndim > 0:
         raise TypeError(
-            f"offset must be an integer or a 0-d integer array, got an array of shape {tuple(offset.shape)}: for one offset "
-            "per batch row pass query_positions=offset[:, None] + arange(q_len) (the result gets the batch axes: [batch, heads, q_len, k_len])"
+            f"offset must be an integer or a 0-d integer array here, got an array of shape {tuple(offset.shape)}: {instead or PER_ROW}"
         )
-    return check.integer_or_traced("offset", offset)
+    return check.integer_or_traced("offset", offset, minimum=minimum)
 
 
 def distances(q_len, k_len, offset, *, xp, device=None):

@@ -11,15 +11,15 @@ from .. import _validate as check
 from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
 from . import _per_token
 from .biases import expand_bias
-from .indices import distances, offset_namespace, query_offset
+from .indices import distances, offset_namespace, per_row, query_offset
 
 KERPLE_KINDS = ("log", "power")
 
 
-def _lengths(q_len, k_len, offset, xp, device):
+def _lengths(q_len, k_len, offset, xp, device, instead=None):
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    return q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device)
+    return q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, instead=instead)
 
 
 @host_constants
@@ -79,7 +79,7 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_position
     kind = check.choice("kind", kind, KERPLE_KINDS)
     device = device_of(r1, r2, query_positions, key_positions)
     heads = int(r1.shape[0])
-    if _per_token.given(query_positions, key_positions):
+    if _per_token.given(query_positions, key_positions, offset):
         q_len, k_len = check.integer("q_len", q_len, minimum=0), check.integer("k_len", k_len, minimum=0)
         qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
         check.allocatable("kerple_bias", (*batch, heads, q_len, k_len), 8)
@@ -109,7 +109,7 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     (entry ``t`` is the distance ``offset + t - (k_len - 1)``)."""
     dim, base, heads = _sandwich_options(dim, base, heads)
     xp, offset, device = offset_namespace(offset, xp, device)
-    q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
+    q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device, "the per-distance vector has no batch axes; sandwich_bias takes one offset per batch row")
     dtype = result_dtype(xp, dtype)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
@@ -194,13 +194,15 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    if not _per_token.given(query_positions, key_positions):
+    if not _per_token.given(query_positions, key_positions, offset):
         vec = sandwich_vector(q_len, k_len, dim, heads=heads, offset=offset, base=base, xp=xp, device=device, dtype=dtype)
         return expand_bias(vec, q_len, k_len)
     dim, base, heads = _sandwich_options(dim, base, heads)
-    xp, given = arguments_in(xp, device, query_positions=query_positions, key_positions=key_positions)
-    query_positions, key_positions = given["query_positions"], given["key_positions"]
-    device = device_of(query_positions, key_positions) if device is None else device
+    rows = offset if per_row(offset) else None  # (one per batch row: an array beside the positions)
+    xp, given = arguments_in(xp, device, query_positions=query_positions, key_positions=key_positions, offset=rows)
+    query_positions, key_positions, rows = given["query_positions"], given["key_positions"], given["offset"]
+    offset = offset if rows is None else rows
+    device = device_of(query_positions, key_positions, rows) if device is None else device
     dtype = result_dtype(xp, dtype)
     qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
     check.allocatable("sandwich_bias", (*batch, heads or 1, q_len, k_len, dim // 2), 8)

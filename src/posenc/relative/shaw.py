@@ -61,7 +61,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     _args.table("table_k", table_k, xp, rows=2 * max_distance + 1, dim=int(q.shape[-1]), batch=batch)
     dtype, work = _args.dtypes(xp, q, k, table_k)
     device = device_of(q)
-    if _per_token.given(query_positions, key_positions):
+    if _per_token.given(query_positions, key_positions, offset):
         qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device)
         _args.logits_shape(batch, q_len, k_len)
         index = clipped(xp, _per_token.relative(qpos, kpos, heads=q.ndim >= 3), max_distance)
@@ -75,6 +75,12 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     else:
         position = call("toeplitz_gather", scores, index, k_len)
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
+
+
+_OUTPUT_ROWS = (
+    "shaw_output's Toeplitz scatter takes one for every row; for one per batch row pass query_positions=offset[:, None] + arange(q_len) "
+    "(per-token positions: the mass is then masked row sums, which round apart from the Toeplitz scatter's)"
+)
 
 
 @host_constants
@@ -141,7 +147,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         mass = _per_token.scatter(xp, weights, index, rows)
     else:
-        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device, instead=_OUTPUT_ROWS)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance)

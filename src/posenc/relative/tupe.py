@@ -8,6 +8,7 @@ import numbers
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size
 from . import _args
+from .indices import scalar_offset
 
 
 def _cls_value(name, value, xp, batch, work, like):
@@ -26,6 +27,9 @@ def _cls_value(name, value, xp, batch, work, like):
     except ValueError:
         raise ValueError(f"{name} of shape {tuple(value.shape)} does not broadcast against the batch dimensions {tuple(batch)}") from None
     return cast(xp, value, work)[..., None, None]
+
+
+_ROWS = "tupe_logits takes one for every row (the rows of p at offset + arange(q_len)): call it once per offset, on the rows that have it"
 
 
 @host_constants
@@ -81,7 +85,8 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     xp = _args.namespace_of(q=q, k=k, p=p, uq=uq, uk=uk, bias=bias)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     check.features(q, k, "the logits are divided by sqrt(2d)")
-    offset = check.relative_offset(check.integer_or_traced("offset", k_len - q_len if offset is None else offset, minimum=0), q_len, k_len)
+    offset = k_len - q_len if offset is None else offset
+    offset = check.relative_offset(scalar_offset(offset, _ROWS, minimum=0), q_len, k_len)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
     rows = max((offset if isinstance(offset, int) else 0) + q_len, k_len)
