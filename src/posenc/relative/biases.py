@@ -304,7 +304,8 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     params : float array (table or slopes, see above)
     q_len, k_len : int >= 0
     offset : int or 0-d integer array (traced is fine), first query position (keys start
-        at 0); ``k_len - q_len`` by default (the queries are the last ``q_len`` keys)
+        at 0); ``k_len - q_len`` by default (the queries are the last ``q_len`` keys). One
+        for every row: the vector has no batch axes (:func:`relative_bias` takes one per row)
     **options : the kind's options above; any other keyword raises ``TypeError``
 
     Returns
@@ -398,6 +399,12 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     given, else ``k_len - q_len``). Positions are integers, or for ``"alibi"`` also finite
     floats; ``chunks`` does not apply.
 
+    One ``offset`` per batch row (an integer array ``[...]``, e.g. ``[batch]``: decode
+    steps after caches of different lengths) is the per-token call with
+    ``query_positions = offset[..., None] + arange(q_len)`` (added to the query positions
+    where they are given), the bias ``[..., heads, q_len, k_len]``; row ``b`` is the bias
+    of ``offset[b]``, to the bit.
+
     Examples
     --------
     >>> import numpy as np, posenc as pe
@@ -483,7 +490,9 @@ def t5_bias(
         log-spaced buckets end, not a clip; see the conventions page)
     offset : int or 0-d integer array (traced is fine), first query position; by default
         ``k_len - q_len``, the queries being the last ``q_len`` keys (a decode step after a
-        cache needs no offset)
+        cache needs no offset); or one per batch row, an integer array ``[...]``: the
+        result is then ``[..., heads, q_len, k_len]``, each row the bias of its offset (as
+        in :func:`relative_bias`)
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional: per-token positions, as in :func:`relative_bias`; the result is then
         ``[..., heads, q_len, k_len]``
@@ -535,7 +544,9 @@ def alibi_bias(slopes, q_len, k_len, *, offset=None, symmetric=False, query_posi
     slopes : float array ``[heads]`` (e.g. :func:`alibi_slopes`)
     q_len, k_len : int >= 0
     offset : int or 0-d integer array (traced is fine), first query position; by default
-        ``k_len - q_len`` (0 with ``query_positions``)
+        ``k_len - q_len`` (0 with ``query_positions``); or one per batch row, an integer
+        array ``[...]``: the result is then ``[..., heads, q_len, k_len]``, each row the
+        bias of its offset (as in :func:`relative_bias`)
     symmetric : bool
     query_positions : integer or float array ``[..., q_len]``, optional
     key_positions : integer or float array ``[..., k_len]``, optional

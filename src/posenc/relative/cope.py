@@ -71,7 +71,8 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     ----------
     q : float array ``[..., q_len, d]``; k : float array ``[..., k_len, d]``
     causal : bool
-    offset : int, 0-d integer array or None (``k_len - q_len``): the first query's position
+    offset : int, 0-d integer array or None (``k_len - q_len``): the first query's position,
+        one for every row (the causal gates')
     scale : float > 0 or None (``1/sqrt(d)``)
     mask : boolean array broadcasting against ``[..., q_len, k_len]`` (True = may attend), optional
 

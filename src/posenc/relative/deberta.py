@@ -61,7 +61,8 @@ def deberta_logits(
     max_position : int, optional (512 by default when ``bucket_size`` is given)
     terms : subset of ``("c2p", "p2c")``
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default (0 with ``query_positions``)
+        ``k_len - q_len`` by default (0 with ``query_positions``); or one per batch row, as
+        in :func:`shaw_logits`
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional: per-token positions, as in :func:`shaw_logits`
 

@@ -30,7 +30,8 @@ def fire_distances(
     0-d float arrays (learned parameters: the result then follows their namespace and
     carries their gradient). With per-token positions ``i`` and ``j`` are
     ``query_positions[..., row]`` (plus ``offset``, 0 by default) and ``key_positions[...,
-    col]``, and the result is ``[..., q_len, k_len]``.
+    col]``, and the result is ``[..., q_len, k_len]``; so it is with one ``offset`` per
+    batch row (``[...]``: ``i = offset[...] + row``).
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
@@ -89,7 +90,9 @@ def fire_bias(
     mlp : callable ``[n, 1] -> [n, heads]`` on arrays of the result's namespace
     q_len, k_len : int >= 0
     offset : int, 0-d integer array or None (``k_len - q_len``: the queries are the last
-        keys; 0 with ``query_positions``, to which it is added)
+        keys; 0 with ``query_positions``, to which it is added); or one per batch row, an
+        integer array ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in
+        :func:`relative_bias`)
     c, threshold : float > 0 or 0-d float arrays (learned ``c`` and ``L``)
     eps : float >= 0
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,

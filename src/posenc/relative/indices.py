@@ -18,7 +18,9 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     Parameters
     ----------
     q_len, k_len : int >= 0
-    offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default
+    offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default.
+        One for every row; one per batch row is ``offset[..., None, None] +
+        relative_positions(q_len, k_len, offset=0)``
     xp, device : namespace and device (those of an array ``offset``, else NumPy's; ``xp``
         may be the framework module)
     dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it);

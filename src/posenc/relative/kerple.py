@@ -50,7 +50,8 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_position
     q_len, k_len : int >= 0
     kind : {"log", "power"}
     offset : int, 0-d integer array or None (``k_len - q_len``: queries are the last keys;
-        0 with ``query_positions``, to which it is added)
+        0 with ``query_positions``, to which it is added); or one per batch row, an integer
+        array ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in :func:`relative_bias`)
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional (a missing one is ``arange``)
 
@@ -106,7 +107,8 @@ def _kerple_values(xp, r1, r2, rel, kind, device):
 
 def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
     r"""The per-distance vector ``[heads, q_len + k_len - 1]`` of :func:`sandwich_bias`
-    (entry ``t`` is the distance ``offset + t - (k_len - 1)``)."""
+    (entry ``t`` is the distance ``offset + t - (k_len - 1)``; one ``offset`` for every row,
+    :func:`sandwich_bias` takes one per batch row)."""
     dim, base, heads = _sandwich_options(dim, base, heads)
     xp, offset, device = offset_namespace(offset, xp, device)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device, "the per-distance vector has no batch axes; sandwich_bias takes one offset per batch row")
@@ -176,7 +178,8 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
     dim : int, positive even, the dimension ``d`` of the sinusoidal embeddings
     heads : int >= 1 or None
     offset : int, 0-d integer array or None (``k_len - q_len``; 0 with
-        ``query_positions``, to which it is added)
+        ``query_positions``, to which it is added); or one per batch row, an integer array
+        ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in :func:`relative_bias`)
     base : float > 0
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional (a missing one is ``arange``)

@@ -37,7 +37,10 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     table_k : float array ``[2K + 1, d]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0, the clipping distance ``K``
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default (0 with ``query_positions``)
+        ``k_len - q_len`` by default (0 with ``query_positions``); or one per batch row, an
+        integer array ``[...]`` broadcasting against the batch axes before the heads axis:
+        the query positions ``offset[..., None] + arange(q_len)`` (row ``b`` the logits of
+        ``offset[b]``, to the bit)
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional: per-token positions (``rel[..., i, j] = query_positions[..., i] -
         key_positions[..., j]``), their leading axes broadcasting against the batch axes
@@ -103,7 +106,9 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
     table_v : float array ``[2K + 1, d_v]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default (0 with ``query_positions``)
+        ``k_len - q_len`` by default (0 with ``query_positions``). One for every row
+        (the Toeplitz scatter's); for one per batch row pass ``query_positions =
+        offset[:, None] + arange(q_len)``, whose masked row sums round apart from it
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional: per-token positions, as in :func:`shaw_logits` (``rel[..., i, j] =
         query_positions[..., i] - key_positions[..., j]``, their leading axes broadcasting

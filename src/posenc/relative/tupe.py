@@ -60,7 +60,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
         ``n >= max(offset + q_len, k_len)``: absolute positional embeddings
     uq, uk : float arrays ``[..., heads, d_p, e]``: positional query / key projections
     offset : int >= 0 or 0-d integer array (traced is fine: then its range is not checked),
-        position of the first query; ``k_len - q_len`` by default
+        position of the first query; ``k_len - q_len`` by default; one for every row
     bias : float array broadcasting against ``[..., heads, q_len, k_len]``, optional
         (computed for the same query positions: pass it the same ``offset``); with ``cls``
         its row 0 and column 0 are not used

@@ -130,7 +130,8 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     u, v : float arrays broadcasting against ``q``
     base : float, sinusoid base
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default (the queries are the last ``q_len`` keys)
+        ``k_len - q_len`` by default (the queries are the last ``q_len`` keys); one for
+        every row (one sinusoid per distance)
     layout : {"interleaved", "half"}, the sinusoid's feature order (:func:`posenc.sinusoidal`;
         default ``"interleaved"``). ``"split"``, its earlier name, warns. This is the
         paper's form: TENER's released code orders its sinusoid ``"half"`` (sines, then
