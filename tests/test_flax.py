@@ -418,3 +418,17 @@ def test_fire_mlp_is_initialised_as_torchs_linear_layers():
         for values in (np.asarray(layer.kernel[...]), np.asarray(layer.bias[...])):
             bound = 1 / np.sqrt(fan_in)
             assert np.abs(values).max() <= bound and np.abs(values).max() > 0.9 * bound and values.std() > 0.5 * bound
+
+
+def test_flax_logits_and_attend_take_one_offset_for_every_row_and_say_how_to_give_one_per_row():
+    """As the torch modules: one ``offset`` per batch row is refused with the recipe of
+    per-token positions, which gives each row the logits of its offset."""
+    _, module = PAIRS["t5"]()
+    q, k, v = map(jnp.asarray, _qkv(1, 6))
+    offsets = jnp.asarray([2, 5])
+    for call in (lambda: module.logits(q, k, offset=offsets), lambda: module.attend(q, k, v, offset=offsets)):
+        with pytest.raises(TypeError, match=r"a module's logits and attend take one offset for every row; .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):
+            call()
+    rows = module.logits(q, k, query_positions=offsets[:, None] + jnp.arange(1))
+    for b, offset in enumerate((2, 5)):
+        np.testing.assert_array_equal(np.asarray(rows[b]), np.asarray(module.logits(q, k, offset=offset)[b]))

@@ -509,3 +509,19 @@ def test_modules_without_per_token_positions_refuse_them():
     for name in ("rope", "xpos", "tupe", "xl", "none"):
         with pytest.raises(TypeError, match="takes no query_positions/key_positions"):
             _make(name).float().logits(q, q, key_positions=torch.arange(5))
+
+
+def test_logits_and_attend_take_one_offset_for_every_row_and_say_how_to_give_one_per_row():
+    """A module's ``logits``/``attend`` (one causal alignment for all rows) refuse one
+    ``offset`` per batch row with the recipe of per-token positions, which gives each row
+    the logits of its offset (the ``TypeError`` had named the functions' keyword only)."""
+    q, k, _ = _qkv(1, 9)
+    offsets = torch.tensor([4, 8])
+    for name in ("t5", "rope", "xl"):
+        with pytest.raises(TypeError, match=r"a module's logits and attend take one offset for every row; .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):
+            _make(name).logits(q, k, offset=offsets)
+    m = _make("t5")
+    with torch.no_grad():
+        rows = m.logits(q, k, query_positions=offsets[:, None] + torch.arange(1))
+        for b, offset in enumerate(offsets.tolist()):
+            assert torch.equal(rows[b], m.logits(q, k, offset=offset)[b])

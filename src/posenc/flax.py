@@ -136,7 +136,7 @@ class PositionalModule(nnx.Module):
     def attend(self, q, k, v, *, causal=False, offset=None, mask=None, query_positions=None, key_positions=None):
         _check_query_key(q, k, v, head_dim=self.head_dim)
         check.flag("causal", causal)
-        start = indices.query_offset(offset, q.shape[-2], k.shape[-2])
+        start = indices.query_offset(offset, q.shape[-2], k.shape[-2], instead=indices.MODULE_ROWS)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
         allowed = _allowed_keys(q.shape[-2], k.shape[-2], causal, start, mask)
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
@@ -149,7 +149,7 @@ class PositionalModule(nnx.Module):
 
     def _alignment(self, q, k, offset, query_positions, key_positions):
         if query_positions is None and key_positions is None:
-            return indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
+            return indices.query_offset(offset, q.shape[-2], k.shape[-2], instead=indices.MODULE_ROWS), {}
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich)"

@@ -33,7 +33,9 @@ class PositionalModule(nn.Module):
     rounded once). The queries sit at positions
     ``offset + arange(q_len)``, the keys at ``arange(k_len)``; ``offset=None`` is
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
-    a one-query call equals the last row of the full call. The bias and relative-logits
+    a one-query call equals the last row of the full call; ``offset`` is one for every row
+    (one per batch row is given to a module of per-token positions as ``query_positions =
+    offset[:, None] + arange(q_len)``). The bias and relative-logits
     modules that take per-token positions (``takes_positions``: ``T5RelativeBias``,
     ``ALiBi``, ``ShawRelative``, ``DeBERTaRelative``, ``FIRE``, ``KERPLE``, ``Sandwich``)
     also accept integer
@@ -126,9 +128,9 @@ class PositionalModule(nn.Module):
 
 
 def query_offset(offset, q_len, k_len):
-    """The first query position: ``offset`` (validated as the functions validate it), or
-    ``k_len - q_len`` when it is ``None``."""
-    return indices.query_offset(offset, q_len, k_len)
+    """The first query position: ``offset`` (validated as the functions validate it, one for
+    every row), or ``k_len - q_len`` when it is ``None``."""
+    return indices.query_offset(offset, q_len, k_len, instead=indices.MODULE_ROWS)
 
 
 def dot_scores(q, k, scale=None):
