@@ -286,6 +286,7 @@ ROW_OFFSETS = np.array([0, 3, 11, -1])
 ROW_Q, ROW_K = RNG.standard_normal((4, 2, 2, 8)), RNG.standard_normal((4, 2, 5, 8))
 # (call of an offset and arrays, its arrays); the logits' q and k have one batch row per offset.
 ROW_CALLS = {
+    "relative_positions": (lambda o, xp: pe.relative_positions(2, 5, offset=o, xp=xp), ()),
     "t5_bias": (lambda o, xp, t: pe.t5_bias(t, 2, 5, offset=o), (RNG.standard_normal((32, 2)),)),
     "alibi_bias": (lambda o, xp, s: pe.alibi_bias(s, 2, 5, offset=o), (np.array([0.5, 0.25], dtype=np.float32),)),
     "alibi_bias decode": (lambda o, xp, s: pe.alibi_bias(s, 1, 5, offset=o, symmetric=True), (np.array([0.5, 0.25]),)),
@@ -355,6 +356,11 @@ def test_a_per_row_offset_is_the_per_token_recipe_and_shifts_given_query_positio
 
 
 def test_a_per_row_offset_is_checked_before_any_work():
+    with pytest.raises(ValueError, match=r"the relative positions can be -4 .. 201, beyond int8"):
+        pe.relative_positions(2, 5, offset=np.array([200, 0]), dtype=np.int8)
+    assert pe.relative_positions(2, 5, offset=np.array([[122, 0]]), dtype=np.int8).shape == (1, 2, 2, 5)
+    with pytest.raises(ValueError, match=r"offset \+ i - j must stay within int64"):
+        pe.relative_positions(2, 5, offset=np.array([2**63 - 1, 0]))
     table = np.ones((32, 2))
     with pytest.raises(TypeError, match="offset must have an integer dtype, got float64"):
         pe.t5_bias(table, 2, 5, offset=np.array([1.0, 2.0]))
@@ -385,11 +391,6 @@ def test_functions_of_one_offset_for_every_row_say_what_to_do_with_one_per_row()
     rows = pe.shaw_output(weights, v, table, max_distance=3, query_positions=offsets[:, None] + np.arange(2))
     for b, offset in enumerate(offsets.tolist()):
         np.testing.assert_allclose(rows[b], pe.shaw_output(weights, v, table, max_distance=3, offset=offset)[b], rtol=1e-14, atol=1e-14)
-    with pytest.raises(TypeError, match=r"offset\[..., None, None\] \+ relative_positions\(q_len, k_len, offset=0\)"):
-        pe.relative_positions(2, 5, offset=offsets)
-    rel = offsets[:, None, None] + pe.relative_positions(2, 5, offset=0)
-    for b, offset in enumerate(offsets.tolist()):
-        np.testing.assert_array_equal(rel[b], pe.relative_positions(2, 5, offset=offset))
     for call, says in (
         (lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 5, offset=offsets), r"no batch axes; relative_bias \(t5_bias, alibi_bias\) takes one"),
         (lambda: pe.sandwich_vector(2, 5, 8, offset=offsets), "no batch axes; sandwich_bias takes one"),

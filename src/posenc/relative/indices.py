@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .. import _validate as check
 from .._xp import arguments_in, device_of, index_dtype, namespace, shifted
 
@@ -18,38 +20,52 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     Parameters
     ----------
     q_len, k_len : int >= 0
-    offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default.
-        One for every row; one per batch row is ``offset[..., None, None] +
-        relative_positions(q_len, k_len, offset=0)``
+    offset : int or 0-d integer array (a traced value is fine); ``k_len - q_len`` by default;
+        or one per batch row, an integer array ``[...]``: the result is then ``[..., q_len,
+        k_len]``, row ``b`` that of ``offset[b]``
     xp, device : namespace and device (those of an array ``offset``, else NumPy's; ``xp``
         may be the framework module)
     dtype : integer dtype (default: the namespace's index dtype, ``int64`` where it has it);
         a narrower one must hold every relative position (``ValueError`` otherwise, for
-        an int ``offset``)
+        an ``offset`` that can be read)
 
     Examples
     --------
-    >>> import posenc as pe
+    >>> import numpy as np, posenc as pe
     >>> pe.relative_positions(2, 3).tolist()                 # offset = k_len - q_len = 1
     [[1, 0, -1], [2, 1, 0]]
     >>> pe.relative_positions(2, 3, offset=0).tolist()       # the queries are the first keys
     [[0, -1, -2], [1, 0, -1]]
+    >>> pe.relative_positions(1, 3, offset=np.array([2, 0])).tolist()   # one offset per row
+    [[[2, 1, 0]], [[0, -1, -2]]]
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     xp, offset, device = offset_namespace(offset, xp, device)
-    offset = query_offset(offset, q_len, k_len, xp=xp, device=device, instead=_PER_ROW_POSITIONS)
+    rows = per_row(offset)
+    if rows:
+        check.integer_array("offset", offset, xp)
+        offset = check.widened("offset", offset, xp, device)[..., None, None]
+    else:
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
     index = index_dtype(xp, device)
     dtype = index if dtype is None else dtype
     if not xp.isdtype(dtype, "integral"):
         raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
-    check.allocatable("relative_positions", (q_len, k_len), 8)
+    check.allocatable("relative_positions", (*offset.shape[:-2], q_len, k_len) if rows else (q_len, k_len), 8)
     qpos = xp.arange(q_len, dtype=index, device=device)
     kpos = xp.arange(k_len, dtype=index, device=device)
-    rel = shifted(qpos[:, None] - kpos[None, :], offset)
-    if dtype == index or not isinstance(offset, int) or not (q_len and k_len):  # (a traced offset: cast as it is)
-        return xp.astype(rel, dtype)
-    return check.narrowed("the relative positions", rel, dtype, offset - (k_len - 1), offset + q_len - 1, xp)
+    if rows:  # every (offset + i) - j checked to stay within the index dtype
+        rel = check.shifted("i - j", qpos[:, None] - kpos[None, :], offset, xp, device, known=(1 - k_len, q_len - 1) if q_len and k_len else None)
+        if dtype == index or not (q_len and k_len and math.prod(offset.shape) and check.is_eager(offset)):
+            return xp.astype(rel, dtype)
+        low, high = int(xp.min(offset)), int(xp.max(offset))
+    else:
+        rel = shifted(qpos[:, None] - kpos[None, :], offset)
+        if dtype == index or not isinstance(offset, int) or not (q_len and k_len):  # (a traced offset: cast as it is)
+            return xp.astype(rel, dtype)
+        low = high = offset
+    return check.narrowed("the relative positions", rel, dtype, low - (k_len - 1), high + q_len - 1, xp)
 
 
 def offset_namespace(offset, xp, device):
@@ -79,7 +95,6 @@ def per_row(offset):
     return offset is not None and type(offset) is not int and check.is_array(offset) and offset.ndim > 0
 
 
-_PER_ROW_POSITIONS = "one per batch row is offset[..., None, None] + relative_positions(q_len, k_len, offset=0)"
 PER_ROW = (
     "one offset per batch row is taken by the functions with query_positions (relative_bias, t5_bias, alibi_bias, "
     "kerple_bias, sandwich_bias, fire_bias, shaw_logits, deberta_logits), their result then [batch, heads, q_len, k_len]"
