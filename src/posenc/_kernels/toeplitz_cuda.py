@@ -108,7 +108,8 @@ def _scatter_source(storage, helpers):
 
     A block walks its row's keys in tiles of ``blockDim.x``, in order. In a tile, neighbours
     of one class form runs; a segmented scan (Hillis-Steele, a fixed tree) leaves each run's
-    float64 sum at its last key, which adds it to the class's accumulator: in parallel when the
+    float64 sum at its last key (one barrier a step: the steps write two buffers in turn),
+    which adds it to the class's accumulator: in parallel when the
     tile's runs have distinct classes (a monotone index: every bucketing posenc makes), else
     one by one in key order. No atomics: the sums, rounded once, do not depend on timing."""
 
@@ -116,9 +117,9 @@ def _scatter_source(storage, helpers):
         helpers  # noqa: B018  (in the closure: Numba's cache key follows _codec)
         m = sizes[_BATCH]
         total = cuda.shared.array(_CHUNK, numba.float64)
-        value = cuda.shared.array(_TILE, numba.float64)
+        value = cuda.shared.array((2, _TILE), numba.float64)  # the scan's two buffers, in turn
+        head = cuda.shared.array((2, _TILE), numba.int32)
         cls = cuda.shared.array(_TILE, numba.int64)
-        head = cuda.shared.array(_TILE, numba.int32)
         first = cuda.blockIdx.x * _CHUNK
         count = min(_CHUNK, m - first)
         t, threads = cuda.threadIdx.x, cuda.blockDim.x
@@ -135,16 +136,17 @@ def _scatter_source(storage, helpers):
                 if j < k_len:
                     c = index[ig[0] + (i + k_len - 1 - j) * ig[1]]
                     v = _load(weights[wi + j * wg[_BATCH + 2]], storage)
-                cls[t] = c
+                cls[t], value[0, t] = c, v
                 cuda.syncthreads()
                 h = 1 if t == 0 or cls[t - 1] != c else 0
-                step = 1
+                step, p = 1, 0
                 while step < threads:
-                    value[t], head[t] = v, h
-                    cuda.syncthreads()
                     if t >= step and h == 0:
-                        v += value[t - step]
-                        h = head[t - step]
+                        u = t - step
+                        v += value[p, u]
+                        h = (1 if u == 0 or cls[u - 1] != cls[u] else 0) if step == 1 else head[p, u]
+                    p = 1 - p
+                    value[p, t], head[p, t] = v, h
                     cuda.syncthreads()
                     step *= 2
                 after = cls[t + 1] if t + 1 < threads else -1
@@ -156,12 +158,12 @@ def _scatter_source(storage, helpers):
                     if ours:
                         total[c - first] += v
                 else:
-                    value[t], head[t] = v, 1 if ours else 0
+                    value[0, t], head[0, t] = v, 1 if ours else 0
                     cuda.syncthreads()
                     if t == 0:
                         for u in range(threads):
-                            if head[u]:
-                                total[cls[u] - first] += value[u]
+                            if head[0, u]:
+                                total[cls[u] - first] += value[0, u]
                 cuda.syncthreads()
             for c in range(t, count, threads):
                 _store(out, oi + (first + c) * og[_BATCH + 2], total[c], storage)
