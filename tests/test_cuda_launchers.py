@@ -234,8 +234,10 @@ def test_operands_a_launcher_cannot_write_or_read_safely_are_refused_before_any_
     strides fold onto themselves, an ``out`` of another dtype (a float32 ``out`` of float16
     ``x`` had taken the bits of the wrong width), a Toeplitz ``out`` over part of its input
     (the kernel read what it had written), an overlapping ``out`` numba cannot copy into
-    (it raised after the launch), and ``cos``/``sin`` that are 0-d or of no pair (a bare
-    ``IndexError``, or an unchanged ``q``)."""
+    (it raised after the launch), ``cos``/``sin`` that are 0-d or of no pair (a bare
+    ``IndexError``, or an unchanged ``q``), and a rotary ``out`` over the tables, the
+    positions or the other one of q and k (the kernel read what it had written: a race on a
+    GPU, between the heads' threads of a row)."""
     from numba import cuda
 
     from posenc._kernels import rope_cuda, toeplitz_cuda
@@ -258,7 +260,18 @@ def test_operands_a_launcher_cannot_write_or_read_safely_are_refused_before_any_
     q, k = _device(np.ones((1, 2, 3, 8), np.float32)), _device(np.ones((1, 1, 3, 8), np.float32))
     for table in (np.ones((3, 0), np.float32), np.ones((), np.float32)):
         _refused(rotate_pair, (q, k, _device(table), _device(table)), {}, ValueError, ["cos/sin", "do not fit"])
+    tables, sin = cuda.to_device(np.ones((2, 3, 8), np.float32)), _device(np.ones((3, 8), np.float32))
+    _refused(rope_cuda.rotate_cos_sin, (_device(np.ones((2, 3, 8), np.float32)), tables[0], sin), {"out": tables}, ValueError, ["out shares memory with cos"])
+    _refused(rope_cuda.rotate_cos_sin, (tables, sin, tables[1]), {"out": tables}, ValueError, ["out shares memory with sin"])
+    memory = cuda.to_device(np.zeros((3, 8)))
+    _refused(rope_cuda.rotate_positions, (x, memory[:, 0], inv_freq), {"out": memory}, ValueError, ["out shares memory with positions"])
+    both = cuda.to_device(np.ones((1, 2, 3, 8), np.float32))
+    _refused(rope_cuda.rotate_cos_sin_pair, (q, both[:, :1], sin, sin), {"out_q": both}, ValueError, ["out_q shares memory with k"])
+    _refused(rope_cuda.rotate_cos_sin_pair, (both, k, sin, sin), {"out_k": both[:, 1:]}, ValueError, ["out_k shares memory with q"])
     assert launches == ([], [])
+    fused = cuda.to_device(np.ones((3, 2, 8), np.float32))  # q and k of one projection: disjoint elements, rotated in place
+    q_rows, k_rows = fused[:, 0], fused[:, 1]
+    assert rope_cuda.rotate_cos_sin_pair(q_rows, k_rows, sin, sin, out_q=q_rows, out_k=k_rows) == (q_rows, k_rows)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -29,6 +29,7 @@ import numpy as np
 
 from numba import cuda
 
+from .. import _validate
 from . import _arrays, _layout
 
 AXES = 5
@@ -102,6 +103,27 @@ def overlap(a, b) -> bool:
     """Whether spans ``a`` and ``b`` touch any common byte range."""
     (al, ah), (bl, bh) = extent(a), extent(b)
     return al < bh and bl < ah
+
+
+def _addresses(s):
+    """A NumPy array over the addresses of ``Span`` ``s``'s elements (never read)."""
+    size = s.dtype.itemsize
+    interface = {"data": (s.ptr, False), "shape": s.shape, "strides": tuple([st * size for st in s.strides]), "typestr": f"|V{size}", "version": 3}
+    return np.asarray(_validate._Interface(interface))
+
+
+def separate(out, out_name="out", **inputs):
+    """A ``ValueError`` where an element of ``out`` (called ``out_name``) shares memory with
+    one of ``inputs`` (``None`` ones are passed over; disjoint views of one buffer are fine):
+    the kernels write while they read (a launcher check; the public functions refuse such an
+    ``out`` first)."""
+    if out is None:
+        return
+    written = span(out)
+    for name, a in inputs.items():
+        read = None if a is None else span(a)
+        if read is not None and overlap(written, read) and _validate._shares_memory(_addresses(written), _addresses(read)):
+            raise ValueError(f"{out_name} shares memory with {name}: the kernel would read what it writes (kernel launcher check)")
 
 
 def _spanned(shape, strides):

@@ -656,6 +656,7 @@ def rotate_positions(x, positions, inv_freq, *, layout="half", inverse=False, sc
     """numba.cuda ``rope_rotate`` (reference: ``posenc.rotary._rotate.rotate_positions``)."""
     inv_freq = guard_rotate(x, positions, inv_freq, out)
     _arrays.guard_gpu_operands(x, out, positions=positions)
+    _device_flat.separate(out, positions=positions)
     stream, on_device, device = _context(x)
     with on_device:
         operand, launches, _ = rotation(x, positions, inv_freq, layout=layout, inverse=inverse, scale=scale, out=out, device=device, stream=stream)
@@ -686,6 +687,7 @@ def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     """numba.cuda ``rope_apply`` (reference: ``posenc.rotary._rotate.rotate_cos_sin``)."""
     guard_apply(x, cos, sin, out)
     _arrays.guard_gpu_operands(x, out, cos=cos, sin=sin)
+    _device_flat.separate(out, cos=cos, sin=sin)
     stream, on_device, device = _context(x)
     with on_device:
         operand, launches = apply_rotation(x, cos, sin, layout=layout, out=out, device=device, stream=stream)
@@ -713,6 +715,8 @@ def rotate_cos_sin_pair(q, k, cos, sin, *, layout="half", out_q=None, out_k=None
     guard_apply(q, cos, sin, out_q)
     guard_apply(k, cos, sin, out_k)
     _arrays.guard_gpu_operands(q, out_q, k=k, cos=cos, sin=sin, out_k=out_k)
+    _device_flat.separate(out_q, "out_q", k=k, cos=cos, sin=sin)
+    _device_flat.separate(out_k, "out_k", q=q, cos=cos, sin=sin, out_q=out_q)
     stream, on_device, device = _context(q)
     with on_device:
         operands, launches = pair_rotation(q, k, cos, sin, layout=layout, out_q=out_q, out_k=out_k, device=device, stream=stream)

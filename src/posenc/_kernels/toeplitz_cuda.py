@@ -255,22 +255,11 @@ def _index(index, m):
     return _device_flat.device_values(index, np.int64)
 
 
-def _separate(out, **inputs):
-    """A ``ValueError`` where ``out`` shares memory with one of ``inputs``: the kernels write
-    while they read (a launcher check; the public functions refuse such an ``out`` first)."""
-    if out is None:
-        return
-    written = _device_flat.span(out)
-    for name, a in inputs.items():
-        if _device_flat.overlap(written, _device_flat.span(a)):
-            raise ValueError(f"out shares memory with {name}: the kernel would read what it writes (kernel launcher check)")
-
-
 def toeplitz_expand(vec, q_len, k_len, *, out=None):
     """numba.cuda ``toeplitz_expand``."""
     shape = guard_expand(vec, q_len, k_len, out)
     _arrays.guard_gpu_operands(vec, out)
-    _separate(out, vec=vec)
+    _device_flat.separate(out, vec=vec)
     return _launch(kernel_key("expand", vec), _grid(shape), vec, _bits(vec), shape, out)
 
 
@@ -278,7 +267,7 @@ def toeplitz_gather(scores, index, k_len, *, out=None):
     """numba.cuda ``toeplitz_gather``."""
     shape = guard_gather(scores, index, k_len, out)
     _arrays.guard_gpu_operands(scores, out, index=index)
-    _separate(out, scores=scores, index=index)
+    _device_flat.separate(out, scores=scores, index=index)
     return _launch(kernel_key("gather", scores), _grid(shape), scores, _bits(scores), shape, out, index, tuple(scores.shape)[-1])
 
 
@@ -286,6 +275,6 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     """numba.cuda ``toeplitz_scatter``."""
     shape = guard_scatter(weights, index, m, out)
     _arrays.guard_gpu_operands(weights, out, index=index)
-    _separate(out, weights=weights, index=index)
+    _device_flat.separate(out, weights=weights, index=index)
     config = _scatter_grid(shape, tuple(weights.shape)[-1])
     return _launch(kernel_key("scatter", weights), config, weights, _device_flat.span(weights), shape, out, index, m)
