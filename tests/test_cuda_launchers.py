@@ -505,6 +505,22 @@ def test_cuda_16_bit_rotation_keeps_infinities_as_float64_does(dtype):
     assert_float64_specials(got, want, dtype)
 
 
+@pytest.mark.filterwarnings("ignore:.*(overflow|invalid value) encountered:RuntimeWarning")
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32", "float64"])
+def test_an_angle_beyond_float64_gives_nan_channels_as_the_reference(dtype):
+    """Position ``1e308`` at frequency 2: an angle that overflows float64 has no cosine, so
+    its channels are NaN (docs/precision.md), on the device (libdevice's ``sincos``) and in
+    the simulator (whose Python ``sin`` and ``cos`` raised ``ValueError``)."""
+    from posenc._kernels import rope_cuda
+
+    x, positions, inv_freq = np.ones((2, 4), dtype), np.array([1e308, 3.0]), np.array([2.0, 0.5])
+    want = _rotate.rotate_positions(x.astype(np.float64), positions, inv_freq)
+    got = to_host(rope_cuda.rotate_positions(_device(x), _device(positions), inv_freq)).astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    assert np.isnan(got[0, [0, 2]]).all()
+    _close(got[1], want[1], dtype)
+
+
 # (inf * 0 makes the NaNs meant here; NumPy, which runs the simulator's threads and the reference, says so)
 @pytest.mark.filterwarnings("ignore:.*invalid value encountered:RuntimeWarning")
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

@@ -317,10 +317,13 @@ def _value(element, storage):
 
 def _sin_cos(angle):
     """``(sin, cos)`` of float64 ``angle``: on the device one libdevice ``sincos``, which
-    reduces the angle once for both; in the CUDA simulator, Python's ``sin`` and ``cos``.
+    reduces the angle once for both; in the CUDA simulator, Python's ``sin`` and ``cos``
+    (NaN for an infinite angle, as on the device, where Python's raise).
     On an H200 ``rope`` gave the same bits with it as with libdevice's ``sin`` and ``cos``
     (float32 and bfloat16, 8,192 positions up to 8.2 million, 64 frequencies), and ran
     faster: bfloat16 in place 0.844 -> 0.858 of the device's copy, float32 0.903 -> 0.907."""
+    if math.isinf(angle):
+        return math.nan, math.nan
     return math.sin(angle), math.cos(angle)
 
 
