@@ -313,6 +313,17 @@ def test_bad_calls_are_refused_by_every_module(name):
             m.rotate(torch.randn(1, H, 5, D + 2))
 
 
+@pytest.mark.parametrize("name", ["none", "alibi", "shaw", "rope"])
+def test_autocast_regions_mix_dtypes_and_are_taken(name):
+    """Under ``torch.autocast`` q and k after a float32 QK-norm beside a bfloat16 v are one
+    call's, as autocast's own ops take them: attend gives v's dtype."""
+    m = MODULES[name][0]()
+    q, k = torch.randn(1, H, 5, D), torch.randn(1, H, 5, D)
+    v = torch.randn(1, H, 5, D).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m.attend(q, k, v, causal=True).dtype == torch.bfloat16
+
+
 # Modules whose float32 parameters enter the logits as they are (the others cast theirs, or
 # their functions compute 16-bit inputs in 16 bits as a model's own layers would)
 IN_PARAMETER_DTYPE = {"shaw", "deberta", "deberta_c2p", "xl", "tener", "tupe", "tupe_cls", "tupe_r"}

@@ -164,8 +164,8 @@ class PositionalModule(nnx.Module):
 
 
 def _check_query_key(q, k, v=None, *, head_dim=None):
-    """``q``, ``k`` (and ``v``): floating arrays of one dtype (``head_dim`` wide where the
-    module fixes it), else a TypeError/ValueError naming them."""
+    """``q``, ``k`` (and ``v``): floating arrays (``head_dim`` wide where the module fixes it),
+    else a TypeError/ValueError naming them; two float dtypes promote, as in JAX."""
     tensors = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
     for name, a in tensors:
         dtype = getattr(a, "dtype", None)
@@ -173,8 +173,6 @@ def _check_query_key(q, k, v=None, *, head_dim=None):
             raise TypeError(f"{name} must be an array [batch, heads, seq, head_dim], got {type(a).__name__}")
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"{name} must be a floating array, got {dtype}")
-        if dtype != q.dtype:
-            raise TypeError(f"q, k and v must have one dtype, got {name} {dtype} and q {q.dtype}")
     if head_dim is not None and q.shape[-1] != head_dim:
         raise ValueError(f"q must have the module's head_dim = {head_dim} channels, got shape {tuple(q.shape)}")
 

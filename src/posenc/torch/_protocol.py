@@ -26,8 +26,8 @@ class PositionalModule(nn.Module):
       d_v]``: :math:`\mathrm{softmax}(\text{logits} + \text{masks})\,v`, plus the
       module's own value term where its paper has one (Shaw's ``table_v``).
 
-    ``q, k, v`` are ``[batch, heads, seq, head_dim]``, floating tensors of one dtype and
-    device (``heads`` and ``head_dim`` the module's where its parameters fix them); ``logits``
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``, floating tensors of one dtype (but
+    under ``torch.autocast``) and device (``heads`` and ``head_dim`` the module's where its parameters fix them); ``logits``
     are of ``q``'s dtype and ``attend``'s output of ``v``'s, whatever the parameters' dtype
     (16-bit activations beside float32 parameters: computed as the functions promote them,
     rounded once). The queries sit at positions
@@ -172,9 +172,10 @@ def masked_softmax(logits, allowed):
 
 
 def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
-    """``q``, ``k`` (and ``v``): floating tensors of one dtype and device, shaped alike
-    ``[batch, heads, seq, head_dim]`` (``heads`` the module's, or one to broadcast;
-    ``head_dim`` the module's, for ``q`` and ``k``)."""
+    """``q``, ``k`` (and ``v``): floating tensors of one dtype (floating ones of several under
+    ``torch.autocast``, as its regions make them) and one device, shaped alike ``[batch,
+    heads, seq, head_dim]`` (``heads`` the module's, or one to broadcast; ``head_dim`` the
+    module's, for ``q`` and ``k``)."""
     tensors = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
     for name, a in tensors:
         if not isinstance(a, torch.Tensor):
@@ -187,7 +188,7 @@ def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
     if not dtype.is_floating_point:
         raise TypeError(f"q must be a floating tensor, got {dtype}")
     for name, a in tensors[1:]:
-        if a.dtype != dtype or a.device != device:
+        if a.device != device or (a.dtype != dtype and not (a.dtype.is_floating_point and torch.is_autocast_enabled(device.type))):
             raise TypeError(f"q, k and v must have one dtype and device, got {name} {a.dtype} on {a.device} and q {dtype} on {device}")
     if head_dim is not None and q.shape[-1] != head_dim:
         raise ValueError(f"q must have the module's head_dim = {head_dim} channels, got shape {tuple(q.shape)}")
