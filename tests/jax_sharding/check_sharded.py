@@ -267,6 +267,11 @@ def explicit(count, x, table):
     def fire(p):
         return pe.fire_bias(lambda z: z @ jnp.asarray(weights), 12, 12, query_positions=p, key_positions=p)
 
+    deberta_table = rng.standard_normal((16, 8)).astype(np.float32)
+
+    def deberta_per_token(p):  # (the bucket logs had joined a split row to a replicated constant)
+        return pe.relative_bias("deberta", deberta_table, 12, 12, query_positions=p, key_positions=p, max_distance=8, bucket_size=8, max_position=64)
+
     def t5_gradient(t):
         return jax.grad(lambda u: jnp.sum(pe.t5_bias(u, 12, 12) ** 2))(t)
 
@@ -277,6 +282,8 @@ def explicit(count, x, table):
         ("t5_bias head-split table, per-token positions on the batch", lambda p: t5_per_token_heads(p), packed, P("d"), P("d"), t5_per_token(packed)),
         ("fire_bias per-token positions on the batch", fire, packed, P("d"), P("d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
         ("fire_bias per-token positions on the sequence", fire, packed, P(None, "d"), P(None, None, "d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
+        ("relative_bias deberta per-token positions on the batch", deberta_per_token, packed, P("d"), P("d"), deberta_per_token(packed)),
+        ("relative_bias deberta per-token positions on the sequence", deberta_per_token, packed, P(None, "d"), P(None, None, "d"), deberta_per_token(packed)),
         ("conv_positions batch", lambda a: pe.conv_positions(a, kernel), x, P("d"), P("d"), pe.conv_positions(x, kernel)),
         ("conv_positions sequence", lambda a: pe.conv_positions(a, kernel), x, P(None, None, "d"), P(None, None, "d"), pe.conv_positions(x, kernel)),
         ("rope channels", lambda a: pe.rope(a, offset=3), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rope(x, offset=3)),

@@ -10,7 +10,7 @@ import numpy as np
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call, reference
-from .._xp import device_of, namespace, trace_constant, widest_float
+from .._xp import device_of, explicit_sharding, namespace, resplit, trace_constant, unsplit, widest_float
 
 
 # The most T5 buckets: far past T5's 32; each log-spaced bucket's start is found one at a time
@@ -266,8 +266,13 @@ def deberta_buckets(xp, rel, bucket_size, max_position, *, lowest=None):
         # max_position - 1 gives exactly 1 (bucket 2m - 1), as in the original.
         top = xp.full((1,), float(np.float32((max_position - 1) / mid)), dtype=work, device=device_of(rel))
         if _compat.is_jax_namespace(xp):  # one log of both: under jax.jit a constant's alone is folded by another log
-            logs = single(xp.log(xp.concat([xp.reshape(ratio, (-1,)), top])))
-            log_ratio, log_top = xp.reshape(logs[:-1], ratio.shape), logs[-1]
+            # The top ends every row, split as the row is (an explicit mesh joins no split
+            # array to a replicated one), the last axis gathered where it is split.
+            rows, sharding = unsplit(ratio if ratio.ndim else xp.reshape(ratio, (1,)), max(ratio.ndim - 1, 0))
+            tops = resplit(xp.broadcast_to(top, (*rows.shape[:-1], 1)), explicit_sharding(rows))
+            logs = single(xp.log(xp.concat([rows, tops], axis=-1)))
+            log_ratio = resplit(xp.reshape(logs[..., :-1], ratio.shape), sharding)
+            log_top = logs[..., -1:] if ratio.ndim else logs[-1]
         else:
             log_ratio, log_top = single(xp.log(ratio)), single(xp.log(top))[0]
         steps = xp.ceil(single(single(log_ratio / log_top) * (mid - 1)))
