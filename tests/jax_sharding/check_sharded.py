@@ -272,6 +272,8 @@ def explicit(count, x, table):
     def deberta_per_token(p):  # (the bucket logs had joined a split row to a replicated constant)
         return pe.relative_bias("deberta", deberta_table, 12, 12, query_positions=p, key_positions=p, max_distance=8, bucket_size=8, max_position=64)
 
+    grid = np.stack([np.arange(12) // 4, np.arange(12) % 4], axis=-1)  # (3 x 4 tokens: a slice of channels per axis)
+
     def t5_gradient(t):
         return jax.grad(lambda u: jnp.sum(pe.t5_bias(u, 12, 12) ** 2))(t)
 
@@ -287,6 +289,7 @@ def explicit(count, x, table):
         ("conv_positions batch", lambda a: pe.conv_positions(a, kernel), x, P("d"), P("d"), pe.conv_positions(x, kernel)),
         ("conv_positions sequence", lambda a: pe.conv_positions(a, kernel), x, P(None, None, "d"), P(None, None, "d"), pe.conv_positions(x, kernel)),
         ("rope channels", lambda a: pe.rope(a, offset=3), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rope(x, offset=3)),
+        ("axial_rope channels", lambda a: pe.axial_rope(a, grid), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.axial_rope(x, grid)),
         ("rope dynamic per-row offsets", lambda a: pe.rope(a, offset=jnp.asarray(rows)[:, None, None], scaling=dynamic), x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
         ("rope dynamic per-row offsets split beside x", rows_split, x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
         ("xl_logits head-split q and k, per-head r", xl, x, P(None, "d"), P(None, "d"), pe.xl_logits(x, x, r, u, u)),

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import device_of, host_constants, namespace, result_dtype, trace_constant, widest_float
+from .._xp import device_of, host_constants, namespace, resplit, result_dtype, trace_constant, unsplit, widest_float
 from . import _args
 from ._rotate import _write
 from .scaling import frequency_table
@@ -177,6 +177,7 @@ def axial_rope(
     layout = _args.layout("layout", layout)
     check.flag("inverse", inverse)
     _args.out_like(out, x, xp)
+    x, split = unsplit(x, -1)  # (the blocks are slices of the channels)
     blocks, start = [], 0
     for a, (d, inv_freq) in enumerate(zip(dims, tables)):
         block = x[..., start : start + d]
@@ -185,4 +186,4 @@ def axial_rope(
     if start < width:
         blocks.append(x[..., start:])
     result = xp.concat(blocks, axis=-1) if len(blocks) > 1 else blocks[0]
-    return _write(xp, result, out)
+    return _write(xp, resplit(result, split), out)
