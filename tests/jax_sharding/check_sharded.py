@@ -274,6 +274,9 @@ def explicit(count, x, table):
 
     grid = np.stack([np.arange(12) // 4, np.arange(12) % 4], axis=-1)  # (3 x 4 tokens: a slice of channels per axis)
 
+    def deberta_logits_per_token(p):  # (p2c gathers at the transposed indices: split on the gathered axis)
+        return pe.deberta_logits(x, x, pb[0], pb[0], max_distance=3, query_positions=p, key_positions=p)
+
     def t5_gradient(t):
         return jax.grad(lambda u: jnp.sum(pe.t5_bias(u, 12, 12) ** 2))(t)
 
@@ -286,6 +289,7 @@ def explicit(count, x, table):
         ("fire_bias per-token positions on the sequence", fire, packed, P(None, "d"), P(None, None, "d"), pe.fire_bias(lambda z: z @ weights, 12, 12, query_positions=packed, key_positions=packed)),
         ("relative_bias deberta per-token positions on the batch", deberta_per_token, packed, P("d"), P("d"), deberta_per_token(packed)),
         ("relative_bias deberta per-token positions on the sequence", deberta_per_token, packed, P(None, "d"), P(None, None, "d"), deberta_per_token(packed)),
+        ("deberta_logits per-token positions on the sequence", deberta_logits_per_token, packed, P(None, "d"), P(None, None, "d"), deberta_logits_per_token(packed)),
         ("conv_positions batch", lambda a: pe.conv_positions(a, kernel), x, P("d"), P("d"), pe.conv_positions(x, kernel)),
         ("conv_positions sequence", lambda a: pe.conv_positions(a, kernel), x, P(None, None, "d"), P(None, None, "d"), pe.conv_positions(x, kernel)),
         ("rope channels", lambda a: pe.rope(a, offset=3), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rope(x, offset=3)),
