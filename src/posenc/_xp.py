@@ -180,8 +180,11 @@ def explicit_sharding(value):
     need the sharding spelled out there."""
     if not _compat.is_jax_array(value) or 0 in value.shape:
         return None
-    sharding = sys.modules["jax"].typeof(value).sharding
-    return sharding if splits(sharding) else None
+    jax = sys.modules["jax"]
+    sharding = jax.typeof(value).sharding
+    if not splits(sharding):
+        return None
+    return sharding if isinstance(value, jax.core.Tracer) else value.sharding  # (the concrete mesh, where values can be put)
 
 
 def splits(sharding) -> bool:

@@ -109,6 +109,7 @@ def eager(count, x, cos, sin):
 
     rng = np.random.default_rng(1)
     pos_q, pos_k = (rng.standard_normal((8, 6, 16)).astype(np.float32) for _ in range(2))
+    r, u = rng.standard_normal((8, 24, 16)).astype(np.float32), rng.standard_normal((8, 1, 16)).astype(np.float32)
     positions = np.arange(12) + 3
     for kind in (AxisType.Auto, AxisType.Explicit):
         mesh = jax.make_mesh((count,), ("d",), axis_types=(kind,))
@@ -130,6 +131,8 @@ def eager(count, x, cos, sin):
             )
             if spec != P(None, None, "d") or kind == AxisType.Auto:  # (explicit: JAX's own q @ k.T of two sequence-sharded operands raises)
                 cases["deberta_logits NumPy tables"] = (lambda a: pe.deberta_logits(a, a, pos_q, pos_k, max_distance=3), pe.deberta_logits(x, x, pos_q, pos_k, max_distance=3))
+                # (an uncommitted per-head r split as q: reshard had refused the abstract mesh outside jit)
+                cases["xl_logits uncommitted r"] = (lambda a: pe.xl_logits(a, a, jnp.asarray(r), jnp.asarray(u), jnp.asarray(u)), pe.xl_logits(x, x, r, u, u))
             problems = []
             for name, (fn, want) in cases.items():
                 try:
