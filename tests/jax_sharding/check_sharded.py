@@ -280,6 +280,11 @@ def explicit(count, x, table):
     def deberta_logits_per_token(p):  # (p2c gathers at the transposed indices: split on the gathered axis)
         return pe.deberta_logits(x, x, pb[0], pb[0], max_distance=3, query_positions=p, key_positions=p)
 
+    rows8 = rng.standard_normal((8, 8, 16)).astype(np.float32)  # [heads, 2K, d], K = 4
+
+    def deberta_table_rows(t):  # (the per-token gather read the split rows)
+        return pe.deberta_logits(x, x, t, t, max_distance=4, query_positions=packed, key_positions=packed)
+
     def t5_gradient(t):
         return jax.grad(lambda u: jnp.sum(pe.t5_bias(u, 12, 12) ** 2))(t)
 
@@ -293,6 +298,7 @@ def explicit(count, x, table):
         ("relative_bias deberta per-token positions on the batch", deberta_per_token, packed, P("d"), P("d"), deberta_per_token(packed)),
         ("relative_bias deberta per-token positions on the sequence", deberta_per_token, packed, P(None, "d"), P(None, None, "d"), deberta_per_token(packed)),
         ("deberta_logits per-token positions on the sequence", deberta_logits_per_token, packed, P(None, "d"), P(None, None, "d"), deberta_logits_per_token(packed)),
+        ("deberta_logits per-token positions, tables split on their rows", deberta_table_rows, rows8, P(None, "d"), P(), deberta_table_rows(rows8)),
         ("conv_positions batch", lambda a: pe.conv_positions(a, kernel), x, P("d"), P("d"), pe.conv_positions(x, kernel)),
         ("conv_positions sequence", lambda a: pe.conv_positions(a, kernel), x, P(None, None, "d"), P(None, None, "d"), pe.conv_positions(x, kernel)),
         ("rope channels", lambda a: pe.rope(a, offset=3), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rope(x, offset=3)),

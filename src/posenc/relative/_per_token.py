@@ -180,7 +180,9 @@ def gather(xp, scores, index, *, device):
     scores = xp.broadcast_to(scores, (*batch, q_len, m))
     index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, q_len, k_len))
     if hasattr(xp, "take_along_axis"):
-        index, split = unsplit(index, -1)  # (an explicit mesh cannot gather at indices split along the gathered axis)
+        # (an explicit mesh gathers along no split axis, nor at indices split along it)
+        scores, _ = unsplit(scores, -1)
+        index, split = unsplit(index, -1)
         return resplit(xp.take_along_axis(scores, index, axis=-1), split)
     # Dask has no take_along_axis: one 1-D take per batch entry, from its [q_len * m] scores.
     rows = xp.arange(q_len, dtype=index.dtype, device=device)[:, None] * m
