@@ -588,8 +588,14 @@ def _memory(a):
             return None
     except (RuntimeError, AttributeError, NotImplementedError):  # a tensor without storage (meta, sparse ...)
         return None
-    interface = {"data": (pointer, False), "shape": tuple(a.shape), "strides": strides, "typestr": f"|V{size}", "version": 3}
-    return numpy.asarray(_Interface(interface))
+    return address_view(pointer, tuple(a.shape), strides, size)
+
+
+def address_view(pointer, shape, strides, itemsize):
+    """A NumPy array over the memory addresses of the elements of ``itemsize`` bytes at
+    ``pointer`` with ``shape`` and byte ``strides`` (never read: memory of any device)."""
+    interface = {"data": (pointer, False), "shape": shape, "strides": strides, "typestr": f"|V{itemsize}", "version": 3}
+    return sys.modules["numpy"].asarray(_Interface(interface))
 
 
 def byte_range(a):

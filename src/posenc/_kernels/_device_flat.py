@@ -108,8 +108,7 @@ def overlap(a, b) -> bool:
 def _addresses(s):
     """A NumPy array over the addresses of ``Span`` ``s``'s elements (never read)."""
     size = s.dtype.itemsize
-    interface = {"data": (s.ptr, False), "shape": s.shape, "strides": tuple([st * size for st in s.strides]), "typestr": f"|V{size}", "version": 3}
-    return np.asarray(_validate._Interface(interface))
+    return _validate.address_view(s.ptr, s.shape, tuple([st * size for st in s.strides]), size)
 
 
 def separate(out, out_name="out", **inputs):

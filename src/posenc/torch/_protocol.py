@@ -26,8 +26,8 @@ class PositionalModule(nn.Module):
       d_v]``: :math:`\mathrm{softmax}(\text{logits} + \text{masks})\,v`, plus the
       module's own value term where its paper has one (Shaw's ``table_v``).
 
-    ``q, k, v`` are ``[batch, heads, seq, head_dim]``, floating tensors of one dtype (but
-    under ``torch.autocast``) and device (``heads`` and ``head_dim`` the module's where its parameters fix them); ``logits``
+    ``q, k, v`` are ``[batch, heads, seq, head_dim]``, floating tensors of one dtype (of
+    several under ``torch.autocast``, as its regions make them) and one device (``heads`` and ``head_dim`` the module's where its parameters fix them); ``logits``
     are of ``q``'s dtype and ``attend``'s output of ``v``'s, whatever the parameters' dtype
     (16-bit activations beside float32 parameters: computed as the functions promote them,
     rounded once). The queries sit at positions
