@@ -472,6 +472,12 @@ def shared(rng, size, lib):
     return take
 
 
+def x_and_out(rng, lib, dtype, shape, out_form):
+    """``{"x": Made}`` of :func:`draw_x`, with ``"out"`` where ``out`` is a buffer apart from ``x``."""
+    x, out = draw_x(rng, lib, dtype, shape, out_form)
+    return {"x": x} if out is None or out is x else {"x": x, "out": out}
+
+
 def draw_x(rng, lib, dtype, shape, out_form):
     """``(x Made, out Made or None)``; ``overlap``: ``x`` and ``out`` one row apart in one
     buffer (for torch, two storages over it half of the time)."""
@@ -541,10 +547,7 @@ def case_rope(fuzz, rng, seed):
 
     def build(contiguous_ops=False):
         r = np.random.default_rng(seed)
-        x, out = draw_x(r, lib, dtype, shape, out_form)
-        ops = {"x": x}
-        if out is not None and out is not x:
-            ops["out"] = out
+        ops = x_and_out(r, lib, dtype, shape, out_form)
         positions = None
         if given:
             pv = position_values(r, pdtype, pshape)
@@ -595,10 +598,7 @@ def case_apply_rope(fuzz, rng, seed):
 
     def build(contiguous_ops=False):
         r = np.random.default_rng(seed)
-        x, out = draw_x(r, lib, dtype, shape, out_form)
-        ops = {"x": x}
-        if out is not None and out is not x:
-            ops["out"] = out
+        ops = x_and_out(r, lib, dtype, shape, out_form)
         angles = r.uniform(-1e4, 1e4, cshape[:-1] + (rotary // 2,))
         full = np.concatenate([angles, angles], -1) if layout == "half" else np.repeat(angles, 2, -1)
         for name, f in (("cos", np.cos), ("sin", np.sin)):
@@ -632,10 +632,7 @@ def case_rerotate(fuzz, rng, seed):
 
     def build(contiguous_ops=False):
         r = np.random.default_rng(seed)
-        x, out = draw_x(r, lib, dtype, shape, out_form)
-        ops = {"x": x}
-        if out is not None and out is not x:
-            ops["out"] = out
+        ops = x_and_out(r, lib, dtype, shape, out_form)
         ops = finish_ops(ops, contiguous_ops)
         value = int(r.choice([0, 1, -1, 5, -300, 2**33, 2**62]))
         delta = {"int": value, "np_scalar": np.int64(value), "np_0d": np.array(value), "lib_0d": np.array(value) if lib == "numpy" else torch.tensor(value),
@@ -909,10 +906,7 @@ def case_logits(fuzz, rng, seed, fn):
             call = lambda vec, **o: pe.expand_bias(vec, q, k, **o)  # noqa: E731
         else:  # axial_rope: tokens on a 2-D grid
             gh, gw = int(r.integers(1, 3)), int(r.integers(1, 3))
-            x, out = draw_x(r, lib, dtype, (b, h, gh * gw, 4 * d), out_form if out_form != "none" else "none")
-            ops["x"] = x
-            if out is not None and out is not x:
-                ops["out"] = out
+            ops.update(x_and_out(r, lib, dtype, (b, h, gh * gw, 4 * d), out_form))
             grid = np.stack(np.meshgrid(np.arange(gh), np.arange(gw), indexing="ij"), -1).reshape(-1, 2)
             kw["_grid"] = as_lib(grid, lib)
             names = ("x",)
