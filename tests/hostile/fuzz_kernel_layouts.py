@@ -247,6 +247,17 @@ class Fuzz:
             found.append({"what": what, "case": case})
         self.ends[fn]["defect"] += 1
 
+    def outcomes_agree(self, fn, case, ref, ker):
+        """Whether neither backend crashed and both returned or both refused (else a defect)."""
+        for name, o in (("reference", ref), ("kernel", ker)):
+            if o.crash:
+                self.defect(fn, f"{name} crashed: {o.crash}", case)
+                return False
+        if (ref.error is None) != (ker.error is None):
+            self.defect(fn, f"outcomes differ: reference {ref.error or 'ok'} / kernel {ker.error or 'ok'}", case)
+            return False
+        return True
+
     def check(self, fn, case, build, *, dtype=None, magnitude=0.0, exact=False, out_name=None, warm=False, same_layout_bits=True):
         """``build(copy)`` returns ``(call, operands)``: a zero-argument call and the arrays it
         reads and writes (fresh ones each time, from the same draw).
@@ -269,12 +280,7 @@ class Fuzz:
         before = {name: snapshot(m.buffer) for name, m in ker_ops.items()}
         ref = attempt(ref_call, "reference")
         ker = attempt(ker_call, "auto")
-        for name, o in (("reference", ref), ("kernel", ker)):
-            if o.crash:
-                self.defect(fn, f"{name} crashed: {o.crash}", case)
-                return
-        if (ref.error is None) != (ker.error is None):
-            self.defect(fn, f"outcomes differ: reference {ref.error or 'ok'} / kernel {ker.error or 'ok'}", case)
+        if not self.outcomes_agree(fn, case, ref, ker):
             return
         if ker.error is not None:
             self.ends[fn]["refused"] += 1
@@ -522,13 +528,17 @@ def magnitude_of(x):
 # ---------------------------------------------------------------- rope, apply_rope, rerotate
 
 
-def case_rope(fuzz, rng, seed):
+def draw_rotation(rng):
+    """``(lib, dtype, ndim, dim, shape, layout)`` of a rotation case, drawn in that order."""
     lib = rng.choice(["numpy", "torch"])
     dtype = str(rng.choice(FLOATS))
     ndim = int(rng.integers(1, 5))
     dim = int(rng.choice([2, 4, 6, 8, 16, 18, 34]))
-    shape = draw_shape(rng, ndim, dim)
-    layout = str(rng.choice(["half", "interleaved"]))
+    return lib, dtype, ndim, dim, draw_shape(rng, ndim, dim), str(rng.choice(["half", "interleaved"]))
+
+
+def case_rope(fuzz, rng, seed):
+    lib, dtype, ndim, dim, shape, layout = draw_rotation(rng)
     rotary_dim = int(rng.choice([0, dim] + list(range(2, dim + 1, 2))[:3])) or None
     out_form = str(rng.choice(OUT_FORMS))
     seq_axis = None if ndim < 3 or rng.random() < 0.7 else int(rng.choice([-2, -3]))
@@ -548,7 +558,6 @@ def case_rope(fuzz, rng, seed):
     def build(contiguous_ops=False):
         r = np.random.default_rng(seed)
         ops = x_and_out(r, lib, dtype, shape, out_form)
-        positions = None
         if given:
             pv = position_values(r, pdtype, pshape)
             pm = hostile(r, pshape, "float64", lib, values=lambda s: as_lib(np.resize(pv, s).astype(pv.dtype) if s != pshape else pv, lib),
@@ -578,12 +587,7 @@ def case_rope(fuzz, rng, seed):
 
 
 def case_apply_rope(fuzz, rng, seed):
-    lib = rng.choice(["numpy", "torch"])
-    dtype = str(rng.choice(FLOATS))
-    ndim = int(rng.integers(1, 5))
-    dim = int(rng.choice([2, 4, 6, 8, 16, 18, 34]))
-    shape = draw_shape(rng, ndim, dim)
-    layout = str(rng.choice(["half", "interleaved"]))
+    lib, dtype, ndim, dim, shape, layout = draw_rotation(rng)
     rotary = int(rng.choice(list(range(2, dim + 1, 2))))
     out_form = str(rng.choice(OUT_FORMS))
     # cos/sin broadcasting against x: drop leading axes, or make some 1
@@ -985,12 +989,7 @@ def check_kernel(fuzz, fn, case, draw, op, target, *, exact, tol_dtype=None):
     if ker is None:
         fuzz.ends[fn]["not accepted"] += 1
         return
-    for name, o in (("reference", ref), ("kernel", ker)):
-        if o.crash:
-            fuzz.defect(fn, f"{name} crashed: {o.crash}", case)
-            return
-    if (ref.error is None) != (ker.error is None):
-        fuzz.defect(fn, f"outcomes differ: reference {ref.error or 'ok'} / kernel {ker.error or 'ok'}", case)
+    if not fuzz.outcomes_agree(fn, case, ref, ker):
         return
     if ker.error:
         fuzz.ends[fn]["refused"] += 1
