@@ -133,6 +133,20 @@ def test_floater_default_reproduces_sinusoid():
     assert np.abs(out - sinusoid_formula(np.arange(256), 16)).max() < 1e-4
 
 
+def test_floater_default_substeps_follow_the_step():
+    # 32 substeps a position at step=16 were RK4 steps of 0.5: 0.45 off the sinusoid by t = 1024.
+    out = pe.floater(65, 8, step=16.0, dtype=np.float64)
+    assert np.abs(out - sinusoid_formula(16.0 * np.arange(65), 8)).max() < 1e-4
+
+
+def test_floater_refuses_an_unstable_step_and_a_diverged_state():
+    with pytest.raises(ValueError, match="stability limit"):
+        pe.floater(8, 8, step=100.0, substeps=32)  # was a finite 1e77 after 8 positions
+    pe.floater(2, 8, step=2.8, substeps=1)  # just inside the limit
+    with np.errstate(all="ignore"), pytest.raises(ValueError, match="diverged: the state at position 1 "):
+        pe.floater(4, 2, dynamics=lambda p, t: 1e30 * p * p, p0=np.ones(2))
+
+
 def test_floater_default_in_every_namespace(backend):
     # RK4 with 16 substeps per position is 6e-7 from the exact solution, the sinusoid.
     out = backend.call(lambda: pe.floater(6, 4, substeps=16, xp=backend.xp))
