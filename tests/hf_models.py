@@ -153,6 +153,8 @@ def _mpt():
 MODELS = {
     **{f"llama[{rope}]": _llama(rope) for rope in LLAMA_ROPE},
     "mistral": _causal("MistralConfig", "MistralForCausalLM", sliding_window=None),
+    # its default rotary module rotates the whole head whatever partial_rotary_factor says
+    "mistral[partial_rotary_factor unread]": _causal("MistralConfig", "MistralForCausalLM", sliding_window=None, partial_rotary_factor=0.5),
     "qwen2": _causal("Qwen2Config", "Qwen2ForCausalLM"),
     "qwen3": _causal("Qwen3Config", "Qwen3ForCausalLM", head_dim=16),
     "phi3[partial, longrope]": _causal(

@@ -177,6 +177,81 @@ def build(model_type, seed=0):
     return model.eval()
 
 
+def rotary_modules(packages=None):
+    """transformers' rotary modules with a default initialiser (``compute_default_rope_parameters``)
+    in the modeling files of ``packages`` (folders of ``transformers.models``; every one when
+    None), each with the config classes it is built from: ``[(rotary class, [config class,
+    ...])]``, the annotated ``config`` of every ``__init__`` in the file that builds it from its
+    ``config`` (where none does, the ``config`` its initialiser is annotated with)."""
+    import ast
+    import importlib
+    import inspect
+    import pkgutil
+    import typing
+
+    import transformers.models
+
+    found = []
+    for name in packages or sorted(m.name for m in pkgutil.iter_modules(transformers.models.__path__)):
+        try:
+            modeling = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+        except ImportError:
+            continue
+        rotary = {
+            n: c for n, c in vars(modeling).items()
+            if isinstance(c, type) and c.__module__ == modeling.__name__ and hasattr(c, "compute_default_rope_parameters")
+        }
+        built = {n: [] for n in rotary}  # rotary class name -> config classes of the __init__s that build it
+        for node in ast.walk(ast.parse(inspect.getsource(modeling))):
+            init = node if isinstance(node, ast.FunctionDef) and node.name == "__init__" else None
+            config = init and next((a.annotation for a in init.args.args if a.arg == "config"), None)
+            if not isinstance(config, ast.Name) or not isinstance(getattr(modeling, config.id, None), type):
+                continue
+            for call in ast.walk(init):
+                if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in rotary:
+                    given = [*call.args, *(k.value for k in call.keywords if k.arg == "config")][:1]
+                    if given and ast.unparse(given[0]) in ("config", "self.config") and getattr(modeling, config.id) not in built[call.func.id]:
+                        built[call.func.id].append(getattr(modeling, config.id))
+        for n, cls in rotary.items():
+            found.append((cls, built[n] or [typing.get_type_hints(cls.compute_default_rope_parameters)["config"]]))
+    return found
+
+
+def default_rotary(rotary_class, config_class, partial_rotary_factor=None):
+    """``(module, config)``: ``rotary_class`` built from ``config_class`` (or its text config),
+    shrunk (at its default sizes where it refuses them), with every rope parameter set to
+    ``rope_type="default"`` (its ``rope_theta`` kept) and ``partial_rotary_factor`` (the
+    config's own when None); ``Unbuildable`` says why it cannot be."""
+
+    def default(params):
+        fraction = params.get("partial_rotary_factor") if partial_rotary_factor is None else partial_rotary_factor
+        return {"rope_type": "default", "rope_theta": params.get("rope_theta", 10000.0)} | (
+            {} if fraction is None else {"partial_rotary_factor": fraction}
+        )
+
+    try:
+        config = _shrunk(config_class)
+    except Exception:  # noqa: BLE001  (its default sizes, then)
+        try:
+            config = config_class()
+        except Exception as error:  # noqa: BLE001
+            raise Unbuildable(f"{config_class.__name__}() fails: {type(error).__name__}: {_short(error, 80)}") from None
+    text = config if getattr(config, "rope_parameters", None) is not None else config.get_text_config()
+    params = getattr(text, "rope_parameters", None)
+    if params is None or type(text).__module__ != config_class.__module__:
+        raise Unbuildable(f"{config_class.__name__} has no rope parameters")
+    params = params or {t: {} for t in dict.fromkeys(getattr(text, "layer_types", None) or ())}  # (left to a composite config to fill)
+    nested = bool(params) and all(isinstance(v, dict) or v is None for v in params.values())
+    text.rope_parameters = {k: None if v is None else default(v) for k, v in params.items()} if nested else default(params)
+    why = []
+    for given in (config,) if text is config else (config, text):
+        try:
+            return rotary_class(given), text
+        except Exception as error:  # noqa: BLE001  (a config this module is not built from)
+            why.append(f"not built from {type(given).__name__}: {type(error).__name__}: {_short(error, 80)}")
+    raise Unbuildable("; ".join(why))
+
+
 def inputs():
     """hf_models' left-padded batch of two, ``LENGTH`` tokens, ids from 3 (0-2 are special tokens in some configs)."""
     return hf_models.inputs(length=LENGTH, lowest=3)

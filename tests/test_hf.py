@@ -649,6 +649,33 @@ def test_from_hf_config_object_fields_phi3():
     assert read.scaling.attention_scale() == pytest.approx(math.sqrt(1 + math.log(4) / math.log(SWITCH)))
 
 
+def test_from_hf_reads_partial_rotary_factor_as_the_models_default_initialiser_does():
+    """Under ``rope_type="default"`` a model type's own initialiser decides: LLaMA's rotates the
+    whole head whatever the factor (from_hf gave half of it, silently), HunYuan's fixed-alpha
+    NTK too, MiMo-V2-Flash's reads 0.334 where its parameters have none (from_hf read 1);
+    an explicit ``partial_rotary_factor=`` and a dict (no model type) are read as given."""
+    from transformers import HunYuanDenseV1Config, MiMoV2FlashConfig
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+    from transformers.models.mimo_v2_flash.modeling_mimo_v2_flash import MiMoV2FlashRotaryEmbedding
+
+    llama = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 500.0, "partial_rotary_factor": 0.5})
+    read = pe.scaling.from_hf(llama)
+    assert (read.rotary_dim, read.partial_rotary_factor) == (16, 1.0) == (2 * LlamaRotaryEmbedding(llama).inv_freq.numel(), 1.0)
+    assert pe.scaling.from_hf(llama, partial_rotary_factor=0.5).rotary_dim == 8
+    assert pe.scaling.from_hf(dict(llama.rope_parameters), head_dim=16).rotary_dim == 8
+    hunyuan = HunYuanDenseV1Config(
+        hidden_size=64, num_attention_heads=4, head_dim=16, rope_parameters={"rope_type": "dynamic", "alpha": 4.0, "factor": 1.0, "rope_theta": 500.0, "partial_rotary_factor": 0.5}
+    )
+    mimo = MiMoV2FlashConfig(
+        hidden_size=64, num_attention_heads=4, head_dim=24, layer_types=["full_attention", "sliding_attention"], num_hidden_layers=2,
+        rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 5e6}, "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}},
+    )
+    for config, module, layer_type in ((hunyuan, HunYuanDenseV1RotaryEmbedding, None), (mimo, MiMoV2FlashRotaryEmbedding, "full_attention")):
+        theirs = getattr(module(config), "inv_freq" if layer_type is None else f"{layer_type}_inv_freq")
+        read = pe.scaling.from_hf(config, layer_type=layer_type)
+        np.testing.assert_allclose(pe.rope_frequencies(read.rotary_dim, base=read.base, scaling=read.scaling)[0], theirs.double().numpy(), rtol=1e-6)
+
+
 def test_from_hf_warns_about_keys_it_does_not_read():
     with pytest.warns(UserWarning, match="low_freq_factor"):
         pe.scaling.from_hf({"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, head_dim=16)

@@ -548,6 +548,8 @@ class HFRope:
         ``int(head_dim * partial_rotary_factor)``: the ``dim`` to pass to
         :func:`posenc.rope_frequencies` and the ``rotary_dim`` of :func:`posenc.rope`.
     partial_rotary_factor : float
+        The fraction of the head the model rotates: 1 where its code does not read the
+        config's factor (:func:`from_hf`'s notes).
     sections : tuple of int or None
         Multimodal RoPE: the frequency pairs of each position axis (``mrope_section``,
         ``xdrope_section``, or the vision encoders' two axes of ``"axial"``); None for text
@@ -812,7 +814,19 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
     layer_type : str, optional
         Which entry of per-layer-type parameters to read.
     rope_theta, partial_rotary_factor : float, optional
-        Top-level config values of legacy dicts; values inside the parameters win.
+        Top-level config values of legacy dicts; values inside the parameters win. A
+        ``partial_rotary_factor`` given here is read as given (see below).
+
+    Notes
+    -----
+    ``partial_rotary_factor`` is read as the model's code reads it: every ``rope_type`` of
+    ``ROPE_INIT_FUNCTIONS`` reads it, but under ``"default"`` each model type's own
+    initialiser decides, and most (LLaMA, Mistral, Qwen2/3, Gemma, ...: the model types of
+    ``_WHOLE_HEAD_MODELS``, transformers 5.24) rotate the whole head whatever it says, as
+    HunYuan's ``"dynamic"`` with an ``alpha`` does; MiMo-V2-Flash's reads 0.334 where its
+    parameters have none. The config object's ``model_type`` tells which; a dict, which has
+    none, or an explicit ``partial_rotary_factor=`` has the factor read as given
+    (``int(head_dim * partial_rotary_factor)`` channels).
 
     Returns
     -------
@@ -852,6 +866,7 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
         if given is None:
             given = fields.get(name)
         fields[name] = given
+    fields["rotary_model"] = fields.get("model_type") if partial_rotary_factor is None else None
     if fields["max_position_embeddings"] is not None:
         fields["max_position_embeddings"] = check.integer("max_position_embeddings", fields["max_position_embeddings"], minimum=1)
     params = dict(params or {})
@@ -897,7 +912,13 @@ def _read_flat(p, head_dim, fields):
     base = check.real("rope_theta", theta, positive=True)
     fraction = p.get("partial_rotary_factor")
     if fraction is None:
-        fraction = fields["partial_rotary_factor"] if fields["partial_rotary_factor"] is not None else 1.0
+        fraction = fields["partial_rotary_factor"]
+    model = fields.get("rotary_model")  # whose own initialiser decides the factor (None: read as given)
+    own = rope_type == "default" or (p.get("alpha") and model in ("hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl_text"))
+    if own and model in _WHOLE_HEAD_MODELS:
+        fraction = 1.0
+    elif fraction is None:
+        fraction = _DEFAULT_PARTIAL_ROTARY_FACTOR.get(model, 1.0) if own else 1.0
     fraction = check.real("partial_rotary_factor", fraction, positive=True)
     if fraction > 1.0:
         raise ValueError(f"partial_rotary_factor must be in (0, 1], got {fraction}")
@@ -943,6 +964,39 @@ _MROPE_MODELS = {
     ),
     **dict.fromkeys(("qwen3_5_text", "qwen3_5_moe_text", "qwen4_exp_text"), ((11, 11, 10), True)),
 }
+
+
+# The model types of transformers 5.24 whose rotary module's own initialiser (``rope_type``
+# "default", and HunYuan's "dynamic" with an ``alpha``) rotates the whole head whatever
+# ``partial_rotary_factor`` says; the other model types' read it, as every initialiser of
+# ``ROPE_INIT_FUNCTIONS`` does (tests/test_hf_zoo.py checks both against every rotary module).
+_WHOLE_HEAD_MODELS = frozenset((
+    "afmoe", "apertus", "apertus1p5_text", "arcee", "aria_text", "axk1", "axk2", "bailing_hybrid", "beam",
+    "bitnet", "blt_global_transformer", "blt_local_decoder", "blt_local_encoder", "blt_patcher", "chameleon",
+    "cohere", "cohere2", "cohere2_moe", "cohere_compass_text", "cosmos3_edge_text", "csm",
+    "csm_depth_decoder_model", "cwm", "dbrx", "deepseek_ocr2_encoder", "deepseek_ocr2_text", "deepseek_v2",
+    "deepseek_v3", "deepseek_v32", "dia_decoder", "dia_encoder", "diffllama", "doge", "dory", "dots1",
+    "embedding_gemma2_text", "emu3_text_model", "ernie4_5", "ernie4_5_moe", "ernie4_5_vl_moe_text", "esmc",
+    "eurobert", "evolla", "exaone4", "exaone_moe", "falcon", "falcon_h1", "flex_olmo", "flint", "gemma",
+    "gemma2", "gemma3_text", "gemma3n_text", "gemma4_text", "gemma4_unified_text", "glm_moe_dsa", "gpt_oss",
+    "gradium_phonon_tts", "granite", "granite4_vision_text", "granite_docling_text", "granite_swa",
+    "granitemoe", "granitemoe_swa", "granitemoehybrid", "granitemoeshared", "gte", "helium", "higgs_audio_v2",
+    "hrm_text", "hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl_text", "hy_v3", "hy_v4", "hy_v4_vl_text",
+    "hyperclovax", "idefics", "jais2", "jetmoe", "jina_embeddings_v3", "kolibri1", "kyutai_speech_to_text",
+    "lara_mini", "lasr_encoder", "lfm2", "lfm2_moe", "lfm3", "llama", "llama4_text", "longcat_flash", "mimi",
+    "minicpm3", "minimax", "ministral", "ministral3", "mistral", "mistral4", "mistral_large4_text", "mixtral",
+    "mllama_text_model", "modernbert", "modernbert-decoder", "molmo2_text", "moshi", "muse_glimmer_assistant",
+    "muse_glimmer_text", "muse_spark_text", "nanochat", "neucodec", "nomic_bert", "olmo", "olmo2", "olmo3",
+    "olmo_hybrid", "olmoe", "openai_privacy_filter", "paddleocr_vl_text", "pe_audio_encoder",
+    "pe_audio_video_encoder", "pe_video_encoder", "phimoe", "pocket_tts", "pocket_tts_audio_tokenizer", "qwen2",
+    "qwen2_5_omni_dit", "qwen2_5_omni_talker", "qwen2_5_omni_text", "qwen2_5_vl_text", "qwen2_moe",
+    "qwen2_vl_text", "qwen3", "qwen3_moe", "qwen3_omni_moe_talker_code_predictor", "qwen3_omni_moe_talker_text",
+    "qwen3_omni_moe_text", "qwen3_vl_moe_text", "qwen3_vl_text", "seed_oss", "smollm3", "starcoder2",
+    "t5_gemma_module", "t5gemma2_decoder", "t5gemma2_text", "timesfm2_5", "ultrabert", "unlimited_ocr_text",
+    "vaultgemma", "voxtral_realtime_encoder", "voxtral_realtime_text", "xcodec2", "youtu", "zamba2"
+))
+# The factor a model type's default initialiser reads where its parameters have none (1 for the others).
+_DEFAULT_PARTIAL_ROTARY_FACTOR = {"mimo_v2_flash": 0.334}
 
 
 def check_scaling(scaling):
