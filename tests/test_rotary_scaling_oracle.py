@@ -381,3 +381,19 @@ def test_hunyuan_dynamic_with_alpha_is_the_fixed_ntk_base_change(model):
     got, scale = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling)
     np.testing.assert_allclose(got, want.double().numpy(), rtol=2.0**-23 * (4 + math.log(10000.0 * 1000.0 ** (32 / 30))))
     assert scale == 1.0
+
+
+def test_an_alpha_outside_hunyuan_is_not_read():
+    # Only HunYuan's rotary modules read an alpha: LLaMA's "dynamic" reads its factor (and
+    # transformers warns of the key); from_hf of a LLaMA config gave NTK(alpha), silently.
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    params = {"rope_type": "dynamic", "alpha": 4.0, "factor": 2.0, "rope_theta": 500.0}
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, head_dim=16, max_position_embeddings=16, rope_parameters=dict(params))
+    with pytest.warns(UserWarning, match=r"\['alpha'\] are not read"):
+        cfg = pe.scaling.from_hf(config)
+    assert cfg.scaling == pe.scaling.DynamicNTK(2.0, 16)
+    got, _ = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling)
+    np.testing.assert_allclose(got, LlamaRotaryEmbedding(config).inv_freq.double().numpy(), rtol=1e-6)
+    assert pe.scaling.from_hf(params, head_dim=16).scaling == pe.scaling.NTK(4.0)  # a dict: HunYuan's reading, as before

@@ -797,7 +797,8 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
         and ``original_max_position_embeddings`` from the layer type's dict alone. Every ``rope_type`` transformers ships is read
         (``default``, ``linear``, ``dynamic``, ``yarn``, ``longrope``, ``llama3``,
         ``proportional``), and the model-specific ``xdrope`` (HunyuanVL: ``dynamic``, with
-        ``alpha`` the fixed NTK base) and ``axial`` (the 2-D RoPE of Qwen3-VL's and GLM-4V's
+        ``alpha`` the fixed NTK base, as HunYuan's ``dynamic``; a config object of another
+        model type has its ``alpha`` not read, as there) and ``axial`` (the 2-D RoPE of Qwen3-VL's and GLM-4V's
         vision encoders: :class:`Axial`), each by its entry of ``HF_ROPE_TYPES``. Multimodal
         sections (``mrope_section``, ``xdrope_section``, the two axes of ``axial``) come back
         as ``.sections`` and ``.multimodal``; for the model types of transformers' multimodal
@@ -903,9 +904,14 @@ def _read_flat(p, head_dim, fields):
             f"rope_parameters['rope_type'] must be one of {', '.join(map(repr, HF_ROPE_TYPES))}, got {rope_type!r}"
         )
     kind = HF_ROPE_TYPES[rope_type]
-    unknown = sorted(set(p) - set(_COMMON_KEYS) - set(kind.keys))
+    keys = kind.keys
+    if fields.get("model_type") is not None and fields["model_type"] not in _NTK_ALPHA_MODELS:
+        keys = tuple(k for k in keys if k != "alpha")  # (transformers' "dynamic" reads factor)
+    unknown = sorted(set(p) - set(_COMMON_KEYS) - set(keys))
     if unknown:
         warnings.warn(f"rope_parameters keys {unknown} are not read for rope_type={rope_type!r}", UserWarning, stacklevel=3)
+    if "alpha" not in keys:
+        p = {k: v for k, v in p.items() if k != "alpha"}
     theta = p.get("rope_theta")
     if theta is None:
         theta = fields["rope_theta"] if fields["rope_theta"] is not None else 10000.0
@@ -914,7 +920,7 @@ def _read_flat(p, head_dim, fields):
     if fraction is None:
         fraction = fields["partial_rotary_factor"]
     model = fields.get("rotary_model")  # whose own initialiser decides the factor (None: read as given)
-    own = rope_type == "default" or (p.get("alpha") and model in ("hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl_text"))
+    own = rope_type == "default" or (p.get("alpha") and model in _NTK_ALPHA_MODELS)
     if own and model in _WHOLE_HEAD_MODELS:
         fraction = 1.0
     elif fraction is None:
@@ -995,6 +1001,9 @@ _WHOLE_HEAD_MODELS = frozenset((
     "t5_gemma_module", "t5gemma2_decoder", "t5gemma2_text", "timesfm2_5", "ultrabert", "unlimited_ocr_text",
     "vaultgemma", "voxtral_realtime_encoder", "voxtral_realtime_text", "xcodec2", "youtu", "zamba2"
 ))
+# The model types whose rotary modules read a "dynamic" ``alpha`` (HunYuan's fixed NTK base
+# change, their own initialiser); other model types' read its ``factor`` alone.
+_NTK_ALPHA_MODELS = frozenset(("hunyuan_v1_dense", "hunyuan_v1_moe", "hunyuan_vl_text"))
 # The factor a model type's default initialiser reads where its parameters have none (1 for the others).
 _DEFAULT_PARTIAL_ROTARY_FACTOR = {"mimo_v2_flash": 0.334}
 
