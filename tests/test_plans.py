@@ -223,6 +223,43 @@ CALLS = {
     "alibi_bias torch positions": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES, 1, 8, query_positions=torch.tensor([[t]]), key_positions=torch.arange(8))),
     "T5RelativeBias positions": (pe.relative_bias, lambda t: _inferred(lambda: T5_MODULE(1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8)))),
     "ALiBi positions": (pe.relative_bias, lambda t: ALIBI_MODULE(1, 8, query_positions=torch.tensor([t]), key_positions=torch.arange(8))),
+    # One offset per batch row (a decode step after caches of different lengths): RowsPlan.
+    "t5_bias numpy per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.array([t, t + 3, t + 1]))),
+    "t5_bias numpy per-row offsets far apart, 2 queries": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 2, 8, offset=np.array([t, 100000 - t, -t]))),
+    "t5_bias numpy per-row offsets 1000 apart (pairs, not windows)": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.array([t, t + 1000]))),
+    "alibi_bias torch per-row offsets 1000 apart, 2 queries": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES, 2, 8, offset=torch.tensor([t + 1000, t]))),
+    "t5_bias numpy int32 per-row offsets, negative": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.array([-(t % 2**31), 5], np.int32))),
+    "t5_bias numpy uint64 per-row offsets, 3 queries": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 3, 8, offset=np.array([t, 2 * t], np.uint64))),
+    "t5_bias numpy [2, 2] per-row offsets, unidirectional": (
+        pe.relative_bias, lambda t: pe.t5_bias(TABLE, 3, 8, bidirectional=False, offset=np.array([[t, 1], [t + 2, 0]])),
+    ),  # fmt: skip
+    "t5_bias numpy per-row offsets rising to int64's top": (
+        pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.array([2**63 - 1 - max(0, 70000 - 10 * t), 2**63 - 8])),
+    ),  # fmt: skip
+    "t5_bias numpy per-row offsets at int64's least": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 2, 8, offset=np.array([-(2**63) + 7, -(2**63) + 7 + t % 3]))),
+    "t5_bias numpy no per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.zeros(0, np.int64) + t)),
+    "t5_bias numpy strided per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.arange(8)[::2] * t)),
+    "t5_bias torch per-row offset of one row": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, offset=torch.tensor([t]))),
+    "alibi_bias numpy int8 [1, 1] per-row offsets": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, offset=np.array([[t % 128]], np.int8))),
+    "relative_bias shaw per-row offset of one row, no keys": (pe.relative_bias, lambda t: pe.relative_bias("shaw", SHAW, 1, 0, max_distance=4, offset=np.array([t]))),
+    "t5_bias torch per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, offset=torch.tensor([t, t + 1, t + 2, t + 7]))),
+    "t5_bias torch bfloat16 int32 per-row offsets, 4 queries": (
+        pe.relative_bias, lambda t: pe.t5_bias(T_TABLE.bfloat16(), 4, 8, offset=torch.tensor([t % 2**31, 3], dtype=torch.int32)),
+    ),  # fmt: skip
+    "alibi_bias numpy per-row offsets": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, offset=np.array([t, t + 5]))),
+    "alibi_bias numpy float16 per-row offsets, symmetric": (
+        pe.relative_bias, lambda t: pe.alibi_bias(SLOPES.astype(np.float16), 2, 8, offset=np.array([t % 4096, -t % 4096]), symmetric=True),
+    ),  # fmt: skip
+    "alibi_bias torch per-row offsets": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES, 1, 8, offset=torch.tensor([t, 0, -t]))),
+    "alibi_bias torch bfloat16 per-row offsets": (pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES.bfloat16(), 1, 8, offset=torch.tensor([t, t - 1]))),
+    "alibi_bias torch bfloat16 per-row offsets, 20000 keys": (
+        pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES.bfloat16(), 1, 20000, offset=torch.tensor([t, t + 3, t + 5000]), symmetric=True),
+    ),  # fmt: skip
+    "relative_bias shaw per-row offsets": (pe.relative_bias, lambda t: pe.relative_bias("shaw", SHAW, 1, 8, max_distance=4, offset=np.array([t, t - 3]))),
+    "relative_bias deberta per-row offsets": (
+        pe.relative_bias,
+        lambda t: pe.relative_bias("deberta", DEBERTA, 2, 8, max_distance=4, bucket_size=2, max_position=64, offset=np.array([t, 3])),
+    ),
     "shaw_logits numpy offset": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], offset=t)),
     "shaw_logits numpy prefill, default offset": (pe.shaw_logits, lambda t: _shaw(X, SHAW_K, SHAW_TABLE * (t % 7)),),
     "shaw_logits numpy [1] positions": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K[:1], query_positions=np.array([t]), key_positions=np.arange(8) + t // 2)),
@@ -368,6 +405,9 @@ RECORDED = {
     "t5_bias decoder step at offset 1000": lambda a: pe.t5_bias(a["t5"], 1, 40, num_buckets=16, max_distance=32, bidirectional=False, offset=1000),
     "alibi_bias step": lambda a: pe.alibi_bias(a["slopes"], 1, 40),
     "alibi_bias symmetric step at offset 17": lambda a: pe.alibi_bias(a["slopes"], 1, 40, offset=17, symmetric=True),
+    "t5_bias per-row offsets": lambda a: pe.t5_bias(a["t5"], 1, 40, num_buckets=16, max_distance=32, offset=torch.tensor([39, 45, 1000])),
+    "t5_bias per-row offset of one row": lambda a: pe.t5_bias(a["t5"], 1, 40, num_buckets=16, max_distance=32, offset=torch.tensor([41])),
+    "alibi_bias per-row offsets of 2 queries": lambda a: pe.alibi_bias(a["slopes"], 2, 40, offset=torch.tensor([38, 3], dtype=torch.int32)),
     "alibi_bias positions": lambda a: pe.alibi_bias(a["slopes"], 9, 40, query_positions=_QPOS, key_positions=_KPOS),
     "shaw_logits step": lambda a: pe.shaw_logits(a["q1"], a["k"], a["shaw"], max_distance=6),
     "shaw_logits prefill": lambda a: pe.shaw_logits(a["q"], a["k"], a["shaw"], max_distance=6),
@@ -395,7 +435,7 @@ def test_a_call_autograd_records_gets_the_cold_calls_gradients_from_the_third_ca
     for _ in range(4):
         _same(grads(), cold)
     if "bias" in name:
-        assert _served(pe.relative_bias) == ["PerTokenPlan" if "positions" in name else "BiasPlan"]
+        assert _served(pe.relative_bias) == ["RowsPlan" if "per-row" in name else "PerTokenPlan" if "positions" in name else "BiasPlan"]
     _clear()
 
 
@@ -548,6 +588,19 @@ HOSTILE = {
     "ALiBi query positions past int64 with the offset": (
         lambda p: ALIBI_MODULE(1, 8, offset=5, query_positions=p, key_positions=torch.arange(8)),
         lambda: torch.tensor([7]), lambda: torch.tensor([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "t5_bias float per-row offsets": (lambda o: pe.t5_bias(TABLE, 1, 8, offset=o), lambda: np.array([1, 2]), lambda: np.array([1.0, 2.0]), None),
+    "t5_bias uint64 per-row offsets past int64": (
+        lambda o: pe.t5_bias(TABLE, 1, 8, offset=o), lambda: np.array([3, 4], np.uint64), lambda: np.full(2, 2**64 - 1, np.uint64), lambda a: _spoil(a, 2**64 - 1),
+    ),  # fmt: skip
+    "t5_bias per-row offsets whose queries leave int64 (one key)": (
+        lambda o: pe.t5_bias(TABLE, 2, 1, offset=o), lambda: np.array([3, 4]), lambda: np.full(2, 2**63 - 1), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "alibi_bias torch per-row offsets whose distances leave int64": (
+        lambda o: pe.alibi_bias(T_SLOPES, 1, 8, offset=o), lambda: torch.tensor([3, 4]), lambda: torch.full((2,), -(2**63)), lambda a: _spoil(a, -(2**63)),
+    ),  # fmt: skip
+    "t5_bias torch int32 per-row offsets on another device": (
+        lambda o: pe.t5_bias(T_TABLE, 1, 8, offset=o), lambda: torch.tensor([3, 4], dtype=torch.int32), lambda: torch.tensor([3, 4], device="meta"), None,
     ),  # fmt: skip
     "shaw_logits float positions": (lambda p: _shaw(X1, SHAW_K[:1], query_positions=p), lambda: np.array([7]), lambda: np.array([7.0]), None),
     "shaw_logits positions of another length": (lambda p: _shaw(X, SHAW_K, key_positions=p), lambda: np.arange(8), lambda: np.arange(7), None),
@@ -716,6 +769,9 @@ KEPT = {
     "rope_cos_sin": (lambda: (np.arange(2), INV.copy()), pe.rope_cos_sin),
     "t5_bias positions": (lambda: (TABLE.copy(), np.array([3]), np.arange(8)), lambda t, q, k: pe.t5_bias(t, 1, 8, query_positions=q, key_positions=k)),
     "alibi_bias offset": (lambda: (SLOPES.copy(),), lambda s: pe.alibi_bias(s, 1, 8)),
+    "t5_bias per-row offsets": (lambda: (TABLE.copy(), np.array([7, 9])), lambda t, o: pe.t5_bias(t, 2, 8, offset=o)),
+    "alibi_bias torch bfloat16 per-row offsets": (lambda: (T_SLOPES.bfloat16(), torch.tensor([7, 9])), lambda s, o: pe.alibi_bias(s, 1, 8, offset=o)),
+    "t5_bias torch per-row offset of one row": (lambda: (T_TABLE.clone(), torch.tensor([7])), lambda t, o: pe.t5_bias(t, 1, 8, offset=o)),
     "shaw_logits offset": (lambda: (X1.copy(), SHAW_K[:1].copy(), SHAW_TABLE.copy()), lambda q, k, t: _shaw(q, k, t, offset=5)),
     "shaw_logits torch positions": (
         lambda: (T_X1.clone(), T_SHAW_K[:1].clone(), T_SHAW_TABLE.clone(), torch.tensor([[5]]), torch.arange(8)),

@@ -325,6 +325,39 @@ def test_one_offset_per_batch_row_gives_each_row_the_bits_of_its_own_call(backen
                 np.testing.assert_array_equal(rows[b], row(backend.to_numpy(fn(offset, backend.xp, *arrays)), b))
 
 
+# Offsets of a decode loop's rows: close (caches of about one length), far apart (their
+# distances span more than a plan keeps: relative._decode.HELD), negative, int32.
+ROW_SPREADS = {
+    "close": np.array([4095, 4093, 4090, 4094]),
+    "far apart": np.array([0, 70000, 5, -3]),
+    "negative": np.array([-1, -9, -4, -100]),
+    "int32": np.array([300, 2**31 - 8, 7], np.int32),
+}
+
+
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("spread", list(ROW_SPREADS))
+def test_one_offset_per_batch_row_at_every_step_of_a_loop_gives_each_row_its_own_calls_bits(backend, spread, q_len):
+    """Steps of a decode loop with one offset per row (planned on NumPy and torch CPU from
+    the third call on, as the per-token plan of ``offset[:, None] + arange(q_len)``): each
+    row the bits of the call with its offset, for T5 (bfloat16 where the library has it)
+    and ALiBi, whatever the offsets' spread and dtype."""
+    table = backend.asarray(RNG.standard_normal((32, 3)), "bfloat16" if backend.name in ("torch", "jax") else "float32")
+    slopes = backend.asarray(np.array([0.5, 0.25, 2.0**-9], np.float32))
+    calls = (
+        lambda o, t, s: pe.t5_bias(t, q_len, 40, offset=o, bidirectional=False),
+        lambda o, t, s: pe.alibi_bias(s, q_len, 40, offset=o),
+    )
+    for fn in calls:
+        for step in range(4):
+            offsets = ROW_SPREADS[spread] + step
+            rows = backend.to_numpy(backend.call(fn, backend.asarray(offsets), table, slopes))
+            assert rows.shape == (len(offsets), 3, q_len, 40)
+            for b, offset in enumerate(offsets.tolist()):
+                one = backend.call(fn, backend.asarray(offsets[b : b + 1])[0], table, slopes) if backend.name == "jax" else fn(offset, table, slopes)
+                np.testing.assert_array_equal(rows[b], backend.to_numpy(one))
+
+
 def test_a_per_row_offset_is_the_per_token_recipe_and_shifts_given_query_positions():
     """``offset [...]`` is ``query_positions = offset[..., None] + arange(q_len)`` (the recipe
     its refusal used to give, each row's bits still the one-offset call's), its axes

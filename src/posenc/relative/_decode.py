@@ -1,4 +1,5 @@
-"""Plans of the relative biases: one query row (a decode step), the per-distance vector, per-token positions.
+"""Plans of the relative biases: one query row (a decode step), the per-distance vector, per-token
+positions, one offset per batch row.
 
 With ``q_len == 1`` the ``[heads, 1, k_len]`` bias is the per-distance vector of the
 ``k_len`` distances ``offset - j`` read backwards, so a planned call computes the vector
@@ -24,6 +25,12 @@ plan gathers the row's vector in the full path's (ascending) order and reads it 
 as ``toeplitz_expand`` of one query row does (its backward, the sums of one-entry diagonals,
 is that reversal); a per-token plan finishes every pair's source (the table read, the
 slopes multiplied) in one step in the pairs' order, as the full path does.
+
+One offset per batch row (``RowsPlan``) is the per-token call of the query positions
+``offset[..., None] + arange(q_len)``. Where the rows' distances are few (offsets close
+together: caches of about one length) and autograd records nothing, each row is a window of
+one per-distance vector of all their distances, finished once per distance and gathered in
+one NumPy indexing; else the per-token plan takes it, one value per pair.
 """
 
 from __future__ import annotations
@@ -373,6 +380,7 @@ class PerTokenPlan:
 
 
 _LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
+_WINDOWS = np.lib.stride_tricks.as_strided  # [heads, n] -> [heads, n - k + 1, k]: every k entries from each start
 
 
 def _launcher(kind, params, heads, *shape):
@@ -407,10 +415,97 @@ def as_int64(positions):
     return positions.astype(np.int64) if isinstance(positions, np.ndarray) else positions.long()
 
 
+class RowsPlan:
+    """``relative_bias(kind, params, q_len, k_len, offset=offsets)`` of one offset per batch
+    row: ``_windowed`` where it serves the call, else the ``PerTokenPlan`` of the query
+    positions ``offsets[..., None] + arange(q_len)``, as the full path takes them
+    (``_per_token.positions``), which checks their integer rule. Where forming them could
+    wrap (uint64 offsets, int64 ones plus a step) the offsets' extremes are checked first:
+    a call outside takes the full path and its error."""
+
+    def __init__(self, kind, params, q_len, k_len, offset, options, recorded):
+        xp, device = _plan_namespace(params), device_of(params)
+        self.steps = None if q_len == 1 else xp.arange(q_len, dtype=index_dtype(xp, device), device=device)
+        integers = _arrays.integer_kind(offset)
+        self.checked = integers == "uint64" or (integers == "int64" and q_len > 1)
+        self.q_len, self.k_len = q_len, k_len
+        self.torch = type(params).__module__.startswith("torch")
+        self.plan = PerTokenPlan(kind, params, q_len, k_len, self._queries(offset), None, options, recorded)
+        heads = self.plan.row.heads
+        # One row of one query: a decode step's plan, its [heads, 1, k_len] given the offset's axes (the
+        # same bits; a call autograd records keeps the per-token gradient, summed in the pairs' order).
+        single = q_len == 1 and math.prod(offset.shape) == 1 and integers != "uint64" and not recorded
+        self.single = BiasPlan(kind, params, options, False) if single else None
+        self.shape = (*offset.shape, heads, 1, k_len)
+        self.windowed = isinstance(self.plan.row, CachedRow) and not recorded
+        self.pairs = math.prod(offset.shape) * q_len * k_len
+        self.heads_index, self.descents = np.arange(heads)[:, None], np.arange(q_len, dtype=np.int64)
+        self.wrap = _torch_wrap(params) if self.torch else None
+
+    def _queries(self, offset):
+        offset = offset.long().unsqueeze(-1) if self.torch else offset.astype(np.int64, copy=False)[..., None]
+        return offset if self.steps is None else offset + self.steps
+
+    def __call__(self, args, kwargs):
+        offset = kwargs["offset"]
+        if self.single is not None:
+            bias = self.single(args, {"offset": offset.item()})
+            if bias is not NotImplemented:
+                return bias.reshape(self.shape)
+        if self.windowed:
+            bias = self._windowed(args[1], offset)
+            if bias is not None:
+                return bias
+        if self.checked:
+            ends = _arrays.extremes(offset)
+            if ends is None or not fits_int64((ends[0], ends[1] + self.q_len - 1), (0, self.k_len - 1) if self.k_len else None, 0):
+                return NotImplemented
+        return self.plan(args, {"query_positions": self._queries(offset)})
+
+    def _windowed(self, params, offset):
+        """The rows as windows of one per-distance vector: the kind's values (``finish``) at the
+        distances from the rows' greatest, ``top``, down to their least, row ``b``'s query ``i``
+        then the ``k_len`` of them from ``top - offset[b] - i`` on (the bits of its own call's
+        row), gathered into ``[..., heads, q_len, k_len]`` by one NumPy indexing of the
+        vector's windows (of host views for torch, whose indexing is slower). None where the
+        vector would be longer than the pairs (offsets far apart), past the kept window, or
+        outside the integer rule (the per-token plan and the full path then judge the call)."""
+        host = offset if type(offset) is np.ndarray else offset.numpy()
+        ends = _arrays.extremes(host)
+        if ends is None:
+            return None
+        top, bottom = ends[1] + self.q_len - 1, ends[0] - (self.k_len - 1)
+        if top - bottom >= self.pairs or not fits_int64((ends[0], top), (0, self.k_len - 1), 0):
+            return None
+        held = self.plan.row.window(top, top - bottom + 1)
+        if held is None:
+            return None
+        start, sources = held
+        values = self.plan.row.finish(params, sources[start : start + top - bottom + 1])
+        firsts = np.int64(top) - host.astype(np.int64, copy=False)  # (their true values, 0 .. top - bottom: no wrap)
+        values = values if self.wrap is None else _arrays.host_view(values)
+        across, along = values.strides
+        windows = _WINDOWS(values, (values.shape[0], values.shape[1] - self.k_len + 1, self.k_len), (across, along, along), writeable=False)
+        bias = windows[self.heads_index, firsts[..., None, None] - self.descents]
+        return bias if self.wrap is None else self.wrap(bias)
+
+
+def _torch_wrap(params):
+    """A NumPy result of ``_arrays.host_view``'s dtype as a tensor of ``params``' dtype (16-bit floats from their bits)."""
+    import torch
+
+    dtype = params.dtype
+    if dtype.itemsize == 2:
+        return lambda a: torch.from_numpy(a.view(np.int16)).view(dtype)
+    return torch.from_numpy
+
+
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
     if out is not None or chunks is not None:
         return None
     recorded = _arrays.tracks_gradient(params)
+    if _per_token.per_row(offset):
+        return RowsPlan(kind, params, q_len, k_len, offset, options, recorded)
     if _per_token.given(query_positions, key_positions):
         return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options, recorded)
     if q_len != 1:

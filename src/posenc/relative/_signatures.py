@@ -13,16 +13,22 @@ from .._plans import array_key, arrays_key, context_key, keywords_key, value_key
 _POSITIONS = ("query_positions", "key_positions")
 
 
-def _bias_key(name, args, kwargs, rows=1):
+def _bias_key(name, args, kwargs, rows=1, per_row=False):
     """``(kind, params, q_len, k_len)``: ``rows`` query rows by ``offset`` (None or an int;
-    ``rows=None``: any count), or any ``q_len``/``k_len`` with per-token positions (arrays)."""
+    ``rows=None``: any count), or any ``q_len``/``k_len`` with per-token positions (arrays)
+    or, with ``per_row``, one offset per batch row (an array with axes, no positions)."""
     if len(args) != 4:
         return None
     kind, params, q_len, k_len = args
     offset = kwargs.get("offset")
-    if type(kind) is not str or type(q_len) is not int or type(k_len) is not int or (offset is not None and type(offset) is not int):
+    if type(kind) is not str or type(q_len) is not int or type(k_len) is not int:
         return None
     query, keys = kwargs.get("query_positions"), kwargs.get("key_positions")
+    if offset is not None and type(offset) is not int:
+        if not (per_row and query is None and keys is None and getattr(offset, "ndim", 0)):
+            return None
+        parts = (arrays_key((params, offset)), context_key(params, offset), keywords_key(kwargs, "offset"))
+        return None if None in parts else (name, kind, q_len, k_len, "rows", *parts)
     if query is None and keys is None:
         if rows is not None and q_len != rows:
             return None
@@ -36,13 +42,14 @@ def _bias_key(name, args, kwargs, rows=1):
 
 
 class RelativeBias:
-    """``relative_bias`` (``t5_bias``, ``alibi_bias``) of one query row, or of per-token positions."""
+    """``relative_bias`` (``t5_bias``, ``alibi_bias``) of one query row, of per-token
+    positions, or of one offset per batch row."""
 
     build = "posenc.relative._decode:build_bias"
 
     @staticmethod
     def key(args, kwargs):
-        return _bias_key("relative_bias", args, kwargs)
+        return _bias_key("relative_bias", args, kwargs, per_row=True)
 
 
 class RelativeBiasVector:
