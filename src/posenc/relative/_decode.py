@@ -148,6 +148,12 @@ class CachedRow(Row):
         hi, sources = held
         return self.finish(params, self.take(sources, hi - dist, 0))
 
+    def unrecorded(self, params, sources):
+        """``finish`` where autograd records nothing, as NumPy: a tensor's ``_arrays.host_view``
+        (16-bit floats as their bits)."""
+        values = self.finish(params, sources)
+        return values if type(values) is np.ndarray else _arrays.host_view(values)
+
     def values(self, params, k_len, first, descending):
         sources = self._descending(first, k_len) if descending else self._ascending(first, k_len)
         if sources is None:
@@ -164,6 +170,12 @@ class T5Row(CachedRow):
     def finish(self, table, buckets):
         """``biases._lookup``: ``[heads, len(buckets)]`` of the table's entries (non-negative indices)."""
         return self.take(self.xp.matrix_transpose(table), buckets, 1)
+
+    def unrecorded(self, table, buckets):
+        """``CachedRow.unrecorded``: the table's rows at the buckets, transposed in NumPy (torch's
+        gather along the table's columns is five times slower in 16 bits, its transposing copy slower too)."""
+        rows = self.take(table, buckets, 0)
+        return np.ascontiguousarray((rows if type(rows) is np.ndarray else _arrays.host_view(rows)).T)
 
 
 class AlibiRow(CachedRow):
@@ -481,9 +493,8 @@ class RowsPlan:
         if held is None:
             return None
         start, sources = held
-        values = self.plan.row.finish(params, sources[start : start + top - bottom + 1])
+        values = self.plan.row.unrecorded(params, sources[start : start + top - bottom + 1])
         firsts = np.int64(top) - host.astype(np.int64, copy=False)  # (their true values, 0 .. top - bottom: no wrap)
-        values = values if self.wrap is None else _arrays.host_view(values)
         across, along = values.strides
         windows = _WINDOWS(values, (values.shape[0], values.shape[1] - self.k_len + 1, self.k_len), (across, along, along), writeable=False)
         bias = windows[self.heads_index, firsts[..., None, None] - self.descents]
