@@ -971,3 +971,27 @@ def test_the_t5_bucket_launcher_refuses_what_its_kernel_cannot_read(monkeypatch)
     _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "num_buckets": 3}, ValueError, ["num_buckets"])
     _refused(buckets_cuda.t5_buckets, (_device(rel),), {**options, "max_distance": 8}, ValueError, ["max_distance"])
     assert launched == []
+
+
+def test_the_t5_bucket_kernel_searches_the_bucket_starts(monkeypatch):
+    """A thread reads about log2 of the 32767 starts of 65536 buckets one way (a binary
+    search; it read every one), and finds the bucket of its distance."""
+    import types as pytypes
+
+    from posenc._kernels import buckets_cuda
+    from posenc.relative.buckets import t5_starts
+
+    class Reads:
+        def __init__(self, values):
+            self.values, self.shape, self.count = values, (len(values),), 0
+
+        def __getitem__(self, k):
+            self.count += 1
+            return self.values[k]
+
+    monkeypatch.setattr(buckets_cuda, "cuda", pytypes.SimpleNamespace(grid=lambda ndim: 0))  # the thread of distance 0
+    starts = t5_starts(2**16, 10**6)
+    for rel, want in ((2**40, 2**16 - 1), (starts[100], 2**15 + 101), (starts[100] - 1, 2**15 + 100), (3, 3), (-5, 0)):
+        reads, out = Reads(np.asarray(starts, np.int64)), np.zeros(1, np.int64)
+        buckets_cuda._buckets(1, np.array([rel]), 1, reads, 2**15, 2**16, 0, -(2**63 - 1), out)
+        assert out[0] == want and reads.count <= 16, (rel, out[0], reads.count)

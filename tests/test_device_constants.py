@@ -61,6 +61,17 @@ def test_zero_and_minus_zero_are_two_constants(fake_cuda):
     assert torch.signbit(minus[0]) and not torch.signbit(plus[0])
 
 
+def test_integer_constants_are_kept_by_their_exact_values(fake_cuda):
+    """T5's bucket starts: integers past 2**53 are told apart (as float64 they would be one
+    key), and a new one while a graph is captured is refused by name."""
+    low = _device_constants.torch_constant((2**53, 2**53), torch.int64, CPU)
+    high = _device_constants.torch_constant((2**53, 2**53 + 1), torch.int64, CPU)
+    assert low.tolist() == [2**53, 2**53] and high.tolist() == [2**53, 2**53 + 1]
+    fake_cuda.capturing = True
+    with pytest.raises(RuntimeError, match="T5 bucket boundaries while a CUDA graph"):
+        _device_constants.torch_constant((3, 5), torch.int64, CPU, what="T5 bucket boundaries")
+
+
 def test_a_constant_first_made_in_inference_mode_serves_autograd_later(fake_cuda):
     with torch.inference_mode():
         made = _device_constants.torch_constant((0.5,), torch.float64, CPU)

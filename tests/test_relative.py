@@ -38,7 +38,7 @@ def test_t5_bucket_reproduces_the_docs_table():
 @pytest.mark.parametrize(
     "num_buckets, max_distance",
     [(32, 128), (4, 3), (8, 5), (16, 9), (32, 20), (64, 100), (64, 1000), (128, 128), (128, 2048), (320, 4096), (6, 4),
-     (32, 12), (9, 5), (33, 40), (64, 20)],
+     (32, 12), (9, 5), (33, 40), (64, 20), (4096, 10**6), (2**16, 10**6)],
 )  # fmt: skip
 def test_t5_bucket_equals_original_on_key_minus_query(bidirectional, num_buckets, max_distance):
     """Every map the original computes (bidirectional: ``num_buckets // 2`` buckets a
@@ -61,6 +61,70 @@ def test_t5_bucket_on_every_backend(backend, bidirectional):
     out = backend.call(lambda r: pe.t5_bucket(r, bidirectional=bidirectional, num_buckets=32, max_distance=50), backend.asarray(rel))
     expected = hf_t5_bucket(-rel, bidirectional=bidirectional, num_buckets=32, max_distance=50)
     assert_close(out, expected, backend=backend, dtype=backend.asarray(rel).dtype)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_bucket_of_many_buckets_on_every_backend(backend, bidirectional):
+    """1022 log-spaced boundaries a direction, searched (``searchsorted``) rather than compared in turn."""
+    rel = (rel_matrix(9, 40, offset=20) * 3) ** 3
+    out = backend.call(lambda r: pe.t5_bucket(r, bidirectional=bidirectional, num_buckets=4096, max_distance=10**5), backend.asarray(rel))
+    expected = hf_t5_bucket(-rel, bidirectional=bidirectional, num_buckets=4096, max_distance=10**5)
+    assert_close(out, expected, backend=backend, dtype=backend.asarray(rel).dtype)
+
+
+class _CountingNamespace:
+    """An Array-API namespace that counts the calls of its functions (without ``searchsorted``
+    where ``searching`` is False)."""
+
+    def __init__(self, xp, searching):
+        self.xp, self.searching, self.calls = xp, searching, 0
+
+    def __getattr__(self, name):
+        if name == "searchsorted" and not self.searching:
+            raise AttributeError(name)
+        value = getattr(self.xp, name)
+        if not callable(value) or isinstance(value, type):
+            return value
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            return value(*args, **kwargs)
+
+        return counted
+
+
+@pytest.mark.parametrize("searching", [True, False])
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("dtype", [np.int64, np.int32])
+def test_t5_buckets_of_many_boundaries_take_a_few_array_operations(searching, bidirectional, dtype):
+    """The reference searches the 32767 boundaries of 65536 buckets: a few array operations
+    with ``searchsorted``, a few for each of their 15 binary digits without it (it compared
+    every distance with each boundary in turn, a pass over the array per boundary: 27 s for
+    2M distances), and the same buckets."""
+    from posenc.relative.buckets import t5_buckets
+
+    xp = _CountingNamespace(np, searching)
+    far = np.unique(np.geomspace(1, 2 * 10**6, 1000).astype(np.int64))
+    rel = np.concatenate([-far, np.arange(-50, 50), far, [np.iinfo(dtype).min, np.iinfo(dtype).max]]).astype(dtype)
+    got = t5_buckets(xp, rel, 2**16, 10**6, bidirectional)
+    assert xp.calls <= (12 if searching else 12 + 4 * 15)
+    assert got.dtype == dtype
+    wide = np.clip(rel.astype(np.int64), -np.iinfo(dtype).max, None)
+    np.testing.assert_array_equal(got, hf_t5_bucket(-wide, bidirectional=bidirectional, num_buckets=2**16, max_distance=10**6))
+
+
+@pytest.mark.parametrize("searching", [True, False])
+def test_t5_buckets_of_int32_search_the_starts_it_reaches(searching):
+    """58 of the 63 starts of 128 causal buckets to 10**10 fit int32 (JAX's index dtype
+    without x64): those are searched, and the largest int32 is in the last bucket but one."""
+    from posenc.relative.buckets import t5_buckets
+
+    info = np.iinfo(np.int32)
+    rel = np.concatenate([np.geomspace(1, info.max, 3000).astype(np.int64), [0, info.max - 1, info.max]]).astype(np.int32)
+    got = t5_buckets(_CountingNamespace(np, searching), rel, 128, 10**10, False)
+    want = hf_t5_bucket(-rel.astype(np.int64), bidirectional=False, num_buckets=128, max_distance=10**10)
+    assert got.dtype == np.int32 and want.max() == 122
+    np.testing.assert_array_equal(got, want)
 
 
 def test_t5_bucket_int32_input_keeps_dtype():

@@ -33,17 +33,18 @@ _captured: dict = {}  # the same keys: constants read by a captured graph
 _lock = threading.Lock()
 
 
-def torch_constant(values, dtype, device):
-    """``torch.tensor(values, dtype=dtype, device=device)`` (``values`` a tuple of floats,
-    ``device`` a torch CUDA device), made once and kept; None under a torch dispatch mode
-    (fake tensors, ...), whose tensors are no real memory. Not for a traced call: a kept
-    tensor is no graph constant."""
+def torch_constant(values, dtype, device, what="rotary tables of new frequencies"):
+    """``torch.tensor(values, dtype=dtype, device=device)`` (``values`` a tuple of floats, of
+    ints for an integer ``dtype``; ``device`` a torch CUDA device), made once and kept; None
+    under a torch dispatch mode (fake tensors, ...), whose tensors are no real memory. Not
+    for a traced call: a kept tensor is no graph constant. ``what`` names the values in the
+    ``RuntimeError`` of a new constant while a CUDA graph is being captured."""
     import torch
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 
     if _get_current_dispatch_mode() is not None:
         return None
-    key = (device, dtype, struct.pack(f"{len(values)}d", *values))
+    key = (device, dtype, struct.pack(f"{len(values)}{'d' if dtype.is_floating_point else 'q'}", *values))
     capturing = _capturing(torch, device)
     with _lock:
         tensor = _kept.get(key)
@@ -54,7 +55,7 @@ def torch_constant(values, dtype, device):
     if tensor is None:
         if capturing:
             raise RuntimeError(
-                "rotary tables of new frequencies while a CUDA graph is being captured: their copy to "
+                f"{what} while a CUDA graph is being captured: their copy to "
                 "the device cannot be captured; call once outside the capture first (a warm-up call)"
             )
         tensor = _made_apart(torch, values, dtype, device)

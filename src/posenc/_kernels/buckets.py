@@ -3,8 +3,9 @@
 * ``t5_buckets.numba_cuda``: 1-D int32/int64 CuPy arrays, torch CUDA tensors and numba
   device arrays, in ``buckets_cuda``. A T5 bias on a GPU buckets its per-distance vector
   here in one launch, where the Array-API reference takes about thirty small operations (a
-  comparison, a conversion and a sum for each boundary of the log-spaced buckets), each a
-  launch of its own in torch and CuPy.
+  comparison, a conversion and a sum for each of T5's 7 boundaries of the log-spaced
+  buckets; a ``searchsorted`` from ``SEARCHED_STARTS`` boundaries on), each a launch of its
+  own in torch and CuPy.
 
 Other arrays keep the reference: on the CPU the bias buckets each distance once (``O(q +
 k)``, small beside the expansion) and a decode step's plan keeps the buckets

@@ -4,7 +4,8 @@ Reference: ``posenc.relative.buckets.t5_buckets``. A thread per distance, in the
 reference's integer arithmetic: the distance (``|rel|`` with ``rel`` raised to ``-largest``
 of its dtype, or ``max(rel, 0)`` one way), itself below ``exact``, else ``exact`` plus the
 count of bucket starts it reaches (``t5_starts``: the boundaries of the original's
-float32 formula, a constant on the device), plus ``side`` for a key after the query.
+float32 formula, a constant on the device), found by binary search (O(log(num_buckets))
+a distance), plus ``side`` for a key after the query.
 Specialised by the distances' dtype (int32, int64), which is the result's; compiled on
 first use (``FAMILY``) and launched on the caller's current stream, straight to the driver
 (``_device_flat.launch``).
@@ -35,10 +36,14 @@ def _buckets(n, rel, step, starts, exact, side, bidirectional, lowest, out):
                 r = 0
         bucket = r
         if r >= exact:
-            bucket = exact
-            for k in range(starts.shape[0]):
-                if r >= starts[k]:
-                    bucket += 1
+            low, high = 0, starts.shape[0]  # a binary search for the count of starts <= r
+            while low < high:
+                middle = (low + high) // 2
+                if starts[middle] <= r:
+                    low = middle + 1
+                else:
+                    high = middle
+            bucket = exact + low
         out[i] = base + bucket
 
 

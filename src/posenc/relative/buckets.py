@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from functools import lru_cache
 
@@ -10,12 +11,16 @@ import numpy as np
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call, reference
-from .._xp import device_of, explicit_sharding, namespace, resplit, trace_constant, unsplit, widest_float
+from .._xp import device_of, explicit_sharding, namespace, resplit, torch_compiling, trace_constant, unsplit, widest_float
 
 
 # The most T5 buckets: far past T5's 32; each log-spaced bucket's start is found one at a time
 # in the original's float32 arithmetic (``_t5_starts``, 0.15 s at this many; 2**24 took minutes).
 MAX_T5_BUCKETS = 2**16
+# Bucket boundaries a direction from which ``t5_buckets`` searches them (``searchsorted``)
+# rather than comparing every distance with each in turn: jax.jit and torch.compile fuse
+# those comparisons into one pass, faster there for a few boundaries (T5's 32 buckets have 7).
+SEARCHED_STARTS = 32
 
 
 def t5_bucket_options(num_buckets, max_distance, bidirectional):
@@ -136,8 +141,10 @@ def t5_bucket_values(rel, *, num_buckets, max_distance, bidirectional):
 
 
 def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
-    """:func:`t5_bucket` of validated arguments (``t5_bucket_options``): one comparison per
-    boundary of the log-spaced buckets (``t5_starts``)."""
+    """:func:`t5_bucket` of validated arguments (``t5_bucket_options``): ``exact`` plus the
+    count of log-spaced bucket boundaries (``t5_starts``) a distance reaches, in
+    O(len(rel) * log(num_buckets)): a binary search (``searchsorted``) of ``SEARCHED_STARTS`` or
+    more boundaries, one comparison per boundary below that."""
     side = num_buckets // 2 if bidirectional else num_buckets
     exact = side // 2
     largest = xp.iinfo(rel.dtype).max
@@ -147,11 +154,72 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
     else:
         n = xp.clip(rel, 0, None)
         base = xp.zeros_like(rel)
-    logarithmic = xp.full_like(rel, exact)
-    for start in t5_starts(side, max_distance):
-        if start <= largest:
+    starts = t5_starts_reached(side, max_distance, largest)
+    if len(starts) < SEARCHED_STARTS:
+        logarithmic = xp.full_like(rel, exact)
+        for start in starts:
             logarithmic = logarithmic + xp.astype(n >= start, rel.dtype)
+    else:
+        boundaries = _starts_on(xp, side, max_distance, starts, rel.dtype, device_of(rel))
+        if hasattr(xp, "searchsorted") and not _compat.is_jax_namespace(xp):
+            reached = xp.searchsorted(boundaries, n, side="right")
+        else:  # (JAX's searchsorted refuses arrays split over an explicit mesh)
+            reached = _reached(xp, boundaries, n)
+        logarithmic = xp.astype(reached, rel.dtype) + exact
     return base + xp.where(n < exact, n, logarithmic)
+
+
+def _reached(xp, starts, n):
+    """How many of the sorted 1-D ``starts`` each ``n`` reaches (``starts[i] <= n``): a binary
+    search in integer arithmetic, a gather for each power of two up to ``len(starts)``."""
+    length = int(starts.shape[0])
+    split = explicit_sharding(n)  # (a gather by split indices from a replicated array is told its result's sharding)
+    count = xp.zeros_like(n)
+    step = 1 << (length.bit_length() - 1)
+    while step:
+        probe = count + step  # reaching starts[probe - 1] is reaching every start before it
+        index = xp.clip(probe - 1, None, length - 1)
+        start = xp.take(starts, index) if split is None else starts.at[index].get(out_sharding=split)
+        count = xp.where((probe <= length) & (start <= n), probe, count)
+        step >>= 1
+    return count
+
+
+@trace_constant
+def t5_starts_reached(side_buckets: int, max_distance: int, largest: int) -> tuple[int, ...]:
+    """The :func:`t5_starts` a distance of at most ``largest`` reaches (a constant for ``torch.compile``)."""
+    return _t5_starts_reached(side_buckets, max_distance, largest)
+
+
+@lru_cache(maxsize=64)
+def _t5_starts_reached(side_buckets, max_distance, largest):
+    starts = _t5_starts(side_buckets, max_distance)
+    return starts[: bisect.bisect_right(starts, largest)]
+
+
+def _starts_on(xp, side_buckets, max_distance, starts, dtype, device):
+    """``starts``, the first of ``t5_starts(side_buckets, max_distance)``, as a 1-D array of
+    ``dtype`` on ``device``: copied once to a torch GPU and kept there (``_device_constants``:
+    no copy in a call, which a CUDA graph captures), a constant of the graph ``torch.compile``
+    traces, else copied from a host array made once (a copy: torch shares a NumPy array's
+    memory, and warns that this one is read-only)."""
+    if torch_compiling():
+        return xp.asarray(starts, dtype=dtype, device=device)
+    if getattr(device, "type", None) == "cuda":
+        from .._device_constants import torch_constant
+
+        kept = torch_constant(starts, dtype, device, what="T5 bucket boundaries")
+        if kept is not None:
+            return kept
+    return xp.asarray(_t5_starts_array(side_buckets, max_distance)[: len(starts)], dtype=dtype, device=device, copy=True)
+
+
+@lru_cache(maxsize=64)
+def _t5_starts_array(side_buckets: int, max_distance: int) -> np.ndarray:
+    """:func:`_t5_starts` as a read-only int64 NumPy array."""
+    starts = np.asarray(_t5_starts(side_buckets, max_distance), dtype=np.int64)
+    starts.flags.writeable = False
+    return starts
 
 
 def deberta_bucket_options(bucket_size, max_position):
