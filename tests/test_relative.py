@@ -127,6 +127,36 @@ def test_t5_buckets_of_int32_search_the_starts_it_reaches(searching):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("side, max_distance", [(96, 10**10), (200, 10**11)])
+def test_t5_starts_past_float32_integers_take_a_few_evaluations_each(monkeypatch, side, max_distance):
+    """Each bucket's start is the first distance of the original's bucket, found from its
+    estimate in a few evaluations of the float32 formula where float32 distances past 2**24
+    are steps of many (it walked one distance at a time: 25925 evaluations for 47 starts
+    at 10**10, 10 s for 127 at 10**12)."""
+    from posenc.relative import buckets
+
+    class CountedLog:
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def log(self, x):
+            self.calls += 1
+            return np.log(x)
+
+    monkeypatch.setattr(buckets, "np", CountedLog())
+    starts = buckets._t5_starts.__wrapped__(side, max_distance)
+    assert len(starts) == side - side // 2 - 1 and buckets.np.calls <= 16 * len(starts)
+    exact, f32 = side // 2, np.float32
+
+    def bucket(n):
+        return exact + int(np.log(f32(n) / f32(exact)) / f32(math.log(max_distance / exact)) * f32(side - exact))
+
+    assert [(bucket(n - 1), bucket(n)) for n in starts] == [(b - 1, b) for b in range(exact + 1, side)]
+
+
 def test_t5_bucket_int32_input_keeps_dtype():
     rel = np.arange(-300, 300, dtype=np.int32)
     out = pe.t5_bucket(rel, bidirectional=False, num_buckets=32, max_distance=128)

@@ -67,15 +67,25 @@ def _t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
         with np.errstate(divide="ignore"):
             return exact + int(np.log(f32(n) / f32(exact)) / denominator * f32(side_buckets - exact))
 
-    starts = []
-    for b in range(exact + 1, side_buckets):
-        n = max(exact, math.floor(exact * (max_distance / exact) ** ((b - exact) / (side_buckets - exact))) - 2)
-        while bucket(n) < b:
-            n += 1
-        while n > exact and bucket(n - 1) >= b:
-            n -= 1
-        starts.append(n)
-    return tuple(starts)
+    def start(b, guess):
+        # Steps doubling away from the guess, then halving (a float32 distance past 2**24 is
+        # a step of several): bucket(low) < b <= bucket(high) throughout.
+        low, high, step = exact, guess, 1
+        while bucket(high) < b:
+            low, high, step = high, high + step, 2 * step
+        step = 1
+        while high - step > low and bucket(high - step) >= b:
+            high, step = high - step, 2 * step
+        low = max(low, high - step)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if bucket(middle) >= b else (middle, high)
+        return high
+
+    return tuple(
+        start(b, max(exact, math.floor(exact * (max_distance / exact) ** ((b - exact) / (side_buckets - exact))) - 2))
+        for b in range(exact + 1, side_buckets)
+    )
 
 
 def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
