@@ -217,6 +217,11 @@ def split_spec(sharding, ndim):
     return list((*getattr(sharding, "spec", ()), *(None,) * ndim)[:ndim])
 
 
+def mesh_axes(entry):
+    """The mesh axes one entry of a sharding spec names (none, one, or a tuple of them)."""
+    return set() if entry is None else set(entry) if isinstance(entry, tuple) else {entry}
+
+
 def resplit(a, sharding, spec=None):
     """``a`` resharded to ``sharding`` (:func:`unsplit`'s), its spec replaced by ``spec``
     where given (a result of another shape); unchanged where ``sharding`` is ``None``."""

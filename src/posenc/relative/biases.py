@@ -14,7 +14,7 @@ from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, result_dtype, size, split_spec, unsplit, widest_float
+from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, mesh_axes, namespace, result_dtype, size, split_spec, unsplit, widest_float
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
 from .indices import clipped, distances, query_offset
@@ -85,8 +85,8 @@ def _lookup(xp, table, index):
     scatter too) split as the table's heads and the index; a table's split rows are gathered
     first, as an Auto mesh does, and its heads where the index is split over their mesh axes."""
     given, columns = explicit_sharding(table), explicit_sharding(index)
-    along = {axis for entry in split_spec(columns, index.ndim) for axis in _mesh_axes(entry)}
-    table, _ = unsplit(table, 0, 1) if along & _mesh_axes(split_spec(given, 2)[1]) else unsplit(table, 0)
+    along = {axis for entry in split_spec(columns, index.ndim) for axis in mesh_axes(entry)}
+    table, _ = unsplit(table, 0, 1) if along & mesh_axes(split_spec(given, 2)[1]) else unsplit(table, 0)
     rows = explicit_sharding(table)
     if rows is None and columns is None:
         return xp.take(xp.matrix_transpose(table), index, axis=1)
@@ -95,11 +95,6 @@ def _lookup(xp, table, index):
     mesh = (rows or columns).mesh
     out = NamedSharding(mesh, PartitionSpec(split_spec(rows, 2)[1], *split_spec(columns, index.ndim)))
     return xp.matrix_transpose(table).at[:, index].get(out_sharding=out)
-
-
-def _mesh_axes(entry):
-    """The mesh axes one entry of a sharding spec names (none, one, or a tuple of them)."""
-    return set() if entry is None else set(entry) if isinstance(entry, tuple) else {entry}
 
 
 # T5's bucket count in every released checkpoint: a table with this many rows is read as

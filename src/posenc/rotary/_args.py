@@ -46,6 +46,8 @@ def inv_freq(name, value, xp):
             return value
         if _compat.is_dask_array(value):
             value = value.compute()
+        elif _compat.is_jax_array(value):  # (one read of every shard: a split array's elements cannot be indexed on an explicit mesh)
+            value = np.asarray(value)
     return _host_floats(name, value)
 
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, host_constant_like, is_real_floating, namespace, result_dtype, torch_compiling, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, host_constant_like, is_real_floating, mesh_axes, namespace, resplit, result_dtype, split_spec, torch_compiling, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -169,8 +169,9 @@ def parse_apply(x, cos, sin, *, layout, out) -> ApplyCall:
 @dataclass(frozen=True, slots=True)
 class TablesCall:
     """The validated arguments of the ``cos``/``sin`` table builders (``rope_cos_sin``,
-    ``mrope_cos_sin``, ``xdrope_cos_sin``), and the two steps they share. ``freqs``: a
-    tuple of host float64 numbers, or an in-graph array (traced, or carrying a gradient)."""
+    ``mrope_cos_sin``, ``xdrope_cos_sin``), and the steps they share. ``freqs``: a tuple
+    of host float64 numbers, or an in-graph array (traced, or carrying a gradient);
+    ``split``: the sharding of a JAX ``inv_freq`` split over an explicit mesh, else ``None``."""
 
     xp: Any
     device: Any
@@ -179,6 +180,7 @@ class TablesCall:
     pairs: int
     scale: float
     dtype: Any
+    split: Any
 
     def cos_sin(self, positions, freqs):
         """Undoubled ``cos, sin`` of ``positions * freqs`` (host numbers or an in-graph array)."""
@@ -191,6 +193,19 @@ class TablesCall:
         if self.scale != 1.0:
             c, s = c * self.scale, s * self.scale
         return cast_pair(xp, duplicate(xp, c, self.layout), duplicate(xp, s, self.layout), self.dtype)
+
+    def placed(self, c, s):
+        """The tables' last axis split as ``inv_freq`` is (``split``), as JAX splits the
+        product ``positions[..., None] * inv_freq`` (host frequencies would leave it whole);
+        the other axes as they are. Unchanged where the positions' axes use that mesh axis."""
+        if self.split is None:
+            return c, s
+        axis = split_spec(self.split, 1)[0]
+        spec = split_spec(explicit_sharding(c), c.ndim)
+        if mesh_axes(axis) & {a for entry in spec for a in mesh_axes(entry)}:
+            return c, s
+        spec[-1] = axis
+        return resplit(c, self.split, spec), resplit(s, self.split, spec)
 
 
 def table_positions(positions, inv_freq):
@@ -215,7 +230,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     scale = check.real("scale", scale)
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype))
+    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype), explicit_sharding(inv_freq))
 
 
 def duplicate(xp, half_table, layout):

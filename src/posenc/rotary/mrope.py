@@ -140,7 +140,7 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
     if order != sorted(order):
         back = xp.asarray(sorted(range(len(order)), key=order.__getitem__), device=device_of(cos))
         cos, sin = xp.take(cos, back, axis=-1), xp.take(sin, back, axis=-1)
-    return args.tables(cos, sin)
+    return args.placed(*args.tables(cos, sin))
 
 
 def xdrope_cos_sin(positions, inv_freq, sections, *, dtype=None, scale=1.0):
@@ -195,4 +195,4 @@ def xdrope_cos_sin(positions, inv_freq, sections, *, dtype=None, scale=1.0):
             cos_parts.append(c[..., start : start + 2 * size])
             sin_parts.append(s[..., start : start + 2 * size])
         start += 2 * size
-    return xp.concat(cos_parts, axis=-1), xp.concat(sin_parts, axis=-1)
+    return args.placed(xp.concat(cos_parts, axis=-1), xp.concat(sin_parts, axis=-1))
