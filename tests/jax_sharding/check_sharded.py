@@ -293,6 +293,9 @@ def explicit(count, x, table):
     def tables(f):  # (a split inv_freq: its values had been read element by element, which JAX refuses eagerly)
         return jnp.stack(pe.rope_cos_sin(np.arange(12), f))
 
+    def multimodal(f):  # (under jit the split frequencies had been picked section by section)
+        return jnp.stack(pe.mrope_cos_sin(np.stack([np.arange(12), np.arange(12) // 4, np.arange(12) % 4]), f, [4, 2, 2]))
+
     cases = [  # name, function, argument, its spec, the result's spec, the unsharded result
         ("t5_bias per-token positions on the sequence", t5_per_token, packed, P(None, "d"), P(None, None, "d"), t5_per_token(packed)),
         ("t5_bias table rows", lambda t: pe.t5_bias(t, 12, 12), table, P("d"), P(), pe.t5_bias(table, 12, 12)),
@@ -315,6 +318,7 @@ def explicit(count, x, table):
         ("deberta_logits batch-split q and k, per-batch tables", deberta_batch, x, P("d"), P("d"), pe.deberta_logits(x, x, pb, pb, max_distance=3)),
         ("t5_bias gradient to head-split table", t5_gradient, table, P(None, "d"), P(None, "d"), np.asarray(t5_gradient(jnp.asarray(table)))),
         ("rope_cos_sin inv_freq split", tables, inv_freq, P("d"), P(None, None, "d"), np.asarray(tables(inv_freq))),
+        ("mrope_cos_sin inv_freq split", multimodal, inv_freq, P("d"), P(None, None, "d"), np.asarray(multimodal(inv_freq))),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
         for name, fn, arg, spec, want_spec, want in cases:

@@ -196,8 +196,9 @@ class TablesCall:
 
     def placed(self, c, s):
         """The tables' last axis split as ``inv_freq`` is (``split``), as JAX splits the
-        product ``positions[..., None] * inv_freq`` (host frequencies would leave it whole);
-        the other axes as they are. Unchanged where the positions' axes use that mesh axis."""
+        product ``positions[..., None] * inv_freq`` (host frequencies, or ones gathered to
+        be picked, would leave it whole); the other axes as they are. Unchanged where the
+        positions' axes use that mesh axis."""
         if self.split is None:
             return c, s
         axis = split_spec(self.split, 1)[0]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numbers
 
 from .. import _validate as check
-from .._xp import device_of
+from .._xp import device_of, unsplit
 from ._call import parse_tables, table_positions
 
 
@@ -56,9 +56,11 @@ def _axis_of_pairs(sections, interleaved, pairs):
 
 
 def _pick(xp, freqs, pairs):
-    """The frequencies of ``pairs``: host numbers (a tuple) or an array."""
+    """The frequencies of ``pairs``: host numbers (a tuple) or an array (gathered where an
+    explicit mesh splits it: JAX takes no elements of a split axis)."""
     if isinstance(freqs, tuple):
         return tuple(freqs[i] for i in pairs)
+    freqs, _ = unsplit(freqs, 0)
     return xp.take(freqs, xp.asarray(pairs, device=device_of(freqs)), axis=0)
 
 
