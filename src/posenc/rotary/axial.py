@@ -169,7 +169,7 @@ def axial_rope(
     n_axes = check.static_int(grid.shape[-1])
     if n_axes < 1:
         raise ValueError(f"grid must have at least one axis of coordinates (grid.shape[-1] >= 1), got shape {tuple(grid.shape)}")
-    grid = check.positions("grid", grid, xp)
+    grid, _ = unsplit(check.positions("grid", grid, xp), -1)  # (each axis's coordinates are a slice of the last axis)
     coordinates = [_coordinates(grid[..., a], tuple(x.shape[:-1])) for a in range(n_axes)]
     width = check.static_int(x.shape[-1])
     dims = _axes_dims(axes_dims, n_axes, width)
