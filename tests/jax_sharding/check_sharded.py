@@ -276,6 +276,7 @@ def explicit(count, x, table):
         return pe.relative_bias("deberta", deberta_table, 12, 12, query_positions=p, key_positions=p, max_distance=8, bucket_size=8, max_position=64)
 
     grid = np.stack([np.arange(12) // 4, np.arange(12) % 4], axis=-1)  # (3 x 4 tokens: a slice of channels per axis)
+    emb = rng.standard_normal((16, 16)).astype(np.float32)  # CoPE's position embeddings [P, d]
     grid4 = np.stack([np.arange(12) // 4, np.arange(12) % 4, np.arange(12) // 6, np.arange(12) % 3], axis=-1)  # (4 axes: split on them, each axis's coordinates had been sliced from a split axis)
 
     def deberta_logits_per_token(p):  # (p2c gathers at the transposed indices: split on the gathered axis)
@@ -321,6 +322,7 @@ def explicit(count, x, table):
         ("rope_cos_sin inv_freq split", tables, inv_freq, P("d"), P(None, None, "d"), np.asarray(tables(inv_freq))),
         ("mrope_cos_sin inv_freq split", multimodal, inv_freq, P("d"), P(None, None, "d"), np.asarray(multimodal(inv_freq))),
         ("axial_rope grid split on its coordinates", lambda g: pe.axial_rope(x, g), grid4, P(None, "d"), P(), pe.axial_rope(x, grid4)),
+        ("cope_logits pos_emb split on its rows", lambda e: pe.cope_logits(x, x, e), emb, P("d"), P(), pe.cope_logits(x, x, emb)),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
         for name, fn, arg, spec, want_spec, want in cases:
