@@ -323,6 +323,9 @@ def explicit(count, x, table):
         ("mrope_cos_sin inv_freq split", multimodal, inv_freq, P("d"), P(None, None, "d"), np.asarray(multimodal(inv_freq))),
         ("axial_rope grid split on its coordinates", lambda g: pe.axial_rope(x, g), grid4, P(None, "d"), P(), pe.axial_rope(x, grid4)),
         ("cope_logits pos_emb split on its rows", lambda e: pe.cope_logits(x, x, e), emb, P("d"), P(), pe.cope_logits(x, x, emb)),
+        # (eagerly its zero column, replicated, had been joined to a split x; a split last axis had been padded to 17 under jit)
+        ("rel_shift heads", pe.rel_shift, x, P(None, "d"), P(None, "d"), pe.rel_shift(x)),
+        ("rel_shift last axis", pe.rel_shift, x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rel_shift(x)),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
         for name, fn, arg, spec, want_spec, want in cases:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, heads_like, host_constants, namespace, size
+from .._xp import broadcast_shapes, cast, device_of, explicit_sharding, heads_like, host_constants, namespace, resplit, size, unsplit
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
 from .indices import distances, query_offset
@@ -44,10 +44,11 @@ def rel_shift(x):
     q_len, n = size(x.shape[-2]), size(x.shape[-1])
     if 0 in tuple(x.shape):  # (nothing to shift; Dask's reshape refuses an empty array's)
         return xp.zeros_like(x)
-    zero = xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x))
+    x, split = unsplit(x, -2, -1)  # (the two axes are flattened together and shifted)
+    zero = resplit(xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x)), explicit_sharding(x))
     padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], q_len * (n + 1)))
     # Dropping the first row of the [n + 1, q_len] view is dropping the first q_len elements.
-    return xp.reshape(padded[..., q_len:], tuple(x.shape))
+    return resplit(xp.reshape(padded[..., q_len:], tuple(x.shape)), split)
 
 
 @host_constants
