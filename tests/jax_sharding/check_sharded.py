@@ -276,6 +276,7 @@ def explicit(count, x, table):
         return pe.relative_bias("deberta", deberta_table, 12, 12, query_positions=p, key_positions=p, max_distance=8, bucket_size=8, max_position=64)
 
     grid = np.stack([np.arange(12) // 4, np.arange(12) % 4], axis=-1)  # (3 x 4 tokens: a slice of channels per axis)
+    padding = np.arange(12)[None, :] >= np.array([0, 3, 5, 12])[:, None]  # (left padding, one row all padding)
     emb = rng.standard_normal((16, 16)).astype(np.float32)  # CoPE's position embeddings [P, d]
     grid4 = np.stack([np.arange(12) // 4, np.arange(12) % 4, np.arange(12) // 6, np.arange(12) % 3], axis=-1)  # (4 axes: split on them, each axis's coordinates had been sliced from a split axis)
 
@@ -326,6 +327,8 @@ def explicit(count, x, table):
         # (eagerly its zero column, replicated, had been joined to a split x; a split last axis had been padded to 17 under jit)
         ("rel_shift heads", pe.rel_shift, x, P(None, "d"), P(None, "d"), pe.rel_shift(x)),
         ("rel_shift last axis", pe.rel_shift, x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rel_shift(x)),
+        # (a running count or sum along a split axis: JAX refuses the cumulative sum)
+        ("positions_from_mask mask on the sequence", pe.positions_from_mask, padding, P(None, "d"), P(None, "d"), pe.positions_from_mask(padding)),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
         for name, fn, arg, spec, want_spec, want in cases:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, index_dtype, namespace, without_empty_chunks
+from .._xp import device_of, index_dtype, namespace, resplit, unsplit, without_empty_chunks
 
 
 def positions_from_mask(mask, *, start=0):
@@ -41,9 +41,10 @@ def positions_from_mask(mask, *, start=0):
     if not (low <= start - 1 and start + int(mask.shape[-1]) - 1 <= high):
         raise ValueError(f"start + the positions of {int(mask.shape[-1])} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
     itype = index_dtype(xp, device_of(mask))
+    mask, split = unsplit(mask, -1)  # (a running count along the sequence)
     token = mask if mask.dtype == xp.bool else mask != 0
     count = xp.cumulative_sum(without_empty_chunks(xp.astype(token, itype)), axis=-1, dtype=itype)
-    return xp.where(token, count - 1 + start, xp.zeros_like(count))
+    return resplit(xp.where(token, count - 1 + start, xp.zeros_like(count)), split)
 
 
 def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
