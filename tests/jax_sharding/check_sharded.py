@@ -293,6 +293,9 @@ def explicit(count, x, table):
 
     inv_freq = pe.rope_frequencies(16)[0].astype(np.float32)
 
+    def causal_linear(a):
+        return pe.linear_attention(a, a, a, causal=True)
+
     def tables(f):  # (a split inv_freq: its values had been read element by element, which JAX refuses eagerly)
         return jnp.stack(pe.rope_cos_sin(np.arange(12), f))
 
@@ -329,6 +332,7 @@ def explicit(count, x, table):
         ("rel_shift last axis", pe.rel_shift, x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rel_shift(x)),
         # (a running count or sum along a split axis: JAX refuses the cumulative sum)
         ("positions_from_mask mask on the sequence", pe.positions_from_mask, padding, P(None, "d"), P(None, "d"), pe.positions_from_mask(padding)),
+        ("linear_attention causal sequence", causal_linear, x, P(None, None, "d"), P(None, None, "d"), causal_linear(x)),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
         for name, fn, arg, spec, want_spec, want in cases:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, without_empty_chunks
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, unsplit, without_empty_chunks
 from . import _args
 from .scaling import frequency_table
 
@@ -111,6 +111,7 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         # kv[..., t, :, :] = sum_{j <= t} rk_j v_j^T ; z[..., t, :] = sum_{j <= t} fk_j, read at
         # the queries' keys t = first + i (the queries are the last keys)
         first = k.shape[-2] - q.shape[-2]
+        rk, vw, fk = (unsplit(a, -2)[0] for a in (rk, vw, fk))  # (running sums along the keys)
         kv = xp.cumulative_sum(without_empty_chunks(rk[..., :, None] * vw[..., None, :]), axis=-3)[..., first:, :, :]
         numerator = xp.sum(rq[..., :, None] * kv, axis=-2)
         denominator = xp.sum(fq * xp.cumulative_sum(without_empty_chunks(fk), axis=-2)[..., first:, :], axis=-1)
