@@ -333,6 +333,7 @@ def explicit(count, x, table):
         # (a running count or sum along a split axis: JAX refuses the cumulative sum)
         ("positions_from_mask mask on the sequence", pe.positions_from_mask, padding, P(None, "d"), P(None, "d"), pe.positions_from_mask(padding)),
         ("linear_attention causal sequence", causal_linear, x, P(None, None, "d"), P(None, None, "d"), causal_linear(x)),
+        ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
         for name, fn, arg, spec, want_spec, want in cases:

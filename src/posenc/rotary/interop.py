@@ -7,7 +7,7 @@ import numpy as np
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import device_of, namespace, trace_constant
+from .._xp import device_of, namespace, resplit, trace_constant, unsplit
 from . import _args, _call, _chain, _rows
 from ._rotate import _join, _pairs
 from .scaling import frequency_table
@@ -168,8 +168,9 @@ def convert_layout(x, src, dst, *, rotary_dim=None):
     rdim = _args.rotary_dim(rotary_dim, width)
     if src == dst:
         return x
+    x, split = unsplit(x, -1)  # (a pair's channels may lie on two devices)
     a, b, rest = _pairs(xp, x, rdim, src)
-    return _join(xp, a, b, rest, dst)
+    return resplit(_join(xp, a, b, rest, dst), split)
 
 
 def _row_permutation(head_dim, rotary_dim, src, dst):
