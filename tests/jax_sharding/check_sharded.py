@@ -277,6 +277,7 @@ def explicit(count, x, table):
 
     grid = np.stack([np.arange(12) // 4, np.arange(12) % 4], axis=-1)  # (3 x 4 tokens: a slice of channels per axis)
     padding = np.arange(12)[None, :] >= np.array([0, 3, 5, 12])[:, None]  # (left padding, one row all padding)
+    weight = rng.standard_normal((64, 8)).astype(np.float32)  # a q projection [4 heads x 16, in]
     emb = rng.standard_normal((16, 16)).astype(np.float32)  # CoPE's position embeddings [P, d]
     grid4 = np.stack([np.arange(12) // 4, np.arange(12) % 4, np.arange(12) // 6, np.arange(12) % 3], axis=-1)  # (4 axes: split on them, each axis's coordinates had been sliced from a split axis)
 
@@ -333,6 +334,7 @@ def explicit(count, x, table):
         # (a running count or sum along a split axis: JAX refuses the cumulative sum)
         ("positions_from_mask mask on the sequence", pe.positions_from_mask, padding, P(None, "d"), P(None, "d"), pe.positions_from_mask(padding)),
         ("linear_attention causal sequence", causal_linear, x, P(None, None, "d"), P(None, None, "d"), causal_linear(x)),
+        ("permute_qk_weight rows", lambda w: pe.permute_qk_weight(w, "interleaved", "half", head_dim=16), weight, P("d"), P("d"), pe.permute_qk_weight(weight, "interleaved", "half", head_dim=16)),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
