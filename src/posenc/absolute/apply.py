@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace
+from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace, unsplit
 from ..rotary import _args
 
 MODES = ("add", "multiply")
@@ -52,6 +52,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     length, dim = x.shape[-2], x.shape[-1]
     if table.shape[1] != dim:
         raise ValueError(f"table must have {dim} columns to match x.shape[-1], got shape {tuple(table.shape)}")
+    table, _ = unsplit(table, 0)  # (its rows are sliced or taken)
     if isinstance(offset, int):
         if offset < 0:
             raise ValueError(f"offset must be a non-negative integer, got {offset}")
