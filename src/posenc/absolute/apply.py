@@ -66,6 +66,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
             low, high = int(xp.min(offset)), int(xp.max(offset))
             if low < 0 or high + length > table.shape[0]:
                 raise ValueError(f"offset must be >= 0 with offset + L <= {table.shape[0]} (the table's rows) in every row, got {low} .. {high}")
+        offset, _ = unsplit(offset, *range(offset.ndim))  # (a few integers: JAX takes no rows at split indices)
         index = xp.arange(length, dtype=index_dtype(xp, device_of(x)), device=device_of(x)) + offset
         if not check.is_eager(offset):  # unchecked: a negative row is past the end, not a row from it (JAX's take: NaN)
             index = xp.where(index < 0, table.shape[0], index)
