@@ -337,6 +337,7 @@ def explicit(count, x, table):
         ("permute_qk_weight rows", lambda w: pe.permute_qk_weight(w, "interleaved", "half", head_dim=16), weight, P("d"), P("d"), pe.permute_qk_weight(weight, "interleaved", "half", head_dim=16)),
         ("apply_absolute table rows", lambda t: pe.apply_absolute(x, t, offset=4), emb, P("d"), P(), pe.apply_absolute(x, emb, offset=4)),
         ("apply_absolute per-row offsets", lambda o: pe.apply_absolute(x[:, 0], emb, offset=o), np.array([0, 1, 3, 4]), P("d"), P(), pe.apply_absolute(x[:, 0], emb, offset=np.array([0, 1, 3, 4]))),
+        ("hierarchical_extend table rows", lambda t: pe.hierarchical_extend(t, 40), emb, P("d"), P(), pe.hierarchical_extend(emb, 40)),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)

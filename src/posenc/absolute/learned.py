@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, namespace
+from .._xp import cast, compute_dtype, device_of, namespace, unsplit
 
 
 def hierarchical_extend(table, length, *, alpha=0.4):
@@ -39,6 +39,7 @@ def hierarchical_extend(table, length, *, alpha=0.4):
     if length and n == 0:
         raise ValueError("table must have at least one row to extend")
     device = device_of(table)
+    table, _ = unsplit(table, 0)  # (its rows are taken, each row from two others)
     t = cast(xp, table, compute_dtype(xp, table.dtype))
     u = (t - alpha * t[0:1, :]) / (1.0 - alpha)
     p = xp.arange(length, device=device)
