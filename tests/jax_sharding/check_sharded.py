@@ -297,6 +297,11 @@ def explicit(count, x, table):
     def causal_linear(a):
         return pe.linear_attention(a, a, a, causal=True)
 
+    projection = rng.standard_normal((8, 8, 16)).astype(np.float32)  # TUPE's per-head Uq = Uk [heads, d_p, e]
+
+    def tupe(p):  # (its rows had been taken at the queries' positions while split)
+        return pe.tupe_logits(x, x, p, projection, projection)
+
     def tables(f):  # (a split inv_freq: its values had been read element by element, which JAX refuses eagerly)
         return jnp.stack(pe.rope_cos_sin(np.arange(12), f))
 
@@ -338,6 +343,7 @@ def explicit(count, x, table):
         ("apply_absolute table rows", lambda t: pe.apply_absolute(x, t, offset=4), emb, P("d"), P(), pe.apply_absolute(x, emb, offset=4)),
         ("apply_absolute per-row offsets", lambda o: pe.apply_absolute(x[:, 0], emb, offset=o), np.array([0, 1, 3, 4]), P("d"), P(), pe.apply_absolute(x[:, 0], emb, offset=np.array([0, 1, 3, 4]))),
         ("hierarchical_extend table rows", lambda t: pe.hierarchical_extend(t, 40), emb, P("d"), P(), pe.hierarchical_extend(emb, 40)),
+        ("tupe_logits p rows", tupe, emb[:, :8], P("d"), P(), tupe(emb[:, :8])),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)

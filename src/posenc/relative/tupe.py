@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size
+from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, unsplit
 from . import _args
 from .indices import scalar_offset
 
@@ -104,6 +104,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
         raise TypeError(f"cls must be a pair (to_others, from_others), got {type(cls).__name__}")
     dtype, work = _args.dtypes(xp, *arrays)
     q, k, p, uq, uk = (cast(xp, a, work) for a in (q, k, p, uq, uk))
+    p, _ = unsplit(p, -2)  # (its rows are taken at the queries' and sliced at the keys' positions)
     device = device_of(q)
     query_positions = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
