@@ -344,6 +344,8 @@ def explicit(count, x, table):
         ("apply_absolute per-row offsets", lambda o: pe.apply_absolute(x[:, 0], emb, offset=o), np.array([0, 1, 3, 4]), P("d"), P(), pe.apply_absolute(x[:, 0], emb, offset=np.array([0, 1, 3, 4]))),
         ("hierarchical_extend table rows", lambda t: pe.hierarchical_extend(t, 40), emb, P("d"), P(), pe.hierarchical_extend(emb, 40)),
         ("tupe_logits p rows", tupe, emb[:, :8], P("d"), P(), tupe(emb[:, :8])),
+        ("mrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.mrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.mrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
+        ("xdrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.xdrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.xdrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
