@@ -222,6 +222,20 @@ def mesh_axes(entry):
     return set() if entry is None else set(entry) if isinstance(entry, tuple) else {entry}
 
 
+def split_as_first(a, sharding, axis):
+    """JAX array ``a`` with ``axis`` split as ``sharding`` splits its first axis (an
+    operand's split carried to that axis of a result), its other axes as they are;
+    unchanged where ``sharding`` is ``None`` or they already use those mesh axes."""
+    if sharding is None:
+        return a
+    entry = split_spec(sharding, 1)[0]
+    spec = split_spec(explicit_sharding(a), a.ndim)
+    if mesh_axes(entry) & {name for given in spec for name in mesh_axes(given)}:
+        return a
+    spec[axis] = entry
+    return resplit(a, sharding, spec)
+
+
 def resplit(a, sharding, spec=None):
     """``a`` resharded to ``sharding`` (:func:`unsplit`'s), its spec replaced by ``spec``
     where given (a result of another shape); unchanged where ``sharding`` is ``None``."""

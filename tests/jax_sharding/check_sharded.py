@@ -302,6 +302,8 @@ def explicit(count, x, table):
     def tupe(p):  # (its rows had been taken at the queries' positions while split)
         return pe.tupe_logits(x, x, p, projection, projection)
 
+    per_row = inv_freq * np.array([[1.0], [0.5], [0.25], [0.125]], np.float32)  # (one frequency set per batch row: each row had been read from the split rows)
+
     def tables(f):  # (a split inv_freq: its values had been read element by element, which JAX refuses eagerly)
         return jnp.stack(pe.rope_cos_sin(np.arange(12), f))
 
@@ -330,6 +332,7 @@ def explicit(count, x, table):
         ("deberta_logits batch-split q and k, per-batch tables", deberta_batch, x, P("d"), P("d"), pe.deberta_logits(x, x, pb, pb, max_distance=3)),
         ("t5_bias gradient to head-split table", t5_gradient, table, P(None, "d"), P(None, "d"), np.asarray(t5_gradient(jnp.asarray(table)))),
         ("rope_cos_sin inv_freq split", tables, inv_freq, P("d"), P(None, None, "d"), np.asarray(tables(inv_freq))),
+        ("rope_cos_sin per-row inv_freq split on its rows", tables, per_row, P("d"), P(None, "d"), np.asarray(tables(per_row))),
         ("mrope_cos_sin inv_freq split", multimodal, inv_freq, P("d"), P(None, None, "d"), np.asarray(multimodal(inv_freq))),
         ("axial_rope grid split on its coordinates", lambda g: pe.axial_rope(x, g), grid4, P(None, "d"), P(), pe.axial_rope(x, grid4)),
         ("cope_logits pos_emb split on its rows", lambda e: pe.cope_logits(x, x, e), emb, P("d"), P(), pe.cope_logits(x, x, emb)),

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, host_constant_like, is_real_floating, mesh_axes, namespace, resplit, result_dtype, split_spec, torch_compiling, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, host_constant_like, is_real_floating, namespace, result_dtype, split_as_first, torch_compiling, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -201,12 +201,7 @@ class TablesCall:
         positions' axes use that mesh axis."""
         if self.split is None:
             return c, s
-        axis = split_spec(self.split, 1)[0]
-        spec = split_spec(explicit_sharding(c), c.ndim)
-        if mesh_axes(axis) & {a for entry in spec for a in mesh_axes(entry)}:
-            return c, s
-        spec[-1] = axis
-        return resplit(c, self.split, spec), resplit(s, self.split, spec)
+        return split_as_first(c, self.split, -1), split_as_first(s, self.split, -1)
 
 
 def table_positions(positions, inv_freq):

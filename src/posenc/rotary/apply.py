@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace
+from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace, split_as_first, unsplit
 from . import _args, _call, _rows
 from ._call import duplicate
 from .scaling import nameable
@@ -97,11 +97,15 @@ def _tables_per_row(positions, inv_freq, **options):
             f"positions of shape {tuple(positions.shape)} do not fit inv_freq's {rows} rows: their first axis "
             f"is the batch, of length {rows} or 1 (or give [seq] positions, shared by every row)"
         )
+    inv_freq, split = unsplit(inv_freq, 0)  # (row by row: the rows are gathered, the tables' rows put back on their split)
+    if not shared:
+        positions, positions_split = unsplit(positions, 0)
+        split = split or positions_split
     tables = [
         rope_cos_sin(positions if shared else positions[b if positions.shape[0] > 1 else 0], inv_freq[b], **options)
         for b in range(rows)
     ]
-    return xp.stack([c for c, _ in tables]), xp.stack([s for _, s in tables])
+    return split_as_first(xp.stack([c for c, _ in tables]), split, 0), split_as_first(xp.stack([s for _, s in tables]), split, 0)
 
 
 @_plans.planned(_signatures.ApplyRope)
