@@ -278,6 +278,7 @@ def explicit(count, x, table):
     grid = np.stack([np.arange(12) // 4, np.arange(12) % 4], axis=-1)  # (3 x 4 tokens: a slice of channels per axis)
     padding = np.arange(12)[None, :] >= np.array([0, 3, 5, 12])[:, None]  # (left padding, one row all padding)
     weight = rng.standard_normal((64, 8)).astype(np.float32)  # a q projection [4 heads x 16, in]
+    causal_mask = np.tril(np.ones((12, 12), bool))
     emb = rng.standard_normal((16, 16)).astype(np.float32)  # CoPE's position embeddings [P, d]
     grid4 = np.stack([np.arange(12) // 4, np.arange(12) % 4, np.arange(12) // 6, np.arange(12) % 3], axis=-1)  # (4 axes: split on them, each axis's coordinates had been sliced from a split axis)
 
@@ -349,6 +350,7 @@ def explicit(count, x, table):
         ("tupe_logits p rows", tupe, emb[:, :8], P("d"), P(), tupe(emb[:, :8])),
         ("mrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.mrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.mrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
         ("xdrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.xdrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.xdrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
+        ("cope_positions mask split on the keys", lambda m: pe.cope_positions(x, x, mask=m), causal_mask, P(None, "d"), P(None, None, None, "d"), pe.cope_positions(x, x, mask=causal_mask)),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)

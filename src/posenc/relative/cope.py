@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, index_dtype, namespace, shifted, unsplit
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, index_dtype, namespace, resplit, shifted, unsplit
 from . import _args
 from .indices import query_offset
 
@@ -45,8 +45,10 @@ def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask):
 
 
 def _positions(xp, gates):
-    """``p_ij = sum_{t >= j} g_it``: a cumulative sum from the last key backwards."""
-    return xp.flip(xp.cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1)
+    """``p_ij = sum_{t >= j} g_it``: a cumulative sum from the last key backwards (the keys
+    gathered where an explicit mesh splits them, the result put back on their split)."""
+    gates, split = unsplit(gates, -1)
+    return resplit(xp.flip(xp.cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1), split)
 
 
 @host_constants
