@@ -299,6 +299,7 @@ def explicit(count, x, table):
         return pe.linear_attention(a, a, a, causal=True)
 
     projection = rng.standard_normal((8, 8, 16)).astype(np.float32)  # TUPE's per-head Uq = Uk [heads, d_p, e]
+    head_emb = rng.standard_normal((8, 16, 16)).astype(np.float32)  # (per head, replicated beside head-split q: the matmul had refused it)
 
     def tupe(p):  # (its rows had been taken at the queries' positions while split)
         return pe.tupe_logits(x, x, p, projection, projection)
@@ -351,6 +352,7 @@ def explicit(count, x, table):
         ("mrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.mrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.mrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
         ("xdrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.xdrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.xdrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
         ("cope_positions mask split on the keys", lambda m: pe.cope_positions(x, x, mask=m), causal_mask, P(None, "d"), P(None, None, None, "d"), pe.cope_positions(x, x, mask=causal_mask)),
+        ("cope_logits head-split q and k, per-head pos_emb", lambda a: pe.cope_logits(a, a, head_emb), x, P(None, "d"), P(None, "d"), pe.cope_logits(x, x, head_emb)),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, index_dtype, namespace, resplit, shifted, unsplit
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, heads_like, host_constants, index_dtype, namespace, resplit, shifted, unsplit
 from . import _args
 from .indices import query_offset
 
@@ -143,7 +143,7 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask)
     pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
     work = logits.dtype
-    pos_emb, _ = unsplit(pos_emb, -2)  # (z's columns, one per row of the table, are sliced below)
+    pos_emb = heads_like(unsplit(pos_emb, -2)[0], q)  # (z's columns, one per row of the table, are sliced below)
     z = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, pos_emb, work))
     # Linear interpolation between integer neighbours is the hat-weighted sum over the table:
     # max(0, 1 - |p - n|) is 1 - w at floor(p), w at ceil(p), 0 elsewhere.
