@@ -249,10 +249,15 @@ def resplit(a, sharding, spec=None):
 def heads_like(table, x):
     """A per-head ``table [..., heads, d, m]`` split as ``x [..., heads, seq, d]`` splits its
     batch and head axes under JAX's explicit sharding (an ``AxisType.Explicit`` mesh, whose
-    matmul refuses a replicated operand beside a split one), each axis of the table that
-    has ``x``'s length there (an axis of length 1 broadcasts, replicated); unchanged elsewhere."""
-    sharding = explicit_sharding(x) if table.ndim >= 3 and x.ndim >= 3 else None
-    spec = split_spec(sharding, x.ndim)
+    matmul refuses a replicated operand beside a split one, or a split one beside a
+    replicated one: a split table beside an unsplit ``x`` is gathered), each axis of the
+    table that has ``x``'s length there (an axis of length 1 broadcasts, replicated);
+    unchanged elsewhere."""
+    if table.ndim < 3 or x.ndim < 3:
+        return table
+    given = explicit_sharding(x)
+    sharding = given or explicit_sharding(table)
+    spec = split_spec(given, x.ndim)
     lead = [None] * (table.ndim - 2)
     for axis in range(1, min(len(lead), x.ndim - 2) + 1):  # (right-aligned, as the matmul broadcasts them)
         if table.shape[-2 - axis] == x.shape[-2 - axis]:

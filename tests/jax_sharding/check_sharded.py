@@ -353,6 +353,9 @@ def explicit(count, x, table):
         ("xdrope_cos_sin positions split on their sections", lambda p: jnp.stack(pe.xdrope_cos_sin(p, inv_freq, [2, 2, 2, 2])), grid4.T, P("d"), P(), np.stack(pe.xdrope_cos_sin(grid4.T, inv_freq, [2, 2, 2, 2]))),
         ("cope_positions mask split on the keys", lambda m: pe.cope_positions(x, x, mask=m), causal_mask, P(None, "d"), P(None, None, None, "d"), pe.cope_positions(x, x, mask=causal_mask)),
         ("cope_logits head-split q and k, per-head pos_emb", lambda a: pe.cope_logits(a, a, head_emb), x, P(None, "d"), P(None, "d"), pe.cope_logits(x, x, head_emb)),
+        # (split per-head tables beside unsplit q: gathered, where the matmul had refused them)
+        ("deberta_logits head-split tables, q unsplit", lambda t: pe.deberta_logits(x, x, t, t, max_distance=3), pb[0], P("d"), P(), pe.deberta_logits(x, x, pb[0], pb[0], max_distance=3)),
+        ("xl_logits head-split r, q unsplit", lambda t: pe.xl_logits(x, x, t, u, u), r, P("d"), P(), pe.xl_logits(x, x, r, u, u)),
         ("convert_layout channels", lambda a: pe.convert_layout(a, "interleaved", "half"), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.convert_layout(x, "interleaved", "half")),
     ]  # fmt: skip
     with jax.set_mesh(mesh):  # (an explicit mesh's grad needs it, as plain JAX's does)
