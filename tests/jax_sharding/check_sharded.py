@@ -343,6 +343,7 @@ def explicit(count, x, table):
         ("rel_shift last axis", pe.rel_shift, x, P(None, None, None, "d"), P(None, None, None, "d"), pe.rel_shift(x)),
         # (a running count or sum along a split axis: JAX refuses the cumulative sum)
         ("positions_from_mask mask on the sequence", pe.positions_from_mask, padding, P(None, "d"), P(None, "d"), pe.positions_from_mask(padding)),
+        ("positions_from_cu_seqlens split boundaries", lambda c: pe.positions_from_cu_seqlens(c, 12, check_traced=False), np.array([0, 3, 5, 12]), P("d"), P(), pe.positions_from_cu_seqlens(np.array([0, 3, 5, 12]), 12)),
         ("linear_attention causal sequence", causal_linear, x, P(None, None, "d"), P(None, None, "d"), causal_linear(x)),
         ("permute_qk_weight rows", lambda w: pe.permute_qk_weight(w, "interleaved", "half", head_dim=16), weight, P("d"), P("d"), pe.permute_qk_weight(weight, "interleaved", "half", head_dim=16)),
         ("apply_absolute table rows", lambda t: pe.apply_absolute(x, t, offset=4), emb, P("d"), P(), pe.apply_absolute(x, emb, offset=4)),

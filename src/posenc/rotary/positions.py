@@ -97,6 +97,7 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
     device = device_of(cu_seqlens)
     itype = index_dtype(xp, device)
     cu = check.widened("cu_seqlens", cu_seqlens, xp, device)  # (torch has no >= of its uint16 .. uint64)
+    cu, _ = unsplit(cu, 0)  # (a few integers, read at each token's document)
     if check.is_eager(cu_seqlens):  # (read in the widened copy: under jax.jit a closed-over one's copy is traced, and refuses to be read)
         first, last = int(cu[0]), int(cu[-1])
         if first != 0 or last != total or not bool(xp.all(cu[1:] >= cu[:-1])):
