@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import _dispatch
+from .. import _compat, _dispatch
 from .. import _validate as check
 from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, host_constant_like, is_real_floating, namespace, result_dtype, split_as_first, torch_compiling, widest_float
 from . import _args
@@ -226,7 +226,8 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     scale = check.real("scale", scale)
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype), explicit_sharding(inv_freq))
+    split = explicit_sharding(inv_freq) if _compat.is_jax_namespace(xp) else None  # (a list beside torch.compile's tensors is no array to ask)
+    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype), split)
 
 
 def duplicate(xp, half_table, layout):
