@@ -241,6 +241,8 @@ CALLS = {
     "t5_bias numpy strided per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8, offset=np.arange(8)[::2] * t)),
     "t5_bias torch per-row offset of one row": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, offset=torch.tensor([t]))),
     "alibi_bias numpy int8 [1, 1] per-row offsets": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 8, offset=np.array([[t % 128]], np.int8))),
+    "alibi_bias numpy per-row offsets, no keys": (pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, 0, offset=np.array([t - t % 3 - 1] * 2))),
+    "t5_bias torch per-row offset of one row at -1, no keys": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 0, offset=torch.tensor([-1]))),
     "relative_bias shaw per-row offset of one row, no keys": (pe.relative_bias, lambda t: pe.relative_bias("shaw", SHAW, 1, 0, max_distance=4, offset=np.array([t]))),
     "t5_bias torch per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, offset=torch.tensor([t, t + 1, t + 2, t + 7]))),
     "t5_bias torch bfloat16 int32 per-row offsets, 4 queries": (

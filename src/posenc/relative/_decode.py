@@ -449,8 +449,8 @@ class RowsPlan:
         single = q_len == 1 and math.prod(offset.shape) == 1 and integers != "uint64" and not recorded
         self.single = BiasPlan(kind, params, options, False) if single else None
         self.shape = (*offset.shape, heads, 1, k_len)
-        self.windowed = isinstance(self.plan.row, CachedRow) and not recorded
         self.pairs = math.prod(offset.shape) * q_len * k_len
+        self.windowed = isinstance(self.plan.row, CachedRow) and not recorded and self.pairs > 0  # (no window of no keys)
         self.heads_index, self.descents = np.arange(heads)[:, None], np.arange(q_len, dtype=np.int64)
         self.wrap = _torch_wrap(params) if self.torch else None
 
