@@ -157,9 +157,10 @@ def test_t5_starts_past_float32_integers_take_a_few_evaluations_each(monkeypatch
 
 
 def _t5_map(side, max_distance, n):
-    """The original's float32 bucket of distance ``n >= side // 2``, its log correctly rounded."""
+    """The original's float32 bucket of distance ``n >= side // 2`` (an int64, as a float32),
+    its log correctly rounded."""
     exact, f32 = side // 2, np.float32
-    return exact + int(f32(math.log(f32(n) / f32(exact))) / f32(math.log(max_distance / exact)) * f32(side - exact))
+    return exact + int(f32(math.log(np.int64(n).astype(f32) / f32(exact))) / f32(math.log(max_distance / exact)) * f32(side - exact))
 
 
 @pytest.mark.parametrize("side, max_distance", [(2852, 840075), (2975, 741807), (96, 10**10)])
@@ -168,6 +169,18 @@ def test_t5_starts_are_those_of_a_correctly_rounded_float32_log(side, max_distan
     arithmetic with the log correctly rounded (from float64), whatever the host: NumPy's
     own float32 log, an ulp off for 2.7% of values on an AVX-512 CPU, had moved 7, 5 and
     7 of these maps' starts there."""
+    from posenc.relative.buckets import _t5_starts
+
+    starts = _t5_starts.__wrapped__(side, max_distance)
+    got = [(_t5_map(side, max_distance, n - 1), _t5_map(side, max_distance, n)) for n in starts]
+    assert got == [(b - 1, b) for b in range(side // 2 + 1, side)]
+
+
+@pytest.mark.parametrize("side, max_distance", [(258, 10**18), (130, 2**62), (77, 42028401853637367)])
+def test_t5_starts_past_2_53_are_those_of_distances_rounded_once_to_float32(side, max_distance):
+    """The original rounds an int64 distance to float32 once (``.float()``): 16, 10 and 1 of
+    these maps' starts had moved, their distances past 2**53 rounded to float64 first
+    (``np.float32`` of a Python int), and with them t5_bucket's buckets there."""
     from posenc.relative.buckets import _t5_starts
 
     starts = _t5_starts.__wrapped__(side, max_distance)

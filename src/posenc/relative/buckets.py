@@ -66,7 +66,7 @@ def _t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
     denominator = f32(math.log(max_distance / exact))
 
     def bucket(n):  # (n >= exact: the log of a ratio of at least 1)
-        return exact + int(f32(math.log(f32(n) / f32(exact))) / denominator * f32(side_buckets - exact))
+        return exact + int(f32(math.log(_float32(n) / f32(exact))) / denominator * f32(side_buckets - exact))
 
     def start(b, guess):
         # Steps doubling away from the guess, then halving (a float32 distance past 2**24 is
@@ -87,6 +87,17 @@ def _t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
         start(b, max(exact, math.floor(exact * (max_distance / exact) ** ((b - exact) / (side_buckets - exact))) - 2))
         for b in range(exact + 1, side_buckets)
     )
+
+
+def _float32(n):
+    """The int ``n >= 0`` rounded once to float32 (to nearest, ties to even), as the original's
+    ``.float()`` of an int64 distance: ``np.float32`` of a Python int rounds it to float64
+    first, and past 2**53 those two roundings can give the neighbouring float32."""
+    shift = max(n.bit_length() - 24, 0)
+    kept, dropped = divmod(n, 1 << shift)
+    half = (1 << shift) >> 1
+    kept += shift > 0 and (dropped > half or (dropped == half and kept % 2 == 1))
+    return np.float32(kept << shift)
 
 
 def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
