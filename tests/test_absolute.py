@@ -145,6 +145,12 @@ def test_floater_refuses_an_unstable_step_and_a_diverged_state():
     pe.floater(2, 8, step=2.8, substeps=1)  # just inside the limit
     with np.errstate(all="ignore"), pytest.raises(ValueError, match="diverged: the state at position 1 "):
         pe.floater(4, 2, dynamics=lambda p, t: 1e30 * p * p, p0=np.ones(2))
+    with np.errstate(over="ignore"), pytest.raises(ValueError, match="diverged: the state at position 23 .* in float16"):
+        pe.floater(40, 4, dynamics=lambda p, t: 0.5 * p, p0=np.ones(4), dtype=np.float16)  # e**12 > 65504: inf, silently
+    for step in (1e6, 1e308):  # the default substeps: 3.2e7 RK4 steps a position (hours), or an OverflowError
+        with pytest.raises(ValueError, match="give substeps"):
+            pe.floater(4, 8, step=step)
+    assert pe.floater(2, 2, dynamics=lambda p, t: 0 * p, p0=np.ones(2), step=1e6, substeps=1).shape == (2, 2)
 
 
 def test_floater_default_in_every_namespace(backend):

@@ -51,6 +51,10 @@ def _rk4_step(f, p, t, h):
 MAX_RK4_STEP = 1 / 32
 """The default RK4 step: ``substeps`` defaults to the fewest that keep each step this short."""
 
+MAX_DEFAULT_SUBSTEPS = 2**16
+"""The most RK4 steps a position ``substeps`` defaults to (``step`` up to 2048); past it, a call
+would run for hours unseen: ``substeps`` must then be given."""
+
 RK4_ROTATION_LIMIT = 2 * math.sqrt(2)
 """RK4 multiplies a rotation's amplitude by more than 1 a step when ``omega * h`` exceeds this."""
 
@@ -70,7 +74,7 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     :math:`\omega h > 2\sqrt{2}` the rotation's solution grows without bound (refused for
     the default dynamics, whose fastest :math:`\omega` is 1). The default
     ``substeps`` keeps :math:`h \le 1/32` whatever ``step`` is (32 substeps at ``step=1``):
-    the default dynamics then stays within 1e-4 of the sinusoid up to :math:`t = 4096`. A state that stops being finite raises ``ValueError`` where its
+    the default dynamics then stays within 1e-4 of the sinusoid up to :math:`t = 4096`. A state that stops being finite (in the result's dtype) raises ``ValueError`` where its
     values can be read (not under tracing).
 
     Parameters
@@ -88,7 +92,8 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
         Time between two positions.
     substeps : int, optional
         RK4 steps per position (default ``max(32, ceil(32 * step))``: steps of at most
-        ``MAX_RK4_STEP``).
+        ``MAX_RK4_STEP``; a ``step`` that would need more than ``MAX_DEFAULT_SUBSTEPS`` is
+        refused without it).
 
     Examples
     --------
@@ -102,7 +107,15 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     check.allocatable("floater's state", (8, dim), 8)  # (the ODE's vectors, each of dim values)
     check.allocatable("floater", (length, dim), 8)
     step = check.real("step", step, positive=True)
-    substeps = max(32, math.ceil(step / MAX_RK4_STEP)) if substeps is None else check.integer("substeps", substeps, minimum=1)
+    if substeps is None:
+        if step > MAX_DEFAULT_SUBSTEPS * MAX_RK4_STEP:
+            raise ValueError(
+                f"step={step:g} needs {step / MAX_RK4_STEP:.3g} RK4 steps a position at the default step of {MAX_RK4_STEP:g} "
+                f"(more than {MAX_DEFAULT_SUBSTEPS}): give substeps, the RK4 steps a position, explicitly"
+            )
+        substeps = max(32, math.ceil(step / MAX_RK4_STEP))
+    else:
+        substeps = check.integer("substeps", substeps, minimum=1)
     base = check.real("base", base, positive=True)
     if dynamics is not None and not callable(dynamics):
         raise TypeError(f"dynamics must be callable (p, t) -> dp/dt, got {type(dynamics).__name__}")
@@ -134,18 +147,18 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     h = step / substeps
     rows = []
     t = 0.0
-    for _ in range(length):
+    for i in range(length):
         rows.append(p)
-        for _ in range(substeps):
+        for _ in range(substeps if i + 1 < length else 0):
             p = _rk4_step(dynamics, p, t, h)
             t += h
     if not rows:
         return xp.zeros((0, dim), dtype=out_dtype, device=device)
-    table = xp.stack(rows, axis=0)
+    table = cast(xp, xp.stack(rows, axis=0), out_dtype)
     if check.is_eager(table) and not bool(xp.all(xp.isfinite(table))):
         first = int(xp.argmin(xp.astype(xp.all(xp.isfinite(table), axis=1), xp.int8)))
         raise ValueError(
-            f"floater's integration diverged: the state at position {first} (t = {first * step}) is not finite; "
-            f"a smaller RK4 step (more substeps than {substeps}, or a smaller step) or other dynamics may keep it finite"
+            f"floater's integration diverged: the state at position {first} (t = {first * step}) is not finite in {table.dtype}; "
+            f"a smaller RK4 step (more substeps than {substeps}, or a smaller step), other dynamics or a wider dtype may keep it finite"
         )
-    return cast(xp, table, out_dtype)
+    return table
