@@ -397,3 +397,20 @@ def test_an_alpha_outside_hunyuan_is_not_read():
     got, _ = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling)
     np.testing.assert_allclose(got, LlamaRotaryEmbedding(config).inv_freq.double().numpy(), rtol=1e-6)
     assert pe.scaling.from_hf(params, head_dim=16).scaling == pe.scaling.NTK(4.0)  # a dict: HunYuan's reading, as before
+
+
+def test_hunyuan_alpha_zero_is_no_alpha():
+    # HunYuan's modules test `rope_parameters.get("alpha")` for truth: 0 is no alpha, and
+    # "dynamic" is then the dynamic NTK of its factor. from_hf raised ValueError (alpha must be > 0).
+    from transformers.models.hunyuan_v1_dense.modeling_hunyuan_v1_dense import HunYuanDenseV1RotaryEmbedding
+
+    params = {"rope_type": "dynamic", "alpha": 0, "factor": 2.0, "rope_theta": 10000.0}
+    config = transformers.AutoConfig.for_model(
+        "hunyuan_v1_dense", hidden_size=128, num_attention_heads=4, head_dim=32, max_position_embeddings=64, rope_parameters=dict(params)
+    )
+    module = HunYuanDenseV1RotaryEmbedding(config)
+    assert module.rope_type == "dynamic"
+    cfg = pe.scaling.from_hf(config)
+    assert cfg.scaling == pe.scaling.DynamicNTK(2.0, 64)
+    got, _ = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling)
+    np.testing.assert_allclose(got, module.inv_freq.double().numpy(), rtol=1e-6)

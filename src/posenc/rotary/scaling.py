@@ -613,7 +613,7 @@ def _linear(r, rotary_dim, base):
 
 
 def _dynamic(r, rotary_dim, base):
-    if r.get("alpha") is not None:  # HunYuan: "dynamic" with a fixed alpha is the static NTK base change
+    if r.get("alpha"):  # HunYuan: "dynamic" with a fixed alpha is the static NTK base change (its test is for truth: 0 is none)
         return NTK(r.params["alpha"])
     factor = r.need("factor")
     if r.max_position_embeddings is None:
