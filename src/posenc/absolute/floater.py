@@ -74,7 +74,8 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     :math:`\omega h > 2\sqrt{2}` the rotation's solution grows without bound (refused for
     the default dynamics, whose fastest :math:`\omega` is 1). The default
     ``substeps`` keeps :math:`h \le 1/32` whatever ``step`` is (32 substeps at ``step=1``):
-    the default dynamics then stays within 1e-4 of the sinusoid up to :math:`t = 4096`. A state that stops being finite (in the result's dtype) raises ``ValueError`` where its
+    the default dynamics then stays within 1e-4 of the sinusoid up to :math:`t = 4096`. A
+    state that stops being finite (in the result's dtype) raises ``ValueError`` where its
     values can be read (not under tracing).
 
     Parameters
@@ -155,10 +156,12 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     if not rows:
         return xp.zeros((0, dim), dtype=out_dtype, device=device)
     table = cast(xp, xp.stack(rows, axis=0), out_dtype)
-    if check.is_eager(table) and not bool(xp.all(xp.isfinite(table))):
-        first = int(xp.argmin(xp.astype(xp.all(xp.isfinite(table), axis=1), xp.int8)))
-        raise ValueError(
-            f"floater's integration diverged: the state at position {first} (t = {first * step}) is not finite in {table.dtype}; "
-            f"a smaller RK4 step (more substeps than {substeps}, or a smaller step), other dynamics or a wider dtype may keep it finite"
-        )
+    if check.is_eager(table):
+        finite = xp.all(xp.isfinite(table), axis=1)
+        if not bool(xp.all(finite)):
+            first = int(xp.argmin(xp.astype(finite, xp.int8)))
+            raise ValueError(
+                f"floater's integration diverged: the state at position {first} (t = {first * step}) is not finite in {table.dtype}; "
+                f"a smaller RK4 step (more substeps than {substeps}, or a smaller step), other dynamics or a wider dtype may keep it finite"
+            )
     return table
