@@ -979,7 +979,7 @@ def test_the_t5_bucket_kernel_searches_the_bucket_starts(monkeypatch):
     import types as pytypes
 
     from posenc._kernels import buckets_cuda
-    from posenc.relative.buckets import t5_starts
+    from posenc.relative.buckets import t5_starts_array
 
     class Reads:
         def __init__(self, values):
@@ -990,7 +990,7 @@ def test_the_t5_bucket_kernel_searches_the_bucket_starts(monkeypatch):
             return self.values[k]
 
     monkeypatch.setattr(buckets_cuda, "cuda", pytypes.SimpleNamespace(grid=lambda ndim: 0))  # the thread of distance 0
-    starts = t5_starts(2**16, 10**6)
+    starts = t5_starts_array(2**16, 10**6)
     for rel, want in ((2**40, 2**16 - 1), (starts[100], 2**15 + 101), (starts[100] - 1, 2**15 + 100), (3, 3), (-5, 0)):
         reads, out = Reads(np.asarray(starts, np.int64)), np.zeros(1, np.int64)
         buckets_cuda._buckets(1, np.array([rel]), 1, reads, 2**15, 2**16, 0, -(2**63 - 1), out)

@@ -3,7 +3,7 @@
 Reference: ``posenc.relative.buckets.t5_buckets``. A thread per distance, in the
 reference's integer arithmetic: the distance (``|rel|`` with ``rel`` raised to ``-largest``
 of its dtype, or ``max(rel, 0)`` one way), itself below ``exact``, else ``exact`` plus the
-count of bucket starts it reaches (``t5_starts``: the boundaries of the original's
+count of bucket starts it reaches (``t5_starts_array``: the boundaries of the original's
 float32 formula, a constant on the device), found by binary search (O(log(num_buckets))
 a distance), plus ``side`` for a key after the query.
 Specialised by the distances' dtype (int32, int64), which is the result's; compiled on
@@ -19,7 +19,7 @@ from numba import cuda, types
 
 from . import _arrays, _device_flat, _family
 from .buckets import SPECIALISATIONS, guard, serves
-from ..relative.buckets import t5_starts
+from ..relative.buckets import t5_starts_array
 
 _THREADS = 256
 
@@ -74,7 +74,7 @@ def t5_buckets(rel, *, num_buckets, max_distance, bidirectional):
         result = _arrays.empty(rel)
         if n:
             device = _arrays.device_index(rel)
-            starts = _device_flat.constant(device, np.asarray(t5_starts(side, max_distance), np.int64), stream)
+            starts = _device_flat.constant(device, t5_starts_array(side, max_distance), stream)
             values, (step,) = _device_flat.flat(_device_flat.span(rel))
             out, _ = _device_flat.flat(_device_flat.span(result))
             lowest = -int(np.iinfo(name).max)

@@ -41,12 +41,6 @@ def t5_bucket_options(num_buckets, max_distance, bidirectional):
     return num_buckets, max_distance, bidirectional
 
 
-@trace_constant
-def t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
-    """:func:`_t5_starts`, computed once per map (a constant for ``torch.compile``)."""
-    return _t5_starts(side_buckets, max_distance)
-
-
 @lru_cache(maxsize=64)
 def _t5_starts(side_buckets: int, max_distance: int) -> tuple[int, ...]:
     """Smallest distance of each log-spaced T5 bucket ``exact + 1 .. side_buckets - 1``.
@@ -164,7 +158,7 @@ def t5_bucket_values(rel, *, num_buckets, max_distance, bidirectional):
 
 def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
     """:func:`t5_bucket` of validated arguments (``t5_bucket_options``): ``exact`` plus the
-    count of log-spaced bucket boundaries (``t5_starts``) a distance reaches, in
+    count of log-spaced bucket boundaries (``_t5_starts``) a distance reaches, in
     O(len(rel) * log(num_buckets)): a binary search (``searchsorted``) of ``SEARCHED_STARTS`` or
     more boundaries, one comparison per boundary below that."""
     side = num_buckets // 2 if bidirectional else num_buckets
@@ -209,7 +203,7 @@ def _reached(xp, starts, n):
 
 @trace_constant
 def t5_starts_reached(side_buckets: int, max_distance: int, largest: int) -> tuple[int, ...]:
-    """The :func:`t5_starts` a distance of at most ``largest`` reaches (a constant for ``torch.compile``)."""
+    """The :func:`_t5_starts` a distance of at most ``largest`` reaches (a constant for ``torch.compile``)."""
     return _t5_starts_reached(side_buckets, max_distance, largest)
 
 
@@ -220,7 +214,7 @@ def _t5_starts_reached(side_buckets, max_distance, largest):
 
 
 def _starts_on(xp, side_buckets, max_distance, starts, dtype, device):
-    """``starts``, the first of ``t5_starts(side_buckets, max_distance)``, as a 1-D array of
+    """``starts``, the first of ``_t5_starts(side_buckets, max_distance)``, as a 1-D array of
     ``dtype`` on ``device``: copied once to a torch GPU and kept there (``_device_constants``:
     no copy in a call, which a CUDA graph captures), a constant of the graph ``torch.compile``
     traces, else copied from a host array made once (a copy: torch shares a NumPy array's
@@ -233,11 +227,11 @@ def _starts_on(xp, side_buckets, max_distance, starts, dtype, device):
         kept = torch_constant(starts, dtype, device, what="T5 bucket boundaries")
         if kept is not None:
             return kept
-    return xp.asarray(_t5_starts_array(side_buckets, max_distance)[: len(starts)], dtype=dtype, device=device, copy=True)
+    return xp.asarray(t5_starts_array(side_buckets, max_distance)[: len(starts)], dtype=dtype, device=device, copy=True)
 
 
 @lru_cache(maxsize=64)
-def _t5_starts_array(side_buckets: int, max_distance: int) -> np.ndarray:
+def t5_starts_array(side_buckets: int, max_distance: int) -> np.ndarray:
     """:func:`_t5_starts` as a read-only int64 NumPy array."""
     starts = np.asarray(_t5_starts(side_buckets, max_distance), dtype=np.int64)
     starts.flags.writeable = False
