@@ -276,6 +276,24 @@ def test_sincos_2d_matches_mae(h, w, dim):
     assert with_cls.shape == (h * w + 1, dim) and not with_cls[0].any()
 
 
+def _round_once(table, bits):
+    """``table`` (float64, normal magnitudes) rounded once to ``bits`` significant bits, ties to even."""
+    mantissa, exponent = np.frexp(table)
+    return np.ldexp(np.round(mantissa * 2.0**bits), exponent - bits)
+
+
+@pytest.mark.parametrize(("dtype", "bits"), [(torch.float16, 11), (torch.bfloat16, 8)])
+def test_sincos_2d_16_bit_is_maes_table_rounded_once(dtype, bits):
+    """A 16-bit table is MAE's float64 one rounded once, in torch as in NumPy: torch's float64
+    to float16 conversion goes through float32 and rounded 128 of these entries twice."""
+    want = _round_once(mae_2d_sincos(256, 64, 64), bits)
+    got = pe.sincos_2d(64, 64, 256, xp=torch, dtype=dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(got.double().numpy(), want)
+    if dtype == torch.float16:
+        np.testing.assert_array_equal(pe.sincos_2d(64, 64, 256, dtype=np.float16), want)
+
+
 def test_randomized_positions_are_a_sorted_seeded_subset():
     p = pe.randomized_positions(10, 40, rng=3)
     assert p.dtype == np.int64 and p.shape == (10,)

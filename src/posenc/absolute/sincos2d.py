@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cos_sin, index_dtype, namespace, result_dtype
+from .._xp import cast, cos_sin, index_dtype, namespace, result_dtype
 
 
 def sincos_2d(grid_h, grid_w, dim, *, base=10000.0, cls_token=False, xp=None, device=None, dtype=None):
@@ -62,7 +62,7 @@ def sincos_2d(grid_h, grid_w, dim, *, base=10000.0, cls_token=False, xp=None, de
     for coordinate in (cell % grid_w, cell // grid_w):
         cos, sin = cos_sin(coordinate, freqs, xp=xp, device=device)
         halves += [sin, cos]
-    table = xp.astype(xp.concat(halves, axis=-1), dtype)
+    table = cast(xp, xp.concat(halves, axis=-1), dtype)
     if cls_token:
         table = xp.concat([xp.zeros((1, dim), dtype=dtype, device=device), table], axis=0)
     return table
