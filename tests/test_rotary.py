@@ -46,6 +46,23 @@ def test_rope_frequencies_in_every_namespace(backend):
     assert_close(got, theta(8) / 2.0, backend=backend, dtype="float32" if backend.name == "jax" else "float64")  # JAX without x64
 
 
+@pytest.mark.parametrize(("dim", "base"), [(430, 1e6), (430, 100.0), (634, 5e5), (248, 8e4)])
+def test_16_bit_frequencies_are_the_formula_rounded_once(dim, base):
+    """float16 frequencies in torch (eager and compiled) and in NumPy are ``base**(-2i/d)``
+    rounded once, as NumPy rounds a float64: torch's own conversion went through float32 and
+    rounded one frequency of each of these twice, an ulp away."""
+    torch = pytest.importorskip("torch")
+    want = (1.0 / base ** (np.arange(0, dim, 2) / dim)).astype(np.float16)
+    for got in (
+        pe.rope_frequencies(dim, base=base, xp=torch, dtype=torch.float16)[0],
+        torch.compile(lambda: pe.rope_frequencies(dim, base=base, xp=torch, dtype=torch.float16)[0], fullgraph=True)(),
+        pe.axial_frequencies(dim, base=base, xp=torch, dtype=torch.float16),
+    ):
+        assert got.dtype == torch.float16
+        np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(pe.rope_frequencies(dim, base=base, dtype=np.float16)[0], want)
+
+
 def test_rope_cos_sin_takes_frequencies_of_the_positions_namespace():
     torch = pytest.importorskip("torch")
     inv_freq, _ = pe.rope_frequencies(8, xp=pe._xp.namespace(torch.zeros(1)))

@@ -582,6 +582,24 @@ def cast(xp, array, dtype):
     return _astype(xp, array, dtype)
 
 
+def host_as(xp, values, dtype, device=None):
+    """Host float64 ``values`` (a tuple of numbers, or a NumPy array) as a ``dtype`` array of
+    ``xp``, each rounded once: to float16 or bfloat16 as ``cast`` rounds (a namespace's own
+    conversion of float64 goes through float32 and rounds twice)."""
+    name = _dtype_name(dtype)
+    if name in _SIXTEEN:
+        if isinstance(values, tuple):
+            values = _host_rounded(values, name)
+        else:
+            values = round_sixteen(_numpy, _numpy.asarray(values, dtype=_numpy.float64), *_SIXTEEN[name])
+    return xp.asarray(values, dtype=dtype, device=device)
+
+
+@trace_constant
+def _host_rounded(values: tuple, name: str) -> tuple:
+    return tuple(round_sixteen(_numpy, _numpy.asarray(values, dtype=_numpy.float64), *_SIXTEEN[name]).tolist())
+
+
 def _astype(xp, array, dtype):
     if type(array) is _ndarray:
         return array.astype(dtype)  # (the method: numpy.astype's checks are Python code, 2 us)

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import device_of, host_constants, namespace, resplit, result_dtype, trace_constant, unsplit, widest_float
+from .._xp import device_of, host_as, host_constants, namespace, resplit, result_dtype, trace_constant, unsplit, widest_float
 from . import _args
 from ._rotate import _write
 from .scaling import frequency_table
@@ -59,12 +59,12 @@ def axial_frequencies(dim, *, frequencies="lang", base=10000.0, max_freq=10.0, x
     """
     dim = check.even_dim("dim", dim)
     check.allocatable("axial_frequencies", (dim // 2,), 128)  # (a tuple of Python floats on the way)
-    table = np.asarray(_block_frequencies(dim, frequencies, base, max_freq))
+    table = _block_frequencies(dim, frequencies, base, max_freq)
     if xp is None and device is None and dtype is None:
-        return table
+        return np.asarray(table)
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
-    return xp.asarray(table, dtype=dtype, device=device)
+    return host_as(xp, table, dtype, device)
 
 
 def _block_frequencies(dim, frequencies, base, max_freq):

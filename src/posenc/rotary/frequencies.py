@@ -7,7 +7,7 @@ import numpy as np
 from .. import _dispatch
 from .. import _validate as check
 from .._dispatch import reference
-from .._xp import device_of, namespace, result_dtype, torch_compiling, torch_namespace, widest_float
+from .._xp import cast, device_of, host_as, namespace, result_dtype, torch_compiling, torch_namespace, widest_float
 from . import _args
 from .scaling import check_scaling, check_seq_len, frequency_table
 
@@ -89,7 +89,7 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
         return np.asarray(inv_freq), float(attention_scale)
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
-    return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
+    return host_as(xp, inv_freq, dtype, device), float(attention_scale)
 
 
 def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
@@ -106,7 +106,7 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
         device = device if device is not None else device_of(seq_len)
         table, attention_scale = frequency_table(scaling, dim, base, None)  # every row's frequencies are the same table
         inv_freq = xp.broadcast_to(xp.asarray(table, dtype=widest_float(xp, device), device=device), (*seq_len.shape, dim // 2))
-        return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+        return (inv_freq if dtype is None else cast(xp, inv_freq, result_dtype(xp, dtype))), float(attention_scale)
     lengths = [int(n) for n in own.reshape(seq_len, (-1,))]
     rows = [frequency_table(scaling, dim, base, n if uses else None) for n in lengths]
     inv_freq = np.asarray([row for row, _ in rows], dtype=np.float64).reshape(*seq_len.shape, dim // 2)
@@ -115,7 +115,7 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
         return inv_freq, float(attention_scale)
     xp = namespace(xp=xp)
     dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
-    return xp.asarray(inv_freq, dtype=dtype, device=device), float(attention_scale)
+    return host_as(xp, inv_freq, dtype, device), float(attention_scale)
 
 
 def _at_traced_length(dim, base, scaling, seq_len, xp, device, dtype):
@@ -125,7 +125,7 @@ def _at_traced_length(dim, base, scaling, seq_len, xp, device, dtype):
     device = device if device is not None else device_of(seq_len)
     inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
     attention_scale = frequency_table(scaling, dim, base, None)[1]  # (no scaling's depends on the length)
-    return (inv_freq if dtype is None else xp.astype(inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+    return (inv_freq if dtype is None else cast(xp, inv_freq, result_dtype(xp, dtype))), float(attention_scale)
 
 
 @reference("rope_frequencies_at_length")
