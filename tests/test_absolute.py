@@ -77,14 +77,20 @@ def test_apply_absolute_takes_one_offset_per_batch_row(backend, rng):
         pe.apply_absolute(x, table, offset=np.array([0, 5]))
 
 
-@pytest.mark.parametrize("dim", [8, 10, 64, 512])
-def test_sinusoidal_half_is_marian_and_roformer_table(dim):
-    """``layout="half"`` is transformers' Marian and RoFormer table, bit for bit."""
+@pytest.mark.parametrize(("length", "dim"), [(2048, 8), (2048, 10), (2048, 64), (4096, 512), (4096, 768), (1024, 1024)])
+def test_sinusoidal_half_is_marian_and_roformer_table(length, dim):
+    """``layout="half"`` is transformers' Marian, Pegasus and RoFormer table, bit for bit:
+    angles ``k / 10000**(2i/d)`` as they divide (the products ``k * 10000**(-2i/d)`` put 1 of
+    Pegasus-large's 1024 x 1024 entries, 3 of 4096 x 768, an ulp away)."""
     pytest.importorskip("transformers")
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+    from transformers.models.pegasus.modeling_pegasus import PegasusSinusoidalPositionalEmbedding
 
-    want = MarianSinusoidalPositionalEmbedding(2048, dim).create_weight().numpy()
-    np.testing.assert_array_equal(pe.sinusoidal(2048, dim, layout="half"), want)
+    want = MarianSinusoidalPositionalEmbedding(length, dim).create_weight().numpy()
+    np.testing.assert_array_equal(PegasusSinusoidalPositionalEmbedding(length, dim).create_weight().numpy(), want)
+    np.testing.assert_array_equal(pe.sinusoidal(length, dim, layout="half"), want)
+    torch = pytest.importorskip("torch")
+    np.testing.assert_array_equal(pe.sinusoidal(length, dim, layout="half", xp=torch).numpy(), want)
 
 
 def test_sinusoidal_half_is_not_fairseqs_table():

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _validate as check
-from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
+from .._xp import argument_in, cast, cos_sin, device_of, has_float64, is_real_floating, namespace, result_dtype, trace_constant
 
 LAYOUTS = ("interleaved", "half")
 
@@ -11,6 +13,13 @@ LAYOUTS = ("interleaved", "half")
 def inverse_frequencies(dim: int, base: float) -> list[float]:
     """Host float64 frequencies ``base**(-2i/dim)`` for ``i < dim/2``."""
     return [base ** (-(2.0 * i) / dim) for i in range(dim // 2)]
+
+
+@trace_constant
+def wavelengths(dim: int, base: float) -> tuple:
+    """Host float64 divisors ``base**(2i/dim)`` for ``i < dim/2``, NumPy's ``power`` as
+    Marian's, Pegasus's and RoFormer's tables compute them."""
+    return tuple(np.power(base, np.arange(0, dim, 2) / dim).tolist())
 
 
 def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, device=None, dtype=None):
@@ -47,8 +56,8 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     Returns
     -------
     array of shape ``positions.shape + (dim,)``
-        Angles are computed in float64 (or an exact split reduction where float64 is
-        missing) and rounded once to the output dtype.
+        Angles are float64 quotients :math:`k / \text{base}^{2i/d}` (or an exact split
+        reduction where float64 is missing), rounded once to the output dtype.
 
     Examples
     --------
@@ -76,7 +85,11 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
         out_dtype = check.creation_dtype("dtype", dtype, xp)
         check.allocatable("sinusoidal", (n, dim), 8)
         pos = xp.arange(n, device=device)
-    cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)
+    if has_float64(xp, device):  # the paper's k / base**(2i/d), divided as Marian's and RoFormer's tables are: their bits
+        angle = xp.astype(pos, xp.float64)[..., None] / xp.asarray(wavelengths(dim, base), dtype=xp.float64, device=device)
+        cos, sin = xp.cos(angle), xp.sin(angle)
+    else:
+        cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)
     if layout == "interleaved":
         table = xp.reshape(xp.stack([sin, cos], axis=-1), (*pos.shape, dim))
     else:
