@@ -302,6 +302,9 @@ ROW_CALLS = {
         lambda o, xp, q, k, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=3, offset=o),
         (ROW_Q, ROW_K, RNG.standard_normal((6, 8)), RNG.standard_normal((6, 8))),
     ),
+    "cope_logits": (lambda o, xp, q, k, e: pe.cope_logits(q, k, e, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((6, 8)))),
+    "cope_logits not causal": (lambda o, xp, q, k, e: pe.cope_logits(q, k, e, causal=False, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((6, 8)))),
+    "cope_positions of q and k": (lambda o, xp, q, k: pe.cope_positions(q, k, offset=o), (ROW_Q, ROW_K)),
 }
 
 
@@ -316,7 +319,7 @@ def test_one_offset_per_batch_row_gives_each_row_the_bits_of_its_own_call(backen
     rows = backend.to_numpy(backend.call(lambda o, *a: fn(o, backend.xp, *a), backend.asarray(ROW_OFFSETS), *arrays))
     q_len = 1 if name.endswith("decode") else 2
     assert rows.shape[0] == len(ROW_OFFSETS) and rows.shape[-2:] == (q_len, 5)
-    row = (lambda one, b: one[b]) if name.endswith("logits") else (lambda one, b: one)
+    row = (lambda one, b: one[b]) if "logits" in name or name.endswith("of q and k") else (lambda one, b: one)
     for b, offset in enumerate(ROW_OFFSETS.tolist()):
         zero_d = backend.asarray([offset])[0]  # (traced under jax.jit as the rows' are, not folded into constants)
         np.testing.assert_array_equal(rows[b], row(backend.to_numpy(backend.call(lambda o, *a: fn(o, backend.xp, *a), zero_d, *arrays)), b))
@@ -388,6 +391,40 @@ def test_a_per_row_offset_is_the_per_token_recipe_and_shifts_given_query_positio
         pe.shaw_logits(ROW_Q, ROW_K, np.ones((7, 8)), max_distance=3, offset=offsets)
 
 
+def test_cope_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_gradients():
+    """CoPE's causal gates of one offset per batch row (``key j <= offset[b] + i``): a
+    wrong shape, a float or boolean dtype, another library's array, a position past int64
+    and a ``mask`` not broadcasting against the widened logits are refused before any
+    work; torch's gradients are the loop of one-offset calls'."""
+    q, k, e, offsets = ROW_Q, ROW_K, RNG.standard_normal((6, 8)), np.array([0, 3, 11, -1])
+    cases = (
+        (np.array([1, 2, 3]), ValueError, r"offset \(one per batch row\) and query_positions/key_positions with leading \(batch\) axes \(3,\)"),
+        (np.array([1.0, 2.0, 3.0, 4.0]), TypeError, "offset must have an integer dtype, got float64"),
+        (np.array([True, False, True, True]), TypeError, "offset must have an integer dtype, got bool"),
+        (np.array([2**63 - 1, 0, 0, 0]), ValueError, r"offset \+ i - j must stay within int64"),
+        (np.array([2**63, 0, 0, 0], np.uint64), ValueError, "offset must fit in int64"),
+    )
+    for fn in (lambda o, **kw: pe.cope_logits(q, k, e, offset=o, **kw), lambda o, **kw: pe.cope_positions(q, k, offset=o, **kw)):
+        for offset, error, says in cases:
+            with pytest.raises(error, match=says):
+                fn(offset)
+        with pytest.raises(ValueError, match=r"mask of shape \(3, 1, 2, 5\) does not broadcast against the logits \(3, 4, 2, 2, 5\)"):
+            fn(np.arange(3)[:, None], mask=np.ones((3, 1, 2, 5), dtype=bool))
+        assert fn(np.arange(3)[:, None]).shape == (3, 4, 2, 2, 5)
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="arrays of different kinds in one call"):
+        pe.cope_logits(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(e), offset=jnp.asarray(offsets))
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, e)]
+    rows = pe.cope_logits(*leaves, offset=torch.from_numpy(offsets))
+    weights = torch.from_numpy(RNG.standard_normal(rows.shape))
+    got = torch.autograd.grad((rows * weights).sum(), leaves)
+    loop = sum((pe.cope_logits(*leaves, offset=offset)[b] * weights[b]).sum() for b, offset in enumerate(offsets.tolist()))
+    for grad, want in zip(got, torch.autograd.grad(loop, leaves)):
+        assert grad.abs().sum() > 0
+        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_per_row_offset_is_checked_before_any_work():
     with pytest.raises(ValueError, match=r"the relative positions can be -4 .. 201, beyond int8"):
         pe.relative_positions(2, 5, offset=np.array([200, 0]), dtype=np.int8)
@@ -428,7 +465,6 @@ def test_functions_of_one_offset_for_every_row_say_what_to_do_with_one_per_row()
         (lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 5, offset=offsets), r"no batch axes; relative_bias \(t5_bias, alibi_bias\) takes one"),
         (lambda: pe.sandwich_vector(2, 5, 8, offset=offsets), "no batch axes; sandwich_bias takes one"),
         (lambda: pe.tener_logits(q, k, np.ones(8), np.ones(8), offset=offsets), "tener_logits takes one for every row"),
-        (lambda: pe.cope_logits(q, k, np.ones((6, 8)), offset=offsets), "CoPE's causal gates take one for every row"),
         (lambda: pe.tupe_logits(q, k, np.ones((16, 8)), np.ones((8, 8)), np.ones((8, 8)), offset=offsets), "tupe_logits takes one for every row"),
     ):
         with pytest.raises(TypeError, match="offset must be an integer or a 0-d integer array here, got an array of shape \\(4,\\): .*" + says):

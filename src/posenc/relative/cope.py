@@ -6,35 +6,61 @@ import math
 
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, compute_dtype, device_of, heads_like, host_constants, index_dtype, namespace, resplit, shifted, unsplit
-from . import _args
-from .indices import query_offset
+from . import _args, _per_token
+from .indices import per_row, query_offset
 
 
 def _check(q, k, xp, causal, offset, scale, mask):
-    q_len, k_len, _ = _args.query_key(q, k, xp)
+    """``(q_len, k_len, offset, scale, shape)``: ``offset`` validated, one for every row or,
+    one per batch row, as the relative positions ``rel [..., (1,) q_len, k_len]`` of its
+    rows (:func:`_row_distances`); ``shape`` the logits'."""
+    q_len, k_len, batch = _args.query_key(q, k, xp)
     check.features(q, k, "CoPE's gates are their dot products")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be True or False, got {causal!r}")
-    offset = query_offset(offset, q_len, k_len, xp=xp, instead="CoPE's causal gates take one for every row: call it once per offset, on the rows that have it")
+    if per_row(offset):
+        offset, batch = _row_distances(xp, q, k, offset, q_len, k_len, batch)
+    else:
+        offset = query_offset(offset, q_len, k_len, xp=xp)
+    logits_shape = (*batch, q_len, k_len)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     if mask is not None:
         check.boolean_mask("mask", mask, xp)
-        logits_shape = (*broadcast_shapes(tuple(q.shape[:-2]), tuple(k.shape[:-2])), q_len, k_len)
         try:
             if broadcast_shapes(tuple(mask.shape), logits_shape) != logits_shape:
                 raise ValueError
         except ValueError:
             raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the logits {logits_shape}") from None
-    return q_len, k_len, offset, scale
+    return q_len, k_len, offset, scale, logits_shape
 
 
-def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask):
+def _row_distances(xp, q, k, offset, q_len, k_len, batch):
+    """``(rel, batch)`` of one ``offset`` per batch row: ``rel = (offset[..., None] + i) - j``
+    (a head axis before ``[q_len, k_len]`` where ``q`` has one), every value checked to stay
+    within the index dtype, and the leading axes of the logits."""
+    device = device_of(q)
+    has_heads = q.ndim >= 3
+    offset = _per_token.row_offsets(xp, offset, q, k)[..., None]
+    batch = _per_token.batch_with_heads(tuple(offset.shape[:-2]), batch, has_heads, "q and k", rows=True)
+    _args.logits_shape(batch, q_len, k_len)
+    index = index_dtype(xp, device)
+    query, key = xp.arange(q_len, dtype=index, device=device), xp.arange(k_len, dtype=index, device=device)
+    known = (1 - k_len, q_len - 1) if q_len and k_len else None
+    rel = check.shifted("i - j", query[:, None] - key[None, :], offset, xp, device, known=known)
+    return (rel[..., None, :, :] if has_heads else rel), batch
+
+
+def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape):
     """``(scale * q.k, sigmoid gates)`` in the compute dtype; future keys get gate 0 when
-    causal, and keys ``mask`` hides get gate 0 (the paper's code gates the masked logits)."""
+    causal, and keys ``mask`` hides get gate 0 (the paper's code gates the masked logits).
+    The gates are of the logits' ``shape``, which one ``offset`` per batch row (``rel``,
+    :func:`_row_distances`) may widen."""
     work = compute_dtype(xp, q.dtype)
     logits = (cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work))) * scale
     gates = 1 / (1 + xp.exp(-logits))
-    if causal:
+    if getattr(offset, "ndim", 0):  # one per batch row: a key is past its query where (offset + i) - j < 0
+        gates = xp.where(offset >= 0, gates, xp.zeros_like(gates)) if causal else xp.broadcast_to(gates, shape)
+    elif causal:
         device = device_of(q, k)
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key = xp.arange(k_len, dtype=index_dtype(xp, device), device=device)
@@ -73,8 +99,11 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     ----------
     q : float array ``[..., q_len, d]``; k : float array ``[..., k_len, d]``
     causal : bool
-    offset : int, 0-d integer array or None (``k_len - q_len``): the first query's position,
-        one for every row (the causal gates')
+    offset : int, 0-d integer array or None (``k_len - q_len``): the first query's position;
+        or one per batch row, an integer array ``[...]`` broadcasting against the batch axes
+        before the heads axis (``q.ndim >= 3``): the query positions ``offset[..., None] +
+        arange(q_len)``, the result ``[..., heads, q_len, k_len]`` and row ``b`` that of
+        ``offset[b]``, to the bit
     scale : float > 0 or None (``1/sqrt(d)``)
     mask : boolean array broadcasting against ``[..., q_len, k_len]`` (True = may attend), optional
 
@@ -90,8 +119,8 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     [[0.5, 0.0, 0.0], [1.0, 0.5, 0.0], [1.5, 1.0, 0.5]]
     """
     xp = namespace(q, k, mask)
-    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale, mask)
-    _, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask)
+    q_len, k_len, offset, scale, shape = _check(q, k, xp, causal, offset, scale, mask)
+    _, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape)
     return cast(xp, _positions(xp, gates), q.dtype)
 
 
@@ -131,7 +160,7 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     [[1.0, 0.0], [2.0, 1.0]]
     """
     xp = namespace(q, k, pos_emb, mask)
-    q_len, k_len, offset, scale = _check(q, k, xp, causal, offset, scale, mask)
+    q_len, k_len, offset, scale, shape = _check(q, k, xp, causal, offset, scale, mask)
     check.float_array("pos_emb", pos_emb, xp)
     check.ndim("pos_emb", pos_emb, minimum=2)
     if int(pos_emb.shape[-1]) != int(q.shape[-1]):
@@ -140,7 +169,7 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     npos = int(pos_emb.shape[-2])
     if npos < 1:  # (clip to [0, -1] left every position term out: the plain logits, silently)
         raise ValueError(f"pos_emb must have at least one position row (pos_emb.shape[-2] >= 1), got shape {tuple(pos_emb.shape)}")
-    logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask)
+    logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape)
     pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
     work = logits.dtype
     pos_emb = heads_like(unsplit(pos_emb, -2)[0], q)  # (z's columns, one per row of the table, are sliced below)
