@@ -522,17 +522,61 @@ def test_modules_without_per_token_positions_refuse_them():
             _make(name).float().logits(q, q, key_positions=torch.arange(5))
 
 
-def test_logits_and_attend_take_one_offset_for_every_row_and_say_how_to_give_one_per_row():
-    """A module's ``logits``/``attend`` (one causal alignment for all rows) refuse one
-    ``offset`` per batch row with the recipe of per-token positions, which gives each row
-    the logits of its offset (the ``TypeError`` had named the functions' keyword only)."""
-    q, k, _ = _qkv(1, 9)
-    offsets = torch.tensor([4, 8])
-    for name in ("t5", "rope", "xl"):
-        with pytest.raises(TypeError, match=r"a module's logits and attend take one offset for every row; .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):
-            _make(name).logits(q, k, offset=offsets)
-    m = _make("t5")
-    with torch.no_grad():
-        rows = m.logits(q, k, query_positions=offsets[:, None] + torch.arange(1))
+ROW_MODULES = ("alibi", "cope", "deberta", "deberta_c2p", "fire", "kerple", "sandwich", "shaw", "t5")
+
+
+@pytest.mark.parametrize("name", ROW_MODULES)
+def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(name):
+    """``logits`` and ``attend`` (causal or not; ShawRelative's ``logits`` only) with one
+    ``offset`` per batch row (a batch of caches of different lengths, as a tensor or a
+    NumPy array): row ``b`` is the call with ``offset[b]`` to the bit, and the gradients
+    are the loop of those calls'. They had been a ``TypeError``."""
+    m = _make(name)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(4, H, n, D, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 9, 9))
+    offsets = torch.tensor([4, 8, 0, 11])
+    calls = [lambda o: m.logits(q, k, offset=o)]
+    if name != "shaw":
+        calls += [lambda o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True)]
+    for call in calls:
+        rows = call(offsets)
+        assert rows.shape[0] == 4
+        assert torch.equal(call(offsets.numpy().astype("int32")), rows)
+        weights = torch.randn(rows.shape, dtype=torch.float64, generator=g)
+        leaves = (q, k, v, *m.parameters())
+        got = torch.autograd.grad((rows * weights).sum(), leaves, allow_unused=True)
+        loop = 0
         for b, offset in enumerate(offsets.tolist()):
-            assert torch.equal(rows[b], m.logits(q, k, offset=offset)[b])
+            one = call(offset)[b]
+            assert torch.equal(rows[b], one), b
+            loop = loop + (one * weights[b]).sum()
+        for grad, want in zip(got, torch.autograd.grad(loop, leaves, allow_unused=True)):
+            assert (grad is None) == (want is None)
+            if grad is not None:
+                torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def test_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused_before_any_work():
+    """The modules whose functions take one offset for every row (TENER, TUPE,
+    Transformer-XL; the absolute and rotary ones) refuse one per batch row naming those
+    that take it; ShawRelative's ``attend`` (``shaw_output``'s Toeplitz scatter) points to
+    per-token positions. A float, boolean or mis-shaped ``offset``, or one whose query
+    positions leave int64, is refused before any work."""
+    q, k, v = _qkv(1, 9)
+    offsets = torch.tensor([4, 8])
+    for name in ("rope", "xl", "tener", "tupe", "none"):
+        with pytest.raises(TypeError, match=r"'s logits takes one offset for every row, got one of shape \(2,\): one per batch row is taken by .*T5RelativeBias"):
+            _make(name).logits(q, k, offset=offsets)
+    with pytest.raises(TypeError, match=r"ShawRelative's attend takes one offset for every row, .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):
+        _make("shaw").attend(q, k, v, offset=offsets)
+    m = _make("t5")
+    for offset, error, says in (
+        (torch.tensor([4.0, 8.0]), TypeError, "offset must have an integer dtype, got torch.float32"),
+        (torch.tensor([True, False]), TypeError, "offset must have an integer dtype, got torch.bool"),
+        (torch.tensor([1, 2, 3]), ValueError, r"offset of shape \(3,\) \(one per batch row\) does not broadcast against the batch axes \(2,\)"),
+        (torch.tensor([-(2**63), 0]), ValueError, r"offset \+ i - j must stay within int64"),
+        ([4, 8], TypeError, "offset must be"),
+    ):
+        for call in (lambda o: m.logits(q, k, offset=o), lambda o: m.attend(q, k, v, causal=True, offset=o)):
+            with pytest.raises(error, match=says):
+                call(offset)

@@ -9,6 +9,7 @@ from torch import nn
 
 from posenc.relative import indices
 from posenc import _validate as check
+from posenc._xp import namespace
 
 
 class PositionalModule(nn.Module):
@@ -33,9 +34,13 @@ class PositionalModule(nn.Module):
     rounded once). The queries sit at positions
     ``offset + arange(q_len)``, the keys at ``arange(k_len)``; ``offset=None`` is
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
-    a one-query call equals the last row of the full call; ``offset`` is one for every row
-    (one per batch row is given to a module of per-token positions as ``query_positions =
-    offset[:, None] + arange(q_len)``). The bias and relative-logits
+    a one-query call equals the last row of the full call. The modules of the relative
+    biases and logits (``row_offsets``: ``T5RelativeBias``, ``ALiBi``, ``DeBERTaRelative``,
+    ``FIRE``, ``KERPLE``, ``Sandwich``, ``CoPE``, and ``ShawRelative``'s ``logits``) also
+    take one ``offset`` per batch row, an integer tensor ``[batch]`` (a batch of caches of
+    different lengths): the queries of row ``b`` at ``offset[b] + arange(q_len)``, its
+    logits and output those of the call with ``offset[b]``, to the bit; the others refuse
+    one with a ``TypeError``. The bias and relative-logits
     modules that take per-token positions (``takes_positions``: ``T5RelativeBias``,
     ``ALiBi``, ``ShawRelative``, ``DeBERTaRelative``, ``FIRE``, ``KERPLE``, ``Sandwich``)
     also accept integer
@@ -66,7 +71,7 @@ class PositionalModule(nn.Module):
         """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included, of ``q``'s dtype
         (computed with the module's parameters as they are, then rounded once)."""
         _check_query_key(q, k, heads=self.num_heads, head_dim=self.head_dim)
-        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "logits")
         logits = self.scores(q, k, offset, **positions)
         return logits if logits.dtype == q.dtype else logits.to(q.dtype)
 
@@ -75,9 +80,9 @@ class PositionalModule(nn.Module):
         """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding, of ``v``'s dtype."""
         _check_query_key(q, k, v, heads=self.num_heads, head_dim=self.head_dim)
         check.flag("causal", causal)
-        query_start = query_offset(offset, q.shape[-2], k.shape[-2])
-        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
-        shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), q.shape[-2], k.shape[-2])
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
+        query_start = offset if indices.per_row(offset) else query_offset(offset, q.shape[-2], k.shape[-2])
+        shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], (*query_start.shape, 1) if indices.per_row(offset) else ()), q.shape[-2], k.shape[-2])
         allowed = allowed_keys(shape, q.device, causal=causal, offset=query_start, mask=mask)
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
         logits = self.scores(q, k, offset, **positions, **hidden)
@@ -97,13 +102,22 @@ class PositionalModule(nn.Module):
     takes_positions = False
     #: Whether ``scores`` takes ``mask``, the keys each query may attend to (CoPE's gates count only those).
     takes_mask = False
+    #: The calls (``"logits"``, ``"attend"``) that take one ``offset`` per batch row: those whose
+    #: ``scores`` and ``values`` give each row the bits of its own offset's call.
+    row_offsets: tuple = ()
 
-    def _alignment(self, q, k, offset, query_positions, key_positions):
+    def _alignment(self, q, k, offset, query_positions, key_positions, call):
         """``(offset, positions)`` for ``scores``/``values``: the resolved ``offset`` and no
         positions; with per-token positions, ``offset`` as given (the functions default it:
-        0 with ``query_positions``, ``k_len - q_len`` otherwise) and the positions."""
+        0 with ``query_positions``, ``k_len - q_len`` otherwise) and the positions. One
+        ``offset`` per batch row is validated (:func:`row_offsets`) where ``call`` takes it."""
+        if indices.per_row(offset):
+            if call not in self.row_offsets:  # (ShawRelative's attend: shaw_output's per-token positions give the rows)
+                instead = "pass query_positions=offset[:, None] + arange(q_len) (per-token positions)" if self.row_offsets else ROWS
+                raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {instead}")
+            offset = row_offsets(offset, q, k)
         if query_positions is None and key_positions is None:
-            return query_offset(offset, q.shape[-2], k.shape[-2]), {}
+            return offset if indices.per_row(offset) else query_offset(offset, q.shape[-2], k.shape[-2]), {}
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5RelativeBias, ALiBi, "
@@ -127,6 +141,39 @@ class PositionalModule(nn.Module):
         return {}
 
 
+ROWS = (
+    "one per batch row is taken by the modules of the relative biases and logits (T5RelativeBias, ALiBi, DeBERTaRelative, "
+    "FIRE, KERPLE, Sandwich, CoPE, and ShawRelative's logits)"
+)
+
+
+def row_offsets(offset, q, k):
+    """One ``offset`` per batch row, an integer tensor (or NumPy array) ``[...]`` broadcasting
+    against the batch axes of ``q``/``k`` before the heads axis, as an int64 tensor on their
+    device; every query position ``offset + i`` and relative position ``(offset + i) - j``
+    checked to stay within int64 (values that can be read now)."""
+    if not isinstance(offset, torch.Tensor):
+        check.array("offset", offset)
+        if type(offset).__module__.split(".")[0] != "numpy":
+            raise TypeError(f"offset must be a torch tensor (or a NumPy array) beside q and k, got {type(offset).__name__}")
+        offset = torch.as_tensor(offset, device=q.device)
+    if offset.dtype.is_floating_point or offset.dtype.is_complex or offset.dtype == torch.bool:
+        raise TypeError(f"offset must have an integer dtype, got {offset.dtype}")
+    if offset.device != q.device:
+        raise TypeError(f"offset must be on q's device {q.device}, got {offset.device}")
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])
+    try:
+        torch.broadcast_shapes(offset.shape, batch)
+    except RuntimeError:
+        raise ValueError(f"offset of shape {tuple(offset.shape)} (one per batch row) does not broadcast against the batch axes {tuple(batch)} of q and k") from None
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    xp = namespace(offset)
+    offset = check.widened("offset", offset, xp, offset.device)
+    extent = torch.tensor([min(1 - k_len, 0), max(q_len - 1, 0)], device=offset.device)
+    check.shifted("i - j", extent, offset[..., None], xp, offset.device, known=(min(1 - k_len, 0), max(q_len - 1, 0)))
+    return offset
+
+
 def query_offset(offset, q_len, k_len):
     """The first query position: ``offset`` (validated as the functions validate it, one for
     every row), or ``k_len - q_len`` when it is ``None``."""
@@ -142,7 +189,9 @@ def allowed_keys(shape, device, *, causal, offset, mask):
     """Boolean ``[..., q_len, k_len]`` of the keys each query may attend to (logits of
     ``shape`` on ``device``), or ``None`` for all."""
     allowed = None
-    if causal:
+    if causal and indices.per_row(offset):  # (one per batch row: [..., 1, q_len, k_len], a head axis of 1)
+        allowed = indices.relative_positions(shape[-2], shape[-1], offset=offset)[..., None, :, :] >= 0
+    elif causal:
         q_len, k_len = shape[-2:]
         positions = offset + torch.arange(q_len, device=device)
         allowed = positions[:, None] >= torch.arange(k_len, device=device)[None, :]

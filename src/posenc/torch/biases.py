@@ -25,6 +25,7 @@ class _DistanceBias(PositionalModule):
 
     kind = ""
     takes_positions = True
+    row_offsets = ("logits", "attend")
 
     def bias_options(self) -> dict:
         return {}

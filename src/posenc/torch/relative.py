@@ -26,6 +26,7 @@ class ShawRelative(PositionalModule):
     """
 
     takes_positions = True
+    row_offsets = ("logits",)  # (shaw_output's Toeplitz scatter takes one offset for every row)
 
     def __init__(self, head_dim: int, *, max_distance: int):
         super().__init__()
@@ -57,6 +58,7 @@ class DeBERTaRelative(PositionalModule):
     """
 
     takes_positions = True
+    row_offsets = ("logits", "attend")
 
     def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size: int | None = None,
                  max_position: int | None = None, terms=TERMS):
