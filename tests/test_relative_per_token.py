@@ -302,6 +302,14 @@ ROW_CALLS = {
         lambda o, xp, q, k, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=3, offset=o),
         (ROW_Q, ROW_K, RNG.standard_normal((6, 8)), RNG.standard_normal((6, 8))),
     ),
+    "tupe_logits": (  # (its offsets are >= 0)
+        lambda o, xp, q, k, p, u, b: pe.tupe_logits(q, k, p, u[0, ...], u[1, ...], offset=o + 1, bias=b, cls=(0.5, -0.25)),
+        (ROW_Q, ROW_K, RNG.standard_normal((20, 6)), RNG.standard_normal((2, 2, 6, 8)), RNG.standard_normal((2, 2, 5))),
+    ),
+    "tupe_logits shared by the heads": (
+        lambda o, xp, q, k, p, u: pe.tupe_logits(q, k, p, u, u, offset=o + 1),
+        (ROW_Q, ROW_K, RNG.standard_normal((20, 6)), RNG.standard_normal((6, 8))),
+    ),
     "cope_logits": (lambda o, xp, q, k, e: pe.cope_logits(q, k, e, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((6, 8)))),
     "cope_logits not causal": (lambda o, xp, q, k, e: pe.cope_logits(q, k, e, causal=False, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((6, 8)))),
     "cope_positions of q and k": (lambda o, xp, q, k: pe.cope_positions(q, k, offset=o), (ROW_Q, ROW_K)),
@@ -425,6 +433,39 @@ def test_cope_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_g
         torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
 
 
+def test_tupe_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_gradients():
+    """TUPE's queries of one offset per batch row take their rows of ``p`` at ``offset[b] +
+    arange(q_len)``, one product per row beside tables shared by the rows: tables with
+    batch axes, negative offsets, offsets past ``p``, a wrong shape or dtype and another
+    library's array are refused before any work; torch's gradients are the loop's."""
+    q, k, offsets = ROW_Q, ROW_K, np.array([1, 3, 11, 0])
+    p, u = RNG.standard_normal((16, 6)), RNG.standard_normal((2, 6, 8))
+    for args, kwargs, error, says in (
+        ((p, u, u), {"offset": np.array([1, 3, -1, 0])}, ValueError, "offset must be >= 0, got -1"),
+        ((p, u, u), {"offset": np.array([1, 3, 15, 0])}, ValueError, r"p must have at least max\(offset \+ q_len, k_len\) = 17 rows"),
+        ((p, u, u), {"offset": np.array([1, 3, 11])}, ValueError, r"offset of shape \(3,\) \(one per batch row\) does not broadcast against the batch axes of q and k \(4, 2\)"),
+        ((p, u, u), {"offset": np.array([1.0, 3.0, 11.0, 0.0])}, TypeError, "offset must have an integer dtype, got float64"),
+        ((np.stack([p] * 4), u, u), {"offset": offsets}, ValueError, r"one offset per batch row takes p \[n, d_p\] and uq, uk \[heads, d_p, e\]"),
+        ((p, np.stack([u] * 4), u), {"offset": offsets}, ValueError, r"tables shared by the batch rows\), got p \(16, 6\), uq \(4, 2, 6, 8\)"),
+        ((p, u, u), {"offset": offsets, "bias": np.ones((3, 1, 2, 5))}, ValueError, "bias"),
+    ):
+        with pytest.raises(error, match=says):
+            pe.tupe_logits(q, k, *args, **kwargs)
+    assert pe.tupe_logits(q[:1], k[:1], p, u, u, offset=np.zeros(0, dtype=np.int64)).shape == (0, 2, 2, 5)
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="arrays of different kinds in one call"):
+        pe.tupe_logits(*(torch.from_numpy(a) for a in (q, k, p, u, u)), offset=jnp.asarray(offsets))
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, p, u, u[::-1].copy())]
+    rows = pe.tupe_logits(*leaves, offset=torch.from_numpy(offsets), cls=(0.5, -0.25))
+    weights = torch.from_numpy(RNG.standard_normal(rows.shape))
+    got = torch.autograd.grad((rows * weights).sum(), leaves)
+    loop = sum((pe.tupe_logits(*leaves, offset=offset, cls=(0.5, -0.25))[b] * weights[b]).sum() for b, offset in enumerate(offsets.tolist()))
+    for grad, want in zip(got, torch.autograd.grad(loop, leaves)):
+        assert grad.abs().sum() > 0
+        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_per_row_offset_is_checked_before_any_work():
     with pytest.raises(ValueError, match=r"the relative positions can be -4 .. 201, beyond int8"):
         pe.relative_positions(2, 5, offset=np.array([200, 0]), dtype=np.int8)
@@ -465,7 +506,6 @@ def test_functions_of_one_offset_for_every_row_say_what_to_do_with_one_per_row()
         (lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 5, offset=offsets), r"no batch axes; relative_bias \(t5_bias, alibi_bias\) takes one"),
         (lambda: pe.sandwich_vector(2, 5, 8, offset=offsets), "no batch axes; sandwich_bias takes one"),
         (lambda: pe.tener_logits(q, k, np.ones(8), np.ones(8), offset=offsets), "tener_logits takes one for every row"),
-        (lambda: pe.tupe_logits(q, k, np.ones((16, 8)), np.ones((8, 8)), np.ones((8, 8)), offset=offsets), "tupe_logits takes one for every row"),
     ):
         with pytest.raises(TypeError, match="offset must be an integer or a 0-d integer array here, got an array of shape \\(4,\\): .*" + says):
             call()

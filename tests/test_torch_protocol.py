@@ -522,7 +522,7 @@ def test_modules_without_per_token_positions_refuse_them():
             _make(name).float().logits(q, q, key_positions=torch.arange(5))
 
 
-ROW_MODULES = ("alibi", "cope", "deberta", "deberta_c2p", "fire", "kerple", "sandwich", "shaw", "t5")
+ROW_MODULES = ("alibi", "cope", "deberta", "deberta_c2p", "fire", "kerple", "sandwich", "shaw", "t5", "tupe", "tupe_cls", "tupe_r")
 
 
 @pytest.mark.parametrize("name", ROW_MODULES)
@@ -557,14 +557,14 @@ def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(nam
 
 
 def test_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused_before_any_work():
-    """The modules whose functions take one offset for every row (TENER, TUPE,
+    """The modules whose functions take one offset for every row (TENER,
     Transformer-XL; the absolute and rotary ones) refuse one per batch row naming those
     that take it; ShawRelative's ``attend`` (``shaw_output``'s Toeplitz scatter) points to
     per-token positions. A float, boolean or mis-shaped ``offset``, or one whose query
     positions leave int64, is refused before any work."""
     q, k, v = _qkv(1, 9)
     offsets = torch.tensor([4, 8])
-    for name in ("rope", "xl", "tener", "tupe", "none"):
+    for name in ("rope", "xl", "tener", "none"):
         with pytest.raises(TypeError, match=r"'s logits takes one offset for every row, got one of shape \(2,\): one per batch row is taken by .*T5RelativeBias"):
             _make(name).logits(q, k, offset=offsets)
     with pytest.raises(TypeError, match=r"ShawRelative's attend takes one offset for every row, .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):

@@ -58,7 +58,7 @@ def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape):
     work = compute_dtype(xp, q.dtype)
     logits = (cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work))) * scale
     gates = 1 / (1 + xp.exp(-logits))
-    if getattr(offset, "ndim", 0):  # one per batch row: a key is past its query where (offset + i) - j < 0
+    if per_row(offset):  # one per batch row: a key is past its query where (offset + i) - j < 0
         gates = xp.where(offset >= 0, gates, xp.zeros_like(gates)) if causal else xp.broadcast_to(gates, shape)
     elif causal:
         device = device_of(q, k)

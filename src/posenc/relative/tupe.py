@@ -7,8 +7,8 @@ import numbers
 
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, unsplit
-from . import _args
-from .indices import scalar_offset
+from . import _args, _per_token
+from .indices import per_row, scalar_offset
 
 
 def _cls_value(name, value, xp, batch, work, like):
@@ -29,7 +29,38 @@ def _cls_value(name, value, xp, batch, work, like):
     return cast(xp, value, work)[..., None, None]
 
 
+def _heads(q, uq, uk):
+    """The head axis of the position term of one offset: ``uq``'s and ``uk``'s (tables shared
+    by the batch rows), or one of 1 where only ``q`` has heads."""
+    heads = broadcast_shapes(tuple(uq.shape[:-2]), tuple(uk.shape[:-2]))
+    return (1,) if q.ndim >= 3 and not heads else heads
+
+
+def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
+    """``(offset[..., None], batch, last)`` of one ``offset`` per batch row: validated (an
+    integer array of the library and device of ``q``, its values ``>= 0`` where they can be
+    read), the leading axes of the logits, and the largest offset (0 where it cannot be
+    read). The tables must be shared by the rows: the position term of each offset is then
+    the one-offset call's."""
+    if p.ndim > 2 or uq.ndim > 3 or uk.ndim > 3:
+        raise ValueError(f"{_SHARED}, got p {tuple(p.shape)}, uq {tuple(uq.shape)} and uk {tuple(uk.shape)}")
+    offset = _per_token.row_offsets(xp, offset, q, k)
+    try:
+        batch = broadcast_shapes((*offset.shape[:-1], *_heads(q, uq, uk)), tuple(batch))
+    except ValueError:
+        raise ValueError(
+            f"offset of shape {tuple(offset.shape[:-1])} (one per batch row) does not broadcast against the batch axes of q and k {tuple(batch)}"
+        ) from None
+    last = 0
+    if math.prod(offset.shape) and check.is_eager(offset):
+        low, last = int(xp.min(offset)), int(xp.max(offset))
+        if low < 0:
+            raise ValueError(f"offset must be >= 0, got {low}")
+    return offset, batch, last
+
+
 _ROWS = "tupe_logits takes one for every row (the rows of p at offset + arange(q_len)): call it once per offset, on the rows that have it"
+_SHARED = "one offset per batch row takes p [n, d_p] and uq, uk [heads, d_p, e] or [d_p, e] (tables shared by the batch rows)"
 
 
 @host_constants
@@ -60,7 +91,12 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
         ``n >= max(offset + q_len, k_len)``: absolute positional embeddings
     uq, uk : float arrays ``[..., heads, d_p, e]``: positional query / key projections
     offset : int >= 0 or 0-d integer array (traced is fine: then its range is not checked),
-        position of the first query; ``k_len - q_len`` by default; one for every row
+        position of the first query; ``k_len - q_len`` by default; or one per batch row, an
+        integer array ``[...]`` broadcasting against the batch axes before the heads axis,
+        beside tables shared by the rows (``p [n, d_p]``, ``uq``/``uk`` without batch axes):
+        the query positions ``offset[..., None] + arange(q_len)``, row ``b`` the logits of
+        ``offset[b]``, to the bit (each offset's position term is the product of the
+        one-offset call, made once per row)
     bias : float array broadcasting against ``[..., heads, q_len, k_len]``, optional
         (computed for the same query positions: pass it the same ``offset``); with ``cls``
         its row 0 and column 0 are not used
@@ -85,15 +121,21 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     xp = _args.namespace_of(q=q, k=k, p=p, uq=uq, uk=uk, bias=bias)
     q_len, k_len, batch = _args.query_key(q, k, xp)
     check.features(q, k, "the logits are divided by sqrt(2d)")
-    offset = k_len - q_len if offset is None else offset
-    offset = check.relative_offset(scalar_offset(offset, _ROWS, minimum=0), q_len, k_len)
+    rows = per_row(offset)
+    if not rows:
+        offset = k_len - q_len if offset is None else offset
+        offset = check.relative_offset(scalar_offset(offset, _ROWS, minimum=0), q_len, k_len)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
-    rows = max((offset if isinstance(offset, int) else 0) + q_len, k_len)
-    if size(p.shape[-2]) < rows:
-        raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
     for name, u in (("uq", uq), ("uk", uk)):
         _args.table(name, u, xp, rows=int(p.shape[-1]), dim=int(uq.shape[-1]), batch=batch)
+    if rows:
+        offset, batch, last = _row_offsets(xp, q, k, p, uq, uk, offset, batch)
+    else:
+        last = offset if isinstance(offset, int) else 0
+    rows = max(last + q_len, k_len)
+    if size(p.shape[-2]) < rows:
+        raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
     arrays = [q, k, p, uq, uk]
     shape = _args.logits_shape(batch, q_len, k_len)
     if bias is not None:
@@ -108,12 +150,19 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     device = device_of(q)
     query_positions = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
-    position = (xp.take(p, query_positions, axis=-2) @ uq) @ xp.matrix_transpose(p[..., :k_len, :] @ uk) * scale
+    keys = xp.matrix_transpose(p[..., :k_len, :] @ uk)
+    if per_row(offset):  # one per batch row: the product of each row's one-offset call
+        every = xp.reshape(query_positions, (math.prod(offset.shape[:-1]), q_len))
+        terms = [(xp.take(p, positions, axis=-2) @ uq) @ keys * scale for positions in xp.unstack(every)]
+        one = (*_heads(q, uq, uk), q_len, k_len)
+        position = xp.reshape(xp.stack(terms) if terms else xp.zeros((0, *one), dtype=work, device=device), (*offset.shape[:-1], *one))
+    else:
+        position = (xp.take(p, query_positions, axis=-2) @ uq) @ keys * scale
     if bias is not None:
         position = position + cast(xp, bias, work)
     if cls is not None:
         to_others, from_others = (_cls_value(n, v, xp, batch, work, q) for n, v in zip(("cls[0]", "cls[1]"), cls))
-        row = query_positions[:, None]
+        row = query_positions[..., None] if not per_row(offset) or q.ndim < 3 else query_positions[..., None, :, None]
         col = xp.arange(k_len, device=device)[None, :]
         position = xp.where(row == 0, to_others, xp.where(col == 0, from_others, position))
     return cast(xp, q @ xp.matrix_transpose(k) * scale + position, dtype)

@@ -174,8 +174,10 @@ class TUPE(PositionalModule):
     ``cls`` replaces whole). ``q, k, v`` are ``[batch, heads, seq, head_dim]``. ``offset``
     goes to :func:`posenc.tupe_logits`, which takes the queries' rows of ``p`` at ``offset
     + arange(q_len)``: a decode step costs ``O(q_len k_len)``, and a tensor offset stays a
-    tensor under ``torch.compile``.
+    tensor under ``torch.compile``; one per batch row makes one such product per row.
     """
+
+    row_offsets = ("logits", "attend")
 
     def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False, bias=None):
         super().__init__()
