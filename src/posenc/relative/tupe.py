@@ -59,7 +59,6 @@ def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
     return offset, batch, last
 
 
-_ROWS = "tupe_logits takes one for every row (the rows of p at offset + arange(q_len)): call it once per offset, on the rows that have it"
 _SHARED = "one offset per batch row takes p [n, d_p] and uq, uk [heads, d_p, e] or [d_p, e] (tables shared by the batch rows)"
 
 
@@ -124,7 +123,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     rows = per_row(offset)
     if not rows:
         offset = k_len - q_len if offset is None else offset
-        offset = check.relative_offset(scalar_offset(offset, _ROWS, minimum=0), q_len, k_len)
+        offset = check.relative_offset(scalar_offset(offset, minimum=0), q_len, k_len)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
     for name, u in (("uq", uq), ("uk", uk)):

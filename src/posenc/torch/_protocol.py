@@ -81,8 +81,9 @@ class PositionalModule(nn.Module):
         _check_query_key(q, k, v, heads=self.num_heads, head_dim=self.head_dim)
         check.flag("causal", causal)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
-        query_start = offset if indices.per_row(offset) else query_offset(offset, q.shape[-2], k.shape[-2])
-        shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], (*query_start.shape, 1) if indices.per_row(offset) else ()), q.shape[-2], k.shape[-2])
+        rows = (*offset.shape, 1) if indices.per_row(offset) else None  # (one offset per batch row: its axes lead)
+        query_start = offset if rows else query_offset(offset, q.shape[-2], k.shape[-2])
+        shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], *(rows,) if rows else ()), q.shape[-2], k.shape[-2])
         allowed = allowed_keys(shape, q.device, causal=causal, offset=query_start, mask=mask)
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
         logits = self.scores(q, k, offset, **positions, **hidden)
