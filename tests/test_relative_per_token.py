@@ -433,6 +433,21 @@ def test_cope_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_g
         torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("q_shape, u_shape", [((2, 8), (2, 6, 8)), ((2, 8), (6, 8)), ((3, 2, 2, 8), (6, 8)), ((1, 2, 2, 8), (2, 6, 8))])
+def test_tupe_with_one_offset_per_row_puts_the_rows_before_the_heads_of_q_or_of_the_tables(q_shape, u_shape):
+    """The offsets' axes lead the heads axis, ``q``'s or the projections' (``q`` without
+    one: its row and column of ``[CLS]`` too); each row the bits of its offset's call."""
+    offsets, p = np.array([0, 2, 5]), RNG.standard_normal((12, 6))
+    q, u = RNG.standard_normal(q_shape), RNG.standard_normal(u_shape)
+    k = RNG.standard_normal((*q_shape[:-2], 5, 8))
+    for cls in (None, (0.5, -1.0)):
+        rows = pe.tupe_logits(q, k, p, u, u, offset=offsets, cls=cls)
+        assert rows.shape == (3, *(2,) * (len(u_shape) == 3 or len(q_shape) == 4), 2, 5)
+        for b, offset in enumerate(offsets.tolist()):
+            one = pe.tupe_logits(q, k, p, u, u, offset=offset, cls=cls)
+            np.testing.assert_array_equal(rows[b], one[min(b, len(one) - 1)] if one.ndim == rows.ndim else one)
+
+
 def test_tupe_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_gradients():
     """TUPE's queries of one offset per batch row take their rows of ``p`` at ``offset[b] +
     arange(q_len)``, one product per row beside tables shared by the rows: tables with

@@ -155,13 +155,14 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
         terms = [(xp.take(p, positions, axis=-2) @ uq) @ keys * scale for positions in xp.unstack(every)]
         one = (*_heads(q, uq, uk), q_len, k_len)
         position = xp.reshape(xp.stack(terms) if terms else xp.zeros((0, *one), dtype=work, device=device), (*offset.shape[:-1], *one))
+        query_positions = xp.reshape(query_positions, (*offset.shape[:-1], *(1,) * (len(one) - 2), q_len))  # (beside the heads)
     else:
         position = (xp.take(p, query_positions, axis=-2) @ uq) @ keys * scale
     if bias is not None:
         position = position + cast(xp, bias, work)
     if cls is not None:
         to_others, from_others = (_cls_value(n, v, xp, batch, work, q) for n, v in zip(("cls[0]", "cls[1]"), cls))
-        row = query_positions[..., None] if not per_row(offset) or q.ndim < 3 else query_positions[..., None, :, None]
+        row = query_positions[..., None]
         col = xp.arange(k_len, device=device)[None, :]
         position = xp.where(row == 0, to_others, xp.where(col == 0, from_others, position))
     return cast(xp, q @ xp.matrix_transpose(k) * scale + position, dtype)
