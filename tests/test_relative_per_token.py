@@ -310,6 +310,10 @@ ROW_CALLS = {
         lambda o, xp, q, k, p, u: pe.tupe_logits(q, k, p, u, u, offset=o + 1),
         (ROW_Q, ROW_K, RNG.standard_normal((20, 6)), RNG.standard_normal((6, 8))),
     ),
+    "shaw_output logits": (  # (the output of attention weights [batch, heads, q_len, k_len])
+        lambda o, xp, w, v, t: pe.shaw_output(w, v, t, max_distance=3, offset=o),
+        (RNG.random((4, 2, 2, 5)), RNG.standard_normal((4, 2, 5, 8)), RNG.standard_normal((7, 8))),
+    ),
     "cope_logits": (lambda o, xp, q, k, e: pe.cope_logits(q, k, e, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((6, 8)))),
     "cope_logits not causal": (lambda o, xp, q, k, e: pe.cope_logits(q, k, e, causal=False, offset=o), (ROW_Q, ROW_K, RNG.standard_normal((6, 8)))),
     "cope_positions of q and k": (lambda o, xp, q, k: pe.cope_positions(q, k, offset=o), (ROW_Q, ROW_K)),
@@ -326,7 +330,7 @@ def test_one_offset_per_batch_row_gives_each_row_the_bits_of_its_own_call(backen
     arrays = tuple(backend.asarray(a) for a in arrays)
     rows = backend.to_numpy(backend.call(lambda o, *a: fn(o, backend.xp, *a), backend.asarray(ROW_OFFSETS), *arrays))
     q_len = 1 if name.endswith("decode") else 2
-    assert rows.shape[0] == len(ROW_OFFSETS) and rows.shape[-2:] == (q_len, 5)
+    assert rows.shape[0] == len(ROW_OFFSETS) and rows.shape[-2:] == (q_len, 8 if name.startswith("shaw_output") else 5)
     row = (lambda one, b: one[b]) if "logits" in name or name.endswith("of q and k") else (lambda one, b: one)
     for b, offset in enumerate(ROW_OFFSETS.tolist()):
         zero_d = backend.asarray([offset])[0]  # (traced under jax.jit as the rows' are, not folded into constants)
@@ -481,6 +485,37 @@ def test_tupe_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_g
         torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
 
 
+def test_shaw_output_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_gradients():
+    """``shaw_output`` makes one Toeplitz scatter per batch row of ``weights``, whose axes
+    before the heads must be the offsets': other shapes, a float dtype, a position past
+    int64 and another library's array are refused before any work; torch's gradients are
+    the loop of one-offset calls'. It had been a ``TypeError``."""
+    offsets, table = np.array([0, 3, 11, -1]), RNG.standard_normal((7, 8))
+    weights, v = RNG.random((4, 2, 2, 5)), RNG.standard_normal((4, 2, 5, 8))
+    for args, offset, error, says in (
+        ((weights[:1], v), offsets, ValueError, r"whose axes before the heads are the offset's \(4,\) \(one Toeplitz scatter per row\), got weights of shape \(1, 2, 2, 5\)"),
+        ((weights[0, 0], v[0, 0]), offsets, ValueError, r"got weights of shape \(2, 5\)"),
+        ((weights, v), offsets[:3], ValueError, r"the offset's \(3,\) \(one Toeplitz scatter per row\), got weights of shape \(4, 2, 2, 5\)"),
+        ((weights, v), offsets.astype(float), TypeError, "offset must have an integer dtype, got float64"),
+        ((weights, v), np.array([0, 3, -(2**63), 1]), ValueError, r"offset \+ i - j must stay within int64"),
+    ):
+        with pytest.raises(error, match=says):
+            pe.shaw_output(*args, table, max_distance=3, offset=offset)
+    assert pe.shaw_output(weights[:0], v[:0], table, max_distance=3, offset=offsets[:0]).shape == (0, 2, 2, 8)
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="arrays of different kinds in one call"):
+        pe.shaw_output(torch.from_numpy(weights), torch.from_numpy(v), torch.from_numpy(table), max_distance=3, offset=jnp.asarray(offsets))
+    leaves = [torch.tensor(a, requires_grad=True) for a in (weights, v, table)]
+    rows = pe.shaw_output(*leaves, max_distance=3, offset=torch.from_numpy(offsets))
+    cotangent = torch.from_numpy(RNG.standard_normal(rows.shape))
+    got = torch.autograd.grad((rows * cotangent).sum(), leaves)
+    loop = sum((pe.shaw_output(*leaves, max_distance=3, offset=offset)[b] * cotangent[b]).sum() for b, offset in enumerate(offsets.tolist()))
+    for grad, want in zip(got, torch.autograd.grad(loop, leaves)):
+        assert grad.abs().sum() > 0
+        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
 def test_a_per_row_offset_is_checked_before_any_work():
     with pytest.raises(ValueError, match=r"the relative positions can be -4 .. 201, beyond int8"):
         pe.relative_positions(2, 5, offset=np.array([200, 0]), dtype=np.int8)
@@ -507,16 +542,10 @@ def test_a_per_row_offset_is_checked_before_any_work():
 
 
 def test_functions_of_one_offset_for_every_row_say_what_to_do_with_one_per_row():
-    """The functions whose result has no batch axes, or whose Toeplitz kernels take one
-    offset for every row, refuse one per row with a ``TypeError`` that fits them; their
-    recipes give each row's values."""
+    """The functions whose result has no batch axes, or whose position term multiplies the
+    whole batch by a table of the offset (TENER), refuse one per row with a ``TypeError``
+    that fits them."""
     offsets, q, k = np.array([0, 3, 11, -1]), ROW_Q, ROW_K
-    weights, v, table = RNG.random((4, 2, 2, 5)), RNG.standard_normal((4, 2, 5, 8)), RNG.standard_normal((7, 8))
-    with pytest.raises(TypeError, match=r"shaw_output's Toeplitz scatter takes one for every row; for one per batch row pass query_positions=offset\[:, None\] \+ arange\(q_len\)"):
-        pe.shaw_output(weights, v, table, max_distance=3, offset=offsets)
-    rows = pe.shaw_output(weights, v, table, max_distance=3, query_positions=offsets[:, None] + np.arange(2))
-    for b, offset in enumerate(offsets.tolist()):
-        np.testing.assert_allclose(rows[b], pe.shaw_output(weights, v, table, max_distance=3, offset=offset)[b], rtol=1e-14, atol=1e-14)
     for call, says in (
         (lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 5, offset=offsets), r"no batch axes; relative_bias \(t5_bias, alibi_bias\) takes one"),
         (lambda: pe.sandwich_vector(2, 5, 8, offset=offsets), "no batch axes; sandwich_bias takes one"),

@@ -527,7 +527,7 @@ ROW_MODULES = ("alibi", "cope", "deberta", "deberta_c2p", "fire", "kerple", "san
 
 @pytest.mark.parametrize("name", ROW_MODULES)
 def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(name):
-    """``logits`` and ``attend`` (causal or not; ShawRelative's ``logits`` only) with one
+    """``logits`` and ``attend`` (causal or not) with one
     ``offset`` per batch row (a batch of caches of different lengths, as a tensor or a
     NumPy array): row ``b`` is the call with ``offset[b]`` to the bit, and the gradients
     are the loop of those calls'. They had been a ``TypeError``."""
@@ -535,9 +535,7 @@ def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(nam
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(4, H, n, D, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 9, 9))
     offsets = torch.tensor([4, 8, 0, 11])
-    calls = [lambda o: m.logits(q, k, offset=o)]
-    if name != "shaw":
-        calls += [lambda o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True)]
+    calls = [lambda o: m.logits(q, k, offset=o), *(lambda o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
     for call in calls:
         rows = call(offsets)
         assert rows.shape[0] == 4
@@ -559,16 +557,13 @@ def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(nam
 def test_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused_before_any_work():
     """The modules whose functions take one offset for every row (TENER,
     Transformer-XL; the absolute and rotary ones) refuse one per batch row naming those
-    that take it; ShawRelative's ``attend`` (``shaw_output``'s Toeplitz scatter) points to
-    per-token positions. A float, boolean or mis-shaped ``offset``, or one whose query
-    positions leave int64, is refused before any work."""
+    that take it. A float, boolean or mis-shaped ``offset``, or one whose query positions
+    leave int64, is refused before any work."""
     q, k, v = _qkv(1, 9)
     offsets = torch.tensor([4, 8])
     for name in ("rope", "xl", "tener", "none"):
         with pytest.raises(TypeError, match=r"'s logits takes one offset for every row, got one of shape \(2,\): one per batch row is taken by .*T5RelativeBias"):
             _make(name).logits(q, k, offset=offsets)
-    with pytest.raises(TypeError, match=r"ShawRelative's attend takes one offset for every row, .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):
-        _make("shaw").attend(q, k, v, offset=offsets)
     m = _make("t5")
     for offset, error, says in (
         (torch.tensor([4.0, 8.0]), TypeError, "offset must have an integer dtype, got torch.float32"),

@@ -8,7 +8,7 @@ from .._dispatch import call
 from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _signatures
-from .indices import clipped, distances, query_offset
+from .indices import clipped, distances, per_row, query_offset
 
 FORMS = ("released", "paper")
 
@@ -80,10 +80,20 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
 
-_OUTPUT_ROWS = (
-    "shaw_output's Toeplitz scatter takes one for every row; for one per batch row pass query_positions=offset[:, None] + arange(q_len) "
-    "(per-token positions: the mass is then masked row sums, which round apart from the Toeplitz scatter's)"
-)
+def _row_offsets(xp, weights, v, offset, q_len, k_len):
+    """One ``offset`` per batch row of ``weights [..., heads, q_len, k_len]``, its axes those
+    before the heads, validated (integers of the library and device of ``weights``, every
+    ``(offset + i) - j`` within the index dtype), as ``[rows]``."""
+    offset = _per_token.row_offsets(xp, offset, weights, v)
+    if weights.ndim < 3 or tuple(offset.shape[:-1]) != tuple(weights.shape[:-3]):
+        raise ValueError(
+            f"one offset per batch row takes weights [..., heads, q_len, k_len] whose axes before the heads are the offset's {tuple(offset.shape[:-1])} "
+            f"(one Toeplitz scatter per row), got weights of shape {tuple(weights.shape)}"
+        )
+    device = device_of(weights)
+    low, high = (1 - k_len, q_len - 1) if q_len and k_len else (0, 0)
+    check.shifted("i - j", xp.asarray([low, high], dtype=offset.dtype, device=device), offset, xp, device, known=(low, high))
+    return xp.reshape(offset, (-1,))
 
 
 @host_constants
@@ -106,9 +116,10 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
     table_v : float array ``[2K + 1, d_v]`` (or with leading dims broadcasting against the batch)
     max_distance : int >= 0
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default (0 with ``query_positions``). One for every row
-        (the Toeplitz scatter's); for one per batch row pass ``query_positions =
-        offset[:, None] + arange(q_len)``, whose masked row sums round apart from it
+        ``k_len - q_len`` by default (0 with ``query_positions``); or one per batch row, an
+        integer array of the shape of ``weights``' axes before the heads: the query positions
+        ``offset[..., None] + arange(q_len)``, row ``b`` the output of ``offset[b]``, to the
+        bit (one Toeplitz scatter per row)
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional: per-token positions, as in :func:`shaw_logits` (``rel[..., i, j] =
         query_positions[..., i] - key_positions[..., j]``, their leading axes broadcasting
@@ -151,8 +162,16 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         index = clipped(xp, _per_token.relative(qpos, kpos, heads=has_heads), max_distance)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         mass = _per_token.scatter(xp, weights, index, rows)
+    elif per_row(offset):
+        offsets = _row_offsets(xp, weights, v, offset, q_len, k_len)
+        check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
+        weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
+        rows_weights = xp.unstack(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])))
+        index = [clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance) for o in xp.unstack(offsets)]
+        scattered = [call("toeplitz_scatter", w, i, rows) for w, i in zip(rows_weights, index)]
+        mass = xp.reshape(xp.stack(scattered), (*weights.shape[:-1], rows)) if scattered else xp.zeros((*weights.shape[:-1], rows), dtype=work, device=device)
     else:
-        offset = query_offset(offset, q_len, k_len, xp=xp, device=device, instead=_OUTPUT_ROWS)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance)

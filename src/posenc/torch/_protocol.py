@@ -35,8 +35,8 @@ class PositionalModule(nn.Module):
     ``offset + arange(q_len)``, the keys at ``arange(k_len)``; ``offset=None`` is
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
     a one-query call equals the last row of the full call. The modules of the relative
-    biases and logits (``row_offsets``: ``T5RelativeBias``, ``ALiBi``, ``DeBERTaRelative``,
-    ``FIRE``, ``KERPLE``, ``Sandwich``, ``CoPE``, ``TUPE``, and ``ShawRelative``'s ``logits``) also
+    biases and logits (``takes_row_offsets``: ``T5RelativeBias``, ``ALiBi``, ``ShawRelative``,
+    ``DeBERTaRelative``, ``FIRE``, ``KERPLE``, ``Sandwich``, ``CoPE``, ``TUPE``) also
     take one ``offset`` per batch row, an integer tensor ``[batch]`` (a batch of caches of
     different lengths): the queries of row ``b`` at ``offset[b] + arange(q_len)``, its
     logits and output those of the call with ``offset[b]``, to the bit; the others refuse
@@ -103,19 +103,19 @@ class PositionalModule(nn.Module):
     takes_positions = False
     #: Whether ``scores`` takes ``mask``, the keys each query may attend to (CoPE's gates count only those).
     takes_mask = False
-    #: The calls (``"logits"``, ``"attend"``) that take one ``offset`` per batch row: those whose
-    #: ``scores`` and ``values`` give each row the bits of its own offset's call.
-    row_offsets: tuple = ()
+    #: Whether ``logits`` and ``attend`` take one ``offset`` per batch row (``scores`` and ``values``
+    #: giving each row the bits of its own offset's call).
+    takes_row_offsets = False
 
     def _alignment(self, q, k, offset, query_positions, key_positions, call):
         """``(offset, positions)`` for ``scores``/``values``: the resolved ``offset`` and no
         positions; with per-token positions, ``offset`` as given (the functions default it:
         0 with ``query_positions``, ``k_len - q_len`` otherwise) and the positions. One
-        ``offset`` per batch row is validated (:func:`row_offsets`) where ``call`` takes it."""
+        ``offset`` per batch row is validated (:func:`row_offsets`) where the module takes it
+        (``call``, the method, names it otherwise)."""
         if indices.per_row(offset):
-            if call not in self.row_offsets:  # (ShawRelative's attend: shaw_output's per-token positions give the rows)
-                instead = "pass query_positions=offset[:, None] + arange(q_len) (per-token positions)" if self.row_offsets else ROWS
-                raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {instead}")
+            if not self.takes_row_offsets:
+                raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {ROWS}")
             offset = row_offsets(offset, q, k)
         if query_positions is None and key_positions is None:
             return offset if indices.per_row(offset) else query_offset(offset, q.shape[-2], k.shape[-2]), {}
@@ -144,7 +144,7 @@ class PositionalModule(nn.Module):
 
 ROWS = (
     "one per batch row is taken by the modules of the relative biases and logits (T5RelativeBias, ALiBi, DeBERTaRelative, "
-    "FIRE, KERPLE, Sandwich, CoPE, TUPE, and ShawRelative's logits)"
+    "FIRE, KERPLE, Sandwich, CoPE, TUPE and ShawRelative)"
 )
 
 

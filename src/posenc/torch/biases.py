@@ -25,7 +25,7 @@ class _DistanceBias(PositionalModule):
 
     kind = ""
     takes_positions = True
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def bias_options(self) -> dict:
         return {}

@@ -21,7 +21,7 @@ class FIRE(PositionalModule):
     """
 
     takes_positions = True
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6):
         super().__init__()
@@ -59,7 +59,7 @@ class KERPLE(PositionalModule):
     """
 
     takes_positions = True
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2):
         super().__init__()
@@ -95,7 +95,7 @@ class Sandwich(PositionalModule):
     Takes per-token positions (``takes_positions``)."""
 
     takes_positions = True
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, dim: int = 128, base: float = 10000.0):
         super().__init__()
@@ -131,7 +131,7 @@ class CoPE(PositionalModule):
         return {"head_dim": self.head_dim, "npos_max": self.npos_max, "causal": self.causal}
 
     takes_mask = True
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def scores(self, q, k, offset, mask=None):
         return pe.cope_logits(q, k, self.pos_emb.to(q.dtype), causal=self.causal, offset=offset, mask=mask)

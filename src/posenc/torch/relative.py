@@ -26,7 +26,7 @@ class ShawRelative(PositionalModule):
     """
 
     takes_positions = True
-    row_offsets = ("logits",)  # (shaw_output's Toeplitz scatter takes one offset for every row)
+    takes_row_offsets = True
 
     def __init__(self, head_dim: int, *, max_distance: int):
         super().__init__()
@@ -58,7 +58,7 @@ class DeBERTaRelative(PositionalModule):
     """
 
     takes_positions = True
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size: int | None = None,
                  max_position: int | None = None, terms=TERMS):
@@ -177,7 +177,7 @@ class TUPE(PositionalModule):
     tensor under ``torch.compile``; one per batch row makes one such product per row.
     """
 
-    row_offsets = ("logits", "attend")
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, head_dim: int, *, max_positions: int, dim: int | None = None, untie_cls: bool = False, bias=None):
         super().__init__()
