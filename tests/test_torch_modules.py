@@ -108,6 +108,17 @@ def test_bias_modules_are_built_on_the_default_device():
     torch.testing.assert_close(ALiBi(4).slopes, torch.from_numpy(pe.alibi_slopes(4)), rtol=0, atol=0)
 
 
+def test_parameters_beyond_memory_are_refused_where_they_would_be_allocated():
+    # On the meta device nothing is allocated (a module built there is materialised elsewhere):
+    # only more bytes than int64 counts is refused (torch's "numel: integer multiplication overflow").
+    with torch.device("meta"):
+        assert LearnedEmbedding(10**12, 8).weight.shape == (10**12, 8)
+        with pytest.raises(ValueError, match="LearnedEmbedding's weight of shape"):
+            LearnedEmbedding(2**62, 4)
+    with pytest.raises(ValueError, match="LearnedEmbedding's weight of shape .* more than the memory available"):
+        LearnedEmbedding(10**12, 8)
+
+
 def test_alibi_slopes_follow_the_options_through_dtype_moves_and_state_dicts():
     # The slopes are computed afresh in float64 for each dtype: the float32 buffer cast to
     # float64 was 3.6e-5 off the float64 bias at distance 3000 (12 heads).

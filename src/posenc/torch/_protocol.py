@@ -253,3 +253,16 @@ def positive_int(name, value, minimum=1):
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be a {'positive' if minimum else 'non-negative'} integer, got {value!r}")
     return value
+
+
+def allocatable(owner, **shapes):
+    """Parameters ``name=shape`` of torch's default dtype, made as ``randn(shape) * scale``
+    (twice their bytes at once), refused with the ValueError of :func:`posenc._validate.allocatable`
+    before anything is allocated where they cannot be: beyond the memory available to this
+    process on the CPU, beyond int64 bytes on any device (a meta module allocates nothing,
+    a GPU has memory of its own)."""
+    itemsize = torch.get_default_dtype().itemsize
+    on_cpu = torch.get_default_device().type == "cpu"
+    for name, shape in shapes.items():
+        if on_cpu or math.prod(shape) * itemsize > check.INT64_MAX:
+            check.allocatable(f"{owner}'s {name}", shape, 2 * itemsize)

@@ -9,7 +9,7 @@ import posenc as pe
 from posenc import _validate as check
 from posenc.rotary import _args
 
-from ._protocol import PositionalModule, positive_int
+from ._protocol import PositionalModule, allocatable, positive_int
 
 
 class NoPE(PositionalModule):
@@ -60,6 +60,7 @@ class LearnedEmbedding(PositionalModule):
         positive_int("num_positions", num_positions)
         positive_int("dim", dim)
         self.alpha = check.real("alpha", alpha, minimum=0.0, below=1.0)  # (extend's, checked now)
+        allocatable("LearnedEmbedding", weight=(num_positions, dim))
         self.weight = nn.Parameter(torch.randn(num_positions, dim) * 0.02)
 
     @property

@@ -8,7 +8,7 @@ from torch import nn
 import posenc as pe
 
 from ..relative.buckets import t5_bucket_options
-from ._protocol import PositionalModule, dot_scores, positive_int
+from ._protocol import PositionalModule, allocatable, dot_scores, positive_int
 
 
 class _DistanceBias(PositionalModule):
@@ -62,7 +62,8 @@ class T5RelativeBias(_DistanceBias):
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True):
         super().__init__()
         t5_bucket_options(num_buckets, max_distance, bidirectional)
-        self.table = nn.Parameter(torch.randn(num_buckets, positive_int("num_heads", num_heads)) * 0.02)
+        allocatable("T5RelativeBias", table=(num_buckets, positive_int("num_heads", num_heads)))
+        self.table = nn.Parameter(torch.randn(num_buckets, num_heads) * 0.02)
         self.max_distance, self.bidirectional = max_distance, bidirectional
 
     @classmethod

@@ -8,8 +8,9 @@ import torch
 from torch import nn
 
 import posenc as pe
+from posenc import _validate as check
 
-from ._protocol import PositionalModule, dot_scores, positive_int
+from ._protocol import PositionalModule, allocatable, dot_scores, positive_int
 
 
 class FIRE(PositionalModule):
@@ -27,6 +28,7 @@ class FIRE(PositionalModule):
         super().__init__()
         heads, width = positive_int("num_heads", num_heads), positive_int("mlp_width", mlp_width)
         pe.fire_distances(1, 1, c=c, threshold=threshold, eps=eps)  # validates the options now
+        allocatable("FIRE", **{"mlp weight": (heads, width)})
         self.num_heads, self.mlp_width, self.init_c, self.threshold, self.eps = heads, width, c, threshold, eps
         self.mlp = nn.Sequential(nn.Linear(1, width), nn.ReLU(), nn.Linear(width, heads))
         self.c = nn.Parameter(torch.tensor(float(c)))
@@ -67,6 +69,7 @@ class KERPLE(PositionalModule):
         if kind not in pe.relative.kerple.KERPLE_KINDS:
             raise ValueError(f"kind must be 'log' or 'power', got {kind!r}")
         self.num_heads, self.kind, self.eps = heads, kind, eps
+        allocatable("KERPLE", r1=(heads,), r2=(heads,))
         up_to_2, up_to_1 = torch.rand(heads) * 2, torch.rand(heads)
         r1, r2 = (up_to_2, up_to_1) if kind == "log" else (up_to_1, up_to_2)
         self.r1, self.r2 = nn.Parameter(r1), nn.Parameter(r2)
@@ -125,6 +128,7 @@ class CoPE(PositionalModule):
     def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
         super().__init__()
         self.head_dim, self.npos_max, self.causal = positive_int("head_dim", head_dim), positive_int("npos_max", npos_max), causal
+        allocatable("CoPE", pos_emb=(npos_max, head_dim))
         self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
 
     def options(self):
@@ -151,7 +155,8 @@ class RandomizedRoPE(PositionalModule):
 
     def __init__(self, head_dim: int, *, max_length: int, base: float = 10000.0, seed: int = 0):
         super().__init__()
-        self.head_dim, self.max_length, self.base, self.seed = positive_int("head_dim", head_dim), positive_int("max_length", max_length), base, seed
+        max_length = check.integer("max_length", positive_int("max_length", max_length))  # (its positions are int64)
+        self.head_dim, self.max_length, self.base, self.seed = positive_int("head_dim", head_dim), max_length, base, seed
         self.rng = np.random.default_rng(seed)
         self.positions = None
 

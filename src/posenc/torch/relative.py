@@ -11,7 +11,7 @@ import posenc as pe
 from posenc import _validate as check
 from posenc.relative.deberta import TERMS
 
-from ._protocol import PositionalModule, positive_int
+from ._protocol import PositionalModule, allocatable, positive_int
 from .biases import _DistanceBias
 
 
@@ -32,6 +32,7 @@ class ShawRelative(PositionalModule):
         super().__init__()
         positive_int("head_dim", head_dim)
         self.head_dim, self.max_distance = head_dim, positive_int("max_distance", max_distance, minimum=0)
+        allocatable("ShawRelative", table_k=(2 * max_distance + 1, head_dim), table_v=(2 * max_distance + 1, head_dim))
         self.table_k = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * 0.02)
         self.table_v = nn.Parameter(torch.randn(2 * max_distance + 1, head_dim) * 0.02)
 
@@ -70,10 +71,11 @@ class DeBERTaRelative(PositionalModule):
         if not terms or any(t not in TERMS for t in terms) or len(set(terms)) != len(terms):
             raise ValueError(f"terms must be a non-empty subset of {TERMS!r}, got {terms!r}")
         self.num_heads, self.head_dim, self.terms = heads, head_dim, terms
+        tables = tuple(name for name, term in (("pos_q", "p2c"), ("pos_k", "c2p")) if term in terms)
+        allocatable("DeBERTaRelative", **dict.fromkeys(tables, (heads, 2 * max_distance, head_dim)))
         self.max_distance, self.bucket_size, self.max_position = max_distance, bucket_size, max_position
-        for name, term in (("pos_q", "p2c"), ("pos_k", "c2p")):
-            table = nn.Parameter(torch.randn(heads, 2 * max_distance, head_dim) * 0.02) if term in terms else None
-            self.register_parameter(name, table)
+        for name in ("pos_q", "pos_k"):
+            self.register_parameter(name, nn.Parameter(torch.randn(heads, 2 * max_distance, head_dim) * 0.02) if name in tables else None)
 
     def options(self):
         return {"num_heads": self.num_heads, "head_dim": self.head_dim, "max_distance": self.max_distance,
@@ -112,6 +114,7 @@ class TransformerXLRelative(PositionalModule):
         dim = heads * head_dim if dim is None else dim
         pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
         self.num_heads, self.head_dim, self.dim, self.base, self.layout = heads, head_dim, dim, base, layout
+        allocatable("TransformerXLRelative", r_proj=(heads, dim, head_dim), u=(heads, 1, head_dim), v=(heads, 1, head_dim))
         self.r_proj = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
         self.u = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
@@ -148,6 +151,7 @@ class TENERRelative(PositionalModule):
         heads = positive_int("num_heads", num_heads)
         pe.sinusoidal(0, positive_int("head_dim", head_dim), base=base, layout=layout)  # validates the arguments now
         self.num_heads, self.head_dim, self.base, self.layout = heads, head_dim, base, layout
+        allocatable("TENERRelative", u=(heads, 1, head_dim), v=(heads, 1, head_dim))
         self.u = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
         self.v = nn.Parameter(torch.randn(heads, 1, head_dim) * 0.02)
 
@@ -186,13 +190,14 @@ class TUPE(PositionalModule):
         positive_int("max_positions", max_positions)
         dim = positive_int("dim", heads * head_dim if dim is None else dim)
         check.flag("untie_cls", untie_cls)
+        if bias is not None and not isinstance(bias, _DistanceBias):
+            raise TypeError(f"bias must be a bias module (T5RelativeBias, ALiBi) or None, got {type(bias).__name__}")
+        allocatable("TUPE", p=(max_positions, dim), uq=(heads, dim, head_dim), uk=(heads, dim, head_dim))
         self.num_heads, self.head_dim, self.max_positions, self.dim = heads, head_dim, max_positions, dim
         self.p = nn.Parameter(torch.randn(max_positions, dim) * 0.02)
         self.uq = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
         self.uk = nn.Parameter(torch.randn(heads, dim, head_dim) / math.sqrt(dim))
         self.register_parameter("cls", nn.Parameter(torch.zeros(2, heads)) if untie_cls else None)
-        if bias is not None and not isinstance(bias, _DistanceBias):
-            raise TypeError(f"bias must be a bias module (T5RelativeBias, ALiBi) or None, got {type(bias).__name__}")
         self.bias = bias
 
     def options(self):
