@@ -138,6 +138,9 @@ ABSOLUTE = {
     "hierarchical alpha 1": (lambda: pe.hierarchical_extend(Z((4, 2)), 8, alpha=1.0), ValueError, "alpha"),
     "hierarchical negative alpha": (lambda: pe.hierarchical_extend(np.ones((5, 2)), 4, alpha=-0.1), ValueError, "alpha"),
     "hierarchical integer table": (lambda: pe.hierarchical_extend(np.ones((5, 2), dtype=np.int64), 4), TypeError, "table"),
+    # (NumPy's MemoryError, torch's RuntimeError)
+    "hierarchical too long": (lambda: pe.hierarchical_extend(np.broadcast_to(np.ones(1), (2**20, 4)), 2**40), ValueError, "memory"),
+    "hierarchical torch too long": (lambda: pe.hierarchical_extend(_torch().zeros(2**16, 4), 2**32), ValueError, "memory"),
     "floater negative length": (lambda: pe.floater(-1, 4), ValueError, "length"),
     "floater odd dim": (lambda: pe.floater(4, 3), ValueError, "dim"),
     "floater too wide": (lambda: pe.floater(4, 2**40), ValueError, "memory"),
@@ -817,6 +820,7 @@ TORCH_ADAPTERS = {
     "KERPLE too many heads": (lambda: _torch_module("KERPLE", 2**62), ValueError, ("r1", "memory")),
     "CoPE too many positions": (lambda: _torch_module("CoPE", 8, npos_max=2**40), ValueError, ("pos_emb", "memory")),
     "CoPE too wide": (lambda: _torch_module("CoPE", 2**40), ValueError, ("pos_emb", "memory")),
+    "LearnedEmbedding.extend too long": (lambda: _torch_module("LearnedEmbedding", 2**16, 4).extend(2**32), ValueError, "memory"),  # (hierarchical_extend's check)
     "RandomizedRoPE max_length beyond int64": (lambda: _torch_module("RandomizedRoPE", 8, max_length=2**70), ValueError, ("max_length", "int64")),
     "score_mod unknown kind": (lambda: _torch_module("score_mod", "rotary", _torch().ones(2), 3, 3), ValueError, "kind"),
     "score_mod vector params of another length": (lambda: _torch_module("score_mod", "vector", _torch().ones(2, 4), 3, 3), ValueError, "params"),

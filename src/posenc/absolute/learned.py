@@ -38,6 +38,7 @@ def hierarchical_extend(table, length, *, alpha=0.4):
     alpha = check.real("alpha", alpha, minimum=0.0, below=1.0)
     if length and n == 0:
         raise ValueError("table must have at least one row to extend")
+    check.allocatable_unless_blocked("hierarchical_extend", (length, table.shape[1]), 8, table)
     device = device_of(table)
     table, _ = unsplit(table, 0)  # (its rows are taken, each row from two others)
     t = cast(xp, table, compute_dtype(xp, table.dtype))
