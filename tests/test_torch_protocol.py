@@ -326,7 +326,7 @@ def test_autocast_regions_mix_dtypes_and_are_taken(name):
 
 # Modules whose float32 parameters enter the logits as they are (the others cast theirs, or
 # their functions compute 16-bit inputs in 16 bits as a model's own layers would)
-IN_PARAMETER_DTYPE = {"shaw", "deberta", "deberta_c2p", "xl", "tener", "tupe", "tupe_cls", "tupe_r"}
+IN_PARAMETER_DTYPE = {"shaw", "deberta", "deberta_c2p", "xl", "tener", "tupe", "tupe_cls", "tupe_r", "t5", "alibi", "fire", "kerple"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -336,7 +336,8 @@ def test_16_bit_calls_return_their_dtype(name, dtype):
     ``logits`` of ``q``'s dtype, ``attend`` of ``v``'s; where float32 parameters enter the
     logits, they are the float32 logits of the same (exactly widened) queries and keys
     rounded once. ShawRelative returned float32 from both, DeBERTaRelative,
-    TransformerXLRelative, TENERRelative and TUPE from ``logits``."""
+    TransformerXLRelative, TENERRelative and TUPE from ``logits``; T5RelativeBias, ALiBi, FIRE
+    and KERPLE rounded their bias to 16 bits before the sum (4% to 32% of the logits an ulp off)."""
     m = MODULES[name][0]()
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(2, H, n, D, generator=g).to(dtype) for n in (3, 6, 6))
@@ -345,6 +346,18 @@ def test_16_bit_calls_return_their_dtype(name, dtype):
     if name in IN_PARAMETER_DTYPE:
         assert torch.equal(got, m.logits(q.float(), k.float()).to(dtype))
     assert m.attend(q, k, v, causal=True).dtype == dtype
+
+
+def test_float16_alibi_attends_to_far_keys_as_float32_does():
+    """A query 100,000 tokens past its keys: float32 slopes give biases down to -70,700, past
+    float16's range. They were rounded to float16 before the sum: every logit of 8 of 12 heads
+    -inf, and attend's softmax gave NaN there; the float32 logits reach the softmax now."""
+    m = pt.ALiBi(12)
+    g = torch.Generator().manual_seed(3)
+    q, k, v = torch.randn(1, 12, 1, 8, generator=g), torch.randn(1, 12, 4, 8, generator=g), torch.randn(1, 12, 4, 8, generator=g)
+    want = m.attend(q, k, v, offset=100_000)
+    got = m.attend(q.half(), k.half(), v.half(), offset=100_000)
+    torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
 
 
 @pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r"])

@@ -186,6 +186,13 @@ def dot_scores(q, k, scale=None):
     return q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
 
+def biased_scores(q, k, bias):
+    """``dot_scores(q, k) + bias`` in the wider of their dtypes (float32 parameters beside 16-bit
+    queries): ``logits`` rounds the sum once, ``attend`` takes it as it is."""
+    work = torch.promote_types(q.dtype, bias.dtype)
+    return dot_scores(q.to(work), k.to(work)) + bias
+
+
 def allowed_keys(shape, device, *, causal, offset, mask):
     """Boolean ``[..., q_len, k_len]`` of the keys each query may attend to (logits of
     ``shape`` on ``device``), or ``None`` for all."""

@@ -8,7 +8,7 @@ from torch import nn
 import posenc as pe
 
 from ..relative.buckets import t5_bucket_options
-from ._protocol import PositionalModule, allocatable, dot_scores, positive_int
+from ._protocol import PositionalModule, allocatable, biased_scores, positive_int
 
 
 class _DistanceBias(PositionalModule):
@@ -42,7 +42,7 @@ class _DistanceBias(PositionalModule):
 
     def scores(self, q, k, offset, **positions):
         bias = self(q.shape[-2], k.shape[-2], offset=offset, **positions)
-        return dot_scores(q, k) + bias.to(q.dtype)
+        return biased_scores(q, k, bias)
 
 
 class T5RelativeBias(_DistanceBias):

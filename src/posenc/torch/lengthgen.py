@@ -10,7 +10,7 @@ from torch import nn
 import posenc as pe
 from posenc import _validate as check
 
-from ._protocol import PositionalModule, allocatable, dot_scores, positive_int
+from ._protocol import PositionalModule, allocatable, biased_scores, dot_scores, positive_int
 
 
 class FIRE(PositionalModule):
@@ -45,7 +45,7 @@ class FIRE(PositionalModule):
         )  # fmt: skip
 
     def scores(self, q, k, offset, **positions):
-        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions).to(q.dtype)
+        return biased_scores(q, k, self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions))
 
 
 class KERPLE(PositionalModule):
@@ -89,7 +89,7 @@ class KERPLE(PositionalModule):
         )
 
     def scores(self, q, k, offset, **positions):
-        return dot_scores(q, k) + self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions).to(q.dtype)
+        return biased_scores(q, k, self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions))
 
 
 class Sandwich(PositionalModule):
