@@ -676,6 +676,26 @@ def test_from_hf_reads_partial_rotary_factor_as_the_models_default_initialiser_d
         np.testing.assert_allclose(pe.rope_frequencies(read.rotary_dim, base=read.base, scaling=read.scaling)[0], theirs.double().numpy(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("model_type", ["gpt_neox", "phi3"])
+def test_from_hf_reads_the_top_level_partial_rotary_factor_where_transformers_does(model_type):
+    """A config's own ``partial_rotary_factor`` beside ``rope_parameters`` replaced after it was
+    built: transformers copies it into the parameters in the initialisers of
+    ``ROPE_INIT_FUNCTIONS`` (``standardize_rope_params``), not in a model's own ``default`` one,
+    which rotated the whole head where from_hf read half of it."""
+    from transformers import AutoConfig
+    from transformers.models.gpt_neox.modeling_gpt_neox import GPTNeoXRotaryEmbedding
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
+
+    module = {"gpt_neox": GPTNeoXRotaryEmbedding, "phi3": Phi3RotaryEmbedding}[model_type]
+    for parameters, channels in (({"rope_type": "default", "rope_theta": 500.0}, 16), ({"rope_type": "linear", "factor": 2.0, "rope_theta": 500.0}, 8)):
+        config = AutoConfig.for_model(model_type, hidden_size=64, num_attention_heads=4, partial_rotary_factor=0.5)
+        config.rope_parameters = dict(parameters)
+        read = pe.scaling.from_hf(config)  # (before the module's initialiser copies the factor in)
+        theirs = module(config).inv_freq
+        assert read.rotary_dim == 2 * theirs.numel() == channels and read.partial_rotary_factor == channels / 16
+        np.testing.assert_allclose(pe.rope_frequencies(read.rotary_dim, base=read.base, scaling=read.scaling)[0], theirs.double().numpy(), rtol=1e-6)
+
+
 def test_from_hf_warns_about_keys_it_does_not_read():
     with pytest.warns(UserWarning, match="low_freq_factor"):
         pe.scaling.from_hf({"rope_type": "linear", "factor": 2.0, "low_freq_factor": 1.0}, head_dim=16)

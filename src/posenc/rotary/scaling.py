@@ -827,7 +827,10 @@ def from_hf(config, *, head_dim=None, max_position_embeddings=None, layer_type=N
     HunYuan's ``"dynamic"`` with an ``alpha`` does; MiMo-V2-Flash's reads 0.334 where its
     parameters have none. The config object's ``model_type`` tells which; a dict, which has
     none, or an explicit ``partial_rotary_factor=`` has the factor read as given
-    (``int(head_dim * partial_rotary_factor)`` channels).
+    (``int(head_dim * partial_rotary_factor)`` channels). A config object's own
+    ``partial_rotary_factor``, beside parameters that have none (replaced after the config
+    was built), is read where transformers copies it into them: by the initialisers of
+    ``ROPE_INIT_FUNCTIONS``, not by a model type's own.
 
     Returns
     -------
@@ -917,10 +920,13 @@ def _read_flat(p, head_dim, fields):
         theta = fields["rope_theta"] if fields["rope_theta"] is not None else 10000.0
     base = check.real("rope_theta", theta, positive=True)
     fraction = p.get("partial_rotary_factor")
-    if fraction is None:
-        fraction = fields["partial_rotary_factor"]
     model = fields.get("rotary_model")  # whose own initialiser decides the factor (None: read as given)
     own = rope_type == "default" or (p.get("alpha") and model in _NTK_ALPHA_MODELS)
+    if fraction is None and not (own and model is not None):
+        # (transformers copies the config's own factor into the parameters in the
+        # ROPE_INIT_FUNCTIONS alone, by standardize_rope_params: a model's own initialiser
+        # reads the parameters as they are)
+        fraction = fields["partial_rotary_factor"]
     if own and model in _WHOLE_HEAD_MODELS:
         fraction = 1.0
     elif fraction is None:
