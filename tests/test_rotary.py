@@ -234,6 +234,43 @@ def test_no_float64_path_at_long_positions(rng, make):
     assert np.abs(got - _exact_rotation(x, LONG_POSITIONS, inv_freq)).max() <= 4e-6
 
 
+@pytest.mark.parametrize("make", ["array_api_strict_no_float64", "jax_without_x64"])
+def test_no_float64_path_adds_an_offset_to_float_positions_exactly(rng, make):
+    """Float positions plus an offset were summed in float32 where there is no float64:
+    ``0.1 + 10**6`` rotated 0.014 off, ``+ 2**24 + 1`` 2.4 (positions past 2**24 lost their
+    fraction and their last bit). The offset now enters the angles' exact reduction as chunks of
+    its own: eagerly, under ``jax.jit`` (a traced offset, one per row), at a scaling's fixed length
+    and at one per row."""
+    positions = np.array([[0.1, 0.25, 1e6 + 0.25], [12345.678, 3.0, 7.5]], dtype=np.float32)  # [batch, seq]
+    x = rng.uniform(-1, 1, (2, 3, 64)).astype(np.float32)
+    dynamic = pe.scaling.DynamicNTK(2.0, 16)
+    if make == "array_api_strict_no_float64":
+        strict = pytest.importorskip("array_api_strict")
+        dev = strict.Device("no_float64")
+        to, back, jit = (lambda a: strict.asarray(a, device=dev)), (lambda a: np.asarray(a._array)), (lambda f: f)
+    else:
+        jax = pytest.importorskip("jax")
+        if jax.config.jax_enable_x64:
+            pytest.skip("jax runs with x64 here")
+        to, back, jit = jax.numpy.asarray, np.asarray, jax.jit
+    offsets = np.array([10**6, 2**24 + 1], dtype=np.int32)
+    for scaling, seq_len in ((None, None), (pe.scaling.Linear(2.0), None), (dynamic, 2**25), (dynamic, np.array([2**20, 2**25], dtype=np.int32))):
+        for offset in (3, -5, 10**6, 2**24 + 1, offsets):
+            exact = positions.astype(np.float64) + np.asarray(offset, dtype=np.float64)[..., None]
+            lengths = np.broadcast_to(np.asarray(seq_len if seq_len is not None else 0), (2,))
+            want = np.stack([pe.rope(x[b].astype(np.float64), exact[b], scaling=scaling, seq_len=int(lengths[b]) if seq_len is not None else None) for b in range(2)])
+            arrays = [to(a) for a in (x, positions, *(() if isinstance(offset, int) else (offset,)), *(() if not isinstance(seq_len, np.ndarray) else (seq_len,)))]
+
+            def call(x, p, *rest, offset=offset, seq_len=seq_len):
+                o = rest[0] if not isinstance(offset, int) else offset
+                n = rest[-1] if isinstance(seq_len, np.ndarray) else seq_len
+                return pe.rope(x, p, offset=o, scaling=scaling, seq_len=n)
+
+            for f in (call, jit(call)) if isinstance(seq_len, (int, type(None))) else (call,):
+                got = back(f(*arrays))
+                assert np.abs(got - want).max() <= 1e-6, (scaling, offset, seq_len)
+
+
 def test_no_float64_path_keeps_int64_positions_past_2_to_the_31_exact_in_their_digits(rng):
     """Without float64, int64 positions are cut into 12-bit digits whose products with the
     frequency's chunks are exact: past 2**36 the top piece had kept 27 bits, and position

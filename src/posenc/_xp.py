@@ -747,46 +747,68 @@ def _split_positions(xp, positions):
     return [hi, p - hi]
 
 
+def _integer_chunks(n):
+    """A Python int as Python floats exact in float32: its 12-bit digits from the lowest, each
+    times its power of 4096, the last one the signed quotient (none for 0)."""
+    chunks, k = [], 0
+    while not -4096 < n < 4096:
+        n, digit = divmod(n, 4096)
+        chunks.append(float(digit * 4096**k))
+        k += 1
+    return [*chunks, float(n * 4096**k)] if n or chunks else []
+
+
 def _two_sum(a, b):
     s = a + b
     bb = s - a
     return s, (a - (s - bb)) + (b - bb)
 
 
-def cos_sin_of_array(positions, freqs, *, xp, device=None):
+def cos_sin_of_array(positions, freqs, *, xp, device=None, offset=0):
     """``cos`` and ``sin`` of ``positions[..., None] * freqs`` for frequencies given as an
     array of ``xp`` (traced, or carrying a gradient): the float64 product, or where the
     namespace/device has no float64, ``freqs / (2*pi)`` as a double-float reduced exactly
     with the positions' chunks (:func:`cos_sin_of_turns`; a float32 product was off by
-    ``|p f| * 2**-24``, 1e-2 at position 10**6)."""
+    ``|p f| * 2**-24``, 1e-2 at position 10**6). ``offset``: as in :func:`cos_sin`."""
     if has_float64(xp, device):
-        angle = xp.astype(positions, xp.float64)[..., None] * xp.astype(freqs, xp.float64)
+        angle = _widened_positions(xp, positions, offset)[..., None] * xp.astype(freqs, xp.float64)
         return xp.cos(angle), xp.sin(angle)
     from . import _doublefloat
 
     f = xp.astype(freqs, xp.float32)
     turns = _doublefloat.mul((f, xp.zeros_like(f)), _doublefloat.constant(xp, 1.0 / (2.0 * math.pi), device))
-    return cos_sin_of_turns(positions, turns, xp=xp)
+    return cos_sin_of_turns(positions, turns, xp=xp, offset=offset)
 
 
-def cos_sin(positions, freqs, *, xp, device=None):
-    """``cos`` and ``sin`` of ``positions[..., None] * freqs`` with exact angle reduction.
+def cos_sin(positions, freqs, *, xp, device=None, offset=0):
+    """``cos`` and ``sin`` of ``(positions + offset)[..., None] * freqs`` with exact angle reduction.
 
     ``freqs`` is a host sequence (or NumPy array) of float64 frequencies. Where ``xp`` has
     float64 on ``device`` the angles are float64 products. Elsewhere (JAX without x64, MPS,
     ...) the angle in turns, ``p * f / (2*pi)``, is a sum of exact float32 products of
     12-bit chunks of the position and of ``f / (2*pi)``, reduced modulo 1 term by term with
     compensated summation, so a position of 2**24 - 1 keeps the accuracy of position 10.
+    ``offset`` (an int, or an integer array broadcasting against ``positions``) is added in
+    float64 there, and elsewhere enters the sum as chunks of its own, so float positions
+    plus an offset keep the exact sum (float32's rounds it: ``0.1 + 10**6``).
     Returns float64 or float32 arrays of shape ``positions.shape + (len(freqs),)``.
     """
     freqs = tuple(float(f) for f in freqs)
     if has_float64(xp, device):
         f = _frequencies_on(xp, freqs, device)
-        angle = xp.astype(positions, xp.float64)[..., None] * f
+        angle = _widened_positions(xp, positions, offset)[..., None] * f
         return xp.cos(angle), xp.sin(angle)
     turns = tuple(f / (2.0 * math.pi) for f in freqs)
     g_chunks = [xp.asarray(c, dtype=xp.float32, device=device) for c in _split_chunks_cache(turns, 4)]
-    return _reduced_cos_sin(xp, positions, g_chunks)
+    return _reduced_cos_sin(xp, positions, g_chunks, offset)
+
+
+def _widened_positions(xp, positions, offset):
+    """float64 ``positions + offset``, summed as ``check.shifted`` sums float positions."""
+    wide = xp.astype(positions, xp.float64)
+    if type(offset) is int and offset == 0:
+        return wide
+    return wide + (xp.astype(offset, xp.float64) if not isinstance(offset, int) else offset)
 
 
 def _frequencies_on(xp, freqs, device):
@@ -801,21 +823,25 @@ def _frequencies_on(xp, freqs, device):
     return xp.asarray(freqs, dtype=xp.float64, device=device)
 
 
-def cos_sin_of_turns(positions, turns, *, xp):
-    """``cos`` and ``sin`` of ``2*pi * positions[..., None] * turns`` for frequencies in turns
+def cos_sin_of_turns(positions, turns, *, xp, offset=0):
+    """``cos`` and ``sin`` of ``2*pi * (positions + offset)[..., None] * turns`` for frequencies in turns
     computed inside the computation as a double-float ``(hi, lo)`` of float32 arrays (a
     traced ``DynamicNTK`` length without float64): the exact split reduction of
     :func:`cos_sin`, each half cut into two 12-bit chunks."""
     from ._doublefloat import split12
 
-    return _reduced_cos_sin(xp, positions, [*split12(turns[0]), *split12(turns[1])])
+    return _reduced_cos_sin(xp, positions, [*split12(turns[0]), *split12(turns[1])], offset)
 
 
-def _reduced_cos_sin(xp, positions, g_chunks):
-    """The split reduction: ``p * g`` in turns as a compensated sum of exact float32 products
-    of 12-bit chunks of the positions and of ``g_chunks`` (12-bit float32 arrays), each
-    reduced modulo 1."""
+def _reduced_cos_sin(xp, positions, g_chunks, offset=0):
+    """The split reduction: ``(p + offset) * g`` in turns as a compensated sum of exact float32
+    products of 12-bit chunks of the positions, of the integer ``offset`` and of ``g_chunks``
+    (12-bit float32 arrays), each reduced modulo 1."""
     p_chunks = [c[..., None] for c in _split_positions(xp, positions)]
+    if isinstance(offset, int):
+        p_chunks += _integer_chunks(offset)
+    else:
+        p_chunks += [c[..., None] for c in _split_positions(xp, offset)]
     total = None
     comp = None
     for pc in p_chunks:

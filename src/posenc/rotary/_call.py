@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _compat, _dispatch
 from .. import _validate as check
-from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, host_constant_like, is_real_floating, namespace, result_dtype, split_as_first, torch_compiling, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, result_dtype, split_as_first, torch_compiling, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -34,7 +34,10 @@ class RopeCall:
     ``placed``: the positions before the offset, placed against the token axes of ``x``
     (the given ones, widened to the index dtype, or ``arange`` along the sequence axis);
     ``positions``: what the kernel reads, ``placed + offset``; ``offset``: an int, a 0-d
-    integer array or per-row integers placed on the batch axes. ``seq_len``: None where
+    integer array or per-row integers placed on the batch axes. ``carried``: float
+    positions and an offset where the namespace has no float64 (the sum would round in
+    float32): ``positions`` is then ``placed``, the offset carried apart into the angles'
+    exact reduction (``path == "split"`` for the rotation by known frequencies). ``seq_len``: None where
     the frequencies do not depend on it, else an int, or per-row lengths (``path ==
     "rows"``: each row rotated as a call of its own), or a length known only inside the
     computation (``path == "traced"``), or an int while torch compiles, which may be
@@ -58,6 +61,7 @@ class RopeCall:
     path: str
     inv_freq: tuple | None
     scale: float | None
+    carried: bool = False
 
     def kernel(self):
         """The implementation that rotates this call (``path == "kernel"``): a kernel that accepts it, or the reference."""
@@ -96,6 +100,7 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     _args.out_like(out, x, xp, *read)
     # positions offset + arange(length): a known largest, or one a row for a per-row offset
     counted = positions is None and not (check.is_array(offset) and offset.ndim == 0)
+    given = positions is not None
     placed, offset, positions = _args.positions(xp, x, positions, seq_axis, offset, device)
     seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
     path, inv_freq, scale = "kernel", None, None
@@ -119,7 +124,10 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
         inv_freq, scale = frequency_table(scaling, rdim, base, seq_len)
         if inverse:
             scale = 1.0 / scale
-    return RopeCall(x, xp, device, placed, positions, offset, base, scaling, layout, rdim, inverse, seq_len, out, path, inv_freq, scale)
+    carried = given and (type(offset) is not int or offset != 0) and is_real_floating(xp, placed.dtype) and not has_float64(xp, device)
+    if carried:
+        positions, path = placed, "split" if path == "kernel" else path
+    return RopeCall(x, xp, device, placed, positions, offset, base, scaling, layout, rdim, inverse, seq_len, out, path, inv_freq, scale, carried)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,14 +8,18 @@ each row is bit-identical to it); in a traced computation (``jax.jit``,
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .._xp import resplit, unsplit
 
 
-def rotate_each_row(xp, x, positions, seq_len, rotate_one):
+def rotate_each_row(xp, x, positions, seq_len, rotate_one, offset=None):
     """``rotate_one(x_row, positions_row, seq_len_int)`` for every row along the leading axes
-    on which ``seq_len`` varies, stacked back into ``x``'s shape."""
+    on which ``seq_len`` varies, stacked back into ``x``'s shape; with an ``offset`` (an int,
+    or an integer array placed as the positions are) ``rotate_one(..., offset_row)``, the
+    row's own offset 0-d where it is one value."""
     lead = max((a + 1 for a, n in enumerate(seq_len.shape) if n > 1), default=1)
     if 0 in tuple(x.shape[:lead]):  # no row: an empty result of x's shape
         return xp.empty_like(x)
@@ -27,13 +31,20 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one):
     for index in np.ndindex(*x.shape[:lead]):
         at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))
         length = int(seq_len[at + (0,) * (seq_len.ndim - lead)])
-        if positions.ndim:
-            at = tuple(i if positions.shape[a] > 1 else 0 for a, i in enumerate(index))
-            row_positions = positions[(*at, ...)]  # (the ellipsis: array-api-strict wants every axis named)
-        else:
-            row_positions = positions
-        rows.append(rotate_one(x[(*index, ...)], row_positions, length))
+        row_positions, row_offset = (_row(xp, a, index) for a in (positions, offset))
+        if getattr(row_offset, "ndim", 0) and math.prod(row_offset.shape) == 1:
+            row_offset = xp.reshape(row_offset, ())
+        extra = () if offset is None else (row_offset,)
+        rows.append(rotate_one(x[(*index, ...)], row_positions, length, *extra))
     return resplit(xp.reshape(xp.stack(rows, axis=0), tuple(x.shape)), split)
+
+
+def _row(xp, a, index):
+    """Row ``index`` of ``a`` placed on ``x``'s token axes (the whole of a 0-d one, an int, None)."""
+    if not getattr(a, "ndim", 0):
+        return a
+    at = tuple(i if a.shape[n] > 1 else 0 for n, i in enumerate(index))
+    return a[(*at, ...)]  # (the ellipsis: array-api-strict wants every axis named)
 
 
 def rotate_at_lengths(xp, x, positions, seq_len, rotate_at):

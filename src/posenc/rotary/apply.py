@@ -21,7 +21,7 @@ from __future__ import annotations
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace, split_as_first, unsplit
+from .._xp import cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace, split_as_first, unsplit
 from . import _args, _call, _rows
 from ._call import duplicate
 from .scaling import nameable
@@ -276,6 +276,9 @@ def rope(
         return _rotate_traced_length(call)
     if call.path == "length":
         return _dispatch.call("rope_rotate_at_length", call.x, call.positions, call.seq_len, **call.length_options(), out=call.out)
+    if call.path == "split":
+        c, s = cos_sin(call.positions, call.inv_freq, xp=call.xp, device=call.device, offset=call.offset)
+        return _rotate_by(call.x, c, -s if call.inverse else s, call.scale, call.layout, call.out)
     return call.run()
 
 
@@ -287,6 +290,8 @@ def _rotate_traced_length(call):
     if not check.is_array(seq_len):  # a symbolic size of torch.compile
         seq_len = call.xp.asarray(seq_len, device=call.device)
     options = call.length_options()
+    if call.carried:  # (the op reads summed positions)
+        return rotate_at_traced_length(call.x, call.positions, seq_len, **options, out=call.out, offset=call.offset)
     if nameable(call.scaling):  # (the op takes the scaling by name)
         kernel = _dispatch.select("rope_rotate_at_length", call.x, call.positions, seq_len, **options, out=call.out)
         if kernel is not _dispatch.references()["rope_rotate_at_length"]:
@@ -294,22 +299,28 @@ def _rotate_traced_length(call):
     return rotate_at_traced_length(call.x, call.positions, seq_len, **options, out=call.out)
 
 
-def rotate_at_traced_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None):
+def rotate_at_traced_length(x, positions, seq_len, *, scaling, rotary_dim, base, layout, inverse, out=None, offset=0):
     """``x`` rotated at the frequencies ``scaling`` gives at ``seq_len``, a 0-d or per-row
     array that cannot be read now (integers, or the whole-number floats of float positions:
     ``_args.sequence_length``): the frequencies computed from it in the namespace, then the
-    rotation by ``cos``/``sin`` tables (``rope_apply``)."""
+    rotation by ``cos``/``sin`` tables (``rope_apply``), at ``positions + offset``."""
     xp, device = namespace(x), device_of(x)
     if seq_len.ndim:  # per row: a frequency set for each, [..., 1, r/2] against the positions' [..., seq]
         seq_len = seq_len[..., None]
     if has_float64(xp, device):
         inv_freq, scale = scaling.traced_frequencies(xp, rotary_dim, base, seq_len, device)
-        c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device)
+        c, s = cos_sin_of_array(positions, inv_freq, xp=xp, device=device, offset=offset)
     else:  # the frequencies in double-float, the angles by the exact split reduction
         turns, scale = scaling.traced_turns(xp, rotary_dim, base, seq_len, device)
-        c, s = cos_sin_of_turns(positions, turns, xp=xp)
+        c, s = cos_sin_of_turns(positions, turns, xp=xp, offset=offset)
     if inverse:
         s, scale = -s, 1.0 / scale
+    return _rotate_by(x, c, s, scale, layout, out)
+
+
+def _rotate_by(x, c, s, scale, layout, out):
+    """``x`` rotated by the undoubled ``cos``/``sin`` tables times ``scale`` (``rope_apply``)."""
+    xp = namespace(x)
     if scale != 1.0:
         c, s = c * scale, s * scale
     tables = duplicate(xp, c, layout), duplicate(xp, s, layout)
@@ -320,10 +331,11 @@ def _rows_written(call):
     """A per-row ``seq_len``, eagerly: each row rotated by the call a single row makes."""
     options = {"base": call.base, "scaling": call.scaling, "layout": call.layout, "rotary_dim": call.rotary_dim, "inverse": call.inverse}
 
-    def one_row(x_row, positions_row, length):
-        return rope(x_row, positions_row, seq_axis=-2, seq_len=length, **options)
+    def one_row(x_row, positions_row, length, offset=0):
+        return rope(x_row, positions_row, offset=offset, seq_axis=-2, seq_len=length, **options)
 
-    result = _rows.rotate_each_row(call.xp, call.x, call.positions, call.seq_len, one_row)
+    offset = call.offset if call.carried else None  # (else in the positions)
+    result = _rows.rotate_each_row(call.xp, call.x, call.positions, call.seq_len, one_row, offset=offset)
     if call.out is None:
         return result
     call.out[...] = result
