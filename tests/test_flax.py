@@ -270,6 +270,21 @@ def test_flax_tener_refuses_what_the_torch_module_refuses():
         pf.TENER(HEADS, DIM, rngs=rngs).logits(q, q, query_positions=jnp.arange(3), key_positions=jnp.arange(3))
 
 
+def test_flax_sinusoidal_embeds_float_positions_at_the_exact_sum_with_an_offset():
+    """Without x64, float positions plus an offset were summed in float32: ``0.1 + 10**6``
+    embedded 0.024 off, ``+ 2**24 + 1`` 1.1; the offset now enters the angles' exact reduction."""
+    positions = np.array([[0.1, 0.25, 1e6 + 0.25], [12345.678, 3.0, 7.5]], dtype=np.float32)
+    x = jnp.zeros((2, 3, DIM))
+    module = pf.Sinusoidal(DIM)
+    for offset in (3, 10**6, 2**24 + 1, np.array([10**6, 2**24 + 1], dtype=np.int32)):
+        want = pe.sinusoidal(positions.astype(np.float64) + np.asarray(offset, dtype=np.float64)[..., None], DIM)
+        given = offset if isinstance(offset, int) else jnp.asarray(offset)
+        eager = module.embed(x, jnp.asarray(positions), offset=given)
+        jitted = jax.jit(lambda x, p, given=given: module.embed(x, p, offset=given))(x, jnp.asarray(positions))
+        for got in (eager, jitted):
+            np.testing.assert_allclose(np.asarray(got), want, rtol=0, atol=5e-7)
+
+
 def test_flax_absolute_modules_embed_an_offset_per_batch_row_and_refuse_rows_outside_the_table():
     """``embed(x, offset=[batch])`` puts row ``b`` at ``offset[b] + arange(seq)`` (with the
     batch as long as the sequence it had broadcast along the sequence); ``Learned`` refuses

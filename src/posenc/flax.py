@@ -53,6 +53,7 @@ from flax import nnx
 
 import posenc as pe
 from posenc import _validate as check
+from posenc.absolute.sinusoidal import embedded as embedded_sinusoidal
 from posenc.relative import indices
 from posenc.relative.buckets import t5_bucket_options
 from posenc.relative.deberta import TERMS
@@ -216,7 +217,7 @@ class Sinusoidal(PositionalModule):
         self.dim, self.base, self.layout = dim, base, layout
 
     def embed(self, x, positions=None, *, offset=0):
-        return x + pe.sinusoidal(_args.embedded_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
+        return x + embedded_sinusoidal(x, positions, offset, self.dim, base=self.base, layout=self.layout)
 
 
 class Learned(PositionalModule):

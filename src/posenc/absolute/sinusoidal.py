@@ -90,8 +90,29 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
         cos, sin = xp.cos(angle), xp.sin(angle)
     else:
         cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)
+    return _laid_out(xp, cos, sin, dim, layout, out_dtype)
+
+
+def _laid_out(xp, cos, sin, dim, layout, out_dtype):
+    """The table of the undoubled ``cos`` and ``sin`` in ``layout``'s order, in ``out_dtype``."""
+    shape = tuple(cos.shape[:-1])
     if layout == "interleaved":
-        table = xp.reshape(xp.stack([sin, cos], axis=-1), (*pos.shape, dim))
+        table = xp.reshape(xp.stack([sin, cos], axis=-1), (*shape, dim))
     else:
         table = xp.concat([sin, cos], axis=-1)
     return cast(xp, table, out_dtype)
+
+
+def embedded(x, positions, offset, dim, *, base, layout):
+    """The table an absolute module adds to ``x [..., seq, d]``: :func:`sinusoidal` at
+    ``positions + offset`` (``rotary._args.embedded_positions``) in ``x``'s dtype; float
+    positions keep the exact sum without float64 too (the offset carried into the angles)."""
+    from ..rotary._args import embedded_positions
+
+    positions, offset = embedded_positions(x, positions, offset, carry=True)
+    if type(offset) is int and offset == 0:
+        return sinusoidal(positions, dim, base=base, layout=layout, dtype=x.dtype)
+    xp = namespace(x)  # (float positions and an offset without float64: the exact sum's angles)
+    check.allocatable("sinusoidal", (*x.shape[:-1], dim), 8)
+    cos, sin = cos_sin(positions, inverse_frequencies(dim, base), xp=xp, device=device_of(x), offset=offset)
+    return _laid_out(xp, cos, sin, dim, layout, result_dtype(xp, x.dtype))

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, host_constants, index_dtype, is_integer, length_through, namespace, torch_tensor, trace_constant, widest_float, without_empty_chunks
+from .._xp import device_of, has_float64, host_constants, index_dtype, is_integer, is_real_floating, length_through, namespace, torch_tensor, trace_constant, widest_float, without_empty_chunks
 
 LAYOUTS = ("half", "interleaved")
 
@@ -297,16 +297,18 @@ def per_row(name, value, xp):
 
 
 @host_constants
-def embedded_positions(x, positions, offset):
+def embedded_positions(x, positions, offset, carry=False):
     """The positions an absolute module embeds ``x [..., seq, d]`` at: ``positions`` (by
     default ``arange(seq)``) plus ``offset``, as ``rope`` adds it: an int, a 0-d integer
     array or one per batch row (``[batch]``, on its row's positions, not broadcast against
     the sequence), validated; a NumPy one beside another library's ``x`` converted. Integer
     positions are widened to the index dtype before the offset is added, and every sum is
-    checked to stay within it (int8 positions plus an offset do not wrap)."""
+    checked to stay within it (int8 positions plus an offset do not wrap). ``carry``: a pair
+    ``(positions, offset)``, the offset placed and not added to float positions where the
+    namespace has no float64 (their float32 sum would round; else 0, the sum made)."""
     plain = type(offset) is int and offset == 0  # (a forward's usual call: nothing to check or add)
     if plain and positions is not None:
-        return positions
+        return (positions, 0) if carry else positions
     xp, device = namespace(x), device_of(x)
     if positions is None:
         length = x.shape[-2]
@@ -315,9 +317,12 @@ def embedded_positions(x, positions, offset):
     else:
         positions, known = check.positions("positions", positions, xp, device), None
     if plain:
-        return positions
+        return (positions, 0) if carry else positions
     offset = place_rows("offset", per_row("offset", offset, xp), tuple(x.shape[:-1]), x.ndim - 2)
-    return check.shifted("positions", positions, offset, xp, device, known=known)
+    if carry and is_real_floating(xp, positions.dtype) and not has_float64(xp, device):
+        return positions, offset
+    shifted = check.shifted("positions", positions, offset, xp, device, known=known)
+    return (shifted, 0) if carry else shifted
 
 
 def place_rows(name, value, shape, axis):

@@ -7,6 +7,7 @@ from torch import nn
 
 import posenc as pe
 from posenc import _validate as check
+from posenc.absolute.sinusoidal import embedded as embedded_sinusoidal
 from posenc.rotary import _args
 
 from ._protocol import PositionalModule, allocatable, positive_int
@@ -41,8 +42,7 @@ class SinusoidalEmbedding(PositionalModule):
         return pe.sinusoidal(positions, self.dim, base=self.base, layout=self.layout, dtype=self.dtype)
 
     def embed(self, x, positions=None, *, offset=0):
-        table = pe.sinusoidal(_args.embedded_positions(x, positions, offset), self.dim, base=self.base, layout=self.layout, dtype=x.dtype)
-        return x + table
+        return x + embedded_sinusoidal(x, positions, offset, self.dim, base=self.base, layout=self.layout)
 
 
 class LearnedEmbedding(PositionalModule):
