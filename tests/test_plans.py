@@ -310,6 +310,15 @@ CALLS = {
         pe.deberta_logits,
         lambda t: _deberta(X.astype(np.float64), SHAW_K, query_positions=np.arange(3, dtype=np.int32) + t % 1000),
     ),
+    "shaw_logits numpy per-row offsets": (pe.shaw_logits, lambda t: _shaw(X, SHAW_K, offset=np.array([t, t - 3]))),
+    "shaw_logits numpy int32 per-row offsets far apart, q of one row": (pe.shaw_logits, lambda t: _shaw(X1, SHAW_K, offset=np.array([t % 2**31, 5], np.int32))),
+    "shaw_logits torch bfloat16 per-row offsets": (
+        pe.shaw_logits, lambda t: _shaw(T_X1.bfloat16(), T_SHAW_K.bfloat16(), T_SHAW_TABLE.bfloat16(), offset=torch.tensor([t, 2 * t + 1])),
+    ),  # fmt: skip
+    "shaw_logits numpy [2, 1] per-row offsets, heads of q alone": (pe.shaw_logits, lambda t: _shaw(X1[0], SHAW_K[:1], offset=np.array([[t], [3]]))),
+    "deberta_logits numpy per-row offsets, buckets": (pe.deberta_logits, lambda t: _deberta(X, SHAW_K, offset=np.array([t, 0]), **BUCKETS)),
+    "deberta_logits numpy c2p, per-row offset of one row": (pe.deberta_logits, lambda t: _deberta(X1, SHAW_K[:1], None, offset=np.array([t]), terms=("c2p",))),
+    "deberta_logits torch per-row offsets": (pe.deberta_logits, lambda t: _deberta(T_X1, T_SHAW_K, T_POS_Q, T_POS_K, offset=torch.tensor([t, t + 2]), **BUCKETS)),
     "deberta_logits torch offset": (pe.deberta_logits, lambda t: _deberta(T_X1, T_SHAW_K[:1], T_POS_Q, T_POS_K, offset=t, **BUCKETS)),
     "deberta_logits torch position_ids": (
         pe.deberta_logits,
@@ -415,6 +424,10 @@ RECORDED = {
     "shaw_logits prefill": lambda a: pe.shaw_logits(a["q"], a["k"], a["shaw"], max_distance=6),
     "deberta_logits step": lambda a: pe.deberta_logits(a["q1"], a["k"], a["pos"], a["pos"] * 0.5, max_distance=6),
     "deberta_logits prefill": lambda a: pe.deberta_logits(a["q"], a["k"], a["pos"], a["pos"] * 0.5, max_distance=6, bucket_size=4, max_position=64),
+    "shaw_logits per-row offsets": lambda a: pe.shaw_logits(a["q1"], a["k"], a["shaw"], max_distance=6, offset=torch.tensor([39, 1000])),
+    "deberta_logits per-row offsets of a prefill": lambda a: pe.deberta_logits(
+        a["q"], a["k"], a["pos"], a["pos"] * 0.5, max_distance=6, bucket_size=4, max_position=64, offset=torch.tensor([31, 35], dtype=torch.int32),
+    ),  # fmt: skip
 }
 
 
@@ -438,6 +451,41 @@ def test_a_call_autograd_records_gets_the_cold_calls_gradients_from_the_third_ca
         _same(grads(), cold)
     if "bias" in name:
         assert _served(pe.relative_bias) == ["RowsPlan" if "per-row" in name else "PerTokenPlan" if "positions" in name else "BiasPlan"]
+    elif "per-row" in name:
+        assert _served(pe.shaw_logits) + _served(pe.deberta_logits) == ["ShawPlan" if "shaw" in name else "DebertaPlan"]
+    _clear()
+
+
+CHUNKED = {
+    "shaw_logits float16": (pe.shaw_logits, lambda o: _shaw(X.astype(np.float16), SHAW_K.astype(np.float16), SHAW_TABLE.astype(np.float16), offset=o)),
+    "deberta_logits float32": (pe.deberta_logits, lambda o: _deberta(X, SHAW_K, offset=o, **BUCKETS)),
+    "deberta_logits float16, pos_k with a batch axis": (
+        pe.deberta_logits, lambda o: _deberta(X.astype(np.float16), SHAW_K.astype(np.float16), POS_Q, np.stack([POS_K, -POS_K]), offset=o),
+    ),  # fmt: skip
+}
+
+
+@pytest.mark.parametrize("name", CHUNKED)
+def test_per_row_logits_a_chunk_of_rows_at_a_time_give_the_whole_batchs_bits(name, monkeypatch):
+    """NumPy's plans of one offset per batch row cast the keys and multiply them with the
+    tables a chunk of rows at a time where those intermediates pass ``_logits_plan.CHUNK``
+    bytes (here 1: a row a chunk): every row the bits of the whole batch's call, cold, and of
+    its own offset's."""
+    from posenc.relative import _logits_plan
+
+    monkeypatch.setattr(_logits_plan, "CHUNK", 1)
+    fn, call = CHUNKED[name]
+    _clear()
+    for _ in range(2):
+        call(np.array([5, 9]))
+    assert [plan.chunk for plan in fn.plans.values() if plan] == [1]
+    for offsets in (np.array([7, 3]), np.array([0, 2**40]), np.array([-4, 12], np.int32)):
+        rows = call(offsets)
+        _same(rows, _cold(lambda: call(offsets)))
+        call(np.array([5, 9]))
+        call(np.array([5, 9]))
+        for b, offset in enumerate(offsets.tolist()):
+            _same(rows[b], call(offset)[b])
     _clear()
 
 
@@ -626,6 +674,14 @@ HOSTILE = {
         lambda p: _shaw(X1, SHAW_K[:1], query_positions=p), lambda: np.array([3], np.uint64), lambda: np.array([2**63], np.uint64), lambda a: _spoil(a, 2**63),
     ),  # fmt: skip
     "shaw_logits offset past int64": (lambda o: _shaw(X1, SHAW_K[:1], offset=o), lambda: 3, lambda: -(2**63) + 3, None),
+    "shaw_logits uint64 per-row offsets past int64": (
+        lambda o: _shaw(X, SHAW_K, offset=o), lambda: np.array([3, 4], np.uint64), lambda: np.full(2, 2**63, np.uint64), lambda a: _spoil(a, 2**63),
+    ),  # fmt: skip
+    "shaw_logits per-row offsets whose queries leave int64": (
+        lambda o: _shaw(X, SHAW_K, offset=o), lambda: np.array([3, 4]), lambda: np.full(2, 2**63 - 2), lambda a: _spoil(a, 2**63 - 2),
+    ),  # fmt: skip
+    "shaw_logits float per-row offsets": (lambda o: _shaw(X, SHAW_K, offset=o), lambda: np.array([1, 2]), lambda: np.array([1.0, 2.0]), None),
+    "shaw_logits per-row offsets of another length": (lambda o: _shaw(X, SHAW_K, offset=o), lambda: np.array([1, 2]), lambda: np.array([1, 2, 3]), None),
     "score_mod float 0-d offset": (lambda o: _flex("t5", T_TABLE, o), lambda: torch.tensor(3), lambda: torch.tensor(3.0), None),
     "score_mod 1-d offset": (lambda o: _flex("t5", T_TABLE, o), lambda: torch.tensor(3), lambda: torch.tensor([3]), None),
     "score_mod 0-d offset past int64": (lambda o: _flex("t5", T_TABLE, o), lambda: torch.tensor(3), lambda: torch.tensor(-(2**63)), lambda a: _spoil(a, -(2**63))),
@@ -635,6 +691,9 @@ HOSTILE = {
     "deberta_logits relative positions past int64": (
         lambda p: _deberta(X1, SHAW_K[:1], query_positions=p, key_positions=-np.arange(8), **BUCKETS),
         lambda: np.array([3]), lambda: np.array([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "deberta_logits torch per-row offsets whose distances leave int64": (
+        lambda o: _deberta(T_X1, T_SHAW_K, T_POS_Q, T_POS_K, offset=o), lambda: torch.tensor([3, 4]), lambda: torch.full((2,), -(2**63)), lambda a: _spoil(a, -(2**63)),
     ),  # fmt: skip
     "deberta_logits torch relative positions past int64": (
         lambda p: _deberta(T_X1, T_SHAW_K[:1], T_POS_Q, T_POS_K, query_positions=torch.tensor([[-3]]), key_positions=p),
@@ -775,6 +834,9 @@ KEPT = {
     "alibi_bias torch bfloat16 per-row offsets": (lambda: (T_SLOPES.bfloat16(), torch.tensor([7, 9])), lambda s, o: pe.alibi_bias(s, 1, 8, offset=o)),
     "t5_bias torch per-row offset of one row": (lambda: (T_TABLE.clone(), torch.tensor([7])), lambda t, o: pe.t5_bias(t, 1, 8, offset=o)),
     "shaw_logits offset": (lambda: (X1.copy(), SHAW_K[:1].copy(), SHAW_TABLE.copy()), lambda q, k, t: _shaw(q, k, t, offset=5)),
+    "shaw_logits torch per-row offsets": (
+        lambda: (T_X1.clone(), T_SHAW_K.clone(), T_SHAW_TABLE.clone(), torch.tensor([5, 9])), lambda q, k, t, o: _shaw(q, k, t, offset=o),
+    ),  # fmt: skip
     "shaw_logits torch positions": (
         lambda: (T_X1.clone(), T_SHAW_K[:1].clone(), T_SHAW_TABLE.clone(), torch.tensor([[5]]), torch.arange(8)),
         lambda q, k, t, qp, kp: _shaw(q, k, t, query_positions=qp, key_positions=kp),

@@ -373,6 +373,33 @@ def test_one_offset_per_batch_row_at_every_step_of_a_loop_gives_each_row_its_own
                 np.testing.assert_array_equal(rows[b], backend.to_numpy(one))
 
 
+@pytest.mark.parametrize("q_len", [1, 3])
+@pytest.mark.parametrize("spread", list(ROW_SPREADS))
+def test_logits_of_one_offset_per_batch_row_at_every_step_of_a_loop_give_each_row_its_own_calls_bits(backend, spread, q_len):
+    """``shaw_logits`` and ``deberta_logits`` of one offset per row, called at every step of
+    a decode loop (planned on NumPy and torch CPU from the third call on: each row's table
+    rows windows of one per-distance index for close offsets, each pair's for offsets far
+    apart): row ``b`` the bits of the call with ``offset[b]`` on the same ``q``/``k``, for
+    bfloat16 where the library has it."""
+    dtype = "bfloat16" if backend.name in ("torch", "jax") else "float32"
+    rows = len(ROW_SPREADS[spread])
+    q, k = (backend.asarray(RNG.standard_normal((rows, 3, n, 8)), dtype) for n in (q_len, 40))
+    table, pos_q, pos_k = (backend.asarray(RNG.standard_normal(shape), dtype) for shape in ((13, 8), (3, 12, 8), (12, 8)))
+    calls = (
+        lambda o, q, k, t, pq, pk: pe.shaw_logits(q, k, t, max_distance=6, offset=o),
+        lambda o, q, k, t, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=6, bucket_size=4, max_position=64, offset=o),
+    )
+    for fn in calls:
+        for step in range(4):
+            offsets = ROW_SPREADS[spread] + step
+            logits = backend.to_numpy(backend.call(fn, backend.asarray(offsets), q, k, table, pos_q, pos_k))
+            assert logits.shape == (rows, 3, q_len, 40)
+            for b, offset in enumerate(offsets.tolist()):
+                scalar = backend.asarray(offsets[b : b + 1])[0] if backend.name == "jax" else offset
+                one = backend.call(fn, scalar, q, k, table, pos_q, pos_k) if backend.name == "jax" else fn(scalar, q, k, table, pos_q, pos_k)
+                np.testing.assert_array_equal(logits[b], backend.to_numpy(one)[b])
+
+
 def test_a_per_row_offset_is_the_per_token_recipe_and_shifts_given_query_positions():
     """``offset [...]`` is ``query_positions = offset[..., None] + arange(q_len)`` (the recipe
     its refusal used to give, each row's bits still the one-offset call's), its axes

@@ -74,39 +74,51 @@ class ExpandBias:
         return None if None in key else key
 
 
+def _offset_key(kwargs):
+    """A logits call's ``offset``: None or an int (its type), or one per batch row without
+    per-token positions (an array with axes: its ``array_key``); else None (no plan)."""
+    offset = kwargs.get("offset")
+    if offset is None or type(offset) is int:
+        return type(offset)
+    if getattr(offset, "ndim", 0) and all(kwargs.get(n) is None for n in _POSITIONS):
+        return array_key(offset)
+    return None
+
+
 class ShawLogits:
-    """``shaw_logits(q, k, table_k, max_distance=K)`` with an ``offset`` (None or an int) or per-token positions."""
+    """``shaw_logits(q, k, table_k, max_distance=K)`` with an ``offset`` (None, an int or one
+    per batch row) or per-token positions."""
 
     build = "posenc.relative._logits_plan:build_shaw"
 
     @staticmethod
     def key(args, kwargs):
-        offset = kwargs.get("offset")
-        if len(args) != 3 or (offset is not None and type(offset) is not int):
+        if len(args) != 3:
             return None
         positions = tuple(kwargs.get(n) for n in _POSITIONS)
         key = (
-            "shaw_logits", *map(array_key, args), *map(value_key, positions), context_key(*args, *positions),
-            offset is None, keywords_key(kwargs, "offset", *_POSITIONS),
+            "shaw_logits", *map(array_key, args), *map(value_key, positions), context_key(*args, *positions, kwargs.get("offset")),
+            _offset_key(kwargs), keywords_key(kwargs, "offset", *_POSITIONS),
         )  # fmt: skip
         return None if None in key else key
 
 
 class DebertaLogits:
-    """``deberta_logits(q, k, pos_q, pos_k, max_distance=K, ...)`` with an ``offset`` (None
-    or an int) or per-token positions; ``terms`` by value (a tuple or list of names)."""
+    """``deberta_logits(q, k, pos_q, pos_k, max_distance=K, ...)`` with an ``offset`` (None,
+    an int or one per batch row) or per-token positions; ``terms`` by value (a tuple or list
+    of names)."""
 
     build = "posenc.relative._logits_plan:build_deberta"
 
     @staticmethod
     def key(args, kwargs):
-        offset, terms = kwargs.get("offset"), kwargs.get("terms", ())
-        if len(args) != 4 or (offset is not None and type(offset) is not int) or type(terms) not in (tuple, list):
+        terms = kwargs.get("terms", ())
+        if len(args) != 4 or type(terms) not in (tuple, list):
             return None
         positions = tuple(kwargs.get(n) for n in _POSITIONS)
         tables = tuple(a for a in args if a is not None)
         key = (
-            "deberta_logits", *map(value_key, args), *map(value_key, positions), context_key(*tables, *positions),
-            offset is None, "terms" in kwargs, type(terms), *((type(t), t) for t in terms), keywords_key(kwargs, "offset", "terms", *_POSITIONS),
+            "deberta_logits", *map(value_key, args), *map(value_key, positions), context_key(*tables, *positions, kwargs.get("offset")),
+            _offset_key(kwargs), "terms" in kwargs, type(terms), *((type(t), t) for t in terms), keywords_key(kwargs, "offset", "terms", *_POSITIONS),
         )  # fmt: skip
         return None if None in key else key
