@@ -187,6 +187,18 @@ def test_fire_matches_the_papers_module(n):
     assert ref.c.grad is not None and ref.L_multiplier.grad is not None
 
 
+@pytest.mark.parametrize(("xp", "dtype", "bits", "row"), [(torch, "float16", 11, 572), (torch, "bfloat16", 8, 585), (np, "bfloat16", 8, 585)])
+def test_fire_16_bit_distances_are_the_float64_ones_rounded_once(xp, dtype, bits, row):
+    """16-bit distances are the float64 ones rounded once: torch's and ml_dtypes' conversions of
+    float64 go through float32 and rounded entries of these rows twice (199 float16 and 31
+    bfloat16 entries of the 2,048 x 2,048 table)."""
+    dtype = getattr(torch, dtype) if xp is torch else pytest.importorskip("ml_dtypes").bfloat16
+    want = _round_once(pe.fire_distances(1, 2048, offset=row, dtype=np.float64), bits)
+    got = pe.fire_distances(1, 2048, offset=row, xp=xp, dtype=dtype)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np.asarray(got.double() if xp is torch else got.astype(np.float64)), want)
+
+
 def test_fire_one_query_is_the_last_row():
     mlp = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     full = pe.fire_bias(mlp, 6, 6, threshold=2.0, xp=torch)

@@ -57,7 +57,7 @@ def fire_distances(
     threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
     distance = xp.log(xp.abs(c * rel) + 1)
     normaliser = xp.log(xp.abs(c * xp.maximum(xp.astype(query, work), threshold)) + 1) + eps
-    return xp.astype(distance / normaliser[..., :, None], dtype)
+    return cast(xp, distance / normaliser[..., :, None], dtype)
 
 
 def fire_bias(
