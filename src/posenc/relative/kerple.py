@@ -145,7 +145,7 @@ def _sandwich_values(xp, rel, dim, heads, base, device, dtype):
         scales = xp.ones((1, 1), dtype=vec.dtype, device=device)
     else:
         scales = xp.asarray([[heads / (8.0 * h)] for h in range(1, heads + 1)], dtype=vec.dtype, device=device)
-    return xp.astype(scales * vec[None, :], dtype)
+    return cast(xp, scales * vec[None, :], dtype)
 
 
 @host_constants
