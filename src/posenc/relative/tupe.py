@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, unsplit
+from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, torch_tensor, unsplit
 from . import _args, _per_token
 from .indices import per_row, scalar_offset
 
@@ -60,6 +60,16 @@ def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
 
 
 _SHARED = "one offset per batch row takes p [n, d_p] and uq, uk [heads, d_p, e] or [d_p, e] (tables shared by the batch rows)"
+
+
+def _times(xp, rows, u):
+    """``rows @ u``; torch's ``rows`` broadcast to ``u``'s leading (head) axes first: its matmul
+    of a 2-d matrix by a batch of them takes another kernel, and rounds apart, when the
+    matrix records a gradient (the logits depended on whether autograd recorded ``p``)."""
+    lead = broadcast_shapes(tuple(rows.shape[:-2]), tuple(u.shape[:-2]))
+    if torch_tensor(rows) and tuple(rows.shape[:-2]) != lead:
+        rows = xp.broadcast_to(rows, (*lead, *rows.shape[-2:]))
+    return rows @ u
 
 
 @host_constants
@@ -149,15 +159,15 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     device = device_of(q)
     query_positions = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
-    keys = xp.matrix_transpose(p[..., :k_len, :] @ uk)
+    keys = xp.matrix_transpose(_times(xp, p[..., :k_len, :], uk))
     if per_row(offset):  # one per batch row: the product of each row's one-offset call
         every = xp.reshape(query_positions, (math.prod(offset.shape[:-1]), q_len))
-        terms = [(xp.take(p, positions, axis=-2) @ uq) @ keys * scale for positions in xp.unstack(every)]
+        terms = [_times(xp, xp.take(p, positions, axis=-2), uq) @ keys * scale for positions in xp.unstack(every)]
         one = (*_heads(q, uq, uk), q_len, k_len)
         position = xp.reshape(xp.stack(terms) if terms else xp.zeros((0, *one), dtype=work, device=device), (*offset.shape[:-1], *one))
         query_positions = xp.reshape(query_positions, (*offset.shape[:-1], *(1,) * (len(one) - 2), q_len))  # (beside the heads)
     else:
-        position = (xp.take(p, query_positions, axis=-2) @ uq) @ keys * scale
+        position = _times(xp, xp.take(p, query_positions, axis=-2), uq) @ keys * scale
     if bias is not None:
         position = position + cast(xp, bias, work)
     if cls is not None:
