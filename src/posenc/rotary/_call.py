@@ -37,7 +37,8 @@ class RopeCall:
     integer array or per-row integers placed on the batch axes. ``carried``: float
     positions and an offset where the namespace has no float64 (the sum would round in
     float32): ``positions`` is then ``placed``, the offset carried apart into the angles'
-    exact reduction (``path == "split"`` for the rotation by known frequencies). ``seq_len``: None where
+    exact reduction (``path == "split"`` for the rotation by known frequencies; ``"offsets"``
+    where they are read now, one a row: each row then rotated as a call of its own). ``seq_len``: None where
     the frequencies do not depend on it, else an int, or per-row lengths (``path ==
     "rows"``: each row rotated as a call of its own), or a length known only inside the
     computation (``path == "traced"``), or an int while torch compiles, which may be
@@ -127,6 +128,8 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     carried = given and (type(offset) is not int or offset != 0) and is_real_floating(xp, placed.dtype) and not has_float64(xp, device)
     if carried:
         positions, path = placed, "split" if path == "kernel" else path
+        if path == "split" and check.is_array(offset) and offset.ndim and check.is_eager(offset) and check.is_eager(x):
+            path = "offsets"  # (each row the call of its own offset, an int: 0 is not carried)
     return RopeCall(x, xp, device, placed, positions, offset, base, scaling, layout, rdim, inverse, seq_len, out, path, inv_freq, scale, carried)
 
 

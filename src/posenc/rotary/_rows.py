@@ -17,20 +17,25 @@ from .._xp import resplit, unsplit
 
 def rotate_each_row(xp, x, positions, seq_len, rotate_one, offset=None):
     """``rotate_one(x_row, positions_row, seq_len_int)`` for every row along the leading axes
-    on which ``seq_len`` varies, stacked back into ``x``'s shape; with an ``offset`` (an int,
-    or an integer array placed as the positions are) ``rotate_one(..., offset_row)``, the
-    row's own offset 0-d where it is one value."""
-    lead = max((a + 1 for a, n in enumerate(seq_len.shape) if n > 1), default=1)
+    on which ``seq_len`` varies (or, ``seq_len`` None, the per-row ``offset``: the length
+    None), stacked back into ``x``'s shape; with an ``offset`` (an int, or an integer array
+    placed as the positions are) ``rotate_one(..., offset_row)``, the row's own offset 0-d
+    where it is one value."""
+    rowed = offset if seq_len is None else seq_len
+    lead = max((a + 1 for a, n in enumerate(rowed.shape) if n > 1), default=1)
     if 0 in tuple(x.shape[:lead]):  # no row: an empty result of x's shape
         return xp.empty_like(x)
     # (an explicit JAX mesh refuses to index a split axis outside jit: the rows, lengths and positions gathered)
     x, split = unsplit(x, *range(lead))
-    seq_len, _ = unsplit(seq_len, *range(seq_len.ndim))
+    if seq_len is not None:
+        seq_len, _ = unsplit(seq_len, *range(seq_len.ndim))
     positions, _ = unsplit(positions, *range(positions.ndim))
     rows = []
     for index in np.ndindex(*x.shape[:lead]):
-        at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))
-        length = int(seq_len[at + (0,) * (seq_len.ndim - lead)])
+        length = None
+        if seq_len is not None:
+            at = tuple(i if seq_len.shape[a] > 1 else 0 for a, i in enumerate(index))
+            length = int(seq_len[at + (0,) * (seq_len.ndim - lead)])
         row_positions, row_offset = (_row(xp, a, index) for a in (positions, offset))
         if getattr(row_offset, "ndim", 0) and math.prod(row_offset.shape) == 1:
             row_offset = xp.reshape(row_offset, ())

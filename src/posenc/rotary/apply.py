@@ -270,7 +270,7 @@ def rope(
         x, positions, base=base, scaling=scaling, layout=layout, rotary_dim=rotary_dim, offset=offset,
         seq_axis=seq_axis, inverse=inverse, seq_len=seq_len, out=out,
     )  # fmt: skip
-    if call.path == "rows":
+    if call.path in ("rows", "offsets"):
         return _rows_written(call)
     if call.path == "traced":
         return _rotate_traced_length(call)
@@ -328,14 +328,18 @@ def _rotate_by(x, c, s, scale, layout, out):
 
 
 def _rows_written(call):
-    """A per-row ``seq_len``, eagerly: each row rotated by the call a single row makes."""
+    """A per-row ``seq_len`` or, float positions without float64, a per-row ``offset``, eagerly:
+    each row rotated by the call a single row makes."""
     options = {"base": call.base, "scaling": call.scaling, "layout": call.layout, "rotary_dim": call.rotary_dim, "inverse": call.inverse}
 
+    rows = call.path == "rows"
+    seq_len, every = (call.seq_len, None) if rows else (None, call.seq_len)  # ("offsets": a length read now, every row's)
+
     def one_row(x_row, positions_row, length, offset=0):
-        return rope(x_row, positions_row, offset=offset, seq_axis=-2, seq_len=length, **options)
+        return rope(x_row, positions_row, offset=offset, seq_axis=-2, seq_len=length if rows else every, **options)
 
     offset = call.offset if call.carried else None  # (else in the positions)
-    result = _rows.rotate_each_row(call.xp, call.x, call.positions, call.seq_len, one_row, offset=offset)
+    result = _rows.rotate_each_row(call.xp, call.x, call.positions, seq_len, one_row, offset=offset)
     if call.out is None:
         return result
     call.out[...] = result
