@@ -246,7 +246,6 @@ def test_flax_module_refuses_integer_inputs_as_the_torch_module(name):
     wider ones). (Two float dtypes promote in JAX; the torch module refuses them outside
     ``torch.autocast``.)"""
     torch_module, flax_module = PAIRS[name]()
-    q = jnp.ones((1, HEADS, 3, DIM), jnp.float32)
     for module, wrap in ((torch_module, lambda a: torch.from_numpy(np.array(a))), (flax_module, lambda a: a)):
         with pytest.raises(TypeError, match="floating"):
             module.attend(*(wrap(jnp.ones((1, HEADS, 3, DIM), jnp.int32)),) * 3)
