@@ -597,3 +597,41 @@ def test_alibi_float_positions_are_subtracted_before_rounding_to_the_slopes_dtyp
             np.testing.assert_array_equal(got, want)
         got = pe.alibi_bias(torch.asarray(slopes), len(q), len(k), query_positions=torch.asarray(q), key_positions=torch.asarray(k))
         np.testing.assert_array_equal(got.numpy(), want)
+
+
+@pytest.mark.parametrize("make", ["array_api_strict_no_float64", "jax_without_x64"])
+def test_alibi_float_positions_and_an_offset_without_float64_take_one_rounding(make):
+    """Without float64 the distance ``(offset + q) - k`` of float positions was two float32
+    roundings, ``offset + q`` first: ``(10**6 + 0.1) - 10**6`` read 0.125 (off by 25%); now
+    the float64 distance rounded once to float32 (the offset carried apart, double-float),
+    with a Python int, a 0-d offset and one per batch row (eagerly and under ``jax.jit``),
+    and with integer query positions beside float keys. Row ``b`` keeps the bits of
+    ``offset[b]``."""
+    rng = np.random.default_rng(7)
+    slopes = np.array([0.5, 0.25], np.float32)  # (powers of two: the product is exact)
+    q = rng.uniform(0, 1e7, (3, 6)).astype(np.float32)
+    q[:, :3] = rng.uniform(0, 1, (3, 3)).astype(np.float32)
+    q[0, 0] = 0.1
+    k = rng.uniform(0, 1e7, (3, 5)).astype(np.float32)
+    k[0, 0] = 1e6
+    offsets = np.array([10**6, *rng.integers(2**30, 2**31 - 2**25, 2)], np.int32)
+    if make == "array_api_strict_no_float64":
+        strict = pytest.importorskip("array_api_strict")
+        dev = strict.Device("no_float64")
+        to, back, jit = (lambda a: strict.asarray(a, device=dev)), (lambda a: np.asarray(a._array)), (lambda f: f)
+    else:
+        jax = pytest.importorskip("jax")
+        if jax.config.jax_enable_x64:
+            pytest.skip("jax runs with x64 here")
+        to, back, jit = jax.numpy.asarray, np.asarray, jax.jit
+    call = lambda s, o, a, b: pe.alibi_bias(s, 6, 5, offset=o, query_positions=a, key_positions=b)  # noqa: E731
+    for qpos in (q, np.round(q).astype(np.int32)):
+        want = -slopes[:, None, None] * (((qpos.astype(np.float64) + offsets[:, None])[:, None, :, None] - k.astype(np.float64)[:, None, None, :])).astype(np.float32)
+        for run in (call, jit(call)):
+            rows = back(run(to(slopes), to(offsets), to(qpos), to(k)))
+            np.testing.assert_array_equal(rows, want)
+            for b in range(3):
+                for offset in (int(offsets[b]), to(offsets[b : b + 1])[0]):
+                    np.testing.assert_array_equal(back(run(to(slopes), offset, to(qpos[b]), to(k[b]))), rows[b])
+    one = pe.alibi_bias(to(slopes), 1, 1, offset=10**6, query_positions=to(np.array([0.1], np.float32)), key_positions=to(np.array([1e6], np.float32)))
+    assert back(one)[0, 0, 0] == np.float32(-0.05)  # (slope 0.5)

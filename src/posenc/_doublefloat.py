@@ -65,6 +65,13 @@ def from_integer(xp, n):
     return _two_sum(xp.astype(high, xp.float32) * 4096.0, xp.astype(n - high * 4096, xp.float32))
 
 
+def integer_constant(xp, n, device=None):
+    """A host int as the double-float :func:`from_integer` makes of it (the same split: the same bits)."""
+    high = n // 4096
+    hi, lo = _two_sum(np.float32(high) * np.float32(4096.0), np.float32(n - high * 4096))
+    return xp.asarray(hi, device=device), xp.asarray(lo, device=device)
+
+
 def integer_power(xp, x, exponents):
     """``x ** k`` for every host integer ``k >= 0`` of ``exponents`` (binary powering), shaped
     ``broadcast(x, exponents)``: ``len(bin(max k))`` double-float products."""

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from .. import _doublefloat
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, namespace, resplit, size, split_spec, torch_tensor, unsplit
 from .indices import per_row, scalar_offset
@@ -80,17 +81,49 @@ def row_offsets(xp, offset, qpos, kpos):
 def shifted(xp, qpos, kpos, offset, device, float_dtype):
     """The query positions shifted by ``offset`` and the key positions, integer ones of the
     index dtype (:func:`posenc._validate.widened`), every ``offset + query`` and ``query -
-    key`` checked to stay within it; both as ``float_dtype`` where one is float."""
+    key`` checked to stay within it; both as ``float_dtype`` where one is float.
+
+    Where that is float32 (no float64: JAX without x64) and the distance would take more
+    than one rounding there (an ``offset``, an integer position), both are double-floats
+    ``(hi, lo)`` (:mod:`posenc._doublefloat`), the offset carried exactly in the queries':
+    :func:`relative` rounds ``(offset + query) - key`` once to float32."""
+    integers = (is_integer(xp, qpos.dtype), is_integer(xp, kpos.dtype))
+    if float_dtype == xp.float32 and not all(integers) and (any(integers) or not (isinstance(offset, int) and offset == 0)):
+        return _carried(xp, qpos, kpos, offset, device)
     qpos = check.shifted("query_positions", check.positions("query_positions", qpos, xp, device), offset, xp, device)
     kpos = check.positions("key_positions", kpos, xp, device)
     check.differences(xp, qpos, kpos, device)
-    if not (is_integer(xp, qpos.dtype) and is_integer(xp, kpos.dtype)):
+    if not all(integers):
         qpos, kpos = cast(xp, qpos, float_dtype), cast(xp, kpos, float_dtype)
     return qpos, kpos
 
 
+def _carried(xp, qpos, kpos, offset, device):
+    """:func:`shifted`'s double-float positions ``(offset + query, key)`` of float32 parts."""
+    qpos, kpos = check.positions("query_positions", qpos, xp, device), check.positions("key_positions", kpos, xp, device)
+    if is_integer(xp, qpos.dtype):
+        return _doublefloat.from_integer(xp, check.shifted("query_positions", qpos, offset, xp, device)), _double(xp, kpos)
+    if isinstance(offset, int):
+        shift = _doublefloat.integer_constant(xp, offset, device)
+    else:
+        shift = _doublefloat.from_integer(xp, check.widened("offset", offset, xp, device))
+    return _doublefloat.add(_double(xp, qpos), shift), _double(xp, kpos)
+
+
+def _double(xp, pos):
+    """Positions as an exact double-float of float32 arrays."""
+    if is_integer(xp, pos.dtype):
+        return _doublefloat.from_integer(xp, pos)
+    pos = cast(xp, pos, xp.float32)
+    return pos, xp.zeros_like(pos)
+
+
 def relative(qpos, kpos, *, heads=False):
     """``rel[..., i, j] = qpos[..., i] - kpos[..., j]`` (``[..., 1, q, k]`` with ``heads``)."""
+    if isinstance(qpos, tuple):  # double-floats (:func:`shifted`)
+        kpos = tuple(unsplit(part, -1)[0] for part in kpos)
+        rel = _doublefloat.add(tuple(part[..., :, None] for part in qpos), tuple(-part[..., None, :] for part in kpos))[0]
+        return rel[..., None, :, :] if heads else rel
     kpos, _ = unsplit(kpos, -1)  # (the queries may be split alike: JAX refuses rel split twice over one mesh axis)
     rel = qpos[..., :, None] - kpos[..., None, :]
     return rel[..., None, :, :] if heads else rel

@@ -430,7 +430,8 @@ def distance_float(xp, kind, device):
     """The float dtype that per-token positions of ``kind`` are subtracted in: ALiBi's, which
     may be float, the widest the namespace has on ``device`` (a short distance between long
     positions is exact before it is rounded to the slopes' compute dtype; without float64,
-    JAX without x64, it stays float32); ``None`` for the kinds of integer positions."""
+    JAX without x64, it stays float32, the offset carried apart: ``_per_token.shifted``);
+    ``None`` for the kinds of integer positions."""
     return widest_float(xp, device) if kind == "alibi" else None
 
 
