@@ -113,6 +113,21 @@ def to_float64(a):
     return to_host(a).astype(np.float64)
 
 
+def without_float64(make):
+    """``(to, back, jit)`` for a namespace without float64: ``make`` is
+    ``"array_api_strict_no_float64"`` (array-api-strict's ``no_float64`` device; ``jit`` does
+    nothing) or ``"jax_without_x64"`` (skipped where JAX runs with x64): NumPy data to its
+    arrays, its arrays back to NumPy, and how it compiles a function."""
+    if make == "array_api_strict_no_float64":
+        strict = pytest.importorskip("array_api_strict")
+        device = strict.Device("no_float64")
+        return (lambda a: strict.asarray(a, device=device)), (lambda a: np.asarray(a._array)), (lambda f: f)
+    jax = pytest.importorskip("jax")
+    if jax.config.jax_enable_x64:
+        pytest.skip("jax runs with x64 here")
+    return jax.numpy.asarray, np.asarray, jax.jit
+
+
 def copy_of(value):
     """A copy of an array or tensor (anything else as it is)."""
     if hasattr(value, "clone"):

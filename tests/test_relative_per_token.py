@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
-from arrays import assert_close
+from arrays import assert_close, without_float64
 from formulas import hf_deberta_bucket, hf_t5_bucket
 
 RNG = np.random.default_rng(23)
@@ -615,15 +615,7 @@ def test_alibi_float_positions_and_an_offset_without_float64_take_one_rounding(m
     k = rng.uniform(0, 1e7, (3, 5)).astype(np.float32)
     k[0, 0] = 1e6
     offsets = np.array([10**6, *rng.integers(2**30, 2**31 - 2**25, 2)], np.int32)
-    if make == "array_api_strict_no_float64":
-        strict = pytest.importorskip("array_api_strict")
-        dev = strict.Device("no_float64")
-        to, back, jit = (lambda a: strict.asarray(a, device=dev)), (lambda a: np.asarray(a._array)), (lambda f: f)
-    else:
-        jax = pytest.importorskip("jax")
-        if jax.config.jax_enable_x64:
-            pytest.skip("jax runs with x64 here")
-        to, back, jit = jax.numpy.asarray, np.asarray, jax.jit
+    to, back, jit = without_float64(make)
     call = lambda s, o, a, b: pe.alibi_bias(s, 6, 5, offset=o, query_positions=a, key_positions=b)  # noqa: E731
     for qpos in (q, np.round(q).astype(np.int32)):
         want = -slopes[:, None, None] * (((qpos.astype(np.float64) + offsets[:, None])[:, None, :, None] - k.astype(np.float64)[:, None, None, :])).astype(np.float32)

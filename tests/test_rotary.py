@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import posenc as pe
-from arrays import DTYPES, assert_close, ulp
+from arrays import DTYPES, assert_close, ulp, without_float64
 from formulas import exact_rope
 from formulas import inv_freq as theta
 from formulas import rope_formula
@@ -244,15 +244,7 @@ def test_no_float64_path_adds_an_offset_to_float_positions_exactly(rng, make):
     positions = np.array([[0.1, 0.25, 1e6 + 0.25], [12345.678, 3.0, 7.5]], dtype=np.float32)  # [batch, seq]
     x = rng.uniform(-1, 1, (2, 3, 64)).astype(np.float32)
     dynamic = pe.scaling.DynamicNTK(2.0, 16)
-    if make == "array_api_strict_no_float64":
-        strict = pytest.importorskip("array_api_strict")
-        dev = strict.Device("no_float64")
-        to, back, jit = (lambda a: strict.asarray(a, device=dev)), (lambda a: np.asarray(a._array)), (lambda f: f)
-    else:
-        jax = pytest.importorskip("jax")
-        if jax.config.jax_enable_x64:
-            pytest.skip("jax runs with x64 here")
-        to, back, jit = jax.numpy.asarray, np.asarray, jax.jit
+    to, back, jit = without_float64(make)
     offsets = np.array([10**6, 2**24 + 1], dtype=np.int32)
     for scaling, seq_len in ((None, None), (pe.scaling.Linear(2.0), None), (dynamic, 2**25), (dynamic, np.array([2**20, 2**25], dtype=np.int32))):
         for offset in (3, -5, 10**6, 2**24 + 1, offsets):
@@ -282,15 +274,7 @@ def test_no_float64_path_gives_each_row_of_per_row_offsets_the_bits_of_its_own_c
     shape = (3, 4, 2, 32) if seq_axis == "bshd" else (3, 2, 4, 32)
     x = rng.uniform(-1, 1, shape).astype(np.float32)
     offsets = np.array([10**6, 0, -7], dtype=np.int32)
-    if make == "array_api_strict_no_float64":
-        strict = pytest.importorskip("array_api_strict")
-        dev = strict.Device("no_float64")
-        to, back = (lambda a: strict.asarray(a, device=dev)), (lambda a: np.asarray(a._array))
-    else:
-        jax = pytest.importorskip("jax")
-        if jax.config.jax_enable_x64:
-            pytest.skip("jax runs with x64 here")
-        to, back = jax.numpy.asarray, np.asarray
+    to, back, _ = without_float64(make)
     for scaling, seq_len in ((None, None), (pe.scaling.DynamicNTK(2.0, 16), 2**23)):
         for inverse in (False, True):
             options = {"scaling": scaling, "seq_len": seq_len, "inverse": inverse, "seq_axis": seq_axis}
