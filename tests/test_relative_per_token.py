@@ -627,3 +627,23 @@ def test_alibi_float_positions_and_an_offset_without_float64_take_one_rounding(m
                     np.testing.assert_array_equal(back(run(to(slopes), offset, to(qpos[b]), to(k[b]))), rows[b])
     one = pe.alibi_bias(to(slopes), 1, 1, offset=10**6, query_positions=to(np.array([0.1], np.float32)), key_positions=to(np.array([1e6], np.float32)))
     assert back(one)[0, 0, 0] == np.float32(-0.05)  # (slope 0.5)
+
+
+def test_alibi_int64_positions_and_offsets_past_2_to_the_36_without_float64_stay_exact():
+    """array-api-strict's ``no_float64`` device has int64: an int64 query position or offset
+    enters the double-float distance as ``fl(n) + (n - fl(n))``. Cut into ``n // 4096`` and
+    a remainder, the top part lost its low bits past 2**36 (``2**36 + 4097`` read
+    ``2**36 + 1``: ALiBi gave -0.5 for -2048.5); now exact below 2**48."""
+    to, back, _ = without_float64("array_api_strict_no_float64")
+    slopes = np.array([0.5, 0.25], np.float32)
+    q = np.array([2**36 + 4097, 2**40 + 12345, 2**47 - 3, -(2**45) - 7])
+    k = np.array([2**36, 2**40, 2**47 - 2**24, -(2**45)], np.float32)
+    dist = q.astype(object)[:, None] - k.astype(np.float64).astype(int).astype(object)[None, :]
+    want = (-slopes.astype(np.float64)[:, None, None] * dist.astype(np.float64)).astype(np.float32)
+    got = pe.alibi_bias(to(slopes), 4, 4, query_positions=to(q), key_positions=to(k))
+    np.testing.assert_array_equal(back(got), want)
+    fq = np.array([0.5, 4097.25, 1.0, -7.75], np.float32)
+    for offset in (2**36, to(np.array(2**36)), to(np.full(1, 2**36))):
+        want = (-slopes.astype(np.float64)[:, None, None] * ((2**36 + fq.astype(np.float64))[:, None] - k.astype(np.float64)[None, :])).astype(np.float32)
+        got = back(pe.alibi_bias(to(slopes), 4, 4, offset=offset, query_positions=to(fq), key_positions=to(k)))
+        np.testing.assert_array_equal(got.reshape(want.shape), want)

@@ -12,6 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 
+_TWO_24 = 2**24
+
+
 def constant(xp, values, device=None):
     """Host float64 numbers as a double-float of float32 arrays of ``xp``."""
     values = np.asarray(values, dtype=np.float64)
@@ -60,15 +63,17 @@ def negate(x):
 
 
 def from_integer(xp, n):
-    """An integer array (int32 or int64, ``|n| < 2**43``) as an exact double-float."""
-    high = n // 4096
-    return _two_sum(xp.astype(high, xp.float32) * 4096.0, xp.astype(n - high * 4096, xp.float32))
+    """An integer array (int32 or int64) as a double-float: ``n = high * 2**24 + low`` with
+    ``0 <= low < 2**24``, both parts exact in float32 for ``|n| < 2**48``, and one
+    :func:`_two_sum` of them, ``(fl(n), n - fl(n))``: exact there."""
+    high = n // _TWO_24
+    return _two_sum(xp.astype(high, xp.float32) * float(_TWO_24), xp.astype(n - high * _TWO_24, xp.float32))
 
 
 def integer_constant(xp, n, device=None):
     """A host int as the double-float :func:`from_integer` makes of it (the same split: the same bits)."""
-    high = n // 4096
-    hi, lo = _two_sum(np.float32(high) * np.float32(4096.0), np.float32(n - high * 4096))
+    high = n // _TWO_24
+    hi, lo = _two_sum(np.float32(high) * np.float32(_TWO_24), np.float32(n - high * _TWO_24))
     return xp.asarray(hi, device=device), xp.asarray(lo, device=device)
 
 
