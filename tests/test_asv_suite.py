@@ -20,7 +20,7 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SUITE = ROOT / "asv_benchmarks"
-MODULES = ("absolute", "bias", "decode", "first_call", "gpu", "jax", "rope")
+MODULES = ("absolute", "bias", "decode", "first_call", "gpu", "jax", "rope", "rows")
 
 # The child: every benchmark of the suite as asv names it (``module.Class.method``, params as
 # their repr), with its kind.
@@ -136,7 +136,7 @@ print(json.dumps(out))
 
 @pytest.fixture(scope="module")
 def without_libraries():
-    return dict(child(SETUP_TEARDOWN, "torch,transformers,jax,cupy", "absolute,bias,decode,rope,jax", "cache"))
+    return dict(child(SETUP_TEARDOWN, "torch,transformers,jax,cupy", "absolute,bias,decode,rope,jax,rows", "cache"))
 
 
 def test_without_torch_posencs_numpy_rows_run_and_the_rest_skip_in_setup(without_libraries):
@@ -154,6 +154,8 @@ def test_without_torch_posencs_numpy_rows_run_and_the_rest_skip_in_setup(without
         "absolute.Sinusoidal[2048, 128]",
         "decode.DecodeStep['rope numpy [1,32,1,128]']",
         "decode.DecodeStep['t5_bias numpy 16 heads, 1 x 512']",
+        "rows.BiasRows['t5', 'numpy']",
+        "rows.LogitsRows['numpy']",
     ):
         assert numpy_row in ran
     for other_row, library in (
@@ -165,6 +167,7 @@ def test_without_torch_posencs_numpy_rows_run_and_the_rest_skip_in_setup(without
         ("decode.Generate['float32', 'generate']", "torch"),
         ("jax.JaxRope['1x8x1024x128']", "jax"),
         ("jax.JaxDecode[]", "jax"),
+        ("rows.BiasRows['t5', 'torch']", "torch"),
     ):
         assert skipped[other_row] == f"skipped: {library} is not installed" or library in skipped[other_row], other_row
     assert all("numpy" not in name or "bfloat16" in name for name in skipped)
