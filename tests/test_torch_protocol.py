@@ -4,6 +4,7 @@ References are the public functions called directly (and softmax attention writt
 here), never a module's own output.
 """
 
+import copy
 import math
 
 import pytest
@@ -358,6 +359,28 @@ def test_float16_alibi_attends_to_far_keys_as_float32_does():
     want = m.attend(q, k, v, offset=100_000)
     got = m.attend(q.half(), k.half(), v.half(), offset=100_000)
     torch.testing.assert_close(got.float(), want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("convert", ["half", "bfloat16"])
+@pytest.mark.parametrize("make", [lambda: pt.ALiBi(8), lambda: pt.KERPLE(8, kind="power")], ids=["alibi", "kerple_power"])
+def test_16_bit_modules_compute_their_growing_bias_in_float32(make, convert):
+    """A module converted with ``.half()`` holds float16 slopes (ALiBi) or ``r1, r2`` (KERPLE):
+    its bias was float16 too, -inf past 65,504 (a query 200,000 tokens past its keys: every
+    logit of the row -inf, attend NaN) and an ulp of 0.25-32 below that (at 1,000 tokens,
+    attend 0.1 off the float32 module's). The parameters are widened to float32 (exactly) for
+    ``logits``/``attend``: the float32 sum rounded once, as beside float32 parameters."""
+    m16 = getattr(make(), convert)()
+    m32 = copy.deepcopy(m16).float()  # (the same parameter values, widened)
+    g = torch.Generator().manual_seed(3)
+    dtype = torch.float16 if convert == "half" else torch.bfloat16
+    q, k, v = (torch.randn(2, 8, n, 16, generator=g).to(dtype) for n in (3, 5, 5))
+    for offset in (0, 1000, 200_000):
+        got = m16.attend(q, k, v, offset=offset)
+        assert got.dtype == q.dtype and torch.isfinite(got).all()
+        want = m32.attend(q.float(), k.float(), v.float(), offset=offset)
+        eps = torch.finfo(dtype).eps  # (the weights and the output rounded to 16 bits)
+        torch.testing.assert_close(got.float(), want, atol=2 * eps, rtol=2 * eps)
+        assert torch.equal(m16.logits(q, k, offset=offset), m32.logits(q.float(), k.float(), offset=offset).to(q.dtype))
 
 
 @pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r"])

@@ -186,6 +186,13 @@ def dot_scores(q, k, scale=None):
     return q @ k.transpose(-1, -2) * (1.0 / math.sqrt(q.shape[-1]) if scale is None else scale)
 
 
+def widened(param):
+    """A 16-bit parameter as float32 (exact), others as they are: a bias that grows with the
+    distance (ALiBi's, KERPLE's power) computed in float32 stays finite past 16-bit range
+    (float16's 65504) and is rounded once, with the scores (:func:`biased_scores`)."""
+    return param.float() if param.dtype in (torch.float16, torch.bfloat16) else param
+
+
 def biased_scores(q, k, bias):
     """``dot_scores(q, k) + bias`` in the wider of their dtypes (float32 parameters beside 16-bit
     queries): ``logits`` rounds the sum once, ``attend`` takes it as it is."""

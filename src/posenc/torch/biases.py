@@ -8,7 +8,7 @@ from torch import nn
 import posenc as pe
 
 from ..relative.buckets import t5_bucket_options
-from ._protocol import PositionalModule, allocatable, biased_scores, positive_int
+from ._protocol import PositionalModule, allocatable, biased_scores, positive_int, widened
 
 
 class _DistanceBias(PositionalModule):
@@ -141,6 +141,10 @@ class ALiBi(_DistanceBias):
 
     def params(self):
         return self.slopes
+
+    def scores(self, q, k, offset, **positions):
+        bias = pe.relative_bias("alibi", widened(self.slopes), q.shape[-2], k.shape[-2], offset=offset, **positions, **self.bias_options())
+        return biased_scores(q, k, bias)
 
     def bias_options(self):
         return {"symmetric": self.symmetric}

@@ -10,7 +10,7 @@ from torch import nn
 import posenc as pe
 from posenc import _validate as check
 
-from ._protocol import PositionalModule, allocatable, biased_scores, dot_scores, positive_int
+from ._protocol import PositionalModule, allocatable, biased_scores, dot_scores, positive_int, widened
 
 
 class FIRE(PositionalModule):
@@ -77,19 +77,24 @@ class KERPLE(PositionalModule):
     def options(self):
         return {"num_heads": self.num_heads, "kind": self.kind, "eps": self.eps}
 
-    def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
+    def _clamp(self):
         # The paper's code clamps the values (``.data``) in place, so gradients pass unclamped.
         # torch.export traces no ``.data``: there the parameter itself, outside autograd.
         exporting = torch.compiler.is_exporting()
         with torch.no_grad():
             for parameter, high in ((self.r1, None), (self.r2, 2.0 if self.kind == "power" else None)):
                 (parameter if exporting else parameter.data).clamp_(self.eps, high)
+
+    def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
+        self._clamp()
         return pe.kerple_bias(
             self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset, query_positions=query_positions, key_positions=key_positions
         )
 
     def scores(self, q, k, offset, **positions):
-        return biased_scores(q, k, self.bias(q.shape[-2], k.shape[-2], offset=offset, **positions))
+        self._clamp()
+        bias = pe.kerple_bias(widened(self.r1), widened(self.r2), q.shape[-2], k.shape[-2], kind=self.kind, offset=offset, **positions)
+        return biased_scores(q, k, bias)
 
 
 class Sandwich(PositionalModule):
