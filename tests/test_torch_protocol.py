@@ -327,7 +327,7 @@ def test_autocast_regions_mix_dtypes_and_are_taken(name):
 
 # Modules whose float32 parameters enter the logits as they are (the others cast theirs, or
 # their functions compute 16-bit inputs in 16 bits as a model's own layers would)
-IN_PARAMETER_DTYPE = {"shaw", "deberta", "deberta_c2p", "xl", "tener", "tupe", "tupe_cls", "tupe_r", "t5", "alibi", "fire", "kerple"}
+IN_PARAMETER_DTYPE = {"shaw", "deberta", "deberta_c2p", "xl", "tener", "tupe", "tupe_cls", "tupe_r", "t5", "alibi", "fire", "kerple", "cope"}
 
 
 @pytest.mark.parametrize("name", sorted(MODULES))
@@ -338,9 +338,12 @@ def test_16_bit_calls_return_their_dtype(name, dtype):
     logits, they are the float32 logits of the same (exactly widened) queries and keys
     rounded once. ShawRelative returned float32 from both, DeBERTaRelative,
     TransformerXLRelative, TENERRelative and TUPE from ``logits``; T5RelativeBias, ALiBi, FIRE
-    and KERPLE rounded their bias to 16 bits before the sum (4% to 32% of the logits an ulp off)."""
+    and KERPLE rounded their bias to 16 bits before the sum (4% to 32% of the logits an ulp off),
+    CoPE its ``pos_emb`` and computed its gates and logits in 16 bits."""
     m = MODULES[name][0]()
     g = torch.Generator().manual_seed(2)
+    if name == "cope":  # (zeros at first)
+        m.pos_emb.data = torch.randn(m.pos_emb.shape, generator=g)
     q, k, v = (torch.randn(2, H, n, D, generator=g).to(dtype) for n in (3, 6, 6))
     got = m.logits(q, k)
     assert got.dtype == dtype

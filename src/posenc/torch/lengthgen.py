@@ -143,7 +143,8 @@ class CoPE(PositionalModule):
     takes_row_offsets = True
 
     def scores(self, q, k, offset, mask=None):
-        return pe.cope_logits(q, k, self.pos_emb.to(q.dtype), causal=self.causal, offset=offset, mask=mask)
+        work = torch.promote_types(q.dtype, self.pos_emb.dtype)  # (16-bit queries: the float32 logits, rounded once by logits)
+        return pe.cope_logits(q.to(work), k.to(work), self.pos_emb.to(work), causal=self.causal, offset=offset, mask=mask)
 
 
 class RandomizedRoPE(PositionalModule):
