@@ -430,6 +430,32 @@ def test_module_biases_are_the_functions():
     torch.testing.assert_close(cope.logits(q, k), pe.cope_logits(q, k, cope.pos_emb.detach()))
 
 
+def test_cope_modules_take_the_functions_scale():
+    # (API.md: a module takes every option its function takes)
+    from posenc.torch import lengthgen as lg
+
+    torch.manual_seed(0)
+    cope = lg.CoPE(8, npos_max=5, scale=1.0)
+    with torch.no_grad():
+        cope.pos_emb.normal_()
+    q, k = torch.randn(1, 3, 4, 8), torch.randn(1, 3, 4, 8)
+    want = pe.cope_logits(q, k, cope.pos_emb.detach(), scale=1.0)
+    torch.testing.assert_close(cope.logits(q, k), want)
+    assert not torch.allclose(want, pe.cope_logits(q, k, cope.pos_emb.detach()))
+    assert "scale=1.0" in repr(cope)
+    with pytest.raises(ValueError, match="scale"):
+        lg.CoPE(8, scale=0.0)
+    if importlib.util.find_spec("flax") is not None:
+        import jax.numpy as jnp
+
+        import posenc.flax as pf
+
+        flax_cope = pf.CoPE(8, npos_max=5, scale=1.0)
+        flax_cope.pos_emb[...] = jnp.asarray(cope.pos_emb.detach().numpy())
+        got = flax_cope.logits(jnp.asarray(q.numpy()), jnp.asarray(k.numpy()))
+        np.testing.assert_allclose(np.asarray(got), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_randomized_rope_uses_the_drawn_positions_in_every_layer():
     from posenc.torch import lengthgen as lg
 

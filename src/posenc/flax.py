@@ -580,14 +580,16 @@ class TUPE(PositionalModule):
 class CoPE(PositionalModule):
     """CoPE (Golovneva et al., 2024): :func:`posenc.cope_logits` with learned ``pos_emb [npos_max,
     head_dim]`` (zeros at first, as in the paper's code); ``attend``'s ``mask`` and ``causal``
-    hide keys from the count too."""
+    hide keys from the count too; ``scale`` as in :func:`posenc.cope_logits` (default
+    ``1/sqrt(head_dim)``)."""
 
-    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True, param_dtype=jnp.float32):
+    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True, scale: float | None = None, param_dtype=jnp.float32):
         shape = (_positive("npos_max", npos_max), _positive("head_dim", head_dim))
         self.pos_emb = nnx.Param(jnp.zeros(shape, _param_dtype(param_dtype)))
         self.causal = causal
+        self.scale = None if scale is None else check.real("scale", scale, positive=True)
 
     takes_mask = True
 
     def scores(self, q, k, offset, mask=None):
-        return pe.cope_logits(q, k, _value(self.pos_emb, q.dtype), causal=self.causal, offset=offset, mask=mask)
+        return pe.cope_logits(q, k, _value(self.pos_emb, q.dtype), causal=self.causal, offset=offset, scale=self.scale, mask=mask)

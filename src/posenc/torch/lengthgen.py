@@ -128,23 +128,26 @@ class CoPE(PositionalModule):
     embeddings ``pos_emb [npos_max, head_dim]`` (zeros at first, as in the paper's code),
     shared by the heads. Gates count the keys up to the query (``causal=True``, decoders)
     or every key from ``j`` on (``causal=False``); ``attend``'s ``mask`` (and ``causal``)
-    hide keys from the count too, as the paper's code gates the masked logits."""
+    hide keys from the count too, as the paper's code gates the masked logits. ``scale``
+    multiplies ``q.k`` in the gates and the logits (default ``1/sqrt(head_dim)``, as the
+    paper's code; ``scale=1.0`` is the paper's text)."""
 
-    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True):
+    def __init__(self, head_dim: int, *, npos_max: int = 64, causal: bool = True, scale: float | None = None):
         super().__init__()
         self.head_dim, self.npos_max, self.causal = positive_int("head_dim", head_dim), positive_int("npos_max", npos_max), causal
+        self.scale = None if scale is None else check.real("scale", scale, positive=True)
         allocatable("CoPE", pos_emb=(npos_max, head_dim))
         self.pos_emb = nn.Parameter(torch.zeros(npos_max, head_dim))
 
     def options(self):
-        return {"head_dim": self.head_dim, "npos_max": self.npos_max, "causal": self.causal}
+        return {"head_dim": self.head_dim, "npos_max": self.npos_max, "causal": self.causal, "scale": self.scale}
 
     takes_mask = True
     takes_row_offsets = True
 
     def scores(self, q, k, offset, mask=None):
         work = torch.promote_types(q.dtype, self.pos_emb.dtype)  # (16-bit queries: the float32 logits, rounded once by logits)
-        return pe.cope_logits(q.to(work), k.to(work), self.pos_emb.to(work), causal=self.causal, offset=offset, mask=mask)
+        return pe.cope_logits(q.to(work), k.to(work), self.pos_emb.to(work), causal=self.causal, offset=offset, scale=self.scale, mask=mask)
 
 
 class RandomizedRoPE(PositionalModule):
