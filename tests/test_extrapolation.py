@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
+import inspect
 import json
 import os
 import sys
@@ -34,6 +35,17 @@ def test_every_encoding_trains_and_is_evaluated_at_every_length():
         assert set(r) == KEYS and r["train_len"] == 2 and len(r["matches"]) == TINY.eval_sequences
         assert 0.0 <= r["exact_match"] <= r["token_accuracy"] <= 1.0 and np.isfinite(r["loss"])
         assert r["exact_match"] == r["matches"].count("1") / len(r["matches"])
+
+
+def test_run_returns_the_records_of_one_seed_by_default():
+    # (API.md: run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True) -> list[dict])
+    parameters = inspect.signature(ex.run).parameters
+    assert [(n, parameters[n].default) for n in ("encodings", "tasks", "seeds", "quick", "progress")] == [
+        ("encodings", None), ("tasks", None), ("seeds", 1), ("quick", False), ("progress", True)
+    ]
+    options = {"encodings": ["alibi"], "tasks": ["copy"], "train_len": 2, "eval_lens": [2], "progress": False, "config": TINY, "workers": 1}
+    records = ex.run(**options)
+    assert records == ex.results(**options, seeds=1)["records"] and {r["seed"] for r in records} == {0}
 
 
 def test_every_task_trains_on_the_smallest_grid():

@@ -552,6 +552,8 @@ def results(*, encodings=None, tasks=None, seeds=None, quick=False, progress=Tru
     }
 
 
-def run(**kwargs):
-    """The records of :func:`posenc.torch.extrapolation.results` alone; the same keyword arguments."""
-    return results(**kwargs)["records"]
+def run(*, encodings=None, tasks=None, seeds=1, quick=False, progress=True, **options):
+    """The records of :func:`posenc.torch.extrapolation.results` alone, with its keyword
+    arguments (``options``: ``train_len``, ``eval_lens``, ``hparams``, ``config``,
+    ``workers``), except that ``seeds`` defaults to 1 (seed 0 alone, quick or not)."""
+    return results(encodings=encodings, tasks=tasks, seeds=seeds, quick=quick, progress=progress, **options)["records"]
