@@ -97,6 +97,21 @@ def test_positions_run_along_axis_minus_2_whatever_the_other_lengths(shape, pos_
     assert not np.allclose(want, other)
 
 
+def test_the_default_seq_axis_is_minus_2_as_written():
+    """API.md writes ``rope(..., seq_axis=-2, ...)``: the signature says so, and passing it
+    changes nothing, also for one token ``[d]`` at a 0-d position (no axis to name), which
+    the default rotated and an explicit -2 refused."""
+    import inspect
+
+    assert inspect.signature(pe.rope).parameters["seq_axis"].default == -2
+    x, position = np.random.default_rng(1).standard_normal(8), np.array(5)
+    want = rope_formula(x, *tables(position, theta(8), "half"), "half")
+    np.testing.assert_allclose(pe.rope(x, position), want, atol=1e-12)
+    np.testing.assert_array_equal(pe.rope(x, position, seq_axis=-2), pe.rope(x, position))
+    with pytest.raises(ValueError, match="seq_axis"):
+        pe.rope(x, position, seq_axis=0)  # (an axis said is checked: x's only axis holds the features)
+
+
 @pytest.mark.parametrize(
     ("shape", "pos", "kwargs", "message"),
     [

@@ -178,6 +178,12 @@ def sequence_axis(value, x):
     return axis % len(shape), False
 
 
+def default_axis(value):
+    """Whether ``seq_axis`` is the default, -2 (or None), which a 1-D ``x`` of one token
+    at a 0-d position may leave unused."""
+    return value is None or (type(value) is int and value == -2)
+
+
 def _named(value, shape):
     letters = value.lower()
     ok = (
@@ -261,9 +267,9 @@ def positions(xp, x, given, seq_axis, offset, device):
     if check.is_array(offset) and offset.ndim:
         offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
-        axis = sequence_axis(seq_axis, x)[0] if shape or seq_axis is not None else 0
+        axis = sequence_axis(seq_axis, x)[0] if shape or not default_axis(seq_axis) else 0
         given = place("positions", given, shape, axis, xp)
-    elif seq_axis is not None:  # 0-d positions use no axis, but a seq_axis given must be one
+    elif not default_axis(seq_axis):  # 0-d positions use no axis, but a seq_axis given must be one
         sequence_axis(seq_axis, x)
     given = check.positions("positions", given, xp, device)  # (widened once their shape fits x)
     return given, offset, check.shifted("positions", given, offset, xp, device)

@@ -189,7 +189,7 @@ def rope(
     layout="half",
     rotary_dim=None,
     offset=0,
-    seq_axis=None,
+    seq_axis=-2,
     inverse=False,
     seq_len=None,
     out=None,
@@ -224,7 +224,7 @@ def rope(
         Added to the positions (the number of cached tokens when decoding); a traced value
         (``jax.jit``, ``torch.compile``) is fine. Per row: ``[batch]`` (or shaped like the
         token axes of ``x`` with length 1 along the sequence), on the leading batch axes.
-    seq_axis : int or str, optional
+    seq_axis : int or str
         The sequence axis of ``x`` (not the feature axis), or a named layout, one letter
         per axis: ``"bhsd"`` (batch, heads, seq, features: Hugging Face), ``"bshd"``
         (flash-attention, JAX), ``"thd"`` (packed tokens: ``positions`` required),
