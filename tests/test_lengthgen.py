@@ -331,6 +331,17 @@ def test_randomized_positions_are_a_sorted_seeded_subset():
     assert pe.randomized_positions(6, 6, rng=0).tolist() == list(range(6))
 
 
+def test_randomized_positions_take_a_dtype():
+    # (API.md: functions that build arrays from nothing take xp, device and dtype)
+    for xp, dtype in ((np, np.int32), (np, np.uint8), (torch, torch.int32)):
+        p = pe.randomized_positions(5, 200, rng=2, xp=xp, dtype=dtype)
+        assert p.dtype == dtype and np.asarray(p).tolist() == pe.randomized_positions(5, 200, rng=2).tolist()
+    with pytest.raises(ValueError, match="max_length must be at most 256"):
+        pe.randomized_positions(5, 257, rng=0, dtype=np.uint8)
+    with pytest.raises(TypeError, match="dtype must be an integer dtype"):
+        pe.randomized_positions(5, 9, rng=0, dtype=np.float32)
+
+
 def test_randomized_positions_beyond_int32_are_refused_where_positions_are_int32():
     # JAX without x64 holds positions in int32: a draw of 2**31 or more would wrap to a
     # negative, unsorted position. NumPy (int64) keeps them; a seed gives the same draws.

@@ -8,7 +8,7 @@ from .. import _validate as check
 from .._xp import namespace
 
 
-def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device=None):
+def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device=None, dtype=None):
     r"""A sorted random subset of ``range(max_length)`` of size ``length``.
 
     Ruoss et al., "Randomized Positional Encodings Boost Length Generalization of
@@ -27,6 +27,8 @@ def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device
         positions in every namespace
     batch : int >= 1 or None: one independent sample per row, ``[batch, length]``
     xp, device : namespace (NumPy) and device of the result
+    dtype : integer dtype of the result (default: the namespace's index dtype, ``int64``
+        where it has it); it must hold ``max_length - 1`` (``ValueError`` otherwise)
 
     Returns
     -------
@@ -51,9 +53,13 @@ def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator or an int seed, got {type(rng).__name__}")
     xp = namespace(xp=xp)
-    dtype, bits, _, high = check.index_bounds(xp, device)
-    if max_length - 1 > high:  # a draw would not fit the index dtype (int32: JAX without x64)
-        raise ValueError(f"max_length must be at most {high + 1} here: positions are int{bits} in {xp.__name__} on this device, got {max_length}")
+    if dtype is None:
+        dtype = check.index_bounds(xp, device)[0]
+    elif not xp.isdtype(dtype, "integral"):
+        raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
+    high = int(xp.iinfo(dtype).max)
+    if max_length - 1 > high:  # a draw would not fit the dtype (the index dtype int32: JAX without x64)
+        raise ValueError(f"max_length must be at most {high + 1} here: positions are {getattr(dtype, '__name__', dtype)} in {xp.__name__} on this device, got {max_length}")
     rows = [np.sort(rng.choice(max_length, size=length, replace=False)) for _ in range(batch or 1)]
     values = np.stack(rows) if batch is not None else rows[0]
     return xp.asarray(values.astype(np.int64), dtype=dtype, device=device)
