@@ -423,6 +423,20 @@ def test_kerple_trains_as_the_torch_module_and_the_paper(kind):
         np.testing.assert_allclose(np.asarray(module.bias(length, length)), want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["log", "power"])
+def test_kerple_clamps_to_the_bit_so_a_call_does_not_change_the_next(kind):
+    """A value below ``eps`` (or ``r2`` above 2 for ``"power"``) is used and stored as the
+    clamped value exactly, as torch's ``clamp_``: ``value + (clip - value)`` had stored
+    ``eps`` plus or minus an ulp, so the first call's bias differed from the next one's."""
+    module = pf.KERPLE(2, kind=kind, rngs=nnx.Rngs(0))
+    module.r1[...] = jnp.asarray([-0.3, 0.7], jnp.float32)
+    module.r2[...] = jnp.asarray([0.5, 7.3] if kind == "power" else [0.5, -1.7], jnp.float32)
+    first = np.asarray(module.bias(4, 6))
+    np.testing.assert_array_equal(np.asarray(module.r1[...]), np.asarray([0.01, 0.7], np.float32))
+    np.testing.assert_array_equal(np.asarray(module.r2[...]), np.asarray([0.5, 2.0] if kind == "power" else [0.5, 0.01], np.float32))
+    np.testing.assert_array_equal(np.asarray(module.bias(4, 6)), first)
+
+
 def test_fire_mlp_is_initialised_as_torchs_linear_layers():
     """``nn.Linear``'s default: weights and biases uniform in ``±1/sqrt(fan_in)`` (flax's
     ``nnx.Linear`` default had drawn normal weights, std 1.01 for the first layer, and zero biases)."""

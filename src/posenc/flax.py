@@ -435,7 +435,8 @@ class KERPLE(_Bias):
     def bias(self, q_len, k_len, *, offset=None, **positions):
         def clamp(param, high):
             value = param[...]
-            clamped = value + jax.lax.stop_gradient(jnp.clip(value, self.eps, high) - value)
+            # clip(value) exactly (value - value is 0), as torch's in-place clamp; the gradient that of value
+            clamped = jax.lax.stop_gradient(jnp.clip(value, self.eps, high)) + (value - jax.lax.stop_gradient(value))
             try:
                 param[...] = clamped
             except flax_errors.TraceContextError:  # a jax.jit closing over the module: no state to update there
