@@ -447,15 +447,43 @@ def test_fire_mlp_is_initialised_as_torchs_linear_layers():
             assert np.abs(values).max() <= bound and np.abs(values).max() > 0.9 * bound and values.std() > 0.5 * bound
 
 
-def test_flax_logits_and_attend_take_one_offset_for_every_row_and_say_how_to_give_one_per_row():
-    """As the torch modules: one ``offset`` per batch row is refused with the recipe of
-    per-token positions, which gives each row the logits of its offset."""
-    _, module = PAIRS["t5"]()
+ROW_MODULES = ("alibi", "cope", "deberta", "fire", "kerple log", "kerple power", "sandwich", "shaw", "t5", "tupe")
+
+
+@pytest.mark.parametrize("name", ROW_MODULES)
+def test_flax_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(name):
+    """As the torch modules (API.md: offset takes one value per batch row, and posenc.flax
+    mirrors the protocol): ``logits`` and ``attend`` (causal or not) with one ``offset`` per
+    batch row, a JAX or NumPy array: row ``b`` is the call with ``offset[b]`` to the bit,
+    and per-token positions give the same rows. They had been a ``TypeError``."""
+    _, module = PAIRS[name]()
+    q, k, v = _qkv(2, 9)
+    q, k, v = (jnp.asarray(np.concatenate([a, a[::-1] * 0.5])) for a in (q, k, v))  # 4 rows
+    offsets = jnp.asarray([4, 7, 0, 5])
+    calls = [lambda o: module.logits(q, k, offset=o), *(lambda o, causal=causal: module.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
+    for call in calls:
+        rows = np.asarray(call(offsets))
+        assert rows.shape[0] == 4
+        np.testing.assert_array_equal(np.asarray(call(np.asarray(offsets, np.int32))), rows)
+        for b, offset in enumerate(offsets.tolist()):
+            np.testing.assert_array_equal(rows[b], np.asarray(call(offset)[b]))
+    if module.takes_positions:
+        positions = module.logits(q, k, query_positions=offsets[:, None] + jnp.arange(2))
+        np.testing.assert_array_equal(np.asarray(positions), np.asarray(module.logits(q, k, offset=offsets)))
+
+
+def test_flax_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused():
     q, k, v = map(jnp.asarray, _qkv(1, 6))
-    offsets = jnp.asarray([2, 5])
-    for call in (lambda: module.logits(q, k, offset=offsets), lambda: module.attend(q, k, v, offset=offsets)):
-        with pytest.raises(TypeError, match=r"a module's logits and attend take one offset for every row; .*query_positions=offset\[:, None\] \+ arange\(q_len\)"):
-            call()
-    rows = module.logits(q, k, query_positions=offsets[:, None] + jnp.arange(1))
-    for b, offset in enumerate((2, 5)):
-        np.testing.assert_array_equal(np.asarray(rows[b]), np.asarray(module.logits(q, k, offset=offset)[b]))
+    for name in ("rotary plain", "xpos", "xl", "tener", "nope"):
+        module = PAIRS[name]()[1]
+        for call in (lambda o: module.logits(q, k, offset=o), lambda o: module.attend(q, k, v, offset=o)):
+            with pytest.raises(TypeError, match=r"takes one offset for every row, got one of shape \(2,\): one per batch row is taken by .*T5"):
+                call(jnp.asarray([2, 5]))
+    module = PAIRS["t5"]()[1]
+    for offset, error, says in (
+        (jnp.asarray([2.0, 5.0]), TypeError, "offset must have an integer dtype"),
+        (jnp.asarray([1, 2, 3]), ValueError, r"offset of shape \(3,\) \(one per batch row\) does not broadcast against the batch axes \(2,\)"),
+    ):
+        for call in (lambda o: module.logits(q, k, offset=o), lambda o: module.attend(q, k, v, causal=True, offset=o)):
+            with pytest.raises(error, match=says):
+                call(offset)

@@ -14,7 +14,11 @@ Every module answers the same three calls as its torch twin
 ``q, k, v`` are ``[batch, heads, seq, head_dim]``; queries sit at ``offset + arange(q_len)``
 (``offset=None``: ``k_len - q_len``, the queries being the last keys, as after a KV cache),
 keys at ``arange(k_len)``; ``mask`` is boolean, ``True`` where a query may attend; a query
-that may attend to no key gets zeros. ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, ``FIRE``,
+that may attend to no key gets zeros. The modules of the relative biases and logits
+(``takes_row_offsets``: ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, ``FIRE``, ``KERPLE``,
+``Sandwich``, ``CoPE``, ``TUPE``) also take one ``offset`` per batch row, an integer array
+``[batch]``: row ``b`` is the call with ``offset[b]``, as the torch modules; the others
+refuse one with a ``TypeError``. ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, ``FIRE``,
 ``KERPLE`` and ``Sandwich`` take per-token ``query_positions``/``key_positions`` too
 (packed or padded batches). Learned
 parts are ``nnx.Param`` (initialised as the torch modules initialise theirs, from
@@ -124,6 +128,7 @@ class PositionalModule(nnx.Module):
 
     takes_positions = False
     takes_mask = False  # scores take mask, the keys each query may attend to (CoPE)
+    takes_row_offsets = False  # logits and attend take one offset per batch row (the relative biases and logits)
     head_dim = None  # the queries' width, where the module fixes it (rotary modules)
 
     def embed(self, x, positions=None, *, offset=0):
@@ -131,14 +136,14 @@ class PositionalModule(nnx.Module):
 
     def logits(self, q, k, *, offset=None, query_positions=None, key_positions=None):
         _check_query_key(q, k, head_dim=self.head_dim)
-        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "logits")
         return self.scores(q, k, offset, **positions)
 
     def attend(self, q, k, v, *, causal=False, offset=None, mask=None, query_positions=None, key_positions=None):
         _check_query_key(q, k, v, head_dim=self.head_dim)
         check.flag("causal", causal)
-        start = indices.query_offset(offset, q.shape[-2], k.shape[-2], instead=indices.MODULE_ROWS)
-        offset, positions = self._alignment(q, k, offset, query_positions, key_positions)
+        offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
+        start = offset if indices.per_row(offset) else indices.query_offset(offset, q.shape[-2], k.shape[-2])
         allowed = _allowed_keys(q.shape[-2], k.shape[-2], causal, start, mask)
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
         logits = self.scores(q, k, offset, **positions, **hidden)
@@ -148,9 +153,15 @@ class PositionalModule(nnx.Module):
     def __call__(self, q, k, v, **options):
         return self.attend(q, k, v, **options)
 
-    def _alignment(self, q, k, offset, query_positions, key_positions):
+    def _alignment(self, q, k, offset, query_positions, key_positions, call):
+        """``(offset, positions)`` for ``scores``/``values``, as the torch twin's: one ``offset``
+        per batch row validated where the module takes it (``call`` names the method otherwise)."""
+        if indices.per_row(offset):
+            if not self.takes_row_offsets:
+                raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {ROWS}")
+            offset = _row_offsets(offset, q, k)
         if query_positions is None and key_positions is None:
-            return indices.query_offset(offset, q.shape[-2], k.shape[-2], instead=indices.MODULE_ROWS), {}
+            return offset if indices.per_row(offset) else indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich)"
@@ -178,9 +189,28 @@ def _check_query_key(q, k, v=None, *, head_dim=None):
         raise ValueError(f"q must have the module's head_dim = {head_dim} channels, got shape {tuple(q.shape)}")
 
 
+ROWS = "one per batch row is taken by the modules of the relative biases and logits (T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich, CoPE and TUPE)"
+
+
+def _row_offsets(offset, q, k):
+    """One ``offset`` per batch row: an integer JAX (or NumPy) array broadcasting against the
+    batch axes of ``q``/``k`` before the heads axis, as a JAX array (the functions check the
+    positions it gives)."""
+    if not jnp.issubdtype(offset.dtype, jnp.integer):
+        raise TypeError(f"offset must have an integer dtype, got {offset.dtype}")
+    batch = jnp.broadcast_shapes(q.shape[:-3], k.shape[:-3])
+    try:
+        jnp.broadcast_shapes(offset.shape, batch)
+    except ValueError:
+        raise ValueError(f"offset of shape {tuple(offset.shape)} (one per batch row) does not broadcast against the batch axes {tuple(batch)} of q and k") from None
+    return jnp.asarray(offset)
+
+
 def _allowed_keys(q_len, k_len, causal, offset, mask):
     allowed = None
-    if causal:
+    if causal and indices.per_row(offset):  # [..., 1, q_len, k_len]: the batch axes lead, a head axis of 1
+        allowed = indices.relative_positions(q_len, k_len, offset=offset)[..., None, :, :] >= 0
+    elif causal:
         allowed = (offset + jnp.arange(q_len))[:, None] >= jnp.arange(k_len)[None, :]
     if mask is not None:
         if getattr(mask, "dtype", None) != jnp.bool_:
@@ -336,6 +366,7 @@ class T5(_Bias):
     """T5's learned bucketed bias (:func:`posenc.t5_bias`): ``table [num_buckets, heads]``."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, num_buckets: int = 32, max_distance: int = 128, bidirectional: bool = True,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
@@ -367,6 +398,7 @@ class ALiBi(_FixedBias):
     ``posenc.torch.ALiBi(...).double()``'s)."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, max_bias: float = 8.0, symmetric: bool = False):
         self.slopes = pe.alibi_slopes(_positive("num_heads", num_heads), max_bias=max_bias, dtype=np.float64)  # a host constant
@@ -393,6 +425,7 @@ class FIRE(_Bias):
     (ReLU), learned ``c`` and threshold multiplier, as ``posenc.torch.FIRE``."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, mlp_width: int = 32, c: float = 0.1, threshold: float = 512.0, eps: float = 1e-6,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
@@ -422,6 +455,7 @@ class KERPLE(_Bias):
     values only."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, kind: str = "log", eps: float = 1e-2, param_dtype=jnp.float32, rngs: nnx.Rngs):
         if kind not in pe.relative.kerple.KERPLE_KINDS:
@@ -452,6 +486,7 @@ class Sandwich(_FixedBias):
     queries' dtype (float32 by default), as ``posenc.torch.Sandwich``."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, dim: int = 128, base: float = 10000.0):
         pe.sandwich_vector(1, 1, dim, heads=num_heads, base=base)  # validates the options now
@@ -472,6 +507,7 @@ class Shaw(PositionalModule):
     ``table_k``, and :func:`posenc.shaw_output`'s value term with ``table_v`` ``[2K+1, head_dim]``."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, head_dim: int, *, max_distance: int, param_dtype=jnp.float32, rngs: nnx.Rngs):
         rows, dtype = 2 * _positive("max_distance", max_distance, minimum=0) + 1, _param_dtype(param_dtype)
@@ -492,6 +528,7 @@ class DeBERTa(PositionalModule):
     [heads, 2K, head_dim]`` (those of the ``terms`` in use)."""
 
     takes_positions = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, head_dim: int, *, max_distance: int, bucket_size=None, max_position=None, terms=TERMS,
                  param_dtype=jnp.float32, rngs: nnx.Rngs):  # fmt: skip
@@ -569,6 +606,8 @@ class TUPE(PositionalModule):
         self.cls = nnx.Param(jnp.zeros((2, heads), dtype)) if untie_cls else None
         self.max_positions, self.bias = max_positions, bias
 
+    takes_row_offsets = True
+
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
         if isinstance(offset, int) and max(offset + q_len, k_len) > self.max_positions:
@@ -591,6 +630,7 @@ class CoPE(PositionalModule):
         self.scale = None if scale is None else check.real("scale", scale, positive=True)
 
     takes_mask = True
+    takes_row_offsets = True
 
     def scores(self, q, k, offset, mask=None):
         return pe.cope_logits(q, k, _value(self.pos_emb, q.dtype), causal=self.causal, offset=offset, scale=self.scale, mask=mask)
