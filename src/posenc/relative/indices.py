@@ -101,12 +101,6 @@ PER_ROW = (
 )
 
 
-MODULE_ROWS = (
-    "a module's logits and attend take one offset for every row; for one per batch row pass a module that takes per-token "
-    "positions (takes_positions: the T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE and Sandwich ones) query_positions=offset[:, None] + arange(q_len)"
-)
-
-
 def scalar_offset(offset, instead=None, *, minimum=None):
     """A relative function's ``offset`` of one value for every row (an int, a 0-d integer
     array or a traced one, ``>= minimum``); one per batch row is a ``TypeError`` that says

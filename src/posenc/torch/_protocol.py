@@ -82,7 +82,7 @@ class PositionalModule(nn.Module):
         check.flag("causal", causal)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
         rows = (*offset.shape, 1) if indices.per_row(offset) else None  # (one offset per batch row: its axes lead)
-        query_start = offset if rows else query_offset(offset, q.shape[-2], k.shape[-2])
+        query_start = offset if rows else indices.query_offset(offset, q.shape[-2], k.shape[-2])
         shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], *(rows,) if rows else ()), q.shape[-2], k.shape[-2])
         allowed = allowed_keys(shape, q.device, causal=causal, offset=query_start, mask=mask)
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
@@ -118,7 +118,7 @@ class PositionalModule(nn.Module):
                 raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {ROWS}")
             offset = row_offsets(offset, q, k)
         if query_positions is None and key_positions is None:
-            return offset if indices.per_row(offset) else query_offset(offset, q.shape[-2], k.shape[-2]), {}
+            return offset if indices.per_row(offset) else indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5RelativeBias, ALiBi, "
@@ -173,12 +173,6 @@ def row_offsets(offset, q, k):
     extent = torch.tensor([min(1 - k_len, 0), max(q_len - 1, 0)], device=offset.device)
     check.shifted("i - j", extent, offset[..., None], xp, offset.device, known=(min(1 - k_len, 0), max(q_len - 1, 0)))
     return offset
-
-
-def query_offset(offset, q_len, k_len):
-    """The first query position: ``offset`` (validated as the functions validate it, one for
-    every row), or ``k_len - q_len`` when it is ``None``."""
-    return indices.query_offset(offset, q_len, k_len, instead=indices.MODULE_ROWS)
 
 
 def dot_scores(q, k, scale=None):
