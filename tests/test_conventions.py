@@ -415,3 +415,25 @@ def test_a_negative_length_is_one_value_error_everywhere():
     _check_all(lengths, ValueError, "{name} must be a non-negative integer, got -1")
     with pytest.raises(ValueError, match="num_heads must be a positive integer, got -1"):
         pe.alibi_slopes(-1)
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_torch_kerple_power_decode_steps_are_the_last_rows(per_token):
+    """torch's CPU pow rounds an entry one way in a whole vector and another in the rest of
+    a row (an ulp apart in about 1% of float64 entries): every one-query call of a decode
+    loop (and a chunk of 3) has the bits of the full call's row, per-distance or per token."""
+    torch = pytest.importorskip("torch")
+    r1, r2 = (torch.from_numpy(RNG.random(3) * 2 + 0.1) for _ in range(2))
+    n = 300
+
+    def bias(q_len, k_len):
+        if per_token:
+            keys = torch.arange(k_len)
+            return pe.kerple_bias(r1, r2, q_len, k_len, kind="power", query_positions=keys[k_len - q_len :], key_positions=keys)
+        return pe.kerple_bias(r1, r2, q_len, k_len, kind="power")
+
+    full = bias(n, n)
+    for k_len in range(1, n + 1):
+        assert torch.equal(bias(1, k_len), full[:, k_len - 1 : k_len, :k_len]), k_len
+        if k_len >= 3:
+            assert torch.equal(bias(3, k_len), full[:, k_len - 3 : k_len, :k_len]), k_len

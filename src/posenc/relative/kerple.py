@@ -8,7 +8,7 @@ Both depend on the distance only, so each computes its per-distance vector
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, widest_float
+from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, torch_tensor, widest_float
 from . import _per_token
 from .biases import expand_bias
 from .indices import distances, offset_namespace, per_row, query_offset
@@ -101,8 +101,19 @@ def _kerple_values(xp, r1, r2, rel, kind, device):
         # |0|^b is 0 for b > 0; raised to b only where positive, so that torch's second
         # derivative in b is not 0 * log(0) = NaN there.
         positive = dist > 0
-        values = -a * xp.where(positive, xp.where(positive, dist, 1.0) ** b, 0.0)
+        values = -a * xp.where(positive, _power(xp, xp.where(positive, dist, 1.0), b), 0.0)
     return cast(xp, values, r1.dtype)
+
+
+def _power(xp, base, exponent):
+    """``base ** exponent``, each entry's bits those of its own values, wherever it lies in
+    the array. torch's CPU ``pow`` of contiguous operands takes a vectorized pow for whole
+    vectors and the C library's for the entries left over, an ulp apart in about one entry
+    in a hundred (float64): a one-query row differed from the full call's last row. Read
+    with a stride of 2, every entry takes the C library's."""
+    if torch_tensor(base) and base.device.type == "cpu":
+        base = xp.stack((base, base), axis=-1)[..., 0]
+    return base ** exponent
 
 
 def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
