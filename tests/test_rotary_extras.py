@@ -166,6 +166,17 @@ def test_rope_decay_of_a_count_in_every_namespace(backend):
     assert_close(got, decay_formula(np.arange(4), 8), backend=backend, dtype="float32", rtol=1e-5, atol=1e-5)
 
 
+def test_rope_decay_of_some_distances_is_their_entries_of_the_whole_call(backend):
+    """Each distance's bound has the bits of its entry in a call of more distances (XLA's sum
+    over the pairs had rounded by the array's size: 13 of 23 float32 entries an ulp off)."""
+    m = np.arange(3000)
+    whole = backend.call(lambda a: pe.rope_decay(a, 64), backend.asarray(m))
+    for start, stop in ((0, 1), (777, 800), (2999, 3000)):
+        part = backend.call(lambda a: pe.rope_decay(a, 64), backend.asarray(m[start:stop]))
+        for got, want in zip(backend.each_run(part), backend.each_run(whole)):
+            np.testing.assert_array_equal(backend.to_numpy(got), backend.to_numpy(want)[start:stop])
+
+
 @pytest.mark.parametrize("dim", [2, 8, 128])
 def test_rope_decay_at_distance_zero(dim):
     assert float(pe.rope_decay(1, dim, dtype=np.float64)[0]) == pytest.approx((dim / 2 + 1) / 2, rel=1e-14)

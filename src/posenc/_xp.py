@@ -571,6 +571,18 @@ def result_dtype(xp, dtype):
     return dtype
 
 
+def pairwise_sum(xp, terms):
+    """``sum(terms, axis=-1)`` added pairwise in one fixed order (the first half plus the
+    second, until one term is left): each entry's bits its own terms', whatever the other
+    axes hold (``xp.sum``'s order is the library's: XLA's depends on the array's size), and
+    the same under ``jax.jit``."""
+    while terms.shape[-1] > 1:
+        half = terms.shape[-1] // 2
+        pairs = terms[..., :half] + terms[..., half : 2 * half]
+        terms = xp.concat([pairs, terms[..., 2 * half :]], axis=-1) if terms.shape[-1] % 2 else pairs
+    return terms[..., 0]
+
+
 def cast(xp, array, dtype):
     """``array`` as ``dtype`` (no copy when it already is). A float64 array cast to float16 or
     bfloat16 is rounded once, to nearest, ties to even (``rounded_once``)."""

@@ -8,7 +8,7 @@ Both depend on the distance only, so each computes its per-distance vector
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, result_dtype, torch_tensor, widest_float
+from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, pairwise_sum, result_dtype, torch_tensor, widest_float
 from . import _per_token
 from .biases import expand_bias
 from .indices import distances, offset_namespace, per_row, query_offset
@@ -147,11 +147,7 @@ def _sandwich_values(xp, rel, dim, heads, base, device, dtype):
     # sum(cos) - d/2 cancels)
     _, sin = cos_sin(rel, [f / 2 for f in freqs], xp=xp, device=device)
     terms = 0.0 - 2.0 * (sin * sin)  # (0 - x: +0 at distance 0, as cos - 1 gave, not -0)
-    while terms.shape[-1] > 1:
-        half = terms.shape[-1] // 2
-        pairs = terms[..., :half] + terms[..., half : 2 * half]
-        terms = xp.concat([pairs, terms[..., 2 * half :]], axis=-1) if terms.shape[-1] % 2 else pairs
-    vec = terms[..., 0]
+    vec = pairwise_sum(xp, terms)
     if heads is None:
         scales = xp.ones((1, 1), dtype=vec.dtype, device=device)
     else:

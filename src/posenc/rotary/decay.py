@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, namespace, result_dtype
+from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, namespace, pairwise_sum, result_dtype
 from .scaling import frequency_table
 
 
@@ -64,5 +64,5 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
     c, s = cos_sin(m, frequency_table(None, dim, base, None)[0], xp=xp, device=device)
     partial_re = xp.cumulative_sum(c, axis=-1)
     partial_im = xp.cumulative_sum(s, axis=-1)
-    bound = xp.sum(xp.sqrt(partial_re**2 + partial_im**2), axis=-1) * (2.0 / dim)
+    bound = pairwise_sum(xp, xp.sqrt(partial_re**2 + partial_im**2)) * (2.0 / dim)
     return cast(xp, bound, out_dtype)
