@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -401,6 +402,22 @@ def test_alibi_bias_formula(backend, dtype, symmetric, offset):
     rel = rel_matrix(4, 13, offset)
     expected = -backend.to_numpy(slopes).astype(np.float64)[:, None, None] * (np.abs(rel) if symmetric else rel)
     assert_close(out, expected, backend=backend, dtype=dtype)
+
+
+def test_float16_biases_past_its_range_are_inf_without_a_numpy_warning():
+    """Past float16's 65,504 an ALiBi or KERPLE-power entry is -inf, the float32 value's
+    rounding (docs/precision.md); NumPy's cast warned "overflow encountered in cast" (an
+    error under -W error), planned or not, per distance or per token."""
+    slopes = pe.alibi_slopes(4).astype(np.float16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for _ in range(3):
+            bias = pe.alibi_bias(slopes, 1, 300_000)
+            assert bias.dtype == np.float16 and bias[0, 0, 0] == -np.inf and bias[0, 0, -1] == 0
+            per_token = pe.alibi_bias(slopes, 1, 300_000, query_positions=np.array([299_999]), key_positions=np.arange(300_000))
+            np.testing.assert_array_equal(per_token, bias)
+        r = np.ones(4, np.float16)
+        assert np.isneginf(pe.kerple_bias(r, 2 * r, 1, 3000, kind="power")[:, 0, :10]).all()
 
 
 def test_alibi_bias_equals_bloom_up_to_a_per_query_constant():
