@@ -301,6 +301,42 @@ def test_empty_query_or_key_logits_are_numpys(rng, q_len, k_len):
         np.testing.assert_array_equal(got.compute(), expected, err_msg=name)
 
 
+@pytest.mark.parametrize("q_len, k_len", [(0, 5), (5, 0), (0, 0)])
+def test_empty_lengths_with_per_token_positions_or_row_offsets(rng, q_len, k_len):
+    """The per-token path (positions, or one offset per batch row) and FIRE with a query or
+    key length of 0 on Dask, chunked along every axis but the tables': NumPy's empty biases
+    and logits (the reshapes of the empty distances and per-pair values and the gather of
+    the empty scores had raised inside Dask: NotImplementedError, TypeError,
+    ZeroDivisionError)."""
+    heads, d = 2, 8
+    q, k = rng.standard_normal((2, heads, q_len, d)), rng.standard_normal((2, heads, k_len, d))
+    table, slopes, pos = rng.standard_normal((32, heads)), np.array([0.5, 0.25]), rng.standard_normal((16, d))
+    rows, qpos, kpos = np.array([3, 100]), np.arange(q_len)[None] + np.array([[0], [7]]), np.arange(k_len)[None] + np.array([[2], [0]])
+
+    def calls(q, k, table, slopes, pos, rows, qpos, kpos):
+        lib = np if isinstance(q, np.ndarray) else da
+        return {
+            "t5 rows": pe.t5_bias(table, q_len, k_len, offset=rows),
+            "t5 tokens": pe.t5_bias(table, q_len, k_len, query_positions=qpos, key_positions=kpos),
+            "alibi tokens": pe.alibi_bias(slopes, q_len, k_len, query_positions=qpos, key_positions=kpos),
+            "kerple rows": pe.kerple_bias(slopes, slopes, q_len, k_len, offset=rows),
+            "fire": pe.fire_bias(lambda x: lib.concatenate([x, -x], axis=-1), q_len, k_len, xp=lib),
+            "fire rows": pe.fire_bias(lambda x: lib.concatenate([x, -x], axis=-1), q_len, k_len, offset=rows),
+            "shaw rows": pe.shaw_logits(q, k, pos[:9], max_distance=4, offset=rows),
+            "shaw tokens": pe.shaw_logits(q, k, pos[:9], max_distance=4, query_positions=qpos),
+            "deberta rows": pe.deberta_logits(q, k, pos, pos, max_distance=8, offset=rows),
+            "deberta tokens": pe.deberta_logits(q, k, pos, pos, max_distance=8, key_positions=kpos),
+        }
+
+    arrays = (q, k, table, slopes, pos, rows, qpos, kpos)
+    expected = calls(*arrays)
+    lazy = (da.from_array(a, chunks=a.shape if a.ndim == 2 and a.dtype.kind == "f" else 1) for a in arrays)
+    got = dict(zip(expected, lazily(lambda *a: tuple(calls(*a).values()), *lazy)))
+    for name, want in expected.items():
+        assert got[name].shape == want.shape and got[name].dtype == want.dtype, name
+        np.testing.assert_array_equal(got[name].compute(), want, err_msg=name)
+
+
 def test_bfloat16_dask_arrays_and_an_empty_rel_shift(rng):
     """Dask arrays of ml_dtypes' bfloat16 give NumPy's bits (a table of them had been refused
     as not floating: Dask's isdtype says False for it), and ``rel_shift`` of an empty Dask
