@@ -408,6 +408,35 @@ def test_torch_transforms_a_kernel_would_defeat_take_the_reference(name):
         assert fn(mode.from_tensor(y)).shape == want_y.shape
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("name", [*TORCH_CASES, "rope[float positions]", "t5_bias[per-token]", "positions_from_cu_seqlens"])
+def test_torch_tensors_without_data_give_the_eager_shapes(name):
+    """Tensors on the meta device and fake tensors hold no values: the checks that read
+    positions, offsets and lengths wait as under ``torch.compile``, and each call gives the
+    eager call's shape and dtype, on the meta device or fake (a tensor offset, per-row
+    offsets, per-token or float positions had raised torch's RuntimeError "Tensor.item()
+    cannot be called on meta tensors", or DataDependentOutputException)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    cases = {
+        **_torch_cases(),
+        "rope[float positions]": (lambda a, p: pe.rope(a, p), (torch.ones(2, 6, 8), torch.linspace(0.5, 1e6, 6))),
+        "t5_bias[per-token]": (lambda t, p: pe.t5_bias(t, 6, 6, query_positions=p, key_positions=p), (torch.randn(32, 3), torch.arange(6))),
+        "positions_from_cu_seqlens": (lambda c: pe.positions_from_cu_seqlens(c, 6), (torch.tensor([0, 2, 6]),)),
+    }
+    fn, args = cases[name]
+    want = fn(*args)
+    want = want if isinstance(want, tuple) else (want,)
+    got = fn(*(a.to("meta") for a in args))
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want, strict=True):
+        assert g.device.type == "meta" and g.dtype == w.dtype and g.shape == w.shape
+    with FakeTensorMode() as mode:
+        got = fn(*(mode.from_tensor(a) for a in args))
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape
+
+
 def _vmapped_over_positions(torch):
     """Calls of ``(x, positions, offset)``, one sample each: positions, a per-sample tensor
     offset or per-token positions are what ``torch.func.vmap`` batches."""

@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, symbolic_size, torch_compiling, torch_tensor, trace_constant, widest_float
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, symbolic_size, torch_compiling, torch_tensor, torch_without_data, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -494,9 +494,10 @@ def features(q, k, why):
 
 def is_eager(value) -> bool:
     """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
-    a torch tensor while torch compiles, nor one that ``torch.func.vmap`` batches."""
+    a torch tensor while torch compiles, one that ``torch.func.vmap`` batches, nor one of no
+    data (on the meta device, a fake tensor)."""
     if torch_tensor(value):
-        return not torch_compiling() and not _vmapped(value)
+        return not (torch_compiling() or torch_without_data(value) or _vmapped(value))
     return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and (_is_tracer(value) or _jax_staging()))
 
 

@@ -61,6 +61,13 @@ def torch_transforming(*, fake=True) -> bool:
     )
 
 
+def torch_without_data(tensor) -> bool:
+    """Whether a torch tensor holds no data to read: one on the meta device, or a fake tensor
+    (no fake one exists before its module is loaded)."""
+    fake = sys.modules.get("torch._subclasses.fake_tensor")
+    return tensor.is_meta or (fake is not None and isinstance(tensor, fake.FakeTensor))
+
+
 _TORCH_PROBES = None  # what torch_transforming reads, found once torch is loaded
 
 
