@@ -228,6 +228,18 @@ def test_huge_blocked_bias_builds_lazily_and_computes_one_block(rng):
     np.testing.assert_array_equal(block, pe.t5_bias(table, 1024, 1024, offset=(100 - 3) * 1024))
 
 
+def test_a_blocked_bias_whose_per_distance_vector_cannot_fit_is_refused(rng):
+    """Every block of a blocked bias reads the per-distance vector ``[heads, q_len + k_len - 1]``,
+    one chunk, whole: one that cannot fit in memory is a ``ValueError`` before the graph is
+    built (a key length of 2**62 had raised MemoryError inside Dask's ``arange``, and 2**40
+    built a graph of 3 million tasks that no block of could compute)."""
+    table, slopes = da.from_array(rng.standard_normal((32, 3)).astype(np.float32)), da.from_array(np.array([0.5, 0.25, 0.125]))
+    for k_len in (2**40, 2**62):
+        for call in (lambda: pe.t5_bias(table, 4, k_len), lambda: pe.alibi_bias(slopes, k_len, 4), lambda: pe.relative_bias("shaw", table[:9], 4, k_len, max_distance=4)):
+            with pytest.raises(ValueError, match="per-distance vector"):
+                lazily(call)
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_alibi_bias_blocked(symmetric):
     slopes = pe.alibi_slopes(6)
