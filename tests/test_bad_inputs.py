@@ -292,6 +292,24 @@ RELATIVE_BIASES = {
     "alibi_bias per-token too large": (
         lambda: pe.alibi_bias(np.ones(4), 2**20, 2**20, key_positions=Z((2**20,), dtype=np.int64)), ValueError, "memory",
     ),
+    # A missing position's arange (q_len or k_len of them) had been built before the result
+    # was checked: NumPy's MemoryError, torch's RuntimeError (DefaultCPUAllocator).
+    "t5_bias per-token too large, no query positions": (
+        lambda: pe.t5_bias(T5_TABLE, 2**40, 1, key_positions=Z((1,), dtype=np.int64)), ValueError, "memory",
+    ),
+    "t5_bias one offset per row too large": (lambda: pe.t5_bias(T5_TABLE, 1, 2**40, offset=np.array([1, 2])), ValueError, "memory"),
+    "t5_bias torch per-token too large": (
+        lambda: pe.t5_bias(_torch().ones(32, 2), 1, 2**40, query_positions=_torch().zeros(1, dtype=_torch().int64)), ValueError, "memory",
+    ),
+    "kerple_bias per-token too large": (lambda: pe.kerple_bias(SLOPES, SLOPES, 1, 2**40, query_positions=Z((1,), dtype=np.int64)), ValueError, "memory"),
+    "sandwich_bias per-token too large": (lambda: pe.sandwich_bias(1, 2**40, 4, query_positions=Z((1,), dtype=np.int64)), ValueError, "memory"),
+    "fire_distances too large": (lambda: pe.fire_distances(2**40, 1), ValueError, "memory"),
+    "fire_distances per-token too large": (lambda: pe.fire_distances(1, 2**40, query_positions=Z((1,), dtype=np.int64)), ValueError, "memory"),
+    "shaw_logits per-token too large": (
+        lambda: pe.shaw_logits(Z((1, 1)), np.broadcast_to(Z((1, 1)), (2**40, 1)), Z((5, 1)), max_distance=2, query_positions=Z((1,), dtype=np.int64)),
+        ValueError,
+        "memory",
+    ),
     "alibi_bias negative chunk": (lambda: pe.alibi_bias(_da().ones(2), 3, 4, chunks=(1, 2, -5)), ValueError, "chunks (1, 2, -5) do not describe blocks"),
     "alibi_bias chunks a word": (lambda: pe.alibi_bias(_da().ones(2), 3, 4, chunks="bogus"), ValueError, "chunks"),
     "relative_bias_vector unknown kind": (lambda: pe.relative_bias_vector("rotary", SLOPES, 3, 3), ValueError, "kind"),

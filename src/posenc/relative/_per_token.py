@@ -36,6 +36,9 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
     ``float_dtype``: float positions are allowed and ``rel`` is computed in it when one is
     float (ALiBi); without it positions must be integers (table lookups).
     """
+    # Every caller forms the [..., q_len, k_len] distances: nothing (a missing position's
+    # arange) is built before they are known to fit.
+    check.allocatable("the distances of the query and key positions", (q_len, k_len), 8)
     rows = per_row(offset)
     if offset is None:
         offset = 0 if query_positions is not None else k_len - q_len

@@ -47,11 +47,12 @@ def fire_distances(
     work = widest_float(xp, device)
     if _per_token.given(query_positions, key_positions, offset):
         query, key, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        check.allocatable("fire_bias", (*batch, q_len, k_len), 8)
     else:
+        check.allocatable("fire_bias", (q_len, k_len), 8)
         offset = query_offset(offset, q_len, k_len, xp=xp)
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key, batch = xp.arange(k_len, dtype=index_dtype(xp, device), device=device), ()
-    check.allocatable("fire_bias", (*batch, q_len, k_len), 8)
     rel = xp.astype(_per_token.relative(query, key), work)  # (integer differences: exact where float32 positions would not be)
     c = cast(xp, c, work) if check.is_array(c) else xp.asarray(c, dtype=work, device=device)
     threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
