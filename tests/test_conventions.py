@@ -10,6 +10,9 @@ not rounding.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -308,6 +311,36 @@ def test_numpy_constants_among_torch_arrays_are_converted():
         for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
             assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, case
             torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)
+
+
+def test_read_only_numpy_constants_among_torch_arrays_give_no_warning():
+    """A read-only NumPy array (a broadcast, a memory map, ``np.asarray`` of a JAX array) among
+    torch tensors is copied, not shared: torch warned once per process, in a UserWarning
+    that ``-W error`` made an exception, that its tensor of the array might be written. Each
+    of the mixed calls with read-only constants, in a fresh interpreter (the warning is
+    torch's, once a process), warns of nothing and equals the all-torch call."""
+    pytest.importorskip("torch")
+    code = (
+        "import warnings, numpy as np, torch, posenc as pe\n"
+        "import test_conventions as tc\n"
+        "warnings.simplefilter('error')\n"
+        "def frozen(a):\n"
+        "    a.flags.writeable = False\n"
+        "    return a\n"
+        "t, ti = tc._torch_builders(torch)\n"
+        "n, ni = (lambda *s: frozen(tc._filled(s))), (lambda *s: frozen(np.zeros(s, dtype=np.int64)))\n"
+        "mixed, alike = tc._mixed_library_calls(t, n, ti, ni), tc._mixed_library_calls(t, t, ti, ti)\n"
+        "for case, call in mixed.items():\n"
+        "    got, want = call(), alike[case]()\n"
+        "    for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):\n"
+        "        torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)\n"
+        "print(len(mixed))\n"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert int(run.stdout.split()[-1]) > 20
 
 
 def test_numpy_constants_among_jax_arrays_are_converted():

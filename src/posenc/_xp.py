@@ -436,6 +436,11 @@ def _converted(xp, name, value, device):
         if value.size and (value.min() < -(2**31) or value.max() >= 2**31):
             raise ValueError(f"{name} holds values outside int32, the widest integer of {xp.__name__} here (JAX without x64)")
         dtype = xp.int32
+    if not value.flags.writeable and torch_namespace(xp):
+        # torch shares a NumPy array and warns that a read-only one's tensor may be written:
+        # its distinct elements are copied instead (a broadcast stays one, of their copy).
+        distinct = value[tuple(slice(None) if stride else slice(0, 1) for stride in value.strides)].copy()
+        return xp.broadcast_to(xp.asarray(distinct, dtype=dtype, device=device), value.shape)
     return xp.asarray(value, dtype=dtype, device=device)
 
 
