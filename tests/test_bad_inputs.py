@@ -192,6 +192,10 @@ RELATIVE_BIASES = {
     "relative_bias_vector offset below int64": (lambda: pe.relative_bias_vector("alibi", SLOPES, 1, 8, offset=-(2**63)), ValueError, ("offset", "int64")),
     "kerple_bias offset below int64": (lambda: pe.kerple_bias(SLOPES, SLOPES, 1, 8, offset=-(2**63)), ValueError, ("offset", "int64")),
     "sandwich_bias offset below int64": (lambda: pe.sandwich_bias(1, 8, 4, offset=-(2**63)), ValueError, ("offset", "int64")),
+    # Positions that are not arrays had been dropped: the call gave the bias of no positions.
+    "fire_distances list query_positions": (lambda: pe.fire_distances(3, 4, query_positions=[0, 5, 9]), TypeError, "query_positions"),
+    "fire_distances tuple key_positions": (lambda: pe.fire_distances(3, 4, key_positions=(7, 7, 7, 7)), TypeError, "key_positions"),
+    "fire_bias list query_positions": (lambda: pe.fire_bias(lambda d: d, 3, 4, query_positions=[0, 5, 9]), TypeError, "query_positions"),
     "fire_distances offset past int64": (lambda: pe.fire_distances(2, 8, offset=2**63 - 1), ValueError, ("offset", "int64")),
     # A uint64 0-d offset past int64 in a torch call (torch's int() of it raised RuntimeError).
     "alibi_bias torch, NumPy uint64 offset past int64": (

@@ -38,7 +38,7 @@ def fire_distances(
     arrays = {"c": c, "threshold": threshold, "query_positions": query_positions, "key_positions": key_positions, "offset": offset}
     xp, arrays = arguments_in(xp, device, **{name: a for name, a in arrays.items() if check.is_array(a)})
     c, threshold, offset = arrays.get("c", c), arrays.get("threshold", threshold), arrays.get("offset", offset)
-    query_positions, key_positions = arrays.get("query_positions"), arrays.get("key_positions")
+    query_positions, key_positions = arrays.get("query_positions", query_positions), arrays.get("key_positions", key_positions)
     c = _scalar("c", c, xp)
     threshold = _scalar("threshold", threshold, xp)
     eps = check.real("eps", eps, minimum=0.0)
