@@ -175,6 +175,12 @@ ABSOLUTE = {
     "complex_order integer amplitude": (
         lambda: pe.complex_order(np.ones(4, dtype=int), np.ones(4), np.ones(4), np.arange(5)), TypeError, "amplitude",
     ),
+    # A list or a number where an array goes is named (it had been "arrays of different kinds
+    # in one call: builtins.list", naming no argument).
+    "apply_absolute list table": (lambda: pe.apply_absolute(Z((4, 6)), [[0.0] * 6] * 10), TypeError, "table must be an array"),
+    "complex_order list positions": (lambda: pe.complex_order(Z(4), Z(4), Z(4), [[0], [1]]), TypeError, "positions must be an array"),
+    "conv_positions list kernel": (lambda: pe.conv_positions(Z((5, 4)), [[1.0] * 4] * 3), TypeError, "kernel must be an array"),
+    "hierarchical_extend list table": (lambda: pe.hierarchical_extend([[0.0] * 4] * 4, 8), TypeError, "table must be an array"),
     "conv_positions even kernel width": (lambda: pe.conv_positions(Z((5, 4)), Z((2, 4))), ValueError, ("kernel", "odd")),
     "conv_positions kernel columns": (lambda: pe.conv_positions(Z((4, 3)), Z((3, 2))), ValueError, "columns"),
 }
@@ -193,6 +199,10 @@ RELATIVE_BIASES = {
     "kerple_bias offset below int64": (lambda: pe.kerple_bias(SLOPES, SLOPES, 1, 8, offset=-(2**63)), ValueError, ("offset", "int64")),
     "sandwich_bias offset below int64": (lambda: pe.sandwich_bias(1, 8, 4, offset=-(2**63)), ValueError, ("offset", "int64")),
     # Positions that are not arrays had been dropped: the call gave the bias of no positions.
+    "kerple_bias list key_positions": (lambda: pe.kerple_bias(SLOPES, SLOPES, 3, 4, key_positions=[0, 1, 2, 3]), TypeError, "key_positions must be an array"),
+    "sandwich_bias list query_positions": (lambda: pe.sandwich_bias(3, 4, 8, query_positions=[0, 5, 9]), TypeError, "query_positions must be an array"),
+    "cope_positions list k": (lambda: pe.cope_positions(Z((3, 4)), [[0.0] * 4] * 3), TypeError, "k must be an array"),
+    "cope_logits list pos_emb": (lambda: pe.cope_logits(Z((3, 4)), Z((3, 4)), [[0.0] * 4] * 4), TypeError, "pos_emb must be an array"),
     "fire_distances list query_positions": (lambda: pe.fire_distances(3, 4, query_positions=[0, 5, 9]), TypeError, "query_positions"),
     "fire_distances tuple key_positions": (lambda: pe.fire_distances(3, 4, key_positions=(7, 7, 7, 7)), TypeError, "key_positions"),
     "fire_bias list query_positions": (lambda: pe.fire_bias(lambda d: d, 3, 4, query_positions=[0, 5, 9]), TypeError, "query_positions"),
@@ -357,6 +367,9 @@ RELATIVE_BIASES = {
         lambda: pe.t5_bias(T5_TABLE, 2**20, 2**20, key_positions=Z((2**20,), dtype=np.int64)), ValueError, "memory",
     ),
     "attention causal a string": (lambda: pe.attention(Q, Q, Q, causal="no"), TypeError, "causal must be a bool"),
+    "attention list v": (lambda: pe.attention(Q, Q, Q.tolist()), TypeError, "v must be an array"),
+    "attention list mask": (lambda: pe.attention(Q, Q, Q, mask=[[True] * 4] * 4), TypeError, "mask must be an array"),
+    "attention number bias": (lambda: pe.attention(Q, Q, Q, bias=0.0), TypeError, "bias must be an array"),
     "attention integer mask": (lambda: pe.attention(Q, Q, Q, mask=np.ones((4, 4), dtype=int)), TypeError, "mask must be a boolean"),
     "attention mask of another length": (lambda: pe.attention(Q, Q, Q, mask=np.ones(5, dtype=bool)), ValueError, "mask of shape (5,)"),
     "attention torch q, JAX mask": (

@@ -420,6 +420,14 @@ def not_masked(name, value):
         )
 
 
+def arrays(**named):
+    """Each of ``named`` (``None`` skipped) must be an array (:func:`array`), checked before
+    their namespace is sought: a list or a number is named, not reported as another kind."""
+    for name, value in named.items():
+        if value is not None:
+            array(name, value)
+
+
 def array(name, value):
     """``value`` must be an array of a supported namespace (not a NumPy masked array, nor a sparse
     or nested torch tensor, nor a Dask array of unknown chunk sizes)."""

@@ -47,6 +47,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     >>> pe.attention(q, k, v, mask=np.array([[False, False], [True, True]]))[0, 0].tolist()
     [0.0, 0.0]
     """
+    check.arrays(q=q, k=k, v=v, bias=bias, mask=mask)
     xp = namespace(q, k, v, bias, mask)
     device_of(q, k, v, bias, mask)
     check.query_key_value(q, k, v, xp)

@@ -41,6 +41,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     >>> bool((pe.apply_absolute(x, pe.sinusoidal(8, 4), offset=2)[0] == pe.sinusoidal(8, 4)[2:5]).all())
     True
     """
+    check.arrays(x=x, table=table)
     xp = namespace(x, table)
     device_of(x, table)
     check.float_array("x", x, xp)

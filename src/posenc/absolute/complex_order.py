@@ -31,6 +31,7 @@ def complex_order(amplitude, frequency, phase, positions):
     >>> bool(np.allclose(z[2], np.exp(1j * np.array([2.0, 1.0]))))
     True
     """
+    check.arrays(amplitude=amplitude, frequency=frequency, phase=phase, positions=positions)
     xp = namespace(amplitude, frequency, phase, positions)
     device = device_of(amplitude, frequency, phase, positions)
     for name, a in (("amplitude", amplitude), ("frequency", frequency), ("phase", phase)):

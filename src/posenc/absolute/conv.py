@@ -29,6 +29,7 @@ def conv_positions(x, kernel):
     >>> pe.conv_positions(x, np.array([[1.0] * 3, [0.0] * 3, [2.0] * 3])).tolist()
     [[1.0, 2.0, 0.0], [1.0, 1.0, 2.0], [0.0, 1.0, 1.0]]
     """
+    check.arrays(x=x, kernel=kernel)
     xp = namespace(x, kernel)
     device = device_of(x, kernel)
     check.float_array("x", x, xp)

@@ -28,6 +28,7 @@ def hierarchical_extend(table, length, *, alpha=0.4):
     >>> bool(np.allclose(e[:3], t)), e.shape
     (True, (9, 2))
     """
+    check.array("table", table)
     xp = namespace(table)
     check.float_array("table", table, xp)
     check.ndim("table", table, exactly=2)

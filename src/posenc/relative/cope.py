@@ -118,6 +118,7 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     >>> pe.cope_positions(q, k)[0].tolist()
     [[0.5, 0.0, 0.0], [1.0, 0.5, 0.0], [1.5, 1.0, 0.5]]
     """
+    check.arrays(q=q, k=k, mask=mask)
     xp = namespace(q, k, mask)
     q_len, k_len, offset, scale, shape = _check(q, k, xp, causal, offset, scale, mask)
     _, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape)
@@ -159,6 +160,7 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     >>> pe.cope_logits(q, k, e, scale=1.0)[0].tolist()          # p = [[.5, 0], [1, .5]]
     [[1.0, 0.0], [2.0, 1.0]]
     """
+    check.arrays(q=q, k=k, pos_emb=pos_emb, mask=mask)
     xp = namespace(q, k, pos_emb, mask)
     q_len, k_len, offset, scale, shape = _check(q, k, xp, causal, offset, scale, mask)
     check.float_array("pos_emb", pos_emb, xp)

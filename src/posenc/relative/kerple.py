@@ -69,8 +69,7 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_position
     >>> (-pe.kerple_bias(np.array([2.0]), np.array([2.0]), 1, 3, kind="power")[0]).tolist()
     [[8.0, 2.0, 0.0]]
     """
-    check.array("r1", r1)
-    check.array("r2", r2)
+    check.arrays(r1=r1, r2=r2, query_positions=query_positions, key_positions=key_positions)
     xp = namespace(r1, r2, query_positions, key_positions)
     for name, a in (("r1", r1), ("r2", r2)):
         check.float_array(name, a, xp)
@@ -209,6 +208,7 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
         return expand_bias(vec, q_len, k_len)
     dim, base, heads = _sandwich_options(dim, base, heads)
     rows = offset if per_row(offset) else None  # (one per batch row: an array beside the positions)
+    check.arrays(query_positions=query_positions, key_positions=key_positions)
     xp, given = arguments_in(xp, device, query_positions=query_positions, key_positions=key_positions, offset=rows)
     query_positions, key_positions, rows = given["query_positions"], given["key_positions"], given["offset"]
     offset = offset if rows is None else rows
