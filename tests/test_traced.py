@@ -437,6 +437,34 @@ def test_torch_tensors_without_data_give_the_eager_shapes(name):
         assert g.dtype == w.dtype and g.shape == w.shape
 
 
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+def test_torch_out_without_data_is_written():
+    """``out=`` on the meta device or fake is the result (its memory, data pointer 0, is not
+    compared with the inputs'): the overlap check had built a NumPy view at address 0 and
+    raised NumPy's ValueError "data is NULL but array contains data"."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    def calls(x, table):
+        inv = pe.rope_frequencies(8)[0]  # (frequencies are read on the host)
+        return {
+            "rope": lambda out: pe.rope(x, offset=3, out=out),
+            "rope in place": lambda _: pe.rope(x, offset=3, out=x),
+            "rerotate": lambda out: pe.rerotate(x, 3, inv, out=out),
+            "apply_rope": lambda out: pe.apply_rope(x, *pe.rope_cos_sin(torch.arange(6, device=x.device), inv), out=out),
+            "t5_bias": lambda out: pe.t5_bias(table, 2, 8, out=out[:, :2]),
+        }
+
+    x, table = torch.ones(2, 6, 8, device="meta"), torch.ones(32, 2, device="meta")
+    for name, call in calls(x, table).items():
+        out = torch.empty(2, 6, 8, device="meta")
+        assert call(out).device.type == "meta", name
+    with FakeTensorMode():
+        x, table = torch.ones(2, 6, 8), torch.ones(32, 2)
+        for name, call in calls(x, table).items():
+            assert call(torch.empty(2, 6, 8)).shape[-1] == 8, name
+
+
 def _vmapped_over_positions(torch):
     """Calls of ``(x, positions, offset)``, one sample each: positions, a per-sample tensor
     offset or per-token positions are what ``torch.func.vmap`` batches."""

@@ -581,9 +581,9 @@ def _memory(a):
     NumPy, else one built from the data pointer, shape and byte strides of a torch or CuPy
     array; None for an empty array or one whose memory is not known (a torch tensor while
     torch compiles: a traced call computes its result before writing it into ``out``, and
-    torch refuses to write into overlapping elements)."""
+    torch refuses to write into overlapping elements; one of no data, whose data pointer is 0)."""
     numpy = sys.modules.get("numpy")
-    if numpy is None or not is_array(a) or (torch_tensor(a) and torch_compiling()) or _size(a) == 0:
+    if numpy is None or not is_array(a) or (torch_tensor(a) and (torch_compiling() or torch_without_data(a))) or _size(a) == 0:
         return None
     if isinstance(a, numpy.ndarray):
         return a
