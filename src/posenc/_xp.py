@@ -219,6 +219,19 @@ def unsplit(a, *axes):
     return resplit(a, sharding, spec), sharding
 
 
+def placed_like(a, like):
+    """``a``, a result of ``like``'s shape computed outside ``jit`` piece by piece, on
+    ``like``'s sharding where ``like`` is split over a mesh of Auto axes (no type carries
+    that sharding: rows computed apart and stacked come back replicated); unchanged
+    elsewhere (an explicit mesh's split: :func:`resplit`)."""
+    sharding = getattr(like, "sharding", None)
+    if not _compat.is_jax_array(like) or not splits(sharding) or explicit_sharding(like) is not None:
+        return a
+    import jax
+
+    return jax.device_put(a, sharding)
+
+
 def split_spec(sharding, ndim):
     """A sharding's spec as a list of ``ndim`` entries (``None``: not split)."""
     return list((*getattr(sharding, "spec", ()), *(None,) * ndim)[:ndim])

@@ -97,8 +97,8 @@ def eager(count, x, cos, sin):
     """Calls outside ``jit`` on x sharded over an Auto and an Explicit mesh, beside NumPy
     constants, an uncommitted JAX array and one replicated on the mesh, and ``jax.vmap``,
     ``jax.jvp`` and ``jax.grad`` of rope outside ``jit`` (their results had been put on
-    one device): the values of the unsharded call and x's sharding. One line per mesh and
-    spec (``eager ... ok``)."""
+    one device), and rope's per-row lengths: the values of the unsharded call and x's
+    sharding. One line per mesh and spec (``eager ... ok``)."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -111,6 +111,7 @@ def eager(count, x, cos, sin):
     pos_q, pos_k = (rng.standard_normal((8, 6, 16)).astype(np.float32) for _ in range(2))
     r, u = rng.standard_normal((8, 24, 16)).astype(np.float32), rng.standard_normal((8, 1, 16)).astype(np.float32)
     positions = np.arange(12) + 3
+    rows, dynamic = np.array([0, 3, 100, 7]).reshape(4, 1, 1), pe.scaling.DynamicNTK(2.0, 8)
     for kind in (AxisType.Auto, AxisType.Explicit):
         mesh = jax.make_mesh((count,), ("d",), axis_types=(kind,))
         replicated = jax.device_put(jnp.asarray(positions), NamedSharding(mesh, P()))
@@ -122,6 +123,8 @@ def eager(count, x, cos, sin):
                 "rope uncommitted positions": (lambda a: pe.rope(a, jnp.asarray(positions)), pe.rope(x, positions)),
                 "rope replicated positions": (lambda a: pe.rope(a, replicated), pe.rope(x, positions)),
                 "apply_rope NumPy tables": (lambda a: pe.apply_rope(a, cos, sin), pe.apply_rope(x, cos, sin)),
+                # (a row at a time, stacked: an Auto mesh's result had come back replicated)
+                "rope per-row lengths": (lambda a: pe.rope(a, offset=jnp.asarray(rows), scaling=dynamic), pe.rope(x, offset=rows, scaling=dynamic)),
             }
             grad = jax.grad(lambda a: jnp.sum(pe.rope(a, offset=3) * a))  # (eager transforms run the op on the arrays)
             cases["vmap of rope"] = (lambda a: jax.vmap(lambda b: pe.rope(b, offset=3))(a), pe.rope(x, offset=3))

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from .._xp import resplit, unsplit
+from .._xp import placed_like, resplit, unsplit
 
 
 def rotate_each_row(xp, x, positions, seq_len, rotate_one, offset=None):
@@ -26,7 +26,7 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one, offset=None):
     if 0 in tuple(x.shape[:lead]):  # no row: an empty result of x's shape
         return xp.empty_like(x)
     # (an explicit JAX mesh refuses to index a split axis outside jit: the rows, lengths and positions gathered)
-    x, split = unsplit(x, *range(lead))
+    given, (x, split) = x, unsplit(x, *range(lead))
     if seq_len is not None:
         seq_len, _ = unsplit(seq_len, *range(seq_len.ndim))
     positions, _ = unsplit(positions, *range(positions.ndim))
@@ -41,7 +41,7 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one, offset=None):
             row_offset = xp.reshape(row_offset, ())
         extra = () if offset is None else (row_offset,)
         rows.append(rotate_one(x[(*index, ...)], row_positions, length, *extra))
-    return resplit(xp.reshape(xp.stack(rows, axis=0), tuple(x.shape)), split)
+    return placed_like(resplit(xp.reshape(xp.stack(rows, axis=0), tuple(x.shape)), split), given)
 
 
 def _row(xp, a, index):
