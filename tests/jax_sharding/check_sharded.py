@@ -230,7 +230,8 @@ def explicit(count, x, table):
     split on its rows, or on its heads beside positions split over the same mesh axis, a
     convolution or a rotation along a split axis, the per-row lengths of a dynamic scaling,
     split or not, a Toeplitz expansion's gradient to a head-split table, Transformer-XL's
-    per-head ``r`` beside head-split ``q``, per-batch ``r`` or DeBERTa tables beside batch-split ``q``): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
+    per-head ``r`` beside head-split ``q``, per-batch ``r`` or DeBERTa tables beside batch-split ``q``,
+    one offset per row split beside a batch-split ``x``): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
     one line a case (``explicit ... ok``)."""
     import jax
     import jax.numpy as jnp
@@ -256,6 +257,24 @@ def explicit(count, x, table):
 
     def rows_split(a):  # (the lengths gathered too: they had been indexed while split, outside jit)
         return pe.rope(a, offset=jax.device_put(jnp.asarray(rows), NamedSharding(mesh, P("d")))[:, None, None], scaling=dynamic)
+
+    def split_rows(values):
+        return jax.device_put(jnp.asarray(values), NamedSharding(mesh, P("d")))
+
+    near, fractional = np.array([0, 3, 5, 7]), np.arange(12, dtype=np.float32) + 0.5
+    p_rows, eye = rng.standard_normal((20, 16)).astype(np.float32), np.eye(16, dtype=np.float32)
+    attention = np.abs(rng.standard_normal((4, 8, 12, 12))).astype(np.float32)
+    table_v = rng.standard_normal((7, 16)).astype(np.float32)
+
+    # (one offset per batch row split beside a batch-split x: the rows had been unstacked or indexed while split)
+    def rope_rows(a):  # (float positions without float64: each row the call of its own offset, outside jit)
+        return pe.rope(a, fractional, offset=split_rows(near)[:, None, None])
+
+    def tupe_rows(a):
+        return pe.tupe_logits(a, a, p_rows, eye, eye, offset=split_rows(near))
+
+    def shaw_rows(a):
+        return pe.shaw_output(split_rows(attention), a, table_v, max_distance=3, offset=split_rows(near))
 
     r, u = rng.standard_normal((8, 24, 16)).astype(np.float32), rng.standard_normal((8, 1, 16)).astype(np.float32)
 
@@ -332,6 +351,9 @@ def explicit(count, x, table):
         ("axial_rope channels", lambda a: pe.axial_rope(a, grid), x, P(None, None, None, "d"), P(None, None, None, "d"), pe.axial_rope(x, grid)),
         ("rope dynamic per-row offsets", lambda a: pe.rope(a, offset=jnp.asarray(rows)[:, None, None], scaling=dynamic), x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
         ("rope dynamic per-row offsets split beside x", rows_split, x, P("d"), P("d"), pe.rope(x, offset=rows[:, None, None], scaling=dynamic)),
+        ("rope float positions, per-row offsets split beside x", rope_rows, x, P("d"), P("d"), pe.rope(x, fractional, offset=near[:, None, None])),
+        ("tupe_logits per-row offsets split beside q", tupe_rows, x, P("d"), P("d"), pe.tupe_logits(x, x, p_rows, eye, eye, offset=near)),
+        ("shaw_output per-row offsets split beside weights and v", shaw_rows, x, P("d"), P("d"), pe.shaw_output(attention, x, table_v, max_distance=3, offset=near)),
         ("xl_logits head-split q and k, per-head r", xl, x, P(None, "d"), P(None, "d"), pe.xl_logits(x, x, r, u, u)),
         ("xl_logits batch-split q and k, per-batch r", xl_batch, x, P("d"), P("d"), pe.xl_logits(x, x, rb, u, u)),
         ("deberta_logits batch-split q and k, per-batch tables", deberta_batch, x, P("d"), P("d"), pe.deberta_logits(x, x, pb, pb, max_distance=3)),

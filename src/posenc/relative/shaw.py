@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import _plans
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size
+from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, unsplit
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _signatures
 from .indices import clipped, distances, per_row, query_offset
@@ -166,8 +166,9 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         offsets = _row_offsets(xp, weights, v, offset, q_len, k_len)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
-        rows_weights = xp.unstack(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])))
-        index = [clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance) for o in xp.unstack(offsets)]
+        # (an explicit mesh unstacks no split axis: the rows' weights and offsets gathered)
+        rows_weights = xp.unstack(unsplit(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])), 0)[0])
+        index = [clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance) for o in xp.unstack(unsplit(offsets, 0)[0])]
         scattered = [call("toeplitz_scatter", w, i, rows) for w, i in zip(rows_weights, index)]
         mass = xp.reshape(xp.stack(scattered), (*weights.shape[:-1], rows)) if scattered else xp.zeros((*weights.shape[:-1], rows), dtype=work, device=device)
     else:

@@ -161,7 +161,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
     keys = xp.matrix_transpose(_times(xp, p[..., :k_len, :], uk))
     if per_row(offset):  # one per batch row: the product of each row's one-offset call
-        every = xp.reshape(query_positions, (math.prod(offset.shape[:-1]), q_len))
+        every, _ = unsplit(xp.reshape(query_positions, (math.prod(offset.shape[:-1]), q_len)), 0)  # (an explicit mesh unstacks no split axis)
         terms = [_times(xp, xp.take(p, positions, axis=-2), uq) @ keys * scale for positions in xp.unstack(every)]
         one = (*_heads(q, uq, uk), q_len, k_len)
         position = xp.reshape(xp.stack(terms) if terms else xp.zeros((0, *one), dtype=work, device=device), (*offset.shape[:-1], *one))

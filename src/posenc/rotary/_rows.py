@@ -30,6 +30,8 @@ def rotate_each_row(xp, x, positions, seq_len, rotate_one, offset=None):
     if seq_len is not None:
         seq_len, _ = unsplit(seq_len, *range(seq_len.ndim))
     positions, _ = unsplit(positions, *range(positions.ndim))
+    if getattr(offset, "ndim", 0):
+        offset, _ = unsplit(offset, *range(offset.ndim))
     rows = []
     for index in np.ndindex(*x.shape[:lead]):
         length = None
