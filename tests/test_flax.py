@@ -254,6 +254,25 @@ def test_flax_module_refuses_integer_inputs_as_the_torch_module(name):
                 module.logits(*(wrap(jnp.ones((1, HEADS, 3, DIM + 2), jnp.float32)),) * 2)
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="the index dtype is int32 without x64")
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_flax_module_refuses_an_offset_whose_positions_leave_the_index_dtype(name):
+    """Query positions ``offset + arange(q_len)`` past int32 (JAX without x64) are the
+    ValueError of the functions, for a causal mask, XL's distances and xPos's scales, which
+    the modules compute themselves: XL's distances had wrapped (offset ``2**31 - 2``, three
+    queries: logits 0.34 off the torch module's), NoPE's causal mask had hidden every key
+    of the wrapped query (a row of zeros), and an offset of ``2**40`` had raised JAX's
+    OverflowError."""
+    _, module = PAIRS[name]()
+    q = jnp.ones((1, HEADS, 3, DIM))
+    for offset in (2**31 - 2, 2**40):
+        with pytest.raises(ValueError, match="int32"):
+            module.attend(q, q, q, causal=True, offset=offset)
+        if name in ("xl", "xpos"):
+            with pytest.raises(ValueError, match="int32"):
+                module.logits(q, q, offset=offset)
+
+
 def test_flax_tener_refuses_what_the_torch_module_refuses():
     """Bad arguments are refused at construction with the torch twin's error type; TENER, as
     ``TENERRelative``, takes no per-token positions."""

@@ -211,7 +211,8 @@ def _allowed_keys(q_len, k_len, causal, offset, mask):
     if causal and indices.per_row(offset):  # [..., 1, q_len, k_len]: the batch axes lead, a head axis of 1
         allowed = indices.relative_positions(q_len, k_len, offset=offset)[..., None, :, :] >= 0
     elif causal:
-        allowed = (offset + jnp.arange(q_len))[:, None] >= jnp.arange(k_len)[None, :]
+        queries = check.shifted("the query positions", jnp.arange(q_len), offset, jnp, known=(0, q_len - 1) if q_len else None)
+        allowed = queries[:, None] >= jnp.arange(k_len)[None, :]
     if mask is not None:
         if getattr(mask, "dtype", None) != jnp.bool_:
             raise TypeError(f"mask must be a boolean array (True = may attend), got {getattr(mask, 'dtype', type(mask).__name__)}")
@@ -345,7 +346,8 @@ class XPos(PositionalModule):
         center = k_len // 2
         work = jnp.promote_types(q.dtype, jnp.float32)
         scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": work}
-        q_scale = pe.xpos_scale(offset - center + jnp.arange(q_len), q.shape[-1], **scale)
+        centred = check.shifted("the query positions", jnp.arange(q_len) - center, offset, jnp, known=(-center, q_len - 1 - center) if q_len else None)
+        q_scale = pe.xpos_scale(centred, q.shape[-1], **scale)
         k_scale = pe.xpos_scale(jnp.arange(k_len) - center, k.shape[-1], **scale)
         rope = {"base": self.base, "layout": self.layout}
         logits = dot_scores(pe.rope(q, offset=offset, **rope).astype(work) * q_scale, pe.rope(k, **rope).astype(work) / k_scale)
@@ -563,7 +565,7 @@ class XL(PositionalModule):
 
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
-        distances = (offset - (k_len - q_len)) + jnp.arange(k_len - 1, -q_len - 1, -1)
+        distances = check.shifted("the distances", jnp.arange(q_len - 1, -k_len - 1, -1), offset, jnp, known=(-k_len, q_len - 1))  # (offset + i) - j, and one past
         r = pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=q.dtype) @ _value(self.r_proj, q.dtype)
         return pe.xl_logits(q, k, r, _value(self.u, q.dtype), _value(self.v, q.dtype)) / math.sqrt(q.shape[-1])
 
