@@ -372,7 +372,9 @@ def test_16_bit_modules_compute_their_growing_bias_in_float32(make, convert):
     logit of the row -inf, attend NaN) and an ulp of 0.25-32 below that (at 1,000 tokens,
     attend 0.1 off the float32 module's). The parameters are widened to float32 (exactly) for
     ``logits``/``attend``: the float32 sum rounded once, as beside float32 parameters."""
-    m16 = getattr(make(), convert)()
+    with torch.random.fork_rng():  # (KERPLE draws r1, r2 from torch's generator)
+        torch.manual_seed(0)
+        m16 = getattr(make(), convert)()
     m32 = copy.deepcopy(m16).float()  # (the same parameter values, widened)
     g = torch.Generator().manual_seed(3)
     dtype = torch.float16 if convert == "half" else torch.bfloat16
@@ -381,8 +383,8 @@ def test_16_bit_modules_compute_their_growing_bias_in_float32(make, convert):
         got = m16.attend(q, k, v, offset=offset)
         assert got.dtype == q.dtype and torch.isfinite(got).all()
         want = m32.attend(q.float(), k.float(), v.float(), offset=offset)
-        eps = torch.finfo(dtype).eps  # (the weights and the output rounded to 16 bits)
-        torch.testing.assert_close(got.float(), want, atol=2 * eps, rtol=2 * eps)
+        eps = torch.finfo(dtype).eps  # (the weights, rounded to 16 bits, times v; the output rounded)
+        torch.testing.assert_close(got.float(), want, atol=4 * eps * float(v.abs().max()), rtol=0)
         assert torch.equal(m16.logits(q, k, offset=offset), m32.logits(q.float(), k.float(), offset=offset).to(q.dtype))
 
 
