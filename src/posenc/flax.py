@@ -198,11 +198,7 @@ def _row_offsets(offset, q, k):
     positions it gives)."""
     if not jnp.issubdtype(offset.dtype, jnp.integer):
         raise TypeError(f"offset must have an integer dtype, got {offset.dtype}")
-    batch = jnp.broadcast_shapes(q.shape[:-3], k.shape[:-3])
-    try:
-        jnp.broadcast_shapes(offset.shape, batch)
-    except ValueError:
-        raise ValueError(f"offset of shape {tuple(offset.shape)} (one per batch row) does not broadcast against the batch axes {tuple(batch)} of q and k") from None
+    indices.module_rows(offset, q, k)
     return jnp.asarray(offset)
 
 

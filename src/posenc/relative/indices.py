@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import arguments_in, device_of, index_dtype, namespace, shifted
+from .._xp import arguments_in, broadcast_shapes, device_of, index_dtype, namespace, shifted
 
 
 def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
@@ -93,6 +93,16 @@ def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None):
 def per_row(offset):
     """Whether ``offset`` is one per batch row: an array with axes (the per-token path's)."""
     return offset is not None and type(offset) is not int and check.is_array(offset) and offset.ndim > 0
+
+
+def module_rows(offset, q, k):
+    """A module's one ``offset`` per batch row must broadcast against the batch axes of
+    ``q``/``k [..., heads, seq, head_dim]``, those before the heads (``ValueError``)."""
+    batch = broadcast_shapes(tuple(q.shape[:-3]), tuple(k.shape[:-3]))
+    try:
+        broadcast_shapes(tuple(offset.shape), batch)
+    except ValueError:
+        raise ValueError(f"offset of shape {tuple(offset.shape)} (one per batch row) does not broadcast against the batch axes {batch} of q and k") from None
 
 
 PER_ROW = (

@@ -162,11 +162,7 @@ def row_offsets(offset, q, k):
         raise TypeError(f"offset must have an integer dtype, got {offset.dtype}")
     if offset.device != q.device:
         raise TypeError(f"offset must be on q's device {q.device}, got {offset.device}")
-    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])
-    try:
-        torch.broadcast_shapes(offset.shape, batch)
-    except RuntimeError:
-        raise ValueError(f"offset of shape {tuple(offset.shape)} (one per batch row) does not broadcast against the batch axes {tuple(batch)} of q and k") from None
+    indices.module_rows(offset, q, k)
     q_len, k_len = q.shape[-2], k.shape[-2]
     xp = namespace(offset)
     offset = check.widened("offset", offset, xp, offset.device)
