@@ -116,6 +116,28 @@ def test_traced_frequency_arrays_keep_long_positions_exact_without_float64():
     np.testing.assert_allclose(np.asarray(grad), want_grad, rtol=1e-6, atol=1e-6 * np.abs(want_grad).max())
 
 
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_traced_length_through_the_last_int32_position(rng, backend):
+    """Under ``jit`` the length a scaling adapts to, ``max + 1`` of int32 positions (or a
+    traced offset + seq), is 2**31 where they reach 2**31 - 1: the eager call's bits (it had
+    wrapped to -2**31, the original frequencies: 1.6 to 3.8 off)."""
+    x = rng.standard_normal((2, 1, 3, 8)).astype(np.float32)
+    top = 2**31 - 1
+    scalings = (pe.scaling.DynamicNTK(2.0, 8), pe.scaling.LongRoPE([1.0] * 4, [2.0, 3.0, 4.0, 5.0], 8))
+    with pe.use_backend(backend):
+        for scaling in scalings:
+            for last in (top, top - 1):
+                pos = np.arange(last - 2, last + 1, dtype=np.int32)
+                want = pe.rope(x, pos.astype(np.int64), scaling=scaling)
+                got = jax.jit(lambda x, p: pe.rope(x, p, scaling=scaling))(jnp.asarray(x), jnp.asarray(pos))
+                np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL, err_msg=f"{scaling} {last}")
+                offsets = (np.int32(last - 2), np.array([last - 2, 5], np.int32).reshape(2, 1, 1))
+                for offset in offsets:
+                    want = pe.rope(x, offset=offset.astype(np.int64), scaling=scaling)
+                    got = jax.jit(lambda x, o: pe.rope(x, offset=o, scaling=scaling))(jnp.asarray(x), jnp.asarray(offset))
+                    np.testing.assert_allclose(np.asarray(got), want, rtol=RTOL, atol=ATOL, err_msg=f"{scaling} offset {offset}")
+
+
 # --- gradients against naive transcriptions -----------------------------------------------
 
 

@@ -156,9 +156,19 @@ def sequence_length(xp, positions, offset):
     else:
         top = xp.max(without_empty_chunks(positions))
     if is_integer(xp, positions.dtype):
-        return top + 1
+        return length_past(xp, top)
     top = xp.astype(top, widest_float(xp, device_of(positions)))
     return xp.where(xp.isfinite(top), xp.ceil(top) + 1, 0.0)
+
+
+def length_past(xp, top):
+    """``top + 1``, the length through the (widened) integer positions ``top``, without
+    wrapping: where they are int32 (JAX without x64), ``2**31 - 1`` gives ``2**31`` as
+    uint32 and a negative ``top`` length 0 (as every length up to a scaling's original:
+    the original frequencies)."""
+    if top.dtype != xp.int32:
+        return top + 1
+    return xp.where(top < 0, 0, xp.astype(top, xp.uint32) + 1)
 
 
 # ---------------------------------------------------------------- the sequence axis and positions

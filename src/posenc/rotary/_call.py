@@ -110,7 +110,12 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
             # What sequence_length reads from the positions, known without them (an int, or a
             # symbolic one while torch compiles) where they are traced (jax.jit, torch.compile).
             length = math.prod(placed.shape)
-            seq_len = offset + length if length else None
+            if not length:
+                seq_len = None
+            elif check.is_array(offset):  # (per row)
+                seq_len = _args.length_past(xp, offset + (length - 1))
+            else:
+                seq_len = offset + length
         elif seq_len is None:
             seq_len = _args.sequence_length(xp, positions, offset)
         if check.is_array(seq_len) and seq_len.ndim > 0 and check.is_eager(seq_len) and check.is_eager(x):
