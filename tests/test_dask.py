@@ -238,6 +238,15 @@ def test_a_blocked_bias_whose_per_distance_vector_cannot_fit_is_refused(rng):
         for call in (lambda: pe.t5_bias(table, 4, k_len), lambda: pe.alibi_bias(slopes, k_len, 4), lambda: pe.relative_bias("shaw", table[:9], 4, k_len, max_distance=4)):
             with pytest.raises(ValueError, match="per-distance vector"):
                 lazily(call)
+        # The vector itself, and one given to expand_bias (2**62 had raised MemoryError inside Dask).
+        vec = da.ones((3, 4 + k_len - 1), chunks=2**60)
+        refused = (
+            (lambda: pe.relative_bias_vector("alibi", slopes, 4, k_len), "relative_bias_vector"),
+            (lambda: pe.expand_bias(vec, 4, k_len), "per-distance vector of the blocked bias"),
+        )
+        for call, name in refused:
+            with pytest.raises(ValueError, match=f"{name} of shape .* more than the memory"):
+                lazily(call)
 
 
 @pytest.mark.parametrize("symmetric", [False, True])

@@ -321,7 +321,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), instead=_VECTOR_ROWS)
     count = q_len + k_len - 1 if q_len and k_len else 0
-    check.allocatable_unless_blocked("relative_bias_vector", (_heads_of(params), count), 8, params)
+    check.allocatable("relative_bias_vector", (_heads_of(params), count), 8)  # (Dask's too: a blocked bias reads it whole)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
 
 
@@ -361,6 +361,8 @@ def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     want = q_len + k_len - 1 if q_len and k_len else 0
     if size(vec.shape[-1]) != want:
         raise ValueError(f"vec must have q_len + k_len - 1 = {want} entries on its last axis, got shape {tuple(vec.shape)}")
+    if _compat.is_dask_array(vec):  # (a blocked bias: each block reads vec's distance axis, one chunk, whole)
+        check.allocatable("the per-distance vector of the blocked bias", tuple(vec.shape), 8)
     out = _output(xp, vec, "vec", (*vec.shape[:-1], q_len, k_len), out, chunks)
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 
