@@ -164,6 +164,9 @@ ABSOLUTE = {
     "apply_absolute offset None": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 6)), offset=None), TypeError, "offset"),
     "apply_absolute unknown mode": (lambda: pe.apply_absolute(Z((5, 8)), Z((6, 8)), mode="concat"), ValueError, "mode"),
     "apply_absolute integer x": (lambda: pe.apply_absolute(Z((5, 8), dtype=int), Z((6, 8))), TypeError, "x"),
+    "apply_absolute torch 0-d offset on the meta device": (
+        lambda: pe.apply_absolute(_torch().ones(1, 3, 8), _torch().ones(8, 8), offset=_torch().tensor(2, device="meta")), ValueError, ("offset", "meta"),
+    ),  # fmt: skip
     "apply_absolute JAX x, torch table": (lambda: pe.apply_absolute(_jax().numpy.zeros((5, 8)), _torch().zeros(6, 8)), TypeError, "different kinds"),
     "apply_absolute torch x, JAX table": (lambda: pe.apply_absolute(_torch().zeros(4, 6), _jax().numpy.zeros((4, 6))), TypeError, "different kinds"),
     "complex_order parameters do not broadcast": (
@@ -207,6 +210,16 @@ RELATIVE_BIASES = {
     "fire_distances tuple key_positions": (lambda: pe.fire_distances(3, 4, key_positions=(7, 7, 7, 7)), TypeError, "key_positions"),
     "fire_bias list query_positions": (lambda: pe.fire_bias(lambda d: d, 3, 4, query_positions=[0, 5, 9]), TypeError, "query_positions"),
     "fire_distances offset past int64": (lambda: pe.fire_distances(2, 8, offset=2**63 - 1), ValueError, ("offset", "int64")),
+    # A 0-d offset on another device, not read now (torch's RuntimeError once computing).
+    **{
+        f"{name} torch 0-d offset on the meta device": (call, ValueError, ("offset", "meta"))
+        for name, call in (
+            ("t5_bias", lambda: pe.t5_bias(_torch().ones(32, 2), 1, 8, offset=_torch().tensor(3, device="meta"))),
+            ("alibi_bias", lambda: pe.alibi_bias(_torch().ones(2), 1, 8, offset=_torch().tensor(3, device="meta"))),
+            ("kerple_bias", lambda: pe.kerple_bias(_torch().ones(2), _torch().ones(2), 1, 8, offset=_torch().tensor(3, device="meta"))),
+            ("fire_bias", lambda: pe.fire_bias(lambda d: d, 1, 8, offset=_torch().tensor(3, device="meta"), xp=_torch(), device="cpu")),
+        )
+    },
     # A uint64 0-d offset past int64 in a torch call (torch's int() of it raised RuntimeError).
     "alibi_bias torch, NumPy uint64 offset past int64": (
         lambda: pe.alibi_bias(_torch().ones(2), 1, 8, offset=np.array(2**63, np.uint64)), ValueError, ("offset", "int64"),
@@ -614,6 +627,9 @@ ROTARY = {
     "rope LongRoPE lists of another length": (
         lambda: pe.rope(Z((2, 6), dtype=np.float32), scaling=S.LongRoPE([1.0] * 2, [1.0] * 2, 4)), ValueError, "short_factor",
     ),
+    "rope torch 0-d seq_len on the meta device": (
+        lambda: pe.rope(_torch().ones(1, 3, 8), scaling=S.DynamicNTK(2.0, 4), seq_len=_torch().tensor(30, device="meta")), ValueError, ("seq_len", "meta"),
+    ),  # fmt: skip
     "rope seq_len per row of the wrong length": (lambda: pe.rope(X4, scaling=S.DynamicNTK(2.0, 4), seq_len=np.arange(3)), ValueError, "seq_len"),
     "rope seq_len per row of floats": (lambda: pe.rope(X4, scaling=S.DynamicNTK(2.0, 4), seq_len=np.ones(2)), TypeError, "seq_len"),
     "rope out wrong dtype": (lambda: pe.rope(X, out=Z((2, 3, 8))), ValueError, "out"),

@@ -588,6 +588,11 @@ HOSTILE = {
     "rope positions of another length": (lambda p: pe.rope(X, p), lambda: np.arange(3), lambda: np.arange(4), None),
     "rope positions of another library": (lambda p: pe.rope(T_X, p), lambda: torch.arange(3), lambda: _jax_arange(3), None),
     "rope positions on another device": (lambda p: pe.rope(T_X, p), lambda: torch.arange(3), lambda: torch.arange(3, device="meta"), None),
+    # A 0-d offset or frequencies on another device, not read now (torch's RuntimeError once computing).
+    "rope 0-d offset on another device": (lambda o: pe.rope(T_X, offset=o), lambda: torch.tensor(3), lambda: torch.tensor(3, device="meta"), None),
+    "rope_cos_sin frequencies on another device": (
+        lambda f: pe.rope_cos_sin(torch.arange(3), f), lambda: torch.from_numpy(INV.copy()), lambda: torch.from_numpy(INV).to("meta"), None,
+    ),  # fmt: skip
     "rope per-row offset of another length": (lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2]), lambda: np.array([1, 2, 3]), None),
     "rope offset past int64": (lambda p: pe.rope(X, offset=p), lambda: 3, lambda: 2**63 - 2, None),
     "rerotate NaN frequencies": (lambda f: pe.rerotate(X, 3, f), lambda: INV.copy(), lambda: np.full_like(INV, np.nan), lambda a: _spoil(a, np.nan)),

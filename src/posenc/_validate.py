@@ -118,7 +118,8 @@ def relative_offset(offset, q_len, k_len, xp=None, device=None):
                 f"offset={offset} with q_len={q_len} and k_len={k_len} puts the relative positions (offset + i) - j "
                 f"at {low} .. {high}, beyond int{bits} ({bottom} .. {top})"
             )
-    return offset
+        return offset
+    return computed_on("offset", offset, device)
 
 
 # ---------------------------------------------------------------- the integer rule
@@ -300,6 +301,19 @@ def integer_or_traced(name, value, *, minimum=None):
         if not is_eager(value):
             return value
     return integer(name, value, minimum=minimum)
+
+
+def computed_on(name, value, device):
+    """A torch ``value`` computed with rather than read (an offset or length that cannot be
+    read now, frequencies in the graph) on ``device``, the other arguments'; a 0-d one may
+    also be on the CPU (torch takes a CPU scalar beside any device's tensors). ``ValueError``
+    naming it otherwise (torch's ``RuntimeError`` once computing)."""
+    if not torch_tensor(value) or device is None or value.ndim == 0 and value.device.type == "cpu":
+        return value
+    want = _torch().device(device)  # (a device= given as a string: "cuda" is any CUDA device)
+    if value.device.type != want.type or want.index is not None and value.device.index != want.index:
+        raise ValueError(f"{name} must be on device {device}, the other arguments', got {value.device}")
+    return value
 
 
 def even_dim(name, value):

@@ -43,13 +43,13 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     """
     check.arrays(x=x, table=table)
     xp = namespace(x, table)
-    device_of(x, table)
+    device = device_of(x, table)
     check.float_array("x", x, xp)
     check.float_array("table", table, xp)
     check.ndim("x", x, minimum=2)
     check.ndim("table", table, exactly=2)
     mode = check.choice("mode", mode, MODES)
-    offset = _args.per_row("offset", offset, xp)
+    offset = check.computed_on("offset", _args.per_row("offset", offset, xp), device)
     length, dim = x.shape[-2], x.shape[-1]
     if table.shape[1] != dim:
         raise ValueError(f"table must have {dim} columns to match x.shape[-1], got shape {tuple(table.shape)}")

@@ -21,7 +21,7 @@ def _check(q, k, xp, causal, offset, scale, mask):
     if per_row(offset):
         offset, batch = _row_distances(xp, q, k, offset, q_len, k_len, batch)
     else:
-        offset = query_offset(offset, q_len, k_len, xp=xp)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(q, k))
     logits_shape = (*batch, q_len, k_len)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     if mask is not None:

@@ -50,7 +50,7 @@ def fire_distances(
         check.allocatable("fire_bias", (*batch, q_len, k_len), 8)
     else:
         check.allocatable("fire_bias", (q_len, k_len), 8)
-        offset = query_offset(offset, q_len, k_len, xp=xp)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key, batch = xp.arange(k_len, dtype=index_dtype(xp, device), device=device), ()
     rel = xp.astype(_per_token.relative(query, key), work)  # (integer differences: exact where float32 positions would not be)

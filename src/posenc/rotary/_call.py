@@ -98,6 +98,8 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     offset = _args.per_row("offset", offset, xp)
     check.flag("inverse", inverse)
     seq_len = _args.per_row("seq_len", seq_len, xp)
+    if read:  # (a 0-d offset or length still an array is computed with, beside x)
+        check.computed_on("offset", offset, device), check.computed_on("seq_len", seq_len, device)
     _args.out_like(out, x, xp, *read)
     # positions offset + arange(length): a known largest, or one a row for a per-row offset
     counted = positions is None and not (check.is_array(offset) and offset.ndim == 0)
@@ -237,7 +239,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     device = device_of(positions)
     check.positions("positions", positions, xp)
     layout = _args.layout("layout", layout)
-    freqs = _args.inv_freq("inv_freq", inv_freq, xp)
+    freqs = check.computed_on("inv_freq", _args.inv_freq("inv_freq", inv_freq, xp), device)
     pairs = len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
     scale = check.real("scale", scale)
     if dtype is None:
