@@ -6,6 +6,8 @@ or Python integers, never with posenc's own output of another path.
 Numbered as the issue's items.
 """
 
+import warnings
+
 import numpy as np
 import pytest
 from formulas import exact_rope, hf_t5_bucket, inv_freq
@@ -531,6 +533,15 @@ def test_positions_from_cu_seqlens_of_every_torch_integer_dtype(dtype):
     assert pe.positions_from_cu_seqlens(cu, 5).tolist() == [0, 1, 0, 1, 2]
     with pytest.raises(ValueError, match="non-decreasing"):
         pe.positions_from_cu_seqlens(torch.tensor([0, 3, 2, 5], dtype=getattr(torch, dtype)), 5)
+
+
+def test_positions_from_cu_seqlens_of_strided_torch_boundaries_warn_nothing():
+    """A strided ``cu_seqlens`` (a view of every other boundary) is searched contiguous: torch's
+    ``searchsorted`` had warned of it (a UserWarning, an error under ``-W error``)."""
+    cu = torch.tensor([0, 0, 2, 2, 5, 5])[::2]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert pe.positions_from_cu_seqlens(cu, 5).tolist() == [0, 1, 0, 1, 2]
 
 
 def test_alibi_slopes_of_no_heads_are_refused_as_a_t5_table_of_no_heads_is():
