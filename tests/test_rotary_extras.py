@@ -511,7 +511,7 @@ def test_int32_positions_on_a_device_without_64_bit_integers():
     """array-api-strict's ``no_x64`` device (no int64, as JAX without x64): int32 positions
     are widened to that device's index dtype (int32), not the default device's int64, and
     each function's values are NumPy's. Per-row offsets and lengths too (they were widened
-    to int64, which that device refuses)."""
+    to int64, which that device refuses), and the searches of document and bucket boundaries."""
     strict = pytest.importorskip("array_api_strict")
     device = strict.Device("no_x64")
     pos, inv_freq = np.arange(5, dtype=np.int32) + 1000, pe.rope_frequencies(8)[0]
@@ -531,6 +531,9 @@ def test_int32_positions_on_a_device_without_64_bit_integers():
         (lambda o: pe.rope(like(batch, o), offset=o, scaling=dynamic), rows),
         (lambda n: pe.rope(like(batch, n), seq_len=n, scaling=dynamic), rows),
         (lambda o: pe.apply_absolute(like(batch[:, 0], o), like(x.repeat(200, axis=0), o), offset=o), rows),
+        # (searchsorted: array-api-strict's gives int64 there, which the device refuses)
+        (lambda c: pe.positions_from_cu_seqlens(c, 9), np.array([0, 3, 5, 9], np.int32)),
+        (lambda r: pe.t5_bucket(r, num_buckets=256, max_distance=1024), np.arange(-600, 600, dtype=np.int32)),
     ]
     for fn, a in calls:
         got = fn(on(a))

@@ -11,7 +11,7 @@ import numpy as np
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call, reference
-from .._xp import device_of, explicit_sharding, namespace, resplit, torch_compiling, trace_constant, unsplit, widest_float
+from .._xp import device_of, explicit_sharding, index_dtype, namespace, resplit, torch_compiling, trace_constant, unsplit, widest_float
 
 
 # The most T5 buckets: far past T5's 32; each log-spaced bucket's start is found one at a time
@@ -177,12 +177,18 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
             logarithmic = logarithmic + xp.astype(n >= start, rel.dtype)
     else:
         boundaries = _starts_on(xp, side, max_distance, starts, rel.dtype, device_of(rel))
-        if hasattr(xp, "searchsorted") and not _compat.is_jax_namespace(xp):
-            reached = xp.searchsorted(boundaries, n, side="right")
-        else:  # (JAX's searchsorted refuses arrays split over an explicit mesh)
-            reached = _reached(xp, boundaries, n)
+        reached = searched(xp, boundaries, n)
         logarithmic = xp.astype(reached, rel.dtype) + exact
     return base + xp.where(n < exact, n, logarithmic)
+
+
+def searched(xp, starts, n):
+    """``searchsorted(starts, n, side="right")``, or :func:`_reached` where that cannot run:
+    JAX's refuses arrays split over an explicit mesh, and array-api-strict's gives int64
+    even on its ``no_x64`` device, which refuses it (the index dtype int32 there)."""
+    if hasattr(xp, "searchsorted") and not _compat.is_jax_namespace(xp) and index_dtype(xp, device_of(n)) != xp.int32:
+        return xp.searchsorted(starts, n, side="right")
+    return _reached(xp, starts, n)
 
 
 def _reached(xp, starts, n):

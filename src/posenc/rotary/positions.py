@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import _compat
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace, resplit, torch_tensor, unsplit, without_empty_chunks
+from ..relative.buckets import searched
 
 
 def positions_from_mask(mask, *, start=0):
@@ -107,7 +108,7 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
                 f"cu_seqlens must be non-decreasing from 0 to total = {total}, got values from {first} to {last}"
             )
     tokens = xp.arange(total, dtype=itype, device=device)
-    document = xp.searchsorted(cu, tokens, side="right") - 1
+    document = searched(xp, cu, tokens) - 1
     return tokens - xp.take(cu, document, axis=0)
 
 
