@@ -73,6 +73,12 @@ def _strict_on_two_devices():
     return pe.apply_absolute(a, strict.asarray(Z((4, 2)), device=strict.Device("device1")))
 
 
+def _float64_on_no_float64(build):
+    """``build(strict, device, strict.float64)`` on array-api-strict's ``no_float64`` device."""
+    strict = pytest.importorskip("array_api_strict")
+    return build(strict, strict.Device("no_float64"), strict.float64)
+
+
 def _cpu(name, *args, **kwargs):
     return kernel(f"{name}.numba_cpu").load()(*args, **kwargs)
 
@@ -903,6 +909,18 @@ CONFIGURATION = {
     "set_backend unknown language": (lambda: pe.set_backend("fortran"), ValueError, "backend"),
     "use_backend unknown": (lambda: _within(pe.use_backend("gpu")), ValueError, "backend"),
     "arrays on two devices": (_strict_on_two_devices, ValueError, "devices"),
+    # dtype=float64 on a device without it: array-api-strict's own ValueError had named neither.
+    **{
+        f"{name} dtype float64 on a device without it": (lambda build=build: _float64_on_no_float64(build), ValueError, ("dtype=", "no_float64", "has no float64"))
+        for name, build in (
+            ("sinusoidal", lambda s, d, f64: pe.sinusoidal(8, 4, xp=s, device=d, dtype=f64)),
+            ("rope_frequencies", lambda s, d, f64: pe.rope_frequencies(8, xp=s, device=d, dtype=f64)),
+            ("rope_cos_sin", lambda s, d, f64: pe.rope_cos_sin(s.asarray([1, 2], device=d), [1.0, 0.5], dtype=f64)),
+            ("alibi_slopes", lambda s, d, f64: pe.alibi_slopes(4, xp=s, device=d, dtype=f64)),
+            ("fire_distances", lambda s, d, f64: pe.fire_distances(3, 4, xp=s, device=d, dtype=f64)),
+            ("sandwich_vector", lambda s, d, f64: pe.sandwich_vector(3, 4, 8, xp=s, device=d, dtype=f64)),
+        )
+    },
     "xp a module name": (lambda: pe.alibi_slopes(4, xp="numpy"), TypeError, "xp must be an array namespace"),
     "xp a number": (lambda: pe.alibi_slopes(4, xp=3), TypeError, "xp must be an array namespace"),
     "xp an object": (lambda: pe.alibi_slopes(4, xp=object()), TypeError, "xp must be an array namespace"),

@@ -866,11 +866,11 @@ def _outside_stacklevel():
     return level
 
 
-def creation_dtype(name, dtype, xp):
+def creation_dtype(name, dtype, xp, device=None):
     """The float dtype of a result built from nothing in ``xp`` (float32 by default); a dtype
     of another library is refused with the ``xp=`` that builds that library's arrays."""
     try:
-        return result_dtype(xp, dtype)
+        return result_dtype(xp, dtype, device)
     except TypeError as exc:
         owner = dtype.__module__ if isinstance(dtype, type) else type(dtype).__module__
         library = {"torch": "torch", "jax": "jax.numpy", "cupy": "cupy"}.get(owner.partition(".")[0])

@@ -583,8 +583,10 @@ def compute_dtype(xp, dtype):
     return xp.float32
 
 
-def result_dtype(xp, dtype):
-    """The float dtype of a result built from nothing: ``dtype`` or float32 by default."""
+def result_dtype(xp, dtype, device=None):
+    """The float dtype of a result built from nothing: ``dtype`` or float32 by default; float64
+    on a ``device`` that has none (array-api-strict's ``no_float64``) is a ``ValueError``
+    (JAX without x64 keeps its own rule: float32, with its warning)."""
     if dtype is None:
         return xp.float32
     try:
@@ -593,6 +595,8 @@ def result_dtype(xp, dtype):
         ok = False
     if not ok:
         raise TypeError(f"dtype must be a real floating dtype of {xp.__name__}, got {dtype!r}")
+    if dtype == getattr(xp, "float64", None) and xp is not _numpy and not _compat.is_jax_namespace(xp) and not has_float64(xp, device):
+        raise ValueError(f"dtype={dtype} is not available on device {device}, which has no float64: ask for float32")
     return dtype
 
 

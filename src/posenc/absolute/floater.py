@@ -128,7 +128,7 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
         device = device_of(p0)
     else:
         xp = namespace(xp=xp)
-    out_dtype = result_dtype(xp, dtype if dtype is not None or p0 is None else p0.dtype)
+    out_dtype = result_dtype(xp, dtype if dtype is not None or p0 is None else p0.dtype, device)
     work = widest_float(xp, device)
     if (dynamics is None or p0 is None) and dim % 2:
         raise ValueError(f"dim must be a positive even integer unless both dynamics and p0 are given, got {dim}")

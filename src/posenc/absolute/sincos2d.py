@@ -53,7 +53,7 @@ def sincos_2d(grid_h, grid_w, dim, *, base=10000.0, cls_token=False, xp=None, de
     if not isinstance(cls_token, bool):
         raise TypeError(f"cls_token must be True or False, got {cls_token!r}")
     xp = namespace(xp=xp)
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     check.allocatable("sincos_2d", (grid_h * grid_w + 1, dim), 8)
     quarter = dim // 4
     freqs = [base ** (-k / quarter) for k in range(quarter)]

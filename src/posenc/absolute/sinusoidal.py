@@ -78,12 +78,12 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
         device = device_of(positions)
         pos = check.positions("positions", positions, xp)
         out_dtype = dtype if dtype is not None else (pos.dtype if is_real_floating(xp, pos.dtype) else xp.float32)
-        out_dtype = result_dtype(xp, out_dtype)
+        out_dtype = result_dtype(xp, out_dtype, device)
         check.allocatable("sinusoidal", (*pos.shape, dim), 8)
     else:
         xp = namespace(xp=xp)
         n = check.integer("positions", positions, minimum=0)
-        out_dtype = check.creation_dtype("dtype", dtype, xp)
+        out_dtype = check.creation_dtype("dtype", dtype, xp, device)
         check.allocatable("sinusoidal", (n, dim), 8)
         pos = xp.arange(n, device=device)
     if has_float64(xp, device):  # the paper's k / base**(2i/d), divided as Marian's and RoFormer's tables are: their bits

@@ -62,7 +62,7 @@ def alibi_slopes(num_heads, *, max_bias=8.0, xp=None, device=None, dtype=None):
     max_bias = check.real("max_bias", max_bias, positive=True)
     check.allocatable("alibi_slopes", (num_heads,), 64)
     xp = namespace(xp=xp)
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     power = 2 ** int(math.floor(math.log2(num_heads)))
     slopes = [2.0 ** (-max_bias * h / power) for h in range(1, power + 1)]
     slopes += [2.0 ** (-max_bias * (2 * h - 1) / (2 * power)) for h in range(1, num_heads - power + 1)]

@@ -43,7 +43,7 @@ def fire_distances(
     threshold = _scalar("threshold", threshold, xp)
     eps = check.real("eps", eps, minimum=0.0)
     device = device_of(*arrays.values()) if device is None else device
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     work = widest_float(xp, device)
     if _per_token.given(query_positions, key_positions, offset):
         query, key, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)

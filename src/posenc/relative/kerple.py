@@ -122,7 +122,7 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     dim, base, heads = _sandwich_options(dim, base, heads)
     xp, offset, device = offset_namespace(offset, xp, device)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device, "the per-distance vector has no batch axes; sandwich_bias takes one offset per batch row")
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     count = q_len + k_len - 1 if q_len and k_len else 0
     check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
     return _sandwich_values(xp, distances(q_len, k_len, offset, xp=xp, device=device), dim, heads, base, device, dtype)
@@ -213,7 +213,7 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
     query_positions, key_positions, rows = given["query_positions"], given["key_positions"], given["offset"]
     offset = offset if rows is None else rows
     device = device_of(query_positions, key_positions, rows) if device is None else device
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
     check.allocatable("sandwich_bias", (*batch, heads or 1, q_len, k_len, dim // 2), 8)
     return _per_token.bias(xp, lambda rel: _sandwich_values(xp, rel, dim, heads, base, device, dtype), qpos, kpos, heads or 1, batch, q_len, k_len)

@@ -223,7 +223,7 @@ def nezha_table(max_distance, dim, *, base=10000.0, form="released", xp=None, de
     form = check.choice("form", form, FORMS)
     check.allocatable("nezha_table", (2 * max_distance + 1, dim), 8)
     xp = namespace(xp=xp)
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     rows = xp.arange(2 * max_distance + 1, device=device)
     angle_positions = 2 * max_distance - rows if form == "released" else max_distance - rows
     return sinusoidal(angle_positions, dim, base=base, dtype=dtype)

@@ -245,7 +245,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
     split = explicit_sharding(inv_freq) if _compat.is_jax_namespace(xp) else None  # (a list beside torch.compile's tensors is no array to ask)
-    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype), split)
+    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype, device), split)
 
 
 def duplicate(xp, half_table, layout):

@@ -63,7 +63,7 @@ def axial_frequencies(dim, *, frequencies="lang", base=10000.0, max_freq=10.0, x
     if xp is None and device is None and dtype is None:
         return np.asarray(table)
     xp = namespace(xp=xp)
-    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
+    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype, device)
     return host_as(xp, table, dtype, device)
 
 

@@ -52,12 +52,12 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
         device = device_of(distances)
         distances = check.positions("distances", distances, xp)
         out_dtype = dtype if dtype is not None else (distances.dtype if is_real_floating(xp, distances.dtype) else xp.float32)
-        out_dtype = result_dtype(xp, out_dtype)
+        out_dtype = result_dtype(xp, out_dtype, device)
         m = distances
     else:
         xp = namespace(xp=xp)
         n = check.integer("distances", distances, minimum=0)
-        out_dtype = result_dtype(xp, dtype)
+        out_dtype = result_dtype(xp, dtype, device)
         check.allocatable("rope_decay", (n, dim // 2), _PEAK_BYTES)
         m = xp.arange(n, device=device)
     check.allocatable("rope_decay", (*m.shape, dim // 2), _PEAK_BYTES)

@@ -88,7 +88,7 @@ def rope_frequencies(dim, *, base=10000.0, scaling=None, seq_len=None, xp=None, 
     if xp is None and device is None and dtype is None:
         return np.asarray(inv_freq), float(attention_scale)
     xp = namespace(xp=xp)
-    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
+    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype, device)
     return host_as(xp, inv_freq, dtype, device), float(attention_scale)
 
 
@@ -106,7 +106,7 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
         device = device if device is not None else device_of(seq_len)
         table, attention_scale = frequency_table(scaling, dim, base, None)  # every row's frequencies are the same table
         inv_freq = xp.broadcast_to(xp.asarray(table, dtype=widest_float(xp, device), device=device), (*seq_len.shape, dim // 2))
-        return (inv_freq if dtype is None else cast(xp, inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+        return (inv_freq if dtype is None else cast(xp, inv_freq, result_dtype(xp, dtype, device))), float(attention_scale)
     lengths = [int(n) for n in own.reshape(seq_len, (-1,))]
     rows = [frequency_table(scaling, dim, base, n if uses else None) for n in lengths]
     inv_freq = np.asarray([row for row, _ in rows], dtype=np.float64).reshape(*seq_len.shape, dim // 2)
@@ -114,7 +114,7 @@ def _per_row(dim, base, scaling, seq_len, xp, device, dtype):
     if xp is None and device is None and dtype is None:
         return inv_freq, float(attention_scale)
     xp = namespace(xp=xp)
-    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype)
+    dtype = widest_float(xp, device) if dtype is None else result_dtype(xp, dtype, device)
     return host_as(xp, inv_freq, dtype, device), float(attention_scale)
 
 
@@ -125,7 +125,7 @@ def _at_traced_length(dim, base, scaling, seq_len, xp, device, dtype):
     device = device if device is not None else device_of(seq_len)
     inv_freq = _dispatch.call("rope_frequencies_at_length", seq_len, scaling=scaling, rotary_dim=dim, base=base, device=device)
     attention_scale = frequency_table(scaling, dim, base, None)[1]  # (no scaling's depends on the length)
-    return (inv_freq if dtype is None else cast(xp, inv_freq, result_dtype(xp, dtype))), float(attention_scale)
+    return (inv_freq if dtype is None else cast(xp, inv_freq, result_dtype(xp, dtype, device))), float(attention_scale)
 
 
 @reference("rope_frequencies_at_length")

@@ -57,7 +57,7 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
     layout = _args.layout("layout", layout)
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
-    dtype = result_dtype(xp, dtype)
+    dtype = result_dtype(xp, dtype, device)
     check.allocatable("xpos_scale", (*positions.shape, dim), 8)
     check.allocatable("xpos_scale's exponents", (dim // 2,), 128)  # (a list of Python floats, even for no positions)
     work = widest_float(xp, device)
