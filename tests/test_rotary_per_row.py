@@ -45,6 +45,18 @@ def test_per_row_offset_without_seq_len_gives_each_row_its_own_length(backend, r
     assert np.abs(pe.rope(x.astype(np.float32), offset=offsets, scaling=scaling)[:1] - longest).max() > 1e-3
 
 
+def test_a_per_row_offset_whose_row_stays_negative_is_that_row_alone(backend, rng):
+    """A row whose positions are all negative (offset -9, five tokens) is the call on that row
+    alone (the original frequencies); its length, -4, had been refused as a row's seq_len."""
+    x = rng.standard_normal((2, 2, 5, 8)).astype(np.float32)
+    offsets = np.array([-9, 30])
+    got = backend.call(lambda a, o: pe.rope(a, offset=o, scaling=DYNAMIC), backend.asarray(x, dtype="float32"), backend.asarray(offsets))
+    for run in backend.each_run(got):
+        for row in range(2):
+            alone = pe.rope(x[row : row + 1], offset=int(offsets[row]), scaling=DYNAMIC)
+            np.testing.assert_allclose(backend.to_numpy(run)[row : row + 1], alone, rtol=0, atol=0 if backend.name in ("numpy", "torch") else 2e-6)
+
+
 @pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
 @pytest.mark.parametrize("shared", [True, False], ids=["positions [seq]", "positions [batch, 1, seq]"])
 def test_per_row_offset_with_positions_gives_each_row_its_own_length(backend, rng, scaling, shared):

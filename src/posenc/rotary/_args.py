@@ -162,12 +162,12 @@ def sequence_length(xp, positions, offset):
 
 
 def length_past(xp, top):
-    """``top + 1``, the length through the (widened) integer positions ``top``, without
-    wrapping: where they are int32 (JAX without x64), ``2**31 - 1`` gives ``2**31`` as
-    uint32 and a negative ``top`` length 0 (as every length up to a scaling's original:
-    the original frequencies)."""
+    """``top + 1``, the length through the (widened) integer positions ``top``, 0 for a
+    negative ``top`` (as every length up to a scaling's original: the original frequencies),
+    without wrapping: where they are int32 (JAX without x64), ``2**31 - 1`` gives ``2**31``
+    as uint32."""
     if top.dtype != xp.int32:
-        return top + 1
+        return xp.where(top < 0, 0, top + 1)
     return xp.where(top < 0, 0, xp.astype(top, xp.uint32) + 1)
 
 
