@@ -99,7 +99,8 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     check.flag("inverse", inverse)
     seq_len = _args.per_row("seq_len", seq_len, xp)
     if read:  # (a 0-d offset or length still an array is computed with, beside x)
-        check.computed_on("offset", offset, device), check.computed_on("seq_len", seq_len, device)
+        check.computed_on("offset", offset, device)
+        check.computed_on("seq_len", seq_len, device)
     _args.out_like(out, x, xp, *read)
     # positions offset + arange(length): a known largest, or one a row for a per-row offset
     counted = positions is None and not (check.is_array(offset) and offset.ndim == 0)
