@@ -10,6 +10,7 @@ checks that building each graph computes nothing.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -371,6 +372,48 @@ def test_bfloat16_dask_arrays_and_an_empty_rel_shift(rng):
     assert np.array_equal(np.asarray(got.compute()).view(np.uint16), pe.rope(x, offset=3).view(np.uint16))
     for shape in ((0, 3), (2, 0), (4, 0, 3)):
         assert pe.rel_shift(da.zeros(shape)).compute().shape == shape
+
+
+_TOP, _TABLE = 2**63 - 1, np.linspace(-1.0, 1.0, 64, dtype=np.float32).reshape(32, 2)
+_SECTIONS = [np.array([[1, 2], [3, 4], [5, 2**63]], np.uint64), np.array([[1, 2], [3, 4], [5, 2**60]], np.uint64)]
+_WRAPPING = {  # name: (call of NumPy or Dask arrays, arrays whose integers leave int64, arrays where none do)
+    "rope uint64 positions": (lambda x, p: pe.rope(x, p), [np.array([3, 2**63 + 5, 1, 2], np.uint64)], [np.array([3, 2**62, 1, 2], np.uint64)]),
+    "rope offset + positions": (lambda x, p: pe.rope(x, p, offset=10), [np.array([0, _TOP - 3, 1, 2])], [np.array([0, _TOP - 10, 1, 2])]),
+    "rope per-row offset": (lambda x, o: pe.rope(x.reshape(2, 2, 8), offset=o), [np.array([0, _TOP])], [np.array([0, _TOP - 1])]),
+    "rope lazy 0-d offset": (lambda x, o: pe.rope(x, offset=o), [np.array(_TOP - 2)], [np.array(_TOP - 3)]),
+    "rerotate uint64 delta": (lambda x, d: pe.rerotate(x, d, pe.rope_frequencies(8)[0]), [np.array([1, 2, 2**63, 3], np.uint64)], [np.array([1, 2, _TOP, 3], np.uint64)]),
+    "sinusoidal uint64 positions": (lambda x, p: pe.sinusoidal(p, 8), [np.array([1, 2**64 - 1, 2, 3], np.uint64)], [np.array([1, _TOP, 2, 3], np.uint64)]),
+    "rope_cos_sin uint64 positions": (lambda x, p: pe.rope_cos_sin(p, pe.rope_frequencies(8)[0]), [np.array([1, 2, 3, 2**63], np.uint64)], [np.array([1, 2, 3, 2**50], np.uint64)]),
+    "mrope_cos_sin uint64 positions": (lambda x, p: pe.mrope_cos_sin(p, pe.rope_frequencies(8)[0], [2, 1, 1]), _SECTIONS[:1], _SECTIONS[1:]),
+    "xdrope_cos_sin uint64 positions": (lambda x, p: pe.xdrope_cos_sin(p, pe.rope_frequencies(8)[0], [2, 1, 1]), _SECTIONS[:1], _SECTIONS[1:]),
+    "t5_bias uint64 query positions": (lambda x, p: pe.t5_bias(_TABLE, 4, 4, query_positions=p), [np.array([2**63, 1, 2, 3], np.uint64)], [np.array([2**40, 1, 2, 3], np.uint64)]),
+    "t5_bias query - key positions": (lambda x, p: pe.t5_bias(_TABLE, 4, 4, query_positions=p, key_positions=-p), [np.array([2**62, 1, 2, 3])], [np.array([2**61, 1, 2, 3])]),
+    "t5_bias per-row offset": (lambda x, o: pe.t5_bias(_TABLE, 4, 4, offset=o), [np.array([0, _TOP - 2])], [np.array([0, _TOP - 3])]),
+    "t5_bias lazy 0-d offset": (lambda x, o: pe.t5_bias(_TABLE, 4, 4, offset=o), [np.array(_TOP - 2)], [np.array(_TOP - 3)]),
+    "alibi_bias uint64 per-row offset": (lambda x, o: pe.alibi_bias(pe.alibi_slopes(2), 4, 4, offset=o), [np.array([0, 2**63], np.uint64)], [np.array([0, 2**40], np.uint64)]),
+    "alibi_bias query - key positions": (lambda x, p: pe.alibi_bias(pe.alibi_slopes(2), 4, 4, query_positions=p, key_positions=p[::-1] - _TOP), [np.array([0, 1, 2, 3])], [np.array([0, 0, 0, 0])]),
+}
+
+
+@pytest.mark.parametrize("name", _WRAPPING)
+def test_integers_beyond_int64_raise_when_computed(rng, name):
+    """Integer positions and offsets of Dask arrays that leave int64 (uint64 ones past its
+    largest, ``offset + positions``, ``query - key``) raise the eager call's ``ValueError``
+    when the result is computed (their values cannot be read before); building the graph
+    computes nothing, and where nothing wraps the result is NumPy's. (They had wrapped in
+    the graph, giving wrong numbers: a rotation at position 2**63 + 5 taken for -2**63 + 5.)"""
+    call, wrapping, fine = _WRAPPING[name]
+    x = rng.standard_normal((4, 8)).astype(np.float32)
+    with pytest.raises(ValueError) as eager:
+        call(x, *wrapping)
+    message = re.split(r": |, got", str(eager.value))[0]  # (the values it names are the block's)
+    lazy = lazily(call, da.from_array(x, chunks=2), *(da.from_array(a, chunks=2) for a in wrapping))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        dask.compute(lazy, scheduler="synchronous")
+    got = lazily(call, da.from_array(x, chunks=2), *(da.from_array(a, chunks=2) for a in fine))
+    want = call(x, *fine)
+    for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want)), strict=True):
+        np.testing.assert_array_equal(g.compute(), w)
 
 
 def test_reference_and_block_kernels_agree(rng):

@@ -109,7 +109,10 @@ def relative_offset(offset, q_len, k_len, xp=None, device=None):
     ``jax.export``, as the lengths may be: :func:`_within`; a traced array as it is) whose
     query positions ``offset .. offset + q_len - 1`` and relative positions
     ``(offset + i) - j``, down to ``offset - (k_len - 1)``, stay within the index dtype of
-    ``xp`` (int64; int32 for JAX without x64; int64 when ``xp`` is not known yet)."""
+    ``xp`` (int64; int32 for JAX without x64; int64 when ``xp`` is not known yet). A Dask
+    ``offset`` is checked when computed (the one returned, :func:`_checked_blocks`)."""
+    if _compat.is_dask_array(offset):
+        return _checked_blocks(_relative_offset_block, offset, dtype=offset.dtype, q_len=q_len, k_len=k_len)
     if isinstance(offset, int) or jax_symbolic_dim(offset):
         bits, bottom, top = (64, INT64_MIN, INT64_MAX) if xp is None else index_bounds(xp, device)[1:]
         low, high = offset - max(k_len - 1, 0), offset + max(q_len - 1, 0)
@@ -127,6 +130,11 @@ def relative_offset(offset, q_len, k_len, xp=None, device=None):
 # index dtype (int64; int32 for JAX without x64) before any arithmetic, and every sum or
 # difference formed from them is checked to stay within that dtype before a kernel runs
 # (values that can be read now; a traced value is computed with as it is).
+
+
+def _relative_offset_block(offset, *, q_len, k_len):
+    relative_offset(int(offset), q_len, k_len, namespace(offset), device_of(offset))
+    return offset
 
 
 def index_bounds(xp, device=None):
@@ -163,16 +171,39 @@ def _readable(*values):
 
 def widened(name, value, xp, device=None):
     """An integer array ``value`` as the index dtype; values beyond its range (uint64 above
-    int64's, or int64 values for JAX without x64) refused, naming ``name``."""
+    int64's, or int64 values for JAX without x64) refused, naming ``name`` (of a Dask array,
+    block by block when computed: :func:`_checked_blocks`)."""
     dtype, bits, low, high = index_bounds(xp, device)
     if value.dtype == dtype:
         return value
     info = xp.iinfo(value.dtype)
-    if (int(info.min) < low or int(info.max) > high) and _readable(value):
-        smallest, largest = _integer_range(xp, value, dtype, bits)
-        if smallest < low or largest > high:
-            raise ValueError(f"{name} must fit in int{bits} ({low} .. {high}), got values from {smallest} to {largest}")
+    if int(info.min) < low or int(info.max) > high:
+        if _compat.is_dask_array(value):
+            return _checked_blocks(_widened_block, value, dtype=dtype, label=name)
+        if _readable(value):
+            smallest, largest = _integer_range(xp, value, dtype, bits)
+            if smallest < low or largest > high:
+                raise ValueError(f"{name} must fit in int{bits} ({low} .. {high}), got values from {smallest} to {largest}")
     return xp.astype(value, dtype)
+
+
+def _widened_block(block, *, label):
+    return widened(label, block, namespace(block), device_of(block))
+
+
+def _checked_blocks(check_block, *values, dtype, **options):
+    """``check_block(*blocks, **options)`` on the blocks of ``values`` (broadcast; at least one
+    a Dask array, other arrays made ones, Python ints passed to every block), lazily: the check that reads values runs on each
+    block when the result is computed (none could run now), before the block is used, and
+    raises the eager check's ``ValueError`` for the values of that block."""
+    import dask.array as da
+    from dask.array.utils import meta_from_array
+
+    ndim = max(v.ndim for v in values if is_array(v))
+    axes = tuple(range(ndim))
+    pairs = [(da.asarray(v), axes[ndim - v.ndim :]) if is_array(v) else (v, None) for v in values]
+    meta = meta_from_array(next(v for v in values if _compat.is_dask_array(v)), ndim=ndim, dtype=dtype)
+    return da.blockwise(check_block, axes, *(item for pair in pairs for item in pair), dtype=dtype, meta=meta, **options)
 
 
 def narrowed(name, result, dtype, low, high, xp):
@@ -212,7 +243,8 @@ def _integer_range(xp, value, index_dtype, bits):
 def shifted(name, values, offset, xp, device=None, *, offset_name="offset", known=None):
     """``values + offset``, where integer ``values`` are of the index dtype (:func:`widened`)
     and ``offset`` is an int or an array of it: every sum is checked to stay within that
-    dtype (``ValueError`` naming both) when the values can be read now. Float ``values`` are
+    dtype (``ValueError`` naming both) when the values can be read now, or for Dask arrays
+    block by block when computed (:func:`_checked_blocks`). Float ``values`` are
     summed in the widest float (in float16 ``2048 + 3`` is 2052). ``known``: the
     ``(min, max)`` of ``values`` when the caller knows them (an ``arange``)."""
     if isinstance(offset, int) and offset == 0:
@@ -223,12 +255,19 @@ def shifted(name, values, offset, xp, device=None, *, offset_name="offset", know
     _, bits, low, high = index_bounds(xp, device)
     if isinstance(offset, int) and not low <= offset <= high:
         raise ValueError(f"{offset_name} must fit in int{bits} ({low} .. {high}), got {offset}")
-    if _sum_leaves(xp, values, offset, low, high, known, what=f"{offset_name} + {name}"):
+    leaves = _sum_leaves(xp, values, offset, low, high, known, what=f"{offset_name} + {name}")
+    if leaves is None and (_compat.is_dask_array(values) or _compat.is_dask_array(offset)):
+        return _checked_blocks(_shifted_block, values, offset, dtype=values.dtype, label=name, offset_name=offset_name)
+    if leaves:
         raise ValueError(
             f"{offset_name} + {name} must stay within int{bits} ({low} .. {high}): "
             f"{name} {_extent(xp, values, known)} with {offset_name} {_extent(xp, offset)} leave it"
         )
     return values + offset
+
+
+def _shifted_block(values, offset, *, label, offset_name):
+    return shifted(label, values, offset, namespace(values, offset), device_of(values), offset_name=offset_name)
 
 
 def _size_like(value) -> bool:
@@ -245,12 +284,12 @@ def _extent(xp, value, known=None):
 
 
 def _sum_leaves(xp, a, b, low, high, known, *, what):
-    """Whether some ``a + b`` (broadcast) leaves ``[low, high]``; False where one cannot be read
+    """Whether some ``a + b`` (broadcast) leaves ``[low, high]``; None where one cannot be read
     now. ``known``: ``(min, max)`` of ``a`` where the caller knows them, an ``arange`` along an
     axis (whose size, ``max - min + 1``, may be a symbolic dimension of ``jax.export``:
     :func:`_within`); ``what``: the sums, as an error names them."""
     if not (_readable(b) and (known is not None or _readable(a))):
-        return False
+        return None
     amin, amax = known if known is not None else (int(xp.min(a)), int(xp.max(a)))
     single = _size_like(b)
     bmin, bmax = (b, b) if single else (int(xp.min(b)), int(xp.max(b)))
@@ -265,22 +304,47 @@ def _sum_leaves(xp, a, b, low, high, known, *, what):
 
 
 def differences(xp, q, k, device=None, *, names=("query_positions", "key_positions")):
-    """``q[..., i] - k[..., j]`` (integer arrays of the index dtype, leading axes broadcast)
-    must stay within the index dtype for every pair: ``ValueError`` naming both otherwise."""
-    if not (is_integer(xp, q.dtype) and is_integer(xp, k.dtype)) or not _readable(q, k):
-        return
+    """``q``, whose differences ``q[..., i] - k[..., j]`` with ``k`` (integer arrays of the
+    index dtype, leading axes broadcast) must stay within the index dtype for every pair:
+    ``ValueError`` naming both otherwise. With a Dask array among them the check runs when
+    ``q`` is computed (the ``q`` returned, whose every block waits for it)."""
+    if not (is_integer(xp, q.dtype) and is_integer(xp, k.dtype)):
+        return q
+    readable = _readable(q, k)
+    if not (readable or (_compat.is_dask_array(q) or _compat.is_dask_array(k)) and _size(q) and _size(k)):
+        return q
     _, bits, low, high = index_bounds(xp, device)
     qmin, qmax, kmin, kmax = xp.min(q, axis=-1), xp.max(q, axis=-1), xp.min(k, axis=-1), xp.max(k, axis=-1)
+    if not readable:
+        leave = _rows_leave(xp, qmin, qmax, kmin, kmax, low, high)
+        extents = [xp.min(qmin), xp.max(qmax), xp.min(kmin), xp.max(kmax)]
+        return _checked_blocks(_differences_block, q, leave, *extents, dtype=q.dtype, names=names, bits=bits, low=low, high=high)
     if low <= int(xp.min(qmin)) - int(xp.max(kmax)) and int(xp.max(qmax)) - int(xp.min(kmin)) <= high:
-        return
+        return q
+    if bool(_rows_leave(xp, qmin, qmax, kmin, kmax, low, high)):
+        raise _differences_error(names, bits, low, high, f"from {int(xp.min(qmin))} to {int(xp.max(qmax))}", f"from {int(xp.min(kmin))} to {int(xp.max(kmax))}")
+    return q
+
+
+def _rows_leave(xp, qmin, qmax, kmin, kmax, low, high):
+    """Whether some ``q - k`` of a row leaves ``[low, high]``, from each row's extremes (a 0-d bool array)."""
     zero = xp.zeros_like(kmin)
     over = (kmin < 0) & (qmax > high + xp.where(kmin < 0, kmin, zero))  # qmax - kmin > high
     under = (kmax > 0) & (qmin < low + xp.where(kmax > 0, kmax, zero))  # qmin - kmax < low
-    if bool(xp.any(over)) or bool(xp.any(under)):
-        raise ValueError(
-            f"the relative positions {names[0]} - {names[1]} must stay within int{bits} ({low} .. {high}): "
-            f"{names[0]} {_extent(xp, q)} (offset included) and {names[1]} {_extent(xp, k)} leave it"
-        )
+    return xp.any(over) | xp.any(under)
+
+
+def _differences_block(q, leave, qmin, qmax, kmin, kmax, *, names, bits, low, high):
+    if bool(leave):
+        raise _differences_error(names, bits, low, high, f"from {int(qmin)} to {int(qmax)}", f"from {int(kmin)} to {int(kmax)}")
+    return q
+
+
+def _differences_error(names, bits, low, high, q_extent, k_extent):
+    return ValueError(
+        f"the relative positions {names[0]} - {names[1]} must stay within int{bits} ({low} .. {high}): "
+        f"{names[0]} {q_extent} (offset included) and {names[1]} {k_extent} leave it"
+    )
 
 
 def grown_length(length, num_positions):

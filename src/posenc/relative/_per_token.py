@@ -96,7 +96,7 @@ def shifted(xp, qpos, kpos, offset, device, float_dtype):
         return _carried(xp, qpos, kpos, offset, device)
     qpos = check.shifted("query_positions", check.positions("query_positions", qpos, xp, device), offset, xp, device)
     kpos = check.positions("key_positions", kpos, xp, device)
-    check.differences(xp, qpos, kpos, device)
+    qpos = check.differences(xp, qpos, kpos, device)
     if not all(integers):
         qpos, kpos = cast(xp, qpos, float_dtype), cast(xp, kpos, float_dtype)
     return qpos, kpos

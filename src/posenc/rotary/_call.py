@@ -190,7 +190,9 @@ class TablesCall:
     """The validated arguments of the ``cos``/``sin`` table builders (``rope_cos_sin``,
     ``mrope_cos_sin``, ``xdrope_cos_sin``), and the steps they share. ``freqs``: a tuple
     of host float64 numbers, or an in-graph array (traced, or carrying a gradient);
-    ``split``: the sharding of a JAX ``inv_freq`` split over an explicit mesh, else ``None``."""
+    ``split``: the sharding of a JAX ``inv_freq`` split over an explicit mesh, else ``None``;
+    ``positions``: integer ones widened to the index dtype (:func:`posenc._validate.positions`:
+    of a Dask array, the blocks that check their values when computed)."""
 
     xp: Any
     device: Any
@@ -200,6 +202,7 @@ class TablesCall:
     scale: float
     dtype: Any
     split: Any
+    positions: Any
 
     def cos_sin(self, positions, freqs):
         """Undoubled ``cos, sin`` of ``positions * freqs`` (host numbers or an in-graph array)."""
@@ -238,7 +241,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     check.array("positions", positions)
     xp = namespace(positions)
     device = device_of(positions)
-    check.positions("positions", positions, xp)
+    positions = check.positions("positions", positions, xp)
     layout = _args.layout("layout", layout)
     freqs = check.computed_on("inv_freq", _args.inv_freq("inv_freq", inv_freq, xp), device)
     pairs = len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
@@ -246,7 +249,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
     split = explicit_sharding(inv_freq) if _compat.is_jax_namespace(xp) else None  # (a list beside torch.compile's tensors is no array to ask)
-    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype, device), split)
+    return TablesCall(xp, device, layout, freqs, pairs, scale, result_dtype(xp, dtype, device), split, positions)
 
 
 def duplicate(xp, half_table, layout):

@@ -80,7 +80,7 @@ def rope_cos_sin(positions, inv_freq, *, layout="half", dtype=None, scale=1.0):
         return _tables_per_row(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     call = _call.parse_tables(positions, inv_freq, layout=layout, dtype=dtype, scale=scale)
     check.allocatable_unless_blocked("rope_cos_sin", (*positions.shape, 2 * call.pairs), 8, positions)
-    return call.placed(*call.tables(*call.cos_sin(positions, call.freqs)))
+    return call.placed(*call.tables(*call.cos_sin(call.positions, call.freqs)))
 
 
 def _tables_per_row(positions, inv_freq, **options):

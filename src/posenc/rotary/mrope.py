@@ -127,7 +127,7 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
         raise ValueError(
             f"positions must have one row per section on axis 0 ({len(sections)}), got shape {tuple(positions.shape)}"
         )
-    positions, _ = unsplit(positions, 0)  # (each section's positions are a row of it)
+    positions, _ = unsplit(args.positions, 0)  # (each section's positions are a row of it; integers widened)
     check.allocatable_unless_blocked("mrope_cos_sin", (*positions.shape[1:], 2 * args.pairs), 8, positions)
     xp = args.xp
     axis_of = _axis_of_pairs(sections, interleaved, args.pairs)
@@ -189,7 +189,7 @@ def xdrope_cos_sin(positions, inv_freq, sections, *, dtype=None, scale=1.0):
         raise ValueError(
             f"positions must have one row per section on axis 0 ({len(sections)}), got shape {tuple(positions.shape)}"
         )
-    positions, _ = unsplit(positions, 0)  # (each section's positions are a row of it)
+    positions, _ = unsplit(args.positions, 0)  # (each section's positions are a row of it; integers widened)
     check.allocatable_unless_blocked("xdrope_cos_sin", (*positions.shape[1:], 2 * args.pairs), 8 * len(sections), positions)
     xp = args.xp
     cos_parts, sin_parts, start = [], [], 0
