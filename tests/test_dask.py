@@ -390,6 +390,7 @@ _WRAPPING = {  # name: (call of NumPy or Dask arrays, arrays whose integers leav
     "t5_bias query - key positions": (lambda x, p: pe.t5_bias(_TABLE, 4, 4, query_positions=p, key_positions=-p), [np.array([2**62, 1, 2, 3])], [np.array([2**61, 1, 2, 3])]),
     "t5_bias per-row offset": (lambda x, o: pe.t5_bias(_TABLE, 4, 4, offset=o), [np.array([0, _TOP - 2])], [np.array([0, _TOP - 3])]),
     "t5_bias lazy 0-d offset": (lambda x, o: pe.t5_bias(_TABLE, 4, 4, offset=o), [np.array(_TOP - 2)], [np.array(_TOP - 3)]),
+    "shaw_output per-row offset": (lambda x, o: pe.shaw_output((x[:2, None, None, :4] > x[:4, :4]) * np.float32(1), np.round(x[2:, None, None, :4] * 4) + x[:4, 4:] * 0, np.round(x[:3, :4] * 4), max_distance=1, offset=o), [np.array([0, _TOP - 2])], [np.array([0, _TOP - 3])]),
     "alibi_bias uint64 per-row offset": (lambda x, o: pe.alibi_bias(pe.alibi_slopes(2), 4, 4, offset=o), [np.array([0, 2**63], np.uint64)], [np.array([0, 2**40], np.uint64)]),
     "alibi_bias query - key positions": (lambda x, p: pe.alibi_bias(pe.alibi_slopes(2), 4, 4, query_positions=p, key_positions=p[::-1] - _TOP), [np.array([0, 1, 2, 3])], [np.array([0, 0, 0, 0])]),
 }
