@@ -491,6 +491,20 @@ def test_flax_modules_of_relative_biases_and_logits_take_one_offset_per_batch_ro
         np.testing.assert_array_equal(np.asarray(positions), np.asarray(module.logits(q, k, offset=offsets)))
 
 
+@pytest.mark.skipif(jax.config.jax_enable_x64, reason="the index dtype is int32 without x64")
+@pytest.mark.parametrize("name", ROW_MODULES)
+def test_flax_modules_refuse_numpy_offsets_per_row_beyond_int32(name):
+    """One NumPy int64 offset per batch row past int32 (JAX without x64) is the ValueError a
+    NumPy offset beside JAX arrays gets from the functions: the modules' ``jnp.asarray`` had
+    wrapped it (``[2**32 + 3, 0]`` gave the rows of offsets 3 and 0)."""
+    _, module = PAIRS[name]()
+    q, k, v = map(jnp.asarray, _qkv(2, 9))
+    for offsets in (np.array([2**32 + 3, 0]), np.array([2**31 + 3, 0])):
+        for call in (lambda o: module.logits(q, k, offset=o), lambda o: module.attend(q, k, v, causal=True, offset=o)):
+            with pytest.raises(ValueError, match="offset holds values outside int32"):
+                call(offsets)
+
+
 def test_flax_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused():
     q, k, v = map(jnp.asarray, _qkv(1, 6))
     for name in ("rotary plain", "xpos", "xl", "tener", "nope"):

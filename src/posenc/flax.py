@@ -57,6 +57,7 @@ from flax import nnx
 
 import posenc as pe
 from posenc import _validate as check
+from posenc._xp import argument_in
 from posenc.absolute.sinusoidal import embedded as embedded_sinusoidal
 from posenc.relative import indices
 from posenc.relative.buckets import t5_bucket_options
@@ -195,11 +196,12 @@ ROWS = "one per batch row is taken by the modules of the relative biases and log
 def _row_offsets(offset, q, k):
     """One ``offset`` per batch row: an integer JAX (or NumPy) array broadcasting against the
     batch axes of ``q``/``k`` before the heads axis, as a JAX array (the functions check the
-    positions it gives)."""
+    positions it gives; a NumPy one is converted as the functions convert host constants,
+    values beyond int32 refused without x64)."""
     if not jnp.issubdtype(offset.dtype, jnp.integer):
         raise TypeError(f"offset must have an integer dtype, got {offset.dtype}")
     indices.module_rows(offset, q, k)
-    return jnp.asarray(offset)
+    return argument_in("offset", offset, jnp)[1]
 
 
 def _allowed_keys(q_len, k_len, causal, offset, mask):
