@@ -417,6 +417,22 @@ def test_integers_beyond_int64_raise_when_computed(rng, name):
         np.testing.assert_array_equal(g.compute(), w)
 
 
+def test_apply_absolute_offsets_per_row_outside_the_table_raise_when_computed(rng):
+    """One Dask offset per row whose rows leave the table (negative, or past its end) raises
+    the eager call's ``ValueError`` when computed, as ``rope``'s offsets do; the rows had
+    been taken anyway, without an error (a negative offset's from the table's end)."""
+    x, table = rng.standard_normal((4, 1, 8)).astype(np.float32), _TABLE.reshape(8, 8)
+    for offsets in (np.array([0, -1, 2, 3]), np.array([0, 1, 7, 8])):
+        with pytest.raises(ValueError, match=r"offset must be >= 0 with offset \+ L <= 8 \(the table's rows\) in every row"):
+            pe.apply_absolute(x, table, offset=offsets)
+        lazy = lazily(lambda x, o: pe.apply_absolute(x, table, offset=o), da.from_array(x, chunks=2), da.from_array(offsets, chunks=2))
+        with pytest.raises(ValueError, match=r"offset must be >= 0 with offset \+ L <= 8 \(the table's rows\) in every row"):
+            dask.compute(lazy, scheduler="synchronous")
+    fine = np.array([0, 1, 7, 6])
+    got = pe.apply_absolute(da.from_array(x, chunks=2), table, offset=da.from_array(fine, chunks=2))
+    np.testing.assert_array_equal(got.compute(), pe.apply_absolute(x, table, offset=fine))
+
+
 def test_reference_and_block_kernels_agree(rng):
     x = da.from_array(rng.standard_normal((5, 7, 8)).astype(np.float32), chunks=(2, 3, 8))
     table = da.from_array(rng.standard_normal((32, 3)).astype(np.float32), chunks=(32, 1))
