@@ -433,6 +433,25 @@ def test_apply_absolute_offsets_per_row_outside_the_table_raise_when_computed(rn
     np.testing.assert_array_equal(got.compute(), pe.apply_absolute(x, table, offset=fine))
 
 
+def test_tupe_offsets_outside_p_raise_when_computed(rng):
+    """A Dask offset (one per row, or a lazy 0-d one) whose query rows leave ``p`` (negative,
+    or past its rows) raises the eager call's ``ValueError`` when computed; the rows had been
+    taken anyway, without an error."""
+    q, k = rng.standard_normal((2, 2, 3, 4)), rng.standard_normal((2, 2, 5, 4))
+    p, u = rng.standard_normal((10, 6)), rng.standard_normal((2, 6, 4))
+    call = lambda q, k, o: pe.tupe_logits(q, k, p, u, u, offset=o)  # noqa: E731
+    for offsets in (np.array([-2, 0]), np.array([8, 0]), np.array(-1), np.array(8)):
+        with pytest.raises(ValueError) as eager:
+            call(q, k, offsets)
+        lazy = lazily(call, da.from_array(q, chunks=1), da.from_array(k, chunks=1), da.from_array(offsets, chunks=1))
+        said = re.escape(str(eager.value)) if offsets.ndim or offsets > 0 else r"offset must be >= 0, got -1"  # (eagerly: not a non-negative integer)
+        with pytest.raises(ValueError, match=said):
+            dask.compute(lazy, scheduler="synchronous")
+    for fine in (np.array([2, 5]), np.array(3)):
+        got = call(da.from_array(q, chunks=1), da.from_array(k, chunks=1), da.from_array(fine, chunks=1)).compute()
+        np.testing.assert_allclose(got, call(q, k, fine), rtol=1e-14, atol=1e-14)  # (Dask's blocked products)
+
+
 def test_reference_and_block_kernels_agree(rng):
     x = da.from_array(rng.standard_normal((5, 7, 8)).astype(np.float32), chunks=(2, 3, 8))
     table = da.from_array(rng.standard_normal((32, 3)).astype(np.float32), chunks=(32, 1))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import numbers
 
+from .. import _compat
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, torch_tensor, unsplit
 from . import _args, _per_token
@@ -57,6 +58,19 @@ def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
         if low < 0:
             raise ValueError(f"offset must be >= 0, got {low}")
     return offset, batch, last
+
+
+def _within_p(offset, *, q_len, k_len, p_shape):
+    """``offset`` (an array of them), whose query rows ``offset .. offset + q_len - 1`` must lie
+    in ``p``'s rows (``ValueError`` as the eager call's otherwise)."""
+    xp = namespace(offset)
+    if math.prod(offset.shape):
+        low, high = int(xp.min(offset)), int(xp.max(offset))
+        if low < 0:
+            raise ValueError(f"offset must be >= 0, got {low}")
+        if high + q_len > p_shape[-2]:
+            raise ValueError(f"p must have at least max(offset + q_len, k_len) = {max(high + q_len, k_len)} rows, got shape {p_shape}")
+    return offset
 
 
 _SHARED = "one offset per batch row takes p [n, d_p] and uq, uk [heads, d_p, e] or [d_p, e] (tables shared by the batch rows)"
@@ -145,6 +159,8 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     rows = max(last + q_len, k_len)
     if size(p.shape[-2]) < rows:
         raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
+    if _compat.is_dask_array(offset):  # (checked when computed: each block of offsets, before it is used)
+        offset = offset.map_blocks(_within_p, q_len=q_len, k_len=k_len, p_shape=tuple(p.shape), dtype=offset.dtype)
     arrays = [q, k, p, uq, uk]
     shape = _args.logits_shape(batch, q_len, k_len)
     if bias is not None:
