@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -280,6 +281,19 @@ def test_cope_with_a_padding_mask_matches_the_papers_module(causal):
         flax_padded = flax_module.attend(qj, kj, vj, mask=jnp.asarray(mask.numpy()), causal=causal)[..., :real, :]
         flax_unpadded = flax_module.attend(qj[..., :real, :], kj[..., :real, :], vj[..., :real, :], causal=causal)
         np.testing.assert_allclose(np.asarray(flax_padded), np.asarray(flax_unpadded), atol=1e-6)
+
+
+@pytest.mark.parametrize("make", ["numpy", "array_api_strict"])
+def test_cope_gates_of_large_negative_logits_are_0_without_a_numpy_warning(make):
+    """A gate sigmoid(x) of x < -88 (float32) is 0: 1 / (1 + exp(-x)) with exp(-x) = inf, as
+    torch's and JAX's; NumPy (and array-api-strict, through it) warned 'overflow encountered
+    in exp', an error under -W error."""
+    xp = np if make == "numpy" else pytest.importorskip("array_api_strict")
+    q = np.ones((1, 3, 4), np.float32) * 10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = pe.cope_positions(xp.asarray(q), xp.asarray(-q), scale=40.0)  # (q.k = -400 * 40)
+    np.testing.assert_array_equal(np.asarray(p), np.zeros((1, 3, 3), np.float32))
 
 
 def test_cope_positions_count_gates_from_the_key_to_the_query():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, compute_dtype, device_of, heads_like, host_constants, index_dtype, namespace, resplit, shifted, unsplit
 from . import _args, _per_token
@@ -57,7 +59,8 @@ def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape):
     :func:`_row_distances`) may widen."""
     work = compute_dtype(xp, q.dtype)
     logits = (cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work))) * scale
-    gates = 1 / (1 + xp.exp(-logits))
+    with np.errstate(over="ignore"):  # (NumPy's and array-api-strict's exp(-x) of x < -88 in float32: inf, a gate of 0)
+        gates = 1 / (1 + xp.exp(-logits))
     if per_row(offset):  # one per batch row: a key is past its query where (offset + i) - j < 0
         gates = xp.where(offset >= 0, gates, xp.zeros_like(gates)) if causal else xp.broadcast_to(gates, shape)
     elif causal:
