@@ -38,11 +38,10 @@ def _heads(q, uq, uk):
 
 
 def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
-    """``(offset[..., None], batch, last)`` of one ``offset`` per batch row: validated (an
-    integer array of the library and device of ``q``, its values ``>= 0`` where they can be
-    read), the leading axes of the logits, and the largest offset (0 where it cannot be
-    read). The tables must be shared by the rows: the position term of each offset is then
-    the one-offset call's."""
+    """``(offset[..., None], batch)`` of one ``offset`` per batch row: validated (an integer
+    array of the library and device of ``q``; its values against ``p``: :func:`_within_p`)
+    and the leading axes of the logits. The tables must be shared by the rows: the position
+    term of each offset is then the one-offset call's."""
     if p.ndim > 2 or uq.ndim > 3 or uk.ndim > 3:
         raise ValueError(f"{_SHARED}, got p {tuple(p.shape)}, uq {tuple(uq.shape)} and uk {tuple(uk.shape)}")
     offset = _per_token.row_offsets(xp, offset, q, k)
@@ -52,17 +51,12 @@ def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
         raise ValueError(
             f"offset of shape {tuple(offset.shape[:-1])} (one per batch row) does not broadcast against the batch axes of q and k {tuple(batch)}"
         ) from None
-    last = 0
-    if math.prod(offset.shape) and check.is_eager(offset):
-        low, last = int(xp.min(offset)), int(xp.max(offset))
-        if low < 0:
-            raise ValueError(f"offset must be >= 0, got {low}")
-    return offset, batch, last
+    return offset, batch
 
 
 def _within_p(offset, *, q_len, k_len, p_shape):
     """``offset`` (an array of them), whose query rows ``offset .. offset + q_len - 1`` must lie
-    in ``p``'s rows (``ValueError`` as the eager call's otherwise)."""
+    in ``p``'s rows (``ValueError`` otherwise): read now, or on each Dask block when computed."""
     xp = namespace(offset)
     if math.prod(offset.shape):
         low, high = int(xp.min(offset)), int(xp.max(offset))
@@ -153,13 +147,13 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     for name, u in (("uq", uq), ("uk", uk)):
         _args.table(name, u, xp, rows=int(p.shape[-1]), dim=int(uq.shape[-1]), batch=batch)
     if rows:
-        offset, batch, last = _row_offsets(xp, q, k, p, uq, uk, offset, batch)
-    else:
-        last = offset if isinstance(offset, int) else 0
-    rows = max(last + q_len, k_len)
+        offset, batch = _row_offsets(xp, q, k, p, uq, uk, offset, batch)
+    rows = max((offset if isinstance(offset, int) else 0) + q_len, k_len)
     if size(p.shape[-2]) < rows:
         raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
-    if _compat.is_dask_array(offset):  # (checked when computed: each block of offsets, before it is used)
+    if check.is_array(offset) and check.is_eager(offset):
+        _within_p(offset, q_len=q_len, k_len=k_len, p_shape=tuple(p.shape))
+    elif _compat.is_dask_array(offset):  # (checked when computed: each block of offsets, before it is used)
         offset = offset.map_blocks(_within_p, q_len=q_len, k_len=k_len, p_shape=tuple(p.shape), dtype=offset.dtype)
     arrays = [q, k, p, uq, uk]
     shape = _args.logits_shape(batch, q_len, k_len)
