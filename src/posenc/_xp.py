@@ -549,6 +549,34 @@ def has_float64(xp, device=None) -> bool:
         return "float64" in info().dtypes(kind="real floating")
 
 
+def searched(xp, starts, n):
+    """``searchsorted(starts, n, side="right")``, or :func:`_reached` where that cannot run:
+    JAX's refuses arrays split over an explicit mesh, and array-api-strict's gives int64
+    even on its ``no_x64`` device, which refuses it (the index dtype int32 there). A strided
+    torch ``starts`` is searched contiguous (torch's searchsorted warns of one, and copies it)."""
+    if torch_tensor(starts) and not starts.is_contiguous():
+        starts = starts.contiguous()
+    if hasattr(xp, "searchsorted") and not _compat.is_jax_namespace(xp) and index_dtype(xp, device_of(n)) != xp.int32:
+        return xp.searchsorted(starts, n, side="right")
+    return _reached(xp, starts, n)
+
+
+def _reached(xp, starts, n):
+    """How many of the sorted 1-D ``starts`` each ``n`` reaches (``starts[i] <= n``): a binary
+    search in integer arithmetic, a gather for each power of two up to ``len(starts)``."""
+    length = int(starts.shape[0])
+    split = explicit_sharding(n)  # (a gather by split indices from a replicated array is told its result's sharding)
+    count = xp.zeros_like(n)
+    step = 1 << (length.bit_length() - 1)
+    while step:
+        probe = count + step  # reaching starts[probe - 1] is reaching every start before it
+        index = xp.clip(probe - 1, None, length - 1)
+        start = xp.take(starts, index) if split is None else starts.at[index].get(out_sharding=split)
+        count = xp.where((probe <= length) & (start <= n), probe, count)
+        step >>= 1
+    return count
+
+
 def index_dtype(xp, device=None):
     """The namespace's default index dtype (int64, or int32 for JAX without x64)."""
     name = getattr(xp, "__name__", None)

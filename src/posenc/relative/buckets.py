@@ -11,7 +11,7 @@ import numpy as np
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call, reference
-from .._xp import device_of, explicit_sharding, index_dtype, namespace, resplit, torch_compiling, trace_constant, unsplit, widest_float
+from .._xp import device_of, explicit_sharding, namespace, resplit, searched, torch_compiling, trace_constant, unsplit, widest_float
 
 
 # The most T5 buckets: far past T5's 32; each log-spaced bucket's start is found one at a time
@@ -180,31 +180,6 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
         reached = searched(xp, boundaries, n)
         logarithmic = xp.astype(reached, rel.dtype) + exact
     return base + xp.where(n < exact, n, logarithmic)
-
-
-def searched(xp, starts, n):
-    """``searchsorted(starts, n, side="right")``, or :func:`_reached` where that cannot run:
-    JAX's refuses arrays split over an explicit mesh, and array-api-strict's gives int64
-    even on its ``no_x64`` device, which refuses it (the index dtype int32 there)."""
-    if hasattr(xp, "searchsorted") and not _compat.is_jax_namespace(xp) and index_dtype(xp, device_of(n)) != xp.int32:
-        return xp.searchsorted(starts, n, side="right")
-    return _reached(xp, starts, n)
-
-
-def _reached(xp, starts, n):
-    """How many of the sorted 1-D ``starts`` each ``n`` reaches (``starts[i] <= n``): a binary
-    search in integer arithmetic, a gather for each power of two up to ``len(starts)``."""
-    length = int(starts.shape[0])
-    split = explicit_sharding(n)  # (a gather by split indices from a replicated array is told its result's sharding)
-    count = xp.zeros_like(n)
-    step = 1 << (length.bit_length() - 1)
-    while step:
-        probe = count + step  # reaching starts[probe - 1] is reaching every start before it
-        index = xp.clip(probe - 1, None, length - 1)
-        start = xp.take(starts, index) if split is None else starts.at[index].get(out_sharding=split)
-        count = xp.where((probe <= length) & (start <= n), probe, count)
-        step >>= 1
-    return count
 
 
 @trace_constant

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, index_dtype, namespace, resplit, torch_tensor, unsplit, without_empty_chunks
-from ..relative.buckets import searched
+from .._xp import device_of, index_dtype, namespace, resplit, searched, unsplit, without_empty_chunks
 
 
 def positions_from_mask(mask, *, start=0):
@@ -99,8 +98,6 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
     itype = index_dtype(xp, device)
     cu = check.widened("cu_seqlens", cu_seqlens, xp, device)  # (torch has no >= of its uint16 .. uint64)
     cu, _ = unsplit(cu, 0)  # (a few integers, read at each token's document)
-    if torch_tensor(cu) and not cu.is_contiguous():  # (torch's searchsorted warns of a strided one, and copies it)
-        cu = cu.contiguous()
     if check.is_eager(cu_seqlens):  # (read in the widened copy: under jax.jit a closed-over one's copy is traced, and refuses to be read)
         first, last = int(cu[0]), int(cu[-1])
         if first != 0 or last != total or not bool(xp.all(cu[1:] >= cu[:-1])):
