@@ -388,8 +388,9 @@ def test_16_bit_modules_compute_their_growing_bias_in_float32(make, convert):
         assert torch.equal(m16.logits(q, k, offset=offset), m32.logits(q.float(), k.float(), offset=offset).to(q.dtype))
 
 
-@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r"])
+@pytest.mark.parametrize("name", ["rope", "t5", "shaw", "xl", "xpos", "tupe_r", "cope", "alibi", "kerple"])
 def test_compile_fullgraph(name):
+    torch.compiler.reset()  # (one lambda's code for every module: a graph each, past dynamo's recompile limit)
     m = _make(name)
     q, k, v = _qkv(1, 9)
     compiled = torch.compile(lambda q, k, v: m.attend(q, k, v, causal=True), fullgraph=True, backend="aot_eager")

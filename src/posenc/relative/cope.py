@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, heads_like, host_constants, index_dtype, namespace, resplit, shifted, unsplit
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, heads_like, host_constants, index_dtype, namespace, resplit, shifted, torch_tensor, unsplit
 from . import _args, _per_token
 from .indices import per_row, query_offset
 
@@ -59,7 +60,9 @@ def _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape):
     :func:`_row_distances`) may widen."""
     work = compute_dtype(xp, q.dtype)
     logits = (cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work))) * scale
-    with np.errstate(over="ignore"):  # (NumPy's and array-api-strict's exp(-x) of x < -88 in float32: inf, a gate of 0)
+    # NumPy's (and array-api-strict's) exp(-x) of x < -88 in float32 is inf, the gate 0, with a
+    # warning that errstate keeps quiet; torch warns of nothing, and its compiler traces no NumPy.
+    with contextlib.nullcontext() if torch_tensor(logits) else np.errstate(over="ignore"):
         gates = 1 / (1 + xp.exp(-logits))
     if per_row(offset):  # one per batch row: a key is past its query where (offset + i) - j < 0
         gates = xp.where(offset >= 0, gates, xp.zeros_like(gates)) if causal else xp.broadcast_to(gates, shape)
