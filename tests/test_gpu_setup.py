@@ -163,3 +163,32 @@ def test_make_test_gpu_names_a_dependency_older_than_posenc_needs():
     assert said == ["array-api-compat 1.12.0 is older than the 1.14 posenc needs (pip install 'array-api-compat>=1.14')"]
     assert ready.older_than_required(["numpy>=2.5"], {"numpy": "2.5.0rc1"}.get) == []
     assert ready.older_than_required(["numpy>=2.5"], {"numpy": "2.4.99"}.get) != []
+
+
+def _stubs(folder, **scripts):
+    """Executables ``name`` running bash ``body`` in ``folder``; the environment with it first on PATH."""
+    folder.mkdir()
+    for name, body in scripts.items():
+        (folder / name).write_text("#!/bin/bash\n" + body + "\n")
+        (folder / name).chmod(0o755)
+    return {**os.environ, "PATH": f"{folder}{os.pathsep}{os.environ['PATH']}"}
+
+
+def test_the_wheels_script_runs_in_a_git_worktree(tmp_path):
+    """``tests/gpu/wheels.sh`` adds ``/.whl/`` to git's exclude file where git keeps it: in a
+    worktree (every helper session's checkout) ``.git`` is a file, and the script's
+    ``echo >> .git/info/exclude`` stopped it (``set -e``) before any download."""
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    repo, tree = tmp_path / "repo", tmp_path / "tree"
+    script = repo / "tests" / "gpu" / "wheels.sh"
+    script.parent.mkdir(parents=True)
+    script.write_bytes((Path(__file__).parent / "gpu" / "wheels.sh").read_bytes())
+    for step in (["init", "-q", str(repo)], ["-C", str(repo), "add", "."], ["-C", str(repo), "commit", "-qm", "w"], ["-C", str(repo), "worktree", "add", "-q", "--detach", str(tree)]):
+        subprocess.run([*git, *step], check=True, capture_output=True)
+    env = _stubs(tmp_path / "bin", python3='echo "$@" > downloaded; mkdir -p .whl')  # (no download)
+    done = subprocess.run(["sh", "tests/gpu/wheels.sh"], cwd=tree, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "pip download" in (tree / "downloaded").read_text()
+    exclude = subprocess.run([*git, "-C", str(tree), "rev-parse", "--git-path", "info/exclude"], capture_output=True, text=True, check=True).stdout.strip()
+    assert "/.whl/" in Path(tree, exclude).read_text().splitlines()
+

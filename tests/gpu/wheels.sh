@@ -5,7 +5,10 @@
 # transformers release the tests pin. Python 3.12, x86-64: the image's python3.
 set -e
 cd "$(dirname "$0")/../.."
-grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+# (git's own path of the exclude file: .git is a file in a worktree, and info/ may not exist yet)
+exclude=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$exclude")"
+grep -qx '/.whl/' "$exclude" 2>/dev/null || echo /.whl/ >> "$exclude"
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 -d .whl \
