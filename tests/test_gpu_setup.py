@@ -192,3 +192,23 @@ def test_the_wheels_script_runs_in_a_git_worktree(tmp_path):
     exclude = subprocess.run([*git, "-C", str(tree), "rev-parse", "--git-path", "info/exclude"], capture_output=True, text=True, check=True).stdout.strip()
     assert "/.whl/" in Path(tree, exclude).read_text().splitlines()
 
+
+def test_the_lease_script_prints_the_failures_of_a_test_run(tmp_path):
+    """``tests/gpu/lease.sh test`` prints the GPU suite's failed tests and counts, also when
+    the run ran past its limit: a step then gets SIGINT (pytest prints its summary, then its
+    workers' KeyboardInterrupt tracebacks), where it had printed the log's last 3 lines only
+    (the tracebacks' ends; and plain ``timeout``'s SIGTERM left no summary at all)."""
+    traceback = "\n".join([f'echo "  File \\"x.py\\", line {n}"' for n in range(20)])
+    env = _stubs(
+        tmp_path / "bin",
+        **{
+            "python3": "exit 0",
+            "nvidia-smi": "echo H200",
+            "make": "echo 'FAILED tests/test_a.py::test_b - boom'\necho '===== 1 failed, 9 passed in 330.00s ====='\n" + traceback + "\necho KeyboardInterrupt\nexit 2",
+        },
+    )
+    script = Path(__file__).parent / "gpu" / "lease.sh"
+    done = subprocess.run(["bash", str(script), "test"], cwd=tmp_path, env={**env, "OUT": str(tmp_path / "out")}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "test: exit 2" in done.stdout
+    assert "FAILED tests/test_a.py::test_b - boom" in done.stdout and "1 failed, 9 passed" in done.stdout
