@@ -923,6 +923,46 @@ def test_a_new_constant_is_on_the_device_before_any_stream_reads_it(monkeypatch)
     assert events[2:] == [("copy", [])]
 
 
+def test_a_new_constant_while_a_cuda_graph_is_captured_is_refused_before_any_driver_call(monkeypatch):
+    """A capture refuses an allocation, a copy from host memory and a synchronisation, and
+    the refusal ends the capture: a new constant (a kernel's frequencies, T5's bucket starts)
+    while the caller's stream captures is a ``RuntimeError`` that says to call once outside
+    the capture, before anything reaches the driver; made outside the capture, the same
+    constant is found while capturing, and an empty one (nothing copied) is made either way.
+    (The simulator has no graphs: here the stream's capture state is given; on main numba's
+    to_device ran on the capturing stream, whose CUDA error came from inside numba.)"""
+    import types as pytypes
+
+    from posenc._kernels import _device_flat
+
+    events, capture = [], [True]
+
+    class Stream:
+        def synchronize(self):
+            events.append("synchronize")
+
+    def to_device(values, stream):
+        events.append(("copy", values.tolist()))
+        return pytypes.SimpleNamespace(device_ctypes_pointer=pytypes.SimpleNamespace(value=4096), shape=values.shape, dtype=values.dtype)
+
+    monkeypatch.setattr(_device_flat, "cuda", pytypes.SimpleNamespace(to_device=to_device))
+    monkeypatch.setattr(_device_flat, "_constants", type(_device_flat._constants)())
+    monkeypatch.setattr(_arrays, "cuda_simulator", lambda: False)
+    monkeypatch.setattr(_device_flat, "_core_stream", lambda stream: stream)
+    monkeypatch.setattr(_device_flat, "capturing", lambda stream: capture[0])
+    stream, starts = Stream(), np.array([9, 12, 17], np.int64)
+    with pytest.raises(RuntimeError, match="captured.*outside the capture first"):
+        _device_flat.constant(0, starts, stream)
+    assert events == [] and len(_device_flat._constants) == 0
+    capture[0] = False
+    made = _device_flat.constant(0, starts, stream)
+    assert events == [("copy", [9, 12, 17]), "synchronize"] and made.ptr == 4096
+    capture[0] = True
+    assert _device_flat.constant(0, starts, stream) is made and len(events) == 2
+    _device_flat.empty(0, np.float64, stream)
+    assert events[2:] == [("copy", [])]
+
+
 def test_numbas_views_of_streams_are_kept_for_the_last_64_handles(monkeypatch):
     """A program may make a CUDA stream per request: the launchers' views of streams are
     kept for the last 64 handles, not one per handle ever met."""

@@ -234,7 +234,10 @@ def constant(device, values, stream):
     there once and kept (the last ``_KEPT``): a call with device inputs copies nothing.
     The copy is complete when this returns (``stream`` synchronised, once per constant): a
     copy from host memory is queued behind ``stream``'s work, and the constant serves calls
-    on every stream.
+    on every stream. A new non-empty constant while ``stream`` captures a CUDA graph is a
+    ``RuntimeError`` before any driver call (an allocation, a copy from host memory and a
+    synchronisation are what a capture refuses, and the refusal ends the capture): a call
+    outside the capture makes it first, as ``_device_constants`` asks of torch's.
 
     A constant dropped from the last ``_KEPT`` is freed once nothing else holds it, so whatever
     launches it later holds it: a plan (``Prepared``), and for a launch recorded into a CUDA
@@ -243,6 +246,11 @@ def constant(device, values, stream):
     with _constants_lock:
         found = _constants.get(key)
         if found is None:
+            if values.size and _capture_under_way(stream):
+                raise RuntimeError(
+                    f"a new constant of {values.size} values (frequencies, T5 bucket starts) for a CUDA kernel while a CUDA graph is being "
+                    "captured: its copy to the device cannot be captured; call once outside the capture first (a warm-up call)"
+                )
             array = cuda.to_device(values, stream=stream)
             if values.size:
                 stream.synchronize()
@@ -270,6 +278,11 @@ def capturing(stream) -> bool:
 
     status, state = driver.cuStreamIsCapturing(stream.handle)
     return status == driver.CUresult.CUDA_SUCCESS and state != driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+
+def _capture_under_way(stream) -> bool:
+    """Whether numba ``stream`` is capturing a CUDA graph (never in the simulator, which has none)."""
+    return not _arrays.cuda_simulator() and capturing(_core_stream(stream))
 
 
 def _keep_captured(stream, held):
