@@ -79,6 +79,12 @@ def _float64_on_no_float64(build):
     return build(strict, strict.Device("no_float64"), strict.float64)
 
 
+def _int64_on_no_x64(build):
+    """``build(strict, device, strict.int64)`` on array-api-strict's ``no_x64`` device."""
+    strict = pytest.importorskip("array_api_strict")
+    return build(strict, strict.Device("no_x64"), strict.int64)
+
+
 def _cpu(name, *args, **kwargs):
     return kernel(f"{name}.numba_cpu").load()(*args, **kwargs)
 
@@ -919,6 +925,15 @@ CONFIGURATION = {
             ("alibi_slopes", lambda s, d, f64: pe.alibi_slopes(4, xp=s, device=d, dtype=f64)),
             ("fire_distances", lambda s, d, f64: pe.fire_distances(3, 4, xp=s, device=d, dtype=f64)),
             ("sandwich_vector", lambda s, d, f64: pe.sandwich_vector(3, 4, 8, xp=s, device=d, dtype=f64)),
+        )
+    },
+    # dtype=int64 on a device without it: array-api-strict's own ValueError had come from inside the computation.
+    **{
+        f"{name} dtype int64 on a device without it": (lambda build=build: _int64_on_no_x64(build), ValueError, ("dtype=", "no_x64", "int64", "ask for"))
+        for name, build in (
+            ("relative_positions", lambda s, d, i64: pe.relative_positions(3, 4, xp=s, device=d, dtype=i64)),
+            ("relative_positions offset", lambda s, d, i64: pe.relative_positions(3, 4, offset=s.asarray(2, device=d), dtype=i64)),
+            ("randomized_positions", lambda s, d, i64: pe.randomized_positions(3, 10, rng=0, xp=s, device=d, dtype=i64)),
         )
     },
     "xp a module name": (lambda: pe.alibi_slopes(4, xp="numpy"), TypeError, "xp must be an array namespace"),

@@ -628,6 +628,20 @@ def result_dtype(xp, dtype, device=None):
     return dtype
 
 
+def integer_result_dtype(xp, dtype, device=None):
+    """The integer dtype of a result built from nothing: ``dtype``, or the index dtype by
+    default; one the ``device`` lacks (int64 on array-api-strict's ``no_x64``) is a
+    ``ValueError`` naming ``dtype=`` (JAX without x64 keeps its own rule: int32, with its warning)."""
+    if dtype is None:
+        return index_dtype(xp, device)
+    if not xp.isdtype(dtype, "integral"):
+        raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
+    info = getattr(xp, "__array_namespace_info__", None)
+    if info is not None and xp is not _numpy and not _compat.is_jax_namespace(xp) and dtype not in info().dtypes(device=device, kind="integral").values():
+        raise ValueError(f"dtype={dtype} is not available on device {device}, which has no such integers: ask for {index_dtype(xp, device)}")
+    return dtype
+
+
 def pairwise_sum(xp, terms):
     """``sum(terms, axis=-1)`` added pairwise in one fixed order (the first half plus the
     second, until one term is left): each entry's bits its own terms', whatever the other

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import _validate as check
-from .._xp import namespace
+from .._xp import integer_result_dtype, namespace
 
 
 def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device=None, dtype=None):
@@ -53,10 +53,7 @@ def randomized_positions(length, max_length, *, rng, batch=None, xp=None, device
     if not isinstance(rng, np.random.Generator):
         raise TypeError(f"rng must be a numpy.random.Generator or an int seed, got {type(rng).__name__}")
     xp = namespace(xp=xp)
-    if dtype is None:
-        dtype = check.index_bounds(xp, device)[0]
-    elif not xp.isdtype(dtype, "integral"):
-        raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
+    dtype = integer_result_dtype(xp, dtype, device)
     high = int(xp.iinfo(dtype).max)
     if max_length - 1 > high:  # a draw would not fit the dtype (the index dtype int32: JAX without x64)
         raise ValueError(f"max_length must be at most {high + 1} here: positions are {getattr(dtype, '__name__', dtype)} in {xp.__name__} on this device, got {max_length}")

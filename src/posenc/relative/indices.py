@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import arguments_in, broadcast_shapes, device_of, index_dtype, namespace, shifted
+from .._xp import arguments_in, broadcast_shapes, device_of, index_dtype, integer_result_dtype, namespace, shifted
 
 
 def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
@@ -49,9 +49,7 @@ def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype
     else:
         offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
     index = index_dtype(xp, device)
-    dtype = index if dtype is None else dtype
-    if not xp.isdtype(dtype, "integral"):
-        raise TypeError(f"dtype must be an integer dtype, got {dtype!r}")
+    dtype = integer_result_dtype(xp, dtype, device)
     check.allocatable("relative_positions", (*offset.shape[:-2], q_len, k_len) if rows else (q_len, k_len), 8)
     qpos = xp.arange(q_len, dtype=index, device=device)
     kpos = xp.arange(k_len, dtype=index, device=device)
