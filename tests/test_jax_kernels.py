@@ -540,3 +540,30 @@ def test_bench_jax_rows_time_the_calls_they_name():
     assert rows[0].plain_seconds is None and all(r.plain_seconds == rows[0].seconds for r in rows[1:])
     line = _bench_jax.decode(rounds=1, calls=2)
     assert line.startswith("rope jax.jit [1,32,1,128]") and line.split()[-1] == "1.5"
+
+
+def test_host_call_registry_stays_bounded_and_kept_for_live_computations(monkeypatch):
+    """A long-running process that jits calls of ever new bases and shapes: the host
+    functions and native plans the computations name are held by those computations, and
+    past them by a queue of the last ``RETIRED`` (here 8), not for the process (they were:
+    one host function per base or length and one plan per shape, never freed). A function
+    still alive keeps its own and gives the same bits after the others are dropped."""
+    import collections
+    import gc
+
+    from posenc._jax import ffi
+
+    monkeypatch.setattr(ffi, "_RETIRED", collections.deque(maxlen=8), raising=False)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((1, 2, 3, 8)).astype(np.float32))
+    alive = jax.jit(lambda x: pe.rope(x, base=500.0))
+    first = alive(x)
+    gc.collect()
+    hosts, plans = len(ffi._HOSTS), len(jax_native._PLANS)
+    for i in range(24):
+        jax.jit(lambda x: pe.rope(x, base=1000.0 + i))(x).block_until_ready()  # a host function and a plan each
+        jax.jit(lambda x: pe.rope(x))(jnp.ones((1, 1, 1 + i, 8), jnp.float32)).block_until_ready()  # a plan each
+        jax.jit(lambda: pe.t5_bias(jnp.ones((32, 2)), 1 + i, 5))().block_until_ready()  # a host function each
+    gc.collect()
+    assert len(ffi._HOSTS) <= hosts + 8 and len(jax_native._PLANS) <= plans + 8, (len(ffi._HOSTS), len(jax_native._PLANS))
+    np.testing.assert_array_equal(np.asarray(alive(x)), np.asarray(first))
+    np.testing.assert_array_equal(np.asarray(first), pe.rope(np.asarray(x), base=500.0))

@@ -12,6 +12,14 @@ XLA allocates a new output buffer for every call, which the kernel's first write
 (``madvise(MADV_HUGEPAGE)``, as NumPy does for its own large arrays), which halves the time
 of a ``[1, 32, 4096, 128]`` rotation under ``jit`` (29 ms -> 14 ms here, the NumPy path's).
 
+The registry lives as long as the computations that name its entries: lowering under
+``jit`` hands every entry a call names (and ``native.py``'s plan, whose address the
+computation holds) to the computation's keepalive (``kept``), and when the computation is
+freed they go to a queue of the last ``RETIRED`` (a call of it still running finds them),
+then are dropped: a long-running process that jits calls of ever new shapes or bases keeps
+a bounded registry. An entry named where no computation can hold it (``jax.export`` with
+kernels, a sharded call's partition, lowered when XLA partitions) is kept for the process.
+
 A Python exception in the function becomes an XLA error carrying its message
 (``INVALID_ARGUMENT``), raised by JAX where the result is used. At exit the process waits
 for every JAX computation still running (``_finish``): one that calls the handler after
@@ -21,12 +29,16 @@ Python began to shut down would wait for the interpreter lock forever.
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
+import contextvars
 import ctypes as C
 import itertools
 import math
 import mmap
 import sys
 import threading
+import weakref
 
 import jax
 import ml_dtypes
@@ -153,7 +165,7 @@ def _handle(frame_pointer):
         metadata.traits = 0
         return None
     try:
-        host = _HOSTS[C.cast(frame.attrs.items[0], C.POINTER(_Scalar)).contents.value[0]]
+        host = _HOSTS[C.cast(frame.attrs.items[0], C.POINTER(_Scalar)).contents.value[0]].host
         arrays = [_view(frame.args.items[i]) for i in range(frame.args.size)]
         (out,) = (_view(frame.rets.items[i]) for i in range(frame.rets.size))
         _huge_pages(out)
@@ -165,11 +177,66 @@ def _handle(frame_pointer):
 
 _HANDLER = C.CFUNCTYPE(C.c_void_p, C.POINTER(_CallFrame))(_handle)
 HANDLER_ADDRESS = C.cast(_HANDLER, C.c_void_p).value  # for handlers that hand a call over (``native.py``)
-_HOSTS: dict[int, object] = {}
-_KEYS: dict[object, int] = {}
+RETIRED = 256  # entries of freed computations kept for a call still running
+
+
+class _Entry:
+    """A host function and the id the computations calling it name it by."""
+
+    __slots__ = ("id", "host", "__weakref__")
+
+    def __init__(self, id, host):
+        self.id, self.host = id, host
+
+
+_HOSTS: weakref.WeakValueDictionary[int, _Entry] = weakref.WeakValueDictionary()  # id -> entry, while held
+_KEYS: weakref.WeakValueDictionary[object, _Entry] = weakref.WeakValueDictionary()  # key -> entry, while held
+_PINNED: dict[object, object] = {}  # held for the process: named where no computation can hold them
+_RETIRED = collections.deque(maxlen=RETIRED)
 _NEXT = itertools.count(1)
 _LOCK = threading.Lock()
+_HELD: contextvars.ContextVar[list | None] = contextvars.ContextVar("posenc_host_calls_held", default=None)
 _registered = False
+
+
+@contextlib.contextmanager
+def kept(keepalive):
+    """Inside the block, what the host calls lowered name goes to ``keepalive(token)``
+    (the lowering's ``add_keepalive``: the compiled computation holds ``token``), retired
+    when the token is freed."""
+    held = []
+    reset = _HELD.set(held)
+    try:
+        yield
+    finally:
+        _HELD.reset(reset)
+        if held:
+            token = _Token()
+            weakref.finalize(token, _RETIRED.extend, tuple(held))
+            keepalive(token)
+
+
+class _Token:
+    """What a computation's keepalive holds: its entries are retired when it is freed."""
+
+
+def _hold(key, value):
+    """``value`` kept while the computation being lowered lives, else for the process."""
+    held = _HELD.get()
+    if held is None:
+        _PINNED.setdefault(key, value)
+    else:
+        held.append(value)
+
+
+def _entry(key, host):
+    with _LOCK:
+        entry = _KEYS.get(key)
+        if entry is None:
+            entry = _KEYS[key] = _Entry(next(_NEXT), host)
+            _HOSTS[entry.id] = entry
+    _hold(key, entry)
+    return entry
 
 
 def _finish():
@@ -193,19 +260,17 @@ def host_call(key, host, shape, dtype, *args, native=None):
     ``shape``/``dtype`` declared here; under ``vmap`` the arguments arrive with the batch axes
     in front (size 1 where one is not batched) and ``out`` with the batch's.
 
-    ``key``: hashable, the same for every ``host`` that does the same thing (the first one
-    is kept: compiled computations name it for as long as they live). ``native``: an FFI
-    target compiled without Python and the address of its ``plan`` (``native.py``), which
+    ``key``: hashable, the same for every ``host`` that does the same thing (the one
+    registered is kept while a computation names it: ``kept``). ``native``: an FFI target
+    compiled without Python and its ``plan`` (``native.py``, kept as the entry is), which
     hands the calls it does not cover to ``host``.
     """
     _register()
-    with _LOCK:
-        if key not in _KEYS:
-            _KEYS[key] = next(_NEXT)
-            _HOSTS[_KEYS[key]] = host
+    entry = _entry(key, host)
     if native is None:
         call = jax.ffi.ffi_call(_TARGET, jax.ShapeDtypeStruct(shape, dtype), vmap_method="expand_dims")
-        return call(*args, host=np.int64(_KEYS[key]))
+        return call(*args, host=np.int64(entry.id))
     target, plan = native
+    _hold(plan, plan)
     call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(shape, dtype), vmap_method="expand_dims")
-    return call(*args, host=np.int64(_KEYS[key]), plan=np.int64(plan))
+    return call(*args, host=np.int64(entry.id), plan=np.int64(plan.words.ctypes.data))

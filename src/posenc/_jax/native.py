@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes as C
 import threading
+import weakref
 from types import FunctionType
 
 import jax
@@ -162,7 +163,7 @@ def _named(function, name, **names):
 
 
 _TARGETS: dict[tuple, tuple] = {}  # (dtype, layout, positions dtype) -> (FFI target name, compiled handler)
-_PLANS: dict[tuple, "Plan"] = {}  # never freed: compiled computations hold their addresses
+_PLANS: weakref.WeakValueDictionary[tuple, "Plan"] = weakref.WeakValueDictionary()  # held by the computations naming their addresses (ffi.kept)
 _LOCK = threading.Lock()
 
 
@@ -212,16 +213,16 @@ _POSITIONS = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "u
 
 
 def rotation(x, positions, freqs, layout, inverse, scale):
-    """``(FFI target, plan address)`` of this traced ``rope_rotate`` call, or None where the
+    """``(FFI target, plan)`` of this traced ``rope_rotate`` call, or None where the
     Python handler serves it (large calls: their Python is a small share of the time)."""
     dtype, position = _arrays.dtype_name(x.dtype), _arrays.dtype_name(positions.dtype)
     if position not in _POSITIONS or x.size >= 2 * rope_cpu._ELEMENTS_PER_THREAD:  # the launcher's one-worker sizes
         return None
     key = (tuple(x.shape), dtype, tuple(positions.shape), tuple(freqs.tolist()), bool(inverse), float(scale))
     with _LOCK:
-        if key not in _PLANS:
-            _PLANS[key] = Plan(key[0], _arrays.ELEMENT[dtype], key[2], freqs, inverse, scale)
-        plan = _PLANS[key]
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = _PLANS[key] = Plan(key[0], _arrays.ELEMENT[dtype], key[2], freqs, inverse, scale)
     if not plan.covered:
         return None
-    return _target(dtype, layout, position), plan.words.ctypes.data
+    return _target(dtype, layout, position), plan

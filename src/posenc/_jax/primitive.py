@@ -33,7 +33,7 @@ from jax._src import dispatch as _jax_dispatch
 from jax.interpreters import ad, batching, mlir
 
 from .._xp import replicated_on_mesh, resplit, splits
-from .ffi import host_call
+from .ffi import host_call, kept
 from .sharding import partitioned
 
 
@@ -205,10 +205,15 @@ def _cpu_rule(ctx, *args, op):
     ``posenc.jax.export_with_kernels`` asks for the kernel."""
     from .. import jax as posenc_jax
 
-    if ctx.module_context.lowering_parameters.for_export and not posenc_jax.export_kernels_state.value:
+    module = ctx.module_context
+    export = module.lowering_parameters.for_export
+    if export and not posenc_jax.export_kernels_state.value:
         return _reference_rule(ctx, *args, op=op)
-    devices = getattr(ctx.module_context.axis_context, "num_devices", 1)
-    return (_sharded_rule if devices > 1 else _host_rule)(ctx, *args, op=op)
+    rule = _sharded_rule if getattr(module.axis_context, "num_devices", 1) > 1 else _host_rule
+    if export:  # an export holds nothing alive: the host functions it names are kept for the process
+        return rule(ctx, *args, op=op)
+    with kept(module.add_keepalive):  # what the computation names, held while it lives
+        return rule(ctx, *args, op=op)
 
 
 kernel_p.def_impl(_eager)
