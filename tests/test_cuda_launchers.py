@@ -14,6 +14,7 @@ import pytest
 
 from arrays import counting_kernel_keys, to_host, tolerance
 from kernel_samples import on_gpu
+import posenc as pe
 from posenc._kernels import _arrays
 from posenc.rotary import _rotate
 
@@ -216,6 +217,121 @@ def test_toeplitz_indices_are_checked_and_converted_on_their_arrays_device(monke
     np.testing.assert_array_equal(to_host(scattered), _toeplitz.toeplitz_scatter(weights, index, 5))
     _refused(toeplitz_cuda.toeplitz_gather, (_device(scores), _device(index + 1), 3), {}, ValueError, ["index"])
     assert seen == [True, True, True]
+
+
+def _fake_cuda_toeplitz(monkeypatch, torch):
+    """torch CPU tensors standing in for CUDA ones on the way to the CUDA Toeplitz launchers:
+    the registry sends them to ``toeplitz_cuda`` (``on_gpu``), which runs as on a GPU up to
+    the driver, where its launches are recorded, not run (their results are not computed).
+    Returns ``(launches, bounds)``: the kernels launched, and ``_arrays.bounds``'s arguments
+    (the read-back of an index's range)."""
+    import contextlib
+
+    from numba import cuda
+
+    from posenc._kernels import _device_flat, toeplitz_cuda
+
+    on_gpu, on_host = _arrays.on_gpu, _arrays.on_host
+    cpu_tensor = lambda a: isinstance(a, torch.Tensor) and a.device.type == "cpu"  # noqa: E731
+    monkeypatch.setattr(_arrays, "on_gpu", lambda a: on_host(a) if cpu_tensor(a) else on_gpu(a))
+    monkeypatch.setattr(_arrays, "on_host", lambda a: not cpu_tensor(a) and on_host(a))
+    monkeypatch.setattr(_arrays, "launch_context", lambda a: (cuda.default_stream(), contextlib.nullcontext()))
+    launches, bounds = [], []
+    monkeypatch.setattr(toeplitz_cuda, "FAMILY", {key: key for key in toeplitz_cuda.SPECIALISATIONS})
+    monkeypatch.setattr(_device_flat, "launch", lambda kernel, *args: launches.append(kernel))
+    read = _arrays.bounds
+    monkeypatch.setattr(_arrays, "bounds", lambda index: bounds.append(index) or read(index))
+    return launches, bounds
+
+
+def _own_index_calls(torch):
+    """``name -> call()``: the public functions whose Toeplitz index posenc forms itself."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    q, k = r(2, 3, 4, 8), r(2, 3, 6, 8)
+    weights, v = torch.rand(4, 2, 1, 6, generator=g), r(4, 2, 6, 5)
+    return {
+        "shaw_logits": lambda: pe.shaw_logits(q, k, r(7, 8), max_distance=3),
+        "shaw_logits offset": lambda: pe.shaw_logits(q, k, r(7, 8), max_distance=3, offset=torch.tensor(9)),
+        "shaw_output": lambda: pe.shaw_output(weights, v, r(7, 5), max_distance=3, offset=5),
+        "shaw_output per row": lambda: pe.shaw_output(weights, v, r(7, 5), max_distance=3, offset=torch.arange(4)),
+        "deberta_logits": lambda: pe.deberta_logits(q, k, r(6, 8), r(6, 8), max_distance=3),
+        "deberta_logits buckets": lambda: pe.deberta_logits(q, k, r(6, 8), r(6, 8), max_distance=3, bucket_size=2, max_position=8),
+        "xl_logits": lambda: pe.xl_logits(q, k, r(6, 8), r(3, 1, 8), r(3, 1, 8)),
+        "tener_logits": lambda: pe.tener_logits(q, k, r(3, 1, 8), r(3, 1, 8)),
+    }
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["shaw_logits", "shaw_logits offset", "shaw_output", "shaw_output per row", "deberta_logits", "deberta_logits buckets", "xl_logits", "tener_logits"],
+)
+def test_an_index_posenc_builds_is_not_read_back_on_the_cuda_path(monkeypatch, name):
+    """The Toeplitz index of a relative logit or output is formed by posenc in ``[0, m)``
+    (clipped distances, an ``arange``): the CUDA launcher reads none of its values back (a
+    reduction and a synchronisation a call, one per batch row for one offset per row, on
+    main; no CUDA graph could capture the call). The CUDA path is faked on torch CPU tensors
+    (the simulator has no torch CUDA tensors)."""
+    import gc
+
+    torch = pytest.importorskip("torch")
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    from posenc._kernels import _built
+
+    call = _own_index_calls(torch)[name]
+    for public in (pe.shaw_logits, pe.shaw_output, pe.deberta_logits, pe.xl_logits, pe.tener_logits):
+        getattr(public, "plans", {}).clear()  # (a plan serves torch CPU tensors from a signature's third call)
+    before = set(_built._RECORDED)
+    call()
+    assert launches and not bounds, (len(launches), len(bounds))
+    gc.collect()
+    assert set(_built._RECORDED) <= before  # (a record goes with its array)
+
+
+def test_an_index_a_caller_passes_is_checked_on_the_cuda_path(monkeypatch):
+    """An index given to ``toeplitz_gather``/``toeplitz_scatter`` directly is read back and
+    checked, as before: out of range, refused before any launch; a copy of an index posenc
+    recorded, or one recorded with a larger bound than this call's, is checked too."""
+    torch = pytest.importorskip("torch")
+    from posenc import _dispatch
+    from posenc._kernels._built import built_in_range
+
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    scores, weights = torch.zeros(3, 4), torch.zeros(3, 3)
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 4\)"):
+        _dispatch.call("toeplitz_gather", scores, torch.tensor([0, 1, 4, 0, 0]), 3)
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 3\)"):
+        _dispatch.call("toeplitz_scatter", weights, torch.tensor([0, 1, 2, 3, 0]), 3)
+    assert len(bounds) == 2 and not launches
+    recorded = built_in_range(torch.tensor([0, 1, 3, 0, 0]), 4)
+    _dispatch.call("toeplitz_gather", scores, recorded, 3)
+    assert len(bounds) == 2 and len(launches) == 1
+    _dispatch.call("toeplitz_gather", scores, recorded.clone(), 3)
+    assert len(bounds) == 3
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 3\)"):
+        _dispatch.call("toeplitz_scatter", weights, recorded, 3)
+    assert len(bounds) == 4 and len(launches) == 2
+
+
+def test_an_index_posenc_built_gives_the_kernels_values_unread(monkeypatch):
+    """On numba device arrays (the simulator's, or a GPU's), a recorded index runs the same
+    kernels to the reference's values without its range read; the same values unrecorded
+    are read."""
+    from posenc._kernels import toeplitz_cuda
+    from posenc._kernels._built import built_in_range
+    from posenc.relative import _toeplitz
+
+    scores, weights, index = np.arange(10, dtype=np.float32).reshape(2, 5), np.ones((2, 3), np.float32), np.array([4, 0, 2, 1], np.int64)
+    read, bounds = _arrays.bounds, []
+    monkeypatch.setattr(_arrays, "bounds", lambda i: bounds.append(i) or read(i))
+    recorded = built_in_range(_device(index), 5)
+    gathered = toeplitz_cuda.toeplitz_gather(_device(scores), recorded, 3)
+    scattered = toeplitz_cuda.toeplitz_scatter(_device(weights), recorded, 5)
+    assert not bounds
+    toeplitz_cuda.toeplitz_gather(_device(scores), _device(index), 3)
+    assert len(bounds) == 1
+    np.testing.assert_array_equal(to_host(gathered), _toeplitz.toeplitz_gather(scores, index, 3))
+    np.testing.assert_array_equal(to_host(scattered), _toeplitz.toeplitz_scatter(weights, index, 5))
 
 
 def test_out_the_kernel_cannot_write_is_refused():

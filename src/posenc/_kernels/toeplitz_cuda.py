@@ -21,6 +21,7 @@ import numpy as np
 from numba import cuda, types
 
 from . import _arrays, _codec, _device_flat, _family
+from ._built import known_in_range
 from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_values, guard_scatter, kernel_key, serves
 
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)
@@ -212,7 +213,7 @@ def _scatter_grid(shape, k_len):
 
 def _launch(key, config, like, values, shape, out, index=None, classes=None):
     """The result of the ``key`` kernel on ``Span`` ``values`` (and device ``index``, its
-    values checked to lie in ``[0, classes)`` and converted to int64 on ``like``'s GPU):
+    values checked to lie in ``[0, classes)`` (``_index``) and converted to int64 on ``like``'s GPU):
     ``out`` or a new array of ``shape``, in one launch (batch axes in the grid, operands as
     flat device arrays: ``_device_flat``), on ``like``'s GPU and the caller's stream. An
     empty result launches nothing."""
@@ -249,8 +250,9 @@ def _launch(key, config, like, values, shape, out, index=None, classes=None):
 
 
 def _index(index, m):
-    """``index`` as int64 on its device, after checking its values lie in ``[0, m)``."""
-    if index.shape[0]:
+    """``index`` as int64 on its device, after checking its values lie in ``[0, m)``: read
+    back (a synchronisation), unless posenc built this array in that range (``_built``)."""
+    if index.shape[0] and not known_in_range(index, m):
         guard_index_values(index, m)
     return _device_flat.device_values(index, np.int64)
 

@@ -7,6 +7,7 @@ import math
 from .. import _plans
 from .. import _validate as check
 from .._dispatch import call
+from .._kernels._built import built_in_range
 from .._xp import cast, device_of, heads_like, host_constants
 from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options
@@ -108,21 +109,22 @@ def deberta_logits(
     total = q @ xp.matrix_transpose(k)
     delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)
     if "c2p" in terms:
-        total = total + _gather(xp, q @ heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q), delta, k_len, device)
+        total = total + _gather(xp, q @ heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q), delta, k_len, 2 * max_distance, device)
     if "p2c" in terms:
         # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
         # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
         scores = k @ heads_like(xp.matrix_transpose(cast(xp, pos_q, work)), k)
         flipped = xp.matrix_transpose(delta) if delta.ndim > 1 else xp.flip(delta)
-        total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, device))
+        total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, 2 * max_distance, device))
     return cast(xp, total / math.sqrt((1 + len(terms)) * dim), dtype)
 
 
-def _gather(xp, scores, index, k_len, device):
-    """``scores`` read at a per-distance index (``toeplitz_gather``) or a per-token one."""
+def _gather(xp, scores, index, k_len, rows, device):
+    """``scores`` read at a per-distance index (``toeplitz_gather``) or a per-token one, its
+    values table rows in ``[0, rows)``."""
     if index.ndim > 1:
         return _per_token.gather(xp, scores, index, device=device)
-    return call("toeplitz_gather", scores, index, k_len)
+    return call("toeplitz_gather", scores, built_in_range(index, rows), k_len)
 
 
 def canonical_terms(terms):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import _compat, _plans
 from .. import _validate as check
 from .._dispatch import call
+from .._kernels._built import built_in_range
 from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, unsplit
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _signatures
@@ -76,7 +77,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     if index.ndim > 1:
         position = _per_token.gather(xp, scores, index, device=device)
     else:
-        position = call("toeplitz_gather", scores, index, k_len)
+        position = call("toeplitz_gather", scores, built_in_range(index, 2 * max_distance + 1), k_len)
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
 
@@ -170,14 +171,14 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         # (an explicit mesh unstacks no split axis: the rows' weights and offsets gathered)
         rows_weights = xp.unstack(unsplit(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])), 0)[0])
-        index = [clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance) for o in xp.unstack(unsplit(offsets, 0)[0])]
+        index = [built_in_range(clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance), rows) for o in xp.unstack(unsplit(offsets, 0)[0])]
         scattered = [call("toeplitz_scatter", w, i, rows) for w, i in zip(rows_weights, index)]
         mass = xp.reshape(xp.stack(scattered), (*weights.shape[:-1], rows)) if scattered else xp.zeros((*weights.shape[:-1], rows), dtype=work, device=device)
     else:
         offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
-        index = clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance)
+        index = built_in_range(clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance), rows)
         mass = call("toeplitz_scatter", weights, index, rows)
     return cast(xp, weights @ v + mass @ table_v, dtype)
 

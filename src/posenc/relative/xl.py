@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
+from .._kernels._built import built_in_range
 from .._xp import broadcast_shapes, cast, device_of, explicit_sharding, heads_like, host_constants, namespace, resplit, size, unsplit
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
@@ -105,7 +106,7 @@ def xl_logits(q, k, r, u, v):
     rel = distances(q_len, k_len, k_len - q_len, xp=xp, device=device_of(q))
     last = xp.zeros((), dtype=rel.dtype, device=device_of(q)) + (n_rel - 1)  # (not asarray, which specializes a symbolic n_rel)
     row = xp.minimum(k_len - 1 - rel, last)  # (k_len - 1 - rel >= 0: rel <= k_len - 1)
-    position = call("toeplitz_gather", (q + v) @ heads_like(xp.matrix_transpose(r), q), row, k_len)
+    position = call("toeplitz_gather", (q + v) @ heads_like(xp.matrix_transpose(r), q), built_in_range(row, n_rel), k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 
@@ -167,7 +168,7 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     rel = distances(q_len, k_len, offset, xp=xp, device=device_of(q))
     table = sinusoidal(rel, dim, base=base, layout=layout, dtype=work)
     every = xp.arange(size(rel.shape[0]), device=device_of(q))
-    position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(table), every, k_len)
+    position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(table), built_in_range(every, size(rel.shape[0])), k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 
