@@ -192,6 +192,21 @@ def test_t5_bias_blocks_are_toeplitz_slices(rng):
             np.testing.assert_array_equal(block, pe.t5_bias(table[:, :2], i1 - i0, j1 - j0, offset=offset + i0 - j0))
 
 
+def test_cope_logits_graph_does_not_grow_with_the_table(rng):
+    """cope_logits gathers each block of positions from its rows of ``q @ pos_emb.T``, whole
+    along the table: as many tasks for 1,025 table rows as for 5, NumPy's bits. Its hat
+    weights had added one term per table row, a graph of every block times every row (a
+    minute to build for 4,097 rows)."""
+    q, k = rng.standard_normal((2, 2, 32, 8)), rng.standard_normal((2, 2, 32, 8))
+    tasks = []
+    for npos in (5, 1025):
+        e = rng.standard_normal((2, npos, 8))
+        logits = lazily(lambda a, b, c: pe.cope_logits(a, b, c, scale=2.0), da.from_array(q, chunks=(1, 2, 8, 8)), da.from_array(k), da.from_array(e))
+        tasks.append(len(logits.__dask_graph__()))
+        np.testing.assert_array_equal(logits.compute(), pe.cope_logits(q, k, e, scale=2.0))
+    assert tasks[0] == tasks[1]
+
+
 def test_blocked_bias_runs_the_registry_once_per_numpy_block(rng, monkeypatch):
     table = da.from_array(rng.standard_normal((32, 3)).astype(np.float32), chunks=(32, 2))
     bias = lazily(lambda: pe.t5_bias(table, 20, 30, chunks=(2, 8, 16)))

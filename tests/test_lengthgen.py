@@ -242,6 +242,54 @@ def test_cope_matches_the_papers_module(q_len):
     torch.testing.assert_close(positions, torch.sigmoid(attn).flip(-1).cumsum(-1).flip(-1))
 
 
+def papers_cope_logits(q, k, pos_emb, scale, causal, mask):
+    """CoPE logits of the paper's code listing (Golovneva et al., 2024): its gather of the
+    two integer neighbours and its weights, on posenc's gates (``1 / (1 + exp(-s q.k))``,
+    0 for future and masked keys) and a table stored ``[..., P, d]``."""
+    logits = (q @ k.mT) * scale
+    gates = 1 / (1 + torch.exp(-logits))
+    if causal:
+        q_len, k_len = q.shape[-2], k.shape[-2]
+        gates = torch.where(torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None], gates, torch.zeros_like(gates))
+    gates = torch.where(mask, gates, torch.zeros_like(gates))
+    pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+    pos = pos.clamp(max=pos_emb.shape[-2] - 1)
+    pos_ceil = pos.ceil().long()
+    pos_floor = pos.floor().long()
+    logits_int = torch.matmul(q, pos_emb.mT)
+    logits_ceil = logits_int.gather(-1, pos_ceil)
+    logits_floor = logits_int.gather(-1, pos_floor)
+    w = pos - pos_floor
+    return logits + (logits_ceil * w + logits_floor * (1 - w))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(("causal", "scale"), [(True, None), (False, None), (True, 6.0)])
+def test_cope_logits_and_their_gradients_are_the_papers_to_the_bit(dtype, causal, scale):
+    """cope_logits gathers z = q @ e.T at floor(p) and ceil(p) with the paper's weights
+    w = p - floor(p) and 1 - w: its values and its gradients to q, k and a per-head table are
+    those of the paper's code, bit for bit. Its sum over every table row of hat weights
+    max(0, 1 - |p - n|) had weighed ceil(p) by 1 - (ceil(p) - p), a few ulps off w, and at an
+    integer p (saturated gates, scale 6) had passed the gradient on to p's neighbours through
+    the hat's corners. A padding mask, and positions past the table's last row (clipped)."""
+    gen = torch.Generator().manual_seed(3)
+    heads, q_len, k_len, d, npos = 3, 7, 9, 8, 5
+    q = torch.randn(2, heads, q_len, d, generator=gen, dtype=dtype).requires_grad_()
+    k = torch.randn(2, heads, k_len, d, generator=gen, dtype=dtype).requires_grad_()
+    e = torch.randn(heads, npos, d, generator=gen, dtype=dtype).requires_grad_()
+    weights = torch.randn(2, heads, q_len, k_len, generator=gen, dtype=dtype)
+    mask = torch.ones(2, 1, 1, k_len, dtype=torch.bool)
+    mask[1, ..., k_len - 2 :] = False
+    runs = []
+    for fn in (lambda: pe.cope_logits(q, k, e, causal=causal, scale=scale, mask=mask), lambda: papers_cope_logits(q, k, e, scale or 1 / math.sqrt(d), causal, mask)):
+        logits = fn()
+        q.grad = k.grad = e.grad = None
+        (logits * weights).sum().backward()
+        runs.append((logits.detach(), q.grad, k.grad, e.grad))
+    for name, got, want in zip(("logits", "q.grad", "k.grad", "pos_emb.grad"), *runs, strict=True):
+        assert torch.equal(got, want), f"{name}: {(got - want).abs().max().item()} apart"
+
+
 @pytest.mark.parametrize("causal", [False, True])
 def test_cope_with_a_padding_mask_matches_the_papers_module(causal):
     """The paper's code adds ``mask.log()`` to the logits before the gates, so a key the

@@ -77,6 +77,38 @@ def test_cope_on_every_backend(backend):
     assert_close(logits, qn @ kn.transpose(0, 2, 1) / 2 + term, backend=backend, dtype="float32")
 
 
+def papers_cope_logits_numpy(q, k, pos_emb, scale, mask):
+    """The paper's CoPE code (tests/test_lengthgen.py's ``papers_cope_logits``) in NumPy, causal."""
+    logits = (q @ np.swapaxes(k, -1, -2)) * scale
+    gates = 1 / (1 + np.exp(-logits))
+    q_len, k_len = q.shape[-2], k.shape[-2]
+    gates = np.where(np.arange(k_len)[None, :] <= np.arange(k_len - q_len, k_len)[:, None], gates, np.zeros_like(gates))
+    gates = np.where(mask, gates, np.zeros_like(gates))
+    pos = np.clip(np.flip(np.cumsum(np.flip(gates, -1), -1), -1), 0.0, pos_emb.shape[-2] - 1)
+    logits_int = q @ np.swapaxes(pos_emb, -1, -2)
+    pos_floor = np.floor(pos).astype(np.int64)
+    w = pos - pos_floor
+    return logits + (np.take_along_axis(logits_int, np.ceil(pos).astype(np.int64), -1) * w + np.take_along_axis(logits_int, pos_floor, -1) * (1 - w))
+
+
+def test_cope_logits_with_per_head_tables_and_a_mask_on_every_backend(backend):
+    """The paper's gather of the two integer neighbours on every backend: per-head tables,
+    a padding mask, saturated gates (integer positions) and positions past the last row;
+    NumPy's float64 bits exactly on NumPy and array-api-strict."""
+    rng = np.random.default_rng(4)
+    qn, kn, en = rng.normal(size=(2, 3, 5, 4)), rng.normal(size=(2, 3, 7, 4)), rng.normal(size=(3, 4, 4))
+    mask = np.ones((2, 1, 1, 7), bool)
+    mask[0, ..., :2] = False
+    want = papers_cope_logits_numpy(qn, kn, en, 4.0, mask)
+    dtype = "float64" if backend.name in ("numpy", "array_api_strict") else "float32"
+    q, k, e = (backend.asarray(a, dtype=dtype) for a in (qn, kn, en))
+    got = backend.call(lambda a, b, c, m: pe.cope_logits(a, b, c, scale=4.0, mask=m), q, k, e, backend.asarray(mask))
+    if dtype == "float64":
+        np.testing.assert_array_equal(backend.to_numpy(got), want)
+    else:
+        assert_close(got, want, backend=backend, dtype="float32", rtol=1e-5, atol=1e-5)
+
+
 def test_sincos_2d_and_randomized_positions_on_every_backend(backend):
     out = backend.call(lambda: pe.sincos_2d(2, 3, 8, xp=backend.xp))
     assert_close(out, mae_2d_sincos(8, 2, 3), backend=backend, dtype="float32")

@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._compat import is_dask_array
+from .._compat import array_namespace, is_dask_array
 from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, namespace, resplit, size, split_spec, torch_tensor, unsplit
 from .indices import per_row, scalar_offset
 
@@ -222,6 +222,8 @@ def gather(xp, scores, index, *, device):
     batch = broadcast_shapes(tuple(scores.shape[:-2]), tuple(index.shape[:-2]))
     scores = xp.broadcast_to(scores, (*batch, q_len, m))
     index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, q_len, k_len))
+    if torch_tensor(scores):  # (torch.take_along_dim, array-api-compat's take_along_axis, specializes a Dim of torch.export)
+        return scores.gather(-1, index)
     if hasattr(xp, "take_along_axis"):
         # (an explicit mesh gathers along no split axis, nor at indices split along it)
         scores, _ = unsplit(scores, -1)
@@ -229,11 +231,18 @@ def gather(xp, scores, index, *, device):
         return resplit(xp.take_along_axis(scores, index, axis=-1), split)
     if 0 in (*batch, q_len, k_len):  # (Dask cannot reshape an empty array)
         return xp.zeros((*batch, q_len, k_len), dtype=scores.dtype, device=device)
-    # Dask has no take_along_axis: one 1-D take per batch entry, from its [q_len * m] scores.
-    rows = xp.arange(q_len, dtype=index.dtype, device=device)[:, None] * m
-    flat_scores, flat_index = xp.reshape(scores, (-1, q_len * m)), xp.reshape(index, (-1, q_len, k_len))
-    parts = [xp.take(flat_scores[b], xp.reshape(rows + flat_index[b], (-1,)), axis=0) for b in range(math.prod(batch))]
-    return xp.reshape(xp.stack(parts), (*batch, q_len, k_len))
+    # Dask has no take_along_axis: each block of the index takes from its rows of the scores,
+    # whole along m (one task per block, however many rows the table has).
+    import dask.array as da
+
+    lead = tuple(f"b{axis}" for axis in range(len(batch)))
+    whole = scores.rechunk({len(batch) + 1: -1})
+    return da.blockwise(_take_along_last, (*lead, "q", "k"), whole, (*lead, "q", "m"), index, (*lead, "q", "k"), dtype=scores.dtype, concatenate=True)
+
+
+def _take_along_last(scores, index):
+    """One Dask block of :func:`gather`: ``scores [..., q, m]`` taken at ``index [..., q, k]``."""
+    return array_namespace(scores, index).take_along_axis(scores, index, axis=-1)
 
 
 def scatter(xp, weights, index, m):

@@ -83,6 +83,18 @@ def _positions(xp, gates):
     return resplit(xp.flip(xp.cumulative_sum(xp.flip(gates, axis=-1), axis=-1), axis=-1), split)
 
 
+def _interpolated(xp, z, pos, device):
+    """``z[..., i, ceil(p)] * w + z[..., i, floor(p)] * (1 - w)``, ``w = p - floor(p)``, for
+    ``z [..., q_len, P]`` and positions ``p [..., q_len, k_len]`` in ``[0, P - 1]``: the
+    paper's code, term for term (its two gathers, its weights, so its values and gradients);
+    a NaN position stays NaN, taking row 0 (no integer holds it)."""
+    index = index_dtype(xp, device)
+    known = xp.where(xp.isnan(pos), 0.0, pos)
+    floor, ceil = xp.astype(xp.floor(known), index), xp.astype(xp.ceil(known), index)
+    w = pos - xp.astype(floor, pos.dtype)  # (the paper's pos - pos.floor().long(): no gradient through the floor)
+    return _per_token.gather(xp, z, ceil, device=device) * w + _per_token.gather(xp, z, floor, device=device) * (1 - w)
+
+
 @host_constants
 def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
     r"""CoPE's contextual positions ``p [..., heads, q_len, k_len]`` (Golovneva et al.,
@@ -138,9 +150,9 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     The contextual positions ``p_ij`` of :func:`cope_positions`, clipped to ``[0, P - 1]``
     (``P = pos_emb.shape[-2]``), index the learned position embeddings ``e [P, d]`` by
     linear interpolation between their integer neighbours of the ``P`` products
-    ``z_i[n] = q_i . e[n]`` per query (the paper's code gathers the two neighbours; here the
-    same sum is written with hat weights ``max(0, 1 - |p - n|)``, which every namespace
-    computes):
+    ``z_i[n] = q_i . e[n]`` per query, gathered at ``floor(p)`` and ``ceil(p)`` as the paper's
+    code does (its weights, so its values and gradients to the bit; ``O(q_len k_len)`` work
+    beside the ``O(q_len P d)`` of ``z``):
 
     .. math::
 
@@ -180,11 +192,7 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     logits, gates = _gated(xp, q, k, q_len, k_len, offset, scale, causal, mask, shape)
     pos = xp.clip(_positions(xp, gates), 0.0, float(npos - 1))
     work = logits.dtype
-    pos_emb = heads_like(unsplit(pos_emb, -2)[0], q)  # (z's columns, one per row of the table, are sliced below)
+    pos_emb = heads_like(unsplit(pos_emb, -2)[0], q)  # (z gathers along the table's rows: whole)
     z = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, pos_emb, work))
-    # Linear interpolation between integer neighbours is the hat-weighted sum over the table:
-    # max(0, 1 - |p - n|) is 1 - w at floor(p), w at ceil(p), 0 elsewhere.
-    position_term = xp.zeros_like(logits)
-    for n in range(npos):
-        position_term = position_term + z[..., n : n + 1] * xp.clip(1 - xp.abs(pos - n), 0.0, None)
+    position_term = _interpolated(xp, z, pos, device_of(q, k))
     return cast(xp, logits + position_term, q.dtype)
