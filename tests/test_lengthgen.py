@@ -244,10 +244,10 @@ def test_cope_matches_the_papers_module(q_len):
 
 def papers_cope_logits(q, k, pos_emb, scale, causal, mask):
     """CoPE logits of the paper's code listing (Golovneva et al., 2024): its gather of the
-    two integer neighbours and its weights, on posenc's gates (``1 / (1 + exp(-s q.k))``,
-    0 for future and masked keys) and a table stored ``[..., P, d]``."""
+    two integer neighbours and its weights, its gates ``torch.sigmoid(s q.k)`` (0 for future
+    and masked keys, where the paper adds ``mask.log()``) and a table stored ``[..., P, d]``."""
     logits = (q @ k.mT) * scale
-    gates = 1 / (1 + torch.exp(-logits))
+    gates = torch.sigmoid(logits)
     if causal:
         q_len, k_len = q.shape[-2], k.shape[-2]
         gates = torch.where(torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None], gates, torch.zeros_like(gates))
@@ -288,6 +288,26 @@ def test_cope_logits_and_their_gradients_are_the_papers_to_the_bit(dtype, causal
         runs.append((logits.detach(), q.grad, k.grad, e.grad))
     for name, got, want in zip(("logits", "q.grad", "k.grad", "pos_emb.grad"), *runs, strict=True):
         assert torch.equal(got, want), f"{name}: {(got - want).abs().max().item()} apart"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cope_gradients_stay_finite_where_a_gate_saturates(dtype):
+    """A key whose scaled logit is far negative (past float32's exp range) has gate 0 and
+    gradient 0, as torch.sigmoid's: 1 / (1 + exp(-x)) had differentiated to 0 * inf = NaN,
+    poisoning every gradient of the call (q's all NaN here), a masked or future key too."""
+    q = torch.ones(1, 2, 4, dtype=dtype, requires_grad=True)
+    k = torch.tensor([[[1.0] * 4, [-1.0] * 4]], dtype=dtype, requires_grad=True)
+    e = torch.randn(3, 4, generator=torch.Generator().manual_seed(0), dtype=dtype, requires_grad=True)
+    for fn in (lambda: pe.cope_logits(q, k, e, scale=30.0), lambda: pe.cope_positions(q, k, scale=30.0)):
+        q.grad = k.grad = e.grad = None
+        fn().sum().backward()
+        for grad in (q.grad, k.grad, e.grad):
+            assert grad is None or bool(torch.isfinite(grad).all())
+    assert q.grad is not None and k.grad is not None
+    want = torch.autograd.grad(papers_cope_logits(q, k, e, 30.0, True, torch.ones(2, 2, dtype=torch.bool)).sum(), (q, k))
+    got = torch.autograd.grad(pe.cope_logits(q, k, e, scale=30.0).sum(), (q, k))
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
 
 
 @pytest.mark.parametrize("causal", [False, True])
