@@ -385,6 +385,59 @@ def test_two_device_libraries_give_one_type_error_naming_both_and_xp():
     assert not wrong, wrong
 
 
+def _scalar_calls(t, ti):
+    """Calls of ``t``/``ti``-built arrays beside one integer argument ``o``, by the argument's name."""
+    x, slopes = t(2, 3, 8), t(2)
+    dynamic = pe.scaling.DynamicNTK(2.0, original_max_position=2)
+    return {
+        "rope offset": ("offset", lambda o: pe.rope(x, offset=o)),
+        "rope seq_len": ("seq_len", lambda o: pe.rope(x, scaling=dynamic, seq_len=o + 4)),
+        "rope positions beside offset": ("offset", lambda o: pe.rope(x, ti(3), offset=o)),
+        "rerotate seq_len": ("seq_len", lambda o: pe.rerotate(x, 1, scaling=dynamic, seq_len=o + 4)),
+        "apply_absolute offset": ("offset", lambda o: pe.apply_absolute(x[0], t(9, 8), offset=o)),
+        "alibi_bias offset": ("offset", lambda o: pe.alibi_bias(slopes, 2, 4, offset=o)),
+        "alibi_bias q_len": ("q_len", lambda o: pe.alibi_bias(slopes, o, 4)),
+        "alibi_bias per-token offset": ("offset", lambda o: pe.alibi_bias(slopes, 1, 3, offset=o, key_positions=ti(3))),
+        "t5_bias offset": ("offset", lambda o: pe.t5_bias(t(32, 2), 2, 4, offset=o)),
+        "relative_bias_vector offset": ("offset", lambda o: pe.relative_bias_vector("alibi", slopes, 2, 4, offset=o)),
+        "shaw_logits offset": ("offset", lambda o: pe.shaw_logits(t(2, 3, 4), t(2, 5, 4), t(9, 4), max_distance=4, offset=o)),
+    }
+
+
+def test_zero_d_arrays_of_another_device_library_give_the_type_error_naming_them():
+    """A 0-d offset, length or ``seq_len`` of another device library than the other arrays is
+    the two-libraries ``TypeError``, naming the arguments: an eager JAX one beside torch
+    arrays had been read as its integer (a torch result), a Dask one beside torch arrays
+    had failed deep inside (torch's ``Cannot interpret 'torch.int64' as a data type``, or
+    ``'Array' object has no attribute 'to'``). NumPy integers beside them, a NumPy scalar
+    or a 0-d NumPy array (a host constant), keep giving the Python int's result; a NumPy
+    scalar beside a NumPy array among torch ones had been taken for an array of another
+    kind."""
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    da = pytest.importorskip("dask.array")
+    t, ti = _torch_builders(torch)
+    calls, wrong = _scalar_calls(t, ti), {}
+    for case, (name, call) in calls.items():
+        want = call(1)
+        for o in (np.int64(1), np.int32(1), np.array(1), torch.tensor(1)):
+            got = call(o)
+            assert isinstance(got, torch.Tensor), (case, o)
+            torch.testing.assert_close(got, want, rtol=0, atol=0, msg=case)
+        for other, o in (("jax", jnp.asarray(1)), ("dask", da.from_array(np.array(1)))):
+            try:
+                call(o)
+            except TypeError as exc:
+                if not (str(exc).startswith(MIXED) and f"{name}: {type(o).__module__}" in str(exc) and "torch" in str(exc)):
+                    wrong[case, other] = str(exc)
+            else:
+                wrong[case, other] = "no error"
+    assert not wrong, wrong
+    # NumPy integers beside a NumPy array (a host constant) among torch ones
+    got = pe.alibi_bias(t(2), np.int32(1), 3, offset=np.int64(1), key_positions=np.arange(3))
+    torch.testing.assert_close(got, pe.alibi_bias(t(2), 1, 3, offset=1, key_positions=torch.arange(3)), rtol=0, atol=0)
+
+
 def _length_and_offset_mistakes(value):
     """``(argument, call)`` for every function taking a length, a count or an offset, each given ``value``."""
     x, table = np.zeros((3, 8)), np.zeros((32, 2))

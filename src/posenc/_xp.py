@@ -385,13 +385,28 @@ def host_constant_like(name, value, like):
     return _converted(namespace(like), name, value, device_of(like))
 
 
-def _mixed(arrays):
-    kinds = sorted({f"{type(a).__module__}.{type(a).__qualname__}" for a in arrays})
+def one_kind(**named):
+    """The namespace of the arrays ``named``, which must be of one library, 0-d ones too (an
+    offset or a length given as an array is computed with the others, or would be read as if
+    it were of their library): else :func:`namespace`'s ``TypeError``, naming the arguments."""
+    try:
+        return namespace(*named.values())
+    except TypeError as exc:
+        raise _mixed(named.values(), named) from exc
+
+
+def _mixed(arrays, named=None):
+    kinds = sorted({_kind(a) for a in arrays})
+    which = "" if named is None else " (" + ", ".join(f"{name}: {_kind(a)}" for name, a in named.items()) + ")"
     return TypeError(
-        f"arrays of different kinds in one call: {', '.join(kinds)}; pass arrays of a single namespace "
+        f"arrays of different kinds in one call: {', '.join(kinds)}{which}; pass arrays of a single namespace "
         "(convert with that library's asarray; posenc's array-building functions take xp=, e.g. "
         "xp=jax.numpy or xp=torch)"
     )
+
+
+def _kind(a) -> str:
+    return f"{type(a).__module__}.{type(a).__qualname__}"
 
 
 # A call's plain values (never arrays, nothing to convert or key by metadata), and those with NumPy's arrays.
@@ -400,8 +415,8 @@ NDARRAY_OR_PLAIN = PLAIN | {_ndarray}
 
 
 def _device_array(value) -> bool:
-    # (not a dtype class such as numpy.float64, which has __array_namespace__ too)
-    return type(value) is not _ndarray and not isinstance(value, type) and (torch_tensor(value) or _compat.is_array_api_obj(value))
+    # (not a NumPy scalar nor a dtype class such as numpy.float64, which have __array_namespace__ too)
+    return type(value) is not _ndarray and not isinstance(value, (type, _numpy.generic)) and (torch_tensor(value) or _compat.is_array_api_obj(value))
 
 
 def host_constants(fn):
@@ -409,20 +424,24 @@ def host_constants(fn):
     array among arrays of another library (JAX, torch, CuPy, Dask) is converted into that
     library, onto their device, with the precision it carries (its dtype, or the widest the
     namespace holds: float32 / int32 for JAX without x64, whose int32 range is checked).
-    Arrays of two device libraries stay a ``TypeError`` (:func:`namespace`); ``out=`` is
-    never converted (it is written, not read)."""
+    Arrays of two device libraries stay a ``TypeError`` naming them (:func:`one_kind`), a 0-d
+    one among them too; ``out=`` is never converted (it is written, not read)."""
 
     @wraps(fn)
     def call(*args, **kwargs):
         values = (*args, *kwargs.values())
-        # All NumPy (a decode step's planned call) or none: nothing to convert, nothing bound.
-        if NDARRAY_OR_PLAIN.issuperset(map(type, values)) or not any(type(v) is _ndarray for v in values):
+        kinds = set(map(type, values))
+        # All NumPy (a decode step's planned call), or no NumPy and one type beyond plain values: nothing to convert or check.
+        if NDARRAY_OR_PLAIN.issuperset(kinds) or _ndarray not in kinds and len(kinds - PLAIN) < 2:
+            return fn(*args, **kwargs)
+        if _ndarray not in kinds and torch_compiling():  # (what Dynamo traces holds torch tensors only)
             return fn(*args, **kwargs)
         bound = _signature(fn).bind(*args, **kwargs)
         host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
-        others = [v for n, v in bound.arguments.items() if n != "out" and _device_array(v)]
+        others = {n: v for n, v in bound.arguments.items() if n != "out" and _device_array(v)}
+        xp = one_kind(**others)
         if host and others:
-            xp, device = namespace(*others), device_of(*others)
+            device = device_of(*others.values())
             for n in host:
                 bound.arguments[n] = _converted(xp, n, bound.arguments[n], device)
         return fn(*bound.args, **bound.kwargs)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _compat, _dispatch
 from .. import _validate as check
-from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, result_dtype, split_as_first, torch_compiling, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, one_kind, result_dtype, split_as_first, torch_compiling, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -295,11 +295,12 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
         x = host_constant_like("x", x, like)
     delta, seq_len = host_constant_like("delta", delta, x), host_constant_like("seq_len", seq_len, x)
     read = [(name, a) for name, a in (("delta", delta), ("inv_freq", inv_freq), ("new_inv_freq", new_inv_freq), ("seq_len", seq_len)) if check.is_array(a)]
-    per_row = [a for a in (delta, seq_len) if check.is_array(a)]
-    xp = namespace(x, *per_row)
+    per_row = {name: a for name, a in (("delta", delta), ("seq_len", seq_len)) if check.is_array(a)}
+    one_kind(x=x, **per_row)
+    xp = namespace(x, *per_row.values())
     check.float_array("x", x, xp)
     check.ndim("x", x, minimum=1)
-    device = device_of(x, *per_row)
+    device = device_of(x, *per_row.values())
     if not check.is_array(delta):
         delta = _scalar_array(xp, "delta", delta, device)
     delta = check.positions("delta", delta, xp, device)
