@@ -33,6 +33,16 @@ COS, SIN = pe.rope_cos_sin(np.arange(3), INV_FREQ)
 GRID = np.stack(np.meshgrid(np.arange(2), np.arange(3), indexing="ij"), -1).reshape(-1, 2)  # 2 x 3 tokens
 
 
+class _PlainScaling(pe.scaling.Scaling):
+    """A user's scaling that is no dataclass: frequencies / factor."""
+
+    def __init__(self, factor):
+        self.factor = factor
+
+    def frequencies(self, dim, base, seq_len=None):
+        return pe.rope_frequencies(dim, base=base)[0] / self.factor, 1.0
+
+
 def _torch():
     return pytest.importorskip("torch")
 
@@ -636,6 +646,12 @@ ROTARY = {
     "rope zero base": (lambda: pe.rope(X, base=0.0), ValueError, "base"),
     "rope unknown layout": (lambda: pe.rope(X4, layout="quarter"), ValueError, "layout"),
     "rope scaling a dict": (lambda: pe.rope(X, scaling={"factor": 2}), TypeError, "scaling"),
+    # A Scaling subclass that is no dataclass: named, not fields()'s "must be called with a dataclass type or instance".
+    "rope scaling of a plain Scaling subclass": (lambda: pe.rope(X, scaling=_PlainScaling(2.0)), TypeError, ("scaling", "_PlainScaling", "dataclass")),
+    "rope_frequencies scaling of a plain Scaling subclass": (lambda: pe.rope_frequencies(8, scaling=_PlainScaling(2.0)), TypeError, ("scaling", "_PlainScaling", "dataclass")),
+    "rerotate scaling of a plain Scaling subclass": (
+        lambda: pe.rerotate(X, 1, scaling=_PlainScaling(2.0), seq_len=4), TypeError, ("scaling", "_PlainScaling", "dataclass"),
+    ),  # fmt: skip
     "rope LongRoPE lists of another length": (
         lambda: pe.rope(Z((2, 6), dtype=np.float32), scaling=S.LongRoPE([1.0] * 2, [1.0] * 2, 4)), ValueError, "short_factor",
     ),

@@ -33,7 +33,7 @@ import ast
 import math
 import warnings
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from functools import lru_cache
 from typing import Callable
 
@@ -1029,6 +1029,12 @@ def check_scaling(scaling):
         elif isinstance(scaling, HFRope):
             hint = "; pass its .scaling (and base=its .base, rotary_dim=its .rotary_dim)"
         raise TypeError(f"scaling must be None or a posenc.scaling object ({names}), got {type(scaling).__name__}{hint}")
+    if scaling is not None and not is_dataclass(scaling):
+        # (frequency_table rebuilds a scaling from its class and its fields' values: see there)
+        raise TypeError(
+            f"scaling of the Scaling subclass {type(scaling).__name__} must be a dataclass, whose fields are the values its "
+            f"frequencies() reads (in the order its __init__ takes them): decorate the class with @dataclasses.dataclass"
+        )
     return scaling
 
 
