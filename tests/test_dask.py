@@ -531,3 +531,33 @@ def test_distributed_client(rng):
             break
         time.sleep(0.05)
     assert not left, f"threads left running: {left}"
+
+
+@pytest.mark.parametrize("cu", [[0, 3, 2, 4], [1, 4], [0, 2**62, 4], [0, 2, 3]])
+def test_positions_from_cu_seqlens_checks_dask_boundaries_when_computed(cu):
+    """Dask ``cu_seqlens`` that do not run non-decreasing from 0 to ``total`` raise the eager
+    call's ``ValueError`` when the positions are computed (the check reads them whole, across
+    its blocks); building the graph computes nothing. They had not been checked: ``[1, 4]``
+    gave positions [-4, 0, 1, 2], ``[0, 3, 2, 4]`` [0, 1, 0, 1], ``[0, 2**62, 4]`` [0, 1, 2, 3]."""
+    cu = np.array(cu)
+    with pytest.raises(ValueError, match="cu_seqlens must be non-decreasing from 0 to total = 4") as eager:
+        pe.positions_from_cu_seqlens(cu, 4)
+    lazy = lazily(lambda c: pe.positions_from_cu_seqlens(c, 4), da.from_array(cu, chunks=1))
+    with pytest.raises(ValueError, match=re.escape(str(eager.value))):
+        lazy.compute(scheduler="synchronous")
+    fine = np.array([0, 1, 1, 4])
+    got = lazily(lambda c: pe.positions_from_cu_seqlens(c, 4), da.from_array(fine, chunks=1))
+    np.testing.assert_array_equal(got.compute(), pe.positions_from_cu_seqlens(fine, 4))
+
+
+def test_a_dask_result_whose_blocks_memory_cannot_list_is_a_value_error():
+    """A Dask result so long that Dask could not list its blocks' sizes (``total = 2**62``
+    int64 positions: 2**38 blocks of 128 MiB) is a ``ValueError`` naming the function and
+    its shape, as the eager call's, before Dask is asked: Dask's ``arange`` had raised
+    ``MemoryError``. A long one that Dask can list stays lazy."""
+    message = "positions_from_cu_seqlens of shape (4611686018427387904,) needs"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        pe.positions_from_cu_seqlens(np.array([0, 2**62]), 2**62)
+    with pytest.raises(ValueError, match=re.escape(message) + " 274877906944 Dask blocks"):
+        pe.positions_from_cu_seqlens(da.from_array(np.array([0, 2**62])), 2**62)
+    assert lazily(lambda c: pe.positions_from_cu_seqlens(c, 2**40), da.from_array(np.array([0, 2**40]))).shape == (2**40,)

@@ -897,10 +897,32 @@ def allocatable(name, shape, itemsize):
 
 
 def allocatable_unless_blocked(name, shape, itemsize, like):
-    """:func:`allocatable`, skipped when ``like`` is a Dask array: its result is built
-    block by block (and stored block by block), never whole."""
+    """:func:`allocatable`, or where ``like`` is a Dask array (whose result is built, and
+    stored, block by block, never whole) :func:`_listable`."""
     if type(like) is _ndarray or torch_tensor(like) or not _compat.is_dask_array(like):
         allocatable(name, shape, itemsize)
+    else:
+        _listable(name, shape, itemsize)
+
+
+def _listable(name, shape, itemsize):
+    """A Dask result of ``shape`` must have block sizes that fit in memory (``ValueError``
+    otherwise, not Dask's ``MemoryError``): Dask lists the size of every block along every
+    axis when it builds the graph, and a block holds at most its ``array.chunk-size``, so an
+    axis of ``n`` takes at least ``ceil(n * itemsize / chunk-size)`` entries (an int64
+    ``arange(2**62)``: 2**38 of them)."""
+    if not all(isinstance(n, numbers.Integral) for n in shape):  # (an unknown length, NaN: refused with its array)
+        return
+    import dask
+    from dask.utils import parse_bytes
+
+    limit = parse_bytes(dask.config.get("array.chunk-size"))
+    entries = sum(-(-int(n) * itemsize // limit) for n in shape)
+    if entries * 8 > _SURELY_AVAILABLE and entries * 8 > _memory_limit():
+        raise ValueError(
+            f"{name} of shape {tuple(shape)} needs {entries} Dask blocks of at most {limit} bytes ({entries * 8 / 2**30:.1f} GiB "
+            "to list their sizes), more than the memory available to this process"
+        )
 
 
 LAYOUT_ALIASES = {"split": "half"}

@@ -418,9 +418,9 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
         return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
     # The whole bias is checked before its per-distance vector is built.
-    out = _output(xp, params, _params_name(kind), (_heads_of(params), q_len, k_len), out, chunks)
     if _compat.is_dask_array(params):  # (a blocked bias: each block reads the per-distance vector, one chunk, whole)
         check.allocatable("the per-distance vector of the blocked bias", (_heads_of(params), q_len + k_len - 1), 8)
+    out = _output(xp, params, _params_name(kind), (_heads_of(params), q_len, k_len), out, chunks)
     vec = _vector(xp, kind, params, q_len, k_len, offset, options)
     return call("toeplitz_expand", vec, q_len, k_len, out=out)
 

@@ -69,8 +69,8 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
         functionalized", this function in the traceback). The ways out: ``cu_seqlens`` as
         a static argument (``static_argnums``) or a NumPy array, checked now, or
         ``check_traced=False``, which leaves it unchecked (the tokens past
-        ``cu_seqlens[-1]`` then count as one more document). Lazy Dask and
-        ``torch.compile`` values are not checked.
+        ``cu_seqlens[-1]`` then count as one more document). A lazy Dask one is checked
+        when the result is computed; ``torch.compile`` values are not checked.
 
     Returns
     -------
@@ -99,14 +99,20 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
     cu = check.widened("cu_seqlens", cu_seqlens, xp, device)  # (torch has no >= of its uint16 .. uint64)
     cu, _ = unsplit(cu, 0)  # (a few integers, read at each token's document)
     if check.is_eager(cu_seqlens):  # (read in the widened copy: under jax.jit a closed-over one's copy is traced, and refuses to be read)
-        first, last = int(cu[0]), int(cu[-1])
-        if first != 0 or last != total or not bool(xp.all(cu[1:] >= cu[:-1])):
-            raise ValueError(
-                f"cu_seqlens must be non-decreasing from 0 to total = {total}, got values from {first} to {last}"
-            )
+        _from_zero_to(cu, total=total)
+    elif _compat.is_dask_array(cu):  # (checked when computed, whole: a few integers, non-decreasing across its blocks)
+        cu = cu.rechunk(-1).map_blocks(_from_zero_to, total=total, dtype=cu.dtype)
     tokens = xp.arange(total, dtype=itype, device=device)
     document = searched(xp, cu, tokens) - 1
     return tokens - xp.take(cu, document, axis=0)
+
+
+def _from_zero_to(cu, *, total):
+    """``cu`` (boundaries read now) must be non-decreasing from 0 to ``total`` (``ValueError``)."""
+    first, last = int(cu[0]), int(cu[-1])
+    if first != 0 or last != total or not bool(namespace(cu).all(cu[1:] >= cu[:-1])):
+        raise ValueError(f"cu_seqlens must be non-decreasing from 0 to total = {total}, got values from {first} to {last}")
+    return cu
 
 
 def _checkify_total(xp, cu_seqlens, total):
