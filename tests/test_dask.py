@@ -561,3 +561,26 @@ def test_a_dask_result_whose_blocks_memory_cannot_list_is_a_value_error():
     with pytest.raises(ValueError, match=re.escape(message) + " 274877906944 Dask blocks"):
         pe.positions_from_cu_seqlens(da.from_array(np.array([0, 2**62])), 2**62)
     assert lazily(lambda c: pe.positions_from_cu_seqlens(c, 2**40), da.from_array(np.array([0, 2**40]))).shape == (2**40,)
+
+
+def test_a_blocked_bias_of_no_queries_or_no_keys_is_numpys_empty_result():
+    """A Dask bias with ``q_len = 0`` or ``k_len = 0`` and a long other length has an empty
+    per-distance vector: it is NumPy's empty result (lazy, one block). It had been refused
+    as a per-distance vector of ``q_len + k_len - 1`` entries ("the per-distance vector of
+    the blocked bias of shape (2, 1099511627775) needs 16384.0 GiB") that it does not have,
+    and ``expand_bias`` of the empty vector raised ZeroDivisionError inside Dask's
+    chunking of an empty array."""
+    table = np.linspace(-1.0, 1.0, 64).reshape(32, 2)
+    for q_len, k_len in ((0, 2**40), (2**40, 0), (0, 3), (0, 0)):
+        calls = (
+            lambda t: pe.t5_bias(t, q_len, k_len),
+            lambda t: pe.alibi_bias(t[0], q_len, k_len),
+            lambda t: pe.relative_bias("shaw", t[:9], q_len, k_len, max_distance=4),
+            lambda t: pe.expand_bias(pe.relative_bias_vector("t5", t, q_len, k_len), q_len, k_len),
+        )
+        for call in calls:
+            got, want = lazily(call, da.from_array(table)), call(table)
+            assert got.shape == want.shape == (2, q_len, k_len) and got.dtype == want.dtype
+            assert got.npartitions == 1
+        if q_len + k_len < 10:
+            np.testing.assert_array_equal(got.compute(), want)

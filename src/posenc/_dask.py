@@ -138,6 +138,8 @@ def bias_chunks(vec, q_len, k_len):
     from dask.array.core import normalize_chunks
 
     lead = vec.ndim - 1
+    if not q_len or not k_len:  # (an empty bias, one block: Dask's "auto" divides by its size)
+        return (*vec.chunks[:lead], (q_len,), (k_len,))
     return normalize_chunks((*vec.chunks[:lead], "auto", "auto"), shape=(*vec.shape[:lead], q_len, k_len), dtype=vec.dtype)
 
 

@@ -911,7 +911,7 @@ def _listable(name, shape, itemsize):
     axis when it builds the graph, and a block holds at most its ``array.chunk-size``, so an
     axis of ``n`` takes at least ``ceil(n * itemsize / chunk-size)`` entries (an int64
     ``arange(2**62)``: 2**38 of them)."""
-    if not all(isinstance(n, numbers.Integral) for n in shape):  # (an unknown length, NaN: refused with its array)
+    if not all(isinstance(n, numbers.Integral) for n in shape) or 0 in shape:  # (an unknown length, NaN: refused with its array; an empty result: one block)
         return
     import dask
     from dask.utils import parse_bytes

@@ -310,6 +310,13 @@ def symbolic_size(value) -> bool:
     return torch is not None and isinstance(value, torch.SymInt)
 
 
+def empty_result(xp, shape, like):
+    """Zeros of ``shape``, which holds a 0, of ``like``'s dtype and device: on Dask in one
+    block (Dask's ``"auto"`` chunks of an empty array divide by its size)."""
+    chunks = {"chunks": -1} if _compat.is_dask_array(like) else {}
+    return xp.zeros(shape, dtype=like.dtype, device=device_of(like), **chunks)
+
+
 def without_empty_chunks(a):
     """``a`` to reduce along its axes: a Dask array with its chunks of length 0 merged away
     (Dask's ``max`` of an axis with one raises, and ``compute_chunk_sizes`` after boolean

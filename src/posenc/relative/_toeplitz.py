@@ -10,7 +10,7 @@ scatter-add in one pass. Kernels register against them.
 from __future__ import annotations
 
 from .._dispatch import reference
-from .._xp import device_of, index_dtype, namespace
+from .._xp import device_of, empty_result, index_dtype, namespace
 
 
 def _distance_index(xp, q_len, k_len, device):
@@ -28,7 +28,7 @@ def _along_rows(xp, values, index, device):
         index = xp.broadcast_to(xp.astype(index, index_dtype(xp, device)), (*batch, *index.shape))
         return xp.take_along_axis(values, index, axis=-1)
     if 0 in (*values.shape, *index.shape):  # (Dask cannot reshape an empty array)
-        return xp.zeros((*batch, *index.shape), dtype=values.dtype, device=device)
+        return empty_result(xp, (*batch, *index.shape), values)
     q_len, m = values.shape[-2:]  # Dask has no take_along_axis: one take from the rows laid end to end
     flat = xp.reshape(values, (*batch, q_len * m))
     rows = xp.arange(q_len, device=device)[:, None] * m
@@ -48,7 +48,7 @@ def toeplitz_expand(vec, q_len, k_len, *, out=None):
     xp = namespace(vec)
     shape = (*vec.shape[:-1], q_len, k_len)
     if not (q_len and k_len):  # nothing to take (Dask cannot reshape an empty array)
-        return _write(out, xp.zeros(shape, dtype=vec.dtype, device=device_of(vec)))
+        return _write(out, empty_result(xp, shape, vec))
     t = _distance_index(xp, q_len, k_len, device_of(vec))
     flat = xp.take(vec, xp.reshape(t, (-1,)), axis=-1)
     return _write(out, xp.reshape(flat, shape))

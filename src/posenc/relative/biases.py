@@ -17,7 +17,7 @@ from .._dispatch import call
 from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, mesh_axes, namespace, result_dtype, size, split_spec, unsplit, widest_float
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
 from . import _args, _per_token
-from .indices import clipped, distances, query_offset
+from .indices import clipped, distance_count, distances, query_offset
 
 KINDS = ("t5", "alibi", "shaw", "deberta")
 
@@ -320,8 +320,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     """
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), instead=_VECTOR_ROWS)
-    count = q_len + k_len - 1 if q_len and k_len else 0
-    check.allocatable("relative_bias_vector", (_heads_of(params), count), 8)  # (Dask's too: a blocked bias reads it whole)
+    check.allocatable("relative_bias_vector", (_heads_of(params), distance_count(q_len, k_len)), 8)  # (Dask's too: a blocked bias reads it whole)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
 
 
@@ -358,7 +357,7 @@ def expand_bias(vec, q_len, k_len, *, out=None, chunks=None):
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
     check.ndim("vec", vec, minimum=1)
-    want = q_len + k_len - 1 if q_len and k_len else 0
+    want = distance_count(q_len, k_len)
     if size(vec.shape[-1]) != want:
         raise ValueError(f"vec must have q_len + k_len - 1 = {want} entries on its last axis, got shape {tuple(vec.shape)}")
     if _compat.is_dask_array(vec):  # (a blocked bias: each block reads vec's distance axis, one chunk, whole)
@@ -419,7 +418,7 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
     # The whole bias is checked before its per-distance vector is built.
     if _compat.is_dask_array(params):  # (a blocked bias: each block reads the per-distance vector, one chunk, whole)
-        check.allocatable("the per-distance vector of the blocked bias", (_heads_of(params), q_len + k_len - 1), 8)
+        check.allocatable("the per-distance vector of the blocked bias", (_heads_of(params), distance_count(q_len, k_len)), 8)
     out = _output(xp, params, _params_name(kind), (_heads_of(params), q_len, k_len), out, chunks)
     vec = _vector(xp, kind, params, q_len, k_len, offset, options)
     return call("toeplitz_expand", vec, q_len, k_len, out=out)

@@ -120,6 +120,11 @@ def scalar_offset(offset, instead=None, *, minimum=None):
     return check.integer_or_traced("offset", offset, minimum=minimum)
 
 
+def distance_count(q_len, k_len):
+    """The entries of a per-distance vector: ``q_len + k_len - 1``, none where either length is 0."""
+    return q_len + k_len - 1 if q_len and k_len else 0
+
+
 def distances(q_len, k_len, offset, *, xp, device=None):
     """The ``q_len + k_len - 1`` distinct relative positions, in per-distance vector order.
 
@@ -127,8 +132,7 @@ def distances(q_len, k_len, offset, *, xp, device=None):
     ``i - j + k_len - 1 == t`` (see ``_toeplitz``); empty when either length is 0.
     Arguments are already validated; ``offset`` may be a 0-d integer array (traced).
     """
-    count = q_len + k_len - 1 if q_len and k_len else 0
-    return shifted(xp.arange(-(k_len - 1), count - (k_len - 1), dtype=index_dtype(xp, device), device=device), offset)
+    return shifted(xp.arange(-(k_len - 1), distance_count(q_len, k_len) - (k_len - 1), dtype=index_dtype(xp, device), device=device), offset)
 
 
 def clip_relative(rel, max_distance):

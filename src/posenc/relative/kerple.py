@@ -11,7 +11,7 @@ from .. import _validate as check
 from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, pairwise_sum, result_dtype, torch_tensor, widest_float
 from . import _per_token
 from .biases import expand_bias
-from .indices import distances, offset_namespace, per_row, query_offset
+from .indices import distance_count, distances, offset_namespace, per_row, query_offset
 
 KERPLE_KINDS = ("log", "power")
 
@@ -123,8 +123,7 @@ def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0,
     xp, offset, device = offset_namespace(offset, xp, device)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device, "the per-distance vector has no batch axes; sandwich_bias takes one offset per batch row")
     dtype = result_dtype(xp, dtype, device)
-    count = q_len + k_len - 1 if q_len and k_len else 0
-    check.allocatable("sandwich_bias", (heads or 1, count, dim // 2), 8)
+    check.allocatable("sandwich_bias", (heads or 1, distance_count(q_len, k_len), dim // 2), 8)
     return _sandwich_values(xp, distances(q_len, k_len, offset, xp=xp, device=device), dim, heads, base, device, dtype)
 
 
