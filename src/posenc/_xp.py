@@ -317,6 +317,14 @@ def empty_result(xp, shape, like):
     return xp.zeros(shape, dtype=like.dtype, device=device_of(like), **chunks)
 
 
+def reshaped(xp, a, shape):
+    """``xp.reshape(a, shape)``; an empty Dask array, which Dask cannot reshape, as the
+    :func:`empty_result` of ``shape`` (its ``-1``, if any, is 0)."""
+    if _compat.is_dask_array(a) and 0 in a.shape:
+        return empty_result(xp, tuple(0 if n == -1 else n for n in shape), a)
+    return xp.reshape(a, shape)
+
+
 def without_empty_chunks(a):
     """``a`` to reduce along its axes: a Dask array with its chunks of length 0 merged away
     (Dask's ``max`` of an axis with one raises, and ``compute_chunk_sizes`` after boolean

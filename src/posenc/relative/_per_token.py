@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._compat import array_namespace, is_dask_array
-from .._xp import broadcast_shapes, cast, device_of, index_dtype, is_integer, namespace, resplit, size, split_spec, torch_tensor, unsplit
+from .._compat import array_namespace
+from .._xp import broadcast_shapes, cast, device_of, empty_result, index_dtype, is_integer, namespace, reshaped, resplit, size, split_spec, torch_tensor, unsplit
 from .indices import per_row, scalar_offset
 
 
@@ -162,9 +162,7 @@ def flattened(xp, rel):
     an axis of ``rel`` but its first (which the flattening cannot keep: gathered first), its
     sharding, to put on a result of it (:func:`split_with_heads`); else ``None``."""
     whole, split = unsplit(rel, *range(1, rel.ndim))
-    if 0 in whole.shape and is_dask_array(whole):  # (Dask cannot reshape an empty array)
-        return xp.zeros((0,), dtype=whole.dtype, device=device_of(whole)), split
-    return xp.reshape(whole, (-1,)), split
+    return reshaped(xp, whole, (-1,)), split
 
 
 def split_with_heads(result, split, ndim):
@@ -182,11 +180,7 @@ def batch_first(xp, values, heads, batch, q_len, k_len):
     """``values [heads, *batch, q_len, k_len]`` (any shape of that size, heads first: a
     per-distance function's values at every flattened ``rel``) as ``[*batch, heads, q_len,
     k_len]``, the layout of a per-token bias."""
-    shape = (heads, *batch, q_len, k_len)
-    if 0 in shape and is_dask_array(values):  # (Dask cannot reshape an empty array)
-        values = xp.zeros(shape, dtype=values.dtype, device=device_of(values))
-    else:
-        values = xp.reshape(values, shape)
+    values = reshaped(xp, values, (heads, *batch, q_len, k_len))
     return xp.permute_dims(values, (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2))
 
 
@@ -230,7 +224,7 @@ def gather(xp, scores, index, *, device):
         index, split = unsplit(index, -1)
         return resplit(xp.take_along_axis(scores, index, axis=-1), split)
     if 0 in (*batch, q_len, k_len):  # (Dask cannot reshape an empty array)
-        return xp.zeros((*batch, q_len, k_len), dtype=scores.dtype, device=device)
+        return empty_result(xp, (*batch, q_len, k_len), scores)
     # Dask has no take_along_axis: each block of the index takes from its rows of the scores,
     # whole along m (one task per block, however many rows the table has).
     import dask.array as da
