@@ -206,6 +206,27 @@ def _checked_blocks(check_block, *values, dtype, **options):
     return da.blockwise(check_block, axes, *(item for pair in pairs for item in pair), dtype=dtype, meta=meta, **options)
 
 
+def rows_within(offsets, *, length, rows, error):
+    """``offsets``, an array of first rows, whose rows ``offset .. offset + length - 1`` must
+    all lie in a table of ``rows`` rows: checked now where they can be read, on each block of a
+    Dask array when computed (the one returned), a traced array as it is. ``error(low, high)``
+    is the ``ValueError``'s message for the smallest and the largest offset."""
+    if is_eager(offsets):
+        return _rows_within_block(offsets, length=length, rows=rows, error=error)
+    if _compat.is_dask_array(offsets):
+        return offsets.map_blocks(_rows_within_block, length=length, rows=rows, error=error, dtype=offsets.dtype)
+    return offsets
+
+
+def _rows_within_block(offsets, *, length, rows, error):
+    if _size(offsets):
+        xp = namespace(offsets)
+        low, high = int(xp.min(offsets)), int(xp.max(offsets))
+        if low < 0 or high + length > rows:
+            raise ValueError(error(low, high))
+    return offsets
+
+
 def narrowed(name, result, dtype, low, high, xp):
     """An integer ``result`` computed in the index dtype, as ``dtype`` (a narrower integer
     dtype an argument came in) when every value it can take, ``low .. high`` (known from

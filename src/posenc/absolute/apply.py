@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
+from functools import partial
 
-from .. import _compat
 from .. import _validate as check
 from .._xp import cast, compute_dtype, device_of, host_constants, index_dtype, namespace, unsplit
 from ..rotary import _args
@@ -64,10 +63,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     else:
         if offset.ndim:  # per row: [..., 1] on x's leading axes, the sequence on axis -2
             offset = _args.place_rows("offset", offset, tuple(x.shape[:-1]), x.ndim - 2)
-        if check.is_eager(offset):
-            _within_table(offset, length=length, rows=table.shape[0])
-        elif _compat.is_dask_array(offset):  # (checked when computed: each block of offsets, before it is used)
-            offset = offset.map_blocks(_within_table, length=length, rows=table.shape[0], dtype=offset.dtype)
+        offset = check.rows_within(offset, length=length, rows=table.shape[0], error=partial(_outside_table, rows=table.shape[0]))
         offset, _ = unsplit(offset, *range(offset.ndim))  # (a few integers: JAX takes no rows at split indices)
         index = xp.arange(length, dtype=index_dtype(xp, device_of(x)), device=device_of(x)) + offset
         if not check.is_eager(offset):  # unchecked: a negative row is past the end, not a row from it (JAX's take: NaN)
@@ -81,12 +77,6 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     return cast(xp, result, x.dtype)
 
 
-def _within_table(offset, *, length, rows):
-    """``offset`` (one per row), whose rows ``offset .. offset + length - 1`` must lie in a
-    table of ``rows`` rows (``ValueError`` naming them otherwise)."""
-    xp = namespace(offset)
-    if math.prod(offset.shape):
-        low, high = int(xp.min(offset)), int(xp.max(offset))
-        if low < 0 or high + length > rows:
-            raise ValueError(f"offset must be >= 0 with offset + L <= {rows} (the table's rows) in every row, got {low} .. {high}")
-    return offset
+def _outside_table(low, high, *, rows):
+    """The message of offsets from ``low`` to ``high`` whose rows are not all rows of the table."""
+    return f"offset must be >= 0 with offset + L <= {rows} (the table's rows) in every row, got {low} .. {high}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from functools import partial
 
-from .. import _compat
 from .. import _validate as check
 from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, torch_tensor, unsplit
 from . import _args, _per_token
@@ -39,7 +39,7 @@ def _heads(q, uq, uk):
 
 def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
     """``(offset[..., None], batch)`` of one ``offset`` per batch row: validated (an integer
-    array of the library and device of ``q``; its values against ``p``: :func:`_within_p`)
+    array of the library and device of ``q``; its values against ``p``: :func:`_outside_p`)
     and the leading axes of the logits. The tables must be shared by the rows: the position
     term of each offset is then the one-offset call's."""
     if p.ndim > 2 or uq.ndim > 3 or uk.ndim > 3:
@@ -54,17 +54,11 @@ def _row_offsets(xp, q, k, p, uq, uk, offset, batch):
     return offset, batch
 
 
-def _within_p(offset, *, q_len, k_len, p_shape):
-    """``offset`` (an array of them), whose query rows ``offset .. offset + q_len - 1`` must lie
-    in ``p``'s rows (``ValueError`` otherwise): read now, or on each Dask block when computed."""
-    xp = namespace(offset)
-    if math.prod(offset.shape):
-        low, high = int(xp.min(offset)), int(xp.max(offset))
-        if low < 0:
-            raise ValueError(f"offset must be >= 0, got {low}")
-        if high + q_len > p_shape[-2]:
-            raise ValueError(f"p must have at least max(offset + q_len, k_len) = {max(high + q_len, k_len)} rows, got shape {p_shape}")
-    return offset
+def _outside_p(low, high, *, q_len, k_len, p_shape):
+    """The message of offsets from ``low`` to ``high`` whose query rows are not all rows of ``p``."""
+    if low < 0:
+        return f"offset must be >= 0, got {low}"
+    return f"p must have at least max(offset + q_len, k_len) = {max(high + q_len, k_len)} rows, got shape {p_shape}"
 
 
 _SHARED = "one offset per batch row takes p [n, d_p] and uq, uk [heads, d_p, e] or [d_p, e] (tables shared by the batch rows)"
@@ -151,10 +145,8 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     rows = max((offset if isinstance(offset, int) else 0) + q_len, k_len)
     if size(p.shape[-2]) < rows:
         raise ValueError(f"p must have at least max(offset + q_len, k_len) = {rows} rows, got shape {tuple(p.shape)}")
-    if check.is_array(offset) and check.is_eager(offset):
-        _within_p(offset, q_len=q_len, k_len=k_len, p_shape=tuple(p.shape))
-    elif _compat.is_dask_array(offset):  # (checked when computed: each block of offsets, before it is used)
-        offset = offset.map_blocks(_within_p, q_len=q_len, k_len=k_len, p_shape=tuple(p.shape), dtype=offset.dtype)
+    if check.is_array(offset):
+        offset = check.rows_within(offset, length=q_len, rows=p.shape[-2], error=partial(_outside_p, q_len=q_len, k_len=k_len, p_shape=tuple(p.shape)))
     arrays = [q, k, p, uq, uk]
     shape = _args.logits_shape(batch, q_len, k_len)
     if bias is not None:
