@@ -72,16 +72,21 @@ class CoPEReference(torch.nn.Module):
         self.pos_emb = torch.nn.Parameter(torch.randn(1, head_dim, npos_max))
 
     def forward(self, query, attn_logits):
-        gates = torch.sigmoid(attn_logits)
-        pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
-        pos = pos.clamp(max=self.npos_max - 1)
-        pos_ceil = pos.ceil().long()
-        pos_floor = pos.floor().long()
-        logits_int = torch.matmul(query, self.pos_emb)
-        logits_ceil = logits_int.gather(-1, pos_ceil)
-        logits_floor = logits_int.gather(-1, pos_floor)
-        w = pos - pos_floor
-        return logits_ceil * w + logits_floor * (1 - w)
+        return papers_position_term(query, attn_logits, self.pos_emb, self.npos_max)
+
+
+def papers_position_term(query, attn_logits, pos_emb, npos_max):
+    """The forward of the paper's CoPE module (its ``pos_emb`` ``[..., d, P]``)."""
+    gates = torch.sigmoid(attn_logits)
+    pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
+    pos = pos.clamp(max=npos_max - 1)
+    pos_ceil = pos.ceil().long()
+    pos_floor = pos.floor().long()
+    logits_int = torch.matmul(query, pos_emb)
+    logits_ceil = logits_int.gather(-1, pos_ceil)
+    logits_floor = logits_int.gather(-1, pos_floor)
+    w = pos - pos_floor
+    return logits_ceil * w + logits_floor * (1 - w)
 
 
 def mae_2d_sincos(embed_dim, grid_size_h, grid_size_w):
@@ -243,24 +248,13 @@ def test_cope_matches_the_papers_module(q_len):
 
 
 def papers_cope_logits(q, k, pos_emb, scale, causal, mask):
-    """CoPE logits of the paper's code listing (Golovneva et al., 2024): its gather of the
-    two integer neighbours and its weights, its gates ``torch.sigmoid(s q.k)`` (0 for future
-    and masked keys, where the paper adds ``mask.log()``) and a table stored ``[..., P, d]``."""
+    """CoPE logits of the paper's code listing (Golovneva et al., 2024): its module on the
+    scaled logits plus ``mask.log()`` (future and masked keys), a table stored ``[..., P, d]``."""
     logits = (q @ k.mT) * scale
-    gates = torch.sigmoid(logits)
     if causal:
         q_len, k_len = q.shape[-2], k.shape[-2]
-        gates = torch.where(torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None], gates, torch.zeros_like(gates))
-    gates = torch.where(mask, gates, torch.zeros_like(gates))
-    pos = gates.flip(-1).cumsum(dim=-1).flip(-1)
-    pos = pos.clamp(max=pos_emb.shape[-2] - 1)
-    pos_ceil = pos.ceil().long()
-    pos_floor = pos.floor().long()
-    logits_int = torch.matmul(q, pos_emb.mT)
-    logits_ceil = logits_int.gather(-1, pos_ceil)
-    logits_floor = logits_int.gather(-1, pos_floor)
-    w = pos - pos_floor
-    return logits + (logits_ceil * w + logits_floor * (1 - w))
+        mask = mask & (torch.arange(k_len)[None, :] <= torch.arange(k_len - q_len, k_len)[:, None])
+    return logits + papers_position_term(q, logits + mask.to(logits.dtype).log(), pos_emb.mT, pos_emb.shape[-2])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
