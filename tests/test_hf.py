@@ -119,28 +119,6 @@ def test_float_position_ids_give_the_integer_ids_length(rope):
     torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
 
 
-def test_dynamic_grows_its_base_with_the_fractional_length_of_float_position_ids():
-    """transformers' ``dynamic`` module reads the length ``max(position_ids) + 1`` as it is:
-    float ids whose largest is 15.2 grow the base to the length 16.2, and that length stays
-    its state (a later call of 16 integer ids, neither longer nor shorter than the original
-    16, keeps it). The patch had rounded the length up to 17: 0.28 off logits near 8.3."""
-    original = build("llama[dynamic]")
-    patched = patch_hf(copy.deepcopy(original))
-    ids = torch.randint(1, VOCAB, (1, 20), generator=torch.Generator().manual_seed(4))
-    calls = (torch.arange(20.0) * 0.8, torch.arange(20.0) + 0.5, torch.arange(16), torch.arange(20.0) * 0.8)
-    for position_ids in calls:
-        length = position_ids.shape[0]
-        with torch.no_grad():
-            want = original(input_ids=ids[:, :length], position_ids=position_ids[None]).logits
-            got = patched(input_ids=ids[:, :length], position_ids=position_ids[None]).logits
-        torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0, msg=f"largest id {float(position_ids.max())}")
-    config = _llama_config("dynamic")
-    theirs, ours = LlamaRotaryEmbedding(config), HFRotaryEmbedding(config)
-    position_ids = torch.arange(20.0)[None] * 0.8
-    for want, got in zip(theirs(torch.zeros(1), position_ids), ours(torch.zeros(1), position_ids)):
-        torch.testing.assert_close(got, want, atol=8 * 2.0**-24 * 3 * SWITCH, rtol=0)
-
-
 @pytest.mark.parametrize("rope", ["dynamic", "longrope"])
 def test_length_dependent_scalings_really_switch_in_these_runs(rope):
     # The comparison above has teeth: the runs cross the switch length, and rotary tables

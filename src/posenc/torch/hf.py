@@ -10,8 +10,6 @@ transformers itself is never imported here: the model in hand says what it is.
 
 from __future__ import annotations
 
-import struct
-
 import torch
 from torch import nn
 
@@ -58,10 +56,9 @@ class HFRotaryEmbedding(nn.Module):
     Frequencies and the scaling come from :func:`posenc.scaling.from_hf` (every
     ``rope_type``); the angles are float64 (:func:`posenc.rope_cos_sin`), rounded once to
     ``x``'s dtype. Length-dependent scalings (``"dynamic"``, ``"longrope"``) are decided
-    on every call from the length ``max(position_ids) + 1``: of float ids, ``"dynamic"``
-    grows its base with that float length, as transformers does (a compiled call with the
-    ``ceil``), and ``"longrope"`` takes the side of ``original_max_position_embeddings``
-    it is on; no state is kept between calls. With ``transformers_state=True`` (what :func:`patch_hf`
+    on every call from the length ``max(position_ids) + 1`` (``ceil`` of float ids: the
+    side of ``original_max_position_embeddings`` transformers' float length is on); no
+    state is kept between calls. With ``transformers_state=True`` (what :func:`patch_hf`
     installs) ``"dynamic"`` keeps transformers' module's state instead: its frequencies are
     at the longest length seen since a call shorter than ``config.max_position_embeddings``
     reset it (a buffer per layer type, updated in the graph under ``torch.compile``;
@@ -114,7 +111,7 @@ class HFRotaryEmbedding(nn.Module):
             if transformers_state and isinstance(rope.scaling, pe.scaling.DynamicNTK) and self._original_length is not None:
                 self._longest_seen[key] = f"_longest_seen_{i}"
                 with torch.inference_mode(False):  # (an inference tensor could not be updated outside inference mode)
-                    self.register_buffer(self._longest_seen[key], torch.tensor(_bits(self._original_length), device=device), persistent=False)
+                    self.register_buffer(self._longest_seen[key], torch.tensor(int(self._original_length), device=device), persistent=False)
 
     def _apply(self, fn, recurse=True):
         """A move keeps the dynamic state's lengths; a module built on the meta device and
@@ -128,7 +125,7 @@ class HFRotaryEmbedding(nn.Module):
             buffer = getattr(self, name)
             if not buffer.is_meta:
                 with torch.inference_mode(False):
-                    self._buffers[name] = torch.tensor(_bits(self._original_length) if length is None else length, dtype=buffer.dtype, device=buffer.device)
+                    self._buffers[name] = torch.tensor(self._original_length if length is None else length, dtype=buffer.dtype, device=buffer.device)
         return self
 
     def take_state(self, module):
@@ -139,7 +136,7 @@ class HFRotaryEmbedding(nn.Module):
             if key is not None:
                 seen = getattr(module, f"{key}_max_seq_len_cached", seen)
             with torch.no_grad():
-                getattr(self, name).fill_(_bits(seen))
+                getattr(self, name).fill_(int(seen))
 
     def keep_rows_for_compile(self, dtype):
         """Keep, for graphs compiled in ``dtype`` (``torch.compile``), the ``[cos, sin]`` rows
@@ -181,15 +178,8 @@ class HFRotaryEmbedding(nn.Module):
                 if top.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(top)):
                     raise ValueError(f"position_ids must be finite, got {float(top)}")
                 seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
-                if top.is_floating_point() and isinstance(rope.scaling, pe.scaling.DynamicNTK) and not torch.compiler.is_compiling():
-                    seq_len = float(top + 1)  # transformers' length, in the ids' dtype: the base grows with it, not its ceiling
                 if key in self._longest_seen:
                     seq_len = self._dynamic_length(key, seq_len)
-                if isinstance(seq_len, float):
-                    if seq_len != int(seq_len):  # (frequencies at the fractional length, as transformers computes them)
-                        inv_freq, scale = rope.scaling.frequencies(rope.rotary_dim, rope.base, seq_len)
-                        return pe.rope_cos_sin(position_ids, inv_freq, dtype=x.dtype, scale=scale)
-                    seq_len = int(seq_len)
                 unscaled = self._unscaled.get(key)
                 if unscaled and position_ids.device.type == "cpu" and position_ids.dtype in (torch.int32, torch.int64) and not torch.compiler.is_compiling():
                     inv_freq, scale, original = unscaled
@@ -201,22 +191,19 @@ class HFRotaryEmbedding(nn.Module):
     def _dynamic_length(self, key, seq_len):
         """The length transformers' ``dynamic`` module's frequencies are at after a call of
         ``seq_len``: the longest seen grows to it; a call shorter than the original length,
-        after one longer, resets it to the original length; otherwise it stays. The state is
-        the length's float64 bits in an int64 buffer: a float length (of float ids) is kept as
-        it is, and ``model.to(dtype)`` leaves it alone."""
+        after one longer, resets it to the original length; otherwise it stays."""
         seen = getattr(self, self._longest_seen[key])
-        if not torch.compiler.is_compiling():  # eager: Python numbers (transformers' module reads the length as well)
-            now, before = seq_len if isinstance(seq_len, float) else int(seq_len), _length(int(seen))
+        if not torch.compiler.is_compiling():  # eager: Python ints (transformers' module reads the length as well)
+            now, before = int(seq_len), int(seen)
             length = self._original_length if now < self._original_length < before else max(now, before)
             if length != before:
-                seen.fill_(_bits(length))
+                seen.fill_(length)
             return length
-        longest = seen.view(torch.float64)
-        now = seq_len.to(seen.device, torch.float64)
-        reset = (now < self._original_length) & (longest > self._original_length)
-        length = torch.where(reset, torch.full_like(longest, self._original_length), torch.maximum(now, longest))
-        seen.copy_(length.view(torch.int64))
-        return length.to(seq_len.device, seq_len.dtype)
+        now = seq_len.to(seen.device, seen.dtype)
+        reset = (now < self._original_length) & (seen > self._original_length)
+        length = torch.where(reset, torch.full_like(seen, self._original_length), torch.maximum(now, seen))
+        seen.copy_(length)
+        return length.to(seq_len.device)
 
     def _compiled_tables(self, key, dtype, position_ids):
         """``stacked_tables`` in a compiled graph: from the rows kept for ``dtype``
@@ -318,18 +305,6 @@ class InterleavedMultimodalHFRotaryEmbedding(MultimodalHFRotaryEmbedding):
     ``(x[2i], x[2i+1])``."""
 
     layout = "interleaved"
-
-
-def _bits(length):
-    """``length`` (an int, a float, a 0-d tensor) as the int64 of its float64 bits: the
-    dynamic state's buffer."""
-    return struct.unpack("<q", struct.pack("<d", float(length)))[0]
-
-
-def _length(bits):
-    """The length whose float64 bits are ``bits`` (:func:`_bits`), an int where it is whole."""
-    length = struct.unpack("<d", struct.pack("<q", bits))[0]
-    return int(length) if length.is_integer() else length
 
 
 # The integers MultimodalHFRotaryEmbedding views tables as, by element size (int8 masks sign-extend to their width).
