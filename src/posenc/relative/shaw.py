@@ -81,10 +81,11 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     return cast(xp, q @ xp.matrix_transpose(k) + position, dtype)
 
 
-def _row_offsets(xp, weights, v, offset, q_len, k_len):
+def _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance):
     """One ``offset`` per batch row of ``weights [..., heads, q_len, k_len]``, its axes those
     before the heads, validated (integers of the library and device of ``weights``, every
-    ``(offset + i) - j`` within the index dtype), as ``[rows]``."""
+    ``(offset + i) - j`` within the index dtype), as ``[rows]``; on a device, clamped where
+    the clipped distances are the same instead of read (:func:`_per_token.saturated`)."""
     offset = _per_token.row_offsets(xp, offset, weights, v)
     if weights.ndim < 3 or tuple(offset.shape[:-1]) != tuple(weights.shape[:-3]):
         raise ValueError(
@@ -92,6 +93,9 @@ def _row_offsets(xp, weights, v, offset, q_len, k_len):
             f"(one Toeplitz scatter per row), got weights of shape {tuple(weights.shape)}"
         )
     device = device_of(weights)
+    clamped = _per_token.saturated(xp, offset, q_len, k_len, max_distance, device)
+    if clamped is not None:
+        return xp.reshape(clamped, (-1,))
     low, high = (1 - k_len, q_len - 1) if q_len and k_len else (0, 0)
     ends = check.shifted("i - j", xp.asarray([low, high], dtype=offset.dtype, device=device), offset, xp, device, known=(low, high))
     if _compat.is_dask_array(ends):  # (checked when computed: the offsets read back from the checked sums wait for it)
@@ -166,7 +170,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         mass = _per_token.scatter(xp, weights, index, rows)
     elif per_row(offset):
-        offsets = _row_offsets(xp, weights, v, offset, q_len, k_len)
+        offsets = _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         # (an explicit mesh unstacks no split axis: the rows' weights and offsets gathered)
