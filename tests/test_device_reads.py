@@ -23,10 +23,19 @@ K = 3  # Shaw's max_distance
 EXTREME = [-(2**63), 2**63 - 1, 0, 2]  # beyond the int64 sums on the host: refused there
 
 
-def _shaw_output(offset):
+def _per_row_calls():
+    """``name -> offset -> call(c)``: the calls of one offset per batch row whose result
+    saturates (distances clipped to ``±K``, T5's last buckets), their arrays made by ``c``."""
     g = torch.Generator().manual_seed(0)
-    weights, v, table = torch.rand(4, 2, 3, 6, generator=g), torch.randn(4, 2, 6, 5, generator=g), torch.randn(2 * K + 1, 5, generator=g)
-    return lambda c: pe.shaw_output(c(weights), c(v), c(table), max_distance=K, offset=c(torch.tensor(offset)))
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    weights, v, table_v = torch.rand(4, 2, 3, 6, generator=g), r(4, 2, 6, 5), r(2 * K + 1, 5)
+    q, k, table_k, t5 = r(4, 2, 3, 8), r(4, 2, 6, 8), r(2 * K + 1, 8), r(32, 2)
+    return {
+        "shaw_output": lambda o: lambda c: pe.shaw_output(c(weights), c(v), c(table_v), max_distance=K, offset=c(torch.tensor(o))),
+        "shaw_logits": lambda o: lambda c: pe.shaw_logits(c(q), c(k), c(table_k), max_distance=K, offset=c(torch.tensor(o))),
+        "t5_bias": lambda o: lambda c: pe.t5_bias(c(t5), 3, 6, offset=c(torch.tensor(o))),
+        "t5_bias unidirectional": lambda o: lambda c: pe.t5_bias(c(t5), 3, 6, offset=c(torch.tensor(o)), bidirectional=False, max_distance=20),
+    }
 
 
 def _on_fake_gpu(call):
@@ -46,25 +55,31 @@ def test_the_harness_records_reads_and_copies_and_refuses_numpy():
     assert [(kind, what) for kind, what, _ in log] == [("read", "__int__"), ("read", "tolist"), ("copy", "asarray of host data onto the device"), ("read", "cpu to the CPU"), ("read", "numpy")]
 
 
-def test_shaw_output_with_one_offset_per_row_reads_nothing_back_on_a_gpu():
+@pytest.mark.parametrize("name", list(_per_row_calls()))
+def test_one_offset_per_row_reads_nothing_back_on_a_gpu(name):
     """Per-row ``shaw_output`` read every offset's range back (``_validate._sum_leaves``: two
     reads) and copied ``[low, high]`` onto the device (a pageable host copy, its result unused
-    but for Dask) on each call. The distances are clipped to ``±K``: the offsets are clamped
-    on the device instead, to where every distance of a row is already beyond ``K``."""
-    got, log = _on_fake_gpu(_shaw_output([5, -2, 0, 9]))
+    but for Dask); ``shaw_logits`` and ``t5_bias`` read eight values (the offsets' and the
+    positions' extremes, ``_validate.shifted`` and ``differences``), each a synchronisation.
+    Their distances saturate (clipped to ``±K``, T5's last bucket on each side): the offsets
+    are clamped on the device instead, to where every distance of a row is already past."""
+    call = _per_row_calls()[name]
+    got, log = _on_fake_gpu(call([5, -2, 0, 9]))
     assert not log, log.lines()
     with pe.use_backend("reference"):
-        want = _shaw_output([5, -2, 0, 9])(lambda t: t)
+        want = call([5, -2, 0, 9])(lambda t: t)
     assert torch.equal(got, want)
 
 
-def test_offsets_past_the_int64_sums_give_the_saturated_rows_on_a_gpu():
+@pytest.mark.parametrize("name", list(_per_row_calls()))
+def test_offsets_past_the_int64_sums_give_the_saturated_rows_on_a_gpu(name):
     """Offsets whose sums would leave int64, refused on the host (where reading them is free),
     are clamped on a GPU: each row is the one of any offset as far out on its side."""
-    got, log = _on_fake_gpu(_shaw_output(EXTREME))
+    call = _per_row_calls()[name]
+    got, log = _on_fake_gpu(call(EXTREME))
     assert not log, log.lines()
     with pe.use_backend("reference"):
-        want = _shaw_output([-(K + 3) - 100, K + 6 + 100, 0, 2])(lambda t: t)
+        want = call([-1000, 1000, 0, 2])(lambda t: t)
     assert torch.equal(got, want)
-    with pytest.raises(ValueError, match=r"offset \+ i - j must stay within int64"):
-        _shaw_output(EXTREME)(lambda t: t)
+    with pytest.raises(ValueError, match="must stay within int64"):
+        call(EXTREME)(lambda t: t)

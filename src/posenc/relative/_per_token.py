@@ -25,7 +25,7 @@ def given(query_positions, key_positions, offset=None):
     return query_positions is not None or key_positions is not None or per_row(offset)
 
 
-def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, device, float_dtype=None):
+def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, device, float_dtype=None, reach=None):
     """``(query, key, batch)``: the validated positions, the queries' shifted by ``offset``,
     and the broadcast of their leading (batch) axes; lengths already validated.
 
@@ -34,7 +34,9 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
     positions; left out (``None``) it is 0 when ``query_positions`` are given (they say
     where the queries are) and ``k_len - q_len`` otherwise, as without positions.
     ``float_dtype``: float positions are allowed and ``rel`` is computed in it when one is
-    float (ALiBi); without it positions must be integers (table lookups).
+    float (ALiBi); without it positions must be integers (table lookups). ``reach``: where the
+    caller's result saturates (:func:`saturated`), for one offset per batch row and no
+    positions given.
     """
     # Every caller forms the [..., q_len, k_len] distances: nothing (a missing position's
     # arange) is built before they are known to fit.
@@ -67,6 +69,9 @@ def positions(xp, q_len, k_len, offset, query_positions, key_positions, *, devic
             raise ValueError(
                 f"offset of shape {tuple(offset.shape[:-1])} (one per batch row) and the positions' leading (batch) axes {tuple(batch)} must broadcast together"
             ) from None
+        clamped = None if reach is None or query_positions is not None or key_positions is not None else saturated(xp, offset, q_len, k_len, reach, device)
+        if clamped is not None:
+            return qpos + clamped, kpos, batch
     qpos, kpos = shifted(xp, qpos, kpos, offset, device, float_dtype)
     return qpos, kpos, batch
 
@@ -85,7 +90,8 @@ def row_offsets(xp, offset, qpos, kpos):
 def saturated(xp, offset, q_len, k_len, reach, device):
     """Widened offsets ``offset`` (one per batch row, :func:`row_offsets`) clamped to
     ``[-(reach + q_len), reach + k_len]``, for a result that depends on each distance
-    ``offset + i - j`` only through ``clip(offset + i - j, -reach, reach)`` (Shaw's table):
+    ``offset + i - j`` only through ``clip(offset + i - j, -reach, reach)`` (Shaw's table,
+    T5's buckets):
     past those bounds every distance of a row is beyond ``reach`` on one side, as it is at
     the bound, so the result is the same, and every sum stays within the index dtype
     without the offsets being read. ``None`` where they are read instead: in host memory
@@ -210,10 +216,10 @@ def batch_first(xp, values, heads, batch, q_len, k_len):
     return xp.permute_dims(values, (*range(1, len(batch) + 1), 0, len(batch) + 1, len(batch) + 2))
 
 
-def placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, has_heads, what, *, device):
+def placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, has_heads, what, *, device, reach=None):
     """``(qpos, kpos, batch)`` of a logits function: the validated positions and the leading
     axes of its ``[..., heads, q, k]`` result (:func:`positions`, :func:`batch_with_heads`)."""
-    qpos, kpos, positions_batch = positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+    qpos, kpos, positions_batch = positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, reach=reach)
     return qpos, kpos, batch_with_heads(positions_batch, batch, has_heads, what, rows=per_row(offset))
 
 

@@ -15,7 +15,7 @@ from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
 from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, mesh_axes, namespace, result_dtype, size, split_spec, unsplit, widest_float
-from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options
+from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_reach
 from . import _args, _per_token
 from .indices import clipped, distance_count, distances, query_offset
 
@@ -444,7 +444,8 @@ def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key
         raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions or one offset per batch row")
     device = device_of(params)
     floats = distance_float(xp, kind, device)
-    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats)
+    reach = t5_reach(options["num_buckets"], options["max_distance"], options["bidirectional"]) if kind == "t5" else None
+    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats, reach=reach)
     heads = _heads_of(params)
     shape = (*batch, heads, q_len, k_len)
     if out is None:

@@ -182,6 +182,13 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
     return base + xp.where(n < exact, n, logarithmic)
 
 
+def t5_reach(num_buckets, max_distance, bidirectional) -> int:
+    """The distance from which every farther one on its side has the same T5 bucket: the
+    last bucket's first distance (``_t5_starts``), or the exact buckets' end."""
+    side = num_buckets // 2 if bidirectional else num_buckets
+    return max((side // 2, *_t5_starts(side, max_distance)))
+
+
 @trace_constant
 def t5_starts_reached(side_buckets: int, max_distance: int, largest: int) -> tuple[int, ...]:
     """The :func:`_t5_starts` a distance of at most ``largest`` reaches (a constant for ``torch.compile``)."""

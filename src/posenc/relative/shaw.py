@@ -66,7 +66,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     dtype, work = _args.dtypes(xp, q, k, table_k)
     device = device_of(q)
     if _per_token.given(query_positions, key_positions, offset):
-        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device)
+        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device, reach=max_distance)
         _args.logits_shape(batch, q_len, k_len)
         index = clipped(xp, _per_token.relative(qpos, kpos, heads=q.ndim >= 3), max_distance)
     else:
