@@ -177,11 +177,26 @@ def recording():
     and copies of the block are recorded in the ``Log`` yielded."""
     log = Log()
     _LOG.append(log)
-    lazy_init = torch.cuda._lazy_init
+    from posenc import _device_constants
+
+    lazy_init, constant = torch.cuda._lazy_init, _device_constants.torch_constant
     torch.cuda._lazy_init = lambda: None
+    _device_constants.torch_constant = _kept_constant
     try:
         with _Functions(), _Dispatch():
             yield log
     finally:
-        torch.cuda._lazy_init = lazy_init
+        torch.cuda._lazy_init, _device_constants.torch_constant = lazy_init, constant
         _LOG.pop()
+
+
+_KEPT: dict = {}
+
+
+def _kept_constant(values, dtype, device, what=None):
+    """``_device_constants.torch_constant`` (which asks CUDA about streams and graph
+    capture): a constant copied once (unrecorded) and kept, as on a GPU."""
+    key = (dtype, tuple(values))
+    if key not in _KEPT:
+        _KEPT[key] = FakeCuda(torch.tensor(values, dtype=dtype))
+    return _KEPT[key]

@@ -83,3 +83,21 @@ def test_offsets_past_the_int64_sums_give_the_saturated_rows_on_a_gpu(name):
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="must stay within int64"):
         call(EXTREME)(lambda t: t)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rope_cos_sin_of_frequencies_on_a_gpu_reads_none_of_them(dtype):
+    """``rope_cos_sin(positions, inv_freq)`` with ``inv_freq`` on the GPU (a model's own
+    buffer) read each frequency to the host, ``float(inv_freq[i])``: ``r / 2`` synchronisations
+    a call (64 for a head of 128). They are multiplied on the device now, the same float64
+    products: the same bits."""
+    inv_freq = torch.from_numpy(pe.rope_frequencies(128)[0]).to(dtype)
+    positions = torch.arange(40).reshape(2, 20) * 997
+
+    def call(c):
+        return torch.stack(pe.rope_cos_sin(c(positions), c(inv_freq), dtype=torch.float32))
+
+    got, log = _on_fake_gpu(call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))

@@ -172,6 +172,15 @@ def torch_tensor(value) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def on_accelerator(a) -> bool:
+    """An accelerator's array (a torch tensor off the CPU, a CuPy array, a JAX array on a
+    GPU): reading one of its values synchronises the device, and a CUDA graph cannot capture
+    that read."""
+    if torch_tensor(a):
+        return a.device.type != "cpu"
+    return _compat.is_cupy_array(a) or _compat.is_jax_array(a) and any(d.platform != "cpu" for d in a.devices())
+
+
 def jax_symbolic_dim(value) -> bool:
     """A symbolic dimension of ``jax.export``: a size known when the exported function is called
     (``jax.export.symbolic_shape``). Looked up in ``sys.modules``: no JAX import."""

@@ -15,7 +15,7 @@ import numpy as np
 from .. import _doublefloat
 from .. import _validate as check
 from .._compat import array_namespace, is_cupy_array, is_dask_array, is_jax_array
-from .._xp import broadcast_shapes, cast, device_of, empty_result, index_dtype, is_integer, namespace, reshaped, resplit, size, split_spec, torch_tensor, unsplit
+from .._xp import broadcast_shapes, cast, device_of, empty_result, index_dtype, is_integer, namespace, on_accelerator, reshaped, resplit, size, split_spec, torch_tensor, unsplit
 from .indices import per_row, scalar_offset
 
 
@@ -98,7 +98,7 @@ def saturated(xp, offset, q_len, k_len, reach, device):
     (a free read, whose check refuses a sum that would leave the index dtype, as for one
     offset), a Dask array (checked block by block), or where even the clamped sums could
     leave the index dtype."""
-    if _on_host(offset) or is_dask_array(offset) or check.is_eager(offset) and not _on_device(offset):
+    if _on_host(offset) or is_dask_array(offset) or check.is_eager(offset) and not on_accelerator(offset):
         return None
     _, _, low, high = check.index_bounds(xp, device)
     if not (low <= -(reach + q_len) - k_len and reach + k_len + q_len <= high):
@@ -198,14 +198,6 @@ def split_with_heads(result, split, ndim):
 
 def _on_host(a) -> bool:
     return type(a) is np.ndarray or (torch_tensor(a) and a.device.type == "cpu")
-
-
-def _on_device(a) -> bool:
-    """An accelerator's array (torch off the CPU, CuPy, JAX on a GPU): reading one of its
-    values synchronises the device (and a CUDA graph cannot capture it)."""
-    if torch_tensor(a):
-        return a.device.type != "cpu"
-    return is_cupy_array(a) or is_jax_array(a) and any(d.platform != "cpu" for d in a.devices())
 
 
 def batch_first(xp, values, heads, batch, q_len, k_len):

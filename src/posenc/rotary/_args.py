@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, has_float64, host_constants, index_dtype, is_integer, is_real_floating, length_through, namespace, torch_tensor, trace_constant, widest_float, without_empty_chunks
+from .._xp import device_of, has_float64, host_constants, index_dtype, is_integer, is_real_floating, length_through, namespace, on_accelerator, torch_tensor, trace_constant, widest_float, without_empty_chunks
 
 LAYOUTS = ("half", "interleaved")
 
@@ -29,17 +29,20 @@ def layout(name, value):
     return check.layout(name, value, LAYOUTS)
 
 
-def inv_freq(name, value, xp):
+def inv_freq(name, value, xp, device=None):
     """Frequencies ``[n]``: a tuple of host float64 numbers, or, when they cannot be read
     now or carry a gradient (a traced JAX value, a torch tensor while torch compiles or one
-    that requires grad), the array itself, to compute with inside the graph."""
+    that requires grad), or are floats on an accelerator that is ``device`` (the tables',
+    where reading them is a synchronisation per value), the array itself, to compute with
+    inside the graph (the same float64 products; there, non-finite frequencies give
+    non-finite tables rather than a ``ValueError``)."""
     if check.is_array(value) and not isinstance(value, np.ndarray):
         if namespace(value) is not xp:
             raise TypeError(
                 f"{name} must be a NumPy array, a sequence, or an array of the same namespace as the other "
                 f"arguments ({xp.__name__}), got {type(value).__name__}"
             )
-        if not check.is_eager(value) or (getattr(value, "requires_grad", False) and _grad_enabled()):
+        if not check.is_eager(value) or (getattr(value, "requires_grad", False) and _grad_enabled()) or _on_device(value, device, xp):
             check.float_array(name, value, xp)
             if value.ndim != 1 or value.shape[0] == 0:
                 raise ValueError(f"{name} must be a non-empty 1-D array, got shape {tuple(value.shape)}")
@@ -49,6 +52,11 @@ def inv_freq(name, value, xp):
         elif _compat.is_jax_array(value):  # (one read of every shard: a split array's elements cannot be indexed on an explicit mesh)
             value = np.asarray(value)
     return _host_floats(name, value)
+
+
+def _on_device(value, device, xp) -> bool:
+    """Float frequencies on an accelerator, ``device`` (the tables are made there)."""
+    return device is not None and on_accelerator(value) and is_real_floating(xp, value.dtype) and device_of(value) == device
 
 
 def _grad_enabled():

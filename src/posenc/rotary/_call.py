@@ -243,7 +243,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     device = device_of(positions)
     positions = check.positions("positions", positions, xp)
     layout = _args.layout("layout", layout)
-    freqs = check.computed_on("inv_freq", _args.inv_freq("inv_freq", inv_freq, xp), device)
+    freqs = check.computed_on("inv_freq", _args.inv_freq("inv_freq", inv_freq, xp, device), device)
     pairs = len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
     scale = check.real("scale", scale)
     if dtype is None:
