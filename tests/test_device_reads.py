@@ -101,3 +101,45 @@ def test_rope_cos_sin_of_frequencies_on_a_gpu_reads_none_of_them(dtype):
     assert not log, log.lines()
     with pe.use_backend("reference"):
         assert torch.equal(got, call(lambda t: t))
+
+
+def _on_fake_gpu_module(module, call):
+    """``call(c)`` of ``module`` with its parameters and buffers on the fake GPU."""
+    saved = [(d, n, t) for m in module.modules() for d in (m._parameters, m._buffers) for n, t in d.items() if t is not None]
+    try:
+        for d, n, t in saved:
+            d[n] = fake_cuda.cuda(t)
+        return _on_fake_gpu(call)
+    finally:
+        for d, n, t in saved:
+            d[n] = t
+
+
+def test_a_module_with_one_offset_per_row_reads_nothing_back_on_a_gpu():
+    """The modules' protocol checked the per-row offsets itself (``_protocol.row_offsets``: two
+    reads and a pageable copy of ``[low, high]``) before the function it calls checked them
+    again; on a GPU that function alone does (ShawRelative's clamps them): 0 reads for
+    ``ShawRelative.attend`` (3 on main), the CPU module's bits."""
+    import posenc.torch as pt
+
+    g = torch.Generator().manual_seed(1)
+    m = pt.ShawRelative(8, max_distance=K).requires_grad_(False)
+    q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (1, 6, 6))
+
+    def call(c):
+        return m(c(q), c(k), c(v), offset=c(torch.tensor([5, -2, 0, 9])))
+
+    got, log = _on_fake_gpu_module(m, call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))
+
+
+def test_offsets_a_linear_bias_cannot_take_are_still_refused_on_a_gpu():
+    """ALiBi's bias grows with the distance: its offsets are read and checked on a GPU too
+    (the read ``alibi_bias`` makes), so one past the int64 sums is still a ``ValueError``."""
+    import posenc.torch as pt
+
+    m = pt.ALiBi(2)
+    with pytest.raises(ValueError, match="must stay within int64"):
+        _on_fake_gpu_module(m, lambda c: m(1, 6, offset=c(torch.tensor(EXTREME))))

@@ -9,7 +9,7 @@ from torch import nn
 
 from posenc.relative import indices
 from posenc import _validate as check
-from posenc._xp import namespace
+from posenc._xp import namespace, on_accelerator
 
 
 class PositionalModule(nn.Module):
@@ -152,7 +152,9 @@ def row_offsets(offset, q, k):
     """One ``offset`` per batch row, an integer tensor (or NumPy array) ``[...]`` broadcasting
     against the batch axes of ``q``/``k`` before the heads axis, as an int64 tensor on their
     device; every query position ``offset + i`` and relative position ``(offset + i) - j``
-    checked to stay within int64 (values that can be read now)."""
+    checked to stay within int64 (values that can be read now). On a GPU they are not read
+    here: the function a module passes them to checks them (or, where its result saturates,
+    clamps them) before any work."""
     if not isinstance(offset, torch.Tensor):
         check.array("offset", offset)
         if type(offset).__module__.split(".")[0] != "numpy":
@@ -166,6 +168,8 @@ def row_offsets(offset, q, k):
     q_len, k_len = q.shape[-2], k.shape[-2]
     xp = namespace(offset)
     offset = check.widened("offset", offset, xp, offset.device)
+    if on_accelerator(offset):
+        return offset
     extent = torch.tensor([min(1 - k_len, 0), max(q_len - 1, 0)], device=offset.device)
     check.shifted("i - j", extent, offset[..., None], xp, offset.device, known=(min(1 - k_len, 0), max(q_len - 1, 0)))
     return offset
