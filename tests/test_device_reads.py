@@ -24,8 +24,9 @@ EXTREME = [-(2**63), 2**63 - 1, 0, 2]  # beyond the int64 sums on the host: refu
 
 
 def _per_row_calls():
-    """``name -> offset -> call(c)``: the calls of one offset per batch row whose result
-    saturates (distances clipped to ``±K``, T5's last buckets), their arrays made by ``c``."""
+    """``name -> offset -> call(c)``: the calls of an offset tensor (one per batch row, or
+    0-d) whose result saturates (distances clipped to ``±K``, T5's last buckets), their
+    arrays made by ``c``."""
     g = torch.Generator().manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     weights, v, table_v = torch.rand(4, 2, 3, 6, generator=g), r(4, 2, 6, 5), r(2 * K + 1, 5)
@@ -83,6 +84,23 @@ def test_offsets_past_the_int64_sums_give_the_saturated_rows_on_a_gpu(name):
     assert torch.equal(got, want)
     with pytest.raises(ValueError, match="must stay within int64"):
         call(EXTREME)(lambda t: t)
+
+
+@pytest.mark.parametrize("name", list(_per_row_calls()))
+def test_one_offset_as_a_0d_array_is_clamped_not_read_on_a_gpu(name):
+    """A 0-d offset tensor (a decode step's position, kept on the device for a CUDA graph)
+    was read to a Python int (``_validate.integer``: one synchronisation a call) to check
+    the sums; where the result saturates it is clamped on the device instead: the bits of
+    the int offset, and those of an offset as far out for offsets past the int64 sums
+    (refused on the host)."""
+    call = _per_row_calls()[name]
+    for offset, same in ((5, 5), (-(2**63), -1000), (2**63 - 1, 1000)):
+        got, log = _on_fake_gpu(call(offset))
+        assert not log, log.lines()
+        with pe.use_backend("reference"):
+            assert torch.equal(got, call(same)(lambda t: t))
+    with pytest.raises(ValueError, match="int64"):
+        call(2**63 - 1)(lambda t: t)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -143,3 +161,15 @@ def test_offsets_a_linear_bias_cannot_take_are_still_refused_on_a_gpu():
     m = pt.ALiBi(2)
     with pytest.raises(ValueError, match="must stay within int64"):
         _on_fake_gpu_module(m, lambda c: m(1, 6, offset=c(torch.tensor(EXTREME))))
+
+
+def test_what_needs_host_values_or_another_device_still_reads_them():
+    """Frequencies ``rerotate``'s kernel takes as constants, GPU frequencies beside CPU
+    positions, and a GPU offset beside a CPU table are read as before (and work)."""
+    freqs = torch.from_numpy(pe.rope_frequencies(8)[0])
+    with pe.use_backend("reference"), fake_cuda.recording() as log:
+        cos, _ = pe.rope_cos_sin(torch.arange(3), fake_cuda.cuda(freqs))
+        assert cos.device.type == "cpu" and len(log) == 4
+        pe.rerotate(fake_cuda.cuda(torch.randn(2, 3, 8)), fake_cuda.cuda(torch.tensor(2)), inv_freq=fake_cuda.cuda(freqs))
+        assert len(log) == 8
+        assert pe.t5_bias(torch.randn(32, 2), 1, 6, offset=fake_cuda.cuda(torch.tensor(5))).device.type == "cpu" and len(log) == 9

@@ -376,14 +376,14 @@ def grown_length(length, num_positions):
     return length
 
 
-def integer_or_traced(name, value, *, minimum=None):
+def integer_or_traced(name, value, *, minimum=None, read=True):
     """An integer argument that the computation may carry as an array (an offset, a length
     that no shape depends on): :func:`integer`, except that a 0-d integer array whose value
     cannot be read now (a traced JAX value, a torch tensor while torch compiles, a Dask
-    scalar) is returned as it is; its range is then not checked."""
+    scalar), or any with ``read=False``, is returned as it is; its range is then not checked."""
     if is_array(value):
         _zero_d_integer(name, value)
-        if not is_eager(value):
+        if not (read and is_eager(value)):
             return value
     return integer(name, value, minimum=minimum)
 

@@ -16,7 +16,7 @@ from .. import _doublefloat
 from .. import _validate as check
 from .._compat import array_namespace, is_cupy_array, is_dask_array, is_jax_array
 from .._xp import broadcast_shapes, cast, device_of, empty_result, index_dtype, is_integer, namespace, on_accelerator, reshaped, resplit, size, split_spec, torch_tensor, unsplit
-from .indices import per_row, scalar_offset
+from .indices import per_row, saturated, scalar_offset
 
 
 def given(query_positions, key_positions, offset=None):
@@ -85,25 +85,6 @@ def row_offsets(xp, offset, qpos, kpos):
     device_of(offset, qpos, kpos)
     check.integer_array("offset", offset, xp)
     return check.widened("offset", offset, xp, device_of(offset))[..., None]
-
-
-def saturated(xp, offset, q_len, k_len, reach, device):
-    """Widened offsets ``offset`` (one per batch row, :func:`row_offsets`) clamped to
-    ``[-(reach + q_len), reach + k_len]``, for a result that depends on each distance
-    ``offset + i - j`` only through ``clip(offset + i - j, -reach, reach)`` (Shaw's table,
-    T5's buckets):
-    past those bounds every distance of a row is beyond ``reach`` on one side, as it is at
-    the bound, so the result is the same, and every sum stays within the index dtype
-    without the offsets being read. ``None`` where they are read instead: in host memory
-    (a free read, whose check refuses a sum that would leave the index dtype, as for one
-    offset), a Dask array (checked block by block), or where even the clamped sums could
-    leave the index dtype."""
-    if _on_host(offset) or is_dask_array(offset) or check.is_eager(offset) and not on_accelerator(offset):
-        return None
-    _, _, low, high = check.index_bounds(xp, device)
-    if not (low <= -(reach + q_len) - k_len and reach + k_len + q_len <= high):
-        return None
-    return xp.clip(offset, -(reach + q_len), reach + k_len)
 
 
 def shifted(xp, qpos, kpos, offset, device, float_dtype):

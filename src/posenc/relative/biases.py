@@ -415,7 +415,7 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **arrays)
     if _per_token.given(query_positions, key_positions, offset):
         return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
-    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params))
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), reach=_reach(kind, options))
     # The whole bias is checked before its per-distance vector is built.
     if _compat.is_dask_array(params):  # (a blocked bias: each block reads the per-distance vector, one chunk, whole)
         check.allocatable("the per-distance vector of the blocked bias", (_heads_of(params), distance_count(q_len, k_len)), 8)
@@ -438,14 +438,21 @@ def distance_float(xp, kind, device):
     return widest_float(xp, device) if kind == "alibi" else None
 
 
+def _reach(kind, options):
+    """Where a kind's bias stops changing with the distance (T5's last buckets, Shaw's
+    clipped table), or ``None`` (it changes at every distance)."""
+    if kind == "t5":
+        return t5_reach(options["num_buckets"], options["max_distance"], options["bidirectional"])
+    return options["max_distance"] if kind == "shaw" else None
+
+
 def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options):
     """:func:`relative_bias` with per-token positions: the kind's values at every ``rel``."""
     if chunks is not None:
         raise ValueError("chunks applies to the per-distance form, not with query_positions/key_positions or one offset per batch row")
     device = device_of(params)
     floats = distance_float(xp, kind, device)
-    reach = t5_reach(options["num_buckets"], options["max_distance"], options["bidirectional"]) if kind == "t5" else None
-    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats, reach=reach)
+    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, float_dtype=floats, reach=_reach(kind, options))
     heads = _heads_of(params)
     shape = (*batch, heads, q_len, k_len)
     if out is None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._xp import arguments_in, broadcast_shapes, device_of, index_dtype, integer_result_dtype, namespace, shifted
+from .._compat import is_dask_array
+from .._xp import arguments_in, broadcast_shapes, device_of, index_dtype, integer_result_dtype, namespace, on_accelerator, shifted, torch_tensor
 
 
 def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
@@ -78,14 +79,39 @@ def offset_namespace(offset, xp, device):
     return xp, offset, device_of(offset) if device is None else device
 
 
-def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None):
+def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None, reach=None):
     """The validated ``offset`` of the first query; ``None`` (the default) is ``k_len - q_len``:
     the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal).
     The relative positions it gives are checked against ``xp``'s index dtype (int64 when
-    ``xp`` is not given). One per batch row is refused (:func:`scalar_offset`)."""
+    ``xp`` is not given). One per batch row is refused (:func:`scalar_offset`). ``reach``:
+    where the caller's result saturates; a 0-d array on an accelerator (or traced) is then
+    clamped, not read (:func:`saturated`)."""
     if offset is None:
         offset = k_len - q_len
+    if reach is not None and check.is_array(offset) and offset.ndim == 0 and not (torch_tensor(offset) and offset.device != device):
+        offset = check.integer_or_traced("offset", offset, read=False)
+        clamped = saturated(xp, check.widened("offset", offset, xp, device), q_len, k_len, reach, device)
+        if clamped is not None:
+            return check.computed_on("offset", clamped, device)
     return check.relative_offset(scalar_offset(offset, instead), q_len, k_len, xp, device)
+
+
+def saturated(xp, offset, q_len, k_len, reach, device):
+    """Widened offsets ``offset`` (one per batch row, or a 0-d array) clamped to
+    ``[-(reach + q_len), reach + k_len]``, for a result that depends on each distance
+    ``offset + i - j`` only through ``clip(offset + i - j, -reach, reach)`` (Shaw's table,
+    T5's buckets): past those bounds every distance of a row is beyond ``reach`` on one side, as it is at
+    the bound, so the result is the same, and every sum stays within the index dtype
+    without the offsets being read. ``None`` where they are read instead: in host memory
+    (a free read, whose check refuses a sum that would leave the index dtype, as for one
+    offset), a Dask array (checked block by block), or where even the clamped sums could
+    leave the index dtype."""
+    if is_dask_array(offset) or (torch_tensor(offset) or check.is_eager(offset)) and not on_accelerator(offset):
+        return None
+    _, _, low, high = check.index_bounds(xp, device)
+    if not (low <= -(reach + q_len) - k_len and reach + k_len + q_len <= high):
+        return None
+    return xp.clip(offset, -(reach + q_len), reach + k_len)
 
 
 def per_row(offset):

@@ -71,7 +71,7 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
         index = clipped(xp, _per_token.relative(qpos, kpos, heads=q.ndim >= 3), max_distance)
     else:
         _args.logits_shape(batch, q_len, k_len)
-        index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device), xp=xp, device=device), max_distance)
+        index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, reach=max_distance), xp=xp, device=device), max_distance)
     q, k, table_k = (cast(xp, a, work) for a in (q, k, table_k))
     scores = q @ xp.matrix_transpose(table_k)
     if index.ndim > 1:
@@ -179,7 +179,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         scattered = [call("toeplitz_scatter", w, i, rows) for w, i in zip(rows_weights, index)]
         mass = xp.reshape(xp.stack(scattered), (*weights.shape[:-1], rows)) if scattered else xp.zeros((*weights.shape[:-1], rows), dtype=work, device=device)
     else:
-        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device, reach=max_distance)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         index = built_in_range(clipped(xp, distances(q_len, k_len, offset, xp=xp, device=device), max_distance), rows)
