@@ -31,9 +31,12 @@ def _per_row_calls():
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     weights, v, table_v = torch.rand(4, 2, 3, 6, generator=g), r(4, 2, 6, 5), r(2 * K + 1, 5)
     q, k, table_k, t5 = r(4, 2, 3, 8), r(4, 2, 6, 8), r(2 * K + 1, 8), r(32, 2)
+    pos_q, pos_k, deberta = r(2 * K, 8), r(2 * K, 8), r(2 * K, 2)
     return {
         "shaw_output": lambda o: lambda c: pe.shaw_output(c(weights), c(v), c(table_v), max_distance=K, offset=c(torch.tensor(o))),
         "shaw_logits": lambda o: lambda c: pe.shaw_logits(c(q), c(k), c(table_k), max_distance=K, offset=c(torch.tensor(o))),
+        "deberta_logits": lambda o: lambda c: pe.deberta_logits(c(q), c(k), c(pos_q), c(pos_k), max_distance=K, offset=c(torch.tensor(o))),
+        "relative_bias deberta": lambda o: lambda c: pe.relative_bias("deberta", c(deberta), 3, 6, max_distance=K, offset=c(torch.tensor(o))),
         "t5_bias": lambda o: lambda c: pe.t5_bias(c(t5), 3, 6, offset=c(torch.tensor(o))),
         "t5_bias unidirectional": lambda o: lambda c: pe.t5_bias(c(t5), 3, 6, offset=c(torch.tensor(o)), bidirectional=False, max_distance=20),
     }

@@ -180,6 +180,12 @@ def deberta_index(xp, dist, max_distance, bucket_size, max_position):
     return xp.clip(dist, -max_distance, max_distance - 1) + max_distance
 
 
+def deberta_reach(max_distance, bucket_size):
+    """Where DeBERTa's table row stops changing with the distance: ``K`` without buckets
+    (``clip(rel, -K, K - 1)``); ``None`` with log buckets (no bound is proved here)."""
+    return max_distance if bucket_size is None else None
+
+
 def deberta_options(max_distance, bucket_size, max_position):
     """Validated DeBERTa options; ``max_position`` defaults to 512 when bucketing."""
     max_distance = check.integer("max_distance", max_distance, minimum=1)
@@ -443,6 +449,8 @@ def _reach(kind, options):
     clipped table), or ``None`` (it changes at every distance)."""
     if kind == "t5":
         return t5_reach(options["num_buckets"], options["max_distance"], options["bidirectional"])
+    if kind == "deberta":
+        return deberta_reach(options["max_distance"], options["bucket_size"])
     return options["max_distance"] if kind == "shaw" else None
 
 

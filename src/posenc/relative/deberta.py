@@ -10,7 +10,7 @@ from .._dispatch import call
 from .._kernels._built import built_in_range
 from .._xp import cast, device_of, heads_like, host_constants
 from . import _args, _per_token, _signatures
-from .biases import deberta_index, deberta_options
+from .biases import deberta_index, deberta_options, deberta_reach
 from .indices import distances, query_offset
 
 
@@ -98,13 +98,14 @@ def deberta_logits(
         _args.table(name, table, xp, rows=2 * max_distance, dim=dim, batch=batch)
     dtype, work = _args.dtypes(xp, q, k, *(table for _, table in given))
     device = device_of(q)
+    reach = deberta_reach(max_distance, bucket_size)
     if _per_token.given(query_positions, key_positions, offset):
-        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device)
+        qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device, reach=reach)
         _args.logits_shape(batch, q_len, k_len)
         rel = _per_token.relative(qpos, kpos, heads=q.ndim >= 3)
     else:
         _args.logits_shape(batch, q_len, k_len)
-        rel = distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device), xp=xp, device=device)
+        rel = distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, reach=reach), xp=xp, device=device)
     q, k = cast(xp, q, work), cast(xp, k, work)
     total = q @ xp.matrix_transpose(k)
     delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)

@@ -100,12 +100,12 @@ def saturated(xp, offset, q_len, k_len, reach, device):
     """Widened offsets ``offset`` (one per batch row, or a 0-d array) clamped to
     ``[-(reach + q_len), reach + k_len]``, for a result that depends on each distance
     ``offset + i - j`` only through ``clip(offset + i - j, -reach, reach)`` (Shaw's table,
-    T5's buckets): past those bounds every distance of a row is beyond ``reach`` on one side, as it is at
-    the bound, so the result is the same, and every sum stays within the index dtype
-    without the offsets being read. ``None`` where they are read instead: in host memory
-    (a free read, whose check refuses a sum that would leave the index dtype, as for one
-    offset), a Dask array (checked block by block), or where even the clamped sums could
-    leave the index dtype."""
+    DeBERTa's without log buckets, T5's buckets): past those bounds every distance of a
+    row is beyond ``reach`` on one side, as it is at the bound, so the result is the same,
+    and every sum stays within the index dtype without the offsets being read. ``None``
+    where they are read instead: in host memory (a free read, whose check refuses a sum
+    that would leave the index dtype), a Dask array (checked block by block), or where
+    even the clamped sums could leave the index dtype."""
     if is_dask_array(offset) or (torch_tensor(offset) or check.is_eager(offset)) and not on_accelerator(offset):
         return None
     _, _, low, high = check.index_bounds(xp, device)

@@ -9,7 +9,7 @@ from .._kernels._built import built_in_range
 from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, unsplit
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _signatures
-from .indices import clipped, distances, per_row, query_offset
+from .indices import clipped, distances, per_row, query_offset, saturated
 
 FORMS = ("released", "paper")
 
@@ -85,7 +85,7 @@ def _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance):
     """One ``offset`` per batch row of ``weights [..., heads, q_len, k_len]``, its axes those
     before the heads, validated (integers of the library and device of ``weights``, every
     ``(offset + i) - j`` within the index dtype), as ``[rows]``; on a device, clamped where
-    the clipped distances are the same instead of read (:func:`_per_token.saturated`)."""
+    the clipped distances are the same instead of read (:func:`indices.saturated`)."""
     offset = _per_token.row_offsets(xp, offset, weights, v)
     if weights.ndim < 3 or tuple(offset.shape[:-1]) != tuple(weights.shape[:-3]):
         raise ValueError(
@@ -93,7 +93,7 @@ def _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance):
             f"(one Toeplitz scatter per row), got weights of shape {tuple(weights.shape)}"
         )
     device = device_of(weights)
-    clamped = _per_token.saturated(xp, offset, q_len, k_len, max_distance, device)
+    clamped = saturated(xp, offset, q_len, k_len, max_distance, device)
     if clamped is not None:
         return xp.reshape(clamped, (-1,))
     low, high = (1 - k_len, q_len - 1) if q_len and k_len else (0, 0)
