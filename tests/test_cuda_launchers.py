@@ -229,12 +229,15 @@ def _fake_cuda_toeplitz(monkeypatch, torch):
 
     from numba import cuda
 
+    from posenc import _built
     from posenc._kernels import _device_flat, toeplitz_cuda
 
     on_gpu, on_host = _arrays.on_gpu, _arrays.on_host
     cpu_tensor = lambda a: isinstance(a, torch.Tensor) and a.device.type == "cpu"  # noqa: E731
     monkeypatch.setattr(_arrays, "on_gpu", lambda a: on_host(a) if cpu_tensor(a) else on_gpu(a))
     monkeypatch.setattr(_arrays, "on_host", lambda a: not cpu_tensor(a) and on_host(a))
+    launchable = _built.launchable
+    monkeypatch.setattr(_built, "launchable", lambda a: cpu_tensor(a) or launchable(a))
     monkeypatch.setattr(_arrays, "launch_context", lambda a: (cuda.default_stream(), contextlib.nullcontext()))
     launches, bounds = [], []
     monkeypatch.setattr(toeplitz_cuda, "FAMILY", {key: key for key in toeplitz_cuda.SPECIALISATIONS})
@@ -276,7 +279,7 @@ def test_an_index_posenc_builds_is_not_read_back_on_the_cuda_path(monkeypatch, n
 
     torch = pytest.importorskip("torch")
     launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
-    from posenc._kernels import _built
+    from posenc import _built
 
     call = _own_index_calls(torch)[name]
     for public in (pe.shaw_logits, pe.shaw_output, pe.deberta_logits, pe.xl_logits, pe.tener_logits):
@@ -294,7 +297,7 @@ def test_an_index_a_caller_passes_is_checked_on_the_cuda_path(monkeypatch):
     recorded, or one recorded with a larger bound than this call's, is checked too."""
     torch = pytest.importorskip("torch")
     from posenc import _dispatch
-    from posenc._kernels._built import built_in_range
+    from posenc._built import built_in_range
 
     launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
     scores, weights = torch.zeros(3, 4), torch.zeros(3, 3)
@@ -318,7 +321,7 @@ def test_an_index_posenc_built_gives_the_kernels_values_unread(monkeypatch):
     kernels to the reference's values without its range read; the same values unrecorded
     are read."""
     from posenc._kernels import toeplitz_cuda
-    from posenc._kernels._built import built_in_range
+    from posenc._built import built_in_range
     from posenc.relative import _toeplitz
 
     scores, weights, index = np.arange(10, dtype=np.float32).reshape(2, 5), np.ones((2, 3), np.float32), np.array([4, 0, 2, 1], np.int64)

@@ -18,7 +18,7 @@ import pathlib
 import posenc
 
 ROOT = pathlib.Path(posenc.__file__).parent
-CORE = {"_compat", "_xp", "_validate", "_dispatch", "_plans", "_doublefloat", "_device_constants"}
+CORE = {"_compat", "_xp", "_validate", "_dispatch", "_plans", "_doublefloat", "_device_constants", "_built"}
 FAMILIES = {"absolute", "relative", "rotary", "attention"}
 ADAPTERS = {"torch", "jax", "flax", "_jax", "_dask"}
 FRAMEWORKS_OF_ADAPTERS = {"jax", "jaxlib", "flax", "dask", "distributed"}  # imported by adapters only

@@ -27,9 +27,8 @@ The files, one line each:
   (the torch custom ops, Numba CPU, numba.cuda); kernels in ``rope_cpu.py`` and
   ``rope_cuda.py``;
 * ``toeplitz.py``: the same for ``toeplitz_expand/gather/scatter``; kernels in
-  ``toeplitz_cpu.py`` and ``toeplitz_cuda.py``;
-* ``_built.py``: the Toeplitz indices posenc forms in range itself, whose range the CUDA
-  launcher does not read back;
+  ``toeplitz_cpu.py`` and ``toeplitz_cuda.py`` (which reads back no range of an index
+  posenc built in range itself: ``posenc/_built.py``);
 * ``buckets.py``: the same for ``t5_buckets`` (T5's buckets of a GPU bias's distances); its
   kernel in ``buckets_cuda.py``;
 * ``bias_rows_cpu.py``: the T5 and ALiBi plans' one-pass rows (``relative/_decode.py``'s

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda, types
 
 from . import _arrays, _codec, _device_flat, _family
-from ._built import known_in_range
+from .._built import known_in_range
 from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_values, guard_scatter, kernel_key, serves
 
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)

@@ -14,8 +14,8 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._compat import array_namespace, is_cupy_array, is_dask_array, is_jax_array
-from .._xp import broadcast_shapes, cast, device_of, empty_result, index_dtype, is_integer, namespace, on_accelerator, reshaped, resplit, size, split_spec, torch_tensor, unsplit
+from .._compat import array_namespace
+from .._xp import broadcast_shapes, cast, device_of, empty_result, index_dtype, is_integer, namespace, reshaped, resplit, size, split_spec, torch_tensor, unsplit
 from .indices import per_row, saturated, scalar_offset
 
 

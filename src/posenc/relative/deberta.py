@@ -7,7 +7,7 @@ import math
 from .. import _plans
 from .. import _validate as check
 from .._dispatch import call
-from .._kernels._built import built_in_range
+from .._built import built_in_range
 from .._xp import cast, device_of, heads_like, host_constants
 from . import _args, _per_token, _signatures
 from .biases import deberta_index, deberta_options, deberta_reach

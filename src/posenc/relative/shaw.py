@@ -5,7 +5,7 @@ from __future__ import annotations
 from .. import _compat, _plans
 from .. import _validate as check
 from .._dispatch import call
-from .._kernels._built import built_in_range
+from .._built import built_in_range
 from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, unsplit
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _signatures

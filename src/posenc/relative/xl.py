@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _validate as check
 from .._dispatch import call
-from .._kernels._built import built_in_range
+from .._built import built_in_range
 from .._xp import broadcast_shapes, cast, device_of, explicit_sharding, heads_like, host_constants, namespace, resplit, size, unsplit
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args

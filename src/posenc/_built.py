@@ -18,17 +18,17 @@ import weakref
 
 import numpy as np
 
-from .._xp import torch_compiling
-from . import _arrays
+from . import _compat
+from ._xp import torch_compiling, torch_tensor
 
 _RECORDED: dict = {}  # id(index) -> (weak reference to it, m)
 
 
 def built_in_range(index, m):
     """``index``, which posenc's own arithmetic made with every value in ``[0, m)``, recorded
-    as such where a CUDA launcher may read it (a GPU array; not while ``torch.compile``
+    as such where a CUDA launcher may read it (:func:`launchable`; not while ``torch.compile``
     traces, whose tensors are not the ones the compiled graph passes)."""
-    if type(index) is np.ndarray or torch_compiling() or not _arrays.on_gpu(index):
+    if type(index) is np.ndarray or not launchable(index) or torch_compiling():
         return index
     key = id(index)
 
@@ -44,3 +44,11 @@ def known_in_range(index, m) -> bool:
     """Whether ``index`` itself was recorded by ``built_in_range`` with a bound of at most ``m``."""
     found = _RECORDED.get(id(index))
     return found is not None and found[0]() is index and found[1] <= m
+
+
+def launchable(a) -> bool:
+    """An array the CUDA launchers may read: a torch tensor off the CPU, a CuPy array or a
+    numba device array (the simulator's too)."""
+    if torch_tensor(a):
+        return a.device.type != "cpu"
+    return _compat.is_cupy_array(a) or type(a).__module__.startswith("numba.")
