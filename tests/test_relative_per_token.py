@@ -647,3 +647,53 @@ def test_alibi_int64_positions_and_offsets_past_2_to_the_36_without_float64_stay
         want = (-slopes.astype(np.float64)[:, None, None] * ((2**36 + fq.astype(np.float64))[:, None] - k.astype(np.float64)[None, :])).astype(np.float32)
         got = back(pe.alibi_bias(to(slopes), 4, 4, offset=offset, query_positions=to(fq), key_positions=to(k)))
         np.testing.assert_array_equal(got.reshape(want.shape), want)
+
+
+# Calls past the logits plans' sizes (relative._logits_plan.LARGEST query-key pairs): the full path's.
+BIG_ROW_CALLS = {
+    "shaw_logits": lambda o, q, k, w, t, pq, pk: pe.shaw_logits(q, k, t, max_distance=6, offset=o),
+    "shaw_logits of q without rows": lambda o, q, k, w, t, pq, pk: pe.shaw_logits(q[0], k[0], t, max_distance=6, offset=o),
+    "deberta_logits": lambda o, q, k, w, t, pq, pk: pe.deberta_logits(q, k, pq, pk, max_distance=6, bucket_size=4, max_position=64, offset=o),
+    "deberta_logits p2c": lambda o, q, k, w, t, pq, pk: pe.deberta_logits(q, k, pq, None, max_distance=6, terms=("p2c",), offset=o),
+    "shaw_output": lambda o, q, k, w, t, pq, pk: pe.shaw_output(w, k, t, max_distance=6, offset=o),
+}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("name", list(BIG_ROW_CALLS))
+def test_large_calls_of_one_offset_per_row_take_each_rows_toeplitz_kernel_with_its_bits_and_gradients(name, library, dtype, monkeypatch):
+    """NumPy and torch CPU calls of one offset per batch row past the plans' sizes gather (or
+    scatter) each row at its one-offset call's per-distance index (``relative._rows``), into
+    one result: no ``[rows, q_len, k_len]`` distances, whose int64 index had made torch's
+    ``shaw_logits`` of 8 x 16 heads x 512 x 2048 2.4 times a loop of one-offset calls' time
+    (``deberta_logits`` 1.3 times, taking its buckets' logarithms at every pair). Row ``b``
+    is the one-offset call's, to the bit, and torch's float64 gradients the loop's."""
+    from posenc.relative import _per_token
+
+    offsets, q_len, k_len = np.array([0, 3, 17, -1]), 9, 8000
+    q, k, table, pos = (RNG.standard_normal(s).astype(dtype) for s in ((4, 2, q_len, 8), (4, 2, k_len, 8), (13, 8), (2, 12, 8)))
+    weights = RNG.random((4, 2, q_len, k_len)).astype(dtype)
+    arrays = (q, k, weights, table, pos, pos[0])
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        arrays, offsets = tuple(torch.from_numpy(a) for a in arrays), torch.from_numpy(offsets)
+    fn = BIG_ROW_CALLS[name]
+    ones = [fn(int(o), *arrays) for o in offsets.tolist()]
+    with monkeypatch.context() as patch:
+        patch.setattr(_per_token, "relative", lambda *a, **kw: pytest.fail("per-token distances formed"))
+        rows = fn(offsets, *arrays)
+    assert tuple(rows.shape)[0] == len(ones)
+    for b, one in enumerate(ones):
+        np.testing.assert_array_equal(np.asarray(rows[b]), np.asarray(one[b] if one.ndim == rows.ndim else one))
+    if library == "torch" and dtype == "float64":
+        leaves = [a.clone().requires_grad_(True) for a in arrays]
+        cotangent = torch.from_numpy(RNG.standard_normal(tuple(rows.shape)))
+        got = torch.autograd.grad((fn(offsets, *leaves) * cotangent).sum(), leaves, allow_unused=True)
+        loop = sum((fn(int(o), *leaves)[b] * cotangent[b]).sum() if fn(int(o), *leaves).ndim == rows.ndim else (fn(int(o), *leaves) * cotangent[b]).sum() for b, o in enumerate(offsets.tolist()))
+        want = torch.autograd.grad(loop, leaves, allow_unused=True)
+        assert any(g is not None and g.abs().sum() > 0 for g in got)
+        for grad, expected in zip(got, want):
+            assert (grad is None) == (expected is None)
+            if grad is not None:
+                torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)

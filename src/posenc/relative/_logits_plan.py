@@ -27,8 +27,8 @@ of each distance is found once and each row's index is a window of those; else e
 is found. The projected scores are then read at each row's index, every row's products
 the whole batch's, as in the call of its own offset (so row ``b`` is that call's, to the
 bit, whatever the framework's matmul does with a batch): NumPy one ``take`` per row, torch
-one ``gather``, and a torch call that autograd records the full path's
-``_per_token.gather`` of the same index (its gradient). NumPy arrays whose keys cast to
+one ``gather``; a torch call that autograd records takes the full path (``_rows``: its
+per-row Toeplitz kernels' adjoints are its gradient). NumPy arrays whose keys cast to
 the compute dtype, or whose ``k @ pos_q.T``, pass ``CHUNK`` bytes are computed a chunk of
 rows at a time (``_chunked``): NumPy's matmul multiplies each matrix alone, so a chunk's
 products are its rows' part of the whole batch's; torch's batched products are not
@@ -117,9 +117,11 @@ class LogitsPlan:
 
     def _index(self, kwargs, q_len, k_len):
         """The table row (``_table_rows``) of each ``rel``: ``_rel``'s, or one offset per batch
-        row's ``[rows, q_len, k_len]`` (``_row_index``); None near the integer limits."""
+        row's ``[rows, q_len, k_len]`` (``_row_index``); None near the integer limits, and for
+        one offset per row where autograd records (the full path's per-row kernels, whose
+        adjoints give its gradients: ``_rows``)."""
         if self.rows is not None:
-            return self._row_index(kwargs["offset"], q_len, k_len)
+            return None if self.recording else self._row_index(kwargs["offset"], q_len, k_len)
         rel = self._rel(kwargs, q_len, k_len)
         return None if rel is None else self._table_rows(rel)
 
@@ -194,8 +196,6 @@ class LogitsPlan:
             import torch
 
             index = torch.from_numpy(index).reshape(*rows, 1, r, c)
-            if self.recording:
-                return _per_token.gather(self.xp, scores, index, device=None)
             return scores.expand(*shape, r, m).gather(-1, index.expand(*shape, r, c))
         scores = np.broadcast_to(scores, (*shape, r, m))
         flat = scores.reshape(index.shape[0], -1, r * m)

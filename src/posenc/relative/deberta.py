@@ -9,7 +9,7 @@ from .. import _validate as check
 from .._dispatch import call
 from .._built import built_in_range
 from .._xp import cast, device_of, heads_like, host_constants
-from . import _args, _per_token, _signatures
+from . import _args, _per_token, _rows, _signatures
 from .biases import deberta_index, deberta_options, deberta_reach
 from .indices import distances, query_offset
 
@@ -102,21 +102,30 @@ def deberta_logits(
     if _per_token.given(query_positions, key_positions, offset):
         qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device, reach=reach)
         _args.logits_shape(batch, q_len, k_len)
-        rel = _per_token.relative(qpos, kpos, heads=q.ndim >= 3)
+        by_row = _rows.served(offset, batch, q_len, k_len, query_positions, key_positions)
+        rel = _rows.row_distances(xp, qpos, q_len, k_len, device=device) if by_row else _per_token.relative(qpos, kpos, heads=q.ndim >= 3)
     else:
+        by_row = False
         _args.logits_shape(batch, q_len, k_len)
         rel = distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, reach=reach), xp=xp, device=device)
     q, k = cast(xp, q, work), cast(xp, k, work)
     total = q @ xp.matrix_transpose(k)
     delta = deberta_index(xp, rel, max_distance, bucket_size, max_position)
     if "c2p" in terms:
-        total = total + _gather(xp, q @ heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q), delta, k_len, 2 * max_distance, device)
+        scores = q @ heads_like(xp.matrix_transpose(cast(xp, pos_k, work)), q)
+        if by_row:
+            total = _rows.plus_gathered(xp, total, scores, delta, k_len, batch, q.ndim >= 3)
+        else:
+            total = total + _gather(xp, scores, delta, k_len, 2 * max_distance, device)
     if "p2c" in terms:
         # Key j's row of k @ pos_q.T, read at delta(i, j): the transposed problem ([k_len, q_len],
         # entry t' = j - i + q_len - 1) sees the per-distance index in reverse order.
         scores = k @ heads_like(xp.matrix_transpose(cast(xp, pos_q, work)), k)
-        flipped = xp.matrix_transpose(delta) if delta.ndim > 1 else xp.flip(delta)
-        total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, 2 * max_distance, device))
+        if by_row:
+            total = _rows.plus_gathered(xp, total, scores, xp.flip(delta, axis=-1), q_len, batch, q.ndim >= 3, transposed=True)
+        else:
+            flipped = xp.matrix_transpose(delta) if delta.ndim > 1 else xp.flip(delta)
+            total = total + xp.matrix_transpose(_gather(xp, scores, flipped, q_len, 2 * max_distance, device))
     return cast(xp, total / math.sqrt((1 + len(terms)) * dim), dtype)
 
 

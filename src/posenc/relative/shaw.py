@@ -8,7 +8,7 @@ from .._dispatch import call
 from .._built import built_in_range
 from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, unsplit
 from ..absolute.sinusoidal import sinusoidal
-from . import _args, _per_token, _signatures
+from . import _args, _per_token, _rows, _signatures
 from .indices import clipped, distances, per_row, query_offset, saturated
 
 FORMS = ("released", "paper")
@@ -68,12 +68,17 @@ def shaw_logits(q, k, table_k, *, max_distance, offset=None, query_positions=Non
     if _per_token.given(query_positions, key_positions, offset):
         qpos, kpos, batch = _per_token.placed(xp, q_len, k_len, offset, query_positions, key_positions, batch, q.ndim >= 3, "q and k", device=device, reach=max_distance)
         _args.logits_shape(batch, q_len, k_len)
-        index = clipped(xp, _per_token.relative(qpos, kpos, heads=q.ndim >= 3), max_distance)
+        by_row = _rows.served(offset, batch, q_len, k_len, query_positions, key_positions)
+        rel = _rows.row_distances(xp, qpos, q_len, k_len, device=device) if by_row else _per_token.relative(qpos, kpos, heads=q.ndim >= 3)
+        index = clipped(xp, rel, max_distance)
     else:
+        by_row = False
         _args.logits_shape(batch, q_len, k_len)
         index = clipped(xp, distances(q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, reach=max_distance), xp=xp, device=device), max_distance)
     q, k, table_k = (cast(xp, a, work) for a in (q, k, table_k))
     scores = q @ xp.matrix_transpose(table_k)
+    if by_row:
+        return cast(xp, _rows.plus_gathered(xp, q @ xp.matrix_transpose(k), scores, index, k_len, batch, q.ndim >= 3), dtype)
     if index.ndim > 1:
         position = _per_token.gather(xp, scores, index, device=device)
     else:
@@ -173,11 +178,15 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         offsets = _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
-        # (an explicit mesh unstacks no split axis: the rows' weights and offsets gathered)
-        rows_weights = xp.unstack(unsplit(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])), 0)[0])
-        index = [built_in_range(clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance), rows) for o in xp.unstack(unsplit(offsets, 0)[0])]
-        scattered = [call("toeplitz_scatter", w, i, rows) for w, i in zip(rows_weights, index)]
-        mass = xp.reshape(xp.stack(scattered), (*weights.shape[:-1], rows)) if scattered else xp.zeros((*weights.shape[:-1], rows), dtype=work, device=device)
+        if _rows.served(offset, weights.shape[:-2], q_len, k_len):  # (into one result, no stack)
+            index = clipped(xp, distances(q_len, k_len, offsets[:, None], xp=xp, device=device), max_distance)
+            mass = _rows.scatter(xp, weights, xp.reshape(index, (*weights.shape[:-3], -1)), rows, tuple(weights.shape[:-2]), 1)
+        else:
+            # (an explicit mesh unstacks no split axis: the rows' weights and offsets gathered)
+            rows_weights = xp.unstack(unsplit(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])), 0)[0])
+            index = [built_in_range(clipped(xp, distances(q_len, k_len, o, xp=xp, device=device), max_distance), rows) for o in xp.unstack(unsplit(offsets, 0)[0])]
+            scattered = [call("toeplitz_scatter", w, i, rows) for w, i in zip(rows_weights, index)]
+            mass = xp.reshape(xp.stack(scattered), (*weights.shape[:-1], rows)) if scattered else xp.zeros((*weights.shape[:-1], rows), dtype=work, device=device)
     else:
         offset = query_offset(offset, q_len, k_len, xp=xp, device=device, reach=max_distance)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
