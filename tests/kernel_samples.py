@@ -308,10 +308,12 @@ def _autograd(op):
         else:
             q, k, m = 4, 6, 5
             index = torch.tensor(rng.integers(0, m, q + k - 1))
-            if op == "toeplitz_gather":
-                yield (_grad_tensor(rng, (2, q, m)), index, k), {}
+            if op.endswith("_rows"):  # one index per row of the first axis
+                index = torch.tensor(rng.integers(0, m, (3, q + k - 1)))
+            if op.startswith("toeplitz_gather"):
+                yield (_grad_tensor(rng, (3, 2, q, m)), index, k), {}
             else:
-                yield (_grad_tensor(rng, (2, q, k)), index, m), {}
+                yield (_grad_tensor(rng, (3, 2, q, k)), index, m), {}
 
     return samples
 
@@ -359,7 +361,7 @@ SAMPLES = {
     "rope_rotate_at_length.dask_blocks": _dask_rotate_at_length,
     "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
-    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_frequencies_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
+    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_frequencies_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter", "toeplitz_gather_rows", "toeplitz_scatter_rows")},
     **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
 }
 

@@ -67,6 +67,9 @@ OPCHECK_CASES = [
     (_ops.toeplitz_expand_op, lambda: (_x(3, 4 + 5 - 1), 4, 5)),
     (_ops.toeplitz_gather_op, lambda: (_x(2, 4, 7), _index(7, 4 + 5 - 1), 5)),
     (_ops.toeplitz_scatter_op, lambda: (_x(2, 4, 5), _index(7, 4 + 5 - 1), 7)),
+    # one index per row of the first axis (one offset per batch row)
+    (_ops.toeplitz_gather_rows_op, lambda: (_x(3, 2, 4, 7), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 5)),
+    (_ops.toeplitz_scatter_rows_op, lambda: (_x(3, 2, 4, 5), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 7)),
     # integer positions only: nothing differentiable (rows kept between calls, then computed afresh)
     (_ops.rope_cos_sin_op, lambda: (torch.arange(5)[None], frequencies_name(tuple(INV), 1.0), torch.float32)),
     (_ops.rope_cos_sin_op, lambda: (torch.arange(70000, 70006).reshape(2, 3), frequencies_name(tuple(INV), 0.5), torch.bfloat16)),
@@ -186,6 +189,7 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
                 _ops.rope_rotate_at_lengths_op: {0, 1}, _ops.rope_frequencies_at_lengths_op: set(),
                 _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
+                _ops.toeplitz_gather_rows_op: {0}, _ops.toeplitz_scatter_rows_op: {0},
                 _ops.rope_cos_sin_rows_op: set()}
     assert covered == expected
 

@@ -812,3 +812,29 @@ def test_zero_d_integer_arrays_count_as_their_integer(kind, rng):
     np.testing.assert_array_equal(pe.t5_bias(table, z(3), z(4), offset=z(2)), pe.t5_bias(table, 3, 4, offset=2))
     np.testing.assert_array_equal(pe.relative_positions(z(2), 3, offset=z(-1)), pe.relative_positions(2, 3, offset=-1))
     np.testing.assert_array_equal(pe.rope_frequencies(8, scaling=dyn, seq_len=z(9))[0], pe.rope_frequencies(8, scaling=dyn, seq_len=9)[0])
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+def test_torch_compile_of_shaw_output_with_one_offset_per_row_keeps_the_batch_symbolic():
+    """``shaw_output`` of one offset per batch row under ``dynamic=True``: batches of 2, 3
+    and 5 rows through one graph, the eager bits and gradients. Its rows had been a Python
+    loop of one Toeplitz scatter each, unrolled to their count, and the offsets' check
+    formed an array of the lengths (``asarray``), specializing them: a graph per batch size."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    fn = lambda w, v, t, o: pe.shaw_output(w, v, t, max_distance=3, offset=o)  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch in (2, 3, 5):
+        g = torch.Generator().manual_seed(batch)
+        weights = torch.rand(batch, 4, 6, 9, dtype=torch.float64, generator=g).requires_grad_()
+        v, table = torch.randn(batch, 4, 9, 8, dtype=torch.float64, generator=g), torch.randn(7, 8, dtype=torch.float64, generator=g)
+        offsets = torch.arange(batch) * 5 - 4
+        want = fn(weights, v, table, offsets)
+        got = compiled(weights, v, table, offsets)
+        assert torch.equal(got, want), batch
+        assert torch.equal(torch.autograd.grad(got.sum(), weights)[0], torch.autograd.grad(want.sum(), weights)[0]), batch
+    assert counters["stats"]["unique_graphs"] == 1

@@ -168,3 +168,13 @@ for _op, _accepts_of, _values in (("expand", _expand, "vec"), ("gather", _gather
     )
     register(f"toeplitz_{_op}", f"toeplitz_{_op}.numba_cpu", accepts=_accepts_of(False), loader=f"posenc._kernels.toeplitz_cpu:toeplitz_{_op}")
     register(f"toeplitz_{_op}", f"toeplitz_{_op}.numba_cuda", accepts=_accepts_of(True), loader=f"posenc._kernels.toeplitz_cuda:toeplitz_{_op}")
+
+# One offset per batch row while torch compiles: one opaque op for every row, whose count stays
+# symbolic (the references loop over the rows, each row's kernel above).
+for _op, _values in (("gather_rows", "scores"), ("scatter_rows", "weights")):
+    register(
+        f"toeplitz_{_op}",
+        f"toeplitz_{_op}.torch_autograd",
+        accepts=lambda a, name=_values: _arrays.to_custom_op([a[name]]),
+        loader=f"posenc.torch._ops:toeplitz_{_op}",
+    )

@@ -9,7 +9,7 @@ scatter-add in one pass. Kernels register against them.
 
 from __future__ import annotations
 
-from .._dispatch import reference
+from .._dispatch import call, reference
 from .._xp import device_of, empty_result, index_dtype, namespace
 
 
@@ -93,3 +93,27 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     by_distance = xp.where(inside, picked, xp.zeros_like(weights[..., :1]))
     onehot = xp.astype(index[:, None] == xp.arange(m, device=device)[None, :], weights.dtype)
     return _write(out, by_distance @ onehot)
+
+
+def _each_row(op, values, index, n, width):
+    """``op(values[r], index[r], n)`` of each row ``r`` of the first axis, ``[rows, ..., q_len, width]``."""
+    xp = namespace(values, index)
+    if values.shape[0] == 0:
+        return xp.zeros((*values.shape[:-1], width), dtype=values.dtype, device=device_of(values))
+    return xp.stack([call(op, v, i, n) for v, i in zip(xp.unstack(values), xp.unstack(index))])
+
+
+@reference("toeplitz_gather_rows")
+def toeplitz_gather_rows(scores, index, k_len, *, out=None):
+    """``out[r, ..., i, j] = scores[r, ..., i, index[r, i - j + k_len - 1]]``: the
+    ``toeplitz_gather`` of each row ``r`` of ``scores [rows, ..., q_len, m]`` at its own
+    per-distance ``index [rows, q_len + k_len - 1]`` (one offset per batch row)."""
+    return _write(out, _each_row("toeplitz_gather", scores, index, k_len, k_len))
+
+
+@reference("toeplitz_scatter_rows")
+def toeplitz_scatter_rows(weights, index, m, *, out=None):
+    """``out[r, ..., i, c] = sum over j with index[r, i - j + k_len - 1] == c of weights[r, ...,
+    i, j]``: the ``toeplitz_scatter`` of each row ``r`` of ``weights [rows, ..., q_len,
+    k_len]`` at its own per-distance ``index [rows, q_len + k_len - 1]``."""
+    return _write(out, _each_row("toeplitz_scatter", weights, index, m, m))

@@ -6,7 +6,7 @@ from .. import _compat, _plans
 from .. import _validate as check
 from .._dispatch import call
 from .._built import built_in_range
-from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, unsplit
+from .._xp import broadcast_shapes, cast, device_of, host_constants, namespace, result_dtype, size, torch_compiling, unsplit
 from ..absolute.sinusoidal import sinusoidal
 from . import _args, _per_token, _rows, _signatures
 from .indices import clipped, distances, per_row, query_offset, saturated
@@ -102,7 +102,9 @@ def _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance):
     if clamped is not None:
         return xp.reshape(clamped, (-1,))
     low, high = (1 - k_len, q_len - 1) if q_len and k_len else (0, 0)
-    ends = check.shifted("i - j", xp.asarray([low, high], dtype=offset.dtype, device=device), offset, xp, device, known=(low, high))
+    # (while torch compiles, an asarray of the lengths would specialize them: every i - j instead)
+    extremes = xp.arange(low, high + 1, dtype=offset.dtype, device=device) if torch_compiling() else xp.asarray([low, high], dtype=offset.dtype, device=device)
+    ends = check.shifted("i - j", extremes, offset, xp, device, known=(low, high))
     if _compat.is_dask_array(ends):  # (checked when computed: the offsets read back from the checked sums wait for it)
         offset = ends[..., :1] - low
     return xp.reshape(offset, (-1,))
@@ -178,9 +180,12 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         offsets = _row_offsets(xp, weights, v, offset, q_len, k_len, max_distance)
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
-        if _rows.served(offset, weights.shape[:-2], q_len, k_len):  # (into one result, no stack)
-            index = clipped(xp, distances(q_len, k_len, offsets[:, None], xp=xp, device=device), max_distance)
-            mass = _rows.scatter(xp, weights, xp.reshape(index, (*weights.shape[:-3], -1)), rows, tuple(weights.shape[:-2]), 1)
+        if torch_compiling() or _rows.served(offset, weights.shape[:-2], q_len, k_len):
+            index = clipped(xp, distances(q_len, k_len, offsets[:, None], xp=xp, device=device), max_distance)  # [rows, q_len + k_len - 1]
+            if torch_compiling():  # (one op for every row: a loop would compile a graph per batch size)
+                mass = xp.reshape(call("toeplitz_scatter_rows", xp.reshape(weights, (-1, *weights.shape[-3:])), index, rows), (*weights.shape[:-1], rows))
+            else:  # (into one result, no stack)
+                mass = _rows.scatter(xp, weights, xp.reshape(index, (*weights.shape[:-3], -1)), rows, tuple(weights.shape[:-2]), 1)
         else:
             # (an explicit mesh unstacks no split axis: the rows' weights and offsets gathered)
             rows_weights = xp.unstack(unsplit(xp.reshape(weights, (size(offsets.shape[0]), *weights.shape[-3:])), 0)[0])

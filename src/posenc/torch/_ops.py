@@ -12,7 +12,8 @@ the reference) computes it; the backward is the same machinery run on the gradie
   so learned frequencies train;
 * ``toeplitz_expand``: backward sums the gradient along each diagonal ``i - j`` (the
   adjoint of a Toeplitz expansion);
-* ``toeplitz_gather`` / ``toeplitz_scatter``: each is the other's adjoint.
+* ``toeplitz_gather`` / ``toeplitz_scatter``: each is the other's adjoint, and so are their
+  ``_rows`` forms (one index per row of the first axis: one offset per batch row).
 
 Every differentiable argument gets its gradient (``tests/test_torch_ops.py`` gradchecks each).
 The ops are opaque to ``torch.compile`` (no graph break) and pass ``torch.library.opcheck``.
@@ -317,8 +318,20 @@ def _register_adjoint(op, adjoint):
     op.register_autograd(backward, setup_context=setup)
 
 
+@torch.library.custom_op("posenc::toeplitz_gather_rows", mutates_args=())
+def toeplitz_gather_rows_op(scores: Tensor, index: Tensor, k_len: int) -> Tensor:
+    return _kernel("toeplitz_gather_rows", scores, index, k_len)
+
+
+@torch.library.custom_op("posenc::toeplitz_scatter_rows", mutates_args=())
+def toeplitz_scatter_rows_op(weights: Tensor, index: Tensor, m: int) -> Tensor:
+    return _kernel("toeplitz_scatter_rows", weights, index, m)
+
+
 _register_adjoint(toeplitz_gather_op, toeplitz_scatter_op)
 _register_adjoint(toeplitz_scatter_op, toeplitz_gather_op)
+_register_adjoint(toeplitz_gather_rows_op, toeplitz_scatter_rows_op)
+_register_adjoint(toeplitz_scatter_rows_op, toeplitz_gather_rows_op)
 
 
 # Registry entries (the ``<op>.torch_autograd`` kernels of ``posenc._kernels``): the
@@ -499,6 +512,14 @@ def toeplitz_gather(scores, index, k_len, *, out=None):
 
 def toeplitz_scatter(weights, index, m, *, out=None):
     return _written(toeplitz_scatter_op(weights, index, m), out)
+
+
+def toeplitz_gather_rows(scores, index, k_len, *, out=None):
+    return _written(toeplitz_gather_rows_op(scores, index, k_len), out)
+
+
+def toeplitz_scatter_rows(weights, index, m, *, out=None):
+    return _written(toeplitz_scatter_rows_op(weights, index, m), out)
 
 
 # Bind the registry entries that load from this module now: ``torch.compile`` cannot trace the
