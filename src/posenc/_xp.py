@@ -172,6 +172,15 @@ def torch_tensor(value) -> bool:
     return torch is not None and isinstance(value, torch.Tensor)
 
 
+def tracks_gradient(a) -> bool:
+    """A torch tensor whose result autograd would record: a kernel would cut it from the graph."""
+    if not getattr(a, "requires_grad", False):
+        return False
+    import torch
+
+    return torch.is_grad_enabled()
+
+
 def on_accelerator(a) -> bool:
     """An accelerator's array (a torch tensor off the CPU, a CuPy array, a JAX array on a
     GPU): reading one of its values synchronises the device, and a CUDA graph cannot capture

@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import _compat, _dispatch
 from .._validate import self_overlapping
+from .._xp import tracks_gradient
 from .._xp import torch_compiling, torch_tensor
 
 # How a kernel holds one element (``_codec`` converts): as it is (float32, float64), or the
@@ -189,15 +190,6 @@ def storage(a):
     if isinstance(a, np.ndarray) and not a.dtype.isnative:
         return None
     return STORAGE.get(dtype_name(a.dtype))
-
-
-def tracks_gradient(a) -> bool:
-    """A torch tensor whose result autograd would record: a kernel would cut it from the graph."""
-    if not getattr(a, "requires_grad", False):
-        return False
-    import torch
-
-    return torch.is_grad_enabled()
 
 
 def to_custom_op(arrays) -> bool:

@@ -20,8 +20,7 @@ import numpy as np
 
 from .. import _validate as check
 from .._dispatch import call
-from .._kernels._arrays import tracks_gradient
-from .._xp import device_of, torch_tensor
+from .._xp import device_of, torch_tensor, tracks_gradient
 from .indices import distances
 
 
