@@ -130,3 +130,38 @@ def test_an_inference_tensor_is_written_only_in_inference_mode():
             y = x.clone()
             assert pe.rope(y, out=y) is y
             torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
+def _calls_with_trained_angles():
+    """In-place calls whose angles autograd records: learned ``cos``/``sin``, float positions."""
+    positions = (torch.rand(5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 9).requires_grad_()
+    cos, sin = (t.requires_grad_() for t in pe.rope_cos_sin(torch.arange(5), INV_FREQ, dtype=torch.float64))
+    return (cos, sin, positions), {
+        "apply_rope": lambda x, out: pe.apply_rope(x, cos, sin, out=out),
+        "rope": lambda x, out: pe.rope(x, positions, out=out),
+        "rerotate": lambda x, out: pe.rerotate(x, positions, INV_FREQ, out=out),
+    }
+
+
+@pytest.mark.parametrize("name", ["apply_rope", "rope", "rerotate"])
+@pytest.mark.parametrize("backend", ["auto", "reference"])
+def test_a_non_leaf_rotated_in_place_gives_trained_angles_the_out_of_place_gradient(name, backend):
+    """The gradient of ``cos``/``sin`` (or float positions) reads ``x`` as it was: the
+    in-place write had overwritten the copy autograd saved, and backward raised torch's
+    "modified by an inplace operation" (the custom op of ``apply_rope``; the reference, for
+    every call), where the out-of-place call and torch's own ``x.mul_(cos)`` train."""
+    weight = torch.randn(2, 5, 8, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 5, 8, dtype=torch.float64)
+    angles, calls = _calls_with_trained_angles()
+    with pe.use_backend(backend):
+        expected = calls[name](weight * 2.0, None)
+        want = torch.autograd.grad((expected * upstream).sum(), (weight, *angles), allow_unused=True)
+        x = weight * 2.0
+        result = calls[name](x, x)
+        got = torch.autograd.grad((result * upstream).sum(), (weight, *angles), allow_unused=True)
+    assert result is x
+    torch.testing.assert_close(result, expected, rtol=0, atol=1e-12)
+    for g, w in zip(got, want, strict=True):
+        assert (g is None) == (w is None)
+        if w is not None:
+            torch.testing.assert_close(g, w, rtol=0, atol=1e-12)

@@ -190,6 +190,16 @@ def on_accelerator(a) -> bool:
     return _compat.is_cupy_array(a) or _compat.is_jax_array(a) and any(d.platform != "cpu" for d in a.devices())
 
 
+def kept_for_gradient(x, out, tables):
+    """``x``, or a copy of it (which keeps its gradient) where a write into ``out`` (``x``
+    itself: an in-place call) would overwrite the values autograd saved to give ``tables``
+    their gradient (learned ``cos``/``sin``, angles of float positions): torch's backward
+    then raised "modified by an inplace operation" where the out-of-place call trains."""
+    if out is None or not torch_tensor(x) or not sys.modules["torch"].is_grad_enabled():
+        return x
+    return x.clone() if any(t.requires_grad for t in tables) else x
+
+
 def jax_symbolic_dim(value) -> bool:
     """A symbolic dimension of ``jax.export``: a size known when the exported function is called
     (``jax.export.symbolic_shape``). Looked up in ``sys.modules``: no JAX import."""

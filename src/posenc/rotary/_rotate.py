@@ -11,7 +11,7 @@ Both take already validated arguments; the public functions in ``rotary`` valida
 from __future__ import annotations
 
 from .._dispatch import reference
-from .._xp import cast, cos_sin, device_of, namespace, resplit, unsplit, widest_float
+from .._xp import cast, cos_sin, device_of, kept_for_gradient, namespace, resplit, unsplit, widest_float
 from .scaling import frequency_table
 
 
@@ -44,7 +44,7 @@ def _write(xp, result, out):
 def _rotate(xp, x, c, s, layout, scale, out):
     """``(a*c - b*s, b*c + a*s) * scale`` on the rotated pairs, rest passed through."""
     rotary_dim = 2 * c.shape[-1]
-    x, split = unsplit(x, -1)  # (a pair's channels may lie on two devices)
+    x, split = unsplit(kept_for_gradient(x, out, (c, s)), -1)  # (a pair's channels may lie on two devices)
     a, b, rest = _pairs(xp, x, rotary_dim, layout)
     a, b = cast(xp, a, c.dtype), cast(xp, b, c.dtype)
     if scale != 1.0:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from .. import _dispatch, _plans
-from .._xp import namespace
+from .._xp import kept_for_gradient, namespace
 from ..rotary import _rows, _signatures
 from ..rotary.scaling import named_frequency_table, scaling_name
 
@@ -355,7 +355,7 @@ def rope_apply(x, cos, sin, *, layout="half", out=None):
     interleaved = layout == "interleaved"
     if _fuses(x, cos, sin, out):
         return _written(_apply_in_kernel_arithmetic(x, cos, sin, interleaved), out)
-    return _written(rope_apply_op(x, cos, sin, interleaved), out)
+    return _written(rope_apply_op(kept_for_gradient(x, out, (cos, sin)), cos, sin, interleaved), out)
 
 
 def _fuses(x, cos, sin, out=None):
