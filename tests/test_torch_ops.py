@@ -311,3 +311,19 @@ def test_compiled_apply_rope_keeps_the_custom_op_for_gradients_and_float64():
     torch.testing.assert_close(y, pe.apply_rope(x, cos, sin), rtol=0, atol=0)
     y.sum().backward()
     torch.testing.assert_close(x.grad, pe.apply_rope(torch.ones_like(x), cos, -sin), rtol=0, atol=0)
+
+
+def test_float_positions_that_require_grad_read_a_dynamic_length_without_torch_warning():
+    """``DynamicNTK`` reads the length of float positions on the host: ``float()`` of their
+    max, which requires grad, made torch warn "Converting a tensor with requires_grad=True
+    to a scalar" (an error under this suite's filters) on every training call. The
+    positions' gradient is the reference's."""
+    x = torch.randn(2, 5, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    positions = torch.rand(5, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) * 9
+    scaling = pe.scaling.DynamicNTK(2.0, 4)
+    grads = {}
+    for backend in ("auto", "reference"):
+        p = positions.clone().requires_grad_()
+        with pe.use_backend(backend):
+            (grads[backend],) = torch.autograd.grad(pe.rope(x, p, scaling=scaling).square().sum(), p)
+    torch.testing.assert_close(grads["auto"], grads["reference"], rtol=1e-12, atol=1e-12)

@@ -160,7 +160,8 @@ def sequence_length(xp, positions, offset):
         axes = tuple(a for a, n in enumerate(offset.shape) if n == 1)
         top = xp.max(without_empty_chunks(positions), axis=axes, keepdims=True)
     elif check.is_eager(positions):
-        return length_through(float(xp.max(positions)))
+        top = xp.max(positions)
+        return length_through(float(top.detach() if torch_tensor(top) else top))  # (a length: no gradient, no torch warning)
     else:
         top = xp.max(without_empty_chunks(positions))
     if is_integer(xp, positions.dtype):
