@@ -231,6 +231,7 @@ def _fake_cuda_toeplitz(monkeypatch, torch):
 
     from posenc import _built
     from posenc._kernels import _device_flat, toeplitz_cuda
+    from posenc.relative import _rows
 
     on_gpu, on_host = _arrays.on_gpu, _arrays.on_host
     cpu_tensor = lambda a: isinstance(a, torch.Tensor) and a.device.type == "cpu"  # noqa: E731
@@ -238,6 +239,7 @@ def _fake_cuda_toeplitz(monkeypatch, torch):
     monkeypatch.setattr(_arrays, "on_host", lambda a: not cpu_tensor(a) and on_host(a))
     launchable = _built.launchable
     monkeypatch.setattr(_built, "launchable", lambda a: cpu_tensor(a) or launchable(a))
+    monkeypatch.setattr(_rows, "served", lambda *args, **kwargs: False)  # (the host's row-by-row path, which no GPU array takes)
     monkeypatch.setattr(_arrays, "launch_context", lambda a: (cuda.default_stream(), contextlib.nullcontext()))
     launches, bounds = [], []
     monkeypatch.setattr(toeplitz_cuda, "FAMILY", {key: key for key in toeplitz_cuda.SPECIALISATIONS})
