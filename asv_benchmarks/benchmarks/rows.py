@@ -89,3 +89,44 @@ class LogitsRows(Benchmark):
             return ratio(lambda: self.call(self.q, self.k, self.per_row), self._loop, repeat=20)
 
     track_shaw_logits_rows_time_over_loop.unit = "x loop time"
+
+
+class PrefillRows(Benchmark):
+    """A prefill chunk of 64 queries per row against 2048 keys (``d = 64``, ``K = 64``),
+    past the logits plans' sizes: ``shaw_logits`` and ``deberta_logits`` of ``q [8, 8, 64,
+    64]``, ``shaw_output`` of weights ``[8, 8, 64, 2048]``, each row's own Toeplitz kernel
+    (``relative/_rows.py``) against the loop of one call per row."""
+
+    params = [["shaw_logits", "deberta_logits", "shaw_output"], ["numpy", "torch"]]
+    param_names = ["function", "library"]
+    keys, queries = 2048, 64
+
+    def make(self, function, library):
+        floats, integers = _arrays(library)
+        rng = np.random.default_rng(0)
+        table = floats(rng.standard_normal((129, 64)).astype(np.float32))
+        q, k = (floats(rng.standard_normal((ROWS, HEADS, n, 64)).astype(np.float32)) for n in (self.queries, self.keys))
+        if function == "shaw_logits":
+            self.args = (q, k)
+            self.call = lambda a, b, offset: pe.shaw_logits(a, b, table, max_distance=64, offset=offset)
+        elif function == "deberta_logits":
+            self.args = (q, k)
+            self.call = lambda a, b, offset: pe.deberta_logits(a, b, table[:128], table[:128], max_distance=64, offset=offset)
+        else:
+            weights = floats(rng.random((ROWS, HEADS, self.queries, self.keys)).astype(np.float32))
+            self.args = (weights, k)
+            self.call = lambda w, v, offset: pe.shaw_output(w, v, table, max_distance=64, offset=offset)
+        offsets = _offsets(self.keys) - self.queries + 1
+        self.per_row, self.ints = integers(offsets), offsets.tolist()
+
+    def _loop(self):
+        return [self.call(*(a[b : b + 1] for a in self.args), o) for b, o in enumerate(self.ints)]
+
+    def time_prefill_rows_posenc(self, function, library):
+        self.call(*self.args, self.per_row)
+
+    def track_prefill_rows_time_over_loop(self, function, library):
+        with one_thread():
+            return ratio(lambda: self.call(*self.args, self.per_row), self._loop, repeat=5)
+
+    track_prefill_rows_time_over_loop.unit = "x loop time"
