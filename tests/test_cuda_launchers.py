@@ -249,28 +249,29 @@ def _fake_cuda_toeplitz(monkeypatch, torch):
     return launches, bounds
 
 
-def _own_index_calls(torch):
-    """``name -> call()``: the public functions whose Toeplitz index posenc forms itself."""
+def _own_index_calls(torch, *, grad=False):
+    """``name -> (function, arguments)``: the public functions whose Toeplitz index posenc
+    forms itself, on tensors (``grad``: the floating-point ones require it)."""
     g = torch.Generator().manual_seed(0)
-    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
-    q, k = r(2, 3, 4, 8), r(2, 3, 6, 8)
-    weights, v = torch.rand(4, 2, 1, 6, generator=g), r(4, 2, 6, 5)
+    r = lambda *shape: torch.randn(*shape, generator=g).requires_grad_(grad)  # noqa: E731
+    q, k, table_k, table_v, pos = r(2, 3, 4, 8), r(2, 3, 6, 8), r(7, 8), r(7, 5), r(6, 8)
+    weights, v, u = torch.rand(4, 2, 1, 6, generator=g).requires_grad_(grad), r(4, 2, 6, 5), r(3, 1, 8)
     return {
-        "shaw_logits": lambda: pe.shaw_logits(q, k, r(7, 8), max_distance=3),
-        "shaw_logits offset": lambda: pe.shaw_logits(q, k, r(7, 8), max_distance=3, offset=torch.tensor(9)),
-        "shaw_output": lambda: pe.shaw_output(weights, v, r(7, 5), max_distance=3, offset=5),
-        "shaw_output per row": lambda: pe.shaw_output(weights, v, r(7, 5), max_distance=3, offset=torch.arange(4)),
-        "deberta_logits": lambda: pe.deberta_logits(q, k, r(6, 8), r(6, 8), max_distance=3),
-        "deberta_logits buckets": lambda: pe.deberta_logits(q, k, r(6, 8), r(6, 8), max_distance=3, bucket_size=2, max_position=8),
-        "xl_logits": lambda: pe.xl_logits(q, k, r(6, 8), r(3, 1, 8), r(3, 1, 8)),
-        "tener_logits": lambda: pe.tener_logits(q, k, r(3, 1, 8), r(3, 1, 8)),
+        "shaw_logits": (lambda q, k, t: pe.shaw_logits(q, k, t, max_distance=3), (q, k, table_k)),
+        "shaw_logits offset": (lambda q, k, t, o: pe.shaw_logits(q, k, t, max_distance=3, offset=o), (q, k, table_k, torch.tensor(9))),
+        "shaw_output": (lambda w, v, t: pe.shaw_output(w, v, t, max_distance=3, offset=5), (weights, v, table_v)),
+        "shaw_output per row": (lambda w, v, t, o: pe.shaw_output(w, v, t, max_distance=3, offset=o), (weights, v, table_v, torch.arange(4))),
+        "deberta_logits": (lambda q, k, a, b: pe.deberta_logits(q, k, a, b, max_distance=3), (q, k, pos, pos)),
+        "deberta_logits buckets": (lambda q, k, a, b: pe.deberta_logits(q, k, a, b, max_distance=3, bucket_size=2, max_position=8), (q, k, pos, pos)),
+        "xl_logits": (pe.xl_logits, (q, k, pos, u, u)),
+        "tener_logits": (pe.tener_logits, (q, k, u, u)),
     }
 
 
-@pytest.mark.parametrize(
-    "name",
-    ["shaw_logits", "shaw_logits offset", "shaw_output", "shaw_output per row", "deberta_logits", "deberta_logits buckets", "xl_logits", "tener_logits"],
-)
+_OWN_INDEX_CALLS = ["shaw_logits", "shaw_logits offset", "shaw_output", "shaw_output per row", "deberta_logits", "deberta_logits buckets", "xl_logits", "tener_logits"]
+
+
+@pytest.mark.parametrize("name", _OWN_INDEX_CALLS)
 def test_an_index_posenc_builds_is_not_read_back_on_the_cuda_path(monkeypatch, name):
     """The Toeplitz index of a relative logit or output is formed by posenc in ``[0, m)``
     (clipped distances, an ``arange``): the CUDA launcher reads none of its values back (a
@@ -283,14 +284,71 @@ def test_an_index_posenc_builds_is_not_read_back_on_the_cuda_path(monkeypatch, n
     launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
     from posenc import _built
 
-    call = _own_index_calls(torch)[name]
+    fn, args = _own_index_calls(torch)[name]
     for public in (pe.shaw_logits, pe.shaw_output, pe.deberta_logits, pe.xl_logits, pe.tener_logits):
         getattr(public, "plans", {}).clear()  # (a plan serves torch CPU tensors from a signature's third call)
     before = set(_built._RECORDED)
-    call()
+    fn(*args)
     assert launches and not bounds, (len(launches), len(bounds))
     gc.collect()
     assert set(_built._RECORDED) <= before  # (a record goes with its array)
+
+
+@pytest.mark.parametrize("name", _OWN_INDEX_CALLS)
+def test_an_index_posenc_builds_is_not_read_back_in_a_compiled_graph(monkeypatch, name):
+    """Under ``torch.compile`` the Toeplitz op receives the graph's index, not the tensor
+    posenc recorded while tracing: on main its CUDA launcher read each one back (1 a call, 2
+    for DeBERTa's two terms, one per batch row for one offset per row: 4), so no compiled
+    call could be captured in a CUDA graph. The graph now forms the index through
+    ``posenc::index_in_range``, whose result the launcher takes unread. The CUDA path is
+    faked on torch CPU tensors as above (the fake tensors tracing sees say "cpu")."""
+    torch = pytest.importorskip("torch")
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    fn, args = _own_index_calls(torch)[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    for _ in range(2):
+        compiled(*args)
+    assert launches and not bounds, (len(launches), len(bounds))
+
+
+@pytest.mark.parametrize("name", ["shaw_logits", "shaw_output per row"])
+def test_an_index_posenc_builds_is_not_read_back_by_inductor_forward_or_backward(monkeypatch, name):
+    """The same through inductor's generated code, and the backward's op (the adjoint,
+    given the index saved by the forward): nothing read back (on main, 2 and 8 reads)."""
+    torch = pytest.importorskip("torch")
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    fn, args = _own_index_calls(torch, grad=True)[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor")
+    for _ in range(2):
+        compiled(*args).sum().backward()
+    assert len(launches) == 2 * (4 if "per row" in name else 1) * 2 and not bounds, (len(launches), len(bounds))
+
+
+def test_an_index_a_caller_passes_is_checked_in_a_compiled_graph(monkeypatch):
+    """A caller's index reaches the compiled graph's Toeplitz op as it was given: read back
+    and checked on every call, out of range refused. ``posenc::index_in_range`` takes any
+    index: what it records is clamped into its range, so no kernel reads out of bounds."""
+    torch = pytest.importorskip("torch")
+    from posenc import _dispatch
+
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    torch._dynamo.reset()
+    gather = torch.compile(lambda s, i: _dispatch.call("toeplitz_gather", s, i, 3), fullgraph=True, backend="aot_eager")
+    scores = torch.zeros(3, 4)
+    gather(scores, torch.tensor([0, 1, 3, 0, 0]))
+    gather(scores, torch.tensor([0, 1, 3, 2, 0]))
+    assert len(bounds) == 2 and len(launches) == 2
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 4\)"):
+        gather(scores, torch.tensor([0, 1, 4, 0, 0]))
+    assert len(bounds) == 3 and len(launches) == 2
+    clamped = torch.ops.posenc.index_in_range(torch.tensor([-5, 1, 4, 0, 9]), 4)
+    assert clamped.tolist() == [0, 1, 3, 0, 3]
+    _dispatch.call("toeplitz_gather", scores, clamped, 3)
+    assert len(bounds) == 3 and len(launches) == 3
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 0\)"):
+        _dispatch.call("toeplitz_gather", torch.zeros(3, 0), torch.ops.posenc.index_in_range(torch.tensor([0, 1, 0, 0, 0]), 0), 3)
 
 
 def test_an_index_a_caller_passes_is_checked_on_the_cuda_path(monkeypatch):

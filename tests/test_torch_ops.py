@@ -70,6 +70,8 @@ OPCHECK_CASES = [
     # one index per row of the first axis (one offset per batch row)
     (_ops.toeplitz_gather_rows_op, lambda: (_x(3, 2, 4, 7), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 5)),
     (_ops.toeplitz_scatter_rows_op, lambda: (_x(3, 2, 4, 5), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 7)),
+    # a Toeplitz index clamped into [0, m) (a compiled graph's own: nothing differentiable)
+    (_ops.index_in_range_op, lambda: (torch.tensor([-2, 0, 3, 9]), 4)),
     # integer positions only: nothing differentiable (rows kept between calls, then computed afresh)
     (_ops.rope_cos_sin_op, lambda: (torch.arange(5)[None], frequencies_name(tuple(INV), 1.0), torch.float32)),
     (_ops.rope_cos_sin_op, lambda: (torch.arange(70000, 70006).reshape(2, 3), frequencies_name(tuple(INV), 0.5), torch.bfloat16)),
@@ -190,7 +192,7 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
                 _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
                 _ops.toeplitz_gather_rows_op: {0}, _ops.toeplitz_scatter_rows_op: {0},
-                _ops.rope_cos_sin_rows_op: set()}
+                _ops.rope_cos_sin_rows_op: set(), _ops.index_in_range_op: set()}
     assert covered == expected
 
 

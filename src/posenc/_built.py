@@ -10,15 +10,22 @@ the range of that very array as known (``known_in_range``). A record is the arra
 identity, held by a weak reference: a caller's array, another array of the same values or
 a copy is never recorded, and meets the check. posenc writes no recorded array after
 recording it.
+
+While ``torch.compile`` traces, the tensor posenc forms is not the one the compiled graph
+will pass, so the graph forms it through the op ``posenc::index_in_range`` (``_traced``),
+whose run clamps it into ``[0, m)`` on the device (no read-back: a no-op on posenc's
+values, and what makes any tensor given to the op safe to take unread) and records its
+result, the very tensor the graph passes on to the Toeplitz op.
 """
 
 from __future__ import annotations
 
+import sys
 import weakref
 
 import numpy as np
 
-from . import _compat
+from . import _compat, _dispatch
 from ._xp import torch_compiling, torch_tensor
 
 _RECORDED: dict = {}  # id(index) -> (weak reference to it, m)
@@ -26,9 +33,13 @@ _RECORDED: dict = {}  # id(index) -> (weak reference to it, m)
 
 def built_in_range(index, m):
     """``index``, which posenc's own arithmetic made with every value in ``[0, m)``, recorded
-    as such where a CUDA launcher may read it (:func:`launchable`; not while ``torch.compile``
-    traces, whose tensors are not the ones the compiled graph passes)."""
-    if type(index) is np.ndarray or not launchable(index) or torch_compiling():
+    as such where a CUDA launcher may read it (:func:`launchable`; while ``torch.compile``
+    traces, the graph's tensor in its place: ``_traced``)."""
+    if type(index) is np.ndarray or not launchable(index):
+        return index
+    if torch_compiling():
+        return _traced(index, m)
+    if m <= 0:  # (no value lies in [0, 0): the launcher's check refuses a non-empty index)
         return index
     key = id(index)
 
@@ -38,6 +49,13 @@ def built_in_range(index, m):
 
     _RECORDED[key] = (weakref.ref(index, forget), m)
     return index
+
+
+def _traced(index, m):
+    """``posenc::index_in_range(index, m)`` in the graph ``torch.compile`` traces: at run time,
+    ``index`` clamped into ``[0, m)`` (the same values: posenc built them there) and recorded."""
+    _dispatch.ready("torch")  # (registers the op; run once while tracing, not traced)
+    return sys.modules["torch"].ops.posenc.index_in_range(index, m)
 
 
 def known_in_range(index, m) -> bool:

@@ -9,6 +9,7 @@ scatter-add in one pass. Kernels register against them.
 
 from __future__ import annotations
 
+from .._built import built_in_range, known_in_range
 from .._dispatch import call, reference
 from .._xp import device_of, empty_result, index_dtype, namespace
 
@@ -95,12 +96,16 @@ def toeplitz_scatter(weights, index, m, *, out=None):
     return _write(out, by_distance @ onehot)
 
 
-def _each_row(op, values, index, n, width):
-    """``op(values[r], index[r], n)`` of each row ``r`` of the first axis, ``[rows, ..., q_len, width]``."""
+def _each_row(op, values, index, n, width, m):
+    """``op(values[r], index[r], n)`` of each row ``r`` of the first axis, ``[rows, ..., q_len,
+    width]``; the rows of an ``index`` posenc built in ``[0, m)`` recorded as such (``_built``)."""
     xp = namespace(values, index)
     if values.shape[0] == 0:
         return xp.zeros((*values.shape[:-1], width), dtype=values.dtype, device=device_of(values))
-    return xp.stack([call(op, v, i, n) for v, i in zip(xp.unstack(values), xp.unstack(index))])
+    rows = xp.unstack(index)
+    if known_in_range(index, m):
+        rows = [built_in_range(i, m) for i in rows]
+    return xp.stack([call(op, v, i, n) for v, i in zip(xp.unstack(values), rows)])
 
 
 @reference("toeplitz_gather_rows")
@@ -108,7 +113,7 @@ def toeplitz_gather_rows(scores, index, k_len, *, out=None):
     """``out[r, ..., i, j] = scores[r, ..., i, index[r, i - j + k_len - 1]]``: the
     ``toeplitz_gather`` of each row ``r`` of ``scores [rows, ..., q_len, m]`` at its own
     per-distance ``index [rows, q_len + k_len - 1]`` (one offset per batch row)."""
-    return _write(out, _each_row("toeplitz_gather", scores, index, k_len, k_len))
+    return _write(out, _each_row("toeplitz_gather", scores, index, k_len, k_len, scores.shape[-1]))
 
 
 @reference("toeplitz_scatter_rows")
@@ -116,4 +121,4 @@ def toeplitz_scatter_rows(weights, index, m, *, out=None):
     """``out[r, ..., i, c] = sum over j with index[r, i - j + k_len - 1] == c of weights[r, ...,
     i, j]``: the ``toeplitz_scatter`` of each row ``r`` of ``weights [rows, ..., q_len,
     k_len]`` at its own per-distance ``index [rows, q_len + k_len - 1]``."""
-    return _write(out, _each_row("toeplitz_scatter", weights, index, m, m))
+    return _write(out, _each_row("toeplitz_scatter", weights, index, m, m, m))

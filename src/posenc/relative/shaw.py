@@ -181,7 +181,7 @@ def shaw_output(weights, v, table_v, *, max_distance, offset=None, query_positio
         check.allocatable("output", (*batch, q_len, int(v.shape[-1])), 8)
         weights, v, table_v = (cast(xp, a, work) for a in (weights, v, table_v))
         if torch_compiling() or _rows.served(offset, weights.shape[:-2], q_len, k_len):
-            index = clipped(xp, distances(q_len, k_len, offsets[:, None], xp=xp, device=device), max_distance)  # [rows, q_len + k_len - 1]
+            index = built_in_range(clipped(xp, distances(q_len, k_len, offsets[:, None], xp=xp, device=device), max_distance), rows)  # [rows, q_len + k_len - 1]
             if torch_compiling():  # (one op for every row: a loop would compile a graph per batch size)
                 mass = xp.reshape(call("toeplitz_scatter_rows", xp.reshape(weights, (-1, *weights.shape[-3:])), index, rows), (*weights.shape[:-1], rows))
             else:  # (into one result, no stack)

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from .. import _dispatch, _plans
+from .._built import built_in_range
 from .._xp import kept_for_gradient, namespace
 from ..rotary import _rows, _signatures
 from ..rotary.scaling import named_frequency_table, scaling_name
@@ -295,6 +296,19 @@ def toeplitz_gather_op(scores: Tensor, index: Tensor, k_len: int) -> Tensor:
 @torch.library.custom_op("posenc::toeplitz_scatter", mutates_args=())
 def toeplitz_scatter_op(weights: Tensor, index: Tensor, m: int) -> Tensor:
     return _kernel("toeplitz_scatter", weights, index, m)
+
+
+@torch.library.custom_op("posenc::index_in_range", mutates_args=())
+def index_in_range_op(index: Tensor, m: int) -> Tensor:
+    """``index`` clamped into ``[0, m)`` on its device, recorded as in range (``_built``): the
+    Toeplitz index of a graph ``torch.compile`` traced (``_built._traced``), which a CUDA
+    launcher then takes unread (posenc's values, there by construction, are unchanged)."""
+    return built_in_range(index.clamp(0, max(m - 1, 0)), m)
+
+
+@index_in_range_op.register_fake
+def _(index, m):
+    return torch.empty_like(index)
 
 
 def _last_axis_resized(x, index, n):
