@@ -70,6 +70,8 @@ OPCHECK_CASES = [
     # one index per row of the first axis (one offset per batch row)
     (_ops.toeplitz_gather_rows_op, lambda: (_x(3, 2, 4, 7), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 5)),
     (_ops.toeplitz_scatter_rows_op, lambda: (_x(3, 2, 4, 5), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 7)),
+    # TUPE's position terms of one offset per batch row (heads on uk alone: broadcast)
+    (_ops.tupe_row_terms_op, lambda: (_x(9, 4), torch.tensor([[0, 1], [4, 5], [2, 3]]), _x(4, 3), _x(2, 4, 3), 5, 0.25)),
     # a Toeplitz index clamped into [0, m) (a compiled graph's own: nothing differentiable)
     (_ops.index_in_range_op, lambda: (torch.tensor([-2, 0, 3, 9]), 4)),
     # integer positions only: nothing differentiable (rows kept between calls, then computed afresh)
@@ -105,6 +107,28 @@ def test_gradcheck_float64(op, make):
         return op(*full)
 
     assert torch.autograd.gradcheck(f, tuple(args[i] for i in differentiable))
+
+
+def test_the_backward_of_tupe_row_terms_is_opchecked_and_once_differentiable():
+    """``posenc::tupe_row_terms_backward`` (the rows' gradients, an op of its own so that a
+    compiled graph keeps the rows' count symbolic) passes opcheck (whose checks run it under
+    dispatch modes, which switch off the autograd it runs), gives autograd's gradients of
+    the rows' loop, under a dispatch mode too, and refuses to be differentiated again."""
+    from posenc.relative.tupe import row_terms
+
+    p, every, uq, uk = _x(9, 4), torch.tensor([[0, 1], [4, 5], [2, 3]]), _x(4, 3), _x(2, 4, 3)
+    grad = torch.randn(3, 2, 2, 5, dtype=torch.float64)
+    args = (grad, p.detach(), every, uq.detach(), uk.detach(), 5, 0.25)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.library.opcheck(torch.ops.posenc.tupe_row_terms_backward.default, args)
+    want = torch.autograd.grad(row_terms(p, every, uq, uk, 5, 0.25), (p, uq, uk), grad)
+    assert all(torch.equal(a, b) for a, b in zip(torch.ops.posenc.tupe_row_terms_backward(*args), want))
+    with FlopCounterMode(display=False):
+        assert all(torch.equal(a, b) for a, b in zip(torch.ops.posenc.tupe_row_terms_backward(*args), want))
+    first = torch.autograd.grad((_ops.tupe_row_terms_op(p, every, uq, uk, 5, 0.25) * grad).sum(), p, create_graph=True)[0]
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(first.sum(), p)
 
 
 def test_diagonal_sums_is_adjoint_of_expand():
@@ -192,7 +216,8 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
                 _ops.rope_apply_op: {0, 1, 2}, _ops.toeplitz_expand_op: {0},
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
                 _ops.toeplitz_gather_rows_op: {0}, _ops.toeplitz_scatter_rows_op: {0},
-                _ops.rope_cos_sin_rows_op: set(), _ops.index_in_range_op: set()}
+                _ops.rope_cos_sin_rows_op: set(), _ops.index_in_range_op: set(),
+                _ops.tupe_row_terms_op: {0, 2, 3}}
     assert covered == expected
 
 

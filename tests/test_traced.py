@@ -838,3 +838,32 @@ def test_torch_compile_of_shaw_output_with_one_offset_per_row_keeps_the_batch_sy
         assert torch.equal(got, want), batch
         assert torch.equal(torch.autograd.grad(got.sum(), weights)[0], torch.autograd.grad(want.sum(), weights)[0]), batch
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("heads", [True, False], ids=["per-head uq, uk", "uq, uk without heads"])
+def test_torch_compile_of_tupe_logits_with_one_offset_per_row_keeps_the_batch_symbolic(heads):
+    """``tupe_logits`` of one offset per batch row under ``dynamic=True``: batches of 2, 3
+    and 5 rows through one graph, the eager bits and gradients. Its rows' position terms had
+    been a Python loop of one product each (a batched product rounds apart), unrolled to
+    their count: a graph per batch size ('tensor k size mismatch at index 0')."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    fn = lambda q, k, p, uq, uk, o: pe.tupe_logits(q, k, p, uq, uk, offset=o)  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch in (2, 3, 5):
+        g = torch.Generator().manual_seed(batch)
+        r = lambda *shape: torch.randn(*shape, generator=g).requires_grad_()  # noqa: E731
+        table = (4,) if heads else ()
+        q, k, p, uq, uk = r(batch, 4, 3, 8), r(batch, 4, 5, 8), r(12, 6), r(*table, 6, 4), r(*table, 6, 4)
+        offsets = torch.arange(batch) % 4 + 2
+        want = fn(q, k, p, uq, uk, offsets)
+        got = compiled(q, k, p, uq, uk, offsets)
+        assert torch.equal(got, want), batch
+        for a, b in zip(torch.autograd.grad((got * got).sum(), (q, k, p, uq, uk)), torch.autograd.grad((want * want).sum(), (q, k, p, uq, uk))):
+            assert torch.equal(a, b), batch
+    assert counters["stats"]["unique_graphs"] == 1

@@ -7,7 +7,8 @@ import numbers
 from functools import partial
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, torch_tensor, unsplit
+from .._dispatch import call, reference
+from .._xp import broadcast_shapes, cast, device_of, host_constant_like, host_constants, index_dtype, namespace, shifted, size, torch_compiling, torch_tensor, unsplit
 from . import _args, _per_token
 from .indices import per_row, scalar_offset
 
@@ -72,6 +73,27 @@ def _times(xp, rows, u):
     if torch_tensor(rows) and tuple(rows.shape[:-2]) != lead:
         rows = xp.broadcast_to(rows, (*lead, *rows.shape[-2:]))
     return rows @ u
+
+
+def _keys(xp, p, uk, k_len):
+    """``(p[:k_len] U^K)^T``: the keys' side of the position term."""
+    return xp.matrix_transpose(_times(xp, p[..., :k_len, :], uk))
+
+
+@reference("tupe_row_terms")
+def row_terms(p, every, uq, uk, k_len, scale):
+    """``terms[r] = (p[every[r]] U^Q) (p[:k_len] U^K)^T * scale``: the position term of each
+    batch row ``r`` of one offset per row (``every [rows, q_len]``: its query positions), the
+    product of the one-offset call, made once per row (a batched product rounds apart).
+    While torch compiles, one op for every row (``posenc::tupe_row_terms``): a loop would be
+    unrolled to the batch size, a graph for each."""
+    xp = namespace(p, every)
+    keys = _keys(xp, p, uk, k_len)
+    terms = [_times(xp, xp.take(p, positions, axis=-2), uq) @ keys * scale for positions in xp.unstack(every)]
+    if terms:
+        return xp.stack(terms)
+    heads = broadcast_shapes(tuple(uq.shape[:-2]), tuple(keys.shape[:-2]))
+    return xp.zeros((0, *heads, every.shape[-1], keys.shape[-1]), dtype=keys.dtype, device=device_of(keys))
 
 
 @host_constants
@@ -161,14 +183,14 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     device = device_of(q)
     query_positions = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
     scale = 1.0 / math.sqrt(2 * int(q.shape[-1]))
-    keys = xp.matrix_transpose(_times(xp, p[..., :k_len, :], uk))
     if per_row(offset):  # one per batch row: the product of each row's one-offset call
         every, _ = unsplit(xp.reshape(query_positions, (math.prod(offset.shape[:-1]), q_len)), 0)  # (an explicit mesh unstacks no split axis)
-        terms = [_times(xp, xp.take(p, positions, axis=-2), uq) @ keys * scale for positions in xp.unstack(every)]
+        terms = call("tupe_row_terms", p, every, uq, uk, k_len, scale) if torch_compiling() else row_terms(p, every, uq, uk, k_len, scale)
         one = (*_heads(q, uq, uk), q_len, k_len)
-        position = xp.reshape(xp.stack(terms) if terms else xp.zeros((0, *one), dtype=work, device=device), (*offset.shape[:-1], *one))
+        position = xp.reshape(terms, (*offset.shape[:-1], *one))
         query_positions = xp.reshape(query_positions, (*offset.shape[:-1], *(1,) * (len(one) - 2), q_len))  # (beside the heads)
     else:
+        keys = _keys(xp, p, uk, k_len)
         position = _times(xp, xp.take(p, query_positions, axis=-2), uq) @ keys * scale
     if bias is not None:
         position = position + cast(xp, bias, work)

@@ -24,6 +24,8 @@ positions in a compiled graph (nothing differentiable); inductor decomposes the 
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -31,6 +33,7 @@ from torch import Tensor
 from .. import _dispatch, _plans
 from .._built import built_in_range
 from .._xp import kept_for_gradient, namespace
+from ..relative.tupe import row_terms
 from ..rotary import _rows, _signatures
 from ..rotary.scaling import named_frequency_table, scaling_name
 
@@ -348,6 +351,70 @@ _register_adjoint(toeplitz_gather_rows_op, toeplitz_scatter_rows_op)
 _register_adjoint(toeplitz_scatter_rows_op, toeplitz_gather_rows_op)
 
 
+@torch.library.custom_op("posenc::tupe_row_terms", mutates_args=())
+def tupe_row_terms_op(p: Tensor, every: Tensor, uq: Tensor, uk: Tensor, k_len: int, scale: float) -> Tensor:
+    return _kernel("tupe_row_terms", p, every, uq, uk, k_len, scale)
+
+
+@tupe_row_terms_op.register_fake
+def _(p, every, uq, uk, k_len, scale):
+    heads = torch.broadcast_shapes(uq.shape[:-2], uk.shape[:-2])
+    return p.new_empty((every.shape[0], *heads, every.shape[-1], k_len))
+
+
+def _row_terms_gradients(grad, p, every, uq, uk, k_len, scale):
+    """The gradients of ``tupe_row_terms`` to ``p``, ``uq`` and ``uk``: autograd's over the
+    rows' loop run again, so a compiled graph's are the eager call's."""
+    leaves = [t.detach().requires_grad_() for t in (p, uq, uk)]
+    if every.shape[0] == 0:
+        return tuple(t.new_zeros(t.shape) for t in leaves)
+    with torch.enable_grad(), _autograd_recording():
+        terms = row_terms(leaves[0], every, leaves[1], leaves[2], k_len, scale)
+        gradients = torch.autograd.grad(terms, leaves, grad)
+    return tuple(g.contiguous() for g in gradients)
+
+
+@contextlib.contextmanager
+def _autograd_recording():
+    """Autograd's dispatch keys on: a dispatch mode's handler (``FlopCounterMode``,
+    opcheck's) runs an op with them excluded, where autograd would record nothing."""
+    keys = [k for k in (torch._C.DispatchKey.ADInplaceOrView, torch._C.DispatchKey.AutogradFunctionality) if torch._C._dispatch_tls_is_dispatch_key_excluded(k)]
+    for key in keys:
+        torch._C._dispatch_tls_set_dispatch_key_excluded(key, False)
+    try:
+        yield
+    finally:
+        for key in keys:
+            torch._C._dispatch_tls_set_dispatch_key_excluded(key, True)
+
+
+# The backward as an op of its own, opaque to the graph that calls it (a loop traced there would
+# be unrolled to the rows' count). Defined on the Library: not differentiable itself (a second
+# derivative of the rows' terms is refused; tests/test_torch_ops.py opchecks it).
+_LIBRARY_ROWS = torch.library.Library("posenc", "FRAGMENT")
+_LIBRARY_ROWS.define("tupe_row_terms_backward(Tensor grad, Tensor p, Tensor every, Tensor uq, Tensor uk, SymInt k_len, float scale) -> (Tensor, Tensor, Tensor)")
+_LIBRARY_ROWS.impl("tupe_row_terms_backward", _row_terms_gradients, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("posenc::tupe_row_terms_backward")
+def _(grad, p, every, uq, uk, k_len, scale):
+    return p.new_empty(p.shape), uq.new_empty(uq.shape), uk.new_empty(uk.shape)
+
+
+def _row_terms_setup(ctx, inputs, output):
+    p, every, uq, uk, ctx.k_len, ctx.scale = inputs
+    ctx.save_for_backward(p, every, uq, uk)
+
+
+def _row_terms_backward(ctx, grad):
+    p, every, uq, uk = ctx.saved_tensors
+    grad_p, grad_uq, grad_uk = torch.ops.posenc.tupe_row_terms_backward(grad.contiguous(), p, every, uq, uk, ctx.k_len, ctx.scale)
+    return grad_p, None, grad_uq, grad_uk, None, None
+
+
+tupe_row_terms_op.register_autograd(_row_terms_backward, setup_context=_row_terms_setup)
+
+
 # Registry entries (the ``<op>.torch_autograd`` kernels of ``posenc._kernels``): the
 # references' signatures. While torch compiles, calls with ``out`` arrive here too: the
 # result is copied into it.
@@ -534,6 +601,10 @@ def toeplitz_gather_rows(scores, index, k_len, *, out=None):
 
 def toeplitz_scatter_rows(weights, index, m, *, out=None):
     return _written(toeplitz_scatter_rows_op(weights, index, m), out)
+
+
+def tupe_row_terms(p, every, uq, uk, k_len, scale):
+    return tupe_row_terms_op(p, every, uq, uk, k_len, scale)
 
 
 # Bind the registry entries that load from this module now: ``torch.compile`` cannot trace the
