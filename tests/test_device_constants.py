@@ -126,7 +126,7 @@ def test_rope_cos_sin_of_gpu_positions_reads_the_kept_frequencies(fake_cuda, mon
     monkeypatch.setattr("posenc._xp.has_float64", lambda xp, device=None: True)
     asked, real_constant = [], _device_constants.torch_constant
 
-    def constant(values, dtype, device):
+    def constant(values, dtype, device, what=None):
         assert device == cuda
         asked.append(values)
         return real_constant(values, dtype, CPU)

@@ -156,6 +156,30 @@ def test_a_module_with_one_offset_per_row_reads_nothing_back_on_a_gpu():
         assert torch.equal(got, call(lambda t: t))
 
 
+@pytest.mark.parametrize("name", ["Sandwich", "TENERRelative", "TransformerXLRelative", "XPos"])
+def test_a_decode_step_of_a_module_built_on_host_constants_copies_none_after_the_first(name):
+    """Sandwich's head scales, the sinusoidal wavelengths of TENER's and Transformer-XL's
+    tables and xPos's exponents were copied from host memory onto the GPU on every call
+    (``xp.asarray(host list, device=...)``: a pageable copy and a wait, which a CUDA graph
+    capture refuses); they are kept on the device now (``_xp.constant_on``), as rope's
+    frequencies are: 0 copies from the second call on (1-2 a call on main), the CPU
+    module's bits."""
+    import posenc.torch as pt
+
+    m = {"Sandwich": lambda: pt.Sandwich(2, dim=8), "XPos": lambda: pt.XPos(8)}.get(name, lambda: getattr(pt, name)(2, 8))()
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g) for n in (1, 7, 7))
+
+    def call(c):
+        return m.attend(c(q), c(k), c(v), offset=6)
+
+    _on_fake_gpu_module(m, call)  # (the first call keeps its constants)
+    got, log = _on_fake_gpu_module(m, call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))
+
+
 def test_offsets_a_linear_bias_cannot_take_are_still_refused_on_a_gpu():
     """ALiBi's bias grows with the distance: its offsets are read and checked on a GPU too
     (the read ``alibi_bias`` makes), so one past the int64 sums is still a ``ValueError``."""

@@ -943,7 +943,7 @@ def cos_sin(positions, freqs, *, xp, device=None, offset=0):
     """
     freqs = tuple(float(f) for f in freqs)
     if has_float64(xp, device):
-        f = _frequencies_on(xp, freqs, device)
+        f = constant_on(xp, freqs, xp.float64, device)
         angle = _widened_positions(xp, positions, offset)[..., None] * f
         return xp.cos(angle), xp.sin(angle)
     turns = tuple(f / (2.0 * math.pi) for f in freqs)
@@ -959,16 +959,18 @@ def _widened_positions(xp, positions, offset):
     return wide + (xp.astype(offset, xp.float64) if not isinstance(offset, int) else offset)
 
 
-def _frequencies_on(xp, freqs, device):
-    """float64 ``freqs`` on ``device``: kept there between calls for a torch GPU
-    (``_device_constants``: no copy or wait a call), else made afresh."""
+def constant_on(xp, values, dtype, device, what="rotary tables of new frequencies"):
+    """``xp.asarray(values, dtype=dtype, device=device)`` of host numbers ``values`` (a
+    tuple of floats): kept on a torch GPU between calls (``_device_constants``: no copy
+    or wait a call, and a CUDA graph can capture the calls after the first), else made
+    afresh. ``what`` names them in the error of a new one during a capture."""
     if getattr(device, "type", None) == "cuda" and not torch_compiling():
         from ._device_constants import torch_constant
 
-        kept = torch_constant(freqs, xp.float64, device)
+        kept = torch_constant(values, dtype, device, what)
         if kept is not None:
             return kept
-    return xp.asarray(freqs, dtype=xp.float64, device=device)
+    return xp.asarray(values, dtype=dtype, device=device)
 
 
 def cos_sin_of_turns(positions, turns, *, xp, offset=0):

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import argument_in, cast, cos_sin, device_of, has_float64, is_real_floating, namespace, result_dtype, trace_constant
+from .._xp import argument_in, cast, constant_on, cos_sin, device_of, has_float64, is_real_floating, namespace, result_dtype, trace_constant
 
 LAYOUTS = ("interleaved", "half")
 
@@ -87,7 +87,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
         check.allocatable("sinusoidal", (n, dim), 8)
         pos = xp.arange(n, device=device)
     if has_float64(xp, device):  # the paper's k / base**(2i/d), divided as Marian's and RoFormer's tables are: their bits
-        angle = _quotients(xp, xp.astype(pos, xp.float64)[..., None], xp.asarray(wavelengths(dim, base), dtype=xp.float64, device=device))
+        angle = _quotients(xp, xp.astype(pos, xp.float64)[..., None], constant_on(xp, wavelengths(dim, base), xp.float64, device, "sinusoidal wavelengths"))
         cos, sin = xp.cos(angle), xp.sin(angle)
     else:
         cos, sin = cos_sin(pos, inverse_frequencies(dim, base), xp=xp, device=device)

@@ -8,7 +8,7 @@ Both depend on the distance only, so each computes its per-distance vector
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import arguments_in, cast, cos_sin, device_of, host_constants, namespace, pairwise_sum, result_dtype, torch_tensor, widest_float
+from .._xp import arguments_in, cast, constant_on, cos_sin, device_of, host_constants, namespace, pairwise_sum, result_dtype, torch_tensor, widest_float
 from . import _per_token
 from .biases import expand_bias
 from .indices import distance_count, distances, offset_namespace, per_row, query_offset
@@ -149,7 +149,7 @@ def _sandwich_values(xp, rel, dim, heads, base, device, dtype):
     if heads is None:
         scales = xp.ones((1, 1), dtype=vec.dtype, device=device)
     else:
-        scales = xp.asarray([[heads / (8.0 * h)] for h in range(1, heads + 1)], dtype=vec.dtype, device=device)
+        scales = xp.reshape(constant_on(xp, tuple(heads / (8.0 * h) for h in range(1, heads + 1)), vec.dtype, device, "Sandwich's head scales"), (heads, 1))
     return cast(xp, scales * vec[None, :], dtype)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._xp import dimension_value, has_float64, jax_symbolic_dim, torch_compiling, trace_constant, widest_float
+from .._xp import constant_on, dimension_value, has_float64, jax_symbolic_dim, torch_compiling, trace_constant, widest_float
 
 __all__ = ["Axial", "DynamicNTK", "HFRope", "LongRoPE", "Linear", "Llama3", "NTK", "Proportional", "YaRN", "from_hf"]
 
@@ -159,7 +159,7 @@ def _default_table(dim, base):
 
 def _exponents(xp, dim, device):
     """``2i / dim`` for ``i < dim/2``, an array of ``xp``'s widest float."""
-    return xp.asarray([2 * i / dim for i in range(dim // 2)], dtype=widest_float(xp, device), device=device)
+    return constant_on(xp, tuple(2 * i / dim for i in range(dim // 2)), widest_float(xp, device), device, "dynamic frequencies' exponents")
 
 
 @dataclass(frozen=True)

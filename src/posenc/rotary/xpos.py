@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._xp import cast, device_of, is_real_floating, namespace, result_dtype, widest_float
+from .._xp import cast, constant_on, device_of, is_real_floating, namespace, result_dtype, widest_float
 from . import _args
 from ._call import duplicate
 
@@ -73,6 +73,6 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
         rate = _doublefloat.constant(xp, np.asarray(log_zeta) / scale_base, device)
         hi, lo = _doublefloat.mul((m[0][..., None], m[1][..., None]), rate)
         return cast(xp, duplicate(xp, xp.exp(hi) * (1 + lo), layout), dtype)
-    log_zeta = xp.asarray(log_zeta, dtype=work, device=device)
+    log_zeta = constant_on(xp, tuple(log_zeta), work, device, "xPos exponents")
     exponent = cast(xp, positions, work)[..., None] / scale_base
     return cast(xp, duplicate(xp, xp.exp(exponent * log_zeta), layout), dtype)
