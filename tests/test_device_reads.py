@@ -180,6 +180,23 @@ def test_a_decode_step_of_a_module_built_on_host_constants_copies_none_after_the
         assert torch.equal(got, call(lambda t: t))
 
 
+def test_mrope_tables_of_gpu_frequencies_copy_no_index_after_the_first_call():
+    """``mrope_cos_sin`` with ``inv_freq`` on the GPU copied the indices of the frequencies
+    each section takes from a host list on every call (one pageable copy); they are kept
+    on the device now: none from the second call on, the CPU call's bits."""
+    inv_freq = torch.from_numpy(pe.rope_frequencies(16)[0])
+    positions = torch.arange(15).reshape(3, 5) * 7
+
+    def call(c):
+        return torch.stack(pe.mrope_cos_sin(c(positions), c(inv_freq), [4, 2, 2], interleaved=True))
+
+    _on_fake_gpu(call)
+    got, log = _on_fake_gpu(call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))
+
+
 def test_offsets_a_linear_bias_cannot_take_are_still_refused_on_a_gpu():
     """ALiBi's bias grows with the distance: its offsets are read and checked on a GPU too
     (the read ``alibi_bias`` makes), so one past the int64 sums is still a ``ValueError``."""

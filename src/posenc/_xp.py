@@ -961,9 +961,10 @@ def _widened_positions(xp, positions, offset):
 
 def constant_on(xp, values, dtype, device, what="rotary tables of new frequencies"):
     """``xp.asarray(values, dtype=dtype, device=device)`` of host numbers ``values`` (a
-    tuple of floats): kept on a torch GPU between calls (``_device_constants``: no copy
-    or wait a call, and a CUDA graph can capture the calls after the first), else made
-    afresh. ``what`` names them in the error of a new one during a capture."""
+    tuple of floats, or of ints for an integer ``dtype``): kept on a torch GPU between
+    calls (``_device_constants``: no copy or wait a call, and a CUDA graph can capture the
+    calls after the first), else made afresh. ``what`` names them in the error of a new
+    one during a capture."""
     if getattr(device, "type", None) == "cuda" and not torch_compiling():
         from ._device_constants import torch_constant
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numbers
 
 from .. import _validate as check
-from .._xp import device_of, unsplit
+from .._xp import constant_on, device_of, index_dtype, unsplit
 from ._call import parse_tables, table_positions
 
 
@@ -61,7 +61,12 @@ def _pick(xp, freqs, pairs):
     if isinstance(freqs, tuple):
         return tuple(freqs[i] for i in pairs)
     freqs, _ = unsplit(freqs, 0)
-    return xp.take(freqs, xp.asarray(pairs, device=device_of(freqs)), axis=0)
+    return xp.take(freqs, _indices(xp, pairs, device_of(freqs)), axis=0)
+
+
+def _indices(xp, values, device):
+    """Host ints ``values`` as an index array on ``device`` (kept there on a torch GPU)."""
+    return constant_on(xp, tuple(values), index_dtype(xp, device), device, "mrope's channel indices")
 
 
 def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="half", dtype=None, scale=1.0):
@@ -141,7 +146,7 @@ def mrope_cos_sin(positions, inv_freq, sections, *, interleaved=False, layout="h
             order += pairs
     cos, sin = xp.concat(cos_parts, axis=-1), xp.concat(sin_parts, axis=-1)
     if order != sorted(order):
-        back = xp.asarray(sorted(range(len(order)), key=order.__getitem__), device=device_of(cos))
+        back = _indices(xp, sorted(range(len(order)), key=order.__getitem__), device_of(cos))
         cos, sin = xp.take(cos, back, axis=-1), xp.take(sin, back, axis=-1)
     return args.placed(*args.tables(cos, sin))
 
