@@ -217,3 +217,96 @@ def test_what_needs_host_values_or_another_device_still_reads_them():
         pe.rerotate(fake_cuda.cuda(torch.randn(2, 3, 8)), fake_cuda.cuda(torch.tensor(2)), inv_freq=fake_cuda.cuda(freqs))
         assert len(log) == 8
         assert pe.t5_bias(torch.randn(32, 2), 1, 6, offset=fake_cuda.cuda(torch.tensor(5))).device.type == "cpu" and len(log) == 9
+
+
+def _rope_calls():
+    """``name -> (offset, positions) -> call(c)``: ``rope`` calls whose offset (an int, 0-d
+    or one per batch row) or positions are on the GPU, their arrays made by ``c``."""
+    x = torch.randn(2, 4, 3, 8, generator=torch.Generator().manual_seed(2))
+    tensor = torch.tensor
+    return {
+        "0-d offset": lambda o, p: lambda c: pe.rope(c(x), offset=c(tensor(o))),
+        "per-row offset": lambda o, p: lambda c: pe.rope(c(x), offset=c(tensor([o, 3]))),
+        "positions + 0-d offset": lambda o, p: lambda c: pe.rope(c(x), c(tensor(p)), offset=c(tensor(o))),
+        "positions + int offset": lambda o, p: lambda c: pe.rope(c(x), c(tensor(p)), offset=o),
+        "positions + per-row offset": lambda o, p: lambda c: pe.rope(c(x), c(tensor(p)), offset=c(tensor([o, 1]))),
+        "float positions + 0-d offset": lambda o, p: lambda c: pe.rope(c(x), c(tensor(p).double() / 4), offset=c(tensor(o))),
+        "float positions": lambda o, p: lambda c: pe.rope(c(x), c(tensor(p).double() / 4)),
+        "0-d offset, seq_len given": lambda o, p: lambda c: pe.rope(c(x), scaling=pe.scaling.DynamicNTK(2.0, 4), offset=c(tensor(o)), seq_len=9),
+        "0-d offset, half": lambda o, p: lambda c: pe.rope(c(x.half()), c(tensor(p)), offset=c(tensor(o)), layout="interleaved", rotary_dim=4),
+    }
+
+
+SMALL = [(5, [0, 7, 2]), (-3, [4, 0, 1]), (2**40, [0, 2**40, 5]), (2**53 - 8, [0, 3, 7]), (-(2**52), [-(2**52), 1, 2])]
+
+
+@pytest.mark.parametrize("name", list(_rope_calls()))
+@pytest.mark.parametrize("offset, positions", SMALL)
+def test_rope_with_an_offset_or_positions_on_a_gpu_reads_nothing_back(name, offset, positions):
+    """``rope`` read a 0-d offset on the GPU (``_validate.integer``: 1 read), a per-row one's
+    extremes (``_sum_leaves``: 2 reads), given positions' extremes (2 more) and float
+    positions' finiteness (1), to check the int64 sums: each a synchronisation, no CUDA
+    graph. On an accelerator the positions are now summed with the offset in float64 on the
+    device, unread: every rotation converts integer positions to float64 anyway, so where
+    positions and sums are within ``2**53`` these are the host's bits."""
+    call = _rope_calls()[name](offset, positions)
+    got, log = _on_fake_gpu(call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        want = call(lambda t: t)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+WRAPPING = [(2**63 - 1, [0, 1, 2]), (2**62, [2**62, 2**62 + 5, 2**62 - 1]), (-(2**63), [-1, -2, 0]), (2**53 + 1, [0, 1, 2])]
+
+
+@pytest.mark.parametrize("name", ["0-d offset", "positions + 0-d offset", "positions + int offset", "per-row offset"])
+@pytest.mark.parametrize("offset, positions", WRAPPING)
+def test_rope_sums_past_int64_on_a_gpu_rotate_at_the_float64_sums_not_wrapped_ones(name, offset, positions):
+    """Offsets and positions whose int64 sums would wrap (refused on the host, where reading
+    them is free) or are past ``2**53``: on a GPU the rotation at the float64 sum
+    ``float64(position) + float64(offset)`` (what a float64 angle can hold of them), never
+    at a wrapped position."""
+    call = _rope_calls()[name](offset, positions)
+    got, log = _on_fake_gpu(call)
+    assert not log, log.lines()
+    x = torch.randn(2, 4, 3, 8, generator=torch.Generator().manual_seed(2))
+    given = torch.tensor(positions) if "positions" in name else torch.arange(3)
+    offsets = torch.tensor([offset, 3] if "per-row" in name else offset)
+    at = given.double() + offsets.double().reshape(-1, 1, 1)  # the float64 sums, [rows, 1, seq]
+    with pe.use_backend("reference"):
+        assert torch.equal(got, pe.rope(x, at))
+        if not all(-(2**63) <= p + o < 2**63 for p in given.tolist() for o in offsets.reshape(-1).tolist()):
+            with pytest.raises(ValueError, match="int64"):
+                call(lambda t: t)
+
+
+def test_rope_of_a_non_finite_float_position_on_a_gpu_gives_nan_unread():
+    """Float positions' finiteness was read back (``bool(all(isfinite))``: one synchronisation
+    a call); on a GPU it is not checked: a non-finite position rotates its token to NaN,
+    the others as on the host. In host memory it is still a ``ValueError``."""
+    x = torch.randn(2, 3, 8)
+    positions = torch.tensor([0.5, float("nan"), 2.0], dtype=torch.float64)
+    got, log = _on_fake_gpu(lambda c: pe.rope(c(x), c(positions), offset=c(torch.tensor(1))))
+    assert not log, log.lines()
+    assert bool(got[:, 1].isnan().all()) and not bool(got[:, ::2].isnan().any())
+    with pe.use_backend("reference"):
+        assert torch.equal(got[:, ::2], pe.rope(x[:, ::2], positions[::2] + 1))
+        with pytest.raises(ValueError, match="finite"):
+            pe.rope(x, positions, offset=torch.tensor(1))
+
+
+def test_rope_offsets_of_a_length_dependent_scaling_are_read_as_before_on_a_gpu():
+    """DynamicNTK without ``seq_len`` takes its length from the offset and positions, on the
+    host (its frequencies are the kernel's constants): the offset is read there as before,
+    the same bits as the CPU's."""
+    x = torch.randn(2, 4, 3, 8)
+
+    def call(c):
+        return pe.rope(c(x), scaling=pe.scaling.DynamicNTK(2.0, 4), offset=c(torch.tensor(5)))
+
+    got, log = _on_fake_gpu(call)
+    assert len(log) == 1
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))
+

@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, result_dtype, symbolic_size, torch_compiling, torch_tensor, torch_without_data, trace_constant, widest_float
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_tensor, torch_without_data, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -388,6 +388,16 @@ def integer_or_traced(name, value, *, minimum=None, read=True):
     return integer(name, value, minimum=minimum)
 
 
+def integer_or_on_device(name, value, *, minimum=None):
+    """:func:`integer_or_traced`, except that a 0-d integer array on an accelerator (a torch
+    tensor off the CPU, a CuPy array, a JAX array on a GPU) is also returned unread: reading
+    it is a device synchronisation, which a CUDA graph cannot capture. Its range is then not
+    checked: for a caller that computes with it where no sum can wrap (clamped, or summed in
+    float64)."""
+    read = not (is_array(value) and is_eager(value) and on_accelerator(value))  # (a traced one is left unread anyway)
+    return integer_or_traced(name, value, minimum=minimum, read=read)
+
+
 def computed_on(name, value, device):
     """A torch ``value`` computed with rather than read (an offset or length that cannot be
     read now, frequencies in the graph) on ``device``, the other arguments'; a 0-d one may
@@ -643,16 +653,16 @@ def _is_tracer(value) -> bool:
         return False
 
 
-def positions(name, value, xp, device=None):
+def positions(name, value, xp, device=None, *, finite=True):
     """Integer positions widened to the index dtype of their device (:func:`widened`; the
     given ``device``, else theirs), or float positions that are all finite (checked when
-    eager)."""
+    eager, unless ``finite=False``: a caller that leaves an accelerator's positions unread)."""
     array(name, value)
     if is_integer(xp, value.dtype):
         return widened(name, value, xp, device_of(value) if device is None else device)
     if not is_real_floating(xp, value.dtype):
         raise TypeError(f"{name} must have an integer or real floating dtype, got {value.dtype}")
-    if is_eager(value) and not bool(xp.all(xp.isfinite(value))):
+    if finite and is_eager(value) and not bool(xp.all(xp.isfinite(value))):
         raise ValueError(f"{name} must be finite, got non-finite values (nan or inf)")
     return value
 

@@ -264,11 +264,13 @@ def _misfit(name, pshape, shape, axis):
     )
 
 
-def positions(xp, x, given, seq_axis, offset, device):
+def positions(xp, x, given, seq_axis, offset, device, *, unread=False):
     """``rope``'s positions, validated and placed against ``x``: ``(placed, offset, placed +
     offset)``, ``placed`` being ``arange`` along the sequence axis by default, else ``given``
     (an array: :func:`positions_array`; see :func:`place`), widened, and ``offset`` (checked
-    by :func:`per_row`) an int or placed on the batch axes."""
+    by :func:`per_row`) an int or placed on the batch axes. ``unread``
+    (:func:`summed_on_device`): nothing of the positions or offset is read (:func:`shifted`;
+    float positions' finiteness unchecked)."""
     shape = tuple(x.shape[:-1])
     if given is None:
         axis, packed = sequence_axis(seq_axis, x)
@@ -282,7 +284,7 @@ def positions(xp, x, given, seq_axis, offset, device):
             offset = place_rows("offset", offset, shape, axis)
         pos = xp.arange(length, dtype=index_dtype(xp, device), device=device)
         pos = xp.reshape(pos, tuple(length if a == axis else 1 for a in range(len(shape))))
-        return pos, offset, check.shifted("the token positions", pos, offset, xp, device, known=(0, length - 1) if length else None)
+        return pos, offset, shifted("the token positions", pos, offset, xp, device, unread=unread, known=(0, length - 1) if length else None)
     if check.is_array(offset) and offset.ndim:
         offset = rows("offset", offset, x, seq_axis)
     if given.ndim:
@@ -290,8 +292,31 @@ def positions(xp, x, given, seq_axis, offset, device):
         given = place("positions", given, shape, axis, xp)
     elif not default_axis(seq_axis):  # 0-d positions use no axis, but a seq_axis given must be one
         sequence_axis(seq_axis, x)
-    given = check.positions("positions", given, xp, device)  # (widened once their shape fits x)
-    return given, offset, check.shifted("positions", given, offset, xp, device)
+    given = check.positions("positions", given, xp, device, finite=not unread)  # (widened once their shape fits x)
+    return given, offset, shifted("positions", given, offset, xp, device, unread=unread)
+
+
+def summed_on_device(x, xp, device, scaling, seq_len) -> bool:
+    """Whether ``rope`` leaves its positions and offset unread (:func:`shifted`): ``x`` on an
+    accelerator, eager, where the namespace has float64, at frequencies that do not depend on
+    the positions (a length-dependent ``scaling`` without ``seq_len`` reads its length from
+    them, as before)."""
+    if scaling is not None and scaling.uses_seq_len and seq_len is None:
+        return False
+    # (a torch tensor's device first, which is cheap; a JAX tracer has no devices to ask)
+    eager = torch_tensor(x) and on_accelerator(x) and check.is_eager(x) or not torch_tensor(x) and check.is_eager(x) and on_accelerator(x)
+    return eager and has_float64(xp, device)
+
+
+def shifted(name, values, offset, xp, device, *, unread, known=None):
+    """``values + offset`` (:func:`posenc._validate.shifted`), or where ``unread``
+    (:func:`summed_on_device`) and reading them would be needed to check the integer sums,
+    their float64 sum on the device, unread: the positions every rotation converts to
+    float64 anyway, so the same angles where positions and offset are below ``2**53``; past
+    it the float64 rounding of the true sum, never a wrapped one."""
+    if not unread or type(offset) is int and (offset == 0 or known is not None):
+        return check.shifted(name, values, offset, xp, device, known=known)
+    return xp.astype(values, xp.float64) + (xp.astype(offset, xp.float64) if check.is_array(offset) else offset)
 
 
 def rows(name, value, x, seq_axis):
@@ -302,8 +327,9 @@ def rows(name, value, x, seq_axis):
     return place_rows(name, value, tuple(x.shape[:-1]), axis)
 
 
-def per_row(name, value, xp):
-    """``value`` validated: None (a ``seq_len`` only), an int, a 0-d integer array (traced ok),
+def per_row(name, value, xp, *, unread=False):
+    """``value`` validated: None (a ``seq_len`` only), an int, a 0-d integer array (traced ok;
+    with ``unread``, one on an accelerator too: :func:`posenc._validate.integer_or_on_device`),
     or a per-row integer array."""
     if value is None and name == "seq_len":
         return None
@@ -311,7 +337,7 @@ def per_row(name, value, xp):
         return check.integer(name, value, minimum=0 if name == "seq_len" else None)
     check.not_masked(name, value)
     if not (check.is_array(value) and value.ndim > 0):
-        value = check.integer_or_traced(name, value, minimum=0 if name == "seq_len" else None)
+        value = (check.integer_or_on_device if unread else check.integer_or_traced)(name, value, minimum=0 if name == "seq_len" else None)
         return check.widened(name, value, namespace(value), device_of(value)) if check.is_array(value) else value
     if not is_integer(xp, value.dtype):  # (its namespace is x's: checked with x's)
         raise TypeError(f"{name} must be an integer or an integer array (one value per batch row), got dtype {value.dtype}")

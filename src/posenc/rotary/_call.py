@@ -95,7 +95,9 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     check_scaling(scaling)
     layout = _args.layout("layout", layout)
     rdim = _args.rotary_dim(rotary_dim, check.static_int(x.shape[-1]))
-    offset = _args.per_row("offset", offset, xp)
+    # (an accelerator's positions and offset summed in float64 unread, where a read was a synchronisation)
+    unread = (positions is not None or check.is_array(offset)) and _args.summed_on_device(x, xp, device, scaling, seq_len)
+    offset = _args.per_row("offset", offset, xp, unread=unread)
     check.flag("inverse", inverse)
     seq_len = _args.per_row("seq_len", seq_len, xp)
     if read:  # (a 0-d offset or length still an array is computed with, beside x)
@@ -105,7 +107,7 @@ def parse_rope(x, positions, *, base, scaling, layout, rotary_dim, offset, seq_a
     # positions offset + arange(length): a known largest, or one a row for a per-row offset
     counted = positions is None and not (check.is_array(offset) and offset.ndim == 0)
     given = positions is not None
-    placed, offset, positions = _args.positions(xp, x, positions, seq_axis, offset, device)
+    placed, offset, positions = _args.positions(xp, x, positions, seq_axis, offset, device, unread=unread)
     seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
     path, inv_freq, scale = "kernel", None, None
     if scaling is not None and scaling.uses_seq_len:

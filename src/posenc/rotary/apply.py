@@ -224,6 +224,15 @@ def rope(
         Added to the positions (the number of cached tokens when decoding); a traced value
         (``jax.jit``, ``torch.compile``) is fine. Per row: ``[batch]`` (or shaped like the
         token axes of ``x`` with length 1 along the sequence), on the leading batch axes.
+        Integer sums that would leave int64 are a ``ValueError`` in host memory. On an
+        accelerator (a CUDA tensor, CuPy, JAX on a GPU with float64) nothing is read back
+        to check them (each read is a synchronisation, and a CUDA graph cannot capture it):
+        positions and offset are added in float64 on the device, the float64 positions
+        the rotation converts integer ones to anyway, so the host's bits wherever they
+        and their sums lie within :math:`\pm 2^{53}`, and past that the rotation at the
+        float64 sum (never at a wrapped int64 one); float positions' finiteness is not
+        read there either (a non-finite position gives NaN). A length-dependent scaling
+        (dynamic NTK, LongRoPE) without ``seq_len`` still reads its length on the host.
     seq_axis : int or str
         The sequence axis of ``x`` (not the feature axis), or a named layout, one letter
         per axis: ``"bhsd"`` (batch, heads, seq, features: Hugging Face), ``"bshd"``
