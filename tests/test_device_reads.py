@@ -208,13 +208,13 @@ def test_offsets_a_linear_bias_cannot_take_are_still_refused_on_a_gpu():
 
 
 def test_what_needs_host_values_or_another_device_still_reads_them():
-    """Frequencies ``rerotate``'s kernel takes as constants, GPU frequencies beside CPU
-    positions, and a GPU offset beside a CPU table are read as before (and work)."""
+    """GPU frequencies beside CPU positions, GPU frequencies of ``rerotate`` beside host
+    ones, and a GPU offset beside a CPU table are read as before (and work)."""
     freqs = torch.from_numpy(pe.rope_frequencies(8)[0])
     with pe.use_backend("reference"), fake_cuda.recording() as log:
         cos, _ = pe.rope_cos_sin(torch.arange(3), fake_cuda.cuda(freqs))
         assert cos.device.type == "cpu" and len(log) == 4
-        pe.rerotate(fake_cuda.cuda(torch.randn(2, 3, 8)), fake_cuda.cuda(torch.tensor(2)), inv_freq=fake_cuda.cuda(freqs))
+        pe.rerotate(fake_cuda.cuda(torch.randn(2, 3, 8)), fake_cuda.cuda(torch.tensor(2)), inv_freq=fake_cuda.cuda(freqs), new_inv_freq=freqs.numpy())
         assert len(log) == 8
         assert pe.t5_bias(torch.randn(32, 2), 1, 6, offset=fake_cuda.cuda(torch.tensor(5))).device.type == "cpu" and len(log) == 9
 
@@ -310,3 +310,23 @@ def test_rope_offsets_of_a_length_dependent_scaling_are_read_as_before_on_a_gpu(
     with pe.use_backend("reference"):
         assert torch.equal(got, call(lambda t: t))
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("delta", [torch.tensor(-3), torch.tensor([[5, 2, 2**40]]), torch.tensor(2.5)])
+@pytest.mark.parametrize("moved", [False, True])
+def test_rerotate_by_frequencies_on_a_gpu_reads_none_of_them(dtype, delta, moved):
+    """``rerotate`` with ``inv_freq`` (and ``new_inv_freq``) on the GPU read every frequency to
+    the host, ``float(inv_freq[i])``: ``r / 2`` synchronisations a call (the kernel took
+    them as constants). They are multiplied on the device now, the same float64 products
+    (``cos``/``sin`` tables, ``rope_apply``): the host call's bits, nothing read."""
+    inv_freq = torch.from_numpy(pe.rope_frequencies(16)[0]).to(dtype)
+    new = torch.from_numpy(pe.rope_frequencies(16, base=40000.0)[0]).to(dtype) if moved else None
+    x = torch.randn(2, 3, 16, generator=torch.Generator().manual_seed(3))
+
+    def call(c):
+        return pe.rerotate(c(x), c(delta), inv_freq=c(inv_freq), new_inv_freq=None if new is None else c(new))
+
+    got, log = _on_fake_gpu(call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))

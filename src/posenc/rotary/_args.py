@@ -54,6 +54,27 @@ def inv_freq(name, value, xp, device=None):
     return _host_floats(name, value)
 
 
+def kept_on_device(value, xp, device) -> bool:
+    """Whether frequencies a kernel would take as host constants (``rerotate``'s) are kept as
+    the array instead: eager float ones on ``device``, an accelerator, without a gradient to
+    carry, where reading them is a synchronisation per value."""
+    return (
+        check.is_array(value) and not isinstance(value, np.ndarray) and namespace(value) is xp and check.is_eager(value)
+        and not getattr(value, "requires_grad", False) and _on_device(value, device, xp)
+    )  # fmt: skip
+
+
+def rerotation_inv_freq(name, value, xp, device, kept):
+    """``rerotate``'s frequencies: the array, validated, where ``kept`` (:func:`kept_on_device`),
+    else host numbers (:func:`host_inv_freq`)."""
+    return inv_freq(name, value, xp, device) if kept else host_inv_freq(name, value, xp)
+
+
+def pair_count(freqs) -> int:
+    """The frequencies of host numbers or of an array."""
+    return len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
+
+
 def _on_device(value, device, xp) -> bool:
     """Float frequencies on an accelerator, ``device`` (the tables are made there)."""
     return device is not None and on_accelerator(value) and is_real_floating(xp, value.dtype) and device_of(value) == device

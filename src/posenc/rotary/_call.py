@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _compat, _dispatch
 from .. import _validate as check
-from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, one_kind, result_dtype, split_as_first, torch_compiling, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, on_accelerator, one_kind, result_dtype, split_as_first, torch_compiling, trace_constant, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -246,7 +246,7 @@ def parse_tables(positions, inv_freq, *, layout, dtype, scale) -> TablesCall:
     positions = check.positions("positions", positions, xp)
     layout = _args.layout("layout", layout)
     freqs = check.computed_on("inv_freq", _args.inv_freq("inv_freq", inv_freq, xp, device), device)
-    pairs = len(freqs) if isinstance(freqs, tuple) else int(freqs.shape[0])
+    pairs = _args.pair_count(freqs)
     scale = check.real("scale", scale)
     if dtype is None:
         dtype = positions.dtype if is_real_floating(xp, positions.dtype) else xp.float32
@@ -266,8 +266,9 @@ def duplicate(xp, half_table, layout):
 class RerotateCall:
     """A validated ``rerotate`` call: ``delta`` as an array placed against ``x``'s token
     axes; with ``scaling`` its ``base``, ``rotary_dim`` and ``seq_len`` (an int, or per-row
-    lengths placed on the batch axes), else ``freqs`` and optional ``new_freqs``, float64
-    NumPy ``[r/2]``."""
+    lengths placed on the batch axes), else ``freqs`` and optional ``new_freqs`` ``[r/2]``:
+    tuples of host float64 numbers, or float arrays on ``x``'s accelerator, unread
+    (:func:`_args.kept_on_device`)."""
 
     x: Any
     xp: Any
@@ -286,8 +287,35 @@ class RerotateCall:
         return _dispatch.select("rope_rotate", self.x, self.delta, self.freqs, layout=self.layout, out=self.out)
 
     def run(self, freqs):
-        """``x`` rotated by ``delta`` at frequencies ``freqs``."""
-        return _dispatch.call("rope_rotate", self.x, self.delta, freqs, layout=self.layout, out=self.out)
+        """``x`` rotated by ``delta`` at frequencies ``freqs``: host numbers (the kernel's
+        constants), or an array on ``x``'s accelerator, whose float64 products give the
+        ``cos``/``sin`` tables there (the same angles, nothing read back)."""
+        if isinstance(freqs, tuple):
+            return _dispatch.call("rope_rotate", self.x, self.delta, freqs, layout=self.layout, out=self.out)
+        c, s = cos_sin_of_array(self.delta, freqs, xp=self.xp, device=device_of(self.x))
+        return rotate_by(self.x, c, s, 1.0, self.layout, self.out)
+
+    def step(self):
+        """``new_freqs - freqs``, in float64: host numbers, or an array on the accelerator."""
+        if isinstance(self.freqs, tuple):
+            return difference(self.new_freqs, self.freqs)
+        return self.xp.astype(self.new_freqs, self.xp.float64) - self.xp.astype(self.freqs, self.xp.float64)
+
+
+def rotate_by(x, c, s, scale, layout, out):
+    """``x`` rotated by the undoubled ``cos``/``sin`` tables times ``scale`` (``rope_apply``)."""
+    xp = namespace(x)
+    if scale != 1.0:
+        c, s = c * scale, s * scale
+    tables = duplicate(xp, c, layout), duplicate(xp, s, layout)
+    return _dispatch.call("rope_apply", x, *tables, layout=layout, out=out)
+
+
+@trace_constant
+def difference(new, old):
+    """``new - old`` of two tuples of host frequencies, in float64 (a tuple: a constant of a
+    ``torch.compile`` graph, where NumPy arithmetic would be traced)."""
+    return tuple((np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)).tolist())
 
 
 def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, seq_len, rotary_dim, seq_axis, out) -> RerotateCall:
@@ -305,7 +333,7 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
     device = device_of(x, *per_row.values())
     if not check.is_array(delta):
         delta = _scalar_array(xp, "delta", delta, device)
-    delta = check.positions("delta", delta, xp, device)
+    delta = check.positions("delta", delta, xp, device, finite=not (check.is_eager(delta) and on_accelerator(delta)))  # (as rope's positions)
     if delta.ndim:
         axis = _args.sequence_axis(seq_axis, x)[0] if x.ndim > 1 or seq_axis is not None else 0
         delta = _args.place("delta", delta, tuple(x.shape[:-1]), axis, xp)
@@ -330,14 +358,17 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
         raise TypeError("rerotate needs inv_freq (the frequencies x was rotated with), or scaling= and seq_len=")
     if seq_len is not None or rotary_dim is not None:
         raise ValueError("seq_len and rotary_dim are read with scaling= only; with inv_freq the frequencies say both")
-    freqs = _args.host_inv_freq("inv_freq", inv_freq, xp)
-    if 2 * len(freqs) > x.shape[-1]:
-        raise ValueError(f"inv_freq has {len(freqs)} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
+    # (both kept on the accelerator, unread, or both read: their difference is of two of a kind)
+    kept = all(_args.kept_on_device(f, xp, device) for f in (inv_freq, new_inv_freq) if f is not None)
+    freqs = _args.rerotation_inv_freq("inv_freq", inv_freq, xp, device, kept)
+    pairs = _args.pair_count(freqs)
+    if 2 * pairs > x.shape[-1]:
+        raise ValueError(f"inv_freq has {pairs} frequencies, more than x.shape[-1] / 2 = {x.shape[-1] // 2}")
     new = None
     if new_inv_freq is not None:
-        new = _args.host_inv_freq("new_inv_freq", new_inv_freq, xp)
-        if len(new) != len(freqs):
-            raise ValueError(f"new_inv_freq must have the shape of inv_freq {(len(freqs),)}, got {(len(new),)}")
+        new = _args.rerotation_inv_freq("new_inv_freq", new_inv_freq, xp, device, kept)
+        if _args.pair_count(new) != pairs:
+            raise ValueError(f"new_inv_freq must have the shape of inv_freq {(pairs,)}, got {(_args.pair_count(new),)}")
     return RerotateCall(x, xp, delta, layout, out, freqs, new, None, None, None, None)
 
 

@@ -23,7 +23,6 @@ from . import _signatures
 from .. import _validate as check
 from .._xp import cos_sin, cos_sin_of_array, cos_sin_of_turns, device_of, has_float64, host_constants, namespace, split_as_first, unsplit
 from . import _args, _call, _rows
-from ._call import duplicate
 from .scaling import nameable
 
 
@@ -287,7 +286,7 @@ def rope(
         return _dispatch.call("rope_rotate_at_length", call.x, call.positions, call.seq_len, **call.length_options(), out=call.out)
     if call.path == "split":
         c, s = cos_sin(call.positions, call.inv_freq, xp=call.xp, device=call.device, offset=call.offset)
-        return _rotate_by(call.x, c, -s if call.inverse else s, call.scale, call.layout, call.out)
+        return _call.rotate_by(call.x, c, -s if call.inverse else s, call.scale, call.layout, call.out)
     return call.run()
 
 
@@ -324,16 +323,7 @@ def rotate_at_traced_length(x, positions, seq_len, *, scaling, rotary_dim, base,
         c, s = cos_sin_of_turns(positions, turns, xp=xp, offset=offset)
     if inverse:
         s, scale = -s, 1.0 / scale
-    return _rotate_by(x, c, s, scale, layout, out)
-
-
-def _rotate_by(x, c, s, scale, layout, out):
-    """``x`` rotated by the undoubled ``cos``/``sin`` tables times ``scale`` (``rope_apply``)."""
-    xp = namespace(x)
-    if scale != 1.0:
-        c, s = c * scale, s * scale
-    tables = duplicate(xp, c, layout), duplicate(xp, s, layout)
-    return _dispatch.call("rope_apply", x, *tables, layout=layout, out=out)
+    return _call.rotate_by(x, c, s, scale, layout, out)
 
 
 def _rows_written(call):

@@ -7,7 +7,7 @@ import numpy as np
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import device_of, namespace, resplit, trace_constant, unsplit
+from .._xp import device_of, namespace, resplit, unsplit
 from . import _args, _call, _chain, _rows
 from ._rotate import _join, _pairs
 from .scaling import frequency_table
@@ -111,7 +111,7 @@ def rerotate(
     if call.new_freqs is None:
         return call.run(call.freqs)
     _chain.warn_if_chained(x)
-    result = call.run(_difference(call.new_freqs, call.freqs))
+    result = call.run(call.step())
     _chain.note(result)
     return result
 
@@ -122,7 +122,7 @@ def _rerotate_scaled(call):
     first = frequency_table(scaling, rdim, base, None)[0]
 
     def move(x_rows, delta_rows, length, out=None):  # from the first frequencies to those of `length`
-        step = _difference(frequency_table(scaling, rdim, base, length)[0], first)
+        step = _call.difference(frequency_table(scaling, rdim, base, length)[0], first)
         return _dispatch.call("rope_rotate", x_rows, delta_rows, step, layout=layout, out=out)
 
     _chain.warn_if_chained(call.x)
@@ -135,13 +135,6 @@ def _rerotate_scaled(call):
             result = call.out
     _chain.note(result)
     return result
-
-
-@trace_constant
-def _difference(new, old):
-    """``new - old`` of two tuples of host frequencies, in float64 (a tuple: a constant of a
-    ``torch.compile`` graph, where NumPy arithmetic would be traced)."""
-    return tuple((np.asarray(new, dtype=np.float64) - np.asarray(old, dtype=np.float64)).tolist())
 
 
 def convert_layout(x, src, dst, *, rotary_dim=None):
