@@ -330,3 +330,53 @@ def test_rerotate_by_frequencies_on_a_gpu_reads_none_of_them(dtype, delta, moved
     assert not log, log.lines()
     with pe.use_backend("reference"):
         assert torch.equal(got, call(lambda t: t))
+
+
+@pytest.mark.parametrize("offset", [5, -3, 2**40, 2**53 - 8])
+@pytest.mark.parametrize("kind", ["0-d", "per row", "positions + 0-d", "positions + int"])
+def test_a_sinusoidal_embedding_with_an_offset_on_a_gpu_reads_nothing_back(kind, offset):
+    """``SinusoidalEmbedding.embed`` read a 0-d offset (1 read), a per-row one's extremes (2),
+    given positions' extremes (2 more), and copied its wavelengths from host memory onto the
+    device on every call. Its angles are of float64 positions: on a GPU the positions and
+    offset are summed in float64 unread, as ``rope``'s are, and the wavelengths are a device
+    constant kept between calls: nothing read or copied, the host's bits."""
+    import posenc.torch as pt
+
+    m = pt.SinusoidalEmbedding(8)
+    x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(4))
+    positions = torch.tensor([[0, 7, 2], [offset, 1, 0]])
+    given = {"0-d": (None, offset), "per row": (None, [offset, 1]), "positions + 0-d": (positions, offset), "positions + int": (positions, offset)}
+
+    def call(c):
+        p, o = given[kind]
+        o = o if kind == "positions + int" else c(torch.tensor(o))
+        return m.embed(c(x), None if p is None else c(p), offset=o)
+
+    got, log = _on_fake_gpu(call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))
+
+
+def test_a_sinusoidal_embedding_past_int64_on_a_gpu_embeds_the_float64_sums():
+    """An offset whose int64 sums would wrap (refused on the host): on a GPU the table at the
+    float64 sums, never at wrapped positions."""
+    import posenc.torch as pt
+
+    m, x = pt.SinusoidalEmbedding(8), torch.randn(2, 3, 8)
+    got, log = _on_fake_gpu(lambda c: m.embed(c(x), offset=c(torch.tensor(2**63 - 1))))
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, x + pe.sinusoidal(torch.arange(3).double() + float(2**63 - 1), 8, dtype=x.dtype))
+        with pytest.raises(ValueError, match="int64"):
+            m.embed(x, offset=torch.tensor(2**63 - 1))
+
+
+def test_a_sinusoidal_table_of_float_positions_on_a_gpu_reads_nothing_back():
+    """``sinusoidal`` of float positions read their finiteness back (and copied its wavelengths
+    onto the device): on a GPU neither, the host's bits (a non-finite position gives NaN)."""
+    positions = torch.tensor([[0.5, 3.25, 1e6], [float("nan"), 2.0, -7.5]], dtype=torch.float64)
+    got, log = _on_fake_gpu(lambda c: pe.sinusoidal(c(positions), 8))
+    assert not log, log.lines()
+    assert bool(got[1, 0].isnan().all()) and not bool(got[0].isnan().any())
+    assert torch.equal(got[0], pe.sinusoidal(positions[0], 8))

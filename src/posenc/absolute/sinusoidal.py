@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import argument_in, cast, constant_on, cos_sin, device_of, has_float64, is_real_floating, namespace, result_dtype, trace_constant
+from .._xp import argument_in, cast, constant_on, cos_sin, device_of, has_float64, is_real_floating, namespace, on_accelerator, result_dtype, trace_constant
 
 LAYOUTS = ("interleaved", "half")
 
@@ -43,7 +43,8 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     ----------
     positions : int or array
         An int ``n`` means positions ``arange(n)``; an array (integer or float, any shape)
-        gives the positions themselves.
+        gives the positions themselves. Float positions must be finite; on an accelerator
+        that is not read back to be checked (a non-finite position gives NaN).
     dim : int
         Number of features, a positive even integer.
     base : float
@@ -76,7 +77,7 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     if check.is_array(positions):
         xp, positions = argument_in("positions", positions, xp, device)
         device = device_of(positions)
-        pos = check.positions("positions", positions, xp)
+        pos = check.positions("positions", positions, xp, finite=not (check.is_eager(positions) and on_accelerator(positions)))  # (as rope's)
         out_dtype = dtype if dtype is not None else (pos.dtype if is_real_floating(xp, pos.dtype) else xp.float32)
         out_dtype = result_dtype(xp, out_dtype, device)
         check.allocatable("sinusoidal", (*pos.shape, dim), 8)

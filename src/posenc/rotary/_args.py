@@ -377,24 +377,27 @@ def embedded_positions(x, positions, offset, carry=False):
     positions are widened to the index dtype before the offset is added, and every sum is
     checked to stay within it (int8 positions plus an offset do not wrap). ``carry``: a pair
     ``(positions, offset)``, the offset placed and not added to float positions where the
-    namespace has no float64 (their float32 sum would round; else 0, the sum made)."""
+    namespace has no float64 (their float32 sum would round; else 0, the sum made): for a
+    caller whose angles are of float64 positions (the sinusoidal table), which on an
+    accelerator are then summed unread as ``rope``'s are (:func:`shifted`)."""
     plain = type(offset) is int and offset == 0  # (a forward's usual call: nothing to check or add)
     if plain and positions is not None:
         return (positions, 0) if carry else positions
     xp, device = namespace(x), device_of(x)
+    unread = carry and not plain and summed_on_device(x, xp, device, None, None)
     if positions is None:
         length = x.shape[-2]
         positions = xp.arange(length, dtype=index_dtype(xp, device), device=device)
         known = (0, length - 1) if length else None
     else:
-        positions, known = check.positions("positions", positions, xp, device), None
+        positions, known = check.positions("positions", positions, xp, device, finite=not unread), None
     if plain:
         return (positions, 0) if carry else positions
-    offset = place_rows("offset", per_row("offset", offset, xp), tuple(x.shape[:-1]), x.ndim - 2)
+    offset = place_rows("offset", per_row("offset", offset, xp, unread=unread), tuple(x.shape[:-1]), x.ndim - 2)
     if carry and is_real_floating(xp, positions.dtype) and not has_float64(xp, device):
         return positions, offset
-    shifted = check.shifted("positions", positions, offset, xp, device, known=known)
-    return (shifted, 0) if carry else shifted
+    summed = shifted("positions", positions, offset, xp, device, unread=unread, known=known)
+    return (summed, 0) if carry else summed
 
 
 def place_rows(name, value, shape, axis):
