@@ -380,3 +380,14 @@ def test_a_sinusoidal_table_of_float_positions_on_a_gpu_reads_nothing_back():
     assert not log, log.lines()
     assert bool(got[1, 0].isnan().all()) and not bool(got[0].isnan().any())
     assert torch.equal(got[0], pe.sinusoidal(positions[0], 8))
+
+
+@pytest.mark.parametrize("positions", [torch.arange(-5, 7) * 97, torch.tensor([0.5, -3.25, 1e4], dtype=torch.float64)])
+def test_xpos_scale_on_a_gpu_reads_and_copies_nothing(positions):
+    """``xpos_scale`` of GPU positions copied its exponents from host memory onto the device
+    every call (a pageable copy, a synchronisation), and read float positions' finiteness
+    back; the exponents are a device constant kept between calls now, and the finiteness is
+    not read there: the host's bits."""
+    got, log = _on_fake_gpu(lambda c: pe.xpos_scale(c(positions), 16))
+    assert not log, log.lines()
+    assert torch.equal(got, pe.xpos_scale(positions, 16))

@@ -8,7 +8,7 @@ import numpy as np
 
 from .. import _doublefloat
 from .. import _validate as check
-from .._xp import cast, constant_on, device_of, is_real_floating, namespace, result_dtype, widest_float
+from .._xp import cast, constant_on, device_of, is_real_floating, namespace, on_accelerator, result_dtype, widest_float
 from . import _args
 from ._call import duplicate
 
@@ -29,6 +29,8 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
     Parameters
     ----------
     positions : array (integer or float, any shape)
+        Float positions must be finite; on an accelerator that is not read back to be
+        checked (a non-finite position gives NaN).
     dim : int
         Rotary dimension, positive and even.
     scale_base : float
@@ -51,7 +53,7 @@ def xpos_scale(positions, dim, *, scale_base=512, layout="half", dtype=None):
     check.array("positions", positions)
     xp = namespace(positions)
     device = device_of(positions)
-    positions = check.positions("positions", positions, xp)
+    positions = check.positions("positions", positions, xp, finite=not (check.is_eager(positions) and on_accelerator(positions)))  # (as rope's)
     dim = check.even_dim("dim", dim)
     scale_base = check.real("scale_base", scale_base, positive=True)
     layout = _args.layout("layout", layout)
