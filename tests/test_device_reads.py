@@ -106,6 +106,92 @@ def test_one_offset_as_a_0d_array_is_clamped_not_read_on_a_gpu(name):
         call(2**63 - 1)(lambda t: t)
 
 
+Q, KEYS = 3, 6  # the lengths of the unbounded calls
+# The offsets past int64 of EXTREME as the nearest ones whose every sum fits int64.
+NEAREST = [-(2**63) + KEYS - 1, 2**63 - 1 - (Q - 1), 0, 2]
+
+
+def _unbounded_calls():
+    """``name -> offset -> call(c)``: the calls whose result changes with the distance however
+    far (ALiBi's linear bias), of an offset tensor (one per batch row, or 0-d)."""
+    slopes = torch.tensor([0.75, 2.0**-13, 3.0])
+    return {
+        "alibi_bias": lambda o: lambda c: pe.alibi_bias(c(slopes), Q, KEYS, offset=c(torch.tensor(o))),
+        "alibi_bias float64": lambda o: lambda c: pe.alibi_bias(c(slopes.double()), Q, KEYS, offset=c(torch.tensor(o))),
+        "alibi_bias symmetric": lambda o: lambda c: pe.alibi_bias(c(slopes), Q, KEYS, offset=c(torch.tensor(o)), symmetric=True),
+        "alibi_bias float16": lambda o: lambda c: pe.alibi_bias(c(slopes.half()), Q, KEYS, offset=c(torch.tensor(o))),
+    }
+
+
+def _bits(call, offset):
+    with pe.use_backend("reference"):
+        return call(offset)(lambda t: t)
+
+
+@pytest.mark.parametrize("name", list(_unbounded_calls()))
+def test_an_unbounded_bias_reads_no_offset_per_row_on_a_gpu(name):
+    """ALiBi's bias changes with the distance however far: its
+    per-row offsets were read on a GPU (``_validate.shifted`` and ``differences``: 8 reads
+    a call) to refuse a sum past int64. They are clamped on the device to the offsets whose
+    sums fit int64 instead (:func:`posenc.relative.indices.saturated` with ``reach`` inf):
+    the host's bits for every offset the host accepts, its extremes included."""
+    call = _unbounded_calls()[name]
+    for offsets in ([5, -2, 0, 9], NEAREST):
+        got, log = _on_fake_gpu(call(offsets))
+        assert not log, log.lines()
+        assert torch.equal(got, _bits(call, offsets))
+
+
+@pytest.mark.parametrize("name", list(_unbounded_calls()))
+def test_an_unbounded_bias_saturates_offsets_past_int64_on_a_gpu(name):
+    """Offsets whose sums would leave int64 (a ``ValueError`` on the host) give on a GPU the
+    rows of the nearest offsets whose sums fit: no wrapped distance."""
+    call = _unbounded_calls()[name]
+    got, log = _on_fake_gpu(call(EXTREME))
+    assert not log, log.lines()
+    assert torch.equal(got, _bits(call, NEAREST))  # (float16's are infinite there, as on the host)
+    with pytest.raises(ValueError, match="must stay within int64"):
+        _bits(call, EXTREME)
+
+
+@pytest.mark.parametrize("name", list(_unbounded_calls()))
+def test_an_unbounded_bias_reads_no_0d_offset_on_a_gpu(name):
+    """A 0-d offset tensor was read (``_validate.integer``: one synchronisation a call); it is
+    clamped on the device as the per-row ones are: the int offset's bits up to the last
+    offset the host accepts, the rows of those for offsets past them."""
+    call = _unbounded_calls()[name]
+    for offset, same in ((5, 5), *zip(NEAREST[:2], NEAREST[:2]), *zip(EXTREME[:2], NEAREST[:2])):
+        got, log = _on_fake_gpu(call(offset))
+        assert not log, log.lines()
+        assert torch.equal(got, _bits(call, same)), offset
+    with pytest.raises(ValueError, match="int64"):
+        _bits(call, 2**63 - 1)
+
+
+def test_alibi_of_float32_slopes_past_int64_is_the_exact_distance_rounded():
+    """For float32 slopes the saturated rows are those of the exact distances (within ``Q +
+    KEYS`` of ``2**63``, every one rounds to ``2**63`` in float32): ``-slope * 2**63``."""
+    slopes = torch.tensor([0.75, 2.0**-13])
+    got, _ = _on_fake_gpu(lambda c: pe.alibi_bias(c(slopes), Q, KEYS, offset=c(torch.tensor(2**63 - 1))))
+    assert torch.equal(got, (-slopes * 2.0**63)[:, None, None].expand(2, Q, KEYS))
+
+
+def test_the_per_distance_vector_of_a_0d_offset_reads_nothing_on_a_gpu():
+    """``relative_bias_vector`` read a 0-d GPU offset (1 read) for every kind; it is clamped as
+    ``relative_bias``'s is: the host's bits."""
+    g = torch.Generator().manual_seed(3)
+    params = {"alibi": (torch.rand(3, generator=g), {}), "t5": (torch.randn(32, 2, generator=g), {}), "shaw": (torch.randn(2 * K + 1, 2, generator=g), {"max_distance": K})}
+    for kind, (p, options) in params.items():
+        for offset in (5, -(2**63) + KEYS - 1, 2**63 - Q):
+            def call(c):
+                return pe.relative_bias_vector(kind, c(p), Q, KEYS, offset=c(torch.tensor(offset)), **options)
+
+            got, log = _on_fake_gpu(call)
+            assert not log, (kind, log.lines())
+            with pe.use_backend("reference"):
+                assert torch.equal(got, call(lambda t: t)), (kind, offset)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_rope_cos_sin_of_frequencies_on_a_gpu_reads_none_of_them(dtype):
     """``rope_cos_sin(positions, inv_freq)`` with ``inv_freq`` on the GPU (a model's own
@@ -197,14 +283,27 @@ def test_mrope_tables_of_gpu_frequencies_copy_no_index_after_the_first_call():
         assert torch.equal(got, call(lambda t: t))
 
 
-def test_offsets_a_linear_bias_cannot_take_are_still_refused_on_a_gpu():
-    """ALiBi's bias grows with the distance: its offsets are read and checked on a GPU too
-    (the read ``alibi_bias`` makes), so one past the int64 sums is still a ``ValueError``."""
+def test_offsets_beside_positions_are_still_refused_on_a_gpu():
+    """Per-row offsets added to given query positions are read and checked on a GPU too (the
+    sums of both are not clamped), so one past the int64 sums is still a ``ValueError``."""
     import posenc.torch as pt
 
     m = pt.ALiBi(2)
+    positions = torch.arange(6).expand(4, 6)
     with pytest.raises(ValueError, match="must stay within int64"):
-        _on_fake_gpu_module(m, lambda c: m(1, 6, offset=c(torch.tensor(EXTREME))))
+        _on_fake_gpu_module(m, lambda c: m(1, 6, offset=c(torch.tensor(EXTREME)), query_positions=c(positions[:, -1:]), key_positions=c(positions)))
+
+
+def test_the_alibi_module_saturates_offsets_past_int64_on_a_gpu():
+    """``ALiBi`` with one offset per row read them (10 reads: its protocol's ``row_offsets``
+    left them to ``alibi_bias``, which read and refused those past int64, a ``ValueError``
+    on main); it now reads none and gives the rows of the nearest offsets whose sums fit."""
+    import posenc.torch as pt
+
+    m = pt.ALiBi(2)
+    got, log = _on_fake_gpu_module(m, lambda c: m(Q, KEYS, offset=c(torch.tensor(EXTREME))))
+    assert not log, log.lines()
+    assert torch.equal(got, m(Q, KEYS, offset=torch.tensor(NEAREST)))
 
 
 def test_what_needs_host_values_or_another_device_still_reads_them():

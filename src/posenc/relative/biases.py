@@ -306,7 +306,8 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     q_len, k_len : int >= 0
     offset : int or 0-d integer array (traced is fine), first query position (keys start
         at 0); ``k_len - q_len`` by default (the queries are the last ``q_len`` keys). One
-        for every row: the vector has no batch axes (:func:`relative_bias` takes one per row)
+        for every row: the vector has no batch axes (:func:`relative_bias` takes one per row).
+        A 0-d tensor on an accelerator is clamped there, not read (as in :func:`relative_bias`)
     **options : the kind's options above; any other keyword raises ``TypeError``
 
     Returns
@@ -325,7 +326,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     [[0.0, 0.0, 1.0, 2.0, 3.0]]
     """
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
-    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), instead=_VECTOR_ROWS)
+    offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), instead=_VECTOR_ROWS, reach=_reach(kind, options))
     check.allocatable("relative_bias_vector", (_heads_of(params), distance_count(q_len, k_len)), 8)  # (Dask's too: a blocked bias reads it whole)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
 
@@ -407,6 +408,15 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     where they are given), the bias ``[..., heads, q_len, k_len]``; row ``b`` is the bias
     of ``offset[b]``, to the bit.
 
+    An ``offset`` tensor (0-d or one per row, without positions) on an accelerator (a torch
+    GPU, CuPy, JAX on a GPU) is not read, which would synchronise the device and cannot be
+    captured in a CUDA graph: it is clamped there, where the bias stops changing with the
+    distance (Shaw's and DeBERTa's clipped tables, T5's last buckets) or, for a bias that
+    changes however far (ALiBi's), to the offsets whose relative
+    positions fit int64. Every offset the host accepts gives the host's bits; one whose
+    sums would leave int64 (a ``ValueError`` in host memory) gives there the bias of the
+    nearest offset that fits, never that of a wrapped distance.
+
     Examples
     --------
     >>> import numpy as np, posenc as pe
@@ -446,12 +456,13 @@ def distance_float(xp, kind, device):
 
 def _reach(kind, options):
     """Where a kind's bias stops changing with the distance (T5's last buckets, Shaw's
-    clipped table), or ``None`` (it changes at every distance)."""
+    clipped table), or ``math.inf`` (ALiBi's, linear in it: an offset on an accelerator is
+    clamped to those whose distances fit the index dtype, :func:`indices.saturated`)."""
     if kind == "t5":
         return t5_reach(options["num_buckets"], options["max_distance"], options["bidirectional"])
     if kind == "deberta":
         return deberta_reach(options["max_distance"], options["bucket_size"])
-    return options["max_distance"] if kind == "shaw" else None
+    return options["max_distance"] if kind == "shaw" else math.inf
 
 
 def _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options):
@@ -561,7 +572,10 @@ def alibi_bias(slopes, q_len, k_len, *, offset=None, symmetric=False, query_posi
     offset : int or 0-d integer array (traced is fine), first query position; by default
         ``k_len - q_len`` (0 with ``query_positions``); or one per batch row, an integer
         array ``[...]``: the result is then ``[..., heads, q_len, k_len]``, each row the
-        bias of its offset (as in :func:`relative_bias`)
+        bias of its offset (as in :func:`relative_bias`). On an accelerator an offset
+        tensor is not read but clamped to the offsets whose distances fit int64 (the
+        host's bits for each; past them, where the host raises ``ValueError``, the bias of
+        the nearest: for float32 slopes that of the exact distance, ``-slope * 2**63``)
     symmetric : bool
     query_positions : integer or float array ``[..., q_len]``, optional
     key_positions : integer or float array ``[..., k_len]``, optional

@@ -84,8 +84,8 @@ def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None, re
     the queries are the last ``q_len`` positions of the keys (0 when the lengths are equal).
     The relative positions it gives are checked against ``xp``'s index dtype (int64 when
     ``xp`` is not given). One per batch row is refused (:func:`scalar_offset`). ``reach``:
-    where the caller's result saturates; a 0-d array on an accelerator (or traced) is then
-    clamped, not read (:func:`saturated`)."""
+    where the caller's result saturates (``math.inf``: nowhere); a 0-d array on an
+    accelerator (or traced) is then clamped, not read (:func:`saturated`)."""
     if offset is None:
         offset = k_len - q_len
     if reach is not None and check.is_array(offset) and offset.ndim == 0 and not (torch_tensor(offset) and offset.device != device):
@@ -102,13 +102,22 @@ def saturated(xp, offset, q_len, k_len, reach, device):
     ``offset + i - j`` only through ``clip(offset + i - j, -reach, reach)`` (Shaw's table,
     DeBERTa's without log buckets, T5's buckets): past those bounds every distance of a
     row is beyond ``reach`` on one side, as it is at the bound, so the result is the same,
-    and every sum stays within the index dtype without the offsets being read. ``None``
-    where they are read instead: in host memory (a free read, whose check refuses a sum
-    that would leave the index dtype), a Dask array (checked block by block), or where
-    even the clamped sums could leave the index dtype."""
+    and every sum stays within the index dtype without the offsets being read.
+
+    ``reach`` ``math.inf``: a result that changes with the distance however far (ALiBi's,
+    DeBERTa's log buckets): the offsets are clamped to those whose every ``offset + i`` and
+    ``offset + i - j`` fits the index dtype, the offsets the host accepts, which are kept
+    as they are (the same bits); one past them gives the row of the nearest (a distance
+    of the dtype's edge, never a wrapped one) where the host refuses it.
+
+    ``None`` where they are read instead: in host memory (a free read, whose check refuses
+    a sum that would leave the index dtype), a Dask array (checked block by block), or, for
+    a finite ``reach``, where even the clamped sums could leave the index dtype."""
     if is_dask_array(offset) or (torch_tensor(offset) or check.is_eager(offset)) and not on_accelerator(offset):
         return None
     _, _, low, high = check.index_bounds(xp, device)
+    if reach == math.inf:
+        return xp.clip(offset, low + max(k_len - 1, 0), high - max(q_len - 1, 0))
     if not (low <= -(reach + q_len) - k_len and reach + k_len + q_len <= high):
         return None
     return xp.clip(offset, -(reach + q_len), reach + k_len)
