@@ -113,13 +113,20 @@ NEAREST = [-(2**63) + KEYS - 1, 2**63 - 1 - (Q - 1), 0, 2]
 
 def _unbounded_calls():
     """``name -> offset -> call(c)``: the calls whose result changes with the distance however
-    far (ALiBi's linear bias), of an offset tensor (one per batch row, or 0-d)."""
+    far (ALiBi's linear bias, DeBERTa's log buckets), of an offset tensor (one per batch
+    row, or 0-d)."""
+    g = torch.Generator().manual_seed(2)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    q, k, pos_q, pos_k, deberta = r(4, 2, Q, 8), r(4, 2, KEYS, 8), r(2 * K, 8), r(2 * K, 8), r(2 * K, 2)
     slopes = torch.tensor([0.75, 2.0**-13, 3.0])
+    log = {"bucket_size": 4, "max_position": 16}
     return {
         "alibi_bias": lambda o: lambda c: pe.alibi_bias(c(slopes), Q, KEYS, offset=c(torch.tensor(o))),
         "alibi_bias float64": lambda o: lambda c: pe.alibi_bias(c(slopes.double()), Q, KEYS, offset=c(torch.tensor(o))),
         "alibi_bias symmetric": lambda o: lambda c: pe.alibi_bias(c(slopes), Q, KEYS, offset=c(torch.tensor(o)), symmetric=True),
         "alibi_bias float16": lambda o: lambda c: pe.alibi_bias(c(slopes.half()), Q, KEYS, offset=c(torch.tensor(o))),
+        "deberta_logits log buckets": lambda o: lambda c: pe.deberta_logits(c(q), c(k), c(pos_q), c(pos_k), max_distance=K, offset=c(torch.tensor(o)), **log),
+        "relative_bias deberta log buckets": lambda o: lambda c: pe.relative_bias("deberta", c(deberta), Q, KEYS, max_distance=K, offset=c(torch.tensor(o)), **log),
     }
 
 
@@ -130,7 +137,7 @@ def _bits(call, offset):
 
 @pytest.mark.parametrize("name", list(_unbounded_calls()))
 def test_an_unbounded_bias_reads_no_offset_per_row_on_a_gpu(name):
-    """ALiBi's bias changes with the distance however far: its
+    """ALiBi's bias and DeBERTa's log buckets change with the distance however far: their
     per-row offsets were read on a GPU (``_validate.shifted`` and ``differences``: 8 reads
     a call) to refuse a sum past int64. They are clamped on the device to the offsets whose
     sums fit int64 instead (:func:`posenc.relative.indices.saturated` with ``reach`` inf):

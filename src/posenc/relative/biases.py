@@ -182,8 +182,10 @@ def deberta_index(xp, dist, max_distance, bucket_size, max_position):
 
 def deberta_reach(max_distance, bucket_size):
     """Where DeBERTa's table row stops changing with the distance: ``K`` without buckets
-    (``clip(rel, -K, K - 1)``); ``None`` with log buckets (no bound is proved here)."""
-    return max_distance if bucket_size is None else None
+    (``clip(rel, -K, K - 1)``); ``math.inf`` with log buckets (no bound is proved here: an
+    offset on an accelerator is clamped to those whose distances fit the index dtype,
+    :func:`indices.saturated`)."""
+    return max_distance if bucket_size is None else math.inf
 
 
 def deberta_options(max_distance, bucket_size, max_position):
@@ -412,7 +414,7 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     GPU, CuPy, JAX on a GPU) is not read, which would synchronise the device and cannot be
     captured in a CUDA graph: it is clamped there, where the bias stops changing with the
     distance (Shaw's and DeBERTa's clipped tables, T5's last buckets) or, for a bias that
-    changes however far (ALiBi's), to the offsets whose relative
+    changes however far (ALiBi's, DeBERTa's log buckets), to the offsets whose relative
     positions fit int64. Every offset the host accepts gives the host's bits; one whose
     sums would leave int64 (a ``ValueError`` in host memory) gives there the bias of the
     nearest offset that fits, never that of a wrapped distance.

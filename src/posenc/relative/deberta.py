@@ -63,7 +63,10 @@ def deberta_logits(
     terms : subset of ``("c2p", "p2c")``
     offset : int or 0-d integer array (traced is fine), first query position;
         ``k_len - q_len`` by default (0 with ``query_positions``); or one per batch row, as
-        in :func:`shaw_logits`
+        in :func:`shaw_logits`. On an accelerator an offset tensor (without positions) is
+        not read but clamped: where the index stops changing (``K`` without buckets), with
+        log buckets to the offsets whose distances fit int64 (the host's bits for each; past
+        them, a ``ValueError`` on the host, the logits of the nearest)
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional: per-token positions, as in :func:`shaw_logits`
 
