@@ -7,6 +7,8 @@ Both depend on the distance only, so each computes its per-distance vector
 
 from __future__ import annotations
 
+import math
+
 from .. import _validate as check
 from .._xp import arguments_in, cast, constant_on, cos_sin, device_of, host_constants, namespace, pairwise_sum, result_dtype, torch_tensor, widest_float
 from . import _per_token
@@ -16,10 +18,15 @@ from .indices import distance_count, distances, offset_namespace, per_row, query
 KERPLE_KINDS = ("log", "power")
 
 
+# Both biases change with the distance however far: an offset tensor on an accelerator is
+# clamped to the offsets whose distances fit the index dtype, not read (indices.saturated).
+REACH = math.inf
+
+
 def _lengths(q_len, k_len, offset, xp, device, instead=None):
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
-    return q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, instead=instead)
+    return q_len, k_len, query_offset(offset, q_len, k_len, xp=xp, device=device, instead=instead, reach=REACH)
 
 
 @host_constants
@@ -51,7 +58,9 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_position
     kind : {"log", "power"}
     offset : int, 0-d integer array or None (``k_len - q_len``: queries are the last keys;
         0 with ``query_positions``, to which it is added); or one per batch row, an integer
-        array ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in :func:`relative_bias`)
+        array ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in :func:`relative_bias`);
+        on an accelerator an offset tensor is clamped, not read, as ALiBi's
+        (:func:`alibi_bias`: the host's bits for every offset whose distances fit int64)
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional (a missing one is ``arange``)
 
@@ -81,7 +90,7 @@ def kerple_bias(r1, r2, q_len, k_len, *, kind="log", offset=None, query_position
     heads = int(r1.shape[0])
     if _per_token.given(query_positions, key_positions, offset):
         q_len, k_len = check.integer("q_len", q_len, minimum=0), check.integer("k_len", k_len, minimum=0)
-        qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, reach=REACH)
         check.allocatable("kerple_bias", (*batch, heads, q_len, k_len), 8)
         return _per_token.bias(xp, lambda rel: _kerple_values(xp, r1, r2, rel, kind, device), qpos, kpos, heads, batch, q_len, k_len)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device)
@@ -184,7 +193,9 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
     heads : int >= 1 or None
     offset : int, 0-d integer array or None (``k_len - q_len``; 0 with
         ``query_positions``, to which it is added); or one per batch row, an integer array
-        ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in :func:`relative_bias`)
+        ``[...]`` (the result ``[..., heads, q_len, k_len]``, as in :func:`relative_bias`);
+        on an accelerator an offset tensor is clamped, not read, as ALiBi's
+        (:func:`alibi_bias`: the host's bits for every offset whose distances fit int64)
     base : float > 0
     query_positions, key_positions : integer arrays ``[..., q_len]`` / ``[..., k_len]``,
         optional (a missing one is ``arange``)
@@ -213,7 +224,7 @@ def sandwich_bias(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, q
     offset = offset if rows is None else rows
     device = device_of(query_positions, key_positions, rows) if device is None else device
     dtype = result_dtype(xp, dtype, device)
-    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+    qpos, kpos, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, reach=REACH)
     check.allocatable("sandwich_bias", (*batch, heads or 1, q_len, k_len, dim // 2), 8)
     return _per_token.bias(xp, lambda rel: _sandwich_values(xp, rel, dim, heads, base, device, dtype), qpos, kpos, heads or 1, batch, q_len, k_len)
 
