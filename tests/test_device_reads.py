@@ -25,8 +25,8 @@ EXTREME = [-(2**63), 2**63 - 1, 0, 2]  # beyond the int64 sums on the host: refu
 
 def _per_row_calls():
     """``name -> offset -> call(c)``: the calls of an offset tensor (one per batch row, or
-    0-d) whose result saturates (distances clipped to ``±K``, T5's last buckets), their
-    arrays made by ``c``."""
+    0-d) whose result saturates (distances clipped to ``±K``, T5's last buckets, CoPE's
+    causal gates), their arrays made by ``c``."""
     g = torch.Generator().manual_seed(0)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     weights, v, table_v = torch.rand(4, 2, 3, 6, generator=g), r(4, 2, 6, 5), r(2 * K + 1, 5)
@@ -39,6 +39,8 @@ def _per_row_calls():
         "relative_bias deberta": lambda o: lambda c: pe.relative_bias("deberta", c(deberta), 3, 6, max_distance=K, offset=c(torch.tensor(o))),
         "t5_bias": lambda o: lambda c: pe.t5_bias(c(t5), 3, 6, offset=c(torch.tensor(o))),
         "t5_bias unidirectional": lambda o: lambda c: pe.t5_bias(c(t5), 3, 6, offset=c(torch.tensor(o)), bidirectional=False, max_distance=20),
+        "cope_logits": lambda o: lambda c: pe.cope_logits(c(q), c(k), c(table_k[:6]), offset=c(torch.tensor(o))),
+        "cope_positions": lambda o: lambda c: pe.cope_positions(c(q), c(k), offset=c(torch.tensor(o))),
     }
 
 

@@ -10,7 +10,7 @@ from .. import _validate as check
 from .._compat import is_dask_array, is_jax_namespace
 from .._xp import broadcast_shapes, cast, compute_dtype, device_of, heads_like, host_constants, index_dtype, namespace, resplit, shifted, torch_tensor, unsplit
 from . import _args, _per_token
-from .indices import per_row, query_offset
+from .indices import per_row, query_offset, saturated
 
 
 def _check(q, k, xp, causal, offset, scale, mask):
@@ -24,7 +24,7 @@ def _check(q, k, xp, causal, offset, scale, mask):
     if per_row(offset):
         offset, batch = _row_distances(xp, q, k, offset, q_len, k_len, batch)
     else:
-        offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(q, k))
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(q, k), reach=0)
     logits_shape = (*batch, q_len, k_len)
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     if mask is not None:
@@ -40,7 +40,9 @@ def _check(q, k, xp, causal, offset, scale, mask):
 def _row_distances(xp, q, k, offset, q_len, k_len, batch):
     """``(rel, batch)`` of one ``offset`` per batch row: ``rel = (offset[..., None] + i) - j``
     (a head axis before ``[q_len, k_len]`` where ``q`` has one), every value checked to stay
-    within the index dtype, and the leading axes of the logits."""
+    within the index dtype, and the leading axes of the logits. CoPE reads only the sign of
+    ``rel`` (a key past its query): on an accelerator the offsets are clamped instead
+    (:func:`saturated`, reach 0), not read."""
     device = device_of(q)
     has_heads = q.ndim >= 3
     offset = _per_token.row_offsets(xp, offset, q, k)[..., None]
@@ -48,8 +50,12 @@ def _row_distances(xp, q, k, offset, q_len, k_len, batch):
     _args.logits_shape(batch, q_len, k_len)
     index = index_dtype(xp, device)
     query, key = xp.arange(q_len, dtype=index, device=device), xp.arange(k_len, dtype=index, device=device)
-    known = (1 - k_len, q_len - 1) if q_len and k_len else None
-    rel = check.shifted("i - j", query[:, None] - key[None, :], offset, xp, device, known=known)
+    clamped = saturated(xp, offset, q_len, k_len, 0, device)
+    if clamped is not None:
+        rel = clamped + (query[:, None] - key[None, :])
+    else:
+        known = (1 - k_len, q_len - 1) if q_len and k_len else None
+        rel = check.shifted("i - j", query[:, None] - key[None, :], offset, xp, device, known=known)
     return (rel[..., None, :, :] if has_heads else rel), batch
 
 
@@ -138,7 +144,9 @@ def cope_positions(q, k, *, causal=True, offset=None, scale=None, mask=None):
         or one per batch row, an integer array ``[...]`` broadcasting against the batch axes
         before the heads axis (``q.ndim >= 3``): the query positions ``offset[..., None] +
         arange(q_len)``, the result ``[..., heads, q_len, k_len]`` and row ``b`` that of
-        ``offset[b]``, to the bit
+        ``offset[b]``, to the bit. Only whether a key lies past its query depends on it: on
+        an accelerator an offset tensor is clamped to ``[-q_len, k_len]`` there, not read
+        (the same result; on the host one whose sums leave int64 is a ``ValueError``)
     scale : float > 0 or None (``1/sqrt(d)``)
     mask : boolean array broadcasting against ``[..., q_len, k_len]`` (True = may attend), optional
 
