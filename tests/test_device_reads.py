@@ -115,8 +115,8 @@ NEAREST = [-(2**63) + KEYS - 1, 2**63 - 1 - (Q - 1), 0, 2]
 
 def _unbounded_calls():
     """``name -> offset -> call(c)``: the calls whose result changes with the distance however
-    far (ALiBi's linear bias, DeBERTa's log buckets, KERPLE's and Sandwich's), of an offset
-    tensor (one per batch row, or 0-d)."""
+    far (ALiBi's linear bias, DeBERTa's log buckets, KERPLE's, Sandwich's, FIRE's), of an
+    offset tensor (one per batch row, or 0-d)."""
     g = torch.Generator().manual_seed(2)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     q, k, pos_q, pos_k, deberta = r(4, 2, Q, 8), r(4, 2, KEYS, 8), r(2 * K, 8), r(2 * K, 8), r(2 * K, 2)
@@ -132,6 +132,7 @@ def _unbounded_calls():
         "kerple_bias log": lambda o: lambda c: pe.kerple_bias(c(slopes), c(slopes.flip(0)), Q, KEYS, offset=c(torch.tensor(o))),
         "kerple_bias power": lambda o: lambda c: pe.kerple_bias(c(slopes), c(slopes / 2), Q, KEYS, kind="power", offset=c(torch.tensor(o))),
         "sandwich_bias": lambda o: lambda c: pe.sandwich_bias(Q, KEYS, 8, heads=2, offset=c(torch.tensor(o))),
+        "fire_bias": lambda o: lambda c: pe.fire_bias(lambda x: x @ c(slopes[None, :2]), Q, KEYS, offset=c(torch.tensor(o)), c=c(slopes[0]), threshold=c(slopes[2])),
     }
 
 

@@ -31,7 +31,10 @@ def fire_distances(
     carries their gradient). With per-token positions ``i`` and ``j`` are
     ``query_positions[..., row]`` (plus ``offset``, 0 by default) and ``key_positions[...,
     col]``, and the result is ``[..., q_len, k_len]``; so it is with one ``offset`` per
-    batch row (``[...]``: ``i = offset[...] + row``).
+    batch row (``[...]``: ``i = offset[...] + row``). On an accelerator an offset tensor
+    (without positions) is clamped, not read, to the offsets whose positions and distances
+    fit int64 (the host's bits for each; past them, a ``ValueError`` on the host, the
+    distances of the nearest).
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)
@@ -46,11 +49,11 @@ def fire_distances(
     dtype = result_dtype(xp, dtype, device)
     work = widest_float(xp, device)
     if _per_token.given(query_positions, key_positions, offset):
-        query, key, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device)
+        query, key, batch = _per_token.positions(xp, q_len, k_len, offset, query_positions, key_positions, device=device, reach=math.inf)
         check.allocatable("fire_bias", (*batch, q_len, k_len), 8)
     else:
         check.allocatable("fire_bias", (q_len, k_len), 8)
-        offset = query_offset(offset, q_len, k_len, xp=xp, device=device)
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device, reach=math.inf)
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key, batch = xp.arange(k_len, dtype=index_dtype(xp, device), device=device), ()
     rel = xp.astype(_per_token.relative(query, key), work)  # (integer differences: exact where float32 positions would not be)
