@@ -223,6 +223,20 @@ def test_rope_cos_sin_of_frequencies_on_a_gpu_reads_none_of_them(dtype):
         assert torch.equal(got, call(lambda t: t))
 
 
+def test_fire_float_options_are_filled_in_on_the_gpu():
+    """``fire_distances`` with Python floats ``c`` and ``threshold`` copied each from host
+    memory onto the device on every call (``xp.asarray``: 2 copies); they are filled in
+    there now: no copy, the same bits."""
+
+    def call(device):
+        return lambda c: pe.fire_distances(Q, KEYS, c=0.3, threshold=7.0, xp=torch, device=torch.device(device))
+
+    got, log = _on_fake_gpu(call("cuda"))
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call("cpu")(None))
+
+
 def _on_fake_gpu_module(module, call):
     """``call(c)`` of ``module`` with its parameters and buffers on the fake GPU."""
     saved = [(d, n, t) for m in module.modules() for d in (m._parameters, m._buffers) for n, t in d.items() if t is not None]

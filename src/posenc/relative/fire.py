@@ -57,8 +57,9 @@ def fire_distances(
         query = shifted(xp.arange(q_len, dtype=index_dtype(xp, device), device=device), offset)
         key, batch = xp.arange(k_len, dtype=index_dtype(xp, device), device=device), ()
     rel = xp.astype(_per_token.relative(query, key), work)  # (integer differences: exact where float32 positions would not be)
-    c = cast(xp, c, work) if check.is_array(c) else xp.asarray(c, dtype=work, device=device)
-    threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.asarray(threshold, dtype=work, device=device)
+    # (a Python float filled in on the device, not copied from host memory: a CUDA graph holds a fill)
+    c = cast(xp, c, work) if check.is_array(c) else xp.full((), c, dtype=work, device=device)
+    threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.full((), threshold, dtype=work, device=device)
     distance = xp.log(xp.abs(c * rel) + 1)
     normaliser = xp.log(xp.abs(c * xp.maximum(xp.astype(query, work), threshold)) + 1) + eps
     return cast(xp, distance / normaliser[..., :, None], dtype)
