@@ -293,6 +293,48 @@ def test_a_decode_step_of_a_module_built_on_host_constants_copies_none_after_the
         assert torch.equal(got, call(lambda t: t))
 
 
+def _modules():
+    """The modules that take one offset per row (``takes_row_offsets``) and whose functions
+    read no offset tensor on a GPU (TUPE's checks its rows of ``p``)."""
+    import posenc.torch as pt
+
+    return {
+        "ALiBi": lambda: pt.ALiBi(2),
+        "T5RelativeBias": lambda: pt.T5RelativeBias(2),
+        "ShawRelative": lambda: pt.ShawRelative(8, max_distance=K),
+        "DeBERTaRelative": lambda: pt.DeBERTaRelative(2, 8, max_distance=K),
+        "DeBERTaRelative log buckets": lambda: pt.DeBERTaRelative(2, 8, max_distance=K, bucket_size=4, max_position=16),
+        "KERPLE": lambda: pt.KERPLE(2),
+        "Sandwich": lambda: pt.Sandwich(2, dim=8),
+        "FIRE": lambda: pt.FIRE(2),
+        "CoPE": lambda: pt.CoPE(8),
+    }
+
+
+@pytest.mark.parametrize("offset", [5, [5, -2, 0, 9]], ids=["0-d", "per row"])
+@pytest.mark.parametrize("name", list(_modules()))
+def test_a_module_call_with_an_offset_tensor_reads_nothing_on_a_gpu(name, offset):
+    """The module protocol read a 0-d offset tensor (``_alignment`` and ``attend``:
+    ``indices.query_offset``, 1 read) and, for ``causal=True``, one per row twice more
+    (``allowed_keys``: ``relative_positions``' range check). A 0-d one on the module's
+    accelerator is now validated and passed on as per-row ones are, and the causal mask
+    clamps the offsets to ``[-q_len, k_len]`` (where it stops changing): 0 reads, the CPU
+    module's bits, for ``logits`` and a causal ``attend``."""
+    torch.manual_seed(4)
+    m = _modules()[name]().requires_grad_(False)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (Q, KEYS, KEYS))
+
+    def call(c):
+        o = c(torch.tensor(offset))
+        return torch.stack([m.logits(c(q), c(k), offset=o), m.attend(c(q), c(k), c(v), causal=True, offset=o)[..., :1].expand(4, 2, Q, KEYS)])
+
+    got, log = _on_fake_gpu_module(m, call)
+    assert not log, log.lines()
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t))
+
+
 def test_mrope_tables_of_gpu_frequencies_copy_no_index_after_the_first_call():
     """``mrope_cos_sin`` with ``inv_freq`` on the GPU copied the indices of the frequencies
     each section takes from a host list on every call (one pageable copy); they are kept
@@ -308,6 +350,21 @@ def test_mrope_tables_of_gpu_frequencies_copy_no_index_after_the_first_call():
     assert not log, log.lines()
     with pe.use_backend("reference"):
         assert torch.equal(got, call(lambda t: t))
+
+
+def test_a_causal_module_call_with_offsets_past_int64_is_masked_as_the_nearest_on_a_gpu():
+    """The causal mask of offsets past the int64 sums (refused on the host) is that of the
+    nearest offsets whose sums fit, as ALiBi's bias is: no wrapped position."""
+    import posenc.torch as pt
+
+    m = pt.ALiBi(2)
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (Q, KEYS, KEYS))
+    for offset, nearest in ((EXTREME, NEAREST), (2**63 - 1, NEAREST[1]), (-(2**63), NEAREST[0])):
+        got, log = _on_fake_gpu_module(m, lambda c: m.attend(c(q), c(k), c(v), causal=True, offset=c(torch.tensor(offset))))
+        assert not log, log.lines()
+        with pe.use_backend("reference"):
+            assert torch.equal(got, m.attend(q, k, v, causal=True, offset=torch.tensor(nearest)))
 
 
 def test_offsets_beside_positions_are_still_refused_on_a_gpu():

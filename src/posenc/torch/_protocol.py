@@ -57,8 +57,9 @@ class PositionalModule(nn.Module):
     ``j <= offset + i``. A query that may attend to no key gets zeros, never NaN.
 
     A subclass supplies what differs: ``embed`` (absolute encodings), ``scores(q, k,
-    offset)`` (the logits with an int offset already resolved; default the plain scaled
-    dot product) and ``values(weights, v, offset)`` (default ``weights @ v``), both with
+    offset)`` (the logits with an int offset already resolved, or, for the modules that
+    take one per batch row, a tensor: those, or a 0-d one on an accelerator, which is not
+    read; default the plain scaled dot product) and ``values(weights, v, offset)`` (default ``weights @ v``), both with
     ``query_positions``/``key_positions`` keywords when ``takes_positions``. ``forward``
     is ``attend`` unless the subclass keeps an older meaning.
     """
@@ -82,7 +83,7 @@ class PositionalModule(nn.Module):
         check.flag("causal", causal)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
         rows = (*offset.shape, 1) if indices.per_row(offset) else None  # (one offset per batch row: its axes lead)
-        query_start = offset if rows else indices.query_offset(offset, q.shape[-2], k.shape[-2])
+        query_start = offset if rows or self._kept_on_device(offset, q) else indices.query_offset(offset, q.shape[-2], k.shape[-2])
         shape = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], *(rows,) if rows else ()), q.shape[-2], k.shape[-2])
         allowed = allowed_keys(shape, q.device, causal=causal, offset=query_start, mask=mask)
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
@@ -112,19 +113,28 @@ class PositionalModule(nn.Module):
         positions; with per-token positions, ``offset`` as given (the functions default it:
         0 with ``query_positions``, ``k_len - q_len`` otherwise) and the positions. One
         ``offset`` per batch row is validated (:func:`row_offsets`) where the module takes it
-        (``call``, the method, names it otherwise)."""
+        (``call``, the method, names it otherwise); so is a 0-d one on an accelerator
+        (:meth:`_kept_on_device`), not read: the function it goes to clamps or reads it."""
         if indices.per_row(offset):
             if not self.takes_row_offsets:
                 raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {ROWS}")
             offset = row_offsets(offset, q, k)
+        if self._kept_on_device(offset, q):
+            offset = row_offsets(offset, q, k)
         if query_positions is None and key_positions is None:
-            return offset if indices.per_row(offset) else indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
+            return offset if indices.per_row(offset) or self._kept_on_device(offset, q) else indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5RelativeBias, ALiBi, "
                 "ShawRelative, DeBERTaRelative, FIRE, KERPLE, Sandwich)"
             )
         return offset, {"query_positions": query_positions, "key_positions": key_positions}
+
+    def _kept_on_device(self, offset, q) -> bool:
+        """Whether ``offset`` is a 0-d tensor on ``q``'s accelerator that this module's functions
+        take as it is (those of the modules that take one offset per row, ``takes_row_offsets``),
+        so that it is not read here (a synchronisation, which a CUDA graph cannot hold)."""
+        return self.takes_row_offsets and isinstance(offset, torch.Tensor) and offset.ndim == 0 and on_accelerator(offset) and offset.device == q.device
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, offset) -> torch.Tensor:
         """The logits for a resolved ``offset``: here ``q k^T / sqrt(head_dim)``."""
@@ -198,10 +208,15 @@ def allowed_keys(shape, device, *, causal, offset, mask):
     """Boolean ``[..., q_len, k_len]`` of the keys each query may attend to (logits of
     ``shape`` on ``device``), or ``None`` for all."""
     allowed = None
-    if causal and indices.per_row(offset):  # (one per batch row: [..., 1, q_len, k_len], a head axis of 1)
-        allowed = indices.relative_positions(shape[-2], shape[-1], offset=offset)[..., None, :, :] >= 0
+    q_len, k_len = shape[-2:]
+    if causal and isinstance(offset, torch.Tensor):
+        # One per batch row ([..., 1, q_len, k_len], a head axis of 1) or a 0-d one kept on the
+        # device: whether key j is visible, j <= offset + i, is the same for every offset below
+        # -q_len or above k_len, so it is clamped there (validated, not read: no sum leaves int64).
+        start = offset.clamp(-q_len, k_len)[..., None, None]
+        allowed = start + torch.arange(q_len, device=device)[:, None] >= torch.arange(k_len, device=device)[None, :]
+        allowed = allowed[..., None, :, :] if offset.ndim else allowed
     elif causal:
-        q_len, k_len = shape[-2:]
         positions = offset + torch.arange(q_len, device=device)
         allowed = positions[:, None] >= torch.arange(k_len, device=device)[None, :]
     if mask is not None:
