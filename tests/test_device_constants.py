@@ -141,3 +141,55 @@ def test_rope_cos_sin_of_gpu_positions_reads_the_kept_frequencies(fake_cuda, mon
         got = pe.rope_cos_sin(positions, inv_freq)
         assert all(torch.equal(g, w) for g, w in zip(got, want))
     assert asked == [tuple(np.asarray(inv_freq, dtype=np.float64).tolist())] * 3 and fake_cuda.made == 1
+
+
+class _CountingNamespace:
+    """An array namespace whose ``asarray`` (a copy onto its "device") is counted."""
+
+    __name__ = "counting"
+
+    def __init__(self):
+        self.made = 0
+
+    def asarray(self, values, *, dtype, device, copy):
+        self.made += 1
+        return np.array(values, dtype=dtype, copy=True)
+
+
+def test_a_kept_array_is_made_once_per_device_dtype_and_values(monkeypatch):
+    """``kept_array`` (CuPy's T5 bucket boundaries): one copy per ``(device, dtype, values)``,
+    the same array for every later call; another device, dtype or values make their own,
+    and only the last ``_KEPT`` are kept."""
+    monkeypatch.setattr(_device_constants, "_kept_arrays", type(_device_constants._kept_arrays)())
+    xp, values = _CountingNamespace(), np.array([3, 5, 9], dtype=np.int64)
+    first = _device_constants.kept_array(xp, values, np.int64, "gpu0")
+    assert _device_constants.kept_array(xp, values.copy(), np.int64, "gpu0") is first and xp.made == 1
+    assert first.tolist() == [3, 5, 9]
+    others = [(values, np.int64, "gpu1"), (values, np.int32, "gpu0"), (values[:2], np.int64, "gpu0")]
+    assert all(_device_constants.kept_array(xp, *other) is not first for other in others) and xp.made == 4
+    for n in range(_device_constants._KEPT):
+        _device_constants.kept_array(xp, np.array([n]), np.int64, "gpu0")
+    assert len(_device_constants._kept_arrays) == _device_constants._KEPT
+    assert _device_constants.kept_array(xp, values, np.int64, "gpu0") is not first  # (dropped, made again)
+
+
+def test_t5_bucket_boundaries_on_cupy_are_copied_once(monkeypatch):
+    """T5's bucket boundaries (64 or more a direction: searched) were copied from host memory
+    onto a CuPy device on every reference-path call, where torch's are kept on its GPU; a
+    CuPy ``rel`` (here a NumPy one taken for CuPy) now takes the kept array: one copy for
+    every call, the same buckets."""
+    from types import SimpleNamespace
+
+    from posenc.relative import buckets
+
+    monkeypatch.setattr(_device_constants, "_kept_arrays", type(_device_constants._kept_arrays)())
+    xp = _xp.namespace(np.zeros(1))
+    rel = np.arange(-3000, 3000, 7, dtype=np.int64)
+    want = buckets.t5_buckets(xp, rel, 256, 2000, True)
+    copies = []
+    monkeypatch.setattr(buckets, "_compat", SimpleNamespace(is_cupy_array=lambda a: True))
+    real = xp.asarray
+    monkeypatch.setattr(xp, "asarray", lambda *a, **kw: copies.append(a) or real(*a, **kw), raising=False)
+    for _ in range(3):
+        assert np.array_equal(buckets.t5_buckets(xp, rel, 256, 2000, True), want)
+    assert len(copies) == 1 and len(_device_constants._kept_arrays) == 1

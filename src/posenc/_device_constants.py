@@ -1,4 +1,5 @@
-"""Host constants (a table builder's frequencies) kept on a torch GPU between calls.
+"""Host constants (a table builder's frequencies) kept on a torch GPU between calls
+(:func:`torch_constant`), and on a CuPy device (:func:`kept_array`).
 
 ``torch.tensor(values, device="cuda")`` copies from host memory and waits for the copy: a
 synchronisation on every call, and an operation a CUDA graph capture refuses. A constant
@@ -27,8 +28,11 @@ import struct
 import threading
 from collections import OrderedDict
 
+from . import _compat
+
 _KEPT = 64
 _kept: OrderedDict = OrderedDict()  # (device, dtype, bytes of the values) -> tensor
+_kept_arrays: OrderedDict = OrderedDict()  # (namespace, device, dtype, bytes of the values) -> array
 _captured: dict = {}  # the same keys: constants read by a captured graph
 _lock = threading.Lock()
 
@@ -99,3 +103,32 @@ def _made_apart(torch, values, dtype, device):
     if isinstance(made[0], BaseException):
         raise made[0]
     return made[0]
+
+
+def kept_array(xp, values, dtype, device):
+    """``xp.asarray(values, dtype=dtype, device=device)`` (``values`` a NumPy array) for an
+    accelerator that is not torch's (CuPy): made once per ``(namespace, device, dtype,
+    values)`` and kept (the last ``_KEPT``), so a call neither copies host memory onto the
+    device nor waits for it. The one copy is waited for on the stream that made it, so that
+    a call on any stream reads it complete. The caller does not write into it."""
+    key = (xp.__name__, str(device), str(dtype), values.dtype.str, values.tobytes())
+    with _lock:
+        array = _kept_arrays.get(key)
+        if array is not None:
+            _kept_arrays.move_to_end(key)
+            return array
+    array = xp.asarray(values, dtype=dtype, device=device, copy=True)
+    _copied(array)
+    with _lock:
+        array = _kept_arrays.setdefault(key, array)  # (another thread's, made meanwhile, wins)
+        while len(_kept_arrays) > _KEPT:
+            _kept_arrays.popitem(last=False)
+    return array
+
+
+def _copied(array):
+    """Waits for the copy that made the CuPy ``array`` (on the current stream)."""
+    if _compat.is_cupy_array(array):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()

@@ -176,7 +176,7 @@ def t5_buckets(xp, rel, num_buckets, max_distance, bidirectional):
         for start in starts:
             logarithmic = logarithmic + xp.astype(n >= start, rel.dtype)
     else:
-        boundaries = _starts_on(xp, side, max_distance, starts, rel.dtype, device_of(rel))
+        boundaries = _starts_on(xp, side, max_distance, starts, rel.dtype, device_of(rel), on_cupy=_compat.is_cupy_array(rel))
         reached = searched(xp, boundaries, n)
         logarithmic = xp.astype(reached, rel.dtype) + exact
     return base + xp.where(n < exact, n, logarithmic)
@@ -201,12 +201,12 @@ def _t5_starts_reached(side_buckets, max_distance, largest):
     return starts[: bisect.bisect_right(starts, largest)]
 
 
-def _starts_on(xp, side_buckets, max_distance, starts, dtype, device):
+def _starts_on(xp, side_buckets, max_distance, starts, dtype, device, *, on_cupy=False):
     """``starts``, the first of ``_t5_starts(side_buckets, max_distance)``, as a 1-D array of
-    ``dtype`` on ``device``: copied once to a torch GPU and kept there (``_device_constants``:
-    no copy in a call, which a CUDA graph captures), a constant of the graph ``torch.compile``
-    traces, else copied from a host array made once (a copy: torch shares a NumPy array's
-    memory, and warns that this one is read-only)."""
+    ``dtype`` on ``device``: copied once to a torch GPU or a CuPy device (``on_cupy``) and
+    kept there (``_device_constants``: no copy in a call, which a CUDA graph captures), a
+    constant of the graph ``torch.compile`` traces, else copied from a host array made once
+    (a copy: torch shares a NumPy array's memory, and warns that this one is read-only)."""
     if torch_compiling():
         return xp.asarray(starts, dtype=dtype, device=device)
     if getattr(device, "type", None) == "cuda":
@@ -215,7 +215,12 @@ def _starts_on(xp, side_buckets, max_distance, starts, dtype, device):
         kept = torch_constant(starts, dtype, device, what="T5 bucket boundaries")
         if kept is not None:
             return kept
-    return xp.asarray(t5_starts_array(side_buckets, max_distance)[: len(starts)], dtype=dtype, device=device, copy=True)
+    host = t5_starts_array(side_buckets, max_distance)[: len(starts)]
+    if on_cupy:
+        from .._device_constants import kept_array
+
+        return kept_array(xp, host, dtype, device)
+    return xp.asarray(host, dtype=dtype, device=device, copy=True)
 
 
 @lru_cache(maxsize=64)
