@@ -181,6 +181,25 @@ def test_an_unbounded_bias_reads_no_0d_offset_on_a_gpu(name):
         _bits(call, 2**63 - 1)
 
 
+def test_tener_logits_reads_no_0d_offset_on_a_gpu():
+    """``tener_logits`` read its 0-d offset (``_validate.integer``: 1 read a call); its
+    sinusoid changes with the distance however far, so the offset is clamped on the device
+    to those whose distances fit int64, as ALiBi's: the host's bits up to the last offset the
+    host accepts, the logits of those for offsets past them."""
+    g = torch.Generator().manual_seed(7)
+    q, k, u, v = torch.randn(2, 2, Q, 8, generator=g), torch.randn(2, 2, KEYS, 8, generator=g), torch.randn(2, 1, 8, generator=g), torch.randn(2, 1, 8, generator=g)
+
+    def call(offset):
+        return lambda c: pe.tener_logits(c(q), c(k), c(u), c(v), offset=c(torch.tensor(offset)))
+
+    for offset, same in ((5, 5), *zip(NEAREST[:2], NEAREST[:2]), *zip(EXTREME[:2], NEAREST[:2])):
+        got, log = _on_fake_gpu(call(offset))
+        assert not log, log.lines()
+        assert torch.equal(got, _bits(call, same)), offset
+    with pytest.raises(ValueError, match="int64"):
+        _bits(call, 2**63 - 1)
+
+
 def test_alibi_of_float32_slopes_past_int64_is_the_exact_distance_rounded():
     """For float32 slopes the saturated rows are those of the exact distances (within ``Q +
     KEYS`` of ``2**63``, every one rounds to ``2**63`` in float32): ``-slope * 2**63``."""

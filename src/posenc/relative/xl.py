@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from .. import _validate as check
 from .._dispatch import call
 from .._built import built_in_range
@@ -133,7 +135,9 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     base : float, sinusoid base
     offset : int or 0-d integer array (traced is fine), first query position;
         ``k_len - q_len`` by default (the queries are the last ``q_len`` keys); one for
-        every row (one sinusoid per distance)
+        every row (one sinusoid per distance). A 0-d tensor on an accelerator is clamped
+        there, not read, to the offsets whose distances fit int64 (the host's bits for
+        each; past them, a ``ValueError`` on the host, the logits of the nearest)
     layout : {"interleaved", "half"}, the sinusoid's feature order (:func:`posenc.sinusoidal`;
         default ``"interleaved"``). ``"split"``, its earlier name, warns. This is the
         paper's form: TENER's released code orders its sinusoid ``"half"`` (sines, then
@@ -160,7 +164,10 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     _args.like_query("u", u, q, xp)
     _args.like_query("v", v, q, xp)
     base = check.real("base", base, positive=True)
-    offset = query_offset(offset, q_len, k_len, xp=xp, instead="tener_logits takes one for every row (one sinusoid per distance): call it once per offset, on the rows that have it")
+    offset = query_offset(
+        offset, q_len, k_len, xp=xp, device=device_of(q), reach=math.inf,
+        instead="tener_logits takes one for every row (one sinusoid per distance): call it once per offset, on the rows that have it",
+    )  # fmt: skip
     layout = check.layout("layout", layout, LAYOUTS)
     dtype, work = _args.dtypes(xp, q, k, u, v)
     _args.logits_shape(batch, q_len, k_len)
