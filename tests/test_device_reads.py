@@ -371,6 +371,23 @@ def test_mrope_tables_of_gpu_frequencies_copy_no_index_after_the_first_call():
         assert torch.equal(got, call(lambda t: t))
 
 
+def test_the_tener_module_reads_no_0d_offset_on_a_gpu():
+    """``TENERRelative`` (one offset for every row) read a 0-d offset tensor in the protocol
+    (1 read); it keeps it on the device for ``tener_logits``, which clamps it: 0 reads, the
+    CPU module's bits, for offsets 5 and past int64 (those of the nearest accepted)."""
+    import posenc.torch as pt
+
+    torch.manual_seed(8)
+    m = pt.TENERRelative(2, 8).requires_grad_(False)
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (Q, KEYS, KEYS))
+    for offset, same in ((5, 5), (2**63 - 1, NEAREST[1])):
+        got, log = _on_fake_gpu_module(m, lambda c: m.attend(c(q), c(k), c(v), causal=True, offset=c(torch.tensor(offset))))
+        assert not log, log.lines()
+        with pe.use_backend("reference"):
+            assert torch.equal(got, m.attend(q, k, v, causal=True, offset=torch.tensor(same)))
+
+
 def test_a_causal_module_call_with_offsets_past_int64_is_masked_as_the_nearest_on_a_gpu():
     """The causal mask of offsets past the int64 sums (refused on the host) is that of the
     nearest offsets whose sums fit, as ALiBi's bias is: no wrapped position."""

@@ -107,6 +107,9 @@ class PositionalModule(nn.Module):
     #: Whether ``logits`` and ``attend`` take one ``offset`` per batch row (``scores`` and ``values``
     #: giving each row the bits of its own offset's call).
     takes_row_offsets = False
+    #: Whether ``scores``/``values`` take a 0-d offset tensor on an accelerator as it is (their
+    #: functions clamp it there, not read it), as the modules that take one per row do.
+    keeps_device_offset = False
 
     def _alignment(self, q, k, offset, query_positions, key_positions, call):
         """``(offset, positions)`` for ``scores``/``values``: the resolved ``offset`` and no
@@ -132,9 +135,10 @@ class PositionalModule(nn.Module):
 
     def _kept_on_device(self, offset, q) -> bool:
         """Whether ``offset`` is a 0-d tensor on ``q``'s accelerator that this module's functions
-        take as it is (those of the modules that take one offset per row, ``takes_row_offsets``),
-        so that it is not read here (a synchronisation, which a CUDA graph cannot hold)."""
-        return self.takes_row_offsets and isinstance(offset, torch.Tensor) and offset.ndim == 0 and on_accelerator(offset) and offset.device == q.device
+        take as it is (``takes_row_offsets`` or ``keeps_device_offset``), so that it is not read
+        here (a synchronisation, which a CUDA graph cannot hold)."""
+        takes = self.takes_row_offsets or self.keeps_device_offset
+        return takes and isinstance(offset, torch.Tensor) and offset.ndim == 0 and on_accelerator(offset) and offset.device == q.device
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, offset) -> torch.Tensor:
         """The logits for a resolved ``offset``: here ``q k^T / sqrt(head_dim)``."""

@@ -145,6 +145,8 @@ class TENERRelative(PositionalModule):
     code puts the sines first, then the cosines: ``layout="half"`` to port its weights.
     """
 
+    keeps_device_offset = True
+
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__()
         layout = check.layout("layout", layout)
