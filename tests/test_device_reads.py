@@ -371,17 +371,19 @@ def test_mrope_tables_of_gpu_frequencies_copy_no_index_after_the_first_call():
         assert torch.equal(got, call(lambda t: t))
 
 
-def test_the_tener_module_reads_no_0d_offset_on_a_gpu():
-    """``TENERRelative`` (one offset for every row) read a 0-d offset tensor in the protocol
-    (1 read); it keeps it on the device for ``tener_logits``, which clamps it: 0 reads, the
-    CPU module's bits, for offsets 5 and past int64 (those of the nearest accepted)."""
+@pytest.mark.parametrize("name", ["TENERRelative", "TransformerXLRelative"])
+def test_a_sinusoid_module_reads_no_0d_offset_on_a_gpu(name):
+    """``TENERRelative`` and ``TransformerXLRelative`` (one offset for every row) read a 0-d
+    offset tensor in the protocol (1 read); they keep it on the device (``tener_logits`` and
+    ``relative_embeddings`` clamp it): 0 reads, the CPU module's bits, for offsets 5, the
+    extremes the host accepts, and past int64 (those of the nearest accepted)."""
     import posenc.torch as pt
 
     torch.manual_seed(8)
-    m = pt.TENERRelative(2, 8).requires_grad_(False)
+    m = getattr(pt, name)(2, 8).requires_grad_(False)
     g = torch.Generator().manual_seed(9)
     q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (Q, KEYS, KEYS))
-    for offset, same in ((5, 5), (2**63 - 1, NEAREST[1])):
+    for offset, same in ((5, 5), *zip(NEAREST[:2], NEAREST[:2]), *zip(EXTREME[:2], NEAREST[:2])):
         got, log = _on_fake_gpu_module(m, lambda c: m.attend(c(q), c(k), c(v), causal=True, offset=c(torch.tensor(offset))))
         assert not log, log.lines()
         with pe.use_backend("reference"):
