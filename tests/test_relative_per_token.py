@@ -695,5 +695,5 @@ def test_large_calls_of_one_offset_per_row_take_each_rows_toeplitz_kernel_with_i
         assert any(g is not None and g.abs().sum() > 0 for g in got)
         for grad, expected in zip(got, want):
             assert (grad is None) == (expected is None)
-            if grad is not None:
-                torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-12)
+            if grad is not None:  # (sums over 8,000 keys and the rows in another order: ulps of the largest)
+                torch.testing.assert_close(grad, expected, rtol=1e-12, atol=1e-13 * max(1.0, float(expected.abs().max())))
