@@ -390,6 +390,36 @@ def test_a_sinusoid_module_reads_no_0d_offset_on_a_gpu(name):
             assert torch.equal(got, m.attend(q, k, v, causal=True, offset=torch.tensor(same)))
 
 
+@pytest.mark.parametrize("name", ["NoPE", "SinusoidalEmbedding", "LearnedEmbedding", "RotaryEmbedding", "XPos"])
+def test_a_module_of_one_offset_for_every_row_reads_no_0d_offset_on_a_gpu(name):
+    """The protocol read a 0-d offset tensor of these modules (``_alignment``: 1 read a call),
+    whose logits take it as ``pe.rope`` does (float64 sums on the device), clamp it as ALiBi
+    does (xPos's scale) or use it only in the causal mask (which clamps it): 0 reads, the
+    CPU module's bits for offset 5 and the extremes the host accepts; past int64 (refused on
+    the host) those of the nearest accepted offsets. (A RotaryEmbedding of a length-dependent
+    scaling reads it once, for the length that decides its frequencies on the host.)"""
+    import posenc.torch as pt
+
+    torch.manual_seed(10)
+    m = {
+        "NoPE": lambda: pt.NoPE(),
+        "SinusoidalEmbedding": lambda: pt.SinusoidalEmbedding(8),
+        "LearnedEmbedding": lambda: pt.LearnedEmbedding(16, 8),
+        "RotaryEmbedding": lambda: pt.RotaryEmbedding(8),
+        "XPos": lambda: pt.XPos(8),
+    }[name]().requires_grad_(False)
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (Q, KEYS, KEYS))
+    cases = [(5, 5), *zip(NEAREST[:2], NEAREST[:2])]
+    if name != "RotaryEmbedding":  # (rope rotates past int64 at the float64 sums: tested with pe.rope)
+        cases += list(zip(EXTREME[:2], NEAREST[:2]))
+    for offset, same in cases:
+        got, log = _on_fake_gpu_module(m, lambda c: m.attend(c(q), c(k), c(v), causal=True, offset=c(torch.tensor(offset))))
+        assert not log, log.lines()
+        with pe.use_backend("reference"):
+            assert torch.equal(got, m.attend(q, k, v, causal=True, offset=torch.tensor(same)))
+
+
 def test_a_causal_module_call_with_offsets_past_int64_is_masked_as_the_nearest_on_a_gpu():
     """The causal mask of offsets past the int64 sums (refused on the host) is that of the
     nearest offsets whose sums fit, as ALiBi's bias is: no wrapped position."""

@@ -18,6 +18,8 @@ class NoPE(PositionalModule):
     is the plain scaled dot product of ``q, k [batch, heads, seq, head_dim]``; a causal
     mask is the only source of order."""
 
+    keeps_device_offset = True
+
 
 class SinusoidalEmbedding(PositionalModule):
     """Fixed sinusoidal table (:func:`posenc.sinusoidal`), added to the token embeddings.
@@ -28,6 +30,8 @@ class SinusoidalEmbedding(PositionalModule):
     batch row). ``logits``/``attend``
     are plain scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
+
+    keeps_device_offset = True
 
     def __init__(self, dim: int, *, base: float = 10000.0, layout: str = "interleaved", dtype=None):
         super().__init__()
@@ -54,6 +58,8 @@ class LearnedEmbedding(PositionalModule):
     offset=0)`` adds them to ``x [batch, seq, dim]`` (``offset`` an int or one per batch row). ``logits``/``attend`` are plain
     scaled dot-product attention on ``q, k, v [batch, heads, seq, head_dim]``.
     """
+
+    keeps_device_offset = True
 
     def __init__(self, num_positions: int, dim: int, *, alpha: float = 0.4):
         super().__init__()

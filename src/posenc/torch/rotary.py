@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 
 import posenc as pe
 from posenc import _validate as check
+from posenc._xp import namespace
+from posenc.relative.indices import saturated
 
 from ._protocol import PositionalModule, dot_scores
 
@@ -34,6 +37,11 @@ class RotaryEmbedding(PositionalModule):
     (for a length-dependent scaling: at its original length), as transformers' rotary
     modules expose them.
     """
+
+    @property
+    def keeps_device_offset(self):
+        # (a length-dependent scaling reads its length, offset + the longer length, on the host)
+        return not self._uses_seq_len()
 
     def __init__(self, head_dim: int, *, base: float = 10000.0, scaling=None, layout: str = "half", rotary_dim: int | None = None):
         super().__init__()
@@ -109,6 +117,8 @@ class XPos(PositionalModule):
     up to about ``70 * scale_base`` from the centre.
     """
 
+    keeps_device_offset = True
+
     def __init__(self, head_dim: int, *, base: float = 10000.0, scale_base: float = 512, layout: str = "half"):
         super().__init__()
         layout = check.layout("layout", layout)
@@ -121,6 +131,8 @@ class XPos(PositionalModule):
 
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
+        if isinstance(offset, torch.Tensor):  # (0-d, on an accelerator: clamped where its positions fit int64, not read)
+            offset = saturated(namespace(offset), offset, q_len, k_len, math.inf, offset.device)
         center = k_len // 2
         work = torch.promote_types(q.dtype, torch.float32)
         scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": work}
