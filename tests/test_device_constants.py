@@ -193,3 +193,29 @@ def test_t5_bucket_boundaries_on_cupy_are_copied_once(monkeypatch):
     for _ in range(3):
         assert np.array_equal(buckets.t5_buckets(xp, rel, 256, 2000, True), want)
     assert len(copies) == 1 and len(_device_constants._kept_arrays) == 1
+
+
+def test_host_constants_on_a_cupy_device_are_copied_once(monkeypatch):
+    """``_xp.constant_on`` (rope's frequencies on the reference path, the sinusoidal
+    wavelengths, xPos's exponents, mrope's indices) copied its host numbers onto a CuPy
+    device on every call, where torch's are kept on its GPU; on a CuPy device (here a stand-in
+    namespace and device) it takes the kept array: one copy for every call, the same values."""
+    monkeypatch.setattr(_device_constants, "_kept_arrays", type(_device_constants._kept_arrays)())
+    copies = []
+
+    class Device:  # (a device of CuPy's, as constant_on tells them)
+        __module__ = "cupy.cuda.device"
+
+    class Namespace:
+        __name__ = "cupy"
+
+        @staticmethod
+        def asarray(values, dtype=None, device=None, copy=None):
+            copies.append(device)
+            return np.array(values, dtype=dtype)
+
+    device, values = Device(), (0.5, 1e-3, 3.0)
+    got = [_xp.constant_on(Namespace, values, np.float32, device) for _ in range(3)]
+    assert len(copies) == 1 and copies[0] is device and all(g is got[0] for g in got)
+    assert np.array_equal(got[0], np.asarray(values, dtype=np.float32))
+    assert _xp.constant_on(Namespace, (1, 2), np.int64, device).tolist() == [1, 2] and len(copies) == 2

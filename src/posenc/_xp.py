@@ -961,16 +961,21 @@ def _widened_positions(xp, positions, offset):
 
 def constant_on(xp, values, dtype, device, what="rotary tables of new frequencies"):
     """``xp.asarray(values, dtype=dtype, device=device)`` of host numbers ``values`` (a
-    tuple of floats, or of ints for an integer ``dtype``): kept on a torch GPU between
-    calls (``_device_constants``: no copy or wait a call, and a CUDA graph can capture the
-    calls after the first), else made afresh. ``what`` names them in the error of a new
-    one during a capture."""
-    if getattr(device, "type", None) == "cuda" and not torch_compiling():
+    tuple of floats, or of ints for an integer ``dtype``): kept on a torch GPU or a CuPy
+    device between calls (``_device_constants``: no copy or wait a call, and a CUDA graph
+    can capture the calls after the first), else made afresh (a constant of the graph
+    ``torch.compile`` traces). ``what`` names them in the error of a new one during a
+    capture."""
+    if not torch_compiling() and getattr(device, "type", None) == "cuda":
         from ._device_constants import torch_constant
 
         kept = torch_constant(values, dtype, device, what)
         if kept is not None:
             return kept
+    elif type(device).__module__.startswith("cupy"):
+        from ._device_constants import kept_array
+
+        return kept_array(xp, _numpy.asarray(values), dtype, device)
     return xp.asarray(values, dtype=dtype, device=device)
 
 
