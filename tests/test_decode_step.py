@@ -599,3 +599,37 @@ def test_a_cleared_plan_cache_keeps_no_plan_alive():
     pe.rope.plans.clear()
     gc.collect()
     assert gone() is None
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_planned_0d_offset_in_the_memory_rotated_in_place_gets_the_full_paths_error(library):
+    """An offset of one integer is read as an int by a plan, but one that lies in ``out``'s
+    memory is refused as the full path refuses it (``out`` shares memory with ``offset``)."""
+    x = _x(library, np.float32 if library == "numpy" else torch.float32, (1, HEADS, 1, DIM))
+    inside, apart = (a.view(np.int32)[0, 0, 0, 0:1].reshape(()) if library == "numpy" else a.view(torch.int32)[0, 0, 0, 0] for a in (x, 0 * x))
+    for _ in range(3):
+        pe.rope(x, offset=apart, out=x)  # (the signature is planned)
+    assert any(pe.rope.plans.values())
+    with pytest.raises(ValueError, match="out shares memory with offset"):
+        pe.rope(x, offset=inside, out=x)
+
+
+@pytest.mark.parametrize(
+    "offset",
+    [lambda t: torch.tensor(t), lambda t: torch.tensor([t]), lambda t: np.int64(t), lambda t: np.uint32(t)],
+    ids=["torch 0-d", "torch one row", "numpy int64 scalar", "numpy uint32 scalar"],
+)
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_an_offset_of_one_integer_is_planned_as_the_int_it_holds(library, offset):
+    """A decode step's offset given as a 0-d array, one row or a NumPy scalar (an engine's
+    cache length) is served by the plan of an int offset, which reads it once (``.item()``),
+    with the bits of the full path at every step."""
+    if library == "numpy" and type(offset(0)) is torch.Tensor:
+        offset = lambda t, made=offset: made(t).numpy()  # noqa: E731
+    x = _x(library, np.float32 if library == "numpy" else torch.float32, (1, HEADS, LENGTH, DIM))
+    full = pe.rope(x)
+    pe.rope.plans.clear()
+    for t in STEPS:
+        _same(_twice(lambda: pe.rope(x[:, :, t : t + 1], offset=offset(t))), full[:, :, t : t + 1])
+    assert [type(plan).__name__ for plan in pe.rope.plans.values() if plan] == ["RotatePlan"]
+    pe.rope.plans.clear()

@@ -132,6 +132,15 @@ CALLS = {
     "rope numpy per-row offset": (pe.rope, lambda t: pe.rope(X, offset=np.array([t, 2 * t]))),
     "rope numpy positions and per-row offset": (pe.rope, lambda t: pe.rope(X, np.arange(3), offset=np.array([t, 5]))),
     "rope numpy 0-d offset": (pe.rope, lambda t: pe.rope(X, offset=np.array(t))),
+    # An offset of one integer (0-d, a NumPy scalar, one row): read as the int it holds.
+    "rope numpy int64 scalar offset": (pe.rope, lambda t: pe.rope(X, offset=np.int64(t))),
+    "rope numpy uint64 scalar offset, positions": (pe.rope, lambda t: pe.rope(X, np.arange(3) * 2, offset=np.uint64(t))),
+    "rope torch x, NumPy int32 scalar offset": (pe.rope, lambda t: pe.rope(T_X, offset=np.int32(t % 2**31))),
+    "rope numpy per-row offset of one row": (pe.rope, lambda t: pe.rope(X1, offset=np.array([t]))),
+    "rope numpy 0-d offset in place": (pe.rope, lambda t: (lambda x: pe.rope(x, offset=np.array(t), out=x))(X.copy())),
+    "rope numpy int8 positions and 0-d offset": (pe.rope, lambda t: pe.rope(X, np.arange(3, dtype=np.int8), offset=np.array(t))),
+    "rope numpy per-row offset of one row, dynamic NTK": (pe.rope, lambda t: pe.rope(X1, offset=np.array([t % 1000]), scaling=pe.scaling.DynamicNTK(2.0, 8))),
+    "rope numpy per-row offset of one row, 0-d positions": (pe.rope, lambda t: pe.rope(X1, np.array(3), offset=np.array([[t]]))),
     "rope numpy positions interleaved inverse": (pe.rope, lambda t: pe.rope(X, np.arange(3) + t, layout="interleaved", inverse=True)),
     "rope numpy bshd positions": (pe.rope, lambda t: pe.rope(X.transpose(0, 2, 1, 3), np.arange(3) + t, seq_axis="bshd")),
     "rope numpy float64 rotary_dim": (pe.rope, lambda t: pe.rope(X.astype(np.float64), np.array([[t], [t + 1]]), rotary_dim=8, offset=2)),
@@ -161,6 +170,15 @@ CALLS = {
     "rope torch [B, S] positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(6).reshape(2, 3) + t)),
     "rope torch bfloat16 x and positions": (pe.rope, lambda t: pe.rope(T_X.bfloat16(), (torch.arange(3) + t % 200).bfloat16())),
     "rope torch per-row offset": (pe.rope, lambda t: pe.rope(T_X, offset=torch.tensor([t, t + 3]))),
+    "rope torch 0-d offset": (pe.rope, lambda t: pe.rope(T_X, offset=torch.tensor(t))),
+    "rope torch int32 0-d offset": (pe.rope, lambda t: pe.rope(T_X, offset=torch.tensor(t % 2**31, dtype=torch.int32))),
+    "rope torch per-row offset of one row": (pe.rope, lambda t: pe.rope(T_X1, offset=torch.tensor([t]))),
+    "rope torch per-row offset of one row, [B, S] positions": (pe.rope, lambda t: pe.rope(T_X[:1], torch.arange(3)[None] + 5, offset=torch.tensor([t]))),
+    "rope torch positions and 0-d offset": (pe.rope, lambda t: pe.rope(T_X, torch.arange(3) * 7, offset=torch.tensor(t))),
+    "rope torch positions and int offset": (pe.rope, lambda t: pe.rope(T_X1, torch.tensor([t]), offset=7)),
+    "rope torch uint8 per-row offset, positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(3) + t, offset=torch.tensor([t % 256, 3], dtype=torch.uint8))),
+    "rope torch per-row offset, float positions": (pe.rope, lambda t: pe.rope(T_X, torch.arange(3.0) / 3, offset=torch.tensor([t, 2 * t]))),
+    "rope torch 0-d offset into a buffer": (pe.rope, lambda t: (lambda o: (pe.rope(T_X, offset=torch.tensor(t), out=o), o)[1])(torch.empty_like(T_X))),
     # float positions plus an offset, summed in float64 (in float16 2047 + 3 is 2048)
     "rope numpy float16 positions and offset": (pe.rope, lambda t: pe.rope(X, (np.arange(3) + 2045 - t % 3).astype(np.float16), offset=3 + t % 5)),
     "rope torch float16 positions and per-row offset": (
@@ -595,6 +613,30 @@ HOSTILE = {
     ),  # fmt: skip
     "rope per-row offset of another length": (lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2]), lambda: np.array([1, 2, 3]), None),
     "rope offset past int64": (lambda p: pe.rope(X, offset=p), lambda: 3, lambda: 2**63 - 2, None),
+    # An offset of one integer read as an int: its sums with the positions are still checked.
+    "rope 0-d offset whose positions leave int64": (
+        lambda o: pe.rope(X, offset=o), lambda: np.array(3), lambda: np.array(2**63 - 2), lambda a: _spoil(a, 2**63 - 2),
+    ),  # fmt: skip
+    "rope torch 0-d offset whose positions leave int64": (
+        lambda o: pe.rope(T_X, offset=o), lambda: torch.tensor(3), lambda: torch.tensor(2**63 - 2), lambda a: _spoil(a, 2**63 - 2),
+    ),  # fmt: skip
+    "rope torch per-row offset of one row whose positions leave int64": (
+        lambda o: pe.rope(T_X[:1], offset=o), lambda: torch.tensor([3]), lambda: torch.tensor([2**63 - 1]), lambda a: _spoil(a, 2**63 - 1),
+    ),  # fmt: skip
+    "rope NumPy scalar offset whose positions leave int64": (lambda o: pe.rope(X, offset=o), lambda: np.int64(3), lambda: np.int64(2**63 - 2), None),
+    "rope uint64 0-d offset past int64": (
+        lambda o: pe.rope(X, offset=o), lambda: np.array(3, np.uint64), lambda: np.array(2**63, np.uint64), lambda a: _spoil(a, 2**63),
+    ),  # fmt: skip
+    "rope torch positions past int64 with a 0-d offset": (
+        lambda p: pe.rope(T_X1, p, offset=torch.tensor(5)), lambda: torch.tensor([3]), lambda: torch.tensor([2**63 - 3]), lambda a: _spoil(a, 2**63 - 3),
+    ),  # fmt: skip
+    "rope torch positions past int64 with an int offset": (
+        lambda p: pe.rope(T_X1, p, offset=5), lambda: torch.tensor([3]), lambda: torch.tensor([2**63 - 3]), lambda a: _spoil(a, 2**63 - 3),
+    ),  # fmt: skip
+    "rope torch per-row offsets whose positions leave int64": (
+        lambda o: pe.rope(T_X, offset=o), lambda: torch.tensor([3, 4]), lambda: torch.tensor([3, 2**63 - 2]), lambda a: _spoil(a, torch.tensor([3, 2**63 - 2])),
+    ),  # fmt: skip
+    "rope NumPy float scalar offset": (lambda o: pe.rope(X, offset=o), lambda: np.int64(1), lambda: np.float64(1.0), None),
     "rerotate NaN frequencies": (lambda f: pe.rerotate(X, 3, f), lambda: INV.copy(), lambda: np.full_like(INV, np.nan), lambda a: _spoil(a, np.nan)),
     "rope_cos_sin inf positions": (lambda p: pe.rope_cos_sin(p, INV), lambda: np.array([3.0]), lambda: np.array([np.inf]), lambda a: _spoil(a, np.inf)),
     "rope_cos_sin uint64 positions past int64": (

@@ -223,8 +223,8 @@ def value_key(value, *, cuda=False):
 def one_library(*values) -> bool:
     """Whether the arrays among ``values`` are all NumPy's or none is (a key of arrays of two
     libraries would pass a NumPy constant to the plan as it is: ``host_constants`` converts
-    it on the full path)."""
-    numpy = [type(v) is np.ndarray for v in values if type(v) not in _PLAIN]
+    it on the full path). A NumPy scalar is no array of either."""
+    numpy = [type(v) is np.ndarray for v in values if type(v) not in _PLAIN and not isinstance(v, np.generic)]
     return all(numpy) or not any(numpy)
 
 

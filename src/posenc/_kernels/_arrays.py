@@ -144,9 +144,9 @@ def integer_kind(a):
 
 
 def int64_extremes_fit(*parts) -> bool:
-    """Whether every sum ``a + b + ...`` of one value from each of ``parts`` (ints, or host
-    or torch CPU integer arrays, each with a sign ``(part, +1 or -1)``) and each value stays
-    within int64, by their extremes."""
+    """Whether every sum ``a + b + ...`` of one value from each of ``parts`` (ints, host
+    or torch CPU integer arrays, or known ``(min, max)`` pairs, each with a sign ``(part, +1
+    or -1)``) and each value stays within int64, by their extremes."""
     low = high = 0
     for part, sign in parts:
         ends = extremes(part)
@@ -160,12 +160,15 @@ def int64_extremes_fit(*parts) -> bool:
 
 
 def extremes(part):
-    """``(min, max)`` as Python ints of an int or an integer array (None when it is empty)."""
+    """``(min, max)`` as Python ints of an int, an integer array (None when it is empty), or
+    a ``(min, max)`` pair known beforehand (an ``arange``)."""
     if isinstance(part, int):
         return part, part
+    if type(part) is tuple:
+        return part
     values = part if type(part) is np.ndarray else host_values(part)
-    if values.size == 0:
-        return None
+    if values.size < 2:  # (one value read as it is: no reductions)
+        return (values.item(),) * 2 if values.size else None
     return int(np.minimum.reduce(values, axis=None)), int(np.maximum.reduce(values, axis=None))
 
 

@@ -155,25 +155,31 @@ def _writable_directly(xv, out):
 
 
 class RotatePlan:
-    """``rope(x, offset=n)`` with default positions: the positions of ``offset=0``, plus ``n``."""
+    """``rope(x, offset=n)`` with default positions: the positions of ``offset=0``, plus ``n``
+    (an int, or where ``read``, the one integer of an offset array: ``_read_as_int``)."""
 
-    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale, out, lengths=None):
+    def __init__(self, x, xv, layout, sample, inv_freq, sign, scale, out, lengths=None, read=False):
         # As rope_cpu.rotate_positions converts and lays them out, for offset 0.
         pv = np.broadcast_to(_arrays.host_values(sample).astype(np.float64, copy=False), xv.shape[:-1])
         self.launch = _Launch("rotate", layout, x, xv, [pv], len(inv_freq), out)
         self.grid = _grid(pv, self.launch)  # [G, S]: no outer axes in a plan
         self.low, self.high = (float(v) for v in (pv.min(), pv.max()))
+        self.read = read
         _angles(self, x, inv_freq, sign, scale, lengths)
 
     def __call__(self, args, kwargs):
-        offset = kwargs.get("offset", 0)
+        offset, out = kwargs.get("offset", 0), kwargs.get("out")
+        if self.read:
+            if out is not None and _overlaps(out, offset):
+                return NotImplemented  # the full path refuses an out over the offset it reads
+            offset = offset.item()
         if not -_EXACT < offset < _EXACT:
             return NotImplemented
         angles = self.angles_of(kwargs, self.high + offset)
         # rope_cpu.rotate_positions leaves larger angles to the reference: so does the plan.
         if angles is None or not max(abs(self.low + offset), abs(self.high + offset)) * angles[1] <= FAST_ANGLE_LIMIT:
             return NotImplemented
-        return self.launch.run(args[0], (self.grid + float(offset), *angles[0], *self.tables), kwargs.get("out"))
+        return self.launch.run(args[0], (self.grid + float(offset), *angles[0], *self.tables), out)
 
 
 def _angles(plan, x, inv_freq, sign, scale, lengths):
@@ -235,13 +241,15 @@ def _grid(pv, launch):
 
 class PositionsPlan:
     """``rope(x, positions, offset=...)`` with positions or an offset given as arrays: each
-    call forms the full path's positions from its own arrays (shifted by the same
-    operations of the arrays' library), converts them to float64 as the launcher does, and
-    launches the kernel. The one check of their values is the launcher's angle bound, which
-    also catches a non-finite float position: such a call takes the full path (its error,
-    or the reference for angles beyond the fast reduction)."""
+    call forms the full path's positions from its own arrays, read as NumPy values
+    (``host_values``: the same int64 or float64 sums as the arrays' library makes, at a
+    fraction of a torch operation's cost; an offset of one integer, ``read``, as the int it
+    holds: ``_read_as_int``), converts them to float64 as the launcher does, and
+    launches the kernel. The values are checked by the integer rule (``_Source``) and the
+    launcher's angle bound, which also catches a non-finite float position: such a call
+    takes the full path (its error, or the reference for angles beyond the fast reduction)."""
 
-    def __init__(self, x, xv, layout, placed, source, inv_freq, sign, scale, out, lengths=None):
+    def __init__(self, x, xv, layout, placed, source, inv_freq, sign, scale, out, lengths=None, positions=None, offset=0, read=False):
         self.source = source
         pv = _contiguous_float64(placed)
         self.launch = _Launch("rotate", layout, x, xv, [np.broadcast_to(pv, xv.shape[:-1])], len(inv_freq), out)
@@ -251,18 +259,23 @@ class PositionsPlan:
         self.size = pv.size
         # One position the kernel may read at several cells (x's batch and head axes unmerged).
         self.cells = math.prod(self.view[0])
-        self.host = _values_reader(placed)
+        self.host = None if positions is None else _values_reader(positions)
+        self.read = read
+        self.offset_host = None if read or type(offset) is int else _values_reader(offset)
         _angles(self, x, inv_freq, sign, scale, lengths)
 
     def __call__(self, args, kwargs):
         positions = args[1] if len(args) > 1 else kwargs.get("positions")
         out, offset = kwargs.get("out"), kwargs.get("offset", 0)
-        if out is not None and any(a is not None and type(a) is not int and _may_meet(out, a) for a in (positions, offset)):
+        if out is not None and _overlaps(out, positions, offset):
             return NotImplemented  # the full path decides by elements (and refuses a true overlap)
-        placed = self.source(positions, offset)
-        if placed is None:
+        if self.read:
+            offset = offset.item()
+        elif self.offset_host is not None:
+            offset = self.offset_host(offset)
+        pv = self.source(None if self.host is None else self.host(positions), offset)
+        if pv is None:
             return NotImplemented  # a sum beyond int64: the full path's error
-        pv = self.host(placed)
         if pv.dtype != np.float64 or not pv.flags.c_contiguous:
             pv = np.ascontiguousarray(pv, dtype=np.float64)
         angles = self.angles_of(kwargs, float(pv.max()) if self.lengths is not None and self.size else math.nan)
@@ -308,6 +321,7 @@ class _Source:
         # "small": the plan's own arange, None: float or no array) say which calls must
         # read extremes first.
         self.positions_kind, self.offset_kind = positions_kind, offset_kind
+        self.known = None if base is None else (0, math.prod(base.shape) - 1)  # (an arange from 0)
 
     def without_base(self):
         """This source for positions given as its ``base`` would be (an arange a caller makes
@@ -327,7 +341,7 @@ class _Source:
         elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
             positions = positions.reshape(self.given_shape)
         if self._must_check(offset):
-            parts = [(offset, 1)] + ([(positions, 1)] if self.positions_kind else [])
+            parts = [(offset, 1)] + ([(self.known or positions, 1)] if self.positions_kind else [])
             if not _arrays.int64_extremes_fit(*parts):
                 return None  # the full path checks them one by one
         if self.positions_kind in ("narrow", "uint64"):
@@ -355,14 +369,26 @@ def _float64(a):
     return a.to(sys.modules["torch"].float64)
 
 
-def _source(call, positions, offset):
+def _source(call, positions, offset, *, host=False, read=False):
     """The ``_Source`` of a parsed call (``rotary._call.RopeCall``) whose arguments were
-    ``positions`` and ``offset``: the shapes the parse gave its arrays."""
-    rows = None if isinstance(call.offset, int) or not call.offset.ndim else tuple(call.offset.shape)
-    kinds = _arrays.integer_kind(positions), _arrays.integer_kind(offset)
+    ``positions`` and ``offset``: the shapes the parse gave its arrays. ``host``: for a
+    CPU plan, which sums NumPy views (its arange one too); ``read``: the offset is read as
+    an int (``_read_as_int``)."""
+    rows = None if read or isinstance(call.offset, int) or not call.offset.ndim else tuple(call.offset.shape)
+    kinds = _arrays.integer_kind(positions), None if read else _arrays.integer_kind(offset)
     if positions is None:  # the parse's own arange (no array of the caller's)
-        return _Source(None, call.placed, rows, "small", kinds[1])
+        return _Source(None, _arrays.host_values(call.placed) if host else call.placed, rows, "small", kinds[1])
     return _Source(tuple(call.placed.shape), None, rows, *kinds)
+
+
+def _read_as_int(offset, lengths):
+    """Whether a CPU plan reads array ``offset`` as the int it holds (``.item()``): a NumPy
+    integer scalar or a 0-d array, which the full path reads so itself, or a per-row offset
+    of one row, whose sums are those of its one value in the same order (but under a
+    length-dependent scaling, whose lengths the full path then takes per row)."""
+    if type(offset) is int:
+        return False
+    return isinstance(offset, np.integer) or not offset.ndim or lengths is None and math.prod(offset.shape) == 1
 
 
 def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
@@ -378,16 +404,20 @@ def build_rotate(x, positions=None, *, scaling, layout, offset, out, **options):
     if _arrays.torch_tensor(x) and x.device.type == "cuda":
         from . import rope_cuda_plan
 
+        if isinstance(offset, np.integer):
+            return None
         return rope_cuda_plan.build(x, call, _source(call, positions, offset), out=out, layout=layout, scaling=scaling)
     xv = _arrays.host_view(x)
     if not _host_kernel(call.kernel(), "rotate_positions") or not _writable_directly(xv, out):
         return None
     sign = -1.0 if call.inverse else 1.0
     lengths = _LengthAngles(scaling, call.rotary_dim, call.base, sign, call.inverse) if scaling is not None and scaling.uses_seq_len else None
-    if positions is None and type(offset) is int:  # the positions of offset 0, plus each call's
-        plan = RotatePlan(x, xv, layout, call.placed, call.inv_freq, sign, call.scale, out, lengths)
+    read = _read_as_int(offset, lengths)
+    if positions is None and (type(offset) is int or read):  # the positions of offset 0, plus each call's
+        plan = RotatePlan(x, xv, layout, call.placed, call.inv_freq, sign, call.scale, out, lengths, read)
     else:
-        plan = PositionsPlan(x, xv, layout, call.positions, _source(call, positions, offset), call.inv_freq, sign, call.scale, out, lengths)
+        source = _source(call, positions, offset, host=True, read=read)
+        plan = PositionsPlan(x, xv, layout, call.positions, source, call.inv_freq, sign, call.scale, out, lengths, positions, offset, read)
     return plan if plan.launch.viewable() else None
 
 
@@ -402,7 +432,7 @@ def build_rotate_positions(x, positions, inv_freq, *, layout, inverse, scale):
     if not _host_kernel(kernel, "rotate_positions") or not _writable_directly(xv, None):
         return None
     source = _Source(tuple(positions.shape), None, None, _arrays.integer_kind(positions), None)
-    plan = PositionsPlan(x, xv, layout, positions, source, freqs, -1.0 if inverse else 1.0, scale, None)
+    plan = PositionsPlan(x, xv, layout, positions, source, freqs, -1.0 if inverse else 1.0, scale, None, positions=positions)
     return plan if plan.launch.viewable() else None
 
 
@@ -489,6 +519,11 @@ def build_pair(q, k, cos, sin, *, layout):
 
     plans = [apply.apply_rope.plans.get(_signatures.ApplyRope.key((x, cos, sin), {"layout": layout})) for x in (q, k)]
     return PairPlan(*plans) if all(plans) else None
+
+
+def _overlaps(out, *arrays):
+    """Whether ``out`` may share memory with one of ``arrays`` (Nones, ints and NumPy scalars passed over)."""
+    return any(a is not None and type(a) is not int and not isinstance(a, np.generic) and _may_meet(out, a) for a in arrays)
 
 
 def _may_meet(a, b):

@@ -22,7 +22,7 @@ _SCALINGS = frozenset((Linear, NTK, YaRN, Llama3, Proportional, Axial, DynamicNT
 
 class Rope:
     """``rope(x[, positions], offset=..., ...)``: ``positions`` None or an array, ``offset``
-    an int or an array, ``seq_len`` None or an int (the plan's arguments); torch CUDA tensors
+    an int, a NumPy integer scalar or an array, ``seq_len`` None or an int (the plan's arguments); torch CUDA tensors
     too (``rope_cuda_plan``); ``scaling`` None
     or one of posenc's scalings (keyed by its class and field values, which fix its
     frequencies, at each length for dynamic NTK and LongRoPE: ``scaling.frequency_table``)."""
@@ -43,10 +43,15 @@ class Rope:
         if seq_len is not None and (type(seq_len) is not int or seq_len < 0):
             return None  # an array (per row, or traced), or a length the full path refuses
         parts = (
-            array_key(x, cuda=True), context_key(x, positions, offset), value_key(positions, cuda=True), value_key(offset, cuda=True),
+            array_key(x, cuda=True), context_key(x, positions, offset), value_key(positions, cuda=True), value_key(offset, cuda=True) or _integer_scalar(offset),
             keywords_key(kwargs, "positions", "offset", "out", "scaling", "seq_len"), out_key(kwargs.get("out"), x),
         )  # fmt: skip
         return None if None in parts else ("rope", *parts, seq_len is None, type(scaling), scaling)
+
+
+def _integer_scalar(value):
+    """A NumPy integer scalar's type (an ``offset`` the full path and the plan read as its int), else None."""
+    return type(value) if isinstance(value, np.integer) else None
 
 
 class Rerotate:
