@@ -880,6 +880,29 @@ def _fake_plan_launches(monkeypatch, torch):
     return launched
 
 
+def _fake_rotation(monkeypatch, torch):
+    """``rope_cuda``'s rotation faked for ``rope_cuda_plan.RotatePlan`` (a launch of x, the
+    result and the positions, by address); returns the list of the positions each call of
+    the plan hands the kernel."""
+    import types as pytypes
+
+    from posenc._kernels import _device_flat, rope_cuda, rope_cuda_plan
+
+    def rotation(x, positions, inv_freq, *, out, **_):
+        result = pytypes.SimpleNamespace(x_flat=_device_flat.Flat(x.data_ptr(), x.numel(), np.dtype(np.float32)))
+        result.o_flat = result.x_flat if out is x else _device_flat.Flat(torch.empty(x.shape).data_ptr(), x.numel(), np.dtype(np.float32))
+        flat = _device_flat.Flat(positions.data_ptr(), positions.numel(), np.dtype(np.float32))
+        return result, [("kernel", 1, (32, 1, 1), (result.x_flat, 1, result.o_flat, 2, flat, 3))], flat
+
+    _fake_plan_launches(monkeypatch, torch)
+    monkeypatch.setattr(rope_cuda, "guard_rotate", lambda x, positions, inv_freq, out: inv_freq)
+    monkeypatch.setattr(rope_cuda, "kernel_positions", lambda positions: positions)
+    monkeypatch.setattr(rope_cuda, "rotation", rotation)
+    formed, geometry = [], rope_cuda_plan._geometry
+    monkeypatch.setattr(rope_cuda_plan, "_geometry", lambda a: formed.append(a) or geometry(a))
+    return formed
+
+
 def test_a_rope_plan_without_positions_keeps_no_array_and_makes_each_calls_arange(monkeypatch):
     """``rope_cuda_plan.RotatePlan`` of ``rope(x, offset=...)``: the arange its build's parse
     made is not kept (a device array kept by a plan would be read by calls on other streams
@@ -888,21 +911,9 @@ def test_a_rope_plan_without_positions_keeps_no_array_and_makes_each_calls_arang
     import types as pytypes
 
     torch = pytest.importorskip("torch")
-    from posenc._kernels import _device_flat, rope_cuda, rope_cuda_plan, rope_plan
+    from posenc._kernels import rope_cuda_plan, rope_plan
 
-    _fake_plan_launches(monkeypatch, torch)
-
-    def rotation(x, positions, inv_freq, *, out, **_):
-        result = pytypes.SimpleNamespace(x_flat=_device_flat.Flat(x.data_ptr(), x.numel(), np.dtype(np.float32)))
-        result.o_flat = result.x_flat if out is x else _device_flat.Flat(torch.empty(x.shape).data_ptr(), x.numel(), np.dtype(np.float32))
-        flat = _device_flat.Flat(positions.data_ptr(), positions.numel(), np.dtype(np.float32))
-        return result, [("kernel", 1, (32, 1, 1), (result.x_flat, 1, result.o_flat, 2, flat, 3))], flat
-
-    monkeypatch.setattr(rope_cuda, "guard_rotate", lambda x, positions, inv_freq, out: inv_freq)
-    monkeypatch.setattr(rope_cuda, "kernel_positions", lambda positions: positions)
-    monkeypatch.setattr(rope_cuda, "rotation", rotation)
-    formed, geometry = [], rope_cuda_plan._geometry
-    monkeypatch.setattr(rope_cuda_plan, "_geometry", lambda a: formed.append(a) or geometry(a))
+    formed = _fake_rotation(monkeypatch, torch)
     x, base = torch.randn(1, 4, 3, 8), torch.arange(3).reshape(1, 1, 3)
     call = pytypes.SimpleNamespace(positions=base + 2, inv_freq=np.ones(4), inverse=False, scale=1.0)
     plan = rope_cuda_plan.RotatePlan(x, call, rope_plan._Source(None, base, None, "small", None), False, "half")
@@ -914,6 +925,115 @@ def test_a_rope_plan_without_positions_keeps_no_array_and_makes_each_calls_arang
         plan((x,), {"offset": offset})
     assert [f.dtype for f in formed] == [torch.int64] * 3
     assert [f.flatten().tolist() for f in formed] == [[5, 6, 7], [0, 1, 2], [2**40, 2**40 + 1, 2**40 + 2]]
+
+
+# name: (torch, t) -> (positions or None, offset): CPU tensors, made FakeCuda ones (an int stays an int)
+SUMMED_ON_DEVICE = {
+    "0-d offset": lambda torch, t: (None, torch.tensor(t)),
+    "per-row offset": lambda torch, t: (None, torch.tensor([t, t // 3])),
+    "int64 positions, int offset": lambda torch, t: (torch.tensor([7, 8, 2**40]), t),
+    # (on main: int64 sums, whose float64 rounding is not the float64 sum's past 2**53, and a read past 2**62)
+    "int32 positions, int offset": lambda torch, t: (torch.tensor([1, 2, 3], dtype=torch.int32), t),
+    "int32 positions [B, S], 0-d offset": lambda torch, t: (torch.tensor([[1, 2, 3], [4, 5, 6]], dtype=torch.int32), torch.tensor(t)),
+    "int64 positions, per-row offset": lambda torch, t: (torch.tensor([0, 1, 2**52 + 1]), torch.tensor([t, -(t // 2)])),
+    "int32 offset, per row": lambda torch, t: (None, torch.tensor([t % 2**31, 7], dtype=torch.int32)),
+    "float32 positions, 0-d offset": lambda torch, t: (torch.tensor([0.5, 1.25, 3.0]), torch.tensor(t)),
+    "float16 positions, per-row offset": lambda torch, t: (torch.tensor([2045.0, 2046.0, 2047.0]).half(), torch.tensor([t, 3])),
+}
+# ints, the float64 rounding of their sums, and past int64 (the full path's float64 sums, unread)
+SUMMED_STEPS = (5, 2**40, 2**53 - 8, -(2**52), 2**60 + 128, 2**63 - 1, -(2**63), 0)
+
+
+@pytest.mark.parametrize("name", SUMMED_ON_DEVICE)
+def test_a_rope_cuda_plan_sums_an_offset_on_the_device_as_the_full_path_reading_nothing(monkeypatch, name):
+    """``rope_cuda_plan.RotatePlan`` of a call whose full path sums positions and offset in
+    float64 on the device unread (``rotary._args.shifted``: an offset tensor, 0-d or per
+    row, or given positions with an int offset) serves it with the same float64 sums, bit
+    for bit (the full path's ``parse_rope`` positions, on ``fake_cuda`` tensors), reading
+    nothing back (``fake_cuda.recording``), at offsets up to int64's ends (on main such a
+    call returned NotImplemented: the full path, its host work and, before, its reads)."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    import fake_cuda
+    from posenc._kernels import rope_cuda_plan, rope_plan
+    from posenc.rotary._call import parse_rope
+
+    formed = _fake_rotation(monkeypatch, torch)
+    options = dict(inspect.unwrap(pe.rope).__kwdefaults__)
+
+    def arguments(t):
+        return tuple(a if a is None or type(a) is int else fake_cuda.cuda(a) for a in SUMMED_ON_DEVICE[name](torch, t))
+
+    with fake_cuda.recording() as log:
+        x = fake_cuda.cuda(torch.randn(2, 4, 3, 8))
+        positions, offset = arguments(3)
+        call = parse_rope(x, positions, **{**options, "offset": offset})
+        plan = rope_cuda_plan.RotatePlan(x, call, rope_plan._source(call, positions, offset), False, "half")
+        assert plan.ready and not plan.counting
+        for t in SUMMED_STEPS:
+            positions, offset = arguments(t)
+            expected = fake_cuda.host(parse_rope(x, positions, **{**options, "offset": offset}).positions)
+            log.clear()
+            formed.clear()
+            result = plan((x,) if positions is None else (x, positions), {"offset": offset})
+            if type(offset) is int and offset == 0 and positions is not None:
+                continue  # (the int64 positions as they are: not summed)
+            assert result is not NotImplemented and isinstance(result, fake_cuda.FakeCuda), t
+            assert log.lines() == [], t
+            (held,) = formed
+            assert expected.dtype == torch.float64 and torch.equal(fake_cuda.host(held).flatten(), expected.flatten()), (t, held, expected)
+
+
+def test_a_rope_cuda_plan_for_int64_positions_serves_an_int_offset_only_where_its_sums_are_the_full_paths(monkeypatch):
+    """A plan built at offset 0 launches the kernel of int64 positions; a later call with an
+    int offset, which the full path sums in float64, is served by int64 sums only where they
+    round to the same float64 values (positions of at most 32 bits, |offset| <= 2**53)."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    import fake_cuda
+    from posenc._kernels import rope_cuda_plan, rope_plan
+    from posenc.rotary._call import parse_rope
+
+    formed = _fake_rotation(monkeypatch, torch)
+    options = dict(inspect.unwrap(pe.rope).__kwdefaults__)
+    with fake_cuda.recording() as log:
+        x = fake_cuda.cuda(torch.randn(1, 4, 3, 8))
+        positions = fake_cuda.cuda(torch.tensor([1, 2, 3], dtype=torch.int32))
+        call = parse_rope(x, positions, **{**options, "offset": 0})
+        plan = rope_cuda_plan.RotatePlan(x, call, rope_plan._source(call, positions, 0), False, "half")
+        assert plan.ready and plan.counting
+        for offset in (5, 2**53, -(2**53)):
+            expected = fake_cuda.host(parse_rope(x, positions, **{**options, "offset": offset}).positions)
+            log.clear()
+            formed.clear()
+            assert plan((x, positions), {"offset": offset}) is not NotImplemented and log.lines() == []
+            assert torch.equal(fake_cuda.host(formed[0]).to(torch.float64).flatten(), expected.flatten())
+        for offset in (2**53 + 1, 2**60 + 128):
+            assert plan((x, positions), {"offset": offset}) is NotImplemented
+
+
+def test_a_rope_cuda_plan_leaves_an_offset_in_the_memory_it_rotates_to_the_full_path(monkeypatch):
+    """In place, an offset tensor summed on the device is served, but one in x's own
+    storage is left to the full path (which refuses it), as positions there are."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    import fake_cuda
+    from posenc._kernels import rope_cuda_plan, rope_plan
+    from posenc.rotary._call import parse_rope
+
+    _fake_rotation(monkeypatch, torch)
+    options = {**inspect.unwrap(pe.rope).__kwdefaults__, "offset": None}
+    with fake_cuda.recording():
+        x = fake_cuda.cuda(torch.randn(1, 4, 3, 8, dtype=torch.float64))
+        apart = fake_cuda.cuda(torch.tensor(3))
+        call = parse_rope(x, None, **{**options, "offset": apart, "out": x})
+        plan = rope_cuda_plan.RotatePlan(x, call, rope_plan._source(call, None, apart), True, "half")
+        assert plan.ready
+        assert plan((x,), {"offset": fake_cuda.cuda(torch.tensor(9))}) is x
+        assert plan((x,), {"offset": x.view(torch.int64)[0, 0, 0, 0]}) is NotImplemented
 
 
 def _launched_data(launched):

@@ -7,7 +7,9 @@ tensors by shape, strides, dtype, device and gradient tracking); the second call
 builds here, from that call's own parse and launcher (``rope_cuda.rotation``), its launch
 with every argument fixed but three addresses: ``x``, the result and the positions. A
 planned call forms the positions the full path would (``rope_plan._Source``: the same torch
-operations; without positions, the arange made on the call's own stream), converts them as
+operations; without positions, the arange made on the call's own stream; an offset tensor,
+or given positions with an int offset, summed in float64 on the device, unread, as
+``rotary._args.shifted`` sums them: ``_Source.summed``), converts them as
 the launcher does (``rope_cuda.kernel_positions``), allocates the result (or rotates ``x``
 in place) and launches the same kernel with the same arguments on the caller's current
 stream, so its numbers are the full path's. A plan keeps no device array of its own but
@@ -69,26 +71,54 @@ class RotatePlan:
         x = args[0]
         positions = args[1] if len(args) > 1 else kwargs.get("positions")
         offset = kwargs.get("offset", 0)
-        if self.source._must_check(offset):
-            return NotImplemented  # sums that may leave int64: the full path reads their extremes
         torch = self.torch
+        if self.in_place and _in(x, positions, offset):
+            return NotImplemented  # positions or offset in x's own memory: the full path decides
+        summed = self._summed(offset)
+        if summed is None or not summed and self.source._must_check(offset):
+            return NotImplemented  # sums that may leave int64: the full path reads their extremes
         if self.arange is not None:
             shape, n = self.arange
             if type(offset) is int:  # offset .. offset + n - 1 in one kernel: the int64 values of arange + offset
                 positions, offset = torch.arange(offset, offset + n, device=self.device).reshape(shape), 0
             else:
                 positions = torch.arange(n, device=self.device).reshape(shape)
-        placed = self.source(positions, offset)
+        placed = self.source.summed(positions, offset) if summed else self.source(positions, offset)
         held = placed if self.counting else placed.detach().to(torch.float64)
         if _geometry(held) != self.positions_geometry:
             return NotImplemented
-        if self.in_place and held.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
-            return NotImplemented  # positions in x's own memory: the full path decides
         result = x if self.in_place else torch.empty(self.shape, dtype=self.dtype, device=self.device)
         stream = _arrays._stream(_arrays.torch_stream(torch, self.device.index))
         if not self.prepared(stream, {"x": x.data_ptr(), "out": result.data_ptr(), "positions": held.data_ptr()}):
             return NotImplemented  # x not where the planned kernel's words may be read
         return result
+
+
+    def _summed(self, offset):
+        """Whether the full path sums this call's positions and offset in float64 on the device,
+        unread (``rotary._args.shifted``: an offset tensor on the device, or given positions
+        with an int offset other than 0), and the plan makes the same sums (``_Source.summed``);
+        False for int64 sums (``_Source.__call__``, checked by ``_must_check``); None where the
+        plan cannot give the full path's positions without a read (uint64 values, which the
+        full path reads to widen; a kernel built for int64 positions, which serves such a
+        call only where the int64 sums are the float64 ones: positions of at most 32 bits
+        and an int offset within 2**53)."""
+        if type(offset) is int:
+            if self.arange is not None or offset == 0:
+                return False
+        elif offset.device.type != "cuda":
+            return False  # (a CPU offset, which the full path reads: _must_check)
+        if "uint64" in (self.source.positions_kind, self.source.offset_kind):
+            return None
+        if not self.counting:
+            return True
+        return False if self.source.positions_kind == "narrow" and type(offset) is int and abs(offset) <= 2**53 else None
+
+
+def _in(x, *arrays):
+    """Whether one of the tensors among ``arrays`` lies in ``x``'s storage."""
+    start = x.untyped_storage().data_ptr()
+    return any(type(a) is not int and a is not None and a.untyped_storage().data_ptr() == start for a in arrays)
 
 
 def _geometry(a):

@@ -355,6 +355,21 @@ class _Source:
         return positions if type(offset) is int and offset == 0 else positions + offset
 
 
+    def summed(self, positions, offset):
+        """``float64(positions) + float64(offset)``, placed as ``__call__`` places them: the
+        sums ``rotary._args.shifted`` makes on a device unread (an offset array, or given
+        positions with an int offset other than 0), which need no check of their values."""
+        if self.base is not None:
+            positions = self.base
+        elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
+            positions = positions.reshape(self.given_shape)
+        if type(offset) is not int:
+            if self.offset_shape is not None and tuple(offset.shape) != self.offset_shape:
+                offset = offset.reshape(self.offset_shape)
+            offset = _float64(offset)
+        return _float64(positions) + offset
+
+
 def _int64(a):
     """Integer array ``a`` as int64 (as ``posenc._validate.widened``), in its own library."""
     if isinstance(a, np.ndarray):
