@@ -136,6 +136,14 @@ def _unbounded_calls():
     }
 
 
+def _unbounded_0d_calls():
+    """:func:`_unbounded_calls` and those that take one offset for every row (TENER's sinusoid
+    of the signed distance)."""
+    g = torch.Generator().manual_seed(7)
+    q, k, u, v = torch.randn(2, 2, Q, 8, generator=g), torch.randn(2, 2, KEYS, 8, generator=g), torch.randn(2, 1, 8, generator=g), torch.randn(2, 1, 8, generator=g)
+    return {**_unbounded_calls(), "tener_logits": lambda o: lambda c: pe.tener_logits(c(q), c(k), c(u), c(v), offset=c(torch.tensor(o)))}
+
+
 def _bits(call, offset):
     with pe.use_backend("reference"):
         return call(offset)(lambda t: t)
@@ -167,31 +175,12 @@ def test_an_unbounded_bias_saturates_offsets_past_int64_on_a_gpu(name):
         _bits(call, EXTREME)
 
 
-@pytest.mark.parametrize("name", list(_unbounded_calls()))
+@pytest.mark.parametrize("name", list(_unbounded_0d_calls()))
 def test_an_unbounded_bias_reads_no_0d_offset_on_a_gpu(name):
     """A 0-d offset tensor was read (``_validate.integer``: one synchronisation a call); it is
     clamped on the device as the per-row ones are: the int offset's bits up to the last
     offset the host accepts, the rows of those for offsets past them."""
-    call = _unbounded_calls()[name]
-    for offset, same in ((5, 5), *zip(NEAREST[:2], NEAREST[:2]), *zip(EXTREME[:2], NEAREST[:2])):
-        got, log = _on_fake_gpu(call(offset))
-        assert not log, log.lines()
-        assert torch.equal(got, _bits(call, same)), offset
-    with pytest.raises(ValueError, match="int64"):
-        _bits(call, 2**63 - 1)
-
-
-def test_tener_logits_reads_no_0d_offset_on_a_gpu():
-    """``tener_logits`` read its 0-d offset (``_validate.integer``: 1 read a call); its
-    sinusoid changes with the distance however far, so the offset is clamped on the device
-    to those whose distances fit int64, as ALiBi's: the host's bits up to the last offset the
-    host accepts, the logits of those for offsets past them."""
-    g = torch.Generator().manual_seed(7)
-    q, k, u, v = torch.randn(2, 2, Q, 8, generator=g), torch.randn(2, 2, KEYS, 8, generator=g), torch.randn(2, 1, 8, generator=g), torch.randn(2, 1, 8, generator=g)
-
-    def call(offset):
-        return lambda c: pe.tener_logits(c(q), c(k), c(u), c(v), offset=c(torch.tensor(offset)))
-
+    call = _unbounded_0d_calls()[name]
     for offset, same in ((5, 5), *zip(NEAREST[:2], NEAREST[:2]), *zip(EXTREME[:2], NEAREST[:2])):
         got, log = _on_fake_gpu(call(offset))
         assert not log, log.lines()
