@@ -95,7 +95,9 @@ def _decode_calls():
         "int32 positions": lambda x, step: pe.rope(x, torch.tensor([7 * step], device="cuda", dtype=torch.int32)),
         "float positions": lambda x, step: pe.rope(x, torch.tensor([0.5 + step], device="cuda")),
         "offset": lambda x, step: pe.rope(x, offset=4000 + step),
-        "offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor(9 + step, device="cuda", dtype=torch.int32)),  # (int64: read, full path)
+        "offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor(9 + step, device="cuda", dtype=torch.int32)),
+        "int64 offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor(9 + step, device="cuda")),
+        "per-row offset tensor": lambda x, step: pe.rope(x, offset=torch.tensor([9 + step], device="cuda")),
         "out buffer": lambda x, step: pe.rope(x.clone(), long(step), out=x.clone()),
         "in place, interleaved, inverse": lambda x, step: (lambda y: pe.rope(y, long(3 * step), out=y, layout="interleaved", inverse=True))(x.clone()),
         "linear scaling": lambda x, step: pe.rope(x, long(step), scaling=pe.scaling.Linear(4.0)),
@@ -414,6 +416,42 @@ def test_a_planned_q_and_k_pair_in_a_cuda_graph_replays_bit_identically():
         rotate_pair.plans.clear()
         want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)  # (the full path)
         assert torch.equal(rotated_q, want_q) and torch.equal(rotated_k, want_k)
+
+
+def _device_offset_calls():
+    """``name -> (call, offset)``: decode steps whose offset is a tensor on the GPU that no
+    part of the call reads (rope's float64 sums, the relative functions' clamps, the
+    modules' protocol), the offset (0-d or one per batch row) it takes."""
+    import posenc.torch as pt
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    r = lambda *shape: torch.randn(*shape, generator=g, device="cuda")  # noqa: E731
+    x, q, k, v, t5, shaw = r(2, 32, 1, 128), r(2, 8, 1, 64), r(2, 8, 512, 64), r(2, 8, 512, 64), r(32, 8), r(17, 64)
+    slopes = pe.alibi_slopes(8, xp=torch, device="cuda")
+    one, rows = torch.tensor(511, device="cuda"), torch.tensor([511, 100], device="cuda")
+    alibi, rotary = pt.ALiBi(8).cuda(), pt.RotaryEmbedding(64).cuda()
+    return {
+        "rope 0-d": (lambda: pe.rope(x, offset=one), one),
+        "rope per row": (lambda: pe.rope(x, offset=rows), rows),
+        "alibi_bias per row": (lambda: pe.alibi_bias(slopes, 1, 512, offset=rows), rows),
+        "t5_bias 0-d": (lambda: pe.t5_bias(t5, 1, 512, offset=one), one),
+        "shaw_logits per row": (lambda: pe.shaw_logits(q, k, shaw, max_distance=8, offset=rows), rows),
+        "ALiBi.attend per row": (lambda: alibi.attend(q, k, v, causal=True, offset=rows), rows),
+        "RotaryEmbedding.attend 0-d": (lambda: rotary.attend(q, k, v, causal=True, offset=one), one),
+    }
+
+
+@pytest.mark.parametrize("name", ["rope 0-d", "rope per row", "alibi_bias per row", "t5_bias 0-d", "shaw_logits per row", "ALiBi.attend per row", "RotaryEmbedding.attend 0-d"])
+def test_decode_steps_of_device_offsets_replay_in_a_cuda_graph_bit_identically(name):
+    """A decode step whose offset tensor stays on the GPU captures in a CUDA graph (a read of
+    it, or a host copy, would fail the capture) and replays the eager call's bits for new
+    offsets written into it, the host's extremes included."""
+    call, offset = _device_offset_calls()[name]
+    graph, out = _captured(call)
+    for values in ([600, 7], [0, 40000], [2**62, -(2**62)], [-(2**63) + 600, 2**63 - 1]):
+        offset.copy_(torch.tensor(values[: offset.numel()], device="cuda").reshape(offset.shape))
+        graph.replay()
+        assert torch.equal(out, call()), values
 
 
 def test_apply_rope_and_t5_bias_in_a_cuda_graph_replay_bit_identically():
