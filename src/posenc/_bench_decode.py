@@ -83,6 +83,7 @@ def numpy_cases(dtype=np.float32):
         # The same steps with positions as arrays (an engine's position ids, per-token positions).
         Case("rope numpy [1,32,1,128], positions [511]", lambda: pe.rope(x, pos), rope_formula),
         Case("rope numpy [1,32,1,128], positions [[511]]", lambda: pe.rope(x, pos[None]), rope_formula),
+        Case("rope numpy [1,32,1,128], offset np.int64(511)", lambda: pe.rope(x, offset=np.int64(PAST)), rope_formula),
         Case(
             "t5_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=pos, key_positions=keys),
@@ -150,6 +151,15 @@ def torch_cases(torch, dtype=None):
         c, s = llama_rotary(q, position_ids)
         return q * c[:, None] + _oracles.rotate_half(q) * s[:, None]
 
+    # A batch of 4 requests at their own lengths: one offset a row, or position_ids [[511], [300], ...]
+    q_rows = torch.randn(4, HEADS, 1, HEAD_DIM, generator=gen).to(dtype)
+    row_ids = torch.tensor([[PAST], [300], [17], [2]])
+    past, row_offsets = torch.tensor(PAST), row_ids[:, 0].clone()
+
+    def rows_formula():
+        c, s = llama_rotary(q_rows, row_ids)
+        return q_rows * c[:, None] + _oracles.rotate_half(q_rows) * s[:, None]
+
     t5 = T5Attention(T5Config(num_heads=BIAS_HEADS, d_model=512, d_kv=32), has_relative_attention_bias=True)
     t5_module = T5RelativeBias.from_hf(t5)
     table = t5.relative_attention_bias.weight.detach()
@@ -183,6 +193,9 @@ def torch_cases(torch, dtype=None):
             Case("alibi_bias torch 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), alibi_formula),
             # The same steps with positions as tensors (position_ids, per-token positions).
             Case("rope torch [1,32,1,128], position_ids [[511]]", lambda: pe.rope(q, position_ids), rope_formula),
+            Case("rope torch [1,32,1,128], offset tensor(511)", lambda: pe.rope(q, offset=past), rope_formula),
+            Case("rope torch [4,32,1,128], position_ids of 4 rows", lambda: pe.rope(q_rows, row_ids), rows_formula),
+            Case("rope torch [4,32,1,128], one offset a row", lambda: pe.rope(q_rows, offset=row_offsets), rows_formula),
             Case("T5RelativeBias 16 heads, 1 x 512, positions", lambda: t5_module(1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("t5_bias torch 16 heads, 1 x 512, positions", lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_positions_formula),
