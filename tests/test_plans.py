@@ -636,6 +636,19 @@ HOSTILE = {
     "rope torch per-row offsets whose positions leave int64": (
         lambda o: pe.rope(T_X, offset=o), lambda: torch.tensor([3, 4]), lambda: torch.tensor([3, 2**63 - 2]), lambda a: _spoil(a, torch.tensor([3, 2**63 - 2])),
     ),  # fmt: skip
+    # Byte-swapped integers: by their dtype's name (">u8" is uint64), not its str.
+    "rope byte-swapped uint64 positions past int64": (
+        lambda p: pe.rope(X, p), lambda: np.arange(3, dtype=">u8"), lambda: np.array([0, 1, 2**64 - 1], ">u8"), lambda a: _spoil(a, [0, 1, 2**64 - 1]),
+    ),  # fmt: skip
+    "rope byte-swapped uint64 per-row offsets past int64": (
+        lambda o: pe.rope(X, offset=o), lambda: np.array([1, 2], ">u8"), lambda: np.array([1, 2**64 - 1], ">u8"), lambda a: _spoil(a, [1, 2**64 - 1]),
+    ),  # fmt: skip
+    "rope_cos_sin byte-swapped uint64 positions past int64": (
+        lambda p: pe.rope_cos_sin(p, INV), lambda: np.array([3], ">u8"), lambda: np.array([2**64 - 1], ">u8"), lambda a: _spoil(a, 2**64 - 1),
+    ),  # fmt: skip
+    "t5_bias byte-swapped uint64 per-row offsets past int64": (
+        lambda o: pe.t5_bias(TABLE, 2, 8, offset=o), lambda: np.array([3, 4], ">u8"), lambda: np.full(2, 2**64 - 1, ">u8"), lambda a: _spoil(a, 2**64 - 1),
+    ),  # fmt: skip
     "rope NumPy float scalar offset": (lambda o: pe.rope(X, offset=o), lambda: np.int64(1), lambda: np.float64(1.0), None),
     "rerotate NaN frequencies": (lambda f: pe.rerotate(X, 3, f), lambda: INV.copy(), lambda: np.full_like(INV, np.nan), lambda a: _spoil(a, np.nan)),
     "rope_cos_sin inf positions": (lambda p: pe.rope_cos_sin(p, INV), lambda: np.array([3.0]), lambda: np.array([np.inf]), lambda a: _spoil(a, np.inf)),

@@ -137,7 +137,8 @@ def integer_kind(a):
     its sums cannot leave int64 unless an offset is within 2**62 of its limits)."""
     if a is None or isinstance(a, int):
         return None
-    name = dtype_name(a.dtype)
+    # (a NumPy dtype by its name, which leaves out the byte order: ">u8" is "uint64")
+    name = a.dtype.name if isinstance(a, np.ndarray) else dtype_name(a.dtype)
     if name.startswith(("float", "bfloat")):
         return None
     return name if name in ("int64", "uint64") else "narrow"
