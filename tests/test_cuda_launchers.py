@@ -351,6 +351,26 @@ def test_an_index_a_caller_passes_is_checked_in_a_compiled_graph(monkeypatch):
         _dispatch.call("toeplitz_gather", torch.zeros(3, 0), torch.ops.posenc.index_in_range(torch.tensor([0, 1, 0, 0, 0]), 0), 3)
 
 
+def test_an_index_in_range_result_a_caller_writes_in_place_is_checked_again(monkeypatch):
+    """``posenc::index_in_range`` called directly hands its recorded result to the caller: on
+    main, one written in place after (``clamped[2] = 99``) still counted as in range, and the
+    CUDA launcher read it unchecked (a gather past the scores' row). Its record now holds the
+    tensor's version counter: a write since sends it to the check and its refusal."""
+    torch = pytest.importorskip("torch")
+    from posenc import _dispatch
+    from posenc.torch import _ops  # noqa: F401  (registers the op)
+
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    scores = torch.zeros(3, 4)
+    clamped = torch.ops.posenc.index_in_range(torch.tensor([0, 1, 3, 0, 0]), 4)
+    _dispatch.call("toeplitz_gather", scores, clamped, 3)
+    assert not bounds and len(launches) == 1
+    clamped[2] = 99
+    with pytest.raises(ValueError, match=r"index values must lie in \[0, 4\)"):
+        _dispatch.call("toeplitz_gather", scores, clamped, 3)
+    assert len(bounds) == 1 and len(launches) == 1
+
+
 def test_an_index_a_caller_passes_is_checked_on_the_cuda_path(monkeypatch):
     """An index given to ``toeplitz_gather``/``toeplitz_scatter`` directly is read back and
     checked, as before: out of range, refused before any launch; a copy of an index posenc

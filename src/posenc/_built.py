@@ -9,7 +9,8 @@ function that forms one records it here (``built_in_range``), and the CUDA launc
 the range of that very array as known (``known_in_range``). A record is the array's
 identity, held by a weak reference: a caller's array, another array of the same values or
 a copy is never recorded, and meets the check. posenc writes no recorded array after
-recording it.
+recording it; a torch tensor's record also holds its version counter, so that one written
+in place since (the op's result in a caller's hands: ``_traced``) meets the check again.
 
 While ``torch.compile`` traces, the tensor posenc forms is not the one the compiled graph
 will pass, so the graph forms it through the op ``posenc::index_in_range`` (``_traced``),
@@ -47,8 +48,14 @@ def built_in_range(index, m):
         if _RECORDED.get(key, (None,))[0] is ref:
             del _RECORDED[key]
 
-    _RECORDED[key] = (weakref.ref(index, forget), m)
+    _RECORDED[key] = (weakref.ref(index, forget), m, version(index))
     return index
+
+
+def version(a):
+    """A torch tensor's version counter (bumped by each in-place write), else None (other
+    libraries', and torch's inference tensors, which keep none)."""
+    return a._version if torch_tensor(a) and not a.is_inference() else None
 
 
 def _traced(index, m):
@@ -61,7 +68,7 @@ def _traced(index, m):
 def known_in_range(index, m) -> bool:
     """Whether ``index`` itself was recorded by ``built_in_range`` with a bound of at most ``m``."""
     found = _RECORDED.get(id(index))
-    return found is not None and found[0]() is index and found[1] <= m
+    return found is not None and found[0]() is index and found[1] <= m and found[2] == version(index)
 
 
 def launchable(a) -> bool:

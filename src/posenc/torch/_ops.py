@@ -305,7 +305,9 @@ def toeplitz_scatter_op(weights: Tensor, index: Tensor, m: int) -> Tensor:
 def index_in_range_op(index: Tensor, m: int) -> Tensor:
     """``index`` clamped into ``[0, m)`` on its device, recorded as in range (``_built``): the
     Toeplitz index of a graph ``torch.compile`` traced (``_built._traced``), which a CUDA
-    launcher then takes unread (posenc's values, there by construction, are unchanged)."""
+    launcher then takes unread (posenc's values, there by construction, are unchanged).
+    Called directly, its result is the caller's: written in place after, it is checked
+    again (``_built.version``; an inference tensor keeps no version to tell)."""
     return built_in_range(index.clamp(0, max(m - 1, 0)), m)
 
 
