@@ -326,6 +326,36 @@ def test_an_index_posenc_builds_is_not_read_back_by_inductor_forward_or_backward
     assert len(launches) == 2 * (4 if "per row" in name else 1) * 2 and not bounds, (len(launches), len(bounds))
 
 
+def test_an_index_inductor_writes_into_a_recorded_buffer_is_launched_in_range(monkeypatch):
+    """Inductor reuses a buffer once its last reader in the graph is done: here the tensor
+    ``posenc::index_in_range`` recorded for ``shaw_logits`` receives a caller's index (out of
+    range) written by generated code, which bumps no version, and goes to a Toeplitz op. On
+    main the launcher took it unread, a gather past the scores' row on a GPU; an index
+    recorded in a compiled graph is now clamped into range on the device before the launch
+    (posenc's own values unchanged), never read back."""
+    torch = pytest.importorskip("torch")
+    from posenc import _dispatch
+    from posenc._kernels import _device_flat
+
+    launches, bounds = _fake_cuda_toeplitz(monkeypatch, torch)
+    launched = []
+    device_values = _device_flat.device_values
+    monkeypatch.setattr(_device_flat, "device_values", lambda a, dtype: launched.append(a.clone()) or device_values(a, dtype))
+
+    def fn(q, k, table, scores, n):
+        logits = pe.shaw_logits(q, k, table, max_distance=3)
+        index = (torch.arange(9) * 0 + n).to(torch.int64)  # (the caller's, all n: out of [0, 7) for n = 50)
+        return logits, _dispatch.call("toeplitz_gather", scores, index, 6)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor")
+    g = torch.Generator().manual_seed(4)
+    compiled(torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 6, 8, generator=g), torch.randn(7, 8, generator=g), torch.zeros(4, 7), 50)
+    indices = [a for a in launched if a.dtype == torch.int64 and a.ndim == 1 and a.shape[0] == 9]
+    assert len(launches) == 2 and len(indices) == 2, (len(launches), len(indices))
+    assert all(0 <= int(v) < 7 for a in indices for v in a), [a.tolist() for a in indices]
+
+
 def test_an_index_a_caller_passes_is_checked_in_a_compiled_graph(monkeypatch):
     """A caller's index reaches the compiled graph's Toeplitz op as it was given: read back
     and checked on every call, out of range refused. ``posenc::index_in_range`` takes any

@@ -29,13 +29,14 @@ import numpy as np
 from . import _compat, _dispatch
 from ._xp import torch_compiling, torch_tensor
 
-_RECORDED: dict = {}  # id(index) -> (weak reference to it, m)
+_RECORDED: dict = {}  # id(index) -> (weak reference to it, m, its version, made in a compiled graph)
 
 
-def built_in_range(index, m):
+def built_in_range(index, m, *, in_graph=False):
     """``index``, which posenc's own arithmetic made with every value in ``[0, m)``, recorded
     as such where a CUDA launcher may read it (:func:`launchable`; while ``torch.compile``
-    traces, the graph's tensor in its place: ``_traced``)."""
+    traces, the graph's tensor in its place: ``_traced``). ``in_graph``: recorded while a
+    compiled graph runs (:func:`clamped_at_launch`)."""
     if type(index) is np.ndarray or not launchable(index):
         return index
     if torch_compiling():
@@ -48,7 +49,7 @@ def built_in_range(index, m):
         if _RECORDED.get(key, (None,))[0] is ref:
             del _RECORDED[key]
 
-    _RECORDED[key] = (weakref.ref(index, forget), m, version(index))
+    _RECORDED[key] = (weakref.ref(index, forget), m, version(index), in_graph)
     return index
 
 
@@ -69,6 +70,16 @@ def known_in_range(index, m) -> bool:
     """Whether ``index`` itself was recorded by ``built_in_range`` with a bound of at most ``m``."""
     found = _RECORDED.get(id(index))
     return found is not None and found[0]() is index and found[1] <= m and found[2] == version(index)
+
+
+def clamped_at_launch(index) -> bool:
+    """Whether the record of ``index`` was made while a compiled graph ran: inductor reuses a
+    buffer once its last reader in the graph is done, writing other values into the same
+    tensor object without a version bump (a caller's index, possibly out of range), so the
+    launcher clamps such an index into its range on the device instead of trusting it (the
+    same values where posenc's own still lie there; in bounds whatever was written)."""
+    found = _RECORDED.get(id(index))
+    return found is not None and found[3]
 
 
 def launchable(a) -> bool:

@@ -21,7 +21,7 @@ import numpy as np
 from numba import cuda, types
 
 from . import _arrays, _codec, _device_flat, _family
-from .._built import known_in_range
+from .._built import clamped_at_launch, known_in_range
 from .toeplitz import SPECIALISATIONS, guard_expand, guard_gather, guard_index_values, guard_scatter, kernel_key, serves
 
 _CHUNK = 2048  # scatter accumulators per block (16 KiB of shared memory in float64)
@@ -251,9 +251,12 @@ def _launch(key, config, like, values, shape, out, index=None, classes=None):
 
 def _index(index, m):
     """``index`` as int64 on its device, after checking its values lie in ``[0, m)``: read
-    back (a synchronisation), unless posenc built this array in that range (``_built``)."""
+    back (a synchronisation), unless posenc built this array in that range (``_built``);
+    one recorded in a compiled graph is clamped into the range on the device instead."""
     if index.shape[0] and not known_in_range(index, m):
         guard_index_values(index, m)
+    elif index.shape[0] and clamped_at_launch(index):
+        index = index.clamp(0, m - 1)
     return _device_flat.device_values(index, np.int64)
 
 

@@ -9,7 +9,7 @@ scatter-add in one pass. Kernels register against them.
 
 from __future__ import annotations
 
-from .._built import built_in_range, known_in_range
+from .._built import built_in_range, clamped_at_launch, known_in_range
 from .._dispatch import call, reference
 from .._xp import device_of, empty_result, index_dtype, namespace
 
@@ -104,7 +104,7 @@ def _each_row(op, values, index, n, width, m):
         return xp.zeros((*values.shape[:-1], width), dtype=values.dtype, device=device_of(values))
     rows = xp.unstack(index)
     if known_in_range(index, m):
-        rows = [built_in_range(i, m) for i in rows]
+        rows = [built_in_range(i, m, in_graph=clamped_at_launch(index)) for i in rows]
     return xp.stack([call(op, v, i, n) for v, i in zip(xp.unstack(values), rows)])
 
 

@@ -308,7 +308,7 @@ def index_in_range_op(index: Tensor, m: int) -> Tensor:
     launcher then takes unread (posenc's values, there by construction, are unchanged).
     Called directly, its result is the caller's: written in place after, it is checked
     again (``_built.version``; an inference tensor keeps no version to tell)."""
-    return built_in_range(index.clamp(0, max(m - 1, 0)), m)
+    return built_in_range(index.clamp(0, max(m - 1, 0)), m, in_graph=True)
 
 
 @index_in_range_op.register_fake
