@@ -173,6 +173,20 @@ def test_a_kept_array_is_made_once_per_device_dtype_and_values(monkeypatch):
     assert _device_constants.kept_array(xp, values, np.int64, "gpu0") is not first  # (dropped, made again)
 
 
+def test_a_kept_array_dropped_is_released_after_its_device_finished(monkeypatch):
+    """A kept CuPy array dropped past ``_KEPT`` was let go at once: CuPy's pool could hand its
+    memory to the stream that made it while a call queued on another stream still read it
+    (CuPy has no ``record_stream``). Each dropped array now goes through ``_released``, which
+    waits for its device first (here recorded: the arrays dropped, oldest first, none kept)."""
+    monkeypatch.setattr(_device_constants, "_kept_arrays", type(_device_constants._kept_arrays)())
+    released = []
+    monkeypatch.setattr(_device_constants, "_released", released.append, raising=False)
+    xp = _CountingNamespace()
+    made = [_device_constants.kept_array(xp, np.array([n]), np.int64, "gpu0") for n in range(_device_constants._KEPT + 3)]
+    assert [a.tolist() for a in released] == [[0], [1], [2]] and all(a is m for a, m in zip(released, made))
+    assert not any(a is kept for a in released for kept in _device_constants._kept_arrays.values())
+
+
 def test_t5_bucket_boundaries_on_cupy_are_copied_once(monkeypatch):
     """T5's bucket boundaries (64 or more a direction: searched) were copied from host memory
     onto a CuPy device on every reference-path call, where torch's are kept on its GPU; a

@@ -110,7 +110,10 @@ def kept_array(xp, values, dtype, device):
     accelerator that is not torch's (CuPy): made once per ``(namespace, device, dtype,
     values)`` and kept (the last ``_KEPT``), so a call neither copies host memory onto the
     device nor waits for it. The one copy is waited for on the stream that made it, so that
-    a call on any stream reads it complete. The caller does not write into it."""
+    a call on any stream reads it complete; one dropped past ``_KEPT`` is released after
+    its device has finished the work queued so far (``_released``: CuPy has no
+    ``record_stream``, and its pool could hand the memory to the stream that made it while
+    another stream's queued call still reads it). The caller does not write into it."""
     key = (xp.__name__, str(device), str(dtype), values.dtype.str, values.tobytes())
     with _lock:
         array = _kept_arrays.get(key)
@@ -121,9 +124,17 @@ def kept_array(xp, values, dtype, device):
     _copied(array)
     with _lock:
         array = _kept_arrays.setdefault(key, array)  # (another thread's, made meanwhile, wins)
-        while len(_kept_arrays) > _KEPT:
-            _kept_arrays.popitem(last=False)
+        dropped = [_kept_arrays.popitem(last=False)[1] for _ in range(len(_kept_arrays) - _KEPT)]
+    for old in dropped:
+        _released(old)
     return array
+
+
+def _released(array):
+    """Waits for every stream of the CuPy ``array``'s device before its last reference goes
+    (rare: a constant dropped past ``_KEPT``)."""
+    if _compat.is_cupy_array(array):
+        array.device.synchronize()
 
 
 def _copied(array):
