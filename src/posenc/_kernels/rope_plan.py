@@ -335,11 +335,19 @@ class _Source:
             return self.positions_kind == "int64"
         return offset != 0 and (self.positions_kind == "int64" or abs(offset) >= 2**62)
 
-    def __call__(self, positions, offset):
+    def _placed(self, positions, offset):
+        """``(positions, offset)`` placed as ``rotary._args`` places them: the plan's own
+        arange, or the given positions and per-row offsets reshaped onto the batch axes."""
         if self.base is not None:
             positions = self.base
         elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
             positions = positions.reshape(self.given_shape)
+        if self.offset_shape is not None and tuple(offset.shape) != self.offset_shape:
+            offset = offset.reshape(self.offset_shape)
+        return positions, offset
+
+    def __call__(self, positions, offset):
+        positions, offset = self._placed(positions, offset)
         if self._must_check(offset):
             parts = [(offset, 1)] + ([(self.known or positions, 1)] if self.positions_kind else [])
             if not _arrays.int64_extremes_fit(*parts):
@@ -350,24 +358,14 @@ class _Source:
             offset = _int64(offset)
         if self.positions_kind is None:  # float positions: summed with the offset in float64, as check.shifted does
             positions = _float64(positions)
-        if self.offset_shape is not None:
-            return positions + (offset if tuple(offset.shape) == self.offset_shape else offset.reshape(self.offset_shape))
         return positions if type(offset) is int and offset == 0 else positions + offset
-
 
     def summed(self, positions, offset):
         """``float64(positions) + float64(offset)``, placed as ``__call__`` places them: the
         sums ``rotary._args.shifted`` makes on a device unread (an offset array, or given
         positions with an int offset other than 0), which need no check of their values."""
-        if self.base is not None:
-            positions = self.base
-        elif self.offset_shape is not None and tuple(positions.shape) != self.given_shape:
-            positions = positions.reshape(self.given_shape)
-        if type(offset) is not int:
-            if self.offset_shape is not None and tuple(offset.shape) != self.offset_shape:
-                offset = offset.reshape(self.offset_shape)
-            offset = _float64(offset)
-        return _float64(positions) + offset
+        positions, offset = self._placed(positions, offset)
+        return _float64(positions) + (offset if type(offset) is int else _float64(offset))
 
 
 def _int64(a):
