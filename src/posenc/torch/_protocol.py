@@ -162,6 +162,17 @@ ROWS = (
 )
 
 
+def within_int64(offset, q_len, k_len):
+    """A module's resolved ``offset`` whose positions and distances must fit int64: an int as
+    it is; a 0-d tensor kept on its accelerator (:meth:`PositionalModule._kept_on_device`)
+    clamped there to the offsets the host accepts (``indices.saturated``, unbounded reach:
+    their bits; past them, the nearest's), unread; a traced one as it is."""
+    if not isinstance(offset, torch.Tensor):
+        return offset
+    clamped = indices.saturated(namespace(offset), offset, q_len, k_len, math.inf, offset.device)
+    return offset if clamped is None else clamped
+
+
 def row_offsets(offset, q, k):
     """One ``offset`` per batch row, an integer tensor (or NumPy array) ``[...]`` broadcasting
     against the batch axes of ``q``/``k`` before the heads axis, as an int64 tensor on their

@@ -9,11 +9,9 @@ from torch import nn
 
 import posenc as pe
 from posenc import _validate as check
-from posenc._xp import namespace
 from posenc.relative.deberta import TERMS
-from posenc.relative.indices import saturated
 
-from ._protocol import PositionalModule, allocatable, positive_int
+from ._protocol import PositionalModule, allocatable, positive_int, within_int64
 from .biases import _DistanceBias
 
 
@@ -131,9 +129,7 @@ class TransformerXLRelative(PositionalModule):
         (xl_logits' rows ``k_len - 1 .. -q_len``, moved by ``offset - (k_len - q_len)``). A 0-d
         ``offset`` tensor on an accelerator is clamped there to the offsets the host accepts
         (:func:`posenc.relative.indices.saturated`), not read."""
-        if isinstance(offset, torch.Tensor):
-            clamped = saturated(namespace(offset), offset, q_len, k_len, math.inf, offset.device)
-            offset = offset if clamped is None else clamped
+        offset = within_int64(offset, q_len, k_len)
         distances = (offset - (k_len - q_len)) + torch.arange(k_len - 1, -q_len - 1, -1, device=self.r_proj.device)
         return pe.sinusoidal(distances, self.dim, base=self.base, layout=self.layout, dtype=self.r_proj.dtype) @ self.r_proj
 

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 
 import torch
 
 import posenc as pe
 from posenc import _validate as check
-from posenc._xp import namespace
-from posenc.relative.indices import saturated
 
-from ._protocol import PositionalModule, dot_scores
+from ._protocol import PositionalModule, dot_scores, within_int64
 
 
 class RotaryEmbedding(PositionalModule):
@@ -131,8 +128,7 @@ class XPos(PositionalModule):
 
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
-        if isinstance(offset, torch.Tensor):  # (0-d, on an accelerator: clamped where its positions fit int64, not read)
-            offset = saturated(namespace(offset), offset, q_len, k_len, math.inf, offset.device)
+        offset = within_int64(offset, q_len, k_len)
         center = k_len // 2
         work = torch.promote_types(q.dtype, torch.float32)
         scale = {"scale_base": self.scale_base, "layout": self.layout, "dtype": work}
