@@ -122,10 +122,11 @@ class PositionalModule(nn.Module):
             if not self.takes_row_offsets:
                 raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {ROWS}")
             offset = row_offsets(offset, q, k)
-        if self._kept_on_device(offset, q):
+        kept = self._kept_on_device(offset, q)
+        if kept:
             offset = row_offsets(offset, q, k)
         if query_positions is None and key_positions is None:
-            return offset if indices.per_row(offset) or self._kept_on_device(offset, q) else indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
+            return offset if kept or indices.per_row(offset) else indices.query_offset(offset, q.shape[-2], k.shape[-2]), {}
         if not self.takes_positions:
             raise TypeError(
                 f"{type(self).__name__} takes no query_positions/key_positions (per-token positions: T5RelativeBias, ALiBi, "
