@@ -325,7 +325,7 @@ def summed_on_device(x, xp, device, scaling, seq_len) -> bool:
     if scaling is not None and scaling.uses_seq_len and seq_len is None:
         return False
     # (a torch tensor's device first, which is cheap; a JAX tracer has no devices to ask)
-    eager = torch_tensor(x) and on_accelerator(x) and check.is_eager(x) or not torch_tensor(x) and check.is_eager(x) and on_accelerator(x)
+    eager = (on_accelerator(x) and check.is_eager(x)) if torch_tensor(x) else (check.is_eager(x) and on_accelerator(x))
     return eager and has_float64(xp, device)
 
 
