@@ -198,6 +198,28 @@ def test_rotary_embedding_module_takes_per_row_offset_and_seq_len():
         module(q, k, offset=offsets, seq_len=lengths[:2])
 
 
+def test_rotary_embedding_module_length_of_a_narrow_integer_offset():
+    """RotaryEmbedding.forward's length ``offset + max(q_len, k_len)`` under a length-dependent
+    scaling is summed in int64 at least, as rope sums positions and offset: in a uint8 offset's
+    own dtype 250 + 10 wrapped to 4 (the original frequencies, 3.5 off rope's rotation at
+    offset 250), and an int8 120 + 10 to -126 (a ValueError for valid input)."""
+    torch = pytest.importorskip("torch")
+    from posenc.torch import RotaryEmbedding
+
+    module = RotaryEmbedding(8, scaling=DYNAMIC)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 2, 10, 8, generator=gen, dtype=torch.float64)
+    offsets = (
+        np.uint8(250), np.int8(120), np.int16(32760), torch.tensor(250, dtype=torch.uint8), torch.tensor(120, dtype=torch.int8),
+        torch.tensor([250], dtype=torch.uint8), torch.tensor(2**31 - 20, dtype=torch.int32), np.array([250], dtype=np.uint8),
+    )  # fmt: skip
+    for offset in offsets:
+        value = int(offset.item())
+        rq, rk = module(q, k, offset=offset)
+        assert torch.equal(rq, pe.rope(q, offset=value, scaling=DYNAMIC)), offset
+        assert torch.equal(rk, pe.rope(k, offset=value, scaling=DYNAMIC)), offset
+
+
 def test_per_row_tables_are_the_single_row_tables_and_rotate_as_rope_does(rng):
     lengths = np.array([40, 20, 33])
     inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=lengths)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 import posenc as pe
@@ -82,7 +83,7 @@ class RotaryEmbedding(PositionalModule):
 
     def forward(self, q, k, positions=None, *, offset=0, seq_len=None):
         if seq_len is None and positions is None and self._uses_seq_len():
-            seq_len = offset + max(q.shape[-2], k.shape[-2])  # the longer of the two decides, for both
+            seq_len = _widened(offset) + max(q.shape[-2], k.shape[-2])  # the longer of the two decides, for both
         return self.rotate(q, positions, offset=offset, seq_len=seq_len), self.rotate(k, positions, offset=offset, seq_len=seq_len)
 
     def _uses_seq_len(self):
@@ -91,6 +92,23 @@ class RotaryEmbedding(PositionalModule):
     def scores(self, q, k, offset):
         seq_len = _longer(offset + q.shape[-2], k.shape[-2]) if self._uses_seq_len() else None
         return dot_scores(self.rotate(q, offset=offset, seq_len=seq_len), self.rotate(k, seq_len=seq_len))
+
+
+def _widened(offset):
+    """An integer ``offset`` whose sum with a length cannot wrap: a NumPy integer as its int,
+    an array of a narrower integer dtype as int64 (uint8 ``250 + 10`` is 4, int8 ``120 + 10``
+    is -126); anything else as it is, for :func:`posenc.rope` to judge."""
+    if isinstance(offset, np.integer):
+        return int(offset)
+    if isinstance(offset, torch.Tensor) and offset.dtype in _NARROW_INTEGERS:
+        return offset.to(torch.int64)
+    if isinstance(offset, np.ndarray) and offset.dtype.kind in "iu" and offset.dtype.itemsize < 8:
+        return offset.astype(np.int64)
+    return offset
+
+
+# Integer tensor dtypes that int64 holds, as posenc.rope widens them.
+_NARROW_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32)
 
 
 def _longer(query_end, k_len):
