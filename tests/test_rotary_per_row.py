@@ -220,6 +220,24 @@ def test_rotary_embedding_module_length_of_a_narrow_integer_offset():
         assert torch.equal(rk, pe.rope(k, offset=value, scaling=DYNAMIC)), offset
 
 
+@pytest.mark.parametrize("scaling", [DYNAMIC, LONGROPE], ids=["dynamic", "longrope"])
+def test_rotary_embedding_module_takes_an_offset_that_leaves_every_position_negative(scaling):
+    """RotaryEmbedding.forward reads a length-dependent scaling's length as rope does: 0
+    where every position is negative (offset -9, five tokens: the original frequencies).
+    Its length offset + max(q_len, k_len) was -4, refused as a seq_len (ValueError), where
+    rope itself rotates (a context shift moves cached tokens below 0)."""
+    torch = pytest.importorskip("torch")
+    from posenc.torch import RotaryEmbedding
+
+    module = RotaryEmbedding(8, scaling=scaling)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 2, 2, 5, 8, generator=gen, dtype=torch.float64)
+    for offset in (-9, torch.tensor(-9), torch.tensor([-9, 40]), np.array([-9, 40])):
+        rq, rk = module(q, k, offset=offset)
+        assert torch.equal(rq, pe.rope(q, offset=offset, scaling=scaling)), offset
+        assert torch.equal(rk, pe.rope(k, offset=offset, scaling=scaling)), offset
+
+
 def test_per_row_tables_are_the_single_row_tables_and_rotate_as_rope_does(rng):
     lengths = np.array([40, 20, 33])
     inv_freq, _ = pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=lengths)

@@ -83,7 +83,8 @@ class RotaryEmbedding(PositionalModule):
 
     def forward(self, q, k, positions=None, *, offset=0, seq_len=None):
         if seq_len is None and positions is None and self._uses_seq_len():
-            seq_len = _widened(offset) + max(q.shape[-2], k.shape[-2])  # the longer of the two decides, for both
+            # The longer of the two decides, for both; positions all negative give length 0, as rope reads them.
+            seq_len = _longer(_widened(offset) + max(q.shape[-2], k.shape[-2]), 0)
         return self.rotate(q, positions, offset=offset, seq_len=seq_len), self.rotate(k, positions, offset=offset, seq_len=seq_len)
 
     def _uses_seq_len(self):
@@ -111,10 +112,13 @@ def _widened(offset):
 _NARROW_INTEGERS = (torch.int8, torch.uint8, torch.int16, torch.uint16, torch.int32, torch.uint32)
 
 
-def _longer(query_end, k_len):
-    if isinstance(query_end, torch.Tensor):
-        return torch.clamp(query_end, min=k_len)
-    return max(query_end, k_len)
+def _longer(length, other):
+    """The larger of ``length`` (an int, or a tensor or NumPy array: one a row) and the int ``other``."""
+    if isinstance(length, torch.Tensor):
+        return torch.clamp(length, min=other)
+    if isinstance(length, np.ndarray):
+        return np.maximum(length, other)
+    return max(length, other)
 
 
 class XPos(PositionalModule):
