@@ -119,6 +119,23 @@ def test_float_position_ids_give_the_integer_ids_length(rope):
     torch.testing.assert_close(got, want, atol=RELATIVE * float(want.abs().max()), rtol=0)
 
 
+@pytest.mark.parametrize("state", [False, True])
+@pytest.mark.parametrize("rope", ["dynamic", "longrope"])
+def test_negative_position_ids_give_the_original_length(rope, state):
+    """Ids that are all negative have length max + 1 <= 0: transformers' modules take the
+    original frequencies there (and its dynamic state resets as for any short call). Float
+    ids had raised ValueError (the length -6 of ids -9..-7 refused as a seq_len), integer
+    ids gave tables: both now give transformers' tables, after a long call too."""
+    config = _llama_config(rope)
+    theirs, ours = LlamaRotaryEmbedding(config), HFRotaryEmbedding(config, transformers_state=state)
+    x = torch.zeros(1, dtype=torch.float32)
+    atol = 8 * 2.0**-24 * 3 * SWITCH
+    for ids in (torch.arange(3 * SWITCH)[None], torch.tensor([[-9.0, -8.0, -7.0]]), torch.tensor([[-9, -8, -7]]), torch.arange(3 * SWITCH)[None]):
+        want, got = theirs(x, ids), ours(x, ids)
+        for w, g in zip(want, got):
+            torch.testing.assert_close(g, w, atol=atol, rtol=0, msg=f"ids {ids.flatten()[:3].tolist()}")
+
+
 @pytest.mark.parametrize("rope", ["dynamic", "longrope"])
 def test_length_dependent_scalings_really_switch_in_these_runs(rope):
     # The comparison above has teeth: the runs cross the switch length, and rotary tables

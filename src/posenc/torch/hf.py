@@ -177,7 +177,9 @@ class HFRotaryEmbedding(nn.Module):
                 top = position_ids.max()
                 if top.is_floating_point() and not torch.compiler.is_compiling() and not bool(torch.isfinite(top)):
                     raise ValueError(f"position_ids must be finite, got {float(top)}")
-                seq_len = (top if not top.is_floating_point() else torch.ceil(top).long()) + 1  # a traced value under torch.compile
+                # (a traced value under torch.compile; ids all negative: length 0, the original
+                # frequencies, as transformers' comparisons with the original length take them)
+                seq_len = torch.clamp((top if not top.is_floating_point() else torch.ceil(top).long()) + 1, min=0)
                 if key in self._longest_seen:
                     seq_len = self._dynamic_length(key, seq_len)
                 unscaled = self._unscaled.get(key)
