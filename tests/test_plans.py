@@ -403,6 +403,30 @@ def test_a_planned_call_gives_the_cold_calls_bits(name):
     _clear()
 
 
+SWAPPED_STEPS = {
+    "t5_bias": lambda a: pe.t5_bias(a, 1, 8),
+    "alibi_bias": lambda a: pe.alibi_bias(SLOPES.astype(a.dtype), 1, 8),
+    "relative_bias shaw": lambda a: pe.relative_bias("shaw", a[:9], 1, 8, max_distance=4),
+    "relative_bias deberta": lambda a: pe.relative_bias("deberta", a[:8], 1, 8, max_distance=4),
+    "expand_bias": lambda a: pe.expand_bias(a[:8, 0], 1, 8),
+    "kerple_bias": lambda a: pe.kerple_bias(SLOPES.astype(a.dtype), SLOPES.astype(a.dtype), 1, 8),
+}
+
+
+@pytest.mark.parametrize("name", SWAPPED_STEPS)
+def test_a_decode_step_of_byte_swapped_parameters_has_the_cold_calls_dtype(name):
+    """A decode step's plan read a byte-swapped table (or vector) backwards in its own byte
+    order, where the full path's Toeplitz expansion gives the native one: ``>f4`` from the
+    third call on, ``float32`` before."""
+    call = SWAPPED_STEPS[name]
+    swapped = TABLE.astype(">f4")
+    cold = _cold(lambda: call(swapped))
+    assert cold.dtype == np.float32
+    for _ in range(3):
+        _same(call(swapped), cold)
+    _clear()
+
+
 @pytest.mark.parametrize("fn", [pe.shaw_logits, pe.deberta_logits])
 @pytest.mark.parametrize("positions", [False, True])
 def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):

@@ -511,6 +511,13 @@ def _torch_wrap(params):
     return torch.from_numpy
 
 
+def _byte_swapped(a):
+    """A NumPy array of the other byte order: the full path's Toeplitz expansion (of a native
+    copy, ``_kernels.toeplitz_cpu``) gives a native result, a plan's row or reversed vector
+    ``a``'s own order, so such a decode step keeps the full path (one dtype on every call)."""
+    return type(a) is np.ndarray and not a.dtype.isnative
+
+
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
     if out is not None or chunks is not None:
         return None
@@ -519,7 +526,7 @@ def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positio
         return RowsPlan(kind, params, q_len, k_len, offset, options, recorded)
     if _per_token.given(query_positions, key_positions):
         return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options, recorded)
-    if q_len != 1:
+    if q_len != 1 or _byte_swapped(params):
         return None
     return BiasPlan(kind, params, options, recorded)
 
@@ -529,4 +536,4 @@ def build_vector(kind, params, q_len, k_len, *, offset, **options):
 
 
 def build_expand(vec, q_len, k_len, *, out, chunks):
-    return ExpandPlan(vec) if q_len == 1 and out is None and chunks is None and vec.ndim >= 1 else None
+    return ExpandPlan(vec) if q_len == 1 and out is None and chunks is None and vec.ndim >= 1 and not _byte_swapped(vec) else None
