@@ -427,6 +427,22 @@ def test_a_decode_step_of_byte_swapped_parameters_has_the_cold_calls_dtype(name)
     _clear()
 
 
+@pytest.mark.parametrize("given", ["both", "query", "key"])
+@pytest.mark.parametrize("kind", ["t5", "alibi"])
+def test_byte_swapped_int64_positions_get_the_cold_calls_bits_on_every_call(kind, given):
+    """A per-token bias plan read ``>i8`` positions (int64 by name) as the int64 its Numba
+    kernel takes: from the fourth call on (once its window was kept), numba's TypeError ("No
+    matching definition") where the cold call gave the bias."""
+    params, function = (TABLE, pe.t5_bias) if kind == "t5" else (SLOPES, pe.alibi_bias)
+    queries, keys = np.array([[40], [3]], ">i8"), np.array([[0, 5, 9, 30, 100, 7, 8, 2], np.arange(8)], ">i8")
+    positions = {"query_positions": queries, "key_positions": keys}
+    kwargs = {name: a for name, a in positions.items() if given in ("both", name.split("_")[0])}
+    cold = _cold(lambda: function(params, 1, 8, **kwargs))
+    for _ in range(5):
+        _same(function(params, 1, 8, **kwargs), cold)
+    _clear()
+
+
 @pytest.mark.parametrize("fn", [pe.shaw_logits, pe.deberta_logits])
 @pytest.mark.parametrize("positions", [False, True])
 def test_a_planned_logits_call_gives_the_cold_calls_gradients(fn, positions):

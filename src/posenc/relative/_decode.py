@@ -287,8 +287,9 @@ class PerTokenPlan:
         self.torch = type(params).__module__.startswith("torch")
         # The kept sources are of index-dtype distances: other integer distances are computed afresh.
         self.gather = isinstance(self.row, CachedRow) and math.prod(self.shape) > 0 and self.floats is None and qpos.dtype == kpos.dtype == self.row.keys.dtype
-        # Index-dtype positions (or left out) index the kept sources straight (``_indexed``).
-        self.indexed = self.gather and all(kind in (None, "int64") for kind in self.kinds)
+        # Index-dtype positions (or left out) index the kept sources straight (``_indexed``); in
+        # the other byte order (int64 by name) they are not the kernel's int64: summed first.
+        self.indexed = self.gather and all(kind in (None, "int64") for kind in self.kinds) and not any(map(_byte_swapped, (query_positions, key_positions)))
         self.queries = (0, q_len - 1) if query_positions is None else None
         self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
         shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
@@ -512,9 +513,10 @@ def _torch_wrap(params):
 
 
 def _byte_swapped(a):
-    """A NumPy array of the other byte order: the full path's Toeplitz expansion (of a native
-    copy, ``_kernels.toeplitz_cpu``) gives a native result, a plan's row or reversed vector
-    ``a``'s own order, so such a decode step keeps the full path (one dtype on every call)."""
+    """Whether ``a`` is a NumPy array of the other byte order. Parameters: the full path's
+    Toeplitz expansion (of a native copy, ``_kernels.toeplitz_cpu``) gives a native result, a
+    decode step's row or reversed vector ``a``'s own order, so such a step keeps the full
+    path (one dtype on every call). Positions: no kernel reads them as int64."""
     return type(a) is np.ndarray and not a.dtype.isnative
 
 
