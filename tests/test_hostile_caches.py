@@ -52,6 +52,42 @@ def test_9_decode_loop_of_the_one_query_biases_keeps_a_bounded_window():
         assert plan.launcher is not None and plan.launcher.row_keys.shape[1] <= _decode.HELD  # the kernel's key indices
 
 
+def test_a_decode_rows_keys_grown_by_two_threads_at_once_are_each_calls_own(monkeypatch):
+    """A Shaw (or DeBERTa) decode step's plan grows its key indices for a longer row. Thread
+    B, asking for 10 keys, read the short keys and was building its 10 when the main thread
+    grew them to 100 and, before it read them back, B stored its 10: the main thread's row
+    had 10 keys, not 100 (``relative_bias(..., 1, 100)`` of shape ``[heads, 1, 10]``)."""
+    import threading
+
+    row = _decode.Row("shaw", np.zeros((9, 2)), {"max_distance": 4})
+    waiting, stored = threading.Event(), threading.Event()
+
+    class Namespace:  # NumPy, but B's arange waits until the main thread has stored its keys
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def arange(self, n, **kwargs):
+            if n == 10:
+                waiting.set()
+                stored.wait(5)
+            return np.arange(n, **kwargs)
+
+    def keep(self, keys):
+        self.__dict__["kept"] = keys
+        if len(keys) == 100:  # B stores its keys between the main thread's store and its read
+            stored.set()
+            other.join(5)
+
+    monkeypatch.setattr(_decode.Row, "keys", property(lambda self: self.__dict__["kept"], keep), raising=False)
+    row.keys, row.xp = np.arange(0), Namespace()
+    found = {}
+    other = threading.Thread(target=lambda: found.update(b=row._keys(10)))
+    other.start()
+    assert waiting.wait(5)
+    assert row._keys(100).tolist() == list(range(100))
+    assert found["b"].tolist() == list(range(10))
+
+
 def test_10_split_chunks_cache_is_bounded():
     jnp = pytest.importorskip("jax.numpy")
     import jax

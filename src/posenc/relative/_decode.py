@@ -82,11 +82,12 @@ class Row:
 
     def _keys(self, k_len):
         xp = self.xp
+        keys = self.keys  # (one read: another thread may keep shorter keys meanwhile)
         if k_len > HELD:  # longer rows than a plan keeps: their keys afresh
-            return xp.arange(k_len, dtype=self.keys.dtype, device=self.device)
-        if self.keys.shape[0] < k_len:
-            self.keys = xp.arange(min(max(k_len, 2 * int(self.keys.shape[0])), HELD), dtype=self.keys.dtype, device=self.device)
-        return self.keys[:k_len]
+            return xp.arange(k_len, dtype=keys.dtype, device=self.device)
+        if keys.shape[0] < k_len:
+            keys = self.keys = xp.arange(min(max(k_len, 2 * int(keys.shape[0])), HELD), dtype=keys.dtype, device=self.device)
+        return keys[:k_len]
 
     def values(self, params, k_len, first, descending):
         """``[heads, k_len]`` at distances ``first - j`` (descending) or ``first + j``."""
