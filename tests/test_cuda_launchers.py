@@ -521,6 +521,39 @@ def test_rotate_pair_sends_q_and_k_to_one_launch(monkeypatch, dtype):
         _close(g, _rotate.rotate_cos_sin(a.copy(), cos, sin), dtype)
 
 
+def _apart(rng):
+    """``(q, k, cos, sin)`` whose k cannot share q's launch, by what sets it apart, and one
+    whose k can though its heads span two axes."""
+    standard = rng.standard_normal
+    heads = [t[:, :, None] for t in _tables(rng, 2, 5, 8, "half", "float64")]  # [b, 1, 1, s, d]: shared by two head axes
+    return {
+        # partial rotary tables (6 channels) beside q of 8 channels and k of 10
+        "channels": (standard((2, 4, 3, 8)), standard((2, 2, 3, 10)), *_tables(rng, 2, 3, 6, "half", "float64")),
+        # k [h, s, d] beside q [b, h, s, d], tables [s, d] broadcast over both
+        "leading axes": (standard((2, 4, 3, 8)), standard((4, 3, 8)), *[t[0, 0] for t in _tables(rng, 1, 3, 8, "half", "float64")]),
+        # two head axes, which merge into one in q; k takes the first two heads of the second (their strides do not merge)
+        "head axes": (standard((2, 3, 4, 5, 8)), standard((2, 3, 4, 5, 8))[:, :, :2], *heads),
+        # k takes every other head of the second: its two head axes merge too
+        "head axes that merge": (standard((2, 3, 4, 5, 8)), standard((2, 3, 4, 5, 8))[:, :, ::2], *heads),
+    }
+
+
+@pytest.mark.parametrize("case", ["channels", "leading axes", "head axes", "head axes that merge"])
+def test_q_and_k_share_a_launch_only_where_their_rows_line_up(monkeypatch, case):
+    """``rotate_pair`` of a k whose channels, count of leading axes or head axes do not line
+    up with q's (``_device_flat.NotAligned``): one launch each, each the reference's values;
+    one launch for both where k's two head axes merge, as q's do, though it has fewer heads."""
+    from posenc._kernels import rope_cuda
+    from posenc.rotary.apply import rotate_pair
+
+    q, k, cos, sin = _apart(np.random.default_rng(13))[case]
+    launches = counting_kernel_keys(monkeypatch, rope_cuda)
+    got = rotate_pair(*(_device(a) for a in (q, k, cos, sin)))
+    assert launches == [("apply", "float64", "half")] * (1 if case == "head axes that merge" else 2)
+    for g, a in zip(got, (q, k)):
+        np.testing.assert_array_equal(to_host(g), _rotate.rotate_cos_sin(a.copy(), cos, sin))
+
+
 def test_an_out_overlapping_x_other_than_exactly_gets_the_reference_values():
     """``out`` one element past ``x`` in the same memory: computed aside, then copied in."""
     from numba import cuda
@@ -843,6 +876,76 @@ def test_a_launch_enters_numbas_device_context_only_where_another_is_current(mon
             inside.append(current[0])
         assert current[0] == now
     assert inside == [11, 10, 11, 11]
+
+
+def test_a_span_reads_each_librarys_own_metadata(monkeypatch):
+    """``_device_flat.span`` of a CuPy array (byte strides) and of a numba device array on a
+    GPU (its device pointer; neither exists here, so each is stood in for by its metadata
+    over a NumPy array's memory): the address, shape and element strides of the view,
+    negative and transposed ones too, 16-bit floats as ``uint16`` bits (or every element as
+    its unsigned width); CuPy positions converted by CuPy's own ``astype`` (``device_values``)."""
+    import types as pytypes
+
+    from posenc._kernels import _device_flat
+
+    class Cupy:
+        def __init__(self, a):
+            self.data, self.shape, self.strides, self.dtype = pytypes.SimpleNamespace(ptr=a.ctypes.data), a.shape, a.strides, a.dtype
+            self.astype = a.astype
+
+    class NumbaOnGpu:
+        __module__ = "numba.cuda.cudadrv.devicearray"
+
+        def __init__(self, a):
+            self.device_ctypes_pointer, self.shape, self.strides, self.dtype = pytypes.SimpleNamespace(value=a.ctypes.data), a.shape, a.strides, a.dtype
+
+    monkeypatch.setattr(_arrays._compat, "is_cupy_array", lambda a: type(a) is Cupy)
+    base = np.arange(60, dtype=np.float16).reshape(3, 4, 5)
+    for view in (base, base[:, ::-2, 1:].transpose(2, 0, 1)):
+        want = _device_flat.Span(view.ctypes.data, view.shape, tuple(st // 2 for st in view.strides), np.dtype(np.uint16))
+        for stand_in in (Cupy(view), NumbaOnGpu(view)):
+            assert _device_flat.span(stand_in) == want
+            assert _device_flat.span(stand_in, unsigned=True) == want
+            assert _device_flat.span(stand_in, bits16=False) == want._replace(dtype=np.dtype(np.float16))
+    positions = np.array([3, 1, 2], np.int32)
+    assert np.array_equal(_device_flat.device_values(Cupy(positions), np.float64), positions.astype(np.float64))
+
+
+def test_a_flat_argument_read_as_words_is_whole_words_or_refused():
+    """``_device_flat.words`` on a GPU's flat argument (``Flat``): the same memory and owner
+    counted in words; an address or a size in bytes that is not a multiple of the word's
+    size is a ``ValueError`` (a kernel would read past the array), never a launch."""
+    from posenc._kernels import _device_flat
+
+    owner, u16, u32 = object(), np.dtype(np.uint16), np.dtype(np.uint32)
+    assert _device_flat.words(_device_flat.Flat(4096, 6, u16, owner), u32) == (4096, 3, u32, owner)
+    for address, size in ((4098, 6), (4096, 5)):
+        with pytest.raises(ValueError, match="not whole words of 4 bytes"):
+            _device_flat.words(_device_flat.Flat(address, size, u16), u32)
+
+
+def test_the_kept_constants_are_the_last_64_and_one_dropped_is_made_again(monkeypatch):
+    """``_device_flat.constant``: the last ``_KEPT`` constants are kept (a dynamic-NTK decode
+    loop brings new frequencies each step), the oldest dropped first; one dropped is copied
+    again when asked for, one kept is not."""
+    import types as pytypes
+
+    from posenc._kernels import _device_flat
+
+    copies = []
+
+    def to_device(values, stream):
+        copies.append(values.tolist())
+        return values
+
+    monkeypatch.setattr(_device_flat, "cuda", pytypes.SimpleNamespace(to_device=to_device))
+    monkeypatch.setattr(_device_flat, "_constants", type(_device_flat._constants)())
+    monkeypatch.setattr(_arrays, "cuda_simulator", lambda: True)
+    stream = pytypes.SimpleNamespace(synchronize=lambda: None)
+    made = [_device_flat.constant(0, np.array([float(n)]), stream) for n in range(_device_flat._KEPT + 2)]
+    assert len(_device_flat._constants) == _device_flat._KEPT and len(copies) == _device_flat._KEPT + 2
+    assert _device_flat.constant(0, np.array([float(_device_flat._KEPT + 1)]), stream) is made[-1] and len(copies) == _device_flat._KEPT + 2
+    assert _device_flat.constant(0, np.array([0.0]), stream) is not made[0] and copies[-1] == [0.0]
 
 
 def test_a_prepared_launch_changes_only_the_addresses_it_names(monkeypatch):
