@@ -990,25 +990,27 @@ def test_a_prepared_launch_is_not_ready_where_a_role_names_no_argument(monkeypat
     assert not device_flat.Prepared(launches, 0, {1004: "x"}).ready  # (inside x, not its first element)
 
 
-def _fake_plan_launches(monkeypatch, torch):
+def _fake_plan_launches(monkeypatch, torch, element=np.float32):
     """The CUDA plans (``rope_cuda_plan``) built and launched on torch CPU tensors standing in
     for CUDA ones: the launchers' geometry (``apply_rotation``, ``pair_rotation``) gives a
-    launch of three arrays and three ints per two operands, the driver is a list."""
+    launch of three arrays and three ints per two operands, the driver is a list. The kernel
+    reads its arrays as ``element`` (``np.uint64``: float32 channels in words of two)."""
     import contextlib
     import types as pytypes
 
+    import numba
     from numba import types
 
     from posenc._kernels import _device_flat, rope_cuda
 
     launched = []
-    writers = _device_flat.parameter_writers((types.Array(types.float32, 1, "C"), types.int64) * 3)
+    writers = _device_flat.parameter_writers((types.Array(numba.from_dtype(np.dtype(element)), 1, "C"), types.int64) * 3)
 
     def direct(kernel, device):
         return "function", writers, lambda stream, config, function, *params: launched.append(params), lambda grid, block: (grid, block), kernel
 
     def flat(a):
-        return _device_flat.Flat(a.data_ptr(), a.numel(), np.dtype(np.float32))
+        return _device_flat.Flat(a.data_ptr(), a.numel() * 4 // np.dtype(element).itemsize, np.dtype(element))
 
     def operand(x, out):
         return pytypes.SimpleNamespace(result=torch.empty(x.shape) if out is None else out)
@@ -1033,21 +1035,24 @@ def _fake_plan_launches(monkeypatch, torch):
     return launched
 
 
-def _fake_rotation(monkeypatch, torch):
+def _fake_rotation(monkeypatch, torch, element=np.float32):
     """``rope_cuda``'s rotation faked for ``rope_cuda_plan.RotatePlan`` (a launch of x, the
-    result and the positions, by address); returns the list of the positions each call of
-    the plan hands the kernel."""
+    result and the positions, by address, read as ``element``: ``_fake_plan_launches``);
+    returns the list of the positions each call of the plan hands the kernel."""
     import types as pytypes
 
     from posenc._kernels import _device_flat, rope_cuda, rope_cuda_plan
 
-    def rotation(x, positions, inv_freq, *, out, **_):
-        result = pytypes.SimpleNamespace(x_flat=_device_flat.Flat(x.data_ptr(), x.numel(), np.dtype(np.float32)))
-        result.o_flat = result.x_flat if out is x else _device_flat.Flat(torch.empty(x.shape).data_ptr(), x.numel(), np.dtype(np.float32))
-        flat = _device_flat.Flat(positions.data_ptr(), positions.numel(), np.dtype(np.float32))
-        return result, [("kernel", 1, (32, 1, 1), (result.x_flat, 1, result.o_flat, 2, flat, 3))], flat
+    def flat(address, count):
+        return _device_flat.Flat(address, count * 4 // np.dtype(element).itemsize, np.dtype(element))
 
-    _fake_plan_launches(monkeypatch, torch)
+    def rotation(x, positions, inv_freq, *, out, **_):
+        result = pytypes.SimpleNamespace(x_flat=flat(x.data_ptr(), x.numel()))
+        result.o_flat = result.x_flat if out is x else flat(torch.empty(x.shape).data_ptr(), x.numel())
+        positions_flat = flat(positions.data_ptr(), positions.numel())
+        return result, [("kernel", 1, (32, 1, 1), (result.x_flat, 1, result.o_flat, 2, positions_flat, 3))], positions_flat
+
+    _fake_plan_launches(monkeypatch, torch, element)
     monkeypatch.setattr(rope_cuda, "guard_rotate", lambda x, positions, inv_freq, out: inv_freq)
     monkeypatch.setattr(rope_cuda, "kernel_positions", lambda positions: positions)
     monkeypatch.setattr(rope_cuda, "rotation", rotation)
@@ -1167,6 +1172,59 @@ def test_a_rope_cuda_plan_for_int64_positions_serves_an_int_offset_only_where_it
             assert plan((x, positions), {"offset": offset}) is NotImplemented
 
 
+# name: (torch, t) -> (positions or None, offset, whether the plan serves it): an offset in host
+# memory beside CUDA x (the full path reads it: a plan serves it only where its int64 sums
+# cannot leave int64), uint64 positions (which the full path reads to widen)
+READ_BY_THE_FULL_PATH = {
+    "CPU int32 offset": lambda torch, t: (None, torch.tensor(t % 2**31, dtype=torch.int32), True),
+    "CPU int32 offset, int32 positions": lambda torch, t: (torch.tensor([4, 0, 9], dtype=torch.int32), torch.tensor(-(t % 2**31), dtype=torch.int32), True),
+    "CPU int64 offset": lambda torch, t: (None, torch.tensor(t), False),
+    "uint64 positions, int offset": lambda torch, t: (torch.tensor([1, 2, 2**40], dtype=torch.uint64), t, False),
+}
+
+
+@pytest.mark.parametrize("name", READ_BY_THE_FULL_PATH)
+def test_a_rope_cuda_plan_serves_offsets_the_full_path_reads_only_with_its_positions(monkeypatch, name):
+    """A ``rope`` plan on CUDA tensors whose calls give an offset in host memory, or uint64
+    positions, which the full path reads: each call is served with the int64 positions the
+    full path gives (``parse_rope``), reading nothing on the device, or left to the full
+    path (``NotImplemented``) where only a read could keep its sums within int64."""
+    import inspect
+
+    torch = pytest.importorskip("torch")
+    import fake_cuda
+    from posenc._kernels import rope_cuda_plan, rope_plan
+    from posenc.rotary._call import parse_rope
+
+    formed = _fake_rotation(monkeypatch, torch)
+    options = dict(inspect.unwrap(pe.rope).__kwdefaults__)
+
+    def arguments(t):
+        positions, offset, served = READ_BY_THE_FULL_PATH[name](torch, t)
+        return (None if positions is None else fake_cuda.cuda(positions)), offset, served
+
+    with fake_cuda.recording() as log:
+        x = fake_cuda.cuda(torch.randn(1, 4, 3, 8))
+        positions, offset, _ = arguments(3)
+        call = parse_rope(x, positions, **{**options, "offset": offset})
+        plan = rope_cuda_plan.RotatePlan(x, call, rope_plan._source(call, positions, offset), False, "half")
+        assert plan.ready
+        for t in (5, 0, 2**31 - 1, 2**62 + 1):
+            positions, offset, served = arguments(t)
+            log.clear()
+            formed.clear()
+            result = plan((x,) if positions is None else (x, positions), {"offset": offset})
+            assert log.lines() == [], t
+            if not served:
+                assert result is NotImplemented and formed == [], t
+                continue
+            expected = fake_cuda.host(parse_rope(x, positions, **{**options, "offset": offset}).positions)
+            assert isinstance(result, fake_cuda.FakeCuda), t
+            (held,) = formed
+            # (the kernel reads int64 positions as float64: the float64 values are what it rotates by)
+            assert torch.equal(fake_cuda.host(held).to(torch.float64).flatten(), expected.to(torch.float64).flatten()), (t, held, expected)
+
+
 def test_a_rope_cuda_plan_leaves_an_offset_in_the_memory_it_rotates_to_the_full_path(monkeypatch):
     """In place, an offset tensor summed on the device is served, but one in x's own
     storage is left to the full path (which refuses it), as positions there are."""
@@ -1240,6 +1298,101 @@ def test_an_apply_rope_plan_launches_with_each_calls_addresses(monkeypatch, in_p
     launched.clear()
     result = plan((buffer[:4].view(1, 4, 1, 8), buffer[4:], sin), {})
     assert (result is NotImplemented and not launched) if in_place else len(launched) == 2
+
+
+@pytest.mark.parametrize("plan", ["rope", "apply_rope", "rotate_pair"])
+def test_a_plan_whose_kernel_reads_words_leaves_an_array_between_words_to_the_full_path(monkeypatch, plan):
+    """A CUDA plan built where its kernel reads float32 ``x`` (or q) in words of two channels
+    (``rope_cuda.WORDS``) meets a later call of its key whose array starts one element into
+    a word (a view one float32 into its memory: the same shape and strides): the plan
+    launches nothing and returns ``NotImplemented`` (the full path serves the call, one
+    channel at a time); a call at a word's address is launched by the plan."""
+    torch = pytest.importorskip("torch")
+    from posenc._kernels import rope_cuda_plan
+
+    if plan == "rope":
+        _fake_rotation(monkeypatch, torch, np.uint64)
+    launched = _fake_plan_launches(monkeypatch, torch, np.uint64)
+
+    def x(between):
+        return torch.randn(2 * 4 * 3 * 8 + 1)[int(between) : int(between) + 2 * 4 * 3 * 8].reshape(2, 4, 3, 8)
+
+    def tables():
+        return torch.randn(3, 8), torch.randn(3, 8)
+
+    if plan == "rope":
+        import types as pytypes
+
+        from posenc._kernels import rope_plan
+
+        call = pytypes.SimpleNamespace(positions=torch.arange(3), inv_freq=np.ones(4), inverse=False, scale=1.0)
+        built = rope_cuda_plan.RotatePlan(x(False), call, rope_plan._Source((3,), None, None, "int64", None), False, "half")
+        run = lambda a: built((a, torch.arange(3)), {})  # noqa: E731
+    elif plan == "apply_rope":
+        built = rope_cuda_plan.ApplyPlan(x(False), *tables(), "half", False)
+        run = lambda a: built((a, *tables()), {})  # noqa: E731
+    else:
+        built = rope_cuda_plan.PairPlan(x(False), x(False), *tables(), "half")
+        run = lambda a: built((a, x(False), *tables()), {})  # noqa: E731
+    assert built.ready
+    launched.clear()
+    assert run(x(True)) is NotImplemented and launched == []
+    assert run(x(False)) is not NotImplemented and launched
+
+
+def test_the_cuda_plan_builders_plan_only_the_calls_a_plan_serves(monkeypatch):
+    """``rope_cuda_plan.build``, ``build_apply`` and ``build_pair`` (what ``rope_plan`` asks on
+    torch CUDA tensors; the simulator has none, so here the plans are recorded, not built):
+    a plan for a call whose full path ended in the kernel's launcher, into a new result or
+    ``x`` itself, at frequencies that do not depend on the positions, with torch positions
+    on ``x``'s device, a q and k that ``rotate_pair`` launches together, and a plan that is
+    ``ready``; None for any other call (its full path serves it)."""
+    import types as pytypes
+
+    torch = pytest.importorskip("torch")
+    import fake_cuda
+    import posenc.rotary.apply
+    from posenc._kernels import rope_cuda, rope_cuda_plan
+
+    ready = [True]
+
+    class Recorded:
+        def __init__(self, *args):
+            self.args, self.ready = args, ready[0]
+
+    for name in ("RotatePlan", "ApplyPlan", "PairPlan"):
+        monkeypatch.setattr(rope_cuda_plan, name, Recorded)
+    monkeypatch.setattr(_arrays, "cuda_simulator", lambda: False)
+    x, positions, cos = torch.randn(1, 2, 3, 8), torch.arange(3), torch.randn(3, 8)
+    call = pytypes.SimpleNamespace(kernel=lambda: rope_cuda.rotate_positions, positions=positions)
+    fixed, by_length = pytypes.SimpleNamespace(uses_seq_len=False), pytypes.SimpleNamespace(uses_seq_len=True)
+
+    def rope(out=None, scaling=None, call=call):
+        plan = rope_cuda_plan.build(x, call, "source", out=out, layout="half", scaling=scaling)
+        return plan and plan.args[3]  # (in place)
+
+    assert rope() is False and rope(out=x) is True and rope(scaling=fixed) is False
+    assert rope(out=torch.empty_like(x)) is None and rope(scaling=by_length) is None
+    for other in (np.arange(3), fake_cuda.cuda(positions)):  # not torch, not on x's device
+        assert rope(call=pytypes.SimpleNamespace(kernel=call.kernel, positions=other)) is None
+    assert rope(call=pytypes.SimpleNamespace(kernel=lambda: rope_cuda.rotate_cos_sin, positions=positions)) is None
+
+    applied = pytypes.SimpleNamespace(kernel=lambda: rope_cuda.rotate_cos_sin)
+    assert rope_cuda_plan.build_apply(x, cos, cos, applied, out=x, layout="half").args[4] is True
+    assert rope_cuda_plan.build_apply(x, cos, cos, applied, out=None, layout="interleaved").args[3:] == ("interleaved", False)
+    assert rope_cuda_plan.build_apply(x, cos, cos, applied, out=torch.empty_like(x), layout="half") is None
+    assert rope_cuda_plan.build_apply(x, cos, cos, call, out=None, layout="half") is None
+
+    together = [rope_cuda.rotate_cos_sin_pair]
+    monkeypatch.setattr(posenc.rotary.apply, "cuda_pair_launcher", lambda q, k, cos, sin, layout: together[0])
+    assert rope_cuda_plan.build_pair(x, x[:, :1], cos, cos, layout="half").args[1].shape == (1, 1, 3, 8)
+    for q, k, layout in ((x, x, "neox"), (x[:0], x, "half"), (x, x[..., :0, :], "half")):
+        assert rope_cuda_plan.build_pair(q, k, cos, cos, layout=layout) is None
+    together[0] = None
+    assert rope_cuda_plan.build_pair(x, x, cos, cos, layout="half") is None
+    together[0], ready[0] = rope_cuda.rotate_cos_sin_pair, False
+    assert rope_cuda_plan.build_pair(x, x, cos, cos, layout="half") is None and rope() is None
+    assert rope_cuda_plan.build_apply(x, cos, cos, applied, out=None, layout="half") is None
 
 
 def test_torch_stream_is_the_raw_handle_of_the_current_stream():
