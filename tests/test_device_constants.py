@@ -233,3 +233,75 @@ def test_host_constants_on_a_cupy_device_are_copied_once(monkeypatch):
     assert len(copies) == 1 and copies[0] is device and all(g is got[0] for g in got)
     assert np.array_equal(got[0], np.asarray(values, dtype=np.float32))
     assert _xp.constant_on(Namespace, (1, 2), np.int64, device).tolist() == [1, 2] and len(copies) == 2
+
+
+def test_a_constant_the_device_cannot_make_raises_its_error_in_the_callers_thread(fake_cuda, monkeypatch):
+    """A constant is made by a thread of its own: an error there (the device out of memory,
+    say) is the caller's ``torch_constant`` error, the same exception, and nothing is kept;
+    the next call makes it."""
+    refused = RuntimeError("CUDA out of memory")
+    real = torch.tensor
+
+    def failing(*args, **kwargs):
+        raise refused
+
+    monkeypatch.setattr(torch, "tensor", failing)
+    with pytest.raises(RuntimeError) as raised:
+        _device_constants.torch_constant((1.0, 0.5), torch.float64, CPU)
+    assert raised.value is refused and not _device_constants._kept
+    monkeypatch.setattr(torch, "tensor", real)
+    assert _device_constants.torch_constant((1.0, 0.5), torch.float64, CPU).tolist() == [1.0, 0.5]
+
+
+def test_a_capture_on_another_gpu_than_the_current_one_is_asked_on_that_gpu(fake_cuda, monkeypatch):
+    """A constant for ``cuda:1`` while ``cuda:0`` is current (two GPUs): whether a CUDA graph
+    is being captured is asked of ``cuda:1``'s current stream (inside ``torch.cuda.device``),
+    so a new constant while it captures is refused there, and one on a GPU whose stream does
+    not capture is made, whatever another GPU captures."""
+    import contextlib
+
+    current, capturing = [0], {0: False, 1: True}
+
+    @contextlib.contextmanager
+    def on(device):
+        before, current[0] = current[0], device.index
+        try:
+            yield
+        finally:
+            current[0] = before
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "device", on)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: capturing[current[0]])
+    second = torch.device("cuda", 1)
+    monkeypatch.setattr(_device_constants, "_made_apart", lambda torch, values, dtype, device: torch.tensor(values, dtype=dtype))
+    with pytest.raises(RuntimeError, match="outside the capture first"):
+        _device_constants.torch_constant((3.0,), torch.float64, second)
+    assert current == [0]
+    capturing.update({0: True, 1: False})
+    assert _device_constants.torch_constant((3.0,), torch.float64, second).tolist() == [3.0] and current == [0]
+
+
+def test_a_kept_cupy_array_is_waited_for_when_made_and_its_device_when_dropped(monkeypatch):
+    """On CuPy: the copy that makes a kept array is waited for on the current stream
+    (``_copied``: a call on any stream then reads it whole), and one dropped past ``_KEPT``
+    waits for its device's work first (``_released``). CuPy and its arrays stood in for."""
+    import sys
+    import types as pytypes
+
+    events = []
+
+    class Array(np.ndarray):
+        device = pytypes.SimpleNamespace(synchronize=lambda: events.append("device"))
+
+    stream = pytypes.SimpleNamespace(synchronize=lambda: events.append("stream"))
+    cupy = pytypes.SimpleNamespace(cuda=pytypes.SimpleNamespace(get_current_stream=lambda: stream))
+    monkeypatch.setitem(sys.modules, "cupy", cupy)
+    monkeypatch.setattr(_device_constants, "_compat", pytypes.SimpleNamespace(is_cupy_array=lambda a: isinstance(a, Array)))
+    monkeypatch.setattr(_device_constants, "_kept_arrays", type(_device_constants._kept_arrays)())
+    xp = pytypes.SimpleNamespace(__name__="cupy", asarray=lambda values, dtype, device, copy: np.array(values, dtype=dtype).view(Array))
+    first = _device_constants.kept_array(xp, np.array([0]), np.int64, "gpu0")
+    assert events == ["stream"] and isinstance(first, Array)
+    for n in range(1, _device_constants._KEPT + 1):
+        _device_constants.kept_array(xp, np.array([n]), np.int64, "gpu0")
+    assert events == ["stream"] * (_device_constants._KEPT + 1) + ["device"]
