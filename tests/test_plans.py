@@ -901,6 +901,48 @@ def test_a_planned_function_keeps_its_recent_signatures_past_the_bound(monkeypat
     _clear()
 
 
+def test_other_threads_calls_between_any_two_lines_of_a_plan_cache_step(monkeypatch):
+    """Another thread's calls of new signatures, run between any two lines of the cache's
+    ``get`` and ``put`` (a thread switch there), never make a call fail or change its numbers:
+    one that drops the key a ``put`` has just stored, before it is made the most recent,
+    made that call raise ``KeyError``."""
+    import itertools
+    import sys
+    import threading
+
+    _clear()
+    monkeypatch.setattr(pe.rope.plans, "limit", 2)
+    want = _cold(lambda: pe.rope(X, offset=5))
+    lengths, inside = itertools.count(X.shape[-2] + 1), []
+
+    def others():
+        for _ in range(2):
+            pe.rope(np.zeros((1, HEADS, next(lengths), DIM), np.float32))
+
+    def switching(frame, event, arg):
+        if event == "line" and not inside:
+            inside.append(frame.f_lineno)
+            thread = threading.Thread(target=others)
+            thread.start()
+            thread.join()
+            inside.clear()
+        return switching
+
+    def tracer(frame, event, arg):
+        steps = (_plans.PlanCache.get.__code__, _plans.PlanCache.put.__code__)
+        return switching if frame.f_code in steps else None
+
+    previous = sys.gettrace()
+    for _ in range(4):  # seen, planned, served
+        sys.settrace(tracer)
+        try:
+            found = pe.rope(X, offset=5)
+        finally:
+            sys.settrace(previous)
+        _same(found, want)
+    _clear()
+
+
 def _freed(make, call):
     """Whether the arrays ``make()`` returns die once the caller drops them, after planned calls."""
     arrays = make()

@@ -70,13 +70,16 @@ class PlanCache(OrderedDict):
         if plan is self:
             return default
         if not (plan and plan is self.last):  # (a built plan is its key's alone; _SEEN and False are shared)
-            self.move_to_end(key)
+            try:
+                self.move_to_end(key)
+            except KeyError:  # another thread's put dropped it meanwhile: still this call's plan
+                return plan
             self.last = plan
         return plan
 
     def put(self, key, plan):
+        self.pop(key, None)  # (then stored as the most recent in one step: no moment another thread's put could drop it)
         self[key] = plan
-        self.move_to_end(key)
         self.last = plan
         while len(self) > self.limit:
             self.popitem(last=False)
