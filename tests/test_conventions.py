@@ -313,6 +313,27 @@ def test_numpy_constants_among_torch_arrays_are_converted():
             torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)
 
 
+def test_byte_swapped_numpy_constants_among_torch_arrays_are_converted():
+    """A big-endian NumPy array (``'>f8'``, ``'>i8'``: read from a file written so) among torch
+    tensors is a host constant like a native one: torch's ``asarray`` refuses a byte-swapped
+    array (a ``ValueError`` about byte order, naming no argument), so every mixed call failed
+    where the all-NumPy call works; it is now the all-torch call's result."""
+    torch = pytest.importorskip("torch")
+    t, ti = _torch_builders(torch)
+    n, ni = (lambda *s: _filled(s).astype(">f8")), (lambda *s: np.zeros(s, dtype=">i8"))
+    mixed, alike = _mixed_library_calls(t, n, ti, ni), _mixed_library_calls(t, t, ti, ti)
+    for case, call in mixed.items():
+        got, want = call(), alike[case]()
+        for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
+            assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, case
+            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)
+    x = torch.asarray(_filled((3, 2, 5, 8)), dtype=torch.float32)
+    for offset in (np.array(7, dtype=">i8"), np.array([7, 7, 7], dtype=">u2")):
+        torch.testing.assert_close(pe.rope(x, offset=offset), pe.rope(x, offset=7), rtol=0, atol=0)
+    got = pe.sinusoidal(np.arange(4, dtype=">i4"), 8, xp=torch)
+    torch.testing.assert_close(got, pe.sinusoidal(torch.arange(4), 8), rtol=0, atol=0)
+
+
 def test_read_only_numpy_constants_among_torch_arrays_give_no_warning():
     """A read-only NumPy array (a broadcast, a memory map, ``np.asarray`` of a JAX array) among
     torch tensors is copied, not shared: torch warned once per process, in a UserWarning

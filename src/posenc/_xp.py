@@ -504,6 +504,8 @@ def _converted(xp, name, value, device):
     namespace holds it."""
     import numpy
 
+    if not value.dtype.isnative:  # (torch refuses a byte-swapped array: a '>i8' offset from a big-endian file)
+        value = value.astype(value.dtype.newbyteorder("="))
     dtype = getattr(xp, value.dtype.name, None) if value.dtype.kind in "fiub" else None
     if value.dtype == numpy.float64 and not has_float64(xp, device):
         dtype = xp.float32
