@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, namespace, unsplit
+from .._xp import cast, device_of, namespace, unsplit, widest_float
 
 
 def hierarchical_extend(table, length, *, alpha=0.4):
@@ -13,6 +13,9 @@ def hierarchical_extend(table, length, *, alpha=0.4):
     with :math:`u = (T - \alpha T_0) / (1 - \alpha)`, row :math:`p` of the extended table
     is :math:`\alpha\, u_{\lfloor p / n \rfloor} + (1 - \alpha)\, u_{p \bmod n}`. The first
     ``n`` rows equal ``table`` exactly, so a model keeps its trained positions and gains ``n*n``.
+    The others are computed as :math:`T_{p \bmod n} + \frac{\alpha}{1 - \alpha}(T_{\lfloor p/n
+    \rfloor} - T_0)` (the same rows) in float64 where the namespace has it, and rounded once
+    to the table's dtype.
 
     Parameters
     ----------
@@ -42,10 +45,11 @@ def hierarchical_extend(table, length, *, alpha=0.4):
     check.allocatable_unless_blocked("hierarchical_extend", (length, table.shape[1]), 8, table)
     device = device_of(table)
     table, _ = unsplit(table, 0)  # (its rows are taken, each row from two others)
-    t = cast(xp, table, compute_dtype(xp, table.dtype))
-    u = (t - alpha * t[0:1, :]) / (1.0 - alpha)
+    # The formula as T[p % n] + alpha / (1 - alpha) * (T[p // n] - T[0]), in float64 where the
+    # namespace has it, rounded once: no division for XLA to make a product by a reciprocal.
+    t = cast(xp, table, widest_float(xp, device))
     p = xp.arange(length, device=device)
-    rows = alpha * xp.take(u, p // n, axis=0) + (1.0 - alpha) * xp.take(u, p % n, axis=0)
-    # The formula gives table[p] for p < n; take those rows as they are, bit for bit.
-    rows = xp.where((p < n)[:, None], xp.take(t, p % n, axis=0), rows)
+    low = xp.take(t, p % n, axis=0)
+    rows = low + (alpha / (1.0 - alpha)) * (xp.take(t, p // n, axis=0) - t[0:1, :])
+    rows = xp.where((p < n)[:, None], low, rows)  # (table[p] even where T[0] - T[0] is NaN: an infinite T[0])
     return cast(xp, rows, table.dtype)
