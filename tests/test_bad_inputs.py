@@ -179,6 +179,8 @@ ABSOLUTE = {
     "floater dynamics adds an axis": (lambda: pe.floater(3, 4, dynamics=lambda p, t: p[None, :]), ValueError, "dynamics"),
     "floater dynamics of another width": (lambda: pe.floater(3, 4, dynamics=lambda p, t: p[:2]), ValueError, "dynamics"),
     "floater dynamics returns a list": (lambda: pe.floater(3, 2, dynamics=lambda p, t: [0.0, 1.0]), TypeError, "dynamics"),
+    # a complex derivative made the state complex, returned as its real part (a ComplexWarning only)
+    "floater dynamics returns complex": (lambda: pe.floater(3, 2, dynamics=lambda p, t: 1j * p, p0=np.ones(2)), TypeError, "must return a real array"),
     "apply_absolute table too short": (lambda: pe.apply_absolute(Z((5, 8)), Z((6, 8)), offset=2), ValueError, "table"),
     "apply_absolute table width": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 5))), ValueError, "table"),
     "apply_absolute negative offset": (lambda: pe.apply_absolute(Z((4, 6)), Z((10, 6)), offset=-1), ValueError, "offset"),

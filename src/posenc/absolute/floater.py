@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import cast, device_of, namespace, result_dtype, widest_float
+from .._xp import cast, device_of, is_integer, is_real_floating, namespace, result_dtype, widest_float
 from .sinusoidal import inverse_frequencies
 
 
@@ -22,7 +22,7 @@ def _rotation_dynamics(freqs, xp, device, dtype):
 
 
 def _checked(dynamics, dim):
-    """``dynamics`` whose every result is checked to be a ``[dim]`` derivative (or one that
+    """``dynamics`` whose every result is checked to be a real ``[dim]`` derivative (or one that
     broadcasts to it: a number, ``[1]``): a result of another shape made the state grow
     an axis per RK4 stage, until an ``IndexError`` deep inside or a silently wrong shape."""
 
@@ -35,6 +35,9 @@ def _checked(dynamics, dim):
             raise TypeError(f"dynamics(p, t) must return an array of shape ({dim},) (dp/dt), got {type(dp).__name__}")
         if tuple(shape) not in ((dim,), (1,), ()):
             raise ValueError(f"dynamics(p, t) must return an array of shape ({dim},) (dp/dt, like p), got shape {tuple(shape)}")
+        xp = namespace(dp)
+        if not (is_real_floating(xp, dp.dtype) or is_integer(xp, dp.dtype)):  # (a complex state was returned as its real part)
+            raise TypeError(f"dynamics(p, t) must return a real array (dp/dt, like p), got dtype {dp.dtype}")
         return dp
 
     return checked
