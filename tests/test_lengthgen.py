@@ -379,6 +379,14 @@ def test_sincos_2d_matches_mae(h, w, dim):
     assert with_cls.shape == (h * w + 1, dim) and not with_cls[0].any()
 
 
+@pytest.mark.parametrize(("h", "w", "dim"), [(14, 14, 768), (16, 16, 1024), (7, 9, 64)])
+def test_sincos_2d_is_maes_float64_table_bit_for_bit(h, w, dim):
+    """MAE's frequencies are ``1 / 10000**(k / quarter)`` by NumPy's ``power``; Python's
+    ``10000 ** (-k / quarter)`` differs from them by an ulp in some, and the float64 table had
+    differed from MAE's in 21,952 of 150,528 entries at ViT-B's 14 x 14 x 768 (up to 1.8e-15)."""
+    np.testing.assert_array_equal(pe.sincos_2d(h, w, dim, dtype=np.float64), mae_2d_sincos(dim, h, w))
+
+
 def _round_once(table, bits):
     """``table`` (float64, normal magnitudes) rounded once to ``bits`` significant bits, ties to even."""
     mantissa, exponent = np.frexp(table)

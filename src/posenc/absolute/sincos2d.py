@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _validate as check
-from .._xp import cast, cos_sin, index_dtype, namespace, result_dtype
+from .._xp import cast, cos_sin, index_dtype, namespace, result_dtype, trace_constant
+
+
+@trace_constant
+def mae_frequencies(quarter: int, base: float) -> tuple:
+    """Host float64 ``1 / base**(k / quarter)`` for ``k < quarter``, NumPy's ``power`` as MAE's
+    ``get_1d_sincos_pos_embed_from_grid`` computes them (``base**(-k / quarter)``, Python's
+    ``pow``, differs from it by an ulp in some)."""
+    return tuple((1.0 / np.power(base, np.arange(quarter, dtype=np.float64) / quarter)).tolist())
 
 
 def sincos_2d(grid_h, grid_w, dim, *, base=10000.0, cls_token=False, xp=None, device=None, dtype=None):
@@ -33,7 +43,8 @@ def sincos_2d(grid_h, grid_w, dim, *, base=10000.0, cls_token=False, xp=None, de
 
     Returns
     -------
-    array ``[grid_h * grid_w (+ 1), dim]``; angles in float64, rounded once.
+    array ``[grid_h * grid_w (+ 1), dim]``; angles in float64 (MAE's: its frequencies and
+    products, bit for bit), rounded once.
 
     Examples
     --------
@@ -56,7 +67,7 @@ def sincos_2d(grid_h, grid_w, dim, *, base=10000.0, cls_token=False, xp=None, de
     dtype = result_dtype(xp, dtype, device)
     check.allocatable("sincos_2d", (grid_h * grid_w + 1, dim), 8)
     quarter = dim // 4
-    freqs = [base ** (-k / quarter) for k in range(quarter)]
+    freqs = mae_frequencies(quarter, base)
     cell = xp.arange(grid_h * grid_w, dtype=index_dtype(xp, device), device=device)
     halves = []
     for coordinate in (cell % grid_w, cell // grid_w):
