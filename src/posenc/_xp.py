@@ -668,8 +668,7 @@ def widest_float(xp, device=None):
 def compute_dtype(xp, dtype):
     """The dtype to compute in for a result of ``dtype``: 16-bit floats compute in float32.
     A NumPy dtype in the other byte order (``>f8`` on x86) computes in its native twin."""
-    if isinstance(dtype, _numpy.dtype) and not dtype.isnative:
-        dtype = dtype.newbyteorder("=")
+    dtype = native_order(dtype)
     if dtype == xp.float32 or dtype == getattr(xp, "float64", None):
         return dtype
     return xp.float32
@@ -720,13 +719,21 @@ def pairwise_sum(xp, terms):
 
 def cast(xp, array, dtype):
     """``array`` as ``dtype`` (no copy when it already is). A float64 array cast to float16 or
-    bfloat16 is rounded once, to nearest, ties to even (``rounded_once``)."""
+    bfloat16 is rounded once, to nearest, ties to even (``rounded_once``). A NumPy ``dtype``
+    in the other byte order (``>f4`` on x86, an input's) gives its native twin: every result
+    is in this machine's order, whichever path computed it."""
+    dtype = native_order(dtype)
     if array.dtype == dtype:
         return array
     bits = _rounding(xp, array, dtype)
     if bits is not None:
         array = rounded_once(xp, array, *bits)
     return _astype(xp, array, dtype)
+
+
+def native_order(dtype):
+    """``dtype``, or its native twin where it is a NumPy dtype in the other byte order."""
+    return dtype if getattr(dtype, "isnative", True) else dtype.newbyteorder("=")
 
 
 def host_as(xp, values, dtype, device=None):
@@ -759,6 +766,7 @@ def _astype(xp, array, dtype):
 def cast_pair(xp, a, b, dtype):
     """``cast`` of ``a`` and ``b`` of one shape and dtype (a table's cos and sin), rounded in
     one pass where they are rounded (the same values: the rounding is elementwise)."""
+    dtype = native_order(dtype)
     if a.dtype != b.dtype or tuple(a.shape) != tuple(b.shape):
         return cast(xp, a, dtype), cast(xp, b, dtype)
     if a.dtype == dtype:
