@@ -76,6 +76,25 @@ def _logits_paths(logits, one="q1", many="q"):
     }
 
 
+def _relative(kind, **options):
+    return _bias_paths(lambda a, q, k, **kw: pe.relative_bias(kind, a[kind], q, k, **options, **kw))
+
+
+# Biases read from a table (gathered): the gather keeps the table's byte order and subclass.
+TABLE_BIASES = {
+    "t5_bias": _bias_paths(lambda a, q, k, **kw: pe.t5_bias(a["table"], q, k, **kw)),
+    "relative_bias shaw": _relative("shaw", max_distance=4),
+    "relative_bias deberta": _relative("deberta", max_distance=4),
+    "relative_bias_vector t5": {
+        "decode": lambda a: pe.relative_bias_vector("t5", a["table"], 1, 5),
+        "prefill": lambda a: pe.relative_bias_vector("t5", a["table"], 3, 5),
+    },
+    "relative_bias_vector shaw": {
+        "decode": lambda a: pe.relative_bias_vector("shaw", a["shaw"], 1, 5, max_distance=4),
+        "prefill": lambda a: pe.relative_bias_vector("shaw", a["shaw"], 3, 5, max_distance=4),
+    },
+}
+
 BIASES = {
     "alibi_bias": _bias_paths(lambda a, q, k, **kw: pe.alibi_bias(a["slopes"], q, k, **kw)),
     "relative_bias_vector alibi": {
@@ -149,7 +168,7 @@ ABSOLUTE = {
     "complex_order": {"positions": lambda a: pe.complex_order(a["amplitude"], a["amplitude"], a["amplitude"], a["float_positions"])},
 }
 
-FUNCTIONS = {**BIASES, **LOGITS, **ROTARY, **ABSOLUTE}
+FUNCTIONS = {**TABLE_BIASES, **BIASES, **LOGITS, **ROTARY, **ABSOLUTE}
 
 
 def _kind(result):

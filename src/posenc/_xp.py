@@ -736,6 +736,17 @@ def native_order(dtype):
     return dtype if getattr(dtype, "isnative", True) else dtype.newbyteorder("=")
 
 
+def host_plain(a):
+    """A NumPy array as a plain ``ndarray`` in native byte order (itself when it is one: no
+    copy), any other array as it is: what a path that gathers from ``a`` returns keeps
+    ``a``'s subclass (``np.memmap``) and byte order, where the others return plain native
+    arrays."""
+    if type(a) is _ndarray and a.dtype.isnative or not isinstance(a, _ndarray):
+        return a
+    a = _numpy.asarray(a)
+    return a.astype(native_order(a.dtype), copy=False)
+
+
 def host_as(xp, values, dtype, device=None):
     """Host float64 ``values`` (a tuple of numbers, or a NumPy array) as a ``dtype`` array of
     ``xp``, each rounded once: to float16 or bfloat16 as ``cast`` rounds (a namespace's own

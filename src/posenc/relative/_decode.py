@@ -514,28 +514,26 @@ def _torch_wrap(params):
 
 
 def _byte_swapped(a):
-    """Whether ``a`` is a NumPy array of the other byte order. Parameters: the full path's
-    Toeplitz expansion (of a native copy, ``_kernels.toeplitz_cpu``) gives a native result, a
-    decode step's row or reversed vector ``a``'s own order, so such a step keeps the full
-    path (one dtype on every call). Positions: no kernel reads them as int64."""
-    return type(a) is np.ndarray and not a.dtype.isnative
+    """Whether ``a`` is a NumPy array of the other byte order. Parameters: the full path
+    reads a native copy (``_xp.host_plain``) and gives a native result, a plan's row, vector
+    or gathered rows would be in ``a``'s own order, so such a call keeps the full path (one
+    dtype on every call). Positions: no kernel reads them as int64."""
+    return isinstance(a, np.ndarray) and not a.dtype.isnative
 
 
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
-    if out is not None or chunks is not None:
+    if out is not None or chunks is not None or _byte_swapped(params):
         return None
     recorded = _arrays.tracks_gradient(params)
     if _per_token.per_row(offset):
         return RowsPlan(kind, params, q_len, k_len, offset, options, recorded)
     if _per_token.given(query_positions, key_positions):
         return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options, recorded)
-    if q_len != 1 or _byte_swapped(params):
-        return None
-    return BiasPlan(kind, params, options, recorded)
+    return BiasPlan(kind, params, options, recorded) if q_len == 1 else None
 
 
 def build_vector(kind, params, q_len, k_len, *, offset, **options):
-    return VectorPlan(kind, params, options)
+    return None if _byte_swapped(params) else VectorPlan(kind, params, options)
 
 
 def build_expand(vec, q_len, k_len, *, out, chunks):

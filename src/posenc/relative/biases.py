@@ -14,7 +14,7 @@ from .. import _compat, _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
 from .._dispatch import call
-from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, mesh_axes, namespace, result_dtype, size, split_spec, unsplit, widest_float
+from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, host_plain, mesh_axes, namespace, result_dtype, size, split_spec, unsplit, widest_float
 from .buckets import deberta_bucket_options, deberta_buckets, t5_bucket_options, t5_reach
 from . import _args, _per_token
 from .indices import clipped, distance_count, distances, query_offset
@@ -328,6 +328,7 @@ def relative_bias_vector(kind, params, q_len, k_len, *, offset=None, **options):
     [[0.0, 0.0, 1.0, 2.0, 3.0]]
     """
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options)
+    params = host_plain(params)  # (validated: gathered as it is, its subclass and byte order would be the vector's)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), instead=_VECTOR_ROWS, reach=_reach(kind, options))
     check.allocatable("relative_bias_vector", (_heads_of(params), distance_count(q_len, k_len)), 8)  # (Dask's too: a blocked bias reads it whole)
     return _vector(xp, kind, params, q_len, k_len, offset, options)
@@ -431,6 +432,7 @@ def relative_bias(kind, params, q_len, k_len, *, offset=None, query_positions=No
     """
     arrays = {"query_positions": query_positions, "key_positions": key_positions, "out": out}
     xp, kind, q_len, k_len, options = _checked(kind, params, q_len, k_len, options, **arrays)
+    params = host_plain(params)  # (validated: gathered as it is, its subclass and byte order would be the bias's)
     if _per_token.given(query_positions, key_positions, offset):
         return _per_token_bias(xp, kind, params, q_len, k_len, offset, query_positions, key_positions, out, chunks, options)
     offset = query_offset(offset, q_len, k_len, xp=xp, device=device_of(params), reach=_reach(kind, options))
