@@ -2,8 +2,8 @@
 
 A function has several paths: the Array-API reference, the Numba kernels, the decode-step
 plans kept after a few calls, one offset per batch row, per-token positions, the Toeplitz
-expansion. NumPy inputs held in the other byte order (``>f4`` on x86), read-only or in an
-``np.memmap`` give on every path, and on every call, a plain ``np.ndarray`` in this
+expansion. NumPy inputs held in the other byte order (``>f4`` on x86), read-only, in an
+``np.memmap`` or in another subclass of ``np.ndarray`` give on every path, and on every call, a plain ``np.ndarray`` in this
 machine's byte order, of the dtype, shape and values of the native inputs' result (what
 the kernels, which read native copies, always gave: ``pe.rope(x.astype(">f8"))`` is
 float64). ``out=`` of either byte order is written and returned as it is.
@@ -18,7 +18,7 @@ import posenc as pe
 
 H, D = 2, 8
 ROWS = np.array([4, 3])  # one offset per batch row
-STORAGES = ("native", "swapped", "readonly", "memmap")
+STORAGES = ("native", "swapped", "readonly", "memmap", "subclass")
 CALLS_PER_PATH = 5  # a decode step is planned after a few calls
 
 
@@ -39,9 +39,15 @@ def _inputs():
     }  # fmt: skip
 
 
+class _Subclass(np.ndarray):
+    """A subclass of NumPy's array that keeps its type through ufuncs and indexing."""
+
+
 def _stored(storage, a, directory):
     if storage == "native":
         return a
+    if storage == "subclass":
+        return a.view(_Subclass)
     if storage == "swapped":
         return a.astype(a.dtype.newbyteorder())
     if storage == "readonly":
@@ -104,7 +110,7 @@ BIASES = {
     "expand_bias": {"decode": lambda a: pe.expand_bias(a["vec"][:, 4:], 1, 5), "prefill": lambda a: pe.expand_bias(a["vec"][:, 2:], 3, 5)},
     "kerple_bias log": _bias_paths(lambda a, q, k, **kw: pe.kerple_bias(a["r1"], a["r2"], q, k, **kw)),
     "kerple_bias power": _bias_paths(lambda a, q, k, **kw: pe.kerple_bias(a["r1"], a["r2"], q, k, kind="power", **kw)),
-    "fire_bias": _bias_paths(lambda a, q, k, **kw: pe.fire_bias(lambda z: z * a["slopes"], q, k, **kw)),
+    "fire_bias": _bias_paths(lambda a, q, k, **kw: pe.fire_bias(lambda z: z * np.asarray(a["slopes"]), q, k, **kw)),
     "sandwich_bias": _bias_paths(lambda a, q, k, **kw: pe.sandwich_bias(q, k, D, heads=H, **kw)),
 }
 
@@ -215,3 +221,15 @@ def test_out_of_either_byte_order_is_the_result_on_every_call(name, tmp_path):
                 out = np.full(want.shape, np.nan, want.dtype.newbyteorder(order))
                 assert OUT[name](arrays, out) is out
                 np.testing.assert_array_equal(out, want, err_msg=f"{name}, {storage} inputs, out {out.dtype.str}, call {n + 1}")
+
+
+def test_a_numpy_subclass_among_torch_tensors_is_a_host_constant(tmp_path):
+    """An ``np.memmap`` (or other subclass) beside torch tensors is converted as a plain NumPy
+    array is, not refused as an array of another library."""
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(_inputs()["x"])
+    positions = np.arange(3)
+    want = pe.rope(x, positions)
+    for storage in ("memmap", "subclass"):
+        got = pe.rope(x, _stored(storage, positions, tmp_path))
+        assert type(got) is torch.Tensor and torch.equal(got, want), storage

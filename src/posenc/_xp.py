@@ -468,18 +468,27 @@ def host_constants(fn):
     library, onto their device, with the precision it carries (its dtype, or the widest the
     namespace holds: float32 / int32 for JAX without x64, whose int32 range is checked).
     Arrays of two device libraries stay a ``TypeError`` naming them (:func:`one_kind`), a 0-d
-    one among them too; ``out=`` is never converted (it is written, not read)."""
+    one among them too; ``out=`` is never converted (it is written, not read). An array of a
+    subclass of NumPy's (``np.memmap``, ``np.matrix``) is read as a plain ``ndarray``: a
+    path that computes with its ufuncs or indexing would otherwise return the subclass,
+    where a kernel returns ``ndarray``."""
 
     @wraps(fn)
     def call(*args, **kwargs):
         values = (*args, *kwargs.values())
         kinds = set(map(type, values))
         # All NumPy (a decode step's planned call), or no NumPy and one type beyond plain values: nothing to convert or check.
-        if NDARRAY_OR_PLAIN.issuperset(kinds) or _ndarray not in kinds and len(kinds - PLAIN) < 2:
+        if NDARRAY_OR_PLAIN.issuperset(kinds):
+            return fn(*args, **kwargs)
+        others = kinds - PLAIN
+        if _ndarray not in kinds and len(others) < 2 and not issubclass(others.pop() if others else type(None), _ndarray):
             return fn(*args, **kwargs)
         if _ndarray not in kinds and torch_compiling():  # (what Dynamo traces holds torch tensors only)
             return fn(*args, **kwargs)
         bound = _signature(fn).bind(*args, **kwargs)
+        for n, v in bound.arguments.items():
+            if n != "out" and type(v) is not _ndarray and isinstance(v, _ndarray) and not isinstance(v, _numpy.ma.MaskedArray):
+                bound.arguments[n] = _numpy.asarray(v)  # (masked arrays are refused by name where they are validated)
         host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
         others = {n: v for n, v in bound.arguments.items() if n != "out" and _device_array(v)}
         xp = one_kind(**others)
