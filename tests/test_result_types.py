@@ -36,6 +36,7 @@ def _inputs():
         "p": f(5, D), "uq": f(D, D), "uk": f(D, D), "absolute": f(10, D), "kernel": f(3, D), "amplitude": f(5, D),
         "positions": np.arange(5), "query_positions": np.array([[4], [3]]), "float_positions": np.arange(0.0, 15.0, 3.0, dtype=np.float32),
         "inv_freq": pe.rope_frequencies(D)[0], "grid": np.stack([np.arange(3), np.zeros(3, np.int64)], -1),
+        "rel": np.arange(-6, 6).reshape(3, 4), "weight": f(2 * D, 4), "distances": np.arange(4.0, dtype=np.float32),
     }  # fmt: skip
 
 
@@ -174,7 +175,16 @@ ABSOLUTE = {
     "complex_order": {"positions": lambda a: pe.complex_order(a["amplitude"], a["amplitude"], a["amplitude"], a["float_positions"])},
 }
 
-FUNCTIONS = {**TABLE_BIASES, **BIASES, **LOGITS, **ROTARY, **ABSOLUTE}
+# One path each, but the rule is the library's: indices cast back to rel's dtype, rows taken from w.
+SINGLE = {
+    "t5_bucket": {"rel": lambda a: pe.t5_bucket(a["rel"])},
+    "deberta_bucket": {"rel": lambda a: pe.deberta_bucket(a["rel"], bucket_size=4, max_position=16)},
+    "clip_relative": {"rel": lambda a: pe.clip_relative(a["rel"], 2)},
+    "permute_qk_weight": {"rows": lambda a: pe.permute_qk_weight(a["weight"], "interleaved", "half", head_dim=D)},
+    "rope_decay": {"distances": lambda a: pe.rope_decay(a["distances"], D)},
+}
+
+FUNCTIONS = {**TABLE_BIASES, **BIASES, **LOGITS, **ROTARY, **ABSOLUTE, **SINGLE}
 
 
 def _kind(result):

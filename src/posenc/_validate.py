@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_tensor, torch_without_data, trace_constant, widest_float
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, native_order, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_tensor, torch_without_data, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -231,7 +231,9 @@ def narrowed(name, result, dtype, low, high, xp):
     """An integer ``result`` computed in the index dtype, as ``dtype`` (a narrower integer
     dtype an argument came in) when every value it can take, ``low .. high`` (known from
     the options, not read from the data), fits there; ``ValueError`` naming ``name`` and
-    the dtype otherwise."""
+    the dtype otherwise. A NumPy dtype in the other byte order gives its native twin, as
+    every result is."""
+    dtype = native_order(dtype)
     if result.dtype == dtype:
         return result
     info = xp.iinfo(dtype)

@@ -11,7 +11,7 @@ import numpy as np
 from .. import _compat
 from .. import _validate as check
 from .._dispatch import call, reference
-from .._xp import device_of, explicit_sharding, namespace, resplit, searched, torch_compiling, trace_constant, unsplit, widest_float
+from .._xp import device_of, explicit_sharding, host_plain, namespace, resplit, searched, torch_compiling, trace_constant, unsplit, widest_float
 
 
 # The most T5 buckets: far past T5's 32; each log-spaced bucket's start is found one at a time
@@ -145,7 +145,7 @@ def t5_bucket(rel, *, bidirectional=True, num_buckets=32, max_distance=128):
     check.integer_array("rel", rel, xp)
     num_buckets, max_distance, bidirectional = t5_bucket_options(num_buckets, max_distance, bidirectional)
     check.allocatable_unless_blocked("t5_bucket", tuple(rel.shape), 8, rel)
-    wide = check.widened("rel", rel, xp, device_of(rel))
+    wide = check.widened("rel", host_plain(rel), xp, device_of(rel))
     buckets = call("t5_buckets", wide, num_buckets=num_buckets, max_distance=max_distance, bidirectional=bidirectional)
     return check.narrowed("a T5 bucket", buckets, rel.dtype, 0, num_buckets - 1, xp)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import argument_in, cast, cos_sin, device_of, is_real_floating, namespace, pairwise_sum, result_dtype
+from .._xp import argument_in, cast, cos_sin, device_of, host_plain, is_real_floating, namespace, pairwise_sum, result_dtype
 from .scaling import frequency_table
 
 
@@ -50,7 +50,7 @@ def rope_decay(distances, dim, *, base=10000.0, xp=None, device=None, dtype=None
     if check.is_array(distances):
         xp, distances = argument_in("distances", distances, xp, device)
         device = device_of(distances)
-        distances = check.positions("distances", distances, xp)
+        distances = host_plain(check.positions("distances", distances, xp))
         out_dtype = dtype if dtype is not None else (distances.dtype if is_real_floating(xp, distances.dtype) else xp.float32)
         out_dtype = result_dtype(xp, out_dtype, device)
         m = distances

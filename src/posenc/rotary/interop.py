@@ -7,7 +7,7 @@ import numpy as np
 from .. import _dispatch, _plans
 from . import _signatures
 from .. import _validate as check
-from .._xp import device_of, namespace, resplit, unsplit
+from .._xp import device_of, host_plain, namespace, resplit, unsplit
 from . import _args, _call, _chain, _rows
 from ._rotate import _join, _pairs
 from .scaling import frequency_table
@@ -195,6 +195,7 @@ def permute_qk_weight(w, src, dst, *, head_dim, rotary_dim=None):
     check.array("w", w)
     xp = namespace(w)
     check.ndim("w", w, minimum=1)
+    w = host_plain(w)  # (its rows taken as they are would keep a subclass and the other byte order)
     src = _args.layout("src", src)
     dst = _args.layout("dst", dst)
     head_dim = check.even_dim("head_dim", head_dim)
