@@ -299,34 +299,26 @@ def _torch_builders(torch):
     )
 
 
-def test_numpy_constants_among_torch_arrays_are_converted():
+@pytest.mark.parametrize("order", ["=", ">"])
+def test_numpy_constants_among_torch_arrays_are_converted(order):
     """A NumPy array among torch ones is a host constant: converted into torch, with its
-    float64 precision; the result equals the all-torch call's."""
-    torch = pytest.importorskip("torch")
-    t, ti = _torch_builders(torch)
-    n, ni = (lambda *s: _filled(s)), (lambda *s: np.zeros(s, dtype=np.int64))
-    mixed, alike = _mixed_library_calls(t, n, ti, ni), _mixed_library_calls(t, t, ti, ti)
-    for case, call in mixed.items():
-        got, want = call(), alike[case]()
-        for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
-            assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, case
-            torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)
-
-
-def test_byte_swapped_numpy_constants_among_torch_arrays_are_converted():
-    """A big-endian NumPy array (``'>f8'``, ``'>i8'``: read from a file written so) among torch
-    tensors is a host constant like a native one: torch's ``asarray`` refuses a byte-swapped
+    float64 precision; the result equals the all-torch call's. A big-endian one (``'>f8'``,
+    ``'>i8'``: read from a file written so) too: torch's ``asarray`` refuses a byte-swapped
     array (a ``ValueError`` about byte order, naming no argument), so every mixed call failed
-    where the all-NumPy call works; it is now the all-torch call's result."""
+    where the all-NumPy call works."""
     torch = pytest.importorskip("torch")
     t, ti = _torch_builders(torch)
-    n, ni = (lambda *s: _filled(s).astype(">f8")), (lambda *s: np.zeros(s, dtype=">i8"))
+    n, ni = (lambda *s: _filled(s).astype(order + "f8")), (lambda *s: np.zeros(s, dtype=order + "i8"))
     mixed, alike = _mixed_library_calls(t, n, ti, ni), _mixed_library_calls(t, t, ti, ti)
     for case, call in mixed.items():
         got, want = call(), alike[case]()
         for g, w in zip(*((r if isinstance(r, tuple) else (r,)) for r in (got, want))):
             assert isinstance(g, torch.Tensor) and g.dtype == w.dtype, case
             torch.testing.assert_close(g, w, rtol=0, atol=0, msg=case)
+
+
+def test_byte_swapped_numpy_offsets_and_positions_among_torch_arrays_are_converted():
+    torch = pytest.importorskip("torch")
     x = torch.asarray(_filled((3, 2, 5, 8)), dtype=torch.float32)
     for offset in (np.array(7, dtype=">i8"), np.array([7, 7, 7], dtype=">u2")):
         torch.testing.assert_close(pe.rope(x, offset=offset), pe.rope(x, offset=7), rtol=0, atol=0)
