@@ -50,9 +50,22 @@ class FakeCuda(torch.Tensor):
         return f"FakeCuda({self.elem!r})"
 
 
-def cuda(t):
-    """``t`` (a CPU tensor) as a FakeCuda tensor (its values copied)."""
-    return FakeCuda(t.detach().clone())
+class FakeSecondCuda(FakeCuda):
+    """A FakeCuda tensor on ``cuda:1`` (what is computed from it says ``cuda:0``: for the
+    checks that refuse it beside ``cuda:0`` tensors before any work)."""
+
+    @staticmethod
+    def __new__(cls, elem):
+        made = torch.Tensor._make_wrapper_subclass(
+            cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype, device=torch.device("cuda", 1), requires_grad=elem.requires_grad
+        )
+        made.elem = elem
+        return made
+
+
+def cuda(t, index=0):
+    """``t`` (a CPU tensor) as a FakeCuda tensor on ``cuda:index`` (0 or 1; its values copied)."""
+    return (FakeCuda, FakeSecondCuda)[index](t.detach().clone())
 
 
 def host(t):

@@ -459,6 +459,48 @@ def test_what_needs_host_values_or_another_device_still_reads_them():
         assert pe.t5_bias(torch.randn(32, 2), 1, 6, offset=fake_cuda.cuda(torch.tensor(5))).device.type == "cpu" and len(log) == 9
 
 
+def _offset_calls():
+    """``name -> call(a, o)``: calls whose 0-d offset (or ``seq_len``) ``o`` is read on the
+    host where it is not on an accelerator beside theirs, their arrays made by ``a``."""
+    g = torch.Generator().manual_seed(4)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    x, q, k, table, slopes, u = r(1, 4, 3, 8), r(2, 3, 4, 8), r(2, 3, 6, 8), r(32, 2), r(2), r(8, 8)
+    table_k, p, v = r(7, 8), r(6, 8), r(2, 3, 8)
+    return {
+        "rope": lambda a, o: pe.rope(a(x), offset=o),
+        "rope dynamic seq_len": lambda a, o: pe.rope(a(x), scaling=pe.scaling.DynamicNTK(2.0, 4), seq_len=o),
+        "t5_bias": lambda a, o: pe.t5_bias(a(table), 3, 6, offset=o),
+        "alibi_bias": lambda a, o: pe.alibi_bias(a(slopes), 3, 6, offset=o),
+        "relative_bias t5": lambda a, o: pe.relative_bias("t5", a(table), 3, 6, offset=o),
+        "kerple_bias": lambda a, o: pe.kerple_bias(a(slopes.abs()), a(slopes.abs()), 3, 6, offset=o),
+        "sandwich_bias": lambda a, o: pe.sandwich_bias(3, 6, 8, offset=o, xp=torch, device=a(x).device),
+        "shaw_logits": lambda a, o: pe.shaw_logits(a(q), a(k), a(table_k), max_distance=K, offset=o),
+        "cope_positions": lambda a, o: pe.cope_positions(a(q), a(k), offset=o),
+        "tupe_logits": lambda a, o: pe.tupe_logits(a(q), a(k), a(p), a(u), a(u), offset=o),
+        "apply_absolute": lambda a, o: pe.apply_absolute(a(v), a(p), offset=o),
+    }
+
+
+@pytest.mark.parametrize("name", list(_offset_calls()))
+def test_an_offset_on_another_gpu_is_refused_unread(name):
+    """A 0-d offset (``seq_len``) on ``cuda:1`` beside arrays on ``cuda:0``, or on ``cuda:0``
+    beside arrays on ``cuda:1``, was read on the host (a synchronisation on a GPU the call
+    does not run on) and the call went on with its number, one way round or both, by every
+    function here but ``rope`` with a plain offset. Now a ``ValueError`` naming it, before
+    anything is read. On the CPU it is read as before."""
+    call = _offset_calls()[name]
+    what = "seq_len" if "seq_len" in name else "offset"
+    with pe.use_backend("reference"), fake_cuda.recording() as log:
+        for arrays, there in ((fake_cuda.cuda, 1), (lambda t: fake_cuda.cuda(t, 1), 0)):
+            with pytest.raises(ValueError, match=f"^{what} (is|must be) on") as refused:
+                call(arrays, fake_cuda.cuda(torch.tensor(2), there))
+            assert f"cuda:{there}" in str(refused.value)
+        assert not log, log.lines()
+        got = fake_cuda.host(call(fake_cuda.cuda, torch.tensor(2)))
+    with pe.use_backend("reference"):
+        assert torch.equal(got, call(lambda t: t, 2))
+
+
 def _rope_calls():
     """``name -> (offset, positions) -> call(c)``: ``rope`` calls whose offset (an int, 0-d
     or one per batch row) or positions are on the GPU, their arrays made by ``c``."""

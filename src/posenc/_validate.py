@@ -413,6 +413,19 @@ def computed_on(name, value, device):
     return value
 
 
+def read_on_its_gpu(name, value, device):
+    """A torch ``value`` about to be read on the host (an offset, frequencies) beside arrays
+    on ``device``: a ``ValueError`` naming it where both are accelerators but not the same
+    one, before the read (a synchronisation on a GPU the call does not run on, its number
+    then used on another). One on the CPU, or on a GPU beside host arrays, is read."""
+    if not torch_tensor(value) or device is None or value.device.type == "cpu":
+        return value
+    want = _torch().device(device)
+    if want.type != "cpu" and (value.device.type != want.type or want.index is not None and value.device.index != want.index):
+        raise ValueError(f"{name} is on {value.device}, the other arguments on {device}: move it to {device} (or pass a CPU value)")
+    return value
+
+
 def even_dim(name, value):
     """A positive even integer (feature sizes that hold (cos, sin) pairs)."""
     value = integer(name, value, minimum=1, static=True)

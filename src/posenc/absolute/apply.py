@@ -49,7 +49,7 @@ def apply_absolute(x, table, *, mode="add", offset=0):
     check.ndim("x", x, minimum=2)
     check.ndim("table", table, exactly=2)
     mode = check.choice("mode", mode, MODES)
-    offset = check.computed_on("offset", _args.per_row("offset", offset, xp), device)
+    offset = check.computed_on("offset", _args.per_row("offset", check.read_on_its_gpu("offset", offset, device), xp), device)
     length, dim = x.shape[-2], x.shape[-1]
     if table.shape[1] != dim:
         raise ValueError(f"table must have {dim} columns to match x.shape[-1], got shape {tuple(table.shape)}")

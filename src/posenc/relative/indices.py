@@ -93,7 +93,7 @@ def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None, re
         clamped = saturated(xp, check.widened("offset", offset, xp, device), q_len, k_len, reach, device)
         if clamped is not None:
             return check.computed_on("offset", clamped, device)
-    return check.relative_offset(scalar_offset(offset, instead), q_len, k_len, xp, device)
+    return check.relative_offset(scalar_offset(offset, instead, device=device), q_len, k_len, xp, device)
 
 
 def saturated(xp, offset, q_len, k_len, reach, device):
@@ -144,15 +144,16 @@ PER_ROW = (
 )
 
 
-def scalar_offset(offset, instead=None, *, minimum=None):
+def scalar_offset(offset, instead=None, *, minimum=None, device=None):
     """A relative function's ``offset`` of one value for every row (an int, a 0-d integer
     array or a traced one, ``>= minimum``); one per batch row is a ``TypeError`` that says
-    what takes it (``instead``: the caller's own advice)."""
+    what takes it (``instead``: the caller's own advice), one on another GPU than
+    ``device`` (the other arguments') a ``ValueError`` (:func:`posenc._validate.read_on_its_gpu`)."""
     if check.is_array(offset) and offset.ndim > 0:
         raise TypeError(
             f"offset must be an integer or a 0-d integer array here, got an array of shape {tuple(offset.shape)}: {instead or PER_ROW}"
         )
-    return check.integer_or_traced("offset", offset, minimum=minimum)
+    return check.integer_or_traced("offset", check.read_on_its_gpu("offset", offset, device), minimum=minimum)
 
 
 def distance_count(q_len, k_len):

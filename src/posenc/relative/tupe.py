@@ -157,7 +157,8 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
     rows = per_row(offset)
     if not rows:
         offset = k_len - q_len if offset is None else offset
-        offset = check.relative_offset(scalar_offset(offset, minimum=0), q_len, k_len, device=device_of(q, k))
+        device = device_of(q, k)
+        offset = check.relative_offset(scalar_offset(offset, minimum=0, device=device), q_len, k_len, device=device)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
     for name, u in (("uq", uq), ("uk", uk)):
