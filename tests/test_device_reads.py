@@ -459,6 +459,39 @@ def test_what_needs_host_values_or_another_device_still_reads_them():
         assert pe.t5_bias(torch.randn(32, 2), 1, 6, offset=fake_cuda.cuda(torch.tensor(5))).device.type == "cpu" and len(log) == 9
 
 
+def _frequency_calls():
+    """``name -> call(a, f)``: calls of frequencies ``f`` (``new_inv_freq``'s where named),
+    their other arrays made by ``a``."""
+    x, freqs = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(5)), torch.from_numpy(pe.rope_frequencies(8)[0])
+    return {
+        "rope_cos_sin": lambda a, f: pe.rope_cos_sin(a(torch.arange(3)), f),
+        "mrope_cos_sin": lambda a, f: pe.mrope_cos_sin(a(torch.zeros(3, 4, dtype=torch.int64)), f, [2, 1, 1]),
+        "rerotate": lambda a, f: pe.rerotate(a(x), a(torch.tensor(2)), f),
+        "rerotate new_inv_freq": lambda a, f: pe.rerotate(a(x), a(torch.arange(3)), a(freqs), new_inv_freq=f),
+        "rerotate new_inv_freq beside host inv_freq": lambda a, f: pe.rerotate(a(x), a(torch.arange(3)), freqs.numpy(), new_inv_freq=f),
+    }, freqs
+
+
+@pytest.mark.parametrize("name", list(_frequency_calls()[0]))
+def test_frequencies_on_another_gpu_are_refused_unread(name):
+    """Frequencies on ``cuda:1`` beside positions or keys on ``cuda:0`` (or the other way
+    round) were read back value by value (``_args._host_floats``: one synchronisation each,
+    on a GPU the call does not run on) and the call went on. Now a ``ValueError`` naming
+    them, before anything is read; on the CPU they are read as before."""
+    calls, freqs = _frequency_calls()
+    call, what = calls[name], "new_inv_freq" if "new_inv_freq" in name else "inv_freq"
+    with pe.use_backend("reference"), fake_cuda.recording() as log:
+        for arrays, there in ((fake_cuda.cuda, 1), (lambda t: fake_cuda.cuda(t, 1), 0)):
+            with pytest.raises(ValueError, match=f"^{what} is on cuda:{there}"):
+                call(arrays, fake_cuda.cuda(freqs, there))
+        assert not log, log.lines()
+        got = call(fake_cuda.cuda, freqs)
+    with pe.use_backend("reference"):
+        want = call(lambda t: t, freqs)
+    for g, w in zip(got if isinstance(got, tuple) else [got], want if isinstance(want, tuple) else [want]):
+        assert torch.equal(fake_cuda.host(g), w)
+
+
 def _offset_calls():
     """``name -> call(a, o)``: calls whose 0-d offset (or ``seq_len``) ``o`` is read on the
     host where it is not on an accelerator beside theirs, their arrays made by ``a``."""

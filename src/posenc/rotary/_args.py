@@ -35,13 +35,15 @@ def inv_freq(name, value, xp, device=None):
     that requires grad), or are floats on an accelerator that is ``device`` (the tables',
     where reading them is a synchronisation per value), the array itself, to compute with
     inside the graph (the same float64 products; there, non-finite frequencies give
-    non-finite tables rather than a ``ValueError``)."""
+    non-finite tables rather than a ``ValueError``). Torch ones on another GPU than
+    ``device``: ``ValueError`` (:func:`posenc._validate.read_on_its_gpu`)."""
     if check.is_array(value) and not isinstance(value, np.ndarray):
         if namespace(value) is not xp:
             raise TypeError(
                 f"{name} must be a NumPy array, a sequence, or an array of the same namespace as the other "
                 f"arguments ({xp.__name__}), got {type(value).__name__}"
             )
+        check.read_on_its_gpu(name, value, device)
         if not check.is_eager(value) or (getattr(value, "requires_grad", False) and _grad_enabled()) or _on_device(value, device, xp):
             check.float_array(name, value, xp)
             if value.ndim != 1 or value.shape[0] == 0:

@@ -358,6 +358,8 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
         raise TypeError("rerotate needs inv_freq (the frequencies x was rotated with), or scaling= and seq_len=")
     if seq_len is not None or rotary_dim is not None:
         raise ValueError("seq_len and rotary_dim are read with scaling= only; with inv_freq the frequencies say both")
+    for name, f in (("inv_freq", inv_freq), ("new_inv_freq", new_inv_freq)):
+        check.read_on_its_gpu(name, f, device)  # (both, before either is read)
     # (both kept on the accelerator, unread, or both read: their difference is of two of a kind)
     kept = all(_args.kept_on_device(f, xp, device) for f in (inv_freq, new_inv_freq) if f is not None)
     freqs = _args.rerotation_inv_freq("inv_freq", inv_freq, xp, device, kept)
