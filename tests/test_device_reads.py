@@ -492,6 +492,29 @@ def test_frequencies_on_another_gpu_are_refused_unread(name):
         assert torch.equal(fake_cuda.host(g), w)
 
 
+@pytest.mark.parametrize("name", ["cope_logits pos_emb", "cope_logits mask", "cope_positions mask"])
+def test_cope_refuses_a_table_or_mask_on_another_device_before_computing(name):
+    """CoPE checked ``q`` and ``k`` for one device but not ``pos_emb`` nor ``mask``: one on
+    the CPU or on ``cuda:1`` beside ``cuda:0`` queries went on to the matmul or ``where``
+    (torch's ``RuntimeError`` there on a GPU; here the harness records the CPU operand).
+    Now a ``ValueError`` naming it first; a 0-d CPU mask (a scalar) is taken as before."""
+    g = torch.Generator().manual_seed(6)
+    q, k, table, mask = torch.randn(2, 3, 4, 8, generator=g), torch.randn(2, 3, 6, 8, generator=g), torch.randn(6, 8, generator=g), torch.rand(4, 6, generator=g) > 0.3
+    c = fake_cuda.cuda
+    call, value = {
+        "cope_logits pos_emb": (lambda t: pe.cope_logits(c(q), c(k), t, mask=c(mask)), table),
+        "cope_logits mask": (lambda m: pe.cope_logits(c(q), c(k), c(table), mask=m), mask),
+        "cope_positions mask": (lambda m: pe.cope_positions(c(q), c(k), mask=m), mask),
+    }[name]
+    with pe.use_backend("reference"), fake_cuda.recording() as log:
+        for other in (value, c(value, 1)):
+            with pytest.raises(ValueError, match=f"^{name.split()[1]} must be on device cuda:0"):
+                call(other)
+        assert not log, log.lines()
+        if value is mask:
+            assert torch.equal(fake_cuda.host(call(torch.tensor(True))), fake_cuda.host(call(c(torch.ones(4, 6, dtype=torch.bool)))))
+
+
 def _offset_calls():
     """``name -> call(a, o)``: calls whose 0-d offset (or ``seq_len``) ``o`` is read on the
     host where it is not on an accelerator beside theirs, their arrays made by ``a``."""

@@ -29,6 +29,7 @@ def _check(q, k, xp, causal, offset, scale, mask):
     scale = 1.0 / math.sqrt(int(q.shape[-1])) if scale is None else check.real("scale", scale, positive=True)
     if mask is not None:
         check.boolean_mask("mask", mask, xp)
+        check.computed_on("mask", mask, device_of(q, k))
         try:
             if broadcast_shapes(tuple(mask.shape), logits_shape) != logits_shape:
                 raise ValueError
@@ -207,6 +208,7 @@ def cope_logits(q, k, pos_emb, *, causal=True, offset=None, scale=None, mask=Non
     xp = namespace(q, k, pos_emb, mask)
     q_len, k_len, offset, scale, shape = _check(q, k, xp, causal, offset, scale, mask)
     check.float_array("pos_emb", pos_emb, xp)
+    check.computed_on("pos_emb", pos_emb, device_of(q, k))
     check.ndim("pos_emb", pos_emb, minimum=2)
     if int(pos_emb.shape[-1]) != int(q.shape[-1]):
         raise ValueError(f"pos_emb must be [..., P, d] with d = {q.shape[-1]} (q's last axis), got shape {tuple(pos_emb.shape)}")
