@@ -515,6 +515,32 @@ def test_cope_refuses_a_table_or_mask_on_another_device_before_computing(name):
             assert torch.equal(fake_cuda.host(call(torch.tensor(True))), fake_cuda.host(call(c(torch.ones(4, 6, dtype=torch.bool)))))
 
 
+@pytest.mark.parametrize("name", ["alibi_bias", "relative_bias", "expand_bias", "tupe_logits"])
+def test_an_argument_on_another_device_is_named(name):
+    """A bias's ``out`` (or ``tupe_logits``' ``p``) on the CPU, on ``cuda:1`` or of NumPy beside
+    ``cuda:0`` arrays was refused as ``arrays on different devices in one call: [device(type=
+    'cuda', index=0), device(type='cpu')]`` (or of different kinds), naming no argument. Now
+    the message says which argument is where, before any work."""
+    g = torch.Generator().manual_seed(7)
+    slopes, table, vec, q, k, p, u = (torch.randn(*s, generator=g) for s in ((2,), (32, 2), (2, 8), (2, 3, 4, 8), (2, 3, 6, 8), (6, 8), (8, 8)))
+    c, result = fake_cuda.cuda, torch.empty(2, 3, 6)
+    call, what = {
+        "alibi_bias": (lambda o: pe.alibi_bias(c(slopes), 3, 6, out=o), "out"),
+        "relative_bias": (lambda o: pe.relative_bias("t5", c(table), 3, 6, out=o), "out"),
+        "expand_bias": (lambda o: pe.expand_bias(c(vec), 3, 6, out=o), "out"),
+        "tupe_logits": (lambda o: pe.tupe_logits(c(q), c(k), o, c(u), c(u)), "p"),
+    }[name]
+    value = p if name == "tupe_logits" else result
+    with pe.use_backend("reference"), fake_cuda.recording() as log:
+        for other, where in ((value, "cpu"), (c(value, 1), "cuda:1")):
+            with pytest.raises(ValueError, match=f"{what} on {where}"):
+                call(other)
+        if what == "out":
+            with pytest.raises(TypeError, match=f"{what}: numpy.ndarray"):
+                call(value.numpy())
+    assert not log, log.lines()
+
+
 def _offset_calls():
     """``name -> call(a, o)``: calls whose 0-d offset (or ``seq_len``) ``o`` is read on the
     host where it is not on an accelerator beside theirs, their arrays made by ``a``."""

@@ -431,10 +431,13 @@ def host_constant_like(name, value, like):
 def one_kind(**named):
     """The namespace of the arrays ``named``, which must be of one library, 0-d ones too (an
     offset or a length given as an array is computed with the others, or would be read as if
-    it were of their library): else :func:`namespace`'s ``TypeError``, naming the arguments."""
+    it were of their library): else :func:`namespace`'s ``TypeError``, naming the arguments
+    (one library's own refusal, such as an outdated array-api-strict's, as it is)."""
     try:
         return namespace(*named.values())
     except TypeError as exc:
+        if len({_kind(a) for a in named.values()}) < 2:
+            raise
         raise _mixed(named.values(), named) from exc
 
 
@@ -550,6 +553,15 @@ def device_of(*arrays):
     if len(devices) > 1:
         raise ValueError(f"arrays on different devices in one call: {devices}; move them to one device first")
     return devices[0] if devices else None
+
+
+def one_device(**named):
+    """:func:`device_of` of the arrays ``named``, its ``ValueError`` naming each one's device."""
+    try:
+        return device_of(*named.values())
+    except ValueError:
+        where = ", ".join(f"{name} on {device_of(a)}" for name, a in named.items())
+        raise ValueError(f"arrays on different devices in one call: {where}; move them to one device first") from None
 
 
 def _jax_placement(a, device):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import broadcast_shapes, compute_dtype, device_of, namespace, size
+from .._xp import broadcast_shapes, compute_dtype, one_device, one_kind, size
 
 
 def query_key(q, k, xp, *, names=("q", "k")):
@@ -58,13 +58,13 @@ def logits_shape(batch, q_len, k_len):
 def namespace_of(**arrays):
     """The namespace of named array arguments (``None`` skipped), each checked to be an array first.
 
-    Then checks that they share one device: arrays of two libraries are a ``TypeError``
-    naming both (the library is checked before the device).
+    Then checks that they share one device: arrays of two libraries are a ``TypeError``,
+    arrays on two devices a ``ValueError``, naming each argument's (the library is checked
+    before the device).
     """
     given = {name: a for name, a in arrays.items() if a is not None}
     for name, a in given.items():
         check.array(name, a)
-    values = list(given.values())
-    xp = namespace(*values)
-    device_of(*values)
+    xp = one_kind(**given)
+    one_device(**given)
     return xp
