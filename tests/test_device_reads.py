@@ -424,6 +424,39 @@ def test_a_causal_module_call_with_offsets_past_int64_is_masked_as_the_nearest_o
             assert torch.equal(got, m.attend(q, k, v, causal=True, offset=torch.tensor(nearest)))
 
 
+@pytest.mark.parametrize("name", list(_modules()) + ["RotaryEmbedding"])
+def test_a_module_refuses_an_offset_mask_or_query_on_another_device_before_computing(name):
+    """A module on ``cuda:0`` had read a 0-d offset on ``cuda:1`` (``indices.query_offset``: a
+    synchronisation on a GPU the call does not run on), and had let a mask on the CPU or on
+    ``cuda:1`` (and, for ALiBi, T5, KERPLE and FIRE, queries on another device than its
+    parameters) go on to torch's ``RuntimeError`` deep in the call. Now each is a
+    ``ValueError`` naming it, before anything is read or computed."""
+    import posenc.torch as pt
+
+    m = {**_modules(), "RotaryEmbedding": lambda: pt.RotaryEmbedding(8)}[name]().requires_grad_(False)
+    g = torch.Generator().manual_seed(8)
+    q, k, v = (torch.randn(4, 2, n, 8, generator=g) for n in (Q, KEYS, KEYS))
+    c, c1, mask = fake_cuda.cuda, (lambda t: fake_cuda.cuda(t, 1)), torch.ones(Q, KEYS, dtype=torch.bool)
+    calls = {
+        "^offset is on cuda:1": lambda: m.attend(c(q), c(k), c(v), causal=True, offset=c1(torch.tensor(2))),
+        "^mask must be on device cuda:0.*got cpu": lambda: m.attend(c(q), c(k), c(v), mask=mask),
+        "^mask must be on device cuda:0.*got cuda:1": lambda: m.attend(c(q), c(k), c(v), mask=c1(mask)),
+    }
+    if any(True for _ in m.parameters()) or any(True for _ in m.buffers()):
+        calls["is on cuda:0, q on cpu"] = lambda: m.attend(q, k, v)
+        calls["is on cuda:0, q on cuda:1"] = lambda: m.logits(c1(q), c1(k))
+    else:  # (its constants are made on q's device)
+        calls["^offset is on cuda:0"] = lambda: m.attend(c1(q), c1(k), c1(v), causal=True, offset=c(torch.tensor(2)))
+    for message, call in calls.items():
+        _, log = _on_fake_gpu_module(m, lambda _: _refused(message, call))
+        assert not log, (message, log.lines())
+
+
+def _refused(message, call):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
 def test_offsets_beside_positions_are_still_refused_on_a_gpu():
     """Per-row offsets added to given query positions are read and checked on a GPU too (the
     sums of both are not clamped), so one past the int64 sums is still a ``ValueError``."""

@@ -72,6 +72,7 @@ class PositionalModule(nn.Module):
         """Pre-softmax scores ``[batch, heads, q_len, k_len]``, scale included, of ``q``'s dtype
         (computed with the module's parameters as they are, then rounded once)."""
         _check_query_key(q, k, heads=self.num_heads, head_dim=self.head_dim)
+        self._beside(q)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "logits")
         logits = self.scores(q, k, offset, **positions)
         return logits if logits.dtype == q.dtype else logits.to(q.dtype)
@@ -80,6 +81,7 @@ class PositionalModule(nn.Module):
                query_positions=None, key_positions=None) -> torch.Tensor:
         """Softmax attention ``[batch, heads, q_len, d_v]`` with this encoding, of ``v``'s dtype."""
         _check_query_key(q, k, v, heads=self.num_heads, head_dim=self.head_dim)
+        self._beside(q)
         check.flag("causal", causal)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
         rows = (*offset.shape, 1) if indices.per_row(offset) else None  # (one offset per batch row: its axes lead)
@@ -118,6 +120,7 @@ class PositionalModule(nn.Module):
         ``offset`` per batch row is validated (:func:`row_offsets`) where the module takes it
         (``call``, the method, names it otherwise); so is a 0-d one on an accelerator
         (:meth:`_kept_on_device`), not read: the function it goes to clamps or reads it."""
+        check.read_on_its_gpu("offset", offset, q.device)
         if indices.per_row(offset):
             if not self.takes_row_offsets:
                 raise TypeError(f"{type(self).__name__}'s {call} takes one offset for every row, got one of shape {tuple(offset.shape)}: {ROWS}")
@@ -133,6 +136,14 @@ class PositionalModule(nn.Module):
                 "ShawRelative, DeBERTaRelative, FIRE, KERPLE, Sandwich)"
             )
         return offset, {"query_positions": query_positions, "key_positions": key_positions}
+
+    def _beside(self, q):
+        """The module's parameters and buffers must be on ``q``'s device (``ValueError``
+        naming the first that is not: torch's ``RuntimeError`` deep in the call otherwise)."""
+        for tensors in (self.named_parameters(), self.named_buffers()):
+            for name, t in tensors:
+                if t.device != q.device:
+                    raise ValueError(f"{type(self).__name__}.{name} is on {t.device}, q on {q.device}: move the module (module.to(q.device)) or q, k and v")
 
     def _kept_on_device(self, offset, q) -> bool:
         """Whether ``offset`` is a 0-d tensor on ``q``'s accelerator that this module's functions
@@ -238,6 +249,7 @@ def allowed_keys(shape, device, *, causal, offset, mask):
     if mask is not None:
         if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
             raise TypeError(f"mask must be a boolean tensor (True = may attend), got {type(mask).__name__ if not isinstance(mask, torch.Tensor) else mask.dtype}")
+        check.computed_on("mask", mask, device)
         try:
             torch.broadcast_shapes(mask.shape, shape)
         except RuntimeError:
