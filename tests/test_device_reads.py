@@ -574,6 +574,30 @@ def test_an_argument_on_another_device_is_named(name):
     assert not log, log.lines()
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda:1"])
+@pytest.mark.parametrize("name", ["sinusoidal", "fire_distances", "sandwich_bias", "sandwich_bias xp=torch"])
+def test_a_device_argument_other_than_the_positions_is_refused(name, device):
+    """Positions on ``cuda:0`` with ``device="cpu"`` or ``"cuda:1"`` gave a result on
+    ``cuda:0``, the ``device=`` dropped without a word (and ``sandwich_bias``/``fire_distances``
+    read the positions' range there). Now a ``ValueError`` naming both, nothing read;
+    ``device="cuda"`` (any CUDA device) still takes them."""
+    positions = torch.arange(3)
+    call = {
+        "sinusoidal": lambda p, d: pe.sinusoidal(p, 8, device=d),
+        "fire_distances": lambda p, d: pe.fire_distances(3, 6, query_positions=p, device=d),
+        "sandwich_bias": lambda p, d: pe.sandwich_bias(3, 6, 8, query_positions=p, device=d),
+        "sandwich_bias xp=torch": lambda p, d: pe.sandwich_bias(3, 6, 8, query_positions=p, xp=torch, device=d),
+    }[name]
+    with pe.use_backend("reference"), fake_cuda.recording() as log:
+        with pytest.raises(ValueError, match=f"positions is on cuda:0 but device={device}"):
+            call(fake_cuda.cuda(positions), device)
+        assert not log, log.lines()
+        got = call(fake_cuda.cuda(positions), "cuda")
+    assert got.device == torch.device("cuda", 0)
+    with pe.use_backend("reference"):
+        assert torch.equal(fake_cuda.host(got), call(positions, None))
+
+
 def _offset_calls():
     """``name -> call(a, o)``: calls whose 0-d offset (or ``seq_len``) ``o`` is read on the
     host where it is not on an accelerator beside theirs, their arrays made by ``a``."""

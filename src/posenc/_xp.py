@@ -398,14 +398,28 @@ def argument_in(name, value, xp, device=None):
     and ``device=``: with ``xp`` given, a NumPy ``value`` is a host constant, converted into
     it (onto ``device``), and an array of another library is a ``TypeError`` naming both."""
     if xp is None:
-        return namespace(value), value
+        return namespace(value), _on_given_device(name, value, device)
     given = _given_namespace(xp)
     found = namespace(value)
     if found is given:
-        return given, value
+        return given, _on_given_device(name, value, device)
     if type(value) is _ndarray:
         return given, _converted(given, name, value, device)
     raise TypeError(f"{name} is a {type(value).__module__}.{type(value).__qualname__} but xp={given.__name__}: pass one namespace")
+
+
+def _on_given_device(name, value, device):
+    """A torch ``value`` with axes beside ``device=``: on that device (``"cuda"``: any CUDA
+    device), else a ``ValueError`` naming both, rather than a result on ``value``'s device.
+    A 0-d one (an offset) is checked where it is read or computed with."""
+    if device is None or not torch_tensor(value) or value.ndim == 0:
+        return value
+    import torch
+
+    want = torch.device(device)
+    if value.device.type != want.type or want.index is not None and value.device.index != want.index:
+        raise ValueError(f"{name} is on {value.device} but device={device}: pass one device")
+    return value
 
 
 def arguments_in(xp, device, **arrays):
@@ -413,7 +427,7 @@ def arguments_in(xp, device, **arrays):
     that also takes ``xp=`` and ``device=``: each as :func:`argument_in` gives it with
     ``xp`` given, else unchanged in their common namespace."""
     if xp is None:
-        return namespace(*arrays.values()), arrays
+        return namespace(*arrays.values()), {name: _on_given_device(name, a, device) for name, a in arrays.items()}
     given = {name: argument_in(name, a, xp, device)[1] for name, a in arrays.items() if a is not None}
     return _given_namespace(xp), {**arrays, **given}
 

@@ -52,7 +52,8 @@ def sinusoidal(positions, dim, *, base=10000.0, layout="interleaved", xp=None, d
     layout : {"interleaved", "half"}
     xp, device, dtype
         Namespace, device and float dtype of the result when ``positions`` is an int
-        (NumPy, float32 by default). For a position array they follow the array; a float
+        (NumPy, float32 by default). For a position array they follow the array (a torch
+        one on another device than a given ``device`` is a ``ValueError``); a float
         position array keeps its dtype unless ``dtype`` is given.
 
     Returns
