@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, native_order, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_tensor, torch_without_data, trace_constant, widest_float
+from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, native_order, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_device_is, torch_tensor, torch_without_data, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -407,8 +407,7 @@ def computed_on(name, value, device):
     naming it otherwise (torch's ``RuntimeError`` once computing)."""
     if not torch_tensor(value) or device is None or value.ndim == 0 and value.device.type == "cpu":
         return value
-    want = _torch().device(device)  # (a device= given as a string: "cuda" is any CUDA device)
-    if value.device.type != want.type or want.index is not None and value.device.index != want.index:
+    if not torch_device_is(value.device, _torch().device(device)):  # (a device= given as a string: "cuda" is any CUDA device)
         raise ValueError(f"{name} must be on device {device}, the other arguments', got {value.device}")
     return value
 
@@ -421,7 +420,7 @@ def read_on_its_gpu(name, value, device):
     if not torch_tensor(value) or device is None or value.device.type == "cpu":
         return value
     want = _torch().device(device)
-    if want.type != "cpu" and (value.device.type != want.type or want.index is not None and value.device.index != want.index):
+    if want.type != "cpu" and not torch_device_is(value.device, want):
         raise ValueError(f"{name} is on {value.device}, the other arguments on {device}: move it to {device} (or pass a CPU value)")
     return value
 

@@ -416,10 +416,15 @@ def _on_given_device(name, value, device):
         return value
     import torch
 
-    want = torch.device(device)
-    if value.device.type != want.type or want.index is not None and value.device.index != want.index:
+    if not torch_device_is(value.device, torch.device(device)):
         raise ValueError(f"{name} is on {value.device} but device={device}: pass one device")
     return value
+
+
+def torch_device_is(device, want):
+    """Whether torch ``device`` is ``want`` (a ``torch.device``; one without an index: any
+    device of its type, as ``"cuda"`` names the current one)."""
+    return device.type == want.type and (want.index is None or device.index == want.index)
 
 
 def arguments_in(xp, device, **arrays):
@@ -530,8 +535,7 @@ def _converted(xp, name, value, device):
     namespace holds it."""
     import numpy
 
-    if not value.dtype.isnative:  # (torch refuses a byte-swapped array: a '>i8' offset from a big-endian file)
-        value = value.astype(value.dtype.newbyteorder("="))
+    value = host_plain(value)  # (torch refuses a byte-swapped array: a '>i8' offset from a big-endian file)
     dtype = getattr(xp, value.dtype.name, None) if value.dtype.kind in "fiub" else None
     if value.dtype == numpy.float64 and not has_float64(xp, device):
         dtype = xp.float32
