@@ -536,3 +536,12 @@ def test_torch_kerple_power_decode_steps_are_the_last_rows(per_token):
         assert torch.equal(bias(1, k_len), full[:, k_len - 1 : k_len, :k_len]), k_len
         if k_len >= 3:
             assert torch.equal(bias(3, k_len), full[:, k_len - 3 : k_len, :k_len]), k_len
+
+
+def test_every_public_function_has_a_docstring_example():
+    """DESIGN.md: a public function's docstring gives its formula, its paper and a short
+    example, a doctest that runs with the suite (``--doctest-modules``); the backend
+    switches and the ``scaling`` module excepted."""
+    exempt = {"get_backend", "set_backend", "use_backend", "scaling"}
+    missing = [name for name in pe.__all__ if name not in exempt and ">>>" not in (getattr(pe, name).__doc__ or "")]
+    assert missing == []

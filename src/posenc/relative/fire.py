@@ -25,8 +25,14 @@ def fire_distances(
 ):
     r"""FIRE's normalised distances ``[q_len, k_len]``: ``psi(|i - j|) / (psi(max(L, i)) + eps)``.
 
-    ``psi(x) = log(|c x| + 1)``, ``i = offset + row`` the query position, ``j`` the key
-    position, ``L = |threshold|`` (see :func:`fire_bias`). ``c`` and ``threshold`` may be
+    .. math::
+
+        x_{ij} = \frac{\psi(i - j)}{\psi(\max(L, i)) + \epsilon}, \qquad \psi(x) = \log(|c\,x| + 1)
+
+    the input of FIRE's learned function (Li et al., "Functional Interpolation for Relative
+    Positions Improves Long Context Transformers", ICLR 2024; :func:`fire_bias` applies
+    the function). ``i = offset + row`` is the query position, ``j`` the key
+    position, ``L = |threshold|``. ``c`` and ``threshold`` may be
     0-d float arrays (learned parameters: the result then follows their namespace and
     carries their gradient). With per-token positions ``i`` and ``j`` are
     ``query_positions[..., row]`` (plus ``offset``, 0 by default) and ``key_positions[...,
@@ -35,6 +41,21 @@ def fire_distances(
     (without positions) is clamped, not read, to the offsets whose positions and distances
     fit int64 (the host's bits for each; past them, a ``ValueError`` on the host, the
     distances of the nearest).
+
+    Parameters
+    ----------
+    q_len, k_len : int >= 0
+    offset, query_positions, key_positions : as in :func:`fire_bias`
+    c, threshold : float > 0 or 0-d float arrays
+    eps : float >= 0
+    xp, device, dtype : namespace (NumPy, or that of ``c``/``threshold``/the positions),
+        device and float dtype (float32) of the result
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> pe.fire_distances(2, 3, c=1.0, threshold=1.0, eps=0.0, dtype=np.float64).round(4).tolist()   # queries at 1, 2
+    [[1.0, 0.0, 1.0], [1.0, 0.6309, 0.0]]
     """
     q_len = check.integer("q_len", q_len, minimum=0)
     k_len = check.integer("k_len", k_len, minimum=0)

@@ -125,9 +125,39 @@ def _power(xp, base, exponent):
 
 
 def sandwich_vector(q_len, k_len, dim, *, heads=None, offset=None, base=10000.0, xp=None, device=None, dtype=None):
-    r"""The per-distance vector ``[heads, q_len + k_len - 1]`` of :func:`sandwich_bias`
-    (entry ``t`` is the distance ``offset + t - (k_len - 1)``; one ``offset`` for every row,
-    :func:`sandwich_bias` takes one per batch row)."""
+    r"""The per-distance vector ``[heads, q_len + k_len - 1]`` of :func:`sandwich_bias`.
+
+    .. math::
+
+        v_{h,t} = \frac{1}{s_h}\Bigl(\sum_{k=1}^{d/2} \cos(r_t\,\omega_k) - \frac d2\Bigr),
+        \qquad r_t = \text{offset} + t - (k_\text{len} - 1), \qquad
+        \omega_k = \text{base}^{-2k/d}, \qquad s_h = \frac{8h}{H}
+
+    Sandwich (Chi, Fan, Rudnicky and Ramadge, "Dissecting Transformer Length Extrapolation
+    via the Lens of Receptive Field Analysis", ACL 2023): entry ``t`` is the bias of the
+    distance ``r_t = query - key``, so ``sandwich_bias(...)[h, i, j] == v[h, i - j + k_len
+    - 1]`` (:func:`expand_bias`); ``heads=None`` gives one unscaled row (``s = 1``).
+
+    Parameters
+    ----------
+    q_len, k_len : int >= 0
+    dim : int, positive even, the dimension ``d`` of the sinusoidal embeddings
+    heads : int >= 1 or None
+    offset : int, 0-d integer array or None (``k_len - q_len``), one for every row: the
+        vector has no batch axes (:func:`sandwich_bias` takes one offset per batch row)
+    base : float > 0
+    xp, device, dtype : namespace (NumPy, or that of ``offset``), device and float dtype
+        (float32) of the result
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> v = pe.sandwich_vector(2, 3, 4, dtype=np.float64)   # distances -1, 0, 1, 2
+    >>> bool(np.allclose(v[0], [np.cos(r / 100) + np.cos(r / 10000) - 2 for r in (-1, 0, 1, 2)]))
+    True
+    >>> bool((pe.expand_bias(v, 2, 3) == pe.sandwich_bias(2, 3, 4, dtype=np.float64)).all())
+    True
+    """
     dim, base, heads = _sandwich_options(dim, base, heads)
     xp, offset, device = offset_namespace(offset, xp, device)
     q_len, k_len, offset = _lengths(q_len, k_len, offset, xp, device, "the per-distance vector has no batch axes; sandwich_bias takes one offset per batch row")
