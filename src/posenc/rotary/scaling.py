@@ -482,7 +482,16 @@ class Proportional(Scaling):
     :math:`\theta_i = b^{-2i/d} / s` for the first ``n = int(fraction * d // 2)`` pairs and
     :math:`\theta_i = 0` (no rotation) for the rest, ``s = factor``; attention scale 1.
     Unlike a partial rotary dimension, the exponent keeps the full ``d`` and the result
-    covers every pair (HF ``rope_type="proportional"``).
+    covers every pair (HF ``rope_type="proportional"``, ``fraction`` its
+    ``partial_rotary_factor``: the full-attention layers of Gemma 4, 0.25 of the pairs at
+    base :math:`10^6`, and of LFM3).
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> inv_freq, scale = pe.rope_frequencies(8, base=100.0, scaling=pe.scaling.Proportional(0.5))
+    >>> inv_freq.tolist(), scale                     # 100**(-2i/8) for the first 2 of 4 pairs
+    ([1.0, 0.31622776601683794, 0.0, 0.0], 1.0)
     """
 
     fraction: float
