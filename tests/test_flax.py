@@ -199,6 +199,15 @@ def test_flax_alibi_at_float64_inputs_has_float64_slopes():
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-13, atol=1e-12)
 
 
+def test_flax_alibi_repr_shows_its_options():
+    """As the torch module's (API.md: a module's repr shows its options): ``max_bias`` is
+    not in the slopes' repr, an array's shape and dtype."""
+    shown = repr(pf.ALiBi(4, max_bias=4.0, symmetric=True))
+    assert "num_heads=4" in shown and "max_bias=4.0" in shown and "symmetric=True" in shown
+    step = nnx.jit(lambda m, q, k: m.logits(q, k))(pf.ALiBi(4, max_bias=4.0), jnp.ones((1, 4, 1, 8)), jnp.ones((1, 4, 3, 8)))  # still jits
+    np.testing.assert_allclose(np.asarray(step)[0, :, 0], np.sqrt(8) + pe.alibi_bias(pe.alibi_slopes(4, max_bias=4.0), 1, 3)[:, 0], rtol=1e-6)
+
+
 @pytest.mark.parametrize("name", LEARNED)
 def test_flax_module_stores_its_parameters_in_param_dtype(name):
     """``param_dtype=bfloat16``: every parameter bfloat16 (FIRE's MLP too), the module equal to

@@ -401,7 +401,9 @@ class ALiBi(_FixedBias):
     takes_row_offsets = True
 
     def __init__(self, num_heads: int, *, max_bias: float = 8.0, symmetric: bool = False):
-        self.slopes = pe.alibi_slopes(_positive("num_heads", num_heads), max_bias=max_bias, dtype=np.float64)  # a host constant
+        self.num_heads = _positive("num_heads", num_heads)
+        self.slopes = pe.alibi_slopes(self.num_heads, max_bias=max_bias, dtype=np.float64)  # a host constant
+        self.max_bias = max_bias  # (shown by the repr: the slopes alone do not say it)
         self.symmetric = symmetric
 
     def bias(self, q_len, k_len, *, offset=None, dtype=jnp.float32, **positions):
