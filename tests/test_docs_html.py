@@ -248,3 +248,34 @@ def test_readme_counts_the_architectures_the_transformers_table_covers():
     (said,) = re.findall(r"checks them at patch time: (\d+) causal-LM architectures", readme)
     (covered,) = re.findall(r"^(\d+) of \d+ buildable tiny causal-LM architectures covered", table, re.M)
     assert said == covered
+
+
+def top_level_keywords(args):
+    """The ``name=`` keywords at the top level of a call's argument text."""
+    depth, top = 0, []
+    for char in args:
+        depth += char in "([{"
+        depth -= char in ")]}"
+        top.append(char if depth == 0 else " ")
+    return re.findall(r"(?:^|,)\s*\**([A-Za-z_]\w*)\s*=(?!=)", "".join(top))
+
+
+def test_inline_signatures_name_real_keywords():
+    """A call shown inline in the README or a docs page (```pe.rope(x, offset=3)```, a
+    table's ```Llama3(s, L, low_freq_factor=1)```) of a public function or scaling class
+    uses keywords it takes: a reader copies them."""
+    import posenc as pe
+
+    public = {name: getattr(pe, name) for name in pe.__all__ if callable(getattr(pe, name))}
+    public |= {name: getattr(pe.scaling, name) for name in pe.scaling.__all__}
+    problems = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for match in re.finditer(r"`(?:pe\.|posenc\.)?(?:scaling\.)?([A-Za-z_]\w*)\(([^`]*)\)`", page.read_text()):
+            name, args = match.groups()
+            if name not in public:
+                continue
+            parameters = inspect.signature(public[name]).parameters
+            if any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+                continue
+            problems += [f"{page.name}: `{name}({args})`: no keyword {kw!r}" for kw in top_level_keywords(args) if kw not in parameters]
+    assert not problems, "\n".join(problems)
