@@ -540,8 +540,9 @@ def test_torch_kerple_power_decode_steps_are_the_last_rows(per_token):
 
 def test_every_public_function_has_a_docstring_example():
     """DESIGN.md: a public function's docstring gives its formula, its paper and a short
-    example, a doctest that runs with the suite (``--doctest-modules``); the backend
-    switches and the ``scaling`` module excepted."""
-    exempt = {"get_backend", "set_backend", "use_backend", "scaling"}
-    missing = [name for name in pe.__all__ if name not in exempt and ">>>" not in (getattr(pe, name).__doc__ or "")]
+    example, a doctest that runs with the suite (``--doctest-modules``); so does each
+    scaling method's class. The backend switches and ``from_hf``'s record excepted."""
+    exempt = {"get_backend", "set_backend", "use_backend", "scaling", "HFRope"}
+    public = {name: getattr(pe, name) for name in pe.__all__} | {name: getattr(pe.scaling, name) for name in pe.scaling.__all__}
+    missing = [name for name, obj in public.items() if name not in exempt and ">>>" not in (obj.__doc__ or "")]
     assert missing == []

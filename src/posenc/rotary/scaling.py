@@ -170,6 +170,12 @@ class Linear(Scaling):
     ``factor * L`` tokens inside its trained angle range (Chen et al., "Extending Context
     Window of Large Language Models via Positional Interpolation", 2023; HF
     ``rope_type="linear"``). Needs a little fine-tuning; blurs nearby positions.
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> pe.rope_frequencies(4, scaling=pe.scaling.Linear(4.0))      # 10000**(-2i/4) / 4
+    (array([0.25  , 0.0025]), 1.0)
     """
 
     factor: float
@@ -191,6 +197,13 @@ class NTK(Scaling):
     (:class:`DynamicNTK`), except with an ``alpha`` key (HunYuan's checkpoints), which
     transformers' HunYuan models read as this fixed base change, and so does :func:`from_hf`;
     ``dim`` must be >= 4.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> inv_freq, _ = pe.rope_frequencies(8, base=100.0, scaling=pe.scaling.NTK(4.0))
+    >>> bool(inv_freq[0] == 1.0), bool(np.isclose(inv_freq[-1], pe.rope_frequencies(8, base=100.0)[0][-1] / 4))
+    (True, True)
     """
 
     alpha: float
@@ -302,6 +315,13 @@ class YaRN(Scaling):
     ``s > 1`` and 1 otherwise. (As in Hugging Face, ``mscale`` alone is ignored when
     ``mscale_all_dim`` is 0; either making its :math:`m` 0 is a ``ValueError``: a scale of 0,
     or one dividing by 0.) HF ``rope_type="yarn"``.
+
+    Examples
+    --------
+    >>> import numpy as np, posenc as pe
+    >>> inv_freq, scale = pe.rope_frequencies(128, scaling=pe.scaling.YaRN(4.0, 4096))
+    >>> round(scale, 6), bool(inv_freq[0] == 1.0), bool(np.isclose(inv_freq[-1], pe.rope_frequencies(128)[0][-1] / 4))
+    (1.138629, True, True)
     """
 
     factor: float
@@ -378,6 +398,15 @@ class LongRoPE(Scaling):
     otherwise (``factor=None`` counts as 1; Hugging Face then uses
     ``max_position_embeddings / original_max_position``, which :func:`from_hf` fills in).
     HF ``rope_type="longrope"`` (Phi-3).
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> longrope = pe.scaling.LongRoPE((1.0, 2.0), (1.0, 8.0), 16, factor=4.0)
+    >>> pe.rope_frequencies(4, base=100.0, scaling=longrope, seq_len=8)       # short factors
+    (array([1.  , 0.05]), 1.224744871391589)
+    >>> pe.rope_frequencies(4, base=100.0, scaling=longrope, seq_len=32)[0]   # long factors
+    array([1.    , 0.0125])
     """
 
     short_factor: tuple
@@ -446,6 +475,13 @@ class Llama3(Scaling):
     :math:`g = (L/\lambda_i - \text{low}) / (\text{high} - \text{low})`
     (HF ``rope_type="llama3"``; Meta's Llama 3.1 uses ``8, 8192, 1, 4``; Dubey et al.,
     "The Llama 3 Herd of Models", 2024).
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> inv_freq, _ = pe.rope_frequencies(8, scaling=pe.scaling.Llama3(8.0, 64))
+    >>> inv_freq.round(6).tolist()       # kept, blended, divided by 8 (wavelengths 6.3, 63, 628, 6283)
+    [1.0, 0.013042, 0.00125, 0.000125]
     """
 
     factor: float
@@ -521,6 +557,12 @@ class Axial(Scaling):
     returns as ``.sections``). Hugging Face's ``rope_type="axial"``, the 2-D RoPE of Qwen3-VL's
     and GLM-4V's vision encoders (their ``VisionRotaryEmbedding``); Heo et al., "Rotary
     Position Embedding for Vision Transformer", 2024, for the axial form.
+
+    Examples
+    --------
+    >>> import posenc as pe
+    >>> pe.rope_frequencies(8, base=100.0, scaling=pe.scaling.Axial(2))[0].tolist()   # 100**(-2j/4), twice
+    [1.0, 0.1, 1.0, 0.1]
     """
 
     axes: int = 2
