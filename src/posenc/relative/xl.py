@@ -69,7 +69,9 @@ def xl_logits(q, k, r, u, v):
     ``rel[i, j] = (k_len - q_len + i) - j``. Row ``c`` of ``r`` is the distance
     ``k_len - 1 - c``: ``n_rel = k_len`` rows for distances ``k_len - 1 .. 0`` (causal;
     the logits of future keys, ``rel < 0``, are then unspecified and must be masked) or
-    ``k_len + q_len`` rows for ``k_len - 1 .. -q_len`` (bidirectional). The position
+    ``k_len + q_len`` rows for ``k_len - 1 .. -q_len`` (bidirectional; XLNet's
+    ``relative_positional_encoding`` starts one row earlier, at ``k_len``: pass its
+    ``r[..., 1:, :]``). The position
     term is ``(q + v) @ r.T`` gathered per distance (``toeplitz_gather``), the same
     numbers as Transformer-XL's :func:`rel_shift` without the shift's wrap-around.
 
