@@ -43,6 +43,53 @@ def test_patched_model_matches_the_original(name):
     _assert_routed_through_posenc(patched)
 
 
+def _generated(model, ids, mask, new=NEW, **settings):
+    """``generate()``'s output with each step's logits (GenerationMixin's: Pop2Piano has its own)."""
+    from transformers import GenerationMixin
+
+    with torch.no_grad():
+        return GenerationMixin.generate(
+            model, input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0,
+            output_logits=True, return_dict_in_generate=True, **settings,
+        )
+
+
+def _continued(model, ids, mask, first=5):
+    """``first`` greedy tokens, then the rest of ``NEW`` from the cache that generate() returned."""
+    start = _generated(model, ids, mask, new=first)
+    if model.config.is_encoder_decoder:
+        return _generated(model, ids, mask, new=NEW - first, decoder_input_ids=start.sequences, cache=start.cache)
+    grown = torch.cat([mask, torch.ones(mask.shape[0], first, dtype=mask.dtype)], -1)
+    return _generated(model, start.sequences, grown, new=NEW - first, cache=start.cache)
+
+
+@pytest.mark.parametrize("name", ["llama[dynamic]", "llama[longrope]", "t5"])
+def test_beam_search_a_static_cache_a_continued_cache_and_a_row_alone_give_the_originals_tokens(name):
+    """Decoding modes besides greedy search with a dynamic cache: beam search (2 beams), a
+    static cache (``cache_implementation="static"``; T5's ``past_seen_tokens`` is then a
+    tensor), generation continued from the cache a first generate() returned, and the padded
+    row of the batch alone give the original's tokens, and its logits at every step within
+    float32 rounding. The left-padded prompts of 10 tokens grow past the switch length 16:
+    dynamic NTK's frequencies are recomputed and LongRoPE takes its long factors
+    mid-generate, as transformers does."""
+    original = build(name)
+    patched = patch_hf(copy.deepcopy(original))
+    ids, mask = inputs()
+    prompt = ids[:, :PROMPT], mask[:, :PROMPT]
+    alone = ids[1:, :PROMPT][:, mask[1, :PROMPT].bool()], None
+    runs = {
+        "beam search": lambda m: _generated(m, *prompt, num_beams=2),
+        "static cache": lambda m: _generated(m, *prompt, cache_implementation="static"),
+        "continued cache": lambda m: _continued(m, *prompt),
+        "padded row alone": lambda m: _generated(m, *alone),
+    }
+    for run, generated in runs.items():
+        want, got = generated(original), generated(patched)
+        assert torch.equal(got.sequences, want.sequences), f"{name}, {run}: other tokens"
+        for step, (w, g) in enumerate(zip(want.logits, got.logits)):
+            torch.testing.assert_close(g, w, atol=RELATIVE * float(w.abs().max()), rtol=0, msg=f"{name}, {run}, step {step}")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("name", ["llama[default]", "llama[yarn]", "qwen3", "gpt_neox[partial]", "gemma3_text[nested]"])
 def test_a_16_bit_patched_model_is_as_close_to_the_float32_model_as_the_original(name, dtype):
