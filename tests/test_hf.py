@@ -1143,3 +1143,21 @@ def test_patch_hf_keeps_a_hook_of_accelerates_form_and_refuses_other_instance_fo
         layer.self_attn.forward = functools.partial(layer.self_attn.forward)
     with pytest.raises(ValueError, match="instance's forward is replaced by a partial"):
         patch_hf(wrapped)
+
+
+@pytest.mark.parametrize("mask_dtype", [torch.float32, torch.float64])
+def test_alibi_builders_of_a_float_mask_multiply_as_the_originals(mask_dtype):
+    """A float attention mask's positions (its cumulative sum, in its dtype) promote the
+    builders' product: Falcon's bfloat16 slopes times float32 positions multiply in float32.
+    The replacement multiplied in bfloat16 whatever the mask: 4.9375 for Falcon's 4.94921875
+    at 10 tokens, and a float16 bias of +inf where Falcon's is 65408 (slope 1/2, key 130816)."""
+    from posenc.torch import hf_patch
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor as bloom
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor as falcon
+
+    for length, dtype in ((11, torch.float32), (3000, torch.float32), (130817, torch.float16)):
+        mask = torch.ones(2, length, dtype=mask_dtype)
+        mask[1, :4] = 0
+        for theirs, ours in ((bloom, hf_patch.bloom_alibi_tensor), (falcon, hf_patch.falcon_alibi_tensor)):
+            want = theirs(mask, 8, dtype)
+            torch.testing.assert_close(ours(mask, 8, dtype), want, rtol=0, atol=0)

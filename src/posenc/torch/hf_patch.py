@@ -959,21 +959,25 @@ def bloom_alibi_tensor(attention_mask, num_heads, dtype):
 def falcon_alibi_tensor(attention_mask, num_heads, dtype):
     """Falcon's ``build_alibi_tensor`` (``alibi=True``): BLOOM's, computed in bfloat16.
 
-    Falcon multiplies bfloat16 slopes by the key positions in bfloat16 (positions past 256
-    round to even numbers, then each product rounds), so its bias is the bfloat16
-    :func:`posenc.alibi_bias` of bfloat16 slopes and positions.
+    Falcon multiplies bfloat16 slopes by the key positions of an integer mask in bfloat16
+    (positions past 256 round to even numbers, then each product rounds), so its bias is the
+    bfloat16 :func:`posenc.alibi_bias` of bfloat16 slopes and positions; a float32 mask's
+    positions promote the product to float32, as there.
     """
     slopes = _alibi_slopes(num_heads, attention_mask.device).to(torch.bfloat16)
-    return _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=torch.bfloat16)
+    return _key_position_alibi(attention_mask, slopes, dtype)
 
 
-def _key_position_alibi(attention_mask, slopes, dtype, positions_dtype=None):
+def _key_position_alibi(attention_mask, slopes, dtype):
+    """``slopes * key_position`` in the dtype torch promotes the builders' product to: the
+    slopes' and the positions', which are the mask's cumulative sum in the mask's dtype."""
     batch, length = attention_mask.shape
-    if attention_mask.is_floating_point():  # (a float mask of ones and zeros, as transformers takes it)
-        attention_mask = attention_mask != 0
-    keys = pe.positions_from_mask(attention_mask)
-    if positions_dtype is not None:
-        keys = keys.to(positions_dtype)
+    floating = attention_mask.is_floating_point()  # (a float mask of ones and zeros, as transformers takes it)
+    keys = pe.positions_from_mask(attention_mask != 0 if floating else attention_mask)
+    if floating:
+        keys = keys.to(attention_mask.dtype)
+    work = torch.promote_types(slopes.dtype, keys.dtype)
+    slopes, keys = slopes.to(work), keys.to(work)
     queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
     bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
     return bias.reshape(batch * slopes.shape[0], 1, length).to(dtype)
