@@ -164,6 +164,17 @@ def test_kerple_16_and_32_bit_biases_are_the_same_bits_in_numpy_and_torch(kind, 
     assert want.dtype == dtype and np.array_equal(got.numpy(), want)
 
 
+@pytest.mark.parametrize("xp", [np, torch])
+def test_kerple_log_of_a_small_rate_keeps_float64s_precision(xp):
+    """``log(1 + r2 d)`` lost the bits of ``r2 d`` that ``1 + r2 d`` rounds away: with
+    ``r2 = 1e-6`` the float64 bias was 8e-11 (relative, 3.7e5 ulps) off ``log1p``, 7 ulps at ``r2 = 0.02``."""
+    r1, r2 = np.array([0.7, 1.3]), np.array([1e-6, 0.02])
+    got = pe.kerple_bias(xp.asarray(r1), xp.asarray(r2), 1, 5)
+    got = np.asarray(got)
+    want = [[[-a * math.log1p(b * d) for d in (4, 3, 2, 1, 0)]] for a, b in zip(r1, r2)]
+    np.testing.assert_allclose(got, want, rtol=4 * 2.0**-52, atol=0)
+
+
 # ---- Sandwich --------------------------------------------------------------------------
 
 
@@ -218,6 +229,16 @@ def test_fire_16_bit_distances_are_the_float64_ones_rounded_once(xp, dtype, bits
     got = pe.fire_distances(1, 2048, offset=row, xp=xp, dtype=dtype)
     assert got.dtype == dtype
     np.testing.assert_array_equal(np.asarray(got.double() if xp is torch else got.astype(np.float64)), want)
+
+
+@pytest.mark.parametrize("xp", [np, torch])
+def test_fire_distances_of_a_small_c_keep_float64s_precision(xp):
+    """``psi(x) = log(|c x| + 1)`` lost the bits of ``c x`` that ``|c x| + 1`` rounds away:
+    with ``c = 1e-5`` the float64 distances were 1.1e-11 (relative, 5e4 ulps) off ``log1p``, 5 ulps at ``c = 0.1``."""
+    for c in (1e-5, 0.1):
+        got = np.asarray(pe.fire_distances(2, 4, c=c, threshold=1.0, eps=0.0, xp=xp, dtype=xp.float64))
+        want = [[math.log1p(c * abs(i - j)) / math.log1p(c * max(1.0, i)) for j in range(4)] for i in (2, 3)]
+        np.testing.assert_allclose(got, want, rtol=4 * 2.0**-52, atol=0)
 
 
 def test_fire_one_query_is_the_last_row():

@@ -81,8 +81,8 @@ def fire_distances(
     # (a Python float filled in on the device, not copied from host memory: a CUDA graph holds a fill)
     c = cast(xp, c, work) if check.is_array(c) else xp.full((), c, dtype=work, device=device)
     threshold = xp.abs(cast(xp, threshold, work)) if check.is_array(threshold) else xp.full((), threshold, dtype=work, device=device)
-    distance = xp.log(xp.abs(c * rel) + 1)
-    normaliser = xp.log(xp.abs(c * xp.maximum(xp.astype(query, work), threshold)) + 1) + eps
+    distance = xp.log1p(xp.abs(c * rel))  # (psi as log1p: log(x + 1) loses the bits of a small x)
+    normaliser = xp.log1p(xp.abs(c * xp.maximum(xp.astype(query, work), threshold))) + eps
     return cast(xp, distance / normaliser[..., :, None], dtype)
 
 

@@ -104,7 +104,7 @@ def _kerple_values(xp, r1, r2, rel, kind, device):
     dist = xp.abs(xp.astype(rel, work))  # |int64 min| only as a float
     a, b = cast(xp, r1, work)[:, None], cast(xp, r2, work)[:, None]
     if kind == "log":
-        values = -a * xp.log(1 + b * dist)
+        values = -a * xp.log1p(b * dist)  # (log(1 + x) loses the bits of a small x that 1 + x rounds away)
     else:
         # |0|^b is 0 for b > 0; raised to b only where positive, so that torch's second
         # derivative in b is not 0 * log(0) = NaN there.
