@@ -4,7 +4,8 @@ A value is a pair ``(hi, lo)`` of float32 arrays whose exact sum is the number, 
 ulp(hi)/2``: about 46 significant bits from float32 operations alone (Dekker, "A
 floating-point technique for extending the available precision", 1971). posenc uses it
 where a frequency must be computed inside a traced computation (a ``DynamicNTK`` length
-under ``jax.jit`` without x64) with the precision of the host's float64 tables.
+under ``jax.jit`` without x64) with the precision of the host's float64 tables. :func:`mul`
+with ``wide=True`` takes pairs of float64 arrays (double-double, about 106 bits).
 """
 
 from __future__ import annotations
@@ -36,15 +37,23 @@ def _fast_two_sum(a, b):
 
 def split12(a):
     """Veltkamp's split of float32 ``a`` into two halves of 12 significant bits, ``hi + lo == a``."""
-    t = a * 4097.0
+    return _split(a, _FLOAT32_SPLIT)
+
+
+# Veltkamp's factors 2**s + 1: float32's 24 bits split in 12 and 12, float64's 53 in 26 and 27.
+_FLOAT32_SPLIT, _FLOAT64_SPLIT = 4097.0, 134217729.0
+
+
+def _split(a, factor):
+    t = a * factor
     hi = t - (t - a)
     return hi, a - hi
 
 
-def _two_product(a, b):
+def _two_product(a, b, factor):
     p = a * b
-    ah, al = split12(a)
-    bh, bl = split12(b)
+    ah, al = _split(a, factor)
+    bh, bl = _split(b, factor)
     return p, ((ah * bh - p) + ah * bl + al * bh) + al * bl
 
 
@@ -53,8 +62,8 @@ def add(x, y):
     return _fast_two_sum(s, e + (x[1] + y[1]))
 
 
-def mul(x, y):
-    p, e = _two_product(x[0], y[0])
+def mul(x, y, *, wide=False):
+    p, e = _two_product(x[0], y[0], _FLOAT64_SPLIT if wide else _FLOAT32_SPLIT)
     return _fast_two_sum(p, e + (x[0] * y[1] + x[1] * y[0]))
 
 
