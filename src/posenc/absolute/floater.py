@@ -77,7 +77,8 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     :math:`\omega h > 2\sqrt{2}` the rotation's solution grows without bound (refused for
     the default dynamics, whose fastest :math:`\omega` is 1). The default
     ``substeps`` keeps :math:`h \le 1/32` whatever ``step`` is (32 substeps at ``step=1``):
-    the default dynamics then stays within 1e-4 of the sinusoid up to :math:`t = 4096`. A
+    the default dynamics then stays within 1e-4 of the sinusoid up to :math:`t = 4096`
+    (measured in float64: 2.0e-6 at 256 positions, 8.1e-6 at 1024, 3.3e-5 at 4096). A
     state that stops being finite (in the result's dtype) raises ``ValueError`` where its
     values can be read (not under tracing).
 
