@@ -7,7 +7,7 @@ import math
 from .. import _validate as check
 from .._dispatch import call
 from .._built import built_in_range
-from .._xp import broadcast_shapes, cast, device_of, explicit_sharding, heads_like, host_constants, namespace, resplit, size, unsplit
+from .._xp import broadcast_shapes, cast, device_of, explicit_sharding, heads_like, host_constants, namespace, pairwise_sum, resplit, size, unsplit
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
 from .indices import distances, query_offset
@@ -233,8 +233,9 @@ def segment_logits(q, seg_q, seg_k, s_same, s_diff, b):
     same = seg_q[..., :, None] == seg_k[..., None, :]
     if head_axis:
         same = same[..., None, :, :]
-    with_same = xp.sum((q + b) * s_same, axis=-1)[..., None]
-    with_diff = xp.sum((q + b) * s_diff, axis=-1)[..., None]
+    # (pairwise_sum's one order of the terms: xp.sum's follows q's memory layout)
+    with_same = pairwise_sum(xp, (q + b) * s_same)[..., None]
+    with_diff = pairwise_sum(xp, (q + b) * s_diff)[..., None]
     return cast(xp, xp.where(same, with_same, with_diff), dtype)
 
 
