@@ -236,6 +236,31 @@ def test_linear_attention_causal_queries_are_the_last_keys(rng, with_rope):
         pe.linear_attention(q, k[:, :5], v[:, :5], causal=True)
 
 
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_does_not_depend_on_the_memory_layout_of_q_and_k(rng, library, causal):
+    """The sums over the features (the normaliser's, and the causal numerator's) add their
+    terms in one order: a Fortran-ordered or transposed q (the same values), or k when
+    causal, gave other bits where the sums followed the operands' memory layout (1.8e-7
+    apart in float32, torch causal; 1.2e-7 NumPy). (Without a mask the sums over the keys,
+    ``k^T v`` and ``sum_j phi(k_j)``, are the library's matmul and sum, as documented.)"""
+    q, k, v = (rng.standard_normal((3, 2, 9, 8)).astype(np.float32) for _ in range(3))
+
+    def layouts(a):
+        if library == "numpy":
+            return [a, np.asfortranarray(a), np.swapaxes(np.swapaxes(a, -1, -2).copy(), -1, -2)]
+        torch = pytest.importorskip("torch")
+        t = torch.from_numpy(a)
+        return [t, t.permute(3, 2, 1, 0).contiguous().permute(3, 2, 1, 0), t.mT.contiguous().mT]
+
+    qs, ks, (v, *_) = layouts(q), layouts(k), layouts(v)
+    want = np.asarray(pe.linear_attention(qs[0], ks[0], v, causal=causal))
+    for q_layout in qs[1:]:
+        np.testing.assert_array_equal(np.asarray(pe.linear_attention(q_layout, ks[0], v, causal=causal)), want)
+    for k_layout in ks[1:] if causal else ():
+        np.testing.assert_array_equal(np.asarray(pe.linear_attention(qs[0], k_layout, v, causal=causal)), want)
+
+
 def test_linear_attention_cross_positions_and_callable_feature_map(rng):
     q, k, v = rng.standard_normal((4, 8)), rng.standard_normal((6, 8)), rng.standard_normal((6, 3))
     qpos, kpos = np.arange(4) + 2, np.arange(6)

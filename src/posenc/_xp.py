@@ -748,7 +748,9 @@ def pairwise_sum(xp, terms):
     """``sum(terms, axis=-1)`` added pairwise in one fixed order (the first half plus the
     second, until one term is left): each entry's bits its own terms', whatever the other
     axes hold (``xp.sum``'s order is the library's: XLA's depends on the array's size), and
-    the same under ``jax.jit``."""
+    the same under ``jax.jit``. No terms sum to zeros."""
+    if terms.shape[-1] == 0:
+        return xp.sum(terms, axis=-1)
     while terms.shape[-1] > 1:
         half = terms.shape[-1] // 2
         pairs = terms[..., :half] + terms[..., half : 2 * half]

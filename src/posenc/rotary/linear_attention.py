@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, unsplit, without_empty_chunks
+from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, pairwise_sum, unsplit, without_empty_chunks
 from . import _args
 from .scaling import frequency_table
 
@@ -113,11 +113,11 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
         first = k.shape[-2] - q.shape[-2]
         rk, vw, fk = (unsplit(a, -2)[0] for a in (rk, vw, fk))  # (running sums along the keys)
         kv = xp.cumulative_sum(without_empty_chunks(rk[..., :, None] * vw[..., None, :]), axis=-3)[..., first:, :, :]
-        numerator = xp.sum(rq[..., :, None] * kv, axis=-2)
-        denominator = xp.sum(fq * xp.cumulative_sum(without_empty_chunks(fk), axis=-2)[..., first:, :], axis=-1)
+        numerator = pairwise_sum(xp, xp.matrix_transpose(rq[..., :, None] * kv))
+        denominator = pairwise_sum(xp, fq * xp.cumulative_sum(without_empty_chunks(fk), axis=-2)[..., first:, :])
     else:
         numerator = xp.matmul(rq, xp.matmul(xp.matrix_transpose(rk), vw))
-        denominator = xp.sum(fq * xp.sum(fk, axis=-2)[..., None, :], axis=-1)
+        denominator = pairwise_sum(xp, fq * xp.sum(fk, axis=-2)[..., None, :])
     if k.shape[-2] == 0:
         return cast(xp, numerator, q.dtype)  # (an empty sum: zeros)
     return cast(xp, numerator / (denominator[..., None] + eps), q.dtype)
