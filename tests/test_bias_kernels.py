@@ -416,3 +416,31 @@ def test_a_byte_swapped_out_is_written_on_every_backend(backend):
             assert call(swapped) is swapped, name
             call(native)
             np.testing.assert_array_equal(swapped, native, err_msg=name)
+
+
+@pytest.mark.parametrize("field", ["rows", "elements"])
+def test_fields_of_packed_records_are_read_and_written_where_they_are(field):
+    """A field of a packed structured array has strides that are no whole number of
+    elements. The CPU kernels read and wrote it at strides rounded down: ``shaw_output`` of
+    such weights gave values near 6e36, and ``expand_bias`` into such an ``out`` wrote
+    elsewhere in it and over 107 of the 135 bytes of the neighbouring field. Now they copy
+    what they cannot address: the contiguous copy's bits, nothing written outside ``out``."""
+    rng = np.random.default_rng(0)
+
+    def record_field(values):
+        shape, dtype = (values.shape[:-1], [("a", values.dtype, values.shape[-1:]), ("tag", "i1")]) if field == "rows" else (values.shape, [("a", values.dtype), ("tag", "i1")])
+        records = np.zeros(shape, dtype)
+        records["a"], records["tag"] = values, 7
+        return records
+
+    weights = rng.standard_normal((2, 3, 5, 5)).astype(np.float32)
+    v, table = rng.standard_normal((2, 3, 5, 8)).astype(np.float32), rng.standard_normal((9, 8)).astype(np.float32)
+    vec = rng.standard_normal((3, 13)).astype(np.float32)
+    for _ in range(3):  # (plans from the third call)
+        want = pe.shaw_output(weights, v, table, max_distance=4)
+        np.testing.assert_array_equal(pe.shaw_output(record_field(weights)["a"], v, table, max_distance=4), want)
+        np.testing.assert_array_equal(pe.expand_bias(record_field(vec)["a"], 5, 9), pe.expand_bias(vec, 5, 9))
+        out = record_field(np.zeros((3, 5, 9), np.float32))
+        pe.expand_bias(vec, 5, 9, out=out["a"])
+        np.testing.assert_array_equal(out["a"], pe.expand_bias(vec, 5, 9))
+        assert (out["tag"] == 7).all()

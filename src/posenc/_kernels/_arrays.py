@@ -241,6 +241,12 @@ def whole_strides(a) -> bool:
     return torch_tensor(a) or all(st % a.dtype.itemsize == 0 for st in a.strides)
 
 
+def addressable(a):
+    """NumPy array ``a``, or a contiguous copy where a stride is no whole number of elements
+    (a field of a packed structured array): the CPU kernels address elements."""
+    return a if whole_strides(a) else np.ascontiguousarray(a)
+
+
 def forward_strides(a) -> bool:
     """Every stride is a whole, non-negative number of elements (what the CUDA kernels address)."""
     return whole_strides(a) and all(st >= 0 for st in element_strides(a))

@@ -113,12 +113,15 @@ def _launch(op, values, shape, out, source, view, extra=lambda: ()):
     if 0 in shape:
         return result
     key = kernel_key(op, values)
-    target = view(result)
+    source, written = _arrays.addressable(source), view(result)
+    target = _arrays.addressable(written)  # (an out it cannot address: written aside, then copied in)
     arguments = extra()
     workers = min(_layout.threads(), max(1, target.nbytes // _BYTES_PER_THREAD))
     for source_b, target_b in _layout.batch_views([source, target], len(shape) - 2):
         layout = "C" if source_b.flags.c_contiguous and target_b.flags.c_contiguous else "A"
         _layout.run_tasks(FAMILY[(*key, layout)], (source_b, *arguments, target_b), target_b.shape[0] * target_b.shape[1], workers)
+    if target is not written:
+        np.copyto(written, target)
     return result
 
 
