@@ -232,7 +232,7 @@ def _unit_channels(a):
 
 def _host_x(x):
     """``x``'s NumPy view with unit-stride channels (a contiguous copy if it has none)."""
-    xv = _arrays.host_view(x)
+    xv = _arrays.addressable(_arrays.host_view(x))
     return xv if _unit_channels(xv) else np.ascontiguousarray(xv)
 
 
@@ -247,7 +247,7 @@ def _destination(x, xv, out):
     ov = _arrays.host_view(result)
     if _arrays.same_view(ov, xv) and _unit_channels(ov):
         return result, ov, True, None
-    if (out is not None and np.may_share_memory(ov, xv)) or not _unit_channels(ov):
+    if (out is not None and np.may_share_memory(ov, xv)) or not _unit_channels(ov) or not _arrays.whole_strides(ov):
         return result, np.empty(xv.shape, xv.dtype), False, ov
     return result, ov, False, None
 
@@ -320,7 +320,7 @@ def _rotate_beyond_limit(x, positions, pv, inv_freq, layout, inverse, scale, out
 def _rotate_fast(x, pv, inv_freq, layout, inverse, scale, out):
     """The kernel's rotation by float64 positions ``pv`` (every angle within ``FAST_ANGLE_LIMIT``)."""
     xv = _host_x(x)
-    pv = np.broadcast_to(pv, xv.shape[:-1])
+    pv = np.broadcast_to(_arrays.addressable(pv), xv.shape[:-1])
     result, ov, in_place, copy_back = _destination(x, xv, out)
     angles = (inv_freq, -1.0 if inverse else 1.0, float(scale))
     _launch(x, "rotate", layout, xv, ov, [pv], angles, (_NO_TABLES[_arrays.dtype_name(x.dtype)],) * 2, in_place)
@@ -337,8 +337,8 @@ def rotate_cos_sin(x, cos, sin, *, layout="half", out=None):
     target = xv.shape[:-1] + (rotary_dim,)
     # Each angle appears twice in the layout's order; the kernel reads it once per pair.
     pairs = slice(None, rotary_dim // 2) if layout == "half" else slice(0, None, 2)
-    cv = np.broadcast_to(_arrays.host_view(cos), target)[..., pairs]
-    sv = np.broadcast_to(_arrays.host_view(sin), target)[..., pairs]
+    cv = np.broadcast_to(_arrays.addressable(_arrays.host_view(cos)), target)[..., pairs]
+    sv = np.broadcast_to(_arrays.addressable(_arrays.host_view(sin)), target)[..., pairs]
     result, ov, in_place, copy_back = _destination(x, xv, out)
     _launch(x, "apply", layout, xv, ov, [cv, sv], _NO_ANGLES, (), in_place)
     if copy_back is not None:

@@ -149,9 +149,9 @@ def _host_kernel(impl, name):
 
 
 def _writable_directly(xv, out):
-    """The kernel reads ``x`` and writes ``out`` (or ``x`` itself) with unit-stride channels, as
-    ``rope_cpu._destination`` requires of the memory it writes directly."""
-    return rope_cpu._unit_channels(xv) and (out is None or rope_cpu._unit_channels(_arrays.host_view(out)))
+    """The kernel reads ``x`` and writes ``out`` (or ``x`` itself) with unit-stride channels and
+    whole strides, as ``rope_cpu._destination`` requires of the memory it writes directly."""
+    return all(rope_cpu._unit_channels(v) and _arrays.whole_strides(v) for v in (xv, *(() if out is None else (_arrays.host_view(out),))))
 
 
 class RotatePlan:
@@ -574,6 +574,8 @@ def build_apply(x, cos, sin, *, layout, out, **_):
     xv = _arrays.host_view(x)
     if not _host_kernel(call.kernel(), "rotate_cos_sin") or not _writable_directly(xv, out):
         return None
+    if not all(_arrays.whole_strides(_arrays.host_view(t)) for t in (cos, sin)):
+        return None  # (the plan reads the tables in place, by elements)
     plan = ApplyPlan(x, xv, cos, sin, layout, out)
     return plan if plan.launch.viewable() else None
 
