@@ -123,6 +123,40 @@ def test_the_cuda_rotation_keys_its_cache_on_every_helper_module_it_inlines(monk
     assert len(digested) == 2 and all({_codec, _codec_f32, _codec_cuda} <= set(modules) for modules in digested)
 
 
+def _uncached_compiles(source):
+    """``(line, text)`` of each Numba compile in ``source`` that is neither an inlined helper
+    (``njit(inline="always")``: compiled into the kernels that call it) nor ``_family``'s
+    (``jitted``/``cached``, which pass ``cache=True``): a decorator ``@njit``/``@cuda.jit``,
+    or a call ``njit(...)``/``cuda.jit(...)`` without ``cache=True``."""
+    import ast
+
+    def is_jit(node):
+        return (isinstance(node, ast.Name) and node.id in ("njit", "jit")) or (isinstance(node, ast.Attribute) and node.attr == "jit")
+
+    found = []
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        decorators = node.decorator_list if isinstance(node, (ast.FunctionDef, ast.ClassDef)) else []
+        found += [(d.lineno, ast.unparse(d)) for d in decorators if is_jit(d)]  # bare: @njit, @cuda.jit
+        if isinstance(node, ast.Call) and is_jit(node.func):
+            options = {k.arg: ast.unparse(k.value) for k in node.keywords}
+            if options.get("inline") != "'always'" and options.get("cache") != "True":
+                found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_every_kernel_is_kept_in_numbas_cache():
+    """The guide's ``cache=True`` for every kernel of ``posenc._kernels``, CPU and CUDA: each is
+    built through ``_family.jitted``/``_family.cached`` (or inlined into one that is), so a
+    second process loads it in milliseconds instead of compiling it again. (``_family.jitted``
+    itself compiles without the cache only where Numba has no directory to keep it in.)"""
+    package = Path(pe.__file__).parent / "_kernels"
+    found = {path.name: _uncached_compiles(path.read_text()) for path in sorted(package.glob("*.py")) if path.name != "_family.py"}
+    assert {name: hits for name, hits in found.items() if hits} == {}
+    assert _uncached_compiles("@cuda.jit\ndef k(a):\n    pass\n") and _uncached_compiles("k = njit(nogil=True)(f)\n")
+    assert not _uncached_compiles("f = njit(inline='always')(g)\nk = _family.jitted(njit, f, sig, nogil=True)\n")
+
+
 def test_a_failed_build_propagates_and_is_tried_again_next_time():
     attempts = []
 

@@ -30,7 +30,7 @@ import numpy as np
 from numba import cuda
 
 from .. import _validate
-from . import _arrays, _layout
+from . import _arrays, _family, _layout
 
 AXES = 5
 BATCH_AXES = 4  # batch axes (merged) one Toeplitz launch walks
@@ -483,7 +483,7 @@ def _follow(found, lead, second_lead, x_strides, out_strides):
     return result[0], result[1], heads
 
 
-@cuda.jit
+@_family.cached(cuda.jit)
 def _convert(source, target):
     i = cuda.grid(1)
     if i < source.shape[0]:
