@@ -259,6 +259,14 @@ def _symbolic_cases():
         ),
         "t5_bias": (lambda x: pe.t5_bias(c(table, x.dtype), x.shape[-2], x.shape[-2]), [x], (), lambda n, t, f, i: (xs(n, f),), True, False),
         "t5_bias[one query]": (lambda k: pe.t5_bias(c(table, k.dtype), 1, k.shape[-2]), [x], (), lambda n, t, f, i: (xs(n, f),), True, False),
+        "t5_bias[traced offset]": (
+            lambda x, o: pe.t5_bias(c(table, x.dtype), x.shape[-2], x.shape[-2], offset=o), [x, ("", "i")], (),
+            lambda n, t, f, i: (xs(n, f), c(-9, i)), True, False,
+        ),
+        "alibi_bias[traced offset]": (
+            lambda x, o: pe.alibi_bias(c(slopes, x.dtype), x.shape[-2], x.shape[-2], offset=o, symmetric=True), [x, ("", "i")], (),
+            lambda n, t, f, i: (xs(n, f), c(7, i)), True, False,
+        ),
         "alibi_bias[q_len s, k_len t]": (
             lambda q, k: pe.alibi_bias(c(slopes, q.dtype), q.shape[-2], k.shape[-2]), [x, ("2, 4, t, 16", "f")], (),
             lambda n, t, f, i: (xs(n, f), xs(t, f)), True, False,
@@ -312,7 +320,9 @@ def test_export_with_symbolic_lengths_gives_the_static_exports_bits(name, x64):
     compiled reference, whose float arithmetic may differ from the eager kernel's in the
     last bit), and the eager call's bits where the function looks values up. Its
     integer checks had refused a symbolic length (``TypeError``, or JAX's "inconclusive"
-    comparison of an int32 range); ``x64``: float64 and int64."""
+    comparison of an int32 range), and a traced ``offset`` beside them: a comparison of
+    the clamp's bounds was inconclusive (T5's buckets) or an index dtype's edge plus a
+    size overflowed when lowered (ALiBi's); ``x64``: float64 and int64."""
     from jax import export
 
     fn, specs, constraints, make, eager, length_frequencies = SYMBOLIC[name]

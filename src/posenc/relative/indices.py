@@ -6,7 +6,7 @@ import math
 
 from .. import _validate as check
 from .._compat import is_dask_array
-from .._xp import arguments_in, broadcast_shapes, device_of, index_dtype, integer_result_dtype, namespace, on_accelerator, shifted, torch_tensor
+from .._xp import arguments_in, broadcast_shapes, device_of, dimension_value, index_dtype, integer_result_dtype, jax_symbolic_dim, namespace, on_accelerator, shifted, torch_tensor
 
 
 def relative_positions(q_len, k_len, *, offset=None, xp=None, device=None, dtype=None):
@@ -110,17 +110,34 @@ def saturated(xp, offset, q_len, k_len, reach, device):
     as they are (the same bits); one past them gives the row of the nearest (a distance
     of the dtype's edge, never a wrapped one) where the host refuses it.
 
+    Lengths that are symbolic dimensions of ``jax.export`` (whose sums JAX cannot bound):
+    clamped first as for an infinite ``reach``, then to the bounds above computed as values
+    of the index dtype, saturating at its edges: the same offsets wherever the sums fit.
+
     ``None`` where they are read instead: in host memory (a free read, whose check refuses
     a sum that would leave the index dtype), a Dask array (checked block by block), or, for
-    a finite ``reach``, where even the clamped sums could leave the index dtype."""
+    a finite ``reach`` and concrete lengths, where even the clamped sums could leave the
+    index dtype."""
     if is_dask_array(offset) or (torch_tensor(offset) or check.is_eager(offset)) and not on_accelerator(offset):
         return None
     _, _, low, high = check.index_bounds(xp, device)
-    if reach == math.inf:
-        return xp.clip(offset, low + max(k_len - 1, 0), high - max(q_len - 1, 0))
+    symbolic = jax_symbolic_dim(q_len) or jax_symbolic_dim(k_len)
+    if reach == math.inf or symbolic:
+        kept = xp.clip(offset, low + _size(max(k_len - 1, 0)), high - _size(max(q_len - 1, 0)))  # every (offset + i) - j fits
+        if reach == math.inf:
+            return kept
+        reach = min(reach, high)  # (the saturation's bounds as values, never past the dtype's edges)
+        return xp.clip(kept, xp.maximum(-_size(q_len), low + reach) - reach, xp.minimum(_size(k_len), high - reach) + reach)
     if not (low <= -(reach + q_len) - k_len and reach + k_len + q_len <= high):
         return None
     return xp.clip(offset, -(reach + q_len), reach + k_len)
+
+
+def _size(n):
+    """A length (maybe a symbolic dimension of ``jax.export``) to add to an index dtype's edge:
+    a symbolic one as the JAX value it is inside the computation (the edge plus the
+    dimension, a constant beyond the dtype, cannot be lowered)."""
+    return dimension_value(n) if jax_symbolic_dim(n) else n
 
 
 def per_row(offset):
