@@ -438,6 +438,8 @@ def test_apply_absolute_at_a_traced_offset_gives_nan_rows_outside_the_table():
 
 _CLOSED_FLOATS = jnp.asarray([0.5, 3.0, 7.25, 12.0], jnp.float32)
 _CLOSED_INTS = jnp.arange(4)
+_CLOSED_FREQS = jnp.asarray(inv_freq(8), jnp.float32)
+_CLOSED_NEW_FREQS = _CLOSED_FREQS * 0.5
 
 
 @pytest.mark.parametrize(
@@ -445,6 +447,7 @@ _CLOSED_INTS = jnp.arange(4)
     [
         ("rope_cos_sin", lambda x: pe.rope_cos_sin(_CLOSED_FLOATS, inv_freq(8))[0] + x),
         ("rerotate", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_FLOATS, inv_freq(8))),
+        ("rerotate[JAX frequencies]", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_INTS, _CLOSED_FREQS, new_inv_freq=_CLOSED_NEW_FREQS)),
         ("sinusoidal", lambda x: pe.sinusoidal(_CLOSED_FLOATS, 8) + x),
         ("complex_order", lambda x: pe.complex_order(x[0], x[0], x[0], _CLOSED_FLOATS).real),
         ("alibi_bias", lambda x: pe.alibi_bias(x[0, :2], 4, 4, query_positions=_CLOSED_FLOATS, key_positions=_CLOSED_FLOATS)),
@@ -455,7 +458,10 @@ _CLOSED_INTS = jnp.arange(4)
 def test_concrete_positions_closed_over_under_jit_give_the_eager_result(name, call):
     """Positions closed over by a jitted function are concrete arrays whose operations JAX
     stages: the checks that read them eagerly (finite floats, per-token distances) raised
-    ``TracerBoolConversionError`` / ``ConcretizationTypeError``; they are read as traced now."""
+    ``TracerBoolConversionError`` / ``ConcretizationTypeError``; they are read as traced now.
+    ``rerotate``'s frequencies, host constants of its kernel, are read on the host: closed-over
+    JAX ones were refused as traced (``TypeError`` "inv_freq must hold concrete values ...,
+    got a traced ArrayImpl")."""
     x = jnp.full((4, 8), 0.5, jnp.float32)
     # (complex_order's traced frequencies round as XLA fuses them: within an ulp)
     np.testing.assert_allclose(np.asarray(jax.jit(call)(x)), np.asarray(call(x)), rtol=2e-7 if name == "complex_order" else 0, atol=0)

@@ -658,6 +658,13 @@ def _vmapped(tensor) -> bool:
     return False
 
 
+def concrete_jax(value) -> bool:
+    """A JAX array that holds its values (not a tracer), even where JAX stages the operations
+    on it (:func:`is_eager` is False there): one closed over by a jitted function, whose
+    values can be read on the host now."""
+    return _compat.is_jax_array(value) and not _is_tracer(value)
+
+
 def _is_tracer(value) -> bool:
     try:
         import jax

@@ -117,6 +117,8 @@ def host_inv_freq(name, value, xp):
     """Frequencies that must be host values (a kernel takes them): a tuple of float64 numbers
     (not a NumPy array, which ``torch.compile`` would trace as a tensor)."""
     freqs = inv_freq(name, value, xp)
+    if not isinstance(freqs, tuple) and check.concrete_jax(freqs):  # closed over by a jitted function
+        return _host_floats(name, np.asarray(freqs))
     if not isinstance(freqs, tuple):
         if getattr(freqs, "requires_grad", False) and check.is_eager(freqs):
             raise TypeError(f"{name} requires grad, but these frequencies are constants of the kernel (no gradient reaches them): pass {name}.detach()")
