@@ -440,6 +440,7 @@ _CLOSED_FLOATS = jnp.asarray([0.5, 3.0, 7.25, 12.0], jnp.float32)
 _CLOSED_INTS = jnp.arange(4)
 _CLOSED_FREQS = jnp.asarray(inv_freq(8), jnp.float32)
 _CLOSED_NEW_FREQS = _CLOSED_FREQS * 0.5
+_CLOSED_LENGTH, _CLOSED_CU = jnp.asarray(4), jnp.asarray([0, 1, 4])
 
 
 @pytest.mark.parametrize(
@@ -449,6 +450,8 @@ _CLOSED_NEW_FREQS = _CLOSED_FREQS * 0.5
         ("rerotate", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_FLOATS, inv_freq(8))),
         ("rerotate[JAX frequencies]", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_INTS, _CLOSED_FREQS, new_inv_freq=_CLOSED_NEW_FREQS)),
         ("sinusoidal", lambda x: pe.sinusoidal(_CLOSED_FLOATS, 8) + x),
+        ("t5_bias[0-d lengths]", lambda x: pe.t5_bias(jnp.broadcast_to(x[0, :2], (32, 2)), _CLOSED_LENGTH, _CLOSED_LENGTH)),
+        ("positions_from_cu_seqlens", lambda x: x + pe.positions_from_cu_seqlens(_CLOSED_CU, 4)[:, None]),
         ("complex_order", lambda x: pe.complex_order(x[0], x[0], x[0], _CLOSED_FLOATS).real),
         ("alibi_bias", lambda x: pe.alibi_bias(x[0, :2], 4, 4, query_positions=_CLOSED_FLOATS, key_positions=_CLOSED_FLOATS)),
         ("t5_bias", lambda x: pe.t5_bias(jnp.broadcast_to(x[0, :2], (32, 2)), 4, 4, query_positions=_CLOSED_INTS, key_positions=_CLOSED_INTS)),
@@ -461,7 +464,9 @@ def test_concrete_positions_closed_over_under_jit_give_the_eager_result(name, ca
     ``TracerBoolConversionError`` / ``ConcretizationTypeError``; they are read as traced now.
     ``rerotate``'s frequencies, host constants of its kernel, are read on the host: closed-over
     JAX ones were refused as traced (``TypeError`` "inv_freq must hold concrete values ...,
-    got a traced ArrayImpl")."""
+    got a traced ArrayImpl"), as were 0-d lengths ("q_len must be a concrete integer here
+    ..., got a traced ArrayImpl"), and ``cu_seqlens`` took the ``checkify`` check of traced
+    values, which a plain ``jax.jit`` refuses to compile; both are read now, as eagerly."""
     x = jnp.full((4, 8), 0.5, jnp.float32)
     # (complex_order's traced frequencies round as XLA fuses them: within an ulp)
     np.testing.assert_allclose(np.asarray(jax.jit(call)(x)), np.asarray(call(x)), rtol=2e-7 if name == "complex_order" else 0, atol=0)

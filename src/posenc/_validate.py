@@ -66,7 +66,7 @@ def integer(name, value, *, minimum=None, static=False):
         return value
     if is_array(value):
         _zero_d_integer(name, value)
-        if not is_eager(value):
+        if not (is_eager(value) or concrete_jax(value)):  # (one closed over by a jitted function holds its value)
             raise TypeError(
                 f"{name} must be a concrete integer here (its value is read before any work: a size, a count or a range checked), got a traced {type(value).__name__}; "
                 f"pass a Python int ({STATIC_HINT})"

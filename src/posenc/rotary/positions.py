@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import _compat
 from .. import _validate as check
 from .._xp import device_of, index_dtype, namespace, resplit, searched, unsplit, without_empty_chunks
@@ -92,7 +94,9 @@ def positions_from_cu_seqlens(cu_seqlens, total, *, check_traced=True):
     check.allocatable_unless_blocked("positions_from_cu_seqlens", (total,), 8, cu_seqlens)
     if not isinstance(check_traced, bool):
         raise TypeError(f"check_traced must be True or False, got {check_traced!r}")
-    if check_traced and _compat.is_jax_array(cu_seqlens) and not check.is_eager(cu_seqlens):
+    if check.concrete_jax(cu_seqlens) and not check.is_eager(cu_seqlens):  # closed over by a jitted function: read now
+        _from_zero_to(np.asarray(cu_seqlens), total=total)
+    elif check_traced and _compat.is_jax_array(cu_seqlens) and not check.is_eager(cu_seqlens):
         _checkify_total(xp, cu_seqlens, total)
     device = device_of(cu_seqlens)
     itype = index_dtype(xp, device)
