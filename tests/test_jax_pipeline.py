@@ -369,6 +369,26 @@ def test_export_with_a_symbolic_length_refuses_what_it_cannot_bound():
 # --- 2. sharding: a per-shard kernel call -------------------------------------------------
 
 
+def test_kernel_ops_inside_shard_map_vary_as_their_arguments():
+    """Inside ``jax.shard_map`` the kernel primitive's result varies along the manual axes its
+    arguments vary along, and an argument that does not is made to (``pcast``, whose
+    transpose sums its cotangent): ``jax.grad`` had raised "Expected cotangent type
+    float32[1,2,6,8]{V:d} but got float32[1,2,6,8]", and the gradient of a replicated x
+    rotated at per-device positions was one device's alone (83 off the reference's sum).
+    In a child process with 4 forced host devices."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "jax_sharding" / "check_shard_map.py"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(pe.__file__).parents[1]), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, str(script), "4"], capture_output=True, text=True, timeout=300, env=env)
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert len(lines) == 4 and all(line.endswith(" ok") for line in lines), "\n".join(lines)
+
+
 @pytest.mark.parametrize("devices, shardy", [(2, True), (4, True), (2, False)])
 def test_sharded_inputs_stay_sharded_without_all_gather(devices, shardy):
     """Values, output shardings and the compiled HLO (no all-gather) of batch-, head- and

@@ -73,13 +73,40 @@ kernel_p = Primitive("posenc_kernel")
 
 
 def apply(op, *args):
-    """``op`` on traced ``args``."""
+    """``op`` on traced ``args``; inside ``shard_map``, each argument made to vary along every
+    manual mesh axis one of them varies along (JAX's ``pcast``, whose transpose sums the
+    cotangent of an argument that did not), as JAX's own operations do."""
+    axes = frozenset().union(*map(_varying, args))
+    if axes:
+        args = [_vary(a, axes - _varying(a)) for a in args]
     return kernel_p.bind(*args, op=op)
+
+
+def _varying(a):
+    """The manual mesh axes (``shard_map``'s) along which ``a`` varies, where this JAX's types
+    track them (``manual_axis_type``, earlier ``vma``)."""
+    aval = getattr(a, "aval", a)
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying if mat is not None else getattr(aval, "vma", ()))
+
+
+def _vary(a, axes):
+    if not axes:
+        return a
+    cast = getattr(jax.lax, "pcast", None)
+    return cast(a, tuple(axes), to="varying") if cast is not None else jax.lax.pvary(a, tuple(axes))
 
 
 def _abstract(*avals, op):
     shape = op.shape([a.shape for a in avals])
-    return jax.core.ShapedArray(shape, avals[0].dtype, sharding=_result_sharding(avals, shape))
+    sharding = _result_sharding(avals, shape)
+    if not _varying(avals[0]):
+        return jax.core.ShapedArray(shape, avals[0].dtype, sharding=sharding)
+    # inside shard_map: on its manual mesh, varying as the arguments do (alike: apply)
+    sharding = sharding or jax.sharding.NamedSharding(avals[0].sharding.mesh, jax.sharding.PartitionSpec())
+    result = jax.core.ShapedArray(shape, avals[0].dtype, sharding=sharding)
+    mat = getattr(avals[0], "manual_axis_type", None)
+    return result.update(manual_axis_type=mat) if mat is not None else result.update(vma=avals[0].vma)
 
 
 def _result_sharding(avals, shape):
