@@ -263,6 +263,29 @@ def test_flax_module_refuses_integer_inputs_as_the_torch_module(name):
                 module.logits(*(wrap(jnp.ones((1, HEADS, 3, DIM + 2), jnp.float32)),) * 2)
 
 
+@pytest.mark.parametrize("name", sorted(PAIRS))
+def test_flax_module_refuses_misshapen_inputs_as_the_torch_module(name):
+    """q, k, v of another module's heads, of two head_dims, v of another length than k, a mask
+    that does not broadcast against the logits: the torch module's ValueError naming them.
+    The flax modules had let JAX raise "Incompatible shapes for broadcasting" or
+    "dot_general requires contracting dimensions to have the same shape" (heads: T5, ALiBi,
+    FIRE, KERPLE, Sandwich), or gone on with a later function's message."""
+    torch_module, flax_module = PAIRS[name]()
+    q, k, v = (jnp.ones((1, HEADS, 3, DIM)),) * 3
+    bad = {
+        "q and k must have the same head_dim": lambda a: (a(q), a(k[..., : DIM - 2]), a(v)),
+        "v must have k_len = 3 rows": lambda a: (a(q), a(k), a(v[:, :, :2])),
+    }
+    if flax_module.num_heads is not None:
+        bad["heads on axis -3"] = lambda a: (a(jnp.ones((1, HEADS + 1, 3, DIM))),) * 3
+    for module, wrap in ((torch_module, lambda a: torch.from_numpy(np.array(a))), (flax_module, lambda a: a)):
+        for message, make in bad.items():
+            with pytest.raises(ValueError, match=message):
+                module.attend(*make(wrap))
+        with pytest.raises(ValueError, match=r"mask of shape \(2, 2\) does not broadcast against the logits"):
+            module.attend(*(wrap(a) for a in (q, k, v)), mask=wrap(jnp.ones((2, 2), bool)))
+
+
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="the index dtype is int32 without x64")
 @pytest.mark.parametrize("name", sorted(PAIRS))
 def test_flax_module_refuses_an_offset_whose_positions_leave_the_index_dtype(name):

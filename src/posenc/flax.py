@@ -131,21 +131,22 @@ class PositionalModule(nnx.Module):
     takes_mask = False  # scores take mask, the keys each query may attend to (CoPE)
     takes_row_offsets = False  # logits and attend take one offset per batch row (the relative biases and logits)
     head_dim = None  # the queries' width, where the module fixes it (rotary modules)
+    num_heads = None  # the heads, where the module's parameters or bias fix them
 
     def embed(self, x, positions=None, *, offset=0):
         return x
 
     def logits(self, q, k, *, offset=None, query_positions=None, key_positions=None):
-        _check_query_key(q, k, head_dim=self.head_dim)
+        _check_query_key(q, k, heads=self.num_heads, head_dim=self.head_dim)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "logits")
         return self.scores(q, k, offset, **positions)
 
     def attend(self, q, k, v, *, causal=False, offset=None, mask=None, query_positions=None, key_positions=None):
-        _check_query_key(q, k, v, head_dim=self.head_dim)
+        _check_query_key(q, k, v, heads=self.num_heads, head_dim=self.head_dim)
         check.flag("causal", causal)
         offset, positions = self._alignment(q, k, offset, query_positions, key_positions, "attend")
         start = offset if indices.per_row(offset) else indices.query_offset(offset, q.shape[-2], k.shape[-2])
-        allowed = _allowed_keys(q.shape[-2], k.shape[-2], causal, start, mask)
+        allowed = _allowed_keys(q.shape[-2], k.shape[-2], causal, start, mask, _logits_shape(q, k))
         hidden = {"mask": allowed} if self.takes_mask and allowed is not None else {}
         logits = self.scores(q, k, offset, **positions, **hidden)
         weights = _masked_softmax(logits, allowed)
@@ -176,9 +177,10 @@ class PositionalModule(nnx.Module):
         return weights @ v
 
 
-def _check_query_key(q, k, v=None, *, head_dim=None):
-    """``q``, ``k`` (and ``v``): floating arrays (``head_dim`` wide where the module fixes it),
-    else a TypeError/ValueError naming them; two float dtypes promote, as in JAX."""
+def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
+    """``q``, ``k`` (and ``v``): floating arrays shaped alike ``[batch, heads, seq, head_dim]``
+    (``heads`` the module's, or one to broadcast; ``head_dim`` the module's), else a
+    TypeError/ValueError naming them, as the torch twin's; two float dtypes promote, as in JAX."""
     tensors = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
     for name, a in tensors:
         dtype = getattr(a, "dtype", None)
@@ -186,8 +188,19 @@ def _check_query_key(q, k, v=None, *, head_dim=None):
             raise TypeError(f"{name} must be an array [batch, heads, seq, head_dim], got {type(a).__name__}")
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"{name} must be a floating array, got {dtype}")
+        if heads is not None and a.ndim >= 3 and a.shape[-3] not in (heads, 1):
+            raise ValueError(f"{name} must have the module's {heads} heads on axis -3 ([batch, heads, seq, head_dim]), got shape {tuple(a.shape)}")
     if head_dim is not None and q.shape[-1] != head_dim:
         raise ValueError(f"q must have the module's head_dim = {head_dim} channels, got shape {tuple(q.shape)}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head_dim, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
+    if v is not None and v.shape[-2] != k.shape[-2]:
+        raise ValueError(f"v must have k_len = {k.shape[-2]} rows, got shape {tuple(v.shape)}")
+
+
+def _logits_shape(q, k):
+    """``[..., heads, q_len, k_len]`` of ``q``'s and ``k``'s leading axes broadcast (JAX's error where they do not)."""
+    return jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
 
 
 ROWS = "one per batch row is taken by the modules of the relative biases and logits (T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich, CoPE and TUPE)"
@@ -204,7 +217,7 @@ def _row_offsets(offset, q, k):
     return argument_in("offset", offset, jnp)[1]
 
 
-def _allowed_keys(q_len, k_len, causal, offset, mask):
+def _allowed_keys(q_len, k_len, causal, offset, mask, shape):
     allowed = None
     if causal and indices.per_row(offset):  # [..., 1, q_len, k_len]: the batch axes lead, a head axis of 1
         allowed = indices.relative_positions(q_len, k_len, offset=offset)[..., None, :, :] >= 0
@@ -214,6 +227,10 @@ def _allowed_keys(q_len, k_len, causal, offset, mask):
     if mask is not None:
         if getattr(mask, "dtype", None) != jnp.bool_:
             raise TypeError(f"mask must be a boolean array (True = may attend), got {getattr(mask, 'dtype', type(mask).__name__)}")
+        try:
+            jnp.broadcast_shapes(tuple(mask.shape), tuple(shape))
+        except ValueError:
+            raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast against the logits {tuple(shape)}") from None
         allowed = mask if allowed is None else allowed & mask
     return allowed
 
@@ -374,6 +391,10 @@ class T5(_Bias):
         self.table = _normal(rngs, (num_buckets, _positive("num_heads", num_heads)), 0.02, _param_dtype(param_dtype))
         self.max_distance, self.bidirectional = max_distance, bidirectional
 
+    @property
+    def num_heads(self) -> int:
+        return int(self.table.shape[1])
+
     def bias(self, q_len, k_len, *, offset=None, **positions):
         table = self.table[...]
         options = {"bidirectional": self.bidirectional, "max_distance": self.max_distance, "num_buckets": table.shape[0]}
@@ -437,7 +458,7 @@ class FIRE(_Bias):
         self.out = _torch_linear(mlp_width, _positive("num_heads", num_heads), rngs, dtype)
         self.c = nnx.Param(jnp.asarray(float(c), dtype))
         self.L_multiplier = nnx.Param(jnp.asarray(1.0, dtype))
-        self.threshold, self.eps = threshold, eps
+        self.threshold, self.eps, self.num_heads = threshold, eps, num_heads
 
     def mlp(self, distances):
         return self.out(jax.nn.relu(self.hidden(distances)))
@@ -467,6 +488,7 @@ class KERPLE(_Bias):
         up_to_1 = jax.random.uniform(rngs.params(), (heads,))
         r1, r2 = (up_to_2, up_to_1) if kind == "log" else (up_to_1, up_to_2)
         self.r1, self.r2, self.kind, self.eps = nnx.Param(r1.astype(dtype)), nnx.Param(r2.astype(dtype)), kind, eps
+        self.num_heads = heads
 
     def bias(self, q_len, k_len, *, offset=None, **positions):
         def clamp(param, high):
@@ -542,6 +564,7 @@ class DeBERTa(PositionalModule):
         self.pos_q = _normal(rngs, shape, 0.02, dtype) if "p2c" in terms else None
         self.pos_k = _normal(rngs, shape, 0.02, dtype) if "c2p" in terms else None
         self.max_distance, self.bucket_size, self.max_position, self.terms = max_distance, bucket_size, max_position, terms
+        self.num_heads = num_heads
 
     def scores(self, q, k, offset, **positions):
         tables = [_value(t, q.dtype) for t in (self.pos_q, self.pos_k)]
@@ -561,7 +584,7 @@ class XL(PositionalModule):
         pe.sinusoidal(0, dim, base=base, layout=layout)  # validates the arguments now
         self.r_proj = _normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim), dtype)
         self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02, dtype), _normal(rngs, (heads, 1, head_dim), 0.02, dtype)
-        self.dim, self.base, self.layout = dim, base, layout
+        self.dim, self.base, self.layout, self.num_heads = dim, base, layout, heads
 
     def scores(self, q, k, offset):
         q_len, k_len = q.shape[-2], k.shape[-2]
@@ -586,7 +609,7 @@ class TENER(PositionalModule):
         heads, dtype = _positive("num_heads", num_heads), _param_dtype(param_dtype)
         pe.sinusoidal(0, _positive("head_dim", head_dim), base=base, layout=layout)  # validates the arguments now
         self.u, self.v = _normal(rngs, (heads, 1, head_dim), 0.02, dtype), _normal(rngs, (heads, 1, head_dim), 0.02, dtype)
-        self.base, self.layout = base, layout
+        self.base, self.layout, self.num_heads = base, layout, heads
 
     def scores(self, q, k, offset):
         return pe.tener_logits(q, k, _value(self.u, q.dtype), _value(self.v, q.dtype), base=self.base, offset=offset, layout=self.layout)
@@ -606,7 +629,7 @@ class TUPE(PositionalModule):
         self.p = _normal(rngs, (_positive("max_positions", max_positions), dim), 0.02, dtype)
         self.uq, self.uk = (_normal(rngs, (heads, dim, head_dim), 1 / math.sqrt(dim), dtype) for _ in range(2))
         self.cls = nnx.Param(jnp.zeros((2, heads), dtype)) if untie_cls else None
-        self.max_positions, self.bias = max_positions, bias
+        self.max_positions, self.bias, self.num_heads = max_positions, bias, heads
 
     takes_row_offsets = True
 
