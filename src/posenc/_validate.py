@@ -106,7 +106,7 @@ def _symbolic_integer(name, value, minimum, static):
 
 def relative_offset(offset, q_len, k_len, xp=None, device=None):
     """A validated ``offset`` of the first query (an int or a symbolic dimension of
-    ``jax.export``, as the lengths may be: :func:`_within`; a traced array as it is) whose
+    ``jax.export``, as the lengths may be: :func:`within`; a traced array as it is) whose
     query positions ``offset .. offset + q_len - 1`` and relative positions
     ``(offset + i) - j``, down to ``offset - (k_len - 1)``, stay within the index dtype of
     ``xp`` (int64; int32 for JAX without x64; int64 when ``xp`` is not known yet). A Dask
@@ -116,7 +116,7 @@ def relative_offset(offset, q_len, k_len, xp=None, device=None):
     if isinstance(offset, int) or jax_symbolic_dim(offset):
         bits, bottom, top = (64, INT64_MIN, INT64_MAX) if xp is None else index_bounds(xp, device)[1:]
         low, high = offset - max(k_len - 1, 0), offset + max(q_len - 1, 0)
-        if not _within("the relative positions (offset + i) - j", low, high, bottom, top, (q_len, k_len)):
+        if not within("the relative positions (offset + i) - j", low, high, bottom, top, (q_len, k_len)):
             raise ValueError(
                 f"offset={offset} with q_len={q_len} and k_len={k_len} puts the relative positions (offset + i) - j "
                 f"at {low} .. {high}, beyond int{bits} ({bottom} .. {top})"
@@ -206,7 +206,7 @@ def _checked_blocks(check_block, *values, dtype, **options):
     return da.blockwise(check_block, axes, *(item for pair in pairs for item in pair), dtype=dtype, meta=meta, **options)
 
 
-def rows_within(offsets, *, length, rows, error):
+def rowswithin(offsets, *, length, rows, error):
     """``offsets``, an array of first rows, whose rows ``offset .. offset + length - 1`` must
     all lie in a table of ``rows`` rows: checked now where they can be read, on each block of a
     Dask array when computed (the one returned), a traced array as it is. ``error(low, high)``
@@ -310,14 +310,14 @@ def _sum_leaves(xp, a, b, low, high, known, *, what):
     """Whether some ``a + b`` (broadcast) leaves ``[low, high]``; None where one cannot be read
     now. ``known``: ``(min, max)`` of ``a`` where the caller knows them, an ``arange`` along an
     axis (whose size, ``max - min + 1``, may be a symbolic dimension of ``jax.export``:
-    :func:`_within`); ``what``: the sums, as an error names them."""
+    :func:`within`); ``what``: the sums, as an error names them."""
     if not (_readable(b) and (known is not None or _readable(a))):
         return None
     amin, amax = known if known is not None else (int(xp.min(a)), int(xp.max(a)))
     single = _size_like(b)
     bmin, bmax = (b, b) if single else (int(xp.min(b)), int(xp.max(b)))
     lengths = () if known is None else (amax - amin + 1,)
-    if _within(what, amin + bmin, amax + bmax, low, high, lengths):
+    if within(what, amin + bmin, amax + bmax, low, high, lengths):
         return False
     if single or b.ndim == 0 or known is not None or a.ndim == 0:
         return True  # one of the two is a single value: its bounds are the sums'
@@ -452,7 +452,7 @@ def real(name, value, *, positive=False, minimum=None, below=None, static=True):
     return value
 
 
-def _within(what, smallest, largest, low, high, lengths=()):
+def within(what, smallest, largest, low, high, lengths=()):
     """Whether ``smallest .. largest`` stays within ``low .. high`` (an index dtype's range).
 
     Bounds that are symbolic dimensions of ``jax.export`` (known when the exported function is

@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import _compat
 from .. import _validate as check
-from .._xp import device_of, index_dtype, namespace, resplit, searched, unsplit, without_empty_chunks
+from .._xp import device_of, index_dtype, namespace, resplit, searched, size, unsplit, without_empty_chunks
 
 
 def positions_from_mask(mask, *, start=0):
@@ -40,8 +40,9 @@ def positions_from_mask(mask, *, start=0):
     start = check.integer("start", start)
     check.allocatable_unless_blocked("positions_from_mask", tuple(mask.shape), 8, mask)
     _, bits, low, high = check.index_bounds(xp, device_of(mask))
-    if not (low <= start - 1 and start + int(mask.shape[-1]) - 1 <= high):
-        raise ValueError(f"start + the positions of {int(mask.shape[-1])} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
+    n = size(mask.shape[-1])  # (a symbolic dimension of jax.export kept)
+    if not check.within("start + the token positions", start - 1, start + n - 1, low, high, (n,)):
+        raise ValueError(f"start + the positions of {n} tokens must stay within int{bits} ({low} .. {high}), got start={start}")
     itype = index_dtype(xp, device_of(mask))
     mask, split = unsplit(mask, -1)  # (a running count along the sequence)
     token = mask if mask.dtype == xp.bool else mask != 0
