@@ -22,7 +22,7 @@ from numpy import dtype as _numpy_dtype
 from numpy import ndarray as _ndarray
 
 from . import _compat
-from ._xp import PLAIN, broadcast_shapes, device_of, index_dtype, is_integer, native_order, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_device_is, torch_tensor, torch_without_data, trace_constant, widest_float
+from ._xp import PLAIN, broadcast_shapes, device_of, elsewhere, index_dtype, is_integer, native_order, is_real_floating, jax_symbolic_dim, namespace, on_accelerator, result_dtype, symbolic_size, torch_compiling, torch_device_is, torch_tensor, torch_without_data, trace_constant, widest_float
 
 
 def _show(value) -> str:
@@ -404,8 +404,11 @@ def computed_on(name, value, device):
     """A torch ``value`` computed with rather than read (an offset or length that cannot be
     read now, frequencies in the graph) on ``device``, the other arguments'; a 0-d one may
     also be on the CPU (torch takes a CPU scalar beside any device's tensors). ``ValueError``
-    naming it otherwise (torch's ``RuntimeError`` once computing)."""
-    if not torch_tensor(value) or device is None or value.ndim == 0 and value.device.type == "cpu":
+    naming it otherwise (torch's ``RuntimeError`` once computing). Another library's array
+    must be on ``device`` as :func:`posenc._xp.elsewhere` says."""
+    if not torch_tensor(value):
+        return _not_elsewhere(name, value, device)
+    if device is None or value.ndim == 0 and value.device.type == "cpu":
         return value
     if not torch_device_is(value.device, _torch().device(device)):  # (a device= given as a string: "cuda" is any CUDA device)
         raise ValueError(f"{name} must be on device {device}, the other arguments', got {value.device}")
@@ -416,12 +419,22 @@ def read_on_its_gpu(name, value, device):
     """A torch ``value`` about to be read on the host (an offset, frequencies) beside arrays
     on ``device``: a ``ValueError`` naming it where both are accelerators but not the same
     one, before the read (a synchronisation on a GPU the call does not run on, its number
-    then used on another). One on the CPU, or on a GPU beside host arrays, is read."""
-    if not torch_tensor(value) or device is None or value.device.type == "cpu":
+    then used on another). One on the CPU, or on a GPU beside host arrays, is read.
+    Another library's array must be on ``device`` as :func:`posenc._xp.elsewhere` says
+    (its library would refuse to combine it there; read, it would move unseen)."""
+    if not torch_tensor(value):
+        return _not_elsewhere(name, value, device)
+    if device is None or value.device.type == "cpu":
         return value
     want = _torch().device(device)
     if want.type != "cpu" and not torch_device_is(value.device, want):
         raise ValueError(f"{name} is on {value.device}, the other arguments on {device}: move it to {device} (or pass a CPU value)")
+    return value
+
+
+def _not_elsewhere(name, value, device):
+    if elsewhere(value, device):
+        raise ValueError(f"{name} must be on device {device}, the other arguments', got {device_of(value)}")
     return value
 
 

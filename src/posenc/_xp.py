@@ -493,34 +493,46 @@ def host_constants(fn):
     one among them too; ``out=`` is never converted (it is written, not read). An array of a
     subclass of NumPy's (``np.memmap``, ``np.matrix``) is read as a plain ``ndarray``: a
     path that computes with its ufuncs or indexing would otherwise return the subclass,
-    where a kernel returns ``ndarray``."""
+    where a kernel returns ``ndarray``. Arrays on two devices (:func:`device_of`'s
+    ``ValueError``) are refused naming each argument's device (:func:`one_device`)."""
 
     @wraps(fn)
     def call(*args, **kwargs):
-        values = (*args, *kwargs.values())
-        kinds = set(map(type, values))
-        # All NumPy (a decode step's planned call), or no NumPy and one type beyond plain values: nothing to convert or check.
-        if NDARRAY_OR_PLAIN.issuperset(kinds):
-            return fn(*args, **kwargs)
-        others = kinds - PLAIN
-        if _ndarray not in kinds and len(others) < 2 and not issubclass(others.pop() if others else type(None), _ndarray):
-            return fn(*args, **kwargs)
-        if _ndarray not in kinds and torch_compiling():  # (what Dynamo traces holds torch tensors only)
-            return fn(*args, **kwargs)
-        bound = _signature(fn).bind(*args, **kwargs)
-        for n, v in bound.arguments.items():
-            if n != "out" and type(v) is not _ndarray and isinstance(v, _ndarray) and not isinstance(v, _numpy.ma.MaskedArray):
-                bound.arguments[n] = _numpy.asarray(v)  # (masked arrays are refused by name where they are validated)
-        host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
-        others = {n: v for n, v in bound.arguments.items() if n != "out" and _device_array(v)}
-        xp = one_kind(**others)
-        if host and others:
-            device = device_of(*others.values())
-            for n in host:
-                bound.arguments[n] = _converted(xp, n, bound.arguments[n], device)
-        return fn(*bound.args, **bound.kwargs)
+        try:
+            values = (*args, *kwargs.values())
+            kinds = set(map(type, values))
+            # All NumPy (a decode step's planned call), or no NumPy and one type beyond plain values: nothing to convert or check.
+            if NDARRAY_OR_PLAIN.issuperset(kinds):
+                return fn(*args, **kwargs)
+            others = kinds - PLAIN
+            if _ndarray not in kinds and len(others) < 2 and not issubclass(others.pop() if others else type(None), _ndarray):
+                return fn(*args, **kwargs)
+            if _ndarray not in kinds and torch_compiling():  # (what Dynamo traces holds torch tensors only)
+                return fn(*args, **kwargs)
+            bound = _signature(fn).bind(*args, **kwargs)
+            for n, v in bound.arguments.items():
+                if n != "out" and type(v) is not _ndarray and isinstance(v, _ndarray) and not isinstance(v, _numpy.ma.MaskedArray):
+                    bound.arguments[n] = _numpy.asarray(v)  # (masked arrays are refused by name where they are validated)
+            host = [n for n, v in bound.arguments.items() if type(v) is _ndarray and n != "out"]
+            others = {n: v for n, v in bound.arguments.items() if n != "out" and _device_array(v)}
+            xp = one_kind(**others)
+            if host and others:
+                device = device_of(*others.values())
+                for n in host:
+                    bound.arguments[n] = _converted(xp, n, bound.arguments[n], device)
+            return fn(*bound.args, **bound.kwargs)
+        except DevicesDiffer:  # (named here, where the arguments are known: nothing to check on a call that passes)
+            one_device(**_array_arguments(fn, args, kwargs))
+            raise
 
     return call
+
+
+def _array_arguments(fn, args, kwargs):
+    """The arguments of a call of ``fn`` that are arrays of a library (NumPy's, host
+    constants, go where the others are), by name."""
+    bound = _signature(fn).bind(*args, **kwargs)
+    return {n: v for n, v in bound.arguments.items() if _device_array(v)}
 
 
 @lru_cache(maxsize=None)
@@ -551,6 +563,25 @@ def _converted(xp, name, value, device):
     return xp.asarray(value, dtype=dtype, device=device)
 
 
+def elsewhere(value, device) -> bool:
+    """Whether ``value``, an array of a library that refuses to combine arrays of two devices
+    (array-api-strict, CuPy, a committed JAX array: anything but torch, whose CPU scalars mix
+    with any device's tensors, and NumPy, host constants), is on another device than
+    ``device``, the other arguments'. An unknown device (``None``) is anywhere."""
+    if device is None or isinstance(value, _HOST_VALUES) or torch_tensor(value) or not _device_array(value):  # (isinstance first: torch.compile guards no type() of a constant)
+        return False
+    found = device_of(value)
+    return found is not None and found != device
+
+
+_HOST_VALUES = (_ndarray, tuple, list, *PLAIN)
+
+
+class DevicesDiffer(ValueError):
+    """:func:`device_of`'s refusal: arrays of one call on two devices (a public function
+    decorated by :func:`host_constants` names each argument's device in it)."""
+
+
 def device_of(*arrays):
     """The common device of ``arrays`` (``None`` when there is no array).
 
@@ -569,7 +600,7 @@ def device_of(*arrays):
         if all(d != e for e in devices):
             devices.append(d)
     if len(devices) > 1:
-        raise ValueError(f"arrays on different devices in one call: {devices}; move them to one device first")
+        raise DevicesDiffer(f"arrays on different devices in one call: {devices}; move them to one device first")
     return devices[0] if devices else None
 
 
@@ -577,9 +608,13 @@ def one_device(**named):
     """:func:`device_of` of the arrays ``named``, its ``ValueError`` naming each one's device."""
     try:
         return device_of(*named.values())
-    except ValueError:
-        where = ", ".join(f"{name} on {device_of(a)}" for name, a in named.items())
-        raise ValueError(f"arrays on different devices in one call: {where}; move them to one device first") from None
+    except DevicesDiffer:
+        raise _named_devices(named) from None
+
+
+def _named_devices(named):
+    where = ", ".join(f"{name} on {device_of(a)}" for name, a in named.items())
+    return DevicesDiffer(f"arrays on different devices in one call: {where}; move them to one device first")
 
 
 def _jax_placement(a, device):

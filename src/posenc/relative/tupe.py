@@ -23,6 +23,7 @@ def _cls_value(name, value, xp, batch, work, like):
     check.array(name, value)
     value = host_constant_like(name, value, like)
     namespace(like, value)  # (two libraries: the TypeError naming both)
+    check.computed_on(name, value, device_of(like))
     check.float_array(name, value, xp)
     try:
         broadcast_shapes(tuple(value.shape), tuple(batch))

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import _compat, _dispatch
 from .. import _validate as check
-from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, on_accelerator, one_kind, result_dtype, split_as_first, torch_compiling, trace_constant, widest_float
+from .._xp import cast_pair, cos_sin, cos_sin_of_array, device_of, explicit_sharding, has_float64, host_constant_like, is_real_floating, namespace, on_accelerator, one_device, one_kind, result_dtype, split_as_first, torch_compiling, trace_constant, widest_float
 from . import _args
 from .scaling import check_scaling, frequency_table, nameable
 
@@ -330,7 +330,7 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
     xp = namespace(x, *per_row.values())
     check.float_array("x", x, xp)
     check.ndim("x", x, minimum=1)
-    device = device_of(x, *per_row.values())
+    device = one_device(x=x, **per_row)
     if not check.is_array(delta):
         delta = _scalar_array(xp, "delta", delta, device)
     delta = check.positions("delta", delta, xp, device, finite=not (check.is_eager(delta) and on_accelerator(delta)))  # (as rope's positions)

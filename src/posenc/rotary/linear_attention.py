@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .. import _dispatch
 from .. import _validate as check
-from .._xp import broadcast_shapes, cast, compute_dtype, device_of, host_constants, namespace, pairwise_sum, unsplit, without_empty_chunks
+from .._xp import broadcast_shapes, cast, compute_dtype, host_constants, namespace, one_device, pairwise_sum, unsplit, without_empty_chunks
 from . import _args
 from .scaling import frequency_table
 
@@ -68,8 +68,9 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     """
     for name, a in (("q", q), ("k", k), ("v", v)):
         check.array(name, a)
-    xp = namespace(q, k, v, *(positions if isinstance(positions, tuple) else (positions,)))
-    device_of(q, k, v)
+    given = dict(enumerate(positions)) if isinstance(positions, tuple) else {"": positions}
+    xp = namespace(q, k, v, *given.values())
+    one_device(q=q, k=k, v=v, **{f"positions{'' if i == '' else f'[{i}]'}": p for i, p in given.items()})
     check.query_key_value(q, k, v, xp)
     check.features(q, k, "the normaliser sums the feature map over them")
     check.flag("causal", causal)
