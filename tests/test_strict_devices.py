@@ -125,3 +125,63 @@ def test_one_argument_on_the_default_device_is_refused_naming_it(name, moved):
     named = [moved] if len(values) > 2 else list(values)
     assert any(f"{n} " in message for n in named), message
     assert "can not be combined" not in message and "must all use the same device" not in message
+
+
+POSITIONS = strict.asarray(np.arange(3), device=DEVICE1)
+OFFSET = strict.asarray(2, device=DEVICE1)
+# name -> call(device): a creator given an array on device1 and ``device=``.
+CREATORS = {
+    "sinusoidal": lambda d: pe.sinusoidal(POSITIONS, 8, device=d),
+    "sinusoidal xp": lambda d: pe.sinusoidal(POSITIONS, 8, xp=strict, device=d),
+    "floater": lambda d: pe.floater(3, 8, p0=strict.asarray(np.ones(8), device=DEVICE1), substeps=2, device=d),
+    "rope_decay": lambda d: pe.rope_decay(POSITIONS, 8, device=d),
+    "fire_distances": lambda d: pe.fire_distances(3, 6, query_positions=POSITIONS, device=d),
+    "fire_distances offset": lambda d: pe.fire_distances(3, 6, offset=OFFSET, xp=strict, device=d),
+    "fire_bias": lambda d: pe.fire_bias(lambda z: z * 2.0, 3, 6, query_positions=POSITIONS, device=d),
+    "sandwich_bias": lambda d: pe.sandwich_bias(3, 6, 8, query_positions=POSITIONS, device=d),
+    "sandwich_bias offset": lambda d: pe.sandwich_bias(3, 6, 8, offset=OFFSET, xp=strict, device=d),
+    "sandwich_vector": lambda d: pe.sandwich_vector(3, 6, 8, offset=OFFSET, xp=strict, device=d),
+    "relative_positions": lambda d: pe.relative_positions(3, 6, offset=OFFSET, device=d),
+}
+
+
+@pytest.mark.parametrize("name", list(CREATORS))
+def test_a_device_argument_is_honoured_and_one_contradicting_an_array_refused(name):
+    """``device=device1`` beside arrays on ``device1`` gives a result there. ``device=`` the
+    default device beside them was dropped without a word by ``sinusoidal``, ``floater`` and
+    ``rope_decay`` (a result on ``device1``), read the 0-d offset of ``relative_positions`` and
+    ``sandwich_vector`` into a result on the default device, and ended in array-api-strict's
+    own error inside ``fire_distances``, ``fire_bias`` and ``sandwich_bias``. Now a
+    ``ValueError`` naming the argument, as torch's positions are refused (``test_device_reads``)."""
+    assert CREATORS[name](DEVICE1).device == DEVICE1
+    with pytest.raises(ValueError, match=r"^(\w+) (is on|must be on device) array_api_strict\.Device\('(device1|CPU_DEVICE)'\)") as refused:
+        CREATORS[name](DEFAULT)
+    assert "can not be combined" not in str(refused.value)
+
+
+@pytest.mark.parametrize("name", ["floater", "sinusoidal", "rope_decay", "alibi_slopes", "rope_frequencies", "sincos_2d", "nezha_table", "axial_frequencies", "relative_positions", "randomized_positions"])
+def test_a_creator_of_xp_array_api_strict_makes_its_result_on_the_device_given(name):
+    call = {
+        "floater": lambda d: pe.floater(3, 8, substeps=2, xp=strict, device=d),
+        "sinusoidal": lambda d: pe.sinusoidal(6, 8, xp=strict, device=d),
+        "rope_decay": lambda d: pe.rope_decay(5, 8, xp=strict, device=d),
+        "alibi_slopes": lambda d: pe.alibi_slopes(3, xp=strict, device=d),
+        "rope_frequencies": lambda d: pe.rope_frequencies(8, xp=strict, device=d)[0],
+        "sincos_2d": lambda d: pe.sincos_2d(2, 3, 8, xp=strict, device=d),
+        "nezha_table": lambda d: pe.nezha_table(3, 8, xp=strict, device=d),
+        "axial_frequencies": lambda d: pe.axial_frequencies(8, xp=strict, device=d),
+        "relative_positions": lambda d: pe.relative_positions(3, 6, xp=strict, device=d),
+        "randomized_positions": lambda d: pe.randomized_positions(4, 10, rng=np.random.default_rng(0), xp=strict, device=d),
+    }[name]
+    got, want = call(DEVICE1), call(DEFAULT)
+    assert got.device == DEVICE1 and want.device == DEFAULT
+    assert np.array_equal(np.asarray(want), np.asarray(got.to_device(DEFAULT)))
+
+
+def test_floater_converts_a_numpy_p0_into_the_namespace_given():
+    """``floater(p0=<NumPy>, xp=torch)`` raised ``AttributeError: 'numpy.dtypes.Float64DType'
+    object has no attribute 'is_floating_point'``; ``p0`` is converted as the other creators'
+    arrays are now, onto ``device=``."""
+    got = pe.floater(3, 8, p0=np.ones(8), substeps=2, xp=strict, device=DEVICE1)
+    assert got.device == DEVICE1
+    assert np.array_equal(np.asarray(got.to_device(DEFAULT)), pe.floater(3, 8, p0=np.ones(8), substeps=2))

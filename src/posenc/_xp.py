@@ -411,8 +411,13 @@ def argument_in(name, value, xp, device=None):
 def _on_given_device(name, value, device):
     """A torch ``value`` with axes beside ``device=``: on that device (``"cuda"``: any CUDA
     device), else a ``ValueError`` naming both, rather than a result on ``value``'s device.
-    A 0-d one (an offset) is checked where it is read or computed with."""
-    if device is None or not torch_tensor(value) or value.ndim == 0:
+    A 0-d one (an offset) is checked where it is read or computed with. Another library's
+    array (array-api-strict's, CuPy's) is held to ``device`` as :func:`elsewhere` says."""
+    if device is None or getattr(value, "ndim", 0) == 0:
+        return value
+    if not torch_tensor(value):
+        if elsewhere(value, device):
+            raise ValueError(f"{name} is on {device_of(value)} but device={device}: pass one device")
         return value
     import torch
 

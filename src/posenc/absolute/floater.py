@@ -6,7 +6,7 @@ import math
 import numbers
 
 from .. import _validate as check
-from .._xp import cast, device_of, is_integer, is_real_floating, namespace, result_dtype, widest_float
+from .._xp import argument_in, cast, device_of, is_integer, is_real_floating, namespace, result_dtype, widest_float
 from .sinusoidal import inverse_frequencies
 
 
@@ -125,7 +125,7 @@ def floater(length, dim, *, dynamics=None, p0=None, step=1.0, substeps=None, bas
     if dynamics is not None and not callable(dynamics):
         raise TypeError(f"dynamics must be callable (p, t) -> dp/dt, got {type(dynamics).__name__}")
     if p0 is not None:
-        xp = namespace(p0, xp=xp)
+        xp, p0 = argument_in("p0", p0, xp, device)
         check.float_array("p0", p0, xp)
         if tuple(p0.shape) != (dim,):
             raise ValueError(f"p0 must have shape ({dim},), got {tuple(p0.shape)}")
