@@ -584,3 +584,17 @@ def test_a_blocked_bias_of_no_queries_or_no_keys_is_numpys_empty_result():
             assert got.npartitions == 1
         if q_len + k_len < 10:
             np.testing.assert_array_equal(got.compute(), want)
+
+
+@pytest.mark.parametrize("chunks", [(1, 7, 8), (2, 20, 8), (1, 3, 5)])
+def test_conv_positions_keeps_the_chunks_of_x(rng, chunks):
+    """Each tap added a slice of the zero-padded ``x`` shifted by ``t``, whose chunks are
+    offset by ``t``: their sum was cut at every shifted boundary, ``x`` of chunks ``(7, 7, 6)``
+    along the sequence gave ``(1, 1, 3, 1, 1, 1, 1, 3, 1, 1, 1, 1, 2, 1, 1)``, and 4096 rows in
+    chunks of 1024 gave 20 chunks, 16 of them one row. Each slice is in ``x``'s chunks now:
+    the result has ``x``'s chunks (and the NumPy call's bits)."""
+    x, kernel = rng.standard_normal((2, 20, 8)), rng.standard_normal((5, 8))
+    lazy = da.from_array(x, chunks=chunks)
+    got = lazily(pe.conv_positions, lazy, da.from_array(kernel))
+    assert got.chunks == lazy.chunks
+    assert np.array_equal(got.compute(), pe.conv_positions(x, kernel))

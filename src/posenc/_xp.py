@@ -353,6 +353,15 @@ def reshaped(xp, a, shape):
     return xp.reshape(a, shape)
 
 
+def chunked_like(a, like):
+    """``a``, an array of ``like``'s shape, in ``like``'s chunks where both are Dask arrays
+    (a shifted slice of a padded array: its chunks are offset by the shift, and a sum of
+    such slices is cut at every offset boundary, slivers of a row); any other as it is."""
+    if not type(a).__module__.startswith("dask.") or a.chunks == like.chunks:  # (a type test, as below)
+        return a
+    return a.rechunk(like.chunks)
+
+
 def without_empty_chunks(a):
     """``a`` to reduce along its axes: a Dask array with its chunks of length 0 merged away
     (Dask's ``max`` of an axis with one raises, and ``compute_chunk_sizes`` after boolean

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, compute_dtype, device_of, explicit_sharding, host_constants, namespace, resplit, unsplit
+from .._xp import cast, chunked_like, compute_dtype, device_of, explicit_sharding, host_constants, namespace, resplit, unsplit
 
 
 @host_constants
@@ -50,5 +50,5 @@ def conv_positions(x, kernel):
     padded = xp.concat([pad, xw, pad], axis=-2)
     result = xw
     for t in range(width):
-        result = result + kw[t, :] * padded[..., t : t + length, :]
+        result = result + kw[t, :] * chunked_like(padded[..., t : t + length, :], xw)
     return cast(xp, resplit(result, split), x.dtype)
