@@ -11,12 +11,14 @@ from .sinusoidal import inverse_frequencies
 
 
 def _rotation_dynamics(freqs, xp, device, dtype):
-    w = xp.asarray(freqs, dtype=dtype, device=device)
+    """``dp/dt`` of the pairs ``(sin, cos)``: ``(w cos, -w sin)``, each pair swapped (a flip,
+    which keeps a Dask state in its chunk: a stack and reshape of the halves split it
+    further at every stage, a state of 64 values in 64 chunks after a few steps) times
+    ``(w, -w)``."""
+    w = xp.asarray([v for f in freqs for v in (f, -f)], dtype=dtype, device=device)
 
     def dynamics(p, t):
-        pairs = xp.reshape(p, (-1, 2))
-        sin, cos = pairs[:, 0], pairs[:, 1]
-        return xp.reshape(xp.stack([w * cos, -w * sin], axis=-1), (-1,))
+        return w * xp.reshape(xp.flip(xp.reshape(p, (-1, 2)), axis=-1), (-1,))
 
     return dynamics
 
