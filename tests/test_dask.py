@@ -610,3 +610,16 @@ def test_floater_of_a_dask_p0_keeps_its_state_in_one_chunk():
     got = lazily(lambda p: pe.floater(4, 8, p0=p, substeps=2), da.from_array(p0))
     assert got.chunks == ((1, 1, 1, 1), (8,))
     assert np.array_equal(got.compute(), pe.floater(4, 8, p0=p0, substeps=2))
+
+
+@pytest.mark.parametrize("chunks", [(1, 1, 8, 16), (1, 1, 32, 16), (1, 2, 10, 12)])
+def test_rel_shift_keeps_the_chunks_of_x(rng, chunks):
+    """Dask's reshapes of the padded, flattened rows chose their own chunks: one chunk of
+    1024 x 1024 came back as query chunks (511, 256, 257), chunks of 256 queries as
+    (127, 128, ..., 64, 65), and (300, 500) as 16 query chunks of 31 to 75 with the keys
+    merged. The result is in ``x``'s chunks now (the NumPy call's bits)."""
+    x = rng.standard_normal((1, 2, 32, 24))
+    lazy = da.from_array(x, chunks=chunks)
+    got = lazily(pe.rel_shift, lazy)
+    assert got.chunks == lazy.chunks
+    assert np.array_equal(got.compute(), pe.rel_shift(x))

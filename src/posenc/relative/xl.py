@@ -7,7 +7,7 @@ import math
 from .. import _validate as check
 from .._dispatch import call
 from .._built import built_in_range
-from .._xp import broadcast_shapes, cast, device_of, explicit_sharding, heads_like, host_constants, namespace, pairwise_sum, resplit, size, unsplit
+from .._xp import broadcast_shapes, cast, chunked_like, device_of, explicit_sharding, heads_like, host_constants, namespace, pairwise_sum, resplit, size, unsplit
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
 from . import _args
 from .indices import distances, query_offset
@@ -51,7 +51,7 @@ def rel_shift(x):
     zero = resplit(xp.zeros((*x.shape[:-1], 1), dtype=x.dtype, device=device_of(x)), explicit_sharding(x))
     padded = xp.reshape(xp.concat([zero, x], axis=-1), (*x.shape[:-2], q_len * (n + 1)))
     # Dropping the first row of the [n + 1, q_len] view is dropping the first q_len elements.
-    return resplit(xp.reshape(padded[..., q_len:], tuple(x.shape)), split)
+    return resplit(chunked_like(xp.reshape(padded[..., q_len:], tuple(x.shape)), x), split)
 
 
 @host_constants
