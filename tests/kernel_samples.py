@@ -306,6 +306,9 @@ def _autograd(op):
             every = torch.tensor(rng.integers(0, 6, (3, 1)) + np.arange(4))
             yield (_grad_tensor(rng, (10, 6)), every, _grad_tensor(rng, (2, 6, 5)), _grad_tensor(rng, (2, 6, 5)), 7, 0.25), {}
             yield (_grad_tensor(rng, (10, 6), "float32"), every, _grad_tensor(rng, (6, 5), "float32"), _grad_tensor(rng, (6, 5), "float32"), 7, 0.25), {}
+        elif op == "tener_row_terms":
+            yield (_grad_tensor(rng, (3, 2, 4, 6)), _grad_tensor(rng, (3, 7, 6))), {}
+            yield (_grad_tensor(rng, (2, 1, 6), "float32"), _grad_tensor(rng, (2, 5, 6), "float32")), {}
         elif op == "toeplitz_expand":
             yield (_grad_tensor(rng, (2, 4 + 6 - 1)), 4, 6), {}
             yield (_grad_tensor(rng, (3, 1)), 1, 1), {}
@@ -365,7 +368,7 @@ SAMPLES = {
     "rope_rotate_at_length.dask_blocks": _dask_rotate_at_length,
     "t5_buckets.numba_cuda": _t5_buckets,
     "toeplitz_expand.dask_blocks": _dask_expand,
-    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_frequencies_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter", "toeplitz_gather_rows", "toeplitz_scatter_rows", "tupe_row_terms")},
+    **{f"{op}.torch_autograd": _autograd(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_frequencies_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter", "toeplitz_gather_rows", "toeplitz_scatter_rows", "tupe_row_terms", "tener_row_terms")},
     **{f"{op}.jax_cpu": _jax_cpu(op) for op in ("rope_rotate", "rope_rotate_at_length", "rope_apply", "toeplitz_expand", "toeplitz_gather", "toeplitz_scatter")},
 }
 

@@ -115,11 +115,12 @@ NEAREST = [-(2**63) + KEYS - 1, 2**63 - 1 - (Q - 1), 0, 2]
 
 def _unbounded_calls():
     """``name -> offset -> call(c)``: the calls whose result changes with the distance however
-    far (ALiBi's linear bias, DeBERTa's log buckets, KERPLE's, Sandwich's, FIRE's), of an
-    offset tensor (one per batch row, or 0-d)."""
+    far (ALiBi's linear bias, DeBERTa's log buckets, KERPLE's, Sandwich's, FIRE's, TENER's
+    sinusoid of the signed distance), of an offset tensor (one per batch row, or 0-d)."""
     g = torch.Generator().manual_seed(2)
     r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
     q, k, pos_q, pos_k, deberta = r(4, 2, Q, 8), r(4, 2, KEYS, 8), r(2 * K, 8), r(2 * K, 8), r(2 * K, 2)
+    u, v = r(2, 1, 8), r(2, 1, 8)
     slopes = torch.tensor([0.75, 2.0**-13, 3.0])
     log = {"bucket_size": 4, "max_position": 16}
     return {
@@ -133,15 +134,8 @@ def _unbounded_calls():
         "kerple_bias power": lambda o: lambda c: pe.kerple_bias(c(slopes), c(slopes / 2), Q, KEYS, kind="power", offset=c(torch.tensor(o))),
         "sandwich_bias": lambda o: lambda c: pe.sandwich_bias(Q, KEYS, 8, heads=2, offset=c(torch.tensor(o))),
         "fire_bias": lambda o: lambda c: pe.fire_bias(lambda x: x @ c(slopes[None, :2]), Q, KEYS, offset=c(torch.tensor(o)), c=c(slopes[0]), threshold=c(slopes[2])),
+        "tener_logits": lambda o: lambda c: pe.tener_logits(c(q), c(k), c(u), c(v), offset=c(torch.tensor(o))),
     }
-
-
-def _unbounded_0d_calls():
-    """:func:`_unbounded_calls` and those that take one offset for every row (TENER's sinusoid
-    of the signed distance)."""
-    g = torch.Generator().manual_seed(7)
-    q, k, u, v = torch.randn(2, 2, Q, 8, generator=g), torch.randn(2, 2, KEYS, 8, generator=g), torch.randn(2, 1, 8, generator=g), torch.randn(2, 1, 8, generator=g)
-    return {**_unbounded_calls(), "tener_logits": lambda o: lambda c: pe.tener_logits(c(q), c(k), c(u), c(v), offset=c(torch.tensor(o)))}
 
 
 def _bits(call, offset):
@@ -175,12 +169,12 @@ def test_an_unbounded_bias_saturates_offsets_past_int64_on_a_gpu(name):
         _bits(call, EXTREME)
 
 
-@pytest.mark.parametrize("name", list(_unbounded_0d_calls()))
+@pytest.mark.parametrize("name", list(_unbounded_calls()))
 def test_an_unbounded_bias_reads_no_0d_offset_on_a_gpu(name):
     """A 0-d offset tensor was read (``_validate.integer``: one synchronisation a call); it is
     clamped on the device as the per-row ones are: the int offset's bits up to the last
     offset the host accepts, the rows of those for offsets past them."""
-    call = _unbounded_0d_calls()[name]
+    call = _unbounded_calls()[name]
     for offset, same in ((5, 5), *zip(NEAREST[:2], NEAREST[:2]), *zip(EXTREME[:2], NEAREST[:2])):
         got, log = _on_fake_gpu(call(offset))
         assert not log, log.lines()
@@ -316,6 +310,7 @@ def _modules():
         "Sandwich": lambda: pt.Sandwich(2, dim=8),
         "FIRE": lambda: pt.FIRE(2),
         "CoPE": lambda: pt.CoPE(8),
+        "TENERRelative": lambda: pt.TENERRelative(2, 8),
     }
 
 

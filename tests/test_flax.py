@@ -523,8 +523,25 @@ def test_flax_modules_of_relative_biases_and_logits_take_one_offset_per_batch_ro
         np.testing.assert_array_equal(np.asarray(positions), np.asarray(module.logits(q, k, offset=offsets)))
 
 
+def test_flax_tener_takes_one_offset_per_batch_row_each_row_its_call_on_that_row_alone():
+    """``TENER``'s ``logits`` and ``attend`` (causal or not) with one ``offset`` per batch
+    row, a JAX or NumPy array: row ``b`` is the call on row ``b`` alone with ``offset[b]``,
+    to the bit (one product per row, as ``TENERRelative``). It had been a ``TypeError``."""
+    _, module = PAIRS["tener"]()
+    q, k, v = _qkv(2, 9)
+    q, k, v = (jnp.asarray(np.concatenate([a, a[::-1] * 0.5])) for a in (q, k, v))  # 4 rows
+    offsets = jnp.asarray([4, 7, 0, 5])
+    calls = [lambda q, k, v, o: module.logits(q, k, offset=o), *(lambda q, k, v, o, causal=causal: module.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
+    for call in calls:
+        rows = np.asarray(call(q, k, v, offsets))
+        assert rows.shape[0] == 4
+        np.testing.assert_array_equal(np.asarray(call(q, k, v, np.asarray(offsets, np.int32))), rows)
+        for b, offset in enumerate(offsets.tolist()):
+            np.testing.assert_array_equal(rows[b], np.asarray(call(q[b : b + 1], k[b : b + 1], v[b : b + 1], offset)[0]))
+
+
 @pytest.mark.skipif(jax.config.jax_enable_x64, reason="the index dtype is int32 without x64")
-@pytest.mark.parametrize("name", ROW_MODULES)
+@pytest.mark.parametrize("name", [*ROW_MODULES, "tener"])
 def test_flax_modules_refuse_numpy_offsets_per_row_beyond_int32(name):
     """One NumPy int64 offset per batch row past int32 (JAX without x64) is the ValueError a
     NumPy offset beside JAX arrays gets from the functions: the modules' ``jnp.asarray`` had
@@ -539,7 +556,7 @@ def test_flax_modules_refuse_numpy_offsets_per_row_beyond_int32(name):
 
 def test_flax_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused():
     q, k, v = map(jnp.asarray, _qkv(1, 6))
-    for name in ("rotary plain", "xpos", "xl", "tener", "nope"):
+    for name in ("rotary plain", "xpos", "xl", "nope"):
         module = PAIRS[name]()[1]
         for call in (lambda o: module.logits(q, k, offset=o), lambda o: module.attend(q, k, v, offset=o)):
             with pytest.raises(TypeError, match=r"takes one offset for every row, got one of shape \(2,\): one per batch row is taken by .*T5"):

@@ -512,6 +512,108 @@ def test_tupe_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_g
         torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
 
 
+TENER_Q, TENER_K, TENER_U = RNG.standard_normal((4, 2, 3, 8)), RNG.standard_normal((4, 2, 9, 8)), RNG.standard_normal((2, 2, 1, 8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_tener_with_one_offset_per_row_gives_each_row_the_bits_of_its_call_on_that_row_alone(backend, dtype):
+    """``tener_logits`` of one offset per batch row (far apart and negative; close, whose
+    rows share most distances, each sinusoid computed once on the host): row ``b`` is the
+    call on row ``b`` alone with ``offset[b]`` (traced under ``jax.jit`` as the rows' are),
+    to the bit: each row's sinusoids and their product with its queries are that call's.
+    With ``q``/``k`` without batch axes each row is the one-offset call, and equal offsets
+    give it on every row. It had been a ``TypeError``."""
+    fn = lambda o, q, k, u, v: pe.tener_logits(q, k, u, v, offset=o, base=100.0)  # noqa: E731
+    q, k, u, v = (backend.asarray(a, dtype) for a in (TENER_Q, TENER_K, TENER_U[0], TENER_U[1]))
+    for offsets in (np.array([6, 0, 70000, -5]), np.array([6, 4, 7, 5])):
+        rows = backend.to_numpy(backend.call(fn, backend.asarray(offsets), q, k, u, v))
+        assert rows.shape == (4, 2, 3, 9)
+        for b, offset in enumerate(offsets.tolist()):
+            zero_d = backend.asarray(offsets[b : b + 1])[0]
+            np.testing.assert_array_equal(rows[b], backend.to_numpy(backend.call(fn, zero_d, q[b : b + 1, ...], k[b : b + 1, ...], u, v))[0])
+            if backend.name != "jax":
+                np.testing.assert_array_equal(rows[b], backend.to_numpy(fn(offset, q[b : b + 1, ...], k[b : b + 1, ...], u, v))[0])
+    shared = backend.to_numpy(backend.call(fn, backend.asarray(offsets), q[0, ...], k[0, ...], u, v))
+    for b in range(len(offsets)):
+        np.testing.assert_array_equal(shared[b], backend.to_numpy(backend.call(fn, backend.asarray(offsets[b : b + 1])[0], q[0, ...], k[0, ...], u, v)))
+    same = backend.to_numpy(backend.call(fn, backend.asarray(np.full(4, 6)), q[0, ...], k[0, ...], u, v))
+    np.testing.assert_array_equal(same, np.broadcast_to(backend.to_numpy(backend.call(fn, backend.asarray(offsets[:1])[0], q[0, ...], k[0, ...], u, v)), same.shape))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_tener_with_equal_offsets_per_row_is_the_one_offset_call(library, dtype):
+    """Equal offsets, one per row, give the bits of one 0-d offset (an int, a 0-d array) for
+    the whole batch on NumPy (its product of a batch is one product per matrix, as the
+    rows'); torch folds a whole batch's queries into one matrix product, whose rows MKL may
+    round apart from those of one batch row's: there a batch of one row, and rows sharing
+    ``q``/``k`` without batch axes."""
+    offsets = np.array([[3], [3], [3], [3]])  # (axes of their own, broadcasting against the batch)
+    arrays = [a.astype(dtype) for a in (TENER_Q, TENER_K, TENER_U[0], TENER_U[1])]
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        arrays, offsets = [torch.from_numpy(a) for a in arrays], torch.from_numpy(offsets)
+    q, k, u, v = arrays
+    calls = [(q[:1], k[:1]), (q[0], k[0])] + ([(q, k)] if library == "numpy" else [])
+    for q, k in calls:
+        rows = np.asarray(pe.tener_logits(q, k, u, v, offset=offsets[: len(q) if q.ndim == 4 else None, 0]))
+        for one in (3, offsets[0, 0]):
+            whole = np.asarray(pe.tener_logits(q, k, u, v, offset=one))
+            np.testing.assert_array_equal(rows, np.broadcast_to(whole, rows.shape))
+
+
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_tener_decode_steps_of_one_offset_per_row_are_the_last_rows_of_the_prefill(library, chunk):
+    """Each row's last ``chunk`` queries at ``offset[b] + n - chunk`` equal the last rows of
+    its prefill at ``offset[b]`` (exact products: one-hot queries, integer keys, as in
+    ``test_conventions``; unexact ones round apart with the product's shape, for one offset
+    as for several)."""
+    n, d = 7, 8
+    q = np.eye(d)[RNG.integers(0, d, (3, 2, n))]
+    k, u = RNG.integers(-4, 5, (3, 2, n + 5, d)).astype(float), RNG.integers(-4, 5, (2, 1, d)).astype(float)
+    offsets = np.array([5, 0, 40])
+    arrays = [q, k, u, np.zeros_like(u)]
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        arrays, offsets = [torch.from_numpy(a) for a in arrays], torch.from_numpy(offsets)
+    q, k, u, v = arrays
+    full = np.asarray(pe.tener_logits(q, k, u, v, offset=offsets))
+    step = np.asarray(pe.tener_logits(q[..., n - chunk :, :], k, u, v, offset=offsets + n - chunk))
+    np.testing.assert_array_equal(step, full[..., n - chunk :, :])
+
+
+def test_tener_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_gradients():
+    """TENER's offsets per row: a wrong shape or dtype, a distance past int64 and another
+    library's array are refused naming ``offset`` before any work; torch's float64
+    gradients pass gradcheck and are the loop of single-row calls'."""
+    q, k, u, v = TENER_Q, TENER_K, TENER_U[0], TENER_U[1]
+    for offset, error, says in (
+        (np.array([1, 2, 3]), ValueError, r"offset \(one per batch row\) and .* \(3,\) do not broadcast against the batch axes of q and k \(4,\)"),
+        (np.array([1.0, 2.0, 3.0, 4.0]), TypeError, "offset must have an integer dtype, got float64"),
+        (np.array([True, False, True, True]), TypeError, "offset must have an integer dtype, got bool"),
+        (np.array([2**63 - 1, 0, 0, 0]), ValueError, r"offset \+ i - j must stay within int64|offset \+ query_positions must stay within int64"),
+        (np.array([2**63, 0, 0, 0], np.uint64), ValueError, "offset must fit in int64"),
+    ):
+        with pytest.raises(error, match=says):
+            pe.tener_logits(q, k, u, v, offset=offset)
+    assert pe.tener_logits(q, k, u, v, offset=np.zeros((0, 1), dtype=np.int64)).shape == (0, 4, 2, 3, 9)
+    torch = pytest.importorskip("torch")
+    jnp = pytest.importorskip("jax.numpy")
+    with pytest.raises(TypeError, match="arrays of different kinds in one call"):
+        pe.tener_logits(*(torch.from_numpy(a) for a in (q, k, u, v)), offset=jnp.asarray([0, 1, 2, 3]))
+    offsets = torch.tensor([6, 0, 70000, -5])
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, u, v)]
+    assert torch.autograd.gradcheck(lambda *a: pe.tener_logits(*a, offset=offsets), tuple(leaves))
+    rows = pe.tener_logits(*leaves, offset=offsets)
+    weights = torch.from_numpy(RNG.standard_normal(rows.shape))
+    got = torch.autograd.grad((rows * weights).sum(), leaves)
+    loop = sum((pe.tener_logits(leaves[0][b : b + 1], leaves[1][b : b + 1], *leaves[2:], offset=o)[0] * weights[b]).sum() for b, o in enumerate(offsets.tolist()))
+    for grad, want in zip(got, torch.autograd.grad(loop, leaves)):
+        assert grad.abs().sum() > 0
+        torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
 def test_shaw_output_with_one_offset_per_row_is_checked_before_any_work_and_keeps_the_gradients():
     """``shaw_output`` makes one Toeplitz scatter per batch row of ``weights``, whose axes
     before the heads must be the offsets': other shapes, a float dtype, a position past
@@ -569,14 +671,12 @@ def test_a_per_row_offset_is_checked_before_any_work():
 
 
 def test_functions_of_one_offset_for_every_row_say_what_to_do_with_one_per_row():
-    """The functions whose result has no batch axes, or whose position term multiplies the
-    whole batch by a table of the offset (TENER), refuse one per row with a ``TypeError``
+    """The functions whose result has no batch axes refuse one per row with a ``TypeError``
     that fits them."""
-    offsets, q, k = np.array([0, 3, 11, -1]), ROW_Q, ROW_K
+    offsets = np.array([0, 3, 11, -1])
     for call, says in (
         (lambda: pe.relative_bias_vector("alibi", np.ones(2), 2, 5, offset=offsets), r"no batch axes; relative_bias \(t5_bias, alibi_bias\) takes one"),
         (lambda: pe.sandwich_vector(2, 5, 8, offset=offsets), "no batch axes; sandwich_bias takes one"),
-        (lambda: pe.tener_logits(q, k, np.ones(8), np.ones(8), offset=offsets), "tener_logits takes one for every row"),
     ):
         with pytest.raises(TypeError, match="offset must be an integer or a 0-d integer array here, got an array of shape \\(4,\\): .*" + says):
             call()

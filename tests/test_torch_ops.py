@@ -72,6 +72,9 @@ OPCHECK_CASES = [
     (_ops.toeplitz_scatter_rows_op, lambda: (_x(3, 2, 4, 5), torch.stack([_index(7, 4 + 5 - 1).roll(r) for r in range(3)]), 7)),
     # TUPE's position terms of one offset per batch row (heads on uk alone: broadcast)
     (_ops.tupe_row_terms_op, lambda: (_x(9, 4), torch.tensor([[0, 1], [4, 5], [2, 3]]), _x(4, 3), _x(2, 4, 3), 5, 0.25)),
+    # TENER's position scores of one offset per batch row (each row's queries against its sinusoids)
+    (_ops.tener_row_terms_op, lambda: (_x(3, 2, 4, 6), _x(3, 7, 6))),
+    (_ops.tener_row_terms_op, lambda: (_x(2, 4, 6), _x(2, 5, 6))),
     # a Toeplitz index clamped into [0, m) (a compiled graph's own: nothing differentiable)
     (_ops.index_in_range_op, lambda: (torch.tensor([-2, 0, 3, 9]), 4)),
     # integer positions only: nothing differentiable (rows kept between calls, then computed afresh)
@@ -129,6 +132,27 @@ def test_the_backward_of_tupe_row_terms_is_opchecked_and_once_differentiable():
     first = torch.autograd.grad((_ops.tupe_row_terms_op(p, every, uq, uk, 5, 0.25) * grad).sum(), p, create_graph=True)[0]
     with pytest.raises(RuntimeError):
         torch.autograd.grad(first.sum(), p)
+
+
+def test_the_backward_of_tener_row_terms_is_opchecked_and_once_differentiable():
+    """``posenc::tener_row_terms_backward``, as TUPE's: opchecked, autograd's gradients of the
+    rows' loop (under a dispatch mode too), not differentiable again."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from posenc.relative.xl import row_terms
+
+    queries, tables = _x(3, 2, 4, 6), _x(3, 7, 6)
+    grad = torch.randn(3, 2, 4, 7, dtype=torch.float64)
+    args = (grad, queries.detach(), tables.detach())
+    torch.library.opcheck(torch.ops.posenc.tener_row_terms_backward.default, args)
+    want = torch.autograd.grad(row_terms(queries, tables), (queries, tables), grad)
+    assert all(torch.equal(a, b) for a, b in zip(torch.ops.posenc.tener_row_terms_backward(*args), want))
+    with FlopCounterMode(display=False):
+        assert all(torch.equal(a, b) for a, b in zip(torch.ops.posenc.tener_row_terms_backward(*args), want))
+    assert all(torch.equal(g, torch.zeros_like(g)) for g in torch.ops.posenc.tener_row_terms_backward(grad[:0], queries[:0].detach(), tables[:0].detach()))
+    first = torch.autograd.grad((_ops.tener_row_terms_op(queries, tables) * grad).sum(), queries, create_graph=True)[0]
+    with pytest.raises(RuntimeError):
+        torch.autograd.grad(first.sum(), tables)
 
 
 def test_diagonal_sums_is_adjoint_of_expand():
@@ -217,7 +241,7 @@ def test_every_differentiable_argument_of_every_op_is_gradchecked():
                 _ops.toeplitz_gather_op: {0}, _ops.toeplitz_scatter_op: {0}, _ops.rope_cos_sin_op: set(),
                 _ops.toeplitz_gather_rows_op: {0}, _ops.toeplitz_scatter_rows_op: {0},
                 _ops.rope_cos_sin_rows_op: set(), _ops.index_in_range_op: set(),
-                _ops.tupe_row_terms_op: {0, 2, 3}}
+                _ops.tupe_row_terms_op: {0, 2, 3}, _ops.tener_row_terms_op: {0, 1}}
     assert covered == expected
 
 

@@ -597,14 +597,43 @@ def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(nam
                 torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
 
 
+def test_tener_takes_one_offset_per_batch_row_each_row_its_call_on_that_row_alone():
+    """``TENERRelative``'s ``logits`` and ``attend`` (causal or not) with one ``offset`` per
+    batch row (a tensor or a NumPy array): row ``b`` is the call on row ``b`` alone with
+    ``offset[b]``, to the bit (``tener_logits`` makes one product per row; a one-offset
+    call of the whole batch folds its rows into one product, which may round them apart),
+    and the gradients are the loop of those calls'. It had been a ``TypeError``."""
+    m = _make("tener")
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(4, H, n, D, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 9, 9))
+    offsets = torch.tensor([4, 8, 0, 11])
+    calls = [lambda q, k, v, o: m.logits(q, k, offset=o), *(lambda q, k, v, o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
+    for call in calls:
+        rows = call(q, k, v, offsets)
+        assert rows.shape[0] == 4
+        assert torch.equal(call(q, k, v, offsets.numpy().astype("int32")), rows)
+        weights = torch.randn(rows.shape, dtype=torch.float64, generator=g)
+        leaves = (q, k, v, *m.parameters())
+        got = torch.autograd.grad((rows * weights).sum(), leaves, allow_unused=True)
+        loop = 0
+        for b, offset in enumerate(offsets.tolist()):
+            one = call(q[b : b + 1], k[b : b + 1], v[b : b + 1], offset)[0]
+            assert torch.equal(rows[b], one), b
+            loop = loop + (one * weights[b]).sum()
+        for grad, want in zip(got, torch.autograd.grad(loop, leaves, allow_unused=True)):
+            assert (grad is None) == (want is None)
+            if grad is not None:
+                torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
 def test_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused_before_any_work():
-    """The modules whose functions take one offset for every row (TENER,
-    Transformer-XL; the absolute and rotary ones) refuse one per batch row naming those
+    """The modules whose functions take one offset for every row (Transformer-XL; the
+    absolute and rotary ones) refuse one per batch row naming those
     that take it. A float, boolean or mis-shaped ``offset``, or one whose query positions
     leave int64, is refused before any work."""
     q, k, v = _qkv(1, 9)
     offsets = torch.tensor([4, 8])
-    for name in ("rope", "xl", "tener", "none"):
+    for name in ("rope", "xl", "none"):
         with pytest.raises(TypeError, match=r"'s logits takes one offset for every row, got one of shape \(2,\): one per batch row is taken by .*T5RelativeBias"):
             _make(name).logits(q, k, offset=offsets)
     m = _make("t5")

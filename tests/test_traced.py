@@ -867,3 +867,37 @@ def test_torch_compile_of_tupe_logits_with_one_offset_per_row_keeps_the_batch_sy
         for a, b in zip(torch.autograd.grad((got * got).sum(), (q, k, p, uq, uk)), torch.autograd.grad((want * want).sum(), (q, k, p, uq, uk))):
             assert torch.equal(a, b), batch
     assert counters["stats"]["unique_graphs"] == 1
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
+@pytest.mark.parametrize("path", ["tener_logits", "TENERRelative.attend"])
+def test_torch_compile_of_tener_with_one_offset_per_row_keeps_the_batch_symbolic(path):
+    """``tener_logits`` of one offset per batch row (and ``TENERRelative``'s causal
+    ``attend``) under ``fullgraph=True, dynamic=True``: batches of 2, 3 and 5 rows through
+    one graph (each row's product is one op for every row, ``posenc::tener_row_terms``, not
+    a loop unrolled to their count), the eager bits and gradients."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    import posenc.torch as pt
+
+    module = pt.TENERRelative(4, 8, base=100.0).double()
+    if path == "tener_logits":
+        fn = lambda q, k, v, o: pe.tener_logits(q, k, module.u, module.v, base=100.0, offset=o)  # noqa: E731
+    else:
+        fn = lambda q, k, v, o: module.attend(q, k, v, causal=True, offset=o)  # noqa: E731
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(fn, fullgraph=True, dynamic=True, backend="aot_eager")
+    for batch in (2, 3, 5):
+        g = torch.Generator().manual_seed(batch)
+        q, k, v = (torch.randn(batch, 4, n, 8, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 9, 9))
+        offsets = torch.arange(batch) * 3 - 1
+        want = fn(q, k, v, offsets)
+        got = compiled(q, k, v, offsets)
+        assert torch.equal(got, want), batch
+        leaves = (q, k, v, module.u, module.v)
+        for a, b in zip(torch.autograd.grad((got * got).sum(), leaves, allow_unused=True), torch.autograd.grad((want * want).sum(), leaves, allow_unused=True)):
+            assert (a is None and b is None) or torch.equal(a, b), batch
+    assert counters["stats"]["unique_graphs"] == 1

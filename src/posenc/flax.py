@@ -16,8 +16,8 @@ Every module answers the same three calls as its torch twin
 keys at ``arange(k_len)``; ``mask`` is boolean, ``True`` where a query may attend; a query
 that may attend to no key gets zeros. The modules of the relative biases and logits
 (``takes_row_offsets``: ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, ``FIRE``, ``KERPLE``,
-``Sandwich``, ``CoPE``, ``TUPE``) also take one ``offset`` per batch row, an integer array
-``[batch]``: row ``b`` is the call with ``offset[b]``, as the torch modules; the others
+``Sandwich``, ``CoPE``, ``TUPE``, ``TENER``) also take one ``offset`` per batch row, an integer
+array ``[batch]``: row ``b`` is the call with ``offset[b]``, as the torch modules; the others
 refuse one with a ``TypeError``. ``T5``, ``ALiBi``, ``Shaw``, ``DeBERTa``, ``FIRE``,
 ``KERPLE`` and ``Sandwich`` take per-token ``query_positions``/``key_positions`` too
 (packed or padded batches). Learned
@@ -203,7 +203,7 @@ def _logits_shape(q, k):
     return jnp.broadcast_shapes(q.shape[:-2], k.shape[:-2]) + (q.shape[-2], k.shape[-2])
 
 
-ROWS = "one per batch row is taken by the modules of the relative biases and logits (T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich, CoPE and TUPE)"
+ROWS = "one per batch row is taken by the modules of the relative biases and logits (T5, ALiBi, Shaw, DeBERTa, FIRE, KERPLE, Sandwich, CoPE, TUPE and TENER)"
 
 
 def _row_offsets(offset, q, k):
@@ -601,7 +601,11 @@ class TENER(PositionalModule):
     Yan et al., "TENER" (2019): ``R_t`` is the fixed sinusoid of the signed distance
     (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
     logits unscaled, so ``logits`` has no ``1/sqrt(head_dim)``; as ``posenc.torch.TENERRelative``.
+    One ``offset`` per batch row gives row ``b`` the logits of the call on that row alone with
+    ``offset[b]`` (one product of its queries and sinusoids per row).
     """
+
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved", param_dtype=jnp.float32,
                  rngs: nnx.Rngs):  # fmt: skip

@@ -33,10 +33,11 @@ The files, one line each:
   kernel in ``buckets_cuda.py``;
 * ``tupe.py``: the registration of ``tupe_row_terms`` (the torch custom op alone: TUPE's
   rows of one offset per batch row while ``torch.compile`` traces);
+* ``tener.py``: the same for ``tener_row_terms`` (TENER's rows of one offset per batch row);
 * ``bias_rows_cpu.py``: the T5 and ALiBi plans' one-pass rows (``relative/_decode.py``'s
   kept window of per-distance sources read at each query's keys), not registered: a plan
   launches it, and declines to the reference's operations where it does not serve;
 * ``warmup.py``: compiles or loads every specialisation ahead of time (``posenc.warmup``).
 """
 
-from . import buckets, rope, toeplitz, tupe  # noqa: F401
+from . import buckets, rope, tener, toeplitz, tupe  # noqa: F401

@@ -152,14 +152,27 @@ def bias(xp, values, qpos, kpos, heads, batch, q_len, k_len, *, finish=None):
     rel = relative(qpos, kpos)
     ndim = rel.ndim
     rel, split = flattened(xp, rel)
-    count = math.prod(rel.shape)
     finish = finish or (lambda v: v)
-    if count and is_integer(xp, rel.dtype) and _on_host(rel) and check.is_eager(rel):
-        low, high = int(xp.min(rel)), int(xp.max(rel))
-        if high - low + 1 < count:
-            span = xp.arange(high - low + 1, dtype=rel.dtype, device=device_of(rel)) + low  # (torch's arange refuses an end past int64)
-            return batch_first(xp, finish(xp.take(values(span), rel - low, axis=-1)), heads, batch, q_len, k_len)
+    distinct = spanned(xp, rel)
+    if distinct is not None:
+        span, index = distinct
+        return batch_first(xp, finish(xp.take(values(span), index, axis=-1)), heads, batch, q_len, k_len)
     return split_with_heads(batch_first(xp, finish(values(rel)), heads, batch, q_len, k_len), split, ndim)
+
+
+def spanned(xp, rel):
+    """``(span, index)`` of integer distances ``rel [n]`` in host memory that can be read now
+    and span fewer values than they hold: ``span`` every value from the least to the
+    greatest, ``index`` each distance's place in it (``span[index] == rel``); else ``None``
+    (a read elsewhere would synchronise a device or a graph)."""
+    count = math.prod(rel.shape)
+    if not (count and is_integer(xp, rel.dtype) and _on_host(rel) and check.is_eager(rel)):
+        return None
+    low, high = int(xp.min(rel)), int(xp.max(rel))
+    if high - low + 1 >= count:
+        return None
+    span = xp.arange(high - low + 1, dtype=rel.dtype, device=device_of(rel)) + low  # (torch's arange refuses an end past int64)
+    return span, rel - low
 
 
 def flattened(xp, rel):

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 
 from .. import _validate as check
-from .._dispatch import call
+from .._dispatch import call, reference
 from .._built import built_in_range
-from .._xp import broadcast_shapes, cast, chunked_like, device_of, explicit_sharding, heads_like, host_constants, namespace, pairwise_sum, resplit, size, unsplit
+from .._xp import broadcast_shapes, cast, chunked_like, device_of, explicit_sharding, heads_like, host_constants, namespace, pairwise_sum, resplit, size, torch_compiling, unsplit
 from ..absolute.sinusoidal import LAYOUTS, sinusoidal
-from . import _args
-from .indices import distances, query_offset
+from . import _args, _per_token, _rows
+from .indices import distances, per_row, query_offset
 
 
 def rel_shift(x):
@@ -114,6 +114,44 @@ def xl_logits(q, k, r, u, v):
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 
+@reference("tener_row_terms")
+def row_terms(queries, tables):
+    """``terms[r] = queries[r] @ tables[r]^T``: TENER's position scores of each batch row ``r``
+    of one offset per row (``queries [rows, ..., q_len, d]``, ``q + v`` of the row;
+    ``tables [rows, n, d]``, the sinusoids of its offset's distances), the product of the
+    one-offset call on that row alone, made once per row (a product of the whole batch
+    folds the rows into one matrix, which rounds apart). While torch compiles, one op for
+    every row (``posenc::tener_row_terms``): a loop would be unrolled to the batch size, a
+    graph for each."""
+    xp = namespace(queries, tables)
+    terms = [a @ xp.matrix_transpose(t) for a, t in zip(xp.unstack(queries), xp.unstack(tables))]
+    if terms:
+        return xp.stack(terms)
+    return xp.zeros((0, *queries.shape[1:-1], tables.shape[-2]), dtype=queries.dtype, device=device_of(queries))
+
+
+def _sinusoids(xp, rel, dim, **options):
+    """``sinusoidal(rel [..., n], dim)``, ``[..., n, dim]``, each distance computed once where
+    host distances repeat (the rows of close offsets share most of theirs; the same bits:
+    the sinusoid is elementwise)."""
+    distinct = _per_token.spanned(xp, xp.reshape(rel, (-1,)))
+    if distinct is None:
+        return sinusoidal(rel, dim, **options)
+    span, index = distinct
+    return xp.reshape(xp.take(sinusoidal(span, dim, **options), index, axis=0), (*rel.shape, dim))
+
+
+def _row_scores(xp, queries, tables, batch, heads):
+    """``[*batch, q_len, n]``: :func:`row_terms` of ``queries [..., q_len, d]`` broadcast to
+    ``batch`` and ``tables [*rows, n, d]`` to the rows' axes (``batch`` but ``heads`` more)."""
+    rows = tuple(batch[: len(batch) - heads])
+    count = math.prod(rows)
+    queries = xp.reshape(xp.broadcast_to(queries, (*batch, *queries.shape[-2:])), (count, *batch[len(rows) :], *queries.shape[-2:]))
+    tables = xp.reshape(xp.broadcast_to(tables, (*rows, *tables.shape[-2:])), (count, *tables.shape[-2:]))
+    terms = call("tener_row_terms", queries, tables) if torch_compiling() else row_terms(queries, tables)
+    return xp.reshape(terms, (*batch, *terms.shape[-2:]))
+
+
 @host_constants
 def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved"):
     r"""TENER's direction-aware relative attention logits (unscaled).
@@ -136,10 +174,15 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     u, v : float arrays broadcasting against ``q``
     base : float, sinusoid base
     offset : int or 0-d integer array (traced is fine), first query position;
-        ``k_len - q_len`` by default (the queries are the last ``q_len`` keys); one for
-        every row (one sinusoid per distance). A 0-d tensor on an accelerator is clamped
-        there, not read, to the offsets whose distances fit int64 (the host's bits for
-        each; past them, a ``ValueError`` on the host, the logits of the nearest)
+        ``k_len - q_len`` by default (the queries are the last ``q_len`` keys). A 0-d
+        tensor on an accelerator is clamped there, not read, to the offsets whose distances
+        fit int64 (the host's bits for each; past them, a ``ValueError`` on the host, the
+        logits of the nearest). Or one per batch row, an integer array ``[...]``
+        broadcasting against the batch axes before the heads axis: the query positions
+        ``offset[..., None] + arange(q_len)``, row ``b`` the logits of the call on that row
+        alone with ``offset[b]``, to the bit (each row's sinusoids and their product with
+        its queries are that call's, made once per row; a one-offset call of the whole
+        batch may round its rows apart from those: see docs/relative.md)
     layout : {"interleaved", "half"}, the sinusoid's feature order (:func:`posenc.sinusoidal`;
         default ``"interleaved"``). ``"split"``, its earlier name, warns. This is the
         paper's form: TENER's released code orders its sinusoid ``"half"`` (sines, then
@@ -157,6 +200,8 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     >>> zero = np.zeros((1, 1, 2))
     >>> pe.tener_logits(q, np.zeros((1, 2, 2)), zero, zero).round(4).tolist()   # rel = 1, 0
     [[[0.5403, 1.0]]]
+    >>> pe.tener_logits(q, np.zeros((1, 2, 2)), zero, zero, offset=np.array([1, 0])).round(4).tolist()
+    [[[[0.5403, 1.0]]], [[[1.0, 0.5403]]]]
     """
     xp = _args.namespace_of(q=q, k=k, u=u, v=v)
     q_len, k_len, batch = _args.query_key(q, k, xp)
@@ -166,18 +211,23 @@ def tener_logits(q, k, u, v, *, base=10000.0, offset=None, layout="interleaved")
     _args.like_query("u", u, q, xp)
     _args.like_query("v", v, q, xp)
     base = check.real("base", base, positive=True)
-    offset = query_offset(
-        offset, q_len, k_len, xp=xp, device=device_of(q), reach=math.inf,
-        instead="tener_logits takes one for every row (one sinusoid per distance): call it once per offset, on the rows that have it",
-    )  # fmt: skip
+    device = device_of(q)
+    rows = per_row(offset)
+    if rows:  # the query positions offset[..., None] + arange(q_len), each row's distances within int64
+        qpos, _, batch = _per_token.placed(xp, q_len, k_len, offset, None, None, batch, q.ndim >= 3, "q and k", device=device, reach=math.inf)
+    else:
+        offset = query_offset(offset, q_len, k_len, xp=xp, device=device, reach=math.inf)
     layout = check.layout("layout", layout, LAYOUTS)
     dtype, work = _args.dtypes(xp, q, k, u, v)
     _args.logits_shape(batch, q_len, k_len)
     q, k, u, v = (cast(xp, a, work) for a in (q, k, u, v))
-    rel = distances(q_len, k_len, offset, xp=xp, device=device_of(q))
-    table = sinusoidal(rel, dim, base=base, layout=layout, dtype=work)
-    every = xp.arange(size(rel.shape[0]), device=device_of(q))
-    position = call("toeplitz_gather", (q + v) @ xp.matrix_transpose(table), built_in_range(every, size(rel.shape[0])), k_len)
+    if rows:
+        tables = _sinusoids(xp, _rows.row_distances(xp, qpos, q_len, k_len, device=device), dim, base=base, layout=layout, dtype=work)
+        scores = _row_scores(xp, q + v, tables, batch, q.ndim >= 3)
+    else:
+        scores = (q + v) @ xp.matrix_transpose(sinusoidal(distances(q_len, k_len, offset, xp=xp, device=device), dim, base=base, layout=layout, dtype=work))
+    n = size(scores.shape[-1])
+    position = call("toeplitz_gather", scores, built_in_range(xp.arange(n, device=device), n), k_len)
     return cast(xp, (q + u) @ xp.matrix_transpose(k) + position, dtype)
 
 

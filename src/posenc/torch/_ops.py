@@ -33,7 +33,7 @@ from torch import Tensor
 from .. import _dispatch, _plans
 from .._built import built_in_range
 from .._xp import kept_for_gradient, namespace
-from ..relative.tupe import row_terms
+from ..relative import tupe, xl
 from ..rotary import _rows, _signatures
 from ..rotary.scaling import named_frequency_table, scaling_name
 
@@ -364,16 +364,21 @@ def _(p, every, uq, uk, k_len, scale):
     return p.new_empty((every.shape[0], *heads, every.shape[-1], k_len))
 
 
-def _row_terms_gradients(grad, p, every, uq, uk, k_len, scale):
-    """The gradients of ``tupe_row_terms`` to ``p``, ``uq`` and ``uk``: autograd's over the
-    rows' loop run again, so a compiled graph's are the eager call's."""
-    leaves = [t.detach().requires_grad_() for t in (p, uq, uk)]
-    if every.shape[0] == 0:
+def _loop_gradients(loop, grad, differentiable):
+    """The gradients of a reference's loop over the rows, ``loop(*differentiable)``, to
+    ``differentiable``: autograd's over the loop run again, so a compiled graph's are the
+    eager call's."""
+    leaves = [t.detach().requires_grad_() for t in differentiable]
+    if grad.shape[0] == 0:
         return tuple(t.new_zeros(t.shape) for t in leaves)
     with torch.enable_grad(), _autograd_recording():
-        terms = row_terms(leaves[0], every, leaves[1], leaves[2], k_len, scale)
-        gradients = torch.autograd.grad(terms, leaves, grad)
+        gradients = torch.autograd.grad(loop(*leaves), leaves, grad)
     return tuple(g.contiguous() for g in gradients)
+
+
+def _row_terms_gradients(grad, p, every, uq, uk, k_len, scale):
+    """The gradients of ``tupe_row_terms`` to ``p``, ``uq`` and ``uk`` (:func:`_loop_gradients`)."""
+    return _loop_gradients(lambda p, uq, uk: tupe.row_terms(p, every, uq, uk, k_len, scale), grad, (p, uq, uk))
 
 
 @contextlib.contextmanager
@@ -415,6 +420,41 @@ def _row_terms_backward(ctx, grad):
 
 
 tupe_row_terms_op.register_autograd(_row_terms_backward, setup_context=_row_terms_setup)
+
+
+@torch.library.custom_op("posenc::tener_row_terms", mutates_args=())
+def tener_row_terms_op(queries: Tensor, tables: Tensor) -> Tensor:
+    return _kernel("tener_row_terms", queries, tables)
+
+
+@tener_row_terms_op.register_fake
+def _(queries, tables):
+    return queries.new_empty((queries.shape[0], *queries.shape[1:-1], tables.shape[-2]))
+
+
+def _tener_terms_gradients(grad, queries, tables):
+    """The gradients of ``tener_row_terms`` to ``queries`` and ``tables`` (:func:`_loop_gradients`)."""
+    return _loop_gradients(xl.row_terms, grad, (queries, tables))
+
+
+_LIBRARY_ROWS.define("tener_row_terms_backward(Tensor grad, Tensor queries, Tensor tables) -> (Tensor, Tensor)")
+_LIBRARY_ROWS.impl("tener_row_terms_backward", _tener_terms_gradients, "CompositeExplicitAutograd")
+
+
+@torch.library.register_fake("posenc::tener_row_terms_backward")
+def _(grad, queries, tables):
+    return queries.new_empty(queries.shape), tables.new_empty(tables.shape)
+
+
+def _tener_terms_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _tener_terms_backward(ctx, grad):
+    return torch.ops.posenc.tener_row_terms_backward(grad.contiguous(), *ctx.saved_tensors)
+
+
+tener_row_terms_op.register_autograd(_tener_terms_backward, setup_context=_tener_terms_setup)
 
 
 # Registry entries (the ``<op>.torch_autograd`` kernels of ``posenc._kernels``): the
@@ -607,6 +647,10 @@ def toeplitz_scatter_rows(weights, index, m, *, out=None):
 
 def tupe_row_terms(p, every, uq, uk, k_len, scale):
     return tupe_row_terms_op(p, every, uq, uk, k_len, scale)
+
+
+def tener_row_terms(queries, tables):
+    return tener_row_terms_op(queries, tables)
 
 
 # Bind the registry entries that load from this module now: ``torch.compile`` cannot trace the

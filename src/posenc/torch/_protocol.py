@@ -36,7 +36,7 @@ class PositionalModule(nn.Module):
     ``k_len - q_len`` (the queries are the last ``q_len`` keys, as after a KV cache), so
     a one-query call equals the last row of the full call. The modules of the relative
     biases and logits (``takes_row_offsets``: ``T5RelativeBias``, ``ALiBi``, ``ShawRelative``,
-    ``DeBERTaRelative``, ``FIRE``, ``KERPLE``, ``Sandwich``, ``CoPE``, ``TUPE``) also
+    ``DeBERTaRelative``, ``FIRE``, ``KERPLE``, ``Sandwich``, ``CoPE``, ``TUPE``, ``TENERRelative``) also
     take one ``offset`` per batch row, an integer tensor ``[batch]`` (a batch of caches of
     different lengths): the queries of row ``b`` at ``offset[b] + arange(q_len)``, its
     logits and output those of the call with ``offset[b]``, to the bit; the others refuse
@@ -170,7 +170,7 @@ class PositionalModule(nn.Module):
 
 ROWS = (
     "one per batch row is taken by the modules of the relative biases and logits (T5RelativeBias, ALiBi, DeBERTaRelative, "
-    "FIRE, KERPLE, Sandwich, CoPE, TUPE and ShawRelative)"
+    "FIRE, KERPLE, Sandwich, CoPE, TUPE, TENERRelative and ShawRelative)"
 )
 
 

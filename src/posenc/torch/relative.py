@@ -147,10 +147,12 @@ class TENERRelative(PositionalModule):
     (``base``, ``layout``), ``u``, ``v [heads, 1, head_dim]`` learned. The paper leaves the
     logits unscaled (it found the sharper attention better for NER), so ``logits`` has no
     ``1/sqrt(head_dim)``. ``q, k, v`` are ``[batch, heads, seq, head_dim]``. TENER's released
-    code puts the sines first, then the cosines: ``layout="half"`` to port its weights.
+    code puts the sines first, then the cosines: ``layout="half"`` to port its weights. One
+    ``offset`` per batch row gives row ``b`` the logits of the call on that row alone with
+    ``offset[b]`` (one product of its queries and sinusoids per row).
     """
 
-    keeps_device_offset = True
+    takes_row_offsets = True
 
     def __init__(self, num_heads: int, head_dim: int, *, base: float = 10000.0, layout: str = "interleaved"):
         super().__init__()
