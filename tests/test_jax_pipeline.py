@@ -413,4 +413,4 @@ def test_sharded_inputs_stay_sharded_without_all_gather(devices, shardy):
     done = subprocess.run([sys.executable, str(script), str(devices)], capture_output=True, text=True, timeout=300, env=env)
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert done.returncode == 0, done.stderr[-3000:]
-    assert len(lines) == 67 and all(line.endswith(" ok") for line in lines), "\n".join(lines)
+    assert len(lines) == 68 and all(line.endswith(" ok") for line in lines), "\n".join(lines)

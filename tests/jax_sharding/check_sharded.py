@@ -231,7 +231,7 @@ def explicit(count, x, table):
     convolution or a rotation along a split axis, the per-row lengths of a dynamic scaling,
     split or not, a Toeplitz expansion's gradient to a head-split table, Transformer-XL's
     per-head ``r`` beside head-split ``q``, per-batch ``r`` or DeBERTa tables beside batch-split ``q``,
-    one offset per row split beside a batch-split ``x``): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
+    one offset per row split beside a batch-split ``x``, TENER's too): they had raised JAX's sharding errors. The values of the unsharded call and the result's spec,
     one line a case (``explicit ... ok``)."""
     import jax
     import jax.numpy as jnp
@@ -277,6 +277,9 @@ def explicit(count, x, table):
         return pe.shaw_output(split_rows(attention), a, table_v, max_distance=3, offset=split_rows(near))
 
     r, u = rng.standard_normal((8, 24, 16)).astype(np.float32), rng.standard_normal((8, 1, 16)).astype(np.float32)
+
+    def tener_rows(a):  # (each row's queries against its sinusoids: they had been unstacked while split)
+        return pe.tener_logits(a, a, u, u, offset=split_rows(near))
 
     def xl(a):  # (r split on its heads as q: the matmul had refused a replicated r)
         return pe.xl_logits(a, a, jnp.asarray(r), jnp.asarray(u), jnp.asarray(u))
@@ -354,6 +357,7 @@ def explicit(count, x, table):
         ("rope float positions, per-row offsets split beside x", rope_rows, x, P("d"), P("d"), pe.rope(x, fractional, offset=near[:, None, None])),
         ("tupe_logits per-row offsets split beside q", tupe_rows, x, P("d"), P("d"), pe.tupe_logits(x, x, p_rows, eye, eye, offset=near)),
         ("shaw_output per-row offsets split beside weights and v", shaw_rows, x, P("d"), P("d"), pe.shaw_output(attention, x, table_v, max_distance=3, offset=near)),
+        ("tener_logits per-row offsets split beside q", tener_rows, x, P("d"), P("d"), pe.tener_logits(x, x, u, u, offset=near)),
         ("xl_logits head-split q and k, per-head r", xl, x, P(None, "d"), P(None, "d"), pe.xl_logits(x, x, r, u, u)),
         ("xl_logits batch-split q and k, per-batch r", xl_batch, x, P("d"), P("d"), pe.xl_logits(x, x, rb, u, u)),
         ("deberta_logits batch-split q and k, per-batch tables", deberta_batch, x, P("d"), P("d"), pe.deberta_logits(x, x, pb, pb, max_distance=3)),

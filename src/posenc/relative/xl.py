@@ -146,8 +146,9 @@ def _row_scores(xp, queries, tables, batch, heads):
     ``batch`` and ``tables [*rows, n, d]`` to the rows' axes (``batch`` but ``heads`` more)."""
     rows = tuple(batch[: len(batch) - heads])
     count = math.prod(rows)
-    queries = xp.reshape(xp.broadcast_to(queries, (*batch, *queries.shape[-2:])), (count, *batch[len(rows) :], *queries.shape[-2:]))
-    tables = xp.reshape(xp.broadcast_to(tables, (*rows, *tables.shape[-2:])), (count, *tables.shape[-2:]))
+    # (an explicit mesh unstacks no split axis: the rows' queries and tables gathered, as shaw_output's weights)
+    queries, _ = unsplit(xp.reshape(xp.broadcast_to(queries, (*batch, *queries.shape[-2:])), (count, *batch[len(rows) :], *queries.shape[-2:])), 0)
+    tables, _ = unsplit(xp.reshape(xp.broadcast_to(tables, (*rows, *tables.shape[-2:])), (count, *tables.shape[-2:])), 0)
     terms = call("tener_row_terms", queries, tables) if torch_compiling() else row_terms(queries, tables)
     return xp.reshape(terms, (*batch, *terms.shape[-2:]))
 
