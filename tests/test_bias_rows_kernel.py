@@ -13,6 +13,8 @@ test`` runs this file again with Numba's bounds checking compiled in).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -20,7 +22,7 @@ from hypothesis import strategies as st
 
 import posenc as pe
 from posenc import use_backend
-from posenc._kernels import bias_rows_cpu
+from posenc._kernels import _layout, bias_rows_cpu
 
 pytestmark = pytest.mark.kernels
 
@@ -28,6 +30,30 @@ torch = pytest.importorskip("torch")
 ml_dtypes = pytest.importorskip("ml_dtypes")  # NumPy's bfloat16
 
 DTYPES = {"t5": ("float16", "bfloat16", "float32", "float64"), "alibi": ("float32", "float64")}
+
+
+@pytest.fixture
+def pieces(monkeypatch):
+    """The count of pieces each call of a bias kernel on ``_layout.run_tasks`` ran, in order."""
+    counts = []
+    run = _layout.run_tasks
+
+    def spy(kernel, *args):
+        results = run(kernel, *args)
+        if kernel in bias_rows_cpu.FAMILY.values():  # (not the Toeplitz expansion of a call before its plan)
+            counts.append(len(results))
+        return results
+
+    monkeypatch.setattr(_layout, "run_tasks", spy)
+    return counts
+
+
+@pytest.fixture
+def split(monkeypatch, pieces):
+    """``pieces``, with every kernel call on three workers (the bytes per thread lowered to one)."""
+    monkeypatch.setattr(bias_rows_cpu, "_BYTES_PER_THREAD", 1)
+    monkeypatch.setattr(_layout, "threads", lambda: 3)
+    return pieces
 
 
 @pytest.fixture
@@ -112,6 +138,21 @@ def _bits(a):
     },
 )  # fmt: skip
 def test_the_kernel_gives_the_references_bits(problem, launches):
+    _check_against_the_reference(problem, launches)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])  # (cleared per example)
+@given(problem=problems())
+def test_rows_split_over_threads_give_the_references_bits(problem, launches, split):
+    """Every call's query rows in three pieces on three threads (fewer rows: a piece each): the
+    same bits, each piece's checks its own."""
+    split.clear()
+    _check_against_the_reference(problem, launches)
+    rows = math.prod(np.broadcast_shapes(problem["queries"].shape[:-1], problem["keys"].shape[:-1])) * problem["queries"].shape[-1]
+    assert split[-1] == min(3, rows)
+
+
+def _check_against_the_reference(problem, launches):
     rng = np.random.default_rng(problem["seed"])
     params = _params(problem["kind"], problem["library"], problem["dtype"], problem["heads"], rng, problem["strided"])
     queries, keys = (_positions(p, s, problem["library"]) for p, s in zip((problem["queries"], problem["keys"]), problem["strides"]))
@@ -198,6 +239,32 @@ def test_the_launcher_reads_the_window_at_hi_minus_rel():
     np.testing.assert_array_equal(result, slopes[:, None, None] * -rel)
 
 
+def test_a_value_outside_in_the_last_piece_declines_the_whole_call(split):
+    launcher, slopes = _launcher(q_len=3)
+    sources, keys = _window(10, -5), np.array([0, 2, 7, 12])
+    whole = launcher(slopes, sources, 10 - 3, 3, np.array([4, 5, 6]), keys)  # rel = 3 + q - k
+    rel = 3 + np.array([4, 5, 6])[:, None] - keys
+    np.testing.assert_array_equal(whole, slopes[:, None, None] * -rel.astype(np.float32))
+    assert launcher(slopes, sources, 10 - 3, 3, np.array([4, 5, 40]), keys) is None  # rel = 43 - k: past the window
+    assert split == [3, 3]
+
+
+def test_a_large_call_is_split_over_numbas_threads_and_a_decode_row_is_not(pieces):
+    """At the module's own bytes per thread: an 8 MiB prefill bias on ``min(threads, 4)``
+    pieces, the reference's bits; a decode step's row never reaches ``run_tasks``."""
+    slopes, positions = pe.alibi_slopes(8).astype(np.float32), np.arange(512) % 200
+    call = lambda: pe.alibi_bias(slopes, 512, 512, query_positions=positions, key_positions=positions)  # noqa: E731
+    with use_backend("reference"):
+        expected = call()
+    for _ in range(4):  # seen, planned, then the plan
+        np.testing.assert_array_equal(call(), expected)
+    assert pieces and pieces[-1] == min(_layout.threads(), 4)
+    pieces.clear()
+    for k in range(1, 2048, 97):
+        pe.alibi_bias(slopes, 1, k)
+    assert not pieces
+
+
 @pytest.mark.parametrize(
     "shift, offset, queries, keys",
     [
@@ -257,5 +324,9 @@ def test_a_kernel_given_shapes_that_disagree_reads_nothing(kind):
     sources = np.zeros(8, np.int64 if kind == "t5" else np.float32)
     queries, keys = np.zeros((2, 1), np.int64), np.zeros((2, 3), np.int64)
     for out_shape, q, k in [((3, 2, 1, 3), queries, keys), ((2, 3, 1, 3), queries, keys), ((2, 2, 1, 3), queries[:1], keys), ((2, 2, 1, 3), queries, keys[:, :2])]:
-        assert not kernel(params, sources, 0, 0, q, k, np.zeros(out_shape, element))
-    assert kernel(params, sources, 0, 0, queries, keys, np.zeros((2, 2, 1, 3), element))
+        assert not kernel(params, sources, 0, 0, q, k, np.zeros(out_shape, element), 0, 2)
+    assert not kernel(params, sources, 0, 0, queries, keys, np.zeros((2, 2, 1, 3), element), -1, 2)  # a row before the first
+    for first, last, written in [(0, 2, [True, True]), (1, 2**63 - 1, [False, True]), (2, 3, [False, False])]:  # (up to the last row)
+        out = np.full((2, 2, 1, 3), -1, element)
+        assert kernel(params, sources, 0, 0, queries, keys, out, first, last)
+        assert (out != -1).all(axis=(1, 2, 3)).tolist() == written and ((out == -1).all(axis=(1, 2, 3)) != written).all()

@@ -239,6 +239,11 @@ def test_run_tasks_gives_each_worker_its_own_extras():
     assert len({u[0] for u in used}) == 2 and sorted(u[1:] for u in used) == [(0, 5), (5, 10)]
 
 
+def test_run_tasks_gives_back_each_pieces_result_in_order():
+    assert _layout.run_tasks(lambda first, last: (first, last), (), 10, 3) == [(0, 3), (3, 6), (6, 10)]
+    assert _layout.run_tasks(lambda first, last: (first, last), (), 10, 1) == [(0, 10)]
+
+
 FORKED_RUN = """
 import os, signal
 from posenc._kernels import _layout

@@ -170,7 +170,8 @@ def _executor(workers):
 
 
 def run_tasks(kernel, args, tasks, workers):
-    """``kernel(*args, first, last)`` over ``range(tasks)`` in contiguous pieces, one per worker.
+    """``kernel(*args, first, last)`` over ``range(tasks)`` in contiguous pieces, one per worker;
+    the list of what each piece returned, in order.
 
     ``workers``: a number, or a list with the extra arguments of each worker (its scratch
     buffers), passed after ``args``. ``kernel`` is a ``nogil`` Numba function, so the
@@ -180,12 +181,11 @@ def run_tasks(kernel, args, tasks, workers):
     count = max(1, min(len(extras), tasks))
     edges = [tasks * w // count for w in range(count + 1)]
     if count == 1:
-        kernel(*args, *extras[0], 0, tasks)
-        return
+        return [kernel(*args, *extras[0], 0, tasks)]
     pool = _executor(count - 1)
     pending = [pool.submit(kernel, *args, *extras[w], edges[w], edges[w + 1]) for w in range(1, count)]
     try:
-        kernel(*args, *extras[0], edges[0], edges[1])
+        first = kernel(*args, *extras[0], edges[0], edges[1])
     finally:
-        for future in pending:
-            future.result()
+        rest = [future.result() for future in pending]
+    return [first, *rest]

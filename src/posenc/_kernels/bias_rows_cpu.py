@@ -22,6 +22,12 @@ int64, ``t`` inside the window and a bucket inside the table. It returns False a
 value outside (the result is then discarded and the plan's general path, or the full path,
 judges the call), so no index it forms wraps and none reads out of bounds; and it reads
 nothing when its arrays' shapes disagree.
+
+A kernel fills the query rows ``first .. last - 1`` (row ``b * q_len + i``; ``last`` past
+the result's rows: up to its last): a large call's rows are split over
+``_layout.run_tasks``'s threads, each element computed alike whatever the split. A call
+of less than ``2 * _BYTES_PER_THREAD`` (a decode step's row) is one direct call on the
+calling thread.
 """
 
 from __future__ import annotations
@@ -32,7 +38,12 @@ import numba
 import numpy as np
 from numba import njit, types
 
-from . import _arrays, _family
+from . import _arrays, _family, _layout
+
+# Output bytes per thread. The kernel writes 4-5 GB/s on one core of the 2-core build machine
+# (a fifth of ``ndarray.fill``'s bandwidth: it gathers), and a second thread's start and join
+# cost about 40 us: under a tenth of the smallest split call's (4 MiB) when no core is free.
+_BYTES_PER_THREAD = 1 << 21
 
 _LIMIT = 2**62
 _INT64_MAX = 2**63 - 1
@@ -64,15 +75,17 @@ def _row_index(shift, offset, q, kpos, n, index):
 
 
 @njit(inline="always")
-def _shapes_agree(heads, qpos, kpos, out):
-    """Whether ``out [B, heads, q, k]``, ``qpos [B, q]`` and ``kpos [B, k]`` agree (else nothing is read)."""
+def _shapes_agree(heads, qpos, kpos, out, first):
+    """Whether ``out [B, heads, q, k]``, ``qpos [B, q]`` and ``kpos [B, k]`` agree and ``first``
+    is a row (else nothing is read)."""
     batch, h, q_len, k_len = out.shape
-    return h == heads and qpos.shape[0] == batch and kpos.shape[0] == batch and qpos.shape[1] == q_len and kpos.shape[1] == k_len
+    agree = h == heads and qpos.shape[0] == batch and kpos.shape[0] == batch and qpos.shape[1] == q_len and kpos.shape[1] == k_len
+    return agree and first >= 0
 
 
-def _t5(table, buckets, shift, offset, qpos, kpos, out):
-    """``out[b, h, i, j] = table[buckets[(shift - qpos[b, i]) + kpos[b, j]], h]``."""
-    if not _shapes_agree(table.shape[1], qpos, kpos, out):
+def _t5(table, buckets, shift, offset, qpos, kpos, out, first, last):
+    """``out[b, h, i, j] = table[buckets[(shift - qpos[b, i]) + kpos[b, j]], h]`` for rows ``b * q_len + i`` in ``first .. last - 1`` (at most the last row)."""
+    if not _shapes_agree(table.shape[1], qpos, kpos, out, first):
         return False
     batch, heads, q_len, k_len = out.shape
     index = np.empty(k_len, np.int64)
@@ -81,41 +94,43 @@ def _t5(table, buckets, shift, offset, qpos, kpos, out):
     for h in range(heads):
         for r in range(rows):
             columns[h, r] = table[r, h]
-    for b in range(batch):
-        for i in range(q_len):
-            if not _row_index(shift, offset, qpos[b, i], kpos[b], buckets.shape[0], index):
+    for r in range(first, min(last, batch * q_len)):
+        b = r // q_len
+        i = r - b * q_len
+        if not _row_index(shift, offset, qpos[b, i], kpos[b], buckets.shape[0], index):
+            return False
+        for j in range(k_len):
+            bucket = buckets[index[j]]
+            if bucket < 0 or bucket >= rows:
                 return False
+            index[j] = bucket
+        for h in range(heads):
+            column = columns[h]
+            dst = out[b, h, i]
             for j in range(k_len):
-                bucket = buckets[index[j]]
-                if bucket < 0 or bucket >= rows:
-                    return False
-                index[j] = bucket
-            for h in range(heads):
-                column = columns[h]
-                dst = out[b, h, i]
-                for j in range(k_len):
-                    dst[j] = column[index[j]]
+                dst[j] = column[index[j]]
     return True
 
 
-def _alibi(slopes, distance, shift, offset, qpos, kpos, out):
-    """``out[b, h, i, j] = slopes[h] * distance[(shift - qpos[b, i]) + kpos[b, j]]``."""
-    if not _shapes_agree(slopes.shape[0], qpos, kpos, out):
+def _alibi(slopes, distance, shift, offset, qpos, kpos, out, first, last):
+    """``out[b, h, i, j] = slopes[h] * distance[(shift - qpos[b, i]) + kpos[b, j]]`` for rows ``b * q_len + i`` in ``first .. last - 1`` (at most the last row)."""
+    if not _shapes_agree(slopes.shape[0], qpos, kpos, out, first):
         return False
     batch, heads, q_len, k_len = out.shape
     index = np.empty(k_len, np.int64)
     row = np.empty(k_len, distance.dtype)
-    for b in range(batch):
-        for i in range(q_len):
-            if not _row_index(shift, offset, qpos[b, i], kpos[b], distance.shape[0], index):
-                return False
+    for r in range(first, min(last, batch * q_len)):
+        b = r // q_len
+        i = r - b * q_len
+        if not _row_index(shift, offset, qpos[b, i], kpos[b], distance.shape[0], index):
+            return False
+        for j in range(k_len):
+            row[j] = distance[index[j]]
+        for h in range(heads):
+            slope = slopes[h]
+            dst = out[b, h, i]
             for j in range(k_len):
-                row[j] = distance[index[j]]
-            for h in range(heads):
-                slope = slopes[h]
-                dst = out[b, h, i]
-                for j in range(k_len):
-                    dst[j] = slope * row[j]
+                dst[j] = slope * row[j]
     return True
 
 
@@ -131,7 +146,7 @@ def _build(kind, element):
         params, sources = types.Array(t, 2, "A", readonly=True), types.Array(types.int64, 1, "C", readonly=True)
     else:
         params, sources = types.Array(t, 1, "A", readonly=True), types.Array(t, 1, "C", readonly=True)
-    signature = types.boolean(params, sources, types.int64, types.int64, positions, positions, types.Array(t, 4, "C"))
+    signature = types.boolean(params, sources, types.int64, types.int64, positions, positions, types.Array(t, 4, "C"), types.int64, types.int64)
     return _family.jitted(njit, _t5 if kind == "t5" else _alibi, signature, nogil=True)
 
 
@@ -207,7 +222,14 @@ class Launcher:
             held = self.sources = (sources, sources if type(sources) is np.ndarray else sources.numpy())
         result = np.empty(shape, self.result)
         merged = result.reshape(-1, *shape[-3:])
-        if not self.kernel(params if self.params is None else self.params(params), held[1], shift, offset, qpos, kpos, merged.view(self.element) if self.view_result else merged):
+        params = params if self.params is None else self.params(params)
+        out = merged.view(self.element) if self.view_result else merged
+        if merged.nbytes < 2 * _BYTES_PER_THREAD:  # (a decode step's row: one direct call, every row)
+            done = self.kernel(params, held[1], shift, offset, qpos, kpos, out, 0, _INT64_MAX)
+        else:
+            workers = min(_layout.threads(), merged.nbytes // _BYTES_PER_THREAD)
+            done = all(_layout.run_tasks(self.kernel, (params, held[1], shift, offset, qpos, kpos, out), merged.shape[0] * merged.shape[2], workers))
+        if not done:
             return None
         return result if self.wrap is None else self.wrap(result)
 
