@@ -13,9 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
+from arrays import child_pythonpath
 
 import posenc as pe
 from posenc import _dispatch
@@ -518,6 +520,27 @@ def test_no_out_of_bounds_access_under_numba_boundscheck(tmp_path):
     env = {**os.environ, "NUMBA_BOUNDSCHECK": "1", "NUMBA_CACHE_DIR": str(tmp_path)}
     run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=900)
     assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stderr[-3000:]
+
+
+NATIVE_BUILD = """
+from numba.core import event
+from posenc._jax import native
+with event.install_recorder("numba:compile") as recorder:
+    native._target("float32", "half", "int32")
+compiled = sorted({e[1].data["dispatcher"].py_func.__qualname__ for e in recorder.buffer if e[1].is_start and "posenc" in e[1].data["dispatcher"].py_func.__qualname__})
+print(native._TARGETS[("float32", "half", "int32")][1].cache_hits, compiled)
+"""
+
+
+def test_the_native_handler_loads_from_numbas_cache_with_its_kernel(tmp_path):
+    """``native._target`` compiles its copy of the rotation kernel with ``njit`` alone, no
+    ``cache=True``: the kernel is linked into the handler, which ``_family.jitted`` keeps in
+    Numba's cache, so a second process loads the handler and compiles nothing, the kernel
+    included."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": child_pythonpath(Path(pe.__file__).parent.parent)}
+    cold, warm = (subprocess.run([sys.executable, "-c", NATIVE_BUILD], env=env, capture_output=True, text=True, check=True, timeout=300).stdout.strip() for _ in range(2))
+    assert cold == "0 ['posenc_rope_rotate_float32_half_int32_kernel']"
+    assert warm == "1 []"
 
 
 # --- posenc bench's JAX rows time what they name ------------------------------------------------------
