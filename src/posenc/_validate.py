@@ -206,7 +206,7 @@ def _checked_blocks(check_block, *values, dtype, **options):
     return da.blockwise(check_block, axes, *(item for pair in pairs for item in pair), dtype=dtype, meta=meta, **options)
 
 
-def rowswithin(offsets, *, length, rows, error):
+def rows_within(offsets, *, length, rows, error):
     """``offsets``, an array of first rows, whose rows ``offset .. offset + length - 1`` must
     all lie in a table of ``rows`` rows: checked now where they can be read, on each block of a
     Dask array when computed (the one returned), a traced array as it is. ``error(low, high)``
