@@ -557,21 +557,27 @@ def test_alibi_slopes_of_no_heads_are_refused_as_a_t5_table_of_no_heads_is():
         pe.t5_bias(np.zeros((32, 0)), 2, 2)
 
 
-def test_positions_from_cu_seqlens_closed_over_by_jax_jit_is_checked_as_a_traced_one():
-    """Boundaries closed over by a jitted function are traced values there (JAX stages their
-    operations): checked by ``checkify`` as traced ones are, never silently unchecked unless
-    ``check_traced=False`` says so (they had raised ConcretizationTypeError, valid or not)."""
+def test_positions_from_cu_seqlens_under_jax_jit_is_checked_traced_or_closed_over():
+    """Boundaries passed to a jitted function are traced: checked by ``checkify`` (a plain
+    ``jax.jit`` refuses to stage the check), never silently unchecked unless
+    ``check_traced=False`` says so. Boundaries closed over by it are concrete arrays: read at
+    trace time as the eager call reads them (3f2107d; they were taken as traced), a bad one
+    the eager ``ValueError`` there (they had raised ConcretizationTypeError, valid or not)."""
     jax = pytest.importorskip("jax")
     from jax.experimental import checkify
 
+    traced = jax.jit(lambda c: pe.positions_from_cu_seqlens(c, 5))
     for dtype in (jax.numpy.int8, jax.numpy.int32):
         bad, good = (jax.numpy.asarray(b, dtype=dtype) for b in ([0, 3, 2, 5], [0, 2, 5]))
         with pytest.raises(ValueError, match="checkify"):
-            jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5))()
-        err, _ = checkify.checkify(jax.jit(lambda: pe.positions_from_cu_seqlens(bad, 5)))()
+            traced(good)
+        err, _ = checkify.checkify(traced)(bad)
         with pytest.raises(Exception, match="non-decreasing|0 to total|cu_seqlens"):
             err.throw()
-        err, positions = checkify.checkify(jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5)))()
+        err, positions = checkify.checkify(traced)(good)
         err.throw()
         assert positions.tolist() == [0, 1, 0, 1, 2]
-        assert jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5, check_traced=False))().tolist() == [0, 1, 0, 1, 2]
+        assert jax.jit(lambda c: pe.positions_from_cu_seqlens(c, 5, check_traced=False))(good).tolist() == [0, 1, 0, 1, 2]
+        with pytest.raises(ValueError, match="^cu_seqlens must be non-decreasing from 0 to total = 5"):
+            jax.jit(lambda: pe.positions_from_cu_seqlens(bad, 5))()
+        assert jax.jit(lambda: pe.positions_from_cu_seqlens(good, 5))().tolist() == [0, 1, 0, 1, 2]
