@@ -568,46 +568,13 @@ def test_modules_without_per_token_positions_refuse_them():
 ROW_MODULES = ("alibi", "cope", "deberta", "deberta_c2p", "fire", "kerple", "sandwich", "shaw", "t5", "tupe", "tupe_cls", "tupe_r")
 
 
-@pytest.mark.parametrize("name", ROW_MODULES)
-def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(name):
-    """``logits`` and ``attend`` (causal or not) with one
-    ``offset`` per batch row (a batch of caches of different lengths, as a tensor or a
-    NumPy array): row ``b`` is the call with ``offset[b]`` to the bit, and the gradients
-    are the loop of those calls'. They had been a ``TypeError``."""
-    m = _make(name)
-    g = torch.Generator().manual_seed(2)
+def _assert_rows_are_the_calls_of_each_offset(m, calls, offsets, alone):
+    """For each ``call(q, k, v, offset)`` of ``calls`` (module ``m``'s, on the float64 batch
+    ``q, k, v`` of 4 rows it is given with): ``call(offsets)``, a tensor or int32 NumPy
+    offsets, has row ``b`` equal to ``alone(call, b, offsets[b])`` to the bit, and its
+    gradients are the loop of those calls'."""
+    g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(4, H, n, D, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 9, 9))
-    offsets = torch.tensor([4, 8, 0, 11])
-    calls = [lambda o: m.logits(q, k, offset=o), *(lambda o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
-    for call in calls:
-        rows = call(offsets)
-        assert rows.shape[0] == 4
-        assert torch.equal(call(offsets.numpy().astype("int32")), rows)
-        weights = torch.randn(rows.shape, dtype=torch.float64, generator=g)
-        leaves = (q, k, v, *m.parameters())
-        got = torch.autograd.grad((rows * weights).sum(), leaves, allow_unused=True)
-        loop = 0
-        for b, offset in enumerate(offsets.tolist()):
-            one = call(offset)[b]
-            assert torch.equal(rows[b], one), b
-            loop = loop + (one * weights[b]).sum()
-        for grad, want in zip(got, torch.autograd.grad(loop, leaves, allow_unused=True)):
-            assert (grad is None) == (want is None)
-            if grad is not None:
-                torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
-
-
-def test_tener_takes_one_offset_per_batch_row_each_row_its_call_on_that_row_alone():
-    """``TENERRelative``'s ``logits`` and ``attend`` (causal or not) with one ``offset`` per
-    batch row (a tensor or a NumPy array): row ``b`` is the call on row ``b`` alone with
-    ``offset[b]``, to the bit (``tener_logits`` makes one product per row; a one-offset
-    call of the whole batch folds its rows into one product, which may round them apart),
-    and the gradients are the loop of those calls'. It had been a ``TypeError``."""
-    m = _make("tener")
-    g = torch.Generator().manual_seed(2)
-    q, k, v = (torch.randn(4, H, n, D, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 9, 9))
-    offsets = torch.tensor([4, 8, 0, 11])
-    calls = [lambda q, k, v, o: m.logits(q, k, offset=o), *(lambda q, k, v, o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
     for call in calls:
         rows = call(q, k, v, offsets)
         assert rows.shape[0] == 4
@@ -617,13 +584,39 @@ def test_tener_takes_one_offset_per_batch_row_each_row_its_call_on_that_row_alon
         got = torch.autograd.grad((rows * weights).sum(), leaves, allow_unused=True)
         loop = 0
         for b, offset in enumerate(offsets.tolist()):
-            one = call(q[b : b + 1], k[b : b + 1], v[b : b + 1], offset)[0]
+            one = alone(call, (q, k, v), b, offset)
             assert torch.equal(rows[b], one), b
             loop = loop + (one * weights[b]).sum()
         for grad, want in zip(got, torch.autograd.grad(loop, leaves, allow_unused=True)):
             assert (grad is None) == (want is None)
             if grad is not None:
                 torch.testing.assert_close(grad, want, rtol=1e-12, atol=1e-12)
+
+
+def _calls(m):
+    """``logits`` and ``attend`` (causal or not) of module ``m`` as ``call(q, k, v, offset)``."""
+    return [lambda q, k, v, o: m.logits(q, k, offset=o), *(lambda q, k, v, o, causal=causal: m.attend(q, k, v, causal=causal, offset=o) for causal in (False, True))]
+
+
+@pytest.mark.parametrize("name", ROW_MODULES)
+def test_modules_of_relative_biases_and_logits_take_one_offset_per_batch_row(name):
+    """``logits`` and ``attend`` (causal or not) with one
+    ``offset`` per batch row (a batch of caches of different lengths, as a tensor or a
+    NumPy array): row ``b`` is the call with ``offset[b]`` to the bit, and the gradients
+    are the loop of those calls'. They had been a ``TypeError``."""
+    m = _make(name)
+    _assert_rows_are_the_calls_of_each_offset(m, _calls(m), torch.tensor([4, 8, 0, 11]), lambda call, qkv, b, offset: call(*qkv, offset)[b])
+
+
+def test_tener_takes_one_offset_per_batch_row_each_row_its_call_on_that_row_alone():
+    """``TENERRelative``'s ``logits`` and ``attend`` (causal or not) with one ``offset`` per
+    batch row (a tensor or a NumPy array): row ``b`` is the call on row ``b`` alone with
+    ``offset[b]``, to the bit (``tener_logits`` makes one product per row; a one-offset
+    call of the whole batch folds its rows into one product, which may round them apart),
+    and the gradients are the loop of those calls'. It had been a ``TypeError``."""
+    m = _make("tener")
+    alone = lambda call, qkv, b, offset: call(*(t[b : b + 1] for t in qkv), offset)[0]  # noqa: E731
+    _assert_rows_are_the_calls_of_each_offset(m, _calls(m), torch.tensor([4, 8, 0, 11]), alone)
 
 
 def test_other_modules_refuse_one_offset_per_batch_row_and_bad_ones_are_refused_before_any_work():
