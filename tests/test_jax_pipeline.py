@@ -301,6 +301,7 @@ def _symbolic_cases():
             lambda q, p: pe.tupe_logits(q, q, p, c(shaw_table[:, :16].T, q.dtype), c(shaw_table[:, :16].T, q.dtype)), [x, ("s, 16", "f")], (),
             lambda n, t, f, i: (xs(n, f), c(np.random.default_rng(n).standard_normal((n, 16)), f)), False, False,
         ),
+        "conv_positions": (lambda x: pe.conv_positions(x, c(shaw_table[:3], x.dtype)), [x], (), lambda n, t, f, i: (xs(n, f),), False, False),
         "fire_bias": (
             lambda x: pe.fire_bias(lambda d: d * jnp.ones(4, d.dtype), x.shape[-2], x.shape[-2], xp=jnp, dtype=x.dtype), [x], (),
             lambda n, t, f, i: (xs(n, f),), False, False,
@@ -323,8 +324,8 @@ def test_export_with_symbolic_lengths_gives_the_static_exports_bits(name, x64):
     compiled reference, whose float arithmetic may differ from the eager kernel's in the
     last bit), and the eager call's bits where the function looks values up. Its
     integer checks had refused a symbolic length (``TypeError``, or JAX's "inconclusive"
-    comparison of an int32 range; ``positions_from_mask``'s ``int()`` of its length), and a
-    traced ``offset`` beside them: a comparison of
+    comparison of an int32 range; ``positions_from_mask``'s and ``conv_positions``' ``int()``
+    of the length), and a traced ``offset`` beside them: a comparison of
     the clamp's bounds was inconclusive (T5's buckets) or an index dtype's edge plus a
     size overflowed when lowered (ALiBi's); ``x64``: float64 and int64."""
     from jax import export

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import _validate as check
-from .._xp import cast, chunked_like, compute_dtype, device_of, explicit_sharding, host_constants, namespace, resplit, unsplit
+from .._xp import cast, chunked_like, compute_dtype, device_of, explicit_sharding, host_constants, namespace, resplit, size, unsplit
 
 
 @host_constants
@@ -44,7 +44,7 @@ def conv_positions(x, kernel):
     work = compute_dtype(xp, x.dtype)
     xw, split = unsplit(cast(xp, x, work), -2)
     kw = cast(xp, kernel, work)
-    length, half = int(x.shape[-2]), width // 2
+    length, half = size(x.shape[-2]), width // 2  # (a symbolic dimension of jax.export kept)
     # (the zeros placed as xw is: a JAX array split over a mesh concatenates only with its like)
     pad = resplit(xp.zeros((*xw.shape[:-2], half, dim), dtype=work, device=device), explicit_sharding(xw))
     padded = xp.concat([pad, xw, pad], axis=-2)
