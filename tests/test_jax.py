@@ -441,6 +441,7 @@ _CLOSED_INTS = jnp.arange(4)
 _CLOSED_FREQS = jnp.asarray(inv_freq(8), jnp.float32)
 _CLOSED_NEW_FREQS = _CLOSED_FREQS * 0.5
 _CLOSED_LENGTH, _CLOSED_CU = jnp.asarray(4), jnp.asarray([0, 1, 4])
+_CLOSED_SEQ_LEN, _CLOSED_ROW_SEQ_LENS, _DYNAMIC = jnp.asarray(9), jnp.asarray([9, 12]), pe.scaling.DynamicNTK(2.0, 4)
 
 
 @pytest.mark.parametrize(
@@ -449,6 +450,8 @@ _CLOSED_LENGTH, _CLOSED_CU = jnp.asarray(4), jnp.asarray([0, 1, 4])
         ("rope_cos_sin", lambda x: pe.rope_cos_sin(_CLOSED_FLOATS, inv_freq(8))[0] + x),
         ("rerotate", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_FLOATS, inv_freq(8))),
         ("rerotate[JAX frequencies]", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_INTS, _CLOSED_FREQS, new_inv_freq=_CLOSED_NEW_FREQS)),
+        ("rerotate[scaling, 0-d seq_len]", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_INTS, scaling=_DYNAMIC, seq_len=_CLOSED_SEQ_LEN)),
+        ("rerotate[scaling, per-row seq_len]", lambda x: pe.rerotate(jnp.broadcast_to(x, (2, 4, 8)), _CLOSED_INTS, scaling=_DYNAMIC, seq_len=_CLOSED_ROW_SEQ_LENS)),
         ("sinusoidal", lambda x: pe.sinusoidal(_CLOSED_FLOATS, 8) + x),
         ("t5_bias[0-d lengths]", lambda x: pe.t5_bias(jnp.broadcast_to(x[0, :2], (32, 2)), _CLOSED_LENGTH, _CLOSED_LENGTH)),
         ("positions_from_cu_seqlens", lambda x: x + pe.positions_from_cu_seqlens(_CLOSED_CU, 4)[:, None]),
@@ -466,7 +469,9 @@ def test_concrete_positions_closed_over_under_jit_give_the_eager_result(name, ca
     JAX ones were refused as traced (``TypeError`` "inv_freq must hold concrete values ...,
     got a traced ArrayImpl"), as were 0-d lengths ("q_len must be a concrete integer here
     ..., got a traced ArrayImpl"), and ``cu_seqlens`` took the ``checkify`` check of traced
-    values, which a plain ``jax.jit`` refuses to compile; both are read now, as eagerly."""
+    values, which a plain ``jax.jit`` refuses to compile; both are read now, as eagerly, as is
+    ``rerotate``'s ``seq_len`` with ``scaling=`` ("seq_len must be readable now ..., got a
+    traced value")."""
     x = jnp.full((4, 8), 0.5, jnp.float32)
     # (complex_order's traced frequencies round as XLA fuses them: within an ulp)
     np.testing.assert_allclose(np.asarray(jax.jit(call)(x)), np.asarray(call(x)), rtol=2e-7 if name == "complex_order" else 0, atol=0)

@@ -349,7 +349,9 @@ def parse_rerotate(x, delta, inv_freq, *, layout, new_inv_freq, scaling, base, s
         rdim = _args.rotary_dim(rotary_dim, check.static_int(x.shape[-1]))
         if seq_len is None:
             raise TypeError("rerotate with scaling= needs seq_len: the length whose frequencies the keys move to")
-        seq_len = _args.per_row("seq_len", seq_len, xp)
+        if check.concrete_jax(seq_len) and not check.is_eager(seq_len):  # closed over by a jitted function: read now, as eagerly
+            seq_len = check.integer("seq_len", seq_len, minimum=0) if seq_len.ndim == 0 else np.asarray(seq_len)
+        seq_len = _args.per_row("seq_len", seq_len, namespace(seq_len) if isinstance(seq_len, np.ndarray) else xp)
         if check.is_array(seq_len) and not check.is_eager(seq_len):
             raise TypeError("rerotate's seq_len must be readable now (an int or an eager integer array), got a traced value")
         seq_len = _args.rows("seq_len", seq_len, x, seq_axis)
