@@ -275,3 +275,38 @@ def _report(lengths=(512, 2048, 4096), repeat=7):
 
 if __name__ == "__main__":
     _report()
+
+
+class PerTokenVsFormula(Benchmark):
+    """``t5_bias`` / ``alibi_bias`` with per-token positions (``[2, 16, 1024, 1024]`` float32,
+    torch: a packed or padded batch's ``position_ids``) over the originals' formula on the same
+    positions in torch eager (T5's bucket of ``key - query`` and its embedding lookup; ALiBi's
+    ``-slopes * (query - key)``), in turns. posenc's rows are its Numba row kernel's, split over
+    the threads from 4 MiB; ``time_`` the call alone."""
+
+    params = [["t5", "alibi"]]
+    param_names = ["bias"]
+    length = 1024
+
+    def make(self, bias):
+        torch = require("torch")
+        from posenc._oracles import t5_relative_position_bucket
+
+        positions = torch.arange(self.length)[None].repeat(2, 1)
+        rel = positions[:, None, :] - positions[:, :, None]  # key - query
+        if bias == "t5":
+            table = torch.from_numpy(np.random.default_rng(0).standard_normal((NUM_BUCKETS, HEADS)).astype(np.float32))
+            self.posenc = lambda: pe.t5_bias(table, self.length, self.length, max_distance=MAX_DISTANCE, query_positions=positions, key_positions=positions)
+            self.formula = lambda: table[t5_relative_position_bucket(torch, rel, True, NUM_BUCKETS, MAX_DISTANCE)].permute(0, 3, 1, 2).contiguous()
+        else:
+            slopes = torch.from_numpy(pe.alibi_slopes(HEADS))
+            self.posenc = lambda: pe.alibi_bias(slopes, self.length, self.length, query_positions=positions, key_positions=positions)
+            self.formula = lambda: slopes[None, :, None, None] * rel[:, None].to(torch.float32)
+
+    def time_per_token_posenc(self, bias):
+        self.posenc()
+
+    def track_per_token_time_over_formula_torch(self, bias):
+        return ratio(self.posenc, self.formula, repeat=3)
+
+    track_per_token_time_over_formula_torch.unit = "x formula time"
