@@ -974,10 +974,11 @@ def _key_position_alibi(attention_mask, slopes, dtype):
     batch, length = attention_mask.shape
     floating = attention_mask.is_floating_point()  # (a float mask of ones and zeros, as transformers takes it)
     keys = pe.positions_from_mask(attention_mask != 0 if floating else attention_mask)
-    if floating:
-        keys = keys.to(attention_mask.dtype)
-    work = torch.promote_types(slopes.dtype, keys.dtype)
-    slopes, keys = slopes.to(work), keys.to(work)
+    work = torch.promote_types(slopes.dtype, attention_mask.dtype if floating else keys.dtype)
+    held = attention_mask.dtype if floating else work  # (the positions' dtype there: work holds as much)
+    if length - 1 > 2 / torch.finfo(held).eps:  # (up to 2 / eps it holds every integer: integer keys, posenc's fast path, are its positions)
+        keys = keys.to(held).to(work)
+    slopes = slopes.to(work)
     queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
     bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
     return bias.reshape(batch * slopes.shape[0], 1, length).to(dtype)
