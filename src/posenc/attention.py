@@ -25,7 +25,7 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     q : array ``[..., q_len, d]``
     k : array ``[..., k_len, d]``
     v : array ``[..., k_len, d_v]``
-    bias : array broadcasting against ``[..., q_len, k_len]``, optional
+    bias : real array broadcasting against ``[..., q_len, k_len]``, optional
         Any bias of this library (``[heads, q_len, k_len]`` for ``q`` of shape
         ``[..., heads, q_len, d]``), added after scaling.
     mask : boolean array broadcasting against ``[..., q_len, k_len]``, optional
@@ -66,6 +66,8 @@ def attention(q, k, v, *, bias=None, mask=None, causal=False, scale=None):
     logits = cast(xp, q, work) @ xp.matrix_transpose(cast(xp, k, work)) * scale
     if bias is not None:
         check.array("bias", bias)
+        if xp.isdtype(bias.dtype, "complex floating"):
+            raise TypeError(f"bias must have a real dtype (its values are added to real logits), got {bias.dtype}")
         _broadcasts("bias", bias, logits)
         logits = logits + cast(xp, bias, work)
     if mask is not None:

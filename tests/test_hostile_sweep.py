@@ -1,0 +1,29 @@
+"""Defects found by a generated sweep of hostile inputs over every public function (each
+array argument in every integer dtype near its limits, bool, complex, 0-size and 0-d, extra
+axes; every integer argument as NumPy scalars, 0-d arrays, bools, huge and negative values):
+each case here returned a silently wrong number or raised something else than a
+``ValueError``/``TypeError`` naming the argument.
+"""
+
+import numpy as np
+import pytest
+
+import posenc as pe
+
+RNG = np.random.default_rng(142)
+
+
+def floats(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_complex_attention_bias_is_refused(library):
+    """A complex bias had its imaginary part dropped (NumPy's ComplexWarning, then the real part's result)."""
+    q, k, v = floats(2, 3, 4), floats(2, 5, 4), floats(2, 5, 4)
+    bias = np.zeros((3, 5), np.complex64) + 1j
+    if library == "torch":
+        torch = pytest.importorskip("torch")
+        q, k, v, bias = (torch.from_numpy(a) for a in (q, k, v, bias))
+    with pytest.raises(TypeError, match="bias must have a real dtype"):
+        pe.attention(q, k, v, bias=bias)
