@@ -27,3 +27,14 @@ def test_a_complex_attention_bias_is_refused(library):
         q, k, v, bias = (torch.from_numpy(a) for a in (q, k, v, bias))
     with pytest.raises(TypeError, match="bias must have a real dtype"):
         pe.attention(q, k, v, bias=bias)
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch", "array_api_strict"])
+def test_permute_qk_weight_of_no_rows(library):
+    """A weight of no heads (0 rows) raised NumPy's 'Cannot cast array data from dtype('float64')
+    to dtype('int64')' (torch: 'index_select(): Expected dtype int32/int64 for index')."""
+    w = floats(0, 6)
+    if library != "numpy":
+        w = pytest.importorskip(library).asarray(w)
+    out = pe.permute_qk_weight(w, "interleaved", "half", head_dim=8)
+    assert type(out) is type(w) and tuple(out.shape) == (0, 6) and out.dtype == w.dtype

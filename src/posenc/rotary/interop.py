@@ -205,5 +205,7 @@ def permute_qk_weight(w, src, dst, *, head_dim, rotary_dim=None):
     rdim = _args.rotary_dim(rotary_dim, head_dim, what="head_dim")
     per_head = _row_permutation(head_dim, rdim, src, dst)
     index = (np.arange(rows // head_dim)[:, None] * head_dim + per_head).reshape(-1)
+    if not rows:  # (an empty list is a float array to asarray, which take refuses)
+        return w[:0, ...]
     w, split = unsplit(w, 0)  # (JAX takes no rows of a split axis)
     return resplit(xp.take(w, xp.asarray(index.tolist(), device=device_of(w)), axis=0), split)
