@@ -38,3 +38,10 @@ def test_permute_qk_weight_of_no_rows(library):
         w = pytest.importorskip(library).asarray(w)
     out = pe.permute_qk_weight(w, "interleaved", "half", head_dim=8)
     assert type(out) is type(w) and tuple(out.shape) == (0, 6) and out.dtype == w.dtype
+
+
+@pytest.mark.parametrize("uq", [np.ones((), np.float32), np.ones(4, np.float32)], ids=["0d", "1d"])
+def test_tupe_logits_names_a_misshapen_uq(uq):
+    """uq's last axis was read before uq was checked: a 0-d uq raised IndexError 'tuple index out of range'."""
+    with pytest.raises((ValueError, TypeError), match="uq"):
+        pe.tupe_logits(floats(2, 3, 4), floats(2, 5, 4), floats(5, 4), uq, floats(2, 4, 4))

@@ -162,6 +162,7 @@ def tupe_logits(q, k, p, uq, uk, *, offset=None, bias=None, cls=None):
         offset = check.relative_offset(scalar_offset(offset, minimum=0, device=device), q_len, k_len, device=device)
     check.float_array("p", p, xp)
     check.ndim("p", p, minimum=2)
+    check.ndim("uq", check.float_array("uq", uq, xp), minimum=2)
     for name, u in (("uq", uq), ("uk", uk)):
         _args.table(name, u, xp, rows=int(p.shape[-1]), dim=int(uq.shape[-1]), batch=batch)
     if rows:
