@@ -45,3 +45,24 @@ def test_tupe_logits_names_a_misshapen_uq(uq):
     """uq's last axis was read before uq was checked: a 0-d uq raised IndexError 'tuple index out of range'."""
     with pytest.raises((ValueError, TypeError), match="uq"):
         pe.tupe_logits(floats(2, 3, 4), floats(2, 5, 4), floats(5, 4), uq, floats(2, 4, 4))
+
+
+@pytest.mark.parametrize("library", ["numpy", "torch", "jax"])
+@pytest.mark.parametrize("dtype", ["uint16", "uint32", "uint64", "int8"])
+def test_segment_ids_of_two_integer_dtypes(library, dtype):
+    """seg_q and seg_k of two integer dtypes: torch refused the comparison of uint16/32/64 with
+    int64 (RuntimeError 'Promotion for uint16, uint32, uint64 types is not supported'), and JAX
+    without x64 took uint32's 2**32 - 1 for int32's -1 (both promoted to int64, kept as int32)."""
+    xp = pytest.importorskip({"jax": "jax.numpy"}.get(library, library))
+    high = int(np.iinfo(dtype).max)
+    seg_q = np.array([high, 1, 0], dtype)
+    seg_k = np.array([-1, 0, 1, 1] if library == "jax" else [0, 0, 1, 1], "int32" if library == "jax" else "int64")
+    q, same, diff, b = floats(2, 3, 4), floats(2, 1, 4), floats(2, 1, 4), floats(2, 1, 4)
+    want = np.where(seg_q.astype(object)[:, None] == seg_k.astype(object)[None, :], ((q + b) * same).sum(-1)[..., None], ((q + b) * diff).sum(-1)[..., None])
+    args = [xp.asarray(a) for a in (q, seg_q, seg_k, same, diff, b)]
+    try:
+        got = pe.segment_logits(*args)
+    except ValueError as exc:  # ids past the index dtype are refused, naming them
+        assert "seg_q must fit" in str(exc) and high > np.iinfo(np.int32 if library == "jax" else np.int64).max
+        return
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

@@ -281,6 +281,9 @@ def segment_logits(q, seg_q, seg_k, s_same, s_diff, b):
     check.allocatable("logits", shape, 8)
     dtype, work = _args.dtypes(xp, q, s_same, s_diff, b)
     q, s_same, s_diff, b = (cast(xp, a, work) for a in (q, s_same, s_diff, b))
+    if seg_q.dtype != seg_k.dtype:  # (mixed integer dtypes promote to float or wrap in JAX, and torch refuses unsigned ones)
+        device = device_of(q)
+        seg_q, seg_k = check.widened("seg_q", seg_q, xp, device), check.widened("seg_k", seg_k, xp, device)
     same = seg_q[..., :, None] == seg_k[..., None, :]
     if head_axis:
         same = same[..., None, :, :]
