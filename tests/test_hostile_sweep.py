@@ -66,3 +66,19 @@ def test_segment_ids_of_two_integer_dtypes(library, dtype):
         assert "seg_q must fit" in str(exc) and high > np.iinfo(np.int32 if library == "jax" else np.int64).max
         return
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("module", ["ShawRelative", "CoPE", "XPos", "NoPE"])
+@pytest.mark.parametrize("heads", [(3, 2, 2), (0, 2, 2), (2, 2, 0)], ids=["q3", "q0", "v0"])
+def test_torch_modules_refuse_leading_axes_that_do_not_broadcast(module, heads):
+    """The modules of any head count let torch find q, k and v of head counts that do not
+    broadcast: RuntimeError 'Attempting to broadcast a dimension of length 2 at -1!' (or 'The
+    size of tensor a (2) must match the size of tensor b (0)' for v), where the functions raise
+    ValueError naming q and k."""
+    torch = pytest.importorskip("torch")
+    import posenc.torch as pt
+
+    made = {"ShawRelative": lambda: pt.ShawRelative(4, max_distance=4), "CoPE": lambda: pt.CoPE(4), "XPos": lambda: pt.XPos(4), "NoPE": pt.NoPE}[module]()
+    q, k, v = (torch.randn(1, h, n, 4) for h, n in zip(heads, (3, 5, 5)))
+    with pytest.raises(ValueError, match="q, k and v must have leading"):
+        made(q, k, v)

@@ -297,6 +297,12 @@ def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
         raise ValueError(f"q and k must have the same head_dim, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if v is not None and v.shape[-2] != k.shape[-2]:
         raise ValueError(f"v must have k_len = {k.shape[-2]} rows, got shape {tuple(v.shape)}")
+    try:
+        torch.broadcast_shapes(*(a.shape[:-2] for _, a in tensors))
+    except RuntimeError:
+        names = " and ".join(", ".join(name for name, _ in tensors).rsplit(", ", 1))
+        shapes = ", ".join(str(tuple(a.shape)) for _, a in tensors)
+        raise ValueError(f"{names} must have leading (batch, head) dimensions that broadcast together, got shapes {shapes}") from None
 
 
 def positive_int(name, value, minimum=1):
