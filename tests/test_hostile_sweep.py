@@ -82,3 +82,16 @@ def test_torch_modules_refuse_leading_axes_that_do_not_broadcast(module, heads):
     q, k, v = (torch.randn(1, h, n, 4) for h, n in zip(heads, (3, 5, 5)))
     with pytest.raises(ValueError, match="q, k and v must have leading"):
         made(q, k, v)
+
+
+@pytest.mark.parametrize("positions", [np.arange(5), np.arange(10).reshape(2, 5)], ids=["shared", "per-row"])
+def test_rope_cos_sin_of_a_frequency_set_per_row_on_array_api_strict(positions):
+    """inv_freq ``[batch, r/2]`` took its rows as ``inv_freq[b]``, which array-api-strict refuses
+    (IndexError 'the multi-axes index only specifies 1 dimensions'); NumPy gave the tables."""
+    xs = pytest.importorskip("array_api_strict")
+    inv = np.array([[1.0, 0.5, 0.25, 0.125], [2.0, 1.0, 0.5, 0.25]])
+    want = pe.rope_cos_sin(positions, inv)
+    got = pe.rope_cos_sin(xs.asarray(positions), xs.asarray(inv))
+    for g, w in zip(got, want):
+        assert type(g) is type(xs.asarray(0)) and g.shape == w.shape
+        np.testing.assert_array_equal(np.asarray(g._array), w)

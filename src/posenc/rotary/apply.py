@@ -101,7 +101,7 @@ def _tables_per_row(positions, inv_freq, **options):
         positions, positions_split = unsplit(positions, 0)
         split = split or positions_split
     tables = [
-        rope_cos_sin(positions if shared else positions[b if positions.shape[0] > 1 else 0], inv_freq[b], **options)
+        rope_cos_sin(positions if shared else positions[b if positions.shape[0] > 1 else 0, ...], inv_freq[b, ...], **options)
         for b in range(rows)
     ]
     return split_as_first(xp.stack([c for c, _ in tables]), split, 0), split_as_first(xp.stack([s for _, s in tables]), split, 0)
