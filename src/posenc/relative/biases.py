@@ -46,7 +46,7 @@ def alibi_slopes(num_heads, *, max_bias=8.0, xp=None, device=None, dtype=None):
     float32-rounded base to integer powers in float32 instead: its slopes are up to 1 float32 ulp off
     these at 12 heads, 5 at 16, 6 at 32 and 11 at 128 (transformers 5.24 with torch 2.13 on a CPU;
     the count follows torch's float32 ``pow``); MPT's ``gen_slopes`` within 1.
-    ``patch_hf`` checks BLOOM's builder against posenc's within 4 float32 eps of the bias's largest entry.
+    ``patch_hf``'s BLOOM and Falcon builders round these slopes as BLOOM does, giving its bits.
 
     Examples
     --------

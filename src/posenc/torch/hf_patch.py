@@ -37,6 +37,7 @@ how much: a model is patched entirely or left untouched, never silently differen
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import itertools
 import re
@@ -892,10 +893,10 @@ def _alibi_parts(model, device, swaps, refusals):
                 rebound.append(f"{where} {builder}: {what}")
         if "_get_alibi_slopes" in forward.__code__.co_names and callable(forward.__globals__.get("_get_alibi_slopes")):
             theirs = forward.__globals__["_get_alibi_slopes"]  # BLOOM's forward reads the slopes themselves too
-            heads = int(getattr(module, "num_heads", 0) or 0) or 4
-            diff = max(float((theirs(h, device) - _alibi_slopes(h, device)).abs().max()) for h in (heads, 5, 12))
-            if not diff <= 2 * _eps(torch.float32):
-                refusals.append(f"ALiBi slopes _get_alibi_slopes of {type(module).__name__}: differ from posenc's by {diff:.3g}")
+            heads = sorted({int(getattr(module, "num_heads", 0) or 0) or 4, *range(1, 33), 48, 64})
+            differ = [h for h in heads if not _same(theirs(h, device), _alibi_slopes(h, device))]
+            if differ:
+                refusals.append(f"ALiBi slopes _get_alibi_slopes of {type(module).__name__}: differ from posenc's for {differ} heads")
                 continue
             rebinds["_get_alibi_slopes"] = _alibi_slopes
             rebound.append(f"{where} _get_alibi_slopes: alibi_slopes")
@@ -919,31 +920,65 @@ def _alibi_replacement(theirs, module, device):
     if params[:3] == ["attention_mask", "num_heads", "dtype"]:
         candidates = ((bloom_alibi_tensor, "alibi_bias"), (falcon_alibi_tensor, "alibi_bias (in bfloat16)"))
         probes = []
-        for length in (11, 300):
-            mask = torch.ones(2, length, dtype=torch.long, device=device)
+        for length, mask_dtype in itertools.product((11, 300), (torch.long, torch.float32)):
+            mask = torch.ones(2, length, dtype=mask_dtype, device=device)
             mask[1, :4] = 0
             probes += [(mask, h, torch.float32) for h in heads]
+        tolerance = 0.0  # (BLOOM's and Falcon's bits: the same slopes times the same positions)
     elif params[:2] == ["num_heads", "sequence_length"]:
         candidates = ((mpt_alibi_tensor, "alibi_bias"),)
         probes = [(h, length, 8, device) for h in heads for length in (1, 11, 300)]
+        tolerance = 4 * _eps(torch.float32)  # (MPT's slopes, 1 / 2**x in float32, are within an ulp of posenc's)
     else:
         raise _Refusal(f"takes ({', '.join(params)}), not (attention_mask, num_heads, dtype) or (num_heads, sequence_length, ...)")
     differences = []
     for ours, what in candidates:
-        worst = 0.0
+        worst = None
         for args in probes:
             with torch.no_grad():
                 want, got = theirs(*args), ours(*args)
-            diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
-            worst = max(worst, diff / max(1.0, float(want.abs().max())))
-        if worst <= 4 * _eps(torch.float32):
+            if not _same(want, got):
+                diff = float((want.double() - got.double()).abs().max()) if want.shape == got.shape else float("inf")
+                worst = max(worst or 0.0, diff / max(1.0, float(want.abs().max())))
+        if worst is None or (tolerance and worst <= tolerance):
             return ours, what
         differences.append(f"{what} differs by {worst:.3g} (relative)")
     raise _Refusal("; ".join(differences))
 
 
+def _same(want, got):
+    return want.shape == got.shape and want.dtype == got.dtype and bool(torch.equal(want, got))
+
+
 def _alibi_slopes(num_heads, device):
-    return pe.alibi_slopes(num_heads, xp=torch, device=device)
+    """:func:`posenc.alibi_slopes` as BLOOM rounds them (its ``_get_alibi_slopes``, and
+    Falcon's ``build_alibi_tensor``): float32 ``[num_heads]`` on ``device``.
+
+    The slopes are two geometric sequences, ``r**h`` for the first ``p`` heads (``p`` the
+    largest power of two up to ``num_heads``) and ``s**(2h - 1)`` for the rest, ``r`` and
+    ``s`` their first slopes. ``alibi_slopes`` rounds each slope once from float64; BLOOM
+    rounds the two ratios (the same float32 numbers) and raises them to the integer
+    exponents with torch's float32 ``pow`` on the mask's device, whose results are an ulp
+    off some of the others unless the head count is 1, 2, 4 or 8 (14 of 16 slopes at 16
+    heads). So do these, one ``pow`` per sequence as there: which elements of a call
+    torch's CPU ``pow`` computes in SIMD depends on the call's length.
+    """
+    power, ratios = _slope_ratios(num_heads)
+    exponents = ((1, power + 1, 1), (1, 2 * (num_heads - power), 2))
+    slopes = [
+        torch.pow(torch.full((), ratio, dtype=torch.float32, device=device), torch.arange(*steps, dtype=torch.int32, device=device))
+        for ratio, steps in zip(ratios, exponents)
+    ]  # fmt: skip
+    return slopes[0] if len(slopes) == 1 else torch.cat(slopes)
+
+
+@functools.lru_cache(maxsize=256)
+def _slope_ratios(num_heads):
+    """``(p, ratios)``: the largest power of two ``p`` up to ``num_heads`` and the ratio of each
+    of :func:`posenc.alibi_slopes`' geometric sequences (one for a power of two, else two), its first slope."""
+    slopes = pe.alibi_slopes(num_heads)
+    power = 1 << (int(slopes.shape[0]).bit_length() - 1)
+    return power, tuple(float(slopes[i]) for i in (0, power)[: 1 + (power < num_heads)])
 
 
 def bloom_alibi_tensor(attention_mask, num_heads, dtype):
@@ -951,7 +986,8 @@ def bloom_alibi_tensor(attention_mask, num_heads, dtype):
 
     BLOOM adds ``slope * key_position`` (positions from the padding mask), which differs
     from ALiBi's ``-slope * (query - key)`` by a constant per query row that softmax
-    ignores; it is :func:`posenc.alibi_bias` with the query at position 0.
+    ignores; it is :func:`posenc.alibi_bias` with the query at position 0, of posenc's
+    slopes rounded as BLOOM rounds them (``_alibi_slopes``): BLOOM's bits.
     """
     return _key_position_alibi(attention_mask, _alibi_slopes(num_heads, attention_mask.device), dtype)
 
