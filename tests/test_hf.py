@@ -971,6 +971,22 @@ def test_bloom_and_falcon_alibi_builders_give_the_originals_bits_for_every_head_
                 assert got.dtype == want.dtype and torch.equal(got, want), f"{theirs.__module__}, {heads} heads, {name}"
 
 
+def test_bloom_and_falcon_alibi_builders_give_the_originals_bits_for_16_bit_masks():
+    """A bfloat16 (or float16) mask's positions are its cumulative sum in that dtype, rounded
+    past 256 (2,048) tokens, minus one, rounded again: the replacements take the builders'
+    own. They had taken every position exactly, rounded once to the mask's dtype: with a
+    bfloat16 mask of 257 tokens and more, some entries differed from BLOOM's and Falcon's."""
+    from posenc.torch import hf_patch
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor as bloom
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor as falcon
+
+    for name, mask in _alibi_masks((torch.bfloat16, torch.float16)):
+        for heads in (1, 5, 12, 16):
+            for theirs, ours in ((bloom, hf_patch.bloom_alibi_tensor), (falcon, hf_patch.falcon_alibi_tensor)):
+                want, got = theirs(mask, heads, torch.float32), ours(mask, heads, torch.float32)
+                assert got.dtype == want.dtype and torch.equal(got, want), f"{theirs.__module__}, {heads} heads, {name}"
+
+
 @pytest.mark.parametrize("heads", [16, 6])
 @pytest.mark.parametrize("model_type", ["bloom", "falcon"])
 def test_a_patched_alibi_model_gives_the_originals_logits_to_the_bit(model_type, heads):

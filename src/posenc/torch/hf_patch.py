@@ -972,6 +972,26 @@ def _alibi_slopes(num_heads, device):
     return slopes[0] if len(slopes) == 1 else torch.cat(slopes)
 
 
+_SLOPES = {}  # (num_heads, device, dtype) -> the builders' slopes
+
+
+def _builder_slopes(num_heads, device, dtype):
+    """``_alibi_slopes`` in ``dtype`` (float32: BLOOM's; bfloat16: Falcon's), made once per head
+    count and device: the original's ``pow`` is a third of a short call's time. The builders
+    only read them. Made and kept outside inference mode (an inference tensor serves no
+    autograd), not while torch traces (``torch.compile``: a fake tensor) or captures a CUDA
+    graph, which make them afresh."""
+    key = (num_heads, device, dtype)
+    slopes = _SLOPES.get(key)
+    if slopes is not None and not torch.compiler.is_compiling():
+        return slopes
+    with torch.inference_mode(False):
+        slopes = _alibi_slopes(num_heads, device).to(dtype)
+    if type(slopes) is torch.Tensor and not torch.compiler.is_compiling() and not (slopes.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _SLOPES[key] = slopes
+    return slopes
+
+
 @functools.lru_cache(maxsize=256)
 def _slope_ratios(num_heads):
     """``(p, ratios)``: the largest power of two ``p`` up to ``num_heads`` and the ratio of each
@@ -989,35 +1009,36 @@ def bloom_alibi_tensor(attention_mask, num_heads, dtype):
     ignores; it is :func:`posenc.alibi_bias` with the query at position 0, of posenc's
     slopes rounded as BLOOM rounds them (``_alibi_slopes``): BLOOM's bits.
     """
-    return _key_position_alibi(attention_mask, _alibi_slopes(num_heads, attention_mask.device), dtype)
+    return _key_position_alibi(attention_mask, _builder_slopes(num_heads, attention_mask.device, torch.float32), dtype)
 
 
 def falcon_alibi_tensor(attention_mask, num_heads, dtype):
     """Falcon's ``build_alibi_tensor`` (``alibi=True``): BLOOM's, computed in bfloat16.
 
     Falcon multiplies bfloat16 slopes by the key positions of an integer mask in bfloat16
-    (positions past 256 round to even numbers, then each product rounds), so its bias is the
-    bfloat16 :func:`posenc.alibi_bias` of bfloat16 slopes and positions; a float32 mask's
-    positions promote the product to float32, as there.
+    (positions past 256 round to even numbers, then each product rounds), so its bias is
+    :func:`posenc.alibi_bias` of bfloat16 slopes and positions rounded to bfloat16; a float32
+    mask's positions promote the product to float32, as there.
     """
-    slopes = _alibi_slopes(num_heads, attention_mask.device).to(torch.bfloat16)
-    return _key_position_alibi(attention_mask, slopes, dtype)
+    return _key_position_alibi(attention_mask, _builder_slopes(num_heads, attention_mask.device, torch.bfloat16), dtype)
 
 
 def _key_position_alibi(attention_mask, slopes, dtype):
-    """``slopes * key_position`` in the dtype torch promotes the builders' product to: the
-    slopes' and the positions', which are the mask's cumulative sum in the mask's dtype."""
+    """``slopes * key_position``, the builders' tensor: their positions ``(cumsum(mask) - 1) *
+    mask`` in the mask's dtype (:func:`posenc.positions_from_mask`'s for a mask of ones and
+    zeros), each rounded to the dtype torch promotes the product to, the slopes' and the
+    positions', as that product rounds it. Integers, they are :func:`posenc.alibi_bias`'s key
+    positions as int64 (its kernel's path); a bfloat16 product is the float32 one, which is
+    exact (8-bit significands), rounded once, as torch's bfloat16 product is."""
     batch, length = attention_mask.shape
-    floating = attention_mask.is_floating_point()  # (a float mask of ones and zeros, as transformers takes it)
-    keys = pe.positions_from_mask(attention_mask != 0 if floating else attention_mask)
-    work = torch.promote_types(slopes.dtype, attention_mask.dtype if floating else keys.dtype)
-    held = attention_mask.dtype if floating else work  # (the positions' dtype there: work holds as much)
-    if length - 1 > 2 / torch.finfo(held).eps:  # (up to 2 / eps it holds every integer: integer keys, posenc's fast path, are its positions)
-        keys = keys.to(held).to(work)
-    slopes = slopes.to(work)
-    queries = torch.zeros((batch, 1), dtype=keys.dtype, device=keys.device)
-    bias = pe.alibi_bias(slopes, 1, length, query_positions=queries, key_positions=keys)
-    return bias.reshape(batch * slopes.shape[0], 1, length).to(dtype)
+    keys = attention_mask.cumsum(-1).sub_(1).mul_(attention_mask)  # (in place: a fresh sum)
+    work = torch.promote_types(slopes.dtype, keys.dtype)
+    if length - 1 > 2 / torch.finfo(work).eps:  # (up to 2 / eps work holds every integer)
+        keys = keys.to(work)
+    keys = keys.long() if keys.is_floating_point() else keys
+    slopes = slopes.to(torch.promote_types(work, torch.float32))
+    bias = pe.alibi_bias(slopes, 1, length, offset=0, key_positions=keys)
+    return bias.reshape(batch * slopes.shape[0], 1, length).to(work).to(dtype)
 
 
 def mpt_alibi_tensor(num_heads, sequence_length, alibi_bias_max=8, device=None):
