@@ -272,6 +272,36 @@ def test_run_tasks_in_a_process_forked_after_the_pool_ran():
     assert proc.returncode == 0 and proc.stdout.strip() == "child 0", (proc.stdout, proc.stderr[-3000:])
 
 
+RUN_WHILE_THE_INTERPRETER_EXITS = """
+import concurrent.futures
+from posenc._kernels import _layout
+
+def pieces():
+    seen = []
+    _layout.run_tasks(lambda first, last: seen.append((first, last)), (), 10, 3)
+    return sorted(seen)
+
+assert pieces() == [(0, 3), (3, 6), (6, 10)]  # the pool made, with its threads
+def serve(k):
+    print("served" if pieces() == [(0, 3), (3, 6), (6, 10)] else "wrong", flush=True)
+
+server = concurrent.futures.ThreadPoolExecutor(1)
+for k in range(5):
+    server.submit(serve, k)
+# (the main thread returns: the interpreter's exit drains the server's queue, once
+# concurrent.futures takes no new work)
+"""
+
+
+def test_run_tasks_from_a_thread_serving_calls_while_the_interpreter_exits():
+    """A server's thread still draining its requests once the main thread has returned: every
+    call is served (the pieces the pool refuses run on the calling thread); each raised
+    ``RuntimeError: cannot schedule new futures after shutdown`` before."""
+    env = {**os.environ, "PYTHONPATH": child_pythonpath(Path(pe.__file__).parent.parent)}
+    proc = subprocess.run([sys.executable, "-c", RUN_WHILE_THE_INTERPRETER_EXITS], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["served"] * 5, (proc.stdout, proc.stderr[-3000:])
+
+
 FORKED_DURING_A_BUILD = """
 import os, signal, threading
 import numba

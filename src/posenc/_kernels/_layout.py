@@ -175,7 +175,9 @@ def run_tasks(kernel, args, tasks, workers):
 
     ``workers``: a number, or a list with the extra arguments of each worker (its scratch
     buffers), passed after ``args``. ``kernel`` is a ``nogil`` Numba function, so the
-    pieces run at once; the calling thread runs the first piece itself.
+    pieces run at once; the calling thread runs the first piece itself, and the pieces the
+    pool refuses: once the interpreter has begun to exit (a thread still serving calls
+    while the main thread has returned), ``concurrent.futures`` takes no new work.
     """
     extras = [()] * workers if isinstance(workers, int) else list(workers)
     count = max(1, min(len(extras), tasks))
@@ -183,9 +185,15 @@ def run_tasks(kernel, args, tasks, workers):
     if count == 1:
         return [kernel(*args, *extras[0], 0, tasks)]
     pool = _executor(count - 1)
-    pending = [pool.submit(kernel, *args, *extras[w], edges[w], edges[w + 1]) for w in range(1, count)]
+    pending = []
     try:
-        first = kernel(*args, *extras[0], edges[0], edges[1])
+        for w in range(1, count):
+            try:
+                pending.append(pool.submit(kernel, *args, *extras[w], edges[w], edges[w + 1]))
+            except RuntimeError:  # "cannot schedule new futures after (interpreter) shutdown"
+                break
+        mine = (0, *range(len(pending) + 1, count))
+        ran = [kernel(*args, *extras[w], edges[w], edges[w + 1]) for w in mine]
     finally:
         rest = [future.result() for future in pending]
-    return [first, *rest]
+    return [ran[0], *rest, *ran[1:]]
