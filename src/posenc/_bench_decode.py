@@ -67,6 +67,7 @@ def numpy_cases(dtype=np.float32):
     slopes = pe.alibi_slopes(BIAS_HEADS)
     table = rng.standard_normal((32, BIAS_HEADS)).astype(dtype)
     keys = np.arange(PAST + 1)
+    past = np.array(PAST)  # an engine's cache length, a 0-d array
     return [
         Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
         Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
@@ -96,6 +97,7 @@ def numpy_cases(dtype=np.float32):
             lambda: _numpy_t5(table, pos, keys),
             1.0,
         ),
+        Case("t5_bias numpy 16 heads, 1 x 512, offset np.array(511)", lambda: pe.t5_bias(table, 1, PAST + 1, offset=past), lambda: _numpy_t5(table, PAST, keys), 1.0),
         Case(
             "alibi_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
@@ -196,6 +198,8 @@ def torch_cases(torch, dtype=None):
             Case("rope torch [1,32,1,128], offset tensor(511)", lambda: pe.rope(q, offset=past), rope_formula),
             Case("rope torch [4,32,1,128], position_ids of 4 rows", lambda: pe.rope(q_rows, row_ids), rows_formula),
             Case("rope torch [4,32,1,128], one offset a row", lambda: pe.rope(q_rows, offset=row_offsets), rows_formula),
+            Case("T5RelativeBias 16 heads, 1 x 512, offset tensor(511)", lambda: t5_module(1, PAST + 1, offset=past), t5_formula, 1.0),
+            Case("ALiBi 16 heads, 1 x 512, offset tensor(511)", lambda: alibi(1, PAST + 1, offset=past), alibi_formula),
             Case("T5RelativeBias 16 heads, 1 x 512, positions", lambda: t5_module(1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("t5_bias torch 16 heads, 1 x 512, positions", lambda: pe.t5_bias(table, 1, PAST + 1, query_positions=query, key_positions=keys), t5_formula, 1.0),
             Case("ALiBi 16 heads, 1 x 512, positions", lambda: alibi(1, PAST + 1, query_positions=query, key_positions=keys), alibi_positions_formula),

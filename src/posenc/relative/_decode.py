@@ -193,6 +193,12 @@ class AlibiRow(CachedRow):
         return biases._alibi_scaled(self.xp, slopes, distance)
 
 
+def scalar(offset):
+    """A planned call's ``offset`` of one value: None, an int, or a 0-d integer array in host
+    memory (the key's: validated by the full path once), read as the int the full path reads."""
+    return offset if offset is None or type(offset) is int else int(offset)
+
+
 def _offset(offset, q_len, k_len):
     offset = k_len - q_len if offset is None else offset
     return offset if -_EXACT < offset < _EXACT else None
@@ -216,7 +222,7 @@ class BiasPlan:
 
     def __call__(self, args, kwargs):
         _, params, _, k_len = args
-        offset = kwargs.get("offset")
+        offset = scalar(kwargs.get("offset"))
         offset = k_len - 1 if offset is None else offset
         if not (0 < k_len <= self.most and -_EXACT < offset < _EXACT):
             return NotImplemented
@@ -240,7 +246,7 @@ class VectorPlan:
 
     def __call__(self, args, kwargs):
         _, params, q_len, k_len = args
-        offset = _offset(kwargs.get("offset"), q_len, k_len)
+        offset = _offset(scalar(kwargs.get("offset")), q_len, k_len)
         if offset is None or not (q_len > 0 and k_len > 0 and q_len + k_len - 1 <= self.most):
             return NotImplemented
         return self.row.values(params, q_len + k_len - 1, offset - (k_len - 1), descending=False)
@@ -328,7 +334,7 @@ class PerTokenPlan:
         return self._placed(values)
 
     def _offset(self, kwargs):
-        offset = kwargs.get("offset")
+        offset = scalar(kwargs.get("offset"))
         return self.default_offset if offset is None else offset
 
     def _placed(self, values):

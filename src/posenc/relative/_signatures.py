@@ -8,15 +8,19 @@ and the ``offset``'s type (its value is the plan's argument).
 
 from __future__ import annotations
 
+import numpy as np
+
 from .._plans import array_key, arrays_key, context_key, keywords_key, value_key
 
 _POSITIONS = ("query_positions", "key_positions")
 
 
 def _bias_key(name, args, kwargs, rows=1, per_row=False):
-    """``(kind, params, q_len, k_len)``: ``rows`` query rows by ``offset`` (None or an int;
-    ``rows=None``: any count), or any ``q_len``/``k_len`` with per-token positions (arrays)
-    or, with ``per_row``, one offset per batch row (an array with axes, no positions)."""
+    """``(kind, params, q_len, k_len)``: ``rows`` query rows by ``offset`` (None, an int, a
+    NumPy integer or a 0-d array in the parameters' library and memory, which the plan reads
+    as the int it holds: ``_decode.scalar``; ``rows=None``: any count), or any
+    ``q_len``/``k_len`` with per-token positions (arrays) or, with ``per_row``, one offset
+    per batch row (an array with axes, no positions)."""
     if len(args) != 4:
         return None
     kind, params, q_len, k_len = args
@@ -24,21 +28,23 @@ def _bias_key(name, args, kwargs, rows=1, per_row=False):
     if type(kind) is not str or type(q_len) is not int or type(k_len) is not int:
         return None
     query, keys = kwargs.get("query_positions"), kwargs.get("key_positions")
-    if offset is not None and type(offset) is not int:
-        if not (per_row and query is None and keys is None and getattr(offset, "ndim", 0)):
+    scalar = offset is None or type(offset) is int or isinstance(offset, np.integer)
+    if not scalar and getattr(offset, "ndim", 0):
+        if not (per_row and query is None and keys is None):
             return None
         parts = (arrays_key((params, offset)), context_key(params, offset), keywords_key(kwargs, "offset"))
         return None if None in parts else (name, kind, q_len, k_len, "rows", *parts)
+    held = type(offset) if scalar else arrays_key((params, offset))  # (a 0-d array: its key, beside the parameters')
     if query is None and keys is None:
         if rows is not None and q_len != rows:
             return None
-        parts = (array_key(params), context_key(params), keywords_key(kwargs, "offset"))
-        return None if None in parts else (name, kind, offset is None, *parts)
+        parts = (array_key(params), held, context_key(params, offset), keywords_key(kwargs, "offset"))
+        return None if None in parts else (name, kind, *parts)
     arrays = (array_key(params), value_key(query), value_key(keys)) if query is None or keys is None else arrays_key((params, query, keys))
     if arrays is None or None in arrays:
         return None
-    parts = (*arrays, context_key(params, query, keys), keywords_key(kwargs, "offset", *_POSITIONS))
-    return None if None in parts else (name, kind, q_len, k_len, offset is None, *parts)
+    parts = (*arrays, held, context_key(params, query, keys, offset), keywords_key(kwargs, "offset", *_POSITIONS))
+    return None if None in parts else (name, kind, q_len, k_len, *parts)
 
 
 class RelativeBias:
