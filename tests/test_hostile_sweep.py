@@ -95,3 +95,29 @@ def test_rope_cos_sin_of_a_frequency_set_per_row_on_array_api_strict(positions):
     for g, w in zip(got, want):
         assert type(g) is type(xs.asarray(0)) and g.shape == w.shape
         np.testing.assert_array_equal(np.asarray(g._array), w)
+
+
+@pytest.mark.parametrize("module", ["Rotary", "Sinusoidal", "Shaw", "ALiBi"])
+@pytest.mark.parametrize("case", ["q0", "v0", "torch"])
+def test_flax_modules_name_misshapen_or_foreign_q_k_v(module, case):
+    """The Flax modules of any head count let JAX find q, k, v whose leading axes do not
+    broadcast ('Incompatible shapes for broadcasting: shapes=[(1, 0), (1, 2)]', 'Incompatible
+    types for matmul arguments'), and every module read a torch tensor's dtype with JAX
+    ("Cannot interpret 'torch.float32' as a data type"), naming no argument (ALiBi's heads were
+    already checked)."""
+    jnp = pytest.importorskip("jax.numpy")
+    nnx = pytest.importorskip("flax.nnx")
+    import posenc.flax as pf
+
+    rngs = nnx.Rngs(0)
+    made = {"Rotary": lambda: pf.Rotary(8), "Sinusoidal": lambda: pf.Sinusoidal(8), "Shaw": lambda: pf.Shaw(8, max_distance=4, rngs=rngs), "ALiBi": lambda: pf.ALiBi(2)}[module]()
+    q, k, v = floats(1, 2, 3, 8), floats(1, 2, 5, 8), floats(1, 2, 5, 8)
+    if case == "q0":
+        q = q[:, :0]
+    if case == "v0":
+        v = v[:, :0]
+    q, k, v = (jnp.asarray(a) for a in (q, k, v))
+    if case == "torch":
+        q = pytest.importorskip("torch").tensor(np.array(q))
+    with pytest.raises((TypeError, ValueError), match="q must be a JAX" if case == "torch" else "q, k and v must have leading|[qv] must have the module's"):
+        made(q, k, v)

@@ -183,9 +183,9 @@ def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
     TypeError/ValueError naming them, as the torch twin's; two float dtypes promote, as in JAX."""
     tensors = (("q", q), ("k", k)) if v is None else (("q", q), ("k", k), ("v", v))
     for name, a in tensors:
-        dtype = getattr(a, "dtype", None)
-        if dtype is None or getattr(a, "ndim", 0) < 2:
-            raise TypeError(f"{name} must be an array [batch, heads, seq, head_dim], got {type(a).__name__}")
+        if not isinstance(a, (jax.Array, np.ndarray)) or a.ndim < 2:
+            raise TypeError(f"{name} must be a JAX (or NumPy) array [batch, heads, seq, head_dim], got {_shown(a)}")
+        dtype = a.dtype
         if not jnp.issubdtype(dtype, jnp.floating):
             raise TypeError(f"{name} must be a floating array, got {dtype}")
         if heads is not None and a.ndim >= 3 and a.shape[-3] not in (heads, 1):
@@ -196,6 +196,17 @@ def _check_query_key(q, k, v=None, *, heads=None, head_dim=None):
         raise ValueError(f"q and k must have the same head_dim, got shapes {tuple(q.shape)} and {tuple(k.shape)}")
     if v is not None and v.shape[-2] != k.shape[-2]:
         raise ValueError(f"v must have k_len = {k.shape[-2]} rows, got shape {tuple(v.shape)}")
+    try:
+        jnp.broadcast_shapes(*(a.shape[:-2] for _, a in tensors))
+    except ValueError:
+        names = " and ".join(", ".join(name for name, _ in tensors).rsplit(", ", 1))
+        shapes = ", ".join(str(tuple(a.shape)) for _, a in tensors)
+        raise ValueError(f"{names} must have leading (batch, head) dimensions that broadcast together, got shapes {shapes}") from None
+
+
+def _shown(a):
+    shape = getattr(a, "shape", None)
+    return type(a).__name__ if shape is None else f"{type(a).__name__} of shape {tuple(shape)}"
 
 
 def _logits_shape(q, k):
