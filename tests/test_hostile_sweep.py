@@ -121,3 +121,19 @@ def test_flax_modules_name_misshapen_or_foreign_q_k_v(module, case):
         q = pytest.importorskip("torch").tensor(np.array(q))
     with pytest.raises((TypeError, ValueError), match="q must be a JAX" if case == "torch" else "q, k and v must have leading|[qv] must have the module's"):
         made(q, k, v)
+
+
+@pytest.mark.parametrize(("library", "max_distance"), [("numpy", 2**62), ("numpy", 2**63 - 1), ("torch", 2**63 - 1), ("jax", 2**31 - 1), ("jax", 2**31)])
+def test_clip_relative_refuses_indices_past_the_index_dtype(library, max_distance):
+    """``clip(rel, -K, K) + K`` in the index dtype wrapped where ``2K`` is past it: NumPy's
+    ``clip_relative([0, 5, -3], 2**63 - 1)`` gave ``[2**63 - 1, -2**63 + 4, 2**63 - 4]``
+    (indices outside ``[0, 2K]``, silently), JAX without x64 the same at ``2**31 - 1`` and an
+    OverflowError at ``2**31``."""
+    xp = pytest.importorskip({"jax": "jax.numpy"}.get(library, library))
+    rel = xp.asarray(np.array([0, 5, -3], "int32" if library == "jax" else "int64"))
+    largest = 2**31 - 1 if library == "jax" else 2**63 - 1
+    if 2 * max_distance <= largest:
+        assert np.asarray(pe.clip_relative(rel, max_distance)).tolist() == [max_distance, max_distance + 5, max_distance - 3]
+    else:
+        with pytest.raises(ValueError, match="max_distance must be at most"):
+            pe.clip_relative(rel, max_distance)
