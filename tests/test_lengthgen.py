@@ -532,6 +532,41 @@ def test_modules_follow_the_protocol(index):
         assert all(p.grad is not None for p in params)
 
 
+@pytest.mark.parametrize("kind", ["log", "power"])
+def test_kerple_module_under_torch_func_gives_the_eager_values_and_gradients(kind):
+    """KERPLE clamps ``r1, r2`` in place before each use (``.data``, as the paper's code does):
+    under ``torch.func.grad``/``jacrev``/``jvp`` of the queries that write to a captured
+    parameter raised RuntimeError ('attempted to call in-place operation (aten::clamp_) that
+    would mutate a captured Tensor'), and ``vmap`` over stacked parameters (an ensemble, through
+    ``functional_call``) 'accessing `data` under vmap transform is not allowed'. There the
+    clamped values are now used without being written back: the eager call's bits."""
+    from torch.func import functional_call, grad, jacrev, vmap
+
+    from posenc.torch import lengthgen as lg
+
+    torch.manual_seed(0)
+    module = lg.KERPLE(2, kind=kind).double()
+    with torch.no_grad():
+        module.r1[0], module.r2[1] = -0.5, 3.0  # out of range: the clamp matters
+    saved = {name: p.detach().clone() for name, p in module.named_parameters()}
+    q, k, v = torch.randn(3, 1, 2, 5, 8, dtype=torch.float64).unbind(0)
+
+    eager = lg.KERPLE(2, kind=kind).double()
+    eager.load_state_dict(saved)
+    queries = q.clone().requires_grad_(True)
+    out = eager.attend(queries, k, v, causal=True)
+    out.sum().backward()
+    module.load_state_dict(saved)
+    loss = lambda q_: module.attend(q_, k, v, causal=True).sum()  # noqa: E731
+    assert torch.equal(grad(loss)(q), queries.grad)
+    assert torch.equal(jacrev(lambda q_: module.logits(q_, k))(q), jacrev(lambda q_: eager.logits(q_, k))(q))
+    grads = grad(lambda p: functional_call(module, p, (q, k, v), {"causal": True}).sum())(dict(saved))
+    assert all(torch.equal(grads[name], p.grad) for name, p in eager.named_parameters())
+    stacked = {name: torch.stack([p, p]) for name, p in saved.items()}
+    batched = vmap(lambda p: functional_call(module, p, (q, k, v), {"causal": True}))(stacked)
+    assert torch.equal(batched, torch.stack([out.detach(), out.detach()]))
+
+
 def test_module_biases_are_the_functions():
     from posenc.torch import lengthgen as lg
 

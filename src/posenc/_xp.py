@@ -61,6 +61,13 @@ def torch_transforming(*, fake=True) -> bool:
     )
 
 
+def torch_func_transforming() -> bool:
+    """Whether a ``torch.func`` transform (``grad``, ``vmap``, ``jacrev``, ``jvp``, ...) is running:
+    one that refuses a write to a tensor it captured and a read of ``.data`` under ``vmap``."""
+    probes = _TORCH_PROBES or _torch_probes()
+    return probes is not None and probes[1]() is not None
+
+
 def torch_without_data(tensor) -> bool:
     """Whether a torch tensor holds no data to read: one on the meta device, or a fake tensor
     (no fake one exists before its module is loaded)."""

@@ -9,6 +9,7 @@ from torch import nn
 
 import posenc as pe
 from posenc import _validate as check
+from posenc._xp import torch_func_transforming
 
 from ._protocol import PositionalModule, allocatable, biased_scores, dot_scores, positive_int, widened
 
@@ -52,7 +53,7 @@ class KERPLE(PositionalModule):
     """KERPLE (Chi et al., NeurIPS 2022): the scaled dot product plus
     :func:`posenc.kerple_bias` with learned ``r1, r2 [heads]``, kept positive by clamping at
     ``eps`` (``r2 <= 2`` too for ``kind="power"``) in place before each use, as the paper's code
-    does. Initial values as in the authors' ``ParallelKerpleLog`` / ``ParallelKerplePower``
+    does (under a ``torch.func`` transform the clamped values are used, not written back). Initial values as in the authors' ``ParallelKerpleLog`` / ``ParallelKerplePower``
     (github.com/chijames/KERPLE, ``megatron/mpu/layers.py``): the parameter that may reach 2 is
     drawn first, uniform in ``(0, 2)``, then the other, uniform in ``(0, 1)``, from torch's
     generator: the multiplier ``r1 ~ U(0, 2)`` and ``r2 ~ U(0, 1)`` inside the logarithm for
@@ -77,23 +78,29 @@ class KERPLE(PositionalModule):
     def options(self):
         return {"num_heads": self.num_heads, "kind": self.kind, "eps": self.eps}
 
-    def _clamp(self):
-        # The paper's code clamps the values (``.data``) in place, so gradients pass unclamped.
-        # torch.export traces no ``.data``: there the parameter itself, outside autograd.
+    def _clamped(self):
+        """``(r1, r2)`` clamped to their range, the gradient passing unclamped. The paper's code
+        clamps the values (``.data``) in place; torch.export traces no ``.data``: there the
+        parameter itself, outside autograd. A ``torch.func`` transform may neither write to a
+        parameter it captured nor read ``.data`` under ``vmap``: there the clamped values are
+        ``clamp(p).detach() + (p - p.detach())``, the same values (``p - p.detach()`` is 0) and
+        gradients, not written back."""
+        ranges = ((self.r1, None), (self.r2, 2.0 if self.kind == "power" else None))
+        if torch_func_transforming():
+            return tuple(p.detach().clamp(self.eps, high) + (p - p.detach()) for p, high in ranges)
         exporting = torch.compiler.is_exporting()
         with torch.no_grad():
-            for parameter, high in ((self.r1, None), (self.r2, 2.0 if self.kind == "power" else None)):
+            for parameter, high in ranges:
                 (parameter if exporting else parameter.data).clamp_(self.eps, high)
+        return self.r1, self.r2
 
     def bias(self, q_len: int, k_len: int, *, offset=None, query_positions=None, key_positions=None) -> torch.Tensor:
-        self._clamp()
-        return pe.kerple_bias(
-            self.r1, self.r2, q_len, k_len, kind=self.kind, offset=offset, query_positions=query_positions, key_positions=key_positions
-        )
+        r1, r2 = self._clamped()
+        return pe.kerple_bias(r1, r2, q_len, k_len, kind=self.kind, offset=offset, query_positions=query_positions, key_positions=key_positions)
 
     def scores(self, q, k, offset, **positions):
-        self._clamp()
-        bias = pe.kerple_bias(widened(self.r1), widened(self.r2), q.shape[-2], k.shape[-2], kind=self.kind, offset=offset, **positions)
+        r1, r2 = self._clamped()
+        bias = pe.kerple_bias(widened(r1), widened(r2), q.shape[-2], k.shape[-2], kind=self.kind, offset=offset, **positions)
         return biased_scores(q, k, bias)
 
 
