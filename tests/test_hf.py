@@ -1155,6 +1155,26 @@ def test_a_patched_model_whose_apply_is_a_closure_compiles():
     assert not mine & scopes()
 
 
+def test_two_models_patched_at_once_share_the_removal_of_released_scopes(monkeypatch):
+    """Two threads patching models at once (a server loading two): the other thread's patch
+    empties the names of released scope modules between this one's look and its ``pop``;
+    ``patch_hf`` raised ``IndexError: pop from empty list``."""
+    from posenc.torch import hf_patch
+
+    class Raced(list):
+        def __len__(self):  # the other thread's patch removes the last name right after this thread looked
+            n = super().__len__()
+            if n:
+                super().pop()
+            return n
+
+    monkeypatch.setattr(hf_patch, "_RELEASED", Raced(["posenc._patched_released"]))
+    original = build("llama[default]")
+    ids, mask = inputs()
+    want = logits(original, ids, mask)
+    torch.testing.assert_close(logits(patch_hf(copy.deepcopy(original)), ids, mask), want, atol=RELATIVE * float(want.abs().max()), rtol=0)
+
+
 def test_a_patched_roformer_pickles():
     """RoFormer's replacement apply (set on each attention layer) is a function of posenc's
     module, not a closure: ``torch.save`` of the patched model had failed to pickle it."""

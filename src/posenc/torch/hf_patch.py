@@ -1188,8 +1188,12 @@ def _scope(names, replacements):
     replacements then failed its guard). The modules of functions collected since are
     removed first (not when collected: a collection may come while torch.compile iterates
     ``sys.modules``)."""
-    while _RELEASED:
-        sys.modules.pop(_RELEASED.pop(), None)
+    while True:
+        try:
+            released = _RELEASED.pop()
+        except IndexError:  # (emptied, perhaps by another thread's patch since this one looked)
+            break
+        sys.modules.pop(released, None)
     name = f"posenc._patched_{next(_SCOPES)}_{names['__name__'].replace('.', '_')}"
     module = types.ModuleType(name)
     module.__dict__.update({**names, **replacements, "__name__": name})
