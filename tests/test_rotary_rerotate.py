@@ -114,6 +114,31 @@ def test_a_chained_rerotation_of_memory_rerotate_wrote_warns(rng):
         pe.rerotate(moved[:, :, :10], np.arange(10), scaling=DYNAMIC, seq_len=18)
 
 
+def test_memory_moved_by_two_threads_at_once_is_noted_for_each(rng, monkeypatch):
+    """Another thread's frequency-changing ``rerotate`` noting its memory while this one's
+    note reads the list: the copy taken before it was written back over it, and the chain
+    of that thread's keys went unwarned."""
+    from posenc.rotary import _chain
+
+    f16, f17, f18 = (pe.rope_frequencies(8, scaling=DYNAMIC, seq_len=n)[0] for n in (16, 17, 18))
+    mine, theirs = (pe.rope(rng.standard_normal((1, 2, 20, 8))) for _ in range(2))
+
+    class Raced(list):
+        reads = 0
+
+        def __iter__(self):  # the other thread's call once this one's note has read every entry
+            yield from list(super().__iter__())
+            Raced.reads += 1
+            if Raced.reads == 2:  # (the first read: this call's own check for a chain)
+                pe.rerotate(theirs, np.arange(20), f16, new_inv_freq=f17, out=theirs)
+
+    monkeypatch.setattr(_chain, "_NOTED", Raced())
+    pe.rerotate(mine, np.arange(20), f16, new_inv_freq=f17, out=mine)
+    for moved in (mine, theirs):
+        with pytest.warns(RuntimeWarning, match="already moved to other frequencies"):
+            pe.rerotate(moved, np.arange(20), f17, new_inv_freq=f18)
+
+
 def test_the_one_step_recipe_into_a_buffer_does_not_warn(rng):
     import warnings
 

@@ -45,8 +45,15 @@ def note(written):
     found = _owner_and_range(written)
     if found is None:
         return
-    _NOTED[:] = [entry for entry in _NOTED if entry[0]() is not None][-(_KEEP - 1) :]
+    # In place, each step one list operation: another thread's note made meanwhile is never
+    # written over by a copy taken before it (its chain would go unwarned).
     _NOTED.append(found)
+    for entry in [entry for entry in _NOTED if entry[0]() is None]:
+        try:
+            _NOTED.remove(entry)
+        except ValueError:  # another thread's note removed it first
+            pass
+    del _NOTED[:-_KEEP]
 
 
 def warn_if_chained(x):
