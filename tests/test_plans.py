@@ -901,6 +901,27 @@ def test_a_planned_function_keeps_its_recent_signatures_past_the_bound(monkeypat
     _clear()
 
 
+def test_a_rope_plan_splits_a_call_over_the_threads_numba_allows_at_the_call(monkeypatch):
+    """``numba.set_num_threads`` after a signature's plan was built (a server lowering its
+    threads after warm-up): the full path asks Numba's count on every call, a plan kept the
+    count of its build, so planned calls went on using the threads taken back."""
+    from posenc._kernels import _layout, rope_cpu
+
+    monkeypatch.setattr(rope_cpu, "_ELEMENTS_PER_THREAD", 64)
+    monkeypatch.setattr(_layout, "threads", lambda: 3)
+    pe.rope.plans.clear()
+    x = np.ones((1, 3, 61, 16), np.float32)
+    want = pe.rope(x, offset=5)
+    pe.rope(x, offset=5)  # the plan, built with 3 threads
+    pieces = []
+    split = _layout.run_tasks
+    monkeypatch.setattr(_layout, "run_tasks", lambda kernel, args, tasks, workers: pieces.append(len(workers)) or split(kernel, args, tasks, workers))
+    for threads, split_into in ((1, []), (2, [2]), (3, [2, 3])):
+        monkeypatch.setattr(_layout, "threads", lambda: threads)
+        np.testing.assert_array_equal(pe.rope(x, offset=5), want)
+        assert pieces == split_into
+
+
 def test_other_threads_calls_between_any_two_lines_of_a_plan_cache_step(monkeypatch):
     """Another thread's calls of new signatures, run between any two lines of the cache's
     ``get`` and ``put`` (a thread switch there), never make a call fail or change its numbers:

@@ -59,11 +59,11 @@ class _Launch:
         self.xs = (x_offset, *plan.strides(0))
         self.os = (o_offset, *plan.strides(1))
         self.heads, self.dim = plan.h.size, xv.shape[-1]
-        workers = min(_layout.threads(), max(1, xv.size // rope_cpu._ELEMENTS_PER_THREAD))
+        most = max(1, xv.size // rope_cpu._ELEMENTS_PER_THREAD)
         rows = plan.g.size * plan.s.size
-        self.block = max(1, min(rope_cpu._BLOCK, rows // (4 * workers)))
+        self.block = max(1, min(rope_cpu._BLOCK, rows // (4 * min(_layout.threads(), most))))
         self.tasks = plan.g.size * -(-plan.s.size // self.block)
-        self.workers = min(workers, self.tasks)
+        self.most = min(most, self.tasks)  # workers the size allows; Numba's thread count is read per call
         self.kernel = rope_cpu.FAMILY[op, dtype, layout]
         self.lib = sys.modules["torch"] if self.torch else np
         self.host = _arrays.host_reader(x)
@@ -76,10 +76,10 @@ class _Launch:
         self.half = half  # pairs rotated per row: the width of the scratch tables
         self._scratch, self._busy = None, threading.Lock()
 
-    def scratch(self):
+    def scratch(self, workers=1):
         return [
             (np.empty((self.block, self.half)), np.empty((self.block, self.half)), np.empty((4, self.block, self.half), np.float32))
-            for _ in range(self.workers)
+            for _ in range(workers)
         ]
 
     def viewable(self):
@@ -123,8 +123,9 @@ class _Launch:
         else:
             result, o_flat = self.result()
         arguments = (x_flat, self.xs, o_flat, self.os, self.heads, self.dim, not self.in_place, *arguments)
-        if self.workers > 1:
-            _layout.run_tasks(self.kernel, arguments, self.tasks, self.scratch())
+        workers = min(self.most, _layout.threads()) if self.most > 1 else 1  # (numba.set_num_threads since the plan was built)
+        if workers > 1:
+            _layout.run_tasks(self.kernel, arguments, self.tasks, self.scratch(workers))
         elif self._busy.acquire(blocking=False):
             try:
                 if self._scratch is None:
