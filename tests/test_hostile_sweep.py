@@ -137,3 +137,20 @@ def test_clip_relative_refuses_indices_past_the_index_dtype(library, max_distanc
     else:
         with pytest.raises(ValueError, match="max_distance must be at most"):
             pe.clip_relative(rel, max_distance)
+
+
+@pytest.mark.parametrize("call", ["deberta_bucket", "deberta_logits"])
+def test_deberta_bucket_size_past_jax_int32(call):
+    """JAX without x64: a bucket_size whose m = bucket_size // 2 is past int32 (every distance
+    in the identity zone, as NumPy gives) raised OverflowError 'An overflow was encountered while
+    parsing an argument to a jitted computation'."""
+    jnp = pytest.importorskip("jax.numpy")
+    options = {"bucket_size": 2**40, "max_position": 2**41}
+    if call == "deberta_bucket":
+        rel = np.array([0, 5, -300, 2**30, -(2**30)], np.int32)
+        assert np.asarray(pe.deberta_bucket(jnp.asarray(rel), **options)).tolist() == rel.tolist()
+        return
+    q, k, pos = floats(2, 3, 4), floats(2, 5, 4), floats(2, 8, 4)
+    want = pe.deberta_logits(q, k, pos, pos, max_distance=4, **options)
+    got = pe.deberta_logits(*(jnp.asarray(a) for a in (q, k, pos, pos)), max_distance=4, **options)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)

@@ -322,6 +322,8 @@ def deberta_buckets(xp, rel, bucket_size, max_position, *, lowest=None):
     caller's ``rel`` came in, the bucket of every distance beyond ``m`` for ``P = m + 1``."""
     mid = bucket_size // 2
     largest = xp.iinfo(rel.dtype).max
+    if mid >= largest:  # every distance of the dtype is in the identity zone (and m is past the dtype)
+        return xp.asarray(rel, copy=True)
     magnitude = xp.abs(xp.clip(rel, -largest, None))  # |int64 min| does not exist: as -largest, beyond every threshold
     identity = magnitude <= mid
     if max_position - 1 == mid:
