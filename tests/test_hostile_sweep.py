@@ -154,3 +154,24 @@ def test_deberta_bucket_size_past_jax_int32(call):
     want = pe.deberta_logits(q, k, pos, pos, max_distance=4, **options)
     got = pe.deberta_logits(*(jnp.asarray(a) for a in (q, k, pos, pos)), max_distance=4, **options)
     np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("call", "library"),
+    [("linear_attention", "numpy"), ("linear_attention", "torch"), ("linear_attention_pair", "numpy"), ("rope_cos_sin", "torch"), ("mrope_cos_sin", "torch"), ("xdrope_cos_sin", "torch")],
+)
+def test_list_positions_are_named(call, library):
+    """Positions given as a list met the namespace lookup first: TypeError 'arrays of different
+    kinds in one call: builtins.list, torch.Tensor' (linear_attention: also beside NumPy
+    arrays; the table builders beside NumPy frequencies named positions already), naming no argument."""
+    xp = pytest.importorskip(library)
+    inv = xp.asarray(np.array([1.0, 0.5]))
+    calls = {
+        "linear_attention": lambda: pe.linear_attention(*(xp.asarray(floats(2, 3, 4)) for _ in range(3)), positions=[0, 1, 2]),
+        "linear_attention_pair": lambda: pe.linear_attention(*(xp.asarray(floats(2, 3, 4)) for _ in range(3)), positions=(xp.asarray(np.arange(3)), [0, 1, 2])),
+        "rope_cos_sin": lambda: pe.rope_cos_sin([0, 1, 2], inv),
+        "mrope_cos_sin": lambda: pe.mrope_cos_sin([[0, 1], [0, 1], [0, 1]], inv, (1, 0, 1)),
+        "xdrope_cos_sin": lambda: pe.xdrope_cos_sin([[0], [0], [1], [2]], inv, (1, 0, 1, 0)),
+    }
+    with pytest.raises(TypeError, match=r"positions(\[1\])? must be an array"):
+        calls[call]()

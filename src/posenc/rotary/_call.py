@@ -234,7 +234,7 @@ def table_positions(positions, inv_freq):
     ``TypeError`` naming both."""
     positions = host_constant_like("positions", positions, inv_freq)
     if check.is_array(inv_freq) and not isinstance(inv_freq, np.ndarray):
-        namespace(positions, inv_freq)
+        namespace(check.array("positions", positions), inv_freq)
     return positions
 
 

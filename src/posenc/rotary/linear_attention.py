@@ -69,8 +69,10 @@ def linear_attention(q, k, v, *, positions=None, base=10000.0, layout="half", fe
     for name, a in (("q", q), ("k", k), ("v", v)):
         check.array(name, a)
     given = dict(enumerate(positions)) if isinstance(positions, tuple) else {"": positions}
+    named = {f"positions{'' if i == '' else f'[{i}]'}": p for i, p in given.items()}
+    check.arrays(**named)
     xp = namespace(q, k, v, *given.values())
-    one_device(q=q, k=k, v=v, **{f"positions{'' if i == '' else f'[{i}]'}": p for i, p in given.items()})
+    one_device(q=q, k=k, v=v, **named)
     check.query_key_value(q, k, v, xp)
     check.features(q, k, "the normaliser sums the feature map over them")
     check.flag("causal", causal)
