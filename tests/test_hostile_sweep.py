@@ -175,3 +175,18 @@ def test_list_positions_are_named(call, library):
     }
     with pytest.raises(TypeError, match=r"positions(\[1\])? must be an array"):
         calls[call]()
+
+
+@pytest.mark.parametrize("arg", ["q", "k"])
+@pytest.mark.parametrize("bad", ["int64", "complex64", "0d", "3 channels", "list"])
+def test_rotary_embedding_names_q_and_k(arg, bad):
+    """RotaryEmbedding(q, k) left q and k to posenc.rope, whose errors name its own x ('x must
+    have a real floating dtype', 'x must be an array'): which of the two was wrong was not said."""
+    torch = pytest.importorskip("torch")
+    import posenc.torch as pt
+
+    good = torch.randn(1, 2, 3, 8)
+    value = {"int64": good.to(torch.int64), "complex64": good.to(torch.complex64), "0d": good[0, 0, 0, 0], "3 channels": good[..., :3], "list": [0.0] * 8}[bad]
+    args = {"q": good, "k": good, arg: value}
+    with pytest.raises((TypeError, ValueError), match=f"^{arg} must"):
+        pt.RotaryEmbedding(8)(args["q"], args["k"])

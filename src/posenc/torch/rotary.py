@@ -82,6 +82,8 @@ class RotaryEmbedding(PositionalModule):
         return pe.rope(x, positions, offset=offset, inverse=inverse, seq_len=seq_len, **self._rope_options())
 
     def forward(self, q, k, positions=None, *, offset=0, seq_len=None):
+        for name, x in (("q", q), ("k", k)):
+            _rotatable(name, x, self.head_dim)
         if seq_len is None and positions is None and self._uses_seq_len():
             # The longer of the two decides, for both; positions all negative give length 0, as rope reads them.
             seq_len = _longer(_widened(offset) + max(q.shape[-2], k.shape[-2]), 0)
@@ -93,6 +95,16 @@ class RotaryEmbedding(PositionalModule):
     def scores(self, q, k, offset):
         seq_len = _longer(offset + q.shape[-2], k.shape[-2]) if self._uses_seq_len() else None
         return dot_scores(self.rotate(q, offset=offset, seq_len=seq_len), self.rotate(k, seq_len=seq_len))
+
+
+def _rotatable(name, x, head_dim):
+    """``x`` (the module's ``q`` or ``k``): a real floating tensor of ``head_dim`` channels, else the error naming it."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch tensor, got {type(x).__name__}")
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"{name} must have a real floating dtype (float16, bfloat16, float32, float64), got {x.dtype}")
+    if x.ndim == 0 or x.shape[-1] != head_dim:
+        raise ValueError(f"{name} must have the module's head_dim = {head_dim} channels, got shape {tuple(x.shape)}")
 
 
 def _widened(offset):
