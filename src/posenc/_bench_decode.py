@@ -99,6 +99,11 @@ def numpy_cases(dtype=np.float32):
         ),
         Case("t5_bias numpy 16 heads, 1 x 512, offset np.array(511)", lambda: pe.t5_bias(table, 1, PAST + 1, offset=past), lambda: _numpy_t5(table, PAST, keys), 1.0),
         Case(
+            "alibi_bias numpy 16 heads, 1 x 512, offset np.int64(511)",
+            lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=np.int64(PAST)),
+            lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(dtype),
+        ),
+        Case(
             "alibi_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
             lambda: -slopes[:, None, None] * (pos[:, None] - keys[None, :]).astype(dtype),

@@ -522,6 +522,8 @@ def host_constants(fn):
         try:
             values = (*args, *kwargs.values())
             kinds = set(map(type, values))
+            if not NDARRAY_OR_PLAIN.issuperset(kinds):  # NumPy scalars (an np.int64 offset) are passed as they are: no array
+                kinds = {kind for kind in kinds if not issubclass(kind, _numpy.generic)}
             # All NumPy (a decode step's planned call), or no NumPy and one type beyond plain values: nothing to convert or check.
             if NDARRAY_OR_PLAIN.issuperset(kinds):
                 return fn(*args, **kwargs)
