@@ -173,6 +173,11 @@ BIASES = {
     "alibi_bias": lambda table, slopes, q, k, offset: pe.alibi_bias(slopes, q, k, offset=offset),
     "alibi_bias symmetric": lambda table, slopes, q, k, offset: pe.alibi_bias(slopes, q, k, offset=offset, symmetric=True),
     "vector + expand": lambda table, slopes, q, k, offset: pe.expand_bias(pe.relative_bias_vector("t5", table, q, k, offset=offset), q, k),
+    "relative_bias shaw": lambda table, slopes, q, k, offset: pe.relative_bias("shaw", table[:7], q, k, offset=offset, max_distance=3),
+    "relative_bias deberta": lambda table, slopes, q, k, offset: pe.relative_bias("deberta", table[:8], q, k, offset=offset, max_distance=4),
+    "relative_bias deberta buckets": lambda table, slopes, q, k, offset: pe.relative_bias(
+        "deberta", table, q, k, offset=offset, max_distance=16, bucket_size=8, max_position=64
+    ),
 }
 
 
@@ -668,3 +673,21 @@ def test_a_bias_offset_of_one_integer_is_planned_as_the_int_it_holds(library, of
             _same(_twice(lambda: call(offset=made(t, library), query_positions=queries, key_positions=keys)), want)
         kinds = [type(plan).__name__ for plan in pe.relative_bias.plans.values() if plan]  # the int's and the offset's
         assert len(kinds) == 2 and kinds[0] == kinds[1] == ("PerTokenPlan" if positions else "BiasPlan"), (name, kinds)
+
+
+@pytest.mark.parametrize("kind", ["shaw", "deberta"])
+@pytest.mark.parametrize("library", ["numpy", "torch"])
+def test_a_table_bias_plan_keeps_the_rows_of_its_distances(library, kind):
+    """Shaw's and DeBERTa's decode-step plans keep the table row of each distance of a window,
+    as T5's keeps its buckets: a step is a slice of them and one gather from the table
+    (before, each step computed the clipped or log-bucketed rows of its 512 distances afresh:
+    Shaw's 16 heads over 512 keys 22 us in NumPy, 44 us in torch, against 17 and 19 us for
+    the formula; DeBERTa's log buckets 65 us against 32 us)."""
+    table, _ = _tables(library, np.float32 if library == "numpy" else torch.float32)
+    options = {"max_distance": 3} if kind == "shaw" else {"max_distance": 16, "bucket_size": 8, "max_position": 64}
+    table = table[:7] if kind == "shaw" else table
+    pe.relative_bias.plans.clear()
+    for t in (30, 31, 32, 1000, 5):
+        _same(_twice(lambda: pe.relative_bias(kind, table, 1, 40, offset=t, **options)), pe.relative_bias(kind, table, 2, 40, offset=t, **options)[:, :1])
+    plans = [plan for plan in pe.relative_bias.plans.values() if type(plan).__name__ == "BiasPlan"]
+    assert len(plans) == 1 and plans[0].row.held[2] is not None

@@ -9,8 +9,9 @@ the same way. ``posenc._plans`` keys the calls and builds these after a validate
 
 A plan calls the library's own namespace where it is one (NumPy >= 2), the namespace of
 the full path otherwise (array-api-compat's torch). T5's plan keeps the buckets of a window
-of distances (``t5_buckets`` of those distances, an elementwise function), ALiBi's the
-negated distances in the compute dtype. A decode step's row is a run of that window, and
+of distances (``t5_buckets`` of those distances, an elementwise function), Shaw's and
+DeBERTa's the table rows of those distances (their kinds' ``source``), ALiBi's the negated
+distances in the compute dtype. A decode step's row is a run of that window, and
 per-token positions index it (``(hi - offset - q) + k``): one pass of
 ``_kernels/bias_rows_cpu`` reads and finishes them (the table's entries, or the product
 with the slopes) where it serves the call (NumPy and torch CPU, the ``"auto"``
@@ -162,11 +163,12 @@ class CachedRow(Row):
         return self.finish(params, sources)
 
 
-class T5Row(CachedRow):
-    """T5: the bucket of each distance (``t5_buckets``), then the table's entries of those buckets."""
+class TableRow(CachedRow):
+    """A kind of a table (Shaw's, DeBERTa's): the table's row of each distance (the kind's
+    ``source``: clipped, or DeBERTa's log bucket clipped), then the table's entries of those rows."""
 
     def source(self, dist):
-        return t5_buckets(self.xp, dist, **self.options)
+        return biases._KINDS[self.kind][1](self.xp, None, dist, **self.options)
 
     def finish(self, table, buckets):
         """``biases._lookup``: ``[heads, len(buckets)]`` of the table's entries (non-negative indices)."""
@@ -177,6 +179,13 @@ class T5Row(CachedRow):
         gather along the table's columns is five times slower in 16 bits, its transposing copy slower too)."""
         rows = self.take(table, buckets, 0)
         return np.ascontiguousarray((rows if type(rows) is np.ndarray else _arrays.host_view(rows)).T)
+
+
+class T5Row(TableRow):
+    """T5: the bucket of each distance (``t5_buckets``), then the table's entries of those buckets."""
+
+    def source(self, dist):
+        return t5_buckets(self.xp, dist, **self.options)
 
 
 class AlibiRow(CachedRow):
@@ -204,7 +213,7 @@ def _offset(offset, q_len, k_len):
     return offset if -_EXACT < offset < _EXACT else None
 
 
-_ROWS = {"t5": T5Row, "alibi": AlibiRow}
+_ROWS = {"t5": T5Row, "alibi": AlibiRow, "shaw": TableRow, "deberta": TableRow}
 
 
 def _row(kind, params, options):
