@@ -66,6 +66,8 @@ NAMES = [
     "relative_bias t5 numpy 16 heads, 1 x 512, positions",
     "alibi_bias numpy 16 heads, 1 x 512, positions",
     "t5_bias numpy 16 heads, 1 x 512, offset np.array(511)",
+    "relative_bias shaw numpy 16 heads, 1 x 512",
+    "relative_bias deberta torch 16 heads, 1 x 512",
     "alibi_bias numpy 16 heads, 1 x 512, offset np.int64(511)",
     "rope torch [1,32,1,128], position_ids [[511]]",
     "rope torch [1,32,1,128], offset tensor(511)",

@@ -68,6 +68,7 @@ def numpy_cases(dtype=np.float32):
     table = rng.standard_normal((32, BIAS_HEADS)).astype(dtype)
     keys = np.arange(PAST + 1)
     past = np.array(PAST)  # an engine's cache length, a 0-d array
+    shaw = rng.standard_normal((129, BIAS_HEADS)).astype(dtype)  # Shaw's scalar table, K = 64
     return [
         Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
         Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
@@ -96,6 +97,11 @@ def numpy_cases(dtype=np.float32):
             lambda: pe.relative_bias("t5", table, 1, PAST + 1, query_positions=pos, key_positions=keys),
             lambda: _numpy_t5(table, pos, keys),
             1.0,
+        ),
+        Case(
+            "relative_bias shaw numpy 16 heads, 1 x 512",
+            lambda: pe.relative_bias("shaw", shaw, 1, PAST + 1, max_distance=64, offset=PAST),
+            lambda: np.transpose(shaw[np.clip(PAST - keys, -64, 64) + 64])[:, None],
         ),
         Case("t5_bias numpy 16 heads, 1 x 512, offset np.array(511)", lambda: pe.t5_bias(table, 1, PAST + 1, offset=past), lambda: _numpy_t5(table, PAST, keys), 1.0),
         Case(
@@ -128,6 +134,7 @@ def _numpy_t5(table, query, keys, num_buckets=32, max_distance=128):
 def torch_cases(torch, dtype=None):
     from transformers import LlamaConfig, T5Config
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+    from transformers.models.deberta_v2.modeling_deberta_v2 import make_log_bucket_position
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb as hf_apply
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VLRotaryEmbedding, Qwen2VLTextConfig
@@ -182,6 +189,12 @@ def torch_cases(torch, dtype=None):
         buckets = T5Attention._relative_position_bucket(key_minus_query, bidirectional=True, num_buckets=32, max_distance=128)
         return table[buckets].T
 
+    deberta = torch.randn(512, BIAS_HEADS, generator=gen).to(dtype)  # DeBERTa-v2's table, K = 256, log buckets
+
+    def deberta_formula():  # DeBERTa's log buckets of query - key, clipped, looked up
+        buckets = make_log_bucket_position(PAST - keys, 256, 512).long()
+        return deberta[torch.clamp(buckets + 256, 0, 511)].T[:, None]
+
     mask = torch.ones(1, PAST + 1, dtype=torch.long)
     mask_positions = (mask.cumsum(-1) - 1) * mask  # BLOOM's key positions of an attention mask, [1, 512]
     with torch.no_grad():
@@ -196,6 +209,11 @@ def torch_cases(torch, dtype=None):
             Case("T5RelativeBias 16 heads, 1 x 512", lambda: t5_module(1, PAST + 1, offset=PAST), t5_formula, 1.0),
             Case("t5_bias torch 16 heads, 1 x 512", lambda: pe.t5_bias(table, 1, PAST + 1, offset=PAST), t5_formula, 1.0),
             Case("relative_bias t5 torch 16 heads, 1 x 512", lambda: pe.relative_bias("t5", table, 1, PAST + 1, offset=PAST), t5_formula, 1.0),
+            Case(
+                "relative_bias deberta torch 16 heads, 1 x 512",
+                lambda: pe.relative_bias("deberta", deberta, 1, PAST + 1, max_distance=256, bucket_size=256, max_position=512, offset=PAST),
+                deberta_formula,
+            ),
             Case("ALiBi 16 heads, 1 x 512", lambda: alibi(1, PAST + 1, offset=PAST), alibi_formula),
             Case("alibi_bias torch 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), alibi_formula),
             # The same steps with positions as tensors (position_ids, per-token positions).
