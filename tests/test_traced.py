@@ -187,6 +187,35 @@ def test_torch_compile_under_dynamic_shapes_gives_the_eager_bits(name, dynamic):
     assert counters["stats"]["unique_graphs"] == (1 if dynamic else 2)
 
 
+_FIRST_COMPILE = {
+    "rope": "lambda x: pe.rope(x)",
+    "t5_bias": "lambda x: pe.t5_bias(torch.ones(32, 3), x.shape[-2], x.shape[-2])",
+}
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
+@pytest.mark.parametrize("name", list(_FIRST_COMPILE))
+def test_a_processs_first_compiled_call_is_not_compiled_again(name):
+    """In a new process, a function compiled with ``dynamic=True`` and called first (before any
+    eager call) compiles one graph for every length. posenc's caches of the index dtype and its
+    range were filled while Dynamo traced that first call, which failed the graph's guard
+    (``_FIXED_INDEX['array_api_compat.torch'] is None``, then ``not _TORCH_BOUNDS``) at the
+    second call: two graphs, a whole recompile (checked in a child: this process has filled them)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import torch, posenc as pe\n"
+        "from torch._dynamo.utils import counters\n"
+        f"fn = torch.compile({_FIRST_COMPILE[name]}, dynamic=True, fullgraph=True, backend='aot_eager')\n"
+        "for length in (6, 9, 13):\n"
+        "    fn(torch.randn(2, 3, length, 8))\n"
+        "print(counters['stats']['unique_graphs'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split()[-1] == "1", out.stdout
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="torch not installed")
 @pytest.mark.filterwarnings("ignore:Dynamo detected a call to a `functools.lru_cache`")
 @pytest.mark.parametrize("dynamic", [None, True], ids=["automatic", "dynamic=True"])

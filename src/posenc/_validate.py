@@ -143,10 +143,12 @@ def index_bounds(xp, device=None):
     torch = _torch()
     # NumPy's dtypes and torch's in separate caches (hashable, ranges fixed): torch.compile
     # traces the lookup in the torch one, and some versions cannot hash a NumPy dtype key.
+    # While torch.compile traces, no cache: a process's first traced call filling it fails that
+    # graph's guard at the second call, a recompile.
     if isinstance(dtype, _numpy_dtype):
         cache = _NUMPY_BOUNDS
     else:
-        cache = _TORCH_BOUNDS if torch is not None and isinstance(dtype, torch.dtype) else None
+        cache = _TORCH_BOUNDS if torch is not None and isinstance(dtype, torch.dtype) and not torch_compiling() else None
     bounds = cache.get(dtype) if cache is not None else None
     if bounds is None:
         info = xp.iinfo(dtype)

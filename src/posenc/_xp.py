@@ -741,9 +741,13 @@ def _reached(xp, starts, n):
 def index_dtype(xp, device=None):
     """The namespace's default index dtype (int64, or int32 for JAX without x64)."""
     name = getattr(xp, "__name__", None)
+    if name == "array_api_compat.torch":
+        # Every device's, and no cache: one filled while torch.compile traces a process's first
+        # call fails that graph's guard at the second call, a recompile.
+        return xp.int64
     if name not in _FIXED_INDEX:
         return _asked_index_dtype(xp, device)
-    dtype = _FIXED_INDEX[name]  # one for every device of NumPy and torch: asked once
+    dtype = _FIXED_INDEX[name]  # one for every device of NumPy: asked once
     if dtype is None:
         dtype = _FIXED_INDEX[name] = _asked_index_dtype(xp, None)
     return dtype
@@ -754,7 +758,7 @@ def _asked_index_dtype(xp, device):
     return info().default_dtypes(device=device)["indexing"] if info is not None else xp.int64
 
 
-_FIXED_INDEX = {"numpy": None, "array_api_compat.torch": None}  # namespace -> its index dtype, once asked
+_FIXED_INDEX = {"numpy": None}  # namespace -> its index dtype, once asked
 
 
 def widest_float(xp, device=None):
