@@ -987,6 +987,20 @@ def test_bloom_and_falcon_alibi_builders_give_the_originals_bits_for_16_bit_mask
                 assert got.dtype == want.dtype and torch.equal(got, want), f"{theirs.__module__}, {heads} heads, {name}"
 
 
+def test_bloom_and_falcon_alibi_builders_compile_to_the_originals_bits():
+    """``torch.compile(fullgraph=True)`` traces the builders (their slopes' ratios taken as
+    constants, not traced through ``alibi_slopes``' NumPy) to the originals' bits."""
+    from posenc.torch import hf_patch
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor as bloom
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor as falcon
+
+    mask = torch.ones(2, 37, dtype=torch.long)
+    mask[1, :5] = 0
+    for theirs, ours in ((bloom, hf_patch.bloom_alibi_tensor), (falcon, hf_patch.falcon_alibi_tensor)):
+        compiled = torch.compile(ours, fullgraph=True, backend="aot_eager")
+        assert torch.equal(compiled(mask, 13, torch.float32), theirs(mask, 13, torch.float32))
+
+
 @pytest.mark.parametrize("heads", [16, 6])
 @pytest.mark.parametrize("model_type", ["bloom", "falcon"])
 def test_a_patched_alibi_model_gives_the_originals_logits_to_the_bit(model_type, heads):

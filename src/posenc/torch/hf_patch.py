@@ -993,6 +993,7 @@ def _builder_slopes(num_heads, device, dtype):
 
 
 @functools.lru_cache(maxsize=256)
+@torch.compiler.assume_constant_result  # (torch.compile takes the numbers, not alibi_slopes' NumPy)
 def _slope_ratios(num_heads):
     """``(p, ratios)``: the largest power of two ``p`` up to ``num_heads`` and the ratio of each
     of :func:`posenc.alibi_slopes`' geometric sequences (one for a power of two, else two), its first slope."""
