@@ -987,6 +987,25 @@ def test_bloom_and_falcon_alibi_builders_give_the_originals_bits_for_16_bit_mask
                 assert got.dtype == want.dtype and torch.equal(got, want), f"{theirs.__module__}, {heads} heads, {name}"
 
 
+def test_bloom_and_falcon_alibi_builders_of_a_growing_mask_give_the_originals_bits():
+    """A mask growing by a token a call (``generate``'s), whose keys the builders pad to
+    blocks of 64 so that one planned ``alibi_bias`` serves each block, and masks of lengths
+    alternating around a block's end: the originals' bits, a tensor that takes Falcon's
+    ``view(batch, heads, 1, -1)``."""
+    from posenc.torch import hf_patch
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor as bloom
+    from transformers.models.falcon.modeling_falcon import build_alibi_tensor as falcon
+
+    lengths = [*range(1, 140), 64, 65, 63, 64, 128, 129, 128, 300, 300]
+    for theirs, ours in ((bloom, hf_patch.bloom_alibi_tensor), (falcon, hf_patch.falcon_alibi_tensor)):
+        for length in lengths:
+            mask = torch.ones(3, length, dtype=torch.long)
+            mask[1, : length // 2] = 0
+            want, got = theirs(mask, 12, torch.float32), ours(mask, 12, torch.float32)
+            assert got.dtype == want.dtype and torch.equal(got, want), f"{theirs.__module__}, {length} tokens"
+            assert torch.equal(got.view(3, 12, 1, -1), want.view(3, 12, 1, -1))
+
+
 def test_bloom_and_falcon_alibi_builders_compile_to_the_originals_bits():
     """``torch.compile(fullgraph=True)`` traces the builders (their slopes' ratios taken as
     constants, not traced through ``alibi_slopes``' NumPy) to the originals' bits."""

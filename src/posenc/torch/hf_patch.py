@@ -972,21 +972,21 @@ def _alibi_slopes(num_heads, device):
     return slopes[0] if len(slopes) == 1 else torch.cat(slopes)
 
 
-_SLOPES = {}  # (num_heads, device, dtype) -> the builders' slopes
+_SLOPES = {}  # (num_heads, device, rounding, dtype) -> the builders' slopes
 
 
-def _builder_slopes(num_heads, device, dtype):
-    """``_alibi_slopes`` in ``dtype`` (float32: BLOOM's; bfloat16: Falcon's), made once per head
-    count and device: the original's ``pow`` is a third of a short call's time. The builders
-    only read them. Made and kept outside inference mode (an inference tensor serves no
-    autograd), not while torch traces (``torch.compile``: a fake tensor) or captures a CUDA
-    graph, which make them afresh."""
-    key = (num_heads, device, dtype)
+def _builder_slopes(num_heads, device, rounding, dtype):
+    """``_alibi_slopes`` rounded to ``rounding`` (float32: BLOOM's; bfloat16: Falcon's), as
+    ``dtype``, made once per head count and device: the original's ``pow`` is a third of a
+    short call's time. The builders only read them. Made and kept outside inference mode (an
+    inference tensor serves no autograd), not while torch traces (``torch.compile``: a fake
+    tensor) or captures a CUDA graph, which make them afresh."""
+    key = (num_heads, device, rounding, dtype)
     slopes = _SLOPES.get(key)
     if slopes is not None and not torch.compiler.is_compiling():
         return slopes
     with torch.inference_mode(False):
-        slopes = _alibi_slopes(num_heads, device).to(dtype)
+        slopes = _alibi_slopes(num_heads, device).to(rounding).to(dtype)
     if type(slopes) is torch.Tensor and not torch.compiler.is_compiling() and not (slopes.is_cuda and torch.cuda.is_current_stream_capturing()):
         _SLOPES[key] = slopes
     return slopes
@@ -1010,7 +1010,7 @@ def bloom_alibi_tensor(attention_mask, num_heads, dtype):
     ignores; it is :func:`posenc.alibi_bias` with the query at position 0, of posenc's
     slopes rounded as BLOOM rounds them (``_alibi_slopes``): BLOOM's bits.
     """
-    return _key_position_alibi(attention_mask, _builder_slopes(num_heads, attention_mask.device, torch.float32), dtype)
+    return _key_position_alibi(attention_mask, num_heads, torch.float32, dtype)
 
 
 def falcon_alibi_tensor(attention_mask, num_heads, dtype):
@@ -1021,25 +1021,42 @@ def falcon_alibi_tensor(attention_mask, num_heads, dtype):
     :func:`posenc.alibi_bias` of bfloat16 slopes and positions rounded to bfloat16; a float32
     mask's positions promote the product to float32, as there.
     """
-    return _key_position_alibi(attention_mask, _builder_slopes(num_heads, attention_mask.device, torch.bfloat16), dtype)
+    return _key_position_alibi(attention_mask, num_heads, torch.bfloat16, dtype)
 
 
-def _key_position_alibi(attention_mask, slopes, dtype):
-    """``slopes * key_position``, the builders' tensor: their positions ``(cumsum(mask) - 1) *
-    mask`` in the mask's dtype (:func:`posenc.positions_from_mask`'s for a mask of ones and
-    zeros), each rounded to the dtype torch promotes the product to, the slopes' and the
-    positions', as that product rounds it. Integers, they are :func:`posenc.alibi_bias`'s key
-    positions as int64 (its kernel's path); a bfloat16 product is the float32 one, which is
-    exact (8-bit significands), rounded once, as torch's bfloat16 product is."""
+def _key_position_alibi(attention_mask, num_heads, rounding, dtype):
+    """``slopes * key_position``, the builders' tensor, of slopes rounded to ``rounding``:
+    their positions ``(cumsum(mask) - 1) * mask`` in the mask's dtype
+    (:func:`posenc.positions_from_mask`'s for a mask of ones and zeros), each rounded to the
+    dtype torch promotes the product to, the slopes' and the positions', as that product
+    rounds it. Integers, they are :func:`posenc.alibi_bias`'s key positions as int64 (its
+    kernel's path); a bfloat16 product is the float32 one, which is exact (8-bit
+    significands), rounded once, as torch's bfloat16 product is.
+
+    A mask of another length than the last call's is padded to whole blocks of
+    ``_KEY_BLOCK`` keys (the result a view of their first ``kv``): ``alibi_bias`` plans a
+    call by its shapes, so a mask growing by a token a step (``generate``) reuses one plan
+    for 64 steps, where each of its lengths would take the full path once or twice."""
+    global _last_length
     batch, length = attention_mask.shape
     keys = attention_mask.cumsum(-1).sub_(1).mul_(attention_mask)  # (in place: a fresh sum)
-    work = torch.promote_types(slopes.dtype, keys.dtype)
+    work = torch.promote_types(rounding, keys.dtype)
     if length - 1 > 2 / torch.finfo(work).eps:  # (up to 2 / eps work holds every integer)
         keys = keys.to(work)
     keys = keys.long() if keys.is_floating_point() else keys
-    slopes = slopes.to(torch.promote_types(work, torch.float32))
-    bias = pe.alibi_bias(slopes, 1, length, offset=0, key_positions=keys)
-    return bias.reshape(batch * slopes.shape[0], 1, length).to(work).to(dtype)
+    slopes = _builder_slopes(num_heads, attention_mask.device, rounding, torch.promote_types(work, torch.float32))
+    held = length if length == _last_length or torch.compiler.is_compiling() else -(-length // _KEY_BLOCK) * _KEY_BLOCK
+    _last_length = length
+    if held != length:
+        keys = torch.nn.functional.pad(keys, (0, held - length))
+    bias = pe.alibi_bias(slopes, 1, held, offset=0, key_positions=keys)
+    bias = (bias if held == length else bias[..., :length]).reshape(batch * num_heads, 1, length)
+    bias = bias if bias.dtype == work else bias.to(work)
+    return bias if bias.dtype == dtype else bias.to(dtype)
+
+
+_KEY_BLOCK = 64
+_last_length = None  # (the length of the last call of a builder)
 
 
 def mpt_alibi_tensor(num_heads, sequence_length, alibi_bias_max=8, device=None):
