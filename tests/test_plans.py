@@ -263,6 +263,17 @@ CALLS = {
     "t5_bias torch per-row offset of one row at -1, no keys": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 0, offset=torch.tensor([-1]))),
     "relative_bias shaw per-row offset of one row, no keys": (pe.relative_bias, lambda t: pe.relative_bias("shaw", SHAW, 1, 0, max_distance=4, offset=np.array([t]))),
     "t5_bias torch per-row offsets": (pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 8, offset=torch.tensor([t, t + 1, t + 2, t + 7]))),
+    # A decode loop's keys grow a step at a time: one plan serves every length (its per-token plans: a few lengths at a time).
+    "t5_bias numpy per-row offsets, a key more each step": (pe.relative_bias, lambda t: pe.t5_bias(TABLE, 1, 8 + t % 11, offset=np.array([t + 7, t + 3]))),
+    "t5_bias torch per-row offsets 1000 apart, lengths coming back": (
+        pe.relative_bias, lambda t: pe.t5_bias(T_TABLE, 1, 1 + t % 6, offset=torch.tensor([t, t + 1000, 5])),
+    ),  # fmt: skip
+    "alibi_bias torch per-row offsets, 2 queries, a key more each step": (
+        pe.relative_bias, lambda t: pe.alibi_bias(T_SLOPES, 2, 3 + t % 13, offset=torch.tensor([t, t + 2])),
+    ),  # fmt: skip
+    "alibi_bias numpy int32 per-row offsets, lengths from 0 keys": (
+        pe.relative_bias, lambda t: pe.alibi_bias(SLOPES, 1, t % 4, offset=np.array([t % 2**31, 2**31 - 1 - t % 9], np.int32)),
+    ),  # fmt: skip
     "t5_bias torch bfloat16 int32 per-row offsets, 4 queries": (
         pe.relative_bias, lambda t: pe.t5_bias(T_TABLE.bfloat16(), 4, 8, offset=torch.tensor([t % 2**31, 3], dtype=torch.int32)),
     ),  # fmt: skip
@@ -400,6 +411,21 @@ def test_a_planned_call_gives_the_cold_calls_bits(name):
     for _ in range(2):
         for t, expected in zip(STEPS, cold):
             _same(call(t), expected)
+    _clear()
+
+
+@pytest.mark.parametrize("xp", [np, torch], ids=["numpy", "torch"])
+def test_one_plan_serves_per_row_offsets_whatever_the_length_of_keys(xp):
+    """A decode loop with one offset per batch row (caches of different lengths) asks for a
+    key more each step: every length was a signature of its own, so every step took the
+    full path (t5_bias of 16 heads, 4 rows, ~600 keys: 234 us NumPy, 375 us torch, against
+    14 and 18 us with an int offset). One plan serves them all now, with the cold bits."""
+    table = xp.asarray(TABLE)
+    calls = [(k_len, xp.asarray([k_len - 1, k_len + 3, k_len - 5])) for k_len in range(8, 40)]
+    cold = [_cold(lambda: pe.t5_bias(table, 1, k_len, offset=offsets)) for k_len, offsets in calls]
+    for (k_len, offsets), expected in zip(calls, cold):
+        _same(pe.t5_bias(table, 1, k_len, offset=offsets), expected)
+    assert len(pe.relative_bias.plans) == 1 and _served(pe.relative_bias) == ["RowsPlan"]
     _clear()
 
 

@@ -28,7 +28,8 @@ is that reversal); a per-token plan finishes every pair's source (the table read
 slopes multiplied) in one step in the pairs' order, as the full path does.
 
 One offset per batch row (``RowsPlan``) is the per-token call of the query positions
-``offset[..., None] + arange(q_len)``. Where the rows' distances are few (offsets close
+``offset[..., None] + arange(q_len)``, one plan for any ``k_len`` (a decode loop's keys grow
+a step at a time). Where the rows' distances are few (offsets close
 together: caches of about one length) and autograd records nothing, each row is a window of
 one per-distance vector of all their distances, finished once per distance and gathered in
 one NumPy indexing; else the per-token plan takes it, one value per pair.
@@ -52,6 +53,7 @@ _LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and
 # its kernel launcher, bias_rows_cpu.Launcher.row). Rows beyond are computed directly.
 HELD = 2**16
 _EXACT = 2**52
+PLANS_KEPT = 4  # per-token plans of one offset per batch row: of the last lengths of keys asked for
 
 
 def _gather(params, xp):
@@ -282,8 +284,8 @@ class PerTokenPlan:
     values is the full path's for float positions (finite, ALiBi): a non-finite one takes
     the full path and its error."""
 
-    def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options, recorded):
-        self.row = _row(kind, params, options)
+    def __init__(self, kind, params, q_len, k_len, query_positions, key_positions, options, recorded, row=None):
+        self.row = _row(kind, params, options) if row is None else row
         xp, device = self.row.xp, self.row.device
         floats = biases.distance_float(xp, kind, device)
         qpos, kpos, batch = _per_token.positions(
@@ -457,41 +459,57 @@ class RowsPlan:
         self.steps = None if q_len == 1 else xp.arange(q_len, dtype=index_dtype(xp, device), device=device)
         integers = _arrays.integer_kind(offset)
         self.checked = integers == "uint64" or (integers == "int64" and q_len > 1)
-        self.q_len, self.k_len = q_len, k_len
+        self.q_len, self.rows = q_len, math.prod(offset.shape)
         self.torch = type(params).__module__.startswith("torch")
-        self.plan = PerTokenPlan(kind, params, q_len, k_len, self._queries(offset), None, options, recorded)
-        heads = self.plan.row.heads
+        self.made = (kind, options, recorded)
+        self.plans = {}  # k_len -> its PerTokenPlan, of the last few lengths
+        self.row = _row(kind, params, options)
+        self.heads = self.row.heads
+        self.most = _LARGEST // max(1, self.heads * self.rows * q_len)
         # One row of one query: a decode step's plan, its [heads, 1, k_len] given the offset's axes (the
         # same bits; a call autograd records keeps the per-token gradient, summed in the pairs' order).
-        single = q_len == 1 and math.prod(offset.shape) == 1 and integers != "uint64" and not recorded
+        single = q_len == 1 and self.rows == 1 and integers != "uint64" and not recorded
         self.single = BiasPlan(kind, params, options, False) if single else None
-        self.shape = (*offset.shape, heads, 1, k_len)
-        self.pairs = math.prod(offset.shape) * q_len * k_len
-        self.windowed = isinstance(self.plan.row, CachedRow) and not recorded and self.pairs > 0  # (no window of no keys)
-        self.heads_index, self.descents = np.arange(heads)[:, None], np.arange(q_len, dtype=np.int64)
+        self.windowed = isinstance(self.row, CachedRow) and not recorded
+        self.heads_index, self.descents = np.arange(self.heads)[:, None], np.arange(q_len, dtype=np.int64)
         self.wrap = _torch_wrap(params) if self.torch else None
+
+    def _per_token_plan(self, params, k_len, queries):
+        """The ``PerTokenPlan`` of ``k_len`` keys, made on the first call of that length (of at
+        most ``PLANS_KEPT`` lengths at a time), sharing this plan's row and its kept window."""
+        plan = self.plans.get(k_len)
+        if plan is None:
+            kind, options, recorded = self.made
+            plan = PerTokenPlan(kind, params, self.q_len, k_len, queries, None, options, recorded, self.row)
+            plans = self.plans if len(self.plans) < PLANS_KEPT else {}
+            plans[k_len] = plan
+            self.plans = plans
+        return plan
 
     def _queries(self, offset):
         offset = offset.long().unsqueeze(-1) if self.torch else offset.astype(np.int64, copy=False)[..., None]
         return offset if self.steps is None else offset + self.steps
 
     def __call__(self, args, kwargs):
-        offset = kwargs["offset"]
+        offset, k_len = kwargs["offset"], args[3]
+        if not 0 < k_len <= self.most:  # (no keys, or more than a plan serves: the full path, its allocation check)
+            return NotImplemented
         if self.single is not None:
             bias = self.single(args, {"offset": offset.item()})
             if bias is not NotImplemented:
-                return bias.reshape(self.shape)
+                return bias.reshape(*offset.shape, self.heads, 1, k_len)
         if self.windowed:
-            bias = self._windowed(args[1], offset)
+            bias = self._windowed(args[1], offset, k_len)
             if bias is not None:
                 return bias
         if self.checked:
             ends = _arrays.extremes(offset)
-            if ends is None or not fits_int64((ends[0], ends[1] + self.q_len - 1), (0, self.k_len - 1) if self.k_len else None, 0):
+            if ends is None or not fits_int64((ends[0], ends[1] + self.q_len - 1), (0, k_len - 1), 0):
                 return NotImplemented
-        return self.plan(args, {"query_positions": self._queries(offset)})
+        queries = self._queries(offset)
+        return self._per_token_plan(args[1], k_len, queries)(args, {"query_positions": queries})
 
-    def _windowed(self, params, offset):
+    def _windowed(self, params, offset, k_len):
         """The rows as windows of one per-distance vector: the kind's values (``finish``) at the
         distances from the rows' greatest, ``top``, down to their least, row ``b``'s query ``i``
         then the ``k_len`` of them from ``top - offset[b] - i`` on (the bits of its own call's
@@ -503,17 +521,17 @@ class RowsPlan:
         ends = _arrays.extremes(host)
         if ends is None:
             return None
-        top, bottom = ends[1] + self.q_len - 1, ends[0] - (self.k_len - 1)
-        if top - bottom >= self.pairs or not fits_int64((ends[0], top), (0, self.k_len - 1), 0):
+        top, bottom = ends[1] + self.q_len - 1, ends[0] - (k_len - 1)
+        if top - bottom >= self.rows * self.q_len * k_len or not fits_int64((ends[0], top), (0, k_len - 1), 0):
             return None
-        held = self.plan.row.window(top, top - bottom + 1)
+        held = self.row.window(top, top - bottom + 1)
         if held is None:
             return None
         start, sources = held
-        values = self.plan.row.unrecorded(params, sources[start : start + top - bottom + 1])
+        values = self.row.unrecorded(params, sources[start : start + top - bottom + 1])
         firsts = np.int64(top) - host.astype(np.int64, copy=False)  # (their true values, 0 .. top - bottom: no wrap)
         across, along = values.strides
-        windows = _WINDOWS(values, (values.shape[0], values.shape[1] - self.k_len + 1, self.k_len), (across, along, along), writeable=False)
+        windows = _WINDOWS(values, (values.shape[0], values.shape[1] - k_len + 1, k_len), (across, along, along), writeable=False)
         bias = windows[self.heads_index, firsts[..., None, None] - self.descents]
         return bias if self.wrap is None else self.wrap(bias)
 

@@ -3,7 +3,8 @@ builders are ``relative._decode`` and ``relative._logits_plan``.
 
 A key holds the parameters' and per-token positions' ``array_key`` (never their values,
 which the plan is called with), the kind and static options by value, ``q_len``/``k_len``
-and the ``offset``'s type (its value is the plan's argument).
+(not ``k_len`` with one offset per batch row: its plan checks and serves any) and the
+``offset``'s type (its value is the plan's argument).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def _bias_key(name, args, kwargs, rows=1, per_row=False):
         if not (per_row and query is None and keys is None):
             return None
         parts = (arrays_key((params, offset)), context_key(params, offset), keywords_key(kwargs, "offset"))
-        return None if None in parts else (name, kind, q_len, k_len, "rows", *parts)
+        return None if None in parts else (name, kind, q_len, "rows", *parts)  # (any k_len: a plan of any length of keys)
     held = type(offset) if scalar else arrays_key((params, offset))  # (a 0-d array: its key, beside the parameters')
     if query is None and keys is None:
         if rows is not None and q_len != rows:
