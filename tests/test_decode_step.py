@@ -672,7 +672,7 @@ def test_a_bias_offset_of_one_integer_is_planned_as_the_int_it_holds(library, of
             want = call(offset=t, query_positions=queries, key_positions=keys)
             _same(_twice(lambda: call(offset=made(t, library), query_positions=queries, key_positions=keys)), want)
         kinds = [type(plan).__name__ for plan in pe.relative_bias.plans.values() if plan]  # the int's and the offset's
-        assert len(kinds) == 2 and kinds[0] == kinds[1] == ("PerTokenPlan" if positions else "BiasPlan"), (name, kinds)
+        assert len(kinds) == 2 and kinds[0] == kinds[1] == ("PerTokenPlans" if positions else "BiasPlan"), (name, kinds)
 
 
 @pytest.mark.parametrize("kind", ["shaw", "deberta"])

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import posenc as pe
-from posenc import _plans, _xp
+from posenc import _xp
 from posenc._kernels import rope_plan
 from posenc.relative import _decode
 
@@ -261,9 +261,9 @@ def _holds_none_of(plans, *arrays):
 
 @pytest.mark.parametrize("kind", ["t5", "alibi"])
 def test_per_token_bias_decode_loop_keeps_bounded_plans(kind):
-    """Per-token positions in a decode loop: with every key so far (``k_len`` grows: a new
-    signature each step, past ``MAX_PLANS`` the least recent dropped), then with a sliding
-    window of ``WINDOW`` keys (one signature from step ``WINDOW`` on, served by one plan)."""
+    """Per-token positions in a decode loop: with every key so far (``k_len`` grows: one
+    signature, its plan keeping per-token plans of the last few lengths and one window), then
+    with a sliding window of ``WINDOW`` keys (one signature, one plan)."""
     window = 64
     table = np.arange(32.0)[:, None] * np.array([1.0, -1.0])
     slopes = np.array([0.5, 0.25])
@@ -279,29 +279,19 @@ def test_per_token_bias_decode_loop_keeps_bounded_plans(kind):
             return hf_t5_bucket(-rel, num_buckets=32, max_distance=128)[None] * np.array([1.0, -1.0])[:, None, None]
         return -slopes[:, None, None] * rel[None].astype(np.float64)
 
-    pe.relative_bias.plans.clear()
-    for step in range(STEPS):
-        q, k = np.array([step]), np.arange(step + 1)
-        result = bias(q, k)
-        if step in (0, 1, 2, 300, STEPS - 1):
-            np.testing.assert_array_equal(result, formula(q, k))
-    assert len(pe.relative_bias.plans) == _plans.MAX_PLANS  # one per signature, the oldest dropped
-    assert not any(pe.relative_bias.plans.values())  # each signature met once: no plan built
-
-    pe.relative_bias.plans.clear()
-    for step in range(STEPS):
-        q, k = np.array([step]), np.arange(max(0, step - window + 1), step + 1)
-        result = bias(q, k)
-        if step in (0, window - 1, window, 1000, STEPS - 1):
-            np.testing.assert_array_equal(result, formula(q, k))
-        if step == 2 * window:
-            plans = [plan for plan in pe.relative_bias.plans.values() if plan]
-            held = _held_bytes(plans)
-    assert len(pe.relative_bias.plans) == window  # one signature per k_len 1 .. window
-    plans = [plan for plan in pe.relative_bias.plans.values() if plan]
-    assert [type(plan) for plan in plans] == [_decode.PerTokenPlan]  # only the window's signature was called twice
-    assert _held_bytes(plans) == held <= 2 * _decode.HELD * 8  # not grown over the last STEPS - 2 * window steps
-    assert _holds_none_of(plans, table, slopes, q, k)
+    for keys in (lambda step: np.arange(step + 1), lambda step: np.arange(max(0, step - window + 1), step + 1)):
+        pe.relative_bias.plans.clear()
+        for step in range(STEPS):
+            q, k = np.array([step]), keys(step)
+            result = bias(q, k)
+            if step in (0, 1, 2, window - 1, window, 300, 1000, STEPS - 1):
+                np.testing.assert_array_equal(result, formula(q, k))
+            if step == 2 * window:
+                held = _held_bytes([plan for plan in pe.relative_bias.plans.values() if plan])
+        plans = [plan for plan in pe.relative_bias.plans.values() if plan]
+        assert len(pe.relative_bias.plans) == 1 and [type(plan) for plan in plans] == [_decode.PerTokenPlans]
+        assert _held_bytes(plans) <= max(held, 2 * _decode.HELD * 8)
+        assert _holds_none_of(plans, table, slopes, q, k)
 
 
 @pytest.mark.parametrize("placed", ["[1]", "[batch, 1]", "torch [batch, 1]"])

@@ -130,3 +130,29 @@ class PrefillRows(Benchmark):
             return ratio(lambda: self.call(*self.args, self.per_row), self._loop, repeat=5)
 
     track_prefill_rows_time_over_loop.unit = "x loop time"
+
+
+class GrowingKeys(Benchmark):
+    """A decode loop whose keys grow a token a step: 300 steps of ``alibi_bias`` (8 heads, 8
+    rows) from 1,024 keys, with one offset per batch row or with per-token key positions
+    ``[8, keys]`` (a padded batch's, as the patched BLOOM passes them). Every length is served
+    by one plan (before, each new length took the full path; more lengths than a function
+    keeps signatures of, so that the loop's rounds repeat none)."""
+
+    params = [["offsets", "key_positions"], ["numpy", "torch"]]
+    param_names = ["given", "library"]
+    steps = range(1024, 1324)
+
+    def make(self, given, library):
+        floats, integers = _arrays(library)
+        slopes = floats(pe.alibi_slopes(HEADS))
+        if given == "offsets":
+            offsets = {k: integers(_offsets(k)) for k in self.steps}
+            self.call = lambda k: pe.alibi_bias(slopes, 1, k, offset=offsets[k])
+        else:
+            keys = {k: integers(np.arange(ROWS * k, dtype=np.int64).reshape(ROWS, k) % k) for k in self.steps}
+            self.call = lambda k: pe.alibi_bias(slopes, 1, k, offset=0, key_positions=keys[k])
+
+    def time_growing_keys_posenc_loop(self, given, library):
+        for k in self.steps:
+            self.call(k)

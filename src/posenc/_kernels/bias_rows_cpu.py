@@ -32,6 +32,7 @@ calling thread.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numba
@@ -195,6 +196,20 @@ class Launcher:
         self.sources = (None, None)  # the plan's sources and their NumPy view
         self.row_keys = np.arange(0, dtype=np.int64)[None]  # a row's key indices, grown as rows grow
         self.one_query = not batch and query_shape is not None and tuple(query_shape) == (1,)  # a decode step's [position]
+        self.key_shape = key_shape
+
+    def of_length(self, k_len, keys):
+        """This launcher for ``k_len`` keys: key positions of its leading axes and ``k_len``
+        entries, or ``keys``, the plan's ``arange(k_len)`` where they are left out."""
+        launcher = copy.copy(self)
+        *batch, heads, q_len, _ = self.shape
+        launcher.shape = (*batch, heads, q_len, k_len)
+        if self.key_shape is not None:
+            launcher.key_shape = (*self.key_shape[:-1], k_len)
+            launcher.keys = _rows_reader(launcher.key_shape, batch, k_len)
+        else:
+            launcher.keys = np.broadcast_to(_arrays.host_view(keys), (math.prod(batch), k_len))
+        return launcher
 
     def __call__(self, params, sources, shift, offset, query_positions, key_positions):
         """The bias, or None where a value lies outside what the kernel takes (see the module docstring)."""

@@ -37,6 +37,7 @@ one NumPy indexing; else the per-token plan takes it, one value per pair.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -53,7 +54,7 @@ _LARGEST = 2**26  # entries (heads x keys); a larger row takes the full path and
 # its kernel launcher, bias_rows_cpu.Launcher.row). Rows beyond are computed directly.
 HELD = 2**16
 _EXACT = 2**52
-PLANS_KEPT = 4  # per-token plans of one offset per batch row: of the last lengths of keys asked for
+PLANS_KEPT = 4  # per-token plans of one signature of any length of keys: of the last lengths asked for
 
 
 def _gather(params, xp):
@@ -312,6 +313,22 @@ class PerTokenPlan:
         self.single = (q_len if query_positions is None else math.prod(query_positions.shape)) == 1
         shapes = (None if p is None else tuple(p.shape) for p in (query_positions, key_positions))
         self.launcher = _launcher(kind, params, heads, batch, q_len, k_len, *shapes, self.aranges) if self.indexed and not recorded else None
+        self.query_given = query_positions is not None
+
+    def of_length(self, k_len):
+        """This plan for ``k_len`` keys (``PerTokenPlans``): what follows the length made anew,
+        the rest (what the full path validated of its signature's arrays) shared. Key
+        positions, if given, have this plan's leading axes and ``k_len`` entries."""
+        plan = copy.copy(self)
+        plan.shape = (*self.shape[:-1], k_len)
+        if self.aranges[1] is not None:
+            xp, keys = self.row.xp, self.aranges[1]
+            plan.aranges = (self.aranges[0], xp.arange(k_len, dtype=keys.dtype, device=self.row.device))
+        if not self.query_given:
+            plan.default_offset = k_len - self.shape[-2]
+        if self.launcher is not None:
+            plan.launcher = self.launcher.of_length(k_len, plan.aranges[1])
+        return plan
 
     def __call__(self, args, kwargs):
         if self.launcher is not None:
@@ -461,9 +478,8 @@ class RowsPlan:
         self.checked = integers == "uint64" or (integers == "int64" and q_len > 1)
         self.q_len, self.rows = q_len, math.prod(offset.shape)
         self.torch = type(params).__module__.startswith("torch")
-        self.made = (kind, options, recorded)
-        self.plans = {}  # k_len -> its PerTokenPlan, of the last few lengths
         self.row = _row(kind, params, options)
+        self.per_token = PerTokenPlans(kind, params, q_len, self._queries(offset), None, options, recorded, self.row)
         self.heads = self.row.heads
         self.most = _LARGEST // max(1, self.heads * self.rows * q_len)
         # One row of one query: a decode step's plan, its [heads, 1, k_len] given the offset's axes (the
@@ -473,18 +489,6 @@ class RowsPlan:
         self.windowed = isinstance(self.row, CachedRow) and not recorded
         self.heads_index, self.descents = np.arange(self.heads)[:, None], np.arange(q_len, dtype=np.int64)
         self.wrap = _torch_wrap(params) if self.torch else None
-
-    def _per_token_plan(self, params, k_len, queries):
-        """The ``PerTokenPlan`` of ``k_len`` keys, made on the first call of that length (of at
-        most ``PLANS_KEPT`` lengths at a time), sharing this plan's row and its kept window."""
-        plan = self.plans.get(k_len)
-        if plan is None:
-            kind, options, recorded = self.made
-            plan = PerTokenPlan(kind, params, self.q_len, k_len, queries, None, options, recorded, self.row)
-            plans = self.plans if len(self.plans) < PLANS_KEPT else {}
-            plans[k_len] = plan
-            self.plans = plans
-        return plan
 
     def _queries(self, offset):
         offset = offset.long().unsqueeze(-1) if self.torch else offset.astype(np.int64, copy=False)[..., None]
@@ -506,8 +510,7 @@ class RowsPlan:
             ends = _arrays.extremes(offset)
             if ends is None or not fits_int64((ends[0], ends[1] + self.q_len - 1), (0, k_len - 1), 0):
                 return NotImplemented
-        queries = self._queries(offset)
-        return self._per_token_plan(args[1], k_len, queries)(args, {"query_positions": queries})
+        return self.per_token(args, {"query_positions": self._queries(offset)})
 
     def _windowed(self, params, offset, k_len):
         """The rows as windows of one per-distance vector: the kind's values (``finish``) at the
@@ -554,6 +557,48 @@ def _byte_swapped(a):
     return isinstance(a, np.ndarray) and not a.dtype.isnative
 
 
+class PerTokenPlans:
+    """``PerTokenPlan``'s of one signature of per-token positions whose key leaves ``k_len``
+    out (``_signatures._bias_key``): each length of keys its own, made on its first call
+    (of at most ``PLANS_KEPT`` lengths at a time), sharing one row and its kept window. A
+    ``k_len`` of no keys, of more entries than a plan serves, or that the key positions'
+    last axis does not hold takes the full path and its checks; so does a plan that cannot
+    be made of the call's values."""
+
+    def __init__(self, kind, params, q_len, query_positions, key_positions, options, recorded, row=None):
+        self.row = _row(kind, params, options) if row is None else row
+        batch = np.broadcast_shapes(*(tuple(p.shape[:-1]) for p in (query_positions, key_positions) if p is not None))
+        self.most = _LARGEST // max(1, self.row.heads * q_len * math.prod(batch))
+        self.made = (kind, q_len, options, recorded)
+        self.first = None
+        self.plans = {}  # k_len -> its PerTokenPlan, of the last few lengths
+
+    def __call__(self, args, kwargs):
+        k_len, keys = args[3], kwargs.get("key_positions")
+        if not 0 < k_len <= self.most or keys is not None and keys.shape[-1] != k_len:
+            return NotImplemented
+        plan = self.plans.get(k_len)
+        if plan is None:
+            plan = self._first(args, kwargs) if self.first is None else self.first.of_length(k_len)
+            if plan is None:
+                return NotImplemented
+            plans = self.plans if len(self.plans) < PLANS_KEPT else {}
+            plans[k_len] = plan
+            self.plans = plans
+        return plan(args, kwargs)
+
+    def _first(self, args, kwargs):
+        """The ``PerTokenPlan`` of the call's length, the first made (the others are its
+        ``of_length``); None where the call's values keep it from being made (the full path
+        then refuses them in its own words)."""
+        kind, q_len, options, recorded = self.made
+        try:
+            self.first = PerTokenPlan(kind, args[1], q_len, args[3], kwargs.get("query_positions"), kwargs.get("key_positions"), options, recorded, self.row)
+        except (ValueError, TypeError, OverflowError):
+            return None
+        return self.first
+
+
 def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positions=None, key_positions=None, **options):
     if out is not None or chunks is not None or _byte_swapped(params):
         return None
@@ -561,7 +606,7 @@ def build_bias(kind, params, q_len, k_len, *, offset, out, chunks, query_positio
     if _per_token.per_row(offset):
         return RowsPlan(kind, params, q_len, k_len, offset, options, recorded)
     if _per_token.given(query_positions, key_positions):
-        return PerTokenPlan(kind, params, q_len, k_len, query_positions, key_positions, options, recorded)
+        return PerTokenPlans(kind, params, q_len, query_positions, key_positions, options, recorded)
     return BiasPlan(kind, params, options, recorded) if q_len == 1 else None
 
 

@@ -3,7 +3,8 @@ builders are ``relative._decode`` and ``relative._logits_plan``.
 
 A key holds the parameters' and per-token positions' ``array_key`` (never their values,
 which the plan is called with), the kind and static options by value, ``q_len``/``k_len``
-(not ``k_len`` with one offset per batch row: its plan checks and serves any) and the
+(not ``k_len`` with one offset per batch row, or with per-token positions whose keys are
+left out or C-contiguous: their plans check it and serve any) and the
 ``offset``'s type (its value is the plan's argument).
 """
 
@@ -45,7 +46,22 @@ def _bias_key(name, args, kwargs, rows=1, per_row=False):
     if arrays is None or None in arrays:
         return None
     parts = (*arrays, held, context_key(params, query, keys, offset), keywords_key(kwargs, "offset", *_POSITIONS))
-    return None if None in parts else (name, kind, q_len, k_len, *parts)
+    if None in parts:
+        return None
+    if keys is None or _contiguous(keys):  # (any k_len: a decode loop's keys grow a step at a time)
+        return (name, kind, q_len, "keys", *parts[:2], parts[2] if keys is None else _lengthless(parts[2]), *parts[3:])
+    return (name, kind, q_len, k_len, *parts)
+
+
+def _contiguous(a):
+    return a.flags.c_contiguous if type(a) is np.ndarray else a.is_contiguous()
+
+
+def _lengthless(key):
+    """A C-contiguous array's ``array_key`` without its last axis's length and its strides,
+    which follow from the rest: the plan checks the length and serves any."""
+    kind, shape, _, *rest = key
+    return (kind, tuple(shape[:-1]), *rest)
 
 
 class RelativeBias:

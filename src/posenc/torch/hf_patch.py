@@ -1031,13 +1031,7 @@ def _key_position_alibi(attention_mask, num_heads, rounding, dtype):
     dtype torch promotes the product to, the slopes' and the positions', as that product
     rounds it. Integers, they are :func:`posenc.alibi_bias`'s key positions as int64 (its
     kernel's path); a bfloat16 product is the float32 one, which is exact (8-bit
-    significands), rounded once, as torch's bfloat16 product is.
-
-    A mask of another length than the last call's is padded to whole blocks of
-    ``_KEY_BLOCK`` keys (the result a view of their first ``kv``): ``alibi_bias`` plans a
-    call by its shapes, so a mask growing by a token a step (``generate``) reuses one plan
-    for 64 steps, where each of its lengths would take the full path once or twice."""
-    global _last_length
+    significands), rounded once, as torch's bfloat16 product is."""
     batch, length = attention_mask.shape
     keys = attention_mask.cumsum(-1).sub_(1).mul_(attention_mask)  # (in place: a fresh sum)
     work = torch.promote_types(rounding, keys.dtype)
@@ -1045,18 +1039,9 @@ def _key_position_alibi(attention_mask, num_heads, rounding, dtype):
         keys = keys.to(work)
     keys = keys.long() if keys.is_floating_point() else keys
     slopes = _builder_slopes(num_heads, attention_mask.device, rounding, torch.promote_types(work, torch.float32))
-    held = length if length == _last_length or torch.compiler.is_compiling() else -(-length // _KEY_BLOCK) * _KEY_BLOCK
-    _last_length = length
-    if held != length:
-        keys = torch.nn.functional.pad(keys, (0, held - length))
-    bias = pe.alibi_bias(slopes, 1, held, offset=0, key_positions=keys)
-    bias = (bias if held == length else bias[..., :length]).reshape(batch * num_heads, 1, length)
+    bias = pe.alibi_bias(slopes, 1, length, offset=0, key_positions=keys).reshape(batch * num_heads, 1, length)
     bias = bias if bias.dtype == work else bias.to(work)
     return bias if bias.dtype == dtype else bias.to(dtype)
-
-
-_KEY_BLOCK = 64
-_last_length = None  # (the length of the last call of a builder)
 
 
 def mpt_alibi_tensor(num_heads, sequence_length, alibi_bias_max=8, device=None):
