@@ -414,3 +414,84 @@ def test_hunyuan_alpha_zero_is_no_alpha():
     assert cfg.scaling == pe.scaling.DynamicNTK(2.0, 64)
     got, _ = pe.rope_frequencies(cfg.rotary_dim, base=cfg.base, scaling=cfg.scaling)
     np.testing.assert_allclose(got, module.inv_freq.double().numpy(), rtol=1e-6)
+
+
+# --- transformers' own formulas, run in float64 ---------------------------------------------
+
+
+class _Float64Torch:
+    """``torch`` for ``modeling_rope_utils``' globals, with its float32 dtypes float64."""
+
+    float = float32 = torch.float64
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
+def _float64_drawn(rng, rope_type):
+    """``(rope_parameters, config sizes)`` of ``rope_type``: an even rotary dimension of 4 to
+    256 channels (a head of 8 to 256, any fraction, head_dim apart from hidden / heads),
+    rope_theta 1.5 to 1e7, and the type's keys drawn over the ranges transformers accepts
+    (factors below 1, beta_fast below beta_slow, negative mscales, factor None, truncate off)."""
+    while True:
+        head_dim, fraction = int(rng.integers(4, 129)) * 2, float(rng.choice([1.0, 0.25, 0.5, 0.75, 0.3, 0.625, 0.334]))
+        if int(head_dim * fraction) % 2 == 0 and int(head_dim * fraction) >= 4:
+            break
+    rotary_dim, original = int(head_dim * fraction), int(rng.choice([16, 512, 4096, int(rng.integers(2, 40000))]))
+    params = {"rope_type": rope_type, "rope_theta": float(np.exp(rng.uniform(np.log(1.5), np.log(1e7)))), "partial_rotary_factor": fraction}
+    factor = float(np.exp(rng.uniform(np.log(0.5), np.log(128.0))))
+    if rope_type in ("linear", "dynamic", "llama3", "yarn", "longrope"):
+        params["factor"] = None if rope_type in ("yarn", "longrope") and rng.random() < 0.3 else factor
+    if rope_type in ("yarn", "longrope", "llama3"):
+        params["original_max_position_embeddings"] = original
+    if rope_type == "yarn":
+        params.update(beta_fast=float(np.exp(rng.uniform(np.log(0.1), np.log(128)))), beta_slow=float(np.exp(rng.uniform(np.log(0.05), np.log(64)))))
+        params.update(mscale=float(rng.choice([0.0, 1.0, rng.uniform(-0.5, 3)])), mscale_all_dim=float(rng.choice([0.0, 1.0, rng.uniform(-0.5, 3)])))
+        params.update(truncate=bool(rng.random() < 0.5), attention_factor=None if rng.random() < 0.7 else float(rng.uniform(0.1, 3)))
+    if rope_type == "longrope":
+        params["short_factor"] = rng.uniform(0.5, 4, rotary_dim // 2).tolist()
+        params["long_factor"] = np.exp(rng.uniform(np.log(0.5), np.log(64), rotary_dim // 2)).tolist()
+        params["attention_factor"] = None if rng.random() < 0.7 else float(rng.uniform(0.1, 3))
+    if rope_type == "llama3":
+        low = float(rng.uniform(0.1, 4))
+        params.update(low_freq_factor=low, high_freq_factor=low + float(rng.choice([0.01, rng.uniform(0.01, 8)])))
+    sizes = dict(hidden_size=int(rng.choice([head_dim * 4, 8 * int(rng.integers(1, 128))])), num_attention_heads=4, head_dim=head_dim)
+    return params, {**sizes, "max_position_embeddings": int(rng.choice([original, 4 * original, int(rng.integers(2, 70000))]))}
+
+
+@pytest.mark.parametrize("rope_type", ["linear", "dynamic", "yarn", "longrope", "llama3", "proportional"])
+def test_frequencies_are_transformers_formulas_in_float64(rope_type, monkeypatch):
+    """docs/precision.md: posenc's frequencies are transformers' formulas evaluated in float64,
+    to 1e-13 relative. transformers' own initialisers are run here with their float32 dtypes
+    (``torch.float``, ``torch.float32``, ``Tensor.float()``, the default dtype) made float64, on
+    40 drawn configs per type (dynamic and LongRoPE also at and past their switch length, the
+    length as a tensor as their modules pass it). Measured on 500 configs per type: 1.5e-15 at
+    most (1.9e-14 for Llama 3 bands 0.01 apart); the float32 comparisons above allow up to
+    1.5e-4, and passed inv_freq off by 1e-9."""
+    import transformers.modeling_rope_utils as rope_utils
+
+    rng = np.random.default_rng(sum(map(ord, rope_type)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (implicit-factor and unread-key warnings of drawn configs)
+        for _ in range(40):
+            params, sizes = _float64_drawn(rng, rope_type)
+            config = LlamaConfig(rope_parameters=params, num_hidden_layers=1, vocab_size=8, intermediate_size=8, **sizes)
+            ours = pe.scaling.from_hf(config)
+            lengths = [None]
+            if rope_type in ("dynamic", "longrope"):
+                switch = config.max_position_embeddings if rope_type == "dynamic" else config.rope_parameters["original_max_position_embeddings"]
+                lengths += [switch, switch + 1, torch.tensor(switch + 1), 3 * switch + 5]
+            for seq_len in lengths:
+                with monkeypatch.context() as patched:
+                    patched.setattr(rope_utils, "torch", _Float64Torch())
+                    patched.setattr(torch.Tensor, "float", torch.Tensor.double)
+                    default = torch.get_default_dtype()
+                    torch.set_default_dtype(torch.float64)
+                    try:
+                        want, want_scale = ROPE_INIT_FUNCTIONS[rope_type](config, None, seq_len=seq_len)
+                    finally:
+                        torch.set_default_dtype(default)
+                assert want.dtype == torch.float64  # (the swap took: else this compares float32 values)
+                got, scale = pe.rope_frequencies(ours.rotary_dim, base=ours.base, scaling=ours.scaling, seq_len=None if seq_len is None else int(seq_len))
+                np.testing.assert_allclose(got, want.numpy(), rtol=1e-13, atol=0, err_msg=f"{params} {sizes} seq_len={seq_len}")
+                assert scale == pytest.approx(float(want_scale), rel=1e-13, abs=0)
