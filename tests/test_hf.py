@@ -988,9 +988,8 @@ def test_bloom_and_falcon_alibi_builders_give_the_originals_bits_for_16_bit_mask
 
 
 def test_bloom_and_falcon_alibi_builders_of_a_growing_mask_give_the_originals_bits():
-    """A mask growing by a token a call (``generate``'s), whose keys the builders pad to
-    blocks of 64 so that one planned ``alibi_bias`` serves each block, and masks of lengths
-    alternating around a block's end: the originals' bits, a tensor that takes Falcon's
+    """A mask growing by a token a call (``generate``'s, served by one planned ``alibi_bias``)
+    and masks of lengths coming back: the originals' bits, a tensor that takes Falcon's
     ``view(batch, heads, 1, -1)``."""
     from posenc.torch import hf_patch
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor as bloom
@@ -1004,6 +1003,22 @@ def test_bloom_and_falcon_alibi_builders_of_a_growing_mask_give_the_originals_bi
             want, got = theirs(mask, 12, torch.float32), ours(mask, 12, torch.float32)
             assert got.dtype == want.dtype and torch.equal(got, want), f"{theirs.__module__}, {length} tokens"
             assert torch.equal(got.view(3, 12, 1, -1), want.view(3, 12, 1, -1))
+
+
+def test_mpt_alibi_builder_gives_the_originals_bits_for_every_head_count_and_max_bias():
+    """The replacement of MPT's ``build_mpt_alibi_tensor`` gives its bits for 1 .. 64 heads and
+    an ``alibi_bias_max`` of 8 (what MPT's forward passes) or any other: its slopes had been
+    posenc's correctly rounded ones, which ``patch_hf`` accepted within 4 float32 eps, an ulp
+    off MPT's float32 ``1 / pow(2, x)`` for 33 heads and more at ``alibi_bias_max = 4`` (520
+    of the cases below differed)."""
+    from posenc.torch import hf_patch
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    for bias_max in (8, 16, 4, 3, 12.5, 1, 0.5):
+        for heads in range(1, 65):
+            for length in (1, 11, 300):
+                want, got = build_mpt_alibi_tensor(heads, length, bias_max), hf_patch.mpt_alibi_tensor(heads, length, bias_max)
+                assert got.dtype == want.dtype and torch.equal(got, want), f"{heads} heads, alibi_bias_max {bias_max}, {length} keys"
 
 
 def test_bloom_and_falcon_alibi_builders_compile_to_the_originals_bits():

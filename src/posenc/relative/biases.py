@@ -45,8 +45,10 @@ def alibi_slopes(num_heads, *, max_bias=8.0, xp=None, device=None, dtype=None):
     float64 and rounded once. BLOOM's ``build_alibi_tensor`` (and Falcon's) raises a
     float32-rounded base to integer powers in float32 instead: its slopes are up to 1 float32 ulp off
     these at 12 heads, 5 at 16, 6 at 32 and 11 at 128 (transformers 5.24 with torch 2.13 on a CPU;
-    the count follows torch's float32 ``pow``); MPT's ``gen_slopes`` within 1.
-    ``patch_hf``'s BLOOM and Falcon builders round these slopes as BLOOM does, giving its bits.
+    the count follows torch's float32 ``pow``); MPT's ``build_mpt_alibi_tensor`` takes the
+    float32 reciprocal of ``pow(2, x)``, these for ``max_bias = 8`` and up to 64 heads, an
+    ulp off some of them for other ``max_bias``. ``patch_hf``'s BLOOM, Falcon and MPT
+    builders round these slopes as the original does, giving its bits.
 
     Examples
     --------

@@ -927,8 +927,8 @@ def _alibi_replacement(theirs, module, device):
         tolerance = 0.0  # (BLOOM's and Falcon's bits: the same slopes times the same positions)
     elif params[:2] == ["num_heads", "sequence_length"]:
         candidates = ((mpt_alibi_tensor, "alibi_bias"),)
-        probes = [(h, length, 8, device) for h in heads for length in (1, 11, 300)]
-        tolerance = 4 * _eps(torch.float32)  # (MPT's slopes, 1 / 2**x in float32, are within an ulp of posenc's)
+        probes = [(h, length, bias_max, device) for h in heads for length in (1, 11, 300) for bias_max in (8, 4, 12.5)]
+        tolerance = 0.0  # (MPT's bits: the same slopes, rounded as MPT rounds them, times the same distances)
     else:
         raise _Refusal(f"takes ({', '.join(params)}), not (attention_mask, num_heads, dtype) or (num_heads, sequence_length, ...)")
     differences = []
@@ -1049,10 +1049,33 @@ def mpt_alibi_tensor(num_heads, sequence_length, alibi_bias_max=8, device=None):
 
     ``slope * (key - (sequence_length - 1))``: :func:`posenc.alibi_bias` of the last query
     (``offset = sequence_length - 1``) with :func:`posenc.alibi_slopes` of ``max_bias =
-    alibi_bias_max`` (MPT's slopes are Press et al.'s). MPT ignores padding: so does this.
+    alibi_bias_max`` (MPT's slopes are Press et al.'s), rounded as MPT rounds them
+    (``_mpt_slopes``): MPT's bits. MPT ignores padding: so does this.
     """
-    slopes = pe.alibi_slopes(num_heads, max_bias=float(alibi_bias_max), xp=torch, device=device)
-    return pe.alibi_bias(slopes, 1, sequence_length, offset=sequence_length - 1)
+    return pe.alibi_bias(_mpt_slopes(num_heads, float(alibi_bias_max), device), 1, sequence_length, offset=sequence_length - 1)
+
+
+def _mpt_slopes(num_heads, max_bias, device):
+    """:func:`posenc.alibi_slopes` of ``max_bias`` as MPT rounds them: ``2**(-k max_bias / P)``
+    for ``P`` the power of two at or above ``num_heads`` (``k = 1 .. P``, or ``2, 4, .., P``
+    then ``1, 3, ..`` for fewer heads: Press et al.'s order, posenc's), each the float32
+    reciprocal of torch's float32 ``pow`` of the float32 exponent ``k * (max_bias / P)``, over
+    all ``P`` exponents in one call as there (``alibi_slopes`` rounds each once from the exact
+    power: an ulp off some of these for a ``max_bias`` other than 8). Made once per head
+    count, ``max_bias`` and device, as ``_builder_slopes``."""
+    key = ("mpt", num_heads, max_bias, device)
+    slopes = _SLOPES.get(key)
+    if slopes is not None and not torch.compiler.is_compiling():
+        return slopes
+    power = 1 << (num_heads - 1).bit_length()
+    with torch.inference_mode(False):
+        exponents = torch.arange(1, power + 1, dtype=torch.int64, device=device).float() * (max_bias / power)
+        slopes = 1.0 / torch.pow(2, exponents)
+        if power != num_heads:
+            slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
+    if not torch.compiler.is_compiling() and not (slopes.is_cuda and torch.cuda.is_current_stream_capturing()):
+        _SLOPES[key] = slopes
+    return slopes
 
 
 # --- swapping -------------------------------------------------------------------------------
