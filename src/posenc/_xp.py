@@ -527,7 +527,7 @@ def host_constants(fn):
             # All NumPy (a decode step's planned call), or no NumPy and one type beyond plain values: nothing to convert or check.
             if NDARRAY_OR_PLAIN.issuperset(kinds):
                 return fn(*args, **kwargs)
-            others = kinds - PLAIN
+            others = _libraries(kinds - PLAIN)
             if _ndarray not in kinds and len(others) < 2 and not issubclass(others.pop() if others else type(None), _ndarray):
                 return fn(*args, **kwargs)
             if _ndarray not in kinds and torch_compiling():  # (what Dynamo traces holds torch tensors only)
@@ -549,6 +549,15 @@ def host_constants(fn):
             raise
 
     return call
+
+
+def _libraries(kinds):
+    """``kinds`` with torch's ``Parameter`` counted as ``Tensor`` beside it (a module's
+    parameter and a tensor argument, its offset or positions: one library, nothing to convert)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.Tensor in kinds and torch.nn.Parameter in kinds:
+        return kinds - {torch.nn.Parameter}
+    return kinds
 
 
 def _array_arguments(fn, args, kwargs):
