@@ -204,6 +204,14 @@ class AlibiRow(CachedRow):
     def finish(self, slopes, distance):
         return biases._alibi_scaled(self.xp, slopes, distance)
 
+    def unrecorded(self, slopes, distance):
+        """``CachedRow.unrecorded``: slopes that compute in their own dtype (float32, float64)
+        times the distances as NumPy's one product of host views, a third of torch's cost; 16-bit
+        slopes as ``finish`` rounds them."""
+        if slopes.dtype != self.work:
+            return super().unrecorded(slopes, distance)
+        return _arrays.host_view(slopes)[:, None] * _arrays.host_view(distance)
+
 
 def scalar(offset):
     """A planned call's ``offset`` of one value: None, an int, or a 0-d integer array in host
