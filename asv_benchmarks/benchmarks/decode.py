@@ -47,6 +47,8 @@ NAMES = [
     "t5_bias numpy 16 heads, 1 x 512",
     "relative_bias t5 numpy 16 heads, 1 x 512",
     "alibi_bias numpy 16 heads, 1 x 512",
+    "xpos_scale numpy [1] x 128, one position",
+    "kerple_bias numpy 16 heads, 1 x 512",
     "HF apply_rotary_pos_emb q [1,32,1,128] + k [1,8,1,128]",
     "HFRotaryEmbedding one position",
     "HF apply q + k, 4 positions, [b,s,h,d] views",

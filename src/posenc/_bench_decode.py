@@ -69,6 +69,13 @@ def numpy_cases(dtype=np.float32):
     keys = np.arange(PAST + 1)
     past = np.array(PAST)  # an engine's cache length, a 0-d array
     shaw = rng.standard_normal((129, BIAS_HEADS)).astype(dtype)  # Shaw's scalar table, K = 64
+    zeta = ((np.arange(0, HEAD_DIM, 2) + 0.4 * HEAD_DIM) / (1.4 * HEAD_DIM)).astype(dtype)  # torchscale's xPos scale
+
+    def xpos_formula():  # torchscale's XPOS: zeta ** (position / scale_base), duplicated
+        scale = zeta ** (pos[:, None].astype(dtype) / 512)
+        return np.concatenate([scale, scale], axis=-1)
+
+    r1, r2 = (rng.uniform(0.1, 2.0, BIAS_HEADS).astype(dtype) for _ in range(2))  # KERPLE's parameters
     return [
         Case("rope numpy [1,32,1,128]", lambda: pe.rope(x, offset=PAST), rope_formula),
         Case("apply_rope numpy [1,32,1,128]", lambda: pe.apply_rope(x, cos, sin), lambda: _oracles.rope_rotate_half(x, cos, sin)),
@@ -82,6 +89,9 @@ def numpy_cases(dtype=np.float32):
             1.0,
         ),
         Case("alibi_bias numpy 16 heads, 1 x 512", lambda: pe.alibi_bias(slopes, 1, PAST + 1, offset=PAST), lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(dtype)),
+        Case("xpos_scale numpy [1] x 128, one position", lambda: pe.xpos_scale(pos, HEAD_DIM), xpos_formula),
+        # (posenc computes KERPLE in float64, rounded once: its documented precision)
+        Case("kerple_bias numpy 16 heads, 1 x 512", lambda: pe.kerple_bias(r1, r2, 1, PAST + 1, offset=PAST), lambda: (-r1[:, None] * np.log1p(r2[:, None] * (PAST - keys).astype(dtype)))[:, None], 3.5),
         # The same steps with positions as arrays (an engine's position ids, per-token positions).
         Case("rope numpy [1,32,1,128], positions [511]", lambda: pe.rope(x, pos), rope_formula),
         Case("rope numpy [1,32,1,128], positions [[511]]", lambda: pe.rope(x, pos[None]), rope_formula),

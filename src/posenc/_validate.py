@@ -642,6 +642,8 @@ def is_eager(value) -> bool:
     """Whether ``value``'s contents can be read now: not a Dask array, not a JAX tracer, not
     a torch tensor while torch compiles, one that ``torch.func.vmap`` batches, nor one of no
     data (on the meta device, a fake tensor)."""
+    if type(value) is _ndarray:
+        return True
     if torch_tensor(value):
         return not (torch_compiling() or torch_without_data(value) or _vmapped(value))
     return not (_compat.is_dask_array(value) or _compat.is_jax_array(value) and (_is_tracer(value) or _jax_staging()))
