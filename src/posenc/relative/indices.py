@@ -88,6 +88,8 @@ def query_offset(offset, q_len, k_len, *, xp=None, device=None, instead=None, re
     accelerator (or traced) is then clamped, not read (:func:`saturated`)."""
     if offset is None:
         offset = k_len - q_len
+    if type(offset) is int:  # (what scalar_offset returns of one: 3 us a decode step)
+        return check.relative_offset(check.integer("offset", offset), q_len, k_len, xp, device)
     if reach is not None and check.is_array(offset) and offset.ndim == 0 and not (torch_tensor(offset) and offset.device != device):
         offset = check.integer_or_traced("offset", offset, read=False)
         clamped = saturated(xp, check.widened("offset", offset, xp, device), q_len, k_len, reach, device)
