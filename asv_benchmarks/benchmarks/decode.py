@@ -66,6 +66,7 @@ NAMES = [
     "rope numpy [1,32,1,128], offset np.int64(511)",
     "t5_bias numpy 16 heads, 1 x 512, positions",
     "relative_bias t5 numpy 16 heads, 1 x 512, positions",
+    "kerple_bias numpy 16 heads, 1 x 512, positions",
     "alibi_bias numpy 16 heads, 1 x 512, positions",
     "t5_bias numpy 16 heads, 1 x 512, offset np.array(511)",
     "relative_bias shaw numpy 16 heads, 1 x 512",

@@ -120,6 +120,12 @@ def numpy_cases(dtype=np.float32):
             lambda: -slopes[:, None, None] * (PAST - keys)[None, None, :].astype(dtype),
         ),
         Case(
+            "kerple_bias numpy 16 heads, 1 x 512, positions",
+            lambda: pe.kerple_bias(r1, r2, 1, PAST + 1, query_positions=pos, key_positions=keys),
+            lambda: (-r1[:, None] * np.log1p(r2[:, None] * np.abs(pos[:, None] - keys[None, :]).astype(dtype)))[:, None],
+            3.5,
+        ),
+        Case(
             "alibi_bias numpy 16 heads, 1 x 512, positions",
             lambda: pe.alibi_bias(slopes, 1, PAST + 1, query_positions=pos, key_positions=keys),
             lambda: -slopes[:, None, None] * (pos[:, None] - keys[None, :]).astype(dtype),

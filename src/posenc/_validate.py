@@ -339,13 +339,13 @@ def differences(xp, q, k, device=None, *, names=("query_positions", "key_positio
     if not (readable or (_compat.is_dask_array(q) or _compat.is_dask_array(k)) and _size(q) and _size(k)):
         return q
     _, bits, low, high = index_bounds(xp, device)
+    if readable and low <= int(xp.min(q)) - int(xp.max(k)) and int(xp.max(q)) - int(xp.min(k)) <= high:
+        return q  # (from the extremes of all rows: half the reductions of the rows' own, 2 us each)
     qmin, qmax, kmin, kmax = xp.min(q, axis=-1), xp.max(q, axis=-1), xp.min(k, axis=-1), xp.max(k, axis=-1)
     if not readable:
         leave = _rows_leave(xp, qmin, qmax, kmin, kmax, low, high)
         extents = [xp.min(qmin), xp.max(qmax), xp.min(kmin), xp.max(kmax)]
         return _checked_blocks(_differences_block, q, leave, *extents, dtype=q.dtype, names=names, bits=bits, low=low, high=high)
-    if low <= int(xp.min(qmin)) - int(xp.max(kmax)) and int(xp.max(qmax)) - int(xp.min(kmin)) <= high:
-        return q
     if bool(_rows_leave(xp, qmin, qmax, kmin, kmax, low, high)):
         raise _differences_error(names, bits, low, high, f"from {int(xp.min(qmin))} to {int(xp.max(qmax))}", f"from {int(xp.min(kmin))} to {int(xp.max(kmax))}")
     return q
