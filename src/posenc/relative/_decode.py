@@ -436,6 +436,7 @@ class PerTokenPlan:
 
 
 _LARGEST_OF, _UNSIGNED = np.maximum.reduce, np.dtype(np.uint64)
+_WINDOWS = np.lib.stride_tricks.as_strided  # [heads, n] -> [heads, n - k + 1, k]: every k entries from each start
 
 
 def _launcher(kind, params, heads, *shape):
