@@ -1021,6 +1021,21 @@ def test_mpt_alibi_builder_gives_the_originals_bits_for_every_head_count_and_max
                 assert got.dtype == want.dtype and torch.equal(got, want), f"{heads} heads, alibi_bias_max {bias_max}, {length} keys"
 
 
+def test_mpt_alibi_builder_called_under_fake_tensors_keeps_no_fake_slopes():
+    """MPT's builder called under ``FakeTensorMode`` (shape propagation) makes its slopes
+    afresh and keeps none, as BLOOM's does: it had kept a ``FakeTensor``, and every later
+    eager call with those heads and ``alibi_bias_max`` failed (``AssertionError`` from
+    fake-tensor checks). (A head count and maximum no other test keeps slopes of.)"""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+
+    from posenc.torch import hf_patch
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        hf_patch.mpt_alibi_tensor(11, 7, 5.5)
+    assert torch.equal(hf_patch.mpt_alibi_tensor(11, 7, 5.5), build_mpt_alibi_tensor(11, 7, 5.5))
+
+
 def test_bloom_and_falcon_alibi_builders_compile_to_the_originals_bits():
     """``torch.compile(fullgraph=True)`` traces the builders (their slopes' ratios taken as
     constants, not traced through ``alibi_slopes``' NumPy) to the originals' bits."""

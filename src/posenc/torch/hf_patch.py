@@ -972,24 +972,29 @@ def _alibi_slopes(num_heads, device):
     return slopes[0] if len(slopes) == 1 else torch.cat(slopes)
 
 
-_SLOPES = {}  # (num_heads, device, rounding, dtype) -> the builders' slopes
+_SLOPES = {}  # (the original, num_heads, device, its options) -> the builders' slopes
 
 
-def _builder_slopes(num_heads, device, rounding, dtype):
-    """``_alibi_slopes`` rounded to ``rounding`` (float32: BLOOM's; bfloat16: Falcon's), as
-    ``dtype``, made once per head count and device: the original's ``pow`` is a third of a
-    short call's time. The builders only read them. Made and kept outside inference mode (an
-    inference tensor serves no autograd), not while torch traces (``torch.compile``: a fake
-    tensor) or captures a CUDA graph, which make them afresh."""
-    key = (num_heads, device, rounding, dtype)
+def _kept_slopes(key, make):
+    """``make()``, the slopes of a builder, made once per ``key`` (head count, device and the
+    original's options): the original's ``pow`` is a third of a short call's time. The
+    builders only read them. Made and kept outside inference mode (an inference tensor serves
+    no autograd), not while torch traces (``torch.compile``: a fake tensor) or captures a CUDA
+    graph, which make them afresh."""
     slopes = _SLOPES.get(key)
     if slopes is not None and not torch.compiler.is_compiling():
         return slopes
     with torch.inference_mode(False):
-        slopes = _alibi_slopes(num_heads, device).to(rounding).to(dtype)
+        slopes = make()
     if type(slopes) is torch.Tensor and not torch.compiler.is_compiling() and not (slopes.is_cuda and torch.cuda.is_current_stream_capturing()):
         _SLOPES[key] = slopes
     return slopes
+
+
+def _builder_slopes(num_heads, device, rounding, dtype):
+    """``_alibi_slopes`` rounded to ``rounding`` (float32: BLOOM's; bfloat16: Falcon's), as
+    ``dtype``, kept (``_kept_slopes``)."""
+    return _kept_slopes(("bloom", num_heads, device, rounding, dtype), lambda: _alibi_slopes(num_heads, device).to(rounding).to(dtype))
 
 
 @functools.lru_cache(maxsize=256)
@@ -1061,21 +1066,16 @@ def _mpt_slopes(num_heads, max_bias, device):
     then ``1, 3, ..`` for fewer heads: Press et al.'s order, posenc's), each the float32
     reciprocal of torch's float32 ``pow`` of the float32 exponent ``k * (max_bias / P)``, over
     all ``P`` exponents in one call as there (``alibi_slopes`` rounds each once from the exact
-    power: an ulp off some of these for a ``max_bias`` other than 8). Made once per head
-    count, ``max_bias`` and device, as ``_builder_slopes``."""
-    key = ("mpt", num_heads, max_bias, device)
-    slopes = _SLOPES.get(key)
-    if slopes is not None and not torch.compiler.is_compiling():
-        return slopes
+    power: an ulp off some of these for a ``max_bias`` other than 8). Kept per head count,
+    ``max_bias`` and device (``_kept_slopes``)."""
+    return _kept_slopes(("mpt", num_heads, device, max_bias), lambda: _mpt_rounded(num_heads, max_bias, device))
+
+
+def _mpt_rounded(num_heads, max_bias, device):
     power = 1 << (num_heads - 1).bit_length()
-    with torch.inference_mode(False):
-        exponents = torch.arange(1, power + 1, dtype=torch.int64, device=device).float() * (max_bias / power)
-        slopes = 1.0 / torch.pow(2, exponents)
-        if power != num_heads:
-            slopes = torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
-    if not torch.compiler.is_compiling() and not (slopes.is_cuda and torch.cuda.is_current_stream_capturing()):
-        _SLOPES[key] = slopes
-    return slopes
+    exponents = torch.arange(1, power + 1, dtype=torch.int64, device=device).float() * (max_bias / power)
+    slopes = 1.0 / torch.pow(2, exponents)
+    return slopes if power == num_heads else torch.cat([slopes[1::2], slopes[::2]])[:num_heads]
 
 
 # --- swapping -------------------------------------------------------------------------------
